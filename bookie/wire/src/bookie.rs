@@ -1,0 +1,342 @@
+//! Bookie requests and responses carried in [`crate::frame`] frames.
+//!
+//! The layouts are listed byte by byte in `docs/protocol.md`. A connection starts with
+//! [`Request::Hello`]; until the bookie has answered it, any other request is refused with
+//! [`Status::BadRequest`] and the connection is closed.
+
+use crate::entry::{lac_from_wire, lac_to_wire};
+use crate::frame::{encode_frame, Frame, FrameHeader, RESPONSE_BIT};
+use crate::{put_len_prefixed, EntryId, LedgerId, MasterKey, Reader, WireError, MASTER_KEY_SIZE_BYTES};
+
+/// Magic in the handshake: ASCII "QBK1" read as a little-endian u32.
+pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"QBK1");
+/// Oldest bookie protocol version this build speaks.
+pub const PROTOCOL_VERSION_MIN: u16 = 1;
+/// Newest bookie protocol version this build speaks.
+pub const PROTOCOL_VERSION_MAX: u16 = 1;
+/// Longest error message a bookie sends, in bytes; longer ones are cut.
+pub const ERROR_MESSAGE_SIZE_BYTES_MAX: usize = 1024;
+
+/// Request opcodes. Stable numbers: add new ones, never renumber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Handshake: magic and the version range of the client.
+    Hello = 0x01,
+    /// Add one entry (BookKeeper `ADD_ENTRY`).
+    Add = 0x02,
+    /// Read one entry, or the last one (BookKeeper `READ_ENTRY`, entry -1).
+    Read = 0x03,
+    /// Read the bookie's view of the LAC and its last entry id (BookKeeper `READ_LAC`).
+    ReadLac = 0x04,
+    /// Fence a ledger so that normal adds are refused (BookKeeper fencing read).
+    Fence = 0x05,
+}
+
+impl Opcode {
+    /// Maps a request opcode byte (without [`RESPONSE_BIT`]) to an opcode.
+    ///
+    /// # Errors
+    /// `UnknownOpcode`.
+    pub fn from_u8(v: u8) -> Result<Self, WireError> {
+        Ok(match v {
+            0x01 => Self::Hello,
+            0x02 => Self::Add,
+            0x03 => Self::Read,
+            0x04 => Self::ReadLac,
+            0x05 => Self::Fence,
+            other => return Err(WireError::UnknownOpcode(other)),
+        })
+    }
+}
+
+/// `Add` flag: recovery add, accepted even when the ledger is fenced (BookKeeper `RECOVERY_ADD`).
+pub const FLAG_RECOVERY_ADD: u8 = 0x01;
+/// `Read` flag: fence the ledger before answering; the body carries the master key.
+pub const FLAG_FENCE: u8 = 0x01;
+/// `Read` flag: read the last entry the bookie holds (BookKeeper entry id -1).
+pub const FLAG_READ_LAST: u8 = 0x02;
+
+/// Response status codes, numbered as BookKeeper's v2 return codes where one exists.
+/// Stable numbers: add new ones, never renumber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// The bookie holds nothing of this ledger (`ENOLEDGER`): a definitive negative answer.
+    NoSuchLedger = 1,
+    /// The bookie's index lacks this entry (`ENOENTRY`): a definitive negative answer, only
+    /// ever given from the index, never from an I/O error.
+    NoSuchEntry = 2,
+    /// Malformed or unexpected request (`EBADREQ`).
+    BadRequest = 100,
+    /// The bookie failed to read or write its disks (`EIO`).
+    IoError = 101,
+    /// Wrong master key for the ledger (`EUA`).
+    Unauthorized = 102,
+    /// No common protocol version (`EBADVERSION`).
+    BadVersion = 103,
+    /// The ledger is fenced; normal adds are refused (`EFENCED`).
+    Fenced = 104,
+    /// The bookie is read-only (`EREADONLY`).
+    ReadOnly = 105,
+    /// The bookie is overloaded; retry later (`ETOOMANYREQUESTS`).
+    TooManyRequests = 106,
+    /// The entry or frame is larger than the bookie accepts.
+    TooLarge = 108,
+}
+
+impl Status {
+    /// Maps a wire value to a status.
+    ///
+    /// # Errors
+    /// `UnknownStatus`.
+    pub fn from_u16(v: u16) -> Result<Self, WireError> {
+        Ok(match v {
+            0 => Self::Ok,
+            1 => Self::NoSuchLedger,
+            2 => Self::NoSuchEntry,
+            100 => Self::BadRequest,
+            101 => Self::IoError,
+            102 => Self::Unauthorized,
+            103 => Self::BadVersion,
+            104 => Self::Fenced,
+            105 => Self::ReadOnly,
+            106 => Self::TooManyRequests,
+            108 => Self::TooLarge,
+            other => return Err(WireError::UnknownStatus(other)),
+        })
+    }
+}
+
+/// A request from a client to a bookie. Borrowed from the receive buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// Handshake. Body: magic u32, version_min u16, version_max u16.
+    Hello { version_min: u16, version_max: u16 },
+    /// Add an entry. Body: master key (20 bytes), then the entry bytes ([`crate::entry`]).
+    Add { recovery: bool, master_key: MasterKey, entry: &'a [u8] },
+    /// Read an entry. Body: ledger u64, entry u64 (ignored with `FLAG_READ_LAST`), then the
+    /// master key (20 bytes) iff `FLAG_FENCE`.
+    Read { ledger: LedgerId, entry: Option<EntryId>, fence: Option<MasterKey> },
+    /// Read the LAC. Body: ledger u64.
+    ReadLac { ledger: LedgerId },
+    /// Fence a ledger. Body: ledger u64, master key (20 bytes).
+    Fence { ledger: LedgerId, master_key: MasterKey },
+}
+
+/// A successful response body, or the error a bookie answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response<'a> {
+    /// Body: version u16, shard_count u16, frame_size_bytes_max u32.
+    Hello { version: u16, shard_count: u16, frame_size_bytes_max: u32 },
+    /// Body: ledger u64, entry u64. Sent only once the entry is durable on this bookie.
+    Add { ledger: LedgerId, entry: EntryId },
+    /// Body: ledger u64, entry u64, then the stored entry bytes verbatim.
+    Read { ledger: LedgerId, entry: EntryId, data: &'a [u8] },
+    /// Body: ledger u64, lac_plus_one u64, last_entry_plus_one u64 (0 = none).
+    ReadLac { ledger: LedgerId, lac: Option<EntryId>, last_entry: Option<EntryId> },
+    /// Body: ledger u64, lac_plus_one u64. Sent only once the fence is durable.
+    Fence { ledger: LedgerId, lac: Option<EntryId> },
+    /// Any failed request: the status is non-zero and the body is a u32-length-prefixed
+    /// UTF-8 message for humans.
+    Failed { opcode: Opcode, status: Status, message: &'a str },
+}
+
+fn key(r: &mut Reader<'_>) -> Result<MasterKey, WireError> {
+    let mut k = [0u8; MASTER_KEY_SIZE_BYTES];
+    k.copy_from_slice(r.bytes(MASTER_KEY_SIZE_BYTES)?);
+    Ok(MasterKey(k))
+}
+
+/// Appends a request frame to `out`.
+pub fn encode_request(out: &mut Vec<u8>, request_id: u64, request: &Request<'_>) {
+    let mut body = Vec::new();
+    let (opcode, flags) = match *request {
+        Request::Hello { version_min, version_max } => {
+            body.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+            body.extend_from_slice(&version_min.to_le_bytes());
+            body.extend_from_slice(&version_max.to_le_bytes());
+            (Opcode::Hello, 0)
+        }
+        Request::Add { recovery, master_key, entry } => {
+            body.reserve(MASTER_KEY_SIZE_BYTES + entry.len());
+            body.extend_from_slice(&master_key.0);
+            body.extend_from_slice(entry);
+            (Opcode::Add, if recovery { FLAG_RECOVERY_ADD } else { 0 })
+        }
+        Request::Read { ledger, entry, fence } => {
+            body.extend_from_slice(&ledger.0.to_le_bytes());
+            body.extend_from_slice(&entry.map_or(0, |e| e.0).to_le_bytes());
+            let mut flags = if entry.is_none() { FLAG_READ_LAST } else { 0 };
+            if let Some(k) = fence {
+                body.extend_from_slice(&k.0);
+                flags |= FLAG_FENCE;
+            }
+            (Opcode::Read, flags)
+        }
+        Request::ReadLac { ledger } => {
+            body.extend_from_slice(&ledger.0.to_le_bytes());
+            (Opcode::ReadLac, 0)
+        }
+        Request::Fence { ledger, master_key } => {
+            body.extend_from_slice(&ledger.0.to_le_bytes());
+            body.extend_from_slice(&master_key.0);
+            (Opcode::Fence, 0)
+        }
+    };
+    encode_frame(out, FrameHeader { opcode: opcode as u8, flags, status: 0, request_id }, &body);
+}
+
+/// Decodes a request frame.
+///
+/// # Errors
+/// `UnknownOpcode`, `Truncated`, `TrailingBytes`, `BadMagic`, or `InvalidField` for a frame
+/// that is a response or carries a status.
+pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, WireError> {
+    let h = frame.header;
+    if h.opcode & RESPONSE_BIT != 0 || h.status != 0 {
+        return Err(WireError::InvalidField { what: "request opcode/status" });
+    }
+    let mut r = Reader::new(frame.body, "request body");
+    let req = match Opcode::from_u8(h.opcode)? {
+        Opcode::Hello => {
+            let magic = r.u32()?;
+            if magic != HELLO_MAGIC {
+                return Err(WireError::BadMagic { found: magic });
+            }
+            Request::Hello { version_min: r.u16()?, version_max: r.u16()? }
+        }
+        Opcode::Add => {
+            let master_key = key(&mut r)?;
+            let entry = r.rest();
+            crate::entry::peek_header(entry)?;
+            Request::Add { recovery: h.flags & FLAG_RECOVERY_ADD != 0, master_key, entry }
+        }
+        Opcode::Read => {
+            let ledger = LedgerId(r.u64()?);
+            let entry = r.u64()?;
+            let entry = if h.flags & FLAG_READ_LAST != 0 { None } else { Some(EntryId(entry)) };
+            let fence = if h.flags & FLAG_FENCE != 0 { Some(key(&mut r)?) } else { None };
+            Request::Read { ledger, entry, fence }
+        }
+        Opcode::ReadLac => Request::ReadLac { ledger: LedgerId(r.u64()?) },
+        Opcode::Fence => Request::Fence { ledger: LedgerId(r.u64()?), master_key: key(&mut r)? },
+    };
+    r.finish()?;
+    Ok(req)
+}
+
+/// Appends a response frame for request `request_id` to `out`.
+pub fn encode_response(out: &mut Vec<u8>, request_id: u64, response: &Response<'_>) {
+    let mut body = Vec::new();
+    let (opcode, status) = match *response {
+        Response::Hello { version, shard_count, frame_size_bytes_max } => {
+            body.extend_from_slice(&version.to_le_bytes());
+            body.extend_from_slice(&shard_count.to_le_bytes());
+            body.extend_from_slice(&frame_size_bytes_max.to_le_bytes());
+            (Opcode::Hello, Status::Ok)
+        }
+        Response::Add { ledger, entry } => {
+            body.extend_from_slice(&ledger.0.to_le_bytes());
+            body.extend_from_slice(&entry.0.to_le_bytes());
+            (Opcode::Add, Status::Ok)
+        }
+        Response::Read { ledger, entry, data } => {
+            body.reserve(16 + data.len());
+            body.extend_from_slice(&ledger.0.to_le_bytes());
+            body.extend_from_slice(&entry.0.to_le_bytes());
+            body.extend_from_slice(data);
+            (Opcode::Read, Status::Ok)
+        }
+        Response::ReadLac { ledger, lac, last_entry } => {
+            body.extend_from_slice(&ledger.0.to_le_bytes());
+            body.extend_from_slice(&lac_to_wire(lac).to_le_bytes());
+            body.extend_from_slice(&lac_to_wire(last_entry).to_le_bytes());
+            (Opcode::ReadLac, Status::Ok)
+        }
+        Response::Fence { ledger, lac } => {
+            body.extend_from_slice(&ledger.0.to_le_bytes());
+            body.extend_from_slice(&lac_to_wire(lac).to_le_bytes());
+            (Opcode::Fence, Status::Ok)
+        }
+        Response::Failed { opcode, status, message } => {
+            let mut cut = message.len().min(ERROR_MESSAGE_SIZE_BYTES_MAX);
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            put_len_prefixed(&mut body, &message.as_bytes()[..cut]);
+            (opcode, status)
+        }
+    };
+    let header = FrameHeader {
+        opcode: opcode as u8 | RESPONSE_BIT,
+        flags: 0,
+        status: status as u16,
+        request_id,
+    };
+    encode_frame(out, header, &body);
+}
+
+/// Decodes a response frame.
+///
+/// # Errors
+/// `UnknownOpcode`, `UnknownStatus`, `Truncated`, `TrailingBytes`, or `InvalidField` for a
+/// frame without the response bit or with a non-UTF-8 error message.
+pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError> {
+    let h = frame.header;
+    if h.opcode & RESPONSE_BIT == 0 {
+        return Err(WireError::InvalidField { what: "response bit" });
+    }
+    let opcode = Opcode::from_u8(h.opcode & !RESPONSE_BIT)?;
+    let status = Status::from_u16(h.status)?;
+    let mut r = Reader::new(frame.body, "response body");
+    let resp = if status != Status::Ok {
+        let msg = r.len_prefixed(ERROR_MESSAGE_SIZE_BYTES_MAX)?;
+        let message =
+            std::str::from_utf8(msg).map_err(|_| WireError::InvalidField { what: "error message" })?;
+        Response::Failed { opcode, status, message }
+    } else {
+        match opcode {
+            Opcode::Hello => Response::Hello {
+                version: r.u16()?,
+                shard_count: r.u16()?,
+                frame_size_bytes_max: r.u32()?,
+            },
+            Opcode::Add => Response::Add { ledger: LedgerId(r.u64()?), entry: EntryId(r.u64()?) },
+            Opcode::Read => Response::Read {
+                ledger: LedgerId(r.u64()?),
+                entry: EntryId(r.u64()?),
+                data: r.rest(),
+            },
+            Opcode::ReadLac => Response::ReadLac {
+                ledger: LedgerId(r.u64()?),
+                lac: lac_from_wire(r.u64()?),
+                last_entry: lac_from_wire(r.u64()?),
+            },
+            Opcode::Fence => {
+                Response::Fence { ledger: LedgerId(r.u64()?), lac: lac_from_wire(r.u64()?) }
+            }
+        }
+    };
+    r.finish()?;
+    Ok(resp)
+}
+
+/// Picks the protocol version for a handshake: the highest both ranges share.
+///
+/// # Errors
+/// `NoCommonVersion` when the ranges do not overlap.
+pub fn negotiate_version(peer_min: u16, peer_max: u16) -> Result<u16, WireError> {
+    let v = peer_max.min(PROTOCOL_VERSION_MAX);
+    if v < peer_min.max(PROTOCOL_VERSION_MIN) {
+        return Err(WireError::NoCommonVersion {
+            peer_min,
+            peer_max,
+            ours_min: PROTOCOL_VERSION_MIN,
+            ours_max: PROTOCOL_VERSION_MAX,
+        });
+    }
+    Ok(v)
+}
