@@ -1,1 +1,104 @@
-//! (being written)
+//! The metadata store: one interface for everything a Quire cluster keeps outside the bookies,
+//! and its embedded, on-disk implementation for the single-machine sandbox.
+//!
+//! What is stored (the ZooKeeper layout of BookKeeper and DistributedLog, reduced to types):
+//! * the bookie registry ([`BookieInfo`]),
+//! * ledger id generation and ledger metadata ([`LedgerMetadata`]),
+//! * stream metadata: the segment list and the highest txid ([`StreamMetadata`]).
+//!
+//! Every update is a compare-and-set against the [`Version`] the caller read, as with ZooKeeper's
+//! `setData(path, data, version)`; a stale version fails with [`Error::BadVersion`] and changes
+//! nothing. The ZooKeeper implementation (a later issue) maps each record to one znode, so the
+//! trait deliberately offers nothing that needs a transaction across records.
+//!
+//! # Threading
+//! Implementations are shared (`Send + Sync`) and used from the tokio metadata plane.
+
+mod embedded;
+mod types;
+
+pub use embedded::EmbeddedStore;
+pub use types::*;
+
+use async_trait::async_trait;
+
+/// The version of a stored record, bumped by every successful update (ZooKeeper `Stat.version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Version(pub u64);
+
+/// A record together with the version it was read at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned<T> {
+    /// The record.
+    pub value: T,
+    /// Pass this back to an update to make it a compare-and-set.
+    pub version: Version,
+}
+
+/// Metadata store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No record under this key.
+    #[error("{kind} {key} does not exist")]
+    NotFound { kind: &'static str, key: String },
+    /// A create found the record already there.
+    #[error("{kind} {key} already exists")]
+    AlreadyExists { kind: &'static str, key: String },
+    /// A compare-and-set lost: the record changed since it was read.
+    #[error("{kind} {key} changed since it was read (expected version {expected}, found {found})")]
+    BadVersion { kind: &'static str, key: String, expected: u64, found: u64 },
+    /// A record's name or contents are not acceptable.
+    #[error("invalid {what}: {reason}")]
+    Invalid { what: &'static str, reason: String },
+    /// The store's own storage failed.
+    #[error("metadata store I/O error on {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    /// The store's persisted state could not be parsed.
+    #[error("metadata store file {path} is corrupt: {reason}")]
+    Corrupt { path: String, reason: String },
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// The metadata interface shared by the embedded store and (later) ZooKeeper.
+///
+/// # Errors
+/// Every method can fail with `Io`; the others are listed per method.
+#[async_trait]
+pub trait MetadataStore: Send + Sync + 'static {
+    /// Adds or replaces a bookie in the registry (BookKeeper `available/<id>`).
+    async fn register_bookie(&self, info: BookieInfo) -> Result<()>;
+    /// Removes a bookie from the registry; `NotFound` if it is not there.
+    async fn unregister_bookie(&self, id: &BookieId) -> Result<()>;
+    /// Every registered bookie, sorted by id.
+    async fn list_bookies(&self) -> Result<Vec<BookieInfo>>;
+
+    /// Hands out a ledger id never handed out before, even across restarts.
+    async fn allocate_ledger_id(&self) -> Result<quire_wire::LedgerId>;
+    /// Stores new ledger metadata; `AlreadyExists` if the id is taken, `Invalid` if the
+    /// quorum shape breaks E >= Qw >= Qa >= 1.
+    async fn create_ledger(&self, id: quire_wire::LedgerId, meta: &LedgerMetadata) -> Result<Version>;
+    /// Reads ledger metadata; `NotFound`.
+    async fn read_ledger(&self, id: quire_wire::LedgerId) -> Result<Versioned<LedgerMetadata>>;
+    /// Compare-and-set of ledger metadata; `NotFound`, `BadVersion`.
+    async fn update_ledger(
+        &self,
+        id: quire_wire::LedgerId,
+        meta: &LedgerMetadata,
+        expected: Version,
+    ) -> Result<Version>;
+    /// Deletes ledger metadata; `NotFound`, `BadVersion`.
+    async fn delete_ledger(&self, id: quire_wire::LedgerId, expected: Version) -> Result<()>;
+
+    /// Creates a stream; `AlreadyExists`, `Invalid` for a bad name.
+    async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version>;
+    /// Reads a stream; `NotFound`.
+    async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>>;
+    /// Compare-and-set of stream metadata; `NotFound`, `BadVersion`.
+    async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version>;
+    /// Deletes a stream; `NotFound`, `BadVersion`.
+    async fn delete_stream(&self, name: &str, expected: Version) -> Result<()>;
+    /// Names of every stream, sorted.
+    async fn list_streams(&self) -> Result<Vec<String>>;
+}

@@ -1,0 +1,230 @@
+//! The embedded metadata store: all records in memory, persisted as one JSON document that is
+//! replaced atomically (write to a temporary file, fdatasync, rename, fsync the directory) before
+//! any update returns. Meant for the single-machine sandbox, where update rates are low (one
+//! update per segment roll, not per entry). Format: `docs/format/metadata.md`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use quire_wire::LedgerId;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::{
+    validate_stream_name, BookieId, BookieInfo, Error, LedgerMetadata, MetadataStore, Result,
+    StreamMetadata, Version, Versioned,
+};
+
+/// Layout version of the persisted document. Readers accept exactly this one so far.
+pub const EMBEDDED_FORMAT_VERSION: u32 = 1;
+const FILE_NAME: &str = "metadata.json";
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Document {
+    format_version: u32,
+    /// Next ledger id to hand out.
+    next_ledger_id: u64,
+    bookies: BTreeMap<BookieId, BookieInfo>,
+    ledgers: BTreeMap<u64, (LedgerMetadata, Version)>,
+    streams: BTreeMap<String, (StreamMetadata, Version)>,
+}
+
+/// The embedded, file-backed [`MetadataStore`].
+///
+/// # Threading
+/// Shared (`Send + Sync`); updates are serialised by one async mutex.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Mutex<Document>>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore").field("path", &self.path).finish()
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store in `dir`, reading `dir/metadata.json` if it exists.
+    /// Bookie registrations do not survive a restart: like ZooKeeper's ephemeral nodes, they
+    /// belong to the process that made them.
+    ///
+    /// # Errors
+    /// `Io` if the directory or file cannot be read, `Corrupt` if the file does not parse or has
+    /// an unknown format version.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let io = |source| Error::Io { path: dir.display().to_string(), source };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let path = dir.join(FILE_NAME);
+        let mut doc = match std::fs::read(&path) {
+            Ok(bytes) => {
+                let doc: Document = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                if doc.format_version != EMBEDDED_FORMAT_VERSION {
+                    return Err(Error::Corrupt {
+                        path: path.display().to_string(),
+                        reason: format!(
+                            "format version {} is not the supported {}",
+                            doc.format_version, EMBEDDED_FORMAT_VERSION
+                        ),
+                    });
+                }
+                doc
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Document { format_version: EMBEDDED_FORMAT_VERSION, next_ledger_id: 1, ..Default::default() }
+            }
+            Err(e) => return Err(Error::Io { path: path.display().to_string(), source: e }),
+        };
+        doc.bookies.clear();
+        Ok(Self { inner: Arc::new(Mutex::new(doc)), path })
+    }
+
+    /// Writes the document durably. Called with the lock held, so writes never reorder.
+    async fn persist(&self, doc: &Document) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(doc).map_err(|e| Error::Corrupt {
+            path: self.path.display().to_string(),
+            reason: format!("cannot serialise: {e}"),
+        })?;
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || write_atomically(&path, &bytes))
+            .await
+            .map_err(|e| Error::Io { path: self.path.display().to_string(), source: std::io::Error::other(e) })?
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_data().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(io)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    Ok(())
+}
+
+fn check_version(kind: &'static str, key: String, expected: Version, found: Version) -> Result<()> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(Error::BadVersion { kind, key, expected: expected.0, found: found.0 })
+    }
+}
+
+#[async_trait]
+impl MetadataStore for EmbeddedStore {
+    async fn register_bookie(&self, info: BookieInfo) -> Result<()> {
+        // Registrations are process-lifetime (ephemeral), so they are not persisted.
+        self.inner.lock().await.bookies.insert(info.id.clone(), info);
+        Ok(())
+    }
+
+    async fn unregister_bookie(&self, id: &BookieId) -> Result<()> {
+        match self.inner.lock().await.bookies.remove(id) {
+            Some(_) => Ok(()),
+            None => Err(Error::NotFound { kind: "bookie", key: id.0.clone() }),
+        }
+    }
+
+    async fn list_bookies(&self) -> Result<Vec<BookieInfo>> {
+        Ok(self.inner.lock().await.bookies.values().cloned().collect())
+    }
+
+    async fn allocate_ledger_id(&self) -> Result<LedgerId> {
+        let mut doc = self.inner.lock().await;
+        let id = doc.next_ledger_id;
+        doc.next_ledger_id += 1;
+        self.persist(&doc).await?;
+        Ok(LedgerId(id))
+    }
+
+    async fn create_ledger(&self, id: LedgerId, meta: &LedgerMetadata) -> Result<Version> {
+        meta.validate()?;
+        let mut doc = self.inner.lock().await;
+        if doc.ledgers.contains_key(&id.0) {
+            return Err(Error::AlreadyExists { kind: "ledger", key: id.to_string() });
+        }
+        doc.ledgers.insert(id.0, (meta.clone(), Version(0)));
+        doc.next_ledger_id = doc.next_ledger_id.max(id.0 + 1);
+        self.persist(&doc).await?;
+        Ok(Version(0))
+    }
+
+    async fn read_ledger(&self, id: LedgerId) -> Result<Versioned<LedgerMetadata>> {
+        let doc = self.inner.lock().await;
+        let (value, version) =
+            doc.ledgers.get(&id.0).cloned().ok_or(Error::NotFound { kind: "ledger", key: id.to_string() })?;
+        Ok(Versioned { value, version })
+    }
+
+    async fn update_ledger(&self, id: LedgerId, meta: &LedgerMetadata, expected: Version) -> Result<Version> {
+        meta.validate()?;
+        let mut doc = self.inner.lock().await;
+        let slot = doc.ledgers.get_mut(&id.0).ok_or(Error::NotFound { kind: "ledger", key: id.to_string() })?;
+        check_version("ledger", id.to_string(), expected, slot.1)?;
+        let next = Version(slot.1 .0 + 1);
+        *slot = (meta.clone(), next);
+        self.persist(&doc).await?;
+        Ok(next)
+    }
+
+    async fn delete_ledger(&self, id: LedgerId, expected: Version) -> Result<()> {
+        let mut doc = self.inner.lock().await;
+        let found = doc.ledgers.get(&id.0).ok_or(Error::NotFound { kind: "ledger", key: id.to_string() })?.1;
+        check_version("ledger", id.to_string(), expected, found)?;
+        doc.ledgers.remove(&id.0);
+        self.persist(&doc).await
+    }
+
+    async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version> {
+        validate_stream_name(&meta.name)?;
+        let mut doc = self.inner.lock().await;
+        if doc.streams.contains_key(&meta.name) {
+            return Err(Error::AlreadyExists { kind: "stream", key: meta.name.clone() });
+        }
+        doc.streams.insert(meta.name.clone(), (meta.clone(), Version(0)));
+        self.persist(&doc).await?;
+        Ok(Version(0))
+    }
+
+    async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>> {
+        let doc = self.inner.lock().await;
+        let (value, version) =
+            doc.streams.get(name).cloned().ok_or(Error::NotFound { kind: "stream", key: name.to_string() })?;
+        Ok(Versioned { value, version })
+    }
+
+    async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
+        let mut doc = self.inner.lock().await;
+        let slot = doc
+            .streams
+            .get_mut(&meta.name)
+            .ok_or(Error::NotFound { kind: "stream", key: meta.name.clone() })?;
+        check_version("stream", meta.name.clone(), expected, slot.1)?;
+        let next = Version(slot.1 .0 + 1);
+        *slot = (meta.clone(), next);
+        self.persist(&doc).await?;
+        Ok(next)
+    }
+
+    async fn delete_stream(&self, name: &str, expected: Version) -> Result<()> {
+        let mut doc = self.inner.lock().await;
+        let found = doc.streams.get(name).ok_or(Error::NotFound { kind: "stream", key: name.to_string() })?.1;
+        check_version("stream", name.to_string(), expected, found)?;
+        doc.streams.remove(name);
+        self.persist(&doc).await
+    }
+
+    async fn list_streams(&self) -> Result<Vec<String>> {
+        Ok(self.inner.lock().await.streams.keys().cloned().collect())
+    }
+}

@@ -1,0 +1,268 @@
+//! The records the metadata store keeps. They serialize with serde; the embedded store writes
+//! them as JSON (see `docs/format/metadata.md`).
+
+use std::collections::BTreeMap;
+
+use quire_wire::{EntryId, MasterKey};
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// A bookie's identity: its advertised `host:port` (BookKeeper's default bookie id).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BookieId(pub String);
+
+impl std::fmt::Display for BookieId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One entry of the bookie registry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BookieInfo {
+    /// Identity, also the address clients connect to.
+    pub id: BookieId,
+    /// Optional rack label for placement.
+    pub rack: Option<String>,
+    /// A read-only bookie serves reads but takes no new ledgers.
+    pub read_only: bool,
+}
+
+/// Ledger lifecycle (BookKeeper `LedgerMetadata.State`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LedgerState {
+    /// A writer may be adding entries.
+    Open,
+    /// A recoverer has fenced the ledger and is closing it.
+    InRecovery,
+    /// Sealed: `last_entry` and `length_bytes` are final.
+    Closed,
+}
+
+/// Entry digest type (BookKeeper `DigestType`); Quire writes only CRC32C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DigestType {
+    /// CRC32C over the entry header and payload.
+    Crc32c,
+}
+
+/// One fragment of a ledger: the ensemble that holds entries from `first_entry` on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fragment {
+    /// First entry id written to this ensemble.
+    pub first_entry: u64,
+    /// Bookies by ensemble position; entry e goes to positions (e + i) mod E, i < Qw.
+    pub bookies: Vec<BookieId>,
+}
+
+/// Ledger metadata (BookKeeper `LedgerMetadata`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerMetadata {
+    /// Metadata layout version of this record.
+    pub format_version: u32,
+    /// Ensemble size E.
+    pub ensemble_size: u8,
+    /// Write quorum Qw.
+    pub write_quorum: u8,
+    /// Ack quorum Qa.
+    pub ack_quorum: u8,
+    /// Lifecycle state.
+    pub state: LedgerState,
+    /// Fragments in entry order; the first starts at entry 0.
+    pub fragments: Vec<Fragment>,
+    /// Last entry of a closed ledger (`None` for an empty or open one).
+    pub last_entry: Option<u64>,
+    /// Payload bytes of a closed ledger.
+    pub length_bytes: u64,
+    /// Digest of every entry.
+    pub digest_type: DigestType,
+    /// The master key, SHA-1("ledger" ‖ password), which a recoverer presents to fence.
+    pub master_key_hex: String,
+    /// Milliseconds since the Unix epoch.
+    pub creation_time_ms: u64,
+    /// Free-form labels (e.g. the stream a segment belongs to).
+    pub custom: BTreeMap<String, String>,
+}
+
+/// Current ledger metadata layout version.
+pub const LEDGER_METADATA_FORMAT_VERSION: u32 = 1;
+
+impl LedgerMetadata {
+    /// Checks E >= Qw >= Qa >= 1 and that every fragment has E bookies (BookKeeper's
+    /// ledger-creation rule).
+    ///
+    /// # Errors
+    /// `Invalid` naming the broken rule.
+    pub fn validate(&self) -> Result<(), Error> {
+        let (e, w, a) = (self.ensemble_size, self.write_quorum, self.ack_quorum);
+        if !(e >= w && w >= a && a >= 1) {
+            return Err(Error::Invalid {
+                what: "ledger quorum",
+                reason: format!("need E >= Qw >= Qa >= 1, got E={e} Qw={w} Qa={a}"),
+            });
+        }
+        if self.fragments.is_empty() || self.fragments[0].first_entry != 0 {
+            return Err(Error::Invalid { what: "ledger fragments", reason: "first fragment must start at entry 0".into() });
+        }
+        for f in &self.fragments {
+            if f.bookies.len() != usize::from(e) {
+                return Err(Error::Invalid {
+                    what: "ledger fragments",
+                    reason: format!("fragment at {} has {} bookies, E={e}", f.first_entry, f.bookies.len()),
+                });
+            }
+        }
+        if self.fragments.windows(2).any(|w| w[0].first_entry >= w[1].first_entry) {
+            return Err(Error::Invalid { what: "ledger fragments", reason: "fragments out of order".into() });
+        }
+        Ok(())
+    }
+
+    /// The fragment that holds `entry`.
+    pub fn fragment_for(&self, entry: EntryId) -> &Fragment {
+        self.fragments.iter().rev().find(|f| f.first_entry <= entry.0).unwrap_or(&self.fragments[0])
+    }
+
+    /// The master key, decoded.
+    ///
+    /// # Errors
+    /// `Invalid` when `master_key_hex` is not 40 hex digits.
+    pub fn master_key(&self) -> Result<MasterKey, Error> {
+        let bad = || Error::Invalid { what: "master key", reason: format!("{:?} is not 40 hex digits", self.master_key_hex) };
+        let s = self.master_key_hex.as_bytes();
+        if s.len() != 40 {
+            return Err(bad());
+        }
+        let mut k = [0u8; 20];
+        for (i, pair) in s.chunks(2).enumerate() {
+            let hex = std::str::from_utf8(pair).map_err(|_| bad())?;
+            k[i] = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
+        }
+        Ok(MasterKey(k))
+    }
+}
+
+/// Encodes a master key as 40 lower-case hex digits.
+pub fn master_key_hex(key: &MasterKey) -> String {
+    key.0.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// State of one log segment (DistributedLog `inprogress_` / `logrecs_` znodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SegmentState {
+    /// Being written; its ledger is open.
+    InProgress,
+    /// Sealed; its ledger is closed and `last_entry` is final.
+    Completed,
+}
+
+/// One log segment of a stream: one ledger (DistributedLog `LogSegmentMetadata`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentMetadata {
+    /// Log segment sequence number, the first part of every DLSN in it; starts at 1.
+    pub seq_no: u64,
+    /// The ledger that stores it.
+    pub ledger_id: u64,
+    /// Lifecycle state.
+    pub state: SegmentState,
+    /// txid of its first record.
+    pub first_txid: Option<u64>,
+    /// txid of its last record (completed segments).
+    pub last_txid: Option<u64>,
+    /// Last entry id (completed segments; `None` if it holds no entry).
+    pub last_entry: Option<u64>,
+    /// Records in it (completed segments).
+    pub record_count: u64,
+    /// Payload bytes in it (completed segments).
+    pub length_bytes: u64,
+}
+
+/// Stream metadata (DistributedLog log znode with its `ledgers` and `maxtxid` children).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamMetadata {
+    /// Stream name.
+    pub name: String,
+    /// Segments by ascending `seq_no`.
+    pub segments: Vec<SegmentMetadata>,
+    /// Highest txid written (DistributedLog `maxtxid`).
+    pub max_txid: Option<u64>,
+    /// Milliseconds since the Unix epoch.
+    pub creation_time_ms: u64,
+}
+
+/// Longest stream name, in bytes.
+pub const STREAM_NAME_SIZE_BYTES_MAX: usize = 255;
+
+/// Checks a stream name: 1 to 255 bytes of ASCII letters, digits, `-`, `_`, `.` and `/`, not
+/// starting with `.` or `/` and without `//` (DistributedLog's names follow ZooKeeper path rules;
+/// this is a stricter, portable subset).
+///
+/// # Errors
+/// `Invalid` saying which rule the name breaks.
+pub fn validate_stream_name(name: &str) -> Result<(), Error> {
+    let bad = |reason: &str| Err(Error::Invalid { what: "stream name", reason: format!("{name:?}: {reason}") });
+    if name.is_empty() || name.len() > STREAM_NAME_SIZE_BYTES_MAX {
+        return bad("must be 1 to 255 bytes");
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b)) {
+        return bad("only ASCII letters, digits, '-', '_', '.' and '/' are allowed");
+    }
+    if name.starts_with('.') || name.starts_with('/') || name.ends_with('/') || name.contains("//") {
+        return bad("must not start with '.' or '/', end with '/', or contain '//'");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_names() {
+        for ok in ["a", "logs/hdfs-2k", "A.b_c-1"] {
+            assert!(validate_stream_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".hidden", "/abs", "a//b", "sp ace", "tail/", "ü"] {
+            assert!(validate_stream_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn master_key_hex_round_trip() {
+        let k = MasterKey([0xab; 20]);
+        let mut m = sample();
+        m.master_key_hex = master_key_hex(&k);
+        assert_eq!(m.master_key().unwrap(), k);
+        m.master_key_hex = "zz".into();
+        assert!(m.master_key().is_err());
+    }
+
+    fn sample() -> LedgerMetadata {
+        LedgerMetadata {
+            format_version: LEDGER_METADATA_FORMAT_VERSION,
+            ensemble_size: 3,
+            write_quorum: 2,
+            ack_quorum: 2,
+            state: LedgerState::Open,
+            fragments: vec![Fragment { first_entry: 0, bookies: vec![BookieId("a".into()), BookieId("b".into()), BookieId("c".into())] }],
+            last_entry: None,
+            length_bytes: 0,
+            digest_type: DigestType::Crc32c,
+            master_key_hex: String::new(),
+            creation_time_ms: 0,
+            custom: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn quorum_shape_is_checked() {
+        let mut m = sample();
+        assert!(m.validate().is_ok());
+        m.ack_quorum = 3;
+        assert!(m.validate().is_err());
+        m.ack_quorum = 0;
+        m.write_quorum = 0;
+        assert!(m.validate().is_err());
+    }
+}
