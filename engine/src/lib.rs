@@ -1,1 +1,106 @@
-//! (being written)
+//! Storage engine of one Quire bookie shard: journal with group commit, write cache, entry logs,
+//! index, checkpoint and replay (DESIGN.md §2; formats in docs/format/).
+//!
+//! The engine is **shard-local**: an [`Engine`] lives on one glommio executor, is `!Send`, and
+//! runs its background tasks (journal writer, checkpointer) on that executor. All file I/O goes
+//! through the [`io::Storage`] seam.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+mod engine;
+pub mod format;
+pub mod io;
+mod sync;
+
+pub use engine::Engine;
+
+/// Configuration of one engine (one shard). Sizes in bytes, times as durations.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Directory of the journal files (`journal-{id:016x}.qj`). Created if missing.
+    pub journal_dir: PathBuf,
+    /// Directory of the entry logs, the index and the checkpoint mark. Created if missing.
+    pub ledger_dir: PathBuf,
+    /// A journal file rolls to the next one once a batch would not fit; files are pre-written
+    /// with zeros to this size. Default 64 MiB. Must be at least 8 KiB.
+    pub journal_file_size_bytes: u64,
+    /// Longest time the oldest queued add waits before its group is written
+    /// (BookKeeper `journalMaxGroupWaitMSec`). Default 2 ms.
+    pub group_commit_wait_max: Duration,
+    /// A group is written as soon as this many record bytes are queued
+    /// (BookKeeper `journalBufferedWritesThreshold`). Default 512 KiB.
+    pub group_commit_bytes_max: usize,
+    /// Bytes of entry data in the write cache beyond which a checkpoint starts early. Default 64 MiB.
+    pub write_cache_bytes_max: usize,
+    /// Time between background checkpoints. Default 10 s (BookKeeper `flushInterval`).
+    pub checkpoint_interval: Duration,
+    /// An entry log rolls to a new file beyond this size. Default 1 GiB (BookKeeper `logSizeLimit`).
+    pub entry_log_size_bytes_max: u64,
+    /// Largest entry accepted by [`Engine::add_entry`]; larger ones get [`Error::TooLarge`].
+    /// Default 5 MiB (BookKeeper `nettyMaxFrameSizeBytes`).
+    pub entry_size_bytes_max: usize,
+}
+
+impl EngineConfig {
+    /// A configuration with the defaults listed on each field.
+    pub fn new(journal_dir: PathBuf, ledger_dir: PathBuf) -> Self {
+        Self {
+            journal_dir,
+            ledger_dir,
+            journal_file_size_bytes: 64 << 20,
+            group_commit_wait_max: Duration::from_millis(2),
+            group_commit_bytes_max: 512 << 10,
+            write_cache_bytes_max: 64 << 20,
+            checkpoint_interval: Duration::from_secs(10),
+            entry_log_size_bytes_max: 1 << 30,
+            entry_size_bytes_max: 5 << 20,
+        }
+    }
+}
+
+/// What the engine knows about one ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerState {
+    /// Set by [`Engine::fence`]; never cleared. Normal adds are refused once set.
+    pub fenced: bool,
+    /// The largest piggybacked LAC among the durable entries of the ledger (BookKeeper keeps
+    /// max(LAC field of stored entries)).
+    pub lac: Option<u64>,
+    /// The largest entry id durably stored for the ledger.
+    pub last_entry: Option<u64>,
+}
+
+/// Errors of the engine. Each message is one line naming the path and byte offset involved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A system call failed.
+    #[error("{op} failed on {path} at byte offset {file_offset_bytes}: {source}", path = .path.display())]
+    Io { op: &'static str, path: PathBuf, file_offset_bytes: u64, source: std::io::Error },
+    /// Bytes on disk are not what was written (bad checksum, bad header, garbage before durable
+    /// data): a media fault or outside tampering, not a torn tail. The engine refuses to open.
+    #[error("corrupt data in {path} at byte offset {file_offset_bytes}: {reason}", path = .path.display())]
+    Corrupt { path: PathBuf, file_offset_bytes: u64, reason: String },
+    /// A file's format version is outside what this build reads.
+    #[error("unsupported format version {found} in {path} (this build reads versions {oldest} to {newest})", path = .path.display())]
+    UnsupportedFormat { path: PathBuf, found: u16, oldest: u16, newest: u16 },
+    /// The ledger is fenced (recovery started); a normal add must be treated as failed.
+    #[error("ledger {ledger} is fenced")]
+    Fenced { ledger: u64 },
+    /// The master key differs from the one the ledger was first written or fenced with.
+    #[error("wrong master key for ledger {ledger}")]
+    Unauthorized { ledger: u64 },
+    /// This shard has no state at all for the ledger (per the index, after replay).
+    #[error("no such ledger {ledger}")]
+    NoSuchLedger { ledger: u64 },
+    /// The index holds the ledger but not the entry. `entry == u64::MAX` means "the last entry"
+    /// of a ledger that has none.
+    #[error("no such entry {entry} in ledger {ledger}")]
+    NoSuchEntry { ledger: u64, entry: u64 },
+    /// The entry is larger than `EngineConfig::entry_size_bytes_max`.
+    #[error("entry of {size_bytes} bytes exceeds the maximum of {max} bytes")]
+    TooLarge { size_bytes: usize, max: usize },
+    /// The engine was closed.
+    #[error("engine is closed")]
+    Closed,
+}

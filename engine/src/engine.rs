@@ -1,0 +1,1090 @@
+//! The engine: journal writer with group commit, write cache, checkpoint, replay.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::io as stdio;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Instant;
+
+use futures_lite::future;
+
+use crate::format::{
+    self, decode_entry_record, decode_file_header, decode_mark, decode_record, decode_segment,
+    encode_entry_record, encode_file_header, encode_mark, encode_record, encode_segment,
+    pad_to_block, round_up_block, HeaderCheck, Location, Mark, MarkDecode, Record, RecordDecode,
+    StoredLedger, ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, FORMAT_CURRENT, FORMAT_OLDEST_READABLE,
+    INDEX_MAGIC, JOURNAL_MAGIC,
+};
+use crate::io::{DmaStorage, Storage, StorageFile, BLOCK_BYTES};
+use crate::sync::{Completion, Signal};
+use crate::{EngineConfig, Error, LedgerState};
+
+const MARK_FILE: &str = "checkpoint.qcp";
+const MARK_TMP_FILE: &str = "checkpoint.qcp.tmp";
+const INDEX_FILE: &str = "index.qix";
+/// Bytes of zeros written per request while pre-writing a journal file.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+/// Entry-log bytes buffered before one write during a checkpoint.
+const ENTRY_LOG_WRITE_BYTES_MAX: usize = 1 << 20;
+
+fn journal_name(id: u64) -> String {
+    format!("journal-{id:016x}.qj")
+}
+fn entry_log_name(id: u64) -> String {
+    format!("entrylog-{id:016x}.qel")
+}
+fn parse_id(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
+    let hex = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+fn io_err(op: &'static str, path: &Path, file_offset_bytes: u64) -> impl FnOnce(stdio::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io { op, path, file_offset_bytes, source }
+}
+
+fn corrupt(path: &Path, file_offset_bytes: u64, reason: impl Into<String>) -> Error {
+    Error::Corrupt { path: path.to_path_buf(), file_offset_bytes, reason: reason.into() }
+}
+
+fn check_header(path: &Path, magic: [u8; 8], b: &[u8], id: u64) -> Result<(), Error> {
+    match decode_file_header(magic, b) {
+        HeaderCheck::Ok { file_id, .. } if file_id == id => Ok(()),
+        HeaderCheck::Ok { file_id, .. } => {
+            Err(corrupt(path, 0, format!("file header names id {file_id:#x}, file name says {id:#x}")))
+        }
+        HeaderCheck::Unsupported(found) => Err(Error::UnsupportedFormat {
+            path: path.to_path_buf(),
+            found,
+            oldest: FORMAT_OLDEST_READABLE,
+            newest: FORMAT_CURRENT,
+        }),
+        HeaderCheck::Bad(reason) => Err(corrupt(path, 0, reason)),
+    }
+}
+
+/// In-memory state of one ledger.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ledger {
+    master_key: Option<[u8; 20]>,
+    fenced: bool,
+    lac: Option<u64>,
+    last_entry: Option<u64>,
+}
+
+impl Ledger {
+    fn stored(&self) -> StoredLedger {
+        StoredLedger { fenced: self.fenced, master_key: self.master_key, lac: self.lac, last_entry: self.last_entry }
+    }
+}
+
+/// End of the durable journal: where the next batch goes and its first sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct JournalPos {
+    file_id: u64,
+    offset: u64,
+    next_seq: u64,
+}
+
+type Cache = BTreeMap<(u64, u64), Rc<Vec<u8>>>;
+
+struct State {
+    ledgers: HashMap<u64, Ledger>,
+    /// Ledgers whose state changed since the last checkpoint snapshot.
+    dirty: HashSet<u64>,
+    /// The write cache: durable journal entries not yet in an entry log.
+    cache: Cache,
+    cache_bytes: usize,
+    /// The part of the cache a running checkpoint is writing out; still served to readers.
+    flushing: Option<Rc<Cache>>,
+    /// (ledger → entry → location) of every entry in the entry logs.
+    index: HashMap<u64, BTreeMap<u64, Location>>,
+    durable: JournalPos,
+    mark: Mark,
+    /// Set once a journal write or sync failed; the journal is then in an unknown state and
+    /// every later add fails (restart and replay to recover).
+    failed: Option<String>,
+}
+
+struct Pending {
+    record: Record,
+    bytes: usize,
+    enqueued: Instant,
+    done: Rc<Completion<Result<(), Error>>>,
+}
+
+struct JournalCursor<F> {
+    file_id: u64,
+    file: Rc<F>,
+    pos: u64,
+    next_seq: u64,
+}
+
+struct EntryLogCursor<F> {
+    id: u64,
+    file: Rc<F>,
+    pos: u64,
+}
+
+struct Inner<S: Storage> {
+    cfg: EngineConfig,
+    storage: S,
+    st: RefCell<State>,
+    queue: RefCell<VecDeque<Pending>>,
+    queue_bytes: Cell<usize>,
+    /// Owned by the writer task while it runs (taken out across awaits).
+    journal: RefCell<Option<JournalCursor<S::File>>>,
+    writer_signal: Signal,
+    writer_done: Signal,
+    writer_running: Cell<bool>,
+    checkpoint_signal: Signal,
+    checkpoint_lock: glommio::sync::Semaphore,
+    index_file: Rc<S::File>,
+    entry_log: RefCell<Option<EntryLogCursor<S::File>>>,
+    next_entry_log_id: Cell<u64>,
+    entry_log_readers: RefCell<HashMap<u64, Rc<S::File>>>,
+    sync_count: Cell<u64>,
+    closed: Cell<bool>,
+}
+
+/// The storage engine of one bookie shard.
+///
+/// # Threading
+/// Shard-local (`!Send`): create and use it on one glommio executor. [`Engine::open`] spawns the
+/// journal writer and the checkpointer on that executor with `glommio::spawn_local`.
+pub struct Engine<S: Storage = DmaStorage> {
+    inner: Rc<Inner<S>>,
+}
+
+impl Engine<DmaStorage> {
+    /// Opens (creating directories and files if missing) the engine on the real disk and replays
+    /// the journal from the checkpoint mark.
+    ///
+    /// # Errors
+    /// `Error::Corrupt` naming the file and byte offset if a journal record that is followed by
+    /// durable data is damaged, or if a header, index segment or the mark fails its checksum;
+    /// `Error::UnsupportedFormat` for a file version this build does not read; `Error::Io`.
+    /// A torn journal tail (the last, never acknowledged batch) is dropped silently.
+    pub async fn open(config: EngineConfig) -> Result<Rc<Engine>, Error> {
+        Engine::open_with(config, DmaStorage).await
+    }
+}
+
+impl<S: Storage + 'static> Engine<S> {
+    /// Like [`Engine::open`], on any [`Storage`] (e.g. a crash-simulating test disk).
+    pub async fn open_with(config: EngineConfig, storage: S) -> Result<Rc<Engine<S>>, Error> {
+        assert!(config.journal_file_size_bytes >= 2 * BLOCK_BYTES as u64, "journal files hold a header and a batch");
+        assert!(config.group_commit_bytes_max > 0);
+        assert!(config.entry_size_bytes_max < u32::MAX as usize / 2, "entry sizes fit the u32 length fields");
+        let inner = open_inner(config, storage).await?;
+        let inner = Rc::new(inner);
+        inner.writer_running.set(true);
+        glommio::spawn_local(writer_loop(inner.clone())).detach();
+        glommio::spawn_local(checkpoint_loop(inner.clone())).detach();
+        Ok(Rc::new(Engine { inner }))
+    }
+
+    /// Stores entry `entry` of `ledger` and resolves once it is durable in the journal.
+    /// `data` is stored verbatim; `lac` is the LAC piggybacked on the entry (the ledger's LAC
+    /// becomes the max of all stored ones). The first add or fence of a ledger sets its master key.
+    ///
+    /// # Durability
+    /// Resolves `Ok` only after the journal write and fdatasync covering this add completed.
+    /// Concurrent adds share one write and one sync (group commit, BookKeeper journal rules:
+    /// `group_commit_wait_max`, `group_commit_bytes_max`).
+    /// # Errors
+    /// `TooLarge` if `data.len() > entry_size_bytes_max`; `Unauthorized` if the ledger has a
+    /// different master key; `Fenced` if the ledger is fenced and `recovery` is false (recovery
+    /// adds are allowed on fenced ledgers, as in BookKeeper); `Io` if the journal failed;
+    /// `Closed` after [`Engine::close`].
+    /// # Cancellation
+    /// Dropping the future does not withdraw the add; it may still become durable.
+    pub async fn add_entry(
+        &self,
+        ledger: u64,
+        entry: u64,
+        master_key: [u8; 20],
+        lac: Option<u64>,
+        data: Vec<u8>,
+        recovery: bool,
+    ) -> Result<(), Error> {
+        let inner = &self.inner;
+        if inner.closed.get() {
+            return Err(Error::Closed);
+        }
+        if data.len() > inner.cfg.entry_size_bytes_max {
+            return Err(Error::TooLarge { size_bytes: data.len(), max: inner.cfg.entry_size_bytes_max });
+        }
+        assert!(lac != Some(format::LAC_NONE), "LAC u64::MAX is not a valid entry id");
+        {
+            let mut st = inner.st.borrow_mut();
+            inner.check_failed(&st)?;
+            let l = st.ledgers.entry(ledger).or_default();
+            match l.master_key {
+                Some(k) if k != master_key => return Err(Error::Unauthorized { ledger }),
+                Some(_) => {}
+                None => l.master_key = Some(master_key),
+            }
+            if l.fenced && !recovery {
+                return Err(Error::Fenced { ledger });
+            }
+            st.dirty.insert(ledger);
+        }
+        let record = Record::Add { ledger, entry, lac, recovery, master_key, data };
+        inner.submit(record).await
+    }
+
+    /// Reads entry `entry` of `ledger`, or with `None` the last entry this shard holds for it.
+    /// Recent entries come from the write cache with no disk I/O; older ones from the entry logs.
+    ///
+    /// # Errors
+    /// `NoSuchLedger` / `NoSuchEntry` only when the index truly lacks it (never because of an
+    /// I/O error); `NoSuchEntry { entry: u64::MAX }` for `None` on a ledger with no entries;
+    /// `Corrupt` if the stored record fails its CRC32C; `Io`; `Closed`.
+    pub async fn read_entry(&self, ledger: u64, entry: Option<u64>) -> Result<Vec<u8>, Error> {
+        let inner = &self.inner;
+        if inner.closed.get() {
+            return Err(Error::Closed);
+        }
+        let loc = {
+            let st = inner.st.borrow();
+            let Some(l) = st.ledgers.get(&ledger) else {
+                return Err(Error::NoSuchLedger { ledger });
+            };
+            let entry = match entry {
+                Some(e) => e,
+                None => l.last_entry.ok_or(Error::NoSuchEntry { ledger, entry: u64::MAX })?,
+            };
+            if let Some(d) = st.cache.get(&(ledger, entry)) {
+                return Ok(d.as_ref().clone());
+            }
+            if let Some(d) = st.flushing.as_ref().and_then(|f| f.get(&(ledger, entry))) {
+                return Ok(d.as_ref().clone());
+            }
+            match st.index.get(&ledger).and_then(|m| m.get(&entry)) {
+                Some(loc) => (entry, *loc),
+                None => return Err(Error::NoSuchEntry { ledger, entry }),
+            }
+        };
+        let (entry, loc) = loc;
+        inner.read_entry_log(ledger, entry, loc).await
+    }
+
+    /// The state of `ledger`, or `None` if this shard never saw an add or fence for it.
+    pub fn ledger_state(&self, ledger: u64) -> Option<LedgerState> {
+        let st = self.inner.st.borrow();
+        st.ledgers.get(&ledger).map(|l| LedgerState { fenced: l.fenced, lac: l.lac, last_entry: l.last_entry })
+    }
+
+    /// Fences `ledger` (BookKeeper fencing read): later normal adds get `Fenced`. Fencing an
+    /// unknown ledger creates its state with this master key, as BookKeeper does.
+    /// Returns the ledger's LAC once the fence record is durable.
+    ///
+    /// # Durability
+    /// The fence record is journaled; resolves only after it is durable.
+    /// # Errors
+    /// `Unauthorized` for a different master key; `Io`; `Closed`.
+    pub async fn fence(&self, ledger: u64, master_key: [u8; 20]) -> Result<Option<u64>, Error> {
+        let inner = &self.inner;
+        if inner.closed.get() {
+            return Err(Error::Closed);
+        }
+        {
+            let mut st = inner.st.borrow_mut();
+            inner.check_failed(&st)?;
+            let l = st.ledgers.entry(ledger).or_default();
+            match l.master_key {
+                Some(k) if k != master_key => return Err(Error::Unauthorized { ledger }),
+                Some(_) => {}
+                None => l.master_key = Some(master_key),
+            }
+            l.fenced = true;
+            st.dirty.insert(ledger);
+        }
+        inner.submit(Record::Fence { ledger, master_key }).await?;
+        let st = inner.st.borrow();
+        Ok(st.ledgers.get(&ledger).and_then(|l| l.lac))
+    }
+
+    /// Runs one checkpoint now: write cache → entry log (synced) → index segment and ledger
+    /// states (synced) → checkpoint mark (temp file, fsync, rename, fsync dir) → removes journal
+    /// files wholly before the mark.
+    ///
+    /// # Errors
+    /// `Io`; `Closed`. On error nothing is lost: the cache keeps the entries and the mark stays.
+    pub async fn checkpoint(&self) -> Result<(), Error> {
+        if self.inner.closed.get() {
+            return Err(Error::Closed);
+        }
+        self.inner.checkpoint().await
+    }
+
+    /// Waits for queued adds to become durable, runs a final checkpoint and stops the
+    /// background tasks. Later calls of any method return `Closed`.
+    pub async fn close(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        if inner.closed.replace(true) {
+            return Err(Error::Closed);
+        }
+        inner.writer_signal.notify();
+        while inner.writer_running.get() {
+            inner.writer_done.wait().await;
+        }
+        let r = inner.checkpoint().await;
+        inner.checkpoint_signal.notify();
+        r
+    }
+
+    /// Number of journal fdatasyncs issued since open (group-commit observability).
+    pub fn journal_sync_count(&self) -> u64 {
+        self.inner.sync_count.get()
+    }
+
+    /// Bytes of entry data currently in the write cache (excluding a checkpoint in progress).
+    pub fn write_cache_bytes(&self) -> usize {
+        self.inner.st.borrow().cache_bytes
+    }
+}
+
+impl<S: Storage> Inner<S> {
+    fn journal_path(&self, id: u64) -> PathBuf {
+        self.cfg.journal_dir.join(journal_name(id))
+    }
+
+    fn check_failed(&self, st: &State) -> Result<(), Error> {
+        match &st.failed {
+            None => Ok(()),
+            Some(msg) => Err(Error::Io {
+                op: "journal write (journal failed earlier)",
+                path: self.journal_path(st.durable.file_id),
+                file_offset_bytes: st.durable.offset,
+                source: stdio::Error::other(msg.clone()),
+            }),
+        }
+    }
+
+    async fn submit(&self, record: Record) -> Result<(), Error> {
+        let bytes = match &record {
+            Record::Add { data, .. } => format::RECORD_HEADER_BYTES + format::ADD_FIXED_BYTES + data.len(),
+            _ => format::RECORD_HEADER_BYTES + format::FENCE_PAYLOAD_BYTES,
+        };
+        let done = Completion::new();
+        self.queue.borrow_mut().push_back(Pending { record, bytes, enqueued: Instant::now(), done: done.clone() });
+        self.queue_bytes.set(self.queue_bytes.get() + bytes);
+        self.writer_signal.notify();
+        done.wait().await
+    }
+
+    async fn read_entry_log(&self, ledger: u64, entry: u64, loc: Location) -> Result<Vec<u8>, Error> {
+        let path = self.cfg.ledger_dir.join(entry_log_name(loc.log_id));
+        let file = {
+            let cached = self.entry_log_readers.borrow().get(&loc.log_id).cloned();
+            match cached {
+                Some(f) => f,
+                None => {
+                    let f = Rc::new(self.storage.open(&path, false).await.map_err(io_err("open entry log", &path, 0))?);
+                    self.entry_log_readers.borrow_mut().insert(loc.log_id, f.clone());
+                    f
+                }
+            }
+        };
+        let len = format::ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize;
+        let b = file.read_at(loc.offset, len).await.map_err(io_err("read entry log", &path, loc.offset))?;
+        decode_entry_record(&b, ledger, entry, loc.data_len).map_err(|r| corrupt(&path, loc.offset, r))
+    }
+
+    async fn create_journal_file(&self, id: u64) -> Result<S::File, Error> {
+        let path = self.journal_path(id);
+        create_journal_file(&self.storage, &self.cfg, &path, id).await
+    }
+
+    async fn write_batch(&self, batch: Vec<Pending>) {
+        let mut cursor = self.journal.borrow_mut().take().expect("journal cursor is present while the writer runs");
+        let first_seq = cursor.next_seq;
+        let mut body = Vec::new();
+        for (i, p) in batch.iter().enumerate() {
+            encode_record(&mut body, first_seq + 1 + i as u64, &p.record);
+        }
+        let mut buf = Vec::with_capacity(body.len() + BLOCK_BYTES);
+        let batch_bytes = u32::try_from(format::RECORD_HEADER_BYTES + format::BATCH_HEADER_PAYLOAD_BYTES + body.len())
+            .expect("a batch fits u32 bytes");
+        encode_record(&mut buf, first_seq, &Record::BatchHeader { record_count: batch.len() as u32, batch_bytes });
+        buf.extend_from_slice(&body);
+        drop(body);
+        pad_to_block(&mut buf);
+
+        let result: Result<(), Error> = async {
+            if cursor.pos + buf.len() as u64 > self.cfg.journal_file_size_bytes && cursor.pos > FILE_HEADER_BYTES as u64 {
+                let id = cursor.file_id + 1;
+                let file = self.create_journal_file(id).await?;
+                cursor = JournalCursor { file_id: id, file: Rc::new(file), pos: FILE_HEADER_BYTES as u64, next_seq: cursor.next_seq };
+            }
+            let path = self.journal_path(cursor.file_id);
+            cursor.file.write_at(cursor.pos, &buf).await.map_err(io_err("journal write", &path, cursor.pos))?;
+            cursor.file.fdatasync().await.map_err(io_err("journal fdatasync", &path, cursor.pos))?;
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.sync_count.set(self.sync_count.get() + 1);
+                cursor.pos += buf.len() as u64;
+                cursor.next_seq = first_seq + 1 + batch.len() as u64;
+                let durable = JournalPos { file_id: cursor.file_id, offset: cursor.pos, next_seq: cursor.next_seq };
+                let mut dones = Vec::with_capacity(batch.len());
+                {
+                    let mut st = self.st.borrow_mut();
+                    st.durable = durable;
+                    for p in batch {
+                        apply_durable(&mut st, p.record);
+                        dones.push(p.done);
+                    }
+                    if st.cache_bytes > self.cfg.write_cache_bytes_max {
+                        self.checkpoint_signal.notify();
+                    }
+                }
+                *self.journal.borrow_mut() = Some(cursor);
+                for d in dones {
+                    d.complete(Ok(()));
+                }
+            }
+            Err(e) => {
+                tracing::error!("journal failed, every later add fails until restart: {e}");
+                let (op, path, off, kind, msg) = match &e {
+                    Error::Io { op, path, file_offset_bytes, source } => {
+                        (*op, path.clone(), *file_offset_bytes, source.kind(), source.to_string())
+                    }
+                    other => ("journal", self.journal_path(cursor.file_id), cursor.pos, stdio::ErrorKind::Other, other.to_string()),
+                };
+                self.st.borrow_mut().failed = Some(e.to_string());
+                *self.journal.borrow_mut() = Some(cursor);
+                for p in batch {
+                    p.done.complete(Err(Error::Io {
+                        op,
+                        path: path.clone(),
+                        file_offset_bytes: off,
+                        source: stdio::Error::new(kind, msg.clone()),
+                    }));
+                }
+                let rest: Vec<Pending> = self.queue.borrow_mut().drain(..).collect();
+                self.queue_bytes.set(0);
+                for p in rest {
+                    p.done.complete(Err(Error::Io {
+                        op,
+                        path: path.clone(),
+                        file_offset_bytes: off,
+                        source: stdio::Error::new(kind, msg.clone()),
+                    }));
+                }
+            }
+        }
+    }
+
+    async fn checkpoint(&self) -> Result<(), Error> {
+        let _permit = self.checkpoint_lock.acquire_permit(1).await.map_err(|_| Error::Closed)?;
+        // Snapshot, synchronously: the cache holds exactly the records durable up to `durable`.
+        let (snapshot, durable, ledgers) = {
+            let mut st = self.st.borrow_mut();
+            assert!(st.flushing.is_none(), "one checkpoint at a time");
+            let snapshot = Rc::new(std::mem::take(&mut st.cache));
+            st.cache_bytes = 0;
+            st.flushing = Some(snapshot.clone());
+            let dirty: Vec<u64> = st.dirty.drain().collect();
+            let mut ledgers: Vec<(u64, StoredLedger)> =
+                dirty.iter().filter_map(|id| st.ledgers.get(id).map(|l| (*id, l.stored()))).collect();
+            ledgers.sort_by_key(|(id, _)| *id);
+            (snapshot, st.durable, ledgers)
+        };
+        let result = self.checkpoint_write(&snapshot, durable, &ledgers).await;
+        let mut st = self.st.borrow_mut();
+        st.flushing = None;
+        match result {
+            Ok((locations, mark)) => {
+                for (ledger, entry, loc) in locations {
+                    st.index.entry(ledger).or_default().insert(entry, loc);
+                }
+                st.mark = mark;
+                drop(st);
+                self.remove_old_journals(mark.journal_file_id).await;
+                Ok(())
+            }
+            Err(e) => {
+                // Put everything back so that nothing is lost; newer cache entries win.
+                for (k, v) in snapshot.iter() {
+                    if !st.cache.contains_key(k) {
+                        st.cache_bytes += v.len();
+                        st.cache.insert(*k, v.clone());
+                    }
+                }
+                for (id, _) in ledgers {
+                    st.dirty.insert(id);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the snapshot to the entry logs, the index segment and then the mark. Returns the
+    /// new locations and the new mark; publishes nothing.
+    async fn checkpoint_write(
+        &self,
+        snapshot: &Cache,
+        durable: JournalPos,
+        ledgers: &[(u64, StoredLedger)],
+    ) -> Result<(Vec<(u64, u64, Location)>, Mark), Error> {
+        let old_mark = self.st.borrow().mark;
+        let moved = durable.file_id != old_mark.journal_file_id
+            || durable.offset != old_mark.journal_offset
+            || durable.next_seq != old_mark.next_seq;
+        if snapshot.is_empty() && ledgers.is_empty() && !moved {
+            return Ok((Vec::new(), old_mark));
+        }
+        // 1. Entry logs, sorted by (ledger, entry) (BTreeMap order), synced.
+        let mut locations = Vec::with_capacity(snapshot.len());
+        let mut buf: Vec<u8> = Vec::new();
+        let mut cursor = self.entry_log.borrow_mut().take();
+        let result: Result<(), Error> = async {
+            for (&(ledger, entry), data) in snapshot.iter() {
+                let rec_len = (format::ENTRY_RECORD_HEADER_BYTES + data.len()) as u64;
+                let need_roll = match &cursor {
+                    None => true,
+                    Some(c) => {
+                        let at = c.pos + buf.len() as u64;
+                        at + rec_len > self.cfg.entry_log_size_bytes_max && at > FILE_HEADER_BYTES as u64
+                    }
+                };
+                if need_roll {
+                    if let Some(c) = cursor.take() {
+                        self.flush_entry_log_buf(&c, &mut buf).await.map(|_| ())?;
+                        let c = self.sync_entry_log(c).await?;
+                        drop(c);
+                    }
+                    cursor = Some(self.new_entry_log().await?);
+                }
+                let c = cursor.as_mut().expect("entry log is open");
+                let offset = c.pos + buf.len() as u64;
+                encode_entry_record(&mut buf, ledger, entry, data);
+                locations.push((ledger, entry, Location { log_id: c.id, offset, data_len: data.len() as u32 }));
+                if buf.len() >= ENTRY_LOG_WRITE_BYTES_MAX {
+                    let c = cursor.as_mut().expect("entry log is open");
+                    let n = self.flush_entry_log_buf(c, &mut buf).await?;
+                    c.pos += n;
+                }
+            }
+            if let Some(c) = cursor.as_mut() {
+                let n = self.flush_entry_log_buf(c, &mut buf).await?;
+                c.pos += n;
+                let path = self.cfg.ledger_dir.join(entry_log_name(c.id));
+                c.file.fdatasync().await.map_err(io_err("entry log fdatasync", &path, c.pos))?;
+            }
+            Ok(())
+        }
+        .await;
+        *self.entry_log.borrow_mut() = cursor;
+        result?;
+
+        // 2. Index segment with the new locations and the changed ledger states, synced.
+        let seg = encode_segment(&locations, ledgers);
+        let index_path = self.cfg.ledger_dir.join(INDEX_FILE);
+        self.index_file
+            .write_at(old_mark.index_bytes, &seg)
+            .await
+            .map_err(io_err("index write", &index_path, old_mark.index_bytes))?;
+        self.index_file.fdatasync().await.map_err(io_err("index fdatasync", &index_path, old_mark.index_bytes))?;
+
+        // 3. The mark: only forward, and only now that entry logs and index are durable.
+        let mark = Mark {
+            journal_file_id: durable.file_id,
+            journal_offset: durable.offset,
+            next_seq: durable.next_seq,
+            index_bytes: old_mark.index_bytes + seg.len() as u64,
+        };
+        assert!(
+            (mark.journal_file_id, mark.journal_offset) >= (old_mark.journal_file_id, old_mark.journal_offset),
+            "the checkpoint mark only moves forward"
+        );
+        assert!(mark.next_seq >= old_mark.next_seq, "the checkpoint mark only moves forward");
+        assert!(mark.index_bytes > old_mark.index_bytes);
+        write_mark(&self.storage, &self.cfg.ledger_dir, &mark).await?;
+        Ok((locations, mark))
+    }
+
+    /// Writes `buf` (padded to a block) at the cursor position; returns the bytes written.
+    async fn flush_entry_log_buf(&self, c: &EntryLogCursor<S::File>, buf: &mut Vec<u8>) -> Result<u64, Error> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        pad_to_block(buf);
+        let path = self.cfg.ledger_dir.join(entry_log_name(c.id));
+        c.file.write_at(c.pos, buf).await.map_err(io_err("entry log write", &path, c.pos))?;
+        let n = buf.len() as u64;
+        buf.clear();
+        Ok(n)
+    }
+
+    async fn sync_entry_log(&self, c: EntryLogCursor<S::File>) -> Result<EntryLogCursor<S::File>, Error> {
+        let path = self.cfg.ledger_dir.join(entry_log_name(c.id));
+        c.file.fdatasync().await.map_err(io_err("entry log fdatasync", &path, c.pos))?;
+        Ok(c)
+    }
+
+    async fn new_entry_log(&self) -> Result<EntryLogCursor<S::File>, Error> {
+        let id = self.next_entry_log_id.get();
+        self.next_entry_log_id.set(id + 1);
+        let path = self.cfg.ledger_dir.join(entry_log_name(id));
+        let file = self.storage.open(&path, true).await.map_err(io_err("create entry log", &path, 0))?;
+        file.write_at(0, &encode_file_header(ENTRY_LOG_MAGIC, id)).await.map_err(io_err("entry log header write", &path, 0))?;
+        file.fdatasync().await.map_err(io_err("entry log fdatasync", &path, 0))?;
+        self.storage.sync_dir(&self.cfg.ledger_dir).await.map_err(io_err("sync ledger dir", &self.cfg.ledger_dir, 0))?;
+        let file = Rc::new(file);
+        self.entry_log_readers.borrow_mut().insert(id, file.clone());
+        Ok(EntryLogCursor { id, file, pos: FILE_HEADER_BYTES as u64 })
+    }
+
+    /// Deletes journal files wholly before the mark. Failures are logged, not returned: the
+    /// files are only garbage now and the next checkpoint retries.
+    async fn remove_old_journals(&self, mark_file_id: u64) {
+        let names = match self.storage.list(&self.cfg.journal_dir).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("listing {} failed: {e}", self.cfg.journal_dir.display());
+                return;
+            }
+        };
+        for name in names {
+            if let Some(id) = parse_id(&name, "journal-", ".qj") {
+                if id < mark_file_id {
+                    let path = self.cfg.journal_dir.join(&name);
+                    if let Err(e) = self.storage.remove(&path).await {
+                        tracing::warn!("removing {} failed: {e}", path.display());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Applies a durable journal record to the in-memory state (writer after sync, and replay).
+fn apply_durable(st: &mut State, record: Record) {
+    match record {
+        Record::Add { ledger, entry, lac, master_key, data, .. } => {
+            let l = st.ledgers.entry(ledger).or_default();
+            if l.master_key.is_none() {
+                l.master_key = Some(master_key);
+            }
+            l.last_entry = l.last_entry.max(Some(entry));
+            l.lac = l.lac.max(lac);
+            st.dirty.insert(ledger);
+            let len = data.len();
+            if let Some(old) = st.cache.insert((ledger, entry), Rc::new(data)) {
+                st.cache_bytes -= old.len();
+            }
+            st.cache_bytes += len;
+        }
+        Record::Fence { ledger, master_key } => {
+            let l = st.ledgers.entry(ledger).or_default();
+            if l.master_key.is_none() {
+                l.master_key = Some(master_key);
+            }
+            l.fenced = true;
+            st.dirty.insert(ledger);
+        }
+        Record::BatchHeader { .. } => unreachable!("batch headers are not applied"),
+    }
+}
+
+
+async fn write_mark<S: Storage>(storage: &S, dir: &Path, mark: &Mark) -> Result<(), Error> {
+    let tmp = dir.join(MARK_TMP_FILE);
+    let fin = dir.join(MARK_FILE);
+    let f = storage.open(&tmp, true).await.map_err(io_err("create checkpoint mark", &tmp, 0))?;
+    f.write_at(0, &encode_mark(mark)).await.map_err(io_err("checkpoint mark write", &tmp, 0))?;
+    f.fdatasync().await.map_err(io_err("checkpoint mark fdatasync", &tmp, 0))?;
+    drop(f);
+    storage.rename(&tmp, &fin).await.map_err(io_err("checkpoint mark rename", &fin, 0))?;
+    storage.sync_dir(dir).await.map_err(io_err("sync ledger dir", dir, 0))?;
+    Ok(())
+}
+
+/// Creates a journal file pre-written with zeros: written as `<name>.tmp`, synced, then renamed,
+/// so a crash never leaves a half-written file under a journal name.
+async fn create_journal_file<S: Storage>(storage: &S, cfg: &EngineConfig, path: &Path, id: u64) -> Result<S::File, Error> {
+    let tmp = path.with_extension("qj.tmp");
+    match storage.remove(&tmp).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == stdio::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("remove stale journal temp file", &tmp, 0)(e)),
+    }
+    let f = storage.open(&tmp, true).await.map_err(io_err("create journal", &tmp, 0))?;
+    let size = round_up_block(cfg.journal_file_size_bytes);
+    let header = encode_file_header(JOURNAL_MAGIC, id);
+    f.write_at(0, &header).await.map_err(io_err("journal header write", &tmp, 0))?;
+    let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+    let mut pos = FILE_HEADER_BYTES as u64;
+    while pos < size {
+        let n = ((size - pos) as usize).min(ZERO_CHUNK_BYTES);
+        f.write_at(pos, &zeros[..n]).await.map_err(io_err("journal pre-write zeros", &tmp, pos))?;
+        pos += n as u64;
+    }
+    f.fdatasync().await.map_err(io_err("journal fdatasync", &tmp, 0))?;
+    storage.rename(&tmp, path).await.map_err(io_err("journal rename", path, 0))?;
+    storage.sync_dir(&cfg.journal_dir).await.map_err(io_err("sync journal dir", &cfg.journal_dir, 0))?;
+    Ok(f)
+}
+
+async fn writer_loop<S: Storage>(inner: Rc<Inner<S>>) {
+    loop {
+        // Wait for work, or exit once closed and drained.
+        loop {
+            if !inner.queue.borrow().is_empty() {
+                break;
+            }
+            if inner.closed.get() {
+                inner.writer_running.set(false);
+                inner.writer_done.notify();
+                return;
+            }
+            inner.writer_signal.wait().await;
+        }
+        // Group: wait until the oldest add is `group_commit_wait_max` old or enough bytes queued.
+        loop {
+            if inner.queue_bytes.get() >= inner.cfg.group_commit_bytes_max || inner.closed.get() {
+                break;
+            }
+            let Some(oldest) = inner.queue.borrow().front().map(|p| p.enqueued) else { break };
+            let age = oldest.elapsed();
+            if age >= inner.cfg.group_commit_wait_max {
+                break;
+            }
+            let left = inner.cfg.group_commit_wait_max - age;
+            future::or(glommio::timer::sleep(left), inner.writer_signal.wait()).await;
+        }
+        let batch: Vec<Pending> = {
+            let mut q = inner.queue.borrow_mut();
+            let mut taken = 0usize;
+            let mut batch = Vec::new();
+            while let Some(p) = q.front() {
+                if !batch.is_empty() && taken + p.bytes > inner.cfg.group_commit_bytes_max {
+                    break;
+                }
+                taken += p.bytes;
+                batch.push(q.pop_front().expect("front exists"));
+            }
+            inner.queue_bytes.set(inner.queue_bytes.get() - taken);
+            batch
+        };
+        if batch.is_empty() {
+            continue;
+        }
+        if inner.st.borrow().failed.is_some() {
+            for p in batch {
+                let e = inner.check_failed(&inner.st.borrow()).expect_err("journal failed");
+                p.done.complete(Err(e));
+            }
+            continue;
+        }
+        inner.write_batch(batch).await;
+    }
+}
+
+async fn checkpoint_loop<S: Storage>(inner: Rc<Inner<S>>) {
+    loop {
+        future::or(glommio::timer::sleep(inner.cfg.checkpoint_interval), inner.checkpoint_signal.wait()).await;
+        if inner.closed.get() {
+            return;
+        }
+        if let Err(e) = inner.checkpoint().await {
+            tracing::error!("background checkpoint failed: {e}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Open and replay
+// ---------------------------------------------------------------------------------------------
+
+async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S) -> Result<Inner<S>, Error> {
+    storage.prepare_dir(&cfg.journal_dir).await.map_err(io_err("prepare journal dir", &cfg.journal_dir, 0))?;
+    storage.prepare_dir(&cfg.ledger_dir).await.map_err(io_err("prepare ledger dir", &cfg.ledger_dir, 0))?;
+
+    let ledger_names = storage.list(&cfg.ledger_dir).await.map_err(io_err("list ledger dir", &cfg.ledger_dir, 0))?;
+    let mut journal_ids = list_journals(&storage, &cfg).await?;
+    let mark_path = cfg.ledger_dir.join(MARK_FILE);
+    let index_path = cfg.ledger_dir.join(INDEX_FILE);
+
+    // The mark; a fresh directory pair gets its first journal, index and mark here.
+    let mark = if ledger_names.iter().any(|n| n == MARK_FILE) {
+        let f = storage.open(&mark_path, false).await.map_err(io_err("open checkpoint mark", &mark_path, 0))?;
+        let b = f.read_at(0, BLOCK_BYTES).await.map_err(io_err("read checkpoint mark", &mark_path, 0))?;
+        match decode_mark(&b) {
+            MarkDecode::Ok(m) => m,
+            MarkDecode::Unsupported(found) => {
+                return Err(Error::UnsupportedFormat {
+                    path: mark_path,
+                    found,
+                    oldest: FORMAT_OLDEST_READABLE,
+                    newest: FORMAT_CURRENT,
+                })
+            }
+            MarkDecode::Bad(reason) => return Err(corrupt(&mark_path, 0, reason)),
+        }
+    } else {
+        if !journal_ids.is_empty() || ledger_names.iter().any(|n| n == INDEX_FILE) {
+            return Err(corrupt(&mark_path, 0, "checkpoint mark is missing but journal or index files exist"));
+        }
+        let path = cfg.journal_dir.join(journal_name(1));
+        drop(create_journal_file(&storage, &cfg, &path, 1).await?);
+        journal_ids.push(1);
+        let f = storage.open(&index_path, true).await.map_err(io_err("create index", &index_path, 0))?;
+        f.write_at(0, &encode_file_header(INDEX_MAGIC, 0)).await.map_err(io_err("index header write", &index_path, 0))?;
+        f.fdatasync().await.map_err(io_err("index fdatasync", &index_path, 0))?;
+        let m = Mark { journal_file_id: 1, journal_offset: FILE_HEADER_BYTES as u64, next_seq: 1, index_bytes: FILE_HEADER_BYTES as u64 };
+        write_mark(&storage, &cfg.ledger_dir, &m).await?;
+        m
+    };
+
+    // Index and ledger states, up to the committed length.
+    let index_file = storage.open(&index_path, false).await.map_err(io_err("open index", &index_path, 0))?;
+    let committed = index_file
+        .read_at(0, mark.index_bytes as usize)
+        .await
+        .map_err(io_err("read index", &index_path, 0))?;
+    if (committed.len() as u64) < mark.index_bytes {
+        return Err(corrupt(
+            &index_path,
+            committed.len() as u64,
+            format!("index is {} bytes but the checkpoint mark commits {}", committed.len(), mark.index_bytes),
+        ));
+    }
+    check_header(&index_path, INDEX_MAGIC, &committed, 0)?;
+    let mut ledgers: HashMap<u64, Ledger> = HashMap::new();
+    let mut index: HashMap<u64, BTreeMap<u64, Location>> = HashMap::new();
+    let mut at = FILE_HEADER_BYTES;
+    while at < committed.len() {
+        let seg = decode_segment(&committed[at..]).map_err(|r| corrupt(&index_path, at as u64, r))?;
+        for (ledger, entry, loc) in seg.locations {
+            index.entry(ledger).or_default().insert(entry, loc);
+        }
+        for (ledger, s) in seg.ledgers {
+            ledgers.insert(ledger, Ledger { master_key: s.master_key, fenced: s.fenced, lac: s.lac, last_entry: s.last_entry });
+        }
+        at += seg.padded_bytes as usize;
+    }
+
+    // Entry logs: never append to an old one (it may hold unindexed bytes past its last sync).
+    let next_entry_log_id = ledger_names.iter().filter_map(|n| parse_id(n, "entrylog-", ".qel")).max().unwrap_or(0) + 1;
+
+    let mut st = State {
+        ledgers,
+        dirty: HashSet::new(),
+        cache: BTreeMap::new(),
+        cache_bytes: 0,
+        flushing: None,
+        index,
+        durable: JournalPos { file_id: mark.journal_file_id, offset: mark.journal_offset, next_seq: mark.next_seq },
+        mark,
+        failed: None,
+    };
+
+    // Journal files wholly before the mark are garbage a crash left behind.
+    for id in journal_ids.iter().filter(|id| **id < mark.journal_file_id) {
+        let p = cfg.journal_dir.join(journal_name(*id));
+        storage.remove(&p).await.map_err(io_err("remove old journal", &p, 0))?;
+    }
+    journal_ids.retain(|id| *id >= mark.journal_file_id);
+    if journal_ids.first() != Some(&mark.journal_file_id) {
+        return Err(corrupt(
+            &cfg.journal_dir.join(journal_name(mark.journal_file_id)),
+            mark.journal_offset,
+            "journal file named by the checkpoint mark is missing",
+        ));
+    }
+    let cursor = replay(&storage, &cfg, &journal_ids, &mut st).await?;
+
+    Ok(Inner {
+        cfg,
+        storage,
+        st: RefCell::new(st),
+        queue: RefCell::new(VecDeque::new()),
+        queue_bytes: Cell::new(0),
+        journal: RefCell::new(Some(cursor)),
+        writer_signal: Signal::default(),
+        writer_done: Signal::default(),
+        writer_running: Cell::new(false),
+        checkpoint_signal: Signal::default(),
+        checkpoint_lock: glommio::sync::Semaphore::new(1),
+        index_file: Rc::new(index_file),
+        entry_log: RefCell::new(None),
+        next_entry_log_id: Cell::new(next_entry_log_id),
+        entry_log_readers: RefCell::new(HashMap::new()),
+        sync_count: Cell::new(0),
+        closed: Cell::new(false),
+    })
+}
+
+async fn list_journals<S: Storage>(storage: &S, cfg: &EngineConfig) -> Result<Vec<u64>, Error> {
+    let names = storage.list(&cfg.journal_dir).await.map_err(io_err("list journal dir", &cfg.journal_dir, 0))?;
+    let mut ids = Vec::new();
+    for name in names {
+        if name.ends_with(".qj.tmp") {
+            let p = cfg.journal_dir.join(&name);
+            storage.remove(&p).await.map_err(io_err("remove journal temp file", &p, 0))?;
+        } else if let Some(id) = parse_id(&name, "journal-", ".qj") {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Why replay stopped inside a file.
+enum Stop {
+    /// Zeros or end of file at a batch boundary: clean end of this file.
+    Clean(u64),
+    /// A bad record at `bad_at`; `resume` is where writing would continue (block aligned).
+    Bad { bad_at: u64, resume: u64, reason: String },
+}
+
+/// Scans one journal file image from `start`, applying good records. Returns where it stopped.
+fn scan_file(img: &[u8], start: u64, expected_seq: &mut u64, st: &mut State) -> Stop {
+    let mut pos = start as usize;
+    loop {
+        if pos >= img.len() {
+            return Stop::Clean(pos as u64);
+        }
+        let bad = |at: usize, resume: usize, reason: String| Stop::Bad { bad_at: at as u64, resume: resume as u64, reason };
+        let (batch_bytes, count) = match decode_record(&img[pos..]) {
+            RecordDecode::Zeros => return Stop::Clean(pos as u64),
+            RecordDecode::Short => return bad(pos, pos, "record cut short (file ends inside it or its length is garbled)".into()),
+            RecordDecode::Bad(r) => return bad(pos, pos, r),
+            RecordDecode::Ok { seq, record: Record::BatchHeader { record_count, batch_bytes }, .. } => {
+                if seq != *expected_seq {
+                    return bad(pos, pos, format!("batch header has seq {seq}, expected {}", *expected_seq));
+                }
+                (batch_bytes as usize, record_count)
+            }
+            RecordDecode::Ok { seq, .. } => {
+                return bad(pos, pos, format!("record with seq {seq} where a batch header was expected"));
+            }
+        };
+        let mut seq = *expected_seq + 1;
+        let mut records = Vec::with_capacity(count.min(1 << 16) as usize);
+        let mut q = pos + format::RECORD_HEADER_BYTES + format::BATCH_HEADER_PAYLOAD_BYTES;
+        // A batch is applied only once all of it checks out: a torn batch was never acknowledged,
+        // so none of it is kept and writing resumes at its first block.
+        for _ in 0..count {
+            match decode_record(&img[q..]) {
+                RecordDecode::Ok { seq: got, record, len } => {
+                    if got != seq {
+                        return bad(q, pos, format!("record has seq {got}, expected {seq}"));
+                    }
+                    if matches!(record, Record::BatchHeader { .. }) {
+                        return bad(q, pos, "batch header inside a batch".into());
+                    }
+                    records.push(record);
+                    seq += 1;
+                    q += len;
+                }
+                RecordDecode::Zeros => return bad(q, pos, "zeros inside a batch".into()),
+                RecordDecode::Short => {
+                    return bad(q, pos, "record cut short (file ends inside it or its length is garbled)".into())
+                }
+                RecordDecode::Bad(r) => return bad(q, pos, r),
+            }
+        }
+        if q != pos + batch_bytes {
+            return bad(q, pos, format!("batch header says {batch_bytes} bytes, records end at {}", q - pos));
+        }
+        for r in records {
+            apply_durable(st, r);
+        }
+        *expected_seq = seq;
+        pos = round_up_block(q as u64) as usize;
+    }
+}
+
+/// The first block-aligned offset at or after `from` holding a valid batch header with
+/// `seq >= min_seq`, if any.
+fn find_later_batch(img: &[u8], from: u64, min_seq: u64) -> Option<(u64, u64)> {
+    let mut at = round_up_block(from) as usize;
+    while at < img.len() {
+        if let RecordDecode::Ok { seq, record: Record::BatchHeader { .. }, .. } = decode_record(&img[at..]) {
+            if seq >= min_seq {
+                return Some((at as u64, seq));
+            }
+        }
+        at += BLOCK_BYTES;
+    }
+    None
+}
+
+async fn read_journal<S: Storage>(storage: &S, path: &Path, id: u64) -> Result<(S::File, Vec<u8>), Error> {
+    let f = storage.open(path, false).await.map_err(io_err("open journal", path, 0))?;
+    let size = f.size().await.map_err(io_err("stat journal", path, 0))?;
+    let img = f.read_at(0, size as usize).await.map_err(io_err("read journal", path, 0))?;
+    check_header(path, JOURNAL_MAGIC, &img, id)?;
+    Ok((f, img))
+}
+
+/// Replays the journal files `ids` (the first is the mark's) into `st`; returns the writer's
+/// cursor. Implements the torn-tail vs. corruption rule of journal.md §Recovery.
+async fn replay<S: Storage>(storage: &S, cfg: &EngineConfig, ids: &[u64], st: &mut State) -> Result<JournalCursor<S::File>, Error> {
+    let mut expected_seq = st.mark.next_seq;
+    for (i, &id) in ids.iter().enumerate() {
+        let path = cfg.journal_dir.join(journal_name(id));
+        let (file, img) = read_journal(storage, &path, id).await?;
+        let start = if i == 0 { st.mark.journal_offset } else { FILE_HEADER_BYTES as u64 };
+        match scan_file(&img, start, &mut expected_seq, st) {
+            Stop::Clean(end) => {
+                st.durable = JournalPos { file_id: id, offset: end, next_seq: expected_seq };
+                if i + 1 == ids.len() {
+                    return Ok(JournalCursor { file_id: id, file: Rc::new(file), pos: end, next_seq: expected_seq });
+                }
+            }
+            Stop::Bad { bad_at, resume, reason } => {
+                // Durable data after the bad record means it is not a torn tail.
+                let mut later = find_later_batch(&img, bad_at + 1, expected_seq).map(|(at, seq)| (path.clone(), at, seq));
+                if later.is_none() {
+                    for &lid in &ids[i + 1..] {
+                        let lpath = cfg.journal_dir.join(journal_name(lid));
+                        let (_, limg) = read_journal(storage, &lpath, lid).await?;
+                        if let Some((at, seq)) = find_later_batch(&limg, FILE_HEADER_BYTES as u64, expected_seq) {
+                            later = Some((lpath, at, seq));
+                            break;
+                        }
+                    }
+                }
+                if let Some((lpath, at, seq)) = later {
+                    return Err(corrupt(
+                        &path,
+                        bad_at,
+                        format!(
+                            "{reason}; not a torn tail: a durable batch with seq {seq} follows at {}:{at}",
+                            lpath.display()
+                        ),
+                    ));
+                }
+                tracing::warn!("journal {}: dropping torn tail at byte offset {bad_at}: {reason}", path.display());
+                // Zero the torn bytes so that no stale record can be mistaken for data later.
+                let last_nonzero = img.iter().rposition(|&b| b != 0).map_or(0, |p| p as u64 + 1);
+                let zero_end = round_up_block(last_nonzero.max(resume));
+                if zero_end > resume {
+                    let zeros = vec![0u8; (zero_end - resume) as usize];
+                    file.write_at(resume, &zeros).await.map_err(io_err("journal zero torn tail", &path, resume))?;
+                    file.fdatasync().await.map_err(io_err("journal fdatasync", &path, resume))?;
+                }
+                for &lid in &ids[i + 1..] {
+                    let lpath = cfg.journal_dir.join(journal_name(lid));
+                    storage.remove(&lpath).await.map_err(io_err("remove journal after torn tail", &lpath, 0))?;
+                }
+                st.durable = JournalPos { file_id: id, offset: resume, next_seq: expected_seq };
+                return Ok(JournalCursor { file_id: id, file: Rc::new(file), pos: resume, next_seq: expected_seq });
+            }
+        }
+    }
+    unreachable!("ids is non-empty and the last file returns")
+}

@@ -1,0 +1,62 @@
+//! Shared helpers for the engine's integration tests.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use glommio::{LocalExecutorBuilder, Placement};
+use quire_engine::EngineConfig;
+
+/// Runs `f` on a fresh glommio executor with little DMA memory (memlock is 8 MiB here) and
+/// waits for it. Ending the executor drops every background task of engines opened in it, which
+/// is how tests simulate a crash: nothing is closed or flushed.
+pub fn run<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(1 << 20)
+        .spawn(f)
+        .expect("spawn executor")
+        .join()
+        .expect("executor panicked");
+}
+
+/// A temporary directory on ext4 /tmp (never tmpfs: O_DIRECT would be silently off).
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("quire-engine-").tempdir_in("/tmp").expect("tempdir")
+}
+
+/// Small files and no background checkpoint, so tests control when checkpoints happen.
+pub fn config(dir: &Path) -> EngineConfig {
+    let mut c = EngineConfig::new(dir.join("journal"), dir.join("ledgers"));
+    c.journal_file_size_bytes = 1 << 20;
+    c.group_commit_wait_max = Duration::from_millis(1);
+    c.checkpoint_interval = Duration::from_secs(3600);
+    c
+}
+
+pub const KEY: [u8; 20] = [7u8; 20];
+
+/// Entry bytes that identify (ledger, entry) and end with a non-zero byte.
+pub fn payload(ledger: u64, entry: u64, len: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(ledger * 7 + entry) as u8 | 1).collect();
+    if len >= 16 {
+        v[..8].copy_from_slice(&ledger.to_le_bytes());
+        v[8..16].copy_from_slice(&entry.to_le_bytes());
+    }
+    v
+}
+
+/// Journal files in `dir`, sorted by id.
+pub fn journal_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir.join("journal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "qj"))
+        .collect();
+    v.sort();
+    v
+}
