@@ -1,0 +1,225 @@
+//! Pipelined connections to bookies: one TCP connection per bookie, shared by every ledger of
+//! this client. A writer task batches outgoing frames into one `write_all`; a reader task
+//! matches responses to requests by request id.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quire_metadata::BookieId;
+use quire_wire::bookie::{self, Request, Response, Status, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN};
+use quire_wire::frame::decode_frame;
+use quire_wire::{EntryId, LedgerId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::Error;
+
+/// A bookie's answer, owned.
+#[derive(Debug, Clone)]
+pub(crate) enum Reply {
+    Add,
+    Read { data: Vec<u8> },
+    ReadLac { lac: Option<EntryId> },
+    Fence { lac: Option<EntryId> },
+    Failed { status: Status, message: String },
+}
+
+type Waiter = oneshot::Sender<Result<Reply, Error>>;
+
+/// Bound on frames queued for one connection's writer task.
+const OUTGOING_QUEUE_DEPTH_MAX: usize = 8192;
+/// Bytes gathered into one socket write.
+const WRITE_BATCH_SIZE_BYTES_MAX: usize = 256 * 1024;
+
+/// One live connection to one bookie.
+pub(crate) struct Conn {
+    bookie: BookieId,
+    outgoing: mpsc::Sender<Vec<u8>>,
+    waiters: Arc<Mutex<HashMap<u64, Waiter>>>,
+    next_request_id: AtomicU64,
+    dead: Arc<AtomicBool>,
+}
+
+impl Conn {
+    async fn connect(bookie: &BookieId, frame_size_bytes_max: u32, timeout: Duration) -> Result<Arc<Self>, Error> {
+        let unreachable = |reason: String| Error::BookieUnreachable { bookie: bookie.0.clone(), reason };
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(&bookie.0))
+            .await
+            .map_err(|_| unreachable("connect timed out".into()))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+        let (mut rd, mut wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTGOING_QUEUE_DEPTH_MAX);
+        let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
+        let dead = Arc::new(AtomicBool::new(false));
+
+        let conn = Arc::new(Self {
+            bookie: bookie.clone(),
+            outgoing: tx,
+            waiters: waiters.clone(),
+            next_request_id: AtomicU64::new(1),
+            dead: dead.clone(),
+        });
+
+        let dead_w = dead.clone();
+        tokio::spawn(async move {
+            let mut batch = Vec::with_capacity(WRITE_BATCH_SIZE_BYTES_MAX);
+            while let Some(frame) = rx.recv().await {
+                batch.extend_from_slice(&frame);
+                while batch.len() < WRITE_BATCH_SIZE_BYTES_MAX {
+                    match rx.try_recv() {
+                        Ok(f) => batch.extend_from_slice(&f),
+                        Err(_) => break,
+                    }
+                }
+                if wr.write_all(&batch).await.is_err() {
+                    dead_w.store(true, Ordering::SeqCst);
+                    break;
+                }
+                batch.clear();
+            }
+        });
+
+        let name = bookie.0.clone();
+        tokio::spawn(async move {
+            let reason = read_loop(&mut rd, &waiters, frame_size_bytes_max).await;
+            dead.store(true, Ordering::SeqCst);
+            let drained: Vec<Waiter> = waiters.lock().map(|mut w| w.drain().map(|(_, v)| v).collect()).unwrap_or_default();
+            for w in drained {
+                let _ = w.send(Err(Error::BookieUnreachable { bookie: name.clone(), reason: reason.clone() }));
+            }
+        });
+
+        // Handshake before anything else.
+        let reply = conn.call(timeout, |out, id| {
+            bookie::encode_request(out, id, &Request::Hello { version_min: PROTOCOL_VERSION_MIN, version_max: PROTOCOL_VERSION_MAX })
+        });
+        match reply.await? {
+            Reply::Failed { status, message } => Err(Error::Bookie { bookie: bookie.0.clone(), status, message }),
+            _ => Ok(conn),
+        }
+    }
+
+    pub(crate) fn bookie(&self) -> &BookieId {
+        &self.bookie
+    }
+
+    /// Sends one request at once and returns a future for its reply. Sending happens before
+    /// this returns, so calls made in order reach the bookie in order.
+    pub(crate) fn call(
+        self: &Arc<Self>,
+        timeout: Duration,
+        encode: impl FnOnce(&mut Vec<u8>, u64),
+    ) -> impl std::future::Future<Output = Result<Reply, Error>> + Send + 'static {
+        let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let mut frame = Vec::new();
+        encode(&mut frame, id);
+        let bookie = self.bookie.0.clone();
+        let sent = if self.dead.load(Ordering::SeqCst) {
+            Err("connection closed".to_string())
+        } else {
+            if let Ok(mut w) = self.waiters.lock() {
+                w.insert(id, tx);
+            }
+            self.outgoing.try_send(frame).map_err(|e| format!("send queue: {e}"))
+        };
+        let waiters = self.waiters.clone();
+        async move {
+            if let Err(reason) = sent {
+                if let Ok(mut w) = waiters.lock() {
+                    w.remove(&id);
+                }
+                return Err(Error::BookieUnreachable { bookie, reason });
+            }
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(Error::BookieUnreachable { bookie, reason: "connection closed".into() }),
+                Err(_) => {
+                    if let Ok(mut w) = waiters.lock() {
+                        w.remove(&id);
+                    }
+                    Err(Error::Timeout { bookie, after_ms: timeout.as_millis() as u64 })
+                }
+            }
+        }
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+}
+
+async fn read_loop(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    waiters: &Mutex<HashMap<u64, Waiter>>,
+    frame_size_bytes_max: u32,
+) -> String {
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = match rd.read(&mut chunk).await {
+            Ok(0) => return "bookie closed the connection".into(),
+            Ok(n) => n,
+            Err(e) => return e.to_string(),
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        let mut used_total = 0;
+        loop {
+            let (frame, used) = match decode_frame(&buf[used_total..], frame_size_bytes_max) {
+                Ok(Some(x)) => x,
+                Ok(None) => break,
+                Err(e) => return format!("bad frame from bookie: {e}"),
+            };
+            let id = frame.header.request_id;
+            let reply = match bookie::decode_response(&frame) {
+                Ok(r) => Ok(owned(r)),
+                Err(e) => Err(Error::Protocol(e)),
+            };
+            used_total += used;
+            let waiter = waiters.lock().ok().and_then(|mut w| w.remove(&id));
+            if let Some(w) = waiter {
+                let _ = w.send(reply);
+            }
+        }
+        buf.drain(..used_total);
+    }
+}
+
+fn owned(r: Response<'_>) -> Reply {
+    match r {
+        Response::Hello { .. } | Response::Add { .. } => Reply::Add,
+        Response::Read { data, .. } => Reply::Read { data: data.to_vec() },
+        Response::ReadLac { lac, .. } => Reply::ReadLac { lac },
+        Response::Fence { lac, .. } => Reply::Fence { lac },
+        Response::Failed { status, message, .. } => Reply::Failed { status, message: message.to_string() },
+    }
+}
+
+/// Connections by bookie, made on first use and replaced when they die.
+#[derive(Default)]
+pub(crate) struct Pool {
+    conns: tokio::sync::Mutex<HashMap<BookieId, Arc<Conn>>>,
+}
+
+impl Pool {
+    pub(crate) async fn get(&self, bookie: &BookieId, frame_size_bytes_max: u32, timeout: Duration) -> Result<Arc<Conn>, Error> {
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(bookie) {
+            if !c.is_dead() {
+                return Ok(c.clone());
+            }
+        }
+        let c = Conn::connect(bookie, frame_size_bytes_max, timeout).await?;
+        conns.insert(bookie.clone(), c.clone());
+        Ok(c)
+    }
+}
+
+/// Helper for building read requests.
+pub(crate) fn read_request(ledger: LedgerId, entry: Option<EntryId>, fence: Option<quire_wire::MasterKey>) -> impl FnOnce(&mut Vec<u8>, u64) {
+    move |out, id| bookie::encode_request(out, id, &Request::Read { ledger, entry, fence })
+}
