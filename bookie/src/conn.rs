@@ -1,0 +1,394 @@
+//! One client connection: frame decoding, the handshake, request dispatch and batched
+//! response writes.
+//!
+//! A connection is served by two tasks on the shard that accepted it. The reader decodes
+//! frames and spawns one task per request (so requests are answered out of order, matched by
+//! request id); each request task appends its encoded response to the connection's
+//! [`Outbox`]. The writer takes everything queued in one swap and writes it with one
+//! `write_all`, so responses that complete while a write is in flight share the next one.
+
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use futures_lite::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use glommio::net::TcpStream;
+use glommio::sync::Semaphore;
+use quire_wire::bookie::{decode_request, encode_response, negotiate_version, Opcode, Request, Response, Status};
+use quire_wire::frame::{decode_frame, FRAME_HEADER_SIZE_BYTES};
+use quire_wire::WireError;
+
+use crate::ops::{encode_outcome, Failure, Op};
+use crate::shard::Shard;
+
+/// Requests one connection may have in flight; the reader stops reading at this bound, so a
+/// client that pipelines without limit is slowed down instead of growing the bookie's memory.
+pub const IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX: u64 = 1024;
+/// Size of a connection's receive buffer when no frame larger than it is pending.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// After a fatal protocol error, how long the bookie keeps reading (and discarding) before
+/// it closes, so that the error response is not destroyed by a TCP reset.
+const LINGER_AFTER_ERROR: Duration = Duration::from_millis(200);
+/// Bytes discarded at most while lingering after a fatal protocol error.
+const LINGER_BYTES_MAX: usize = 1024 * 1024;
+
+/// Encoded responses waiting to be written to one connection. Shard-local.
+#[derive(Default)]
+struct Outbox {
+    buf: RefCell<Vec<u8>>,
+    /// Set once no more responses will be pushed; the writer then drains and stops.
+    finished: Cell<bool>,
+    /// Set when a write failed: later responses are dropped.
+    broken: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Outbox {
+    fn push(&self, encode: impl FnOnce(&mut Vec<u8>)) {
+        if self.broken.get() {
+            return;
+        }
+        encode(&mut self.buf.borrow_mut());
+        self.wake();
+    }
+
+    fn finish(&self) {
+        self.finished.set(true);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Waits for queued bytes and swaps them out for `spare` (an empty buffer, reused so that
+    /// a steady stream of responses allocates nothing). `None` once finished and drained.
+    async fn next_batch(&self, spare: &mut Vec<u8>) -> Option<Vec<u8>> {
+        debug_assert!(spare.is_empty());
+        poll_fn(|cx| {
+            let mut buf = self.buf.borrow_mut();
+            if !buf.is_empty() {
+                return Poll::Ready(Some(std::mem::replace(&mut *buf, std::mem::take(spare))));
+            }
+            if self.finished.get() {
+                return Poll::Ready(None);
+            }
+            *self.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// How the read side of a connection ended.
+enum ReadEnd {
+    /// The client closed its side, or reading failed.
+    Closed,
+    /// The bookie is shutting down.
+    Stopped,
+    /// A protocol error; an error response is queued and the connection must close.
+    Fatal,
+}
+
+/// Serves one accepted connection until the client leaves, a protocol error, or shutdown.
+///
+/// # Cancellation
+/// Not cancelled by the shard; it ends by itself once the shard's stop signal fires and its
+/// in-flight requests are answered.
+pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+    let peer = stream.peer_addr().ok();
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(?peer, error = %e, "set_nodelay failed");
+    }
+    tracing::debug!(shard = shard.index, ?peer, "connection accepted");
+    let (mut reader, writer) = futures_lite::io::split(stream);
+    let outbox = Rc::new(Outbox::default());
+    let write_task = glommio::spawn_local(write_loop(writer, outbox.clone()));
+    let in_flight = Rc::new(Semaphore::new(IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX));
+
+    let end = read_loop(&shard, &mut reader, &outbox, &in_flight).await;
+
+    // Every request already read gets its answer before the connection closes.
+    if in_flight.acquire(IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX).await.is_err() {
+        tracing::error!("connection in-flight semaphore closed unexpectedly");
+    }
+    outbox.finish();
+    let writer = write_task.await;
+    if let (ReadEnd::Fatal, Some(mut writer)) = (end, writer) {
+        // Send FIN after the error response, then read until the client closes (bounded),
+        // so the kernel does not answer unread input with a reset that drops our response.
+        let _ = writer.close().await;
+        let mut scratch = [0u8; 4096];
+        let mut discarded = 0usize;
+        let deadline = glommio::timer::sleep(LINGER_AFTER_ERROR);
+        futures_lite::pin!(deadline);
+        while discarded < LINGER_BYTES_MAX {
+            let read = futures_lite::future::or(
+                async { Some(reader.read(&mut scratch).await) },
+                async {
+                    (&mut deadline).await;
+                    None
+                },
+            )
+            .await;
+            match read {
+                Some(Ok(n)) if n > 0 => discarded += n,
+                _ => break,
+            }
+        }
+    }
+    tracing::debug!(shard = shard.index, ?peer, "connection closed");
+}
+
+/// Writes batches from `outbox` until it is finished; returns the write half if it is still
+/// healthy.
+async fn write_loop(mut writer: WriteHalf<TcpStream>, outbox: Rc<Outbox>) -> Option<WriteHalf<TcpStream>> {
+    let mut spare = Vec::new();
+    while let Some(mut batch) = outbox.next_batch(&mut spare).await {
+        let result = async {
+            writer.write_all(&batch).await?;
+            writer.flush().await
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "connection write failed; dropping later responses");
+            outbox.broken.set(true);
+            outbox.buf.borrow_mut().clear();
+            return None;
+        }
+        batch.clear();
+        if batch.capacity() > READ_BUFFER_BYTES * 16 {
+            // One huge read response should not pin its buffer for the connection's life.
+            batch = Vec::new();
+        }
+        spare = batch;
+    }
+    Some(writer)
+}
+
+/// Reads and handles frames until the connection ends.
+async fn read_loop(
+    shard: &Rc<Shard>,
+    reader: &mut ReadHalf<TcpStream>,
+    outbox: &Rc<Outbox>,
+    in_flight: &Rc<Semaphore>,
+) -> ReadEnd {
+    let frame_max = shard.frame_size_bytes_max;
+    let mut buf = vec![0u8; READ_BUFFER_BYTES];
+    // Bytes buf[start..filled] are received and not yet decoded.
+    let mut start = 0usize;
+    let mut filled = 0usize;
+    let mut handshaken = false;
+    loop {
+        // Handle every whole frame already received.
+        loop {
+            match decode_frame(&buf[start..filled], frame_max) {
+                Ok(None) => break,
+                Ok(Some((frame, used))) => {
+                    start += used;
+                    assert!(start <= filled, "decoder consumed more than was received");
+                    let header = frame.header;
+                    match decode_request(&frame) {
+                        Err(e) => {
+                            reject_frame(outbox, header.opcode, header.request_id, Status::BadRequest, &e);
+                            return ReadEnd::Fatal;
+                        }
+                        Ok(request) => {
+                            match handle_request(shard, outbox, in_flight, header.request_id, request, &mut handshaken)
+                                .await
+                            {
+                                Flow::Continue => {}
+                                Flow::Fatal => return ReadEnd::Fatal,
+                                Flow::Stopped => return ReadEnd::Stopped,
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    let pending = &buf[start..filled];
+                    let opcode = pending.get(4).copied().unwrap_or(Opcode::Hello as u8);
+                    let request_id = request_id_of(pending);
+                    let status = match e {
+                        WireError::FrameTooLarge { .. } => Status::TooLarge,
+                        _ => Status::BadRequest,
+                    };
+                    reject_frame(outbox, opcode, request_id, status, &e);
+                    return ReadEnd::Fatal;
+                }
+            }
+        }
+
+        // Make room: move the undecoded tail to the front, then grow to fit a large frame
+        // whose length is known (decode_frame already checked it against the limit).
+        if start > 0 {
+            buf.copy_within(start..filled, 0);
+            filled -= start;
+            start = 0;
+        }
+        if filled >= 4 {
+            let frame_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            let need = 4 + frame_len;
+            if need > buf.len() {
+                buf.resize(need, 0);
+            }
+        } else if buf.len() > READ_BUFFER_BYTES {
+            buf.truncate(READ_BUFFER_BYTES);
+            buf.shrink_to(READ_BUFFER_BYTES);
+        }
+        assert!(filled < buf.len(), "receive buffer full without a whole frame");
+
+        let read = futures_lite::future::or(async { Some(reader.read(&mut buf[filled..]).await) }, async {
+            // The stop semaphore never has permits; closing it wakes every connection.
+            let _ = shard.stop.acquire(1).await;
+            None
+        })
+        .await;
+        match read {
+            None => return ReadEnd::Stopped,
+            Some(Ok(0)) => {
+                if filled > 0 {
+                    tracing::debug!(bytes = filled, "client closed mid-frame");
+                }
+                return ReadEnd::Closed;
+            }
+            Some(Ok(n)) => filled += n,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "connection read failed");
+                return ReadEnd::Closed;
+            }
+        }
+    }
+}
+
+/// The request id of a partially received frame, or 0 when its header is not all there.
+fn request_id_of(pending: &[u8]) -> u64 {
+    match pending.get(8..FRAME_HEADER_SIZE_BYTES) {
+        Some(b) => {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            u64::from_le_bytes(a)
+        }
+        None => 0,
+    }
+}
+
+/// Queues the error response for a frame the bookie cannot accept. The opcode is echoed when
+/// it is a known one, else the response says `Hello` (the only opcode every peer knows).
+fn reject_frame(outbox: &Outbox, opcode: u8, request_id: u64, status: Status, err: &WireError) {
+    tracing::info!(%err, request_id, "rejecting frame and closing the connection");
+    let opcode = Opcode::from_u8(opcode).unwrap_or(Opcode::Hello);
+    let message = err.to_string();
+    outbox.push(|out| encode_response(out, request_id, &Response::Failed { opcode, status, message: &message }));
+}
+
+enum Flow {
+    Continue,
+    Fatal,
+    Stopped,
+}
+
+async fn handle_request(
+    shard: &Rc<Shard>,
+    outbox: &Rc<Outbox>,
+    in_flight: &Rc<Semaphore>,
+    request_id: u64,
+    request: Request<'_>,
+    handshaken: &mut bool,
+) -> Flow {
+    let fail = |opcode: Opcode, status: Status, message: String| {
+        outbox.push(|out| encode_response(out, request_id, &Response::Failed { opcode, status, message: &message }));
+    };
+    let op = match request {
+        Request::Hello { version_min, version_max } => {
+            if *handshaken {
+                fail(Opcode::Hello, Status::BadRequest, "handshake already done on this connection".into());
+                return Flow::Continue;
+            }
+            return match negotiate_version(version_min, version_max) {
+                Ok(version) => {
+                    *handshaken = true;
+                    let response = Response::Hello {
+                        version,
+                        shard_count: shard.shard_count_wire(),
+                        frame_size_bytes_max: shard.frame_size_bytes_max,
+                    };
+                    outbox.push(|out| encode_response(out, request_id, &response));
+                    Flow::Continue
+                }
+                Err(e) => {
+                    fail(Opcode::Hello, Status::BadVersion, e.to_string());
+                    Flow::Fatal
+                }
+            };
+        }
+        _ if !*handshaken => {
+            let opcode = opcode_of(&request);
+            fail(opcode, Status::BadRequest, "the first request on a connection must be Hello".into());
+            return Flow::Fatal;
+        }
+        Request::Add { recovery, master_key, entry } => match quire_wire::entry::peek_header(entry) {
+            Ok(h) => Op::Add {
+                ledger: h.ledger.0,
+                entry: h.entry.0,
+                master_key: master_key.0,
+                lac: h.lac.map(|e| e.0),
+                data: entry.to_vec(),
+                recovery,
+            },
+            Err(e) => {
+                // decode_request already checked the header; keep the answer anyway.
+                fail(Opcode::Add, Status::BadRequest, e.to_string());
+                return Flow::Fatal;
+            }
+        },
+        Request::Read { ledger, entry, fence } => {
+            Op::Read { ledger: ledger.0, entry: entry.map(|e| e.0), fence: fence.map(|k| k.0) }
+        }
+        Request::ReadLac { ledger } => Op::ReadLac { ledger: ledger.0 },
+        Request::Fence { ledger, master_key } => Op::Fence { ledger: ledger.0, master_key: master_key.0 },
+    };
+
+    // Bound the requests in flight on this connection, then on the shard (the gate is what
+    // shutdown waits on). Either failing means the bookie is stopping.
+    let permit = match in_flight.acquire_static_permit(1).await {
+        Ok(p) => p,
+        Err(_) => return Flow::Stopped,
+    };
+    let pass = match shard.in_flight.enter() {
+        Ok(p) => p,
+        Err(_) => {
+            drop(permit);
+            let failure = Failure::new(Status::IoError, "bookie is shutting down".into());
+            let opcode = op.opcode();
+            outbox.push(|out| encode_outcome(out, request_id, opcode, &Err(failure)));
+            return Flow::Stopped;
+        }
+    };
+    let shard = shard.clone();
+    let outbox = outbox.clone();
+    glommio::spawn_local(async move {
+        let opcode = op.opcode();
+        let outcome = shard.dispatch(op).await;
+        outbox.push(|out| encode_outcome(out, request_id, opcode, &outcome));
+        // Release only after the response is queued: the connection closes once it holds
+        // every permit, and shutdown proceeds once every pass is dropped.
+        drop(permit);
+        drop(pass);
+    })
+    .detach();
+    Flow::Continue
+}
+
+fn opcode_of(request: &Request<'_>) -> Opcode {
+    match request {
+        Request::Hello { .. } => Opcode::Hello,
+        Request::Add { .. } => Opcode::Add,
+        Request::Read { .. } => Opcode::Read,
+        Request::ReadLac { .. } => Opcode::ReadLac,
+        Request::Fence { .. } => Opcode::Fence,
+    }
+}

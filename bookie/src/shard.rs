@@ -1,0 +1,228 @@
+//! One shard: a glommio executor thread that owns one engine, accepts connections on the
+//! shared port, and serves requests for the ledgers it owns and forwards the others.
+//!
+//! The controlling thread ([`crate::Bookie`]) drives each shard through a small life cycle
+//! over channels: open the engine → bind → serve → stop (stop accepting and reading, answer
+//! what is in flight) → close (close the engine). See `ShardMain` below for the order.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use glommio::net::TcpListener;
+use glommio::sync::{Gate, Semaphore};
+use quire_engine::{Engine, EngineConfig};
+use quire_wire::bookie::Status;
+
+use crate::ops::{execute, Failure, Op, Outcome};
+use crate::shard_of;
+
+/// Requests queued from other shards to one shard at most; senders wait when it is full.
+pub(crate) const FORWARD_QUEUE_MAX: usize = 4096;
+
+/// A request forwarded from the shard that read it to the shard that owns its ledger.
+pub(crate) struct Forwarded {
+    pub(crate) op: Op,
+    /// Capacity-1 channel used as a oneshot: the owner sends exactly one outcome.
+    pub(crate) reply: flume::Sender<Outcome>,
+}
+
+/// Commands from the controlling thread to a shard.
+#[derive(Debug)]
+pub(crate) enum Control {
+    /// Bind the listener to this address and start serving.
+    Bind(SocketAddr),
+    /// Stop accepting and reading, answer every request in flight, then report `Drained`.
+    Stop,
+    /// Close the engine and exit. Also used to abort a failed start.
+    Close,
+}
+
+/// Reports from a shard to the controlling thread.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Opened,
+    OpenFailed(quire_engine::Error),
+    Bound(SocketAddr),
+    BindFailed(std::io::Error),
+    Drained,
+    Closed(Result<(), quire_engine::Error>),
+}
+
+/// Everything a shard's executor is started with. `Send`: it crosses to the new thread.
+pub(crate) struct ShardArgs {
+    pub(crate) index: usize,
+    pub(crate) shard_count: usize,
+    pub(crate) frame_size_bytes_max: u32,
+    pub(crate) engine: EngineConfig,
+    pub(crate) control: flume::Receiver<Control>,
+    pub(crate) events: flume::Sender<Event>,
+    pub(crate) forward_rx: flume::Receiver<Forwarded>,
+    /// One sender per shard, indexed by shard (this shard's own entry is unused).
+    pub(crate) peers: Vec<flume::Sender<Forwarded>>,
+}
+
+/// The serving state of one shard. Shard-local (`!Send`): lives on its executor thread.
+pub(crate) struct Shard {
+    pub(crate) index: usize,
+    pub(crate) shard_count: usize,
+    pub(crate) frame_size_bytes_max: u32,
+    engine: Rc<Engine>,
+    peers: Vec<flume::Sender<Forwarded>>,
+    /// Every request read on this shard's connections holds a pass until it is answered,
+    /// including requests forwarded to other shards. Shutdown closes it and waits.
+    pub(crate) in_flight: Gate,
+    /// Never has permits; closing it tells every connection reader to stop.
+    pub(crate) stop: Semaphore,
+}
+
+impl Shard {
+    /// The shard count as sent in the handshake (validated to fit at start).
+    pub(crate) fn shard_count_wire(&self) -> u16 {
+        u16::try_from(self.shard_count).expect("shard count validated at start")
+    }
+
+    /// Runs `op` here if this shard owns its ledger, else on the owning shard: at most one
+    /// cross-core hop.
+    pub(crate) async fn dispatch(&self, op: Op) -> Outcome {
+        let owner = shard_of(op.ledger(), self.shard_count);
+        assert!(owner < self.shard_count, "shard_of out of range");
+        if owner == self.index {
+            return execute(&self.engine, op).await;
+        }
+        let (reply, reply_rx) = flume::bounded(1);
+        if self.peers[owner].send_async(Forwarded { op, reply }).await.is_err() {
+            return Err(Failure::new(Status::IoError, format!("shard {owner} is not running")));
+        }
+        match reply_rx.recv_async().await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Failure::new(Status::IoError, format!("shard {owner} dropped the request"))),
+        }
+    }
+}
+
+/// Serves requests forwarded by other shards: one task per request, so a slow add does not
+/// hold up a read behind it.
+async fn forward_loop(engine: Rc<Engine>, forward_rx: flume::Receiver<Forwarded>) {
+    while let Ok(Forwarded { op, reply }) = forward_rx.recv_async().await {
+        let engine = engine.clone();
+        glommio::spawn_local(async move {
+            let outcome = execute(&engine, op).await;
+            // The requester may have gone (its connection died); nothing to do then.
+            let _ = reply.send(outcome);
+        })
+        .detach();
+    }
+}
+
+async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                glommio::spawn_local(crate::conn::serve(shard.clone(), stream)).detach();
+            }
+            Err(e) => {
+                // EMFILE and friends: back off briefly rather than spin.
+                tracing::warn!(shard = shard.index, error = %e, "accept failed");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// The body of a shard's executor thread.
+pub(crate) async fn shard_main(args: ShardArgs) {
+    let ShardArgs { index, shard_count, frame_size_bytes_max, engine, control, events, forward_rx, peers } = args;
+    let engine = match Engine::open(engine).await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "engine failed to open");
+            let _ = events.send(Event::OpenFailed(e));
+            return;
+        }
+    };
+    tracing::info!("engine open");
+    let _ = events.send(Event::Opened);
+
+    let listener = match control.recv_async().await {
+        Ok(Control::Bind(addr)) => match TcpListener::bind(addr) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                let _ = events.send(Event::BindFailed(e.into()));
+                None
+            }
+        },
+        Ok(other) => {
+            tracing::debug!(?other, "start aborted before bind");
+            None
+        }
+        Err(_) => None,
+    };
+    let Some(listener) = listener else {
+        // Start failed somewhere: wait for the abort (or a vanished controller), then close.
+        while let Ok(msg) = control.recv_async().await {
+            if matches!(msg, Control::Close) {
+                break;
+            }
+        }
+        let result = engine.close().await;
+        let _ = events.send(Event::Closed(result));
+        return;
+    };
+    match listener.local_addr() {
+        Ok(addr) => {
+            tracing::info!(%addr, "listening");
+            let _ = events.send(Event::Bound(addr));
+        }
+        Err(e) => {
+            let _ = events.send(Event::BindFailed(e.into()));
+        }
+    }
+
+    let shard = Rc::new(Shard {
+        index,
+        shard_count,
+        frame_size_bytes_max,
+        engine: engine.clone(),
+        peers,
+        in_flight: Gate::new(),
+        stop: Semaphore::new(0),
+    });
+    let forward_task = glommio::spawn_local(forward_loop(engine.clone(), forward_rx));
+    let accept_task = glommio::spawn_local(accept_loop(shard.clone(), listener));
+
+    // Serve until told to stop (or until the controller vanished).
+    let mut close_now = false;
+    loop {
+        match control.recv_async().await {
+            Ok(Control::Stop) => break,
+            Ok(Control::Close) | Err(_) => {
+                close_now = true;
+                break;
+            }
+            Ok(Control::Bind(_)) => tracing::error!("Bind received while serving; ignored"),
+        }
+    }
+    tracing::info!("stopping: no new connections or requests");
+    accept_task.cancel().await;
+    shard.stop.close();
+    if shard.in_flight.close().await.is_err() {
+        tracing::error!("in-flight gate was already closed");
+    }
+    let _ = events.send(Event::Drained);
+
+    // Other shards may still forward requests that were read before they stopped; keep
+    // serving them until every shard has drained and the controller says close.
+    while !close_now {
+        match control.recv_async().await {
+            Ok(Control::Close) | Err(_) => close_now = true,
+            Ok(other) => tracing::debug!(?other, "ignored while draining"),
+        }
+    }
+    forward_task.cancel().await;
+    let result = engine.close().await;
+    match &result {
+        Ok(()) => tracing::info!("engine closed"),
+        Err(e) => tracing::error!(error = %e, "engine close failed"),
+    }
+    let _ = events.send(Event::Closed(result));
+}
