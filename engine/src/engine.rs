@@ -500,32 +500,34 @@ impl<S: Storage> Inner<S> {
             (snapshot, st.durable, ledgers)
         };
         let result = self.checkpoint_write(&snapshot, durable, &ledgers).await;
-        let mut st = self.st.borrow_mut();
-        st.flushing = None;
-        match result {
-            Ok((locations, mark)) => {
-                for (ledger, entry, loc) in locations {
-                    st.index.entry(ledger).or_default().insert(entry, loc);
-                }
-                st.mark = mark;
-                drop(st);
-                self.remove_old_journals(mark.journal_file_id).await;
-                Ok(())
-            }
-            Err(e) => {
-                // Put everything back so that nothing is lost; newer cache entries win.
-                for (k, v) in snapshot.iter() {
-                    if !st.cache.contains_key(k) {
-                        st.cache_bytes += v.len();
-                        st.cache.insert(*k, v.clone());
+        let mark_file_id = {
+            let mut st = self.st.borrow_mut();
+            st.flushing = None;
+            match result {
+                Ok((locations, mark)) => {
+                    for (ledger, entry, loc) in locations {
+                        st.index.entry(ledger).or_default().insert(entry, loc);
                     }
+                    st.mark = mark;
+                    mark.journal_file_id
                 }
-                for (id, _) in ledgers {
-                    st.dirty.insert(id);
+                Err(e) => {
+                    // Put everything back so that nothing is lost; newer cache entries win.
+                    for (k, v) in snapshot.iter() {
+                        if !st.cache.contains_key(k) {
+                            st.cache_bytes += v.len();
+                            st.cache.insert(*k, v.clone());
+                        }
+                    }
+                    for (id, _) in ledgers {
+                        st.dirty.insert(id);
+                    }
+                    return Err(e);
                 }
-                Err(e)
             }
-        }
+        };
+        self.remove_old_journals(mark_file_id).await;
+        Ok(())
     }
 
     /// Writes the snapshot to the entry logs, the index segment and then the mark. Returns the

@@ -15,6 +15,7 @@ use glommio::io::{DmaFile, OpenOptions};
 
 /// The alignment of every write position and length, in bytes.
 pub const BLOCK_BYTES: usize = 4096;
+const _: () = assert!(BLOCK_BYTES.is_power_of_two());
 
 /// Largest single I/O request issued to glommio, in bytes; bigger reads and writes are split.
 /// Bounded so that one request never needs more DMA memory than a test executor owns.
@@ -143,8 +144,8 @@ impl StorageFile for DmaStorageFile {
     }
 
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {
-        assert!(pos % BLOCK_BYTES as u64 == 0, "write position {pos} not block aligned");
-        assert!(data.len() % BLOCK_BYTES == 0, "write length {} not block aligned", data.len());
+        assert!(pos & (BLOCK_BYTES as u64 - 1) == 0, "write position {pos} not block aligned");
+        assert!(data.len() & (BLOCK_BYTES - 1) == 0, "write length {} not block aligned", data.len());
         let mut done = 0usize;
         while done < data.len() {
             let n = (data.len() - done).min(IO_CHUNK_BYTES_MAX);
