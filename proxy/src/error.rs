@@ -1,0 +1,185 @@
+//! The proxy crate's error type and the stable status codes of the proxy protocol.
+
+use quire_wire::WireError;
+
+/// Status codes of the proxy protocol, carried in the frame header's `status` field.
+/// Numbered after DistributedLog's `StatusCode` where one exists. Stable numbers: add new ones,
+/// never renumber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// Success (only in the frame header, never inside an [`Error`]).
+    Ok = 0,
+    /// Malformed, unexpected or out-of-range request.
+    BadRequest = 400,
+    /// A record is larger than [`crate::RECORD_SIZE_BYTES_MAX`] (DL `TOO_LARGE_RECORD`).
+    RecordTooLarge = 413,
+    /// No protocol version in common with the peer.
+    UnsupportedVersion = 426,
+    /// An unexpected failure inside the proxy (DL `INTERNAL_SERVER_ERROR`).
+    Internal = 500,
+    /// The proxy is shutting down (DL `SERVICE_UNAVAILABLE`).
+    ServiceUnavailable = 503,
+    /// The metadata store failed or holds an unexpected state (DL `METADATA_EXCEPTION`).
+    Metadata = 506,
+    /// Bookies / the ledger layer failed; the write may or may not have been stored
+    /// (DL `BK_TRANSMIT_ERROR`).
+    Storage = 507,
+    /// The stream does not exist (DL `LOG_NOT_FOUND`).
+    NoSuchStream = 510,
+    /// A txid is smaller than one already written to the stream (DL `TRANSACTION_OUT_OF_ORDER`).
+    TxidOutOfOrder = 514,
+    /// The stream already exists (DL `LOG_EXISTS`).
+    StreamExists = 525,
+    /// The stream name breaks the naming rules (DL `INVALID_STREAM_NAME`).
+    InvalidStreamName = 602,
+}
+
+impl ErrorCode {
+    /// Every code, for tests and documentation.
+    pub const ALL: [ErrorCode; 12] = [
+        Self::Ok,
+        Self::BadRequest,
+        Self::RecordTooLarge,
+        Self::UnsupportedVersion,
+        Self::Internal,
+        Self::ServiceUnavailable,
+        Self::Metadata,
+        Self::Storage,
+        Self::NoSuchStream,
+        Self::TxidOutOfOrder,
+        Self::StreamExists,
+        Self::InvalidStreamName,
+    ];
+
+    /// Maps a wire value back to a code; `None` for a number this version does not know.
+    pub fn from_u16(v: u16) -> Option<Self> {
+        Self::ALL.iter().copied().find(|c| *c as u16 == v)
+    }
+
+    /// A short upper-case name, as printed by tools.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "OK",
+            Self::BadRequest => "BAD_REQUEST",
+            Self::RecordTooLarge => "RECORD_TOO_LARGE",
+            Self::UnsupportedVersion => "UNSUPPORTED_VERSION",
+            Self::Internal => "INTERNAL",
+            Self::ServiceUnavailable => "SERVICE_UNAVAILABLE",
+            Self::Metadata => "METADATA_ERROR",
+            Self::Storage => "STORAGE_ERROR",
+            Self::NoSuchStream => "NO_SUCH_STREAM",
+            Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
+            Self::StreamExists => "STREAM_EXISTS",
+            Self::InvalidStreamName => "INVALID_STREAM_NAME",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.name(), *self as u16)
+    }
+}
+
+/// Boxed source error of a lower layer.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything the stream layer, the proxy server and the proxy client can fail with.
+/// `Display` is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stream does not exist.
+    #[error("stream {stream:?} does not exist")]
+    NoSuchStream { stream: String },
+    /// The stream already exists.
+    #[error("stream {stream:?} already exists")]
+    StreamExists { stream: String },
+    /// The stream name breaks the naming rules.
+    #[error("invalid stream name: {reason}")]
+    InvalidStreamName { reason: String },
+    /// A record is over the size limit; nothing of the request was written.
+    #[error("record {record_index} of the request is {size_bytes} bytes, above the limit of {max_bytes} bytes; nothing was written")]
+    RecordTooLarge { record_index: usize, size_bytes: usize, max_bytes: usize },
+    /// A txid is smaller than the previous one; nothing of the request was written.
+    #[error("txid {txid} of record {record_index} is below the stream's last txid {last_txid}; nothing was written")]
+    TxidOutOfOrder { record_index: usize, txid: u64, last_txid: u64 },
+    /// The request is malformed or out of range.
+    #[error("bad request: {reason}")]
+    BadRequest { reason: String },
+    /// The ledger layer or the bookies failed. For a write, records not acknowledged may or may
+    /// not have been stored (they may appear after recovery).
+    #[error("storage error on stream {stream:?} during {op}: {source}")]
+    Storage { stream: String, op: &'static str, #[source] source: BoxError },
+    /// The metadata store failed, or holds a state the stream layer did not expect.
+    #[error("metadata error on stream {stream:?} during {op}: {source}")]
+    Metadata { stream: String, op: &'static str, #[source] source: BoxError },
+    /// The proxy is shutting down.
+    #[error("the proxy is shutting down")]
+    ShuttingDown,
+    /// A proxy answered a request with an error (client side).
+    #[error("proxy error {code}: {message}")]
+    Remote { code: ErrorCode, message: String },
+    /// The peer broke the protocol (client or server side).
+    #[error("protocol error: {0}")]
+    Protocol(#[from] WireError),
+    /// The handshake found no common protocol version.
+    #[error("no common proxy protocol version: peer speaks {peer_min}..={peer_max}, we speak {ours_min}..={ours_max}")]
+    UnsupportedVersion { peer_min: u16, peer_max: u16, ours_min: u16, ours_max: u16 },
+    /// A socket operation failed or the connection closed.
+    #[error("connection error during {op}: {source}")]
+    Io { op: &'static str, #[source] source: std::io::Error },
+    /// An unexpected internal failure.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The protocol status code that reports this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::NoSuchStream { .. } => ErrorCode::NoSuchStream,
+            Error::StreamExists { .. } => ErrorCode::StreamExists,
+            Error::InvalidStreamName { .. } => ErrorCode::InvalidStreamName,
+            Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
+            Error::TxidOutOfOrder { .. } => ErrorCode::TxidOutOfOrder,
+            Error::BadRequest { .. } | Error::Protocol(_) => ErrorCode::BadRequest,
+            Error::Storage { .. } => ErrorCode::Storage,
+            Error::Metadata { .. } => ErrorCode::Metadata,
+            Error::ShuttingDown => ErrorCode::ServiceUnavailable,
+            Error::Remote { code, .. } => *code,
+            Error::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
+            Error::Io { .. } | Error::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// Maps a metadata store error, turning the ones with a protocol meaning into their own
+    /// variants.
+    pub(crate) fn from_metadata(stream: &str, op: &'static str, e: quire_metadata::Error) -> Self {
+        match e {
+            quire_metadata::Error::NotFound { kind: "stream", .. } => Error::NoSuchStream { stream: stream.to_string() },
+            quire_metadata::Error::AlreadyExists { kind: "stream", .. } => Error::StreamExists { stream: stream.to_string() },
+            quire_metadata::Error::Invalid { what: "stream name", reason } => Error::InvalidStreamName { reason },
+            other => Error::Metadata { stream: stream.to_string(), op, source: Box::new(other) },
+        }
+    }
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_stable_and_round_trip() {
+        // Goal: freeze the numbers on the wire; method: list them and map each back.
+        let numbers: Vec<u16> = ErrorCode::ALL.iter().map(|c| *c as u16).collect();
+        assert_eq!(numbers, [0, 400, 413, 426, 500, 503, 506, 507, 510, 514, 525, 602]);
+        for c in ErrorCode::ALL {
+            assert_eq!(ErrorCode::from_u16(c as u16), Some(c));
+        }
+        assert_eq!(ErrorCode::from_u16(1), None);
+    }
+}

@@ -1,0 +1,194 @@
+//! The record set: how many small records are packed into one ledger entry.
+//!
+//! Layout (all integers little-endian; `docs/format/record-set.md`):
+//!
+//! ```text
+//! offset size field
+//!  0     1    version              RECORD_SET_FORMAT_V1 = 1
+//!  1     4    record_count         u32, >= 1
+//!  5     8    segment_record_index u64, position in the segment of the first record (0-based)
+//! 13     ..   records, each:  txid u64 | payload_len u32 | payload bytes
+//! ```
+//!
+//! The entry digest (CRC32C) is added and checked by the ledger layer, so the record set carries
+//! no checksum of its own.
+
+use quire_wire::{Reader, WireError};
+
+/// Version 1: the first layout.
+pub const RECORD_SET_FORMAT_V1: u8 = 1;
+/// Oldest version readers accept.
+pub const RECORD_SET_FORMAT_OLDEST_READABLE: u8 = RECORD_SET_FORMAT_V1;
+/// Version writers produce.
+pub const RECORD_SET_FORMAT_CURRENT: u8 = RECORD_SET_FORMAT_V1;
+
+/// Bytes of the record set header.
+pub const RECORD_SET_HEADER_SIZE_BYTES: usize = 13;
+/// Bytes each record adds besides its payload (txid and length).
+pub const RECORD_HEADER_SIZE_BYTES: usize = 12;
+/// Largest record payload: 1 MiB − 8 KiB (DistributedLog `MAX_LOGRECORD_SIZE`).
+pub const RECORD_SIZE_BYTES_MAX: usize = 1024 * 1024 - 8 * 1024;
+/// Largest entry payload, that is, encoded record set: 1 MiB − 4 KiB (DistributedLog
+/// `MAX_LOGRECORDSET_SIZE`).
+pub const ENTRY_SIZE_BYTES_MAX: usize = 1024 * 1024 - 4 * 1024;
+
+// One maximal record must always fit in one entry on its own.
+const _: () = assert!(RECORD_SET_HEADER_SIZE_BYTES + RECORD_HEADER_SIZE_BYTES + RECORD_SIZE_BYTES_MAX <= ENTRY_SIZE_BYTES_MAX);
+const _: () = assert!(RECORD_SIZE_BYTES_MAX == 1_040_384);
+
+/// Bytes a record takes inside a record set.
+pub fn encoded_record_size_bytes(payload_len: usize) -> usize {
+    RECORD_HEADER_SIZE_BYTES + payload_len
+}
+
+/// Encodes a record set from `(txid, payload)` pairs.
+///
+/// # Panics
+/// If `records` is empty, a payload exceeds [`RECORD_SIZE_BYTES_MAX`] or the set exceeds
+/// [`ENTRY_SIZE_BYTES_MAX`]: callers validate and pack before encoding.
+pub fn encode<'a, I>(segment_record_index: u64, records: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = (u64, &'a [u8])>,
+    I::IntoIter: Clone,
+{
+    let iter = records.into_iter();
+    let count = iter.clone().count();
+    assert!(count >= 1, "a record set holds at least one record");
+    let size: usize = RECORD_SET_HEADER_SIZE_BYTES + iter.clone().map(|(_, p)| encoded_record_size_bytes(p.len())).sum::<usize>();
+    assert!(size <= ENTRY_SIZE_BYTES_MAX, "record set of {size} bytes exceeds the entry limit");
+    let mut out = Vec::with_capacity(size);
+    out.push(RECORD_SET_FORMAT_CURRENT);
+    out.extend_from_slice(&u32::try_from(count).expect("count bounded by entry size").to_le_bytes());
+    out.extend_from_slice(&segment_record_index.to_le_bytes());
+    for (txid, payload) in iter {
+        assert!(payload.len() <= RECORD_SIZE_BYTES_MAX, "record above the record limit");
+        out.extend_from_slice(&txid.to_le_bytes());
+        out.extend_from_slice(&u32::try_from(payload.len()).expect("bounded").to_le_bytes());
+        out.extend_from_slice(payload);
+    }
+    assert_eq!(out.len(), size);
+    out
+}
+
+/// One record borrowed from a decoded record set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordRef<'a> {
+    /// The application's transaction id.
+    pub txid: u64,
+    /// The record's payload.
+    pub payload: &'a [u8],
+}
+
+/// A decoded record set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordSet<'a> {
+    /// Position in the segment of the first record.
+    pub segment_record_index: u64,
+    /// The records, slot 0 first.
+    pub records: Vec<RecordRef<'a>>,
+}
+
+/// Decodes a record set, checking every length against the buffer.
+///
+/// # Errors
+/// `WireError::InvalidField` for an unknown version, a zero count or an oversized record;
+/// `Truncated` / `TrailingBytes` when the lengths disagree with the buffer.
+pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
+    let mut r = Reader::new(buf, "record set");
+    let version = r.u8()?;
+    if !(RECORD_SET_FORMAT_OLDEST_READABLE..=RECORD_SET_FORMAT_CURRENT).contains(&version) {
+        return Err(WireError::InvalidField { what: "record set version" });
+    }
+    let count = r.u32()? as usize;
+    if count == 0 {
+        return Err(WireError::InvalidField { what: "record set count" });
+    }
+    // Each record needs at least its 12-byte header: refuse counts the buffer cannot hold before
+    // allocating for them.
+    if count > buf.len() / RECORD_HEADER_SIZE_BYTES {
+        return Err(WireError::InvalidField { what: "record set count" });
+    }
+    let segment_record_index = r.u64()?;
+    let mut records = Vec::with_capacity(count);
+    for _ in 0..count {
+        let txid = r.u64()?;
+        let payload = r.len_prefixed(RECORD_SIZE_BYTES_MAX)?;
+        records.push(RecordRef { txid, payload });
+    }
+    r.finish()?;
+    Ok(RecordSet { segment_record_index, records })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        // Goal: encode/decode preserve txids, payloads (including empty ones) and the index.
+        let recs: Vec<(u64, Vec<u8>)> = vec![(1, b"a".to_vec()), (1, vec![]), (9, vec![7; 1000])];
+        let buf = encode(42, recs.iter().map(|(t, p)| (*t, p.as_slice())));
+        assert_eq!(buf.len(), 13 + 3 * 12 + 1 + 0 + 1000);
+        assert_eq!(buf[0], 1);
+        let set = decode(&buf).unwrap();
+        assert_eq!(set.segment_record_index, 42);
+        let back: Vec<(u64, Vec<u8>)> = set.records.iter().map(|r| (r.txid, r.payload.to_vec())).collect();
+        assert_eq!(back, recs);
+    }
+
+    #[test]
+    fn byte_layout_is_frozen() {
+        // Goal: pin the documented layout; method: compare one tiny set byte by byte.
+        let buf = encode(2, [(0x0102u64, &b"xy"[..])]);
+        let expect: Vec<u8> = [
+            &[1u8][..],
+            &1u32.to_le_bytes(),
+            &2u64.to_le_bytes(),
+            &0x0102u64.to_le_bytes(),
+            &2u32.to_le_bytes(),
+            b"xy",
+        ]
+        .concat();
+        assert_eq!(buf, expect);
+    }
+
+    #[test]
+    fn maximal_record_fits_one_entry() {
+        // Goal: the largest legal record packs alone into a legal entry.
+        let big = vec![0u8; RECORD_SIZE_BYTES_MAX];
+        let buf = encode(0, [(5, big.as_slice())]);
+        assert!(buf.len() <= ENTRY_SIZE_BYTES_MAX);
+        assert_eq!(decode(&buf).unwrap().records[0].payload.len(), RECORD_SIZE_BYTES_MAX);
+    }
+
+    #[test]
+    fn corrupt_sets_are_refused_without_panicking() {
+        // Goal: hostile bytes give errors, never panics; method: every truncation, bad version,
+        // huge count, trailing bytes, and a length field pointing past the end.
+        let buf = encode(0, [(1u64, &b"hello"[..]), (2, &b"world"[..])]);
+        for cut in 0..buf.len() {
+            assert!(decode(&buf[..cut]).is_err(), "cut {cut}");
+        }
+        let mut v = buf.clone();
+        v[0] = 9;
+        assert!(decode(&v).is_err());
+        let mut v = buf.clone();
+        v[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&v).is_err());
+        let mut v = buf.clone();
+        v[1..5].copy_from_slice(&0u32.to_le_bytes());
+        assert!(decode(&v).is_err());
+        let mut v = buf.clone();
+        v.push(0);
+        assert!(decode(&v).is_err());
+        let mut v = buf.clone();
+        v[21..25].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&v).is_err());
+        // Pseudo-random garbage.
+        let mut x: u32 = 12345;
+        for len in 0..200 {
+            let g: Vec<u8> = (0..len).map(|_| { x = x.wrapping_mul(1664525).wrapping_add(1013904223); (x >> 24) as u8 }).collect();
+            let _ = decode(&g);
+        }
+    }
+}
