@@ -331,6 +331,11 @@ async fn handle_request(
             return Flow::Fatal;
         }
         Request::Add { recovery, master_key, entry } => match quire_wire::entry::peek_header(entry) {
+            // u64::MAX cannot be a LAC or last entry on the wire (they travel as id + 1).
+            Ok(h) if h.entry.0 == u64::MAX => {
+                fail(Opcode::Add, Status::BadRequest, format!("entry id {} is reserved", u64::MAX));
+                return Flow::Continue;
+            }
             Ok(h) => Op::Add {
                 ledger: h.ledger.0,
                 entry: h.entry.0,

@@ -43,6 +43,13 @@ pub const SHARDS_MAX: usize = u16::MAX as usize;
 /// Name of the file, in both the journal and the ledger directory, that records the shard count.
 pub const SHARD_COUNT_FILE: &str = "quire-bookie-shards";
 
+/// The largest entry an add frame of `frame_size_bytes_max` can carry: the frame length
+/// counts 12 header bytes after the length field, then the 20-byte master key.
+pub fn entry_size_bytes_max_for(frame_size_bytes_max: u32) -> usize {
+    (frame_size_bytes_max as usize)
+        .saturating_sub(quire_wire::frame::FRAME_LEN_MIN as usize + quire_wire::MASTER_KEY_SIZE_BYTES)
+}
+
 /// Maps a ledger to the shard that owns it.
 ///
 /// The ledger id goes through the SplitMix64 finalizer (shifts 30/27/31, multipliers
@@ -83,13 +90,17 @@ impl BookieConfig {
     /// A configuration with defaults for everything but the address and directories.
     pub fn new(listen: SocketAddr, journal_dir: PathBuf, ledger_dir: PathBuf) -> Self {
         let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let engine = quire_engine::EngineConfig::new(journal_dir.clone(), ledger_dir.clone());
+        let mut engine = quire_engine::EngineConfig::new(journal_dir.clone(), ledger_dir.clone());
+        let frame_size_bytes_max = quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT;
+        // An add frame carries the frame header and the master key around the entry, so the
+        // largest entry is what is left of the largest frame.
+        engine.entry_size_bytes_max = engine.entry_size_bytes_max.min(entry_size_bytes_max_for(frame_size_bytes_max));
         Self {
             listen,
             journal_dir,
             ledger_dir,
             shards,
-            frame_size_bytes_max: quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT,
+            frame_size_bytes_max,
             io_memory_bytes: IO_MEMORY_BYTES_DEFAULT,
             engine,
         }
@@ -384,11 +395,9 @@ fn validate(config: &BookieConfig) -> Result<(), Error> {
             config.io_memory_bytes
         )));
     }
-    let entry_max = config.engine.entry_size_bytes_max as u64;
-    let add_overhead = (quire_wire::frame::FRAME_HEADER_SIZE_BYTES + quire_wire::MASTER_KEY_SIZE_BYTES) as u64;
-    if entry_max + add_overhead > u64::from(config.frame_size_bytes_max) {
+    if config.engine.entry_size_bytes_max > entry_size_bytes_max_for(config.frame_size_bytes_max) {
         tracing::warn!(
-            entry_size_bytes_max = entry_max,
+            entry_size_bytes_max = config.engine.entry_size_bytes_max,
             frame_size_bytes_max = config.frame_size_bytes_max,
             "the largest entry does not fit in the largest frame; big adds will be refused as TooLarge frames"
         );

@@ -1,0 +1,160 @@
+//! Shared helpers for the bookie integration tests: a real bookie on 127.0.0.1 with its
+//! directories under /tmp, and a blocking std::net client speaking the wire protocol through
+//! quire_wire.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use quire_bookie::{Bookie, BookieConfig};
+use quire_wire::bookie::{decode_response, encode_request, Opcode, Request, Response, Status};
+use quire_wire::entry::{encode_entry, EntryHeader};
+use quire_wire::frame::{decode_frame, FrameHeader};
+use quire_wire::{EntryId, LedgerId, MasterKey};
+
+pub const KEY: MasterKey = MasterKey([7; 20]);
+pub const OTHER_KEY: MasterKey = MasterKey([8; 20]);
+
+/// A fresh directory under /tmp (ext4 here, so O_DIRECT works; /dev/shm would not).
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("quire-bookie-test-").tempdir_in("/tmp").expect("tempdir")
+}
+
+/// A test configuration: any free port, small journal files, `shards` shards.
+pub fn config(dir: &Path, shards: usize) -> BookieConfig {
+    let mut c = BookieConfig::new("127.0.0.1:0".parse().unwrap(), dir.join("journal"), dir.join("ledgers"));
+    c.shards = shards;
+    c.engine.journal_file_size_bytes = 1 << 20;
+    c
+}
+
+pub fn start(dir: &Path, shards: usize) -> Bookie {
+    Bookie::start(config(dir, shards)).expect("bookie starts")
+}
+
+/// A response with owned bytes, so tests can keep it after the receive buffer moves on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    Hello { version: u16, shard_count: u16, frame_size_bytes_max: u32 },
+    Add { ledger: u64, entry: u64 },
+    Read { ledger: u64, entry: u64, data: Vec<u8> },
+    ReadLac { ledger: u64, lac: Option<u64>, last_entry: Option<u64> },
+    Fence { ledger: u64, lac: Option<u64> },
+    Failed { opcode: Opcode, status: Status, message: String },
+}
+
+impl Resp {
+    pub fn status(&self) -> Status {
+        match self {
+            Resp::Failed { status, .. } => *status,
+            _ => Status::Ok,
+        }
+    }
+}
+
+fn own(r: Response<'_>) -> Resp {
+    match r {
+        Response::Hello { version, shard_count, frame_size_bytes_max } => {
+            Resp::Hello { version, shard_count, frame_size_bytes_max }
+        }
+        Response::Add { ledger, entry } => Resp::Add { ledger: ledger.0, entry: entry.0 },
+        Response::Read { ledger, entry, data } => Resp::Read { ledger: ledger.0, entry: entry.0, data: data.to_vec() },
+        Response::ReadLac { ledger, lac, last_entry } => {
+            Resp::ReadLac { ledger: ledger.0, lac: lac.map(|e| e.0), last_entry: last_entry.map(|e| e.0) }
+        }
+        Response::Fence { ledger, lac } => Resp::Fence { ledger: ledger.0, lac: lac.map(|e| e.0) },
+        Response::Failed { opcode, status, message } => Resp::Failed { opcode, status, message: message.to_string() },
+    }
+}
+
+/// A blocking client on one connection.
+pub struct Client {
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+    next_id: u64,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Client { stream, buf: Vec::new(), next_id: 1 }
+    }
+
+    /// Connects and completes the handshake; returns the client and the Hello response.
+    pub fn handshake(addr: SocketAddr) -> (Client, Resp) {
+        let mut c = Client::connect(addr);
+        let hello = c.call(&Request::Hello { version_min: 1, version_max: 1 });
+        assert!(matches!(hello, Resp::Hello { version: 1, .. }), "{hello:?}");
+        (c, hello)
+    }
+
+    /// Sends a request with a fresh request id and returns that id.
+    pub fn send(&mut self, request: &Request<'_>) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out = Vec::new();
+        encode_request(&mut out, id, request);
+        self.stream.write_all(&out).expect("send");
+        id
+    }
+
+    /// Receives the next response frame: its header and the decoded response. `None` when
+    /// the bookie closed the connection (EOF or reset).
+    pub fn recv(&mut self) -> Option<(FrameHeader, Resp)> {
+        loop {
+            if let Some((frame, used)) = decode_frame(&self.buf, u32::MAX).expect("valid frame from bookie") {
+                let header = frame.header;
+                let resp = own(decode_response(&frame).expect("valid response from bookie"));
+                self.buf.drain(..used);
+                return Some((header, resp));
+            }
+            let mut chunk = [0u8; 65536];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+    }
+
+    /// Sends one request and waits for its response (no other request in flight).
+    pub fn call(&mut self, request: &Request<'_>) -> Resp {
+        let id = self.send(request);
+        let (header, resp) = self.recv().expect("response before close");
+        assert_eq!(header.request_id, id, "response answers the request sent");
+        resp
+    }
+
+    pub fn add(&mut self, key: MasterKey, entry: &[u8], recovery: bool) -> Resp {
+        self.call(&Request::Add { recovery, master_key: key, entry })
+    }
+
+    pub fn read(&mut self, ledger: u64, entry: Option<u64>) -> Resp {
+        self.call(&Request::Read { ledger: LedgerId(ledger), entry: entry.map(EntryId), fence: None })
+    }
+
+    pub fn read_lac(&mut self, ledger: u64) -> Resp {
+        self.call(&Request::ReadLac { ledger: LedgerId(ledger) })
+    }
+
+    pub fn fence(&mut self, ledger: u64, key: MasterKey) -> Resp {
+        self.call(&Request::Fence { ledger: LedgerId(ledger), master_key: key })
+    }
+}
+
+/// Entry `entry` of `ledger` with the writer's LAC `entry - 1` and a payload naming both.
+pub fn entry(ledger: u64, entry: u64) -> Vec<u8> {
+    let payload = format!("ledger {ledger} entry {entry}");
+    let header = EntryHeader {
+        ledger: LedgerId(ledger),
+        entry: EntryId(entry),
+        lac: entry.checked_sub(1).map(EntryId),
+        length_bytes: entry.wrapping_add(1).wrapping_mul(payload.len() as u64),
+    };
+    encode_entry(header, payload.as_bytes())
+}
