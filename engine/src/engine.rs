@@ -835,8 +835,19 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S) -> Result<Inner<S
             MarkDecode::Bad(reason) => return Err(corrupt(&mark_path, 0, reason)),
         }
     } else {
-        if !journal_ids.is_empty() || ledger_names.iter().any(|n| n == INDEX_FILE) {
-            return Err(corrupt(&mark_path, 0, "checkpoint mark is missing but journal or index files exist"));
+        // No mark means no open ever finished, so no add was ever acknowledged: files left by a
+        // crash during the first open are discarded, unless a journal holds a batch (then the
+        // mark was lost, e.g. a wiped ledger directory, and guessing would be unsafe).
+        for id in std::mem::take(&mut journal_ids) {
+            let p = cfg.journal_dir.join(journal_name(id));
+            let (_, img) = read_journal(&storage, &p, id).await?;
+            if let Some((at, _)) = find_later_batch(&img, FILE_HEADER_BYTES as u64, 0) {
+                return Err(corrupt(&mark_path, 0, format!("checkpoint mark is missing but {} holds a batch at byte offset {at}", p.display())));
+            }
+            storage.remove(&p).await.map_err(io_err("remove journal of an unfinished first open", &p, 0))?;
+        }
+        if ledger_names.iter().any(|n| n == INDEX_FILE) {
+            storage.remove(&index_path).await.map_err(io_err("remove index of an unfinished first open", &index_path, 0))?;
         }
         let path = cfg.journal_dir.join(journal_name(1));
         drop(create_journal_file(&storage, &cfg, &path, 1).await?);
@@ -844,6 +855,7 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S) -> Result<Inner<S
         let f = storage.open(&index_path, true).await.map_err(io_err("create index", &index_path, 0))?;
         f.write_at(0, &encode_file_header(INDEX_MAGIC, 0)).await.map_err(io_err("index header write", &index_path, 0))?;
         f.fdatasync().await.map_err(io_err("index fdatasync", &index_path, 0))?;
+        storage.sync_dir(&cfg.ledger_dir).await.map_err(io_err("sync ledger dir", &cfg.ledger_dir, 0))?;
         let m = Mark { journal_file_id: 1, journal_offset: FILE_HEADER_BYTES as u64, next_seq: 1, index_bytes: FILE_HEADER_BYTES as u64 };
         write_mark(&storage, &cfg.ledger_dir, &m).await?;
         m

@@ -95,3 +95,40 @@ fn write_cache_bound_triggers_background_checkpoint() {
         e.close().await.unwrap();
     });
 }
+
+#[test]
+fn lost_mark_with_journal_data_refuses_to_open() {
+    // Goal: if the checkpoint mark disappears while a journal holds acknowledged data (e.g. the
+    // ledger directory was wiped), open refuses with Corrupt instead of starting empty; a
+    // crash during the very first open (no mark, no batches) re-initialises cleanly.
+    // Method: add one entry, crash, delete checkpoint.qcp, reopen; then a fresh pair of
+    // directories where only the journal file exists.
+    let dir = tempdir();
+    let cfg = config(dir.path());
+    let c = cfg.clone();
+    run(move || async move {
+        let e = Engine::open(c).await.unwrap();
+        e.add_entry(1, 0, KEY, None, payload(1, 0, 10), false).await.unwrap();
+    });
+    std::fs::remove_file(dir.path().join("ledgers/checkpoint.qcp")).unwrap();
+    run(move || async move {
+        match Engine::open(cfg).await {
+            Err(quire_engine::Error::Corrupt { reason, .. }) => assert!(reason.contains("mark is missing"), "{reason}"),
+            Err(other) => panic!("expected Corrupt, got {other}"),
+            Ok(_) => panic!("opened without a mark over journal data"),
+        }
+    });
+
+    let dir = tempdir();
+    let cfg = config(dir.path());
+    let c = cfg.clone();
+    run(move || async move {
+        Engine::open(c).await.unwrap();
+    });
+    std::fs::remove_file(dir.path().join("ledgers/checkpoint.qcp")).unwrap();
+    run(move || async move {
+        let e = Engine::open(cfg).await.unwrap();
+        e.add_entry(1, 0, KEY, None, payload(1, 0, 10), false).await.unwrap();
+        e.close().await.unwrap();
+    });
+}
