@@ -1,14 +1,46 @@
-//! Quire stream layer and proxy (being written).
+//! Quire's stream layer (DistributedLog semantics on the ledger client) and its proxy server
+//! and client.
+//!
+//! # Public API
+//!
+//! Stream layer ([`stream`]), used in-process by the proxy server:
+//! * `StreamManager::new(metadata: Arc<dyn MetadataStore>, bookkeeper: quire_ledger::BookKeeper,
+//!   config: StreamConfig) -> Arc<StreamManager>`
+//! * `create_stream(&self, name: &str) -> Result<()>`, `list_streams(&self) -> Result<Vec<String>>`
+//! * `append(&self, name: &str, records: Vec<(u64, Vec<u8>)>, create_if_missing: bool)
+//!   -> Result<WriteResult>`: records are `(txid, payload)`; resolves when all are durable.
+//! * `read(&self, name: &str, from: ReadPosition, max_records: u32, max_bytes: u32,
+//!   wait: Duration) -> Result<ReadBatch>`: tail reads wait up to `wait`.
+//! * `shutdown(&self) -> Result<()>`: completes open segments.
+//!
+//! Proxy server ([`server`]): `ProxyServer::start(listener: TcpListener, streams:
+//! Arc<StreamManager>, config: ServerConfig) -> Result<ProxyServer>` (or `ProxyServer::bind(addr,
+//! ..).await`, or `serve(listener, streams, config).await`); `local_addr()`, `shutdown()`.
+//!
+//! Proxy client ([`client`]): `ProxyClient::connect(addr).await -> Result<ProxyClient>`, then
+//! `create_stream(&str)`, `list_streams()`, `write(&str, Vec<(u64, Vec<u8>)>, create_if_missing)
+//! -> Result<WriteResult>` (split into several requests when over the frame limit),
+//! `read(&str, ReadPosition, max_records, max_bytes, wait: Duration) -> Result<ReadBatch>`.
+//! Every failure is an [`Error`]; [`Error::code`] gives its stable [`ErrorCode`] (a proxy's
+//! answer arrives as `Error::Remote { code, message }`), and `Display` is one line.
+//!
+//! Positions are [`Dlsn`]s `(segment seq no, entry id, slot)`, ordered lexicographically, text
+//! form `1:0:0`. Formats: `docs/proxy-protocol.md` (wire), `docs/format/record-set.md` (entry
+//! payloads).
 
+pub mod client;
 pub mod dlsn;
 pub mod error;
 pub mod protocol;
 pub mod record_set;
+pub mod server;
+pub mod stream;
+pub mod types;
 
+pub use client::{ClientConfig, ProxyClient};
 pub use dlsn::{Dlsn, ParseDlsnError, ReadPosition};
 pub use error::{Error, ErrorCode, Result};
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
-pub mod client;
-pub mod types;
-pub use client::{ClientConfig, ProxyClient};
+pub use server::{serve, ProxyServer, ServerConfig};
+pub use stream::{StreamConfig, StreamManager};
 pub use types::{ReadBatch, WriteResult};

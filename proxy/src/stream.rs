@@ -1,0 +1,831 @@
+//! The stream layer: streams as sequences of log segments, one ledger each (DistributedLog
+//! `BKLogWriteHandler` / `BKAsyncLogWriter` / `BKAsyncLogReader`, reduced).
+//!
+//! * Every stream this proxy touches gets one **stream task** that owns its writer state: the
+//!   open segment's [`LedgerWriter`], the stream metadata and its version, the last txid. Appends
+//!   are commands sent to that task through a bounded channel, so a stream's writes are
+//!   serialised in the order they were submitted; inside one append, entries are pipelined
+//!   (up to [`StreamConfig::adds_in_flight_max`] adds outstanding).
+//! * Records are packed into record sets ([`crate::record_set`]) of up to
+//!   [`StreamConfig::entry_size_bytes_target`] bytes, one per entry. A record's DLSN is
+//!   (segment seq no, entry id, slot).
+//! * A segment rolls once its entries add up to [`StreamConfig::segment_size_bytes_max`]:
+//!   pending adds are awaited, the ledger is closed, the segment is marked `Completed` (last
+//!   entry, last txid, record count, bytes) by compare-and-set, and the next append opens a new
+//!   segment with the next sequence number.
+//! * The first time a stream is touched (read or write), any `InProgress` segment left by an
+//!   earlier owner is recovered: its ledger is fenced and closed (`recover_ledger`), its last
+//!   entry is read to learn the last txid and record count, and it is marked `Completed`. New
+//!   writes go into a new segment. The same recovery runs before the next append after a
+//!   storage error (the failed writer is dropped, DistributedLog's "writer is dead" rule).
+//! * Readers never touch the writer: the stream task publishes the segment list with each
+//!   segment's readable end (its last entry once completed, the writer's LAC while in progress)
+//!   through a `tokio::sync::watch`, and tail readers sleep on it. Entries just acknowledged are
+//!   kept in a bounded cache, so tail reads are served without a bookie round trip.
+//!
+//! # Threading
+//! [`StreamManager`] is shared (`Send + Sync`); use it from any tokio task.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use quire_ledger::{AddFuture, BookKeeper, LedgerOptions, LedgerReader, LedgerWriter};
+use quire_metadata::{validate_stream_name, MetadataStore, SegmentMetadata, SegmentState, StreamMetadata, Versioned};
+use quire_wire::{EntryId, LedgerId};
+use tokio::sync::{mpsc, oneshot, watch, OnceCell};
+
+use crate::dlsn::{Dlsn, ReadPosition};
+use crate::error::{Error, Result};
+use crate::record_set::{self, encoded_record_size_bytes, ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX};
+use crate::types::{ReadBatch, WriteResult};
+
+/// Stream layer settings.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// A segment rolls once its entry payloads reach this many bytes (DistributedLog
+    /// `maxLogSegmentBytes`, default 256 MiB).
+    pub segment_size_bytes_max: u64,
+    /// Records are packed into one entry until it would pass this size; at most
+    /// [`ENTRY_SIZE_BYTES_MAX`]. A record larger than the target goes alone into its entry.
+    pub entry_size_bytes_target: usize,
+    /// Ensemble size E of each segment's ledger (DistributedLog `bkcEnsembleSize`, 3).
+    pub ensemble_size: u8,
+    /// Write quorum Qw (3).
+    pub write_quorum: u8,
+    /// Ack quorum Qa (2).
+    pub ack_quorum: u8,
+    /// Ledger password; its SHA-1 is the master key.
+    pub password: Vec<u8>,
+    /// Entry adds outstanding per stream before the writer waits for the oldest.
+    pub adds_in_flight_max: usize,
+    /// Bytes of recently acknowledged entries kept per stream for tail reads.
+    pub tail_cache_bytes_max: usize,
+    /// Appends queued per stream before submitters wait.
+    pub append_queue_max: usize,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            segment_size_bytes_max: 256 * 1024 * 1024,
+            entry_size_bytes_target: 256 * 1024,
+            ensemble_size: 3,
+            write_quorum: 3,
+            ack_quorum: 2,
+            password: b"quire".to_vec(),
+            adds_in_flight_max: 64,
+            tail_cache_bytes_max: 8 * 1024 * 1024,
+            append_queue_max: 64,
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn storage(stream: &str, op: &'static str, e: quire_ledger::Error) -> Error {
+    Error::Storage { stream: stream.to_string(), op, source: Box::new(e) }
+}
+
+/// What readers know about one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SegmentView {
+    seq_no: u64,
+    ledger_id: u64,
+    /// Last entry a reader may read: the final last entry once completed, else the LAC.
+    readable_last_entry: Option<u64>,
+    completed: bool,
+}
+
+/// The readers' view of a stream, published by its stream task.
+#[derive(Debug, Clone, Default)]
+struct TailState {
+    segments: Vec<SegmentView>,
+}
+
+impl TailState {
+    fn from_metadata(meta: &StreamMetadata) -> Self {
+        let segments = meta
+            .segments
+            .iter()
+            .map(|s| SegmentView {
+                seq_no: s.seq_no,
+                ledger_id: s.ledger_id,
+                readable_last_entry: if s.state == SegmentState::Completed { s.last_entry } else { None },
+                completed: s.state == SegmentState::Completed,
+            })
+            .collect();
+        Self { segments }
+    }
+
+    /// The segment and position holding the first readable record at or after `pos`, or
+    /// `None` when nothing is readable there yet.
+    fn resolve(&self, pos: Dlsn) -> Option<(SegmentView, Dlsn)> {
+        let mut pos = pos;
+        for seg in &self.segments {
+            if seg.seq_no < pos.segment_seq_no {
+                continue;
+            }
+            if seg.seq_no > pos.segment_seq_no {
+                pos = Dlsn::new(seg.seq_no, 0, 0);
+            }
+            match seg.readable_last_entry {
+                Some(last) if pos.entry_id <= last => return Some((seg.clone(), pos)),
+                _ if seg.completed => continue,
+                _ => return None,
+            }
+        }
+        None
+    }
+}
+
+/// Recently acknowledged entries, by (ledger, entry), bounded by bytes; oldest evicted first.
+#[derive(Default)]
+struct TailCache {
+    entries: BTreeMap<(u64, u64), Arc<Vec<u8>>>,
+    size_bytes: usize,
+}
+
+impl TailCache {
+    fn insert(&mut self, key: (u64, u64), payload: Arc<Vec<u8>>, size_bytes_max: usize) {
+        self.size_bytes += payload.len();
+        if let Some(old) = self.entries.insert(key, payload) {
+            self.size_bytes -= old.len();
+        }
+        while self.size_bytes > size_bytes_max {
+            let Some((_, evicted)) = self.entries.pop_first() else { break };
+            self.size_bytes -= evicted.len();
+        }
+    }
+}
+
+/// State shared between a stream's task and its readers.
+#[derive(Default)]
+struct StreamShared {
+    cache: Mutex<TailCache>,
+    /// Open ledger readers by ledger id, bounded by `READERS_CACHED_MAX`.
+    readers: Mutex<HashMap<u64, LedgerReader>>,
+}
+
+const READERS_CACHED_MAX: usize = 16;
+
+enum Command {
+    Append { records: Vec<(u64, Vec<u8>)>, reply: oneshot::Sender<Result<WriteResult>> },
+    Close { reply: oneshot::Sender<Result<()>> },
+}
+
+/// A stream acquired by this proxy: the way to its task and to its readers' view.
+pub(crate) struct StreamHandle {
+    name: String,
+    commands: mpsc::Sender<Command>,
+    tail: watch::Receiver<TailState>,
+    shared: Arc<StreamShared>,
+}
+
+/// The streams this proxy owns.
+///
+/// # Threading
+/// Shared (`Send + Sync`).
+pub struct StreamManager {
+    metadata: Arc<dyn MetadataStore>,
+    bookkeeper: BookKeeper,
+    config: Arc<StreamConfig>,
+    streams: Mutex<HashMap<String, Arc<OnceCell<Arc<StreamHandle>>>>>,
+    shutting_down: AtomicBool,
+}
+
+impl std::fmt::Debug for StreamManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamManager").field("config", &self.config).finish()
+    }
+}
+
+impl StreamManager {
+    /// Makes a manager over a metadata store and a ledger client. Nothing is read until a
+    /// stream is first used.
+    ///
+    /// # Panics
+    /// If the config breaks E >= Qw >= Qa >= 1 or the entry target is outside
+    /// `[RECORD_SET_HEADER_SIZE_BYTES + 12, ENTRY_SIZE_BYTES_MAX]`.
+    pub fn new(metadata: Arc<dyn MetadataStore>, bookkeeper: BookKeeper, config: StreamConfig) -> Arc<Self> {
+        assert!(config.ensemble_size >= config.write_quorum, "E >= Qw");
+        assert!(config.write_quorum >= config.ack_quorum, "Qw >= Qa");
+        assert!(config.ack_quorum >= 1, "Qa >= 1");
+        assert!(config.entry_size_bytes_target <= ENTRY_SIZE_BYTES_MAX, "entry target above the entry limit");
+        assert!(config.entry_size_bytes_target > RECORD_SET_HEADER_SIZE_BYTES, "entry target too small");
+        assert!(config.adds_in_flight_max >= 1 && config.append_queue_max >= 1);
+        Arc::new(Self {
+            metadata,
+            bookkeeper,
+            config: Arc::new(config),
+            streams: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &StreamConfig {
+        &self.config
+    }
+
+    /// Creates an empty stream.
+    ///
+    /// # Errors
+    /// `InvalidStreamName`, `StreamExists`, `Metadata`, `ShuttingDown`.
+    pub async fn create_stream(&self, name: &str) -> Result<()> {
+        self.check_running()?;
+        validate_stream_name(name).map_err(|e| Error::from_metadata(name, "create stream", e))?;
+        let meta = StreamMetadata { name: name.to_string(), segments: Vec::new(), max_txid: None, creation_time_ms: now_ms() };
+        self.metadata.create_stream(&meta).await.map_err(|e| Error::from_metadata(name, "create stream", e))?;
+        Ok(())
+    }
+
+    /// Names of every stream, sorted.
+    ///
+    /// # Errors
+    /// `Metadata`.
+    pub async fn list_streams(&self) -> Result<Vec<String>> {
+        self.metadata.list_streams().await.map_err(|e| Error::from_metadata("", "list streams", e))
+    }
+
+    /// Appends `records` (`(txid, payload)`) to `name` and returns once all are durable on the
+    /// ack quorum. Appends to one stream are applied in submission order.
+    ///
+    /// # Errors
+    /// Checked before anything is written: `RecordTooLarge` (a payload above
+    /// [`RECORD_SIZE_BYTES_MAX`]), `TxidOutOfOrder` (a txid below the previous one or below the
+    /// stream's last txid), `BadRequest` (no records), `NoSuchStream` (unless
+    /// `create_if_missing`), `InvalidStreamName`. During the write: `Storage` or `Metadata`;
+    /// then records not acknowledged may or may not be in the log after recovery.
+    pub async fn append(&self, name: &str, records: Vec<(u64, Vec<u8>)>, create_if_missing: bool) -> Result<WriteResult> {
+        let rx = self.submit_append(name, records, create_if_missing).await?;
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Queues an append and returns the receiver of its result. Appends submitted one after
+    /// another (each awaited up to here) are applied in that order.
+    pub(crate) async fn submit_append(
+        &self,
+        name: &str,
+        records: Vec<(u64, Vec<u8>)>,
+        create_if_missing: bool,
+    ) -> Result<oneshot::Receiver<Result<WriteResult>>> {
+        if records.is_empty() {
+            return Err(Error::BadRequest { reason: "a write needs at least one record".into() });
+        }
+        if let Some((i, (_, p))) = records.iter().enumerate().find(|(_, (_, p))| p.len() > RECORD_SIZE_BYTES_MAX) {
+            return Err(Error::RecordTooLarge { record_index: i, size_bytes: p.len(), max_bytes: RECORD_SIZE_BYTES_MAX });
+        }
+        let handle = self.stream(name, create_if_missing).await?;
+        let (reply, rx) = oneshot::channel();
+        handle.commands.send(Command::Append { records, reply }).await.map_err(|_| Error::ShuttingDown)?;
+        Ok(rx)
+    }
+
+    /// Reads up to `max_records` records (and about `max_bytes` payload bytes, but at least one
+    /// record when one is readable) from `from`, across segment boundaries; in the segment being
+    /// written only entries up to the writer's LAC are visible. When nothing is readable at
+    /// `from`, waits up to `wait` for a write to make something readable.
+    ///
+    /// # Errors
+    /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`.
+    pub async fn read(&self, name: &str, from: ReadPosition, max_records: u32, max_bytes: u32, wait: Duration) -> Result<ReadBatch> {
+        if max_records == 0 {
+            return Err(Error::BadRequest { reason: "max_records must be at least 1".into() });
+        }
+        let handle = self.stream(name, false).await?;
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut tail = handle.tail.clone();
+        let mut pos = match from {
+            ReadPosition::Head => Dlsn::new(0, 0, 0),
+            ReadPosition::Dlsn(d) => d,
+        };
+        loop {
+            let plan = tail.borrow_and_update().resolve(pos);
+            match plan {
+                Some((seg, start)) => {
+                    let (records, next) = self.read_segment(&handle, &seg, start, max_records as usize, max_bytes as usize).await?;
+                    if !records.is_empty() {
+                        return Ok(ReadBatch { records, next: ReadPosition::Dlsn(next) });
+                    }
+                    // Only slots past the end of an entry were asked for: move on.
+                    pos = next;
+                }
+                None => {
+                    let woke = tokio::time::timeout_at(deadline, tail.changed()).await;
+                    match woke {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) | Err(_) => return Ok(ReadBatch { records: Vec::new(), next: from }),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_segment(
+        &self,
+        handle: &StreamHandle,
+        seg: &SegmentView,
+        start: Dlsn,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<(Dlsn, u64, Vec<u8>)>, Dlsn)> {
+        let last = seg.readable_last_entry.expect("resolve returns readable segments only");
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut next = start;
+        let mut slot_first = start.slot_index as usize;
+        for entry in start.entry_id..=last {
+            let payload = self.fetch_entry(handle, seg.ledger_id, entry).await?;
+            let set = record_set::decode(&payload).map_err(|e| Error::Storage {
+                stream: handle.name.clone(),
+                op: "decode record set",
+                source: format!("ledger {} entry {entry}: {e}", seg.ledger_id).into(),
+            })?;
+            let count = set.records.len();
+            for (slot, rec) in set.records.iter().enumerate().skip(slot_first) {
+                let size = rec.payload.len() + crate::protocol::READ_RECORD_OVERHEAD_BYTES;
+                if !out.is_empty() && (out.len() >= max_records || bytes + size > max_bytes) {
+                    return Ok((out, next));
+                }
+                let slot_index = u32::try_from(slot).expect("slot count bounded by entry size");
+                out.push((Dlsn::new(seg.seq_no, entry, slot_index), rec.txid, rec.payload.to_vec()));
+                bytes += size;
+                next = if slot + 1 < count { Dlsn::new(seg.seq_no, entry, slot_index + 1) } else { Dlsn::new(seg.seq_no, entry + 1, 0) };
+            }
+            if slot_first >= count {
+                next = Dlsn::new(seg.seq_no, entry + 1, 0);
+            }
+            slot_first = 0;
+            if out.len() >= max_records || bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok((out, next))
+    }
+
+    async fn fetch_entry(&self, handle: &StreamHandle, ledger: u64, entry: u64) -> Result<Arc<Vec<u8>>> {
+        if let Some(p) = handle.shared.cache.lock().expect("cache lock").entries.get(&(ledger, entry)) {
+            return Ok(p.clone());
+        }
+        // A cached reader may predate a change of the ledger's metadata: retry once with a
+        // freshly opened one before giving up.
+        let mut last_err = None;
+        for attempt in 0..2 {
+            let cached = if attempt == 0 { handle.shared.readers.lock().expect("readers lock").get(&ledger).cloned() } else { None };
+            let reader = match cached {
+                Some(r) => r,
+                None => {
+                    let r = self.bookkeeper.open_ledger(LedgerId(ledger)).await.map_err(|e| storage(&handle.name, "open ledger", e))?;
+                    let mut readers = handle.shared.readers.lock().expect("readers lock");
+                    if readers.len() >= READERS_CACHED_MAX {
+                        readers.clear();
+                    }
+                    readers.insert(ledger, r.clone());
+                    r
+                }
+            };
+            match reader.read(EntryId(entry)).await {
+                Ok(p) => return Ok(Arc::new(p)),
+                Err(e) => {
+                    handle.shared.readers.lock().expect("readers lock").remove(&ledger);
+                    last_err = Some(e);
+                }
+            }
+        }
+        Err(storage(&handle.name, "read entry", last_err.expect("two failed attempts")))
+    }
+
+    /// Completes the open segment of every stream (close the ledger, mark it `Completed`) and
+    /// refuses new requests with `ShuttingDown`. Streams not closed cleanly are recovered by the
+    /// next owner anyway; this only saves it the fencing.
+    ///
+    /// # Errors
+    /// The first `Storage` or `Metadata` error met; the other streams are still closed.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let cells: Vec<_> = self.streams.lock().expect("streams lock").values().cloned().collect();
+        let mut first_err = None;
+        for cell in cells {
+            let Some(handle) = cell.get() else { continue };
+            let (reply, rx) = oneshot::channel();
+            if handle.commands.send(Command::Close { reply }).await.is_ok() {
+                if let Ok(Err(e)) = rx.await {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn check_running(&self) -> Result<()> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            Err(Error::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The handle of `name`, acquiring the stream (recovering its in-progress segments and
+    /// starting its task) the first time.
+    async fn stream(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
+        self.check_running()?;
+        let cell = self.streams.lock().expect("streams lock").entry(name.to_string()).or_default().clone();
+        let result = cell.get_or_try_init(|| self.acquire(name, create_if_missing)).await.cloned();
+        if result.is_err() {
+            // Do not keep entries for names that failed (unknown or invalid streams).
+            let mut streams = self.streams.lock().expect("streams lock");
+            if streams.get(name).is_some_and(|c| c.get().is_none()) {
+                streams.remove(name);
+            }
+        }
+        result
+    }
+
+    async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
+        validate_stream_name(name).map_err(|e| Error::from_metadata(name, "acquire stream", e))?;
+        let meta = match self.metadata.read_stream(name).await {
+            Ok(m) => m,
+            Err(quire_metadata::Error::NotFound { .. }) if create_if_missing => {
+                match self.create_stream(name).await {
+                    Ok(()) | Err(Error::StreamExists { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                self.metadata.read_stream(name).await.map_err(|e| Error::from_metadata(name, "read stream", e))?
+            }
+            Err(e) => return Err(Error::from_metadata(name, "read stream", e)),
+        };
+        let (tail_tx, tail_rx) = watch::channel(TailState::from_metadata(&meta.value));
+        let shared = Arc::new(StreamShared::default());
+        let mut writer = Writer {
+            name: name.to_string(),
+            metadata: self.metadata.clone(),
+            bookkeeper: self.bookkeeper.clone(),
+            config: self.config.clone(),
+            last_txid: meta.value.max_txid,
+            meta,
+            current: None,
+            healthy: true,
+            closed: false,
+            tail: tail_tx,
+            shared: shared.clone(),
+        };
+        writer.recover().await?;
+        let (tx, rx) = mpsc::channel(self.config.append_queue_max);
+        tokio::spawn(writer.run(rx));
+        tracing::info!(stream = name, "acquired stream");
+        Ok(Arc::new(StreamHandle { name: name.to_string(), commands: tx, tail: tail_rx, shared }))
+    }
+}
+
+/// The segment being written.
+struct OpenSegment {
+    seq_no: u64,
+    ledger: LedgerWriter,
+    /// Entry id the next add gets.
+    next_entry: u64,
+    /// Records added to the segment (acknowledged or in flight).
+    record_count: u64,
+    /// Entry payload bytes added.
+    size_bytes: u64,
+    /// txid of the last record added.
+    last_txid: u64,
+    /// Highest entry acknowledged.
+    last_acked_entry: Option<u64>,
+}
+
+/// One add in flight.
+struct InFlight {
+    future: AddFuture,
+    entry: u64,
+    ledger_id: u64,
+    payload: Arc<Vec<u8>>,
+}
+
+/// A stream's writer state, owned by its task.
+struct Writer {
+    name: String,
+    metadata: Arc<dyn MetadataStore>,
+    bookkeeper: BookKeeper,
+    config: Arc<StreamConfig>,
+    meta: Versioned<StreamMetadata>,
+    current: Option<OpenSegment>,
+    /// Highest txid acknowledged or in flight (the `max_txid` rule is checked against it).
+    last_txid: Option<u64>,
+    /// False after a storage or metadata error: recover before the next append.
+    healthy: bool,
+    closed: bool,
+    tail: watch::Sender<TailState>,
+    shared: Arc<StreamShared>,
+}
+
+impl Writer {
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        while let Some(cmd) = commands.recv().await {
+            match cmd {
+                Command::Append { records, reply } => {
+                    let r = if self.closed { Err(Error::ShuttingDown) } else { self.append(records).await };
+                    let _ = reply.send(r);
+                }
+                Command::Close { reply } => {
+                    let r = if self.healthy { self.complete_current().await } else { Ok(()) };
+                    if r.is_err() {
+                        self.fail();
+                    }
+                    self.closed = true;
+                    let _ = reply.send(r);
+                }
+            }
+        }
+        tracing::debug!(stream = %self.name, "stream task ends");
+    }
+
+    fn meta_err(&self, op: &'static str, e: quire_metadata::Error) -> Error {
+        Error::from_metadata(&self.name, op, e)
+    }
+
+    fn publish(&self) {
+        self.tail.send_replace(TailState::from_metadata(&self.meta.value));
+        // Keep the in-progress segment's readable end: it is the LAC, not in the metadata.
+        if let Some(cur) = &self.current {
+            let lac = cur.last_acked_entry;
+            let seq = cur.seq_no;
+            self.tail.send_modify(|t| {
+                if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
+                    s.readable_last_entry = lac;
+                }
+            });
+        }
+    }
+
+    fn fail(&mut self) {
+        // Dropping the ledger writer abandons its pending adds; the segment stays InProgress
+        // in the metadata and is recovered (fenced and closed) before the next append.
+        self.current = None;
+        self.healthy = false;
+    }
+
+    /// Recovers every `InProgress` segment: fence and close its ledger, learn its end from the
+    /// last entry, mark it `Completed`. Afterwards the writer is healthy with no open segment.
+    async fn recover(&mut self) -> Result<()> {
+        self.current = None;
+        let fresh = self.metadata.read_stream(&self.name).await.map_err(|e| self.meta_err("read stream", e))?;
+        self.meta = fresh;
+        let mut changed = false;
+        let mut meta = self.meta.value.clone();
+        for seg in meta.segments.iter_mut().filter(|s| s.state == SegmentState::InProgress) {
+            let lm = self.bookkeeper.recover_ledger(LedgerId(seg.ledger_id)).await.map_err(|e| storage(&self.name, "recover ledger", e))?;
+            let (last_txid, record_count) = match lm.last_entry {
+                None => (None, 0),
+                Some(last) => {
+                    let reader =
+                        self.bookkeeper.open_ledger(LedgerId(seg.ledger_id)).await.map_err(|e| storage(&self.name, "open ledger", e))?;
+                    let payload = reader.read(EntryId(last)).await.map_err(|e| storage(&self.name, "read last entry", e))?;
+                    let set = record_set::decode(&payload).map_err(|e| Error::Storage {
+                        stream: self.name.clone(),
+                        op: "decode last entry",
+                        source: format!("ledger {} entry {last}: {e}", seg.ledger_id).into(),
+                    })?;
+                    let last_rec = set.records.last().expect("decode refuses empty record sets");
+                    (Some(last_rec.txid), set.segment_record_index + set.records.len() as u64)
+                }
+            };
+            tracing::info!(stream = %self.name, seq_no = seg.seq_no, ledger = seg.ledger_id, last_entry = ?lm.last_entry, record_count, "recovered in-progress segment");
+            seg.state = SegmentState::Completed;
+            seg.last_entry = lm.last_entry;
+            seg.last_txid = last_txid.or(seg.first_txid);
+            seg.record_count = record_count;
+            seg.length_bytes = lm.length_bytes;
+            if let Some(t) = last_txid {
+                meta.max_txid = Some(meta.max_txid.map_or(t, |m| m.max(t)));
+            }
+            changed = true;
+        }
+        if changed {
+            let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.meta_err("complete recovered segment", e))?;
+            self.meta = Versioned { value: meta, version };
+        }
+        self.last_txid = self.meta.value.max_txid;
+        self.healthy = true;
+        self.publish();
+        Ok(())
+    }
+
+    async fn append(&mut self, records: Vec<(u64, Vec<u8>)>) -> Result<WriteResult> {
+        if !self.healthy {
+            self.recover().await?;
+        }
+        // Validate everything before writing anything.
+        let mut prev = self.last_txid;
+        for (i, (txid, payload)) in records.iter().enumerate() {
+            assert!(payload.len() <= RECORD_SIZE_BYTES_MAX, "sizes are checked at submission");
+            if let Some(p) = prev {
+                if *txid < p {
+                    return Err(Error::TxidOutOfOrder { record_index: i, txid: *txid, last_txid: p });
+                }
+            }
+            prev = Some(*txid);
+        }
+        match self.append_checked(&records).await {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                tracing::warn!(stream = %self.name, error = %e, "append failed; the writer will recover before the next append");
+                self.fail();
+                Err(e)
+            }
+        }
+    }
+
+    async fn append_checked(&mut self, records: &[(u64, Vec<u8>)]) -> Result<WriteResult> {
+        let target = self.config.entry_size_bytes_target;
+        let mut inflight: VecDeque<InFlight> = VecDeque::new();
+        let mut first_dlsn = None;
+        let mut last_dlsn = None;
+        let mut i = 0;
+        while i < records.len() {
+            // Pack records [i, j) into one entry.
+            let mut size = RECORD_SET_HEADER_SIZE_BYTES + encoded_record_size_bytes(records[i].1.len());
+            let mut j = i + 1;
+            while j < records.len() {
+                let more = encoded_record_size_bytes(records[j].1.len());
+                if size + more > target {
+                    break;
+                }
+                size += more;
+                j += 1;
+            }
+            let group = &records[i..j];
+            if self.current.is_none() {
+                self.open_segment(group[0].0).await?;
+            }
+            let seg = self.current.as_mut().expect("opened above");
+            let payload = Arc::new(record_set::encode(seg.record_count, group.iter().map(|(t, p)| (*t, p.as_slice()))));
+            let entry = seg.next_entry;
+            let future = seg.ledger.add(payload.as_ref().clone());
+            seg.next_entry += 1;
+            seg.record_count += group.len() as u64;
+            seg.size_bytes += payload.len() as u64;
+            seg.last_txid = group[group.len() - 1].0;
+            self.last_txid = Some(seg.last_txid);
+            let n = u32::try_from(group.len()).expect("records per entry bounded by entry size");
+            first_dlsn.get_or_insert(Dlsn::new(seg.seq_no, entry, 0));
+            last_dlsn = Some(Dlsn::new(seg.seq_no, entry, n - 1));
+            inflight.push_back(InFlight { future, entry, ledger_id: seg.ledger.id().0, payload });
+            let roll = seg.size_bytes >= self.config.segment_size_bytes_max;
+            while inflight.len() >= self.config.adds_in_flight_max || (roll && !inflight.is_empty()) {
+                let f = inflight.pop_front().expect("non-empty");
+                self.complete_add(f).await?;
+            }
+            if roll {
+                self.complete_current().await?;
+            }
+            i = j;
+        }
+        while let Some(f) = inflight.pop_front() {
+            self.complete_add(f).await?;
+        }
+        Ok(WriteResult {
+            first_dlsn: first_dlsn.expect("at least one record"),
+            last_dlsn: last_dlsn.expect("at least one record"),
+            count: records.len() as u64,
+        })
+    }
+
+    /// Waits for one add (the oldest in flight) and makes its entry visible to readers.
+    async fn complete_add(&mut self, f: InFlight) -> Result<()> {
+        let acked = f.future.await.map_err(|e| storage(&self.name, "add entry", e))?;
+        assert_eq!(acked.0, f.entry, "adds are acknowledged in entry order");
+        let seg = self.current.as_mut().expect("an add in flight has an open segment");
+        assert!(seg.last_acked_entry.is_none_or(|l| l + 1 == f.entry), "acknowledgements advance one entry at a time");
+        seg.last_acked_entry = Some(f.entry);
+        let seq = seg.seq_no;
+        self.shared.cache.lock().expect("cache lock").insert((f.ledger_id, f.entry), f.payload, self.config.tail_cache_bytes_max);
+        self.tail.send_modify(|t| {
+            if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
+                s.readable_last_entry = Some(f.entry);
+            }
+        });
+        Ok(())
+    }
+
+    /// Starts a new segment with a fresh ledger; its first record has `first_txid`.
+    async fn open_segment(&mut self, first_txid: u64) -> Result<()> {
+        assert!(self.current.is_none(), "one open segment at a time");
+        let seq_no = self.meta.value.segments.last().map_or(1, |s| s.seq_no + 1);
+        let mut custom = BTreeMap::new();
+        custom.insert("quire.stream".to_string(), self.name.clone());
+        custom.insert("quire.segment_seq_no".to_string(), seq_no.to_string());
+        let c = &self.config;
+        let ledger = self
+            .bookkeeper
+            .create_ledger(LedgerOptions {
+                ensemble_size: c.ensemble_size,
+                write_quorum: c.write_quorum,
+                ack_quorum: c.ack_quorum,
+                password: c.password.clone(),
+                custom,
+            })
+            .await
+            .map_err(|e| storage(&self.name, "create ledger", e))?;
+        let mut meta = self.meta.value.clone();
+        assert!(meta.segments.iter().all(|s| s.state == SegmentState::Completed), "a new segment follows completed ones only");
+        meta.segments.push(SegmentMetadata {
+            seq_no,
+            ledger_id: ledger.id().0,
+            state: SegmentState::InProgress,
+            first_txid: Some(first_txid),
+            last_txid: None,
+            last_entry: None,
+            record_count: 0,
+            length_bytes: 0,
+        });
+        let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.meta_err("start segment", e))?;
+        self.meta = Versioned { value: meta, version };
+        tracing::debug!(stream = %self.name, seq_no, ledger = ledger.id().0, "started segment");
+        self.current = Some(OpenSegment {
+            seq_no,
+            ledger,
+            next_entry: 0,
+            record_count: 0,
+            size_bytes: 0,
+            last_txid: first_txid,
+            last_acked_entry: None,
+        });
+        self.publish();
+        Ok(())
+    }
+
+    /// Closes the open segment's ledger and marks the segment `Completed`. Every add must have
+    /// been acknowledged.
+    async fn complete_current(&mut self) -> Result<()> {
+        let Some(seg) = self.current.as_ref() else { return Ok(()) };
+        let expected_last = seg.next_entry.checked_sub(1);
+        assert_eq!(seg.last_acked_entry, expected_last, "complete a segment only after all its adds");
+        let lm = seg.ledger.close().await.map_err(|e| storage(&self.name, "close ledger", e))?;
+        if lm.last_entry != expected_last {
+            return Err(Error::Storage {
+                stream: self.name.clone(),
+                op: "close ledger",
+                source: format!("ledger {} closed at {:?}, expected {:?}", seg.ledger.id(), lm.last_entry, expected_last).into(),
+            });
+        }
+        let mut meta = self.meta.value.clone();
+        let s = meta.segments.last_mut().expect("the open segment is in the metadata");
+        assert_eq!(s.seq_no, seg.seq_no);
+        assert_eq!(s.state, SegmentState::InProgress);
+        s.state = SegmentState::Completed;
+        s.last_entry = lm.last_entry;
+        s.last_txid = Some(seg.last_txid);
+        s.record_count = seg.record_count;
+        s.length_bytes = lm.length_bytes;
+        if seg.record_count > 0 {
+            meta.max_txid = Some(meta.max_txid.map_or(seg.last_txid, |m| m.max(seg.last_txid)));
+        }
+        let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.meta_err("complete segment", e))?;
+        tracing::debug!(stream = %self.name, seq_no = seg.seq_no, records = seg.record_count, "completed segment");
+        self.meta = Versioned { value: meta, version };
+        self.current = None;
+        self.publish();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(seq_no: u64, last: Option<u64>, completed: bool) -> SegmentView {
+        SegmentView { seq_no, ledger_id: seq_no * 10, readable_last_entry: last, completed }
+    }
+
+    #[test]
+    fn resolve_walks_segments() {
+        // Goal: positions map to the first readable record at or after them; method: a table
+        // over completed, empty and in-progress segments.
+        let t = TailState { segments: vec![view(1, Some(2), true), view(2, None, true), view(3, Some(0), false)] };
+        let at = |s, e, k| t.resolve(Dlsn::new(s, e, k)).map(|(seg, p)| (seg.seq_no, p));
+        assert_eq!(at(0, 0, 0), Some((1, Dlsn::new(1, 0, 0))));
+        assert_eq!(at(1, 2, 5), Some((1, Dlsn::new(1, 2, 5))));
+        // Past the end of segment 1, over the empty segment 2, into segment 3.
+        assert_eq!(at(1, 3, 0), Some((3, Dlsn::new(3, 0, 0))));
+        assert_eq!(at(3, 0, 1), Some((3, Dlsn::new(3, 0, 1))));
+        // Beyond the LAC of the in-progress segment, and beyond every segment.
+        assert_eq!(at(3, 1, 0), None);
+        assert_eq!(at(9, 0, 0), None);
+        assert_eq!(TailState::default().resolve(Dlsn::new(0, 0, 0)), None);
+    }
+
+    #[test]
+    fn tail_cache_is_bounded() {
+        // Goal: the cache never holds more than its byte bound and evicts oldest first.
+        let mut c = TailCache::default();
+        for e in 0..10u64 {
+            c.insert((1, e), Arc::new(vec![0; 100]), 350);
+            assert!(c.size_bytes <= 350);
+        }
+        assert_eq!(c.entries.keys().copied().collect::<Vec<_>>(), vec![(1, 7), (1, 8), (1, 9)]);
+    }
+}
