@@ -128,7 +128,7 @@ mod tests {
         // Goal: encode/decode preserve txids, payloads (including empty ones) and the index.
         let recs: Vec<(u64, Vec<u8>)> = vec![(1, b"a".to_vec()), (1, vec![]), (9, vec![7; 1000])];
         let buf = encode(42, recs.iter().map(|(t, p)| (*t, p.as_slice())));
-        assert_eq!(buf.len(), 13 + 3 * 12 + 1 + 0 + 1000);
+        assert_eq!(buf.len(), 13 + 3 * 12 + 1 + 1000);
         assert_eq!(buf[0], 1);
         let set = decode(&buf).unwrap();
         assert_eq!(set.segment_record_index, 42);
