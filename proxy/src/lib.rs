@@ -11,6 +11,7 @@
 //!   -> Result<WriteResult>`: records are `(txid, payload)`; resolves when all are durable.
 //! * `read(&self, name: &str, from: ReadPosition, max_records: u32, max_bytes: u32,
 //!   wait: Duration) -> Result<ReadBatch>`: tail reads wait up to `wait`.
+//! * `recover_all(&self) -> Result<usize>`: recovers every stream now rather than at first use.
 //! * `shutdown(&self) -> Result<()>`: completes open segments.
 //!
 //! Proxy server ([`server`]): `ProxyServer::start(listener: TcpListener, streams:

@@ -13,7 +13,8 @@
 //!   pending adds are awaited, the ledger is closed, the segment is marked `Completed` (last
 //!   entry, last txid, record count, bytes) by compare-and-set, and the next append opens a new
 //!   segment with the next sequence number.
-//! * The first time a stream is touched (read or write), any `InProgress` segment left by an
+//! * The first time a stream is touched (read or write), or for all streams at once with
+//!   [`StreamManager::recover_all`], any `InProgress` segment left by an
 //!   earlier owner is recovered: its ledger is fenced and closed (`recover_ledger`), its last
 //!   entry is read to learn the last txid and record count, and it is marked `Completed`. New
 //!   writes go into a new segment. The same recovery runs before the next append after a
@@ -171,6 +172,8 @@ struct StreamShared {
 }
 
 const READERS_CACHED_MAX: usize = 16;
+/// Entries a reader fetches concurrently ahead of the one it decodes.
+const READ_AHEAD_ENTRIES_MAX: usize = 4;
 
 enum Command {
     Append { records: Vec<(u64, Vec<u8>)>, reply: oneshot::Sender<Result<WriteResult>> },
@@ -338,8 +341,34 @@ impl StreamManager {
         let mut bytes = 0usize;
         let mut next = start;
         let mut slot_first = start.slot_index as usize;
+        // Read ahead: up to READ_AHEAD_ENTRIES_MAX entries are fetched concurrently, consumed
+        // in entry order; fetches not needed are aborted when the batch is full.
+        let mut ahead: VecDeque<tokio::task::JoinHandle<Result<Arc<Vec<u8>>>>> = VecDeque::new();
+        let mut fetch_next = start.entry_id;
+        let abort_all = |ahead: &mut VecDeque<tokio::task::JoinHandle<Result<Arc<Vec<u8>>>>>| {
+            for h in ahead.drain(..) {
+                h.abort();
+            }
+        };
         for entry in start.entry_id..=last {
-            let payload = self.fetch_entry(handle, seg.ledger_id, entry).await?;
+            while fetch_next <= last && ahead.len() < READ_AHEAD_ENTRIES_MAX {
+                let (bk, shared, name, ledger, e) =
+                    (self.bookkeeper.clone(), handle.shared.clone(), handle.name.clone(), seg.ledger_id, fetch_next);
+                ahead.push_back(tokio::spawn(async move { fetch_entry(&bk, &shared, &name, ledger, e).await }));
+                fetch_next += 1;
+            }
+            let fetched = ahead.pop_front().expect("window holds the current entry").await;
+            let payload = match fetched {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => {
+                    abort_all(&mut ahead);
+                    return Err(e);
+                }
+                Err(join) => {
+                    abort_all(&mut ahead);
+                    return Err(Error::Internal(format!("entry fetch task failed: {join}")));
+                }
+            };
             let set = record_set::decode(&payload).map_err(|e| Error::Storage {
                 stream: handle.name.clone(),
                 op: "decode record set",
@@ -349,6 +378,7 @@ impl StreamManager {
             for (slot, rec) in set.records.iter().enumerate().skip(slot_first) {
                 let size = rec.payload.len() + crate::protocol::READ_RECORD_OVERHEAD_BYTES;
                 if !out.is_empty() && (out.len() >= max_records || bytes + size > max_bytes) {
+                    abort_all(&mut ahead);
                     return Ok((out, next));
                 }
                 let slot_index = u32::try_from(slot).expect("slot count bounded by entry size");
@@ -364,39 +394,23 @@ impl StreamManager {
                 break;
             }
         }
+        abort_all(&mut ahead);
         Ok((out, next))
     }
 
-    async fn fetch_entry(&self, handle: &StreamHandle, ledger: u64, entry: u64) -> Result<Arc<Vec<u8>>> {
-        if let Some(p) = handle.shared.cache.lock().expect("cache lock").entries.get(&(ledger, entry)) {
-            return Ok(p.clone());
+    /// Acquires every stream in the metadata store now, recovering any segment a previous
+    /// owner left in progress, instead of at each stream's first use. Returns how many streams
+    /// were acquired.
+    ///
+    /// # Errors
+    /// The first stream that fails to recover (`Storage`, `Metadata`); the ones before it stay
+    /// acquired.
+    pub async fn recover_all(&self) -> Result<usize> {
+        let names = self.list_streams().await?;
+        for name in &names {
+            self.stream(name, false).await?;
         }
-        // A cached reader may predate a change of the ledger's metadata: retry once with a
-        // freshly opened one before giving up.
-        let mut last_err = None;
-        for attempt in 0..2 {
-            let cached = if attempt == 0 { handle.shared.readers.lock().expect("readers lock").get(&ledger).cloned() } else { None };
-            let reader = match cached {
-                Some(r) => r,
-                None => {
-                    let r = self.bookkeeper.open_ledger(LedgerId(ledger)).await.map_err(|e| storage(&handle.name, "open ledger", e))?;
-                    let mut readers = handle.shared.readers.lock().expect("readers lock");
-                    if readers.len() >= READERS_CACHED_MAX {
-                        readers.clear();
-                    }
-                    readers.insert(ledger, r.clone());
-                    r
-                }
-            };
-            match reader.read(EntryId(entry)).await {
-                Ok(p) => return Ok(Arc::new(p)),
-                Err(e) => {
-                    handle.shared.readers.lock().expect("readers lock").remove(&ledger);
-                    last_err = Some(e);
-                }
-            }
-        }
-        Err(storage(&handle.name, "read entry", last_err.expect("two failed attempts")))
+        Ok(names.len())
     }
 
     /// Completes the open segment of every stream (close the ledger, mark it `Completed`) and
@@ -479,6 +493,39 @@ impl StreamManager {
         tracing::info!(stream = name, "acquired stream");
         Ok(Arc::new(StreamHandle { name: name.to_string(), commands: tx, tail: tail_rx, shared }))
     }
+}
+
+/// One entry's payload: from the tail cache, else from the bookies through a cached reader.
+async fn fetch_entry(bookkeeper: &BookKeeper, shared: &StreamShared, name: &str, ledger: u64, entry: u64) -> Result<Arc<Vec<u8>>> {
+    if let Some(p) = shared.cache.lock().expect("cache lock").entries.get(&(ledger, entry)) {
+        return Ok(p.clone());
+    }
+    // A cached reader may predate a change of the ledger's metadata: retry once with a
+    // freshly opened one before giving up.
+    let mut last_err = None;
+    for attempt in 0..2 {
+        let cached = if attempt == 0 { shared.readers.lock().expect("readers lock").get(&ledger).cloned() } else { None };
+        let reader = match cached {
+            Some(r) => r,
+            None => {
+                let r = bookkeeper.open_ledger(LedgerId(ledger)).await.map_err(|e| storage(name, "open ledger", e))?;
+                let mut readers = shared.readers.lock().expect("readers lock");
+                if readers.len() >= READERS_CACHED_MAX {
+                    readers.clear();
+                }
+                readers.insert(ledger, r.clone());
+                r
+            }
+        };
+        match reader.read(EntryId(entry)).await {
+            Ok(p) => return Ok(Arc::new(p)),
+            Err(e) => {
+                shared.readers.lock().expect("readers lock").remove(&ledger);
+                last_err = Some(e);
+            }
+        }
+    }
+    Err(storage(name, "read entry", last_err.expect("two failed attempts")))
 }
 
 /// The segment being written.

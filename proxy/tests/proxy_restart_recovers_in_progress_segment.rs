@@ -53,6 +53,9 @@ async fn restart_recovers_in_progress_segment_and_reads_back_once() {
 
     // Proxy B on the same store and bookies.
     let b = common::proxy(&c, common::small_config()).await;
+    assert_eq!(b.streams.recover_all().await.unwrap(), 1);
+    let meta = c.store.read_stream("crashy").await.unwrap().value;
+    assert!(meta.segments.iter().all(|s| s.state == SegmentState::Completed), "recovered eagerly");
     let client = ProxyClient::connect(b.server.local_addr()).await.unwrap();
     let got = read_all(&client, "crashy").await;
     let data: Vec<(u64, Vec<u8>)> = got.iter().map(|(_, t, d)| (*t, d.clone())).collect();

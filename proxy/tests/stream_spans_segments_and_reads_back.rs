@@ -2,7 +2,8 @@
 //! order, with strictly increasing DLSNs, from the head and from a middle DLSN; segments roll
 //! by size and completed segments carry their record counts.
 //! Method: three real bookies, the embedded store, 64 KiB segments and 8 KiB entries; 3,000
-//! records (about 900 KiB) in bulk writes through `ProxyClient`, then paged reads.
+//! records (about 900 KiB) in bulk writes through `ProxyClient`, then paged reads served by
+//! the bookies (tail cache off).
 
 mod common;
 
@@ -14,7 +15,8 @@ use quire_proxy::{Dlsn, ProxyClient, ReadPosition};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_span_segments_and_read_back_in_order() {
     let c = common::cluster().await;
-    let p = common::proxy(&c, common::small_config()).await;
+    // No tail cache: every read goes to the bookies.
+    let p = common::proxy(&c, quire_proxy::StreamConfig { tail_cache_bytes_max: 0, ..common::small_config() }).await;
     let client = ProxyClient::connect(p.server.local_addr()).await.unwrap();
     client.create_stream("logs/app").await.unwrap();
     assert_eq!(client.list_streams().await.unwrap(), vec!["logs/app".to_string()]);
