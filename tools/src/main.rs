@@ -1,1 +1,73 @@
-fn main() {}
+//! `quire`: the command-line front of Quire.
+//!
+//! * `quire sandbox` runs a whole cluster in one process: the embedded metadata store, three
+//!   bookies and a proxy.
+//! * `quire write`, `quire read` and `quire tail` move records between files or pipes and
+//!   streams through a proxy.
+//!
+//! Errors are one line on stderr and a non-zero exit status.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod client;
+mod sandbox;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Proxy address used when neither `--proxy` nor `QUIRE_PROXY` is given; the sandbox's default
+/// listen address (DistributedLog's write proxy listens on a fixed well-known port too).
+pub const PROXY_ADDR_DEFAULT: &str = "127.0.0.1:4181";
+
+#[derive(Parser, Debug)]
+#[command(name = "quire", version, about = "Quire: a replicated log service (DistributedLog on BookKeeper, in Rust)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a one-machine cluster: embedded metadata store, bookies and a proxy, until
+    /// interrupted. Restarted on the same data directory, it serves everything it
+    /// acknowledged before.
+    Sandbox(sandbox::SandboxArgs),
+    /// Append one record per input line (the line without its LF; CR and every other byte
+    /// kept), creating the stream if needed. Prints the DLSN of the last record and the count.
+    Write(client::WriteArgs),
+    /// Print every record of a stream, each followed by LF.
+    Read(client::ReadArgs),
+    /// Like read, then keep printing new records as they are acknowledged.
+    Tail(client::TailArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("QUIRE_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Sandbox(args) => sandbox::run(args),
+        Command::Write(args) => client::write(args),
+        Command::Read(args) => client::read(args),
+        Command::Tail(args) => client::tail(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes joined.
+            let mut line = e.to_string();
+            for cause in e.chain().skip(1) {
+                line.push_str(": ");
+                line.push_str(&cause.to_string());
+            }
+            eprintln!("quire: error: {line}");
+            ExitCode::FAILURE
+        }
+    }
+}

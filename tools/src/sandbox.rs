@@ -1,0 +1,194 @@
+//! `quire sandbox`: the embedded metadata store, N bookies and a proxy in one process.
+//!
+//! Layout of the data directory:
+//! ```text
+//! DIR/LOCK                     flock(2)ed while a sandbox runs on DIR
+//! DIR/sandbox.json             bookie addresses chosen at first start, reused on restart
+//! DIR/metadata/metadata.json   the embedded metadata store
+//! DIR/bookie-{i}/journal/      bookie i's journal directory (one subdirectory per shard)
+//! DIR/bookie-{i}/ledgers/      bookie i's entry logs and index
+//! ```
+//! Bookie addresses are part of every ledger's metadata (the ensemble), so a restarted sandbox
+//! must bring its bookies back at the same addresses: they are chosen once (free ports on
+//! 127.0.0.1) and recorded in `sandbox.json`.
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use quire_bookie::{Bookie, BookieConfig};
+use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, MetadataStore};
+
+/// `quire sandbox` options.
+#[derive(Args, Debug)]
+pub struct SandboxArgs {
+    /// Directory holding all of the sandbox's data; created if missing.
+    #[arg(long, default_value = "quire-sandbox")]
+    data_dir: PathBuf,
+    /// Address the proxy listens on (port 0 picks a free one; the address is printed).
+    #[arg(long, default_value = crate::PROXY_ADDR_DEFAULT)]
+    listen: SocketAddr,
+    /// Number of bookies (only read at first start).
+    #[arg(long, default_value_t = 3)]
+    bookies: usize,
+    /// Shards (glommio executors) per bookie.
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
+    /// Ensemble size E of new segments' ledgers.
+    #[arg(long, default_value_t = 3)]
+    ensemble_size: u8,
+    /// Write quorum Qw.
+    #[arg(long, default_value_t = 3)]
+    write_quorum: u8,
+    /// Ack quorum Qa.
+    #[arg(long, default_value_t = 2)]
+    ack_quorum: u8,
+    /// Segments roll once they hold this many bytes (DistributedLog default: 256 MiB).
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    segment_size_bytes: u64,
+    /// Records are packed into entries of up to this many bytes.
+    #[arg(long, default_value_t = 256 * 1024)]
+    entry_size_bytes: usize,
+    /// Size of each pre-written journal file, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    journal_file_size_bytes: u64,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SandboxFile {
+    bookies: Vec<SocketAddr>,
+}
+
+/// Takes an exclusive flock on `DIR/LOCK` for the life of the process, so that two sandboxes
+/// never share a data directory.
+fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        bail!("another sandbox is running on {}", dir.display());
+    }
+    Ok(file)
+}
+
+fn bookie_config(args: &SandboxArgs, index: usize, listen: SocketAddr) -> BookieConfig {
+    let root = args.data_dir.join(format!("bookie-{index}"));
+    let mut config = BookieConfig::new(listen, root.join("journal"), root.join("ledgers"));
+    config.shards = args.shards;
+    config.io_memory_bytes = 1 << 20;
+    config.engine.journal_file_size_bytes = args.journal_file_size_bytes;
+    config
+}
+
+/// Starts the bookies, at their recorded addresses if this directory was used before.
+fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
+    let record = args.data_dir.join("sandbox.json");
+    let known: Option<SandboxFile> = match std::fs::read(&record) {
+        Ok(bytes) => Some(serde_json::from_slice(&bytes).with_context(|| format!("{} is corrupt", record.display()))?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", record.display())),
+    };
+    let addrs: Vec<SocketAddr> = match &known {
+        Some(k) => k.bookies.clone(),
+        None => vec!["127.0.0.1:0".parse().expect("literal address"); args.bookies],
+    };
+    let mut bookies = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let bookie = Bookie::start(bookie_config(args, i + 1, *addr))
+            .with_context(|| format!("bookie {} at {addr} did not start", i + 1))?;
+        bookies.push(bookie);
+    }
+    if known.is_none() {
+        let file = SandboxFile { bookies: bookies.iter().map(Bookie::addr).collect() };
+        let tmp = record.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&file)?)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &record)?;
+        std::fs::File::open(&args.data_dir)?.sync_all()?;
+    }
+    Ok(bookies)
+}
+
+/// Runs the sandbox until SIGINT or SIGTERM.
+pub fn run(args: SandboxArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
+    let _lock = lock_data_dir(&args.data_dir)?;
+    let bookies = start_bookies(&args)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let served = runtime.block_on(serve(&args, &bookies));
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    let mut stop_error = None;
+    for bookie in bookies {
+        if let Err(e) = bookie.shutdown() {
+            stop_error.get_or_insert(e);
+        }
+    }
+    served?;
+    if let Some(e) = stop_error {
+        return Err(e).context("bookie shutdown");
+    }
+    Ok(())
+}
+
+async fn serve(args: &SandboxArgs, bookies: &[Bookie]) -> Result<()> {
+    let store = EmbeddedStore::open(&args.data_dir.join("metadata")).context("metadata store")?;
+    for b in bookies {
+        store
+            .register_bookie(BookieInfo { id: BookieId(b.addr().to_string()), rack: None, read_only: false })
+            .await?;
+    }
+    let store: Arc<dyn MetadataStore> = Arc::new(store);
+    let bk = quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
+    let config = quire_proxy::StreamConfig {
+        ensemble_size: args.ensemble_size,
+        write_quorum: args.write_quorum,
+        ack_quorum: args.ack_quorum,
+        segment_size_bytes_max: args.segment_size_bytes,
+        entry_size_bytes_target: args.entry_size_bytes,
+        ..quire_proxy::StreamConfig::default()
+    };
+    let streams = quire_proxy::StreamManager::new(store, bk, config);
+    // Recover segments a crash left in progress before taking traffic, so that problems
+    // surface at start rather than at a first write.
+    let acquired = streams.recover_all().await.context("recovering streams")?;
+    tracing::info!(streams = acquired, "streams acquired");
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let server = quire_proxy::ProxyServer::start(listener, streams.clone(), quire_proxy::ServerConfig::default())
+        .context("proxy server")?;
+    let addr = server.local_addr();
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let bookie_list: Vec<String> = bookies.iter().map(|b| b.addr().to_string()).collect();
+        writeln!(out, "quire sandbox: bookies {} (E={} Qw={} Qa={})", bookie_list.join(" "), args.ensemble_size, args.write_quorum, args.ack_quorum)?;
+        writeln!(out, "quire sandbox: proxy listening on {addr}")?;
+        out.flush()?;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+        _ = term.recv() => {},
+    }
+    eprintln!("quire sandbox: stopping");
+    server.shutdown();
+    streams.shutdown().await.context("completing open segments")?;
+    Ok(())
+}
