@@ -114,6 +114,15 @@ async fn forward_loop(engine: Rc<Engine>, forward_rx: flume::Receiver<Forwarded>
     }
 }
 
+/// Waits until the controller sends `Close` or goes away.
+async fn wait_for_close(control: &flume::Receiver<Control>) {
+    while let Ok(msg) = control.recv_async().await {
+        if matches!(msg, Control::Close) {
+            return;
+        }
+    }
+}
+
 async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
     loop {
         match listener.accept().await {
@@ -143,40 +152,30 @@ pub(crate) async fn shard_main(args: ShardArgs) {
     tracing::info!("engine open");
     let _ = events.send(Event::Opened);
 
-    let listener = match control.recv_async().await {
-        Ok(Control::Bind(addr)) => match TcpListener::bind(addr) {
-            Ok(l) => Some(l),
+    let bound = match control.recv_async().await {
+        Ok(Control::Bind(addr)) => match TcpListener::bind(addr).and_then(|l| Ok((l.local_addr()?, l))) {
+            Ok(pair) => Some(pair),
             Err(e) => {
                 let _ = events.send(Event::BindFailed(e.into()));
+                // The controller answers a failed bind with Close.
+                wait_for_close(&control).await;
                 None
             }
         },
+        // Close (start failed on another shard), or the controller vanished.
         Ok(other) => {
             tracing::debug!(?other, "start aborted before bind");
             None
         }
         Err(_) => None,
     };
-    let Some(listener) = listener else {
-        // Start failed somewhere: wait for the abort (or a vanished controller), then close.
-        while let Ok(msg) = control.recv_async().await {
-            if matches!(msg, Control::Close) {
-                break;
-            }
-        }
+    let Some((addr, listener)) = bound else {
         let result = engine.close().await;
         let _ = events.send(Event::Closed(result));
         return;
     };
-    match listener.local_addr() {
-        Ok(addr) => {
-            tracing::info!(%addr, "listening");
-            let _ = events.send(Event::Bound(addr));
-        }
-        Err(e) => {
-            let _ = events.send(Event::BindFailed(e.into()));
-        }
-    }
+    tracing::info!(%addr, "listening");
+    let _ = events.send(Event::Bound(addr));
 
     let shard = Rc::new(Shard {
         index,

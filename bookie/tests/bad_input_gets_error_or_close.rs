@@ -57,7 +57,7 @@ fn garbage_and_oversized_frames_are_refused_and_closed() {
 
     // A length above the frame limit, followed by a lot of bytes.
     let mut big = u32::MAX.to_le_bytes().to_vec();
-    big.extend(std::iter::repeat(0xab).take(256 * 1024));
+    big.extend(std::iter::repeat_n(0xab, 256 * 1024));
     let got = responses_until_close(addr, true, &big);
     assert!(got.iter().all(|r| r.status() == Status::TooLarge) && got.len() <= 1, "{got:?}");
 
