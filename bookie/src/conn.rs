@@ -26,6 +26,10 @@ use crate::shard::Shard;
 /// Requests one connection may have in flight; the reader stops reading at this bound, so a
 /// client that pipelines without limit is slowed down instead of growing the bookie's memory.
 pub const IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX: u64 = 1024;
+/// Queued response bytes above which the bookie stops reading a connection until the client
+/// reads its responses. With the in-flight bound this caps a connection's response memory at
+/// about this plus `IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX` responses.
+const OUTBOX_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Size of a connection's receive buffer when no frame larger than it is pending.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// After a fatal protocol error, how long the bookie keeps reading (and discarding) before
@@ -43,6 +47,8 @@ struct Outbox {
     /// Set when a write failed: later responses are dropped.
     broken: Cell<bool>,
     waker: RefCell<Option<Waker>>,
+    /// The reader, parked while too many response bytes are queued.
+    reader_waker: RefCell<Option<Waker>>,
 }
 
 impl Outbox {
@@ -65,6 +71,24 @@ impl Outbox {
         }
     }
 
+    /// Waits until fewer than `OUTBOX_BYTES_MAX` bytes are queued (or writing failed).
+    async fn wait_for_room(&self) {
+        poll_fn(|cx| {
+            if self.broken.get() || self.buf.borrow().len() < OUTBOX_BYTES_MAX {
+                return Poll::Ready(());
+            }
+            *self.reader_waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    fn wake_reader(&self) {
+        if let Some(w) = self.reader_waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
     /// Waits for queued bytes and swaps them out for `spare` (an empty buffer, reused so that
     /// a steady stream of responses allocates nothing). `None` once finished and drained.
     async fn next_batch(&self, spare: &mut Vec<u8>) -> Option<Vec<u8>> {
@@ -72,7 +96,10 @@ impl Outbox {
         poll_fn(|cx| {
             let mut buf = self.buf.borrow_mut();
             if !buf.is_empty() {
-                return Poll::Ready(Some(std::mem::replace(&mut *buf, std::mem::take(spare))));
+                let batch = std::mem::replace(&mut *buf, std::mem::take(spare));
+                drop(buf);
+                self.wake_reader();
+                return Poll::Ready(Some(batch));
             }
             if self.finished.get() {
                 return Poll::Ready(None);
@@ -158,6 +185,7 @@ async fn write_loop(mut writer: WriteHalf<TcpStream>, outbox: Rc<Outbox>) -> Opt
             tracing::debug!(error = %e, "connection write failed; dropping later responses");
             outbox.broken.set(true);
             outbox.buf.borrow_mut().clear();
+            outbox.wake_reader();
             return None;
         }
         batch.clear();
@@ -241,6 +269,24 @@ async fn read_loop(
         }
         assert!(filled < buf.len(), "receive buffer full without a whole frame");
 
+        // Back-pressure: a client that does not read its responses is not read either.
+        let room = futures_lite::future::or(
+            async {
+                outbox.wait_for_room().await;
+                true
+            },
+            async {
+                let _ = shard.stop.acquire(1).await;
+                false
+            },
+        )
+        .await;
+        if !room {
+            return ReadEnd::Stopped;
+        }
+        if outbox.broken.get() {
+            return ReadEnd::Closed;
+        }
         let read = futures_lite::future::or(async { Some(reader.read(&mut buf[filled..]).await) }, async {
             // The stop semaphore never has permits; closing it wakes every connection.
             let _ = shard.stop.acquire(1).await;
