@@ -157,7 +157,7 @@ async fn copy_out(proxy: &ProxyArg, stream: &str, mut from: ReadPosition, follow
     loop {
         let wait = if follow { TAIL_WAIT } else { Duration::ZERO };
         let batch = client
-            .read(stream, from.clone(), READ_BATCH_RECORDS_MAX, READ_BATCH_SIZE_BYTES_MAX, wait)
+            .read(stream, from, READ_BATCH_RECORDS_MAX, READ_BATCH_SIZE_BYTES_MAX, wait)
             .await
             .with_context(|| format!("read of stream {stream:?} failed"))?;
         let empty = batch.records.is_empty();
@@ -167,11 +167,10 @@ async fn copy_out(proxy: &ProxyArg, stream: &str, mut from: ReadPosition, follow
             }
         }
         from = batch.next;
-        if empty {
-            if !follow {
+        if empty
+            && !follow {
                 break;
             }
-        }
         if follow || empty {
             if let Err(e) = out.flush() {
                 return broken_pipe_is_fine(e);

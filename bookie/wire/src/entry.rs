@@ -54,7 +54,12 @@ pub fn encode_entry(header: EntryHeader, payload: &[u8]) -> Vec<u8> {
 pub fn peek_header(bytes: &[u8]) -> Result<EntryHeader, WireError> {
     let mut r = Reader::new(bytes, "entry header");
     let ledger = LedgerId(r.u64()?);
-    let entry = EntryId(r.u64()?);
+    let entry = r.u64()?;
+    if entry == u64::MAX {
+        // Reserved: LACs travel as id + 1, which this id would overflow.
+        return Err(WireError::InvalidField { what: "entry id u64::MAX is reserved" });
+    }
+    let entry = EntryId(entry);
     let lac = lac_from_wire(r.u64()?);
     let length_bytes = r.u64()?;
     let _crc = r.u32()?;
@@ -98,8 +103,12 @@ pub fn verify_expected(
 }
 
 /// Encodes an optional entry id as `id + 1`, with 0 for none (BookKeeper uses -1).
+///
+/// # Panics
+/// On entry id `u64::MAX`, which no decoder accepts ([`peek_header`] refuses it), so only a
+/// programming error can bring it here.
 pub fn lac_to_wire(lac: Option<EntryId>) -> u64 {
-    lac.map_or(0, |e| e.0 + 1)
+    lac.map_or(0, |e| e.0.checked_add(1).expect("entry id u64::MAX is reserved"))
 }
 
 /// Decodes `id + 1` / 0 back into an optional entry id.
@@ -138,6 +147,15 @@ mod tests {
             Err(WireError::WrongEntry { .. })
         ));
         assert!(matches!(verify_entry(&bytes[..20]), Err(WireError::Truncated { .. })));
+    }
+
+    #[test]
+    fn the_reserved_entry_id_is_refused() {
+        // Goal: entry id u64::MAX, whose LAC encoding would overflow, never decodes.
+        let h = EntryHeader { ledger: LedgerId(1), entry: EntryId(0), lac: None, length_bytes: 0 };
+        let mut bytes = encode_entry(h, b"");
+        bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(peek_header(&bytes), Err(WireError::InvalidField { .. })));
     }
 
     #[test]

@@ -412,10 +412,14 @@ enum ReadOutcome {
 /// Future of one add; resolves in entry order.
 pub type AddFuture = Pin<Box<dyn Future<Output = Result<EntryId, Error>> + Send + 'static>>;
 
+/// A pending add's waiter: entry id, cumulative ledger length through it, and the sender that
+/// resolves its [`AddFuture`].
+type AddWaiter = (u64, u64, oneshot::Sender<Result<EntryId, Error>>);
+
 struct WriterState {
     tracker: AckTracker,
-    /// Waiters of pending adds, in entry order, with each entry's cumulative length.
-    waiters: std::collections::VecDeque<(u64, u64, oneshot::Sender<Result<EntryId, Error>>)>,
+    /// Waiters of pending adds, in entry order.
+    waiters: std::collections::VecDeque<AddWaiter>,
     lac: Option<EntryId>,
     pushed_length_bytes: u64,
     confirmed_length_bytes: u64,
@@ -587,7 +591,7 @@ impl WriterShared {
                     st.confirmed_length_bytes = length;
                     let _ = tx.send(Ok(EntryId(e)));
                 }
-                assert!(st.lac.map_or(true, |l| l.0 < last), "LAC only moves forward");
+                assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
                 st.lac = Some(EntryId(last));
                 self.lac_tx.send_replace(st.lac);
             }
