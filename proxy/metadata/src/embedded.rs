@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::{
-    validate_stream_name, BookieId, BookieInfo, Error, LedgerMetadata, MetadataStore, Result,
-    StreamMetadata, Version, Versioned,
+    validate_stream_name, BookieId, BookieInfo, Cookie, Error, LedgerMetadata, MetadataStore, Result,
+    StreamLease, StreamMetadata, Version, Versioned,
 };
 
 /// Layout version of the persisted document. Readers accept exactly this one so far.
@@ -30,6 +30,15 @@ struct Document {
     bookies: BTreeMap<BookieId, BookieInfo>,
     ledgers: BTreeMap<u64, (LedgerMetadata, Version)>,
     streams: BTreeMap<String, (StreamMetadata, Version)>,
+    #[serde(default)]
+    instance_id: Option<String>,
+    #[serde(default)]
+    cookies: BTreeMap<BookieId, (Cookie, Version)>,
+    /// Stream ownership is process-lifetime, like the ZooKeeper lock's ephemeral node.
+    #[serde(skip)]
+    leases: BTreeMap<String, (String, String, tokio::sync::watch::Sender<bool>)>,
+    #[serde(skip)]
+    next_lease_token: u64,
 }
 
 /// The embedded, file-backed [`MetadataStore`].
@@ -227,4 +236,72 @@ impl MetadataStore for EmbeddedStore {
     async fn list_streams(&self) -> Result<Vec<String>> {
         Ok(self.inner.lock().await.streams.keys().cloned().collect())
     }
+
+    async fn instance_id(&self) -> Result<String> {
+        let mut doc = self.inner.lock().await;
+        if let Some(id) = &doc.instance_id {
+            return Ok(id.clone());
+        }
+        let id = random_instance_id();
+        doc.instance_id = Some(id.clone());
+        self.persist(&doc).await?;
+        Ok(id)
+    }
+
+    async fn read_cookie(&self, bookie: &BookieId) -> Result<Versioned<Cookie>> {
+        let doc = self.inner.lock().await;
+        let (value, version) =
+            doc.cookies.get(bookie).cloned().ok_or(Error::NotFound { kind: "cookie", key: bookie.0.clone() })?;
+        Ok(Versioned { value, version })
+    }
+
+    async fn write_cookie(&self, cookie: &Cookie, expected: Option<Version>) -> Result<Version> {
+        let mut doc = self.inner.lock().await;
+        let key = cookie.bookie.clone();
+        let next = match (doc.cookies.get(&key), expected) {
+            (Some(_), None) => return Err(Error::AlreadyExists { kind: "cookie", key: key.0 }),
+            (None, Some(_)) => return Err(Error::NotFound { kind: "cookie", key: key.0 }),
+            (None, None) => Version(0),
+            (Some((_, found)), Some(expected)) => {
+                check_version("cookie", key.0.clone(), expected, *found)?;
+                Version(found.0 + 1)
+            }
+        };
+        doc.cookies.insert(key, (cookie.clone(), next));
+        self.persist(&doc).await?;
+        Ok(next)
+    }
+
+    async fn try_acquire_stream(&self, stream: &str, owner: &str) -> Result<std::result::Result<StreamLease, String>> {
+        let mut doc = self.inner.lock().await;
+        if let Some((holder, _, _)) = doc.leases.get(stream) {
+            return Ok(Err(holder.clone()));
+        }
+        doc.next_lease_token += 1;
+        let token = doc.next_lease_token.to_string();
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        doc.leases.insert(stream.to_string(), (owner.to_string(), token.clone(), tx));
+        Ok(Ok(StreamLease { stream: stream.to_string(), owner: owner.to_string(), lost: rx, token }))
+    }
+
+    async fn stream_owner(&self, stream: &str) -> Result<Option<String>> {
+        Ok(self.inner.lock().await.leases.get(stream).map(|(owner, _, _)| owner.clone()))
+    }
+
+    async fn release_stream(&self, lease: StreamLease) -> Result<()> {
+        let mut doc = self.inner.lock().await;
+        if doc.leases.get(&lease.stream).is_some_and(|(_, token, _)| *token == lease.token) {
+            if let Some((_, _, tx)) = doc.leases.remove(&lease.stream) {
+                tx.send_replace(true);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// 128 random bits as 32 hex digits (never time-based: two clusters created at the same
+/// moment must still differ).
+pub(crate) fn random_instance_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -101,4 +101,22 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn delete_stream(&self, name: &str, expected: Version) -> Result<()>;
     /// Names of every stream, sorted.
     async fn list_streams(&self) -> Result<Vec<String>>;
+
+    /// The cluster's instance id, created at random the first time any process asks
+    /// (BookKeeper `INSTANCEID`).
+    async fn instance_id(&self) -> Result<String>;
+    /// Reads a bookie's cookie; `NotFound` if the bookie never registered one.
+    async fn read_cookie(&self, bookie: &BookieId) -> Result<Versioned<Cookie>>;
+    /// Creates (`expected = None`; `AlreadyExists` if present) or replaces by compare-and-set
+    /// (`BadVersion`) a bookie's cookie.
+    async fn write_cookie(&self, cookie: &Cookie, expected: Option<Version>) -> Result<Version>;
+
+    /// Tries to become the single owner of a stream (DistributedLog's ephemeral-sequential
+    /// write lock, without waiting). `Ok(Ok(lease))` on success; `Ok(Err(owner))` names the
+    /// current owner when someone else holds it.
+    async fn try_acquire_stream(&self, stream: &str, owner: &str) -> Result<std::result::Result<StreamLease, String>>;
+    /// The current owner of a stream, if any.
+    async fn stream_owner(&self, stream: &str) -> Result<Option<String>>;
+    /// Gives ownership up; a no-op if it was already lost.
+    async fn release_stream(&self, lease: StreamLease) -> Result<()>;
 }

@@ -191,6 +191,41 @@ pub struct StreamMetadata {
     pub creation_time_ms: u64,
 }
 
+/// A bookie's cookie (BookKeeper `Cookie`): who the bookie is and which directories hold its
+/// data, stored both in the metadata store and in each of its directories. A bookie whose
+/// directories carry no cookie while the store has one (a wiped disk), or whose cookie differs
+/// (a swapped disk, another cluster), refuses to start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cookie {
+    /// Cookie layout version.
+    pub format_version: u32,
+    /// The bookie it belongs to.
+    pub bookie: BookieId,
+    /// The cluster it belongs to ([`crate::MetadataStore::instance_id`]).
+    pub instance_id: String,
+    /// The journal directory, as configured.
+    pub journal_dir: String,
+    /// The ledger directories, as configured.
+    pub ledger_dirs: Vec<String>,
+}
+
+/// Current cookie layout version.
+pub const COOKIE_FORMAT_VERSION: u32 = 1;
+
+/// Exclusive ownership of a stream (DistributedLog's write lock), held until released or lost.
+#[derive(Debug)]
+pub struct StreamLease {
+    /// The stream owned.
+    pub stream: String,
+    /// The owner's identity, e.g. the proxy's address, which other proxies redirect clients to.
+    pub owner: String,
+    /// Becomes `true` once ownership is lost (ZooKeeper session expiry, lock node deleted).
+    /// A writer must stop before its next write once it sees `true`.
+    pub lost: tokio::sync::watch::Receiver<bool>,
+    /// Implementation-specific handle (the lock node's path for ZooKeeper).
+    pub token: String,
+}
+
 /// Longest stream name, in bytes.
 pub const STREAM_NAME_SIZE_BYTES_MAX: usize = 255;
 

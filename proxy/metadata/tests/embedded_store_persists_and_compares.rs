@@ -42,3 +42,41 @@ async fn survives_reopen_and_rejects_stale_versions() {
     assert_eq!(store.list_streams().await.unwrap(), vec!["s1".to_string()]);
     assert!(matches!(store.read_ledger(LedgerId(999)).await, Err(Error::NotFound { .. })));
 }
+
+#[tokio::test]
+async fn cookies_instance_id_and_stream_leases() {
+    // Goal: the instance id is stable across reopen; cookies are created once and replaced only
+    // by compare-and-set; a stream has at most one owner, and release hands it on and tells the
+    // old lease it is lost.
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let id = store.instance_id().await.unwrap();
+    assert_eq!(id.len(), 32);
+    let bookie = BookieId("127.0.0.1:3181".into());
+    let cookie = Cookie {
+        format_version: COOKIE_FORMAT_VERSION,
+        bookie: bookie.clone(),
+        instance_id: id.clone(),
+        journal_dir: "/j".into(),
+        ledger_dirs: vec!["/l".into()],
+    };
+    let v0 = store.write_cookie(&cookie, None).await.unwrap();
+    assert!(matches!(store.write_cookie(&cookie, None).await, Err(Error::AlreadyExists { .. })));
+    let v1 = store.write_cookie(&cookie, Some(v0)).await.unwrap();
+    assert!(matches!(store.write_cookie(&cookie, Some(v0)).await, Err(Error::BadVersion { .. })));
+
+    let lease = store.try_acquire_stream("s", "proxy-a").await.unwrap().unwrap();
+    assert_eq!(store.try_acquire_stream("s", "proxy-b").await.unwrap().unwrap_err(), "proxy-a");
+    assert_eq!(store.stream_owner("s").await.unwrap().as_deref(), Some("proxy-a"));
+    let lost = lease.lost.clone();
+    store.release_stream(lease).await.unwrap();
+    assert!(*lost.borrow());
+    assert_eq!(store.stream_owner("s").await.unwrap(), None);
+    let _b = store.try_acquire_stream("s", "proxy-b").await.unwrap().unwrap();
+    drop(store);
+
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(store.instance_id().await.unwrap(), id);
+    assert_eq!(store.read_cookie(&bookie).await.unwrap().version, v1);
+    assert_eq!(store.stream_owner("s").await.unwrap(), None, "leases end with the process");
+}
