@@ -76,9 +76,17 @@ fn garbage_and_oversized_frames_are_refused_and_closed() {
     let got = responses_until_close(addr, true, &bad);
     assert!(matches!(&got[..], [Resp::Failed { opcode: Opcode::Read, status: Status::BadRequest, .. }]), "{got:?}");
 
-    // An add whose entry id is the reserved u64::MAX is refused without closing.
+    // An add whose entry id is the reserved u64::MAX does not decode (its LAC encoding would
+    // overflow): BadRequest, then close, and nothing is stored.
+    let mut reserved = Vec::new();
+    quire_wire::bookie::encode_request(
+        &mut reserved,
+        5,
+        &Request::Add { recovery: false, master_key: KEY, entry: &entry(3, u64::MAX) },
+    );
+    let got = responses_until_close(addr, true, &reserved);
+    assert!(matches!(&got[..], [Resp::Failed { status: Status::BadRequest, .. }]), "{got:?}");
     let (mut c, _) = Client::handshake(addr);
-    assert_eq!(c.add(KEY, &entry(3, u64::MAX), false).status(), Status::BadRequest);
     assert_eq!(c.read_lac(3).status(), Status::NoSuchLedger);
 
     // A second Hello is refused without closing.
