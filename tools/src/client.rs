@@ -4,9 +4,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use quire_proxy::{Dlsn, ProxyClient, ReadPosition};
+use quire_proxy::{Dlsn, ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
 
 /// Where to find the proxy: `--proxy`, else `QUIRE_PROXY`, else the sandbox default.
 #[derive(Args, Debug)]
@@ -104,13 +104,27 @@ pub fn write(args: WriteArgs) -> Result<()> {
         let mut batch_bytes = 0;
         let mut txid = 0;
         let mut total = 0u64;
+        let mut line_number = 0u64;
         let mut last = None;
         loop {
             let mut line = Vec::new();
             let n = input.read_until(b'\n', &mut line).context("cannot read input")?;
             if n > 0 {
+                line_number += 1;
                 if line.last() == Some(&b'\n') {
                     line.pop();
+                }
+                if line.len() > RECORD_SIZE_BYTES_MAX {
+                    // Checked before the batch holding the lines before it is sent, so what
+                    // was written is exactly the batches already sent.
+                    let written = match total {
+                        0 => "nothing was written".to_string(),
+                        n => format!("lines 1 to {n} were written, nothing after them"),
+                    };
+                    bail!(
+                        "line {line_number} is {} bytes, above the record limit of {RECORD_SIZE_BYTES_MAX} bytes; {written}",
+                        line.len()
+                    );
                 }
                 batch_bytes += line.len();
                 batch.push((next_txid(&mut txid), line));
@@ -128,6 +142,14 @@ pub fn write(args: WriteArgs) -> Result<()> {
             }
             if n == 0 {
                 break;
+            }
+        }
+        if last.is_none() {
+            // Empty input still creates the stream, as the command promises.
+            match client.create_stream(&args.stream).await {
+                Ok(()) => {}
+                Err(e) if e.code() == quire_proxy::ErrorCode::StreamExists => {}
+                Err(e) => return Err(e).with_context(|| format!("cannot create stream {:?}", args.stream)),
             }
         }
         match last {

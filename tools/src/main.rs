@@ -60,11 +60,15 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the error and its causes joined.
+            // One line: the error and its causes joined. Many errors already print their
+            // source in their own message; a cause whose text is already there is skipped.
             let mut line = e.to_string();
             for cause in e.chain().skip(1) {
-                line.push_str(": ");
-                line.push_str(&cause.to_string());
+                let text = cause.to_string();
+                if !line.contains(&text) {
+                    line.push_str(": ");
+                    line.push_str(&text);
+                }
             }
             eprintln!("quire: error: {line}");
             ExitCode::FAILURE

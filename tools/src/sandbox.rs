@@ -102,6 +102,19 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
         Some(k) => k.bookies.clone(),
         None => vec!["127.0.0.1:0".parse().expect("literal address"); args.bookies],
     };
+    if addrs.is_empty() {
+        bail!("{} lists no bookies; a sandbox needs at least one", record.display());
+    }
+    if known.is_some() {
+        // Every recorded bookie must still have its directories: a missing one means the data
+        // directory was changed by hand, and starting would serve an incomplete cluster.
+        for i in 1..=addrs.len() {
+            let dir = args.data_dir.join(format!("bookie-{i}"));
+            if !dir.is_dir() {
+                bail!("{} lists {} bookies but {} is missing; refusing to start", record.display(), addrs.len(), dir.display());
+            }
+        }
+    }
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
         let bookie = Bookie::start(bookie_config(args, i + 1, *addr))
@@ -119,19 +132,50 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
     Ok(bookies)
 }
 
+/// Refuses data directories whose parts disagree, before anything is started.
+///
+/// Bookies keep entries under ledger ids that only the metadata store hands out, so bookie data
+/// without its metadata (a deleted `metadata.json`) must never be served: a fresh store would
+/// hand the same ledger ids out again and recovery would adopt the old entries. Likewise,
+/// metadata without `sandbox.json` has lost the bookie addresses its ledgers name.
+fn check_data_dir(args: &SandboxArgs, store: &EmbeddedStore) -> Result<()> {
+    let record = args.data_dir.join("sandbox.json");
+    let metadata = args.data_dir.join("metadata").join(quire_metadata::EMBEDDED_FILE_NAME);
+    if record.exists() && !metadata.exists() {
+        bail!(
+            "{} is missing although {} exists: the sandbox's metadata was lost; refusing to start, \
+             because its bookies' entries would be taken for new ledgers",
+            metadata.display(),
+            record.display()
+        );
+    }
+    if !record.exists() && store.ledger_count() > 0 {
+        bail!(
+            "{} is missing although the metadata names {} ledgers: the bookie addresses are lost; \
+             refusing to start",
+            record.display(),
+            store.ledger_count()
+        );
+    }
+    Ok(())
+}
+
 /// Runs the sandbox until SIGINT or SIGTERM.
 pub fn run(args: SandboxArgs) -> Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
     let _lock = lock_data_dir(&args.data_dir)?;
-    let bookies = start_bookies(&args)?;
-
+    let store = EmbeddedStore::open(&args.data_dir.join("metadata")).context("metadata store")?;
+    check_data_dir(&args, &store)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    let served = runtime.block_on(serve(&args, &bookies));
+    // Makes the metadata file exist before sandbox.json is first written (see check_data_dir).
+    runtime.block_on(store.instance_id()).context("metadata store")?;
+    let bookies = start_bookies(&args)?;
+    let served = runtime.block_on(serve(&args, store, &bookies));
     runtime.shutdown_timeout(Duration::from_secs(5));
     let mut stop_error = None;
     for bookie in bookies {
@@ -146,8 +190,7 @@ pub fn run(args: SandboxArgs) -> Result<()> {
     Ok(())
 }
 
-async fn serve(args: &SandboxArgs, bookies: &[Bookie]) -> Result<()> {
-    let store = EmbeddedStore::open(&args.data_dir.join("metadata")).context("metadata store")?;
+async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> Result<()> {
     for b in bookies {
         store
             .register_bookie(BookieInfo { id: BookieId(b.addr().to_string()), rack: None, read_only: false })
@@ -166,8 +209,13 @@ async fn serve(args: &SandboxArgs, bookies: &[Bookie]) -> Result<()> {
     let streams = quire_proxy::StreamManager::new(store, bk, config);
     // Recover segments a crash left in progress before taking traffic, so that problems
     // surface at start rather than at a first write.
-    let acquired = streams.recover_all().await.context("recovering streams")?;
-    tracing::info!(streams = acquired, "streams acquired");
+    // Recover each stream's in-progress segment now; one stream that cannot be recovered is
+    // reported and stays unavailable, but does not keep the others from being served.
+    for name in streams.list_streams().await.context("listing streams")? {
+        if let Err(e) = streams.read(&name, quire_proxy::ReadPosition::Head, 1, 1, Duration::ZERO).await {
+            eprintln!("quire sandbox: stream {name:?} is unavailable: {e}");
+        }
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -59,7 +59,31 @@ fn stdin_input_and_clear_errors() {
     assert!(!too_large.status.success());
     let err = String::from_utf8_lossy(&too_large.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.contains("above the limit of 1040384 bytes"), "{err}");
+    assert!(err.contains("line 1 is 2097152 bytes, above the record limit of 1040384 bytes; nothing was written"), "{err}");
+    // An oversized line after many small ones: the message counts lines of the input, and
+    // says exactly what was written.
+    let mut mixed = Vec::new();
+    for i in 0..5000 {
+        mixed.extend_from_slice(format!("small {i}\n").as_bytes());
+    }
+    mixed.extend_from_slice(&big);
+    let out = sandbox.quire_stdin(&["write", "mixed-stream"], &mixed);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 5001 is 2097152 bytes"), "{err}");
+    assert!(err.contains("lines 1 to 4096 were written, nothing after them"), "{err}");
+    let back = sandbox.quire(&["read", "mixed-stream"]).stdout;
+    assert_eq!(back, mixed[..mixed.len() - big.len()].split(|&b| b == b'\n').take(4096).flat_map(|l| [l, b"\n"].concat()).collect::<Vec<u8>>());
+
+    // Empty input still creates the stream.
+    let (_, count) = {
+        let out = sandbox.quire_stdin(&["write", "empty-stream"], b"");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        ((0, 0, 0), String::from_utf8_lossy(&out.stdout).split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+    };
+    assert_eq!(count, 0);
+    let out = sandbox.quire(&["read", "empty-stream"]);
+    assert!(out.status.success() && out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 
     let bad_name = sandbox.quire_stdin(&["write", "../escape"], b"x\n");
     assert!(!bad_name.status.success());

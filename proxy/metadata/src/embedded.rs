@@ -20,7 +20,8 @@ use crate::{
 
 /// Layout version of the persisted document. Readers accept exactly this one so far.
 pub const EMBEDDED_FORMAT_VERSION: u32 = 1;
-const FILE_NAME: &str = "metadata.json";
+/// Name of the document in the store's directory.
+pub const EMBEDDED_FILE_NAME: &str = "metadata.json";
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Document {
@@ -68,7 +69,7 @@ impl EmbeddedStore {
     pub fn open(dir: &Path) -> Result<Self> {
         let io = |source| Error::Io { path: dir.display().to_string(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let path = dir.join(FILE_NAME);
+        let path = dir.join(EMBEDDED_FILE_NAME);
         let mut doc = match std::fs::read(&path) {
             Ok(bytes) => {
                 let doc: Document = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
@@ -93,6 +94,12 @@ impl EmbeddedStore {
         };
         doc.bookies.clear();
         Ok(Self { inner: Arc::new(Mutex::new(doc)), path })
+    }
+
+    /// Number of ledgers the store has metadata for. Meant for start-up checks, before any
+    /// update runs: while one holds the lock it answers `usize::MAX`.
+    pub fn ledger_count(&self) -> usize {
+        self.inner.try_lock().map_or(usize::MAX, |doc| doc.ledgers.len())
     }
 
     /// Writes the document durably. Called with the lock held, so writes never reorder.

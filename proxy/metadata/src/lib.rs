@@ -17,7 +17,7 @@
 mod embedded;
 mod types;
 
-pub use embedded::EmbeddedStore;
+pub use embedded::{EmbeddedStore, EMBEDDED_FILE_NAME};
 pub use types::*;
 
 use async_trait::async_trait;

@@ -246,6 +246,9 @@ pub fn validate_stream_name(name: &str) -> Result<(), Error> {
     if name.starts_with('.') || name.starts_with('/') || name.ends_with('/') || name.contains("//") {
         return bad("must not start with '.' or '/', end with '/', or contain '//'");
     }
+    if name.split('/').any(|part| part == "." || part == "..") {
+        return bad("must not contain '.' or '..' path components (ZooKeeper paths forbid them)");
+    }
     Ok(())
 }
 
@@ -258,7 +261,7 @@ mod tests {
         for ok in ["a", "logs/hdfs-2k", "A.b_c-1"] {
             assert!(validate_stream_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", ".hidden", "/abs", "a//b", "sp ace", "tail/", "ü"] {
+        for bad in ["", ".hidden", "/abs", "a//b", "sp ace", "tail/", "ü", "a/../b", "a/./b", "a/.."] {
             assert!(validate_stream_name(bad).is_err(), "{bad}");
         }
     }

@@ -86,11 +86,19 @@ impl Sandbox {
                 }
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("sandbox on {} did not print its address within 60 s", data_dir.display());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(a) => break a,
+                Err(_) => {
+                    if let Some(status) = child.try_wait().expect("try_wait") {
+                        panic!("sandbox on {} exited with {status} before printing its address", data_dir.display());
+                    }
+                    if Instant::now() > deadline {
+                        let _ = child.kill();
+                        panic!("sandbox on {} did not print its address within 60 s", data_dir.display());
+                    }
+                }
             }
         };
         Sandbox { child, addr, data_dir: data_dir.to_path_buf() }
