@@ -373,6 +373,24 @@ impl ProxyClient {
                     target = Some(owner);
                     from_cache = false;
                 }
+                Err(Error::Remote { code: ErrorCode::ServiceUnavailable, .. }) if target.is_some() => {
+                    // The owner we were sent to is shutting down and did nothing with the
+                    // request (DistributedLog: SERVICE_UNAVAILABLE marks the host down and the
+                    // request goes elsewhere): ask the home proxy who owns the stream now.
+                    hops += 1;
+                    if hops > self.config.redirects_max {
+                        self.forget_owner(stream);
+                        return Err(Error::RedirectFailed {
+                            stream: stream.to_string(),
+                            owner: conn.addr.clone(),
+                            reason: format!("gave up after {} redirects", self.config.redirects_max),
+                        });
+                    }
+                    self.forget_owner(stream);
+                    self.drop_connection(&conn.addr).await;
+                    target = None;
+                    from_cache = false;
+                }
                 Err(e @ Error::Remote { code: ErrorCode::OwnershipLost, .. }) => {
                     self.forget_owner(stream);
                     return Err(e);

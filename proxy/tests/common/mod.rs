@@ -16,10 +16,24 @@ pub struct Cluster {
     pub store: Arc<dyn MetadataStore>,
 }
 
+pub mod revocable;
+
 /// Three bookies registered in a fresh embedded store.
 pub async fn cluster() -> Cluster {
     let dir = tempfile::Builder::new().prefix("quire-proxy-test-").tempdir_in("/tmp").unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
+    cluster_with(dir, Arc::new(store)).await
+}
+
+/// Three bookies registered in a fresh embedded store wrapped so that leases can be revoked.
+pub async fn cluster_revocable() -> (Cluster, Arc<revocable::Revocable>) {
+    let dir = tempfile::Builder::new().prefix("quire-proxy-test-").tempdir_in("/tmp").unwrap();
+    let store = revocable::Revocable::new(EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+    (cluster_with(dir, store.clone()).await, store)
+}
+
+/// Three bookies (directories under `dir`) registered in `store`.
+pub async fn cluster_with(dir: tempfile::TempDir, store: Arc<dyn MetadataStore>) -> Cluster {
     let mut bookies = Vec::new();
     for i in 0..3 {
         let root = dir.path().join(format!("bookie{i}"));
@@ -31,7 +45,7 @@ pub async fn cluster() -> Cluster {
         store.register_bookie(BookieInfo { id: BookieId(bookie.addr().to_string()), rack: None, read_only: false }).await.unwrap();
         bookies.push(bookie);
     }
-    Cluster { dir, bookies, store: Arc::new(store) }
+    Cluster { dir, bookies, store }
 }
 
 /// Small segments (64 KiB) and entries (8 KiB), so a few hundred KiB span several segments.
