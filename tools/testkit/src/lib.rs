@@ -27,7 +27,7 @@ pub const ZOOKEEPER_CLASSPATH: &str =
     "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar";
 /// The package's example log4j configuration (logs go to `zookeeper.log.dir`).
 const LOG4J_CONFIG: &str = "/etc/zookeeper/conf_example/log4j.properties";
-/// How long `start` waits for `ruok` to answer `imok`.
+/// How long `start` waits for the server to become ready.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `stop` waits after SIGTERM before it sends SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -43,7 +43,8 @@ pub struct ZooKeeperServer {
 
 impl ZooKeeperServer {
     /// Starts a server on a free port of 127.0.0.1 with `tickTime=2000` (so negotiated session
-    /// timeouts range from 4 s to 40 s) and waits until it answers `ruok` with `imok`.
+    /// timeouts range from 4 s to 40 s) and waits until it answers `ruok` with `imok` and `srvr`
+    /// reports its mode (it is serving requests).
     ///
     /// # Panics
     /// This is a test helper: it panics with a clear message when the package is not installed,
@@ -142,14 +143,18 @@ impl ZooKeeperServer {
     }
 }
 
-/// Polls `ruok` until the server answers `imok`, the child exits, or 60 s pass.
+/// Polls until `ruok` answers `imok` and `srvr` reports a mode, the child exits, or 60 s pass.
 fn wait_ready(child: &mut Child, port: u16) -> Result<(), String> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("java exited early with {status}"));
         }
-        if matches!(four_letter_word(port, "ruok").as_deref(), Ok("imok")) {
+        // `ruok` answers `imok` as soon as the port is open; `srvr` reports a mode only once the
+        // server is serving requests.
+        if matches!(four_letter_word(port, "ruok").as_deref(), Ok("imok"))
+            && four_letter_word(port, "srvr").is_ok_and(|s| s.contains("Mode: "))
+        {
             return Ok(());
         }
         if Instant::now() > deadline {
