@@ -440,9 +440,13 @@ impl ProxyClient {
     ///
     /// # Errors
     /// `RecordTooLarge` or `TxidOutOfOrder` (nothing sent); `Remote` with the proxy's code
-    /// (`NoSuchStream`, `TxidOutOfOrder`, `Storage`, ...). If a later part of a split write
-    /// fails, the earlier parts stay written; the error message says how many records were
-    /// acknowledged.
+    /// (`NoSuchStream`, `TxidOutOfOrder`, `Storage`, `OwnershipLost` (outcome unknown, not
+    /// retried), ...); `RedirectFailed` when the stream's owner cannot be reached through
+    /// redirects. If a later part of a split write fails, the earlier parts stay written; the
+    /// error message says how many records were acknowledged.
+    ///
+    /// Each part goes to the stream's owner: the cached one, else the home proxy, following
+    /// `STREAM_OWNED_ELSEWHERE` redirects.
     pub async fn write(&self, stream: &str, records: Vec<(u64, Vec<u8>)>, create_if_missing: bool) -> Result<WriteResult> {
         if records.is_empty() {
             return Err(Error::BadRequest { reason: "a write needs at least one record".into() });
@@ -500,7 +504,8 @@ impl ProxyClient {
     /// `wait` for new records (tailing); an empty batch means none arrived in time.
     ///
     /// # Errors
-    /// `Remote` with `NoSuchStream`, `BadRequest` or `Storage`; `Io` on connection loss.
+    /// `Remote` with `NoSuchStream`, `BadRequest` or `Storage`; `RedirectFailed` when the
+    /// stream's owner (who serves its reads) cannot be reached; `Io` on connection loss.
     pub async fn read(&self, stream: &str, from: ReadPosition, max_records: u32, max_bytes: u32, wait: Duration) -> Result<ReadBatch> {
         let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
         let req = Request::Read { stream: stream.to_string(), from, max_records, max_bytes, wait_ms };
