@@ -12,7 +12,11 @@
 //! * `read(&self, name: &str, from: ReadPosition, max_records: u32, max_bytes: u32,
 //!   wait: Duration) -> Result<ReadBatch>`: tail reads wait up to `wait`.
 //! * `recover_all(&self) -> Result<usize>`: recovers every stream now rather than at first use.
-//! * `shutdown(&self) -> Result<()>`: completes open segments.
+//! * `shutdown(&self) -> Result<()>`: completes open segments and releases stream leases.
+//! * One writer per stream: a manager takes a stream's lease under its identity
+//!   (`StreamConfig::owner_address`, its advertised `host:port`; `identity()`) before it
+//!   recovers or writes the stream; `Error::OwnedElsewhere { owner }` (redirect) when another
+//!   proxy holds it, `Error::OwnershipLost` once it lost it.
 //!
 //! Proxy server ([`server`]): `ProxyServer::start(listener: TcpListener, streams:
 //! Arc<StreamManager>, config: ServerConfig) -> Result<ProxyServer>` (or `ProxyServer::bind(addr,
@@ -21,7 +25,9 @@
 //! Proxy client ([`client`]): `ProxyClient::connect(addr).await -> Result<ProxyClient>`, then
 //! `create_stream(&str)`, `list_streams()`, `write(&str, Vec<(u64, Vec<u8>)>, create_if_missing)
 //! -> Result<WriteResult>` (split into several requests when over the frame limit),
-//! `read(&str, ReadPosition, max_records, max_bytes, wait: Duration) -> Result<ReadBatch>`.
+//! `read(&str, ReadPosition, max_records, max_bytes, wait: Duration) -> Result<ReadBatch>`;
+//! writes and reads follow `STREAM_OWNED_ELSEWHERE` redirects to the stream's owner (bounded by
+//! `ClientConfig::redirects_max`) and cache it (`cached_owner(&str)`).
 //! Every failure is an [`Error`]; [`Error::code`] gives its stable [`ErrorCode`] (a proxy's
 //! answer arrives as `Error::Remote { code, message }`), and `Display` is one line.
 //!
