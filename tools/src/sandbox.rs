@@ -198,7 +198,12 @@ async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> 
     }
     let store: Arc<dyn MetadataStore> = Arc::new(store);
     let bk = quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
     let config = quire_proxy::StreamConfig {
+        owner_address: addr.to_string(),
         ensemble_size: args.ensemble_size,
         write_quorum: args.write_quorum,
         ack_quorum: args.ack_quorum,
@@ -216,12 +221,8 @@ async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> 
             eprintln!("quire sandbox: stream {name:?} is unavailable: {e}");
         }
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
     let server = quire_proxy::ProxyServer::start(listener, streams.clone(), quire_proxy::ServerConfig::default())
         .context("proxy server")?;
-    let addr = server.local_addr();
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
