@@ -30,8 +30,8 @@ use zookeeper_client as zk;
 
 use crate::embedded::random_instance_id;
 use crate::{
-    validate_stream_name, BookieId, BookieInfo, Cookie, Error, LedgerMetadata, MetadataStore, Result,
-    StreamLease, StreamMetadata, Version, Versioned,
+    validate_stream_name, BookieId, BookieInfo, Cookie, Error, LedgerMetadata, MetadataStore,
+    Result, StreamLease, StreamMetadata, Version, Versioned,
 };
 
 /// Version of the znode layout described in `docs/format/zookeeper-layout.md`, stored in
@@ -75,7 +75,11 @@ impl std::fmt::Debug for ZkStore {
 }
 
 fn zk_err(op: &'static str, path: &str, source: zk::Error) -> Error {
-    Error::ZooKeeper { op, path: path.to_string(), source }
+    Error::ZooKeeper {
+        op,
+        path: path.to_string(),
+        source,
+    }
 }
 
 fn persistent() -> zk::CreateOptions<'static> {
@@ -91,11 +95,17 @@ fn ephemeral_sequential() -> zk::CreateOptions<'static> {
 }
 
 fn to_json<T: Serialize>(what: &str, value: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec(value).map_err(|e| Error::Invalid { what: "record", reason: format!("cannot encode {what}: {e}") })
+    serde_json::to_vec(value).map_err(|e| Error::Invalid {
+        what: "record",
+        reason: format!("cannot encode {what}: {e}"),
+    })
 }
 
 fn from_json<T: for<'de> Deserialize<'de>>(path: &str, bytes: &[u8]) -> Result<T> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt { path: path.to_string(), reason: e.to_string() })
+    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
+        path: path.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 fn version_of(stat: &zk::Stat) -> Version {
@@ -147,7 +157,13 @@ pub fn decode_stream_name(encoded: &str) -> Result<String> {
 /// Checks that a bookie id can be one znode name.
 fn validate_bookie_id(id: &BookieId) -> Result<()> {
     let s = id.0.as_str();
-    if s.is_empty() || s == "." || s == ".." || s.contains('/') || s.chars().any(char::is_control) || s.len() > 255 {
+    if s.is_empty()
+        || s == "."
+        || s == ".."
+        || s.contains('/')
+        || s.chars().any(char::is_control)
+        || s.len() > 255
+    {
         return Err(Error::Invalid {
             what: "bookie id",
             reason: format!("{s:?} must be 1 to 255 bytes without '/' or control characters, and not '.' or '..'"),
@@ -178,11 +194,17 @@ impl ZkStore {
     /// `Invalid` for a bad root path; `ZooKeeper` when the connection or a request fails (e.g.
     /// no server answers within about the session timeout); `Corrupt` when `<root>/LAYOUT` is
     /// unreadable or holds a layout version other than [`ZK_LAYOUT_VERSION`].
-    pub async fn connect(connect_string: &str, root: &str, session_timeout: Duration) -> Result<ZkStore> {
+    pub async fn connect(
+        connect_string: &str,
+        root: &str,
+        session_timeout: Duration,
+    ) -> Result<ZkStore> {
         if !root.starts_with('/') || root.len() < 2 || root.ends_with('/') || root.contains("//") {
             return Err(Error::Invalid {
                 what: "ZooKeeper root path",
-                reason: format!("{root:?} must be absolute, not '/', and without a trailing or double '/'"),
+                reason: format!(
+                    "{root:?} must be absolute, not '/', and without a trailing or double '/'"
+                ),
             });
         }
         let client = zk::Client::connector()
@@ -197,7 +219,9 @@ impl ZkStore {
         tokio::spawn(async move {
             loop {
                 match states.changed().await {
-                    zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed => {
+                    zk::SessionState::Expired
+                    | zk::SessionState::Closed
+                    | zk::SessionState::AuthFailed => {
                         tracing::warn!("ZooKeeper session lost");
                         lost_tx.send_replace(true);
                         return;
@@ -207,7 +231,13 @@ impl ZkStore {
             }
         });
 
-        let store = ZkStore { inner: Arc::new(Inner { client, root: root.to_string(), session_lost: lost_rx }) };
+        let store = ZkStore {
+            inner: Arc::new(Inner {
+                client,
+                root: root.to_string(),
+                session_lost: lost_rx,
+            }),
+        };
         store.open_layout().await?;
         Ok(store)
     }
@@ -218,35 +248,64 @@ impl ZkStore {
         let c = &self.inner.client;
         let root = &self.inner.root;
         if let Some(parent) = root.rfind('/').filter(|&i| i > 0).map(|i| &root[..i]) {
-            c.mkdir(parent, &persistent()).await.map_err(|e| zk_err("mkdir", parent, e))?;
+            c.mkdir(parent, &persistent())
+                .await
+                .map_err(|e| zk_err("mkdir", parent, e))?;
         }
         match c.create(root, b"", &persistent()).await {
             Ok(_) | Err(zk::Error::NodeExists) => {}
             Err(e) => return Err(zk_err("create", root, e)),
         }
         let layout_path = self.path("LAYOUT");
-        if c.check_stat(&layout_path).await.map_err(|e| zk_err("exists", &layout_path, e))?.is_none() {
-            let layout = to_json("layout", &LayoutRecord { layout_version: ZK_LAYOUT_VERSION })?;
+        if c.check_stat(&layout_path)
+            .await
+            .map_err(|e| zk_err("exists", &layout_path, e))?
+            .is_none()
+        {
+            let layout = to_json(
+                "layout",
+                &LayoutRecord {
+                    layout_version: ZK_LAYOUT_VERSION,
+                },
+            )?;
             let next_id = to_json("ledger id counter", &1u64)?;
             let mut multi = c.new_multi_writer();
             let add = |multi: &mut zk::MultiWriter<'_>, rel: &str, data: &[u8]| {
                 let p = self.path(rel);
-                multi.add_create(&p, data, &persistent()).map_err(|e| zk_err("create", &p, e))
+                multi
+                    .add_create(&p, data, &persistent())
+                    .map_err(|e| zk_err("create", &p, e))
             };
             add(&mut multi, "LAYOUT", &layout)?;
-            for dir in ["bookies", "bookies/available", "bookies/readonly", "cookies", "idgen", "ledgers", "streams", "locks"]
-            {
+            for dir in [
+                "bookies",
+                "bookies/available",
+                "bookies/readonly",
+                "cookies",
+                "idgen",
+                "ledgers",
+                "streams",
+                "locks",
+            ] {
                 add(&mut multi, dir, b"")?;
             }
             add(&mut multi, "idgen/ledger", &next_id)?;
             match multi.commit().await {
-                Ok(_) => tracing::info!(root = %root, "created ZooKeeper metadata layout version {ZK_LAYOUT_VERSION}"),
+                Ok(_) => {
+                    tracing::info!(root = %root, "created ZooKeeper metadata layout version {ZK_LAYOUT_VERSION}")
+                }
                 // Another process created it first.
-                Err(zk::MultiWriteError::OperationFailed { source: zk::Error::NodeExists, .. }) => {}
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NodeExists,
+                    ..
+                }) => {}
                 Err(e) => return Err(zk_err("create layout", root, e.into())),
             }
         }
-        let (bytes, _) = c.get_data(&layout_path).await.map_err(|e| zk_err("get", &layout_path, e))?;
+        let (bytes, _) = c
+            .get_data(&layout_path)
+            .await
+            .map_err(|e| zk_err("get", &layout_path, e))?;
         let layout: LayoutRecord = from_json(&layout_path, &bytes)?;
         if layout.layout_version != ZK_LAYOUT_VERSION {
             return Err(Error::Corrupt {
@@ -298,7 +357,11 @@ impl ZkStore {
     }
 
     fn bookie_path(&self, id: &BookieId, read_only: bool) -> String {
-        self.path(&format!("bookies/{}/{}", if read_only { "readonly" } else { "available" }, id.0))
+        self.path(&format!(
+            "bookies/{}/{}",
+            if read_only { "readonly" } else { "available" },
+            id.0
+        ))
     }
 
     fn my_session(&self) -> i64 {
@@ -306,19 +369,39 @@ impl ZkStore {
     }
 
     /// Reads and decodes one record.
-    async fn get<T: for<'de> Deserialize<'de>>(&self, kind: &'static str, key: &str, path: &str) -> Result<Versioned<T>> {
+    async fn get<T: for<'de> Deserialize<'de>>(
+        &self,
+        kind: &'static str,
+        key: &str,
+        path: &str,
+    ) -> Result<Versioned<T>> {
         match self.inner.client.get_data(path).await {
-            Ok((bytes, stat)) => Ok(Versioned { value: from_json(path, &bytes)?, version: version_of(&stat) }),
-            Err(zk::Error::NoNode) => Err(Error::NotFound { kind, key: key.to_string() }),
+            Ok((bytes, stat)) => Ok(Versioned {
+                value: from_json(path, &bytes)?,
+                version: version_of(&stat),
+            }),
+            Err(zk::Error::NoNode) => Err(Error::NotFound {
+                kind,
+                key: key.to_string(),
+            }),
             Err(e) => Err(zk_err("get", path, e)),
         }
     }
 
     /// Creates a persistent record; `AlreadyExists` if present.
-    async fn create_record(&self, kind: &'static str, key: &str, path: &str, data: &[u8]) -> Result<Version> {
+    async fn create_record(
+        &self,
+        kind: &'static str,
+        key: &str,
+        path: &str,
+        data: &[u8],
+    ) -> Result<Version> {
         match self.inner.client.create(path, data, &persistent()).await {
             Ok((stat, _)) => Ok(version_of(&stat)),
-            Err(zk::Error::NodeExists) => Err(Error::AlreadyExists { kind, key: key.to_string() }),
+            Err(zk::Error::NodeExists) => Err(Error::AlreadyExists {
+                kind,
+                key: key.to_string(),
+            }),
             Err(e) => Err(zk_err("create", path, e)),
         }
     }
@@ -335,45 +418,89 @@ impl ZkStore {
         e: zk::Error,
     ) -> Error {
         match e {
-            zk::Error::NoNode => Error::NotFound { kind, key: key.to_string() },
+            zk::Error::NoNode => Error::NotFound {
+                kind,
+                key: key.to_string(),
+            },
             zk::Error::BadVersion => {
                 let found = match self.inner.client.check_stat(path).await {
                     Ok(Some(stat)) => version_of(&stat).0,
                     _ => expected.0,
                 };
-                Error::BadVersion { kind, key: key.to_string(), expected: expected.0, found }
+                Error::BadVersion {
+                    kind,
+                    key: key.to_string(),
+                    expected: expected.0,
+                    found,
+                }
             }
             e => zk_err(op, path, e),
         }
     }
 
     /// `setData` with the expected version.
-    async fn cas(&self, kind: &'static str, key: &str, path: &str, data: &[u8], expected: Version) -> Result<Version> {
+    async fn cas(
+        &self,
+        kind: &'static str,
+        key: &str,
+        path: &str,
+        data: &[u8],
+        expected: Version,
+    ) -> Result<Version> {
         let Ok(v) = i32::try_from(expected.0) else {
-            return Err(Error::BadVersion { kind, key: key.to_string(), expected: expected.0, found: 0 });
+            return Err(Error::BadVersion {
+                kind,
+                key: key.to_string(),
+                expected: expected.0,
+                found: 0,
+            });
         };
         match self.inner.client.set_data(path, data, Some(v)).await {
             Ok(stat) => Ok(version_of(&stat)),
-            Err(e) => Err(self.versioned_write_error("set", kind, key, path, expected, e).await),
+            Err(e) => Err(self
+                .versioned_write_error("set", kind, key, path, expected, e)
+                .await),
         }
     }
 
     /// `delete` with the expected version.
-    async fn cas_delete(&self, kind: &'static str, key: &str, path: &str, expected: Version) -> Result<()> {
+    async fn cas_delete(
+        &self,
+        kind: &'static str,
+        key: &str,
+        path: &str,
+        expected: Version,
+    ) -> Result<()> {
         let Ok(v) = i32::try_from(expected.0) else {
-            return Err(Error::BadVersion { kind, key: key.to_string(), expected: expected.0, found: 0 });
+            return Err(Error::BadVersion {
+                kind,
+                key: key.to_string(),
+                expected: expected.0,
+                found: 0,
+            });
         };
         match self.inner.client.delete(path, Some(v)).await {
             Ok(()) => Ok(()),
-            Err(e) => Err(self.versioned_write_error("delete", kind, key, path, expected, e).await),
+            Err(e) => Err(self
+                .versioned_write_error("delete", kind, key, path, expected, e)
+                .await),
         }
     }
 
     /// Reads the bookie registrations under `bookies/<sub>`, skipping nodes that vanish while
     /// being read.
-    async fn list_bookie_dir(&self, sub: &str, out: &mut BTreeMap<BookieId, BookieInfo>) -> Result<()> {
+    async fn list_bookie_dir(
+        &self,
+        sub: &str,
+        out: &mut BTreeMap<BookieId, BookieInfo>,
+    ) -> Result<()> {
         let dir = self.path(&format!("bookies/{sub}"));
-        let children = self.inner.client.list_children(&dir).await.map_err(|e| zk_err("list", &dir, e))?;
+        let children = self
+            .inner
+            .client
+            .list_children(&dir)
+            .await
+            .map_err(|e| zk_err("list", &dir, e))?;
         for child in children {
             let p = format!("{dir}/{child}");
             match self.inner.client.get_data(&p).await {
@@ -397,19 +524,27 @@ impl ZkStore {
         };
         children.retain(|c| c.starts_with(LOCK_CHILD_PREFIX));
         // The sequence suffix is 10 (or, past i32::MAX, 19) digits: compare by number.
-        children.sort_by_key(|c| c[LOCK_CHILD_PREFIX.len()..].parse::<u64>().unwrap_or(u64::MAX));
+        children.sort_by_key(|c| {
+            c[LOCK_CHILD_PREFIX.len()..]
+                .parse::<u64>()
+                .unwrap_or(u64::MAX)
+        });
         Ok(children)
     }
 
     /// The owner recorded in the lowest lock child, if any; `None` also when the children
     /// vanished while being read (the caller retries).
     async fn lowest_owner(&self, dir: &str, children: &[String]) -> Result<Option<String>> {
-        let Some(first) = children.first() else { return Ok(None) };
+        let Some(first) = children.first() else {
+            return Ok(None);
+        };
         let p = format!("{dir}/{first}");
         match self.inner.client.get_data(&p).await {
-            Ok((bytes, _)) => Ok(Some(String::from_utf8(bytes).map_err(|_| Error::Corrupt {
-                path: p.clone(),
-                reason: "lock owner is not UTF-8".into(),
+            Ok((bytes, _)) => Ok(Some(String::from_utf8(bytes).map_err(|_| {
+                Error::Corrupt {
+                    path: p.clone(),
+                    reason: "lock owner is not UTF-8".into(),
+                }
             })?)),
             Err(zk::Error::NoNode) => Ok(None),
             Err(e) => Err(zk_err("get", &p, e)),
@@ -419,7 +554,12 @@ impl ZkStore {
 
 /// Watches a held lock node; flips `tx` to `true` once the node is deleted, the session is lost,
 /// or the store is dropped. Ends early when every lease receiver is gone.
-async fn watch_lease(store: Weak<Inner>, path: String, tx: watch::Sender<bool>, mut session_lost: watch::Receiver<bool>) {
+async fn watch_lease(
+    store: Weak<Inner>,
+    path: String,
+    tx: watch::Sender<bool>,
+    mut session_lost: watch::Receiver<bool>,
+) {
     loop {
         let watcher = {
             let Some(inner) = store.upgrade() else { break };
@@ -475,13 +615,21 @@ impl MetadataStore for ZkStore {
                 Err(zk::Error::NodeExists) => {}
                 Err(e) => return Err(zk_err("create", &mine, e)),
             }
-            let (stat, watcher) = c.check_and_watch_stat(&mine).await.map_err(|e| zk_err("exists", &mine, e))?;
+            let (stat, watcher) = c
+                .check_and_watch_stat(&mine)
+                .await
+                .map_err(|e| zk_err("exists", &mine, e))?;
             let Some(stat) = stat else { continue };
             if stat.ephemeral_owner == self.my_session() {
-                c.set_data(&mine, &data, None).await.map_err(|e| zk_err("set", &mine, e))?;
+                c.set_data(&mine, &data, None)
+                    .await
+                    .map_err(|e| zk_err("set", &mine, e))?;
                 break;
             }
-            if tokio::time::timeout_at(deadline, watcher.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, watcher.changed())
+                .await
+                .is_err()
+            {
                 return Err(Error::AlreadyExists {
                     kind: "bookie registration (held by another live ZooKeeper session)",
                     key: info.id.0.clone(),
@@ -489,10 +637,12 @@ impl MetadataStore for ZkStore {
             }
         }
         match c.check_stat(&other).await {
-            Ok(Some(stat)) if stat.ephemeral_owner == self.my_session() => match c.delete(&other, None).await {
-                Ok(()) | Err(zk::Error::NoNode) => {}
-                Err(e) => return Err(zk_err("delete", &other, e)),
-            },
+            Ok(Some(stat)) if stat.ephemeral_owner == self.my_session() => {
+                match c.delete(&other, None).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(zk_err("delete", &other, e)),
+                }
+            }
             Ok(_) => {}
             Err(e) => return Err(zk_err("exists", &other, e)),
         }
@@ -515,7 +665,10 @@ impl MetadataStore for ZkStore {
         if found {
             Ok(())
         } else {
-            Err(Error::NotFound { kind: "bookie", key: id.0.clone() })
+            Err(Error::NotFound {
+                kind: "bookie",
+                key: id.0.clone(),
+            })
         }
     }
 
@@ -542,7 +695,14 @@ impl MetadataStore for ZkStore {
                 path: p.clone(),
                 reason: "ledger id counter is exhausted".into(),
             })?;
-            match c.set_data(&p, &to_json("ledger id counter", &bumped)?, Some(stat.version)).await {
+            match c
+                .set_data(
+                    &p,
+                    &to_json("ledger id counter", &bumped)?,
+                    Some(stat.version),
+                )
+                .await
+            {
                 Ok(_) => {}
                 Err(zk::Error::BadVersion) => continue,
                 Err(e) => return Err(zk_err("set", &p, e)),
@@ -563,7 +723,10 @@ impl MetadataStore for ZkStore {
         let p = self.ledger_path(id);
         let key = id.to_string();
         match self.create_record("ledger", &key, &p, &data).await {
-            Err(Error::ZooKeeper { source: zk::Error::NoNode, .. }) => {
+            Err(Error::ZooKeeper {
+                source: zk::Error::NoNode,
+                ..
+            }) => {
                 // First ledger of its bucket: create the bucket, then retry once.
                 let bucket = &p[..p.rfind('/').unwrap_or(p.len())];
                 match self.inner.client.create(bucket, b"", &persistent()).await {
@@ -577,23 +740,38 @@ impl MetadataStore for ZkStore {
     }
 
     async fn read_ledger(&self, id: LedgerId) -> Result<Versioned<LedgerMetadata>> {
-        self.get("ledger", &id.to_string(), &self.ledger_path(id)).await
+        self.get("ledger", &id.to_string(), &self.ledger_path(id))
+            .await
     }
 
-    async fn update_ledger(&self, id: LedgerId, meta: &LedgerMetadata, expected: Version) -> Result<Version> {
+    async fn update_ledger(
+        &self,
+        id: LedgerId,
+        meta: &LedgerMetadata,
+        expected: Version,
+    ) -> Result<Version> {
         meta.validate()?;
         let data = to_json("ledger metadata", meta)?;
-        self.cas("ledger", &id.to_string(), &self.ledger_path(id), &data, expected).await
+        self.cas(
+            "ledger",
+            &id.to_string(),
+            &self.ledger_path(id),
+            &data,
+            expected,
+        )
+        .await
     }
 
     async fn delete_ledger(&self, id: LedgerId, expected: Version) -> Result<()> {
-        self.cas_delete("ledger", &id.to_string(), &self.ledger_path(id), expected).await
+        self.cas_delete("ledger", &id.to_string(), &self.ledger_path(id), expected)
+            .await
     }
 
     async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version> {
         validate_stream_name(&meta.name)?;
         let data = to_json("stream metadata", meta)?;
-        self.create_record("stream", &meta.name, &self.stream_path(&meta.name), &data).await
+        self.create_record("stream", &meta.name, &self.stream_path(&meta.name), &data)
+            .await
     }
 
     async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>> {
@@ -604,13 +782,21 @@ impl MetadataStore for ZkStore {
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
         validate_stream_name(&meta.name)?;
         let data = to_json("stream metadata", meta)?;
-        self.cas("stream", &meta.name, &self.stream_path(&meta.name), &data, expected).await
+        self.cas(
+            "stream",
+            &meta.name,
+            &self.stream_path(&meta.name),
+            &data,
+            expected,
+        )
+        .await
     }
 
     /// Deletes the stream's node and, if no one holds or contends for its lock, its lock node.
     async fn delete_stream(&self, name: &str, expected: Version) -> Result<()> {
         validate_stream_name(name)?;
-        self.cas_delete("stream", name, &self.stream_path(name), expected).await?;
+        self.cas_delete("stream", name, &self.stream_path(name), expected)
+            .await?;
         let dir = self.lock_dir(name);
         match self.inner.client.delete(&dir, None).await {
             Ok(()) | Err(zk::Error::NoNode | zk::Error::NotEmpty) => Ok(()),
@@ -620,11 +806,19 @@ impl MetadataStore for ZkStore {
 
     async fn list_streams(&self) -> Result<Vec<String>> {
         let dir = self.path("streams");
-        let children = self.inner.client.list_children(&dir).await.map_err(|e| zk_err("list", &dir, e))?;
+        let children = self
+            .inner
+            .client
+            .list_children(&dir)
+            .await
+            .map_err(|e| zk_err("list", &dir, e))?;
         let mut names = children
             .iter()
             .map(|c| {
-                decode_stream_name(c).map_err(|e| Error::Corrupt { path: format!("{dir}/{c}"), reason: e.to_string() })
+                decode_stream_name(c).map_err(|e| Error::Corrupt {
+                    path: format!("{dir}/{c}"),
+                    reason: e.to_string(),
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         names.sort();
@@ -639,8 +833,10 @@ impl MetadataStore for ZkStore {
         loop {
             match c.get_data(&p).await {
                 Ok((bytes, _)) => {
-                    return String::from_utf8(bytes)
-                        .map_err(|_| Error::Corrupt { path: p.clone(), reason: "instance id is not UTF-8".into() })
+                    return String::from_utf8(bytes).map_err(|_| Error::Corrupt {
+                        path: p.clone(),
+                        reason: "instance id is not UTF-8".into(),
+                    })
                 }
                 Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(zk_err("get", &p, e)),
@@ -656,7 +852,12 @@ impl MetadataStore for ZkStore {
 
     async fn read_cookie(&self, bookie: &BookieId) -> Result<Versioned<Cookie>> {
         validate_bookie_id(bookie)?;
-        self.get("cookie", &bookie.0, &self.path(&format!("cookies/{}", bookie.0))).await
+        self.get(
+            "cookie",
+            &bookie.0,
+            &self.path(&format!("cookies/{}", bookie.0)),
+        )
+        .await
     }
 
     async fn write_cookie(&self, cookie: &Cookie, expected: Option<Version>) -> Result<Version> {
@@ -664,7 +865,10 @@ impl MetadataStore for ZkStore {
         let p = self.path(&format!("cookies/{}", cookie.bookie.0));
         let data = to_json("cookie", cookie)?;
         match expected {
-            None => self.create_record("cookie", &cookie.bookie.0, &p, &data).await,
+            None => {
+                self.create_record("cookie", &cookie.bookie.0, &p, &data)
+                    .await
+            }
             Some(v) => self.cas("cookie", &cookie.bookie.0, &p, &data, v).await,
         }
     }
@@ -674,13 +878,20 @@ impl MetadataStore for ZkStore {
     /// number is the lowest. Otherwise the child is deleted again and the lowest child's owner
     /// is returned. The lease's `lost` flips when the child is deleted (by anyone), the session
     /// is lost, or the store is dropped; `token` is the child's path.
-    async fn try_acquire_stream(&self, stream: &str, owner: &str) -> Result<std::result::Result<StreamLease, String>> {
+    async fn try_acquire_stream(
+        &self,
+        stream: &str,
+        owner: &str,
+    ) -> Result<std::result::Result<StreamLease, String>> {
         validate_stream_name(stream)?;
         let c = &self.inner.client;
         let dir = self.lock_dir(stream);
         let prefix = format!("{dir}/{LOCK_CHILD_PREFIX}");
         for _ in 0..LOCK_ATTEMPTS_MAX {
-            let seq = match c.create(&prefix, owner.as_bytes(), &ephemeral_sequential()).await {
+            let seq = match c
+                .create(&prefix, owner.as_bytes(), &ephemeral_sequential())
+                .await
+            {
                 Ok((_, seq)) => seq,
                 Err(zk::Error::NoNode) => {
                     match c.create(&dir, b"", &persistent()).await {
@@ -702,9 +913,19 @@ impl MetadataStore for ZkStore {
             };
             if children.first() == Some(&mine) {
                 let (tx, rx) = watch::channel(false);
-                tokio::spawn(watch_lease(Arc::downgrade(&self.inner), my_path.clone(), tx, self.session_lost()));
+                tokio::spawn(watch_lease(
+                    Arc::downgrade(&self.inner),
+                    my_path.clone(),
+                    tx,
+                    self.session_lost(),
+                ));
                 tracing::debug!(stream, owner, lock = %my_path, "acquired stream lock");
-                return Ok(Ok(StreamLease { stream: stream.to_string(), owner: owner.to_string(), lost: rx, token: my_path }));
+                return Ok(Ok(StreamLease {
+                    stream: stream.to_string(),
+                    owner: owner.to_string(),
+                    lost: rx,
+                    token: my_path,
+                }));
             }
             match c.delete(&my_path, None).await {
                 Ok(()) | Err(zk::Error::NoNode) => {}
@@ -719,7 +940,9 @@ impl MetadataStore for ZkStore {
         Err(Error::ZooKeeper {
             op: "acquire lock",
             path: dir,
-            source: zk::Error::UnexpectedError(format!("lock changed hands {LOCK_ATTEMPTS_MAX} times while acquiring")),
+            source: zk::Error::UnexpectedError(format!(
+                "lock changed hands {LOCK_ATTEMPTS_MAX} times while acquiring"
+            )),
         })
     }
 
@@ -742,7 +965,10 @@ impl MetadataStore for ZkStore {
     async fn release_stream(&self, lease: StreamLease) -> Result<()> {
         let lock_prefix = format!("{}/", self.lock_dir(&lease.stream));
         if !lease.token.starts_with(&lock_prefix) {
-            return Err(Error::Invalid { what: "stream lease", reason: format!("{} is not a lock of {}", lease.token, lease.stream) });
+            return Err(Error::Invalid {
+                what: "stream lease",
+                reason: format!("{} is not a lock of {}", lease.token, lease.stream),
+            });
         }
         match self.inner.client.delete(&lease.token, None).await {
             Ok(()) | Err(zk::Error::NoNode) => Ok(()),
@@ -772,8 +998,14 @@ mod tests {
 
     #[test]
     fn ledger_paths_split_into_buckets_of_ten_thousand() {
-        assert_eq!(ledger_bucket_and_leaf(LedgerId(1)), ("0000000000000000".into(), "L0001".into()));
-        assert_eq!(ledger_bucket_and_leaf(LedgerId(123_456_789)), ("0000000000012345".into(), "L6789".into()));
+        assert_eq!(
+            ledger_bucket_and_leaf(LedgerId(1)),
+            ("0000000000000000".into(), "L0001".into())
+        );
+        assert_eq!(
+            ledger_bucket_and_leaf(LedgerId(123_456_789)),
+            ("0000000000012345".into(), "L6789".into())
+        );
         let (b, l) = ledger_bucket_and_leaf(LedgerId(u64::MAX));
         assert_eq!((b.len(), l.len()), (16, 5));
     }

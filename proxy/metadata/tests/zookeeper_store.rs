@@ -14,7 +14,12 @@ const SESSION: Duration = Duration::from_secs(6);
 const PATIENCE: Duration = Duration::from_secs(60);
 
 fn stream(name: &str) -> StreamMetadata {
-    StreamMetadata { name: name.into(), segments: vec![], max_txid: None, creation_time_ms: 1 }
+    StreamMetadata {
+        name: name.into(),
+        segments: vec![],
+        max_txid: None,
+        creation_time_ms: 1,
+    }
 }
 
 fn ledger(bookies: &[&str]) -> LedgerMetadata {
@@ -24,7 +29,10 @@ fn ledger(bookies: &[&str]) -> LedgerMetadata {
         write_quorum: 2,
         ack_quorum: 2,
         state: LedgerState::Open,
-        fragments: vec![Fragment { first_entry: 0, bookies: bookies.iter().map(|b| BookieId(b.to_string())).collect() }],
+        fragments: vec![Fragment {
+            first_entry: 0,
+            bookies: bookies.iter().map(|b| BookieId(b.to_string())).collect(),
+        }],
         last_entry: None,
         length_bytes: 0,
         digest_type: DigestType::Crc32c,
@@ -45,7 +53,9 @@ fn cookie(bookie: &str, instance: &str, journal: &str) -> Cookie {
 }
 
 async fn connect(zk: &ZooKeeperServer, root: &str) -> ZkStore {
-    ZkStore::connect(&zk.connect_string(), root, SESSION).await.expect("connect to ZooKeeper")
+    ZkStore::connect(&zk.connect_string(), root, SESSION)
+        .await
+        .expect("connect to ZooKeeper")
 }
 
 /// Goal: every record method of the trait behaves as the trait says against real ZooKeeper:
@@ -67,17 +77,32 @@ async fn records_compare_and_set_and_layout_version() {
 
     // Cookies: create, duplicate create refused, CAS update, stale CAS refused.
     let bk = "127.0.0.1:3181";
-    assert!(matches!(a.read_cookie(&BookieId(bk.into())).await, Err(Error::NotFound { .. })));
+    assert!(matches!(
+        a.read_cookie(&BookieId(bk.into())).await,
+        Err(Error::NotFound { .. })
+    ));
     let v0 = a.write_cookie(&cookie(bk, &id, "/j1"), None).await.unwrap();
-    assert!(matches!(b.write_cookie(&cookie(bk, &id, "/j1"), None).await, Err(Error::AlreadyExists { .. })));
-    let v1 = b.write_cookie(&cookie(bk, &id, "/j2"), Some(v0)).await.unwrap();
+    assert!(matches!(
+        b.write_cookie(&cookie(bk, &id, "/j1"), None).await,
+        Err(Error::AlreadyExists { .. })
+    ));
+    let v1 = b
+        .write_cookie(&cookie(bk, &id, "/j2"), Some(v0))
+        .await
+        .unwrap();
     assert!(v1 > v0);
-    assert!(matches!(a.write_cookie(&cookie(bk, &id, "/j3"), Some(v0)).await, Err(Error::BadVersion { .. })));
+    assert!(matches!(
+        a.write_cookie(&cookie(bk, &id, "/j3"), Some(v0)).await,
+        Err(Error::BadVersion { .. })
+    ));
     let read = a.read_cookie(&BookieId(bk.into())).await.unwrap();
     assert_eq!((read.value.journal_dir.as_str(), read.version), ("/j2", v1));
     assert!(matches!(
         a.write_cookie(&cookie("bad/id", &id, "/j"), None).await,
-        Err(Error::Invalid { what: "bookie id", .. })
+        Err(Error::Invalid {
+            what: "bookie id",
+            ..
+        })
     ));
 
     // Ledger ids: two clients allocate concurrently; no id is handed out twice.
@@ -105,7 +130,10 @@ async fn records_compare_and_set_and_layout_version() {
     // A ledger created with an explicit id just above the counter is skipped by allocation.
     let meta = ledger(&["b1", "b2", "b3"]);
     let v0 = a.create_ledger(LedgerId(max + 1), &meta).await.unwrap();
-    assert!(matches!(b.create_ledger(LedgerId(max + 1), &meta).await, Err(Error::AlreadyExists { .. })));
+    assert!(matches!(
+        b.create_ledger(LedgerId(max + 1), &meta).await,
+        Err(Error::AlreadyExists { .. })
+    ));
     assert_eq!(b.allocate_ledger_id().await.unwrap(), LedgerId(max + 2));
 
     // Ledger metadata: read, CAS update, stale update refused with the found version, delete.
@@ -114,19 +142,39 @@ async fn records_compare_and_set_and_layout_version() {
     let mut closed = meta.clone();
     closed.state = LedgerState::Closed;
     closed.last_entry = Some(9);
-    let v1 = a.update_ledger(LedgerId(max + 1), &closed, v0).await.unwrap();
+    let v1 = a
+        .update_ledger(LedgerId(max + 1), &closed, v0)
+        .await
+        .unwrap();
     match b.update_ledger(LedgerId(max + 1), &meta, v0).await {
-        Err(Error::BadVersion { expected, found, .. }) => assert_eq!((expected, found), (v0.0, v1.0)),
+        Err(Error::BadVersion {
+            expected, found, ..
+        }) => assert_eq!((expected, found), (v0.0, v1.0)),
         other => panic!("stale ledger update: {other:?}"),
     }
-    assert_eq!(b.read_ledger(LedgerId(max + 1)).await.unwrap().value, closed);
+    assert_eq!(
+        b.read_ledger(LedgerId(max + 1)).await.unwrap().value,
+        closed
+    );
     let mut bad = meta.clone();
     bad.ack_quorum = 3;
-    assert!(matches!(a.create_ledger(LedgerId(max + 5), &bad).await, Err(Error::Invalid { .. })));
-    assert!(matches!(a.delete_ledger(LedgerId(max + 1), v0).await, Err(Error::BadVersion { .. })));
+    assert!(matches!(
+        a.create_ledger(LedgerId(max + 5), &bad).await,
+        Err(Error::Invalid { .. })
+    ));
+    assert!(matches!(
+        a.delete_ledger(LedgerId(max + 1), v0).await,
+        Err(Error::BadVersion { .. })
+    ));
     a.delete_ledger(LedgerId(max + 1), v1).await.unwrap();
-    assert!(matches!(b.read_ledger(LedgerId(max + 1)).await, Err(Error::NotFound { .. })));
-    assert!(matches!(b.update_ledger(LedgerId(max + 1), &meta, v1).await, Err(Error::NotFound { .. })));
+    assert!(matches!(
+        b.read_ledger(LedgerId(max + 1)).await,
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(
+        b.update_ledger(LedgerId(max + 1), &meta, v1).await,
+        Err(Error::NotFound { .. })
+    ));
     // A deleted ledger's id is not handed out again.
     assert!(a.allocate_ledger_id().await.unwrap().0 > max + 2);
 
@@ -134,24 +182,48 @@ async fn records_compare_and_set_and_layout_version() {
     for name in ["logs/app-1", "logs/app-2", "plain"] {
         a.create_stream(&stream(name)).await.unwrap();
     }
-    assert!(matches!(b.create_stream(&stream("plain")).await, Err(Error::AlreadyExists { .. })));
-    assert!(matches!(b.create_stream(&stream("/abs")).await, Err(Error::Invalid { .. })));
-    assert_eq!(b.list_streams().await.unwrap(), vec!["logs/app-1", "logs/app-2", "plain"]);
+    assert!(matches!(
+        b.create_stream(&stream("plain")).await,
+        Err(Error::AlreadyExists { .. })
+    ));
+    assert!(matches!(
+        b.create_stream(&stream("/abs")).await,
+        Err(Error::Invalid { .. })
+    ));
+    assert_eq!(
+        b.list_streams().await.unwrap(),
+        vec!["logs/app-1", "logs/app-2", "plain"]
+    );
     let s = b.read_stream("logs/app-1").await.unwrap();
     assert_eq!(s.value, stream("logs/app-1"));
     let mut grown = s.value.clone();
     grown.max_txid = Some(42);
     let sv1 = b.update_stream(&grown, s.version).await.unwrap();
-    assert!(matches!(a.update_stream(&stream("logs/app-1"), s.version).await, Err(Error::BadVersion { .. })));
-    assert_eq!(a.read_stream("logs/app-1").await.unwrap().value.max_txid, Some(42));
-    assert!(matches!(a.delete_stream("logs/app-1", s.version).await, Err(Error::BadVersion { .. })));
+    assert!(matches!(
+        a.update_stream(&stream("logs/app-1"), s.version).await,
+        Err(Error::BadVersion { .. })
+    ));
+    assert_eq!(
+        a.read_stream("logs/app-1").await.unwrap().value.max_txid,
+        Some(42)
+    );
+    assert!(matches!(
+        a.delete_stream("logs/app-1", s.version).await,
+        Err(Error::BadVersion { .. })
+    ));
     a.delete_stream("logs/app-1", sv1).await.unwrap();
-    assert!(matches!(a.read_stream("logs/app-1").await, Err(Error::NotFound { .. })));
+    assert!(matches!(
+        a.read_stream("logs/app-1").await,
+        Err(Error::NotFound { .. })
+    ));
     assert_eq!(a.list_streams().await.unwrap(), vec!["logs/app-2", "plain"]);
 
     // Layout version: a root written by an unknown layout version is refused.
     let c = connect(&zk, "/quire/c2").await;
-    c.client().set_data("/quire/c2/LAYOUT", br#"{"layout_version":99}"#, None).await.unwrap();
+    c.client()
+        .set_data("/quire/c2/LAYOUT", br#"{"layout_version":99}"#, None)
+        .await
+        .unwrap();
     match ZkStore::connect(&zk.connect_string(), "/quire/c2", SESSION).await {
         Err(Error::Corrupt { path, reason }) => {
             assert_eq!(path, "/quire/c2/LAYOUT");
@@ -159,7 +231,10 @@ async fn records_compare_and_set_and_layout_version() {
         }
         other => panic!("unknown layout version accepted: {other:?}"),
     }
-    assert!(matches!(ZkStore::connect(&zk.connect_string(), "quire", SESSION).await, Err(Error::Invalid { .. })));
+    assert!(matches!(
+        ZkStore::connect(&zk.connect_string(), "quire", SESSION).await,
+        Err(Error::Invalid { .. })
+    ));
     drop((a, b, c));
     zk.stop();
 }
@@ -174,22 +249,57 @@ async fn bookie_registrations_are_ephemeral() {
     let zk = ZooKeeperServer::start();
     let a = connect(&zk, "/quire").await;
     let b = connect(&zk, "/quire").await;
-    let info = |id: &str, read_only| BookieInfo { id: BookieId(id.into()), rack: Some("r1".into()), read_only };
+    let info = |id: &str, read_only| BookieInfo {
+        id: BookieId(id.into()),
+        rack: Some("r1".into()),
+        read_only,
+    };
 
-    a.register_bookie(info("127.0.0.1:3182", false)).await.unwrap();
-    a.register_bookie(info("127.0.0.1:3181", false)).await.unwrap();
-    assert_eq!(b.list_bookies().await.unwrap(), vec![info("127.0.0.1:3181", false), info("127.0.0.1:3182", false)]);
+    a.register_bookie(info("127.0.0.1:3182", false))
+        .await
+        .unwrap();
+    a.register_bookie(info("127.0.0.1:3181", false))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.list_bookies().await.unwrap(),
+        vec![info("127.0.0.1:3181", false), info("127.0.0.1:3182", false)]
+    );
 
     // Re-registering from the same session replaces; going read-only moves the node.
-    a.register_bookie(info("127.0.0.1:3181", true)).await.unwrap();
-    assert_eq!(b.list_bookies().await.unwrap(), vec![info("127.0.0.1:3181", true), info("127.0.0.1:3182", false)]);
-    assert!(b.client().check_stat("/quire/bookies/available/127.0.0.1:3181").await.unwrap().is_none());
-    assert!(b.client().check_stat("/quire/bookies/readonly/127.0.0.1:3181").await.unwrap().is_some());
+    a.register_bookie(info("127.0.0.1:3181", true))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.list_bookies().await.unwrap(),
+        vec![info("127.0.0.1:3181", true), info("127.0.0.1:3182", false)]
+    );
+    assert!(b
+        .client()
+        .check_stat("/quire/bookies/available/127.0.0.1:3181")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(b
+        .client()
+        .check_stat("/quire/bookies/readonly/127.0.0.1:3181")
+        .await
+        .unwrap()
+        .is_some());
 
     // Unregister.
-    b.unregister_bookie(&BookieId("127.0.0.1:3182".into())).await.unwrap();
-    assert!(matches!(b.unregister_bookie(&BookieId("127.0.0.1:3182".into())).await, Err(Error::NotFound { .. })));
-    assert_eq!(b.list_bookies().await.unwrap(), vec![info("127.0.0.1:3181", true)]);
+    b.unregister_bookie(&BookieId("127.0.0.1:3182".into()))
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.unregister_bookie(&BookieId("127.0.0.1:3182".into()))
+            .await,
+        Err(Error::NotFound { .. })
+    ));
+    assert_eq!(
+        b.list_bookies().await.unwrap(),
+        vec![info("127.0.0.1:3181", true)]
+    );
 
     // Closing A's session removes its registration; B sees it go.
     let mut a_lost = a.session_lost();
@@ -201,7 +311,10 @@ async fn bookie_registrations_are_ephemeral() {
     })
     .await
     .expect("registration of a closed session must disappear");
-    tokio::time::timeout(PATIENCE, a_lost.wait_for(|lost| *lost)).await.expect("session_lost flips on close").unwrap();
+    tokio::time::timeout(PATIENCE, a_lost.wait_for(|lost| *lost))
+        .await
+        .expect("session_lost flips on close")
+        .unwrap();
     drop(b);
     zk.stop();
 }
@@ -222,7 +335,10 @@ async fn stream_lock_race_and_session_expiry() {
     let name = "logs/locked";
     assert_eq!(b.stream_owner(name).await.unwrap(), None);
 
-    let (ra, rb) = tokio::join!(a.try_acquire_stream(name, "proxy-a"), b.try_acquire_stream(name, "proxy-b"));
+    let (ra, rb) = tokio::join!(
+        a.try_acquire_stream(name, "proxy-a"),
+        b.try_acquire_stream(name, "proxy-b")
+    );
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
     let (lease, loser_saw) = match (ra, rb) {
         (Ok(lease), Err(owner)) => {
@@ -237,14 +353,30 @@ async fn stream_lock_race_and_session_expiry() {
     };
     // Make A the holder for the expiry part: if B won, B releases and A takes it.
     let lease = if loser_saw == "b" {
-        assert_eq!(a.stream_owner(name).await.unwrap().as_deref(), Some("proxy-b"));
+        assert_eq!(
+            a.stream_owner(name).await.unwrap().as_deref(),
+            Some("proxy-b")
+        );
         b.release_stream(lease).await.unwrap();
-        a.try_acquire_stream(name, "proxy-a").await.unwrap().expect("A acquires after B released")
+        a.try_acquire_stream(name, "proxy-a")
+            .await
+            .unwrap()
+            .expect("A acquires after B released")
     } else {
         lease
     };
-    assert_eq!(b.stream_owner(name).await.unwrap().as_deref(), Some("proxy-a"));
-    assert_eq!(b.try_acquire_stream(name, "proxy-b").await.unwrap().err().as_deref(), Some("proxy-a"));
+    assert_eq!(
+        b.stream_owner(name).await.unwrap().as_deref(),
+        Some("proxy-a")
+    );
+    assert_eq!(
+        b.try_acquire_stream(name, "proxy-b")
+            .await
+            .unwrap()
+            .err()
+            .as_deref(),
+        Some("proxy-a")
+    );
     assert!(!*lease.lost.borrow());
     // Only the holder's lock child remains (the losers deleted theirs).
     let dir = format!("/quire/locks/{}", encode_stream_name(name));
@@ -253,23 +385,40 @@ async fn stream_lock_race_and_session_expiry() {
     // Force A's session to expire: attach to it from a second connection, then close that.
     let mut a_lost = a.session_lost();
     let mut lost = lease.lost.clone();
-    let expired = tokio::time::timeout(PATIENCE, async {
-        loop {
+    // A's client reconnects and may take the session back before the second connection closes
+    // it (the server keeps the newest connection of a session), so retry until it sticks.
+    let expired = tokio::time::timeout(2 * PATIENCE, async {
+        for attempt in 1.. {
             let session = a.client().session().clone();
-            if let Ok(hijack) =
-                zookeeper_client::Client::connector().with_session(session).connect(&zk.connect_string()).await
+            let t = std::time::Instant::now();
+            let r = zookeeper_client::Client::connector()
+                .with_session(session)
+                .connect(&zk.connect_string())
+                .await;
+            eprintln!(
+                "hijack attempt {attempt}: connect {:?} after {:?}",
+                r.as_ref().map(|_| ()),
+                t.elapsed()
+            );
+            drop(r);
+            if tokio::time::timeout(Duration::from_secs(5), a_lost.wait_for(|l| *l))
+                .await
+                .is_ok()
             {
-                drop(hijack);
-            }
-            if tokio::time::timeout(Duration::from_secs(10), a_lost.wait_for(|l| *l)).await.is_ok() {
                 return;
             }
         }
     })
     .await;
     expired.expect("A's session must be lost");
-    tokio::time::timeout(PATIENCE, lost.wait_for(|l| *l)).await.expect("lease must flip lost").unwrap();
-    assert!(matches!(a.list_bookies().await, Err(Error::ZooKeeper { .. })));
+    tokio::time::timeout(PATIENCE, lost.wait_for(|l| *l))
+        .await
+        .expect("lease must flip lost")
+        .unwrap();
+    assert!(matches!(
+        a.list_bookies().await,
+        Err(Error::ZooKeeper { .. })
+    ));
 
     // The lock child went with A's session: B can acquire now.
     let b_lease = tokio::time::timeout(PATIENCE, async {
@@ -282,15 +431,24 @@ async fn stream_lock_race_and_session_expiry() {
     })
     .await
     .expect("B acquires after A's session expired");
-    assert_eq!(b.stream_owner(name).await.unwrap().as_deref(), Some("proxy-b"));
+    assert_eq!(
+        b.stream_owner(name).await.unwrap().as_deref(),
+        Some("proxy-b")
+    );
     // Releasing A's dead lease is a no-op, not an error, and does not touch B's lock.
     a.release_stream(lease).await.unwrap();
-    assert_eq!(b.stream_owner(name).await.unwrap().as_deref(), Some("proxy-b"));
+    assert_eq!(
+        b.stream_owner(name).await.unwrap().as_deref(),
+        Some("proxy-b")
+    );
 
     // Deleting the lock child by hand (an operator) flips the lease too.
     let mut b_lost = b_lease.lost.clone();
     b.client().delete(&b_lease.token, None).await.unwrap();
-    tokio::time::timeout(PATIENCE, b_lost.wait_for(|l| *l)).await.expect("lease flips on node deletion").unwrap();
+    tokio::time::timeout(PATIENCE, b_lost.wait_for(|l| *l))
+        .await
+        .expect("lease flips on node deletion")
+        .unwrap();
     b.release_stream(b_lease).await.unwrap();
     assert_eq!(b.stream_owner(name).await.unwrap(), None);
     drop((a, b));

@@ -55,7 +55,10 @@ impl ZooKeeperServer {
             Path::new("/usr/share/java/zookeeper.jar").exists(),
             "ZooKeeper is not installed: run `apt-get install -y --no-install-recommends zookeeper` (see .ci/run)"
         );
-        let dir = tempfile::Builder::new().prefix("quire-zk-").tempdir().expect("create ZooKeeper temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("quire-zk-")
+            .tempdir()
+            .expect("create ZooKeeper temp dir");
         let data = dir.path().join("data");
         let log = dir.path().join("log");
         std::fs::create_dir_all(&data).expect("create ZooKeeper data dir");
@@ -74,7 +77,8 @@ impl ZooKeeperServer {
                 ),
             )
             .expect("write zoo.cfg");
-            let stdout = std::fs::File::create(log.join("stdout")).expect("create ZooKeeper stdout file");
+            let stdout =
+                std::fs::File::create(log.join("stdout")).expect("create ZooKeeper stdout file");
             let stderr = stdout.try_clone().expect("clone ZooKeeper stdout file");
             let mut child = Command::new("java")
                 .arg("-Xms64m")
@@ -93,7 +97,13 @@ impl ZooKeeperServer {
                 .spawn()
                 .expect("start java (is a JRE installed?)");
             match wait_ready(&mut child, port) {
-                Ok(()) => return ZooKeeperServer { child: Some(child), port, dir },
+                Ok(()) => {
+                    return ZooKeeperServer {
+                        child: Some(child),
+                        port,
+                        dir,
+                    }
+                }
                 Err(e) => {
                     last_error = format!("{e}\n--- server log tail ---\n{}", log_tail(dir.path()));
                     kill_and_wait(child);
@@ -158,7 +168,9 @@ fn wait_ready(child: &mut Child, port: u16) -> Result<(), String> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("no `imok` from port {port} within {START_TIMEOUT:?}"));
+            return Err(format!(
+                "no `imok` from port {port} within {START_TIMEOUT:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -220,5 +232,8 @@ pub fn four_letter_word(port: u16, cmd: &str) -> std::io::Result<String> {
 
 /// A port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind 127.0.0.1:0")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0")
 }

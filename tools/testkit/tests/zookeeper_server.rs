@@ -14,6 +14,12 @@ fn starts_answers_and_stops_by_pid() {
     let (pid, port) = (zk.pid().unwrap(), zk.port());
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
     zk.stop();
-    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "server pid {pid} still exists");
-    assert!(four_letter_word(port, "ruok").is_err(), "port {port} still answers");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "server pid {pid} still exists"
+    );
+    assert!(
+        four_letter_word(port, "ruok").is_err(),
+        "port {port} still answers"
+    );
 }
