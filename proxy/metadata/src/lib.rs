@@ -1,5 +1,6 @@
 //! The metadata store: one interface for everything a Quire cluster keeps outside the bookies,
-//! and its embedded, on-disk implementation for the single-machine sandbox.
+//! its embedded, on-disk implementation for the single-machine sandbox ([`EmbeddedStore`]), and
+//! its ZooKeeper implementation for clusters ([`ZkStore`]).
 //!
 //! What is stored (the ZooKeeper layout of BookKeeper and DistributedLog, reduced to types):
 //! * the bookie registry ([`BookieInfo`]),
@@ -8,17 +9,19 @@
 //!
 //! Every update is a compare-and-set against the [`Version`] the caller read, as with ZooKeeper's
 //! `setData(path, data, version)`; a stale version fails with [`Error::BadVersion`] and changes
-//! nothing. The ZooKeeper implementation (a later issue) maps each record to one znode, so the
-//! trait deliberately offers nothing that needs a transaction across records.
+//! nothing. [`ZkStore`] maps each record to one znode (`docs/format/zookeeper-layout.md`), so
+//! the trait deliberately offers nothing that needs a transaction across records.
 //!
 //! # Threading
 //! Implementations are shared (`Send + Sync`) and used from the tokio metadata plane.
 
 mod embedded;
 mod types;
+mod zookeeper;
 
 pub use embedded::EmbeddedStore;
 pub use types::*;
+pub use zookeeper::{decode_stream_name, encode_stream_name, ZkStore, ZK_LAYOUT_VERSION};
 
 use async_trait::async_trait;
 
@@ -56,15 +59,22 @@ pub enum Error {
     /// The store's persisted state could not be parsed.
     #[error("metadata store file {path} is corrupt: {reason}")]
     Corrupt { path: String, reason: String },
+    /// A ZooKeeper request failed for a reason other than the ones above: connection loss,
+    /// session expiry or close, timeout, authentication. The operation may or may not have
+    /// taken effect when the reason is a connection loss (ZooKeeper's rule); read back before
+    /// retrying a non-idempotent update.
+    #[error("ZooKeeper {op} on {path} failed: {source}")]
+    ZooKeeper { op: &'static str, path: String, source: zookeeper_client::Error },
 }
 
 /// Result alias for this crate.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// The metadata interface shared by the embedded store and (later) ZooKeeper.
+/// The metadata interface shared by the embedded store and ZooKeeper.
 ///
 /// # Errors
-/// Every method can fail with `Io`; the others are listed per method.
+/// Every method can fail with `Io` (embedded) or `ZooKeeper` (ZooKeeper); the others are
+/// listed per method.
 #[async_trait]
 pub trait MetadataStore: Send + Sync + 'static {
     /// Adds or replaces a bookie in the registry (BookKeeper `available/<id>`).

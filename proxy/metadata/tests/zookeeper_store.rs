@@ -1,0 +1,298 @@
+//! The ZooKeeper metadata store against a real standalone ZooKeeper (quire-testkit starts one per
+//! test on a free loopback port). Three tests, so three server starts: records and CAS, bookie
+//! registration, stream locks and session expiry.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use quire_metadata::*;
+use quire_testkit::ZooKeeperServer;
+use quire_wire::LedgerId;
+
+const SESSION: Duration = Duration::from_secs(6);
+/// Upper bound for waiting on something that must happen; never a latency assertion.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn stream(name: &str) -> StreamMetadata {
+    StreamMetadata { name: name.into(), segments: vec![], max_txid: None, creation_time_ms: 1 }
+}
+
+fn ledger(bookies: &[&str]) -> LedgerMetadata {
+    LedgerMetadata {
+        format_version: LEDGER_METADATA_FORMAT_VERSION,
+        ensemble_size: bookies.len() as u8,
+        write_quorum: 2,
+        ack_quorum: 2,
+        state: LedgerState::Open,
+        fragments: vec![Fragment { first_entry: 0, bookies: bookies.iter().map(|b| BookieId(b.to_string())).collect() }],
+        last_entry: None,
+        length_bytes: 0,
+        digest_type: DigestType::Crc32c,
+        master_key_hex: "00".repeat(20),
+        creation_time_ms: 7,
+        custom: BTreeMap::new(),
+    }
+}
+
+fn cookie(bookie: &str, instance: &str, journal: &str) -> Cookie {
+    Cookie {
+        format_version: COOKIE_FORMAT_VERSION,
+        bookie: BookieId(bookie.into()),
+        instance_id: instance.into(),
+        journal_dir: journal.into(),
+        ledger_dirs: vec!["/data/l0".into()],
+    }
+}
+
+async fn connect(zk: &ZooKeeperServer, root: &str) -> ZkStore {
+    ZkStore::connect(&zk.connect_string(), root, SESSION).await.expect("connect to ZooKeeper")
+}
+
+/// Goal: every record method of the trait behaves as the trait says against real ZooKeeper:
+/// layout creation (concurrent first use) and the layout version check, instance id, cookies,
+/// ledger ids (never repeated across two clients, explicit ids skipped), ledger and stream CRUD
+/// with compare-and-set conflicts, and stream names with '/'.
+/// Method: two stores on one root race to create the layout, then drive every method and check
+/// results and error variants; finally corrupt the layout version through the raw client and
+/// check that a new store refuses it.
+#[tokio::test]
+async fn records_compare_and_set_and_layout_version() {
+    let zk = ZooKeeperServer::start();
+    let (a, b) = tokio::join!(connect(&zk, "/quire/c1"), connect(&zk, "/quire/c1"));
+
+    // Instance id: created once, same for both clients.
+    let id = a.instance_id().await.unwrap();
+    assert_eq!(id.len(), 32);
+    assert_eq!(b.instance_id().await.unwrap(), id);
+
+    // Cookies: create, duplicate create refused, CAS update, stale CAS refused.
+    let bk = "127.0.0.1:3181";
+    assert!(matches!(a.read_cookie(&BookieId(bk.into())).await, Err(Error::NotFound { .. })));
+    let v0 = a.write_cookie(&cookie(bk, &id, "/j1"), None).await.unwrap();
+    assert!(matches!(b.write_cookie(&cookie(bk, &id, "/j1"), None).await, Err(Error::AlreadyExists { .. })));
+    let v1 = b.write_cookie(&cookie(bk, &id, "/j2"), Some(v0)).await.unwrap();
+    assert!(v1 > v0);
+    assert!(matches!(a.write_cookie(&cookie(bk, &id, "/j3"), Some(v0)).await, Err(Error::BadVersion { .. })));
+    let read = a.read_cookie(&BookieId(bk.into())).await.unwrap();
+    assert_eq!((read.value.journal_dir.as_str(), read.version), ("/j2", v1));
+    assert!(matches!(
+        a.write_cookie(&cookie("bad/id", &id, "/j"), None).await,
+        Err(Error::Invalid { what: "bookie id", .. })
+    ));
+
+    // Ledger ids: two clients allocate concurrently; no id is handed out twice.
+    let (ids_a, ids_b) = tokio::join!(
+        async {
+            let mut v = Vec::new();
+            for _ in 0..40 {
+                v.push(a.allocate_ledger_id().await.unwrap());
+            }
+            v
+        },
+        async {
+            let mut v = Vec::new();
+            for _ in 0..40 {
+                v.push(b.allocate_ledger_id().await.unwrap());
+            }
+            v
+        }
+    );
+    let all: BTreeSet<u64> = ids_a.iter().chain(&ids_b).map(|l| l.0).collect();
+    assert_eq!(all.len(), 80, "a ledger id was handed out twice");
+    assert!(!all.contains(&0), "ledger ids start at 1");
+    let max = *all.iter().max().unwrap();
+
+    // A ledger created with an explicit id just above the counter is skipped by allocation.
+    let meta = ledger(&["b1", "b2", "b3"]);
+    let v0 = a.create_ledger(LedgerId(max + 1), &meta).await.unwrap();
+    assert!(matches!(b.create_ledger(LedgerId(max + 1), &meta).await, Err(Error::AlreadyExists { .. })));
+    assert_eq!(b.allocate_ledger_id().await.unwrap(), LedgerId(max + 2));
+
+    // Ledger metadata: read, CAS update, stale update refused with the found version, delete.
+    let r = b.read_ledger(LedgerId(max + 1)).await.unwrap();
+    assert_eq!((r.value.clone(), r.version), (meta.clone(), v0));
+    let mut closed = meta.clone();
+    closed.state = LedgerState::Closed;
+    closed.last_entry = Some(9);
+    let v1 = a.update_ledger(LedgerId(max + 1), &closed, v0).await.unwrap();
+    match b.update_ledger(LedgerId(max + 1), &meta, v0).await {
+        Err(Error::BadVersion { expected, found, .. }) => assert_eq!((expected, found), (v0.0, v1.0)),
+        other => panic!("stale ledger update: {other:?}"),
+    }
+    assert_eq!(b.read_ledger(LedgerId(max + 1)).await.unwrap().value, closed);
+    let mut bad = meta.clone();
+    bad.ack_quorum = 3;
+    assert!(matches!(a.create_ledger(LedgerId(max + 5), &bad).await, Err(Error::Invalid { .. })));
+    assert!(matches!(a.delete_ledger(LedgerId(max + 1), v0).await, Err(Error::BadVersion { .. })));
+    a.delete_ledger(LedgerId(max + 1), v1).await.unwrap();
+    assert!(matches!(b.read_ledger(LedgerId(max + 1)).await, Err(Error::NotFound { .. })));
+    assert!(matches!(b.update_ledger(LedgerId(max + 1), &meta, v1).await, Err(Error::NotFound { .. })));
+    // A deleted ledger's id is not handed out again.
+    assert!(a.allocate_ledger_id().await.unwrap().0 > max + 2);
+
+    // Streams, including names with '/' (one znode each, encoded).
+    for name in ["logs/app-1", "logs/app-2", "plain"] {
+        a.create_stream(&stream(name)).await.unwrap();
+    }
+    assert!(matches!(b.create_stream(&stream("plain")).await, Err(Error::AlreadyExists { .. })));
+    assert!(matches!(b.create_stream(&stream("/abs")).await, Err(Error::Invalid { .. })));
+    assert_eq!(b.list_streams().await.unwrap(), vec!["logs/app-1", "logs/app-2", "plain"]);
+    let s = b.read_stream("logs/app-1").await.unwrap();
+    assert_eq!(s.value, stream("logs/app-1"));
+    let mut grown = s.value.clone();
+    grown.max_txid = Some(42);
+    let sv1 = b.update_stream(&grown, s.version).await.unwrap();
+    assert!(matches!(a.update_stream(&stream("logs/app-1"), s.version).await, Err(Error::BadVersion { .. })));
+    assert_eq!(a.read_stream("logs/app-1").await.unwrap().value.max_txid, Some(42));
+    assert!(matches!(a.delete_stream("logs/app-1", s.version).await, Err(Error::BadVersion { .. })));
+    a.delete_stream("logs/app-1", sv1).await.unwrap();
+    assert!(matches!(a.read_stream("logs/app-1").await, Err(Error::NotFound { .. })));
+    assert_eq!(a.list_streams().await.unwrap(), vec!["logs/app-2", "plain"]);
+
+    // Layout version: a root written by an unknown layout version is refused.
+    let c = connect(&zk, "/quire/c2").await;
+    c.client().set_data("/quire/c2/LAYOUT", br#"{"layout_version":99}"#, None).await.unwrap();
+    match ZkStore::connect(&zk.connect_string(), "/quire/c2", SESSION).await {
+        Err(Error::Corrupt { path, reason }) => {
+            assert_eq!(path, "/quire/c2/LAYOUT");
+            assert!(reason.contains("99"), "{reason}");
+        }
+        other => panic!("unknown layout version accepted: {other:?}"),
+    }
+    assert!(matches!(ZkStore::connect(&zk.connect_string(), "quire", SESSION).await, Err(Error::Invalid { .. })));
+    drop((a, b, c));
+    zk.stop();
+}
+
+/// Goal: bookie registrations are ephemeral (BookKeeper `available/` and `readonly/`): another
+/// client sees them, a switch to read-only moves the node, unregister removes it, and closing
+/// the registering client's session removes its registrations.
+/// Method: client A registers two bookies, client B lists them; A switches one to read-only;
+/// A is dropped (its session closes) and B waits until the list is empty.
+#[tokio::test]
+async fn bookie_registrations_are_ephemeral() {
+    let zk = ZooKeeperServer::start();
+    let a = connect(&zk, "/quire").await;
+    let b = connect(&zk, "/quire").await;
+    let info = |id: &str, read_only| BookieInfo { id: BookieId(id.into()), rack: Some("r1".into()), read_only };
+
+    a.register_bookie(info("127.0.0.1:3182", false)).await.unwrap();
+    a.register_bookie(info("127.0.0.1:3181", false)).await.unwrap();
+    assert_eq!(b.list_bookies().await.unwrap(), vec![info("127.0.0.1:3181", false), info("127.0.0.1:3182", false)]);
+
+    // Re-registering from the same session replaces; going read-only moves the node.
+    a.register_bookie(info("127.0.0.1:3181", true)).await.unwrap();
+    assert_eq!(b.list_bookies().await.unwrap(), vec![info("127.0.0.1:3181", true), info("127.0.0.1:3182", false)]);
+    assert!(b.client().check_stat("/quire/bookies/available/127.0.0.1:3181").await.unwrap().is_none());
+    assert!(b.client().check_stat("/quire/bookies/readonly/127.0.0.1:3181").await.unwrap().is_some());
+
+    // Unregister.
+    b.unregister_bookie(&BookieId("127.0.0.1:3182".into())).await.unwrap();
+    assert!(matches!(b.unregister_bookie(&BookieId("127.0.0.1:3182".into())).await, Err(Error::NotFound { .. })));
+    assert_eq!(b.list_bookies().await.unwrap(), vec![info("127.0.0.1:3181", true)]);
+
+    // Closing A's session removes its registration; B sees it go.
+    let mut a_lost = a.session_lost();
+    drop(a);
+    tokio::time::timeout(PATIENCE, async {
+        while !b.list_bookies().await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("registration of a closed session must disappear");
+    tokio::time::timeout(PATIENCE, a_lost.wait_for(|lost| *lost)).await.expect("session_lost flips on close").unwrap();
+    drop(b);
+    zk.stop();
+}
+
+/// Goal: stream ownership follows DistributedLog's ephemeral-sequential lock: of two racing
+/// clients exactly one wins and the other learns the owner; the winner's lease flips `lost`
+/// when its session expires, after which the other client can acquire; release works and
+/// `stream_owner` reports the holder.
+/// Method: A and B race `try_acquire_stream` concurrently; then A's session is forced to expire
+/// by attaching a second connection to A's session id and closing it (the server then deletes
+/// A's ephemeral nodes, and A's own reconnect is told the session expired); wait for A's lease
+/// and `session_lost` to flip, then B acquires, releases, and acquires again.
+#[tokio::test]
+async fn stream_lock_race_and_session_expiry() {
+    let zk = ZooKeeperServer::start();
+    let a = connect(&zk, "/quire").await;
+    let b = connect(&zk, "/quire").await;
+    let name = "logs/locked";
+    assert_eq!(b.stream_owner(name).await.unwrap(), None);
+
+    let (ra, rb) = tokio::join!(a.try_acquire_stream(name, "proxy-a"), b.try_acquire_stream(name, "proxy-b"));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let (lease, loser_saw) = match (ra, rb) {
+        (Ok(lease), Err(owner)) => {
+            assert_eq!(owner, "proxy-a");
+            (lease, "a")
+        }
+        (Err(owner), Ok(lease)) => {
+            assert_eq!(owner, "proxy-b");
+            (lease, "b")
+        }
+        (ra, rb) => panic!("exactly one must win: {ra:?} / {rb:?}"),
+    };
+    // Make A the holder for the expiry part: if B won, B releases and A takes it.
+    let lease = if loser_saw == "b" {
+        assert_eq!(a.stream_owner(name).await.unwrap().as_deref(), Some("proxy-b"));
+        b.release_stream(lease).await.unwrap();
+        a.try_acquire_stream(name, "proxy-a").await.unwrap().expect("A acquires after B released")
+    } else {
+        lease
+    };
+    assert_eq!(b.stream_owner(name).await.unwrap().as_deref(), Some("proxy-a"));
+    assert_eq!(b.try_acquire_stream(name, "proxy-b").await.unwrap().err().as_deref(), Some("proxy-a"));
+    assert!(!*lease.lost.borrow());
+    // Only the holder's lock child remains (the losers deleted theirs).
+    let dir = format!("/quire/locks/{}", encode_stream_name(name));
+    assert_eq!(b.client().list_children(&dir).await.unwrap().len(), 1);
+
+    // Force A's session to expire: attach to it from a second connection, then close that.
+    let mut a_lost = a.session_lost();
+    let mut lost = lease.lost.clone();
+    let expired = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let session = a.client().session().clone();
+            if let Ok(hijack) =
+                zookeeper_client::Client::connector().with_session(session).connect(&zk.connect_string()).await
+            {
+                drop(hijack);
+            }
+            if tokio::time::timeout(Duration::from_secs(10), a_lost.wait_for(|l| *l)).await.is_ok() {
+                return;
+            }
+        }
+    })
+    .await;
+    expired.expect("A's session must be lost");
+    tokio::time::timeout(PATIENCE, lost.wait_for(|l| *l)).await.expect("lease must flip lost").unwrap();
+    assert!(matches!(a.list_bookies().await, Err(Error::ZooKeeper { .. })));
+
+    // The lock child went with A's session: B can acquire now.
+    let b_lease = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(l) = b.try_acquire_stream(name, "proxy-b").await.unwrap() {
+                return l;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("B acquires after A's session expired");
+    assert_eq!(b.stream_owner(name).await.unwrap().as_deref(), Some("proxy-b"));
+    // Releasing A's dead lease is a no-op, not an error, and does not touch B's lock.
+    a.release_stream(lease).await.unwrap();
+    assert_eq!(b.stream_owner(name).await.unwrap().as_deref(), Some("proxy-b"));
+
+    // Deleting the lock child by hand (an operator) flips the lease too.
+    let mut b_lost = b_lease.lost.clone();
+    b.client().delete(&b_lease.token, None).await.unwrap();
+    tokio::time::timeout(PATIENCE, b_lost.wait_for(|l| *l)).await.expect("lease flips on node deletion").unwrap();
+    b.release_stream(b_lease).await.unwrap();
+    assert_eq!(b.stream_owner(name).await.unwrap(), None);
+    drop((a, b));
+    zk.stop();
+}
