@@ -1,4 +1,11 @@
-//! The proxy client: a pipelined connection to one proxy, usable from any tokio runtime.
+//! The proxy client: pipelined connections to proxies, usable from any tokio runtime.
+//!
+//! A [`ProxyClient`] talks to the proxy it was connected to (its *home* proxy). A request for a
+//! stream that another proxy owns is answered with a redirect (`STREAM_OWNED_ELSEWHERE`, the
+//! owner's address as message); the client then connects to the owner (connections are kept,
+//! one per proxy), remembers the owner of the stream and resends, up to
+//! [`ClientConfig::redirects_max`] times, as DistributedLog's client does with `FOUND` and its
+//! ownership cache. Later requests for that stream go straight to the cached owner.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +19,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::oneshot;
 
 use crate::dlsn::ReadPosition;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
     Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN, WRITE_RECORD_OVERHEAD_BYTES,
 };
@@ -25,13 +32,22 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Longest wait for a response, on top of a read's own `wait`.
     pub request_timeout: Duration,
+    /// Redirects followed for one request before giving up with `RedirectFailed`
+    /// (DistributedLog's `maxRedirects`, there unbounded by default).
+    pub redirects_max: u32,
 }
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        Self { connect_timeout: Duration::from_secs(5), request_timeout: Duration::from_secs(30) }
+        Self { connect_timeout: Duration::from_secs(5), request_timeout: Duration::from_secs(30), redirects_max: 4 }
     }
 }
+
+/// Pause before following a redirect again within one request (DistributedLog
+/// `redirectBackoffStartMs`); doubled per hop up to [`REDIRECT_BACKOFF_MAX`].
+const REDIRECT_BACKOFF_START: Duration = Duration::from_millis(25);
+/// Longest pause between redirects (DistributedLog `redirectBackoffMaxMs`).
+const REDIRECT_BACKOFF_MAX: Duration = Duration::from_millis(100);
 
 type Pending = HashMap<u64, oneshot::Sender<Result<Response>>>;
 
@@ -48,12 +64,11 @@ impl Shared {
     }
 }
 
-/// A connection to one proxy. Requests are pipelined: any number of calls may be in flight from
-/// clones of a `&ProxyClient` at once, each matched to its response by request id.
-///
-/// # Threading
-/// Shared (`Send + Sync`); call from any tokio task.
-pub struct ProxyClient {
+/// A connection to one proxy. Requests are pipelined: any number of calls may be in flight at
+/// once, each matched to its response by request id.
+struct Connection {
+    /// The address as the client knows it (what it connected to).
+    addr: String,
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     shared: Arc<Shared>,
     next_request_id: AtomicU64,
@@ -63,13 +78,7 @@ pub struct ProxyClient {
     reader_task: tokio::task::JoinHandle<()>,
 }
 
-impl std::fmt::Debug for ProxyClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyClient").field("frame_size_bytes_max", &self.frame_size_bytes_max).finish()
-    }
-}
-
-impl Drop for ProxyClient {
+impl Drop for Connection {
     fn drop(&mut self) {
         self.reader_task.abort();
     }
@@ -95,21 +104,8 @@ async fn read_one_frame(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, max: u32) -> 
     }
 }
 
-impl ProxyClient {
-    /// Connects and performs the handshake with default settings.
-    ///
-    /// # Errors
-    /// `Io` if the proxy cannot be reached, `UnsupportedVersion` or `Protocol` if the handshake
-    /// fails.
-    pub async fn connect(addr: impl ToSocketAddrs) -> Result<Self> {
-        Self::connect_with(addr, ClientConfig::default()).await
-    }
-
-    /// Connects with explicit settings.
-    ///
-    /// # Errors
-    /// As [`ProxyClient::connect`].
-    pub async fn connect_with(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
+impl Connection {
+    async fn connect(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
         let timeout = config.connect_timeout;
         let timed_out = || Error::Io { op: "connect", source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out") };
         tokio::time::timeout(timeout, Self::connect_inner(addr, config)).await.map_err(|_| timed_out())?
@@ -117,6 +113,7 @@ impl ProxyClient {
 
     async fn connect_inner(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
         let stream = TcpStream::connect(addr).await.map_err(|source| Error::Io { op: "connect", source })?;
+        let peer = stream.peer_addr().map_err(|source| Error::Io { op: "peer_addr", source })?;
         stream.set_nodelay(true).map_err(|source| Error::Io { op: "set_nodelay", source })?;
         let (mut rd, mut wr) = stream.into_split();
         let mut out = Vec::new();
@@ -148,6 +145,7 @@ impl ProxyClient {
         let shared = Arc::new(Shared { pending: Mutex::new(Some(HashMap::new())) });
         let reader_task = tokio::spawn(Self::reader_loop(rd, buf, frame_size_bytes_max, shared.clone()));
         Ok(Self {
+            addr: peer.to_string(),
             writer: tokio::sync::Mutex::new(wr),
             shared,
             next_request_id: AtomicU64::new(1),
@@ -188,17 +186,7 @@ impl ProxyClient {
         }
     }
 
-    /// The frame limit the proxy announced.
-    pub fn frame_size_bytes_max(&self) -> u32 {
-        self.frame_size_bytes_max
-    }
-
-    /// The record limit the proxy announced.
-    pub fn record_size_bytes_max(&self) -> u32 {
-        self.record_size_bytes_max
-    }
-
-    async fn call(&self, req: Request, extra_wait: Duration) -> Result<Response> {
+    async fn call(&self, req: &Request, extra_wait: Duration) -> Result<Response> {
         let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -244,12 +232,189 @@ impl ProxyClient {
         }
     }
 
+    fn is_closed(&self) -> bool {
+        self.shared.pending.lock().expect("pending lock").is_none()
+    }
+}
+
+/// A client of the proxy tier: a connection to its home proxy, plus connections to the owners
+/// of streams it was redirected to. Requests are pipelined: any number of calls may be in
+/// flight from a shared `&ProxyClient` at once.
+///
+/// # Threading
+/// Shared (`Send + Sync`); call from any tokio task.
+pub struct ProxyClient {
+    home: Arc<Connection>,
+    config: ClientConfig,
+    /// Connections to other proxies, by the address their redirects named.
+    others: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
+    /// Ownership cache: stream -> owner address (DistributedLog `OwnershipCache`).
+    owners: Mutex<HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for ProxyClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyClient")
+            .field("home", &self.home.addr)
+            .field("frame_size_bytes_max", &self.home.frame_size_bytes_max)
+            .finish()
+    }
+}
+
+impl ProxyClient {
+    /// Connects to a home proxy and performs the handshake, with default settings.
+    ///
+    /// # Errors
+    /// `Io` if the proxy cannot be reached, `UnsupportedVersion` or `Protocol` if the handshake
+    /// fails.
+    pub async fn connect(addr: impl ToSocketAddrs) -> Result<Self> {
+        Self::connect_with(addr, ClientConfig::default()).await
+    }
+
+    /// Connects with explicit settings.
+    ///
+    /// # Errors
+    /// As [`ProxyClient::connect`].
+    pub async fn connect_with(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
+        let home = Connection::connect(addr, config.clone()).await?;
+        Ok(Self { home: Arc::new(home), config, others: tokio::sync::Mutex::new(HashMap::new()), owners: Mutex::new(HashMap::new()) })
+    }
+
+    /// The frame limit the home proxy announced. Writes are split to fit it.
+    pub fn frame_size_bytes_max(&self) -> u32 {
+        self.home.frame_size_bytes_max
+    }
+
+    /// The record limit the home proxy announced.
+    pub fn record_size_bytes_max(&self) -> u32 {
+        self.home.record_size_bytes_max
+    }
+
+    /// The owner this client last learned for `stream` from a redirect, if any.
+    pub fn cached_owner(&self, stream: &str) -> Option<String> {
+        self.owners.lock().expect("owners lock").get(stream).cloned()
+    }
+
+    fn forget_owner(&self, stream: &str) {
+        self.owners.lock().expect("owners lock").remove(stream);
+    }
+
+    /// The connection to `addr`: the home one, a kept one, or a new one.
+    async fn connection_to(&self, addr: &str) -> Result<Arc<Connection>> {
+        if addr == self.home.addr {
+            return Ok(self.home.clone());
+        }
+        let mut others = self.others.lock().await;
+        if let Some(c) = others.get(addr) {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let c = Arc::new(Connection::connect(addr, self.config.clone()).await?);
+        others.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    async fn drop_connection(&self, addr: &str) {
+        self.others.lock().await.remove(addr);
+    }
+
+    /// Sends a request about `stream` to its owner as far as known (the cached owner, else the
+    /// home proxy) and follows redirects.
+    async fn call_stream(&self, stream: &str, req: &Request, extra_wait: Duration) -> Result<Response> {
+        let mut target = self.cached_owner(stream);
+        let mut from_cache = target.is_some();
+        let mut hops = 0u32;
+        let mut backoff = REDIRECT_BACKOFF_START;
+        loop {
+            let conn = match &target {
+                None => self.home.clone(),
+                Some(addr) => match self.connection_to(addr).await {
+                    Ok(c) => c,
+                    Err(e) if from_cache => {
+                        // A stale cache entry: nothing was sent, ask the home proxy instead.
+                        tracing::debug!(stream, owner = %addr, error = %e, "cached owner unreachable");
+                        self.forget_owner(stream);
+                        target = None;
+                        from_cache = false;
+                        continue;
+                    }
+                    Err(e) => {
+                        self.forget_owner(stream);
+                        return Err(Error::RedirectFailed { stream: stream.to_string(), owner: addr.clone(), reason: format!("cannot connect: {e}") });
+                    }
+                },
+            };
+            match conn.call(req, extra_wait).await {
+                Err(Error::Remote { code: ErrorCode::StreamOwnedElsewhere, message: owner }) => {
+                    hops += 1;
+                    if owner == conn.addr {
+                        self.forget_owner(stream);
+                        return Err(Error::RedirectFailed {
+                            stream: stream.to_string(),
+                            owner,
+                            reason: "the proxy redirected to itself".into(),
+                        });
+                    }
+                    if hops > self.config.redirects_max {
+                        self.forget_owner(stream);
+                        return Err(Error::RedirectFailed {
+                            stream: stream.to_string(),
+                            owner,
+                            reason: format!("gave up after {} redirects", self.config.redirects_max),
+                        });
+                    }
+                    if hops > 1 {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(REDIRECT_BACKOFF_MAX);
+                    }
+                    tracing::debug!(stream, %owner, hops, "following redirect");
+                    self.owners.lock().expect("owners lock").insert(stream.to_string(), owner.clone());
+                    target = Some(owner);
+                    from_cache = false;
+                }
+                Err(Error::Remote { code: ErrorCode::ServiceUnavailable, .. }) if target.is_some() => {
+                    // The owner we were sent to is shutting down and did nothing with the
+                    // request (DistributedLog: SERVICE_UNAVAILABLE marks the host down and the
+                    // request goes elsewhere): ask the home proxy who owns the stream now.
+                    hops += 1;
+                    if hops > self.config.redirects_max {
+                        self.forget_owner(stream);
+                        return Err(Error::RedirectFailed {
+                            stream: stream.to_string(),
+                            owner: conn.addr.clone(),
+                            reason: format!("gave up after {} redirects", self.config.redirects_max),
+                        });
+                    }
+                    self.forget_owner(stream);
+                    self.drop_connection(&conn.addr).await;
+                    target = None;
+                    from_cache = false;
+                }
+                Err(e @ Error::Remote { code: ErrorCode::OwnershipLost, .. }) => {
+                    self.forget_owner(stream);
+                    return Err(e);
+                }
+                Err(e @ Error::Io { .. }) => {
+                    // The request may or may not have been processed: never resend it, but route
+                    // the next request afresh.
+                    if let Some(addr) = &target {
+                        self.drop_connection(addr).await;
+                        self.forget_owner(stream);
+                    }
+                    return Err(e);
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Creates an empty stream.
     ///
     /// # Errors
     /// `Remote` with `StreamExists`, `InvalidStreamName` or `Metadata`; `Io` on connection loss.
     pub async fn create_stream(&self, stream: &str) -> Result<()> {
-        match self.call(Request::CreateStream { stream: stream.to_string() }, Duration::ZERO).await? {
+        match self.home.call(&Request::CreateStream { stream: stream.to_string() }, Duration::ZERO).await? {
             Response::CreateStream => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -260,7 +425,7 @@ impl ProxyClient {
     /// # Errors
     /// `Remote` with `Metadata`; `Io` on connection loss.
     pub async fn list_streams(&self) -> Result<Vec<String>> {
-        match self.call(Request::ListStreams, Duration::ZERO).await? {
+        match self.home.call(&Request::ListStreams, Duration::ZERO).await? {
             Response::ListStreams { streams } => Ok(streams),
             other => Err(unexpected(&other)),
         }
@@ -283,8 +448,8 @@ impl ProxyClient {
             return Err(Error::BadRequest { reason: "a write needs at least one record".into() });
         }
         for (i, (txid, p)) in records.iter().enumerate() {
-            if p.len() > self.record_size_bytes_max as usize {
-                return Err(Error::RecordTooLarge { record_index: i, size_bytes: p.len(), max_bytes: self.record_size_bytes_max as usize });
+            if p.len() > self.record_size_bytes_max() as usize {
+                return Err(Error::RecordTooLarge { record_index: i, size_bytes: p.len(), max_bytes: self.record_size_bytes_max() as usize });
             }
             if i > 0 && *txid < records[i - 1].0 {
                 return Err(Error::TxidOutOfOrder { record_index: i, txid: *txid, last_txid: records[i - 1].0 });
@@ -292,7 +457,7 @@ impl ProxyClient {
         }
         // Room for the records in one frame: the limit minus the header, name and count, with
         // some slack.
-        let budget = self.frame_size_bytes_max as usize - FRAME_HEADER_SIZE_BYTES - stream.len() - 64;
+        let budget = self.frame_size_bytes_max() as usize - FRAME_HEADER_SIZE_BYTES - stream.len() - 64;
         let mut result: Option<WriteResult> = None;
         let mut rest = records;
         while !rest.is_empty() {
@@ -309,7 +474,8 @@ impl ProxyClient {
             let tail = rest.split_off(n);
             let chunk = std::mem::replace(&mut rest, tail);
             let written = result.map_or(0, |r| r.count);
-            let resp = self.call(Request::Write { stream: stream.to_string(), create_if_missing, records: chunk }, Duration::ZERO).await;
+            let req = Request::Write { stream: stream.to_string(), create_if_missing, records: chunk };
+            let resp = self.call_stream(stream, &req, Duration::ZERO).await;
             let resp = match resp {
                 Err(Error::Remote { code, message }) if written > 0 => {
                     return Err(Error::Remote { code, message: format!("{message} (after {written} records of this write were acknowledged)") })
@@ -338,7 +504,7 @@ impl ProxyClient {
     pub async fn read(&self, stream: &str, from: ReadPosition, max_records: u32, max_bytes: u32, wait: Duration) -> Result<ReadBatch> {
         let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
         let req = Request::Read { stream: stream.to_string(), from, max_records, max_bytes, wait_ms };
-        match self.call(req, wait).await? {
+        match self.call_stream(stream, &req, wait).await? {
             Response::Read { next, records } => Ok(ReadBatch { records, next }),
             other => Err(unexpected(&other)),
         }

@@ -10,6 +10,9 @@ use quire_wire::WireError;
 pub enum ErrorCode {
     /// Success (only in the frame header, never inside an [`Error`]).
     Ok = 0,
+    /// Another proxy owns the stream; the error message is the owner's address
+    /// (`host:port`), where the client should send the request instead (DL `FOUND`).
+    StreamOwnedElsewhere = 302,
     /// Malformed, unexpected or out-of-range request.
     BadRequest = 400,
     /// A record is larger than [`crate::RECORD_SIZE_BYTES_MAX`] (DL `TOO_LARGE_RECORD`).
@@ -20,6 +23,10 @@ pub enum ErrorCode {
     Internal = 500,
     /// The proxy is shutting down (DL `SERVICE_UNAVAILABLE`).
     ServiceUnavailable = 503,
+    /// This proxy owned the stream and lost it (its lease expired or was taken, or another
+    /// writer fenced the segment's ledger); the request failed. The next request to this proxy
+    /// tries to acquire the stream again (DL `LOCKING_EXCEPTION`).
+    OwnershipLost = 504,
     /// The metadata store failed or holds an unexpected state (DL `METADATA_EXCEPTION`).
     Metadata = 506,
     /// Bookies / the ledger layer failed; the write may or may not have been stored
@@ -37,13 +44,15 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 14] = [
         Self::Ok,
+        Self::StreamOwnedElsewhere,
         Self::BadRequest,
         Self::RecordTooLarge,
         Self::UnsupportedVersion,
         Self::Internal,
         Self::ServiceUnavailable,
+        Self::OwnershipLost,
         Self::Metadata,
         Self::Storage,
         Self::NoSuchStream,
@@ -61,11 +70,13 @@ impl ErrorCode {
     pub fn name(self) -> &'static str {
         match self {
             Self::Ok => "OK",
+            Self::StreamOwnedElsewhere => "STREAM_OWNED_ELSEWHERE",
             Self::BadRequest => "BAD_REQUEST",
             Self::RecordTooLarge => "RECORD_TOO_LARGE",
             Self::UnsupportedVersion => "UNSUPPORTED_VERSION",
             Self::Internal => "INTERNAL",
             Self::ServiceUnavailable => "SERVICE_UNAVAILABLE",
+            Self::OwnershipLost => "OWNERSHIP_LOST",
             Self::Metadata => "METADATA_ERROR",
             Self::Storage => "STORAGE_ERROR",
             Self::NoSuchStream => "NO_SUCH_STREAM",
@@ -117,6 +128,19 @@ pub enum Error {
     /// The proxy is shutting down.
     #[error("the proxy is shutting down")]
     ShuttingDown,
+    /// Another proxy owns the stream (DistributedLog's write lock is held elsewhere); send the
+    /// request to `owner`. Nothing of the request was done.
+    #[error("stream {stream:?} is owned by proxy {owner}")]
+    OwnedElsewhere { stream: String, owner: String },
+    /// This proxy lost ownership of the stream: its lease was lost, or another writer fenced the
+    /// ledger of the segment being written or changed the stream's metadata. For a write, records
+    /// not acknowledged may or may not be in the log (after the new owner's recovery); the next
+    /// request tries to acquire the stream again.
+    #[error("ownership of stream {stream:?} lost: {reason}")]
+    OwnershipLost { stream: String, reason: String },
+    /// (client side) The stream's owner could not be reached through redirects.
+    #[error("stream {stream:?} is owned by proxy {owner}, but the redirect failed: {reason}")]
+    RedirectFailed { stream: String, owner: String, reason: String },
     /// A proxy answered a request with an error (client side).
     #[error("proxy error {code}: {message}")]
     Remote { code: ErrorCode, message: String },
@@ -147,6 +171,8 @@ impl Error {
             Error::Storage { .. } => ErrorCode::Storage,
             Error::Metadata { .. } => ErrorCode::Metadata,
             Error::ShuttingDown => ErrorCode::ServiceUnavailable,
+            Error::OwnedElsewhere { .. } | Error::RedirectFailed { .. } => ErrorCode::StreamOwnedElsewhere,
+            Error::OwnershipLost { .. } => ErrorCode::OwnershipLost,
             Error::Remote { code, .. } => *code,
             Error::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
             Error::Io { .. } | Error::Internal(_) => ErrorCode::Internal,
@@ -176,7 +202,7 @@ mod tests {
     fn codes_are_stable_and_round_trip() {
         // Goal: freeze the numbers on the wire; method: list them and map each back.
         let numbers: Vec<u16> = ErrorCode::ALL.iter().map(|c| *c as u16).collect();
-        assert_eq!(numbers, [0, 400, 413, 426, 500, 503, 506, 507, 510, 514, 525, 602]);
+        assert_eq!(numbers, [0, 302, 400, 413, 426, 500, 503, 504, 506, 507, 510, 514, 525, 602]);
         for c in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u16(c as u16), Some(c));
         }

@@ -129,8 +129,13 @@ async fn serve_until(listener: TcpListener, streams: Arc<StreamManager>, config:
     }
 }
 
+/// The error answer to a request. A redirect (`STREAM_OWNED_ELSEWHERE`) carries the owner's
+/// address alone as its message, for the client to connect to.
 fn error_response(e: &Error) -> Response {
-    Response::Error { code: e.code(), message: e.to_string() }
+    match e {
+        Error::OwnedElsewhere { owner, .. } => Response::Error { code: ErrorCode::StreamOwnedElsewhere, message: owner.clone() },
+        other => Response::Error { code: other.code(), message: other.to_string() },
+    }
 }
 
 async fn writer_loop(mut socket: OwnedWriteHalf, mut rx: mpsc::Receiver<Vec<u8>>) {

@@ -19,6 +19,23 @@
 //!   entry is read to learn the last txid and record count, and it is marked `Completed`. New
 //!   writes go into a new segment. The same recovery runs before the next append after a
 //!   storage error (the failed writer is dropped, DistributedLog's "writer is dead" rule).
+//! * **One writer per stream** (DistributedLog's write lock, `lockTimeoutSeconds=0` as in its
+//!   proxy): before a stream task is created, i.e. before this proxy recovers the stream's
+//!   in-progress segment or writes to it, it takes the stream's lease in the metadata store
+//!   under its identity ([`StreamConfig::owner_address`]). If another proxy holds it, the
+//!   request fails at once with [`Error::OwnedElsewhere`] naming the owner, which clients
+//!   follow as a redirect. Reads go through the same path: they are served by the owner only
+//!   (a non-owner redirects; a read of a stream nobody owns makes this proxy its owner).
+//! * Ownership is lost when the lease's `lost` flag rises (session expiry, lease released from
+//!   outside), when an add or a close finds the segment's ledger fenced (someone recovered it
+//!   under this writer), or when a stream metadata update finds another writer's version. The
+//!   writer then drops its ledger writer and cached state without completing the segment
+//!   (the next owner recovers it), gives the lease up, fails the current and queued requests
+//!   with [`Error::OwnershipLost`] and ends its task. The lease is checked before every append
+//!   and every segment start and watched while idle; a loss noticed while idle fails the next
+//!   write with `OwnershipLost`. Any later request acquires the stream again (and is redirected
+//!   while someone else owns it). As DistributedLog's docs stress, the lease alone is not what
+//!   makes this safe: fencing and compare-and-set metadata updates are.
 //! * Readers never touch the writer: the stream task publishes the segment list with each
 //!   segment's readable end (its last entry once completed, the writer's LAC while in progress)
 //!   through a `tokio::sync::watch`, and tail readers sleep on it. Entries just acknowledged are
@@ -28,12 +45,12 @@
 //! [`StreamManager`] is shared (`Send + Sync`); use it from any tokio task.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quire_ledger::{AddFuture, BookKeeper, LedgerOptions, LedgerReader, LedgerWriter};
-use quire_metadata::{validate_stream_name, MetadataStore, SegmentMetadata, SegmentState, StreamMetadata, Versioned};
+use quire_metadata::{validate_stream_name, MetadataStore, SegmentMetadata, SegmentState, StreamLease, StreamMetadata, Versioned};
 use quire_wire::{EntryId, LedgerId};
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 
@@ -65,6 +82,12 @@ pub struct StreamConfig {
     pub tail_cache_bytes_max: usize,
     /// Appends queued per stream before submitters wait.
     pub append_queue_max: usize,
+    /// This proxy's identity as a stream owner: the address (`host:port`) clients can reach it
+    /// at, recorded in each stream lease it takes and handed to clients in redirects
+    /// (DistributedLog's lock client id is the proxy's socket address). Empty (the default):
+    /// a unique placeholder `unadvertised-<pid>-<n>` is used, fine for a single proxy but
+    /// useless to a redirected client.
+    pub owner_address: String,
 }
 
 impl Default for StreamConfig {
@@ -79,6 +102,7 @@ impl Default for StreamConfig {
             adds_in_flight_max: 64,
             tail_cache_bytes_max: 8 * 1024 * 1024,
             append_queue_max: 64,
+            owner_address: String::new(),
         }
     }
 }
@@ -90,6 +114,31 @@ fn now_ms() -> u64 {
 fn storage(stream: &str, op: &'static str, e: quire_ledger::Error) -> Error {
     Error::Storage { stream: stream.to_string(), op, source: Box::new(e) }
 }
+
+/// A ledger error of the writer: `Fenced` means another writer recovered the segment under
+/// this one (BookKeeper `LedgerFencedException`), i.e. ownership is lost.
+fn writer_storage(stream: &str, op: &'static str, e: quire_ledger::Error) -> Error {
+    match e {
+        quire_ledger::Error::Fenced { ledger } => Error::OwnershipLost {
+            stream: stream.to_string(),
+            reason: format!("{op}: ledger {ledger} was fenced, another writer recovered the segment under this one"),
+        },
+        other => storage(stream, op, other),
+    }
+}
+
+/// Why the lease says ownership is gone, if it does.
+fn lease_lost_reason(lost: &watch::Receiver<bool>) -> Option<String> {
+    if *lost.borrow() {
+        Some("the ownership lease was lost (session expired or lease released)".into())
+    } else if lost.has_changed().is_err() {
+        Some("the metadata store dropped the ownership lease".into())
+    } else {
+        None
+    }
+}
+
+static PLACEHOLDER_IDENTITY_SEQ: AtomicU64 = AtomicU64::new(1);
 
 /// What readers know about one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,6 +218,10 @@ struct StreamShared {
     cache: Mutex<TailCache>,
     /// Open ledger readers by ledger id, bounded by `READERS_CACHED_MAX`.
     readers: Mutex<HashMap<u64, LedgerReader>>,
+    /// Set (with the reason) once the stream task lost ownership and gave the stream up.
+    lost: Mutex<Option<String>>,
+    /// True once some request was answered with `OwnershipLost` for this acquisition.
+    loss_reported: AtomicBool,
 }
 
 const READERS_CACHED_MAX: usize = 16;
@@ -186,6 +239,18 @@ pub(crate) struct StreamHandle {
     commands: mpsc::Sender<Command>,
     tail: watch::Receiver<TailState>,
     shared: Arc<StreamShared>,
+    /// The lease's `lost` flag, to notice a loss before the task does.
+    lease_lost: watch::Receiver<bool>,
+}
+
+impl StreamHandle {
+    /// Why this acquisition of the stream is over, if it is.
+    fn lost_reason(&self) -> Option<String> {
+        if let Some(r) = self.shared.lost.lock().expect("lost lock").clone() {
+            return Some(r);
+        }
+        lease_lost_reason(&self.lease_lost)
+    }
 }
 
 /// The streams this proxy owns.
@@ -196,19 +261,20 @@ pub struct StreamManager {
     metadata: Arc<dyn MetadataStore>,
     bookkeeper: BookKeeper,
     config: Arc<StreamConfig>,
+    identity: String,
     streams: Mutex<HashMap<String, Arc<OnceCell<Arc<StreamHandle>>>>>,
     shutting_down: AtomicBool,
 }
 
 impl std::fmt::Debug for StreamManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamManager").field("config", &self.config).finish()
+        f.debug_struct("StreamManager").field("identity", &self.identity).field("config", &self.config).finish()
     }
 }
 
 impl StreamManager {
     /// Makes a manager over a metadata store and a ledger client. Nothing is read until a
-    /// stream is first used.
+    /// stream is first used. Its owner identity is `config.owner_address` (see there).
     ///
     /// # Panics
     /// If the config breaks E >= Qw >= Qa >= 1 or the entry target is outside
@@ -220,9 +286,15 @@ impl StreamManager {
         assert!(config.entry_size_bytes_target <= ENTRY_SIZE_BYTES_MAX, "entry target above the entry limit");
         assert!(config.entry_size_bytes_target > RECORD_SET_HEADER_SIZE_BYTES, "entry target too small");
         assert!(config.adds_in_flight_max >= 1 && config.append_queue_max >= 1);
+        let identity = if config.owner_address.is_empty() {
+            format!("unadvertised-{}-{}", std::process::id(), PLACEHOLDER_IDENTITY_SEQ.fetch_add(1, Ordering::Relaxed))
+        } else {
+            config.owner_address.clone()
+        };
         Arc::new(Self {
             metadata,
             bookkeeper,
+            identity,
             config: Arc::new(config),
             streams: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
@@ -232,6 +304,11 @@ impl StreamManager {
     /// The settings in force.
     pub fn config(&self) -> &StreamConfig {
         &self.config
+    }
+
+    /// The identity this manager takes stream leases under (its advertised address).
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// Creates an empty stream.
@@ -261,8 +338,11 @@ impl StreamManager {
     /// Checked before anything is written: `RecordTooLarge` (a payload above
     /// [`RECORD_SIZE_BYTES_MAX`]), `TxidOutOfOrder` (a txid below the previous one or below the
     /// stream's last txid), `BadRequest` (no records), `NoSuchStream` (unless
-    /// `create_if_missing`), `InvalidStreamName`. During the write: `Storage` or `Metadata`;
-    /// then records not acknowledged may or may not be in the log after recovery.
+    /// `create_if_missing`), `InvalidStreamName`, `OwnedElsewhere` (another proxy owns the
+    /// stream; redirect), `OwnershipLost` (this proxy lost the stream since its last request;
+    /// the next request acquires it again). During the write: `Storage`, `Metadata` or
+    /// `OwnershipLost`; then records not acknowledged may or may not be in the log after
+    /// recovery.
     pub async fn append(&self, name: &str, records: Vec<(u64, Vec<u8>)>, create_if_missing: bool) -> Result<WriteResult> {
         let rx = self.submit_append(name, records, create_if_missing).await?;
         rx.await.map_err(|_| Error::ShuttingDown)?
@@ -282,9 +362,18 @@ impl StreamManager {
         if let Some((i, (_, p))) = records.iter().enumerate().find(|(_, (_, p))| p.len() > RECORD_SIZE_BYTES_MAX) {
             return Err(Error::RecordTooLarge { record_index: i, size_bytes: p.len(), max_bytes: RECORD_SIZE_BYTES_MAX });
         }
-        let handle = self.stream(name, create_if_missing).await?;
+        let handle = self.stream(name, create_if_missing, true).await?;
         let (reply, rx) = oneshot::channel();
-        handle.commands.send(Command::Append { records, reply }).await.map_err(|_| Error::ShuttingDown)?;
+        if handle.commands.send(Command::Append { records, reply }).await.is_err() {
+            // The task ended: it lost the stream (or the manager is stopping).
+            return Err(match handle.lost_reason() {
+                Some(reason) => {
+                    handle.shared.loss_reported.store(true, Ordering::SeqCst);
+                    Error::OwnershipLost { stream: name.to_string(), reason }
+                }
+                None => Error::ShuttingDown,
+            });
+        }
         Ok(rx)
     }
 
@@ -294,12 +383,13 @@ impl StreamManager {
     /// `from`, waits up to `wait` for a write to make something readable.
     ///
     /// # Errors
-    /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`.
+    /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`,
+    /// `OwnedElsewhere` (reads are served by the stream's owner only).
     pub async fn read(&self, name: &str, from: ReadPosition, max_records: u32, max_bytes: u32, wait: Duration) -> Result<ReadBatch> {
         if max_records == 0 {
             return Err(Error::BadRequest { reason: "max_records must be at least 1".into() });
         }
-        let handle = self.stream(name, false).await?;
+        let handle = self.stream(name, false, false).await?;
         let deadline = tokio::time::Instant::now() + wait;
         let mut tail = handle.tail.clone();
         let mut pos = match from {
@@ -398,24 +488,29 @@ impl StreamManager {
         Ok((out, next))
     }
 
-    /// Acquires every stream in the metadata store now, recovering any segment a previous
-    /// owner left in progress, instead of at each stream's first use. Returns how many streams
-    /// were acquired.
+    /// Acquires every stream in the metadata store that no other proxy owns now, recovering
+    /// any segment a previous owner left in progress, instead of at each stream's first use.
+    /// Returns how many streams were acquired (streams owned elsewhere are skipped).
     ///
     /// # Errors
     /// The first stream that fails to recover (`Storage`, `Metadata`); the ones before it stay
     /// acquired.
     pub async fn recover_all(&self) -> Result<usize> {
         let names = self.list_streams().await?;
+        let mut acquired = 0;
         for name in &names {
-            self.stream(name, false).await?;
+            match self.stream(name, false, false).await {
+                Ok(_) => acquired += 1,
+                Err(Error::OwnedElsewhere { .. } | Error::NoSuchStream { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
-        Ok(names.len())
+        Ok(acquired)
     }
 
-    /// Completes the open segment of every stream (close the ledger, mark it `Completed`) and
-    /// refuses new requests with `ShuttingDown`. Streams not closed cleanly are recovered by the
-    /// next owner anyway; this only saves it the fencing.
+    /// Completes the open segment of every stream (close the ledger, mark it `Completed`),
+    /// gives every stream lease up and refuses new requests with `ShuttingDown`. Streams not
+    /// closed cleanly are recovered by the next owner anyway; this only saves it the fencing.
     ///
     /// # Errors
     /// The first `Storage` or `Metadata` error met; the other streams are still closed.
@@ -443,20 +538,40 @@ impl StreamManager {
         }
     }
 
-    /// The handle of `name`, acquiring the stream (recovering its in-progress segments and
-    /// starting its task) the first time.
-    async fn stream(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
-        self.check_running()?;
-        let cell = self.streams.lock().expect("streams lock").entry(name.to_string()).or_default().clone();
-        let result = cell.get_or_try_init(|| self.acquire(name, create_if_missing)).await.cloned();
-        if result.is_err() {
-            // Do not keep entries for names that failed (unknown or invalid streams).
-            let mut streams = self.streams.lock().expect("streams lock");
-            if streams.get(name).is_some_and(|c| c.get().is_none()) {
-                streams.remove(name);
+    /// The handle of `name`, acquiring the stream (taking its lease, recovering its
+    /// in-progress segments and starting its task) the first time, and again after ownership
+    /// was lost. With `report_loss`, a loss no request has been told about yet is returned as
+    /// `OwnershipLost` once (so a writer learns that its stream moved) before acquiring again.
+    async fn stream(&self, name: &str, create_if_missing: bool, report_loss: bool) -> Result<Arc<StreamHandle>> {
+        for _ in 0..3 {
+            self.check_running()?;
+            let cell = self.streams.lock().expect("streams lock").entry(name.to_string()).or_default().clone();
+            let result = cell.get_or_try_init(|| self.acquire(name, create_if_missing)).await.cloned();
+            let handle = match result {
+                Ok(h) => h,
+                Err(e) => {
+                    // Do not keep entries for names that failed (unknown or invalid streams,
+                    // streams owned elsewhere).
+                    let mut streams = self.streams.lock().expect("streams lock");
+                    if streams.get(name).is_some_and(|c| c.get().is_none()) {
+                        streams.remove(name);
+                    }
+                    return Err(e);
+                }
+            };
+            let Some(reason) = handle.lost_reason() else { return Ok(handle) };
+            // This acquisition is over: forget it, so the next attempt acquires afresh.
+            {
+                let mut streams = self.streams.lock().expect("streams lock");
+                if streams.get(name).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                    streams.remove(name);
+                }
+            }
+            if report_loss && !handle.shared.loss_reported.swap(true, Ordering::SeqCst) {
+                return Err(Error::OwnershipLost { stream: name.to_string(), reason });
             }
         }
-        result
+        Err(Error::OwnershipLost { stream: name.to_string(), reason: "ownership was lost again right after each acquisition".into() })
     }
 
     async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
@@ -472,6 +587,13 @@ impl StreamManager {
             }
             Err(e) => return Err(Error::from_metadata(name, "read stream", e)),
         };
+        // The write lock, without waiting (DistributedLog proxy: lockTimeoutSeconds=0).
+        let lease = match self.metadata.try_acquire_stream(name, &self.identity).await {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(owner)) => return Err(Error::OwnedElsewhere { stream: name.to_string(), owner }),
+            Err(e) => return Err(Error::from_metadata(name, "acquire stream lease", e)),
+        };
+        let lease_lost = lease.lost.clone();
         let (tail_tx, tail_rx) = watch::channel(TailState::from_metadata(&meta.value));
         let shared = Arc::new(StreamShared::default());
         let mut writer = Writer {
@@ -486,12 +608,16 @@ impl StreamManager {
             closed: false,
             tail: tail_tx,
             shared: shared.clone(),
+            lease: Some(lease),
         };
-        writer.recover().await?;
+        if let Err(e) = writer.recover().await {
+            writer.release_lease().await;
+            return Err(e);
+        }
         let (tx, rx) = mpsc::channel(self.config.append_queue_max);
         tokio::spawn(writer.run(rx));
-        tracing::info!(stream = name, "acquired stream");
-        Ok(Arc::new(StreamHandle { name: name.to_string(), commands: tx, tail: tail_rx, shared }))
+        tracing::info!(stream = name, owner = %self.identity, "acquired stream");
+        Ok(Arc::new(StreamHandle { name: name.to_string(), commands: tx, tail: tail_rx, shared, lease_lost }))
     }
 }
 
@@ -567,15 +693,49 @@ struct Writer {
     closed: bool,
     tail: watch::Sender<TailState>,
     shared: Arc<StreamShared>,
+    /// The stream's lease while this writer holds it.
+    lease: Option<StreamLease>,
+}
+
+/// Resolves once the lease says ownership is gone; never without a lease.
+async fn lease_lost(lost: &mut Option<watch::Receiver<bool>>) -> String {
+    let Some(rx) = lost.as_mut() else { return std::future::pending().await };
+    match rx.wait_for(|l| *l).await {
+        Ok(_) => "the ownership lease was lost (session expired or lease released)".into(),
+        Err(_) => "the metadata store dropped the ownership lease".into(),
+    }
 }
 
 impl Writer {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
-        while let Some(cmd) = commands.recv().await {
+        let mut lost_rx = self.lease.as_ref().map(|l| l.lost.clone());
+        loop {
+            let cmd = tokio::select! {
+                biased;
+                reason = lease_lost(&mut lost_rx) => {
+                    tracing::warn!(stream = %self.name, %reason, "stream ownership lost while idle");
+                    self.lose(reason).await;
+                    break;
+                }
+                cmd = commands.recv() => cmd,
+            };
+            let Some(cmd) = cmd else {
+                // The manager is gone without a shutdown: give the lease up so another proxy can
+                // take over; the segment stays in progress for it to recover, as after a crash.
+                self.release_lease().await;
+                break;
+            };
             match cmd {
                 Command::Append { records, reply } => {
                     let r = if self.closed { Err(Error::ShuttingDown) } else { self.append(records).await };
+                    let lost = matches!(r, Err(Error::OwnershipLost { .. }));
+                    if lost {
+                        self.shared.loss_reported.store(true, Ordering::SeqCst);
+                    }
                     let _ = reply.send(r);
+                    if lost {
+                        break;
+                    }
                 }
                 Command::Close { reply } => {
                     let r = if self.healthy { self.complete_current().await } else { Ok(()) };
@@ -583,15 +743,78 @@ impl Writer {
                         self.fail();
                     }
                     self.closed = true;
+                    lost_rx = None;
+                    self.release_lease().await;
                     let _ = reply.send(r);
+                }
+            }
+        }
+        // After a loss: answer what is queued, then end (dropping the readers' view).
+        let reason = self.shared.lost.lock().expect("lost lock").clone();
+        if let Some(reason) = reason {
+            commands.close();
+            while let Some(cmd) = commands.recv().await {
+                match cmd {
+                    Command::Append { reply, .. } => {
+                        self.shared.loss_reported.store(true, Ordering::SeqCst);
+                        let _ = reply.send(Err(Error::OwnershipLost { stream: self.name.clone(), reason: reason.clone() }));
+                    }
+                    Command::Close { reply } => {
+                        let _ = reply.send(Ok(()));
+                    }
                 }
             }
         }
         tracing::debug!(stream = %self.name, "stream task ends");
     }
 
+    /// Gives the lease back to the metadata store (a no-op if it was already lost).
+    async fn release_lease(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            if let Err(e) = self.metadata.release_stream(lease).await {
+                tracing::warn!(stream = %self.name, error = %e, "releasing the stream lease failed");
+            }
+        }
+    }
+
+    /// Ownership is gone: drop the ledger writer and cached state without completing the
+    /// segment (the next owner recovers it), give the lease up and mark the stream lost.
+    async fn lose(&mut self, reason: String) {
+        tracing::warn!(stream = %self.name, %reason, "giving up stream ownership");
+        self.current = None;
+        self.healthy = false;
+        *self.shared.cache.lock().expect("cache lock") = TailCache::default();
+        self.shared.readers.lock().expect("readers lock").clear();
+        self.release_lease().await;
+        *self.shared.lost.lock().expect("lost lock") = Some(reason);
+    }
+
+    /// `OwnershipLost` if the lease says ownership is gone (DistributedLog
+    /// `checkOwnershipAndReacquire` before every transmit and segment start).
+    fn check_ownership(&self) -> Result<()> {
+        let reason = match &self.lease {
+            None => Some("this proxy holds no lease for the stream".to_string()),
+            Some(l) => lease_lost_reason(&l.lost),
+        };
+        match reason {
+            Some(reason) => Err(Error::OwnershipLost { stream: self.name.clone(), reason }),
+            None => Ok(()),
+        }
+    }
+
     fn meta_err(&self, op: &'static str, e: quire_metadata::Error) -> Error {
         Error::from_metadata(&self.name, op, e)
+    }
+
+    /// A failed compare-and-set of the stream's metadata: another writer changed it.
+    fn stream_update_err(&self, op: &'static str, e: quire_metadata::Error) -> Error {
+        match e {
+            quire_metadata::Error::BadVersion { expected, found, .. } => Error::OwnershipLost {
+                stream: self.name.clone(),
+                reason: format!("{op}: the stream's metadata was changed by another writer (version {found}, expected {expected})"),
+            },
+            other => self.meta_err(op, other),
+        }
     }
 
     fn publish(&self) {
@@ -652,7 +875,8 @@ impl Writer {
             changed = true;
         }
         if changed {
-            let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.meta_err("complete recovered segment", e))?;
+            let version =
+                self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.stream_update_err("complete recovered segment", e))?;
             self.meta = Versioned { value: meta, version };
         }
         self.last_txid = self.meta.value.max_txid;
@@ -662,8 +886,19 @@ impl Writer {
     }
 
     async fn append(&mut self, records: Vec<(u64, Vec<u8>)>) -> Result<WriteResult> {
+        if let Err(e) = self.check_ownership() {
+            if let Error::OwnershipLost { reason, .. } = &e {
+                self.lose(reason.clone()).await;
+            }
+            return Err(e);
+        }
         if !self.healthy {
-            self.recover().await?;
+            if let Err(e) = self.recover().await {
+                if let Error::OwnershipLost { reason, .. } = &e {
+                    self.lose(reason.clone()).await;
+                }
+                return Err(e);
+            }
         }
         // Validate everything before writing anything.
         let mut prev = self.last_txid;
@@ -679,8 +914,12 @@ impl Writer {
         match self.append_checked(&records).await {
             Ok(r) => Ok(r),
             Err(e) => {
-                tracing::warn!(stream = %self.name, error = %e, "append failed; the writer will recover before the next append");
-                self.fail();
+                if let Error::OwnershipLost { reason, .. } = &e {
+                    self.lose(reason.clone()).await;
+                } else {
+                    tracing::warn!(stream = %self.name, error = %e, "append failed; the writer will recover before the next append");
+                    self.fail();
+                }
                 Err(e)
             }
         }
@@ -743,7 +982,7 @@ impl Writer {
 
     /// Waits for one add (the oldest in flight) and makes its entry visible to readers.
     async fn complete_add(&mut self, f: InFlight) -> Result<()> {
-        let acked = f.future.await.map_err(|e| storage(&self.name, "add entry", e))?;
+        let acked = f.future.await.map_err(|e| writer_storage(&self.name, "add entry", e))?;
         assert_eq!(acked.0, f.entry, "adds are acknowledged in entry order");
         let seg = self.current.as_mut().expect("an add in flight has an open segment");
         assert!(seg.last_acked_entry.is_none_or(|l| l + 1 == f.entry), "acknowledgements advance one entry at a time");
@@ -761,6 +1000,7 @@ impl Writer {
     /// Starts a new segment with a fresh ledger; its first record has `first_txid`.
     async fn open_segment(&mut self, first_txid: u64) -> Result<()> {
         assert!(self.current.is_none(), "one open segment at a time");
+        self.check_ownership()?;
         let seq_no = self.meta.value.segments.last().map_or(1, |s| s.seq_no + 1);
         let mut custom = BTreeMap::new();
         custom.insert("quire.stream".to_string(), self.name.clone());
@@ -789,7 +1029,7 @@ impl Writer {
             record_count: 0,
             length_bytes: 0,
         });
-        let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.meta_err("start segment", e))?;
+        let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.stream_update_err("start segment", e))?;
         self.meta = Versioned { value: meta, version };
         tracing::debug!(stream = %self.name, seq_no, ledger = ledger.id().0, "started segment");
         self.current = Some(OpenSegment {
@@ -811,7 +1051,7 @@ impl Writer {
         let Some(seg) = self.current.as_ref() else { return Ok(()) };
         let expected_last = seg.next_entry.checked_sub(1);
         assert_eq!(seg.last_acked_entry, expected_last, "complete a segment only after all its adds");
-        let lm = seg.ledger.close().await.map_err(|e| storage(&self.name, "close ledger", e))?;
+        let lm = seg.ledger.close().await.map_err(|e| writer_storage(&self.name, "close ledger", e))?;
         if lm.last_entry != expected_last {
             return Err(Error::Storage {
                 stream: self.name.clone(),
@@ -831,7 +1071,7 @@ impl Writer {
         if seg.record_count > 0 {
             meta.max_txid = Some(meta.max_txid.map_or(seg.last_txid, |m| m.max(seg.last_txid)));
         }
-        let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.meta_err("complete segment", e))?;
+        let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.stream_update_err("complete segment", e))?;
         tracing::debug!(stream = %self.name, seq_no = seg.seq_no, records = seg.record_count, "completed segment");
         self.meta = Versioned { value: meta, version };
         self.current = None;

@@ -47,7 +47,9 @@ async fn restart_recovers_in_progress_segment_and_reads_back_once() {
         drop(client);
         drop(a);
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The dropped proxy's stream task gives the lease up (as a dead process's ZooKeeper session
+    // would), leaving the segment in progress.
+    common::wait_unowned(&c.store, "crashy").await;
     let before = c.store.read_stream("crashy").await.unwrap().value;
     let open_seq = before.segments.last().unwrap().seq_no;
 

@@ -16,10 +16,24 @@ pub struct Cluster {
     pub store: Arc<dyn MetadataStore>,
 }
 
+pub mod revocable;
+
 /// Three bookies registered in a fresh embedded store.
 pub async fn cluster() -> Cluster {
     let dir = tempfile::Builder::new().prefix("quire-proxy-test-").tempdir_in("/tmp").unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
+    cluster_with(dir, Arc::new(store)).await
+}
+
+/// Three bookies registered in a fresh embedded store wrapped so that leases can be revoked.
+pub async fn cluster_revocable() -> (Cluster, Arc<revocable::Revocable>) {
+    let dir = tempfile::Builder::new().prefix("quire-proxy-test-").tempdir_in("/tmp").unwrap();
+    let store = revocable::Revocable::new(EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+    (cluster_with(dir, store.clone()).await, store)
+}
+
+/// Three bookies (directories under `dir`) registered in `store`.
+pub async fn cluster_with(dir: tempfile::TempDir, store: Arc<dyn MetadataStore>) -> Cluster {
     let mut bookies = Vec::new();
     for i in 0..3 {
         let root = dir.path().join(format!("bookie{i}"));
@@ -31,7 +45,7 @@ pub async fn cluster() -> Cluster {
         store.register_bookie(BookieInfo { id: BookieId(bookie.addr().to_string()), rack: None, read_only: false }).await.unwrap();
         bookies.push(bookie);
     }
-    Cluster { dir, bookies, store: Arc::new(store) }
+    Cluster { dir, bookies, store }
 }
 
 /// Small segments (64 KiB) and entries (8 KiB), so a few hundred KiB span several segments.
@@ -44,11 +58,18 @@ pub struct Proxy {
     pub server: ProxyServer,
 }
 
-/// A stream manager over the cluster and a proxy server in front of it.
+/// A stream manager over the cluster and a proxy server in front of it; the manager's owner
+/// identity is the server's address.
 pub async fn proxy(c: &Cluster, config: StreamConfig) -> Proxy {
-    let bk = BookKeeper::new(c.store.clone(), quire_ledger::ClientConfig::default());
-    let streams = StreamManager::new(c.store.clone(), bk, config);
+    proxy_on(c.store.clone(), config).await
+}
+
+/// As [`proxy`], over any metadata store (the bookies must be registered in it).
+pub async fn proxy_on(store: Arc<dyn MetadataStore>, mut config: StreamConfig) -> Proxy {
+    let bk = BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    config.owner_address = listener.local_addr().unwrap().to_string();
+    let streams = StreamManager::new(store, bk, config);
     let server = ProxyServer::start(listener, streams.clone(), ServerConfig::default()).unwrap();
     Proxy { streams, server }
 }
@@ -57,4 +78,16 @@ pub async fn proxy(c: &Cluster, config: StreamConfig) -> Proxy {
 pub fn payload(i: u64) -> Vec<u8> {
     let len = 50 + (i * 7919 % 500) as usize;
     (0..len).map(|k| (i as usize * 31 + k) as u8).collect()
+}
+
+/// Waits (bounded, 10 s) until nobody owns `stream`, e.g. after a dropped proxy's stream task
+/// gave its lease up.
+pub async fn wait_unowned(store: &Arc<dyn MetadataStore>, stream: &str) {
+    for _ in 0..1000 {
+        if store.stream_owner(stream).await.unwrap().is_none() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("stream {stream} still owned after 10 s");
 }

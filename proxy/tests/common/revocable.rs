@@ -1,0 +1,96 @@
+//! A metadata store for tests that can take a stream lease away from its holder, as a
+//! ZooKeeper session expiry would: the real [`EmbeddedStore`] underneath, plus a record of the
+//! lease tokens it handed out so that `revoke` can release one from outside.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use quire_metadata::{
+    BookieId, BookieInfo, Cookie, EmbeddedStore, LedgerMetadata, MetadataStore, Result, StreamLease, StreamMetadata, Version, Versioned,
+};
+use quire_wire::LedgerId;
+
+pub struct Revocable {
+    pub inner: EmbeddedStore,
+    /// stream -> (owner, token) of the lease last handed out.
+    tokens: Mutex<HashMap<String, (String, String)>>,
+}
+
+impl Revocable {
+    pub fn new(inner: EmbeddedStore) -> Arc<Self> {
+        Arc::new(Self { inner, tokens: Mutex::new(HashMap::new()) })
+    }
+
+    /// Releases the current lease of `stream` behind its holder's back; its `lost` flag rises.
+    pub async fn revoke(&self, stream: &str) {
+        let (owner, token) = self.tokens.lock().unwrap().get(stream).cloned().expect("a lease was handed out");
+        let (_tx, lost) = tokio::sync::watch::channel(false);
+        self.inner.release_stream(StreamLease { stream: stream.to_string(), owner, lost, token }).await.unwrap();
+    }
+}
+
+#[async_trait]
+impl MetadataStore for Revocable {
+    async fn register_bookie(&self, info: BookieInfo) -> Result<()> {
+        self.inner.register_bookie(info).await
+    }
+    async fn unregister_bookie(&self, id: &BookieId) -> Result<()> {
+        self.inner.unregister_bookie(id).await
+    }
+    async fn list_bookies(&self) -> Result<Vec<BookieInfo>> {
+        self.inner.list_bookies().await
+    }
+    async fn allocate_ledger_id(&self) -> Result<LedgerId> {
+        self.inner.allocate_ledger_id().await
+    }
+    async fn create_ledger(&self, id: LedgerId, meta: &LedgerMetadata) -> Result<Version> {
+        self.inner.create_ledger(id, meta).await
+    }
+    async fn read_ledger(&self, id: LedgerId) -> Result<Versioned<LedgerMetadata>> {
+        self.inner.read_ledger(id).await
+    }
+    async fn update_ledger(&self, id: LedgerId, meta: &LedgerMetadata, expected: Version) -> Result<Version> {
+        self.inner.update_ledger(id, meta, expected).await
+    }
+    async fn delete_ledger(&self, id: LedgerId, expected: Version) -> Result<()> {
+        self.inner.delete_ledger(id, expected).await
+    }
+    async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version> {
+        self.inner.create_stream(meta).await
+    }
+    async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>> {
+        self.inner.read_stream(name).await
+    }
+    async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
+        self.inner.update_stream(meta, expected).await
+    }
+    async fn delete_stream(&self, name: &str, expected: Version) -> Result<()> {
+        self.inner.delete_stream(name, expected).await
+    }
+    async fn list_streams(&self) -> Result<Vec<String>> {
+        self.inner.list_streams().await
+    }
+    async fn instance_id(&self) -> Result<String> {
+        self.inner.instance_id().await
+    }
+    async fn read_cookie(&self, bookie: &BookieId) -> Result<Versioned<Cookie>> {
+        self.inner.read_cookie(bookie).await
+    }
+    async fn write_cookie(&self, cookie: &Cookie, expected: Option<Version>) -> Result<Version> {
+        self.inner.write_cookie(cookie, expected).await
+    }
+    async fn try_acquire_stream(&self, stream: &str, owner: &str) -> Result<std::result::Result<StreamLease, String>> {
+        let r = self.inner.try_acquire_stream(stream, owner).await?;
+        if let Ok(lease) = &r {
+            self.tokens.lock().unwrap().insert(stream.to_string(), (lease.owner.clone(), lease.token.clone()));
+        }
+        Ok(r)
+    }
+    async fn stream_owner(&self, stream: &str) -> Result<Option<String>> {
+        self.inner.stream_owner(stream).await
+    }
+    async fn release_stream(&self, lease: StreamLease) -> Result<()> {
+        self.inner.release_stream(lease).await
+    }
+}
