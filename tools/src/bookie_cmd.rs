@@ -10,10 +10,12 @@
 //! 6. serve until SIGINT or SIGTERM, re-registering if the registration disappears (ZooKeeper
 //!    session expiry), then unregister and shut the server down cleanly.
 //!
-//! On session loss the bookie keeps serving and registers again, as BookKeeper's bookie does
-//! (it re-registers on `SessionExpired`): the registration only steers placement of new
-//! ledgers; correctness of writes to existing ledgers rests on fencing, which the bookie
-//! enforces itself from its own durable state, not on ZooKeeper.
+//! On session loss the bookie keeps serving and registers again with a new session, as
+//! BookKeeper's bookie does (its registration manager re-registers on `SessionExpired`): the
+//! registration only steers the placement of new ledgers, while the correctness of writes to
+//! existing ledgers rests on fencing, which the bookie enforces from its own durable state,
+//! never from ZooKeeper. Stopping writes instead would turn a ZooKeeper hiccup into a lost
+//! replica for every ledger whose ensemble holds this bookie, forcing ensemble changes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use quire_metadata::{BookieId, BookieInfo, Cookie, MetadataStore, COOKIE_FORMAT_VERSION};
+use quire_metadata::{BookieId, BookieInfo, Cookie, MetadataStore, ZkStore, COOKIE_FORMAT_VERSION};
 
 use crate::config::{BookieOptions, BookieSettings, MetadataAddress};
 
@@ -72,10 +74,10 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
         use tokio::signal::unix::{signal, SignalKind};
         Ok::<_, std::io::Error>((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
     })?;
-    let store = runtime.block_on(options.metadata.connect())?;
+    let store = runtime.block_on(options.metadata.connect_zk())?;
     let journal_dir = options.bookie.journal_dir.clone();
     let ledger_dir = options.bookie.ledger_dir.clone();
-    let outcome = runtime.block_on(check_cookie(store.as_ref(), &id, &journal_dir, &ledger_dir))?;
+    let outcome = runtime.block_on(check_cookie(&*store, &id, &journal_dir, &ledger_dir))?;
     tracing::info!(bookie = %id, ?outcome, "cookie checked");
 
     let bookie = quire_bookie::Bookie::start(options.bookie.clone())
@@ -112,46 +114,41 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
 
 /// Keeps the registration alive until told to stop; returns the store in use then.
 ///
-/// Every `session_timeout / 4` it checks that the bookie is registered and registers it again
-/// if not (the ephemeral node went with an expired session). If the store keeps failing for a
-/// whole session timeout, it connects a new store (a new session) and registers there.
+/// When the ZooKeeper session expires, the ephemeral registration is gone: it connects a new
+/// store (a new session), retrying every second, and registers again. The bookie serves
+/// throughout.
 async fn keep_registered(
-    mut store: Arc<dyn MetadataStore>,
+    mut store: Arc<ZkStore>,
     address: MetadataAddress,
     info: BookieInfo,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Arc<dyn MetadataStore> {
-    let period = (address.session_timeout / 4).max(Duration::from_millis(250));
-    let mut failing_since: Option<tokio::time::Instant> = None;
+) -> Arc<ZkStore> {
     loop {
+        let mut lost = store.session_lost();
         tokio::select! {
             _ = stop.changed() => return store,
-            () = tokio::time::sleep(period) => {},
+            r = lost.wait_for(|lost| *lost) => if r.is_err() { return store },
         }
-        let check = async {
-            let listed = store.list_bookies().await?;
-            if !listed.iter().any(|b| b.id == info.id) {
-                tracing::warn!(bookie = %info.id, "registration lost (session expired?); registering again");
-                store.register_bookie(info.clone()).await?;
-                eprintln!("quire bookie: {} registered again", info.id);
-            }
-            Ok::<_, quire_metadata::Error>(())
-        };
-        match check.await {
-            Ok(()) => failing_since = None,
-            Err(e) => {
-                tracing::warn!(bookie = %info.id, error = %e, "metadata store unavailable");
-                let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
-                if since.elapsed() >= address.session_timeout {
-                    match address.connect().await {
-                        Ok(fresh) => {
-                            tracing::warn!(bookie = %info.id, "reconnected to the metadata store with a new session");
-                            store = fresh;
-                            failing_since = None;
-                        }
-                        Err(e) => tracing::warn!(bookie = %info.id, error = %e, "reconnect failed"),
+        eprintln!("quire bookie: {}: ZooKeeper session expired; registering again with a new session", info.id);
+        loop {
+            let attempt = async {
+                let fresh = address.connect_zk().await?;
+                fresh.register_bookie(info.clone()).await.context("register")?;
+                Ok::<_, anyhow::Error>(fresh)
+            };
+            tokio::select! {
+                _ = stop.changed() => return store,
+                r = attempt => match r {
+                    Ok(fresh) => {
+                        store = fresh;
+                        eprintln!("quire bookie: {} registered again", info.id);
+                        break;
                     }
-                }
+                    Err(e) => {
+                        tracing::warn!(bookie = %info.id, error = %format!("{e:#}"), "re-registration failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                },
             }
         }
     }

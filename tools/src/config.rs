@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use quire_metadata::MetadataStore;
+use quire_metadata::{MetadataStore, ZkStore};
 use serde::Deserialize;
 
 /// ZooKeeper session timeout used when none is configured, in milliseconds (BookKeeper's
@@ -61,15 +61,25 @@ impl MetadataAddress {
         Ok(Self { zookeeper, zk_root, session_timeout: Duration::from_millis(ms) })
     }
 
-    /// Connects to the metadata store.
+    /// Connects to the ZooKeeper metadata store (the layout under `zk_root` is created on
+    /// first use).
     ///
     /// # Errors
-    /// The store's error when ZooKeeper cannot be reached within the session timeout or the
-    /// root cannot be created.
+    /// The store's error when ZooKeeper cannot be reached within about the session timeout,
+    /// or its layout under the root is unreadable or of another version.
+    pub async fn connect_zk(&self) -> Result<Arc<ZkStore>> {
+        let store = ZkStore::connect(&self.zookeeper, &self.zk_root, self.session_timeout)
+            .await
+            .with_context(|| format!("cannot connect to ZooKeeper at {} (root {})", self.zookeeper, self.zk_root))?;
+        Ok(Arc::new(store))
+    }
+
+    /// Like [`MetadataAddress::connect_zk`], as the metadata interface.
+    ///
+    /// # Errors
+    /// As [`MetadataAddress::connect_zk`].
     pub async fn connect(&self) -> Result<Arc<dyn MetadataStore>> {
-        // PLACEHOLDER until branch zk lands (replaced by ZkStore::connect).
-        let _: Option<Arc<dyn MetadataStore>> = None;
-        bail!("cannot connect to ZooKeeper at {} (root {}): no ZooKeeper store in this build", self.zookeeper, self.zk_root)
+        Ok(self.connect_zk().await?)
     }
 }
 

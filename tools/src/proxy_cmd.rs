@@ -6,6 +6,11 @@
 //! writes (so the next owner need not fence them) and exits. Its identity as a stream owner is
 //! its advertised address, which other proxies name when they redirect a client.
 //!
+//! If its ZooKeeper session expires, every stream lease it held is gone and another proxy may
+//! already own those streams: it stops serving and exits with an error (a supervisor restarts
+//! it with a new session). Writes it accepted but had not acknowledged fail; nothing it
+//! acknowledged is lost, since the next owner recovers (fences) the segment it was writing.
+//!
 //! Streams are not recovered eagerly at start (unlike the sandbox): with several proxies, a
 //! stream belongs to whichever proxy first takes a write for it, and that proxy recovers a
 //! segment left in progress before its first write.
@@ -13,7 +18,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::config::{ProxyOptions, ProxySettings};
@@ -46,9 +51,13 @@ async fn serve(options: ProxyOptions) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let store = options.metadata.connect().await?;
+    let zk = options.metadata.connect_zk().await?;
+    let mut session_lost = zk.session_lost();
+    let store: std::sync::Arc<dyn quire_metadata::MetadataStore> = zk;
     let bk = quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
-    let streams = quire_proxy::StreamManager::new(store, bk, options.streams.clone());
+    let mut config = options.streams.clone();
+    config.owner_address = options.advertised.clone();
+    let streams = quire_proxy::StreamManager::new(store, bk, config);
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
@@ -69,9 +78,17 @@ async fn serve(options: ProxyOptions) -> Result<()> {
         )?;
         out.flush()?;
     }
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+    let lost = tokio::select! {
+        _ = term.recv() => false,
+        _ = int.recv() => false,
+        r = session_lost.wait_for(|lost| *lost) => r.is_ok(),
+    };
+    if lost {
+        // Every lease of this session is gone and another proxy may own the streams now; the
+        // stream tasks already refuse writes (ownership lost, or fenced at the bookies). Stop
+        // serving and exit so that a supervisor restarts the proxy with a new session.
+        server.shutdown();
+        bail!("ZooKeeper session expired: the stream ownerships of {} are lost; exiting", options.advertised);
     }
     eprintln!("quire proxy: {} stopping", options.advertised);
     server.shutdown();
