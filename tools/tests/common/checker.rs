@@ -77,7 +77,7 @@ pub async fn check_stream(
         let ledger = store.read_ledger(LedgerId(seg.ledger_id)).await.expect("read ledger metadata").value;
         let (closed, last) = match ledger.state {
             LedgerState::Closed => (true, ledger.last_entry),
-            _ => (false, acked_entries.range((seg.seq_no, 0)..=(seg.seq_no, u64::MAX)).map(|e| e.1).last()),
+            _ => (false, acked_entries.range((seg.seq_no, 0)..=(seg.seq_no, u64::MAX)).map(|e| e.1).next_back()),
         };
         let Some(last) = last else { continue };
         for entry in 0..=last {
@@ -125,13 +125,23 @@ pub async fn check_stream(
     Report { records, entries_checked, replicas_read }
 }
 
-/// Reads a whole stream through a proxy, from its head to its current end.
+/// Reads a whole stream through a proxy, from its head to its current end. While the stream's
+/// owner is a proxy that died and whose lease has not expired yet (redirect failures), it
+/// retries for up to 60 s.
 pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
     let client = ProxyClient::connect(proxy).await.expect("connect to proxy for read-back");
     let mut from = ReadPosition::Head;
     let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let batch = client.read(stream, from, 4096, 2 << 20, Duration::ZERO).await.expect("read back");
+        let batch = match client.read(stream, from, 4096, 2 << 20, Duration::ZERO).await {
+            Ok(b) => b,
+            Err(quire_proxy::Error::RedirectFailed { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => panic!("read back of {stream} through {proxy} failed: {e}"),
+        };
         if batch.records.is_empty() {
             return out;
         }
@@ -175,5 +185,41 @@ pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8
         Response::Read { data, .. } => Ok(Some(data.to_vec())),
         Response::Failed { status: Status::NoSuchEntry | Status::NoSuchLedger, .. } => Ok(None),
         other => Err(format!("unexpected read answer {other:?}")),
+    }
+}
+
+/// Writes the records `{prefix}-{i}` for `i` in `range` to `stream`, one record per request
+/// with up to 16 requests in flight, and returns what was acknowledged. At the first failed
+/// write it stops sending, collects the answers of the writes in flight, and returns the error
+/// with the acknowledgements. Every record has txid 1 (txids may repeat; in-flight requests
+/// may reach the proxy in any order).
+pub async fn write_records(
+    client: &std::sync::Arc<ProxyClient>,
+    stream: &str,
+    prefix: &str,
+    range: std::ops::Range<usize>,
+) -> (Vec<Acked>, Option<quire_proxy::Error>) {
+    let mut acked = Vec::new();
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut iter = range;
+    loop {
+        while in_flight.len() < 16 {
+            let Some(i) = iter.next() else { break };
+            let payload = format!("{prefix}-{i:08}").into_bytes();
+            let (c, s, p) = (client.clone(), stream.to_string(), payload.clone());
+            in_flight.push_back((payload, tokio::spawn(async move { c.write(&s, vec![(1, p)], true).await })));
+        }
+        let Some((payload, task)) = in_flight.pop_front() else { return (acked, None) };
+        match task.await.expect("write task") {
+            Ok(r) => acked.push((r.first_dlsn, payload)),
+            Err(e) => {
+                for (p, t) in in_flight {
+                    if let Ok(Ok(r)) = t.await {
+                        acked.push((r.first_dlsn, p));
+                    }
+                }
+                return (acked, Some(e));
+            }
+        }
     }
 }
