@@ -67,7 +67,7 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
         let last = ledger.fragments.last().unwrap();
         assert!(ledger.fragments.len() >= 2, "an ensemble change happened: {:?}", ledger.fragments);
         assert!(!last.bookies.contains(&killed) && last.bookies.contains(&new), "the 4th bookie replaced the killed one: {last:?}");
-        let report = check_stream(&proxy.addr, &store, "bk/kill", &acked, &[killed.clone()]).await;
+        let report = check_stream(&proxy.addr, &store, "bk/kill", &acked, std::slice::from_ref(&killed)).await;
         assert_eq!(report.records.len(), 1200);
     });
     proxy.stop();
