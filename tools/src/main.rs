@@ -5,13 +5,22 @@
 //! * `quire write`, `quire read` and `quire tail` move records between files or pipes and
 //!   streams through a proxy.
 //!
+//! * `quire bookie --config FILE` and `quire proxy --config FILE` run one bookie or one proxy of
+//!   a multi-process cluster whose metadata lives in ZooKeeper.
+//! * `quire ledger show|recover`, `quire bookie list` and `quire stream show` inspect and repair
+//!   the cluster through its metadata store.
+//!
 //! Errors are one line on stderr and a non-zero exit status.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod admin;
+mod bookie_cmd;
 mod client;
+mod config;
+mod proxy_cmd;
 mod sandbox;
 
 #[global_allocator]
@@ -41,6 +50,15 @@ enum Command {
     Read(client::ReadArgs),
     /// Like read, then keep printing new records as they are acknowledged.
     Tail(client::TailArgs),
+    /// Run one bookie (`--config FILE`, flags override its keys) until SIGINT/SIGTERM; or
+    /// `quire bookie list`.
+    Bookie(bookie_cmd::BookieArgs),
+    /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM.
+    Proxy(proxy_cmd::ProxyArgs),
+    /// Ledger admin: `show LEDGER`, `recover LEDGER`.
+    Ledger(admin::LedgerArgs),
+    /// Stream admin: `show STREAM`.
+    Stream(admin::StreamArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +74,10 @@ fn main() -> ExitCode {
         Command::Write(args) => client::write(args),
         Command::Read(args) => client::read(args),
         Command::Tail(args) => client::tail(args),
+        Command::Bookie(args) => bookie_cmd::run(args),
+        Command::Proxy(args) => proxy_cmd::run(args),
+        Command::Ledger(args) => admin::ledger(args),
+        Command::Stream(args) => admin::stream(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

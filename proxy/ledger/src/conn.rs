@@ -103,10 +103,6 @@ impl Conn {
         }
     }
 
-    pub(crate) fn bookie(&self) -> &BookieId {
-        &self.bookie
-    }
-
     /// Sends one request at once and returns a future for its reply. Sending happens before
     /// this returns, so calls made in order reach the bookie in order.
     pub(crate) fn call(
@@ -125,7 +121,13 @@ impl Conn {
             if let Ok(mut w) = self.waiters.lock() {
                 w.insert(id, tx);
             }
-            self.outgoing.try_send(frame).map_err(|e| format!("send queue: {e}"))
+            // The reader task marks the connection dead before it fails the waiters it finds; a
+            // waiter inserted after that sweep would wait for the timeout, so look again.
+            if self.dead.load(Ordering::SeqCst) {
+                Err("connection closed".to_string())
+            } else {
+                self.outgoing.try_send(frame).map_err(|e| format!("send queue: {e}"))
+            }
         };
         let waiters = self.waiters.clone();
         async move {

@@ -11,20 +11,24 @@
 //!   re-add each recovered entry to its whole write set, stop at the first entry proven missing,
 //!   and close.
 //!
-//! Not yet here (a later issue): ensemble changes. A bookie failure is tolerated while every
-//! entry can still reach Qa; past that the writer fails and says so.
+//! * Ensemble change (BookKeeper `LedgerHandle.ensembleChangeLoop`): when a bookie of the
+//!   current ensemble fails an add, the writer picks a replacement ([`placement`]), appends a
+//!   fragment starting at LAC + 1 by compare-and-set, and re-sends every pending add to the
+//!   replacement; success is held back while the change runs. With no replacement the writer
+//!   goes on while every entry can still reach Qa, and fails past that.
 //!
 //! # Threading
 //! Everything is `Send + Sync` and runs on tokio.
 
 mod conn;
+pub mod placement;
 pub mod quorum;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quire_metadata::{
     master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, MetadataStore, Version,
@@ -74,7 +78,9 @@ pub enum Error {
     /// Bytes from a bookie did not decode.
     #[error("protocol error: {0}")]
     Protocol(WireError),
-    /// An add could not reach its ack quorum; the writer is dead (no ensemble change yet).
+    /// An add could not reach its ack quorum and no replacement bookie could be found (or the
+    /// ensemble change itself failed); the writer is dead. Entries after its LAC have an unknown
+    /// outcome until the ledger is closed or recovered.
     #[error("ledger {ledger} writer failed at entry {entry}: {reason}")]
     WriterFailed { ledger: u64, entry: u64, reason: String },
     /// Recovery could not establish the ledger's end.
@@ -98,11 +104,24 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Largest frame accepted from a bookie.
     pub frame_size_bytes_max: u32,
+    /// How long a bookie that failed an add (or could not be connected to as a replacement) is
+    /// not chosen as a replacement in ensemble changes (BookKeeper `bookieQuarantineTime`;
+    /// default 60 s here, BookKeeper's is 30 min).
+    pub bookie_quarantine: Duration,
+    /// While a failed ensemble position has no replacement, how often a further failure at it
+    /// triggers another search (an entry that can no longer reach Qa always triggers one).
+    /// Default 1 s.
+    pub replacement_retry_interval: Duration,
 }
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        Self { request_timeout: Duration::from_secs(5), frame_size_bytes_max: FRAME_SIZE_BYTES_MAX_DEFAULT }
+        Self {
+            request_timeout: Duration::from_secs(5),
+            frame_size_bytes_max: FRAME_SIZE_BYTES_MAX_DEFAULT,
+            bookie_quarantine: Duration::from_secs(60),
+            replacement_retry_interval: Duration::from_secs(1),
+        }
     }
 }
 
@@ -137,6 +156,9 @@ struct Inner {
     metadata: Arc<dyn MetadataStore>,
     pool: Pool,
     config: ClientConfig,
+    /// Bookies that failed recently, with when; not chosen as replacements until
+    /// `config.bookie_quarantine` has passed.
+    quarantine: Mutex<HashMap<BookieId, Instant>>,
 }
 
 /// The client: a metadata store handle plus a pool of bookie connections.
@@ -151,7 +173,7 @@ pub struct BookKeeper {
 impl BookKeeper {
     /// Makes a client over `metadata`.
     pub fn new(metadata: Arc<dyn MetadataStore>, config: ClientConfig) -> Self {
-        Self { inner: Arc::new(Inner { metadata, pool: Pool::default(), config }) }
+        Self { inner: Arc::new(Inner { metadata, pool: Pool::default(), config, quarantine: Mutex::default() }) }
     }
 
     /// The metadata store this client uses.
@@ -202,29 +224,46 @@ impl BookKeeper {
             custom: opts.custom,
         };
         let version = self.inner.metadata.create_ledger(id, &meta).await?;
-        let mut conns = Vec::with_capacity(candidates.len());
+        let mut ensemble = Vec::with_capacity(candidates.len());
         for b in &candidates {
-            conns.push(self.conn(b).await?);
+            ensemble.push(Slot { bookie: b.clone(), conn: self.conn(b).await?, generation: 0 });
         }
         Ok(LedgerWriter {
             shared: Arc::new(WriterShared {
                 client: self.clone(),
                 id,
                 key,
-                conns,
                 quorum: (e, w, a),
                 state: Mutex::new(WriterState {
                     tracker: AckTracker::new(w, a, 0),
-                    waiters: std::collections::VecDeque::new(),
+                    pending: VecDeque::new(),
                     lac: None,
                     pushed_length_bytes: 0,
                     confirmed_length_bytes: 0,
                     failed: None,
                     meta: (meta, version),
+                    ensemble,
+                    failing: BTreeSet::new(),
+                    unreplaceable: HashMap::new(),
+                    changing: false,
+                    ensemble_changes: 0,
                 }),
                 lac_tx: watch::channel(None).0,
             }),
         })
+    }
+
+    fn quarantine(&self, bookie: &BookieId) {
+        if let Ok(mut q) = self.inner.quarantine.lock() {
+            q.insert(bookie.clone(), Instant::now());
+        }
+    }
+
+    fn quarantined(&self) -> HashSet<BookieId> {
+        let keep_for = self.inner.config.bookie_quarantine;
+        let Ok(mut q) = self.inner.quarantine.lock() else { return HashSet::new() };
+        q.retain(|_, since| since.elapsed() < keep_for);
+        q.keys().cloned().collect()
     }
 
     async fn conn(&self, bookie: &BookieId) -> Result<Arc<conn::Conn>, Error> {
@@ -412,26 +451,48 @@ enum ReadOutcome {
 /// Future of one add; resolves in entry order.
 pub type AddFuture = Pin<Box<dyn Future<Output = Result<EntryId, Error>> + Send + 'static>>;
 
-/// A pending add's waiter: entry id, cumulative ledger length through it, and the sender that
-/// resolves its [`AddFuture`].
-type AddWaiter = (u64, u64, oneshot::Sender<Result<EntryId, Error>>);
+/// An add not yet confirmed: its bytes are kept so an ensemble change can re-send them.
+struct PendingAdd {
+    entry: u64,
+    /// Cumulative ledger length through this entry, in bytes.
+    length_bytes: u64,
+    bytes: Arc<Vec<u8>>,
+    tx: oneshot::Sender<Result<EntryId, Error>>,
+}
+
+/// One position of the writer's current ensemble. `generation` grows with every replacement,
+/// so replies from a bookie that no longer holds the position are recognised and dropped.
+struct Slot {
+    bookie: BookieId,
+    conn: Arc<conn::Conn>,
+    generation: u64,
+}
 
 struct WriterState {
     tracker: AckTracker,
-    /// Waiters of pending adds, in entry order.
-    waiters: std::collections::VecDeque<AddWaiter>,
+    /// Pending adds, in entry order (the same entries as `tracker`).
+    pending: VecDeque<PendingAdd>,
     lac: Option<EntryId>,
     pushed_length_bytes: u64,
     confirmed_length_bytes: u64,
     failed: Option<Error>,
+    /// The writer's copy of the ledger metadata and its version.
     meta: (LedgerMetadata, Version),
+    /// The current ensemble (the last fragment), by position.
+    ensemble: Vec<Slot>,
+    /// Positions whose bookie failed an add and that await a replacement.
+    failing: BTreeSet<usize>,
+    /// Failed positions for which no replacement was found, with the time of the last search.
+    unreplaceable: HashMap<usize, Instant>,
+    /// An ensemble change is running; success is held back meanwhile.
+    changing: bool,
+    ensemble_changes: u64,
 }
 
 struct WriterShared {
     client: BookKeeper,
     id: LedgerId,
     key: MasterKey,
-    conns: Vec<Arc<conn::Conn>>,
     quorum: (u8, u8, u8),
     state: Mutex<WriterState>,
     lac_tx: watch::Sender<Option<EntryId>>,
@@ -452,17 +513,21 @@ impl LedgerWriter {
     }
 
     /// Assigns the next entry id, builds the entry (with the current LAC piggybacked) and sends
-    /// it to its write set before returning. The returned futures resolve in entry order, each
-    /// once Qa bookies of its write set have it durable (BookKeeper `PendingAddOp`).
+    /// it to its write set in the current ensemble before returning. The returned futures
+    /// resolve in entry order, each once Qa bookies of its write set have it durable (BookKeeper
+    /// `PendingAddOp`). A bookie failing the add triggers an ensemble change (see the crate
+    /// docs); the add then completes on the replacement.
     ///
     /// # Errors
-    /// (through the future) `Fenced` if a recoverer fenced the ledger; `WriterFailed` if an
-    /// entry cannot reach Qa; once failed, every later add fails the same way.
+    /// (through the future) `Fenced` if a recoverer fenced the ledger (or moved it to
+    /// IN_RECOVERY during an ensemble change); `Closed` if it was closed; `WriterFailed` if an
+    /// entry cannot reach Qa and no replacement bookie exists; a bookie's `Unauthorized`
+    /// answer. Once failed, every later add fails the same way.
     pub fn add(&self, payload: Vec<u8>) -> AddFuture {
         let s = &self.shared;
         let (e, w, _) = s.quorum;
         let (tx, rx) = oneshot::channel();
-        let (entry, bytes) = {
+        {
             let Ok(mut st) = s.state.lock() else {
                 return Box::pin(async { Err(Error::Invalid("writer state poisoned".into())) });
             };
@@ -473,22 +538,12 @@ impl LedgerWriter {
             let entry = st.tracker.push();
             st.pushed_length_bytes += payload.len() as u64;
             let header = EntryHeader { ledger: s.id, entry: EntryId(entry), lac: st.lac, length_bytes: st.pushed_length_bytes };
-            let length = st.pushed_length_bytes;
-            st.waiters.push_back((entry, length, tx));
-            (entry, encode_entry(header, &payload))
-        };
-        let timeout = s.client.inner.config.request_timeout;
-        for pos in quorum::write_set(entry, e, w) {
-            let conn = s.conns[pos].clone();
-            let key = s.key;
-            let reply = conn.call(timeout, |out, rid| {
-                bookie::encode_request(out, rid, &Request::Add { recovery: false, master_key: key, entry: &bytes })
-            });
-            let shared = s.clone();
-            tokio::spawn(async move {
-                let outcome = reply.await;
-                shared.on_reply(entry, pos, outcome);
-            });
+            let bytes = Arc::new(encode_entry(header, &payload));
+            let length_bytes = st.pushed_length_bytes;
+            for pos in quorum::write_set(entry, e, w) {
+                s.send(&st, entry, &bytes, pos);
+            }
+            st.pending.push_back(PendingAdd { entry, length_bytes, bytes, tx });
         }
         Box::pin(async move {
             rx.await.unwrap_or_else(|_| Err(Error::Invalid("writer dropped before the add completed".into())))
@@ -510,8 +565,24 @@ impl LedgerWriter {
         self.shared.state.lock().map_or(0, |s| s.pushed_length_bytes)
     }
 
-    /// Waits for pending adds to finish, then closes the ledger at its LAC by compare-and-set
-    /// (BookKeeper `LedgerHandle.asyncClose`).
+    /// The writer's current ensemble (its last fragment), by position.
+    pub fn ensemble(&self) -> Vec<BookieId> {
+        self.shared.state.lock().map_or_else(|_| Vec::new(), |s| s.ensemble.iter().map(|slot| slot.bookie.clone()).collect())
+    }
+
+    /// The writer's copy of the ledger metadata (updated by its ensemble changes and close).
+    pub fn metadata(&self) -> Option<LedgerMetadata> {
+        self.shared.state.lock().ok().map(|s| s.meta.0.clone())
+    }
+
+    /// Ensemble changes this writer has completed.
+    pub fn ensemble_changes(&self) -> u64 {
+        self.shared.state.lock().map_or(0, |s| s.ensemble_changes)
+    }
+
+    /// Waits for pending adds (and a running ensemble change) to finish, then closes the ledger
+    /// at its LAC by compare-and-set (BookKeeper `LedgerHandle.asyncClose`). A failed writer
+    /// closes at its LAC at once.
     ///
     /// # Errors
     /// `Metadata`; `Fenced` if a recoverer changed the metadata meanwhile and ended the ledger
@@ -519,100 +590,304 @@ impl LedgerWriter {
     pub async fn close(&self) -> Result<LedgerMetadata, Error> {
         let mut watch = self.lac_watch();
         loop {
-            let pending = self.shared.state.lock().map_or(0, |s| if s.failed.is_some() { 0 } else { s.tracker.pending_count() });
-            if pending == 0 {
+            let busy = self.shared.state.lock().is_ok_and(|s| s.changing || (s.failed.is_none() && s.tracker.pending_count() > 0));
+            if !busy {
                 break;
             }
             if watch.changed().await.is_err() {
                 break;
             }
         }
-        let (mut meta, version, lac, length) = {
+        let (mut meta, mut version, lac, length) = {
             let st = self.shared.state.lock().map_err(|_| Error::Invalid("writer state poisoned".into()))?;
             (st.meta.0.clone(), st.meta.1, st.lac, st.confirmed_length_bytes)
         };
-        meta.state = LedgerState::Closed;
-        meta.last_entry = lac.map(|e| e.0);
-        meta.length_bytes = length;
         let store = &self.shared.client.inner.metadata;
-        match store.update_ledger(self.shared.id, &meta, version).await {
-            Ok(v) => {
-                if let Ok(mut st) = self.shared.state.lock() {
-                    st.meta = (meta.clone(), v);
-                    st.failed.get_or_insert(Error::Closed { ledger: self.shared.id.0 });
+        loop {
+            meta.state = LedgerState::Closed;
+            meta.last_entry = lac.map(|e| e.0);
+            meta.length_bytes = length;
+            match store.update_ledger(self.shared.id, &meta, version).await {
+                Ok(v) => {
+                    if let Ok(mut st) = self.shared.state.lock() {
+                        st.meta = (meta.clone(), v);
+                        st.failed.get_or_insert(Error::Closed { ledger: self.shared.id.0 });
+                    }
+                    return Ok(meta);
                 }
-                Ok(meta)
-            }
-            Err(quire_metadata::Error::BadVersion { .. }) => {
-                let now = store.read_ledger(self.shared.id).await?.value;
-                if now.state == LedgerState::Closed && now.last_entry == meta.last_entry {
-                    Ok(now)
-                } else {
-                    Err(Error::Fenced { ledger: self.shared.id.0 })
+                Err(quire_metadata::Error::BadVersion { .. }) => {
+                    let now = store.read_ledger(self.shared.id).await?;
+                    match now.value.state {
+                        // Only this writer changes an open ledger; a stale copy (an ensemble
+                        // change that failed the writer after its update) is retried.
+                        LedgerState::Open => (meta, version) = (now.value, now.version),
+                        LedgerState::Closed if now.value.last_entry == meta.last_entry => return Ok(now.value),
+                        _ => return Err(Error::Fenced { ledger: self.shared.id.0 }),
+                    }
                 }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => Err(e.into()),
         }
     }
 }
 
 impl WriterShared {
-    fn on_reply(&self, entry: u64, pos: usize, outcome: Result<Reply, Error>) {
+    /// Sends `entry` to the bookie at ensemble position `pos`; the reply comes back to
+    /// `on_reply` tagged with the position's generation. Called with the state locked, so sends
+    /// and ensemble swaps are ordered.
+    fn send(self: &Arc<Self>, st: &WriterState, entry: u64, bytes: &Arc<Vec<u8>>, pos: usize) {
+        let slot = &st.ensemble[pos];
+        let key = self.key;
+        let reply = slot.conn.call(self.client.inner.config.request_timeout, |out, rid| {
+            bookie::encode_request(out, rid, &Request::Add { recovery: false, master_key: key, entry: bytes })
+        });
+        let shared = self.clone();
+        let generation = slot.generation;
+        tokio::spawn(async move {
+            let outcome = reply.await;
+            shared.on_reply(entry, pos, generation, outcome);
+        });
+    }
+
+    fn on_reply(self: &Arc<Self>, entry: u64, pos: usize, generation: u64, outcome: Result<Reply, Error>) {
         let Ok(mut st) = self.state.lock() else { return };
-        if st.failed.is_some() {
+        if st.failed.is_some() || st.ensemble[pos].generation != generation {
+            // Dead writer, or a reply from a bookie that was replaced at this position: its
+            // acks do not count for the new fragment (BookKeeper drops them too).
             return;
         }
-        let progress = match outcome {
-            Ok(Reply::Add) => st.tracker.ack(entry, pos),
+        match outcome {
+            Ok(Reply::Add) => st.tracker.record_ack(entry, pos),
             Ok(Reply::Failed { status: Status::Fenced, .. }) => {
                 self.fail(&mut st, Error::Fenced { ledger: self.id.0 });
                 return;
             }
             Ok(Reply::Failed { status: Status::Unauthorized, message }) => {
-                let bookie = self.conns[pos].bookie().0.clone();
+                let bookie = st.ensemble[pos].bookie.0.clone();
                 self.fail(&mut st, Error::Bookie { bookie, status: Status::Unauthorized, message });
                 return;
             }
-            Ok(other) => {
-                tracing::warn!(ledger = self.id.0, entry, bookie = %self.conns[pos].bookie(), "add failed: {other:?}");
-                st.tracker.fail(entry, pos)
-            }
-            Err(e) => {
-                tracing::warn!(ledger = self.id.0, entry, bookie = %self.conns[pos].bookie(), "add failed: {e}");
-                st.tracker.fail(entry, pos)
-            }
-        };
-        match progress {
-            Progress::Confirmed(entries) => {
-                let Some(&last) = entries.last() else { return };
-                for e in entries {
-                    let (we, length, tx) = st.waiters.pop_front().expect("a waiter per pending entry");
-                    assert_eq!(we, e, "waiters and tracker agree on order");
-                    st.confirmed_length_bytes = length;
-                    let _ = tx.send(Ok(EntryId(e)));
-                }
-                assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
-                st.lac = Some(EntryId(last));
-                self.lac_tx.send_replace(st.lac);
-            }
-            Progress::QuorumLost(e) => {
-                let err = Error::WriterFailed {
-                    ledger: self.id.0,
-                    entry: e,
-                    reason: "more than Qw - Qa bookies of its write set failed (no ensemble change yet)".into(),
+            other => {
+                let reason = match other {
+                    Ok(r) => format!("{r:?}"),
+                    Err(e) => e.to_string(),
                 };
-                self.fail(&mut st, err);
+                tracing::warn!(ledger = self.id.0, entry, bookie = %st.ensemble[pos].bookie, "add failed: {reason}");
+                let lost = matches!(st.tracker.fail(entry, pos), Progress::QuorumLost(_));
+                self.on_bookie_failure(&mut st, pos, lost);
             }
         }
+        self.release(&mut st);
+    }
+
+    /// Notes that the bookie at `pos` failed and starts an ensemble change unless one runs
+    /// (a running change takes the position in its next pass). A position without replacement
+    /// is searched again only after `replacement_retry_interval`, or at once when an entry can
+    /// no longer reach Qa (`lost`).
+    fn on_bookie_failure(self: &Arc<Self>, st: &mut WriterState, pos: usize, lost: bool) {
+        if let Some(searched) = st.unreplaceable.get(&pos) {
+            if !lost && searched.elapsed() < self.client.inner.config.replacement_retry_interval {
+                return;
+            }
+        }
+        st.failing.insert(pos);
+        if !st.changing {
+            st.changing = true;
+            let shared = self.clone();
+            tokio::spawn(async move { shared.change_ensemble().await });
+        }
+    }
+
+    /// Releases confirmed adds in entry order and advances the LAC, unless an ensemble change
+    /// holds success back.
+    fn release(&self, st: &mut WriterState) {
+        if st.changing || st.failed.is_some() {
+            return;
+        }
+        let confirmed = st.tracker.take_confirmed();
+        let Some(&last) = confirmed.last() else { return };
+        for e in confirmed {
+            let p = st.pending.pop_front().expect("a pending add per tracked entry");
+            assert_eq!(p.entry, e, "pending adds and tracker agree on order");
+            st.confirmed_length_bytes = p.length_bytes;
+            let _ = p.tx.send(Ok(EntryId(e)));
+        }
+        assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
+        st.lac = Some(EntryId(last));
+        self.lac_tx.send_replace(st.lac);
     }
 
     fn fail(&self, st: &mut WriterState, err: Error) {
         st.failed = Some(err.clone());
-        for (_, _, tx) in st.waiters.drain(..) {
-            let _ = tx.send(Err(err.clone()));
+        for p in st.pending.drain(..) {
+            let _ = p.tx.send(Err(err.clone()));
         }
         // Wake close() waiters.
         self.lac_tx.send_modify(|_| {});
+    }
+
+    /// The ensemble change loop (BookKeeper `ensembleChangeLoop`): one pass per batch of failed
+    /// positions, until none is left; failures arriving during a pass are taken by the next.
+    async fn change_ensemble(self: Arc<Self>) {
+        loop {
+            let failing: Vec<(usize, BookieId)> = {
+                let Ok(mut st) = self.state.lock() else { return };
+                if st.failed.is_some() || st.failing.is_empty() {
+                    st.changing = false;
+                    self.release(&mut st);
+                    self.lac_tx.send_modify(|_| {});
+                    return;
+                }
+                st.failing.iter().map(|&p| (p, st.ensemble[p].bookie.clone())).collect()
+            };
+            if let Err(err) = self.change_pass(&failing).await {
+                tracing::warn!(ledger = self.id.0, "ensemble change failed: {err}");
+                if let Ok(mut st) = self.state.lock() {
+                    if st.failed.is_none() {
+                        self.fail(&mut st, err);
+                    }
+                    st.changing = false;
+                    self.lac_tx.send_modify(|_| {});
+                }
+                return;
+            }
+        }
+    }
+
+    /// One pass: choose replacements for `failing` (position, bookie), connect to them, update
+    /// the metadata by compare-and-set, then swap them in and re-send the pending adds.
+    async fn change_pass(self: &Arc<Self>, failing: &[(usize, BookieId)]) -> Result<(), Error> {
+        let client = &self.client;
+        let (e, w, _) = self.quorum;
+        let (ensemble, lac, mut meta, mut version) = {
+            let st = self.state.lock().map_err(|_| Error::Invalid("writer state poisoned".into()))?;
+            (st.ensemble.iter().map(|s| s.bookie.clone()).collect::<Vec<_>>(), st.lac, st.meta.0.clone(), st.meta.1)
+        };
+        // 1. Placement.
+        let registered = client.inner.metadata.list_bookies().await?;
+        let mut exclude: HashSet<BookieId> = ensemble.iter().cloned().collect();
+        exclude.extend(client.quarantined());
+        let mut keep: Vec<BookieId> =
+            ensemble.iter().enumerate().filter(|(p, _)| !failing.iter().any(|(f, _)| f == p)).map(|(_, b)| b.clone()).collect();
+        let mut chosen: Vec<(usize, BookieId, Arc<conn::Conn>)> = Vec::new();
+        for (pos, _) in failing {
+            loop {
+                let pick = placement::choose_replacement(&registered, &keep, &exclude, &mut rand::thread_rng());
+                let Some(b) = pick else { break };
+                exclude.insert(b.clone());
+                match client.conn(&b).await {
+                    Ok(c) => {
+                        keep.push(b.clone());
+                        chosen.push((*pos, b, c));
+                        break;
+                    }
+                    Err(err) => {
+                        tracing::warn!(ledger = self.id.0, bookie = %b, "replacement unreachable: {err}");
+                        client.quarantine(&b);
+                    }
+                }
+            }
+        }
+        for (_, b) in failing {
+            client.quarantine(b);
+        }
+        // 2. Metadata: a fragment from LAC + 1 (success is held back, so the LAC cannot move
+        //    during the pass), only while the ledger is OPEN and the failed bookies are still in
+        //    the last fragment.
+        if !chosen.is_empty() {
+            let first = lac.map_or(0, |l| l.0 + 1);
+            loop {
+                match meta.state {
+                    LedgerState::Open => {}
+                    LedgerState::InRecovery => return Err(Error::Fenced { ledger: self.id.0 }),
+                    LedgerState::Closed => return Err(Error::Closed { ledger: self.id.0 }),
+                }
+                let last = meta.fragments.last().ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+                if last.first_entry > first {
+                    return Err(Error::WriterFailed {
+                        ledger: self.id.0,
+                        entry: first,
+                        reason: format!("last fragment starts at {} beyond LAC + 1 = {first}", last.first_entry),
+                    });
+                }
+                for (pos, old) in failing {
+                    if last.bookies.get(*pos) != Some(old) {
+                        return Err(Error::WriterFailed {
+                            ledger: self.id.0,
+                            entry: first,
+                            reason: format!("ensemble changed under the writer: position {pos} no longer holds {old}"),
+                        });
+                    }
+                }
+                let mut bookies = last.bookies.clone();
+                for (pos, b, _) in &chosen {
+                    bookies[*pos] = b.clone();
+                }
+                let mut next = meta.clone();
+                if last.first_entry == first {
+                    next.fragments.last_mut().expect("checked above").bookies = bookies;
+                } else {
+                    next.fragments.push(Fragment { first_entry: first, bookies });
+                }
+                match client.inner.metadata.update_ledger(self.id, &next, version).await {
+                    Ok(v) => {
+                        (meta, version) = (next, v);
+                        break;
+                    }
+                    Err(quire_metadata::Error::BadVersion { .. }) => {
+                        let now = client.inner.metadata.read_ledger(self.id).await?;
+                        (meta, version) = (now.value, now.version);
+                    }
+                    Err(err) => return Err(err.into()),
+                }
+            }
+        }
+        // 3. Swap in the replacements and re-send every pending add they now hold.
+        let mut st = self.state.lock().map_err(|_| Error::Invalid("writer state poisoned".into()))?;
+        if !chosen.is_empty() {
+            st.meta = (meta, version);
+        }
+        if st.failed.is_some() {
+            return Ok(());
+        }
+        debug_assert_eq!(st.lac, lac, "success is held back during an ensemble change");
+        let now = Instant::now();
+        for (pos, _) in failing {
+            st.failing.remove(pos);
+            st.unreplaceable.insert(*pos, now);
+        }
+        for (pos, bookie, conn) in chosen {
+            tracing::info!(ledger = self.id.0, position = pos, from = %st.ensemble[pos].bookie, to = %bookie, first_entry = lac.map_or(0, |l| l.0 + 1), "ensemble change");
+            st.unreplaceable.remove(&pos);
+            let slot = &mut st.ensemble[pos];
+            slot.bookie = bookie;
+            slot.conn = conn;
+            slot.generation += 1;
+            st.tracker.forget_position(pos);
+            let resend: Vec<(u64, Arc<Vec<u8>>)> = st
+                .pending
+                .iter()
+                .filter(|p| quorum::write_set(p.entry, e, w).contains(&pos))
+                .map(|p| (p.entry, p.bytes.clone()))
+                .collect();
+            for (entry, bytes) in resend {
+                self.send(&st, entry, &bytes, pos);
+            }
+            st.ensemble_changes += 1;
+        }
+        if let Some(entry) = st.tracker.first_quorum_lost() {
+            let stuck: Vec<String> = st.unreplaceable.keys().map(|p| st.ensemble[*p].bookie.0.clone()).collect();
+            let writable = registered.iter().filter(|b| !b.read_only).count();
+            return Err(Error::WriterFailed {
+                ledger: self.id.0,
+                entry,
+                reason: format!(
+                    "entry cannot reach Qa: no replacement for failed bookie(s) {} ({writable} writable registered, all in the ensemble or failed recently)",
+                    stuck.join(", ")
+                ),
+            });
+        }
+        Ok(())
     }
 }
 

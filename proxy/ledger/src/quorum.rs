@@ -76,14 +76,26 @@ impl AckTracker {
         self.pending.get_mut(index)
     }
 
-    /// Records a durable ack of `entry` from ensemble position `bookie`. Duplicate acks and
-    /// acks of entries already confirmed are ignored.
+    /// Records a durable ack of `entry` from ensemble position `bookie` and releases what became
+    /// confirmed. Duplicate acks and acks of entries already confirmed are ignored.
     pub fn ack(&mut self, entry: u64, bookie: usize) -> Progress {
+        self.record_ack(entry, bookie);
+        Progress::Confirmed(self.take_confirmed())
+    }
+
+    /// Records a durable ack without releasing anything: while an ensemble change runs the
+    /// writer holds success back (BookKeeper `changingEnsemble`), then calls
+    /// [`AckTracker::take_confirmed`].
+    pub fn record_ack(&mut self, entry: u64, bookie: usize) {
         if let Some(p) = self.slot(entry) {
             if !p.acked.contains(&bookie) {
                 p.acked.push(bookie);
             }
         }
+    }
+
+    /// Pops the entries at the head that have Qa acks, in entry order (the new LAC is the last).
+    pub fn take_confirmed(&mut self) -> Vec<u64> {
         let mut confirmed = Vec::new();
         while let Some(front) = self.pending.front() {
             if front.acked.len() < usize::from(self.ack_quorum) {
@@ -92,7 +104,24 @@ impl AckTracker {
             confirmed.push(front.entry);
             self.pending.pop_front();
         }
-        Progress::Confirmed(confirmed)
+        confirmed
+    }
+
+    /// Forgets every ack and failure of ensemble position `bookie` for all pending entries:
+    /// the position now names a replacement bookie that has to store them anew (BookKeeper
+    /// `PendingAddOp.unsetSuccessAndSendWriteRequest`).
+    pub fn forget_position(&mut self, bookie: usize) {
+        for p in &mut self.pending {
+            p.acked.retain(|&b| b != bookie);
+            p.failed.retain(|&b| b != bookie);
+        }
+    }
+
+    /// The first pending entry that more than `Qw - Qa` bookies of its write set failed, i.e.
+    /// that can no longer reach Qa with the current ensemble.
+    pub fn first_quorum_lost(&self) -> Option<u64> {
+        let tolerated = usize::from(self.write_quorum - self.ack_quorum);
+        self.pending.iter().find(|p| p.failed.len() > tolerated).map(|p| p.entry)
     }
 
     /// Records that ensemble position `bookie` failed to store `entry`.
@@ -194,6 +223,28 @@ mod tests {
         t.push();
         assert_eq!(t.fail(0, 0), Progress::Confirmed(vec![]));
         assert_eq!(t.fail(0, 1), Progress::QuorumLost(0));
+    }
+
+    #[test]
+    fn forgetting_a_replaced_position_drops_its_acks_and_failures() {
+        // Goal: after an ensemble change replaces position 2, acks and failures recorded for it
+        // no longer count: an entry needs Qa acks from the bookies that now hold the position.
+        // Method: E=3, Qw=3, Qa=2; entry 0 acked by 0 and 2, entry 1 failed by 2 and 1.
+        let mut t = AckTracker::new(3, 2, 0);
+        t.push();
+        t.push();
+        t.record_ack(0, 2);
+        t.fail(1, 2);
+        t.fail(1, 1);
+        assert_eq!(t.first_quorum_lost(), Some(1));
+        t.forget_position(2);
+        assert_eq!(t.first_quorum_lost(), None);
+        t.record_ack(0, 0);
+        assert_eq!(t.take_confirmed(), Vec::<u64>::new(), "the replaced bookie's ack is gone");
+        t.record_ack(0, 2);
+        t.record_ack(1, 0);
+        t.record_ack(1, 2);
+        assert_eq!(t.take_confirmed(), vec![0, 1]);
     }
 
     #[test]

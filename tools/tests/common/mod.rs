@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod checker;
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

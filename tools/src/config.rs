@@ -1,0 +1,465 @@
+//! Configuration of the `quire bookie` and `quire proxy` processes and the metadata address of
+//! the admin commands.
+//!
+//! A process reads an optional TOML file (`--config FILE`) and then lets every command-line flag
+//! override the field of the same name (`journal_dir` ↔ `--journal-dir`). Each settings struct
+//! is at once the serde form of the file (unknown keys are refused, so a typo is an error, not a
+//! silently ignored setting) and the clap form of the flags; [`BookieSettings::resolve`] and
+//! [`ProxySettings::resolve`] merge the two, apply defaults and check values, and every problem
+//! is one line naming the setting.
+//!
+//! Example files: `tools/examples/bookie.toml`, `tools/examples/proxy.toml`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use quire_metadata::{MetadataStore, ZkStore};
+use serde::Deserialize;
+
+/// ZooKeeper session timeout used when none is configured, in milliseconds (BookKeeper's
+/// `zkTimeout` default).
+pub const ZK_SESSION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// ZooKeeper root path used when none is configured.
+pub const ZK_ROOT_DEFAULT: &str = "/quire";
+
+/// Where the metadata store lives: a ZooKeeper connect string and the root path of Quire's
+/// znodes under it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataAddress {
+    /// ZooKeeper connect string, `host:port[,host:port...]`.
+    pub zookeeper: String,
+    /// Absolute path under which every Quire znode lives, e.g. `/quire`.
+    pub zk_root: String,
+    /// ZooKeeper session timeout: after this long without the server hearing from the
+    /// process, its ephemeral nodes (bookie registration, stream leases) are deleted.
+    pub session_timeout: Duration,
+}
+
+impl MetadataAddress {
+    fn resolve(zookeeper: Option<String>, zk_root: Option<String>, session_timeout_ms: Option<u64>) -> Result<Self> {
+        let zookeeper = zookeeper
+            .filter(|s| !s.trim().is_empty())
+            .ok_or_else(|| missing("zookeeper", "--zookeeper"))?;
+        for host in zookeeper.split(',') {
+            let ok = host.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                bail!("invalid setting zookeeper = {zookeeper:?}: expected host:port[,host:port...]");
+            }
+        }
+        let zk_root = zk_root.unwrap_or_else(|| ZK_ROOT_DEFAULT.to_string());
+        if !zk_root.starts_with('/') || (zk_root.len() > 1 && zk_root.ends_with('/')) || zk_root.contains("//") {
+            bail!("invalid setting zk_root = {zk_root:?}: expected an absolute ZooKeeper path like /quire");
+        }
+        let ms = session_timeout_ms.unwrap_or(ZK_SESSION_TIMEOUT_MS_DEFAULT);
+        if !(1_000..=600_000).contains(&ms) {
+            bail!("invalid setting zk_session_timeout_ms = {ms}: expected 1000 to 600000");
+        }
+        Ok(Self { zookeeper, zk_root, session_timeout: Duration::from_millis(ms) })
+    }
+
+    /// Connects to the ZooKeeper metadata store (the layout under `zk_root` is created on
+    /// first use).
+    ///
+    /// # Errors
+    /// The store's error when ZooKeeper cannot be reached within about the session timeout,
+    /// or its layout under the root is unreadable or of another version.
+    pub async fn connect_zk(&self) -> Result<Arc<ZkStore>> {
+        let store = ZkStore::connect(&self.zookeeper, &self.zk_root, self.session_timeout)
+            .await
+            .with_context(|| format!("cannot connect to ZooKeeper at {} (root {})", self.zookeeper, self.zk_root))?;
+        Ok(Arc::new(store))
+    }
+
+    /// Like [`MetadataAddress::connect_zk`], as the metadata interface.
+    ///
+    /// # Errors
+    /// As [`MetadataAddress::connect_zk`].
+    pub async fn connect(&self) -> Result<Arc<dyn MetadataStore>> {
+        Ok(self.connect_zk().await?)
+    }
+}
+
+fn missing(key: &str, flag: &str) -> anyhow::Error {
+    anyhow!("missing setting {key}: set it in the config file or with {flag}")
+}
+
+/// Reads and parses a TOML config file into `T`.
+///
+/// # Errors
+/// One line: the file cannot be read, or `FILE line N: message` for a syntax error, a wrong
+/// type or an unknown key.
+pub fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| {
+        let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        let message = e.message().replace('\n', " ");
+        match line {
+            Some(line) => anyhow!("config file {} line {line}: {}", path.display(), message.trim()),
+            None => anyhow!("config file {}: {}", path.display(), message.trim()),
+        }
+    })
+}
+
+/// The admin commands' metadata address: `--zookeeper` / `QUIRE_ZOOKEEPER`, `--zk-root` /
+/// `QUIRE_ZK_ROOT`.
+#[derive(Args, Debug, Clone)]
+pub struct MetadataArgs {
+    /// ZooKeeper connect string (host:port[,host:port...]).
+    #[arg(long, env = "QUIRE_ZOOKEEPER", global = true)]
+    pub zookeeper: Option<String>,
+    /// Root path of Quire's znodes.
+    #[arg(long, env = "QUIRE_ZK_ROOT", global = true)]
+    pub zk_root: Option<String>,
+    /// ZooKeeper session timeout, in milliseconds.
+    #[arg(long, global = true)]
+    pub zk_session_timeout_ms: Option<u64>,
+}
+
+impl MetadataArgs {
+    /// The address, checked.
+    ///
+    /// # Errors
+    /// One line when the connect string is missing or malformed.
+    pub fn resolve(&self) -> Result<MetadataAddress> {
+        MetadataAddress::resolve(self.zookeeper.clone(), self.zk_root.clone(), self.zk_session_timeout_ms)
+    }
+}
+
+/// `quire bookie` settings: the config file's keys, each overridable by the flag of the same
+/// name.
+#[derive(Args, Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BookieSettings {
+    /// ZooKeeper connect string (host:port[,host:port...]).
+    #[arg(long)]
+    pub zookeeper: Option<String>,
+    /// Root path of Quire's znodes (default /quire).
+    #[arg(long)]
+    pub zk_root: Option<String>,
+    /// ZooKeeper session timeout in milliseconds (default 10000).
+    #[arg(long)]
+    pub zk_session_timeout_ms: Option<u64>,
+    /// Journal directory (one subdirectory per shard).
+    #[arg(long)]
+    pub journal_dir: Option<PathBuf>,
+    /// Ledger directory: entry logs and index (one subdirectory per shard).
+    #[arg(long)]
+    pub ledger_dir: Option<PathBuf>,
+    /// Address to listen on, with a fixed port.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address clients use to reach this bookie, and its bookie id (default: the listen
+    /// address, which must then not be a wildcard).
+    #[arg(long)]
+    pub advertised: Option<String>,
+    /// Rack label recorded in the bookie registry.
+    #[arg(long)]
+    pub rack: Option<String>,
+    /// Shards (glommio executors, one engine each; default 1).
+    #[arg(long)]
+    pub shards: Option<usize>,
+    /// glommio io_memory per shard, in bytes (default 2 MiB).
+    #[arg(long)]
+    pub io_memory_bytes: Option<usize>,
+    /// Size of each pre-written journal file, in bytes (default 64 MiB).
+    #[arg(long)]
+    pub journal_file_size_bytes: Option<u64>,
+    /// Longest wait of the oldest queued add before its journal group is written, in
+    /// microseconds (BookKeeper `journalMaxGroupWaitMSec`; default 2000).
+    #[arg(long)]
+    pub group_commit_wait_us: Option<u64>,
+}
+
+/// A checked bookie configuration.
+#[derive(Debug, Clone)]
+pub struct BookieOptions {
+    /// Where the metadata store is.
+    pub metadata: MetadataAddress,
+    /// The bookie id, `host:port` clients connect to.
+    pub advertised: String,
+    /// Rack label for the registry.
+    pub rack: Option<String>,
+    /// The bookie server's configuration.
+    pub bookie: quire_bookie::BookieConfig,
+}
+
+/// Overrides every `None` of `flags` by the file's value.
+macro_rules! merge {
+    ($flags:expr, $file:expr, $($field:ident),+) => {{
+        let (flags, file) = ($flags, $file);
+        Self { $($field: flags.$field.or(file.$field)),+ }
+    }};
+}
+
+fn check_listen_and_advertised(listen: SocketAddr, advertised: Option<String>) -> Result<String> {
+    if listen.port() == 0 {
+        bail!("invalid setting listen = {listen}: the port must be fixed (it is part of the id other processes know this process by)");
+    }
+    let advertised = match advertised {
+        Some(a) => a,
+        None if listen.ip().is_unspecified() => {
+            bail!("missing setting advertised: listen = {listen} is a wildcard address, so set the address others reach this process at with advertised = \"host:port\" or --advertised")
+        }
+        None => listen.to_string(),
+    };
+    let ok = advertised.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+    if !ok {
+        bail!("invalid setting advertised = {advertised:?}: expected host:port");
+    }
+    Ok(advertised)
+}
+
+impl BookieSettings {
+    /// Flag values win over the file's.
+    pub fn merged(self, file: BookieSettings) -> Self {
+        merge!(
+            self,
+            file,
+            zookeeper,
+            zk_root,
+            zk_session_timeout_ms,
+            journal_dir,
+            ledger_dir,
+            listen,
+            advertised,
+            rack,
+            shards,
+            io_memory_bytes,
+            journal_file_size_bytes,
+            group_commit_wait_us
+        )
+    }
+
+    /// Applies defaults and checks every value.
+    ///
+    /// # Errors
+    /// One line naming the first missing or invalid setting.
+    pub fn resolve(self) -> Result<BookieOptions> {
+        let metadata = MetadataAddress::resolve(self.zookeeper, self.zk_root, self.zk_session_timeout_ms)?;
+        let journal_dir = self.journal_dir.ok_or_else(|| missing("journal_dir", "--journal-dir"))?;
+        let ledger_dir = self.ledger_dir.ok_or_else(|| missing("ledger_dir", "--ledger-dir"))?;
+        let journal_dir = std::path::absolute(&journal_dir)
+            .with_context(|| format!("invalid setting journal_dir = {}", journal_dir.display()))?;
+        let ledger_dir = std::path::absolute(&ledger_dir)
+            .with_context(|| format!("invalid setting ledger_dir = {}", ledger_dir.display()))?;
+        if journal_dir == ledger_dir {
+            bail!("invalid settings: journal_dir and ledger_dir are both {}; they must differ", journal_dir.display());
+        }
+        let listen = self.listen.ok_or_else(|| missing("listen", "--listen"))?;
+        let advertised = check_listen_and_advertised(listen, self.advertised)?;
+        let mut bookie = quire_bookie::BookieConfig::new(listen, journal_dir, ledger_dir);
+        bookie.shards = self.shards.unwrap_or(1);
+        if bookie.shards == 0 || bookie.shards > 64 {
+            bail!("invalid setting shards = {}: expected 1 to 64", bookie.shards);
+        }
+        if let Some(b) = self.io_memory_bytes {
+            if b < 64 * 1024 {
+                bail!("invalid setting io_memory_bytes = {b}: expected at least 65536");
+            }
+            bookie.io_memory_bytes = b;
+        }
+        if let Some(b) = self.journal_file_size_bytes {
+            if b < 8 * 1024 {
+                bail!("invalid setting journal_file_size_bytes = {b}: expected at least 8192");
+            }
+            bookie.engine.journal_file_size_bytes = b;
+        }
+        if let Some(us) = self.group_commit_wait_us {
+            if us > 1_000_000 {
+                bail!("invalid setting group_commit_wait_us = {us}: expected at most 1000000");
+            }
+            bookie.engine.group_commit_wait_max = Duration::from_micros(us);
+        }
+        Ok(BookieOptions { metadata, advertised, rack: self.rack, bookie })
+    }
+}
+
+/// `quire proxy` settings: the config file's keys, each overridable by the flag of the same
+/// name.
+#[derive(Args, Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxySettings {
+    /// ZooKeeper connect string (host:port[,host:port...]).
+    #[arg(long)]
+    pub zookeeper: Option<String>,
+    /// Root path of Quire's znodes (default /quire).
+    #[arg(long)]
+    pub zk_root: Option<String>,
+    /// ZooKeeper session timeout in milliseconds (default 10000).
+    #[arg(long)]
+    pub zk_session_timeout_ms: Option<u64>,
+    /// Address to listen on, with a fixed port.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address clients use to reach this proxy, its identity as a stream owner (default: the
+    /// listen address, which must then not be a wildcard).
+    #[arg(long)]
+    pub advertised: Option<String>,
+    /// Ensemble size E of new segments' ledgers (default 3).
+    #[arg(long)]
+    pub ensemble_size: Option<u8>,
+    /// Write quorum Qw (default 3).
+    #[arg(long)]
+    pub write_quorum: Option<u8>,
+    /// Ack quorum Qa (default 2).
+    #[arg(long)]
+    pub ack_quorum: Option<u8>,
+    /// A segment rolls once it holds this many bytes (default 256 MiB).
+    #[arg(long)]
+    pub segment_size_bytes: Option<u64>,
+    /// Records are packed into entries of up to this many bytes (default 256 KiB).
+    #[arg(long)]
+    pub entry_size_bytes: Option<usize>,
+}
+
+/// A checked proxy configuration.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// Where the metadata store is.
+    pub metadata: MetadataAddress,
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// The proxy's identity as a stream owner and the address other proxies redirect to.
+    pub advertised: String,
+    /// Stream layer settings.
+    pub streams: quire_proxy::StreamConfig,
+}
+
+impl ProxySettings {
+    /// Flag values win over the file's.
+    pub fn merged(self, file: ProxySettings) -> Self {
+        merge!(
+            self,
+            file,
+            zookeeper,
+            zk_root,
+            zk_session_timeout_ms,
+            listen,
+            advertised,
+            ensemble_size,
+            write_quorum,
+            ack_quorum,
+            segment_size_bytes,
+            entry_size_bytes
+        )
+    }
+
+    /// Applies defaults and checks every value.
+    ///
+    /// # Errors
+    /// One line naming the first missing or invalid setting.
+    pub fn resolve(self) -> Result<ProxyOptions> {
+        let metadata = MetadataAddress::resolve(self.zookeeper, self.zk_root, self.zk_session_timeout_ms)?;
+        let listen = self.listen.ok_or_else(|| missing("listen", "--listen"))?;
+        let advertised = check_listen_and_advertised(listen, self.advertised)?;
+        let mut streams = quire_proxy::StreamConfig::default();
+        streams.ensemble_size = self.ensemble_size.unwrap_or(streams.ensemble_size);
+        streams.write_quorum = self.write_quorum.unwrap_or(streams.write_quorum);
+        streams.ack_quorum = self.ack_quorum.unwrap_or(streams.ack_quorum);
+        let (e, w, a) = (streams.ensemble_size, streams.write_quorum, streams.ack_quorum);
+        if !(e >= w && w >= a && a >= 1) {
+            bail!("invalid settings ensemble_size = {e}, write_quorum = {w}, ack_quorum = {a}: need E >= Qw >= Qa >= 1");
+        }
+        if let Some(b) = self.segment_size_bytes {
+            if b == 0 {
+                bail!("invalid setting segment_size_bytes = 0: expected at least 1");
+            }
+            streams.segment_size_bytes_max = b;
+        }
+        if let Some(b) = self.entry_size_bytes {
+            if b == 0 || b > quire_proxy::ENTRY_SIZE_BYTES_MAX {
+                bail!("invalid setting entry_size_bytes = {b}: expected 1 to {}", quire_proxy::ENTRY_SIZE_BYTES_MAX);
+            }
+            streams.entry_size_bytes_target = b;
+        }
+        Ok(ProxyOptions { metadata, listen, advertised, streams })
+    }
+}
+
+/// Reads `--config FILE` if given and lets the flags override it.
+///
+/// # Errors
+/// One line for an unreadable or invalid file.
+pub fn load<T: for<'de> Deserialize<'de> + Default>(config: Option<&Path>) -> Result<T> {
+    match config {
+        Some(path) => read_toml(path),
+        None => Ok(T::default()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bookie_from(text: &str) -> Result<BookieOptions> {
+        let file: BookieSettings = toml::from_str(text).map_err(|e| anyhow!("{}", e.message()))?;
+        BookieSettings::default().merged(file).resolve()
+    }
+
+    #[test]
+    fn bookie_file_and_flag_override() {
+        // Goal: file values are read, flags win, defaults fill the rest.
+        let text = r#"
+            zookeeper = "127.0.0.1:2181"
+            journal_dir = "/data/j"
+            ledger_dir = "/data/l"
+            listen = "127.0.0.1:3181"
+            shards = 2
+            group_commit_wait_us = 500
+        "#;
+        let file: BookieSettings = toml::from_str(text).unwrap();
+        let flags = BookieSettings { shards: Some(3), rack: Some("r1".into()), ..Default::default() };
+        let o = flags.merged(file).resolve().unwrap();
+        assert_eq!(o.bookie.shards, 3);
+        assert_eq!(o.rack.as_deref(), Some("r1"));
+        assert_eq!(o.advertised, "127.0.0.1:3181");
+        assert_eq!(o.metadata.zk_root, "/quire");
+        assert_eq!(o.bookie.engine.group_commit_wait_max, Duration::from_micros(500));
+    }
+
+    #[test]
+    fn bookie_errors_name_the_setting() {
+        // Goal: each missing or invalid setting is reported by name.
+        let base = "zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\n";
+        let e = bookie_from(base).unwrap_err().to_string();
+        assert!(e.contains("missing setting listen"), "{e}");
+        let e = bookie_from(&format!("{base}listen = \"0.0.0.0:3181\"")).unwrap_err().to_string();
+        assert!(e.contains("missing setting advertised"), "{e}");
+        let e = bookie_from(&format!("{base}listen = \"127.0.0.1:0\"")).unwrap_err().to_string();
+        assert!(e.contains("the port must be fixed"), "{e}");
+        let e = bookie_from("journal_dir = \"/j\"").unwrap_err().to_string();
+        assert!(e.contains("missing setting zookeeper"), "{e}");
+        let e = bookie_from("zookeeper = \"nohost\"").unwrap_err().to_string();
+        assert!(e.contains("invalid setting zookeeper"), "{e}");
+        let e = bookie_from("journal = \"/j\"").unwrap_err().to_string();
+        assert!(e.contains("unknown field `journal`"), "{e}");
+        let e = bookie_from(&format!("{base}listen = \"127.0.0.1:1\"\nshards = 0")).unwrap_err().to_string();
+        assert!(e.contains("invalid setting shards = 0"), "{e}");
+    }
+
+    #[test]
+    fn proxy_quorum_is_checked() {
+        // Goal: the proxy refuses a quorum shape that breaks E >= Qw >= Qa >= 1.
+        let file: ProxySettings =
+            toml::from_str("zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\nensemble_size = 2").unwrap();
+        let e = ProxySettings::default().merged(file.clone()).resolve().unwrap_err().to_string();
+        assert!(e.contains("need E >= Qw >= Qa >= 1"), "{e}");
+        let flags = ProxySettings { write_quorum: Some(2), ..Default::default() };
+        let o = flags.merged(file).resolve().unwrap();
+        assert_eq!((o.streams.ensemble_size, o.streams.write_quorum, o.streams.ack_quorum), (2, 2, 2));
+    }
+
+    #[test]
+    fn example_files_parse() {
+        // Goal: the shipped example files are valid.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let b: BookieSettings = read_toml(&dir.join("bookie.toml")).unwrap();
+        b.resolve().unwrap();
+        let p: ProxySettings = read_toml(&dir.join("proxy.toml")).unwrap();
+        p.resolve().unwrap();
+    }
+}

@@ -1,0 +1,97 @@
+//! `quire proxy`: one proxy process of a multi-process cluster.
+//!
+//! It connects to the metadata store (ZooKeeper), builds the ledger client and the
+//! [`quire_proxy::StreamManager`], and serves the proxy protocol on its listen address until
+//! SIGINT or SIGTERM; then it stops accepting, completes the open segment of every stream it
+//! writes (so the next owner need not fence them) and exits. Its identity as a stream owner is
+//! its advertised address, which other proxies name when they redirect a client.
+//!
+//! If its ZooKeeper session expires, every stream lease it held is gone and another proxy may
+//! already own those streams: it stops serving and exits with an error (a supervisor restarts
+//! it with a new session). Writes it accepted but had not acknowledged fail; nothing it
+//! acknowledged is lost, since the next owner recovers (fences) the segment it was writing.
+//!
+//! Streams are not recovered eagerly at start (unlike the sandbox): with several proxies, a
+//! stream belongs to whichever proxy first takes a write for it, and that proxy recovers a
+//! segment left in progress before its first write.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::config::{ProxyOptions, ProxySettings};
+
+/// `quire proxy` options.
+#[derive(Args, Debug)]
+pub struct ProxyArgs {
+    /// TOML configuration file; every flag below overrides the key of the same name.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: ProxySettings,
+}
+
+/// Runs `quire proxy`.
+pub fn run(args: ProxyArgs) -> Result<()> {
+    let file: ProxySettings = crate::config::load(args.config.as_deref())?;
+    let options = args.settings.merged(file).resolve()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let result = runtime.block_on(serve(options));
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
+async fn serve(options: ProxyOptions) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let zk = options.metadata.connect_zk().await?;
+    let mut session_lost = zk.session_lost();
+    let store: std::sync::Arc<dyn quire_metadata::MetadataStore> = zk;
+    let bk = quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
+    let mut config = options.streams.clone();
+    config.owner_address = options.advertised.clone();
+    let streams = quire_proxy::StreamManager::new(store, bk, config);
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.listen))?;
+    let server = quire_proxy::ProxyServer::start(listener, streams.clone(), quire_proxy::ServerConfig::default())
+        .context("proxy server")?;
+    {
+        use std::io::Write;
+        let s = &options.streams;
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "quire proxy: {} listening on {} (E={} Qw={} Qa={})",
+            options.advertised,
+            server.local_addr(),
+            s.ensemble_size,
+            s.write_quorum,
+            s.ack_quorum
+        )?;
+        out.flush()?;
+    }
+    let lost = tokio::select! {
+        _ = term.recv() => false,
+        _ = int.recv() => false,
+        r = session_lost.wait_for(|lost| *lost) => r.is_ok(),
+    };
+    if lost {
+        // Every lease of this session is gone and another proxy may own the streams now; the
+        // stream tasks already refuse writes (ownership lost, or fenced at the bookies). Stop
+        // serving and exit so that a supervisor restarts the proxy with a new session.
+        server.shutdown();
+        bail!("ZooKeeper session expired: the stream ownerships of {} are lost; exiting", options.advertised);
+    }
+    eprintln!("quire proxy: {} stopping", options.advertised);
+    server.shutdown();
+    streams.shutdown().await.context("completing open segments")?;
+    Ok(())
+}

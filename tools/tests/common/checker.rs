@@ -1,0 +1,225 @@
+//! The one checker shared by the cluster tests: given the records acknowledged to writers, it
+//! reads the stream back through a proxy and checks DistributedLog's and BookKeeper's promises:
+//!
+//! 1. every acknowledged record appears exactly once, at the DLSN it was acknowledged with,
+//!    in acknowledgement-DLSN order;
+//! 2. DLSNs only grow along the stream;
+//! 3. every replica of every entry is byte-identical: each entry of each segment's ledger is
+//!    read over the bookie wire protocol from every bookie of its write set in the fragment
+//!    that holds it (ledger metadata from the metadata store). Closed ledgers must have every
+//!    entry up to their last entry on every reachable bookie of its write set; entries of a
+//!    ledger still open must be on at least Qa bookies where they hold an acknowledged record.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use quire_metadata::{BookieId, LedgerState, MetadataStore};
+use quire_proxy::{Dlsn, ProxyClient, ReadPosition};
+use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
+use quire_wire::frame::{decode_frame, FRAME_SIZE_BYTES_MAX_DEFAULT};
+use quire_wire::{EntryId, LedgerId};
+
+/// A record acknowledged to a writer: its DLSN and payload.
+pub type Acked = (Dlsn, Vec<u8>);
+
+/// What the checker saw, for further assertions by the test.
+#[derive(Debug)]
+pub struct Report {
+    /// Every record read back, in order.
+    pub records: Vec<(Dlsn, Vec<u8>)>,
+    /// Entries whose replicas were compared, and replicas read.
+    pub entries_checked: usize,
+    pub replicas_read: usize,
+}
+
+/// Runs every check; panics with a description of the first violation.
+///
+/// `down` lists bookies known to be dead: their replicas are not read.
+pub async fn check_stream(
+    proxy: &str,
+    store: &dyn MetadataStore,
+    stream: &str,
+    acked: &[Acked],
+    down: &[BookieId],
+) -> Report {
+    let records = read_all(proxy, stream).await;
+    // 2. DLSNs only grow.
+    for w in records.windows(2) {
+        assert!(w[0].0 < w[1].0, "DLSNs must grow: {} then {}", w[0].0, w[1].0);
+    }
+    // 1. Each acknowledged record exactly once, where it was acknowledged, in order.
+    let by_dlsn: HashMap<Dlsn, &[u8]> = records.iter().map(|(d, p)| (*d, p.as_slice())).collect();
+    let mut acked_sorted: Vec<&Acked> = acked.iter().collect();
+    acked_sorted.sort_by_key(|a| a.0);
+    for w in acked_sorted.windows(2) {
+        assert!(w[0].0 != w[1].0, "two acknowledgements share DLSN {}", w[0].0);
+    }
+    let mut payload_count: HashMap<&[u8], usize> = HashMap::new();
+    for (_, p) in &records {
+        *payload_count.entry(p.as_slice()).or_default() += 1;
+    }
+    for (dlsn, payload) in &acked_sorted {
+        match by_dlsn.get(dlsn) {
+            Some(p) => assert!(p == payload, "record at {dlsn} differs from what was acknowledged there"),
+            None => panic!("acknowledged record at {dlsn} is missing ({} records read)", records.len()),
+        }
+        assert_eq!(payload_count[payload.as_slice()], 1, "acknowledged record at {dlsn} appears more than once");
+    }
+
+    // 3. Replicas.
+    let meta = store.read_stream(stream).await.expect("read stream metadata").value;
+    let mut entries_checked = 0;
+    let mut replicas_read = 0;
+    let acked_entries: BTreeSet<(u64, u64)> = acked.iter().map(|(d, _)| (d.segment_seq_no, d.entry_id)).collect();
+    for seg in &meta.segments {
+        let ledger = store.read_ledger(LedgerId(seg.ledger_id)).await.expect("read ledger metadata").value;
+        let (closed, last) = match ledger.state {
+            LedgerState::Closed => (true, ledger.last_entry),
+            _ => (false, acked_entries.range((seg.seq_no, 0)..=(seg.seq_no, u64::MAX)).map(|e| e.1).next_back()),
+        };
+        let Some(last) = last else { continue };
+        for entry in 0..=last {
+            let fragment = ledger.fragment_for(EntryId(entry));
+            let mut copies: Vec<(String, Vec<u8>)> = Vec::new();
+            let mut missing = Vec::new();
+            for pos in quire_ledger::quorum::write_set(entry, ledger.ensemble_size, ledger.write_quorum) {
+                let bookie = &fragment.bookies[pos];
+                if down.contains(bookie) {
+                    continue;
+                }
+                match read_entry(&bookie.0, seg.ledger_id, entry) {
+                    Ok(Some(bytes)) => copies.push((bookie.0.clone(), bytes)),
+                    Ok(None) => missing.push(bookie.0.clone()),
+                    Err(e) => panic!("bookie {bookie} (not listed as down) cannot serve ledger {} entry {entry}: {e}", seg.ledger_id),
+                }
+            }
+            replicas_read += copies.len();
+            entries_checked += 1;
+            if closed {
+                assert!(
+                    missing.is_empty(),
+                    "closed ledger {} (segment {}) entry {entry} is missing on {missing:?}",
+                    seg.ledger_id,
+                    seg.seq_no
+                );
+            } else if acked_entries.contains(&(seg.seq_no, entry)) {
+                assert!(
+                    copies.len() + down.len() >= usize::from(ledger.ack_quorum),
+                    "open ledger {} entry {entry} holds acknowledged records but only {} replicas",
+                    seg.ledger_id,
+                    copies.len()
+                );
+            }
+            for (bookie, bytes) in &copies[1.min(copies.len())..] {
+                assert!(
+                    *bytes == copies[0].1,
+                    "ledger {} entry {entry}: replica on {bookie} differs from the one on {}",
+                    seg.ledger_id,
+                    copies[0].0
+                );
+            }
+        }
+    }
+    Report { records, entries_checked, replicas_read }
+}
+
+/// Reads a whole stream through a proxy, from its head to its current end. While the stream's
+/// owner is a proxy that died and whose lease has not expired yet (redirect failures), it
+/// retries for up to 60 s.
+pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
+    let client = ProxyClient::connect(proxy).await.expect("connect to proxy for read-back");
+    let mut from = ReadPosition::Head;
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let batch = match client.read(stream, from, 4096, 2 << 20, Duration::ZERO).await {
+            Ok(b) => b,
+            Err(quire_proxy::Error::RedirectFailed { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => panic!("read back of {stream} through {proxy} failed: {e}"),
+        };
+        if batch.records.is_empty() {
+            return out;
+        }
+        out.extend(batch.records.into_iter().map(|(d, _, p)| (d, p)));
+        from = batch.next;
+    }
+}
+
+/// Reads one entry from one bookie over the bookie wire protocol: `Ok(None)` when the bookie
+/// says it has no such entry or ledger.
+pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8>>, String> {
+    let mut conn = TcpStream::connect(bookie).map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let mut call = |req: &Request<'_>| -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        encode_request(&mut out, 1, req);
+        conn.write_all(&out).map_err(|e| format!("send: {e}"))?;
+        loop {
+            if let Some((_, used)) = decode_frame(&buf, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())? {
+                let frame_bytes: Vec<u8> = buf.drain(..used).collect();
+                return Ok(frame_bytes);
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = conn.read(&mut chunk).map_err(|e| format!("receive: {e}"))?;
+            if n == 0 {
+                return Err("connection closed".into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let hello = call(&Request::Hello { version_min: 1, version_max: 1 })?;
+    let (frame, _) = decode_frame(&hello, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?.ok_or("short hello")?;
+    match decode_response(&frame).map_err(|e| e.to_string())? {
+        Response::Hello { .. } => {}
+        other => return Err(format!("unexpected hello answer {other:?}")),
+    }
+    let reply = call(&Request::Read { ledger: LedgerId(ledger), entry: Some(EntryId(entry)), fence: None })?;
+    let (frame, _) = decode_frame(&reply, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?.ok_or("short read")?;
+    match decode_response(&frame).map_err(|e| e.to_string())? {
+        Response::Read { data, .. } => Ok(Some(data.to_vec())),
+        Response::Failed { status: Status::NoSuchEntry | Status::NoSuchLedger, .. } => Ok(None),
+        other => Err(format!("unexpected read answer {other:?}")),
+    }
+}
+
+/// Writes the records `{prefix}-{i}` for `i` in `range` to `stream`, one record per request
+/// with up to 16 requests in flight, and returns what was acknowledged. At the first failed
+/// write it stops sending, collects the answers of the writes in flight, and returns the error
+/// with the acknowledgements. Every record has txid 1 (txids may repeat; in-flight requests
+/// may reach the proxy in any order).
+pub async fn write_records(
+    client: &std::sync::Arc<ProxyClient>,
+    stream: &str,
+    prefix: &str,
+    range: std::ops::Range<usize>,
+) -> (Vec<Acked>, Option<quire_proxy::Error>) {
+    let mut acked = Vec::new();
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut iter = range;
+    loop {
+        while in_flight.len() < 16 {
+            let Some(i) = iter.next() else { break };
+            let payload = format!("{prefix}-{i:08}").into_bytes();
+            let (c, s, p) = (client.clone(), stream.to_string(), payload.clone());
+            in_flight.push_back((payload, tokio::spawn(async move { c.write(&s, vec![(1, p)], true).await })));
+        }
+        let Some((payload, task)) = in_flight.pop_front() else { return (acked, None) };
+        match task.await.expect("write task") {
+            Ok(r) => acked.push((r.first_dlsn, payload)),
+            Err(e) => {
+                for (p, t) in in_flight {
+                    if let Ok(Ok(r)) = t.await {
+                        acked.push((r.first_dlsn, p));
+                    }
+                }
+                return (acked, Some(e));
+            }
+        }
+    }
+}

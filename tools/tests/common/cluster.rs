@@ -1,0 +1,253 @@
+//! A multi-process cluster for tests: a real ZooKeeper (quire-testkit), `quire bookie` and
+//! `quire proxy` child processes on 127.0.0.1 with free ports, real O_DIRECT directories in a
+//! temporary directory, and real signals (SIGKILL, SIGSTOP, SIGCONT, SIGTERM).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{quire_bin, temp_dir};
+
+/// ZooKeeper session timeout used by cluster tests, in milliseconds: the shortest the test
+/// server allows (2 × tickTime), so that session expiry scenarios stay short.
+pub const SESSION_TIMEOUT_MS: u64 = 4000;
+
+/// A ZooKeeper server plus a data directory and a root path for one cluster.
+pub struct Cluster {
+    pub zk: quire_testkit::ZooKeeperServer,
+    pub zk_root: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts ZooKeeper; no bookie or proxy yet.
+    pub fn start() -> Cluster {
+        Cluster { zk: quire_testkit::ZooKeeperServer::start(), zk_root: "/quire-test".into(), dir: temp_dir() }
+    }
+
+    /// The ZooKeeper connect string.
+    pub fn zookeeper(&self) -> String {
+        self.zk.connect_string()
+    }
+
+    /// Bookie `i`'s journal directory.
+    pub fn journal_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("bookie-{i}/journal"))
+    }
+
+    /// Bookie `i`'s ledger directory.
+    pub fn ledger_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("bookie-{i}/ledgers"))
+    }
+
+    /// The flags of bookie `i` listening on `port`.
+    pub fn bookie_args(&self, i: usize, port: u16) -> Vec<String> {
+        vec![
+            "bookie".into(),
+            "--zookeeper".into(),
+            self.zookeeper(),
+            "--zk-root".into(),
+            self.zk_root.clone(),
+            "--zk-session-timeout-ms".into(),
+            SESSION_TIMEOUT_MS.to_string(),
+            "--journal-dir".into(),
+            self.journal_dir(i).display().to_string(),
+            "--ledger-dir".into(),
+            self.ledger_dir(i).display().to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--shards".into(),
+            "1".into(),
+            "--io-memory-bytes".into(),
+            "1048576".into(),
+            "--journal-file-size-bytes".into(),
+            "4194304".into(),
+        ]
+    }
+
+    /// Starts bookie `i` on `port` (use [`quire_testkit::free_port`] for a new one) and waits
+    /// until it serves and is registered.
+    pub fn start_bookie(&self, i: usize, port: u16) -> Proc {
+        Proc::start(&self.bookie_args(i, port), "quire bookie: ", &format!("bookie {i}"))
+    }
+
+    /// Runs bookie `i` expecting it to refuse to start; returns its output.
+    pub fn bookie_refuses(&self, i: usize, port: u16) -> Output {
+        let out = run(&self.bookie_args(i, port));
+        assert!(!out.status.success(), "bookie {i} should have refused to start");
+        out
+    }
+
+    /// Starts a proxy on `port` with `extra` flags and waits for its listening line.
+    pub fn start_proxy(&self, port: u16, extra: &[&str]) -> Proc {
+        let mut args: Vec<String> = vec![
+            "proxy".into(),
+            "--zookeeper".into(),
+            self.zookeeper(),
+            "--zk-root".into(),
+            self.zk_root.clone(),
+            "--zk-session-timeout-ms".into(),
+            SESSION_TIMEOUT_MS.to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut p = Proc::start(&args, "quire proxy: ", &format!("proxy :{port}"));
+        p.addr = format!("127.0.0.1:{port}");
+        p
+    }
+
+    /// Runs an admin command (`quire ARGS --zookeeper .. --zk-root ..`).
+    pub fn admin(&self, args: &[&str]) -> Output {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.extend(["--zookeeper".into(), self.zookeeper(), "--zk-root".into(), self.zk_root.clone()]);
+        run(&all)
+    }
+
+    /// Like [`Cluster::admin`], asserting success and returning stdout as text.
+    pub fn admin_ok(&self, args: &[&str]) -> String {
+        let out = self.admin(args);
+        assert!(out.status.success(), "quire {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf8 output")
+    }
+
+    /// Waits (up to 60 s) until `quire bookie list` satisfies `pred`; returns the listing.
+    pub fn wait_bookies(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let list = self.admin_ok(&["bookie", "list"]);
+            if pred(&list) {
+                return list;
+            }
+            assert!(Instant::now() < deadline, "bookie list never showed {what}: {list}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// Runs the `quire` binary to completion.
+pub fn run(args: &[String]) -> Output {
+    Command::new(quire_bin())
+        .args(args)
+        .env_remove("QUIRE_ZOOKEEPER")
+        .env_remove("QUIRE_ZK_ROOT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run quire")
+}
+
+/// A `quire bookie` or `quire proxy` child process. Killed and reaped on drop.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    /// The proxy's address (empty for bookies).
+    pub addr: String,
+    /// Everything it printed on stderr so far.
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    fn start(args: &[String], ready_prefix: &str, name: &str) -> Proc {
+        let mut child = Command::new(quire_bin())
+            .args(args)
+            .env("QUIRE_LOG", std::env::var("QUIRE_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn quire");
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr_pipe = child.stderr.take().expect("stderr");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let tag = name.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr_pipe).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("[{tag}] {line}");
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let prefix = ready_prefix.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with(&prefix) {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let mut p = Proc { child, name: name.to_string(), addr: String::new(), stderr };
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(_) => p,
+            Err(_) => {
+                let status = p.child.try_wait().ok().flatten();
+                let _ = p.child.kill();
+                panic!("{name} did not become ready within 60 s (exit {status:?}): {}", p.stderr.lock().unwrap());
+            }
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own, not yet reaped child.
+        let rc = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(rc, 0, "kill({}, {sig})", self.name);
+    }
+
+    /// SIGKILL and reap: no shutdown path runs.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGSTOP: the process freezes (its ZooKeeper session goes unheard).
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// SIGTERM, then wait (up to 30 s) for a successful exit.
+    pub fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                assert!(status.success(), "{} exited with {status}: {}", self.name, self.stderr.lock().unwrap());
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} did not stop within 30 s of SIGTERM", self.name);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SIGCONT first, in case a test left it stopped.
+        // SAFETY: kill(2) on our own child, reaped only below.
+        unsafe {
+            libc::kill(self.pid(), libc::SIGCONT);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `path` exists and holds nothing.
+pub fn is_empty_dir(path: &Path) -> bool {
+    std::fs::read_dir(path).map(|mut d| d.next().is_none()).unwrap_or(false)
+}
