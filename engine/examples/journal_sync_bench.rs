@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use glommio::io::DmaFile;
 use glommio::{LocalExecutorBuilder, Placement};
 
-const FILE_BYTES: u64 = 64 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
@@ -50,12 +49,13 @@ impl Mode {
 const MODES: [Mode; 5] =
     [Mode::UringFdatasync, Mode::UringODsync, Mode::PsyncFdatasync, Mode::PsyncODsync, Mode::PsyncRwfDsync];
 
-/// Writes `FILE_BYTES` of zeros with plain I/O and syncs: the journal's pre-written state.
-fn prezero(path: &Path) {
+/// Writes `bytes` (a multiple of 1 MiB) of zeros with plain I/O and syncs: the journal's
+/// pre-written state.
+fn prezero(path: &Path, bytes: u64) {
     use std::io::Write;
     let mut f = std::fs::File::create(path).expect("create bench file");
     let zeros = vec![0u8; 1 << 20];
-    for _ in 0..(FILE_BYTES >> 20) {
+    for _ in 0..(bytes >> 20) {
         f.write_all(&zeros).expect("pre-write zeros");
     }
     f.sync_all().expect("sync bench file");
@@ -158,12 +158,12 @@ fn main() {
     let path = dir.join(format!("quire-sync-bench-{}.dat", std::process::id()));
     for bs in [4096usize, 65536] {
         let n = if bs == 4096 { n } else { (n / 4).max(100) };
-        assert!((4096 + n * bs) as u64 <= FILE_BYTES, "file too small for {n} appends of {bs} bytes");
+        let file_bytes = ((4096 + n * bs) as u64).div_ceil(1 << 20) << 20;
         let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
         let mut p99s: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
         for _round in 0..rounds {
             for (mi, &mode) in MODES.iter().enumerate() {
-                prezero(&path);
+                prezero(&path, file_bytes);
                 let mut lat = match mode {
                     Mode::UringFdatasync | Mode::UringODsync => {
                         let p = path.clone();

@@ -18,6 +18,7 @@
 //! Everything is `Send + Sync` and runs on tokio.
 
 mod conn;
+mod long_poll;
 pub mod quorum;
 
 use std::collections::BTreeMap;
