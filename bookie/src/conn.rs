@@ -16,7 +16,9 @@ use std::time::Duration;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
-use quire_wire::bookie::{decode_request, encode_response, negotiate_version, Opcode, Request, Response, Status};
+use quire_wire::bookie::{
+    decode_request, encode_response, negotiate_version, Opcode, Request, Response, Status, LONG_POLL_TIMEOUT_MS_MAX,
+};
 use quire_wire::frame::{decode_frame, FRAME_HEADER_SIZE_BYTES};
 use quire_wire::WireError;
 
@@ -401,6 +403,11 @@ async fn handle_request(
         }
         Request::ReadLac { ledger } => Op::ReadLac { ledger: ledger.0 },
         Request::Fence { ledger, master_key } => Op::Fence { ledger: ledger.0, master_key: master_key.0 },
+        Request::ReadLacLongPoll { ledger, previous_lac, timeout_ms } => Op::LongPoll {
+            ledger: ledger.0,
+            previous: previous_lac.map(|e| e.0),
+            timeout: Duration::from_millis(u64::from(timeout_ms.min(LONG_POLL_TIMEOUT_MS_MAX))),
+        },
     };
 
     // Bound the requests in flight on this connection, then on the shard (the gate is what
@@ -419,9 +426,12 @@ async fn handle_request(
             return Flow::Stopped;
         }
     };
+    // Each request is its own task in the queue of its class (tail write, tail read, catch-up
+    // read), so a parked long-poll or a disk read never holds up the requests behind it.
+    let queue = shard.queue_for(&op);
     let shard = shard.clone();
     let outbox = outbox.clone();
-    glommio::spawn_local(async move {
+    let task = async move {
         let opcode = op.opcode();
         let outcome = shard.dispatch(op).await;
         outbox.push(|out| encode_outcome(out, request_id, opcode, &outcome));
@@ -429,8 +439,17 @@ async fn handle_request(
         // every permit, and shutdown proceeds once every pass is dropped.
         drop(permit);
         drop(pass);
-    })
-    .detach();
+    };
+    match glommio::spawn_local_into(task, queue) {
+        Ok(t) => drop(t.detach()),
+        Err(e) => {
+            // Only if the queue vanished, which never happens while the shard runs; the
+            // dropped task released its permit and pass, and the client gets no answer for
+            // this request, so close the connection rather than leave it hanging.
+            tracing::error!(error = %e, "cannot spawn a request task");
+            return Flow::Fatal;
+        }
+    }
     Flow::Continue
 }
 
@@ -441,5 +460,6 @@ fn opcode_of(request: &Request<'_>) -> Opcode {
         Request::Read { .. } => Opcode::Read,
         Request::ReadLac { .. } => Opcode::ReadLac,
         Request::Fence { .. } => Opcode::Fence,
+        Request::ReadLacLongPoll { .. } => Opcode::ReadLacLongPoll,
     }
 }

@@ -4,8 +4,10 @@
 //! An [`Op`] owns its bytes so that it can cross to another shard over a channel; an
 //! [`Outcome`] is what comes back. Engine errors become wire statuses here and nowhere else.
 
+use std::time::Duration;
+
 use quire_engine::{Engine, Error as EngineError};
-use quire_wire::bookie::{encode_response, Opcode, Response, Status};
+use quire_wire::bookie::{encode_long_poll_response, encode_response, LongPollResponse, Opcode, Response, Status};
 use quire_wire::{EntryId, LedgerId, MASTER_KEY_SIZE_BYTES};
 
 /// One request for the engine that owns `ledger`, detached from the receive buffer.
@@ -26,6 +28,21 @@ pub(crate) enum Op {
     ReadLac { ledger: u64 },
     /// Fence `ledger` and report its LAC.
     Fence { ledger: u64, master_key: [u8; MASTER_KEY_SIZE_BYTES] },
+    /// Wait until the LAC of `ledger` passes `previous` (or fenced, or `timeout`), then report
+    /// it with entry `previous + 1` piggybacked.
+    LongPoll { ledger: u64, previous: Option<u64>, timeout: Duration },
+}
+
+/// Which of a shard's task queues runs an operation (performance.md: tail writes, tail reads
+/// and catch-up reads are scheduled apart so that none waits behind the other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// Adds, fences and fencing reads.
+    TailWrite,
+    /// Reads answered from memory, LAC reads and long-polls.
+    TailRead,
+    /// Reads that go to the entry logs.
+    CatchUpRead,
 }
 
 impl Op {
@@ -35,7 +52,8 @@ impl Op {
             Op::Add { ledger, .. }
             | Op::Read { ledger, .. }
             | Op::ReadLac { ledger }
-            | Op::Fence { ledger, .. } => ledger,
+            | Op::Fence { ledger, .. }
+            | Op::LongPoll { ledger, .. } => ledger,
         }
     }
 
@@ -46,6 +64,21 @@ impl Op {
             Op::Read { .. } => Opcode::Read,
             Op::ReadLac { .. } => Opcode::ReadLac,
             Op::Fence { .. } => Opcode::Fence,
+            Op::LongPoll { .. } => Opcode::ReadLacLongPoll,
+        }
+    }
+
+    /// The task queue class of this operation; `engine` is the owner's engine when this shard
+    /// owns the ledger (then a read is classified by whether it would touch the disk), else
+    /// `None` (then the task only forwards, which is cheap: a tail read).
+    pub(crate) fn class(&self, engine: Option<&Engine>) -> Class {
+        match *self {
+            Op::Add { .. } | Op::Fence { .. } | Op::Read { fence: Some(_), .. } => Class::TailWrite,
+            Op::ReadLac { .. } | Op::LongPoll { .. } => Class::TailRead,
+            Op::Read { ledger, entry, fence: None } => match engine {
+                Some(e) if !e.is_cached(ledger, entry) => Class::CatchUpRead,
+                _ => Class::TailRead,
+            },
         }
     }
 }
@@ -57,6 +90,7 @@ pub(crate) enum Done {
     Read { ledger: u64, entry: u64, data: Vec<u8> },
     ReadLac { ledger: u64, lac: Option<u64>, last_entry: Option<u64> },
     Fence { ledger: u64, lac: Option<u64> },
+    LongPoll { ledger: u64, lac: Option<u64>, fenced: bool, next_entry: Option<(u64, Vec<u8>)> },
 }
 
 /// A failed [`Op`]: the wire status and a one-line message for humans.
@@ -146,11 +180,25 @@ pub(crate) async fn execute(engine: &Engine, op: Op) -> Outcome {
             let lac = engine.fence(ledger, master_key).await.map_err(fail)?;
             Ok(Done::Fence { ledger, lac })
         }
+        Op::LongPoll { ledger, previous, timeout } => {
+            let u = engine.wait_for_lac(ledger, previous, timeout).await.map_err(fail)?;
+            Ok(Done::LongPoll { ledger, lac: u.lac, fenced: u.fenced, next_entry: u.next_entry })
+        }
     }
 }
 
 /// Appends the response frame for `outcome` to `out`.
 pub(crate) fn encode_outcome(out: &mut Vec<u8>, request_id: u64, opcode: Opcode, outcome: &Outcome) {
+    if let Ok(Done::LongPoll { ledger, lac, fenced, next_entry }) = outcome {
+        let response = LongPollResponse {
+            ledger: LedgerId(*ledger),
+            lac: lac.map(EntryId),
+            fenced: *fenced,
+            next_entry: next_entry.as_ref().map(|(e, d)| (EntryId(*e), d.as_slice())),
+        };
+        encode_long_poll_response(out, request_id, &response);
+        return;
+    }
     let response = match outcome {
         Ok(Done::Add { ledger, entry }) => Response::Add { ledger: LedgerId(*ledger), entry: EntryId(*entry) },
         Ok(Done::Read { ledger, entry, data }) => {
@@ -162,6 +210,7 @@ pub(crate) fn encode_outcome(out: &mut Vec<u8>, request_id: u64, opcode: Opcode,
             last_entry: last_entry.map(EntryId),
         },
         Ok(Done::Fence { ledger, lac }) => Response::Fence { ledger: LedgerId(*ledger), lac: lac.map(EntryId) },
+        Ok(Done::LongPoll { .. }) => unreachable!("long-poll answers are encoded above"),
         Err(f) => Response::Failed { opcode, status: f.status, message: &f.message },
     };
     encode_response(out, request_id, &response);

@@ -7,17 +7,27 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::time::Duration;
 
 use glommio::net::TcpListener;
 use glommio::sync::{Gate, Semaphore};
+use glommio::{Latency, Shares, TaskQueueHandle};
 use quire_engine::{Engine, EngineConfig};
 use quire_wire::bookie::Status;
 
-use crate::ops::{execute, Failure, Op, Outcome};
+use crate::ops::{execute, Class, Failure, Op, Outcome};
 use crate::shard_of;
 
 /// Requests queued from other shards to one shard at most; senders wait when it is full.
 pub(crate) const FORWARD_QUEUE_MAX: usize = 4096;
+
+/// glommio shares and preemption targets of a shard's request task queues. Tail writes get
+/// the most, catch-up reads the least and no latency class, so a bulk catch-up reader yields
+/// to tail traffic (performance.md, "Design implications").
+const TAIL_WRITE_SHARES: usize = 1000;
+const TAIL_READ_SHARES: usize = 500;
+const CATCH_UP_READ_SHARES: usize = 100;
+const TAIL_LATENCY: Duration = Duration::from_millis(1);
 
 /// A request forwarded from the shard that read it to the shard that owns its ledger.
 pub(crate) struct Forwarded {
@@ -73,6 +83,9 @@ pub(crate) struct Shard {
     pub(crate) in_flight: Gate,
     /// Never has permits; closing it tells every connection reader to stop.
     pub(crate) stop: Semaphore,
+    tail_write_tq: TaskQueueHandle,
+    tail_read_tq: TaskQueueHandle,
+    catch_up_read_tq: TaskQueueHandle,
 }
 
 impl Shard {
@@ -81,13 +94,37 @@ impl Shard {
         u16::try_from(self.shard_count).expect("shard count validated at start")
     }
 
+    /// The task queue that should run a task serving `op` on this shard.
+    pub(crate) fn queue_for(&self, op: &Op) -> TaskQueueHandle {
+        let owned = shard_of(op.ledger(), self.shard_count) == self.index;
+        match op.class(owned.then_some(self.engine.as_ref())) {
+            Class::TailWrite => self.tail_write_tq,
+            Class::TailRead => self.tail_read_tq,
+            Class::CatchUpRead => self.catch_up_read_tq,
+        }
+    }
+
+    /// Runs `op` on this shard's engine (which must own its ledger). A parked long-poll is
+    /// answered at once, with the LAC as it stands, when the shard starts stopping, so that
+    /// shutdown never waits for long-poll timeouts.
+    async fn execute_owned(&self, op: Op) -> Outcome {
+        if let Op::LongPoll { ledger, previous, .. } = op {
+            return futures_lite::future::or(execute(&self.engine, op), async move {
+                let _ = self.stop.acquire(1).await;
+                execute(&self.engine, Op::LongPoll { ledger, previous, timeout: Duration::ZERO }).await
+            })
+            .await;
+        }
+        execute(&self.engine, op).await
+    }
+
     /// Runs `op` here if this shard owns its ledger, else on the owning shard: at most one
     /// cross-core hop.
     pub(crate) async fn dispatch(&self, op: Op) -> Outcome {
         let owner = shard_of(op.ledger(), self.shard_count);
         assert!(owner < self.shard_count, "shard_of out of range");
         if owner == self.index {
-            return execute(&self.engine, op).await;
+            return self.execute_owned(op).await;
         }
         let (reply, reply_rx) = flume::bounded(1);
         if self.peers[owner].send_async(Forwarded { op, reply }).await.is_err() {
@@ -100,17 +137,21 @@ impl Shard {
     }
 }
 
-/// Serves requests forwarded by other shards: one task per request, so a slow add does not
-/// hold up a read behind it.
-async fn forward_loop(engine: Rc<Engine>, forward_rx: flume::Receiver<Forwarded>) {
+/// Serves requests forwarded by other shards: one task per request, in the task queue of its
+/// class, so a slow add or a parked long-poll does not hold up a read behind it.
+async fn forward_loop(shard: Rc<Shard>, forward_rx: flume::Receiver<Forwarded>) {
     while let Ok(Forwarded { op, reply }) = forward_rx.recv_async().await {
-        let engine = engine.clone();
-        glommio::spawn_local(async move {
-            let outcome = execute(&engine, op).await;
+        let queue = shard.queue_for(&op);
+        let s = shard.clone();
+        let task = async move {
+            let outcome = s.execute_owned(op).await;
             // The requester may have gone (its connection died); nothing to do then.
             let _ = reply.send(outcome);
-        })
-        .detach();
+        };
+        match glommio::spawn_local_into(task, queue) {
+            Ok(t) => drop(t.detach()),
+            Err(e) => tracing::error!(error = %e, "cannot spawn a forwarded request"),
+        }
     }
 }
 
@@ -177,6 +218,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
     tracing::info!(%addr, "listening");
     let _ = events.send(Event::Bound(addr));
 
+    let ex = glommio::executor();
     let shard = Rc::new(Shard {
         index,
         shard_count,
@@ -185,8 +227,11 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         peers,
         in_flight: Gate::new(),
         stop: Semaphore::new(0),
+        tail_write_tq: ex.create_task_queue(Shares::Static(TAIL_WRITE_SHARES), Latency::Matters(TAIL_LATENCY), "tail-write"),
+        tail_read_tq: ex.create_task_queue(Shares::Static(TAIL_READ_SHARES), Latency::Matters(TAIL_LATENCY), "tail-read"),
+        catch_up_read_tq: ex.create_task_queue(Shares::Static(CATCH_UP_READ_SHARES), Latency::NotImportant, "catch-up-read"),
     });
-    let forward_task = glommio::spawn_local(forward_loop(engine.clone(), forward_rx));
+    let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
     let accept_task = glommio::spawn_local(accept_loop(shard.clone(), listener));
 
     // Serve until told to stop (or until the controller vanished).

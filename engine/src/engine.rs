@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io as stdio;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_lite::future;
+use glommio::{Latency, Shares, TaskQueueHandle};
 
 use crate::format::{
     self, decode_entry_record, decode_file_header, decode_mark, decode_record, decode_segment,
@@ -17,8 +18,10 @@ use crate::format::{
     INDEX_MAGIC, JOURNAL_MAGIC,
 };
 use crate::io::{DmaStorage, Storage, StorageFile, BLOCK_BYTES};
-use crate::sync::{Completion, Signal};
-use crate::{EngineConfig, Error, LedgerState};
+use crate::read_cache::ReadCache;
+use crate::sync::{Completion, Notify, Signal};
+use crate::throttle::{Throttle, BULK_CHUNK_BYTES};
+use crate::{EngineConfig, Error, LacUpdate, LedgerState, ReadStats};
 
 const MARK_FILE: &str = "checkpoint.qcp";
 const MARK_TMP_FILE: &str = "checkpoint.qcp.tmp";
@@ -27,6 +30,15 @@ const INDEX_FILE: &str = "index.qix";
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 /// Entry-log bytes buffered before one write during a checkpoint.
 const ENTRY_LOG_WRITE_BYTES_MAX: usize = 1 << 20;
+/// The next journal file is created in the background once the current one is this full
+/// (numerator over 2: half full).
+const PRECREATE_AT_FILL_HALVES: u64 = 1;
+/// glommio shares of the journal writer's task queue (latency-sensitive).
+const JOURNAL_QUEUE_SHARES: usize = 1000;
+/// Preemption target of the journal writer's task queue.
+const JOURNAL_QUEUE_LATENCY: Duration = Duration::from_millis(1);
+/// glommio shares of the engine's background queue (checkpoint, journal pre-creation).
+const BACKGROUND_QUEUE_SHARES: usize = 50;
 
 fn journal_name(id: u64) -> String {
     format!("journal-{id:016x}.qj")
@@ -92,6 +104,9 @@ struct JournalPos {
 
 type Cache = BTreeMap<(u64, u64), Rc<Vec<u8>>>;
 
+/// A journal file being created in the background: its id and the task creating it.
+type Precreate<F> = (u64, glommio::Task<Result<F, Error>>);
+
 struct State {
     ledgers: HashMap<u64, Ledger>,
     /// Ledgers whose state changed since the last checkpoint snapshot.
@@ -149,13 +164,27 @@ struct Inner<S: Storage> {
     entry_log_readers: RefCell<HashMap<u64, Rc<S::File>>>,
     sync_count: Cell<u64>,
     closed: Cell<bool>,
+    /// Per-ledger wake-ups for long-poll LAC reads; an item exists only while someone waits.
+    lac_watchers: RefCell<HashMap<u64, Rc<Notify>>>,
+    read_cache: RefCell<ReadCache>,
+    /// Bumped whenever entry locations change (checkpoint publish), so that a read-ahead that
+    /// started before does not insert bytes read from an old location.
+    read_cache_gen: Cell<u64>,
+    stats: Cell<ReadStats>,
+    throttle: Throttle,
+    /// The background creation of the next journal file: (its id, the task).
+    precreate: RefCell<Option<Precreate<S::File>>>,
+    /// Task queue of the checkpointer and of journal pre-creation (`Latency::NotImportant`).
+    background_tq: TaskQueueHandle,
 }
 
 /// The storage engine of one bookie shard.
 ///
 /// # Threading
-/// Shard-local (`!Send`): create and use it on one glommio executor. [`Engine::open`] spawns the
-/// journal writer and the checkpointer on that executor with `glommio::spawn_local`.
+/// Shard-local (`!Send`): create and use it on one glommio executor. [`Engine::open`] creates two
+/// glommio task queues on that executor: `quire-journal` (latency matters, high shares) for the
+/// journal writer, and `quire-engine-background` (not latency sensitive, low shares) for the
+/// checkpointer and the background pre-creation of the next journal file.
 pub struct Engine<S: Storage = DmaStorage> {
     inner: Rc<Inner<S>>,
 }
@@ -180,11 +209,22 @@ impl<S: Storage + 'static> Engine<S> {
         assert!(config.journal_file_size_bytes >= 2 * BLOCK_BYTES as u64, "journal files hold a header and a batch");
         assert!(config.group_commit_bytes_max > 0);
         assert!(config.entry_size_bytes_max < u32::MAX as usize / 2, "entry sizes fit the u32 length fields");
-        let inner = open_inner(config, storage).await?;
+        let ex = glommio::executor();
+        let journal_tq =
+            ex.create_task_queue(Shares::Static(JOURNAL_QUEUE_SHARES), Latency::Matters(JOURNAL_QUEUE_LATENCY), "quire-journal");
+        let background_tq =
+            ex.create_task_queue(Shares::Static(BACKGROUND_QUEUE_SHARES), Latency::NotImportant, "quire-engine-background");
+        let inner = open_inner(config, storage, background_tq).await?;
         let inner = Rc::new(inner);
         inner.writer_running.set(true);
-        glommio::spawn_local(writer_loop(inner.clone())).detach();
-        glommio::spawn_local(checkpoint_loop(inner.clone())).detach();
+        let spawn_err = |e: glommio::GlommioError<()>| Error::Io {
+            op: "spawn engine task",
+            path: inner.cfg.journal_dir.clone(),
+            file_offset_bytes: 0,
+            source: stdio::Error::other(e.to_string()),
+        };
+        glommio::spawn_local_into(writer_loop(inner.clone()), journal_tq).map_err(spawn_err)?.detach();
+        glommio::spawn_local_into(checkpoint_loop(inner.clone()), background_tq).map_err(spawn_err)?.detach();
         Ok(Rc::new(Engine { inner }))
     }
 
@@ -259,19 +299,113 @@ impl<S: Storage + 'static> Engine<S> {
                 Some(e) => e,
                 None => l.last_entry.ok_or(Error::NoSuchEntry { ledger, entry: u64::MAX })?,
             };
-            if let Some(d) = st.cache.get(&(ledger, entry)) {
+            let in_write_cache = st.cache.get(&(ledger, entry)).or_else(|| st.flushing.as_ref().and_then(|f| f.get(&(ledger, entry))));
+            if let Some(d) = in_write_cache {
+                inner.count(|s| s.write_cache_hits += 1);
                 return Ok(d.as_ref().clone());
             }
-            if let Some(d) = st.flushing.as_ref().and_then(|f| f.get(&(ledger, entry))) {
+            if let Some(d) = inner.read_cache.borrow().get(&(ledger, entry)) {
+                inner.count(|s| s.read_cache_hits += 1);
                 return Ok(d.as_ref().clone());
             }
-            match st.index.get(&ledger).and_then(|m| m.get(&entry)) {
-                Some(loc) => (entry, *loc),
-                None => return Err(Error::NoSuchEntry { ledger, entry }),
-            }
+            let Some(entries) = st.index.get(&ledger) else {
+                return Err(Error::NoSuchEntry { ledger, entry });
+            };
+            let Some(loc) = entries.get(&entry) else {
+                return Err(Error::NoSuchEntry { ledger, entry });
+            };
+            (entry, *loc, inner.read_ahead_plan(entries, entry, *loc))
         };
-        let (entry, loc) = loc;
-        inner.read_entry_log(ledger, entry, loc).await
+        let (entry, loc, plan) = loc;
+        inner.read_entry_log(ledger, entry, loc, &plan).await
+    }
+
+    /// Whether entry `entry` of `ledger` would be answered from memory (write cache or read
+    /// cache) right now, with no disk I/O. The bookie uses this to put a read in its tail-read or
+    /// its catch-up task queue.
+    pub fn is_cached(&self, ledger: u64, entry: Option<u64>) -> bool {
+        let st = self.inner.st.borrow();
+        let entry = match entry {
+            Some(e) => e,
+            None => match st.ledgers.get(&ledger).and_then(|l| l.last_entry) {
+                Some(e) => e,
+                None => return true,
+            },
+        };
+        st.cache.contains_key(&(ledger, entry))
+            || st.flushing.as_ref().is_some_and(|f| f.contains_key(&(ledger, entry)))
+            || self.inner.read_cache.borrow().contains(&(ledger, entry))
+    }
+
+    /// Long-poll read of the LAC (BookKeeper `READ_ENTRY` with `previousLAC` and a timeout,
+    /// bookkeeper.md §1.3): waits until this shard's LAC of `ledger` is past `previous`
+    /// (`None` = no LAC yet, so any LAC passes it), the ledger is fenced, or `timeout` elapsed,
+    /// whichever comes first; then answers with the LAC and, when it passed `previous`, entry
+    /// `previous + 1` (entry 0 for `None`) if this shard holds it.
+    ///
+    /// The waiter is woken by the journal writer when an add or fence of this ledger becomes
+    /// durable (a per-ledger watcher; no polling). A ledger this shard has never seen is waited
+    /// on like any other (its first add may be on its way), where BookKeeper would answer
+    /// `NoSuchLedger`.
+    ///
+    /// # Errors
+    /// `Closed` if the engine is or gets closed while waiting; the piggybacked read's `Io` or
+    /// `Corrupt` error. A timeout is not an error: the answer then carries the unchanged LAC.
+    /// # Cancellation
+    /// Dropping the future unregisters the waiter.
+    pub async fn wait_for_lac(&self, ledger: u64, previous: Option<u64>, timeout: Duration) -> Result<LacUpdate, Error> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + timeout;
+        let notify = inner.lac_watchers.borrow_mut().entry(ledger).or_default().clone();
+        let result = loop {
+            if inner.closed.get() {
+                break Err(Error::Closed);
+            }
+            let (lac, fenced) = {
+                let st = inner.st.borrow();
+                st.ledgers.get(&ledger).map_or((None, false), |l| (l.lac, l.fenced))
+            };
+            let now = Instant::now();
+            if lac > previous || fenced || now >= deadline {
+                break Ok((lac, fenced));
+            }
+            let seen = notify.generation();
+            future::or(notify.changed_since(seen), glommio::timer::sleep(deadline - now)).await;
+        };
+        // The map and this waiter hold the only references: nobody else waits on the ledger.
+        if Rc::strong_count(&notify) == 2 {
+            inner.lac_watchers.borrow_mut().remove(&ledger);
+        }
+        drop(notify);
+        let (lac, fenced) = result?;
+        let mut next_entry = None;
+        if lac > previous {
+            let next = previous.map_or(0, |p| p + 1);
+            match self.read_entry(ledger, Some(next)).await {
+                Ok(data) => next_entry = Some((next, data)),
+                Err(Error::NoSuchEntry { .. } | Error::NoSuchLedger { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(LacUpdate { lac, fenced, next_entry })
+    }
+
+    /// Read-path counters since open (write cache, read cache, entry-log reads, read-ahead).
+    pub fn read_stats(&self) -> ReadStats {
+        let mut s = self.inner.stats.get();
+        s.read_cache_bytes = self.inner.read_cache.borrow().bytes() as u64;
+        s
+    }
+
+    /// Times a bulk write (checkpoint, journal pre-creation) waited for the rate limit or for a
+    /// journal write/sync in flight, since open.
+    pub fn background_write_waits(&self) -> u64 {
+        self.inner.throttle.waits()
+    }
+
+    /// Number of long-poll waiters parked on `ledger` right now (observability and tests).
+    pub fn lac_waiters(&self, ledger: u64) -> usize {
+        self.inner.lac_watchers.borrow().get(&ledger).map_or(0, |n| Rc::strong_count(n) - 1)
     }
 
     /// The state of `ledger`, or `None` if this shard never saw an add or fence for it.
@@ -331,8 +465,20 @@ impl<S: Storage + 'static> Engine<S> {
             return Err(Error::Closed);
         }
         inner.writer_signal.notify();
+        let watchers: Vec<Rc<Notify>> = inner.lac_watchers.borrow().values().cloned().collect();
+        for w in watchers {
+            w.notify_all();
+        }
         while inner.writer_running.get() {
             inner.writer_done.wait().await;
+        }
+        // A pre-creation in progress finishes (a cancelled one would only leave a temp file,
+        // which the next open deletes; finishing it keeps the directory tidy).
+        let pre = inner.precreate.borrow_mut().take();
+        if let Some((id, task)) = pre {
+            if let Err(e) = task.await {
+                tracing::warn!("background creation of journal {id} failed: {e}");
+            }
         }
         let r = inner.checkpoint().await;
         inner.checkpoint_signal.notify();
@@ -379,7 +525,41 @@ impl<S: Storage> Inner<S> {
         done.wait().await
     }
 
-    async fn read_entry_log(&self, ledger: u64, entry: u64, loc: Location) -> Result<Vec<u8>, Error> {
+    fn count(&self, f: impl FnOnce(&mut ReadStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    /// The entries after `entry` of the same ledger to read in the same I/O: in the same entry
+    /// log, at increasing offsets, within `read_ahead_bytes_max` (and half the read cache) of
+    /// `loc`, and at most `read_ahead_entries` of them.
+    fn read_ahead_plan(&self, entries: &BTreeMap<u64, Location>, entry: u64, loc: Location) -> Vec<(u64, Location)> {
+        let mut plan = Vec::new();
+        if self.cfg.read_ahead_entries == 0 {
+            return plan;
+        }
+        let start = loc.offset;
+        let mut end = loc.offset + (format::ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize) as u64;
+        for (&e, &l) in entries.range(entry.saturating_add(1)..) {
+            if plan.len() >= self.cfg.read_ahead_entries || l.log_id != loc.log_id || l.offset < end {
+                break;
+            }
+            let l_end = l.offset + (format::ENTRY_RECORD_HEADER_BYTES + l.data_len as usize) as u64;
+            // Never more than half the read cache, so that read-ahead does not evict itself.
+            if l_end - start > self.cfg.read_ahead_bytes_max.min(self.cfg.read_cache_bytes_max / 2) as u64 {
+                break;
+            }
+            end = l_end;
+            plan.push((e, l));
+        }
+        plan
+    }
+
+    /// Reads `entry` at `loc` and, in the same I/O, the entries of `plan` (read-ahead), which go
+    /// to the read cache with the entry itself.
+    async fn read_entry_log(&self, ledger: u64, entry: u64, loc: Location, plan: &[(u64, Location)]) -> Result<Vec<u8>, Error> {
+        let generation = self.read_cache_gen.get();
         let path = self.cfg.ledger_dir.join(entry_log_name(loc.log_id));
         let file = {
             let cached = self.entry_log_readers.borrow().get(&loc.log_id).cloned();
@@ -393,16 +573,75 @@ impl<S: Storage> Inner<S> {
             }
         };
         let len = format::ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize;
-        let b = file.read_at(loc.offset, len).await.map_err(io_err("read entry log", &path, loc.offset))?;
-        decode_entry_record(&b, ledger, entry, loc.data_len).map_err(|r| corrupt(&path, loc.offset, r))
+        let span = plan.last().map_or(len, |(_, l)| {
+            (l.offset - loc.offset) as usize + format::ENTRY_RECORD_HEADER_BYTES + l.data_len as usize
+        });
+        let b = file.read_at(loc.offset, span).await.map_err(io_err("read entry log", &path, loc.offset))?;
+        self.count(|s| s.entry_log_reads += 1);
+        let data = decode_entry_record(&b[..len.min(b.len())], ledger, entry, loc.data_len)
+            .map_err(|r| corrupt(&path, loc.offset, r))?;
+        if self.read_cache_gen.get() != generation {
+            return Ok(data);
+        }
+        let mut cache = self.read_cache.borrow_mut();
+        cache.insert((ledger, entry), Rc::new(data.clone()));
+        let mut ahead = 0u64;
+        for &(e, l) in plan {
+            let at = (l.offset - loc.offset) as usize;
+            let l_len = format::ENTRY_RECORD_HEADER_BYTES + l.data_len as usize;
+            let Some(rec) = b.get(at..at + l_len) else { break };
+            // A damaged neighbour is left out; reading it directly reports the corruption.
+            if let Ok(d) = decode_entry_record(rec, ledger, e, l.data_len) {
+                cache.insert((ledger, e), Rc::new(d));
+                ahead += 1;
+            }
+        }
+        drop(cache);
+        self.count(|s| s.entries_read_ahead += ahead);
+        Ok(data)
     }
 
     async fn create_journal_file(&self, id: u64) -> Result<S::File, Error> {
         let path = self.journal_path(id);
-        create_journal_file(&self.storage, &self.cfg, &path, id).await
+        create_journal_file(&self.storage, &self.cfg, &path, id, Some(&self.throttle)).await
     }
 
-    async fn write_batch(&self, batch: Vec<Pending>) {
+    /// Wakes the long-poll waiters of `ledger`, if any.
+    fn wake_lac_watchers(&self, ledger: u64) {
+        let w = self.lac_watchers.borrow().get(&ledger).cloned();
+        if let Some(w) = w {
+            w.notify_all();
+        }
+    }
+
+    /// Starts creating journal file `id` on the background queue unless that is under way.
+    fn start_precreate(self: &Rc<Self>, id: u64) where S: 'static {
+        if self.precreate.borrow().as_ref().is_some_and(|(pid, _)| *pid == id) || self.closed.get() {
+            return;
+        }
+        let inner = self.clone();
+        match glommio::spawn_local_into(async move { inner.create_journal_file(id).await }, self.background_tq) {
+            Ok(task) => *self.precreate.borrow_mut() = Some((id, task)),
+            Err(e) => tracing::warn!("cannot start the background creation of journal {id}: {e}"),
+        }
+    }
+
+    /// The journal file `id` for a roll: the pre-created one when it was started (waiting for it
+    /// if it is still being written), else created here.
+    async fn next_journal_file(&self, id: u64) -> Result<S::File, Error> {
+        let pre = self.precreate.borrow_mut().take();
+        if let Some((pid, task)) = pre {
+            if pid == id {
+                match task.await {
+                    Ok(f) => return Ok(f),
+                    Err(e) => tracing::warn!("background creation of journal {id} failed, creating it now: {e}"),
+                }
+            }
+        }
+        self.create_journal_file(id).await
+    }
+
+    async fn write_batch(self: &Rc<Self>, batch: Vec<Pending>) where S: 'static {
         let mut cursor = self.journal.borrow_mut().take().expect("journal cursor is present while the writer runs");
         let first_seq = cursor.next_seq;
         let mut body = Vec::new();
@@ -420,13 +659,18 @@ impl<S: Storage> Inner<S> {
         let result: Result<(), Error> = async {
             if cursor.pos + buf.len() as u64 > self.cfg.journal_file_size_bytes && cursor.pos > FILE_HEADER_BYTES as u64 {
                 let id = cursor.file_id + 1;
-                let file = self.create_journal_file(id).await?;
+                let file = self.next_journal_file(id).await?;
                 cursor = JournalCursor { file_id: id, file: Rc::new(file), pos: FILE_HEADER_BYTES as u64, next_seq: cursor.next_seq };
             }
             let path = self.journal_path(cursor.file_id);
-            cursor.file.write_at(cursor.pos, &buf).await.map_err(io_err("journal write", &path, cursor.pos))?;
-            cursor.file.fdatasync().await.map_err(io_err("journal fdatasync", &path, cursor.pos))?;
-            Ok(())
+            self.throttle.journal_busy(true);
+            let r = async {
+                cursor.file.write_at(cursor.pos, &buf).await.map_err(io_err("journal write", &path, cursor.pos))?;
+                cursor.file.fdatasync().await.map_err(io_err("journal fdatasync", &path, cursor.pos))
+            }
+            .await;
+            self.throttle.journal_busy(false);
+            r
         }
         .await;
         match result {
@@ -436,10 +680,18 @@ impl<S: Storage> Inner<S> {
                 cursor.next_seq = first_seq + 1 + batch.len() as u64;
                 let durable = JournalPos { file_id: cursor.file_id, offset: cursor.pos, next_seq: cursor.next_seq };
                 let mut dones = Vec::with_capacity(batch.len());
+                let mut touched: Vec<u64> = Vec::new();
                 {
                     let mut st = self.st.borrow_mut();
                     st.durable = durable;
                     for p in batch {
+                        let ledger = match &p.record {
+                            Record::Add { ledger, .. } | Record::Fence { ledger, .. } => *ledger,
+                            Record::BatchHeader { .. } => unreachable!("batch headers are not queued"),
+                        };
+                        if touched.last() != Some(&ledger) {
+                            touched.push(ledger);
+                        }
                         apply_durable(&mut st, p.record);
                         dones.push(p.done);
                     }
@@ -447,9 +699,20 @@ impl<S: Storage> Inner<S> {
                         self.checkpoint_signal.notify();
                     }
                 }
+                let precreate_at = self.cfg.journal_file_size_bytes * PRECREATE_AT_FILL_HALVES / 2;
+                if cursor.pos >= precreate_at {
+                    self.start_precreate(cursor.file_id + 1);
+                }
                 *self.journal.borrow_mut() = Some(cursor);
                 for d in dones {
                     d.complete(Ok(()));
+                }
+                touched.sort_unstable();
+                touched.dedup();
+                if !self.lac_watchers.borrow().is_empty() {
+                    for ledger in touched {
+                        self.wake_lac_watchers(ledger);
+                    }
                 }
             }
             Err(e) => {
@@ -505,9 +768,13 @@ impl<S: Storage> Inner<S> {
             st.flushing = None;
             match result {
                 Ok((locations, mark)) => {
+                    self.read_cache_gen.set(self.read_cache_gen.get() + 1);
+                    let mut rc = self.read_cache.borrow_mut();
                     for (ledger, entry, loc) in locations {
+                        rc.remove(&(ledger, entry));
                         st.index.entry(ledger).or_default().insert(entry, loc);
                     }
+                    drop(rc);
                     st.mark = mark;
                     mark.journal_file_id
                 }
@@ -592,10 +859,9 @@ impl<S: Storage> Inner<S> {
         // 2. Index segment with the new locations and the changed ledger states, synced.
         let seg = encode_segment(&locations, ledgers);
         let index_path = self.cfg.ledger_dir.join(INDEX_FILE);
-        self.index_file
-            .write_at(old_mark.index_bytes, &seg)
+        bulk_write(self.index_file.as_ref(), old_mark.index_bytes, &seg, Some(&self.throttle))
             .await
-            .map_err(io_err("index write", &index_path, old_mark.index_bytes))?;
+            .map_err(|(at, e)| io_err("index write", &index_path, at)(e))?;
         self.index_file.fdatasync().await.map_err(io_err("index fdatasync", &index_path, old_mark.index_bytes))?;
 
         // 3. The mark: only forward, and only now that entry logs and index are durable.
@@ -622,7 +888,9 @@ impl<S: Storage> Inner<S> {
         }
         pad_to_block(buf);
         let path = self.cfg.ledger_dir.join(entry_log_name(c.id));
-        c.file.write_at(c.pos, buf).await.map_err(io_err("entry log write", &path, c.pos))?;
+        bulk_write(c.file.as_ref(), c.pos, buf, Some(&self.throttle))
+            .await
+            .map_err(|(at, e)| io_err("entry log write", &path, at)(e))?;
         let n = buf.len() as u64;
         buf.clear();
         Ok(n)
@@ -714,7 +982,13 @@ async fn write_mark<S: Storage>(storage: &S, dir: &Path, mark: &Mark) -> Result<
 
 /// Creates a journal file pre-written with zeros: written as `<name>.tmp`, synced, then renamed,
 /// so a crash never leaves a half-written file under a journal name.
-async fn create_journal_file<S: Storage>(storage: &S, cfg: &EngineConfig, path: &Path, id: u64) -> Result<S::File, Error> {
+async fn create_journal_file<S: Storage>(
+    storage: &S,
+    cfg: &EngineConfig,
+    path: &Path,
+    id: u64,
+    throttle: Option<&Throttle>,
+) -> Result<S::File, Error> {
     let tmp = path.with_extension("qj.tmp");
     match storage.remove(&tmp).await {
         Ok(()) => {}
@@ -729,7 +1003,7 @@ async fn create_journal_file<S: Storage>(storage: &S, cfg: &EngineConfig, path: 
     let mut pos = FILE_HEADER_BYTES as u64;
     while pos < size {
         let n = ((size - pos) as usize).min(ZERO_CHUNK_BYTES);
-        f.write_at(pos, &zeros[..n]).await.map_err(io_err("journal pre-write zeros", &tmp, pos))?;
+        bulk_write(&f, pos, &zeros[..n], throttle).await.map_err(|(at, e)| io_err("journal pre-write zeros", &tmp, at)(e))?;
         pos += n as u64;
     }
     f.fdatasync().await.map_err(io_err("journal fdatasync", &tmp, 0))?;
@@ -738,7 +1012,24 @@ async fn create_journal_file<S: Storage>(storage: &S, cfg: &EngineConfig, path: 
     Ok(f)
 }
 
-async fn writer_loop<S: Storage>(inner: Rc<Inner<S>>) {
+/// Writes `data` at `pos` in chunks of at most [`BULK_CHUNK_BYTES`], each admitted by the
+/// throttle (rate limit, and never while a journal write or sync is in flight). On error returns
+/// the offset of the failed chunk.
+async fn bulk_write<F: StorageFile>(file: &F, pos: u64, data: &[u8], throttle: Option<&Throttle>) -> Result<(), (u64, stdio::Error)> {
+    let mut done = 0usize;
+    while done < data.len() {
+        let n = (data.len() - done).min(BULK_CHUNK_BYTES);
+        if let Some(t) = throttle {
+            t.admit(n).await;
+        }
+        let at = pos + done as u64;
+        file.write_at(at, &data[done..done + n]).await.map_err(|e| (at, e))?;
+        done += n;
+    }
+    Ok(())
+}
+
+async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
     loop {
         // Wait for work, or exit once closed and drained.
         loop {
@@ -809,7 +1100,7 @@ async fn checkpoint_loop<S: Storage>(inner: Rc<Inner<S>>) {
 // Open and replay
 // ---------------------------------------------------------------------------------------------
 
-async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S) -> Result<Inner<S>, Error> {
+async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S, background_tq: TaskQueueHandle) -> Result<Inner<S>, Error> {
     storage.prepare_dir(&cfg.journal_dir).await.map_err(io_err("prepare journal dir", &cfg.journal_dir, 0))?;
     storage.prepare_dir(&cfg.ledger_dir).await.map_err(io_err("prepare ledger dir", &cfg.ledger_dir, 0))?;
 
@@ -850,7 +1141,7 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S) -> Result<Inner<S
             storage.remove(&index_path).await.map_err(io_err("remove index of an unfinished first open", &index_path, 0))?;
         }
         let path = cfg.journal_dir.join(journal_name(1));
-        drop(create_journal_file(&storage, &cfg, &path, 1).await?);
+        drop(create_journal_file(&storage, &cfg, &path, 1, None).await?);
         journal_ids.push(1);
         let f = storage.open(&index_path, true).await.map_err(io_err("create index", &index_path, 0))?;
         f.write_at(0, &encode_file_header(INDEX_MAGIC, 0)).await.map_err(io_err("index header write", &index_path, 0))?;
@@ -918,6 +1209,8 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S) -> Result<Inner<S
         ));
     }
     let cursor = replay(&storage, &cfg, &journal_ids, &mut st).await?;
+    let cfg_read_cache = cfg.read_cache_bytes_max;
+    let cfg_rate = cfg.background_write_bytes_per_second;
 
     Ok(Inner {
         cfg,
@@ -937,6 +1230,13 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S) -> Result<Inner<S
         entry_log_readers: RefCell::new(HashMap::new()),
         sync_count: Cell::new(0),
         closed: Cell::new(false),
+        lac_watchers: RefCell::new(HashMap::new()),
+        read_cache: RefCell::new(ReadCache::new(cfg_read_cache)),
+        read_cache_gen: Cell::new(0),
+        stats: Cell::new(ReadStats::default()),
+        throttle: Throttle::new(cfg_rate),
+        precreate: RefCell::new(None),
+        background_tq,
     })
 }
 

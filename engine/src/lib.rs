@@ -11,9 +11,12 @@ use std::time::Duration;
 mod engine;
 pub mod format;
 pub mod io;
+mod read_cache;
 mod sync;
+mod throttle;
 
 pub use engine::Engine;
+pub use throttle::BULK_CHUNK_BYTES;
 
 /// Configuration of one engine (one shard). Sizes in bytes, times as durations.
 #[derive(Debug, Clone)]
@@ -40,6 +43,21 @@ pub struct EngineConfig {
     /// Largest entry accepted by [`Engine::add_entry`]; larger ones get [`Error::TooLarge`].
     /// Default 5 MiB (BookKeeper `nettyMaxFrameSizeBytes`).
     pub entry_size_bytes_max: usize,
+    /// On a read that misses the write cache and the read cache, up to this many following
+    /// entries of the same ledger (same entry log, contiguous) are read in the same I/O and kept
+    /// in the read cache, so a sequential catch-up reader costs few large reads (BookKeeper
+    /// `dbStorage_readAheadCacheBatchSize`). 0 disables read-ahead. Default 100.
+    pub read_ahead_entries: usize,
+    /// Largest span of entry-log bytes one read-ahead reads. Default 1 MiB.
+    pub read_ahead_bytes_max: usize,
+    /// Bound of the read cache (entries read from entry logs and their read-ahead), in bytes of
+    /// entry data; evicted oldest first. Default 64 MiB (BookKeeper
+    /// `dbStorage_readAheadCacheMaxSizeMb`).
+    pub read_cache_bytes_max: usize,
+    /// Rate limit of the engine's bulk writes (checkpoint entry-log and index writes, journal
+    /// pre-creation), in bytes per second; 0 = unlimited. Whatever the rate, a bulk chunk is
+    /// never submitted while a journal write or sync is in flight. Default 256 MiB/s.
+    pub background_write_bytes_per_second: u64,
 }
 
 impl EngineConfig {
@@ -55,6 +73,10 @@ impl EngineConfig {
             checkpoint_interval: Duration::from_secs(10),
             entry_log_size_bytes_max: 1 << 30,
             entry_size_bytes_max: 5 << 20,
+            read_ahead_entries: 100,
+            read_ahead_bytes_max: 1 << 20,
+            read_cache_bytes_max: 64 << 20,
+            background_write_bytes_per_second: 256 << 20,
         }
     }
 }
@@ -69,6 +91,34 @@ pub struct LedgerState {
     pub lac: Option<u64>,
     /// The largest entry id durably stored for the ledger.
     pub last_entry: Option<u64>,
+}
+
+/// The answer to a long-poll read of the LAC ([`Engine::wait_for_lac`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LacUpdate {
+    /// The ledger's LAC when the wait ended (`None`: no LAC known yet).
+    pub lac: Option<u64>,
+    /// Whether the ledger is fenced.
+    pub fenced: bool,
+    /// Entry `previous + 1` (entry 0 when `previous` was `None`) when the LAC passed
+    /// `previous` and this shard holds that entry: the piggybacked next entry of BookKeeper's
+    /// long-poll read.
+    pub next_entry: Option<(u64, Vec<u8>)>,
+}
+
+/// Read-path counters since open (observability of the caches and read-ahead).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Reads answered from the write cache (including a checkpoint in progress).
+    pub write_cache_hits: u64,
+    /// Reads answered from the read cache.
+    pub read_cache_hits: u64,
+    /// Reads that went to an entry log (one I/O each, covering the read-ahead).
+    pub entry_log_reads: u64,
+    /// Entries put in the read cache by read-ahead (not counting the entry asked for).
+    pub entries_read_ahead: u64,
+    /// Bytes of entry data in the read cache now.
+    pub read_cache_bytes: u64,
 }
 
 /// Errors of the engine. Each message is one line naming the path and byte offset involved.

@@ -64,3 +64,53 @@ impl<T> Completion<T> {
         .await
     }
 }
+
+/// A broadcast wake-up for any number of waiters, with a generation counter: `notify_all`
+/// bumps the generation and wakes everyone registered; a waiter that saw generation `g`
+/// resolves once the generation differs from `g`. No busy polling; waiters that go away
+/// (dropped futures) unregister themselves.
+#[derive(Default)]
+pub struct Notify {
+    generation: Cell<u64>,
+    next_id: Cell<u64>,
+    wakers: RefCell<Vec<(u64, Waker)>>,
+}
+
+impl Notify {
+    pub fn generation(&self) -> u64 {
+        self.generation.get()
+    }
+
+    pub fn notify_all(&self) {
+        self.generation.set(self.generation.get().wrapping_add(1));
+        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        for (_, w) in wakers {
+            w.wake();
+        }
+    }
+
+    /// Resolves once `notify_all` ran after the generation was `seen`.
+    pub async fn changed_since(&self, seen: u64) {
+        struct Unregister<'a>(&'a Notify, u64);
+        impl Drop for Unregister<'_> {
+            fn drop(&mut self) {
+                self.0.wakers.borrow_mut().retain(|(id, _)| *id != self.1);
+            }
+        }
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let _guard = Unregister(self, id);
+        poll_fn(|cx| {
+            if self.generation.get() != seen {
+                return Poll::Ready(());
+            }
+            let mut wakers = self.wakers.borrow_mut();
+            match wakers.iter_mut().find(|(i, _)| *i == id) {
+                Some((_, w)) => w.clone_from(cx.waker()),
+                None => wakers.push((id, cx.waker().clone())),
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}

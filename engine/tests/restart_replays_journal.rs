@@ -48,7 +48,8 @@ fn crash_across_checkpoint_and_journal_roll() {
         }
         assert!(journal_files(&path).len() >= 3, "journal should have rolled");
         e.checkpoint().await.unwrap();
-        assert_eq!(journal_files(&path).len(), 1, "journals before the mark are deleted");
+        // Only the mark's file remains, plus the next one if its background pre-creation ran.
+        assert!(journal_files(&path).len() <= 2, "journals before the mark are deleted: {:?}", journal_files(&path));
         for i in 150..300u64 {
             e.add_entry(1, i, KEY, i.checked_sub(1), payload(1, i, 16 << 10), false).await.unwrap();
         }

@@ -9,9 +9,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use quire_bookie::{Bookie, BookieConfig};
-use quire_wire::bookie::{decode_response, encode_request, Opcode, Request, Response, Status};
+use quire_wire::bookie::{
+    decode_long_poll_response, decode_response, encode_request, LongPollReply, Opcode, Request, Response, Status,
+};
 use quire_wire::entry::{encode_entry, EntryHeader};
-use quire_wire::frame::{decode_frame, FrameHeader};
+use quire_wire::frame::{decode_frame, FrameHeader, RESPONSE_BIT};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 
 pub const KEY: MasterKey = MasterKey([7; 20]);
@@ -42,6 +44,7 @@ pub enum Resp {
     Read { ledger: u64, entry: u64, data: Vec<u8> },
     ReadLac { ledger: u64, lac: Option<u64>, last_entry: Option<u64> },
     Fence { ledger: u64, lac: Option<u64> },
+    LongPoll { ledger: u64, lac: Option<u64>, fenced: bool, next_entry: Option<(u64, Vec<u8>)> },
     Failed { opcode: Opcode, status: Status, message: String },
 }
 
@@ -108,7 +111,21 @@ impl Client {
         loop {
             if let Some((frame, used)) = decode_frame(&self.buf, u32::MAX).expect("valid frame from bookie") {
                 let header = frame.header;
-                let resp = own(decode_response(&frame).expect("valid response from bookie"));
+                let resp = if header.opcode == Opcode::ReadLacLongPoll as u8 | RESPONSE_BIT {
+                    match decode_long_poll_response(&frame).expect("valid long-poll response from bookie") {
+                        LongPollReply::Ok(r) => Resp::LongPoll {
+                            ledger: r.ledger.0,
+                            lac: r.lac.map(|e| e.0),
+                            fenced: r.fenced,
+                            next_entry: r.next_entry.map(|(e, d)| (e.0, d.to_vec())),
+                        },
+                        LongPollReply::Failed { status, message } => {
+                            Resp::Failed { opcode: Opcode::ReadLacLongPoll, status, message: message.to_string() }
+                        }
+                    }
+                } else {
+                    own(decode_response(&frame).expect("valid response from bookie"))
+                };
                 self.buf.drain(..used);
                 return Some((header, resp));
             }

@@ -31,6 +31,10 @@ pub enum Opcode {
     ReadLac = 0x04,
     /// Fence a ledger so that normal adds are refused (BookKeeper fencing read).
     Fence = 0x05,
+    /// Long-poll read of the LAC with the next entry piggybacked (BookKeeper `READ_ENTRY`
+    /// with `previousLAC` and a timeout). Its success response has its own layout:
+    /// [`LongPollResponse`], decoded with [`decode_long_poll_response`].
+    ReadLacLongPoll = 0x06,
 }
 
 impl Opcode {
@@ -45,6 +49,7 @@ impl Opcode {
             0x03 => Self::Read,
             0x04 => Self::ReadLac,
             0x05 => Self::Fence,
+            0x06 => Self::ReadLacLongPoll,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -56,6 +61,13 @@ pub const FLAG_RECOVERY_ADD: u8 = 0x01;
 pub const FLAG_FENCE: u8 = 0x01;
 /// `Read` flag: read the last entry the bookie holds (BookKeeper entry id -1).
 pub const FLAG_READ_LAST: u8 = 0x02;
+/// Longest wait a bookie grants one long-poll request, in milliseconds; a request asking for
+/// more waits this long.
+pub const LONG_POLL_TIMEOUT_MS_MAX: u32 = 60_000;
+/// Long-poll response body flag: the ledger is fenced.
+pub const LONG_POLL_FENCED: u8 = 0x01;
+/// Long-poll response body flag: the next entry follows.
+pub const LONG_POLL_HAS_ENTRY: u8 = 0x02;
 
 /// Response status codes, numbered as BookKeeper's v2 return codes where one exists.
 /// Stable numbers: add new ones, never renumber.
@@ -124,6 +136,87 @@ pub enum Request<'a> {
     ReadLac { ledger: LedgerId },
     /// Fence a ledger. Body: ledger u64, master key (20 bytes).
     Fence { ledger: LedgerId, master_key: MasterKey },
+    /// Long-poll the LAC. Body: ledger u64, previous_lac_plus_one u64 (0 = none), timeout_ms
+    /// u32. The bookie answers once its LAC passes `previous_lac`, the ledger is fenced, or
+    /// `timeout_ms` (at most [`LONG_POLL_TIMEOUT_MS_MAX`]) elapsed.
+    ReadLacLongPoll { ledger: LedgerId, previous_lac: Option<EntryId>, timeout_ms: u32 },
+}
+
+/// The success response to [`Request::ReadLacLongPoll`]. Body: ledger u64, lac_plus_one u64
+/// (0 = none), flags u8 ([`LONG_POLL_FENCED`], [`LONG_POLL_HAS_ENTRY`]), then iff
+/// `LONG_POLL_HAS_ENTRY`: entry id u64 and the stored entry bytes verbatim (the rest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LongPollResponse<'a> {
+    pub ledger: LedgerId,
+    /// The bookie's LAC when it answered; not past the request's `previous_lac` on a timeout.
+    pub lac: Option<EntryId>,
+    pub fenced: bool,
+    /// Entry `previous_lac + 1` (0 for none) when the LAC passed `previous_lac` and the bookie
+    /// holds it.
+    pub next_entry: Option<(EntryId, &'a [u8])>,
+}
+
+/// A decoded long-poll answer: success, or the error the bookie answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LongPollReply<'a> {
+    Ok(LongPollResponse<'a>),
+    Failed { status: Status, message: &'a str },
+}
+
+/// Appends the success response frame of a long-poll request to `out`. Errors are sent with
+/// [`encode_response`] and [`Response::Failed`] (opcode [`Opcode::ReadLacLongPoll`]).
+pub fn encode_long_poll_response(out: &mut Vec<u8>, request_id: u64, response: &LongPollResponse<'_>) {
+    let mut body = Vec::with_capacity(25 + response.next_entry.map_or(0, |(_, d)| d.len() + 8));
+    body.extend_from_slice(&response.ledger.0.to_le_bytes());
+    body.extend_from_slice(&lac_to_wire(response.lac).to_le_bytes());
+    let mut flags = 0u8;
+    if response.fenced {
+        flags |= LONG_POLL_FENCED;
+    }
+    if response.next_entry.is_some() {
+        flags |= LONG_POLL_HAS_ENTRY;
+    }
+    body.push(flags);
+    if let Some((entry, data)) = response.next_entry {
+        body.extend_from_slice(&entry.0.to_le_bytes());
+        body.extend_from_slice(data);
+    }
+    let header = FrameHeader {
+        opcode: Opcode::ReadLacLongPoll as u8 | RESPONSE_BIT,
+        flags: 0,
+        status: Status::Ok as u16,
+        request_id,
+    };
+    encode_frame(out, header, &body);
+}
+
+/// Decodes the response frame of a long-poll request (success or error).
+///
+/// # Errors
+/// `InvalidField` for a frame that is not a long-poll response or has unknown body flags;
+/// `UnknownStatus`, `Truncated`, `TrailingBytes`.
+pub fn decode_long_poll_response<'a>(frame: &Frame<'a>) -> Result<LongPollReply<'a>, WireError> {
+    let h = frame.header;
+    if h.opcode != Opcode::ReadLacLongPoll as u8 | RESPONSE_BIT {
+        return Err(WireError::InvalidField { what: "long-poll response opcode" });
+    }
+    let status = Status::from_u16(h.status)?;
+    if status != Status::Ok {
+        return match decode_response(frame)? {
+            Response::Failed { status, message, .. } => Ok(LongPollReply::Failed { status, message }),
+            _ => Err(WireError::InvalidField { what: "long-poll error response" }),
+        };
+    }
+    let mut r = Reader::new(frame.body, "long-poll response body");
+    let ledger = LedgerId(r.u64()?);
+    let lac = lac_from_wire(r.u64()?);
+    let flags = r.u8()?;
+    if flags & !(LONG_POLL_FENCED | LONG_POLL_HAS_ENTRY) != 0 {
+        return Err(WireError::InvalidField { what: "long-poll response flags" });
+    }
+    let next_entry = if flags & LONG_POLL_HAS_ENTRY != 0 { Some((EntryId(r.u64()?), r.rest())) } else { None };
+    r.finish()?;
+    Ok(LongPollReply::Ok(LongPollResponse { ledger, lac, fenced: flags & LONG_POLL_FENCED != 0, next_entry }))
 }
 
 /// A successful response body, or the error a bookie answered with.
@@ -185,6 +278,12 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u64, request: &Request<'_>)
             body.extend_from_slice(&master_key.0);
             (Opcode::Fence, 0)
         }
+        Request::ReadLacLongPoll { ledger, previous_lac, timeout_ms } => {
+            body.extend_from_slice(&ledger.0.to_le_bytes());
+            body.extend_from_slice(&lac_to_wire(previous_lac).to_le_bytes());
+            body.extend_from_slice(&timeout_ms.to_le_bytes());
+            (Opcode::ReadLacLongPoll, 0)
+        }
     };
     encode_frame(out, FrameHeader { opcode: opcode as u8, flags, status: 0, request_id }, &body);
 }
@@ -223,6 +322,11 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, WireError> {
         }
         Opcode::ReadLac => Request::ReadLac { ledger: LedgerId(r.u64()?) },
         Opcode::Fence => Request::Fence { ledger: LedgerId(r.u64()?), master_key: key(&mut r)? },
+        Opcode::ReadLacLongPoll => Request::ReadLacLongPoll {
+            ledger: LedgerId(r.u64()?),
+            previous_lac: lac_from_wire(r.u64()?),
+            timeout_ms: r.u32()?,
+        },
     };
     r.finish()?;
     Ok(req)
@@ -317,6 +421,12 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError>
             },
             Opcode::Fence => {
                 Response::Fence { ledger: LedgerId(r.u64()?), lac: lac_from_wire(r.u64()?) }
+            }
+            // Its layout is not a `Response` variant (see `decode_long_poll_response`).
+            Opcode::ReadLacLongPoll => {
+                return Err(WireError::InvalidField {
+                    what: "long-poll success response (decode it with decode_long_poll_response)",
+                })
             }
         }
     };

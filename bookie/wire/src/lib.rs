@@ -5,7 +5,8 @@
 //!
 //! * [`frame`]: the length-prefixed frame header shared by the bookie and proxy protocols,
 //!   with an incremental decoder that never panics on hostile input.
-//! * [`bookie`]: bookie requests and responses (handshake, add, read, read LAC, fence).
+//! * [`bookie`]: bookie requests and responses (handshake, add, read, read LAC, fence, long-poll
+//!   read of the LAC).
 //! * [`entry`]: the BookKeeper entry layout (ledger id, entry id, LAC, cumulative length,
 //!   CRC32C digest, payload) that clients build and bookies store verbatim.
 

@@ -18,6 +18,8 @@ fn sample_requests(entry: &[u8]) -> Vec<Request<'_>> {
         Request::Read { ledger: LedgerId(1), entry: None, fence: Some(k) },
         Request::ReadLac { ledger: LedgerId(3) },
         Request::Fence { ledger: LedgerId(3), master_key: k },
+        Request::ReadLacLongPoll { ledger: LedgerId(3), previous_lac: None, timeout_ms: 100 },
+        Request::ReadLacLongPoll { ledger: LedgerId(3), previous_lac: Some(EntryId(41)), timeout_ms: 0 },
     ]
 }
 

@@ -21,6 +21,7 @@
 //! Everything is `Send + Sync` and runs on tokio.
 
 mod conn;
+mod long_poll;
 pub mod placement;
 pub mod quorum;
 

@@ -1,0 +1,240 @@
+//! Long-poll reads of the LAC with the next entry piggybacked (BookKeeper's
+//! `readLastAddConfirmedAndEntry` over `READ_ENTRY` with `previousLAC` and a timeout,
+//! bookkeeper.md §1.3): a tailing reader learns of new entries without polling.
+//!
+//! Each call asks every bookie of the ledger's last ensemble at once, on a connection of its
+//! own (the request parks on the bookie; the shared request/response connections of
+//! [`crate::conn`] are not tied up), and returns as soon as one bookie reports a LAC past
+//! `previous` together with entry `previous + 1`. If the LAC moved but no bookie that answered
+//! holds that entry (with E > Qw not every bookie stores every entry), the entry is read from
+//! its write set like any read.
+
+use std::time::Duration;
+
+use quire_metadata::BookieId;
+use quire_wire::bookie::{
+    decode_long_poll_response, decode_response, encode_request, LongPollReply, Request, Response,
+    LONG_POLL_TIMEOUT_MS_MAX, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
+};
+use quire_wire::entry::{verify_expected, ENTRY_HEADER_SIZE_BYTES};
+use quire_wire::frame::decode_frame;
+use quire_wire::{EntryId, LedgerId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::{Error, LedgerReader};
+
+/// One bookie's answer: its LAC and, if it held it and it verified, entry `previous + 1`'s
+/// stored bytes.
+struct Answer {
+    lac: Option<EntryId>,
+    next_entry: Option<Vec<u8>>,
+}
+
+impl LedgerReader {
+    /// Waits until a bookie of the last ensemble knows a LAC past `previous` (`None`: any LAC),
+    /// or `timeout` elapsed, and returns the highest LAC learned and, when it passed
+    /// `previous`, the payload of entry `previous + 1` (entry 0 for `None`), digest verified.
+    /// On a timeout the answer is the highest LAC the bookies reported (not past `previous`)
+    /// and no entry. `timeout` is capped at 60 s (`LONG_POLL_TIMEOUT_MS_MAX`).
+    ///
+    /// Follows BookKeeper's long-poll read (`READ_ENTRY` with `previousLAC`, timeout and
+    /// piggyback); the bookie's LAC is the highest LAC piggybacked on the entries it stores.
+    ///
+    /// # Errors
+    /// The last bookie error when no bookie answered; `Corrupt` if the piggybacked or fetched
+    /// entry fails its digest; the errors of [`LedgerReader::read`] when the entry has to be
+    /// fetched separately.
+    pub async fn read_lac_long_poll(
+        &self,
+        previous: Option<EntryId>,
+        timeout: Duration,
+    ) -> Result<(Option<EntryId>, Option<Vec<u8>>), Error> {
+        let fragment = self.meta.fragments.last().ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+        let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX).min(LONG_POLL_TIMEOUT_MS_MAX);
+        let config = &self.client.inner.config;
+        // The bookie answers by `timeout`; allow it one request timeout more to get here.
+        let deadline = Duration::from_millis(u64::from(timeout_ms)) + config.request_timeout;
+        let next = previous.map_or(0, |p| p.0 + 1);
+        let (tx, mut rx) = mpsc::channel(fragment.bookies.len());
+        for b in &fragment.bookies {
+            let tx = tx.clone();
+            let b = b.clone();
+            let ledger = self.id;
+            let frame_max = config.frame_size_bytes_max;
+            tokio::spawn(async move {
+                let r = tokio::time::timeout(deadline, poll_one(&b, ledger, previous, timeout_ms, frame_max)).await;
+                let r = r.unwrap_or_else(|_| Err(Error::Timeout { bookie: b.0.clone(), after_ms: deadline.as_millis() as u64 }));
+                let _ = tx.send((b, r)).await;
+            });
+        }
+        drop(tx);
+        let mut best: Option<EntryId> = None;
+        let mut any = false;
+        let mut last_err = None;
+        while let Some((b, r)) = rx.recv().await {
+            match r {
+                Ok(a) => {
+                    any = true;
+                    best = best.max(a.lac);
+                    if a.lac > previous {
+                        if let Some(bytes) = a.next_entry {
+                            let payload = self.payload_of(&b, EntryId(next), bytes)?;
+                            return Ok((best, Some(payload)));
+                        }
+                    }
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        if !any {
+            return Err(last_err.unwrap_or(Error::Invalid("empty ensemble".into())));
+        }
+        if best > previous {
+            // Entry `next` is at most the LAC, so confirmed: it is readable from its write set.
+            let payload = self.read(EntryId(next)).await?;
+            return Ok((best, Some(payload)));
+        }
+        Ok((best, None))
+    }
+
+    fn payload_of(&self, bookie: &BookieId, entry: EntryId, mut bytes: Vec<u8>) -> Result<Vec<u8>, Error> {
+        verify_expected(&bytes, self.id, entry).map_err(|e| Error::Corrupt {
+            ledger: self.id.0,
+            entry: entry.0,
+            bookie: bookie.0.clone(),
+            reason: e.to_string(),
+        })?;
+        bytes.drain(..ENTRY_HEADER_SIZE_BYTES);
+        Ok(bytes)
+    }
+}
+
+/// Sends the handshake and the long-poll on a fresh connection and waits for both answers.
+async fn poll_one(
+    bookie: &BookieId,
+    ledger: LedgerId,
+    previous: Option<EntryId>,
+    timeout_ms: u32,
+    frame_size_bytes_max: u32,
+) -> Result<Answer, Error> {
+    let unreachable = |reason: String| Error::BookieUnreachable { bookie: bookie.0.clone(), reason };
+    let mut stream = TcpStream::connect(&bookie.0).await.map_err(|e| unreachable(e.to_string()))?;
+    stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+    let mut out = Vec::new();
+    encode_request(&mut out, 1, &Request::Hello { version_min: PROTOCOL_VERSION_MIN, version_max: PROTOCOL_VERSION_MAX });
+    encode_request(&mut out, 2, &Request::ReadLacLongPoll { ledger, previous_lac: previous, timeout_ms });
+    stream.write_all(&out).await.map_err(|e| unreachable(e.to_string()))?;
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut hello_done = false;
+    loop {
+        while let Some((frame, used)) = decode_frame(&buf, frame_size_bytes_max).map_err(Error::Protocol)? {
+            if !hello_done {
+                match decode_response(&frame).map_err(Error::Protocol)? {
+                    Response::Hello { .. } => hello_done = true,
+                    Response::Failed { status, message, .. } => {
+                        return Err(Error::Bookie { bookie: bookie.0.clone(), status, message: message.to_string() })
+                    }
+                    other => return Err(Error::Invalid(format!("unexpected answer to the handshake: {other:?}"))),
+                }
+            } else {
+                if frame.header.request_id != 2 {
+                    return Err(Error::Invalid(format!("answer to unknown request {}", frame.header.request_id)));
+                }
+                return match decode_long_poll_response(&frame).map_err(Error::Protocol)? {
+                    LongPollReply::Ok(r) => {
+                        if r.ledger != ledger {
+                            return Err(Error::Invalid(format!("long-poll answer names ledger {}", r.ledger)));
+                        }
+                        let next_expected = previous.map_or(0, |p| p.0 + 1);
+                        let next_entry = match r.next_entry {
+                            Some((e, _)) if e.0 != next_expected => {
+                                return Err(Error::Invalid(format!("piggybacked entry {e}, expected {next_expected}")))
+                            }
+                            Some((_, data)) => Some(data.to_vec()),
+                            None => None,
+                        };
+                        Ok(Answer { lac: r.lac, next_entry })
+                    }
+                    LongPollReply::Failed { status, message } => {
+                        Err(Error::Bookie { bookie: bookie.0.clone(), status, message: message.to_string() })
+                    }
+                };
+            }
+            buf.drain(..used);
+        }
+        let n = stream.read(&mut chunk).await.map_err(|e| unreachable(e.to_string()))?;
+        if n == 0 {
+            return Err(unreachable("bookie closed the connection".into()));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Goal: a tailing reader's long-poll parks until the writer's next add moves the LAC, then
+    //! returns the new LAC with the next entry's payload; a poll whose LAC already passed answers
+    //! at once; a poll with nothing new times out with the unchanged LAC and no entry.
+    //! Method: three real bookies (one shard each) on 127.0.0.1 with O_DIRECT journals under
+    //! /tmp, the embedded metadata store, a writer and a reader of one E3/Qw2/Qa2 ledger.
+
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use quire_bookie::{Bookie, BookieConfig};
+    use quire_metadata::{BookieInfo, EmbeddedStore, MetadataStore};
+
+    use super::*;
+    use crate::{BookKeeper, ClientConfig, LedgerOptions};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn long_poll_parks_wakes_piggybacks_and_times_out() {
+        let dir = tempfile::Builder::new().prefix("quire-ledger-lp-").tempdir_in("/tmp").unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
+        let mut bookies = Vec::new();
+        for i in 0..3 {
+            let root = dir.path().join(format!("b{i}"));
+            let mut config = BookieConfig::new("127.0.0.1:0".parse().unwrap(), root.join("j"), root.join("l"));
+            config.shards = 1;
+            config.io_memory_bytes = 1 << 20;
+            config.engine.journal_file_size_bytes = 1 << 20;
+            let bookie = tokio::task::spawn_blocking(move || Bookie::start(config)).await.unwrap().unwrap();
+            store
+                .register_bookie(BookieInfo { id: BookieId(bookie.addr().to_string()), rack: None, read_only: false })
+                .await
+                .unwrap();
+            bookies.push(bookie);
+        }
+        let store: Arc<dyn MetadataStore> = Arc::new(store);
+        let bk = BookKeeper::new(store, ClientConfig::default());
+        let opts = LedgerOptions { ensemble_size: 3, write_quorum: 2, ack_quorum: 2, password: b"pw".to_vec(), custom: BTreeMap::new() };
+        let writer = bk.create_ledger(opts).await.unwrap();
+        writer.add(b"zero".to_vec()).await.unwrap();
+        writer.add(b"one".to_vec()).await.unwrap();
+        let reader = bk.open_ledger(writer.id()).await.unwrap();
+
+        // Bookies holding entry 1 know LAC 0: answered at once, entry 0 piggybacked.
+        let (lac, entry) = reader.read_lac_long_poll(None, Duration::from_secs(20)).await.unwrap();
+        assert_eq!(lac, Some(EntryId(0)));
+        assert_eq!(entry.as_deref(), Some(&b"zero"[..]));
+
+        // Nothing new past LAC 0 until the writer adds: the poll parks, then wakes.
+        let r = reader.clone();
+        let poll = tokio::spawn(async move { r.read_lac_long_poll(Some(EntryId(0)), Duration::from_secs(20)).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!poll.is_finished(), "the long-poll must park while the LAC stays at 0");
+        writer.add(b"two".to_vec()).await.unwrap();
+        let (lac, entry) = poll.await.unwrap().unwrap();
+        assert_eq!(lac, Some(EntryId(1)));
+        assert_eq!(entry.as_deref(), Some(&b"one"[..]));
+
+        // Nothing past LAC 1: a short poll times out with LAC 1 and no entry.
+        let (lac, entry) = reader.read_lac_long_poll(Some(EntryId(1)), Duration::from_millis(100)).await.unwrap();
+        assert_eq!(lac, Some(EntryId(1)));
+        assert_eq!(entry, None);
+        drop(bookies);
+    }
+}
