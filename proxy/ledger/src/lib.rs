@@ -706,15 +706,17 @@ impl WriterShared {
         }
         let confirmed = st.tracker.take_confirmed();
         let Some(&last) = confirmed.last() else { return };
+        // The LAC moves first, so whoever sees an add complete also sees a LAC covering it
+        // (BookKeeper sets `lastAddConfirmed` before the callbacks).
+        assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
+        st.lac = Some(EntryId(last));
+        self.lac_tx.send_replace(st.lac);
         for e in confirmed {
             let p = st.pending.pop_front().expect("a pending add per tracked entry");
             assert_eq!(p.entry, e, "pending adds and tracker agree on order");
             st.confirmed_length_bytes = p.length_bytes;
             let _ = p.tx.send(Ok(EntryId(e)));
         }
-        assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
-        st.lac = Some(EntryId(last));
-        self.lac_tx.send_replace(st.lac);
     }
 
     fn fail(&self, st: &mut WriterState, err: Error) {
