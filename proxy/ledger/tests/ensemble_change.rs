@@ -188,15 +188,23 @@ async fn bookie_dies_mid_stream(e: u8, w: u8, a: u8) {
         futures.push(writer.add(payload(i)));
     }
     let lac_at_failure = writer.lac();
+    // Adds keep flowing while the bookie shuts down, and after it is down (so the writer is
+    // certain to see it fail, however the shutdown interleaves with the adds before it).
     let down = c.shutdown(victim);
-    for i in before..total {
+    for i in before..before + 100 {
+        futures.push(writer.add(payload(i)));
+        if i % 10 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    down.await.unwrap();
+    for i in before + 100..total {
         futures.push(writer.add(payload(i)));
         if i % 10 == 0 {
             tokio::task::yield_now().await;
         }
     }
     let tasks = track(futures, &writer);
-    down.await.unwrap();
     for (i, t) in tasks.into_iter().enumerate() {
         assert_eq!(t.await.unwrap().unwrap(), EntryId(50 + i as u64), "add {}", 50 + i);
     }
