@@ -219,8 +219,8 @@ async fn bookie_dies_mid_stream(e: u8, w: u8, a: u8) {
     let second = &meta.fragments[1];
     assert!(second.first_entry > lac_at_failure.map_or(0, |l| l.0), "new fragment starts after the LAC seen before the failure");
     assert!(second.first_entry <= total, "{second:?}");
-    for pos in 0..usize::from(e) {
-        let expect = if pos == 1 { BookieId(c.addrs[spare].to_string()) } else { first_ensemble[pos].clone() };
+    for (pos, old) in first_ensemble.iter().enumerate() {
+        let expect = if pos == 1 { BookieId(c.addrs[spare].to_string()) } else { old.clone() };
         assert_eq!(second.bookies[pos], expect, "position {pos} of the new fragment");
     }
 
