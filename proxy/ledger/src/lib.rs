@@ -9,13 +9,18 @@
 //! * [`BookKeeper::recover_ledger`] is BookKeeper's open-with-recovery: mark IN_RECOVERY, fence
 //!   the last ensemble until the answers cover it, read forward from the LAC with fencing reads,
 //!   re-add each recovered entry to its whole write set, stop at the first entry proven missing,
-//!   and close.
-//!
-//! * Ensemble change (BookKeeper `LedgerHandle.ensembleChangeLoop`): when a bookie of the
-//!   current ensemble fails an add, the writer picks a replacement ([`placement`]), appends a
-//!   fragment starting at LAC + 1 by compare-and-set, and re-sends every pending add to the
-//!   replacement; success is held back while the change runs. With no replacement the writer
-//!   goes on while every entry can still reach Qa, and fails past that.
+//!   and close. Only the last fragment's ensemble is fenced; reads and re-adds go to each
+//!   entry's own fragment ([`LedgerMetadata::fragment_for`]).
+//! * Ensemble change (BookKeeper `LedgerHandle.ensembleChangeLoop`, changing immediately as
+//!   BookKeeper does without `delayEnsembleChange`): when a bookie of the current ensemble fails
+//!   an add (connection error, timeout, any error status but Fenced/Unauthorized, e.g.
+//!   ReadOnly), the writer picks a replacement ([`placement`]) among the registered writable
+//!   bookies outside the ensemble and not failed recently, appends a fragment starting at
+//!   LAC + 1 by compare-and-set (or rewrites the last fragment if it starts there) while the
+//!   ledger is OPEN and the failed bookie still in it, and re-sends every pending add to the
+//!   replacement, dropping the replaced bookie's acks. Success is held back while the change
+//!   runs, so no entry is confirmed on a write set the metadata does not name. With no
+//!   replacement the writer goes on while every entry can still reach Qa, and fails past that.
 //!
 //! # Threading
 //! Everything is `Send + Sync` and runs on tokio.
@@ -707,15 +712,17 @@ impl WriterShared {
         }
         let confirmed = st.tracker.take_confirmed();
         let Some(&last) = confirmed.last() else { return };
+        // The LAC moves first, so whoever sees an add complete also sees a LAC covering it
+        // (BookKeeper sets `lastAddConfirmed` before the callbacks).
+        assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
+        st.lac = Some(EntryId(last));
+        self.lac_tx.send_replace(st.lac);
         for e in confirmed {
             let p = st.pending.pop_front().expect("a pending add per tracked entry");
             assert_eq!(p.entry, e, "pending adds and tracker agree on order");
             st.confirmed_length_bytes = p.length_bytes;
             let _ = p.tx.send(Ok(EntryId(e)));
         }
-        assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
-        st.lac = Some(EntryId(last));
-        self.lac_tx.send_replace(st.lac);
     }
 
     fn fail(&self, st: &mut WriterState, err: Error) {
