@@ -137,7 +137,7 @@ impl BaselineFile {
     /// If the directory is missing or not writable, or the disk is full.
     pub fn prepare(dir: &Path, size_bytes: u64) -> Result<Self> {
         let mib = 1u64 << 20;
-        if size_bytes < mib || size_bytes % mib != 0 {
+        if size_bytes < mib || !size_bytes.is_multiple_of(mib) {
             bail!("baseline file size must be a positive multiple of 1 MiB, not {size_bytes} bytes");
         }
         let path = dir.join(format!("quire-perf-baseline-{}.tmp", std::process::id()));
@@ -217,7 +217,7 @@ impl BaselineFile {
     /// # Errors
     /// Any I/O error, with the path; a block size that is not a multiple of 4 KiB.
     pub fn sequential(&self, block: usize, duration: Duration) -> Result<f64> {
-        if block == 0 || block % BLOCK_SIZE_BYTES != 0 || block as u64 > self.size_bytes {
+        if block == 0 || !block.is_multiple_of(BLOCK_SIZE_BYTES) || block as u64 > self.size_bytes {
             bail!("sequential block size must be a multiple of 4 KiB no larger than the file, not {block}");
         }
         let f = self.open_direct(false)?;
@@ -230,7 +230,7 @@ impl BaselineFile {
             let off = (n % per_file) * block as u64;
             f.write_all_at(buf.as_slice(), off).with_context(|| format!("O_DIRECT write to {} at {off}", self.path.display()))?;
             n += 1;
-            if n % sync_every == 0 {
+            if n.is_multiple_of(sync_every) {
                 f.sync_data().with_context(|| format!("fdatasync {}", self.path.display()))?;
             }
         }

@@ -62,6 +62,8 @@ pub struct OpenLoopResult {
     pub dispatch_late_max: Duration,
     /// From the first intended send time to the last acknowledgement (or the deadline).
     pub elapsed: Duration,
+    /// The schedule's start: intended time of send 0.
+    pub start: Instant,
 }
 
 /// The serialisable summary of an [`OpenLoopResult`].
@@ -225,5 +227,6 @@ where
         censored,
         dispatch_late_max: late_max,
         elapsed: end.saturating_duration_since(start),
+        start,
     }
 }

@@ -76,7 +76,7 @@ struct Args {
     #[arg(long, default_value_t = 12.0)]
     seconds: f64,
     /// Write calls outstanding at most (later sends wait and are measured late).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 1000)]
     in_flight_max: usize,
     /// Longest wait for outstanding writes after a schedule ends, seconds.
     #[arg(long, default_value_t = 10.0)]

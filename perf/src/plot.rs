@@ -74,8 +74,7 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
     let _ = writeln!(o, r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##);
     let _ = writeln!(o, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">percentile</text>"#, LEFT + pw / 2.0, HEIGHT - 15.0);
     let _ = writeln!(o, r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">latency (log scale)</text>"#, TOP + ph / 2.0, TOP + ph / 2.0);
-    let mut shown = 0usize;
-    for s in series.iter().filter(|s| !s.points.is_empty()) {
+    for (shown, s) in series.iter().filter(|s| !s.points.is_empty()).enumerate() {
         let color = COLORS[shown % COLORS.len()];
         let path: Vec<String> = s.points.iter().map(|&(q, ms)| format!("{:.1},{:.1}", sx(x_of_quantile(q)), sy(ms))).collect();
         let _ = writeln!(o, r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#, path.join(" "));
@@ -83,7 +82,6 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
         let lx = LEFT + pw + 15.0;
         let _ = writeln!(o, r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/>"#, lx + 25.0);
         let _ = writeln!(o, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, lx + 32.0, ly + 4.0, escape(&s.label));
-        shown += 1;
     }
     o.push_str("</svg>\n");
     o

@@ -74,6 +74,9 @@ pub struct TailReadReport {
     pub delivery_distribution: Vec<(f64, f64)>,
     /// Records delivered to the readers (warm-up included).
     pub delivered: u64,
+    /// Recorded records never delivered before the readers stopped; each is in `delivery` at
+    /// a lower bound (stop time − intended time).
+    pub delivery_censored: u64,
     /// Records acknowledged to the writer (warm-up included).
     pub acknowledged: u64,
 }
@@ -271,7 +274,10 @@ pub fn human_summary(report: &Report) -> String {
     }
     if let Some(t) = &r.tail_read {
         open_loop_line(&mut out, "tail-read (writer)", &t.write);
-        let _ = writeln!(out, "  {:<22} delivery {}  ({} of {} delivered)", "tail-read (reader)", t.delivery, t.delivered, t.acknowledged);
+        let _ = writeln!(out, "  {:<22} delivery {}  ({} delivered, {} acknowledged)", "tail-read (reader)", t.delivery, t.delivered, t.acknowledged);
+        if t.delivery_censored > 0 {
+            let _ = writeln!(out, "  {:<22} warning: {} records never delivered (recorded at a lower bound)", "", t.delivery_censored);
+        }
     }
     if let Some(c) = &r.catch_up {
         let _ = writeln!(

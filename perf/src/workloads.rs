@@ -126,6 +126,7 @@ impl Cluster {
 
     /// Open-loop writes of `shape` round robin over `streams` and the writer connections.
     async fn open_loop_writes(&self, streams: &[String], shape: &LoadShape) -> OpenLoopResult {
+        let names = streams;
         let streams: Arc<Vec<String>> = Arc::new(streams.to_vec());
         let writers = self.writers.clone();
         let (base, txid, batch, size) = (self.base, self.txid, shape.batch.max(1), shape.record_size_bytes);
@@ -139,7 +140,38 @@ impl Cluster {
                 client.write(stream, records, false).await.map(|_| ()).map_err(|e| e.to_string())
             }
         };
-        run_open_loop(shape.open_loop(), Some(self.progress_counters()), send).await
+        let r = run_open_loop(shape.open_loop(), Some(self.progress_counters()), send).await;
+        self.barrier(names).await;
+        r
+    }
+
+    /// Waits until every write issued so far to `streams` has been applied: one marker write per
+    /// (connection, stream), each queued behind that connection's earlier writes, and a stream
+    /// applies its writes in submission order. Writes abandoned at a drain deadline are still
+    /// queued in the proxy; without this, their load would spill into the next workload. Gives
+    /// up after two minutes with a warning.
+    async fn barrier(&self, streams: &[String]) {
+        self.progress.phase("waiting for writes still queued in the cluster", Duration::from_secs(1));
+        let mut tasks = tokio::task::JoinSet::new();
+        for w in &self.writers {
+            for s in streams {
+                let (w, s, txid) = (w.clone(), s.clone(), self.txid);
+                tasks.spawn(async move { w.write(&s, vec![(txid, b"quire-perf barrier".to_vec())], false).await });
+            }
+        }
+        let all = async {
+            while let Some(r) = tasks.join_next().await {
+                if let Ok(Err(e)) = r {
+                    return Err(e.to_string());
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(Duration::from_secs(120), all).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.progress.println(&format!("  warning: barrier write failed: {e}")),
+            Err(_) => self.progress.println("  warning: writes still queued after 2 minutes; going on"),
+        }
     }
 
     fn progress_counters(&self) -> Arc<crate::progress::Counters> {
@@ -180,17 +212,22 @@ impl Cluster {
         let mut pass: Option<f64> = None;
         let mut fail: Option<f64> = None;
         let mut rate = start_rate;
+        // Double while steps pass; if the first step fails, halve until one passes (at most 8
+        // times), so the bisection below has a passing lower end whenever one exists.
         loop {
             let ok = self.throughput_step(shape, rate, p99_ms_max, &mut steps, settle).await?;
             if ok {
                 pass = Some(rate);
-                if rate * 2.0 > max_rate {
+                if fail.is_some() || rate * 2.0 > max_rate {
                     break;
                 }
                 rate *= 2.0;
             } else {
-                fail = Some(rate);
-                break;
+                fail = Some(fail.map_or(rate, |f: f64| f.min(rate)));
+                if pass.is_some() || steps.len() > 8 || rate / 2.0 < 1.0 {
+                    break;
+                }
+                rate = (rate / 2.0).round();
             }
         }
         if let Some(hi) = fail {
@@ -246,10 +283,12 @@ impl Cluster {
         let expected = Arc::new(AtomicU64::new(u64::MAX));
         let delivered = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        let total_seq = sched.count_within(shape.total()) * shape.batch as u64;
+        let seen: Arc<Vec<AtomicBool>> = Arc::new((0..total_seq).map(|_| AtomicBool::new(false)).collect());
         let mut readers = Vec::new();
         for (name, from) in &streams {
             let (client, name, from, base) = (self.reader.clone(), name.clone(), *from, self.base);
-            let (expected, delivered, stop, counters) = (expected.clone(), delivered.clone(), stop.clone(), self.progress_counters());
+            let (expected, delivered, stop, counters, seen) = (expected.clone(), delivered.clone(), stop.clone(), self.progress_counters(), seen.clone());
             readers.push(tokio::spawn(async move {
                 let mut hist = LatencyHistogram::new();
                 let mut pos = from;
@@ -260,6 +299,9 @@ impl Cluster {
                         if let Some((seq, ns)) = payload::decode(p) {
                             delivered.fetch_add(1, Ordering::Relaxed);
                             counters.read.fetch_add(1, Ordering::Relaxed);
+                            if let Some(flag) = seen.get(seq as usize) {
+                                flag.store(true, Ordering::Relaxed);
+                            }
                             if seq >= warm_seq {
                                 hist.record(now.saturating_duration_since(base + Duration::from_nanos(ns)));
                             }
@@ -289,11 +331,25 @@ impl Cluster {
                 for h in joined.await? { delivery.add(&h); }
             }
         }
+        // Records never delivered (written late, or lost) count at a lower bound, like
+        // censored writes; a write that failed is not expected to be delivered.
+        let cut = Instant::now();
+        let sends = Schedule::new(write.start, shape.rate_records_per_s / shape.batch as f64).map_err(anyhow::Error::msg)?;
+        let mut delivery_censored = 0;
+        if write.errors == 0 {
+            for seq in warm_seq..total_seq {
+                if !seen[seq as usize].load(Ordering::Relaxed) {
+                    delivery_censored += 1;
+                    delivery.record(cut.saturating_duration_since(sends.intended(seq / shape.batch as u64)));
+                }
+            }
+        }
         Ok(TailReadReport {
             write: write.report(&shape.open_loop()),
             delivery: delivery.summary(),
             delivery_distribution: delivery.distribution(),
             delivered: delivered.load(Ordering::Relaxed),
+            delivery_censored,
             acknowledged,
         })
     }
