@@ -41,6 +41,7 @@ pub struct Progress {
     phase: Mutex<Phase>,
     bar: ProgressBar,
     tty: bool,
+    quiet: bool,
 }
 
 impl std::fmt::Debug for Progress {
@@ -60,6 +61,7 @@ impl Progress {
             phase: Mutex::new(Phase { name: String::new(), started: Instant::now(), planned: Duration::ZERO }),
             bar,
             tty,
+            quiet,
         });
         let weak = Arc::downgrade(&p);
         std::thread::Builder::new()
@@ -80,7 +82,7 @@ impl Progress {
     pub fn phase(&self, name: &str, planned: Duration) {
         self.counters.reset();
         *self.phase.lock().expect("phase lock") = Phase { name: name.to_string(), started: Instant::now(), planned };
-        if !self.tty && !self.bar.is_hidden() {
+        if !self.tty && !self.quiet {
             eprintln!("quire-perf: {name} (about {:.0} s)", planned.as_secs_f64());
         }
     }
@@ -89,7 +91,7 @@ impl Progress {
     pub fn println(&self, line: &str) {
         if self.tty {
             self.bar.println(line);
-        } else if !self.bar.is_hidden() {
+        } else if !self.quiet {
             eprintln!("{line}");
         }
     }
