@@ -11,7 +11,7 @@ use clap::{Parser, ValueEnum};
 use quire_perf::baseline::{BaselineConfig, BaselineFile, BaselineResult, SyncMode};
 use quire_perf::plot::{render_svg, Series};
 use quire_perf::progress::Progress;
-use quire_perf::report::{derive_metrics, human_summary, reference, Report, RunResults, REPORT_FORMAT};
+use quire_perf::report::{derive_metrics, human_summary, overloaded_metrics, reference, Report, RunResults, REPORT_FORMAT};
 use quire_perf::slo;
 use quire_perf::workloads::{Cluster, LoadShape};
 
@@ -93,8 +93,9 @@ struct Args {
     /// Recorded span of each throughput step, seconds (after a 1 s warm-up).
     #[arg(long, default_value_t = 5.0)]
     throughput_step_seconds: f64,
-    /// p99 bound of the throughput search, ms; default: the SLO file's
-    /// `throughput_p99_ms_max`, else 10.
+    /// p99 bound of the throughput search, ms; default: the SLO file's `throughput_p99_ms_max`,
+    /// else its `throughput_p99_ratio_to_raw_append_p99_max` × the start baseline's append p99,
+    /// else 10.
     #[arg(long)]
     throughput_p99_ms: Option<f64>,
     /// Raw bandwidth divisor of the throughput ratio: copies written per payload byte
@@ -181,7 +182,6 @@ fn run(args: Args) -> Result<bool> {
     }
     let started_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let prefix = args.stream_prefix.clone().unwrap_or_else(|| format!("quire-perf-{started_unix_ms}"));
-    let p99_max = args.throughput_p99_ms.or(slos.throughput_p99_ms_max).unwrap_or(10.0);
     let progress = Progress::new(args.quiet);
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
@@ -210,6 +210,7 @@ fn run(args: Args) -> Result<bool> {
         Ok(Some(r))
     };
     results.baseline_start = measure_baseline("start")?;
+    let p99_max = slo::throughput_p99_bound_ms(&slos, args.throughput_p99_ms, results.baseline_start.as_ref().map(|b| b.append.p99_ms), 10.0);
 
     rt.block_on(async {
         let cluster = Cluster::connect(&args.proxy, args.connections, prefix.clone(), started_unix_ms, progress.clone()).await?;
@@ -253,7 +254,8 @@ fn run(args: Args) -> Result<bool> {
     progress.finish();
 
     let metrics = derive_metrics(&results);
-    let outcomes = slo::evaluate(&slos, &metrics);
+    let overloaded = overloaded_metrics(&results);
+    let outcomes = slo::evaluate(&slos, &metrics, &overloaded);
     let passed = slo::all_passed(&outcomes);
     let report = Report {
         format: REPORT_FORMAT.to_string(),
@@ -262,6 +264,7 @@ fn run(args: Args) -> Result<bool> {
         reference: reference(results.baseline_start.as_ref(), results.baseline_end.as_ref()),
         results,
         metrics,
+        overloaded_metrics: overloaded,
         slo: outcomes,
         passed,
     };

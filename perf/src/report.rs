@@ -1,7 +1,7 @@
 //! Results of a run, the metrics derived from them (ratios to the same run's raw-device
 //! baseline), the JSON report and the human summary.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -210,6 +210,24 @@ pub fn derive_metrics(r: &RunResults) -> BTreeMap<String, f64> {
     m
 }
 
+/// Metrics computed from a run with failed writes, writes not acknowledged by the drain
+/// deadline, or records never delivered: an overloaded run, whose latencies are partly lower
+/// bounds, so differences and ratios of them prove nothing. An SLO on such a metric fails.
+pub fn overloaded_metrics(r: &RunResults) -> BTreeSet<String> {
+    let bad = |o: &OpenLoopReport| o.censored > 0 || o.errors > 0;
+    let mut prefixes = Vec::new();
+    if r.tail_write.as_ref().is_some_and(bad) {
+        prefixes.push("tail_write.");
+    }
+    if r.tail_read.as_ref().is_some_and(|t| bad(&t.write) || t.delivery_censored > 0) {
+        prefixes.push("tail_read.");
+    }
+    if r.isolation.as_ref().is_some_and(|i| bad(&i.alone) || bad(&i.with_scan)) {
+        prefixes.push("isolation.");
+    }
+    METRICS.iter().map(|(m, _)| *m).filter(|m| prefixes.iter().any(|p| m.starts_with(p))).map(str::to_string).collect()
+}
+
 /// The JSON report.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Report {
@@ -225,6 +243,8 @@ pub struct Report {
     pub reference: Option<Reference>,
     /// Flat metrics, the SLOs' inputs.
     pub metrics: BTreeMap<String, f64>,
+    /// Metrics from overloaded runs ([`overloaded_metrics`]); their SLOs fail.
+    pub overloaded_metrics: BTreeSet<String>,
     /// Verdict per SLO.
     pub slo: Vec<Outcome>,
     /// No SLO failed.
@@ -309,6 +329,7 @@ pub fn human_summary(report: &Report) -> String {
             (None, None) => String::new(),
         };
         let value = o.value.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
+        let value = if o.overloaded { format!("{value} (overloaded run: latencies partly lower bounds)") } else { value };
         let _ = writeln!(out, "  {:<13} {}: {} = {value} (want {bound})", o.verdict.to_string(), o.slo.name, o.slo.metric);
     }
     let failed = report.slo.iter().filter(|o| o.verdict == Verdict::Fail).count();

@@ -1,8 +1,9 @@
 //! SLO files: which figure of a run must stay within which bound.
 //!
 //! ```toml
-//! # Optional: the p99 bound (ms) that the throughput search holds each rate to.
-//! throughput_p99_ms_max = 10.0
+//! # Optional: the p99 bound the throughput search holds each rate to, as a multiple of the
+//! # same run's raw durable-append p99 (or, with throughput_p99_ms_max, in milliseconds).
+//! throughput_p99_ratio_to_raw_append_p99_max = 2.0
 //!
 //! [[slo]]
 //! name = "tail-write p99 at 2000 records/s <= 2x raw durable-append p99"
@@ -14,7 +15,7 @@
 //! and a `min`, a `max`, or both (inclusive). A metric the run did not measure (its workload
 //! was not selected, or it failed) gets the verdict "not measured", which is not a failure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -40,9 +41,13 @@ pub struct Slo {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SloFile {
-    /// The p99 (ms) each step of the throughput search must stay within.
+    /// The p99 (ms) each step of the throughput search must stay within; overrides the ratio.
     #[serde(default)]
     pub throughput_p99_ms_max: Option<f64>,
+    /// The p99 bound of the throughput search as a multiple of the same run's raw
+    /// durable-append p99 (used when the run has a baseline and no absolute bound is given).
+    #[serde(default)]
+    pub throughput_p99_ratio_to_raw_append_p99_max: Option<f64>,
     /// The SLOs, in file order.
     #[serde(default, rename = "slo")]
     pub slos: Vec<Slo>,
@@ -72,9 +77,11 @@ pub fn parse(text: &str) -> Result<SloFile, SloError> {
     if file.slos.is_empty() {
         return Err(SloError("SLO file names no [[slo]]".into()));
     }
-    if let Some(v) = file.throughput_p99_ms_max {
-        if !v.is_finite() || v <= 0.0 {
-            return Err(SloError(format!("throughput_p99_ms_max must be a positive number of milliseconds, not {v}")));
+    for (key, v) in [("throughput_p99_ms_max", file.throughput_p99_ms_max), ("throughput_p99_ratio_to_raw_append_p99_max", file.throughput_p99_ratio_to_raw_append_p99_max)] {
+        if let Some(v) = v {
+            if !v.is_finite() || v <= 0.0 {
+                return Err(SloError(format!("{key} must be a positive number, not {v}")));
+            }
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -133,6 +140,8 @@ pub struct Outcome {
     pub slo: Slo,
     /// The metric's value in this run, if measured.
     pub value: Option<f64>,
+    /// The metric comes from an overloaded run (see `report::overloaded_metrics`).
+    pub overloaded: bool,
     /// Pass, fail, or not measured.
     pub verdict: Verdict,
 }
@@ -149,13 +158,26 @@ pub fn verdict(slo: &Slo, value: Option<f64>) -> Verdict {
     }
 }
 
-/// Verdicts of every SLO of `file` against `metrics`, in file order.
-pub fn evaluate(file: &SloFile, metrics: &BTreeMap<String, f64>) -> Vec<Outcome> {
+/// The p99 bound (ms) of the throughput search: `cli_ms` if given, else the file's
+/// `throughput_p99_ms_max`, else its ratio × `raw_append_p99_ms` (when the run has a baseline),
+/// else `fallback_ms`.
+pub fn throughput_p99_bound_ms(file: &SloFile, cli_ms: Option<f64>, raw_append_p99_ms: Option<f64>, fallback_ms: f64) -> f64 {
+    cli_ms
+        .or(file.throughput_p99_ms_max)
+        .or_else(|| file.throughput_p99_ratio_to_raw_append_p99_max.zip(raw_append_p99_ms).map(|(r, p)| r * p))
+        .unwrap_or(fallback_ms)
+}
+
+/// Verdicts of every SLO of `file` against `metrics`, in file order. A measured metric named in
+/// `overloaded` fails whatever its value: it was computed from lower bounds.
+pub fn evaluate(file: &SloFile, metrics: &BTreeMap<String, f64>, overloaded: &BTreeSet<String>) -> Vec<Outcome> {
     file.slos
         .iter()
         .map(|s| {
             let value = metrics.get(&s.metric).copied();
-            Outcome { slo: s.clone(), value, verdict: verdict(s, value) }
+            let over = value.is_some() && overloaded.contains(&s.metric);
+            let verdict = if over { Verdict::Fail } else { verdict(s, value) };
+            Outcome { slo: s.clone(), value, overloaded: over, verdict }
         })
         .collect()
 }

@@ -1,17 +1,17 @@
 //! SLO parsing and verdicts, ratio arithmetic, the JSON report's shape and the SVG plot, all
 //! from known inputs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use quire_perf::baseline::BaselineResult;
 use quire_perf::hist::Summary;
 use quire_perf::loadgen::OpenLoopReport;
 use quire_perf::plot::{render_svg, x_of_quantile, Series};
 use quire_perf::report::{
-    derive_metrics, human_summary, ratio, reference, CatchUpReport, IsolationReport, Report, RunResults, TailReadReport, ThroughputReport,
+    derive_metrics, human_summary, overloaded_metrics, ratio, reference, CatchUpReport, IsolationReport, Report, RunResults, TailReadReport, ThroughputReport,
     ThroughputStep, METRICS, REPORT_FORMAT,
 };
-use quire_perf::slo::{all_passed, evaluate, parse, verdict, Slo, Verdict};
+use quire_perf::slo::{all_passed, evaluate, parse, throughput_p99_bound_ms, verdict, Slo, Verdict};
 
 fn summary(p99: f64) -> Summary {
     Summary { count: 1000, mean_ms: p99 / 3.0, p50_ms: p99 / 4.0, p90_ms: p99 / 2.0, p99_ms: p99, p999_ms: p99 * 1.5, max_ms: p99 * 2.0 }
@@ -148,7 +148,21 @@ fn the_default_slo_file_holds_the_issue_targets() {
     assert_eq!(by_metric["isolation.p99_increase_fraction"].max, Some(0.25));
     assert_eq!(by_metric["tail_read.delivery_p99_minus_write_p99_ms"].max, Some(2.0));
     assert_eq!(f.slos.len(), 4);
-    assert_eq!(f.throughput_p99_ms_max, Some(10.0));
+    assert_eq!(f.throughput_p99_ms_max, None);
+    assert_eq!(f.throughput_p99_ratio_to_raw_append_p99_max, Some(2.0));
+}
+
+// Goal: the throughput search's p99 bound follows the documented precedence. Method: the
+// default file gives 2 × the raw p99; without a baseline the fallback; an absolute bound in the
+// file or on the command line wins.
+#[test]
+fn throughput_search_bound_precedence() {
+    let mut f = parse(include_str!("../slo.toml")).unwrap();
+    assert_eq!(throughput_p99_bound_ms(&f, None, Some(6.0), 10.0), 12.0);
+    assert_eq!(throughput_p99_bound_ms(&f, None, None, 10.0), 10.0);
+    assert_eq!(throughput_p99_bound_ms(&f, Some(3.0), Some(6.0), 10.0), 3.0);
+    f.throughput_p99_ms_max = Some(7.0);
+    assert_eq!(throughput_p99_bound_ms(&f, None, Some(6.0), 10.0), 7.0);
 }
 
 // Goal: verdicts follow inclusive bounds, a missing value is "not measured" (not a failure), and
@@ -171,18 +185,41 @@ fn verdicts_follow_inclusive_bounds() {
 #[test]
 fn evaluation_over_a_run() {
     let f = parse(include_str!("../slo.toml")).unwrap();
-    let outcomes = evaluate(&f, &derive_metrics(&full_results()));
+    let outcomes = evaluate(&f, &derive_metrics(&full_results()), &BTreeSet::new());
     assert!(outcomes.iter().all(|o| o.verdict == Verdict::Pass), "{outcomes:?}");
     assert!(all_passed(&outcomes));
     let mut r = full_results();
     r.isolation.as_mut().unwrap().with_scan.latency.p99_ms = 4.0;
-    let outcomes = evaluate(&f, &derive_metrics(&r));
+    let outcomes = evaluate(&f, &derive_metrics(&r), &overloaded_metrics(&r));
     let failed: Vec<&str> = outcomes.iter().filter(|o| o.verdict == Verdict::Fail).map(|o| o.slo.metric.as_str()).collect();
     assert_eq!(failed, ["isolation.p99_increase_fraction"]);
     assert!(!all_passed(&outcomes));
     // A run that measured nothing fails nothing.
-    let outcomes = evaluate(&f, &BTreeMap::new());
+    let outcomes = evaluate(&f, &BTreeMap::new(), &BTreeSet::new());
     assert!(outcomes.iter().all(|o| o.verdict == Verdict::NotMeasured) && all_passed(&outcomes));
+}
+
+// Goal: an overloaded run cannot pass an SLO by accident: when writes were still unacknowledged
+// at the deadline, its latencies are partly lower bounds and a small ratio of two lower bounds
+// proves nothing. Method: the worked example with the with-scan run censored; the isolation
+// ratio is still 0.2 (within 0.25), yet its SLO fails and is marked overloaded; other workloads'
+// SLOs still pass.
+#[test]
+fn overloaded_runs_fail_their_slos() {
+    let f = parse(include_str!("../slo.toml")).unwrap();
+    let mut r = full_results();
+    r.isolation.as_mut().unwrap().with_scan.censored = 5;
+    let over = overloaded_metrics(&r);
+    assert!(over.contains("isolation.p99_increase_fraction") && over.contains("isolation.alone_p99_ms"));
+    assert!(!over.iter().any(|m| !m.starts_with("isolation.")), "{over:?}");
+    let outcomes = evaluate(&f, &derive_metrics(&r), &over);
+    let iso = outcomes.iter().find(|o| o.slo.metric == "isolation.p99_increase_fraction").unwrap();
+    assert!(iso.overloaded && iso.verdict == Verdict::Fail && (iso.value.unwrap() - 0.2).abs() < 1e-9);
+    assert_eq!(outcomes.iter().filter(|o| o.verdict == Verdict::Pass).count(), 3);
+    let mut r = full_results();
+    r.tail_read.as_mut().unwrap().delivery_censored = 1;
+    assert!(overloaded_metrics(&r).contains("tail_read.delivery_p99_minus_write_p99_ms"));
+    assert!(overloaded_metrics(&full_results()).is_empty());
 }
 
 // Goal: bad SLO files are refused with a message naming the problem. Method: one file per
@@ -198,7 +235,7 @@ fn bad_slo_files_are_refused_clearly() {
         ("[[slo]]\nname = \"a\"\nmetric = \"tail_write.p99_ms\"\nmax = nan\n", "finite"),
         ("[[slo]]\nname = \"a\"\nmetric = \"tail_write.p99_ms\"\nmax = 1.0\nmaxx = 2.0\n", "unknown field"),
         ("[[slo]]\nname = \"a\"\nmetric = \"tail_write.p99_ms\"\nmax = 1.0\n[[slo]]\nname = \"a\"\nmetric = \"tail_write.p99_ms\"\nmax = 2.0\n", "two SLOs"),
-        ("throughput_p99_ms_max = 0.0\n[[slo]]\nname = \"a\"\nmetric = \"tail_write.p99_ms\"\nmax = 1.0\n", "throughput_p99_ms_max"),
+        ("throughput_p99_ms_max = 0.0\n[[slo]]\nname = \"a\"\nmetric = \"tail_write.p99_ms\"\nmax = 1.0\n", "throughput_p99_ms_max must be a positive"),
         ("[[slo]]\nname = \"a\"\nmetric = \"tail_write.p99_ms\"\nmax = \"1\"\n", "not valid"),
     ];
     for (text, want) in cases {
@@ -215,7 +252,7 @@ fn json_report_shape() {
     let results = full_results();
     let metrics = derive_metrics(&results);
     let f = parse(include_str!("../slo.toml")).unwrap();
-    let slo = evaluate(&f, &metrics);
+    let slo = evaluate(&f, &metrics, &BTreeSet::new());
     let report = Report {
         format: REPORT_FORMAT.into(),
         started_unix_ms: 1,
@@ -223,12 +260,13 @@ fn json_report_shape() {
         reference: reference(results.baseline_start.as_ref(), results.baseline_end.as_ref()),
         results,
         metrics,
+        overloaded_metrics: BTreeSet::new(),
         passed: all_passed(&slo),
         slo,
     };
     let v: serde_json::Value = serde_json::to_value(&report).unwrap();
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-    for k in ["format", "started_unix_ms", "config", "results", "reference", "metrics", "slo", "passed"] {
+    for k in ["format", "started_unix_ms", "config", "results", "reference", "metrics", "overloaded_metrics", "slo", "passed"] {
         assert!(keys.contains(&k), "missing {k} in {keys:?}");
     }
     assert_eq!(v["format"], "quire-perf/1");
