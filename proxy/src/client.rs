@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quire_wire::frame::{decode_frame, FRAME_SIZE_BYTES_MAX_DEFAULT, FRAME_HEADER_SIZE_BYTES};
+use quire_wire::frame::{decode_frame, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT, RESPONSE_BIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -21,14 +21,16 @@ use tokio::sync::oneshot;
 use crate::dlsn::ReadPosition;
 use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
-    Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN, WRITE_RECORD_OVERHEAD_BYTES,
+    Opcode, Request, Response, TXID_RESERVED, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN,
+    WRITE_RECORD_OVERHEAD_BYTES,
 };
 use crate::types::{ReadBatch, WriteResult};
 
 /// Client settings.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Longest wait for the TCP connection and the handshake.
+    /// Longest wait for the TCP connection, and then again for the proxy's answer to the
+    /// handshake (`HandshakeTimeout` when it does not come).
     pub connect_timeout: Duration,
     /// Longest wait for a response, on top of a read's own `wait`.
     pub request_timeout: Duration,
@@ -104,25 +106,108 @@ async fn read_one_frame(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, max: u32) -> 
     }
 }
 
+/// Bytes of a foreign answer shown in a `NotAProxy` error.
+const ANSWER_PREVIEW_BYTES: usize = 48;
+
+/// Describes bytes that are not a proxy's answer, for `NotAProxy`: the first line when they
+/// are text (an HTTP status line, a banner), else their first bytes in hex.
+fn describe_answer(bytes: &[u8]) -> String {
+    let head = &bytes[..bytes.len().min(ANSWER_PREVIEW_BYTES)];
+    let line_end = head.iter().position(|b| *b == b'\r' || *b == b'\n').unwrap_or(head.len());
+    let line = &head[..line_end];
+    if !line.is_empty() && line.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        let more = if line_end < bytes.len() { " ..." } else { "" };
+        return format!("the text {:?}{more}", String::from_utf8_lossy(line));
+    }
+    let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+    let more = if head.len() < bytes.len() { " ..." } else { "" };
+    format!("{} bytes: {}{more}", bytes.len(), hex.join(" "))
+}
+
+/// What arrived in answer to the handshake.
+enum HandshakeAnswer {
+    /// A proxy's `HELLO` answer.
+    Hello { version: u16, frame_size_bytes_max: u32, record_size_bytes_max: u32 },
+    /// A proxy's error answer (to the handshake, or connection-level with request id 0).
+    Refused { code: ErrorCode, message: String },
+}
+
+/// Reads the answer to the handshake and tells a proxy's answer from anything else: only a
+/// frame with opcode `HELLO | 0x80` (or a connection-level error: opcode `0x80`, request id 0)
+/// that decodes as a proxy response is one.
+async fn read_handshake_answer(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, addr: &str) -> Result<HandshakeAnswer> {
+    let not_a_proxy = |answer: String| Error::NotAProxy { addr: addr.to_string(), answer };
+    loop {
+        match decode_frame(buf, FRAME_SIZE_BYTES_MAX_DEFAULT) {
+            Err(_) => return Err(not_a_proxy(describe_answer(buf))),
+            Ok(Some((frame, used))) => {
+                let h = frame.header;
+                let hello_answer = h.opcode == Opcode::Hello as u8 | RESPONSE_BIT;
+                let connection_error = h.opcode == RESPONSE_BIT && h.request_id == 0 && h.status != 0;
+                let describe_frame = || format!("a frame with opcode {:#04x}, status {} and a {}-byte body, which no proxy sends", h.opcode, h.status, frame.body.len());
+                if !hello_answer && !connection_error {
+                    return Err(not_a_proxy(describe_frame()));
+                }
+                let answer = match Response::decode(&frame) {
+                    Ok(Response::Hello { version, frame_size_bytes_max, record_size_bytes_max }) => {
+                        HandshakeAnswer::Hello { version, frame_size_bytes_max, record_size_bytes_max }
+                    }
+                    Ok(Response::Error { code, message }) => HandshakeAnswer::Refused { code, message },
+                    Ok(_) | Err(_) => return Err(not_a_proxy(describe_frame())),
+                };
+                buf.drain(..used);
+                return Ok(answer);
+            }
+            Ok(None) => {}
+        }
+        let mut chunk = [0u8; 4096];
+        let n = rd.read(&mut chunk).await.map_err(|source| Error::Io { op: "read handshake answer", source })?;
+        if n == 0 {
+            if buf.is_empty() {
+                return Err(Error::Io {
+                    op: "read handshake answer",
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("{addr} closed the connection without answering the handshake"),
+                    ),
+                });
+            }
+            return Err(not_a_proxy(format!("{}, then closed the connection", describe_answer(buf))));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
 impl Connection {
+    /// Connects to `addr` (bounded by `connect_timeout`) and performs the handshake (bounded
+    /// by `connect_timeout` again).
     async fn connect(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
         let timeout = config.connect_timeout;
-        let timed_out = || Error::Io { op: "connect", source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out") };
-        tokio::time::timeout(timeout, Self::connect_inner(addr, config)).await.map_err(|_| timed_out())?
-    }
-
-    async fn connect_inner(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
-        let stream = TcpStream::connect(addr).await.map_err(|source| Error::Io { op: "connect", source })?;
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| Error::Io {
+                op: "connect",
+                source: std::io::Error::new(std::io::ErrorKind::TimedOut, format!("TCP connect did not complete within {timeout:?}")),
+            })?
+            .map_err(|source| Error::Io { op: "connect", source })?;
         let peer = stream.peer_addr().map_err(|source| Error::Io { op: "peer_addr", source })?;
         stream.set_nodelay(true).map_err(|source| Error::Io { op: "set_nodelay", source })?;
+        let addr = peer.to_string();
         let (mut rd, mut wr) = stream.into_split();
         let mut out = Vec::new();
         Request::Hello { version_min: PROXY_PROTOCOL_VERSION_MIN, version_max: PROXY_PROTOCOL_VERSION_MAX }.encode(0, &mut out);
         wr.write_all(&out).await.map_err(|source| Error::Io { op: "send handshake", source })?;
         let mut buf = Vec::new();
-        let (resp, _) = read_one_frame(&mut rd, &mut buf, FRAME_SIZE_BYTES_MAX_DEFAULT).await?;
-        let (frame_size_bytes_max, record_size_bytes_max) = match resp {
-            Response::Hello { version, frame_size_bytes_max, record_size_bytes_max } => {
+        let answer = match tokio::time::timeout(timeout, read_handshake_answer(&mut rd, &mut buf, &addr)).await {
+            Ok(answer) => answer?,
+            Err(_) if buf.is_empty() => return Err(Error::HandshakeTimeout { addr, waited: timeout }),
+            Err(_) => {
+                let answer = format!("{}, then nothing more for {timeout:?}", describe_answer(&buf));
+                return Err(Error::NotAProxy { addr, answer });
+            }
+        };
+        let (frame_size_bytes_max, record_size_bytes_max) = match answer {
+            HandshakeAnswer::Hello { version, frame_size_bytes_max, record_size_bytes_max } => {
                 if !(PROXY_PROTOCOL_VERSION_MIN..=PROXY_PROTOCOL_VERSION_MAX).contains(&version) {
                     return Err(Error::UnsupportedVersion {
                         peer_min: version,
@@ -133,8 +218,7 @@ impl Connection {
                 }
                 (frame_size_bytes_max, record_size_bytes_max)
             }
-            Response::Error { code, message } => return Err(Error::Remote { code, message }),
-            other => return Err(Error::Internal(format!("unexpected handshake answer {other:?}"))),
+            HandshakeAnswer::Refused { code, message } => return Err(Error::Remote { code, message }),
         };
         // The frame limit must leave room for one maximal record in a request.
         if (frame_size_bytes_max as usize) < record_size_bytes_max as usize + 64 * 1024 {
@@ -145,7 +229,7 @@ impl Connection {
         let shared = Arc::new(Shared { pending: Mutex::new(Some(HashMap::new())) });
         let reader_task = tokio::spawn(Self::reader_loop(rd, buf, frame_size_bytes_max, shared.clone()));
         Ok(Self {
-            addr: peer.to_string(),
+            addr,
             writer: tokio::sync::Mutex::new(wr),
             shared,
             next_request_id: AtomicU64::new(1),
@@ -244,7 +328,11 @@ impl Connection {
 /// # Threading
 /// Shared (`Send + Sync`); call from any tokio task.
 pub struct ProxyClient {
-    home: Arc<Connection>,
+    /// The home proxy's address (as connected to first).
+    home_addr: String,
+    /// The connection to the home proxy; replaced when the proxy closed it (idle timeout,
+    /// restart).
+    home: Mutex<Arc<Connection>>,
     config: ClientConfig,
     /// Connections to other proxies, by the address their redirects named.
     others: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
@@ -255,8 +343,8 @@ pub struct ProxyClient {
 impl std::fmt::Debug for ProxyClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProxyClient")
-            .field("home", &self.home.addr)
-            .field("frame_size_bytes_max", &self.home.frame_size_bytes_max)
+            .field("home", &self.home_addr)
+            .field("frame_size_bytes_max", &self.frame_size_bytes_max())
             .finish()
     }
 }
@@ -265,8 +353,11 @@ impl ProxyClient {
     /// Connects to a home proxy and performs the handshake, with default settings.
     ///
     /// # Errors
-    /// `Io` if the proxy cannot be reached, `UnsupportedVersion` or `Protocol` if the handshake
-    /// fails.
+    /// `Io` if the address cannot be reached (or closes the connection without answering);
+    /// `HandshakeTimeout` if it accepts the connection but does not answer the handshake within
+    /// `ClientConfig::connect_timeout`; `NotAProxy` if it answers with something that is not a
+    /// proxy's handshake answer (a bookie, an HTTP server); `Remote` if the proxy refuses the
+    /// connection (`SERVICE_UNAVAILABLE` at its connection limit); `UnsupportedVersion`.
     pub async fn connect(addr: impl ToSocketAddrs) -> Result<Self> {
         Self::connect_with(addr, ClientConfig::default()).await
     }
@@ -277,17 +368,23 @@ impl ProxyClient {
     /// As [`ProxyClient::connect`].
     pub async fn connect_with(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
         let home = Connection::connect(addr, config.clone()).await?;
-        Ok(Self { home: Arc::new(home), config, others: tokio::sync::Mutex::new(HashMap::new()), owners: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            home_addr: home.addr.clone(),
+            home: Mutex::new(Arc::new(home)),
+            config,
+            others: tokio::sync::Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The frame limit the home proxy announced. Writes are split to fit it.
     pub fn frame_size_bytes_max(&self) -> u32 {
-        self.home.frame_size_bytes_max
+        self.home.lock().expect("home lock").frame_size_bytes_max
     }
 
     /// The record limit the home proxy announced.
     pub fn record_size_bytes_max(&self) -> u32 {
-        self.home.record_size_bytes_max
+        self.home.lock().expect("home lock").record_size_bytes_max
     }
 
     /// The owner this client last learned for `stream` from a redirect, if any.
@@ -299,10 +396,24 @@ impl ProxyClient {
         self.owners.lock().expect("owners lock").remove(stream);
     }
 
+    /// The connection to the home proxy, connecting again (with a new handshake) if the proxy
+    /// closed the previous one, for example after its idle timeout. Safe: nothing of the
+    /// request about to be sent went over the closed connection.
+    async fn home(&self) -> Result<Arc<Connection>> {
+        let current = self.home.lock().expect("home lock").clone();
+        if !current.is_closed() {
+            return Ok(current);
+        }
+        tracing::debug!(proxy = %self.home_addr, "the home proxy closed the connection; connecting again");
+        let fresh = Arc::new(Connection::connect(self.home_addr.as_str(), self.config.clone()).await?);
+        *self.home.lock().expect("home lock") = fresh.clone();
+        Ok(fresh)
+    }
+
     /// The connection to `addr`: the home one, a kept one, or a new one.
     async fn connection_to(&self, addr: &str) -> Result<Arc<Connection>> {
-        if addr == self.home.addr {
-            return Ok(self.home.clone());
+        if addr == self.home_addr {
+            return self.home().await;
         }
         let mut others = self.others.lock().await;
         if let Some(c) = others.get(addr) {
@@ -328,7 +439,7 @@ impl ProxyClient {
         let mut backoff = REDIRECT_BACKOFF_START;
         loop {
             let conn = match &target {
-                None => self.home.clone(),
+                None => self.home().await?,
                 Some(addr) => match self.connection_to(addr).await {
                     Ok(c) => c,
                     Err(e) if from_cache => {
@@ -414,7 +525,7 @@ impl ProxyClient {
     /// # Errors
     /// `Remote` with `StreamExists`, `InvalidStreamName` or `Metadata`; `Io` on connection loss.
     pub async fn create_stream(&self, stream: &str) -> Result<()> {
-        match self.home.call(&Request::CreateStream { stream: stream.to_string() }, Duration::ZERO).await? {
+        match self.home().await?.call(&Request::CreateStream { stream: stream.to_string() }, Duration::ZERO).await? {
             Response::CreateStream => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -425,7 +536,7 @@ impl ProxyClient {
     /// # Errors
     /// `Remote` with `Metadata`; `Io` on connection loss.
     pub async fn list_streams(&self) -> Result<Vec<String>> {
-        match self.home.call(&Request::ListStreams, Duration::ZERO).await? {
+        match self.home().await?.call(&Request::ListStreams, Duration::ZERO).await? {
             Response::ListStreams { streams } => Ok(streams),
             other => Err(unexpected(&other)),
         }
@@ -439,7 +550,8 @@ impl ProxyClient {
     /// inside `records` are checked before anything is sent.
     ///
     /// # Errors
-    /// `RecordTooLarge` or `TxidOutOfOrder` (nothing sent); `Remote` with the proxy's code
+    /// `RecordTooLarge`, `ReservedTxid` (a txid is `u64::MAX`, reserved for end-of-stream as in
+    /// DistributedLog) or `TxidOutOfOrder` (nothing sent); `Remote` with the proxy's code
     /// (`NoSuchStream`, `TxidOutOfOrder`, `Storage`, `OwnershipLost` (outcome unknown, not
     /// retried), ...); `RedirectFailed` when the stream's owner cannot be reached through
     /// redirects. If a later part of a split write fails, the earlier parts stay written; the
@@ -454,6 +566,9 @@ impl ProxyClient {
         for (i, (txid, p)) in records.iter().enumerate() {
             if p.len() > self.record_size_bytes_max() as usize {
                 return Err(Error::RecordTooLarge { record_index: i, size_bytes: p.len(), max_bytes: self.record_size_bytes_max() as usize });
+            }
+            if *txid == TXID_RESERVED {
+                return Err(Error::ReservedTxid { record_index: i, txid: *txid });
             }
             if i > 0 && *txid < records[i - 1].0 {
                 return Err(Error::TxidOutOfOrder { record_index: i, txid: *txid, last_txid: records[i - 1].0 });

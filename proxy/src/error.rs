@@ -21,7 +21,9 @@ pub enum ErrorCode {
     UnsupportedVersion = 426,
     /// An unexpected failure inside the proxy (DL `INTERNAL_SERVER_ERROR`).
     Internal = 500,
-    /// The proxy is shutting down (DL `SERVICE_UNAVAILABLE`).
+    /// The proxy is shutting down, or refused a new connection because it already has its
+    /// maximum number of open connections (DL `SERVICE_UNAVAILABLE`: the client should try
+    /// another proxy).
     ServiceUnavailable = 503,
     /// This proxy owned the stream and lost it (its lease expired or was taken, or another
     /// writer fenced the segment's ledger); the request failed. The next request to this proxy
@@ -112,6 +114,10 @@ pub enum Error {
     /// A record is over the size limit; nothing of the request was written.
     #[error("record {record_index} of the request is {size_bytes} bytes, above the limit of {max_bytes} bytes; nothing was written")]
     RecordTooLarge { record_index: usize, size_bytes: usize, max_bytes: usize },
+    /// A txid is the reserved end-of-stream value [`crate::protocol::TXID_RESERVED`]
+    /// (`u64::MAX`, DistributedLog's `Long.MAX_VALUE`); nothing of the request was written.
+    #[error("txid {txid} of record {record_index} is reserved for end-of-stream (the largest usable txid is {}); nothing was written", u64::MAX - 1)]
+    ReservedTxid { record_index: usize, txid: u64 },
     /// A txid is smaller than the previous one; nothing of the request was written.
     #[error("txid {txid} of record {record_index} is below the stream's last txid {last_txid}; nothing was written")]
     TxidOutOfOrder { record_index: usize, txid: u64, last_txid: u64 },
@@ -150,6 +156,15 @@ pub enum Error {
     /// The handshake found no common protocol version.
     #[error("no common proxy protocol version: peer speaks {peer_min}..={peer_max}, we speak {ours_min}..={ours_max}")]
     UnsupportedVersion { peer_min: u16, peer_max: u16, ours_min: u16, ours_max: u16 },
+    /// (client side) The address answered the handshake with something that is not a proxy
+    /// handshake answer (another protocol, such as a bookie or an HTTP server). `answer`
+    /// describes the bytes received.
+    #[error("{addr} is not a Quire proxy (it answered with {answer})")]
+    NotAProxy { addr: String, answer: String },
+    /// (client side) The TCP connection was accepted but no handshake answer arrived in time
+    /// (`ClientConfig::connect_timeout`).
+    #[error("{addr} accepted the connection but did not answer the handshake within {} s", fmt_secs(*waited))]
+    HandshakeTimeout { addr: String, waited: std::time::Duration },
     /// A socket operation failed or the connection closed.
     #[error("connection error during {op}: {source}")]
     Io { op: &'static str, #[source] source: std::io::Error },
@@ -167,7 +182,9 @@ impl Error {
             Error::InvalidStreamName { .. } => ErrorCode::InvalidStreamName,
             Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
             Error::TxidOutOfOrder { .. } => ErrorCode::TxidOutOfOrder,
-            Error::BadRequest { .. } | Error::Protocol(_) => ErrorCode::BadRequest,
+            Error::BadRequest { .. } | Error::Protocol(_) | Error::ReservedTxid { .. } | Error::NotAProxy { .. } => {
+                ErrorCode::BadRequest
+            }
             Error::Storage { .. } => ErrorCode::Storage,
             Error::Metadata { .. } => ErrorCode::Metadata,
             Error::ShuttingDown => ErrorCode::ServiceUnavailable,
@@ -175,7 +192,7 @@ impl Error {
             Error::OwnershipLost { .. } => ErrorCode::OwnershipLost,
             Error::Remote { code, .. } => *code,
             Error::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
-            Error::Io { .. } | Error::Internal(_) => ErrorCode::Internal,
+            Error::Io { .. } | Error::HandshakeTimeout { .. } | Error::Internal(_) => ErrorCode::Internal,
         }
     }
 
@@ -188,6 +205,15 @@ impl Error {
             quire_metadata::Error::Invalid { what: "stream name", reason } => Error::InvalidStreamName { reason },
             other => Error::Metadata { stream: stream.to_string(), op, source: Box::new(other) },
         }
+    }
+}
+
+/// A duration in seconds for messages: `5`, `0.3`.
+fn fmt_secs(d: std::time::Duration) -> String {
+    if d.subsec_millis() == 0 {
+        d.as_secs().to_string()
+    } else {
+        format!("{}", d.as_millis() as f64 / 1000.0)
     }
 }
 

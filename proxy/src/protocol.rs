@@ -25,6 +25,16 @@ pub const WRITE_RECORD_OVERHEAD_BYTES: usize = RECORD_HEADER_SIZE_BYTES;
 /// Bytes a record adds to a read response besides its payload: DLSN 20 + txid 8 + length 4.
 pub const READ_RECORD_OVERHEAD_BYTES: usize = 32;
 
+/// The txid reserved for end-of-stream, refused in writes by the server and the client
+/// (DistributedLog reserves `Long.MAX_VALUE` the same way: a stream whose last txid were this
+/// value could take no further write, as txids never decrease). Every other u64 is a valid txid.
+pub const TXID_RESERVED: u64 = u64::MAX;
+
+/// The index of the first record of a write whose txid is [`TXID_RESERVED`], if any.
+pub fn reserved_txid_index(records: &[(u64, Vec<u8>)]) -> Option<usize> {
+    records.iter().position(|(txid, _)| *txid == TXID_RESERVED)
+}
+
 /// `Write` flag: create the stream if it does not exist.
 pub const FLAG_CREATE_IF_MISSING: u8 = 0x01;
 

@@ -7,6 +7,7 @@
 //! stream keep their order.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +16,13 @@ use quire_wire::WireError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::error::{Error, ErrorCode, Result};
-use crate::protocol::{Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN, READ_RECORD_OVERHEAD_BYTES};
+use crate::protocol::{
+    reserved_txid_index, Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN, READ_RECORD_OVERHEAD_BYTES,
+};
 use crate::record_set::RECORD_SIZE_BYTES_MAX;
 use crate::stream::StreamManager;
 
@@ -32,6 +36,17 @@ pub struct ServerConfig {
     pub requests_in_flight_max: usize,
     /// Longest tail wait a read may ask for.
     pub read_wait_max: Duration,
+    /// A connection that has not completed its handshake (a whole `HELLO` frame) this long
+    /// after it was accepted gets `BAD_REQUEST` (request id 0) and is closed (default 10 s).
+    pub handshake_timeout: Duration,
+    /// A handshaken connection with no request in flight (a waiting tail read counts as in
+    /// flight) and no complete request frame received for this long is closed, without an
+    /// answer (default 10 min). Clients reconnect on their next request.
+    pub idle_timeout: Duration,
+    /// Most connections open at once (default 4096). A connection beyond it gets
+    /// `SERVICE_UNAVAILABLE` (request id 0) at once and is closed, as DistributedLog's proxy
+    /// answers when it cannot serve, so that clients try another proxy.
+    pub connections_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -40,6 +55,9 @@ impl Default for ServerConfig {
             frame_size_bytes_max: FRAME_SIZE_BYTES_MAX_DEFAULT,
             requests_in_flight_max: 1024,
             read_wait_max: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
+            connections_max: 4096,
         }
     }
 }
@@ -74,9 +92,10 @@ impl ProxyServer {
     /// `Io` if the listener has no local address.
     ///
     /// # Panics
-    /// If `config.frame_size_bytes_max` is below 2 MiB.
+    /// If `config.frame_size_bytes_max` is below 2 MiB or `config.connections_max` is 0.
     pub fn start(listener: TcpListener, streams: Arc<StreamManager>, config: ServerConfig) -> Result<Self> {
         assert!(config.frame_size_bytes_max >= 2 * 1024 * 1024, "the frame limit must hold one maximal record");
+        assert!(config.connections_max > 0, "the server must accept at least one connection");
         let local_addr = listener.local_addr().map_err(|source| Error::Io { op: "local_addr", source })?;
         let (stop, stop_rx) = watch::channel(false);
         let accept_task = tokio::spawn(serve_until(listener, streams, config, stop_rx));
@@ -112,21 +131,107 @@ pub async fn serve(listener: TcpListener, streams: Arc<StreamManager>, config: S
     Ok(())
 }
 
+/// First pause after a failed accept; doubled per consecutive failure up to
+/// [`ACCEPT_BACKOFF_MAX`].
+const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(10);
+/// Longest pause between accepts after failures.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// At most one warning about failed accepts per this interval; the others are counted.
+const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Connections over the limit being answered at once; further ones are closed without answer.
+const REJECTIONS_IN_FLIGHT_MAX: usize = 64;
+/// Longest time spent answering a connection over the limit.
+const REJECTION_TIME_MAX: Duration = Duration::from_secs(1);
+
+/// Pacing of the accept loop after failures such as `EMFILE` (too many open files), which
+/// persist until connections close: accepting again at once would spin and flood the log.
+#[derive(Debug)]
+struct AcceptBackoff {
+    pause: Duration,
+    last_log: Option<Instant>,
+    suppressed: u64,
+}
+
+impl AcceptBackoff {
+    fn new() -> Self {
+        Self { pause: ACCEPT_BACKOFF_START, last_log: None, suppressed: 0 }
+    }
+
+    /// A failed accept at `now`: how long to pause, and whether to log (with the number of
+    /// failures not logged since the last warning).
+    fn on_error(&mut self, now: Instant) -> (Duration, Option<u64>) {
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(ACCEPT_BACKOFF_MAX);
+        let log = match self.last_log {
+            Some(t) if now.saturating_duration_since(t) < ACCEPT_ERROR_LOG_INTERVAL => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last_log = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        };
+        (pause, log)
+    }
+
+    /// A successful accept: the next failure pauses briefly again (the log stays throttled).
+    fn on_success(&mut self) {
+        self.pause = ACCEPT_BACKOFF_START;
+    }
+}
+
 async fn serve_until(listener: TcpListener, streams: Arc<StreamManager>, config: ServerConfig, stop: watch::Receiver<bool>) {
     let config = Arc::new(config);
+    let connections = Arc::new(Semaphore::new(config.connections_max));
+    let rejections = Arc::new(Semaphore::new(REJECTIONS_IN_FLIGHT_MAX));
+    let mut backoff = AcceptBackoff::new();
     loop {
         match listener.accept().await {
             Ok((socket, peer)) => {
+                backoff.on_success();
                 let _ = socket.set_nodelay(true);
-                tokio::spawn(connection(socket, peer, streams.clone(), config.clone(), stop.clone()));
+                match connections.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        let (streams, config, stop) = (streams.clone(), config.clone(), stop.clone());
+                        tokio::spawn(async move {
+                            connection(socket, peer, streams, config, stop).await;
+                            drop(slot);
+                        });
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, limit = config.connections_max, "refusing a connection over the limit");
+                        if let Ok(permit) = rejections.clone().try_acquire_owned() {
+                            tokio::spawn(reject(socket, config.connections_max, permit));
+                        }
+                    }
+                }
             }
             Err(e) => {
-                // Usually a transient resource shortage (EMFILE): back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let (pause, log) = backoff.on_error(Instant::now());
+                if let Some(suppressed) = log {
+                    tracing::warn!(error = %e, suppressed, pause_ms = pause.as_millis() as u64, "accept failed; pausing before accepting again");
+                }
+                tokio::time::sleep(pause).await;
             }
         }
     }
+}
+
+/// Answers a connection over the limit with `SERVICE_UNAVAILABLE` (request id 0) and closes it.
+/// The write side is shut first and what the client sent is read and dropped, so the close
+/// does not reset the connection and discard the answer before the client reads it.
+async fn reject(socket: TcpStream, limit: usize, _permit: OwnedSemaphorePermit) {
+    let message = format!("the proxy already has its maximum of {limit} open connections; try later or another proxy");
+    let answer = encode(&Response::Error { code: ErrorCode::ServiceUnavailable, message }, 0, 0);
+    let (mut rd, mut wr) = socket.into_split();
+    let _ = tokio::time::timeout(REJECTION_TIME_MAX, async move {
+        if wr.write_all(&answer).await.is_ok() && wr.shutdown().await.is_ok() {
+            let mut sink = [0u8; 1024];
+            while let Ok(1..) = rd.read(&mut sink).await {}
+        }
+    })
+    .await;
 }
 
 /// The error answer to a request. A redirect (`STREAM_OWNED_ELSEWHERE`) carries the owner's
@@ -160,13 +265,36 @@ fn encode(resp: &Response, opcode: u8, request_id: u64) -> Vec<u8> {
     out
 }
 
+/// When a connection last showed activity: a complete frame received or an answer queued.
+/// Milliseconds since the connection was accepted, shared with the request tasks.
+struct Activity {
+    accepted: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.last_ms.store(self.accepted.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        self.accepted + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// Bytes kept free in the read buffer before each read. Small, so that many idle connections
+/// cost little memory; a large frame grows the buffer as it arrives.
+const READ_RESERVE_BYTES: usize = 16 * 1024;
+/// A read buffer above this capacity is shrunk once it is empty again.
+const READ_BUFFER_KEEP_BYTES: usize = 256 * 1024;
+
 async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamManager>, config: Arc<ServerConfig>, mut stop: watch::Receiver<bool>) {
+    let activity = Arc::new(Activity { accepted: Instant::now(), last_ms: AtomicU64::new(0) });
     let (mut rd, wr) = socket.into_split();
     let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(config.requests_in_flight_max);
     let writer = tokio::spawn(writer_loop(wr, out_rx));
     let permits = Arc::new(Semaphore::new(config.requests_in_flight_max));
-    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let mut chunk = vec![0u8; 64 * 1024];
+    let mut buf: Vec<u8> = Vec::new();
     let mut greeted = false;
     'conn: loop {
         // Handle every whole frame in the buffer.
@@ -182,6 +310,7 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
                 }
             };
             buf.drain(..used);
+            activity.touch();
             let req = match decoded {
                 Ok(r) => r,
                 Err(e) => {
@@ -223,9 +352,17 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
             }
             let Ok(permit) = permits.clone().acquire_owned().await else { break 'conn };
             let tx = out_tx.clone();
+            let activity = activity.clone();
             match req {
                 Request::Hello { .. } => {
                     let e = Error::BadRequest { reason: "handshake already done".into() };
+                    let _ = tx.send(encode(&error_response(&e), opcode, request_id)).await;
+                }
+                Request::Write { records, .. } if reserved_txid_index(&records).is_some() => {
+                    // Checked here rather than in the stream layer so that no stream is created
+                    // or acquired for a request that cannot be written.
+                    let record_index = reserved_txid_index(&records).expect("checked by the guard");
+                    let e = Error::ReservedTxid { record_index, txid: records[record_index].0 };
                     let _ = tx.send(encode(&error_response(&e), opcode, request_id)).await;
                 }
                 Request::Write { stream, create_if_missing, records } => {
@@ -245,6 +382,7 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
                             Err(e) => error_response(&e),
                         };
                         let _ = tx.send(encode(&resp, opcode, request_id)).await;
+                        activity.touch();
                         drop(permit);
                     });
                 }
@@ -257,17 +395,47 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
                             Err(e) => error_response(&e),
                         };
                         let _ = tx.send(encode(&resp, opcode, request_id)).await;
+                        activity.touch();
                         drop(permit);
                     });
                 }
             }
         }
+        if buf.is_empty() && buf.capacity() > READ_BUFFER_KEEP_BYTES {
+            buf = Vec::new();
+        }
+        buf.reserve(READ_RESERVE_BYTES);
+        // Before the handshake: its deadline. After: the idle deadline, checked again when it
+        // passes (requests may have been in flight meanwhile).
+        let in_flight = config.requests_in_flight_max - permits.available_permits();
+        let deadline = if !greeted {
+            activity.accepted + config.handshake_timeout
+        } else if in_flight > 0 {
+            Instant::now() + config.idle_timeout
+        } else {
+            activity.last() + config.idle_timeout
+        };
         tokio::select! {
-            n = rd.read(&mut chunk) => match n {
+            n = rd.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break 'conn,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Ok(_) => {}
             },
             _ = stop.changed() => break 'conn,
+            _ = tokio::time::sleep_until(deadline) => {
+                if !greeted {
+                    tracing::debug!(%peer, "closing a connection that did not complete its handshake in time");
+                    let e = Error::BadRequest {
+                        reason: format!("no complete handshake within {} ms of connecting", config.handshake_timeout.as_millis()),
+                    };
+                    let _ = out_tx.send(encode(&error_response(&e), 0, 0)).await;
+                    break 'conn;
+                }
+                let idle = config.requests_in_flight_max == permits.available_permits();
+                if idle && Instant::now() >= activity.last() + config.idle_timeout {
+                    tracing::debug!(%peer, "closing an idle connection");
+                    break 'conn;
+                }
+            }
         }
     }
     drop(out_tx);
