@@ -634,3 +634,21 @@ impl ProxyClient {
 fn unexpected(r: &Response) -> Error {
     Error::Internal(format!("unexpected response {r:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn foreign_answers_are_described_readably() {
+        // Goal: a NotAProxy message shows text answers as their first line and binary ones as
+        // hex, cut to a preview. Method: describe an HTTP answer, a short and a long binary one.
+        assert_eq!(describe_answer(b"HTTP/1.1 400 Bad Request\r\n\r\n"), "the text \"HTTP/1.1 400 Bad Request\" ...");
+        assert_eq!(describe_answer(b"SSH-2.0-OpenSSH_9.6"), "the text \"SSH-2.0-OpenSSH_9.6\"");
+        assert_eq!(describe_answer(&[0x14, 0, 0, 0, 0x81]), "5 bytes: 14 00 00 00 81");
+        let long = vec![0xabu8; 100];
+        let d = describe_answer(&long);
+        assert!(d.starts_with("100 bytes: ab ab") && d.ends_with(" ..."), "{d}");
+        assert_eq!(d.matches("ab").count(), ANSWER_PREVIEW_BYTES);
+    }
+}

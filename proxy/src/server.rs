@@ -475,3 +475,47 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
 
 // The wire status of every error must be a known code.
 const _: () = assert!(ErrorCode::Ok as u16 == 0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_failures_back_off_and_are_logged_rarely() {
+        // Goal: a persistent accept failure (EMFILE) neither spins nor floods the log.
+        // Method: feed 1,000 consecutive failures on a simulated clock that advances by each
+        // pause; check the pauses grow to the cap, the warnings are at most one per interval
+        // and carry the count of the ones left out, and a success resets the pause only.
+        let start = Instant::now();
+        let mut now = start;
+        let mut b = AcceptBackoff::new();
+        let mut pauses = Vec::new();
+        let mut logged = Vec::new();
+        for _ in 0..1000 {
+            let (pause, log) = b.on_error(now);
+            if let Some(suppressed) = log {
+                logged.push((now, suppressed));
+            }
+            pauses.push(pause);
+            now += pause;
+        }
+        assert_eq!(pauses[0], ACCEPT_BACKOFF_START);
+        assert!(pauses.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*pauses.last().unwrap(), ACCEPT_BACKOFF_MAX);
+        let elapsed = now - start;
+        let intervals = (elapsed.as_secs_f64() / ACCEPT_ERROR_LOG_INTERVAL.as_secs_f64()).ceil() as usize;
+        assert!(logged.len() <= intervals + 1, "{} warnings in {elapsed:?}", logged.len());
+        assert!(logged.len() >= 2);
+        assert_eq!(logged[0].1, 0);
+        // Every failure is either warned about or counted (in a later warning or still pending).
+        let counted: u64 = logged.iter().map(|(_, s)| *s).sum();
+        assert_eq!(logged.len() as u64 + counted + b.suppressed, 1000);
+        for w in logged.windows(2) {
+            assert!(w[1].0 - w[0].0 >= ACCEPT_ERROR_LOG_INTERVAL);
+        }
+        b.on_success();
+        let (pause, log) = b.on_error(now);
+        assert_eq!(pause, ACCEPT_BACKOFF_START);
+        assert!(log.is_none(), "the log stays throttled across a success");
+    }
+}
