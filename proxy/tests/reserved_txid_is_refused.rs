@@ -1,0 +1,69 @@
+//! Goal: the txid u64::MAX, reserved for end-of-stream (DistributedLog's Long.MAX_VALUE), is
+//! refused in writes by the proxy server and by the client, so no client can make a stream
+//! unwritable; nothing of a refused write happens (not even the stream's creation).
+//! Method: a real cluster behind a proxy; a raw connection sends a write whose second record
+//! has txid u64::MAX (the client would not send it), then `ProxyClient::write` is tried with it;
+//! afterwards the stream takes writes with the largest usable txid, twice.
+
+mod common;
+
+use std::time::Duration;
+
+use quire_proxy::protocol::{Request, Response};
+use quire_proxy::{Error, ErrorCode, ProxyClient, ReadPosition};
+use quire_wire::frame::decode_frame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txid_u64_max_is_refused_by_server_and_client() {
+    let c = common::cluster().await;
+    let p = common::proxy(&c, common::small_config()).await;
+    let addr = p.server.local_addr();
+
+    // Server side: a raw write with the create flag and txids [5, u64::MAX].
+    let mut out = Vec::new();
+    Request::Hello { version_min: 1, version_max: 1 }.encode(1, &mut out);
+    Request::Write { stream: "sealed".into(), create_if_missing: true, records: vec![(5, b"a".to_vec()), (u64::MAX, b"b".to_vec())] }
+        .encode(2, &mut out);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&out).await.unwrap();
+    let mut buf = Vec::new();
+    let mut answers = Vec::new();
+    while answers.len() < 2 {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut chunk)).await.unwrap().unwrap();
+        assert!(n > 0, "closed after {answers:?}");
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
+            answers.push((f.header.request_id, Response::decode(&f).unwrap()));
+            buf.drain(..used);
+        }
+    }
+    assert_eq!(answers[1].0, 2);
+    match &answers[1].1 {
+        Response::Error { code, message } => {
+            assert_eq!(*code, ErrorCode::BadRequest);
+            assert!(message.contains("record 1") && message.contains("reserved"), "{message}");
+        }
+        other => panic!("expected BAD_REQUEST, got {other:?}"),
+    }
+
+    // Client side: refused before sending.
+    let client = ProxyClient::connect(addr).await.unwrap();
+    match client.write("sealed", vec![(u64::MAX, b"b".to_vec())], true).await {
+        Err(e @ Error::ReservedTxid { record_index: 0, txid: u64::MAX }) => assert_eq!(e.code(), ErrorCode::BadRequest),
+        other => panic!("expected ReservedTxid, got {other:?}"),
+    }
+
+    // Neither attempt created the stream.
+    assert!(!client.list_streams().await.unwrap().contains(&"sealed".to_string()));
+
+    // The largest usable txid is accepted, and the stream stays writable after it.
+    let top = u64::MAX - 1;
+    client.write("sealed", vec![(7, b"x".to_vec()), (top, b"y".to_vec())], true).await.unwrap();
+    client.write("sealed", vec![(top, b"z".to_vec())], false).await.unwrap();
+    let batch = client.read("sealed", ReadPosition::Head, 10, 1 << 20, Duration::ZERO).await.unwrap();
+    let got: Vec<(u64, &[u8])> = batch.records.iter().map(|(_, t, p)| (*t, p.as_slice())).collect();
+    assert_eq!(got, vec![(7, &b"x"[..]), (top, &b"y"[..]), (top, &b"z"[..])]);
+}
