@@ -5,6 +5,10 @@
 //! answered as they finish (matched by request id). Writes are submitted to their stream in the
 //! order they arrive on the connection before the next frame is read, so pipelined writes to one
 //! stream keep their order.
+//!
+//! Connections are bounded (see [`ServerConfig`]): a handshake timeout, an idle timeout for
+//! connections with nothing in flight, and a maximum number of open connections beyond which
+//! new ones are answered `SERVICE_UNAVAILABLE` and closed. Failed accepts (`EMFILE`) back off.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
