@@ -18,7 +18,7 @@ use quire_proxy::{Dlsn, ErrorCode, ProxyClient, ReadPosition};
 use quire_testkit::ZooKeeperServer;
 
 const SESSION: Duration = Duration::from_secs(6);
-const PATIENCE: Duration = Duration::from_secs(60);
+const PATIENCE: Duration = Duration::from_secs(120);
 
 async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>)> {
     let mut out = Vec::new();
