@@ -714,6 +714,12 @@ impl PendingAppend {
     }
 }
 
+/// An append's records, `(txid, payload)` each.
+type Records = Vec<(u64, Vec<u8>)>;
+
+/// An append's records and where its answer goes.
+type QueuedAppend = (Records, oneshot::Sender<Result<WriteResult>>);
+
 /// One record waiting to be packed into the next entry: (append id, txid, payload, last
 /// record of its append).
 type Packed<'a> = (u64, u64, &'a [u8], bool);
@@ -1003,7 +1009,7 @@ impl Writer {
     /// checks txids, packs the records into entries and sends them. Does not wait for the adds
     /// (except to stay within `adds_in_flight_max` and at a segment roll). Returns false once the
     /// stream was given up.
-    async fn append_batch(&mut self, batch: Vec<(Vec<(u64, Vec<u8>)>, oneshot::Sender<Result<WriteResult>>)>) -> bool {
+    async fn append_batch(&mut self, batch: Vec<QueuedAppend>) -> bool {
         if let Err(e) = self.check_ownership() {
             // Adds already sent finish first; then the stream is given up.
             if self.drain().await {
@@ -1068,7 +1074,7 @@ impl Writer {
 
     /// Packs the records of the given appends (by append id) into entries of up to
     /// `entry_size_bytes_target` bytes and sends them.
-    async fn write_records(&mut self, records_of: &[(u64, Vec<(u64, Vec<u8>)>)]) -> Result<()> {
+    async fn write_records(&mut self, records_of: &[(u64, Records)]) -> Result<()> {
         let target = self.config.entry_size_bytes_target;
         let mut entry: Vec<Packed<'_>> = Vec::new();
         let mut size = RECORD_SET_HEADER_SIZE_BYTES;
