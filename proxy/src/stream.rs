@@ -3,16 +3,28 @@
 //!
 //! * Every stream this proxy touches gets one **stream task** that owns its writer state: the
 //!   open segment's [`LedgerWriter`], the stream metadata and its version, the last txid. Appends
-//!   are commands sent to that task through a bounded channel, so a stream's writes are
-//!   serialised in the order they were submitted; inside one append, entries are pipelined
-//!   (up to [`StreamConfig::adds_in_flight_max`] adds outstanding).
+//!   are commands sent to that task through a bounded channel and are applied in the order they
+//!   were submitted.
+//! * **Appends are pipelined** (DistributedLog's write proxy: many outstanding writes per
+//!   stream, acknowledged in order): the task packs an append into entries, sends them
+//!   (`LedgerWriter::add` assigns the entry id and sends at call time) and takes the next
+//!   append without waiting, as long as fewer than [`StreamConfig::adds_in_flight_max`] entry
+//!   adds are outstanding. Acknowledgements arrive in entry order; an append is answered once
+//!   the entry holding its last record is acknowledged, and appends are answered strictly in
+//!   submission order. Appends that are queued together are **batched**: the task takes them
+//!   from the queue while they add up to less than [`StreamConfig::entry_size_bytes_target`]
+//!   and packs their records into shared entries; each append still gets its own DLSNs and its
+//!   own answer.
 //! * Records are packed into record sets ([`crate::record_set`]) of up to
 //!   [`StreamConfig::entry_size_bytes_target`] bytes, one per entry. A record's DLSN is
 //!   (segment seq no, entry id, slot).
+//! * An add that fails (storage error, or a fenced ledger: ownership lost) fails every append
+//!   not yet answered that has records in flight, with the same kind of error; nothing after
+//!   the failure point is acknowledged (the ledger writer fails every later add too).
 //! * A segment rolls once its entries add up to [`StreamConfig::segment_size_bytes_max`]:
-//!   pending adds are awaited, the ledger is closed, the segment is marked `Completed` (last
-//!   entry, last txid, record count, bytes) by compare-and-set, and the next append opens a new
-//!   segment with the next sequence number.
+//!   every outstanding add is awaited (appends arriving meanwhile wait in the queue), the ledger
+//!   is closed, the segment is marked `Completed` (last entry, last txid, record count, bytes)
+//!   by compare-and-set, and the next entry opens a new segment with the next sequence number.
 //! * The first time a stream is touched (read or write), or for all streams at once with
 //!   [`StreamManager::recover_all`], any `InProgress` segment left by an
 //!   earlier owner is recovered: its ledger is fenced and closed (`recover_ledger`), its last
@@ -76,7 +88,8 @@ pub struct StreamConfig {
     pub ack_quorum: u8,
     /// Ledger password; its SHA-1 is the master key.
     pub password: Vec<u8>,
-    /// Entry adds outstanding per stream before the writer waits for the oldest.
+    /// Entry adds outstanding per stream (across appends) before the stream task stops taking
+    /// appends and waits for the oldest (DistributedLog's outstanding-writes bound).
     pub adds_in_flight_max: usize,
     /// Bytes of recently acknowledged entries kept per stream for tail reads.
     pub tail_cache_bytes_max: usize,
@@ -609,6 +622,10 @@ impl StreamManager {
             tail: tail_tx,
             shared: shared.clone(),
             lease: Some(lease),
+            entries: VecDeque::new(),
+            appends: VecDeque::new(),
+            appends_base: 0,
+            acked: None,
         };
         if let Err(e) = writer.recover().await {
             writer.release_lease().await;
@@ -670,12 +687,61 @@ struct OpenSegment {
     last_acked_entry: Option<u64>,
 }
 
-/// One add in flight.
+/// One entry add in flight.
 struct InFlight {
     future: AddFuture,
+    seq_no: u64,
     entry: u64,
     ledger_id: u64,
     payload: Arc<Vec<u8>>,
+}
+
+/// An append waiting for its reply. Appends are answered strictly in submission order.
+struct PendingAppend {
+    reply: oneshot::Sender<Result<WriteResult>>,
+    /// Set when the append was refused before anything was written (answered in its turn).
+    refused: Option<Error>,
+    count: u64,
+    first: Option<Dlsn>,
+    last: Option<Dlsn>,
+    /// True once every record of the append is in an entry that was sent.
+    issued: bool,
+}
+
+impl PendingAppend {
+    fn new(reply: oneshot::Sender<Result<WriteResult>>, count: u64, refused: Option<Error>) -> Self {
+        Self { reply, refused, count, first: None, last: None, issued: false }
+    }
+}
+
+/// An append's records, `(txid, payload)` each.
+type Records = Vec<(u64, Vec<u8>)>;
+
+/// An append's records and where its answer goes.
+type QueuedAppend = (Records, oneshot::Sender<Result<WriteResult>>);
+
+/// One record waiting to be packed into the next entry: (append id, txid, payload, last
+/// record of its append).
+type Packed<'a> = (u64, u64, &'a [u8], bool);
+
+/// The same kind of error as `e`, for every later append that fails with it.
+fn same_kind(e: &Error) -> Error {
+    match e {
+        Error::Storage { stream, op, source } => Error::Storage { stream: stream.clone(), op, source: source.to_string().into() },
+        Error::Metadata { stream, op, source } => Error::Metadata { stream: stream.clone(), op, source: source.to_string().into() },
+        Error::OwnershipLost { stream, reason } => Error::OwnershipLost { stream: stream.clone(), reason: reason.clone() },
+        Error::NoSuchStream { stream } => Error::NoSuchStream { stream: stream.clone() },
+        Error::ShuttingDown => Error::ShuttingDown,
+        other => Error::Internal(other.to_string()),
+    }
+}
+
+/// Waits for the oldest add in flight; never resolves when none is.
+async fn oldest_add(entries: &mut VecDeque<InFlight>) -> std::result::Result<EntryId, quire_ledger::Error> {
+    match entries.front_mut() {
+        Some(f) => (&mut f.future).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A stream's writer state, owned by its task.
@@ -695,6 +761,14 @@ struct Writer {
     shared: Arc<StreamShared>,
     /// The stream's lease while this writer holds it.
     lease: Option<StreamLease>,
+    /// Entry adds sent and not yet acknowledged, in entry order (all in the open segment).
+    entries: VecDeque<InFlight>,
+    /// Appends taken from the queue and not yet answered, in submission order.
+    appends: VecDeque<PendingAppend>,
+    /// Id of `appends.front()`; ids count every append this writer took.
+    appends_base: u64,
+    /// (segment seq no, entry id) of the last entry acknowledged.
+    acked: Option<(u64, u64)>,
 }
 
 /// Resolves once the lease says ownership is gone; never without a lease.
@@ -707,37 +781,66 @@ async fn lease_lost(lost: &mut Option<watch::Receiver<bool>>) -> String {
 }
 
 impl Writer {
+    /// The stream task. It takes appends from the queue while fewer than
+    /// `adds_in_flight_max` entry adds are outstanding, packs each (with the appends queued
+    /// behind it, up to `entry_size_bytes_target`) into entries, sends them at once and takes
+    /// the next append without waiting; acknowledgements are handled as they arrive, in entry
+    /// order, and each append is answered once the entry holding its last record is
+    /// acknowledged (DistributedLog `BKAsyncLogWriter`: many outstanding writes per stream,
+    /// transmitted in entries, acknowledged in order).
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let mut lost_rx = self.lease.as_ref().map(|l| l.lost.clone());
+        let mut stashed: Option<Command> = None;
+        enum Event {
+            Acked(std::result::Result<EntryId, quire_ledger::Error>),
+            Lost(String),
+            Command(Option<Command>),
+        }
         loop {
-            let cmd = tokio::select! {
-                biased;
-                reason = lease_lost(&mut lost_rx) => {
-                    tracing::warn!(stream = %self.name, %reason, "stream ownership lost while idle");
-                    self.lose(reason).await;
+            let accepting = self.entries.len() < self.config.adds_in_flight_max;
+            let event = match stashed.take() {
+                Some(cmd) if accepting => Event::Command(Some(cmd)),
+                held => {
+                    stashed = held;
+                    let take = accepting && stashed.is_none();
+                    tokio::select! {
+                        biased;
+                        r = oldest_add(&mut self.entries) => Event::Acked(r),
+                        reason = lease_lost(&mut lost_rx) => Event::Lost(reason),
+                        cmd = commands.recv(), if take => Event::Command(cmd),
+                    }
+                }
+            };
+            match event {
+                Event::Acked(r) => {
+                    let f = self.entries.pop_front().expect("an add was awaited");
+                    if let Err(e) = self.on_acked(f, r) {
+                        if !self.on_write_failure(e).await {
+                            break;
+                        }
+                    }
+                }
+                Event::Lost(reason) => {
+                    tracing::warn!(stream = %self.name, %reason, "stream ownership lost");
+                    // Adds already sent finish first (their outcome is the bookies' to decide).
+                    if self.drain().await {
+                        self.lose(reason).await;
+                    }
                     break;
                 }
-                cmd = commands.recv() => cmd,
-            };
-            let Some(cmd) = cmd else {
-                // The manager is gone without a shutdown: give the lease up so another proxy can
-                // take over; the segment stays in progress for it to recover, as after a crash.
-                self.release_lease().await;
-                break;
-            };
-            match cmd {
-                Command::Append { records, reply } => {
-                    let r = if self.closed { Err(Error::ShuttingDown) } else { self.append(records).await };
-                    let lost = matches!(r, Err(Error::OwnershipLost { .. }));
-                    if lost {
-                        self.shared.loss_reported.store(true, Ordering::SeqCst);
-                    }
-                    let _ = reply.send(r);
-                    if lost {
+                Event::Command(None) => {
+                    // The manager is gone without a shutdown: give the lease up so another proxy
+                    // can take over; the segment stays in progress for it to recover, as after a
+                    // crash.
+                    self.drain().await;
+                    self.release_lease().await;
+                    break;
+                }
+                Event::Command(Some(Command::Close { reply })) => {
+                    if !self.drain().await {
+                        let _ = reply.send(Ok(()));
                         break;
                     }
-                }
-                Command::Close { reply } => {
                     let r = if self.healthy { self.complete_current().await } else { Ok(()) };
                     if r.is_err() {
                         self.fail();
@@ -747,13 +850,43 @@ impl Writer {
                     self.release_lease().await;
                     let _ = reply.send(r);
                 }
+                Event::Command(Some(Command::Append { records, reply })) => {
+                    if self.closed {
+                        let _ = reply.send(Err(Error::ShuttingDown));
+                        continue;
+                    }
+                    // Group the appends queued right now, up to about one entry's worth.
+                    let target = self.config.entry_size_bytes_target;
+                    let mut size: usize = records.iter().map(|(_, p)| encoded_record_size_bytes(p.len())).sum();
+                    let mut batch = vec![(records, reply)];
+                    while size < target {
+                        match commands.try_recv() {
+                            Ok(Command::Append { records, reply }) => {
+                                size += records.iter().map(|(_, p)| encoded_record_size_bytes(p.len())).sum::<usize>();
+                                batch.push((records, reply));
+                            }
+                            Ok(other) => {
+                                stashed = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    if !self.append_batch(batch).await {
+                        break;
+                    }
+                }
             }
         }
         // After a loss: answer what is queued, then end (dropping the readers' view).
         let reason = self.shared.lost.lock().expect("lost lock").clone();
         if let Some(reason) = reason {
             commands.close();
+            let mut rest: Vec<Command> = stashed.into_iter().collect();
             while let Some(cmd) = commands.recv().await {
+                rest.push(cmd);
+            }
+            for cmd in rest {
                 match cmd {
                     Command::Append { reply, .. } => {
                         self.shared.loss_reported.store(true, Ordering::SeqCst);
@@ -766,6 +899,236 @@ impl Writer {
             }
         }
         tracing::debug!(stream = %self.name, "stream task ends");
+    }
+
+    /// Sends one answer; an `OwnershipLost` answer counts as the loss being reported.
+    fn answer(&self, reply: oneshot::Sender<Result<WriteResult>>, r: Result<WriteResult>) {
+        if matches!(r, Err(Error::OwnershipLost { .. })) {
+            self.shared.loss_reported.store(true, Ordering::SeqCst);
+        }
+        let _ = reply.send(r);
+    }
+
+    /// Answers the appends at the front of the queue that are done: refused ones, and written
+    /// ones whose last entry is acknowledged.
+    fn answer_ready(&mut self) {
+        while let Some(a) = self.appends.front() {
+            let ready = a.refused.is_some()
+                || (a.issued && a.last.is_some_and(|l| self.acked.is_some_and(|k| (l.segment_seq_no, l.entry_id) <= k)));
+            if !ready {
+                break;
+            }
+            let a = self.appends.pop_front().expect("front exists");
+            self.appends_base += 1;
+            let r = match a.refused {
+                Some(e) => Err(e),
+                None => Ok(WriteResult {
+                    first_dlsn: a.first.expect("issued appends have records"),
+                    last_dlsn: a.last.expect("issued appends have records"),
+                    count: a.count,
+                }),
+            };
+            self.answer(a.reply, r);
+        }
+    }
+
+    /// An add failed (or a segment could not be started or completed): every append not yet
+    /// answered that was written fails with the same kind of error, nothing after the failure
+    /// point is acknowledged. Then the writer is dead (recovered before the next append) or,
+    /// for `OwnershipLost`, the stream is given up. Returns false in the latter case.
+    async fn on_write_failure(&mut self, e: Error) -> bool {
+        // Dropping the futures abandons the adds; a failed ledger writer fails them all anyway.
+        self.entries.clear();
+        let lost = match &e {
+            Error::OwnershipLost { reason, .. } => Some(reason.clone()),
+            _ => None,
+        };
+        if lost.is_none() {
+            tracing::warn!(stream = %self.name, error = %e, pending = self.appends.len(), "write failed; the writer will recover before the next append");
+        }
+        while let Some(a) = self.appends.pop_front() {
+            self.appends_base += 1;
+            let r = match a.refused {
+                Some(refused) => Err(refused),
+                None => Err(same_kind(&e)),
+            };
+            self.answer(a.reply, r);
+        }
+        match lost {
+            Some(reason) => {
+                self.lose(reason).await;
+                false
+            }
+            None => {
+                self.fail();
+                true
+            }
+        }
+    }
+
+    /// Waits for every add in flight, answering appends as they complete. Returns false if
+    /// ownership was lost meanwhile (the stream is given up).
+    async fn drain(&mut self) -> bool {
+        while !self.entries.is_empty() {
+            if let Err(e) = self.complete_oldest().await {
+                return self.on_write_failure(e).await;
+            }
+        }
+        true
+    }
+
+    /// Waits for the oldest add in flight and handles its outcome.
+    async fn complete_oldest(&mut self) -> Result<()> {
+        let r = oldest_add(&mut self.entries).await;
+        let f = self.entries.pop_front().expect("an add was awaited");
+        self.on_acked(f, r)
+    }
+
+    /// Handles one add's outcome: on success the entry becomes visible to readers (the
+    /// published LAC) and the appends it completes are answered.
+    fn on_acked(&mut self, f: InFlight, r: std::result::Result<EntryId, quire_ledger::Error>) -> Result<()> {
+        let acked = r.map_err(|e| writer_storage(&self.name, "add entry", e))?;
+        assert_eq!(acked.0, f.entry, "adds are acknowledged in entry order");
+        let seg = self.current.as_mut().expect("an add in flight has an open segment");
+        assert_eq!(seg.seq_no, f.seq_no, "adds in flight belong to the open segment");
+        assert!(seg.last_acked_entry.is_none_or(|l| l + 1 == f.entry), "acknowledgements advance one entry at a time");
+        seg.last_acked_entry = Some(f.entry);
+        let seq = seg.seq_no;
+        self.shared.cache.lock().expect("cache lock").insert((f.ledger_id, f.entry), f.payload, self.config.tail_cache_bytes_max);
+        self.tail.send_modify(|t| {
+            if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
+                s.readable_last_entry = Some(f.entry);
+            }
+        });
+        self.acked = Some((seq, f.entry));
+        self.answer_ready();
+        Ok(())
+    }
+
+    /// Takes a group of appends queued together: checks ownership, recovers a dead writer,
+    /// checks txids, packs the records into entries and sends them. Does not wait for the adds
+    /// (except to stay within `adds_in_flight_max` and at a segment roll). Returns false once the
+    /// stream was given up.
+    async fn append_batch(&mut self, batch: Vec<QueuedAppend>) -> bool {
+        if let Err(e) = self.check_ownership() {
+            // Adds already sent finish first; then the stream is given up.
+            if self.drain().await {
+                if let Error::OwnershipLost { reason, .. } = &e {
+                    self.lose(reason.clone()).await;
+                }
+            }
+            for (_, reply) in batch {
+                self.answer(reply, Err(same_kind(&e)));
+            }
+            return false;
+        }
+        if !self.healthy {
+            assert!(self.entries.is_empty() && self.appends.is_empty(), "a dead writer has nothing in flight");
+            if let Err(e) = self.recover().await {
+                let lost = match &e {
+                    Error::OwnershipLost { reason, .. } => Some(reason.clone()),
+                    _ => None,
+                };
+                for (_, reply) in batch {
+                    self.answer(reply, Err(same_kind(&e)));
+                }
+                if let Some(reason) = lost {
+                    self.lose(reason).await;
+                    return false;
+                }
+                return true;
+            }
+        }
+        // Check every append's txids before writing anything; refused appends are answered in
+        // their turn and write nothing.
+        let mut records_of = Vec::with_capacity(batch.len());
+        for (records, reply) in batch {
+            let id = self.appends_base + self.appends.len() as u64;
+            let mut refused = None;
+            let mut prev = self.last_txid;
+            for (i, (txid, payload)) in records.iter().enumerate() {
+                assert!(payload.len() <= RECORD_SIZE_BYTES_MAX, "sizes are checked at submission");
+                if let Some(p) = prev {
+                    if *txid < p {
+                        refused = Some(Error::TxidOutOfOrder { record_index: i, txid: *txid, last_txid: p });
+                        break;
+                    }
+                }
+                prev = Some(*txid);
+            }
+            let count = records.len() as u64;
+            if refused.is_none() {
+                self.last_txid = prev;
+                records_of.push((id, records));
+            }
+            self.appends.push_back(PendingAppend::new(reply, count, refused));
+        }
+        match self.write_records(&records_of).await {
+            Ok(()) => {
+                self.answer_ready();
+                true
+            }
+            Err(e) => self.on_write_failure(e).await,
+        }
+    }
+
+    /// Packs the records of the given appends (by append id) into entries of up to
+    /// `entry_size_bytes_target` bytes and sends them.
+    async fn write_records(&mut self, records_of: &[(u64, Records)]) -> Result<()> {
+        let target = self.config.entry_size_bytes_target;
+        let mut entry: Vec<Packed<'_>> = Vec::new();
+        let mut size = RECORD_SET_HEADER_SIZE_BYTES;
+        for (id, records) in records_of {
+            for (k, (txid, payload)) in records.iter().enumerate() {
+                let more = encoded_record_size_bytes(payload.len());
+                if !entry.is_empty() && size + more > target {
+                    self.send_entry(&entry).await?;
+                    entry.clear();
+                    size = RECORD_SET_HEADER_SIZE_BYTES;
+                }
+                entry.push((*id, *txid, payload.as_slice(), k + 1 == records.len()));
+                size += more;
+            }
+        }
+        if !entry.is_empty() {
+            self.send_entry(&entry).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends one entry (opening a segment first if none is open), gives its records their
+    /// DLSNs, then waits as needed: for the oldest add while `adds_in_flight_max` are
+    /// outstanding, and for all of them before a segment roll.
+    async fn send_entry(&mut self, records: &[Packed<'_>]) -> Result<()> {
+        if self.current.is_none() {
+            self.open_segment(records[0].1).await?;
+        }
+        let seg = self.current.as_mut().expect("opened above");
+        let payload = Arc::new(record_set::encode(seg.record_count, records.iter().map(|(_, t, p, _)| (*t, *p))));
+        let entry = seg.next_entry;
+        let future = seg.ledger.add(payload.as_ref().clone());
+        seg.next_entry += 1;
+        seg.record_count += records.len() as u64;
+        seg.size_bytes += payload.len() as u64;
+        seg.last_txid = records[records.len() - 1].1;
+        let seq_no = seg.seq_no;
+        let roll = seg.size_bytes >= self.config.segment_size_bytes_max;
+        self.entries.push_back(InFlight { future, seq_no, entry, ledger_id: seg.ledger.id().0, payload });
+        for (slot, (id, _, _, last_of_append)) in records.iter().enumerate() {
+            let slot = u32::try_from(slot).expect("records per entry bounded by entry size");
+            let dlsn = Dlsn::new(seq_no, entry, slot);
+            let a = &mut self.appends[(id - self.appends_base) as usize];
+            a.first.get_or_insert(dlsn);
+            a.last = Some(dlsn);
+            a.issued |= *last_of_append;
+        }
+        while self.entries.len() >= self.config.adds_in_flight_max || (roll && !self.entries.is_empty()) {
+            self.complete_oldest().await?;
+        }
+        if roll {
+            self.complete_current().await?;
+        }
+        Ok(())
     }
 
     /// Gives the lease back to the metadata store (a no-op if it was already lost).
@@ -882,118 +1245,6 @@ impl Writer {
         self.last_txid = self.meta.value.max_txid;
         self.healthy = true;
         self.publish();
-        Ok(())
-    }
-
-    async fn append(&mut self, records: Vec<(u64, Vec<u8>)>) -> Result<WriteResult> {
-        if let Err(e) = self.check_ownership() {
-            if let Error::OwnershipLost { reason, .. } = &e {
-                self.lose(reason.clone()).await;
-            }
-            return Err(e);
-        }
-        if !self.healthy {
-            if let Err(e) = self.recover().await {
-                if let Error::OwnershipLost { reason, .. } = &e {
-                    self.lose(reason.clone()).await;
-                }
-                return Err(e);
-            }
-        }
-        // Validate everything before writing anything.
-        let mut prev = self.last_txid;
-        for (i, (txid, payload)) in records.iter().enumerate() {
-            assert!(payload.len() <= RECORD_SIZE_BYTES_MAX, "sizes are checked at submission");
-            if let Some(p) = prev {
-                if *txid < p {
-                    return Err(Error::TxidOutOfOrder { record_index: i, txid: *txid, last_txid: p });
-                }
-            }
-            prev = Some(*txid);
-        }
-        match self.append_checked(&records).await {
-            Ok(r) => Ok(r),
-            Err(e) => {
-                if let Error::OwnershipLost { reason, .. } = &e {
-                    self.lose(reason.clone()).await;
-                } else {
-                    tracing::warn!(stream = %self.name, error = %e, "append failed; the writer will recover before the next append");
-                    self.fail();
-                }
-                Err(e)
-            }
-        }
-    }
-
-    async fn append_checked(&mut self, records: &[(u64, Vec<u8>)]) -> Result<WriteResult> {
-        let target = self.config.entry_size_bytes_target;
-        let mut inflight: VecDeque<InFlight> = VecDeque::new();
-        let mut first_dlsn = None;
-        let mut last_dlsn = None;
-        let mut i = 0;
-        while i < records.len() {
-            // Pack records [i, j) into one entry.
-            let mut size = RECORD_SET_HEADER_SIZE_BYTES + encoded_record_size_bytes(records[i].1.len());
-            let mut j = i + 1;
-            while j < records.len() {
-                let more = encoded_record_size_bytes(records[j].1.len());
-                if size + more > target {
-                    break;
-                }
-                size += more;
-                j += 1;
-            }
-            let group = &records[i..j];
-            if self.current.is_none() {
-                self.open_segment(group[0].0).await?;
-            }
-            let seg = self.current.as_mut().expect("opened above");
-            let payload = Arc::new(record_set::encode(seg.record_count, group.iter().map(|(t, p)| (*t, p.as_slice()))));
-            let entry = seg.next_entry;
-            let future = seg.ledger.add(payload.as_ref().clone());
-            seg.next_entry += 1;
-            seg.record_count += group.len() as u64;
-            seg.size_bytes += payload.len() as u64;
-            seg.last_txid = group[group.len() - 1].0;
-            self.last_txid = Some(seg.last_txid);
-            let n = u32::try_from(group.len()).expect("records per entry bounded by entry size");
-            first_dlsn.get_or_insert(Dlsn::new(seg.seq_no, entry, 0));
-            last_dlsn = Some(Dlsn::new(seg.seq_no, entry, n - 1));
-            inflight.push_back(InFlight { future, entry, ledger_id: seg.ledger.id().0, payload });
-            let roll = seg.size_bytes >= self.config.segment_size_bytes_max;
-            while inflight.len() >= self.config.adds_in_flight_max || (roll && !inflight.is_empty()) {
-                let f = inflight.pop_front().expect("non-empty");
-                self.complete_add(f).await?;
-            }
-            if roll {
-                self.complete_current().await?;
-            }
-            i = j;
-        }
-        while let Some(f) = inflight.pop_front() {
-            self.complete_add(f).await?;
-        }
-        Ok(WriteResult {
-            first_dlsn: first_dlsn.expect("at least one record"),
-            last_dlsn: last_dlsn.expect("at least one record"),
-            count: records.len() as u64,
-        })
-    }
-
-    /// Waits for one add (the oldest in flight) and makes its entry visible to readers.
-    async fn complete_add(&mut self, f: InFlight) -> Result<()> {
-        let acked = f.future.await.map_err(|e| writer_storage(&self.name, "add entry", e))?;
-        assert_eq!(acked.0, f.entry, "adds are acknowledged in entry order");
-        let seg = self.current.as_mut().expect("an add in flight has an open segment");
-        assert!(seg.last_acked_entry.is_none_or(|l| l + 1 == f.entry), "acknowledgements advance one entry at a time");
-        seg.last_acked_entry = Some(f.entry);
-        let seq = seg.seq_no;
-        self.shared.cache.lock().expect("cache lock").insert((f.ledger_id, f.entry), f.payload, self.config.tail_cache_bytes_max);
-        self.tail.send_modify(|t| {
-            if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
-                s.readable_last_entry = Some(f.entry);
-            }
-        });
         Ok(())
     }
 
