@@ -53,7 +53,13 @@ struct Inner {
     client: zk::Client,
     root: String,
     session_lost: watch::Receiver<bool>,
+    /// Lost-flags of the leases this session holds, flipped by the session watcher *before*
+    /// `session_lost`, so that anyone who sees the session lost also sees its leases lost.
+    leases: LeaseFlags,
 }
+
+/// Senders of live leases' `lost` flags.
+type LeaseFlags = Arc<std::sync::Mutex<Vec<std::sync::Weak<watch::Sender<bool>>>>>;
 
 /// The ZooKeeper-backed [`MetadataStore`]. Cloning shares one ZooKeeper session; the session is
 /// closed (and this store's ephemeral nodes deleted) when the last clone is dropped.
@@ -215,6 +221,8 @@ impl ZkStore {
 
         // Session watcher: flips `session_lost` on a terminal state (expired, closed, auth failed).
         let (lost_tx, lost_rx) = watch::channel(false);
+        let leases: LeaseFlags = Arc::default();
+        let lease_flags = leases.clone();
         let mut states = client.state_watcher();
         tokio::spawn(async move {
             loop {
@@ -223,6 +231,10 @@ impl ZkStore {
                     | zk::SessionState::Closed
                     | zk::SessionState::AuthFailed => {
                         tracing::warn!("ZooKeeper session lost");
+                        let flags = lease_flags.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default();
+                        for flag in flags.iter().filter_map(std::sync::Weak::upgrade) {
+                            flag.send_replace(true);
+                        }
                         lost_tx.send_replace(true);
                         return;
                     }
@@ -236,6 +248,7 @@ impl ZkStore {
                 client,
                 root: root.to_string(),
                 session_lost: lost_rx,
+                leases,
             }),
         };
         store.open_layout().await?;
@@ -557,7 +570,7 @@ impl ZkStore {
 async fn watch_lease(
     store: Weak<Inner>,
     path: String,
-    tx: watch::Sender<bool>,
+    tx: Arc<watch::Sender<bool>>,
     mut session_lost: watch::Receiver<bool>,
 ) {
     loop {
@@ -913,6 +926,11 @@ impl MetadataStore for ZkStore {
             };
             if children.first() == Some(&mine) {
                 let (tx, rx) = watch::channel(false);
+                let tx = Arc::new(tx);
+                if let Ok(mut flags) = self.inner.leases.lock() {
+                    flags.retain(|f| f.strong_count() > 0);
+                    flags.push(Arc::downgrade(&tx));
+                }
                 tokio::spawn(watch_lease(
                     Arc::downgrade(&self.inner),
                     my_path.clone(),
