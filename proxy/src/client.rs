@@ -464,7 +464,9 @@ impl ProxyClient {
                         return Err(Error::RedirectFailed {
                             stream: stream.to_string(),
                             owner,
-                            reason: "the proxy redirected to itself".into(),
+                            reason: "the owner is an earlier session of this same proxy (it restarted); \
+                                     the stream frees up once that ZooKeeper session expires, retry after the session timeout"
+                                .into(),
                         });
                     }
                     if hops > self.config.redirects_max {

@@ -275,8 +275,17 @@ pub async fn check_cookie(
     let dirs = [("journal", journal_dir, dir_state(journal_dir)?), ("ledger", ledger_dir, dir_state(ledger_dir)?)];
     match stored {
         Some(stored) => {
+            // A directory holding someone else's cookie is named first: it is the likelier
+            // mistake (a swapped directory) and the more useful message.
+            for (kind, dir, state) in &dirs {
+                if let DirState::Cookie { cookie, .. } = state {
+                    if *cookie != expected {
+                        bail!("{kind} directory {} does not belong to bookie {bookie}: {}; refusing to start", dir.display(), mismatch(cookie, &expected));
+                    }
+                }
+            }
             if stored != expected {
-                bail!("bookie {bookie} cannot start with this configuration: {}; refusing to start", mismatch(&expected, &stored));
+                bail!("bookie {bookie} cannot start with this configuration: {}; refusing to start", mismatch(&stored, &expected));
             }
             for (kind, dir, state) in &dirs {
                 match state {

@@ -135,7 +135,15 @@ pub fn write(args: WriteArgs) -> Result<()> {
                 let result = client
                     .write(&args.stream, std::mem::take(&mut batch), true)
                     .await
-                    .with_context(|| format!("write to stream {:?} failed after {total} records", args.stream))?;
+                    .with_context(|| {
+                        format!(
+                            "write to stream {:?} failed after {total} records were acknowledged; the {count} records \
+                             of the failed batch (lines {} to {}) may or may not have been stored, check with `quire read` before resuming",
+                            args.stream,
+                            total + 1,
+                            total + count
+                        )
+                    })?;
                 total += count;
                 last = Some(result.last_dlsn);
                 batch_bytes = 0;

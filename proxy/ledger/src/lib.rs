@@ -941,7 +941,13 @@ impl LedgerReader {
         let timeout = self.client.inner.config.request_timeout;
         let mut denials = 0;
         let mut last_err = None;
-        for pos in quorum::write_set(entry.0, meta.ensemble_size, meta.write_quorum) {
+        // Replicas that timed out or were unreachable lately go last, so a stalled bookie costs
+        // one request timeout per quarantine period instead of one per entry (BookKeeper reads
+        // around slow bookies the same way, with its speculative reads).
+        let quarantined = self.client.quarantined();
+        let mut order = quorum::write_set(entry.0, meta.ensemble_size, meta.write_quorum);
+        order.sort_by_key(|&pos| quarantined.contains(&fragment.bookies[pos]));
+        for pos in order {
             let b = &fragment.bookies[pos];
             let reply = match self.client.conn(b).await {
                 Ok(c) => c.call(timeout, conn::read_request(self.id, Some(entry), fence)).await,
@@ -957,7 +963,12 @@ impl LedgerReader {
                 Ok(Reply::Failed { status: Status::NoSuchEntry | Status::NoSuchLedger, .. }) => denials += 1,
                 Ok(Reply::Failed { status, message }) => last_err = Some(Error::Bookie { bookie: b.0.clone(), status, message }),
                 Ok(other) => last_err = Some(Error::Invalid(format!("unexpected reply {other:?}"))),
-                Err(e) => last_err = Some(e),
+                Err(e) => {
+                    if matches!(e, Error::Timeout { .. } | Error::BookieUnreachable { .. }) {
+                        self.client.quarantine(b);
+                    }
+                    last_err = Some(e);
+                }
             }
         }
         if denials >= usize::from(meta.write_quorum - meta.ack_quorum + 1) {
