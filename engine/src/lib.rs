@@ -29,7 +29,10 @@ pub struct EngineConfig {
     /// with zeros to this size. Default 64 MiB. Must be at least 8 KiB.
     pub journal_file_size_bytes: u64,
     /// Longest time the oldest queued add waits before its group is written
-    /// (BookKeeper `journalMaxGroupWaitMSec`). Default 2 ms.
+    /// (BookKeeper `journalMaxGroupWaitMSec`, whose default is 2 ms). Default 0: an idle journal
+    /// writes at once, and adds arriving while a write and its sync are in flight form the next
+    /// group (group commit without added latency); a positive value holds an idle journal's
+    /// first add that long to gather more.
     pub group_commit_wait_max: Duration,
     /// A group is written as soon as this many record bytes are queued
     /// (BookKeeper `journalBufferedWritesThreshold`). Default 512 KiB.
@@ -67,7 +70,7 @@ impl EngineConfig {
             journal_dir,
             ledger_dir,
             journal_file_size_bytes: 64 << 20,
-            group_commit_wait_max: Duration::from_millis(2),
+            group_commit_wait_max: Duration::ZERO,
             group_commit_bytes_max: 512 << 10,
             write_cache_bytes_max: 64 << 20,
             checkpoint_interval: Duration::from_secs(10),
