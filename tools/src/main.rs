@@ -87,7 +87,10 @@ fn main() -> ExitCode {
             let mut line = e.to_string();
             for cause in e.chain().skip(1) {
                 let text = cause.to_string();
-                if !line.contains(&text) {
+                if text.contains(&line) {
+                    // The cause already says everything the context said, and more.
+                    line = text;
+                } else if !line.contains(&text) {
                     line.push_str(": ");
                     line.push_str(&text);
                 }
