@@ -13,16 +13,29 @@ use quire_metadata::{BookieId, MetadataStore, ZkStore};
 use quire_proxy::{ClientConfig, ProxyClient};
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 async fn store(cluster: &Cluster) -> ZkStore {
-    ZkStore::connect(&cluster.zookeeper(), &cluster.zk_root, Duration::from_millis(SESSION_TIMEOUT_MS)).await.unwrap()
+    ZkStore::connect(
+        &cluster.zookeeper(),
+        &cluster.zk_root,
+        Duration::from_millis(SESSION_TIMEOUT_MS),
+    )
+    .await
+    .unwrap()
 }
 
 /// A client that reports redirects instead of following them.
 async fn no_redirects(addr: &str) -> Arc<ProxyClient> {
-    let config = ClientConfig { redirects_max: 0, ..ClientConfig::default() };
+    let config = ClientConfig {
+        redirects_max: 0,
+        ..ClientConfig::default()
+    };
     Arc::new(ProxyClient::connect_with(addr, config).await.unwrap())
 }
 
@@ -36,9 +49,21 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
     // reads the stream back and compares replicas on the live bookies.
     let cluster = Cluster::start();
     let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
-    let mut bookies: Vec<_> = (0..3).map(|i| Some(cluster.start_bookie(i, ports[i]))).collect();
+    let mut bookies: Vec<_> = (0..3)
+        .map(|i| Some(cluster.start_bookie(i, ports[i])))
+        .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
-    let proxy = cluster.start_proxy(quire_testkit::free_port(), &["--ensemble-size", "3", "--write-quorum", "3", "--ack-quorum", "2"]);
+    let proxy = cluster.start_proxy(
+        quire_testkit::free_port(),
+        &[
+            "--ensemble-size",
+            "3",
+            "--write-quorum",
+            "3",
+            "--ack-quorum",
+            "2",
+        ],
+    );
     let rt = runtime();
     let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
     let (mut acked, err) = rt.block_on(write_records(&client, "bk/kill", "a", 0..300));
@@ -53,22 +78,54 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
     std::thread::sleep(Duration::from_millis(50));
     bookies[1].take().unwrap().kill();
     let (more, err) = rt.block_on(writer).unwrap();
-    assert!(err.is_none(), "a write failed after the bookie was killed: {err:?}");
+    assert!(
+        err.is_none(),
+        "a write failed after the bookie was killed: {err:?}"
+    );
     acked.extend(more);
-    assert_eq!(acked.len(), 1200);
+    // Pipelined writes may all be acknowledged before the kill lands; writes after it must
+    // meet the dead bookie and change the ensemble.
+    let (more, err) = rt.block_on(write_records(&client, "bk/kill", "a", 1200..1500));
+    assert!(
+        err.is_none(),
+        "a write failed after the bookie was killed: {err:?}"
+    );
+    acked.extend(more);
+    assert_eq!(acked.len(), 1500);
 
     let killed = BookieId(format!("127.0.0.1:{}", ports[1]));
     let new = BookieId(format!("127.0.0.1:{}", ports[3]));
     rt.block_on(async {
         let store = store(&cluster).await;
         let meta = store.read_stream("bk/kill").await.unwrap().value;
-        let ledger = store.read_ledger(quire_wire::LedgerId(meta.segments[0].ledger_id)).await.unwrap().value;
-        assert!(ledger.fragments[0].bookies.contains(&killed), "the first ensemble holds the killed bookie");
+        let ledger = store
+            .read_ledger(quire_wire::LedgerId(meta.segments[0].ledger_id))
+            .await
+            .unwrap()
+            .value;
+        assert!(
+            ledger.fragments[0].bookies.contains(&killed),
+            "the first ensemble holds the killed bookie"
+        );
         let last = ledger.fragments.last().unwrap();
-        assert!(ledger.fragments.len() >= 2, "an ensemble change happened: {:?}", ledger.fragments);
-        assert!(!last.bookies.contains(&killed) && last.bookies.contains(&new), "the 4th bookie replaced the killed one: {last:?}");
-        let report = check_stream(&proxy.addr, &store, "bk/kill", &acked, std::slice::from_ref(&killed)).await;
-        assert_eq!(report.records.len(), 1200);
+        assert!(
+            ledger.fragments.len() >= 2,
+            "an ensemble change happened: {:?}",
+            ledger.fragments
+        );
+        assert!(
+            !last.bookies.contains(&killed) && last.bookies.contains(&new),
+            "the 4th bookie replaced the killed one: {last:?}"
+        );
+        let report = check_stream(
+            &proxy.addr,
+            &store,
+            "bk/kill",
+            &acked,
+            std::slice::from_ref(&killed),
+        )
+        .await;
+        assert_eq!(report.records.len(), 1500);
     });
     proxy.stop();
     fourth.stop();
@@ -87,12 +144,15 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
     // B at once; then SIGSTOP the owner, write through the other until it takes over, SIGCONT
     // the frozen one and write to it over its old connection; check with the shared checker.
     let cluster = Cluster::start();
-    let bookies: Vec<_> = (0..3).map(|i| cluster.start_bookie(i, quire_testkit::free_port())).collect();
+    let bookies: Vec<_> = (0..3)
+        .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
+        .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let pa = cluster.start_proxy(quire_testkit::free_port(), &[]);
     let pb = cluster.start_proxy(quire_testkit::free_port(), &[]);
     let rt = runtime();
-    let (ca, cb) = rt.block_on(async { (no_redirects(&pa.addr).await, no_redirects(&pb.addr).await) });
+    let (ca, cb) =
+        rt.block_on(async { (no_redirects(&pa.addr).await, no_redirects(&pb.addr).await) });
 
     // (b) the race.
     let (ra, rb) = rt.block_on(async {
@@ -107,17 +167,26 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
         (Some(e), None) => ("B", e.to_string(), pb.addr.clone(), pa.addr.clone()),
         other => panic!("exactly one proxy should own the stream: {other:?}"),
     };
-    assert!(loser_err.contains(&owner_addr), "the loser names the owner {owner_addr}: {loser_err}");
+    assert!(
+        loser_err.contains(&owner_addr),
+        "the loser names the owner {owner_addr}: {loser_err}"
+    );
     assert!(loser_err.contains("owned by proxy"), "{loser_err}");
     acked.extend(ra.0);
     acked.extend(rb.0);
-    assert!(acked.len() >= 200, "the owner's writes were all acknowledged");
+    assert!(
+        acked.len() >= 200,
+        "the owner's writes were all acknowledged"
+    );
     let show = cluster.admin_ok(&["stream", "show", "race"]);
     assert!(show.contains(&format!("owner:    {owner_addr}")), "{show}");
 
     // (c) freeze the owner past its session timeout.
-    let (frozen, other, frozen_client, other_client) =
-        if owner == "A" { (pa, pb, ca, cb) } else { (pb, pa, cb, ca) };
+    let (frozen, other, frozen_client, other_client) = if owner == "A" {
+        (pa, pb, ca, cb)
+    } else {
+        (pb, pa, cb, ca)
+    };
     assert_eq!(other.addr, loser_addr);
     frozen.pause();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -129,7 +198,10 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
         match err {
             None => break,
             Some(e) => {
-                assert!(Instant::now() < deadline, "the other proxy never took over: {e}");
+                assert!(
+                    Instant::now() < deadline,
+                    "the other proxy never took over: {e}"
+                );
                 std::thread::sleep(Duration::from_millis(250));
             }
         }
@@ -138,22 +210,40 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
     assert!(err.is_none(), "{err:?}");
     acked.extend(got);
     let show = cluster.admin_ok(&["stream", "show", "race"]);
-    assert!(show.contains(&format!("owner:    {}", other.addr)), "{show}");
+    assert!(
+        show.contains(&format!("owner:    {}", other.addr)),
+        "{show}"
+    );
 
     // The frozen proxy wakes up: nothing it is asked to write is acknowledged.
     frozen.resume();
     let (got, err) = rt.block_on(write_records(&frozen_client, "race", "Z", 0..20));
-    assert!(got.is_empty(), "the old owner acknowledged {} writes after losing the stream", got.len());
+    assert!(
+        got.is_empty(),
+        "the old owner acknowledged {} writes after losing the stream",
+        got.len()
+    );
     assert!(err.is_some());
     let mut frozen = frozen;
     let status = frozen.child.wait().unwrap();
-    assert!(!status.success(), "the old owner exits with an error after its session expired");
-    assert!(frozen.stderr.lock().unwrap().contains("ZooKeeper session expired"));
+    assert!(
+        !status.success(),
+        "the old owner exits with an error after its session expired"
+    );
+    assert!(frozen
+        .stderr
+        .lock()
+        .unwrap()
+        .contains("ZooKeeper session expired"));
 
     rt.block_on(async {
         let store = store(&cluster).await;
         let report = check_stream(&other.addr, &store, "race", &acked, &[]).await;
-        assert_eq!(report.records.len(), acked.len(), "only acknowledged records (none was in doubt)");
+        assert_eq!(
+            report.records.len(),
+            acked.len(),
+            "only acknowledged records (none was in doubt)"
+        );
     });
     other.stop();
     for b in bookies {
