@@ -17,7 +17,8 @@ use futures_lite::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
 use quire_wire::bookie::{
-    decode_request, encode_response, negotiate_version, Opcode, Request, Response, Status, LONG_POLL_TIMEOUT_MS_MAX,
+    decode_request, encode_response, negotiate_version, Opcode, Request, Response, Status,
+    LONG_POLL_TIMEOUT_MS_MAX,
 };
 use quire_wire::frame::{decode_frame, FRAME_HEADER_SIZE_BYTES};
 use quire_wire::WireError;
@@ -142,7 +143,11 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     let end = read_loop(&shard, &mut reader, &outbox, &in_flight).await;
 
     // Every request already read gets its answer before the connection closes.
-    if in_flight.acquire(IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX).await.is_err() {
+    if in_flight
+        .acquire(IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX)
+        .await
+        .is_err()
+    {
         tracing::error!("connection in-flight semaphore closed unexpectedly");
     }
     outbox.finish();
@@ -156,14 +161,12 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         let deadline = glommio::timer::sleep(LINGER_AFTER_ERROR);
         futures_lite::pin!(deadline);
         while discarded < LINGER_BYTES_MAX {
-            let read = futures_lite::future::or(
-                async { Some(reader.read(&mut scratch).await) },
-                async {
+            let read =
+                futures_lite::future::or(async { Some(reader.read(&mut scratch).await) }, async {
                     (&mut deadline).await;
                     None
-                },
-            )
-            .await;
+                })
+                .await;
             match read {
                 Some(Ok(n)) if n > 0 => discarded += n,
                 _ => break,
@@ -175,7 +178,10 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream) {
 
 /// Writes batches from `outbox` until it is finished; returns the write half if it is still
 /// healthy.
-async fn write_loop(mut writer: WriteHalf<TcpStream>, outbox: Rc<Outbox>) -> Option<WriteHalf<TcpStream>> {
+async fn write_loop(
+    mut writer: WriteHalf<TcpStream>,
+    outbox: Rc<Outbox>,
+) -> Option<WriteHalf<TcpStream>> {
     let mut spare = Vec::new();
     while let Some(mut batch) = outbox.next_batch(&mut spare).await {
         let result = async {
@@ -224,12 +230,25 @@ async fn read_loop(
                     let header = frame.header;
                     match decode_request(&frame) {
                         Err(e) => {
-                            reject_frame(outbox, header.opcode, header.request_id, Status::BadRequest, &e);
+                            reject_frame(
+                                outbox,
+                                header.opcode,
+                                header.request_id,
+                                Status::BadRequest,
+                                &e,
+                            );
                             return ReadEnd::Fatal;
                         }
                         Ok(request) => {
-                            match handle_request(shard, outbox, in_flight, header.request_id, request, &mut handshaken)
-                                .await
+                            match handle_request(
+                                shard,
+                                outbox,
+                                in_flight,
+                                header.request_id,
+                                request,
+                                &mut handshaken,
+                            )
+                            .await
                             {
                                 Flow::Continue => {}
                                 Flow::Fatal => return ReadEnd::Fatal,
@@ -269,7 +288,10 @@ async fn read_loop(
             buf.truncate(READ_BUFFER_BYTES);
             buf.shrink_to(READ_BUFFER_BYTES);
         }
-        assert!(filled < buf.len(), "receive buffer full without a whole frame");
+        assert!(
+            filled < buf.len(),
+            "receive buffer full without a whole frame"
+        );
 
         // Back-pressure: a client that does not read its responses is not read either.
         let room = futures_lite::future::or(
@@ -289,11 +311,14 @@ async fn read_loop(
         if outbox.broken.get() {
             return ReadEnd::Closed;
         }
-        let read = futures_lite::future::or(async { Some(reader.read(&mut buf[filled..]).await) }, async {
-            // The stop semaphore never has permits; closing it wakes every connection.
-            let _ = shard.stop.acquire(1).await;
-            None
-        })
+        let read = futures_lite::future::or(
+            async { Some(reader.read(&mut buf[filled..]).await) },
+            async {
+                // The stop semaphore never has permits; closing it wakes every connection.
+                let _ = shard.stop.acquire(1).await;
+                None
+            },
+        )
         .await;
         match read {
             None => return ReadEnd::Stopped,
@@ -330,7 +355,17 @@ fn reject_frame(outbox: &Outbox, opcode: u8, request_id: u64, status: Status, er
     tracing::info!(%err, request_id, "rejecting frame and closing the connection");
     let opcode = Opcode::from_u8(opcode).unwrap_or(Opcode::Hello);
     let message = err.to_string();
-    outbox.push(|out| encode_response(out, request_id, &Response::Failed { opcode, status, message: &message }));
+    outbox.push(|out| {
+        encode_response(
+            out,
+            request_id,
+            &Response::Failed {
+                opcode,
+                status,
+                message: &message,
+            },
+        )
+    });
 }
 
 enum Flow {
@@ -348,12 +383,29 @@ async fn handle_request(
     handshaken: &mut bool,
 ) -> Flow {
     let fail = |opcode: Opcode, status: Status, message: String| {
-        outbox.push(|out| encode_response(out, request_id, &Response::Failed { opcode, status, message: &message }));
+        outbox.push(|out| {
+            encode_response(
+                out,
+                request_id,
+                &Response::Failed {
+                    opcode,
+                    status,
+                    message: &message,
+                },
+            )
+        });
     };
     let op = match request {
-        Request::Hello { version_min, version_max } => {
+        Request::Hello {
+            version_min,
+            version_max,
+        } => {
             if *handshaken {
-                fail(Opcode::Hello, Status::BadRequest, "handshake already done on this connection".into());
+                fail(
+                    Opcode::Hello,
+                    Status::BadRequest,
+                    "handshake already done on this connection".into(),
+                );
                 return Flow::Continue;
             }
             return match negotiate_version(version_min, version_max) {
@@ -375,13 +427,25 @@ async fn handle_request(
         }
         _ if !*handshaken => {
             let opcode = opcode_of(&request);
-            fail(opcode, Status::BadRequest, "the first request on a connection must be Hello".into());
+            fail(
+                opcode,
+                Status::BadRequest,
+                "the first request on a connection must be Hello".into(),
+            );
             return Flow::Fatal;
         }
-        Request::Add { recovery, master_key, entry } => match quire_wire::entry::peek_header(entry) {
+        Request::Add {
+            recovery,
+            master_key,
+            entry,
+        } => match quire_wire::entry::peek_header(entry) {
             // u64::MAX cannot be a LAC or last entry on the wire (they travel as id + 1).
             Ok(h) if h.entry.0 == u64::MAX => {
-                fail(Opcode::Add, Status::BadRequest, format!("entry id {} is reserved", u64::MAX));
+                fail(
+                    Opcode::Add,
+                    Status::BadRequest,
+                    format!("entry id {} is reserved", u64::MAX),
+                );
                 return Flow::Continue;
             }
             Ok(h) => Op::Add {
@@ -398,12 +462,25 @@ async fn handle_request(
                 return Flow::Fatal;
             }
         },
-        Request::Read { ledger, entry, fence } => {
-            Op::Read { ledger: ledger.0, entry: entry.map(|e| e.0), fence: fence.map(|k| k.0) }
-        }
+        Request::Read {
+            ledger,
+            entry,
+            fence,
+        } => Op::Read {
+            ledger: ledger.0,
+            entry: entry.map(|e| e.0),
+            fence: fence.map(|k| k.0),
+        },
         Request::ReadLac { ledger } => Op::ReadLac { ledger: ledger.0 },
-        Request::Fence { ledger, master_key } => Op::Fence { ledger: ledger.0, master_key: master_key.0 },
-        Request::ReadLacLongPoll { ledger, previous_lac, timeout_ms } => Op::LongPoll {
+        Request::Fence { ledger, master_key } => Op::Fence {
+            ledger: ledger.0,
+            master_key: master_key.0,
+        },
+        Request::ReadLacLongPoll {
+            ledger,
+            previous_lac,
+            timeout_ms,
+        } => Op::LongPoll {
             ledger: ledger.0,
             previous: previous_lac.map(|e| e.0),
             timeout: Duration::from_millis(u64::from(timeout_ms.min(LONG_POLL_TIMEOUT_MS_MAX))),

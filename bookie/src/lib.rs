@@ -46,8 +46,9 @@ pub const SHARD_COUNT_FILE: &str = "quire-bookie-shards";
 /// The largest entry an add frame of `frame_size_bytes_max` can carry: the frame length
 /// counts 12 header bytes after the length field, then the 20-byte master key.
 pub fn entry_size_bytes_max_for(frame_size_bytes_max: u32) -> usize {
-    (frame_size_bytes_max as usize)
-        .saturating_sub(quire_wire::frame::FRAME_LEN_MIN as usize + quire_wire::MASTER_KEY_SIZE_BYTES)
+    (frame_size_bytes_max as usize).saturating_sub(
+        quire_wire::frame::FRAME_LEN_MIN as usize + quire_wire::MASTER_KEY_SIZE_BYTES,
+    )
 }
 
 /// Maps a ledger to the shard that owns it.
@@ -94,7 +95,9 @@ impl BookieConfig {
         let frame_size_bytes_max = quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT;
         // An add frame carries the frame header and the master key around the entry, so the
         // largest entry is what is left of the largest frame.
-        engine.entry_size_bytes_max = engine.entry_size_bytes_max.min(entry_size_bytes_max_for(frame_size_bytes_max));
+        engine.entry_size_bytes_max = engine
+            .entry_size_bytes_max
+            .min(entry_size_bytes_max_for(frame_size_bytes_max));
         Self {
             listen,
             journal_dir,
@@ -165,7 +168,10 @@ pub struct Bookie {
 
 impl std::fmt::Debug for Bookie {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bookie").field("addr", &self.addr).field("shards", &self.shards.len()).finish()
+        f.debug_struct("Bookie")
+            .field("addr", &self.addr)
+            .field("shards", &self.shards.len())
+            .finish()
     }
 }
 
@@ -193,14 +199,20 @@ impl Bookie {
             forward_rxs.push(rx);
         }
 
-        let mut bookie = Bookie { addr: config.listen, shards: Vec::with_capacity(shard_count) };
+        let mut bookie = Bookie {
+            addr: config.listen,
+            shards: Vec::with_capacity(shard_count),
+        };
         for (index, forward_rx) in forward_rxs.into_iter().enumerate() {
             let mut engine = config.engine.clone();
             engine.journal_dir = config.shard_journal_dir(index);
             engine.ledger_dir = config.shard_ledger_dir(index);
             for dir in [&engine.journal_dir, &engine.ledger_dir] {
-                fs::create_dir_all(dir)
-                    .map_err(|source| Error::Io { op: "create directory", path: dir.clone(), source })?;
+                fs::create_dir_all(dir).map_err(|source| Error::Io {
+                    op: "create directory",
+                    path: dir.clone(),
+                    source,
+                })?;
             }
             let (control_tx, control_rx) = flume::bounded(4);
             let (events_tx, events_rx) = flume::bounded(8);
@@ -219,13 +231,20 @@ impl Bookie {
             let spawned = LocalExecutorBuilder::new(Placement::Unbound)
                 .name(&format!("quire-shard-{index}"))
                 .io_memory(config.io_memory_bytes)
-                .spawn(move || shard::shard_main(args).instrument(tracing::info_span!("shard", index)));
+                .spawn(move || {
+                    shard::shard_main(args).instrument(tracing::info_span!("shard", index))
+                });
             match spawned {
-                Ok(thread) => {
-                    bookie.shards.push(ShardHandle { control: control_tx, events: events_rx, thread: Some(thread) })
-                }
+                Ok(thread) => bookie.shards.push(ShardHandle {
+                    control: control_tx,
+                    events: events_rx,
+                    thread: Some(thread),
+                }),
                 Err(e) => {
-                    let err = Error::Runtime { shard: index, message: e.to_string() };
+                    let err = Error::Runtime {
+                        shard: index,
+                        message: e.to_string(),
+                    };
                     bookie.abort();
                     return Err(err);
                 }
@@ -239,7 +258,10 @@ impl Bookie {
             match s.events.recv() {
                 Ok(Event::Opened) => {}
                 Ok(Event::OpenFailed(source)) => {
-                    first_error.get_or_insert(Error::Engine { shard: index, source });
+                    first_error.get_or_insert(Error::Engine {
+                        shard: index,
+                        source,
+                    });
                 }
                 other => {
                     first_error.get_or_insert(unexpected(index, "Opened", other));
@@ -290,11 +312,18 @@ impl Bookie {
     fn bind_shard(&self, index: usize, addr: SocketAddr) -> Result<SocketAddr, Error> {
         let s = &self.shards[index];
         if s.control.send(Control::Bind(addr)).is_err() {
-            return Err(Error::Runtime { shard: index, message: "exited before bind".into() });
+            return Err(Error::Runtime {
+                shard: index,
+                message: "exited before bind".into(),
+            });
         }
         match s.events.recv() {
             Ok(Event::Bound(a)) => Ok(a),
-            Ok(Event::BindFailed(source)) => Err(Error::Bind { shard: index, addr, source }),
+            Ok(Event::BindFailed(source)) => Err(Error::Bind {
+                shard: index,
+                addr,
+                source,
+            }),
             other => Err(unexpected(index, "Bound", other)),
         }
     }
@@ -336,7 +365,10 @@ impl Bookie {
             match s.events.recv() {
                 Ok(Event::Closed(Ok(()))) => {}
                 Ok(Event::Closed(Err(source))) => {
-                    first_error.get_or_insert(Error::Engine { shard: index, source });
+                    first_error.get_or_insert(Error::Engine {
+                        shard: index,
+                        source,
+                    });
                 }
                 other => {
                     first_error.get_or_insert(unexpected(index, "Closed", other));
@@ -346,7 +378,10 @@ impl Bookie {
         for (index, s) in self.shards.iter_mut().enumerate() {
             if let Some(thread) = s.thread.take() {
                 if let Err(e) = thread.join() {
-                    first_error.get_or_insert(Error::Runtime { shard: index, message: e.to_string() });
+                    first_error.get_or_insert(Error::Runtime {
+                        shard: index,
+                        message: e.to_string(),
+                    });
                 }
             }
         }
@@ -381,7 +416,10 @@ fn unexpected(shard: usize, wanted: &str, got: Result<Event, flume::RecvError>) 
 
 fn validate(config: &BookieConfig) -> Result<(), Error> {
     if config.shards == 0 || config.shards > SHARDS_MAX {
-        return Err(Error::Config(format!("shards is {}, must be in 1..={SHARDS_MAX}", config.shards)));
+        return Err(Error::Config(format!(
+            "shards is {}, must be in 1..={SHARDS_MAX}",
+            config.shards
+        )));
     }
     if config.frame_size_bytes_max < FRAME_SIZE_BYTES_MIN {
         return Err(Error::Config(format!(
@@ -410,7 +448,11 @@ fn validate(config: &BookieConfig) -> Result<(), Error> {
 /// The file holds one line, `shards=N`. It is written before any shard directory is used, and
 /// synced, so a crash cannot leave shard data without a record of the count.
 fn check_shard_count(dir: &Path, shards: usize) -> Result<(), Error> {
-    fs::create_dir_all(dir).map_err(|source| Error::Io { op: "create directory", path: dir.to_path_buf(), source })?;
+    fs::create_dir_all(dir).map_err(|source| Error::Io {
+        op: "create directory",
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let path = dir.join(SHARD_COUNT_FILE);
     match fs::read_to_string(&path) {
         Ok(text) => {
@@ -418,7 +460,13 @@ fn check_shard_count(dir: &Path, shards: usize) -> Result<(), Error> {
                 .trim()
                 .strip_prefix("shards=")
                 .and_then(|n| n.parse::<usize>().ok())
-                .ok_or_else(|| Error::Config(format!("{} is malformed: {:?}", path.display(), text.trim())))?;
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "{} is malformed: {:?}",
+                        path.display(),
+                        text.trim()
+                    ))
+                })?;
             if recorded != shards {
                 return Err(Error::Config(format!(
                     "{} records {recorded} shards but the bookie was started with {shards}; ledgers map to \
@@ -438,9 +486,17 @@ fn check_shard_count(dir: &Path, shards: usize) -> Result<(), Error> {
                 fs::rename(&tmp, &path)?;
                 fs::File::open(dir)?.sync_all()
             };
-            write().map_err(|source| Error::Io { op: "write shard count", path: path.clone(), source })
+            write().map_err(|source| Error::Io {
+                op: "write shard count",
+                path: path.clone(),
+                source,
+            })
         }
-        Err(source) => Err(Error::Io { op: "read shard count", path, source }),
+        Err(source) => Err(Error::Io {
+            op: "read shard count",
+            path,
+            source,
+        }),
     }
 }
 

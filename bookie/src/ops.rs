@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use quire_engine::{Engine, Error as EngineError};
-use quire_wire::bookie::{encode_long_poll_response, encode_response, LongPollResponse, Opcode, Response, Status};
+use quire_wire::bookie::{
+    encode_long_poll_response, encode_response, LongPollResponse, Opcode, Response, Status,
+};
 use quire_wire::{EntryId, LedgerId, MASTER_KEY_SIZE_BYTES};
 
 /// One request for the engine that owns `ledger`, detached from the receive buffer.
@@ -23,14 +25,25 @@ pub(crate) enum Op {
         recovery: bool,
     },
     /// Read `entry`, or the last entry when `None`; fence first when `fence` holds a key.
-    Read { ledger: u64, entry: Option<u64>, fence: Option<[u8; MASTER_KEY_SIZE_BYTES]> },
+    Read {
+        ledger: u64,
+        entry: Option<u64>,
+        fence: Option<[u8; MASTER_KEY_SIZE_BYTES]>,
+    },
     /// Report the LAC and last entry the bookie knows for `ledger`.
     ReadLac { ledger: u64 },
     /// Fence `ledger` and report its LAC.
-    Fence { ledger: u64, master_key: [u8; MASTER_KEY_SIZE_BYTES] },
+    Fence {
+        ledger: u64,
+        master_key: [u8; MASTER_KEY_SIZE_BYTES],
+    },
     /// Wait until the LAC of `ledger` passes `previous` (or fenced, or `timeout`), then report
     /// it with entry `previous + 1` piggybacked.
-    LongPoll { ledger: u64, previous: Option<u64>, timeout: Duration },
+    LongPoll {
+        ledger: u64,
+        previous: Option<u64>,
+        timeout: Duration,
+    },
 }
 
 /// Which of a shard's task queues runs an operation (performance.md: tail writes, tail reads
@@ -75,7 +88,11 @@ impl Op {
         match *self {
             Op::Add { .. } | Op::Fence { .. } | Op::Read { fence: Some(_), .. } => Class::TailWrite,
             Op::ReadLac { .. } | Op::LongPoll { .. } => Class::TailRead,
-            Op::Read { ledger, entry, fence: None } => match engine {
+            Op::Read {
+                ledger,
+                entry,
+                fence: None,
+            } => match engine {
                 Some(e) if !e.is_cached(ledger, entry) => Class::CatchUpRead,
                 _ => Class::TailRead,
             },
@@ -86,11 +103,30 @@ impl Op {
 /// The successful result of an [`Op`].
 #[derive(Debug)]
 pub(crate) enum Done {
-    Add { ledger: u64, entry: u64 },
-    Read { ledger: u64, entry: u64, data: Vec<u8> },
-    ReadLac { ledger: u64, lac: Option<u64>, last_entry: Option<u64> },
-    Fence { ledger: u64, lac: Option<u64> },
-    LongPoll { ledger: u64, lac: Option<u64>, fenced: bool, next_entry: Option<(u64, Vec<u8>)> },
+    Add {
+        ledger: u64,
+        entry: u64,
+    },
+    Read {
+        ledger: u64,
+        entry: u64,
+        data: Vec<u8>,
+    },
+    ReadLac {
+        ledger: u64,
+        lac: Option<u64>,
+        last_entry: Option<u64>,
+    },
+    Fence {
+        ledger: u64,
+        lac: Option<u64>,
+    },
+    LongPoll {
+        ledger: u64,
+        lac: Option<u64>,
+        fenced: bool,
+        next_entry: Option<(u64, Vec<u8>)>,
+    },
 }
 
 /// A failed [`Op`]: the wire status and a one-line message for humans.
@@ -141,11 +177,25 @@ fn fail(err: EngineError) -> Failure {
 /// Shard-local: `engine` must be the engine of the shard that owns `op.ledger()`.
 pub(crate) async fn execute(engine: &Engine, op: Op) -> Outcome {
     match op {
-        Op::Add { ledger, entry, master_key, lac, data, recovery } => {
-            engine.add_entry(ledger, entry, master_key, lac, data, recovery).await.map_err(fail)?;
+        Op::Add {
+            ledger,
+            entry,
+            master_key,
+            lac,
+            data,
+            recovery,
+        } => {
+            engine
+                .add_entry(ledger, entry, master_key, lac, data, recovery)
+                .await
+                .map_err(fail)?;
             Ok(Done::Add { ledger, entry })
         }
-        Op::Read { ledger, entry, fence } => {
+        Op::Read {
+            ledger,
+            entry,
+            fence,
+        } => {
             if let Some(master_key) = fence {
                 engine.fence(ledger, master_key).await.map_err(fail)?;
             }
@@ -159,7 +209,10 @@ pub(crate) async fn execute(engine: &Engine, op: Op) -> Outcome {
                     Ok(h) => {
                         return Err(Failure::new(
                             Status::IoError,
-                            format!("stored last entry of ledger {ledger} names ledger {}", h.ledger),
+                            format!(
+                                "stored last entry of ledger {ledger} names ledger {}",
+                                h.ledger
+                            ),
                         ))
                     }
                     Err(e) => {
@@ -170,48 +223,104 @@ pub(crate) async fn execute(engine: &Engine, op: Op) -> Outcome {
                     }
                 },
             };
-            Ok(Done::Read { ledger, entry, data })
+            Ok(Done::Read {
+                ledger,
+                entry,
+                data,
+            })
         }
         Op::ReadLac { ledger } => match engine.ledger_state(ledger) {
-            Some(state) => Ok(Done::ReadLac { ledger, lac: state.lac, last_entry: state.last_entry }),
-            None => Err(Failure::new(Status::NoSuchLedger, format!("no such ledger {ledger}"))),
+            Some(state) => Ok(Done::ReadLac {
+                ledger,
+                lac: state.lac,
+                last_entry: state.last_entry,
+            }),
+            None => Err(Failure::new(
+                Status::NoSuchLedger,
+                format!("no such ledger {ledger}"),
+            )),
         },
         Op::Fence { ledger, master_key } => {
             let lac = engine.fence(ledger, master_key).await.map_err(fail)?;
             Ok(Done::Fence { ledger, lac })
         }
-        Op::LongPoll { ledger, previous, timeout } => {
-            let u = engine.wait_for_lac(ledger, previous, timeout).await.map_err(fail)?;
-            Ok(Done::LongPoll { ledger, lac: u.lac, fenced: u.fenced, next_entry: u.next_entry })
+        Op::LongPoll {
+            ledger,
+            previous,
+            timeout,
+        } => {
+            let u = engine
+                .wait_for_lac(ledger, previous, timeout)
+                .await
+                .map_err(fail)?;
+            Ok(Done::LongPoll {
+                ledger,
+                lac: u.lac,
+                fenced: u.fenced,
+                next_entry: u.next_entry,
+            })
         }
     }
 }
 
 /// Appends the response frame for `outcome` to `out`.
-pub(crate) fn encode_outcome(out: &mut Vec<u8>, request_id: u64, opcode: Opcode, outcome: &Outcome) {
-    if let Ok(Done::LongPoll { ledger, lac, fenced, next_entry }) = outcome {
+pub(crate) fn encode_outcome(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    opcode: Opcode,
+    outcome: &Outcome,
+) {
+    if let Ok(Done::LongPoll {
+        ledger,
+        lac,
+        fenced,
+        next_entry,
+    }) = outcome
+    {
         let response = LongPollResponse {
             ledger: LedgerId(*ledger),
             lac: lac.map(EntryId),
             fenced: *fenced,
-            next_entry: next_entry.as_ref().map(|(e, d)| (EntryId(*e), d.as_slice())),
+            next_entry: next_entry
+                .as_ref()
+                .map(|(e, d)| (EntryId(*e), d.as_slice())),
         };
         encode_long_poll_response(out, request_id, &response);
         return;
     }
     let response = match outcome {
-        Ok(Done::Add { ledger, entry }) => Response::Add { ledger: LedgerId(*ledger), entry: EntryId(*entry) },
-        Ok(Done::Read { ledger, entry, data }) => {
-            Response::Read { ledger: LedgerId(*ledger), entry: EntryId(*entry), data }
-        }
-        Ok(Done::ReadLac { ledger, lac, last_entry }) => Response::ReadLac {
+        Ok(Done::Add { ledger, entry }) => Response::Add {
+            ledger: LedgerId(*ledger),
+            entry: EntryId(*entry),
+        },
+        Ok(Done::Read {
+            ledger,
+            entry,
+            data,
+        }) => Response::Read {
+            ledger: LedgerId(*ledger),
+            entry: EntryId(*entry),
+            data,
+        },
+        Ok(Done::ReadLac {
+            ledger,
+            lac,
+            last_entry,
+        }) => Response::ReadLac {
             ledger: LedgerId(*ledger),
             lac: lac.map(EntryId),
             last_entry: last_entry.map(EntryId),
         },
-        Ok(Done::Fence { ledger, lac }) => Response::Fence { ledger: LedgerId(*ledger), lac: lac.map(EntryId) },
+        Ok(Done::Fence { ledger, lac }) => Response::Fence {
+            ledger: LedgerId(*ledger),
+            lac: lac.map(EntryId),
+        },
         Ok(Done::LongPoll { .. }) => unreachable!("long-poll answers are encoded above"),
-        Err(f) => Response::Failed { opcode, status: f.status, message: &f.message },
+        Err(f) => Response::Failed {
+            opcode,
+            status: f.status,
+            message: &f.message,
+        },
     };
     encode_response(out, request_id, &response);
 }

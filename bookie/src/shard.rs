@@ -108,10 +108,21 @@ impl Shard {
     /// answered at once, with the LAC as it stands, when the shard starts stopping, so that
     /// shutdown never waits for long-poll timeouts.
     async fn execute_owned(&self, op: Op) -> Outcome {
-        if let Op::LongPoll { ledger, previous, .. } = op {
+        if let Op::LongPoll {
+            ledger, previous, ..
+        } = op
+        {
             return futures_lite::future::or(execute(&self.engine, op), async move {
                 let _ = self.stop.acquire(1).await;
-                execute(&self.engine, Op::LongPoll { ledger, previous, timeout: Duration::ZERO }).await
+                execute(
+                    &self.engine,
+                    Op::LongPoll {
+                        ledger,
+                        previous,
+                        timeout: Duration::ZERO,
+                    },
+                )
+                .await
             })
             .await;
         }
@@ -127,12 +138,22 @@ impl Shard {
             return self.execute_owned(op).await;
         }
         let (reply, reply_rx) = flume::bounded(1);
-        if self.peers[owner].send_async(Forwarded { op, reply }).await.is_err() {
-            return Err(Failure::new(Status::IoError, format!("shard {owner} is not running")));
+        if self.peers[owner]
+            .send_async(Forwarded { op, reply })
+            .await
+            .is_err()
+        {
+            return Err(Failure::new(
+                Status::IoError,
+                format!("shard {owner} is not running"),
+            ));
         }
         match reply_rx.recv_async().await {
             Ok(outcome) => outcome,
-            Err(_) => Err(Failure::new(Status::IoError, format!("shard {owner} dropped the request"))),
+            Err(_) => Err(Failure::new(
+                Status::IoError,
+                format!("shard {owner} dropped the request"),
+            )),
         }
     }
 }
@@ -181,7 +202,16 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
 
 /// The body of a shard's executor thread.
 pub(crate) async fn shard_main(args: ShardArgs) {
-    let ShardArgs { index, shard_count, frame_size_bytes_max, engine, control, events, forward_rx, peers } = args;
+    let ShardArgs {
+        index,
+        shard_count,
+        frame_size_bytes_max,
+        engine,
+        control,
+        events,
+        forward_rx,
+        peers,
+    } = args;
     let engine = match Engine::open(engine).await {
         Ok(e) => e,
         Err(e) => {
@@ -194,15 +224,17 @@ pub(crate) async fn shard_main(args: ShardArgs) {
     let _ = events.send(Event::Opened);
 
     let bound = match control.recv_async().await {
-        Ok(Control::Bind(addr)) => match TcpListener::bind(addr).and_then(|l| Ok((l.local_addr()?, l))) {
-            Ok(pair) => Some(pair),
-            Err(e) => {
-                let _ = events.send(Event::BindFailed(e.into()));
-                // The controller answers a failed bind with Close.
-                wait_for_close(&control).await;
-                None
+        Ok(Control::Bind(addr)) => {
+            match TcpListener::bind(addr).and_then(|l| Ok((l.local_addr()?, l))) {
+                Ok(pair) => Some(pair),
+                Err(e) => {
+                    let _ = events.send(Event::BindFailed(e.into()));
+                    // The controller answers a failed bind with Close.
+                    wait_for_close(&control).await;
+                    None
+                }
             }
-        },
+        }
         // Close (start failed on another shard), or the controller vanished.
         Ok(other) => {
             tracing::debug!(?other, "start aborted before bind");
@@ -227,9 +259,21 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         peers,
         in_flight: Gate::new(),
         stop: Semaphore::new(0),
-        tail_write_tq: ex.create_task_queue(Shares::Static(TAIL_WRITE_SHARES), Latency::Matters(TAIL_LATENCY), "tail-write"),
-        tail_read_tq: ex.create_task_queue(Shares::Static(TAIL_READ_SHARES), Latency::Matters(TAIL_LATENCY), "tail-read"),
-        catch_up_read_tq: ex.create_task_queue(Shares::Static(CATCH_UP_READ_SHARES), Latency::NotImportant, "catch-up-read"),
+        tail_write_tq: ex.create_task_queue(
+            Shares::Static(TAIL_WRITE_SHARES),
+            Latency::Matters(TAIL_LATENCY),
+            "tail-write",
+        ),
+        tail_read_tq: ex.create_task_queue(
+            Shares::Static(TAIL_READ_SHARES),
+            Latency::Matters(TAIL_LATENCY),
+            "tail-read",
+        ),
+        catch_up_read_tq: ex.create_task_queue(
+            Shares::Static(CATCH_UP_READ_SHARES),
+            Latency::NotImportant,
+            "catch-up-read",
+        ),
     });
     let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
     let accept_task = glommio::spawn_local(accept_loop(shard.clone(), listener));

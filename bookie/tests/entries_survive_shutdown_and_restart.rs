@@ -12,18 +12,33 @@ use quire_wire::bookie::Status;
 #[test]
 fn entries_survive_shutdown_and_restart() {
     let dir = common::tempdir();
-    let ledgers: Vec<u64> = (1..20).filter(|l| shard_of(*l, 2) == 0).take(1)
-        .chain((1..20).filter(|l| shard_of(*l, 2) == 1).take(1)).collect();
+    let ledgers: Vec<u64> = (1..20)
+        .filter(|l| shard_of(*l, 2) == 0)
+        .take(1)
+        .chain((1..20).filter(|l| shard_of(*l, 2) == 1).take(1))
+        .collect();
     assert_eq!(ledgers.len(), 2);
 
     let bookie = common::start(dir.path(), 2);
     let (mut c, _) = Client::handshake(bookie.addr());
     for &l in &ledgers {
         for e in 0..5 {
-            assert_eq!(c.add(KEY, &entry(l, e), false), Resp::Add { ledger: l, entry: e });
+            assert_eq!(
+                c.add(KEY, &entry(l, e), false),
+                Resp::Add {
+                    ledger: l,
+                    entry: e
+                }
+            );
         }
     }
-    assert_eq!(c.fence(ledgers[0], KEY), Resp::Fence { ledger: ledgers[0], lac: Some(3) });
+    assert_eq!(
+        c.fence(ledgers[0], KEY),
+        Resp::Fence {
+            ledger: ledgers[0],
+            lac: Some(3)
+        }
+    );
     drop(c);
     bookie.shutdown().expect("clean shutdown");
 
@@ -31,12 +46,35 @@ fn entries_survive_shutdown_and_restart() {
     let (mut c, _) = Client::handshake(bookie.addr());
     for &l in &ledgers {
         for e in 0..5 {
-            assert_eq!(c.read(l, Some(e)), Resp::Read { ledger: l, entry: e, data: entry(l, e) });
+            assert_eq!(
+                c.read(l, Some(e)),
+                Resp::Read {
+                    ledger: l,
+                    entry: e,
+                    data: entry(l, e)
+                }
+            );
         }
-        assert_eq!(c.read_lac(l), Resp::ReadLac { ledger: l, lac: Some(3), last_entry: Some(4) });
+        assert_eq!(
+            c.read_lac(l),
+            Resp::ReadLac {
+                ledger: l,
+                lac: Some(3),
+                last_entry: Some(4)
+            }
+        );
     }
-    assert_eq!(c.add(KEY, &entry(ledgers[0], 5), false).status(), Status::Fenced);
-    assert_eq!(c.add(KEY, &entry(ledgers[1], 5), false), Resp::Add { ledger: ledgers[1], entry: 5 });
+    assert_eq!(
+        c.add(KEY, &entry(ledgers[0], 5), false).status(),
+        Status::Fenced
+    );
+    assert_eq!(
+        c.add(KEY, &entry(ledgers[1], 5), false),
+        Resp::Add {
+            ledger: ledgers[1],
+            entry: 5
+        }
+    );
     drop(c);
     bookie.shutdown().expect("clean shutdown");
 

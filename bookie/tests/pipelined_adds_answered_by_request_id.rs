@@ -21,20 +21,37 @@ fn pipelined_adds_and_reads_are_answered_by_request_id() {
     for i in 0..200u64 {
         let (ledger, e) = (100 + i % 3, i / 3);
         let data = entry(ledger, e);
-        let id = c.send(&Request::Add { recovery: false, master_key: KEY, entry: &data });
+        let id = c.send(&Request::Add {
+            recovery: false,
+            master_key: KEY,
+            entry: &data,
+        });
         expected.insert(id, Resp::Add { ledger, entry: e });
     }
     for _ in 0..200 {
         let (header, resp) = c.recv().expect("response");
-        let want = expected.remove(&header.request_id).expect("a request id sent once and not yet answered");
+        let want = expected
+            .remove(&header.request_id)
+            .expect("a request id sent once and not yet answered");
         assert_eq!(resp, want);
     }
     assert!(expected.is_empty());
 
     for i in 0..200u64 {
         let (ledger, e) = (100 + i % 3, i / 3);
-        let id = c.send(&Request::Read { ledger: LedgerId(ledger), entry: Some(EntryId(e)), fence: None });
-        expected.insert(id, Resp::Read { ledger, entry: e, data: entry(ledger, e) });
+        let id = c.send(&Request::Read {
+            ledger: LedgerId(ledger),
+            entry: Some(EntryId(e)),
+            fence: None,
+        });
+        expected.insert(
+            id,
+            Resp::Read {
+                ledger,
+                entry: e,
+                data: entry(ledger, e),
+            },
+        );
     }
     for _ in 0..200 {
         let (header, resp) = c.recv().expect("response");

@@ -23,22 +23,41 @@ fn shutdown_answers_in_flight_requests_and_acknowledged_adds_survive() {
     for e in 0..100u64 {
         let ledger = 300 + e % 2;
         let data = entry(ledger, e / 2);
-        let id = c.send(&Request::Add { recovery: false, master_key: KEY, entry: &data });
+        let id = c.send(&Request::Add {
+            recovery: false,
+            master_key: KEY,
+            entry: &data,
+        });
         sent.insert(id, (ledger, e / 2));
     }
-    bookie.shutdown().expect("clean shutdown with open connections");
+    bookie
+        .shutdown()
+        .expect("clean shutdown with open connections");
 
     let mut acked = Vec::new();
     while let Some((h, resp)) = c.recv() {
-        let (ledger, e) = sent.remove(&h.request_id).expect("each request answered at most once");
-        assert_eq!(resp, Resp::Add { ledger, entry: e }, "a request read before shutdown succeeds");
+        let (ledger, e) = sent
+            .remove(&h.request_id)
+            .expect("each request answered at most once");
+        assert_eq!(
+            resp,
+            Resp::Add { ledger, entry: e },
+            "a request read before shutdown succeeds"
+        );
         acked.push((ledger, e));
     }
 
     let bookie = common::start(dir.path(), 2);
     let (mut c, _) = Client::handshake(bookie.addr());
     for (ledger, e) in acked {
-        assert_eq!(c.read(ledger, Some(e)), Resp::Read { ledger, entry: e, data: entry(ledger, e) });
+        assert_eq!(
+            c.read(ledger, Some(e)),
+            Resp::Read {
+                ledger,
+                entry: e,
+                data: entry(ledger, e)
+            }
+        );
     }
     drop(c);
     bookie.shutdown().expect("clean shutdown");
@@ -50,7 +69,13 @@ fn start_fails_with_the_engine_error_of_a_corrupt_shard() {
     let bookie = common::start(dir.path(), 2);
     let (mut c, _) = Client::handshake(bookie.addr());
     for l in 0..8 {
-        assert_eq!(c.add(KEY, &entry(l, 0), false), Resp::Add { ledger: l, entry: 0 });
+        assert_eq!(
+            c.add(KEY, &entry(l, 0), false),
+            Resp::Add {
+                ledger: l,
+                entry: 0
+            }
+        );
     }
     drop(c);
     bookie.shutdown().expect("clean shutdown");

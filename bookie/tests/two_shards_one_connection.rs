@@ -24,14 +24,27 @@ fn ledgers_on_both_shards_work_through_one_connection() {
         // Several connections so that, with high probability, both shards accept at least one.
         for conn in 0..4u64 {
             let (mut c, hello) = Client::handshake(bookie.addr());
-            assert!(matches!(hello, Resp::Hello { shard_count: 2, .. }), "{hello:?}");
+            assert!(
+                matches!(hello, Resp::Hello { shard_count: 2, .. }),
+                "{hello:?}"
+            );
             let base = conn * 10;
             let mut expected = HashMap::new();
             for e in base..base + 10 {
                 for &l in &pair {
                     let data = entry(l, e);
-                    let id = c.send(&Request::Add { recovery: false, master_key: KEY, entry: &data });
-                    expected.insert(id, Resp::Add { ledger: l, entry: e });
+                    let id = c.send(&Request::Add {
+                        recovery: false,
+                        master_key: KEY,
+                        entry: &data,
+                    });
+                    expected.insert(
+                        id,
+                        Resp::Add {
+                            ledger: l,
+                            entry: e,
+                        },
+                    );
                 }
             }
             while !expected.is_empty() {
@@ -40,8 +53,19 @@ fn ledgers_on_both_shards_work_through_one_connection() {
             }
             for e in base..base + 10 {
                 for &l in &pair {
-                    let id = c.send(&Request::Read { ledger: LedgerId(l), entry: Some(EntryId(e)), fence: None });
-                    expected.insert(id, Resp::Read { ledger: l, entry: e, data: entry(l, e) });
+                    let id = c.send(&Request::Read {
+                        ledger: LedgerId(l),
+                        entry: Some(EntryId(e)),
+                        fence: None,
+                    });
+                    expected.insert(
+                        id,
+                        Resp::Read {
+                            ledger: l,
+                            entry: e,
+                            data: entry(l, e),
+                        },
+                    );
                 }
             }
             while !expected.is_empty() {
@@ -51,15 +75,32 @@ fn ledgers_on_both_shards_work_through_one_connection() {
             for &l in &pair {
                 assert_eq!(
                     c.read_lac(l),
-                    Resp::ReadLac { ledger: l, lac: Some(base + 8), last_entry: Some(base + 9) },
+                    Resp::ReadLac {
+                        ledger: l,
+                        lac: Some(base + 8),
+                        last_entry: Some(base + 9)
+                    },
                     "round {round} conn {conn}"
                 );
             }
         }
         let (mut c, _) = Client::handshake(bookie.addr());
         for &l in &pair {
-            assert_eq!(c.fence(l, KEY), Resp::Fence { ledger: l, lac: Some(38) });
-            assert_eq!(c.read(l, None), Resp::Read { ledger: l, entry: 39, data: entry(l, 39) });
+            assert_eq!(
+                c.fence(l, KEY),
+                Resp::Fence {
+                    ledger: l,
+                    lac: Some(38)
+                }
+            );
+            assert_eq!(
+                c.read(l, None),
+                Resp::Read {
+                    ledger: l,
+                    entry: 39,
+                    data: entry(l, 39)
+                }
+            );
         }
     }
     bookie.shutdown().expect("clean shutdown");

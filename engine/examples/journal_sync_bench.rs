@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use glommio::io::DmaFile;
 use glommio::{LocalExecutorBuilder, Placement};
 
-
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
     UringFdatasync,
@@ -46,8 +45,13 @@ impl Mode {
     }
 }
 
-const MODES: [Mode; 5] =
-    [Mode::UringFdatasync, Mode::UringODsync, Mode::PsyncFdatasync, Mode::PsyncODsync, Mode::PsyncRwfDsync];
+const MODES: [Mode; 5] = [
+    Mode::UringFdatasync,
+    Mode::UringODsync,
+    Mode::PsyncFdatasync,
+    Mode::PsyncODsync,
+    Mode::PsyncRwfDsync,
+];
 
 /// Writes `bytes` (a multiple of 1 MiB) of zeros with plain I/O and syncs: the journal's
 /// pre-written state.
@@ -87,7 +91,12 @@ fn psync_run(path: &Path, mode: Mode, bs: usize, n: usize) -> Vec<Duration> {
     if mode == Mode::PsyncODsync {
         flags |= libc::O_DSYNC;
     }
-    let f = OpenOptions::new().read(true).write(true).custom_flags(flags).open(path).expect("open");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(flags)
+        .open(path)
+        .expect("open");
     let fd = f.as_raw_fd();
     let buf = Aligned::new(bs);
     // SAFETY: buf is bs bytes long.
@@ -98,14 +107,22 @@ fn psync_run(path: &Path, mode: Mode, bs: usize, n: usize) -> Vec<Duration> {
         let t = Instant::now();
         let w = match mode {
             Mode::PsyncRwfDsync => {
-                let iov = libc::iovec { iov_base: buf.ptr.cast(), iov_len: bs };
+                let iov = libc::iovec {
+                    iov_base: buf.ptr.cast(),
+                    iov_len: bs,
+                };
                 // SAFETY: iov points at bs valid bytes; fd is open.
                 unsafe { libc::pwritev2(fd, &iov, 1, off, libc::RWF_DSYNC) }
             }
             // SAFETY: buf holds bs bytes; fd is open.
             _ => unsafe { libc::pwrite(fd, buf.ptr.cast(), bs, off) },
         };
-        assert_eq!(w, bs as isize, "short or failed write: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            w,
+            bs as isize,
+            "short or failed write: {}",
+            std::io::Error::last_os_error()
+        );
         if mode == Mode::PsyncFdatasync {
             // SAFETY: fd is open.
             assert_eq!(unsafe { libc::fdatasync(fd) }, 0);
@@ -116,7 +133,11 @@ fn psync_run(path: &Path, mode: Mode, bs: usize, n: usize) -> Vec<Duration> {
 }
 
 async fn uring_run(path: PathBuf, mode: Mode, bs: usize, n: usize) -> Vec<Duration> {
-    let flags = if mode == Mode::UringODsync { libc::O_DSYNC } else { 0 };
+    let flags = if mode == Mode::UringODsync {
+        libc::O_DSYNC
+    } else {
+        0
+    };
     let f: DmaFile = glommio::io::OpenOptions::new()
         .read(true)
         .write(true)
@@ -182,14 +203,26 @@ fn main() {
             }
         }
         let _ = std::fs::remove_file(&path);
-        println!("\n{bs}-byte durable appends, {n} per run, {rounds} rounds (median of rounds; µs)");
-        println!("{:<24} {:>9} {:>9} {:>14}   raw p50 per round", "mode", "p50", "p99", "p50 / uring-fds");
+        println!(
+            "\n{bs}-byte durable appends, {n} per run, {rounds} rounds (median of rounds; µs)"
+        );
+        println!(
+            "{:<24} {:>9} {:>9} {:>14}   raw p50 per round",
+            "mode", "p50", "p99", "p50 / uring-fds"
+        );
         let base = median(p50s[0].clone());
         for (mi, mode) in MODES.iter().enumerate() {
             let p50 = median(p50s[mi].clone());
             let p99 = median(p99s[mi].clone());
             let raw: Vec<String> = p50s[mi].iter().map(|v| format!("{v:.0}")).collect();
-            println!("{:<24} {:>9.0} {:>9.0} {:>14.2}   [{}]", mode.name(), p50, p99, p50 / base, raw.join(", "));
+            println!(
+                "{:<24} {:>9.0} {:>9.0} {:>14.2}   [{}]",
+                mode.name(),
+                p50,
+                p99,
+                p50 / base,
+                raw.join(", ")
+            );
         }
     }
 }

@@ -54,21 +54,36 @@ fn parse_id(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
-fn io_err(op: &'static str, path: &Path, file_offset_bytes: u64) -> impl FnOnce(stdio::Error) -> Error {
+fn io_err(
+    op: &'static str,
+    path: &Path,
+    file_offset_bytes: u64,
+) -> impl FnOnce(stdio::Error) -> Error {
     let path = path.to_path_buf();
-    move |source| Error::Io { op, path, file_offset_bytes, source }
+    move |source| Error::Io {
+        op,
+        path,
+        file_offset_bytes,
+        source,
+    }
 }
 
 fn corrupt(path: &Path, file_offset_bytes: u64, reason: impl Into<String>) -> Error {
-    Error::Corrupt { path: path.to_path_buf(), file_offset_bytes, reason: reason.into() }
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        file_offset_bytes,
+        reason: reason.into(),
+    }
 }
 
 fn check_header(path: &Path, magic: [u8; 8], b: &[u8], id: u64) -> Result<(), Error> {
     match decode_file_header(magic, b) {
         HeaderCheck::Ok { file_id, .. } if file_id == id => Ok(()),
-        HeaderCheck::Ok { file_id, .. } => {
-            Err(corrupt(path, 0, format!("file header names id {file_id:#x}, file name says {id:#x}")))
-        }
+        HeaderCheck::Ok { file_id, .. } => Err(corrupt(
+            path,
+            0,
+            format!("file header names id {file_id:#x}, file name says {id:#x}"),
+        )),
         HeaderCheck::Unsupported(found) => Err(Error::UnsupportedFormat {
             path: path.to_path_buf(),
             found,
@@ -90,7 +105,12 @@ struct Ledger {
 
 impl Ledger {
     fn stored(&self) -> StoredLedger {
-        StoredLedger { fenced: self.fenced, master_key: self.master_key, lac: self.lac, last_entry: self.last_entry }
+        StoredLedger {
+            fenced: self.fenced,
+            master_key: self.master_key,
+            lac: self.lac,
+            last_entry: self.last_entry,
+        }
     }
 }
 
@@ -206,14 +226,26 @@ impl Engine<DmaStorage> {
 impl<S: Storage + 'static> Engine<S> {
     /// Like [`Engine::open`], on any [`Storage`] (e.g. a crash-simulating test disk).
     pub async fn open_with(config: EngineConfig, storage: S) -> Result<Rc<Engine<S>>, Error> {
-        assert!(config.journal_file_size_bytes >= 2 * BLOCK_BYTES as u64, "journal files hold a header and a batch");
+        assert!(
+            config.journal_file_size_bytes >= 2 * BLOCK_BYTES as u64,
+            "journal files hold a header and a batch"
+        );
         assert!(config.group_commit_bytes_max > 0);
-        assert!(config.entry_size_bytes_max < u32::MAX as usize / 2, "entry sizes fit the u32 length fields");
+        assert!(
+            config.entry_size_bytes_max < u32::MAX as usize / 2,
+            "entry sizes fit the u32 length fields"
+        );
         let ex = glommio::executor();
-        let journal_tq =
-            ex.create_task_queue(Shares::Static(JOURNAL_QUEUE_SHARES), Latency::Matters(JOURNAL_QUEUE_LATENCY), "quire-journal");
-        let background_tq =
-            ex.create_task_queue(Shares::Static(BACKGROUND_QUEUE_SHARES), Latency::NotImportant, "quire-engine-background");
+        let journal_tq = ex.create_task_queue(
+            Shares::Static(JOURNAL_QUEUE_SHARES),
+            Latency::Matters(JOURNAL_QUEUE_LATENCY),
+            "quire-journal",
+        );
+        let background_tq = ex.create_task_queue(
+            Shares::Static(BACKGROUND_QUEUE_SHARES),
+            Latency::NotImportant,
+            "quire-engine-background",
+        );
         let inner = open_inner(config, storage, background_tq).await?;
         let inner = Rc::new(inner);
         inner.writer_running.set(true);
@@ -223,8 +255,12 @@ impl<S: Storage + 'static> Engine<S> {
             file_offset_bytes: 0,
             source: stdio::Error::other(e.to_string()),
         };
-        glommio::spawn_local_into(writer_loop(inner.clone()), journal_tq).map_err(spawn_err)?.detach();
-        glommio::spawn_local_into(checkpoint_loop(inner.clone()), background_tq).map_err(spawn_err)?.detach();
+        glommio::spawn_local_into(writer_loop(inner.clone()), journal_tq)
+            .map_err(spawn_err)?
+            .detach();
+        glommio::spawn_local_into(checkpoint_loop(inner.clone()), background_tq)
+            .map_err(spawn_err)?
+            .detach();
         Ok(Rc::new(Engine { inner }))
     }
 
@@ -257,9 +293,15 @@ impl<S: Storage + 'static> Engine<S> {
             return Err(Error::Closed);
         }
         if data.len() > inner.cfg.entry_size_bytes_max {
-            return Err(Error::TooLarge { size_bytes: data.len(), max: inner.cfg.entry_size_bytes_max });
+            return Err(Error::TooLarge {
+                size_bytes: data.len(),
+                max: inner.cfg.entry_size_bytes_max,
+            });
         }
-        assert!(lac != Some(format::LAC_NONE), "LAC u64::MAX is not a valid entry id");
+        assert!(
+            lac != Some(format::LAC_NONE),
+            "LAC u64::MAX is not a valid entry id"
+        );
         {
             let mut st = inner.st.borrow_mut();
             inner.check_failed(&st)?;
@@ -274,7 +316,14 @@ impl<S: Storage + 'static> Engine<S> {
             }
             st.dirty.insert(ledger);
         }
-        let record = Record::Add { ledger, entry, lac, recovery, master_key, data };
+        let record = Record::Add {
+            ledger,
+            entry,
+            lac,
+            recovery,
+            master_key,
+            data,
+        };
         inner.submit(record).await
     }
 
@@ -297,9 +346,15 @@ impl<S: Storage + 'static> Engine<S> {
             };
             let entry = match entry {
                 Some(e) => e,
-                None => l.last_entry.ok_or(Error::NoSuchEntry { ledger, entry: u64::MAX })?,
+                None => l.last_entry.ok_or(Error::NoSuchEntry {
+                    ledger,
+                    entry: u64::MAX,
+                })?,
             };
-            let in_write_cache = st.cache.get(&(ledger, entry)).or_else(|| st.flushing.as_ref().and_then(|f| f.get(&(ledger, entry))));
+            let in_write_cache = st
+                .cache
+                .get(&(ledger, entry))
+                .or_else(|| st.flushing.as_ref().and_then(|f| f.get(&(ledger, entry))));
             if let Some(d) = in_write_cache {
                 inner.count(|s| s.write_cache_hits += 1);
                 return Ok(d.as_ref().clone());
@@ -333,7 +388,10 @@ impl<S: Storage + 'static> Engine<S> {
             },
         };
         st.cache.contains_key(&(ledger, entry))
-            || st.flushing.as_ref().is_some_and(|f| f.contains_key(&(ledger, entry)))
+            || st
+                .flushing
+                .as_ref()
+                .is_some_and(|f| f.contains_key(&(ledger, entry)))
             || self.inner.read_cache.borrow().contains(&(ledger, entry))
     }
 
@@ -353,24 +411,40 @@ impl<S: Storage + 'static> Engine<S> {
     /// `Corrupt` error. A timeout is not an error: the answer then carries the unchanged LAC.
     /// # Cancellation
     /// Dropping the future unregisters the waiter.
-    pub async fn wait_for_lac(&self, ledger: u64, previous: Option<u64>, timeout: Duration) -> Result<LacUpdate, Error> {
+    pub async fn wait_for_lac(
+        &self,
+        ledger: u64,
+        previous: Option<u64>,
+        timeout: Duration,
+    ) -> Result<LacUpdate, Error> {
         let inner = &self.inner;
         let deadline = Instant::now() + timeout;
-        let notify = inner.lac_watchers.borrow_mut().entry(ledger).or_default().clone();
+        let notify = inner
+            .lac_watchers
+            .borrow_mut()
+            .entry(ledger)
+            .or_default()
+            .clone();
         let result = loop {
             if inner.closed.get() {
                 break Err(Error::Closed);
             }
             let (lac, fenced) = {
                 let st = inner.st.borrow();
-                st.ledgers.get(&ledger).map_or((None, false), |l| (l.lac, l.fenced))
+                st.ledgers
+                    .get(&ledger)
+                    .map_or((None, false), |l| (l.lac, l.fenced))
             };
             let now = Instant::now();
             if lac > previous || fenced || now >= deadline {
                 break Ok((lac, fenced));
             }
             let seen = notify.generation();
-            future::or(notify.changed_since(seen), glommio::timer::sleep(deadline - now)).await;
+            future::or(
+                notify.changed_since(seen),
+                glommio::timer::sleep(deadline - now),
+            )
+            .await;
         };
         // The map and this waiter hold the only references: nobody else waits on the ledger.
         if Rc::strong_count(&notify) == 2 {
@@ -387,7 +461,11 @@ impl<S: Storage + 'static> Engine<S> {
                 Err(e) => return Err(e),
             }
         }
-        Ok(LacUpdate { lac, fenced, next_entry })
+        Ok(LacUpdate {
+            lac,
+            fenced,
+            next_entry,
+        })
     }
 
     /// Read-path counters since open (write cache, read cache, entry-log reads, read-ahead).
@@ -405,13 +483,21 @@ impl<S: Storage + 'static> Engine<S> {
 
     /// Number of long-poll waiters parked on `ledger` right now (observability and tests).
     pub fn lac_waiters(&self, ledger: u64) -> usize {
-        self.inner.lac_watchers.borrow().get(&ledger).map_or(0, |n| Rc::strong_count(n) - 1)
+        self.inner
+            .lac_watchers
+            .borrow()
+            .get(&ledger)
+            .map_or(0, |n| Rc::strong_count(n) - 1)
     }
 
     /// The state of `ledger`, or `None` if this shard never saw an add or fence for it.
     pub fn ledger_state(&self, ledger: u64) -> Option<LedgerState> {
         let st = self.inner.st.borrow();
-        st.ledgers.get(&ledger).map(|l| LedgerState { fenced: l.fenced, lac: l.lac, last_entry: l.last_entry })
+        st.ledgers.get(&ledger).map(|l| LedgerState {
+            fenced: l.fenced,
+            lac: l.lac,
+            last_entry: l.last_entry,
+        })
     }
 
     /// Fences `ledger` (BookKeeper fencing read): later normal adds get `Fenced`. Fencing an
@@ -515,11 +601,18 @@ impl<S: Storage> Inner<S> {
 
     async fn submit(&self, record: Record) -> Result<(), Error> {
         let bytes = match &record {
-            Record::Add { data, .. } => format::RECORD_HEADER_BYTES + format::ADD_FIXED_BYTES + data.len(),
+            Record::Add { data, .. } => {
+                format::RECORD_HEADER_BYTES + format::ADD_FIXED_BYTES + data.len()
+            }
             _ => format::RECORD_HEADER_BYTES + format::FENCE_PAYLOAD_BYTES,
         };
         let done = Completion::new();
-        self.queue.borrow_mut().push_back(Pending { record, bytes, enqueued: Instant::now(), done: done.clone() });
+        self.queue.borrow_mut().push_back(Pending {
+            record,
+            bytes,
+            enqueued: Instant::now(),
+            done: done.clone(),
+        });
         self.queue_bytes.set(self.queue_bytes.get() + bytes);
         self.writer_signal.notify();
         done.wait().await
@@ -534,20 +627,32 @@ impl<S: Storage> Inner<S> {
     /// The entries after `entry` of the same ledger to read in the same I/O: in the same entry
     /// log, at increasing offsets, within `read_ahead_bytes_max` (and half the read cache) of
     /// `loc`, and at most `read_ahead_entries` of them.
-    fn read_ahead_plan(&self, entries: &BTreeMap<u64, Location>, entry: u64, loc: Location) -> Vec<(u64, Location)> {
+    fn read_ahead_plan(
+        &self,
+        entries: &BTreeMap<u64, Location>,
+        entry: u64,
+        loc: Location,
+    ) -> Vec<(u64, Location)> {
         let mut plan = Vec::new();
         if self.cfg.read_ahead_entries == 0 {
             return plan;
         }
         let start = loc.offset;
-        let mut end = loc.offset + (format::ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize) as u64;
+        let mut end =
+            loc.offset + (format::ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize) as u64;
         for (&e, &l) in entries.range(entry.saturating_add(1)..) {
-            if plan.len() >= self.cfg.read_ahead_entries || l.log_id != loc.log_id || l.offset < end {
+            if plan.len() >= self.cfg.read_ahead_entries || l.log_id != loc.log_id || l.offset < end
+            {
                 break;
             }
             let l_end = l.offset + (format::ENTRY_RECORD_HEADER_BYTES + l.data_len as usize) as u64;
             // Never more than half the read cache, so that read-ahead does not evict itself.
-            if l_end - start > self.cfg.read_ahead_bytes_max.min(self.cfg.read_cache_bytes_max / 2) as u64 {
+            if l_end - start
+                > self
+                    .cfg
+                    .read_ahead_bytes_max
+                    .min(self.cfg.read_cache_bytes_max / 2) as u64
+            {
                 break;
             }
             end = l_end;
@@ -558,7 +663,13 @@ impl<S: Storage> Inner<S> {
 
     /// Reads `entry` at `loc` and, in the same I/O, the entries of `plan` (read-ahead), which go
     /// to the read cache with the entry itself.
-    async fn read_entry_log(&self, ledger: u64, entry: u64, loc: Location, plan: &[(u64, Location)]) -> Result<Vec<u8>, Error> {
+    async fn read_entry_log(
+        &self,
+        ledger: u64,
+        entry: u64,
+        loc: Location,
+        plan: &[(u64, Location)],
+    ) -> Result<Vec<u8>, Error> {
         let generation = self.read_cache_gen.get();
         let path = self.cfg.ledger_dir.join(entry_log_name(loc.log_id));
         let file = {
@@ -566,17 +677,29 @@ impl<S: Storage> Inner<S> {
             match cached {
                 Some(f) => f,
                 None => {
-                    let f = Rc::new(self.storage.open(&path, false).await.map_err(io_err("open entry log", &path, 0))?);
-                    self.entry_log_readers.borrow_mut().insert(loc.log_id, f.clone());
+                    let f = Rc::new(self.storage.open(&path, false).await.map_err(io_err(
+                        "open entry log",
+                        &path,
+                        0,
+                    ))?);
+                    self.entry_log_readers
+                        .borrow_mut()
+                        .insert(loc.log_id, f.clone());
                     f
                 }
             }
         };
         let len = format::ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize;
         let span = plan.last().map_or(len, |(_, l)| {
-            (l.offset - loc.offset) as usize + format::ENTRY_RECORD_HEADER_BYTES + l.data_len as usize
+            (l.offset - loc.offset) as usize
+                + format::ENTRY_RECORD_HEADER_BYTES
+                + l.data_len as usize
         });
-        let b = file.read_at(loc.offset, span).await.map_err(io_err("read entry log", &path, loc.offset))?;
+        let b = file.read_at(loc.offset, span).await.map_err(io_err(
+            "read entry log",
+            &path,
+            loc.offset,
+        ))?;
         self.count(|s| s.entry_log_reads += 1);
         let data = decode_entry_record(&b[..len.min(b.len())], ledger, entry, loc.data_len)
             .map_err(|r| corrupt(&path, loc.offset, r))?;
@@ -589,7 +712,9 @@ impl<S: Storage> Inner<S> {
         for &(e, l) in plan {
             let at = (l.offset - loc.offset) as usize;
             let l_len = format::ENTRY_RECORD_HEADER_BYTES + l.data_len as usize;
-            let Some(rec) = b.get(at..at + l_len) else { break };
+            let Some(rec) = b.get(at..at + l_len) else {
+                break;
+            };
             // A damaged neighbour is left out; reading it directly reports the corruption.
             if let Ok(d) = decode_entry_record(rec, ledger, e, l.data_len) {
                 cache.insert((ledger, e), Rc::new(d));
@@ -615,12 +740,24 @@ impl<S: Storage> Inner<S> {
     }
 
     /// Starts creating journal file `id` on the background queue unless that is under way.
-    fn start_precreate(self: &Rc<Self>, id: u64) where S: 'static {
-        if self.precreate.borrow().as_ref().is_some_and(|(pid, _)| *pid == id) || self.closed.get() {
+    fn start_precreate(self: &Rc<Self>, id: u64)
+    where
+        S: 'static,
+    {
+        if self
+            .precreate
+            .borrow()
+            .as_ref()
+            .is_some_and(|(pid, _)| *pid == id)
+            || self.closed.get()
+        {
             return;
         }
         let inner = self.clone();
-        match glommio::spawn_local_into(async move { inner.create_journal_file(id).await }, self.background_tq) {
+        match glommio::spawn_local_into(
+            async move { inner.create_journal_file(id).await },
+            self.background_tq,
+        ) {
             Ok(task) => *self.precreate.borrow_mut() = Some((id, task)),
             Err(e) => tracing::warn!("cannot start the background creation of journal {id}: {e}"),
         }
@@ -634,39 +771,72 @@ impl<S: Storage> Inner<S> {
             if pid == id {
                 match task.await {
                     Ok(f) => return Ok(f),
-                    Err(e) => tracing::warn!("background creation of journal {id} failed, creating it now: {e}"),
+                    Err(e) => tracing::warn!(
+                        "background creation of journal {id} failed, creating it now: {e}"
+                    ),
                 }
             }
         }
         self.create_journal_file(id).await
     }
 
-    async fn write_batch(self: &Rc<Self>, batch: Vec<Pending>) where S: 'static {
-        let mut cursor = self.journal.borrow_mut().take().expect("journal cursor is present while the writer runs");
+    async fn write_batch(self: &Rc<Self>, batch: Vec<Pending>)
+    where
+        S: 'static,
+    {
+        let mut cursor = self
+            .journal
+            .borrow_mut()
+            .take()
+            .expect("journal cursor is present while the writer runs");
         let first_seq = cursor.next_seq;
         let mut body = Vec::new();
         for (i, p) in batch.iter().enumerate() {
             encode_record(&mut body, first_seq + 1 + i as u64, &p.record);
         }
         let mut buf = Vec::with_capacity(body.len() + BLOCK_BYTES);
-        let batch_bytes = u32::try_from(format::RECORD_HEADER_BYTES + format::BATCH_HEADER_PAYLOAD_BYTES + body.len())
-            .expect("a batch fits u32 bytes");
-        encode_record(&mut buf, first_seq, &Record::BatchHeader { record_count: batch.len() as u32, batch_bytes });
+        let batch_bytes = u32::try_from(
+            format::RECORD_HEADER_BYTES + format::BATCH_HEADER_PAYLOAD_BYTES + body.len(),
+        )
+        .expect("a batch fits u32 bytes");
+        encode_record(
+            &mut buf,
+            first_seq,
+            &Record::BatchHeader {
+                record_count: batch.len() as u32,
+                batch_bytes,
+            },
+        );
         buf.extend_from_slice(&body);
         drop(body);
         pad_to_block(&mut buf);
 
         let result: Result<(), Error> = async {
-            if cursor.pos + buf.len() as u64 > self.cfg.journal_file_size_bytes && cursor.pos > FILE_HEADER_BYTES as u64 {
+            if cursor.pos + buf.len() as u64 > self.cfg.journal_file_size_bytes
+                && cursor.pos > FILE_HEADER_BYTES as u64
+            {
                 let id = cursor.file_id + 1;
                 let file = self.next_journal_file(id).await?;
-                cursor = JournalCursor { file_id: id, file: Rc::new(file), pos: FILE_HEADER_BYTES as u64, next_seq: cursor.next_seq };
+                cursor = JournalCursor {
+                    file_id: id,
+                    file: Rc::new(file),
+                    pos: FILE_HEADER_BYTES as u64,
+                    next_seq: cursor.next_seq,
+                };
             }
             let path = self.journal_path(cursor.file_id);
             self.throttle.journal_busy(true);
             let r = async {
-                cursor.file.write_at(cursor.pos, &buf).await.map_err(io_err("journal write", &path, cursor.pos))?;
-                cursor.file.fdatasync().await.map_err(io_err("journal fdatasync", &path, cursor.pos))
+                cursor
+                    .file
+                    .write_at(cursor.pos, &buf)
+                    .await
+                    .map_err(io_err("journal write", &path, cursor.pos))?;
+                cursor.file.fdatasync().await.map_err(io_err(
+                    "journal fdatasync",
+                    &path,
+                    cursor.pos,
+                ))
             }
             .await;
             self.throttle.journal_busy(false);
@@ -678,7 +848,11 @@ impl<S: Storage> Inner<S> {
                 self.sync_count.set(self.sync_count.get() + 1);
                 cursor.pos += buf.len() as u64;
                 cursor.next_seq = first_seq + 1 + batch.len() as u64;
-                let durable = JournalPos { file_id: cursor.file_id, offset: cursor.pos, next_seq: cursor.next_seq };
+                let durable = JournalPos {
+                    file_id: cursor.file_id,
+                    offset: cursor.pos,
+                    next_seq: cursor.next_seq,
+                };
                 let mut dones = Vec::with_capacity(batch.len());
                 let mut touched: Vec<u64> = Vec::new();
                 {
@@ -687,7 +861,9 @@ impl<S: Storage> Inner<S> {
                     for p in batch {
                         let ledger = match &p.record {
                             Record::Add { ledger, .. } | Record::Fence { ledger, .. } => *ledger,
-                            Record::BatchHeader { .. } => unreachable!("batch headers are not queued"),
+                            Record::BatchHeader { .. } => {
+                                unreachable!("batch headers are not queued")
+                            }
                         };
                         if touched.last() != Some(&ledger) {
                             touched.push(ledger);
@@ -718,10 +894,25 @@ impl<S: Storage> Inner<S> {
             Err(e) => {
                 tracing::error!("journal failed, every later add fails until restart: {e}");
                 let (op, path, off, kind, msg) = match &e {
-                    Error::Io { op, path, file_offset_bytes, source } => {
-                        (*op, path.clone(), *file_offset_bytes, source.kind(), source.to_string())
-                    }
-                    other => ("journal", self.journal_path(cursor.file_id), cursor.pos, stdio::ErrorKind::Other, other.to_string()),
+                    Error::Io {
+                        op,
+                        path,
+                        file_offset_bytes,
+                        source,
+                    } => (
+                        *op,
+                        path.clone(),
+                        *file_offset_bytes,
+                        source.kind(),
+                        source.to_string(),
+                    ),
+                    other => (
+                        "journal",
+                        self.journal_path(cursor.file_id),
+                        cursor.pos,
+                        stdio::ErrorKind::Other,
+                        other.to_string(),
+                    ),
                 };
                 self.st.borrow_mut().failed = Some(e.to_string());
                 *self.journal.borrow_mut() = Some(cursor);
@@ -748,7 +939,11 @@ impl<S: Storage> Inner<S> {
     }
 
     async fn checkpoint(&self) -> Result<(), Error> {
-        let _permit = self.checkpoint_lock.acquire_permit(1).await.map_err(|_| Error::Closed)?;
+        let _permit = self
+            .checkpoint_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| Error::Closed)?;
         // Snapshot, synchronously: the cache holds exactly the records durable up to `durable`.
         let (snapshot, durable, ledgers) = {
             let mut st = self.st.borrow_mut();
@@ -757,8 +952,10 @@ impl<S: Storage> Inner<S> {
             st.cache_bytes = 0;
             st.flushing = Some(snapshot.clone());
             let dirty: Vec<u64> = st.dirty.drain().collect();
-            let mut ledgers: Vec<(u64, StoredLedger)> =
-                dirty.iter().filter_map(|id| st.ledgers.get(id).map(|l| (*id, l.stored()))).collect();
+            let mut ledgers: Vec<(u64, StoredLedger)> = dirty
+                .iter()
+                .filter_map(|id| st.ledgers.get(id).map(|l| (*id, l.stored())))
+                .collect();
             ledgers.sort_by_key(|(id, _)| *id);
             (snapshot, st.durable, ledgers)
         };
@@ -823,7 +1020,8 @@ impl<S: Storage> Inner<S> {
                     None => true,
                     Some(c) => {
                         let at = c.pos + buf.len() as u64;
-                        at + rec_len > self.cfg.entry_log_size_bytes_max && at > FILE_HEADER_BYTES as u64
+                        at + rec_len > self.cfg.entry_log_size_bytes_max
+                            && at > FILE_HEADER_BYTES as u64
                     }
                 };
                 if need_roll {
@@ -837,7 +1035,15 @@ impl<S: Storage> Inner<S> {
                 let c = cursor.as_mut().expect("entry log is open");
                 let offset = c.pos + buf.len() as u64;
                 encode_entry_record(&mut buf, ledger, entry, data);
-                locations.push((ledger, entry, Location { log_id: c.id, offset, data_len: data.len() as u32 }));
+                locations.push((
+                    ledger,
+                    entry,
+                    Location {
+                        log_id: c.id,
+                        offset,
+                        data_len: data.len() as u32,
+                    },
+                ));
                 if buf.len() >= ENTRY_LOG_WRITE_BYTES_MAX {
                     let c = cursor.as_mut().expect("entry log is open");
                     let n = self.flush_entry_log_buf(c, &mut buf).await?;
@@ -848,7 +1054,10 @@ impl<S: Storage> Inner<S> {
                 let n = self.flush_entry_log_buf(c, &mut buf).await?;
                 c.pos += n;
                 let path = self.cfg.ledger_dir.join(entry_log_name(c.id));
-                c.file.fdatasync().await.map_err(io_err("entry log fdatasync", &path, c.pos))?;
+                c.file
+                    .fdatasync()
+                    .await
+                    .map_err(io_err("entry log fdatasync", &path, c.pos))?;
             }
             Ok(())
         }
@@ -859,10 +1068,19 @@ impl<S: Storage> Inner<S> {
         // 2. Index segment with the new locations and the changed ledger states, synced.
         let seg = encode_segment(&locations, ledgers);
         let index_path = self.cfg.ledger_dir.join(INDEX_FILE);
-        bulk_write(self.index_file.as_ref(), old_mark.index_bytes, &seg, Some(&self.throttle))
-            .await
-            .map_err(|(at, e)| io_err("index write", &index_path, at)(e))?;
-        self.index_file.fdatasync().await.map_err(io_err("index fdatasync", &index_path, old_mark.index_bytes))?;
+        bulk_write(
+            self.index_file.as_ref(),
+            old_mark.index_bytes,
+            &seg,
+            Some(&self.throttle),
+        )
+        .await
+        .map_err(|(at, e)| io_err("index write", &index_path, at)(e))?;
+        self.index_file.fdatasync().await.map_err(io_err(
+            "index fdatasync",
+            &index_path,
+            old_mark.index_bytes,
+        ))?;
 
         // 3. The mark: only forward, and only now that entry logs and index are durable.
         let mark = Mark {
@@ -872,17 +1090,25 @@ impl<S: Storage> Inner<S> {
             index_bytes: old_mark.index_bytes + seg.len() as u64,
         };
         assert!(
-            (mark.journal_file_id, mark.journal_offset) >= (old_mark.journal_file_id, old_mark.journal_offset),
+            (mark.journal_file_id, mark.journal_offset)
+                >= (old_mark.journal_file_id, old_mark.journal_offset),
             "the checkpoint mark only moves forward"
         );
-        assert!(mark.next_seq >= old_mark.next_seq, "the checkpoint mark only moves forward");
+        assert!(
+            mark.next_seq >= old_mark.next_seq,
+            "the checkpoint mark only moves forward"
+        );
         assert!(mark.index_bytes > old_mark.index_bytes);
         write_mark(&self.storage, &self.cfg.ledger_dir, &mark).await?;
         Ok((locations, mark))
     }
 
     /// Writes `buf` (padded to a block) at the cursor position; returns the bytes written.
-    async fn flush_entry_log_buf(&self, c: &EntryLogCursor<S::File>, buf: &mut Vec<u8>) -> Result<u64, Error> {
+    async fn flush_entry_log_buf(
+        &self,
+        c: &EntryLogCursor<S::File>,
+        buf: &mut Vec<u8>,
+    ) -> Result<u64, Error> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -896,9 +1122,15 @@ impl<S: Storage> Inner<S> {
         Ok(n)
     }
 
-    async fn sync_entry_log(&self, c: EntryLogCursor<S::File>) -> Result<EntryLogCursor<S::File>, Error> {
+    async fn sync_entry_log(
+        &self,
+        c: EntryLogCursor<S::File>,
+    ) -> Result<EntryLogCursor<S::File>, Error> {
         let path = self.cfg.ledger_dir.join(entry_log_name(c.id));
-        c.file.fdatasync().await.map_err(io_err("entry log fdatasync", &path, c.pos))?;
+        c.file
+            .fdatasync()
+            .await
+            .map_err(io_err("entry log fdatasync", &path, c.pos))?;
         Ok(c)
     }
 
@@ -906,13 +1138,28 @@ impl<S: Storage> Inner<S> {
         let id = self.next_entry_log_id.get();
         self.next_entry_log_id.set(id + 1);
         let path = self.cfg.ledger_dir.join(entry_log_name(id));
-        let file = self.storage.open(&path, true).await.map_err(io_err("create entry log", &path, 0))?;
-        file.write_at(0, &encode_file_header(ENTRY_LOG_MAGIC, id)).await.map_err(io_err("entry log header write", &path, 0))?;
-        file.fdatasync().await.map_err(io_err("entry log fdatasync", &path, 0))?;
-        self.storage.sync_dir(&self.cfg.ledger_dir).await.map_err(io_err("sync ledger dir", &self.cfg.ledger_dir, 0))?;
+        let file =
+            self.storage
+                .open(&path, true)
+                .await
+                .map_err(io_err("create entry log", &path, 0))?;
+        file.write_at(0, &encode_file_header(ENTRY_LOG_MAGIC, id))
+            .await
+            .map_err(io_err("entry log header write", &path, 0))?;
+        file.fdatasync()
+            .await
+            .map_err(io_err("entry log fdatasync", &path, 0))?;
+        self.storage
+            .sync_dir(&self.cfg.ledger_dir)
+            .await
+            .map_err(io_err("sync ledger dir", &self.cfg.ledger_dir, 0))?;
         let file = Rc::new(file);
         self.entry_log_readers.borrow_mut().insert(id, file.clone());
-        Ok(EntryLogCursor { id, file, pos: FILE_HEADER_BYTES as u64 })
+        Ok(EntryLogCursor {
+            id,
+            file,
+            pos: FILE_HEADER_BYTES as u64,
+        })
     }
 
     /// Deletes journal files wholly before the mark. Failures are logged, not returned: the
@@ -941,7 +1188,14 @@ impl<S: Storage> Inner<S> {
 /// Applies a durable journal record to the in-memory state (writer after sync, and replay).
 fn apply_durable(st: &mut State, record: Record) {
     match record {
-        Record::Add { ledger, entry, lac, master_key, data, .. } => {
+        Record::Add {
+            ledger,
+            entry,
+            lac,
+            master_key,
+            data,
+            ..
+        } => {
             let l = st.ledgers.entry(ledger).or_default();
             if l.master_key.is_none() {
                 l.master_key = Some(master_key);
@@ -967,16 +1221,28 @@ fn apply_durable(st: &mut State, record: Record) {
     }
 }
 
-
 async fn write_mark<S: Storage>(storage: &S, dir: &Path, mark: &Mark) -> Result<(), Error> {
     let tmp = dir.join(MARK_TMP_FILE);
     let fin = dir.join(MARK_FILE);
-    let f = storage.open(&tmp, true).await.map_err(io_err("create checkpoint mark", &tmp, 0))?;
-    f.write_at(0, &encode_mark(mark)).await.map_err(io_err("checkpoint mark write", &tmp, 0))?;
-    f.fdatasync().await.map_err(io_err("checkpoint mark fdatasync", &tmp, 0))?;
+    let f = storage
+        .open(&tmp, true)
+        .await
+        .map_err(io_err("create checkpoint mark", &tmp, 0))?;
+    f.write_at(0, &encode_mark(mark))
+        .await
+        .map_err(io_err("checkpoint mark write", &tmp, 0))?;
+    f.fdatasync()
+        .await
+        .map_err(io_err("checkpoint mark fdatasync", &tmp, 0))?;
     drop(f);
-    storage.rename(&tmp, &fin).await.map_err(io_err("checkpoint mark rename", &fin, 0))?;
-    storage.sync_dir(dir).await.map_err(io_err("sync ledger dir", dir, 0))?;
+    storage
+        .rename(&tmp, &fin)
+        .await
+        .map_err(io_err("checkpoint mark rename", &fin, 0))?;
+    storage
+        .sync_dir(dir)
+        .await
+        .map_err(io_err("sync ledger dir", dir, 0))?;
     Ok(())
 }
 
@@ -995,27 +1261,48 @@ async fn create_journal_file<S: Storage>(
         Err(e) if e.kind() == stdio::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err("remove stale journal temp file", &tmp, 0)(e)),
     }
-    let f = storage.open(&tmp, true).await.map_err(io_err("create journal", &tmp, 0))?;
+    let f = storage
+        .open(&tmp, true)
+        .await
+        .map_err(io_err("create journal", &tmp, 0))?;
     let size = round_up_block(cfg.journal_file_size_bytes);
     let header = encode_file_header(JOURNAL_MAGIC, id);
-    f.write_at(0, &header).await.map_err(io_err("journal header write", &tmp, 0))?;
+    f.write_at(0, &header)
+        .await
+        .map_err(io_err("journal header write", &tmp, 0))?;
     let zeros = vec![0u8; ZERO_CHUNK_BYTES];
     let mut pos = FILE_HEADER_BYTES as u64;
     while pos < size {
         let n = ((size - pos) as usize).min(ZERO_CHUNK_BYTES);
-        bulk_write(&f, pos, &zeros[..n], throttle).await.map_err(|(at, e)| io_err("journal pre-write zeros", &tmp, at)(e))?;
+        bulk_write(&f, pos, &zeros[..n], throttle)
+            .await
+            .map_err(|(at, e)| io_err("journal pre-write zeros", &tmp, at)(e))?;
         pos += n as u64;
     }
-    f.fdatasync().await.map_err(io_err("journal fdatasync", &tmp, 0))?;
-    storage.rename(&tmp, path).await.map_err(io_err("journal rename", path, 0))?;
-    storage.sync_dir(&cfg.journal_dir).await.map_err(io_err("sync journal dir", &cfg.journal_dir, 0))?;
+    f.fdatasync()
+        .await
+        .map_err(io_err("journal fdatasync", &tmp, 0))?;
+    storage
+        .rename(&tmp, path)
+        .await
+        .map_err(io_err("journal rename", path, 0))?;
+    storage.sync_dir(&cfg.journal_dir).await.map_err(io_err(
+        "sync journal dir",
+        &cfg.journal_dir,
+        0,
+    ))?;
     Ok(f)
 }
 
 /// Writes `data` at `pos` in chunks of at most [`BULK_CHUNK_BYTES`], each admitted by the
 /// throttle (rate limit, and never while a journal write or sync is in flight). On error returns
 /// the offset of the failed chunk.
-async fn bulk_write<F: StorageFile>(file: &F, pos: u64, data: &[u8], throttle: Option<&Throttle>) -> Result<(), (u64, stdio::Error)> {
+async fn bulk_write<F: StorageFile>(
+    file: &F,
+    pos: u64,
+    data: &[u8],
+    throttle: Option<&Throttle>,
+) -> Result<(), (u64, stdio::Error)> {
     let mut done = 0usize;
     while done < data.len() {
         let n = (data.len() - done).min(BULK_CHUNK_BYTES);
@@ -1023,7 +1310,9 @@ async fn bulk_write<F: StorageFile>(file: &F, pos: u64, data: &[u8], throttle: O
             t.admit(n).await;
         }
         let at = pos + done as u64;
-        file.write_at(at, &data[done..done + n]).await.map_err(|e| (at, e))?;
+        file.write_at(at, &data[done..done + n])
+            .await
+            .map_err(|e| (at, e))?;
         done += n;
     }
     Ok(())
@@ -1048,7 +1337,9 @@ async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
             if inner.queue_bytes.get() >= inner.cfg.group_commit_bytes_max || inner.closed.get() {
                 break;
             }
-            let Some(oldest) = inner.queue.borrow().front().map(|p| p.enqueued) else { break };
+            let Some(oldest) = inner.queue.borrow().front().map(|p| p.enqueued) else {
+                break;
+            };
             let age = oldest.elapsed();
             if age >= inner.cfg.group_commit_wait_max {
                 break;
@@ -1075,7 +1366,9 @@ async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
         }
         if inner.st.borrow().failed.is_some() {
             for p in batch {
-                let e = inner.check_failed(&inner.st.borrow()).expect_err("journal failed");
+                let e = inner
+                    .check_failed(&inner.st.borrow())
+                    .expect_err("journal failed");
                 p.done.complete(Err(e));
             }
             continue;
@@ -1086,7 +1379,11 @@ async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
 
 async fn checkpoint_loop<S: Storage>(inner: Rc<Inner<S>>) {
     loop {
-        future::or(glommio::timer::sleep(inner.cfg.checkpoint_interval), inner.checkpoint_signal.wait()).await;
+        future::or(
+            glommio::timer::sleep(inner.cfg.checkpoint_interval),
+            inner.checkpoint_signal.wait(),
+        )
+        .await;
         if inner.closed.get() {
             return;
         }
@@ -1100,19 +1397,43 @@ async fn checkpoint_loop<S: Storage>(inner: Rc<Inner<S>>) {
 // Open and replay
 // ---------------------------------------------------------------------------------------------
 
-async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S, background_tq: TaskQueueHandle) -> Result<Inner<S>, Error> {
-    storage.prepare_dir(&cfg.journal_dir).await.map_err(io_err("prepare journal dir", &cfg.journal_dir, 0))?;
-    storage.prepare_dir(&cfg.ledger_dir).await.map_err(io_err("prepare ledger dir", &cfg.ledger_dir, 0))?;
+async fn open_inner<S: Storage>(
+    cfg: EngineConfig,
+    storage: S,
+    background_tq: TaskQueueHandle,
+) -> Result<Inner<S>, Error> {
+    storage.prepare_dir(&cfg.journal_dir).await.map_err(io_err(
+        "prepare journal dir",
+        &cfg.journal_dir,
+        0,
+    ))?;
+    storage.prepare_dir(&cfg.ledger_dir).await.map_err(io_err(
+        "prepare ledger dir",
+        &cfg.ledger_dir,
+        0,
+    ))?;
 
-    let ledger_names = storage.list(&cfg.ledger_dir).await.map_err(io_err("list ledger dir", &cfg.ledger_dir, 0))?;
+    let ledger_names = storage.list(&cfg.ledger_dir).await.map_err(io_err(
+        "list ledger dir",
+        &cfg.ledger_dir,
+        0,
+    ))?;
     let mut journal_ids = list_journals(&storage, &cfg).await?;
     let mark_path = cfg.ledger_dir.join(MARK_FILE);
     let index_path = cfg.ledger_dir.join(INDEX_FILE);
 
     // The mark; a fresh directory pair gets its first journal, index and mark here.
     let mark = if ledger_names.iter().any(|n| n == MARK_FILE) {
-        let f = storage.open(&mark_path, false).await.map_err(io_err("open checkpoint mark", &mark_path, 0))?;
-        let b = f.read_at(0, BLOCK_BYTES).await.map_err(io_err("read checkpoint mark", &mark_path, 0))?;
+        let f = storage.open(&mark_path, false).await.map_err(io_err(
+            "open checkpoint mark",
+            &mark_path,
+            0,
+        ))?;
+        let b = f.read_at(0, BLOCK_BYTES).await.map_err(io_err(
+            "read checkpoint mark",
+            &mark_path,
+            0,
+        ))?;
         match decode_mark(&b) {
             MarkDecode::Ok(m) => m,
             MarkDecode::Unsupported(found) => {
@@ -1133,27 +1454,63 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S, background_tq: Ta
             let p = cfg.journal_dir.join(journal_name(id));
             let (_, img) = read_journal(&storage, &p, id).await?;
             if let Some((at, _)) = find_later_batch(&img, FILE_HEADER_BYTES as u64, 0) {
-                return Err(corrupt(&mark_path, 0, format!("checkpoint mark is missing but {} holds a batch at byte offset {at}", p.display())));
+                return Err(corrupt(
+                    &mark_path,
+                    0,
+                    format!(
+                        "checkpoint mark is missing but {} holds a batch at byte offset {at}",
+                        p.display()
+                    ),
+                ));
             }
-            storage.remove(&p).await.map_err(io_err("remove journal of an unfinished first open", &p, 0))?;
+            storage.remove(&p).await.map_err(io_err(
+                "remove journal of an unfinished first open",
+                &p,
+                0,
+            ))?;
         }
         if ledger_names.iter().any(|n| n == INDEX_FILE) {
-            storage.remove(&index_path).await.map_err(io_err("remove index of an unfinished first open", &index_path, 0))?;
+            storage.remove(&index_path).await.map_err(io_err(
+                "remove index of an unfinished first open",
+                &index_path,
+                0,
+            ))?;
         }
         let path = cfg.journal_dir.join(journal_name(1));
         drop(create_journal_file(&storage, &cfg, &path, 1, None).await?);
         journal_ids.push(1);
-        let f = storage.open(&index_path, true).await.map_err(io_err("create index", &index_path, 0))?;
-        f.write_at(0, &encode_file_header(INDEX_MAGIC, 0)).await.map_err(io_err("index header write", &index_path, 0))?;
-        f.fdatasync().await.map_err(io_err("index fdatasync", &index_path, 0))?;
-        storage.sync_dir(&cfg.ledger_dir).await.map_err(io_err("sync ledger dir", &cfg.ledger_dir, 0))?;
-        let m = Mark { journal_file_id: 1, journal_offset: FILE_HEADER_BYTES as u64, next_seq: 1, index_bytes: FILE_HEADER_BYTES as u64 };
+        let f = storage.open(&index_path, true).await.map_err(io_err(
+            "create index",
+            &index_path,
+            0,
+        ))?;
+        f.write_at(0, &encode_file_header(INDEX_MAGIC, 0))
+            .await
+            .map_err(io_err("index header write", &index_path, 0))?;
+        f.fdatasync()
+            .await
+            .map_err(io_err("index fdatasync", &index_path, 0))?;
+        storage.sync_dir(&cfg.ledger_dir).await.map_err(io_err(
+            "sync ledger dir",
+            &cfg.ledger_dir,
+            0,
+        ))?;
+        let m = Mark {
+            journal_file_id: 1,
+            journal_offset: FILE_HEADER_BYTES as u64,
+            next_seq: 1,
+            index_bytes: FILE_HEADER_BYTES as u64,
+        };
         write_mark(&storage, &cfg.ledger_dir, &m).await?;
         m
     };
 
     // Index and ledger states, up to the committed length.
-    let index_file = storage.open(&index_path, false).await.map_err(io_err("open index", &index_path, 0))?;
+    let index_file =
+        storage
+            .open(&index_path, false)
+            .await
+            .map_err(io_err("open index", &index_path, 0))?;
     let committed = index_file
         .read_at(0, mark.index_bytes as usize)
         .await
@@ -1162,7 +1519,11 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S, background_tq: Ta
         return Err(corrupt(
             &index_path,
             committed.len() as u64,
-            format!("index is {} bytes but the checkpoint mark commits {}", committed.len(), mark.index_bytes),
+            format!(
+                "index is {} bytes but the checkpoint mark commits {}",
+                committed.len(),
+                mark.index_bytes
+            ),
         ));
     }
     check_header(&index_path, INDEX_MAGIC, &committed, 0)?;
@@ -1170,18 +1531,32 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S, background_tq: Ta
     let mut index: HashMap<u64, BTreeMap<u64, Location>> = HashMap::new();
     let mut at = FILE_HEADER_BYTES;
     while at < committed.len() {
-        let seg = decode_segment(&committed[at..]).map_err(|r| corrupt(&index_path, at as u64, r))?;
+        let seg =
+            decode_segment(&committed[at..]).map_err(|r| corrupt(&index_path, at as u64, r))?;
         for (ledger, entry, loc) in seg.locations {
             index.entry(ledger).or_default().insert(entry, loc);
         }
         for (ledger, s) in seg.ledgers {
-            ledgers.insert(ledger, Ledger { master_key: s.master_key, fenced: s.fenced, lac: s.lac, last_entry: s.last_entry });
+            ledgers.insert(
+                ledger,
+                Ledger {
+                    master_key: s.master_key,
+                    fenced: s.fenced,
+                    lac: s.lac,
+                    last_entry: s.last_entry,
+                },
+            );
         }
         at += seg.padded_bytes as usize;
     }
 
     // Entry logs: never append to an old one (it may hold unindexed bytes past its last sync).
-    let next_entry_log_id = ledger_names.iter().filter_map(|n| parse_id(n, "entrylog-", ".qel")).max().unwrap_or(0) + 1;
+    let next_entry_log_id = ledger_names
+        .iter()
+        .filter_map(|n| parse_id(n, "entrylog-", ".qel"))
+        .max()
+        .unwrap_or(0)
+        + 1;
 
     let mut st = State {
         ledgers,
@@ -1190,7 +1565,11 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S, background_tq: Ta
         cache_bytes: 0,
         flushing: None,
         index,
-        durable: JournalPos { file_id: mark.journal_file_id, offset: mark.journal_offset, next_seq: mark.next_seq },
+        durable: JournalPos {
+            file_id: mark.journal_file_id,
+            offset: mark.journal_offset,
+            next_seq: mark.next_seq,
+        },
         mark,
         failed: None,
     };
@@ -1198,7 +1577,10 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S, background_tq: Ta
     // Journal files wholly before the mark are garbage a crash left behind.
     for id in journal_ids.iter().filter(|id| **id < mark.journal_file_id) {
         let p = cfg.journal_dir.join(journal_name(*id));
-        storage.remove(&p).await.map_err(io_err("remove old journal", &p, 0))?;
+        storage
+            .remove(&p)
+            .await
+            .map_err(io_err("remove old journal", &p, 0))?;
     }
     journal_ids.retain(|id| *id >= mark.journal_file_id);
     if journal_ids.first() != Some(&mark.journal_file_id) {
@@ -1241,12 +1623,19 @@ async fn open_inner<S: Storage>(cfg: EngineConfig, storage: S, background_tq: Ta
 }
 
 async fn list_journals<S: Storage>(storage: &S, cfg: &EngineConfig) -> Result<Vec<u64>, Error> {
-    let names = storage.list(&cfg.journal_dir).await.map_err(io_err("list journal dir", &cfg.journal_dir, 0))?;
+    let names = storage.list(&cfg.journal_dir).await.map_err(io_err(
+        "list journal dir",
+        &cfg.journal_dir,
+        0,
+    ))?;
     let mut ids = Vec::new();
     for name in names {
         if name.ends_with(".qj.tmp") {
             let p = cfg.journal_dir.join(&name);
-            storage.remove(&p).await.map_err(io_err("remove journal temp file", &p, 0))?;
+            storage
+                .remove(&p)
+                .await
+                .map_err(io_err("remove journal temp file", &p, 0))?;
         } else if let Some(id) = parse_id(&name, "journal-", ".qj") {
             ids.push(id);
         }
@@ -1260,7 +1649,11 @@ enum Stop {
     /// Zeros or end of file at a batch boundary: clean end of this file.
     Clean(u64),
     /// A bad record at `bad_at`; `resume` is where writing would continue (block aligned).
-    Bad { bad_at: u64, resume: u64, reason: String },
+    Bad {
+        bad_at: u64,
+        resume: u64,
+        reason: String,
+    },
 }
 
 /// Scans one journal file image from `start`, applying good records. Returns where it stopped.
@@ -1270,19 +1663,45 @@ fn scan_file(img: &[u8], start: u64, expected_seq: &mut u64, st: &mut State) -> 
         if pos >= img.len() {
             return Stop::Clean(pos as u64);
         }
-        let bad = |at: usize, resume: usize, reason: String| Stop::Bad { bad_at: at as u64, resume: resume as u64, reason };
+        let bad = |at: usize, resume: usize, reason: String| Stop::Bad {
+            bad_at: at as u64,
+            resume: resume as u64,
+            reason,
+        };
         let (batch_bytes, count) = match decode_record(&img[pos..]) {
             RecordDecode::Zeros => return Stop::Clean(pos as u64),
-            RecordDecode::Short => return bad(pos, pos, "record cut short (file ends inside it or its length is garbled)".into()),
+            RecordDecode::Short => {
+                return bad(
+                    pos,
+                    pos,
+                    "record cut short (file ends inside it or its length is garbled)".into(),
+                )
+            }
             RecordDecode::Bad(r) => return bad(pos, pos, r),
-            RecordDecode::Ok { seq, record: Record::BatchHeader { record_count, batch_bytes }, .. } => {
+            RecordDecode::Ok {
+                seq,
+                record:
+                    Record::BatchHeader {
+                        record_count,
+                        batch_bytes,
+                    },
+                ..
+            } => {
                 if seq != *expected_seq {
-                    return bad(pos, pos, format!("batch header has seq {seq}, expected {}", *expected_seq));
+                    return bad(
+                        pos,
+                        pos,
+                        format!("batch header has seq {seq}, expected {}", *expected_seq),
+                    );
                 }
                 (batch_bytes as usize, record_count)
             }
             RecordDecode::Ok { seq, .. } => {
-                return bad(pos, pos, format!("record with seq {seq} where a batch header was expected"));
+                return bad(
+                    pos,
+                    pos,
+                    format!("record with seq {seq} where a batch header was expected"),
+                );
             }
         };
         let mut seq = *expected_seq + 1;
@@ -1292,7 +1711,11 @@ fn scan_file(img: &[u8], start: u64, expected_seq: &mut u64, st: &mut State) -> 
         // so none of it is kept and writing resumes at its first block.
         for _ in 0..count {
             match decode_record(&img[q..]) {
-                RecordDecode::Ok { seq: got, record, len } => {
+                RecordDecode::Ok {
+                    seq: got,
+                    record,
+                    len,
+                } => {
                     if got != seq {
                         return bad(q, pos, format!("record has seq {got}, expected {seq}"));
                     }
@@ -1305,13 +1728,24 @@ fn scan_file(img: &[u8], start: u64, expected_seq: &mut u64, st: &mut State) -> 
                 }
                 RecordDecode::Zeros => return bad(q, pos, "zeros inside a batch".into()),
                 RecordDecode::Short => {
-                    return bad(q, pos, "record cut short (file ends inside it or its length is garbled)".into())
+                    return bad(
+                        q,
+                        pos,
+                        "record cut short (file ends inside it or its length is garbled)".into(),
+                    )
                 }
                 RecordDecode::Bad(r) => return bad(q, pos, r),
             }
         }
         if q != pos + batch_bytes {
-            return bad(q, pos, format!("batch header says {batch_bytes} bytes, records end at {}", q - pos));
+            return bad(
+                q,
+                pos,
+                format!(
+                    "batch header says {batch_bytes} bytes, records end at {}",
+                    q - pos
+                ),
+            );
         }
         for r in records {
             apply_durable(st, r);
@@ -1326,7 +1760,12 @@ fn scan_file(img: &[u8], start: u64, expected_seq: &mut u64, st: &mut State) -> 
 fn find_later_batch(img: &[u8], from: u64, min_seq: u64) -> Option<(u64, u64)> {
     let mut at = round_up_block(from) as usize;
     while at < img.len() {
-        if let RecordDecode::Ok { seq, record: Record::BatchHeader { .. }, .. } = decode_record(&img[at..]) {
+        if let RecordDecode::Ok {
+            seq,
+            record: Record::BatchHeader { .. },
+            ..
+        } = decode_record(&img[at..])
+        {
             if seq >= min_seq {
                 return Some((at as u64, seq));
             }
@@ -1336,37 +1775,72 @@ fn find_later_batch(img: &[u8], from: u64, min_seq: u64) -> Option<(u64, u64)> {
     None
 }
 
-async fn read_journal<S: Storage>(storage: &S, path: &Path, id: u64) -> Result<(S::File, Vec<u8>), Error> {
-    let f = storage.open(path, false).await.map_err(io_err("open journal", path, 0))?;
+async fn read_journal<S: Storage>(
+    storage: &S,
+    path: &Path,
+    id: u64,
+) -> Result<(S::File, Vec<u8>), Error> {
+    let f = storage
+        .open(path, false)
+        .await
+        .map_err(io_err("open journal", path, 0))?;
     let size = f.size().await.map_err(io_err("stat journal", path, 0))?;
-    let img = f.read_at(0, size as usize).await.map_err(io_err("read journal", path, 0))?;
+    let img = f
+        .read_at(0, size as usize)
+        .await
+        .map_err(io_err("read journal", path, 0))?;
     check_header(path, JOURNAL_MAGIC, &img, id)?;
     Ok((f, img))
 }
 
 /// Replays the journal files `ids` (the first is the mark's) into `st`; returns the writer's
 /// cursor. Implements the torn-tail vs. corruption rule of journal.md §Recovery.
-async fn replay<S: Storage>(storage: &S, cfg: &EngineConfig, ids: &[u64], st: &mut State) -> Result<JournalCursor<S::File>, Error> {
+async fn replay<S: Storage>(
+    storage: &S,
+    cfg: &EngineConfig,
+    ids: &[u64],
+    st: &mut State,
+) -> Result<JournalCursor<S::File>, Error> {
     let mut expected_seq = st.mark.next_seq;
     for (i, &id) in ids.iter().enumerate() {
         let path = cfg.journal_dir.join(journal_name(id));
         let (file, img) = read_journal(storage, &path, id).await?;
-        let start = if i == 0 { st.mark.journal_offset } else { FILE_HEADER_BYTES as u64 };
+        let start = if i == 0 {
+            st.mark.journal_offset
+        } else {
+            FILE_HEADER_BYTES as u64
+        };
         match scan_file(&img, start, &mut expected_seq, st) {
             Stop::Clean(end) => {
-                st.durable = JournalPos { file_id: id, offset: end, next_seq: expected_seq };
+                st.durable = JournalPos {
+                    file_id: id,
+                    offset: end,
+                    next_seq: expected_seq,
+                };
                 if i + 1 == ids.len() {
-                    return Ok(JournalCursor { file_id: id, file: Rc::new(file), pos: end, next_seq: expected_seq });
+                    return Ok(JournalCursor {
+                        file_id: id,
+                        file: Rc::new(file),
+                        pos: end,
+                        next_seq: expected_seq,
+                    });
                 }
             }
-            Stop::Bad { bad_at, resume, reason } => {
+            Stop::Bad {
+                bad_at,
+                resume,
+                reason,
+            } => {
                 // Durable data after the bad record means it is not a torn tail.
-                let mut later = find_later_batch(&img, bad_at + 1, expected_seq).map(|(at, seq)| (path.clone(), at, seq));
+                let mut later = find_later_batch(&img, bad_at + 1, expected_seq)
+                    .map(|(at, seq)| (path.clone(), at, seq));
                 if later.is_none() {
                     for &lid in &ids[i + 1..] {
                         let lpath = cfg.journal_dir.join(journal_name(lid));
                         let (_, limg) = read_journal(storage, &lpath, lid).await?;
-                        if let Some((at, seq)) = find_later_batch(&limg, FILE_HEADER_BYTES as u64, expected_seq) {
+                        if let Some((at, seq)) =
+                            find_later_batch(&limg, FILE_HEADER_BYTES as u64, expected_seq)
+                        {
                             later = Some((lpath, at, seq));
                             break;
                         }
@@ -1382,21 +1856,46 @@ async fn replay<S: Storage>(storage: &S, cfg: &EngineConfig, ids: &[u64], st: &m
                         ),
                     ));
                 }
-                tracing::warn!("journal {}: dropping torn tail at byte offset {bad_at}: {reason}", path.display());
+                tracing::warn!(
+                    "journal {}: dropping torn tail at byte offset {bad_at}: {reason}",
+                    path.display()
+                );
                 // Zero the torn bytes so that no stale record can be mistaken for data later.
-                let last_nonzero = img.iter().rposition(|&b| b != 0).map_or(0, |p| p as u64 + 1);
+                let last_nonzero = img
+                    .iter()
+                    .rposition(|&b| b != 0)
+                    .map_or(0, |p| p as u64 + 1);
                 let zero_end = round_up_block(last_nonzero.max(resume));
                 if zero_end > resume {
                     let zeros = vec![0u8; (zero_end - resume) as usize];
-                    file.write_at(resume, &zeros).await.map_err(io_err("journal zero torn tail", &path, resume))?;
-                    file.fdatasync().await.map_err(io_err("journal fdatasync", &path, resume))?;
+                    file.write_at(resume, &zeros).await.map_err(io_err(
+                        "journal zero torn tail",
+                        &path,
+                        resume,
+                    ))?;
+                    file.fdatasync()
+                        .await
+                        .map_err(io_err("journal fdatasync", &path, resume))?;
                 }
                 for &lid in &ids[i + 1..] {
                     let lpath = cfg.journal_dir.join(journal_name(lid));
-                    storage.remove(&lpath).await.map_err(io_err("remove journal after torn tail", &lpath, 0))?;
+                    storage.remove(&lpath).await.map_err(io_err(
+                        "remove journal after torn tail",
+                        &lpath,
+                        0,
+                    ))?;
                 }
-                st.durable = JournalPos { file_id: id, offset: resume, next_seq: expected_seq };
-                return Ok(JournalCursor { file_id: id, file: Rc::new(file), pos: resume, next_seq: expected_seq });
+                st.durable = JournalPos {
+                    file_id: id,
+                    offset: resume,
+                    next_seq: expected_seq,
+                };
+                return Ok(JournalCursor {
+                    file_id: id,
+                    file: Rc::new(file),
+                    pos: resume,
+                    next_seq: expected_seq,
+                });
             }
         }
     }

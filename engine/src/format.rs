@@ -42,7 +42,10 @@ pub fn encode_file_header(magic: [u8; 8], file_id: u64) -> Vec<u8> {
 /// Outcome of checking a file header.
 #[derive(Debug, PartialEq, Eq)]
 pub enum HeaderCheck {
-    Ok { version: u16, file_id: u64 },
+    Ok {
+        version: u16,
+        file_id: u64,
+    },
     /// Version outside `[FORMAT_OLDEST_READABLE, FORMAT_CURRENT]`.
     Unsupported(u16),
     Bad(String),
@@ -66,7 +69,10 @@ pub fn decode_file_header(magic: [u8; 8], b: &[u8]) -> HeaderCheck {
     if !(FORMAT_OLDEST_READABLE..=FORMAT_CURRENT).contains(&version) {
         return HeaderCheck::Unsupported(version);
     }
-    HeaderCheck::Ok { version, file_id: u64_at(b, 16) }
+    HeaderCheck::Ok {
+        version,
+        file_id: u64_at(b, 16),
+    }
 }
 
 pub fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -138,9 +144,22 @@ impl RecordKind {
 /// A decoded journal record body (the header's seq is kept by the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
-    BatchHeader { record_count: u32, batch_bytes: u32 },
-    Add { ledger: u64, entry: u64, lac: Option<u64>, recovery: bool, master_key: [u8; 20], data: Vec<u8> },
-    Fence { ledger: u64, master_key: [u8; 20] },
+    BatchHeader {
+        record_count: u32,
+        batch_bytes: u32,
+    },
+    Add {
+        ledger: u64,
+        entry: u64,
+        lac: Option<u64>,
+        recovery: bool,
+        master_key: [u8; 20],
+        data: Vec<u8>,
+    },
+    Fence {
+        ledger: u64,
+        master_key: [u8; 20],
+    },
 }
 
 /// Appends one record (header + payload) to `out`.
@@ -148,12 +167,22 @@ pub fn encode_record(out: &mut Vec<u8>, seq: u64, record: &Record) {
     let start = out.len();
     out.resize(start + RECORD_HEADER_BYTES, 0);
     let kind = match record {
-        Record::BatchHeader { record_count, batch_bytes } => {
+        Record::BatchHeader {
+            record_count,
+            batch_bytes,
+        } => {
             out.extend_from_slice(&record_count.to_le_bytes());
             out.extend_from_slice(&batch_bytes.to_le_bytes());
             RecordKind::BatchHeader
         }
-        Record::Add { ledger, entry, lac, recovery, master_key, data } => {
+        Record::Add {
+            ledger,
+            entry,
+            lac,
+            recovery,
+            master_key,
+            data,
+        } => {
             out.extend_from_slice(&ledger.to_le_bytes());
             out.extend_from_slice(&entry.to_le_bytes());
             let lac = match lac {
@@ -177,7 +206,8 @@ pub fn encode_record(out: &mut Vec<u8>, seq: u64, record: &Record) {
         }
     };
     let payload_len = out.len() - start - RECORD_HEADER_BYTES;
-    let payload_len = u32::try_from(payload_len).expect("record payload fits u32 (bounded by entry_size_bytes_max)");
+    let payload_len = u32::try_from(payload_len)
+        .expect("record payload fits u32 (bounded by entry_size_bytes_max)");
     out[start + 4..start + 8].copy_from_slice(&payload_len.to_le_bytes());
     out[start + 8..start + 16].copy_from_slice(&seq.to_le_bytes());
     out[start + 16..start + 18].copy_from_slice(&(kind as u16).to_le_bytes());
@@ -194,7 +224,11 @@ pub enum RecordDecode {
     Short,
     /// Non-zero bytes that are not a valid record.
     Bad(String),
-    Ok { seq: u64, record: Record, len: usize },
+    Ok {
+        seq: u64,
+        record: Record,
+        len: usize,
+    },
 }
 
 /// Decodes the record at the start of `b`.
@@ -232,7 +266,10 @@ pub fn decode_record(b: &[u8]) -> RecordDecode {
             if p.len() != BATCH_HEADER_PAYLOAD_BYTES {
                 return RecordDecode::Bad(format!("batch header payload of {} bytes", p.len()));
             }
-            Record::BatchHeader { record_count: u32_at(p, 0), batch_bytes: u32_at(p, 4) }
+            Record::BatchHeader {
+                record_count: u32_at(p, 0),
+                batch_bytes: u32_at(p, 4),
+            }
         }
         RecordKind::Add => {
             if p.len() < ADD_FIXED_BYTES {
@@ -256,10 +293,17 @@ pub fn decode_record(b: &[u8]) -> RecordDecode {
             }
             let mut master_key = [0u8; 20];
             master_key.copy_from_slice(&p[8..28]);
-            Record::Fence { ledger: u64_at(p, 0), master_key }
+            Record::Fence {
+                ledger: u64_at(p, 0),
+                master_key,
+            }
         }
     };
-    RecordDecode::Ok { seq, record, len: total }
+    RecordDecode::Ok {
+        seq,
+        record,
+        len: total,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -282,15 +326,25 @@ pub fn encode_entry_record(out: &mut Vec<u8>, ledger: u64, entry: u64, data: &[u
 }
 
 /// Checks an entry-log record read back from disk and returns its data.
-pub fn decode_entry_record(b: &[u8], ledger: u64, entry: u64, data_len: u32) -> Result<Vec<u8>, String> {
+pub fn decode_entry_record(
+    b: &[u8],
+    ledger: u64,
+    entry: u64,
+    data_len: u32,
+) -> Result<Vec<u8>, String> {
     let total = ENTRY_RECORD_HEADER_BYTES + data_len as usize;
     if b.len() < total {
-        return Err(format!("entry record cut short: {} of {total} bytes", b.len()));
+        return Err(format!(
+            "entry record cut short: {} of {total} bytes",
+            b.len()
+        ));
     }
     let stored = u32_at(b, 0);
     let computed = crc32c::crc32c(&b[4..total]);
     if stored != computed {
-        return Err(format!("entry CRC32C mismatch: stored {stored:#010x}, computed {computed:#010x}"));
+        return Err(format!(
+            "entry CRC32C mismatch: stored {stored:#010x}, computed {computed:#010x}"
+        ));
     }
     if u32_at(b, 4) != data_len || u64_at(b, 8) != ledger || u64_at(b, 16) != entry {
         return Err(format!(
@@ -403,7 +457,10 @@ pub struct StoredLedger {
 }
 
 /// Encodes one segment, padded to a whole number of blocks.
-pub fn encode_segment(locations: &[(u64, u64, Location)], ledgers: &[(u64, StoredLedger)]) -> Vec<u8> {
+pub fn encode_segment(
+    locations: &[(u64, u64, Location)],
+    ledgers: &[(u64, StoredLedger)],
+) -> Vec<u8> {
     let mut b = vec![0u8; SEGMENT_HEADER_BYTES];
     for (ledger, entry, loc) in locations {
         b.extend_from_slice(&ledger.to_le_bytes());
@@ -466,17 +523,24 @@ pub fn decode_segment(b: &[u8]) -> Result<Segment, String> {
     let nloc = u32_at(b, 16) as u64;
     let nled = u32_at(b, 20) as u64;
     if nloc * LOCATION_BYTES as u64 + nled * LEDGER_STATE_BYTES as u64 != body {
-        return Err(format!("index segment body of {body} bytes does not hold {nloc} locations and {nled} ledgers"));
+        return Err(format!(
+            "index segment body of {body} bytes does not hold {nloc} locations and {nled} ledgers"
+        ));
     }
     let total = SEGMENT_HEADER_BYTES as u64 + body;
     if (b.len() as u64) < total {
-        return Err(format!("index segment cut short: {} of {total} bytes", b.len()));
+        return Err(format!(
+            "index segment cut short: {} of {total} bytes",
+            b.len()
+        ));
     }
     let total = total as usize;
     let stored = u32_at(b, 4);
     let computed = crc32c::crc32c(&b[8..total]);
     if stored != computed {
-        return Err(format!("index segment CRC32C mismatch: stored {stored:#010x}, computed {computed:#010x}"));
+        return Err(format!(
+            "index segment CRC32C mismatch: stored {stored:#010x}, computed {computed:#010x}"
+        ));
     }
     let mut at = SEGMENT_HEADER_BYTES;
     let mut locations = Vec::with_capacity(nloc as usize);
@@ -484,7 +548,11 @@ pub fn decode_segment(b: &[u8]) -> Result<Segment, String> {
         locations.push((
             u64_at(b, at),
             u64_at(b, at + 8),
-            Location { log_id: u64_at(b, at + 16), offset: u64_at(b, at + 24), data_len: u32_at(b, at + 32) },
+            Location {
+                log_id: u64_at(b, at + 16),
+                offset: u64_at(b, at + 24),
+                data_len: u32_at(b, at + 32),
+            },
         ));
         at += LOCATION_BYTES;
     }
@@ -504,7 +572,11 @@ pub fn decode_segment(b: &[u8]) -> Result<Segment, String> {
         ));
         at += LEDGER_STATE_BYTES;
     }
-    Ok(Segment { locations, ledgers, padded_bytes: round_up_block(total as u64) })
+    Ok(Segment {
+        locations,
+        ledgers,
+        padded_bytes: round_up_block(total as u64),
+    })
 }
 
 #[cfg(test)]
@@ -516,7 +588,14 @@ mod tests {
         // Goal: an encoded record decodes to itself, and one flipped bit is caught.
         // Method: encode an add, decode it, flip a payload byte, decode again.
         let mut b = Vec::new();
-        let rec = Record::Add { ledger: 7, entry: 3, lac: Some(2), recovery: true, master_key: [9; 20], data: b"hello".to_vec() };
+        let rec = Record::Add {
+            ledger: 7,
+            entry: 3,
+            lac: Some(2),
+            recovery: true,
+            master_key: [9; 20],
+            data: b"hello".to_vec(),
+        };
         encode_record(&mut b, 42, &rec);
         match decode_record(&b) {
             RecordDecode::Ok { seq, record, len } => {
@@ -535,8 +614,24 @@ mod tests {
     #[test]
     fn segment_round_trip() {
         // Goal: index segments decode to what was encoded. Method: encode, decode, compare.
-        let locs = vec![(1, 2, Location { log_id: 3, offset: 4096, data_len: 10 })];
-        let leds = vec![(1, StoredLedger { fenced: true, master_key: Some([1; 20]), lac: None, last_entry: Some(2) })];
+        let locs = vec![(
+            1,
+            2,
+            Location {
+                log_id: 3,
+                offset: 4096,
+                data_len: 10,
+            },
+        )];
+        let leds = vec![(
+            1,
+            StoredLedger {
+                fenced: true,
+                master_key: Some([1; 20]),
+                lac: None,
+                last_entry: Some(2),
+            },
+        )];
         let b = encode_segment(&locs, &leds);
         assert_eq!(b.len() % BLOCK_BYTES, 0);
         let s = decode_segment(&b).unwrap();

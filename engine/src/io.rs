@@ -144,8 +144,15 @@ impl StorageFile for DmaStorageFile {
     }
 
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {
-        assert!(pos & (BLOCK_BYTES as u64 - 1) == 0, "write position {pos} not block aligned");
-        assert!(data.len() & (BLOCK_BYTES - 1) == 0, "write length {} not block aligned", data.len());
+        assert!(
+            pos & (BLOCK_BYTES as u64 - 1) == 0,
+            "write position {pos} not block aligned"
+        );
+        assert!(
+            data.len() & (BLOCK_BYTES - 1) == 0,
+            "write length {} not block aligned",
+            data.len()
+        );
         let mut done = 0usize;
         while done < data.len() {
             let n = (data.len() - done).min(IO_CHUNK_BYTES_MAX);

@@ -129,14 +129,28 @@ pub struct ReadStats {
 pub enum Error {
     /// A system call failed.
     #[error("{op} failed on {path} at byte offset {file_offset_bytes}: {source}", path = .path.display())]
-    Io { op: &'static str, path: PathBuf, file_offset_bytes: u64, source: std::io::Error },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        file_offset_bytes: u64,
+        source: std::io::Error,
+    },
     /// Bytes on disk are not what was written (bad checksum, bad header, garbage before durable
     /// data): a media fault or outside tampering, not a torn tail. The engine refuses to open.
     #[error("corrupt data in {path} at byte offset {file_offset_bytes}: {reason}", path = .path.display())]
-    Corrupt { path: PathBuf, file_offset_bytes: u64, reason: String },
+    Corrupt {
+        path: PathBuf,
+        file_offset_bytes: u64,
+        reason: String,
+    },
     /// A file's format version is outside what this build reads.
     #[error("unsupported format version {found} in {path} (this build reads versions {oldest} to {newest})", path = .path.display())]
-    UnsupportedFormat { path: PathBuf, found: u16, oldest: u16, newest: u16 },
+    UnsupportedFormat {
+        path: PathBuf,
+        found: u16,
+        oldest: u16,
+        newest: u16,
+    },
     /// The ledger is fenced (recovery started); a normal add must be treated as failed.
     #[error("ledger {ledger} is fenced")]
     Fenced { ledger: u64 },

@@ -21,7 +21,13 @@ pub struct ReadCache {
 
 impl ReadCache {
     pub fn new(max_bytes: usize) -> Self {
-        Self { max_bytes, bytes: 0, next_seq: 0, map: HashMap::new(), order: VecDeque::new() }
+        Self {
+            max_bytes,
+            bytes: 0,
+            next_seq: 0,
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        }
     }
 
     pub fn get(&self, key: &(u64, u64)) -> Option<Rc<Vec<u8>>> {
@@ -45,7 +51,9 @@ impl ReadCache {
         self.map.insert(key, (seq, data));
         self.order.push_back((seq, key));
         while self.bytes > self.max_bytes {
-            let Some((seq, old)) = self.order.pop_front() else { break };
+            let Some((seq, old)) = self.order.pop_front() else {
+                break;
+            };
             if self.map.get(&old).is_some_and(|(s, _)| *s == seq) {
                 self.remove(&old);
             }
@@ -53,7 +61,8 @@ impl ReadCache {
         // Keep the ring from growing without bound through stale items.
         if self.order.len() > 2 * self.map.len() + 64 {
             let map = &self.map;
-            self.order.retain(|(seq, k)| map.get(k).is_some_and(|(s, _)| s == seq));
+            self.order
+                .retain(|(seq, k)| map.get(k).is_some_and(|(s, _)| s == seq));
         }
     }
 

@@ -42,7 +42,10 @@ pub struct Completion<T> {
 
 impl<T> Completion<T> {
     pub fn new() -> Rc<Self> {
-        Rc::new(Self { value: RefCell::new(None), waker: RefCell::new(None) })
+        Rc::new(Self {
+            value: RefCell::new(None),
+            waker: RefCell::new(None),
+        })
     }
 
     pub fn complete(&self, v: T) {

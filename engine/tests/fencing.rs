@@ -14,25 +14,37 @@ fn fenced_ledger_refuses_normal_adds_and_stays_fenced() {
     let cfg2 = cfg.clone();
     run(move || async move {
         let e = Engine::open(cfg).await.unwrap();
-        e.add_entry(1, 0, KEY, None, payload(1, 0, 10), false).await.unwrap();
-        e.add_entry(1, 1, KEY, Some(0), payload(1, 1, 10), false).await.unwrap();
+        e.add_entry(1, 0, KEY, None, payload(1, 0, 10), false)
+            .await
+            .unwrap();
+        e.add_entry(1, 1, KEY, Some(0), payload(1, 1, 10), false)
+            .await
+            .unwrap();
         assert!(matches!(
-            e.add_entry(1, 2, [1; 20], Some(1), payload(1, 2, 10), false).await,
+            e.add_entry(1, 2, [1; 20], Some(1), payload(1, 2, 10), false)
+                .await,
             Err(Error::Unauthorized { ledger: 1 })
         ));
-        assert!(matches!(e.fence(1, [1; 20]).await, Err(Error::Unauthorized { ledger: 1 })));
+        assert!(matches!(
+            e.fence(1, [1; 20]).await,
+            Err(Error::Unauthorized { ledger: 1 })
+        ));
         assert!(!e.ledger_state(1).unwrap().fenced);
         assert_eq!(e.fence(1, KEY).await.unwrap(), Some(0));
         assert!(e.ledger_state(1).unwrap().fenced);
         assert!(matches!(
-            e.add_entry(1, 2, KEY, Some(1), payload(1, 2, 10), false).await,
+            e.add_entry(1, 2, KEY, Some(1), payload(1, 2, 10), false)
+                .await,
             Err(Error::Fenced { ledger: 1 })
         ));
-        e.add_entry(1, 2, KEY, Some(1), payload(1, 2, 10), true).await.unwrap();
+        e.add_entry(1, 2, KEY, Some(1), payload(1, 2, 10), true)
+            .await
+            .unwrap();
         // Fencing an unknown ledger creates it, with the fencer's key.
         assert_eq!(e.fence(2, KEY).await.unwrap(), None);
         assert!(matches!(
-            e.add_entry(2, 0, [9; 20], None, payload(2, 0, 10), true).await,
+            e.add_entry(2, 0, [9; 20], None, payload(2, 0, 10), true)
+                .await,
             Err(Error::Unauthorized { ledger: 2 })
         ));
         // Crash without close.
@@ -45,11 +57,13 @@ fn fenced_ledger_refuses_normal_adds_and_stays_fenced() {
         assert_eq!(s.last_entry, Some(2));
         assert!(e.ledger_state(2).unwrap().fenced);
         assert!(matches!(
-            e.add_entry(1, 3, KEY, Some(2), payload(1, 3, 10), false).await,
+            e.add_entry(1, 3, KEY, Some(2), payload(1, 3, 10), false)
+                .await,
             Err(Error::Fenced { ledger: 1 })
         ));
         assert!(matches!(
-            e.add_entry(1, 3, [1; 20], Some(2), payload(1, 3, 10), true).await,
+            e.add_entry(1, 3, [1; 20], Some(2), payload(1, 3, 10), true)
+                .await,
             Err(Error::Unauthorized { ledger: 1 })
         ));
         // Through a checkpoint (state now in the index, journal trimmed) the fence still holds.
@@ -64,7 +78,10 @@ fn fenced_ledger_refuses_normal_adds_and_stays_fenced() {
             e.add_entry(1, 3, KEY, None, payload(1, 3, 10), false).await,
             Err(Error::Fenced { ledger: 1 })
         ));
-        assert!(matches!(e.fence(1, [3; 20]).await, Err(Error::Unauthorized { ledger: 1 })));
+        assert!(matches!(
+            e.fence(1, [3; 20]).await,
+            Err(Error::Unauthorized { ledger: 1 })
+        ));
         assert_eq!(e.read_entry(1, Some(2)).await.unwrap(), payload(1, 2, 10));
         e.close().await.unwrap();
     });

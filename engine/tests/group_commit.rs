@@ -20,7 +20,10 @@ fn concurrent_adds_share_journal_syncs() {
         let tasks: Vec<_> = (0..200u64)
             .map(|i| {
                 let e = Rc::clone(&e);
-                glommio::spawn_local(async move { e.add_entry(i % 4, i / 4, KEY, None, payload(i % 4, i / 4, 300), false).await })
+                glommio::spawn_local(async move {
+                    e.add_entry(i % 4, i / 4, KEY, None, payload(i % 4, i / 4, 300), false)
+                        .await
+                })
             })
             .collect();
         for t in tasks {
@@ -33,7 +36,10 @@ fn concurrent_adds_share_journal_syncs() {
     run(move || async move {
         let e = Engine::open(cfg2).await.unwrap();
         for i in 0..200u64 {
-            assert_eq!(e.read_entry(i % 4, Some(i / 4)).await.unwrap(), payload(i % 4, i / 4, 300));
+            assert_eq!(
+                e.read_entry(i % 4, Some(i / 4)).await.unwrap(),
+                payload(i % 4, i / 4, 300)
+            );
         }
         e.close().await.unwrap();
     });
@@ -53,15 +59,25 @@ fn batch_bytes_bound_splits_groups() {
         let tasks: Vec<_> = (0..16u64)
             .map(|i| {
                 let e = Rc::clone(&e);
-                glommio::spawn_local(async move { e.add_entry(1, i, KEY, None, payload(1, i, 64 << 10), false).await })
+                glommio::spawn_local(async move {
+                    e.add_entry(1, i, KEY, None, payload(1, i, 64 << 10), false)
+                        .await
+                })
             })
             .collect();
         for t in tasks {
             t.await.unwrap();
         }
-        assert!(e.journal_sync_count() >= 8, "got {}", e.journal_sync_count());
+        assert!(
+            e.journal_sync_count() >= 8,
+            "got {}",
+            e.journal_sync_count()
+        );
         for i in 0..16u64 {
-            assert_eq!(e.read_entry(1, Some(i)).await.unwrap(), payload(1, i, 64 << 10));
+            assert_eq!(
+                e.read_entry(1, Some(i)).await.unwrap(),
+                payload(1, i, 64 << 10)
+            );
         }
         e.close().await.unwrap();
     });

@@ -33,7 +33,10 @@ async fn wait_for_file(dir: &Path, name: &str) {
         }
         glommio::timer::sleep(Duration::from_millis(10)).await;
     }
-    panic!("{name} never appeared; journal dir holds {:?}", journal_names(dir));
+    panic!(
+        "{name} never appeared; journal dir holds {:?}",
+        journal_names(dir)
+    );
 }
 
 #[test]
@@ -46,7 +49,10 @@ fn rolls_through_precreated_files_keep_every_entry_in_order() {
         let engine = Engine::open(c).await.unwrap();
         // Past half of file 1: file 2 gets created in the background, under its final name.
         for e in 0..30u64 {
-            engine.add_entry(1, e, KEY, e.checked_sub(1), payload(1, e, 20_000), false).await.unwrap();
+            engine
+                .add_entry(1, e, KEY, e.checked_sub(1), payload(1, e, 20_000), false)
+                .await
+                .unwrap();
         }
         wait_for_file(&d, "journal-0000000000000002.qj").await;
         // Many rolls, with adds in flight concurrently across them.
@@ -54,15 +60,23 @@ fn rolls_through_precreated_files_keep_every_entry_in_order() {
         for e in 30..200u64 {
             let en = engine.clone();
             tasks.push(glommio::spawn_local(async move {
-                en.add_entry(1, e, KEY, e.checked_sub(1), payload(1, e, 20_000), false).await
+                en.add_entry(1, e, KEY, e.checked_sub(1), payload(1, e, 20_000), false)
+                    .await
             }));
         }
         for t in tasks {
             t.await.unwrap();
         }
-        assert!(journal_names(&d).len() >= 4, "expected several rolls: {:?}", journal_names(&d));
+        assert!(
+            journal_names(&d).len() >= 4,
+            "expected several rolls: {:?}",
+            journal_names(&d)
+        );
         for e in 0..200u64 {
-            assert_eq!(engine.read_entry(1, Some(e)).await.unwrap(), payload(1, e, 20_000));
+            assert_eq!(
+                engine.read_entry(1, Some(e)).await.unwrap(),
+                payload(1, e, 20_000)
+            );
         }
         // Crash: no close, no checkpoint; the next file may be mid-creation.
     });
@@ -70,7 +84,11 @@ fn rolls_through_precreated_files_keep_every_entry_in_order() {
         let engine = Engine::open(cfg).await.unwrap();
         assert_eq!(engine.ledger_state(1).unwrap().last_entry, Some(199));
         for e in 0..200u64 {
-            assert_eq!(engine.read_entry(1, Some(e)).await.unwrap(), payload(1, e, 20_000), "entry {e} after crash");
+            assert_eq!(
+                engine.read_entry(1, Some(e)).await.unwrap(),
+                payload(1, e, 20_000),
+                "entry {e} after crash"
+            );
         }
         engine.close().await.unwrap();
     });
@@ -88,31 +106,61 @@ fn crash_during_precreation_leaves_a_recoverable_directory() {
     run(move || async move {
         let engine = Engine::open(c).await.unwrap();
         for e in 0..70u64 {
-            engine.add_entry(3, e, KEY, e.checked_sub(1), payload(3, e, 128 << 10), false).await.unwrap();
+            engine
+                .add_entry(3, e, KEY, e.checked_sub(1), payload(3, e, 128 << 10), false)
+                .await
+                .unwrap();
         }
         wait_for_file(&d, "journal-0000000000000002.qj.tmp").await;
-        assert!(!journal_names(&d).iter().any(|n| n == "journal-0000000000000002.qj"), "still being created");
+        assert!(
+            !journal_names(&d)
+                .iter()
+                .any(|n| n == "journal-0000000000000002.qj"),
+            "still being created"
+        );
         // Crash now, mid pre-creation.
     });
-    assert!(journal_names(dir.path()).iter().any(|n| n.ends_with(".qj.tmp")), "the crash left the temp file");
+    assert!(
+        journal_names(dir.path())
+            .iter()
+            .any(|n| n.ends_with(".qj.tmp")),
+        "the crash left the temp file"
+    );
     cfg.background_write_bytes_per_second = 0;
     let c = cfg.clone();
     run(move || async move {
         let engine = Engine::open(c).await.unwrap();
         for e in 0..70u64 {
-            assert_eq!(engine.read_entry(3, Some(e)).await.unwrap(), payload(3, e, 128 << 10), "entry {e}");
+            assert_eq!(
+                engine.read_entry(3, Some(e)).await.unwrap(),
+                payload(3, e, 128 << 10),
+                "entry {e}"
+            );
         }
         // Write on across the roll into file 2 (and beyond half of it).
         for e in 70..200u64 {
-            engine.add_entry(3, e, KEY, e.checked_sub(1), payload(3, e, 128 << 10), false).await.unwrap();
+            engine
+                .add_entry(3, e, KEY, e.checked_sub(1), payload(3, e, 128 << 10), false)
+                .await
+                .unwrap();
         }
         engine.close().await.unwrap();
     });
-    assert!(!journal_names(dir.path()).iter().any(|n| n.ends_with(".qj.tmp")), "{:?}", journal_names(dir.path()));
+    assert!(
+        !journal_names(dir.path())
+            .iter()
+            .any(|n| n.ends_with(".qj.tmp")),
+        "{:?}",
+        journal_names(dir.path())
+    );
     run(move || async move {
         let engine = Engine::open(cfg).await.unwrap();
         for e in 0..200u64 {
-            assert_eq!(engine.read_entry(3, Some(e)).await.unwrap(), payload(3, e, 128 << 10), "entry {e}");
+            assert_eq!(
+                engine.read_entry(3, Some(e)).await.unwrap(),
+                payload(3, e, 128 << 10),
+                "entry {e}"
+            );
         }
         engine.close().await.unwrap();
     });
@@ -127,19 +175,32 @@ fn rate_limited_checkpoint_completes() {
     run(move || async move {
         let engine = Engine::open(c).await.unwrap();
         for e in 0..48u64 {
-            engine.add_entry(9, e, KEY, e.checked_sub(1), payload(9, e, 128 << 10), false).await.unwrap();
+            engine
+                .add_entry(9, e, KEY, e.checked_sub(1), payload(9, e, 128 << 10), false)
+                .await
+                .unwrap();
         }
         engine.checkpoint().await.unwrap();
         assert_eq!(engine.write_cache_bytes(), 0);
-        assert!(engine.background_write_waits() > 0, "6 MiB at 2 MiB/s must have been paced");
+        assert!(
+            engine.background_write_waits() > 0,
+            "6 MiB at 2 MiB/s must have been paced"
+        );
         engine.close().await.unwrap();
     });
     cfg.background_write_bytes_per_second = 0;
     run(move || async move {
         let engine = Engine::open(cfg).await.unwrap();
-        assert_eq!(engine.write_cache_bytes(), 0, "nothing left to replay: the checkpoint covered it");
+        assert_eq!(
+            engine.write_cache_bytes(),
+            0,
+            "nothing left to replay: the checkpoint covered it"
+        );
         for e in 0..48u64 {
-            assert_eq!(engine.read_entry(9, Some(e)).await.unwrap(), payload(9, e, 128 << 10));
+            assert_eq!(
+                engine.read_entry(9, Some(e)).await.unwrap(),
+                payload(9, e, 128 << 10)
+            );
         }
         engine.close().await.unwrap();
     });

@@ -31,13 +31,26 @@ fn parks_wakes_on_add_and_piggybacks_next_entry() {
     let cfg = config(dir.path());
     run(move || async move {
         let engine = Engine::open(cfg).await.unwrap();
-        engine.add_entry(1, 0, KEY, None, payload(1, 0, 100), false).await.unwrap();
-        engine.add_entry(1, 1, KEY, Some(0), payload(1, 1, 100), false).await.unwrap();
+        engine
+            .add_entry(1, 0, KEY, None, payload(1, 0, 100), false)
+            .await
+            .unwrap();
+        engine
+            .add_entry(1, 1, KEY, Some(0), payload(1, 1, 100), false)
+            .await
+            .unwrap();
         assert_eq!(engine.ledger_state(1).unwrap().lac, Some(0));
 
         // LAC already past `previous`: answers at once with entry previous + 1.
         let u = engine.wait_for_lac(1, None, LONG).await.unwrap();
-        assert_eq!(u, LacUpdate { lac: Some(0), fenced: false, next_entry: Some((0, payload(1, 0, 100))) });
+        assert_eq!(
+            u,
+            LacUpdate {
+                lac: Some(0),
+                fenced: false,
+                next_entry: Some((0, payload(1, 0, 100)))
+            }
+        );
 
         // LAC == previous: parks until an add moves it.
         let e = engine.clone();
@@ -45,14 +58,28 @@ fn parks_wakes_on_add_and_piggybacks_next_entry() {
         settle().await;
         assert_eq!(engine.lac_waiters(1), 1, "the long-poll is parked");
         // An add to another ledger does not answer it.
-        engine.add_entry(2, 0, KEY, None, payload(2, 0, 10), false).await.unwrap();
+        engine
+            .add_entry(2, 0, KEY, None, payload(2, 0, 10), false)
+            .await
+            .unwrap();
         settle().await;
-        assert_eq!(engine.lac_waiters(1), 1, "still parked after another ledger's add");
-        engine.add_entry(1, 2, KEY, Some(1), payload(1, 2, 100), false).await.unwrap();
+        assert_eq!(
+            engine.lac_waiters(1),
+            1,
+            "still parked after another ledger's add"
+        );
+        engine
+            .add_entry(1, 2, KEY, Some(1), payload(1, 2, 100), false)
+            .await
+            .unwrap();
         let u = waiter.await.unwrap();
         assert_eq!(u.lac, Some(1));
         assert_eq!(u.next_entry, Some((1, payload(1, 1, 100))));
-        assert_eq!(engine.lac_waiters(1), 0, "the watcher is gone once nobody waits");
+        assert_eq!(
+            engine.lac_waiters(1),
+            0,
+            "the watcher is gone once nobody waits"
+        );
         engine.close().await.unwrap();
     });
 }
@@ -63,10 +90,26 @@ fn times_out_with_unchanged_lac_and_unregisters() {
     let cfg = config(dir.path());
     run(move || async move {
         let engine = Engine::open(cfg).await.unwrap();
-        engine.add_entry(1, 0, KEY, None, payload(1, 0, 10), false).await.unwrap();
-        engine.add_entry(1, 1, KEY, Some(0), payload(1, 1, 10), false).await.unwrap();
-        let u = engine.wait_for_lac(1, Some(0), Duration::from_millis(30)).await.unwrap();
-        assert_eq!(u, LacUpdate { lac: Some(0), fenced: false, next_entry: None });
+        engine
+            .add_entry(1, 0, KEY, None, payload(1, 0, 10), false)
+            .await
+            .unwrap();
+        engine
+            .add_entry(1, 1, KEY, Some(0), payload(1, 1, 10), false)
+            .await
+            .unwrap();
+        let u = engine
+            .wait_for_lac(1, Some(0), Duration::from_millis(30))
+            .await
+            .unwrap();
+        assert_eq!(
+            u,
+            LacUpdate {
+                lac: Some(0),
+                fenced: false,
+                next_entry: None
+            }
+        );
         assert_eq!(engine.lac_waiters(1), 0);
         // A dropped (cancelled) waiter unregisters too.
         let e = engine.clone();
@@ -92,12 +135,25 @@ fn unknown_ledger_parks_fence_and_close_answer() {
         let waiter = glommio::spawn_local(async move { e.wait_for_lac(5, None, LONG).await });
         settle().await;
         assert_eq!(engine.lac_waiters(5), 1);
-        engine.add_entry(5, 0, KEY, None, payload(5, 0, 10), false).await.unwrap();
+        engine
+            .add_entry(5, 0, KEY, None, payload(5, 0, 10), false)
+            .await
+            .unwrap();
         settle().await;
         assert_eq!(engine.lac_waiters(5), 1, "LAC still none");
-        engine.add_entry(5, 1, KEY, Some(0), payload(5, 1, 10), false).await.unwrap();
+        engine
+            .add_entry(5, 1, KEY, Some(0), payload(5, 1, 10), false)
+            .await
+            .unwrap();
         let u = waiter.await.unwrap();
-        assert_eq!(u, LacUpdate { lac: Some(0), fenced: false, next_entry: Some((0, payload(5, 0, 10))) });
+        assert_eq!(
+            u,
+            LacUpdate {
+                lac: Some(0),
+                fenced: false,
+                next_entry: Some((0, payload(5, 0, 10)))
+            }
+        );
 
         // Fencing answers a parked long-poll at once, without a piggybacked entry.
         let e = engine.clone();
@@ -106,7 +162,14 @@ fn unknown_ledger_parks_fence_and_close_answer() {
         assert_eq!(engine.lac_waiters(5), 1);
         engine.fence(5, KEY).await.unwrap();
         let u = waiter.await.unwrap();
-        assert_eq!(u, LacUpdate { lac: Some(0), fenced: true, next_entry: None });
+        assert_eq!(
+            u,
+            LacUpdate {
+                lac: Some(0),
+                fenced: true,
+                next_entry: None
+            }
+        );
 
         // Closing the engine answers a parked long-poll with Closed.
         let e = engine.clone();

@@ -25,17 +25,34 @@ fn scan(read_ahead_entries: usize, read_cache_bytes_max: usize) -> ReadStats {
     run(move || async move {
         let engine = Engine::open(cfg.clone()).await.unwrap();
         for e in 0..N {
-            engine.add_entry(1, e, KEY, e.checked_sub(1), payload(1, e, 1024), false).await.unwrap();
-            engine.add_entry(2, e, KEY, None, payload(2, e, 512), false).await.unwrap();
+            engine
+                .add_entry(1, e, KEY, e.checked_sub(1), payload(1, e, 1024), false)
+                .await
+                .unwrap();
+            engine
+                .add_entry(2, e, KEY, None, payload(2, e, 512), false)
+                .await
+                .unwrap();
         }
         engine.checkpoint().await.unwrap();
         engine.close().await.unwrap();
         let engine = Engine::open(cfg).await.unwrap();
-        assert_eq!(engine.write_cache_bytes(), 0, "everything is in the entry logs");
+        assert_eq!(
+            engine.write_cache_bytes(),
+            0,
+            "everything is in the entry logs"
+        );
         for e in 0..N {
-            assert_eq!(engine.read_entry(1, Some(e)).await.unwrap(), payload(1, e, 1024), "entry {e}");
+            assert_eq!(
+                engine.read_entry(1, Some(e)).await.unwrap(),
+                payload(1, e, 1024),
+                "entry {e}"
+            );
             let s = engine.read_stats();
-            assert!(s.read_cache_bytes as usize <= read_cache_bytes_max.max(1024), "read cache over its bound: {s:?}");
+            assert!(
+                s.read_cache_bytes as usize <= read_cache_bytes_max.max(1024),
+                "read cache over its bound: {s:?}"
+            );
         }
         *o.lock().unwrap() = engine.read_stats();
         engine.close().await.unwrap();
@@ -47,7 +64,11 @@ fn scan(read_ahead_entries: usize, read_cache_bytes_max: usize) -> ReadStats {
 #[test]
 fn sequential_scan_is_served_from_read_cache() {
     let s = scan(100, 8 << 20);
-    assert_eq!(s.read_cache_hits + s.entry_log_reads + s.write_cache_hits, N, "{s:?}");
+    assert_eq!(
+        s.read_cache_hits + s.entry_log_reads + s.write_cache_hits,
+        N,
+        "{s:?}"
+    );
     assert_eq!(s.write_cache_hits, 0, "{s:?}");
     // 1 KiB entries, 100 per read-ahead (1 MiB span bound not reached): 3 reads.
     assert!(s.entry_log_reads <= 4, "too many entry-log reads: {s:?}");

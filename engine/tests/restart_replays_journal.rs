@@ -14,7 +14,9 @@ fn crash_without_checkpoint_replays_every_add() {
     run(move || async move {
         let e = Engine::open(cfg).await.unwrap();
         for i in 0..50u64 {
-            e.add_entry(5, i, KEY, Some(i), payload(5, i, 1000), false).await.unwrap();
+            e.add_entry(5, i, KEY, Some(i), payload(5, i, 1000), false)
+                .await
+                .unwrap();
         }
         // Dropped here without close: a crash.
     });
@@ -44,33 +46,57 @@ fn crash_across_checkpoint_and_journal_roll() {
     run(move || async move {
         let e = Engine::open(cfg).await.unwrap();
         for i in 0..150u64 {
-            e.add_entry(1, i, KEY, i.checked_sub(1), payload(1, i, 16 << 10), false).await.unwrap();
+            e.add_entry(1, i, KEY, i.checked_sub(1), payload(1, i, 16 << 10), false)
+                .await
+                .unwrap();
         }
-        assert!(journal_files(&path).len() >= 3, "journal should have rolled");
+        assert!(
+            journal_files(&path).len() >= 3,
+            "journal should have rolled"
+        );
         e.checkpoint().await.unwrap();
         // Only the mark's file remains, plus the next one if its background pre-creation ran.
-        assert!(journal_files(&path).len() <= 2, "journals before the mark are deleted: {:?}", journal_files(&path));
+        assert!(
+            journal_files(&path).len() <= 2,
+            "journals before the mark are deleted: {:?}",
+            journal_files(&path)
+        );
         for i in 150..300u64 {
-            e.add_entry(1, i, KEY, i.checked_sub(1), payload(1, i, 16 << 10), false).await.unwrap();
+            e.add_entry(1, i, KEY, i.checked_sub(1), payload(1, i, 16 << 10), false)
+                .await
+                .unwrap();
         }
         assert!(journal_files(&path).len() >= 3);
     });
     run(move || async move {
         let e = Engine::open(cfg2).await.unwrap();
         for i in 0..300u64 {
-            assert_eq!(e.read_entry(1, Some(i)).await.unwrap(), payload(1, i, 16 << 10), "entry {i}");
+            assert_eq!(
+                e.read_entry(1, Some(i)).await.unwrap(),
+                payload(1, i, 16 << 10),
+                "entry {i}"
+            );
         }
         assert_eq!(e.ledger_state(1).unwrap().lac, Some(298));
         for i in 300..320u64 {
-            e.add_entry(1, i, KEY, i.checked_sub(1), payload(1, i, 16 << 10), false).await.unwrap();
+            e.add_entry(1, i, KEY, i.checked_sub(1), payload(1, i, 16 << 10), false)
+                .await
+                .unwrap();
         }
     });
     run(move || async move {
         let e = Engine::open(cfg3).await.unwrap();
         for i in 0..320u64 {
-            assert_eq!(e.read_entry(1, Some(i)).await.unwrap(), payload(1, i, 16 << 10), "entry {i}");
+            assert_eq!(
+                e.read_entry(1, Some(i)).await.unwrap(),
+                payload(1, i, 16 << 10),
+                "entry {i}"
+            );
         }
-        assert_eq!(e.read_entry(1, None).await.unwrap(), payload(1, 319, 16 << 10));
+        assert_eq!(
+            e.read_entry(1, None).await.unwrap(),
+            payload(1, 319, 16 << 10)
+        );
         e.close().await.unwrap();
     });
 }
@@ -86,10 +112,16 @@ fn write_cache_bound_triggers_background_checkpoint() {
     run(move || async move {
         let e = Engine::open(cfg).await.unwrap();
         for i in 0..64u64 {
-            e.add_entry(3, i, KEY, None, payload(3, i, 4096), false).await.unwrap();
+            e.add_entry(3, i, KEY, None, payload(3, i, 4096), false)
+                .await
+                .unwrap();
         }
         glommio::timer::sleep(std::time::Duration::from_millis(200)).await;
-        assert!(e.write_cache_bytes() <= 64 << 10, "cache holds {} bytes", e.write_cache_bytes());
+        assert!(
+            e.write_cache_bytes() <= 64 << 10,
+            "cache holds {} bytes",
+            e.write_cache_bytes()
+        );
         for i in 0..64u64 {
             assert_eq!(e.read_entry(3, Some(i)).await.unwrap(), payload(3, i, 4096));
         }
@@ -109,12 +141,16 @@ fn lost_mark_with_journal_data_refuses_to_open() {
     let c = cfg.clone();
     run(move || async move {
         let e = Engine::open(c).await.unwrap();
-        e.add_entry(1, 0, KEY, None, payload(1, 0, 10), false).await.unwrap();
+        e.add_entry(1, 0, KEY, None, payload(1, 0, 10), false)
+            .await
+            .unwrap();
     });
     std::fs::remove_file(dir.path().join("ledgers/checkpoint.qcp")).unwrap();
     run(move || async move {
         match Engine::open(cfg).await {
-            Err(quire_engine::Error::Corrupt { reason, .. }) => assert!(reason.contains("mark is missing"), "{reason}"),
+            Err(quire_engine::Error::Corrupt { reason, .. }) => {
+                assert!(reason.contains("mark is missing"), "{reason}")
+            }
             Err(other) => panic!("expected Corrupt, got {other}"),
             Ok(_) => panic!("opened without a mark over journal data"),
         }
@@ -129,7 +165,9 @@ fn lost_mark_with_journal_data_refuses_to_open() {
     std::fs::remove_file(dir.path().join("ledgers/checkpoint.qcp")).unwrap();
     run(move || async move {
         let e = Engine::open(cfg).await.unwrap();
-        e.add_entry(1, 0, KEY, None, payload(1, 0, 10), false).await.unwrap();
+        e.add_entry(1, 0, KEY, None, payload(1, 0, 10), false)
+            .await
+            .unwrap();
         e.close().await.unwrap();
     });
 }

@@ -15,7 +15,9 @@ fn write_sequential(cfg: quire_engine::EngineConfig, n: u64) {
     run(move || async move {
         let e = Engine::open(cfg).await.unwrap();
         for i in 0..n {
-            e.add_entry(1, i, KEY, None, payload(1, i, 200), false).await.unwrap();
+            e.add_entry(1, i, KEY, None, payload(1, i, 200), false)
+                .await
+                .unwrap();
         }
     });
 }
@@ -35,16 +37,25 @@ fn check_tail_dropped(cfg: quire_engine::EngineConfig, kept: u64) {
         for i in 0..kept {
             assert_eq!(e.read_entry(1, Some(i)).await.unwrap(), payload(1, i, 200));
         }
-        assert!(matches!(e.read_entry(1, Some(kept)).await, Err(Error::NoSuchEntry { .. })));
+        assert!(matches!(
+            e.read_entry(1, Some(kept)).await,
+            Err(Error::NoSuchEntry { .. })
+        ));
         assert_eq!(e.ledger_state(1).unwrap().last_entry, Some(kept - 1));
         for i in kept..kept + 5 {
-            e.add_entry(1, i, KEY, None, payload(1, i, 200), false).await.unwrap();
+            e.add_entry(1, i, KEY, None, payload(1, i, 200), false)
+                .await
+                .unwrap();
         }
     });
     run(move || async move {
         let e = Engine::open(cfg2).await.unwrap();
         for i in 0..kept + 5 {
-            assert_eq!(e.read_entry(1, Some(i)).await.unwrap(), payload(1, i, 200), "entry {i}");
+            assert_eq!(
+                e.read_entry(1, Some(i)).await.unwrap(),
+                payload(1, i, 200),
+                "entry {i}"
+            );
         }
         e.close().await.unwrap();
     });
@@ -62,7 +73,12 @@ fn journal_cut_inside_last_record_is_a_torn_tail() {
     let files = journal_files(dir.path());
     let last = files.last().unwrap();
     let end = data_end(last);
-    std::fs::OpenOptions::new().write(true).open(last).unwrap().set_len(end - 50).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(last)
+        .unwrap()
+        .set_len(end - 50)
+        .unwrap();
     check_tail_dropped(cfg, 9);
 }
 
@@ -76,7 +92,11 @@ fn garbled_last_record_is_a_torn_tail() {
     write_sequential(cfg.clone(), 10);
     let last = journal_files(dir.path()).last().unwrap().clone();
     let end = data_end(&last);
-    let f = std::fs::OpenOptions::new().write(true).read(true).open(&last).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(&last)
+        .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, end - 20).unwrap();
     f.write_all_at(&[b[0] ^ 0x5a], end - 20).unwrap();
@@ -94,7 +114,11 @@ fn garbled_record_before_durable_batches_is_corruption() {
     write_sequential(cfg.clone(), 10);
     let last = journal_files(dir.path()).last().unwrap().clone();
     let block = BLOCK * (1 + 3);
-    let f = std::fs::OpenOptions::new().write(true).read(true).open(&last).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(&last)
+        .unwrap();
     let at = block + ADD_RECORD_IN_BLOCK + 24 + 48 + 20;
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, at).unwrap();
@@ -104,9 +128,22 @@ fn garbled_record_before_durable_batches_is_corruption() {
         match Engine::open(cfg).await {
             Err(err @ Error::Corrupt { .. }) => {
                 let msg = err.to_string();
-                assert!(msg.contains(&last.display().to_string()), "message lacks the path: {msg}");
-                assert!(msg.contains(&format!("byte offset {want_offset}")), "message lacks the offset: {msg}");
-                let Error::Corrupt { path, file_offset_bytes, .. } = err else { unreachable!() };
+                assert!(
+                    msg.contains(&last.display().to_string()),
+                    "message lacks the path: {msg}"
+                );
+                assert!(
+                    msg.contains(&format!("byte offset {want_offset}")),
+                    "message lacks the offset: {msg}"
+                );
+                let Error::Corrupt {
+                    path,
+                    file_offset_bytes,
+                    ..
+                } = err
+                else {
+                    unreachable!()
+                };
                 assert_eq!(path, last);
                 assert_eq!(file_offset_bytes, want_offset);
             }
@@ -127,13 +164,19 @@ fn garbled_batch_header_before_a_later_journal_file_is_corruption() {
     run(move || async move {
         let e = Engine::open(c).await.unwrap();
         for i in 0..80u64 {
-            e.add_entry(1, i, KEY, None, payload(1, i, 16 << 10), false).await.unwrap();
+            e.add_entry(1, i, KEY, None, payload(1, i, 16 << 10), false)
+                .await
+                .unwrap();
         }
     });
     let files = journal_files(dir.path());
     assert!(files.len() >= 2);
     let first = files[0].clone();
-    let f = std::fs::OpenOptions::new().write(true).read(true).open(&first).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(&first)
+        .unwrap();
     f.write_all_at(&[0xee; 4], BLOCK + 8).unwrap();
     run(move || async move {
         match Engine::open(cfg).await {

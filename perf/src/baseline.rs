@@ -88,7 +88,8 @@ struct AlignedBuf {
 
 impl AlignedBuf {
     fn new(size: usize) -> Self {
-        let layout = Layout::from_size_align(size, BLOCK_SIZE_BYTES).expect("size and 4096 alignment are valid");
+        let layout = Layout::from_size_align(size, BLOCK_SIZE_BYTES)
+            .expect("size and 4096 alignment are valid");
         assert!(size > 0);
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
@@ -138,19 +139,24 @@ impl BaselineFile {
     pub fn prepare(dir: &Path, size_bytes: u64) -> Result<Self> {
         let mib = 1u64 << 20;
         if size_bytes < mib || !size_bytes.is_multiple_of(mib) {
-            bail!("baseline file size must be a positive multiple of 1 MiB, not {size_bytes} bytes");
+            bail!(
+                "baseline file size must be a positive multiple of 1 MiB, not {size_bytes} bytes"
+            );
         }
         let path = dir.join(format!("quire-perf-baseline-{}.tmp", std::process::id()));
         let file = Self { path, size_bytes };
-        let mut f = File::create(&file.path).with_context(|| format!("cannot create {}", file.path.display()))?;
+        let mut f = File::create(&file.path)
+            .with_context(|| format!("cannot create {}", file.path.display()))?;
         let mut chunk = vec![0u8; mib as usize];
         for (i, b) in chunk.iter_mut().enumerate() {
             *b = (i as u8).wrapping_mul(131);
         }
         for _ in 0..size_bytes / mib {
-            f.write_all(&chunk).with_context(|| format!("cannot pre-write {}", file.path.display()))?;
+            f.write_all(&chunk)
+                .with_context(|| format!("cannot pre-write {}", file.path.display()))?;
         }
-        f.sync_all().with_context(|| format!("cannot sync {}", file.path.display()))?;
+        f.sync_all()
+            .with_context(|| format!("cannot sync {}", file.path.display()))?;
         Ok(file)
     }
 
@@ -190,7 +196,11 @@ impl BaselineFile {
     ///
     /// # Errors
     /// Any I/O error, with the path.
-    pub fn durable_appends(&self, sync: SyncMode, duration: Duration) -> Result<(LatencyHistogram, f64)> {
+    pub fn durable_appends(
+        &self,
+        sync: SyncMode,
+        duration: Duration,
+    ) -> Result<(LatencyHistogram, f64)> {
         let f = self.open_direct(sync == SyncMode::Dsync)?;
         let mut buf = AlignedBuf::new(BLOCK_SIZE_BYTES);
         let blocks = self.size_bytes / BLOCK_SIZE_BYTES as u64;
@@ -201,9 +211,11 @@ impl BaselineFile {
             buf.as_mut_slice()[..8].copy_from_slice(&n.to_le_bytes());
             let off = (n % blocks) * BLOCK_SIZE_BYTES as u64;
             let t = Instant::now();
-            f.write_all_at(buf.as_slice(), off).with_context(|| format!("O_DIRECT write to {} at {off}", self.path.display()))?;
+            f.write_all_at(buf.as_slice(), off)
+                .with_context(|| format!("O_DIRECT write to {} at {off}", self.path.display()))?;
             if sync == SyncMode::Fdatasync {
-                f.sync_data().with_context(|| format!("fdatasync {}", self.path.display()))?;
+                f.sync_data()
+                    .with_context(|| format!("fdatasync {}", self.path.display()))?;
             }
             hist.record(t.elapsed());
             n += 1;
@@ -228,13 +240,16 @@ impl BaselineFile {
         let mut n = 0u64;
         while start.elapsed() < duration {
             let off = (n % per_file) * block as u64;
-            f.write_all_at(buf.as_slice(), off).with_context(|| format!("O_DIRECT write to {} at {off}", self.path.display()))?;
+            f.write_all_at(buf.as_slice(), off)
+                .with_context(|| format!("O_DIRECT write to {} at {off}", self.path.display()))?;
             n += 1;
             if n.is_multiple_of(sync_every) {
-                f.sync_data().with_context(|| format!("fdatasync {}", self.path.display()))?;
+                f.sync_data()
+                    .with_context(|| format!("fdatasync {}", self.path.display()))?;
             }
         }
-        f.sync_data().with_context(|| format!("fdatasync {}", self.path.display()))?;
+        f.sync_data()
+            .with_context(|| format!("fdatasync {}", self.path.display()))?;
         Ok((n * block as u64) as f64 / start.elapsed().as_secs_f64())
     }
 }
@@ -262,12 +277,21 @@ mod tests {
                 seq_block_size_bytes: 1 << 20,
             };
             let r = file.measure(&cfg).unwrap();
-            assert!(r.append.count > 0 && r.append_ops_per_s > 0.0 && r.seq_write_bytes_per_s > 0.0, "{r:?}");
+            assert!(
+                r.append.count > 0 && r.append_ops_per_s > 0.0 && r.seq_write_bytes_per_s > 0.0,
+                "{r:?}"
+            );
             assert!(r.append.p50_ms <= r.append.p99_ms && r.append.p99_ms <= r.append.max_ms);
         }
-        assert!(file.sequential(1000, Duration::from_millis(1)).is_err(), "unaligned block refused");
+        assert!(
+            file.sequential(1000, Duration::from_millis(1)).is_err(),
+            "unaligned block refused"
+        );
         drop(file);
         assert!(!path.exists());
-        assert!(BaselineFile::prepare(dir.path(), 1000).is_err(), "size not a MiB multiple refused");
+        assert!(
+            BaselineFile::prepare(dir.path(), 1000).is_err(),
+            "size not a MiB multiple refused"
+        );
     }
 }

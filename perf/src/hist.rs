@@ -23,7 +23,9 @@ pub struct LatencyHistogram {
 
 impl std::fmt::Debug for LatencyHistogram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LatencyHistogram").field("count", &self.h.len()).finish()
+        f.debug_struct("LatencyHistogram")
+            .field("count", &self.h.len())
+            .finish()
     }
 }
 
@@ -36,8 +38,12 @@ impl Default for LatencyHistogram {
 impl LatencyHistogram {
     /// An empty histogram.
     pub fn new() -> Self {
-        let h = Histogram::new_with_bounds(LOWEST_DISCERNIBLE_NS, HIGHEST_TRACKABLE_NS, SIGNIFICANT_DIGITS)
-            .expect("constant bounds are valid");
+        let h = Histogram::new_with_bounds(
+            LOWEST_DISCERNIBLE_NS,
+            HIGHEST_TRACKABLE_NS,
+            SIGNIFICANT_DIGITS,
+        )
+        .expect("constant bounds are valid");
         Self { h }
     }
 
@@ -48,13 +54,17 @@ impl LatencyHistogram {
 
     /// Records `n` samples of the same latency (a write of `n` records acknowledged at once).
     pub fn record_n(&mut self, latency: Duration, n: u64) {
-        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX).min(HIGHEST_TRACKABLE_NS);
+        let ns = u64::try_from(latency.as_nanos())
+            .unwrap_or(u64::MAX)
+            .min(HIGHEST_TRACKABLE_NS);
         self.h.saturating_record_n(ns, n);
     }
 
     /// Adds every sample of `other`.
     pub fn add(&mut self, other: &LatencyHistogram) {
-        self.h.add(&other.h).expect("histograms with the same bounds always add");
+        self.h
+            .add(&other.h)
+            .expect("histograms with the same bounds always add");
     }
 
     /// Samples recorded.
@@ -177,7 +187,11 @@ mod tests {
         h.record(Duration::from_secs(2));
         let s = h.summary();
         assert!((s.p99_ms - 1.0).abs() < 0.002, "p99 {}", s.p99_ms);
-        assert!((s.p999_ms - 1.0).abs() < 0.002, "p99.9 is rank 999 of 1000: {}", s.p999_ms);
+        assert!(
+            (s.p999_ms - 1.0).abs() < 0.002,
+            "p99.9 is rank 999 of 1000: {}",
+            s.p999_ms
+        );
         assert!((s.max_ms - 2000.0).abs() < 2.0, "max {}", s.max_ms);
     }
 

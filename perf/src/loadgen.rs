@@ -123,7 +123,11 @@ struct Shared {
 ///
 /// # Panics
 /// If `cfg.rate_per_s` is not a positive finite number.
-pub async fn run_open_loop<F, Fut>(cfg: OpenLoopConfig, counters: Option<Arc<Counters>>, send: F) -> OpenLoopResult
+pub async fn run_open_loop<F, Fut>(
+    cfg: OpenLoopConfig,
+    counters: Option<Arc<Counters>>,
+    send: F,
+) -> OpenLoopResult
 where
     F: Fn(u64, Instant) -> Fut,
     Fut: Future<Output = Result<(), String>> + Send + 'static,
@@ -151,7 +155,11 @@ where
         for i in 0..total {
             let intended = schedule.intended(i);
             tokio::time::sleep_until(intended.into()).await;
-            let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
+            let permit = permits
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("semaphore never closed");
             late_max = late_max.max(Instant::now().saturating_duration_since(intended));
             let fut = send(i, intended);
             let shared = shared.clone();
@@ -164,7 +172,11 @@ where
                 match r {
                     Ok(()) => {
                         if i >= warm {
-                            shared.hist.lock().expect("hist lock").record_n(latency_from_intended(intended, now), weight);
+                            shared
+                                .hist
+                                .lock()
+                                .expect("hist lock")
+                                .record_n(latency_from_intended(intended, now), weight);
                         }
                         shared.completed.fetch_add(1, Ordering::Relaxed);
                         if let Some(c) = &counters {
@@ -178,7 +190,11 @@ where
                         if let Some(c) = &counters {
                             c.errors.fetch_add(1, Ordering::Relaxed);
                         }
-                        shared.first_error.lock().expect("error lock").get_or_insert(e);
+                        shared
+                            .first_error
+                            .lock()
+                            .expect("error lock")
+                            .get_or_insert(e);
                     }
                 }
                 shared.done[i as usize].store(true, Ordering::Release);
@@ -214,7 +230,15 @@ where
             }
         }
     }
-    let end = if censored > 0 { cut } else { shared.last_completion.lock().expect("last lock").unwrap_or(cut) };
+    let end = if censored > 0 {
+        cut
+    } else {
+        shared
+            .last_completion
+            .lock()
+            .expect("last lock")
+            .unwrap_or(cut)
+    };
     let hist = shared.hist.lock().expect("hist lock").clone();
     let first_error = shared.first_error.lock().expect("error lock").clone();
     OpenLoopResult {

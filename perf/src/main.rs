@@ -11,7 +11,9 @@ use clap::{Parser, ValueEnum};
 use quire_perf::baseline::{BaselineConfig, BaselineFile, BaselineResult, SyncMode};
 use quire_perf::plot::{render_svg, Series};
 use quire_perf::progress::Progress;
-use quire_perf::report::{derive_metrics, human_summary, overloaded_metrics, reference, Report, RunResults, REPORT_FORMAT};
+use quire_perf::report::{
+    derive_metrics, human_summary, overloaded_metrics, reference, Report, RunResults, REPORT_FORMAT,
+};
 use quire_perf::slo;
 use quire_perf::workloads::{Cluster, LoadShape};
 
@@ -152,15 +154,26 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<bool> {
     let slo_text = match &args.slo {
-        Some(p) => std::fs::read_to_string(p).with_context(|| format!("cannot read SLO file {}", p.display()))?,
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("cannot read SLO file {}", p.display()))?,
         None => DEFAULT_SLO.to_string(),
     };
-    let slos = slo::parse(&slo_text).with_context(|| format!("SLO file {}", args.slo.as_ref().map_or("(built-in)".into(), |p| p.display().to_string())))?;
+    let slos = slo::parse(&slo_text).with_context(|| {
+        format!(
+            "SLO file {}",
+            args.slo
+                .as_ref()
+                .map_or("(built-in)".into(), |p| p.display().to_string())
+        )
+    })?;
     if !(args.rate.is_finite() && args.rate > 0.0) {
         bail!("--rate must be above 0");
     }
     if args.record_bytes < quire_perf::payload::PAYLOAD_HEADER_SIZE_BYTES {
-        bail!("--record-bytes must be at least {}", quire_perf::payload::PAYLOAD_HEADER_SIZE_BYTES);
+        bail!(
+            "--record-bytes must be at least {}",
+            quire_perf::payload::PAYLOAD_HEADER_SIZE_BYTES
+        );
     }
     if args.batch == 0 || args.streams == 0 {
         bail!("--batch and --streams must be at least 1");
@@ -180,15 +193,30 @@ fn run(args: Args) -> Result<bool> {
     if has(Workload::Baseline) && baseline_dir.is_none() {
         bail!("the baseline needs a directory on the journal device: give --data-dir (the sandbox's) or --baseline-dir, or leave `baseline` out of --workloads");
     }
-    let started_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    let prefix = args.stream_prefix.clone().unwrap_or_else(|| format!("quire-perf-{started_unix_ms}"));
+    let started_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let prefix = args
+        .stream_prefix
+        .clone()
+        .unwrap_or_else(|| format!("quire-perf-{started_unix_ms}"));
     let progress = Progress::new(args.quiet);
 
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
     let mut results = RunResults::default();
     let baseline = match (&baseline_dir, has(Workload::Baseline)) {
         (Some(dir), true) => {
-            progress.phase(&format!("pre-writing the {} MiB baseline file in {}", args.baseline_file_mib, dir.display()), Duration::from_secs(2));
+            progress.phase(
+                &format!(
+                    "pre-writing the {} MiB baseline file in {}",
+                    args.baseline_file_mib,
+                    dir.display()
+                ),
+                Duration::from_secs(2),
+            );
             Some((
                 BaselineFile::prepare(dir, args.baseline_file_mib << 20)?,
                 BaselineConfig {
@@ -203,26 +231,60 @@ fn run(args: Args) -> Result<bool> {
         _ => None,
     };
     let measure_baseline = |label: &str| -> Result<Option<BaselineResult>> {
-        let Some((file, cfg)) = &baseline else { return Ok(None) };
-        progress.phase(&format!("raw-device baseline ({label})"), cfg.test_duration * 2);
+        let Some((file, cfg)) = &baseline else {
+            return Ok(None);
+        };
+        progress.phase(
+            &format!("raw-device baseline ({label})"),
+            cfg.test_duration * 2,
+        );
         let r = file.measure(cfg)?;
-        progress.println(&format!("  baseline ({label}): append {}; sequential {:.1} MiB/s", r.append, r.seq_write_bytes_per_s / 1048576.0));
+        progress.println(&format!(
+            "  baseline ({label}): append {}; sequential {:.1} MiB/s",
+            r.append,
+            r.seq_write_bytes_per_s / 1048576.0
+        ));
         Ok(Some(r))
     };
     results.baseline_start = measure_baseline("start")?;
-    let p99_max = slo::throughput_p99_bound_ms(&slos, args.throughput_p99_ms, results.baseline_start.as_ref().map(|b| b.append.p99_ms), 10.0);
+    let p99_max = slo::throughput_p99_bound_ms(
+        &slos,
+        args.throughput_p99_ms,
+        results.baseline_start.as_ref().map(|b| b.append.p99_ms),
+        10.0,
+    );
 
     rt.block_on(async {
-        let cluster = Cluster::connect(&args.proxy, args.connections, prefix.clone(), started_unix_ms, progress.clone()).await?;
+        let cluster = Cluster::connect(
+            &args.proxy,
+            args.connections,
+            prefix.clone(),
+            started_unix_ms,
+            progress.clone(),
+        )
+        .await?;
         if has(Workload::TailWrite) {
             let r = cluster.tail_write(&shape, "tail-write").await?;
             progress.println(&format!("  tail-write: {}", r.latency));
             results.tail_write = Some(r);
         }
         if has(Workload::Throughput) {
-            let step = LoadShape { warmup: Duration::from_secs(1), duration: secs(args.throughput_step_seconds, "--throughput-step-seconds")?, drain_timeout: Duration::from_secs(5), ..shape };
+            let step = LoadShape {
+                warmup: Duration::from_secs(1),
+                duration: secs(args.throughput_step_seconds, "--throughput-step-seconds")?,
+                drain_timeout: Duration::from_secs(5),
+                ..shape
+            };
             let r = cluster
-                .throughput(&step, args.throughput_start_rate, args.throughput_max_rate, args.throughput_refine_steps, p99_max, args.write_amplification, Duration::from_secs(3))
+                .throughput(
+                    &step,
+                    args.throughput_start_rate,
+                    args.throughput_max_rate,
+                    args.throughput_refine_steps,
+                    p99_max,
+                    args.write_amplification,
+                    Duration::from_secs(3),
+                )
                 .await?;
             results.throughput = Some(r);
         }
@@ -232,16 +294,27 @@ fn run(args: Args) -> Result<bool> {
             results.tail_read = Some(r);
         }
         if has(Workload::CatchUp) || has(Workload::Isolation) {
-            let backlog = cluster.fill_backlog(args.backlog_mib << 20, args.record_bytes).await?;
-            progress.println(&format!("  backlog: {} records in {:.1} s", backlog.records, backlog.fill_seconds));
+            let backlog = cluster
+                .fill_backlog(args.backlog_mib << 20, args.record_bytes)
+                .await?;
+            progress.println(&format!(
+                "  backlog: {} records in {:.1} s",
+                backlog.records, backlog.fill_seconds
+            ));
             if has(Workload::CatchUp) {
                 let r = cluster.catch_up(&backlog).await?;
-                progress.println(&format!("  catch-up: {:.1} MiB/s", r.bytes_per_s() / 1048576.0));
+                progress.println(&format!(
+                    "  catch-up: {:.1} MiB/s",
+                    r.bytes_per_s() / 1048576.0
+                ));
                 results.catch_up = Some(r);
             }
             if has(Workload::Isolation) {
                 let r = cluster.isolation(&shape, &backlog).await?;
-                progress.println(&format!("  isolation: alone p99 {:.3} ms, with scan p99 {:.3} ms", r.alone.latency.p99_ms, r.with_scan.latency.p99_ms));
+                progress.println(&format!(
+                    "  isolation: alone p99 {:.3} ms, with scan p99 {:.3} ms",
+                    r.alone.latency.p99_ms, r.with_scan.latency.p99_ms
+                ));
                 results.isolation = Some(r);
             }
         }
@@ -261,32 +334,55 @@ fn run(args: Args) -> Result<bool> {
         format: REPORT_FORMAT.to_string(),
         started_unix_ms,
         config: serde_json::to_value(&args).context("serialise the settings")?,
-        reference: reference(results.baseline_start.as_ref(), results.baseline_end.as_ref()),
+        reference: reference(
+            results.baseline_start.as_ref(),
+            results.baseline_end.as_ref(),
+        ),
         results,
         metrics,
         overloaded_metrics: overloaded,
         slo: outcomes,
         passed,
     };
-    std::fs::write(&args.json, serde_json::to_vec_pretty(&report)?).with_context(|| format!("cannot write {}", args.json.display()))?;
-    std::fs::write(&args.plot, render_svg(&plot_title(&args), &plot_series(&report.results))).with_context(|| format!("cannot write {}", args.plot.display()))?;
+    std::fs::write(&args.json, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", args.json.display()))?;
+    std::fs::write(
+        &args.plot,
+        render_svg(&plot_title(&args), &plot_series(&report.results)),
+    )
+    .with_context(|| format!("cannot write {}", args.plot.display()))?;
     print!("{}", human_summary(&report));
-    println!("report: {}  plot: {}", args.json.display(), args.plot.display());
+    println!(
+        "report: {}  plot: {}",
+        args.json.display(),
+        args.plot.display()
+    );
     Ok(passed)
 }
 
 fn plot_title(args: &Args) -> String {
-    format!("quire-perf latency distribution ({:.0} rec/s, {} B records, {} stream(s))", args.rate, args.record_bytes, args.streams)
+    format!(
+        "quire-perf latency distribution ({:.0} rec/s, {} B records, {} stream(s))",
+        args.rate, args.record_bytes, args.streams
+    )
 }
 
 fn plot_series(r: &RunResults) -> Vec<Series> {
     let mut out = Vec::new();
-    let mut add = |label: String, points: &[(f64, f64)]| out.push(Series { label, points: points.to_vec() });
+    let mut add = |label: String, points: &[(f64, f64)]| {
+        out.push(Series {
+            label,
+            points: points.to_vec(),
+        })
+    };
     if let Some(b) = &r.baseline_start {
         add("raw 4 KiB durable append".into(), &b.append_distribution);
     }
     if let Some(t) = &r.tail_write {
-        add(format!("tail-write {:.0}/s", t.rate_records_per_s), &t.distribution);
+        add(
+            format!("tail-write {:.0}/s", t.rate_records_per_s),
+            &t.distribution,
+        );
     }
     if let Some(t) = &r.tail_read {
         add("tail-read delivery".into(), &t.delivery_distribution);
@@ -296,8 +392,18 @@ fn plot_series(r: &RunResults) -> Vec<Series> {
         add("isolation: with scan".into(), &i.with_scan.distribution);
     }
     if let Some(t) = &r.throughput {
-        if let Some(best) = t.steps.iter().filter(|s| s.passed).max_by(|a, b| a.run.rate_records_per_s.total_cmp(&b.run.rate_records_per_s)) {
-            add(format!("throughput {:.0}/s (best ok step)", best.run.rate_records_per_s), &best.run.distribution);
+        if let Some(best) = t.steps.iter().filter(|s| s.passed).max_by(|a, b| {
+            a.run
+                .rate_records_per_s
+                .total_cmp(&b.run.rate_records_per_s)
+        }) {
+            add(
+                format!(
+                    "throughput {:.0}/s (best ok step)",
+                    best.run.rate_records_per_s
+                ),
+                &best.run.distribution,
+            );
         }
     }
     out

@@ -54,11 +54,19 @@ impl Progress {
     /// A progress line on stderr; `quiet` hides it entirely.
     pub fn new(quiet: bool) -> Arc<Self> {
         let tty = !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4)) };
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4))
+        };
         bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("constant template"));
         let p = Arc::new(Self {
             counters: Arc::new(Counters::default()),
-            phase: Mutex::new(Phase { name: String::new(), started: Instant::now(), planned: Duration::ZERO }),
+            phase: Mutex::new(Phase {
+                name: String::new(),
+                started: Instant::now(),
+                planned: Duration::ZERO,
+            }),
             bar,
             tty,
             quiet,
@@ -81,7 +89,11 @@ impl Progress {
     /// Starts a phase named `name` expected to take about `planned`; resets the counters.
     pub fn phase(&self, name: &str, planned: Duration) {
         self.counters.reset();
-        *self.phase.lock().expect("phase lock") = Phase { name: name.to_string(), started: Instant::now(), planned };
+        *self.phase.lock().expect("phase lock") = Phase {
+            name: name.to_string(),
+            started: Instant::now(),
+            planned,
+        };
         if !self.tty && !self.quiet {
             eprintln!("quire-perf: {name} (about {:.0} s)", planned.as_secs_f64());
         }

@@ -102,7 +102,9 @@ impl CatchUpReport {
     /// Payload bytes read per second.
     pub fn bytes_per_s(&self) -> f64 {
         if self.scan_seconds > 0.0 {
-            self.backlog_bytes as f64 * (self.records_read as f64 / self.backlog_records.max(1) as f64) / self.scan_seconds
+            self.backlog_bytes as f64
+                * (self.records_read as f64 / self.backlog_records.max(1) as f64)
+                / self.scan_seconds
         } else {
             0.0
         }
@@ -149,7 +151,10 @@ pub struct Reference {
 }
 
 /// The reference from whichever baselines exist (mean of both when both do).
-pub fn reference(start: Option<&BaselineResult>, end: Option<&BaselineResult>) -> Option<Reference> {
+pub fn reference(
+    start: Option<&BaselineResult>,
+    end: Option<&BaselineResult>,
+) -> Option<Reference> {
     let taken: Vec<&BaselineResult> = [start, end].into_iter().flatten().collect();
     if taken.is_empty() {
         return None;
@@ -171,21 +176,33 @@ pub fn ratio(a: f64, b: f64) -> Option<f64> {
 pub fn derive_metrics(r: &RunResults) -> BTreeMap<String, f64> {
     let mut m = BTreeMap::new();
     let mut put = |k: &str, v: Option<f64>| {
-        debug_assert!(METRICS.iter().any(|(n, _)| *n == k), "{k} is not in METRICS");
+        debug_assert!(
+            METRICS.iter().any(|(n, _)| *n == k),
+            "{k} is not in METRICS"
+        );
         if let Some(v) = v {
             m.insert(k.to_string(), v);
         }
     };
     let reference = reference(r.baseline_start.as_ref(), r.baseline_end.as_ref());
     put("baseline.append_p99_ms", reference.map(|b| b.append_p99_ms));
-    put("baseline.seq_write_mib_per_s", reference.map(|b| b.seq_write_bytes_per_s / MIB));
+    put(
+        "baseline.seq_write_mib_per_s",
+        reference.map(|b| b.seq_write_bytes_per_s / MIB),
+    );
     if let Some(t) = &r.tail_write {
         put("tail_write.p99_ms", Some(t.latency.p99_ms));
-        put("tail_write.p99_ratio_to_raw_append_p99", reference.and_then(|b| ratio(t.latency.p99_ms, b.append_p99_ms)));
+        put(
+            "tail_write.p99_ratio_to_raw_append_p99",
+            reference.and_then(|b| ratio(t.latency.p99_ms, b.append_p99_ms)),
+        );
     }
     if let Some(t) = &r.throughput {
         let bytes = t.sustained_records_per_s * t.record_size_bytes as f64;
-        put("throughput.sustained_records_per_s", Some(t.sustained_records_per_s));
+        put(
+            "throughput.sustained_records_per_s",
+            Some(t.sustained_records_per_s),
+        );
         put("throughput.sustained_mib_per_s", Some(bytes / MIB));
         put(
             "throughput.ratio_to_raw_seq_bw_per_copy",
@@ -195,17 +212,32 @@ pub fn derive_metrics(r: &RunResults) -> BTreeMap<String, f64> {
     if let Some(t) = &r.tail_read {
         put("tail_read.delivery_p99_ms", Some(t.delivery.p99_ms));
         put("tail_read.write_p99_ms", Some(t.write.latency.p99_ms));
-        put("tail_read.delivery_p99_minus_write_p99_ms", Some(t.delivery.p99_ms - t.write.latency.p99_ms));
+        put(
+            "tail_read.delivery_p99_minus_write_p99_ms",
+            Some(t.delivery.p99_ms - t.write.latency.p99_ms),
+        );
     }
     if let Some(c) = &r.catch_up {
         put("catch_up.mib_per_s", Some(c.bytes_per_s() / MIB));
-        put("catch_up.records_per_s", (c.scan_seconds > 0.0).then(|| c.records_read as f64 / c.scan_seconds));
-        put("catch_up.ratio_to_raw_seq_bw", reference.and_then(|b| ratio(c.bytes_per_s(), b.seq_write_bytes_per_s)));
+        put(
+            "catch_up.records_per_s",
+            (c.scan_seconds > 0.0).then(|| c.records_read as f64 / c.scan_seconds),
+        );
+        put(
+            "catch_up.ratio_to_raw_seq_bw",
+            reference.and_then(|b| ratio(c.bytes_per_s(), b.seq_write_bytes_per_s)),
+        );
     }
     if let Some(i) = &r.isolation {
         put("isolation.alone_p99_ms", Some(i.alone.latency.p99_ms));
-        put("isolation.with_scan_p99_ms", Some(i.with_scan.latency.p99_ms));
-        put("isolation.p99_increase_fraction", ratio(i.with_scan.latency.p99_ms, i.alone.latency.p99_ms).map(|x| x - 1.0));
+        put(
+            "isolation.with_scan_p99_ms",
+            Some(i.with_scan.latency.p99_ms),
+        );
+        put(
+            "isolation.p99_increase_fraction",
+            ratio(i.with_scan.latency.p99_ms, i.alone.latency.p99_ms).map(|x| x - 1.0),
+        );
     }
     m
 }
@@ -219,13 +251,24 @@ pub fn overloaded_metrics(r: &RunResults) -> BTreeSet<String> {
     if r.tail_write.as_ref().is_some_and(bad) {
         prefixes.push("tail_write.");
     }
-    if r.tail_read.as_ref().is_some_and(|t| bad(&t.write) || t.delivery_censored > 0) {
+    if r.tail_read
+        .as_ref()
+        .is_some_and(|t| bad(&t.write) || t.delivery_censored > 0)
+    {
         prefixes.push("tail_read.");
     }
-    if r.isolation.as_ref().is_some_and(|i| bad(&i.alone) || bad(&i.with_scan)) {
+    if r.isolation
+        .as_ref()
+        .is_some_and(|i| bad(&i.alone) || bad(&i.with_scan))
+    {
         prefixes.push("isolation.");
     }
-    METRICS.iter().map(|(m, _)| *m).filter(|m| prefixes.iter().any(|p| m.starts_with(p))).map(str::to_string).collect()
+    METRICS
+        .iter()
+        .map(|(m, _)| *m)
+        .filter(|m| prefixes.iter().any(|p| m.starts_with(p)))
+        .map(str::to_string)
+        .collect()
 }
 
 /// The JSON report.
@@ -252,7 +295,11 @@ pub struct Report {
 }
 
 fn open_loop_line(out: &mut String, label: &str, r: &OpenLoopReport) {
-    let _ = writeln!(out, "  {label:<22} {:>8.0} rec/s  {}", r.rate_records_per_s, r.latency);
+    let _ = writeln!(
+        out,
+        "  {label:<22} {:>8.0} rec/s  {}",
+        r.rate_records_per_s, r.latency
+    );
     if r.errors > 0 || r.censored > 0 {
         let _ = writeln!(
             out,
@@ -269,11 +316,27 @@ fn open_loop_line(out: &mut String, label: &str, r: &OpenLoopReport) {
 pub fn human_summary(report: &Report) -> String {
     let mut out = String::new();
     let r = &report.results;
-    let _ = writeln!(out, "quire-perf results (latencies from the intended send time; warm-up excluded)");
-    for (label, b) in [("baseline (start)", &r.baseline_start), ("baseline (end)", &r.baseline_end)] {
+    let _ = writeln!(
+        out,
+        "quire-perf results (latencies from the intended send time; warm-up excluded)"
+    );
+    for (label, b) in [
+        ("baseline (start)", &r.baseline_start),
+        ("baseline (end)", &r.baseline_end),
+    ] {
         if let Some(b) = b {
-            let _ = writeln!(out, "  {label:<22} {}: {}  ({:.0} ops/s)", b.sync_mode, b.append, b.append_ops_per_s);
-            let _ = writeln!(out, "  {:<22} sequential {} KiB O_DIRECT writes: {:.1} MiB/s", "", b.seq_block_size_bytes / 1024, b.seq_write_bytes_per_s / MIB);
+            let _ = writeln!(
+                out,
+                "  {label:<22} {}: {}  ({:.0} ops/s)",
+                b.sync_mode, b.append, b.append_ops_per_s
+            );
+            let _ = writeln!(
+                out,
+                "  {:<22} sequential {} KiB O_DIRECT writes: {:.1} MiB/s",
+                "",
+                b.seq_block_size_bytes / 1024,
+                b.seq_write_bytes_per_s / MIB
+            );
         }
     }
     if let Some(t) = &r.tail_write {
@@ -281,7 +344,15 @@ pub fn human_summary(report: &Report) -> String {
     }
     if let Some(t) = &r.throughput {
         for s in &t.steps {
-            open_loop_line(&mut out, if s.passed { "throughput step ok" } else { "throughput step over" }, &s.run);
+            open_loop_line(
+                &mut out,
+                if s.passed {
+                    "throughput step ok"
+                } else {
+                    "throughput step over"
+                },
+                &s.run,
+            );
         }
         let _ = writeln!(
             out,
@@ -294,9 +365,17 @@ pub fn human_summary(report: &Report) -> String {
     }
     if let Some(t) = &r.tail_read {
         open_loop_line(&mut out, "tail-read (writer)", &t.write);
-        let _ = writeln!(out, "  {:<22} delivery {}  ({} delivered, {} acknowledged)", "tail-read (reader)", t.delivery, t.delivered, t.acknowledged);
+        let _ = writeln!(
+            out,
+            "  {:<22} delivery {}  ({} delivered, {} acknowledged)",
+            "tail-read (reader)", t.delivery, t.delivered, t.acknowledged
+        );
         if t.delivery_censored > 0 {
-            let _ = writeln!(out, "  {:<22} warning: {} records never delivered (recorded at a lower bound)", "", t.delivery_censored);
+            let _ = writeln!(
+                out,
+                "  {:<22} warning: {} records never delivered (recorded at a lower bound)",
+                "", t.delivery_censored
+            );
         }
     }
     if let Some(c) = &r.catch_up {
@@ -314,7 +393,12 @@ pub fn human_summary(report: &Report) -> String {
     if let Some(i) = &r.isolation {
         open_loop_line(&mut out, "isolation (alone)", &i.alone);
         open_loop_line(&mut out, "isolation (with scan)", &i.with_scan);
-        let _ = writeln!(out, "  {:<22} scanner read {:.1} MiB/s meanwhile", "", i.scan_bytes_per_s / MIB);
+        let _ = writeln!(
+            out,
+            "  {:<22} scanner read {:.1} MiB/s meanwhile",
+            "",
+            i.scan_bytes_per_s / MIB
+        );
     }
     let _ = writeln!(out, "metrics:");
     for (k, v) in &report.metrics {
@@ -328,11 +412,35 @@ pub fn human_summary(report: &Report) -> String {
             (None, Some(hi)) => format!("<= {hi}"),
             (None, None) => String::new(),
         };
-        let value = o.value.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
-        let value = if o.overloaded { format!("{value} (overloaded run: latencies partly lower bounds)") } else { value };
-        let _ = writeln!(out, "  {:<13} {}: {} = {value} (want {bound})", o.verdict.to_string(), o.slo.name, o.slo.metric);
+        let value = o
+            .value
+            .map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
+        let value = if o.overloaded {
+            format!("{value} (overloaded run: latencies partly lower bounds)")
+        } else {
+            value
+        };
+        let _ = writeln!(
+            out,
+            "  {:<13} {}: {} = {value} (want {bound})",
+            o.verdict.to_string(),
+            o.slo.name,
+            o.slo.metric
+        );
     }
-    let failed = report.slo.iter().filter(|o| o.verdict == Verdict::Fail).count();
-    let _ = writeln!(out, "{}", if failed == 0 { "all SLOs met".to_string() } else { format!("{failed} SLO(s) FAILED") });
+    let failed = report
+        .slo
+        .iter()
+        .filter(|o| o.verdict == Verdict::Fail)
+        .count();
+    let _ = writeln!(
+        out,
+        "{}",
+        if failed == 0 {
+            "all SLOs met".to_string()
+        } else {
+            format!("{failed} SLO(s) FAILED")
+        }
+    );
     out
 }

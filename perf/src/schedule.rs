@@ -20,7 +20,9 @@ impl Schedule {
     /// A message if the rate is not a finite number above zero.
     pub fn new(start: Instant, rate_per_s: f64) -> Result<Self, String> {
         if !rate_per_s.is_finite() || rate_per_s <= 0.0 {
-            return Err(format!("rate must be a finite number of sends per second above 0, not {rate_per_s}"));
+            return Err(format!(
+                "rate must be a finite number of sends per second above 0, not {rate_per_s}"
+            ));
         }
         Ok(Self { start, rate_per_s })
     }
@@ -95,7 +97,11 @@ mod tests {
         assert_eq!(s.count_within(Duration::from_millis(1)), 2);
         assert_eq!(s.count_within(Duration::ZERO), 0);
         let s = Schedule::new(Instant::now(), 3.0).unwrap();
-        assert_eq!(s.count_within(Duration::from_millis(500)), 2, "sends at 0 and 333 ms");
+        assert_eq!(
+            s.count_within(Duration::from_millis(500)),
+            2,
+            "sends at 0 and 333 ms"
+        );
         let s = Schedule::new(Instant::now(), 0.1).unwrap();
         assert_eq!(s.count_within(Duration::from_secs(10)), 1);
     }

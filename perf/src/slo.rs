@@ -73,14 +73,23 @@ impl std::error::Error for SloError {}
 /// (the message lists the known ones), two SLOs with the same name, a non-positive
 /// `throughput_p99_ms_max`.
 pub fn parse(text: &str) -> Result<SloFile, SloError> {
-    let file: SloFile = toml::from_str(text).map_err(|e| SloError(format!("SLO file is not valid: {e}")))?;
+    let file: SloFile =
+        toml::from_str(text).map_err(|e| SloError(format!("SLO file is not valid: {e}")))?;
     if file.slos.is_empty() {
         return Err(SloError("SLO file names no [[slo]]".into()));
     }
-    for (key, v) in [("throughput_p99_ms_max", file.throughput_p99_ms_max), ("throughput_p99_ratio_to_raw_append_p99_max", file.throughput_p99_ratio_to_raw_append_p99_max)] {
+    for (key, v) in [
+        ("throughput_p99_ms_max", file.throughput_p99_ms_max),
+        (
+            "throughput_p99_ratio_to_raw_append_p99_max",
+            file.throughput_p99_ratio_to_raw_append_p99_max,
+        ),
+    ] {
         if let Some(v) = v {
             if !v.is_finite() || v <= 0.0 {
-                return Err(SloError(format!("{key} must be a positive number, not {v}")));
+                return Err(SloError(format!(
+                    "{key} must be a positive number, not {v}"
+                )));
             }
         }
     }
@@ -91,19 +100,33 @@ pub fn parse(text: &str) -> Result<SloFile, SloError> {
         }
         if !METRICS.iter().any(|(m, _)| *m == s.metric) {
             let known: Vec<&str> = METRICS.iter().map(|(m, _)| *m).collect();
-            return Err(SloError(format!("SLO {:?}: unknown metric {:?}; known metrics: {}", s.name, s.metric, known.join(", "))));
+            return Err(SloError(format!(
+                "SLO {:?}: unknown metric {:?}; known metrics: {}",
+                s.name,
+                s.metric,
+                known.join(", ")
+            )));
         }
         if s.min.is_none() && s.max.is_none() {
-            return Err(SloError(format!("SLO {:?} has neither min nor max", s.name)));
+            return Err(SloError(format!(
+                "SLO {:?} has neither min nor max",
+                s.name
+            )));
         }
         for v in [s.min, s.max].into_iter().flatten() {
             if !v.is_finite() {
-                return Err(SloError(format!("SLO {:?}: bound {v} is not a finite number", s.name)));
+                return Err(SloError(format!(
+                    "SLO {:?}: bound {v} is not a finite number",
+                    s.name
+                )));
             }
         }
         if let (Some(lo), Some(hi)) = (s.min, s.max) {
             if lo > hi {
-                return Err(SloError(format!("SLO {:?}: min {lo} is above max {hi}", s.name)));
+                return Err(SloError(format!(
+                    "SLO {:?}: min {lo} is above max {hi}",
+                    s.name
+                )));
             }
         }
     }
@@ -148,7 +171,9 @@ pub struct Outcome {
 
 /// The verdict of `slo` against a value (`None` when not measured). A NaN value fails.
 pub fn verdict(slo: &Slo, value: Option<f64>) -> Verdict {
-    let Some(v) = value else { return Verdict::NotMeasured };
+    let Some(v) = value else {
+        return Verdict::NotMeasured;
+    };
     let above_min = slo.min.is_none_or(|lo| v >= lo);
     let below_max = slo.max.is_none_or(|hi| v <= hi);
     if v.is_finite() && above_min && below_max {
@@ -161,23 +186,45 @@ pub fn verdict(slo: &Slo, value: Option<f64>) -> Verdict {
 /// The p99 bound (ms) of the throughput search: `cli_ms` if given, else the file's
 /// `throughput_p99_ms_max`, else its ratio × `raw_append_p99_ms` (when the run has a baseline),
 /// else `fallback_ms`.
-pub fn throughput_p99_bound_ms(file: &SloFile, cli_ms: Option<f64>, raw_append_p99_ms: Option<f64>, fallback_ms: f64) -> f64 {
+pub fn throughput_p99_bound_ms(
+    file: &SloFile,
+    cli_ms: Option<f64>,
+    raw_append_p99_ms: Option<f64>,
+    fallback_ms: f64,
+) -> f64 {
     cli_ms
         .or(file.throughput_p99_ms_max)
-        .or_else(|| file.throughput_p99_ratio_to_raw_append_p99_max.zip(raw_append_p99_ms).map(|(r, p)| r * p))
+        .or_else(|| {
+            file.throughput_p99_ratio_to_raw_append_p99_max
+                .zip(raw_append_p99_ms)
+                .map(|(r, p)| r * p)
+        })
         .unwrap_or(fallback_ms)
 }
 
 /// Verdicts of every SLO of `file` against `metrics`, in file order. A measured metric named in
 /// `overloaded` fails whatever its value: it was computed from lower bounds.
-pub fn evaluate(file: &SloFile, metrics: &BTreeMap<String, f64>, overloaded: &BTreeSet<String>) -> Vec<Outcome> {
+pub fn evaluate(
+    file: &SloFile,
+    metrics: &BTreeMap<String, f64>,
+    overloaded: &BTreeSet<String>,
+) -> Vec<Outcome> {
     file.slos
         .iter()
         .map(|s| {
             let value = metrics.get(&s.metric).copied();
             let over = value.is_some() && overloaded.contains(&s.metric);
-            let verdict = if over { Verdict::Fail } else { verdict(s, value) };
-            Outcome { slo: s.clone(), value, overloaded: over, verdict }
+            let verdict = if over {
+                Verdict::Fail
+            } else {
+                verdict(s, value)
+            };
+            Outcome {
+                slo: s.clone(),
+                value,
+                overloaded: over,
+                verdict,
+            }
         })
         .collect()
 }

@@ -20,7 +20,9 @@ use crate::hist::LatencyHistogram;
 use crate::loadgen::{run_open_loop, OpenLoopConfig, OpenLoopReport, OpenLoopResult};
 use crate::payload;
 use crate::progress::Progress;
-use crate::report::{CatchUpReport, IsolationReport, TailReadReport, ThroughputReport, ThroughputStep};
+use crate::report::{
+    CatchUpReport, IsolationReport, TailReadReport, ThroughputReport, ThroughputStep,
+};
 use crate::schedule::Schedule;
 
 /// Shape of an open-loop write load.
@@ -88,7 +90,9 @@ pub struct Cluster {
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cluster").field("prefix", &self.prefix).finish_non_exhaustive()
+        f.debug_struct("Cluster")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
     }
 }
 
@@ -98,14 +102,41 @@ impl Cluster {
     ///
     /// # Errors
     /// If the proxy cannot be reached or refuses the handshake.
-    pub async fn connect(addr: &str, connections: usize, prefix: String, txid: u64, progress: Arc<Progress>) -> Result<Self> {
+    pub async fn connect(
+        addr: &str,
+        connections: usize,
+        prefix: String,
+        txid: u64,
+        progress: Arc<Progress>,
+    ) -> Result<Self> {
         let mut writers = Vec::new();
         for _ in 0..connections.max(1) {
-            writers.push(Arc::new(ProxyClient::connect(addr).await.with_context(|| format!("cannot connect to the proxy at {addr}"))?));
+            writers.push(Arc::new(
+                ProxyClient::connect(addr)
+                    .await
+                    .with_context(|| format!("cannot connect to the proxy at {addr}"))?,
+            ));
         }
-        let reader = Arc::new(ProxyClient::connect(addr).await.with_context(|| format!("cannot connect to the proxy at {addr}"))?);
-        let scanner = Arc::new(ProxyClient::connect(addr).await.with_context(|| format!("cannot connect to the proxy at {addr}"))?);
-        Ok(Self { writers, reader, scanner, base: Instant::now(), progress, prefix, txid, streams_made: AtomicU64::new(0) })
+        let reader = Arc::new(
+            ProxyClient::connect(addr)
+                .await
+                .with_context(|| format!("cannot connect to the proxy at {addr}"))?,
+        );
+        let scanner = Arc::new(
+            ProxyClient::connect(addr)
+                .await
+                .with_context(|| format!("cannot connect to the proxy at {addr}"))?,
+        );
+        Ok(Self {
+            writers,
+            reader,
+            scanner,
+            base: Instant::now(),
+            progress,
+            prefix,
+            txid,
+            streams_made: AtomicU64::new(0),
+        })
     }
 
     /// Creates `n` fresh streams for `what`, each holding one marker record; returns their names
@@ -116,7 +147,11 @@ impl Cluster {
             let k = self.streams_made.fetch_add(1, Ordering::Relaxed);
             let name = format!("{}-{what}-{k}", self.prefix);
             let w = self.writers[0]
-                .write(&name, vec![(self.txid, b"quire-perf marker".to_vec())], true)
+                .write(
+                    &name,
+                    vec![(self.txid, b"quire-perf marker".to_vec())],
+                    true,
+                )
                 .await
                 .with_context(|| format!("cannot create stream {name}"))?;
             out.push((name, ReadPosition::Dlsn(w.last_dlsn)));
@@ -129,15 +164,26 @@ impl Cluster {
         let names = streams;
         let streams: Arc<Vec<String>> = Arc::new(streams.to_vec());
         let writers = self.writers.clone();
-        let (base, txid, batch, size) = (self.base, self.txid, shape.batch.max(1), shape.record_size_bytes);
+        let (base, txid, batch, size) = (
+            self.base,
+            self.txid,
+            shape.batch.max(1),
+            shape.record_size_bytes,
+        );
         let send = move |i: u64, intended: Instant| {
             let client = writers[(i % writers.len() as u64) as usize].clone();
             let streams = streams.clone();
             let ns = intended.saturating_duration_since(base).as_nanos() as u64;
-            let records: Vec<(u64, Vec<u8>)> = (0..batch as u64).map(|k| (txid, payload::encode(i * batch as u64 + k, ns, size))).collect();
+            let records: Vec<(u64, Vec<u8>)> = (0..batch as u64)
+                .map(|k| (txid, payload::encode(i * batch as u64 + k, ns, size)))
+                .collect();
             async move {
                 let stream = &streams[(i % streams.len() as u64) as usize];
-                client.write(stream, records, false).await.map(|_| ()).map_err(|e| e.to_string())
+                client
+                    .write(stream, records, false)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             }
         };
         let r = run_open_loop(shape.open_loop(), Some(self.progress_counters()), send).await;
@@ -151,12 +197,18 @@ impl Cluster {
     /// queued in the proxy; without this, their load would spill into the next workload. Gives
     /// up after two minutes with a warning.
     async fn barrier(&self, streams: &[String]) {
-        self.progress.phase("waiting for writes still queued in the cluster", Duration::from_secs(1));
+        self.progress.phase(
+            "waiting for writes still queued in the cluster",
+            Duration::from_secs(1),
+        );
         let mut tasks = tokio::task::JoinSet::new();
         for w in &self.writers {
             for s in streams {
                 let (w, s, txid) = (w.clone(), s.clone(), self.txid);
-                tasks.spawn(async move { w.write(&s, vec![(txid, b"quire-perf barrier".to_vec())], false).await });
+                tasks.spawn(async move {
+                    w.write(&s, vec![(txid, b"quire-perf barrier".to_vec())], false)
+                        .await
+                });
             }
         }
         let all = async {
@@ -169,8 +221,12 @@ impl Cluster {
         };
         match tokio::time::timeout(Duration::from_secs(120), all).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => self.progress.println(&format!("  warning: barrier write failed: {e}")),
-            Err(_) => self.progress.println("  warning: writes still queued after 2 minutes; going on"),
+            Ok(Err(e)) => self
+                .progress
+                .println(&format!("  warning: barrier write failed: {e}")),
+            Err(_) => self
+                .progress
+                .println("  warning: writes still queued after 2 minutes; going on"),
         }
     }
 
@@ -183,8 +239,16 @@ impl Cluster {
     /// # Errors
     /// If the streams cannot be created.
     pub async fn tail_write(&self, shape: &LoadShape, label: &str) -> Result<OpenLoopReport> {
-        self.progress.phase(&format!("{label} at {:.0} rec/s", shape.rate_records_per_s), shape.total());
-        let streams: Vec<String> = self.fresh_streams("tail-write", shape.streams).await?.into_iter().map(|s| s.0).collect();
+        self.progress.phase(
+            &format!("{label} at {:.0} rec/s", shape.rate_records_per_s),
+            shape.total(),
+        );
+        let streams: Vec<String> = self
+            .fresh_streams("tail-write", shape.streams)
+            .await?
+            .into_iter()
+            .map(|s| s.0)
+            .collect();
         let r = self.open_loop_writes(&streams, shape).await;
         Ok(r.report(&shape.open_loop()))
     }
@@ -215,7 +279,9 @@ impl Cluster {
         // Double while steps pass; if the first step fails, halve until one passes (at most 8
         // times), so the bisection below has a passing lower end whenever one exists.
         loop {
-            let ok = self.throughput_step(shape, rate, p99_ms_max, &mut steps, settle).await?;
+            let ok = self
+                .throughput_step(shape, rate, p99_ms_max, &mut steps, settle)
+                .await?;
             if ok {
                 pass = Some(rate);
                 if fail.is_some() || rate * 2.0 > max_rate {
@@ -238,7 +304,10 @@ impl Cluster {
                 if mid <= lo || mid >= hi || mid < 1.0 {
                     break;
                 }
-                if self.throughput_step(shape, mid, p99_ms_max, &mut steps, settle).await? {
+                if self
+                    .throughput_step(shape, mid, p99_ms_max, &mut steps, settle)
+                    .await?
+                {
                     lo = mid;
                     pass = Some(mid);
                 } else {
@@ -255,13 +324,41 @@ impl Cluster {
         })
     }
 
-    async fn throughput_step(&self, shape: &LoadShape, rate: f64, p99_ms_max: f64, steps: &mut Vec<ThroughputStep>, settle: Duration) -> Result<bool> {
-        let shape = LoadShape { rate_records_per_s: rate, ..*shape };
-        self.progress.phase(&format!("throughput step at {rate:.0} rec/s"), shape.total());
-        let streams: Vec<String> = self.fresh_streams("throughput", shape.streams).await?.into_iter().map(|s| s.0).collect();
-        let run = self.open_loop_writes(&streams, &shape).await.report(&shape.open_loop());
-        let passed = run.errors == 0 && run.censored == 0 && run.latency.count > 0 && run.latency.p99_ms <= p99_ms_max;
-        self.progress.println(&format!("  throughput step {rate:.0} rec/s: p99 {:.3} ms -> {}", run.latency.p99_ms, if passed { "ok" } else { "over" }));
+    async fn throughput_step(
+        &self,
+        shape: &LoadShape,
+        rate: f64,
+        p99_ms_max: f64,
+        steps: &mut Vec<ThroughputStep>,
+        settle: Duration,
+    ) -> Result<bool> {
+        let shape = LoadShape {
+            rate_records_per_s: rate,
+            ..*shape
+        };
+        self.progress.phase(
+            &format!("throughput step at {rate:.0} rec/s"),
+            shape.total(),
+        );
+        let streams: Vec<String> = self
+            .fresh_streams("throughput", shape.streams)
+            .await?
+            .into_iter()
+            .map(|s| s.0)
+            .collect();
+        let run = self
+            .open_loop_writes(&streams, &shape)
+            .await
+            .report(&shape.open_loop());
+        let passed = run.errors == 0
+            && run.censored == 0
+            && run.latency.count > 0
+            && run.latency.p99_ms <= p99_ms_max;
+        self.progress.println(&format!(
+            "  throughput step {rate:.0} rec/s: p99 {:.3} ms -> {}",
+            run.latency.p99_ms,
+            if passed { "ok" } else { "over" }
+        ));
         steps.push(ThroughputStep { run, passed });
         if !passed {
             tokio::time::sleep(settle).await;
@@ -276,24 +373,42 @@ impl Cluster {
     /// # Errors
     /// If the streams cannot be created or a read fails.
     pub async fn tail_read(&self, shape: &LoadShape) -> Result<TailReadReport> {
-        self.progress.phase(&format!("tail-read at {:.0} rec/s", shape.rate_records_per_s), shape.total());
+        self.progress.phase(
+            &format!("tail-read at {:.0} rec/s", shape.rate_records_per_s),
+            shape.total(),
+        );
         let streams = self.fresh_streams("tail-read", shape.streams).await?;
-        let sched = Schedule::new(Instant::now(), shape.rate_records_per_s / shape.batch as f64).map_err(anyhow::Error::msg)?;
+        let sched = Schedule::new(
+            Instant::now(),
+            shape.rate_records_per_s / shape.batch as f64,
+        )
+        .map_err(anyhow::Error::msg)?;
         let warm_seq = sched.count_within(shape.warmup) * shape.batch as u64;
         let expected = Arc::new(AtomicU64::new(u64::MAX));
         let delivered = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let total_seq = sched.count_within(shape.total()) * shape.batch as u64;
-        let seen: Arc<Vec<AtomicBool>> = Arc::new((0..total_seq).map(|_| AtomicBool::new(false)).collect());
+        let seen: Arc<Vec<AtomicBool>> =
+            Arc::new((0..total_seq).map(|_| AtomicBool::new(false)).collect());
         let mut readers = Vec::new();
         for (name, from) in &streams {
             let (client, name, from, base) = (self.reader.clone(), name.clone(), *from, self.base);
-            let (expected, delivered, stop, counters, seen) = (expected.clone(), delivered.clone(), stop.clone(), self.progress_counters(), seen.clone());
+            let (expected, delivered, stop, counters, seen) = (
+                expected.clone(),
+                delivered.clone(),
+                stop.clone(),
+                self.progress_counters(),
+                seen.clone(),
+            );
             readers.push(tokio::spawn(async move {
                 let mut hist = LatencyHistogram::new();
                 let mut pos = from;
-                while !stop.load(Ordering::Relaxed) && delivered.load(Ordering::Relaxed) < expected.load(Ordering::Relaxed) {
-                    let batch = client.read(&name, pos, 4096, 4 << 20, Duration::from_millis(200)).await?;
+                while !stop.load(Ordering::Relaxed)
+                    && delivered.load(Ordering::Relaxed) < expected.load(Ordering::Relaxed)
+                {
+                    let batch = client
+                        .read(&name, pos, 4096, 4 << 20, Duration::from_millis(200))
+                        .await?;
                     let now = Instant::now();
                     for (_, _, p) in &batch.records {
                         if let Some((seq, ns)) = payload::decode(p) {
@@ -303,7 +418,9 @@ impl Cluster {
                                 flag.store(true, Ordering::Relaxed);
                             }
                             if seq >= warm_seq {
-                                hist.record(now.saturating_duration_since(base + Duration::from_nanos(ns)));
+                                hist.record(
+                                    now.saturating_duration_since(base + Duration::from_nanos(ns)),
+                                );
                             }
                         }
                     }
@@ -334,13 +451,16 @@ impl Cluster {
         // Records never delivered (written late, or lost) count at a lower bound, like
         // censored writes; a write that failed is not expected to be delivered.
         let cut = Instant::now();
-        let sends = Schedule::new(write.start, shape.rate_records_per_s / shape.batch as f64).map_err(anyhow::Error::msg)?;
+        let sends = Schedule::new(write.start, shape.rate_records_per_s / shape.batch as f64)
+            .map_err(anyhow::Error::msg)?;
         let mut delivery_censored = 0;
         if write.errors == 0 {
             for seq in warm_seq..total_seq {
                 if !seen[seq as usize].load(Ordering::Relaxed) {
                     delivery_censored += 1;
-                    delivery.record(cut.saturating_duration_since(sends.intended(seq / shape.batch as u64)));
+                    delivery.record(
+                        cut.saturating_duration_since(sends.intended(seq / shape.batch as u64)),
+                    );
                 }
             }
         }
@@ -361,7 +481,10 @@ impl Cluster {
     /// If a write fails.
     pub async fn fill_backlog(&self, bytes: u64, record_size_bytes: usize) -> Result<Backlog> {
         let records = bytes.div_ceil(record_size_bytes as u64);
-        self.progress.phase(&format!("writing a {} MiB backlog", bytes >> 20), Duration::from_secs(bytes / (8 << 20) + 1));
+        self.progress.phase(
+            &format!("writing a {} MiB backlog", bytes >> 20),
+            Duration::from_secs(bytes / (8 << 20) + 1),
+        );
         let (stream, _) = self.fresh_streams("backlog", 1).await?.remove(0);
         let started = Instant::now();
         let batch = 256u64;
@@ -371,8 +494,14 @@ impl Cluster {
         while next < records || !tasks.is_empty() {
             while next < records && tasks.len() < 4 {
                 let n = batch.min(records - next);
-                let recs: Vec<(u64, Vec<u8>)> = (next..next + n).map(|s| (self.txid, payload::encode(s, 0, record_size_bytes))).collect();
-                let (client, stream, counters) = (self.writers[(next / batch) as usize % self.writers.len()].clone(), stream.clone(), counters.clone());
+                let recs: Vec<(u64, Vec<u8>)> = (next..next + n)
+                    .map(|s| (self.txid, payload::encode(s, 0, record_size_bytes)))
+                    .collect();
+                let (client, stream, counters) = (
+                    self.writers[(next / batch) as usize % self.writers.len()].clone(),
+                    stream.clone(),
+                    counters.clone(),
+                );
                 counters.sent.fetch_add(n, Ordering::Relaxed);
                 tasks.spawn(async move {
                     let r = client.write(&stream, recs, false).await;
@@ -382,10 +511,16 @@ impl Cluster {
                 next += n;
             }
             if let Some(r) = tasks.join_next().await {
-                r.context("backlog writer task")?.with_context(|| format!("backlog write to {stream} failed"))?;
+                r.context("backlog writer task")?
+                    .with_context(|| format!("backlog write to {stream} failed"))?;
             }
         }
-        Ok(Backlog { stream, records, bytes: records * record_size_bytes as u64, fill_seconds: started.elapsed().as_secs_f64() })
+        Ok(Backlog {
+            stream,
+            records,
+            bytes: records * record_size_bytes as u64,
+            fill_seconds: started.elapsed().as_secs_f64(),
+        })
     }
 
     /// Reads the whole backlog from the head as fast as one reader can (read calls of up to
@@ -394,7 +529,10 @@ impl Cluster {
     /// # Errors
     /// If a read fails, or the stream ends before the backlog was read.
     pub async fn catch_up(&self, backlog: &Backlog) -> Result<CatchUpReport> {
-        self.progress.phase(&format!("catch-up read of {} records", backlog.records), Duration::from_secs(backlog.bytes / (16 << 20) + 1));
+        self.progress.phase(
+            &format!("catch-up read of {} records", backlog.records),
+            Duration::from_secs(backlog.bytes / (16 << 20) + 1),
+        );
         let counters = self.progress_counters();
         let mut calls = LatencyHistogram::new();
         let started = Instant::now();
@@ -402,12 +540,24 @@ impl Cluster {
         let mut read = 0u64;
         while read < backlog.records {
             let t = Instant::now();
-            let batch = self.scanner.read(&backlog.stream, pos, 4096, 4 << 20, Duration::ZERO).await.context("catch-up read")?;
+            let batch = self
+                .scanner
+                .read(&backlog.stream, pos, 4096, 4 << 20, Duration::ZERO)
+                .await
+                .context("catch-up read")?;
             calls.record(t.elapsed());
             if batch.records.is_empty() {
-                bail!("stream {} ended after {read} of {} backlog records", backlog.stream, backlog.records);
+                bail!(
+                    "stream {} ended after {read} of {} backlog records",
+                    backlog.stream,
+                    backlog.records
+                );
             }
-            let n = batch.records.iter().filter(|r| payload::decode(&r.2).is_some()).count() as u64;
+            let n = batch
+                .records
+                .iter()
+                .filter(|r| payload::decode(&r.2).is_some())
+                .count() as u64;
             read += n;
             counters.read.fetch_add(n, Ordering::Relaxed);
             pos = batch.next;
@@ -428,24 +578,42 @@ impl Cluster {
     /// # Errors
     /// If the streams cannot be created or a scan read fails.
     pub async fn isolation(&self, shape: &LoadShape, backlog: &Backlog) -> Result<IsolationReport> {
-        let alone = self.tail_write(shape, "isolation: tail-write alone").await?;
-        self.progress.phase(&format!("isolation: tail-write at {:.0} rec/s during a catch-up scan", shape.rate_records_per_s), shape.total());
+        let alone = self
+            .tail_write(shape, "isolation: tail-write alone")
+            .await?;
+        self.progress.phase(
+            &format!(
+                "isolation: tail-write at {:.0} rec/s during a catch-up scan",
+                shape.rate_records_per_s
+            ),
+            shape.total(),
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let scanned = Arc::new(AtomicU64::new(0));
         let scanner = {
-            let (client, stream, stop, scanned, counters) = (self.scanner.clone(), backlog.stream.clone(), stop.clone(), scanned.clone(), self.progress_counters());
+            let (client, stream, stop, scanned, counters) = (
+                self.scanner.clone(),
+                backlog.stream.clone(),
+                stop.clone(),
+                scanned.clone(),
+                self.progress_counters(),
+            );
             tokio::spawn(async move {
                 let started = Instant::now();
                 let mut pos = ReadPosition::Head;
                 while !stop.load(Ordering::Relaxed) {
-                    let batch = client.read(&stream, pos, 4096, 4 << 20, Duration::ZERO).await?;
+                    let batch = client
+                        .read(&stream, pos, 4096, 4 << 20, Duration::ZERO)
+                        .await?;
                     if batch.records.is_empty() {
                         pos = ReadPosition::Head;
                         continue;
                     }
                     let bytes: usize = batch.records.iter().map(|r| r.2.len()).sum();
                     scanned.fetch_add(bytes as u64, Ordering::Relaxed);
-                    counters.read.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                    counters
+                        .read
+                        .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
                     pos = batch.next;
                 }
                 Ok::<f64, quire_proxy::Error>(started.elapsed().as_secs_f64())
@@ -453,16 +621,33 @@ impl Cluster {
         };
         // Let the scan get going before the measured writes start.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let streams: Vec<String> = self.fresh_streams("isolation", shape.streams).await?.into_iter().map(|s| s.0).collect();
-        let with_scan = self.open_loop_writes(&streams, shape).await.report(&shape.open_loop());
+        let streams: Vec<String> = self
+            .fresh_streams("isolation", shape.streams)
+            .await?
+            .into_iter()
+            .map(|s| s.0)
+            .collect();
+        let with_scan = self
+            .open_loop_writes(&streams, shape)
+            .await
+            .report(&shape.open_loop());
         stop.store(true, Ordering::Relaxed);
-        let seconds = scanner.await.context("scanner task")?.context("catch-up scan during the isolation run")?;
-        Ok(IsolationReport { alone, with_scan, scan_bytes_per_s: scanned.load(Ordering::Relaxed) as f64 / seconds.max(1e-9) })
+        let seconds = scanner
+            .await
+            .context("scanner task")?
+            .context("catch-up scan during the isolation run")?;
+        Ok(IsolationReport {
+            alone,
+            with_scan,
+            scan_bytes_per_s: scanned.load(Ordering::Relaxed) as f64 / seconds.max(1e-9),
+        })
     }
 }
 
 /// Awaits every reader task and collects their histograms (the first error wins).
-async fn futures_join(tasks: Vec<tokio::task::JoinHandle<Result<LatencyHistogram, quire_proxy::Error>>>) -> Result<Vec<LatencyHistogram>> {
+async fn futures_join(
+    tasks: Vec<tokio::task::JoinHandle<Result<LatencyHistogram, quire_proxy::Error>>>,
+) -> Result<Vec<LatencyHistogram>> {
     let mut out = Vec::new();
     for t in tasks {
         out.push(t.await.context("tail reader task")?.context("tail read")?);

@@ -68,7 +68,11 @@ async fn slow_answers_do_not_slow_the_sender() {
     })
     .await;
     assert_eq!(r.completed, 100);
-    assert!(peak.load(Ordering::SeqCst) > 10, "sends overlapped: peak {}", peak.load(Ordering::SeqCst));
+    assert!(
+        peak.load(Ordering::SeqCst) > 10,
+        "sends overlapped: peak {}",
+        peak.load(Ordering::SeqCst)
+    );
     assert!(r.hist.summary().p50_ms >= 50.0 * 0.999);
 }
 
@@ -93,7 +97,11 @@ async fn late_sends_are_measured_from_their_intended_time() {
     assert!(s.max_ms >= 199.0 * 0.999, "max {}", s.max_ms);
     // Sends 11..=49 (39 of 50) were all due before the stall ended: p50 includes the stall.
     assert!(s.p50_ms >= 150.0, "p50 {}", s.p50_ms);
-    assert!(r.dispatch_late_max >= Duration::from_millis(150), "late {:?}", r.dispatch_late_max);
+    assert!(
+        r.dispatch_late_max >= Duration::from_millis(150),
+        "late {:?}",
+        r.dispatch_late_max
+    );
 }
 
 // Goal: sends never acknowledged before the drain deadline are not dropped from the figures:

@@ -8,13 +8,24 @@ use quire_perf::hist::Summary;
 use quire_perf::loadgen::OpenLoopReport;
 use quire_perf::plot::{render_svg, x_of_quantile, Series};
 use quire_perf::report::{
-    derive_metrics, human_summary, overloaded_metrics, ratio, reference, CatchUpReport, IsolationReport, Report, RunResults, TailReadReport, ThroughputReport,
-    ThroughputStep, METRICS, REPORT_FORMAT,
+    derive_metrics, human_summary, overloaded_metrics, ratio, reference, CatchUpReport,
+    IsolationReport, Report, RunResults, TailReadReport, ThroughputReport, ThroughputStep, METRICS,
+    REPORT_FORMAT,
 };
-use quire_perf::slo::{all_passed, evaluate, parse, throughput_p99_bound_ms, verdict, Slo, Verdict};
+use quire_perf::slo::{
+    all_passed, evaluate, parse, throughput_p99_bound_ms, verdict, Slo, Verdict,
+};
 
 fn summary(p99: f64) -> Summary {
-    Summary { count: 1000, mean_ms: p99 / 3.0, p50_ms: p99 / 4.0, p90_ms: p99 / 2.0, p99_ms: p99, p999_ms: p99 * 1.5, max_ms: p99 * 2.0 }
+    Summary {
+        count: 1000,
+        mean_ms: p99 / 3.0,
+        p50_ms: p99 / 4.0,
+        p90_ms: p99 / 2.0,
+        p99_ms: p99,
+        p999_ms: p99 * 1.5,
+        max_ms: p99 * 2.0,
+    }
 }
 
 fn run(rate: f64, p99: f64) -> OpenLoopReport {
@@ -54,7 +65,16 @@ fn full_results() -> RunResults {
         tail_write: Some(run(2000.0, 3.0)),
         throughput: Some(ThroughputReport {
             p99_ms_max: 10.0,
-            steps: vec![ThroughputStep { run: run(12800.0, 9.0), passed: true }, ThroughputStep { run: run(25600.0, 50.0), passed: false }],
+            steps: vec![
+                ThroughputStep {
+                    run: run(12800.0, 9.0),
+                    passed: true,
+                },
+                ThroughputStep {
+                    run: run(25600.0, 50.0),
+                    passed: false,
+                },
+            ],
             sustained_records_per_s: 12800.0,
             record_size_bytes: 1024,
             write_amplification: 6.0,
@@ -75,7 +95,11 @@ fn full_results() -> RunResults {
             records_read: 65536,
             read_call: summary(5.0),
         }),
-        isolation: Some(IsolationReport { alone: run(2000.0, 3.0), with_scan: run(2000.0, 3.6), scan_bytes_per_s: 1e6 }),
+        isolation: Some(IsolationReport {
+            alone: run(2000.0, 3.0),
+            with_scan: run(2000.0, 3.6),
+            scan_bytes_per_s: 1e6,
+        }),
     }
 }
 
@@ -112,7 +136,11 @@ fn metrics_are_ratios_to_the_same_runs_baseline() {
         assert!(close(*got, *v), "{k}: got {got}, want {v}");
     }
     assert_eq!(m.len(), want.len());
-    assert_eq!(METRICS.len(), want.len(), "every known metric is produced by a full run");
+    assert_eq!(
+        METRICS.len(),
+        want.len(),
+        "every known metric is produced by a full run"
+    );
 }
 
 // Goal: ratios never divide by zero or by a missing baseline; metrics needing a baseline are
@@ -126,7 +154,10 @@ fn ratios_without_a_denominator_are_absent() {
     assert_eq!(ratio(3.0, 2.0), Some(1.5));
     assert_eq!(reference(None, None), None);
     let only_start = reference(Some(&baseline(1.0, 100.0)), None).unwrap();
-    assert!(close(only_start.append_p99_ms, 1.0) && close(only_start.seq_write_bytes_per_s, 100.0 * 1048576.0));
+    assert!(
+        close(only_start.append_p99_ms, 1.0)
+            && close(only_start.seq_write_bytes_per_s, 100.0 * 1048576.0)
+    );
     let mut r = full_results();
     r.baseline_start = None;
     r.baseline_end = None;
@@ -143,10 +174,19 @@ fn ratios_without_a_denominator_are_absent() {
 fn the_default_slo_file_holds_the_issue_targets() {
     let f = parse(include_str!("../slo.toml")).unwrap();
     let by_metric: BTreeMap<&str, &Slo> = f.slos.iter().map(|s| (s.metric.as_str(), s)).collect();
-    assert_eq!(by_metric["tail_write.p99_ratio_to_raw_append_p99"].max, Some(2.0));
-    assert_eq!(by_metric["throughput.ratio_to_raw_seq_bw_per_copy"].min, Some(0.5));
+    assert_eq!(
+        by_metric["tail_write.p99_ratio_to_raw_append_p99"].max,
+        Some(2.0)
+    );
+    assert_eq!(
+        by_metric["throughput.ratio_to_raw_seq_bw_per_copy"].min,
+        Some(0.5)
+    );
     assert_eq!(by_metric["isolation.p99_increase_fraction"].max, Some(0.25));
-    assert_eq!(by_metric["tail_read.delivery_p99_minus_write_p99_ms"].max, Some(2.0));
+    assert_eq!(
+        by_metric["tail_read.delivery_p99_minus_write_p99_ms"].max,
+        Some(2.0)
+    );
     assert_eq!(f.slos.len(), 4);
     assert_eq!(f.throughput_p99_ms_max, None);
     assert_eq!(f.throughput_p99_ratio_to_raw_append_p99_max, Some(2.0));
@@ -169,7 +209,12 @@ fn throughput_search_bound_precedence() {
 // NaN fails. Method: one SLO with both bounds against values below, on, inside, above.
 #[test]
 fn verdicts_follow_inclusive_bounds() {
-    let s = Slo { name: "x".into(), metric: "tail_write.p99_ms".into(), min: Some(1.0), max: Some(2.0) };
+    let s = Slo {
+        name: "x".into(),
+        metric: "tail_write.p99_ms".into(),
+        min: Some(1.0),
+        max: Some(2.0),
+    };
     assert_eq!(verdict(&s, Some(0.5)), Verdict::Fail);
     assert_eq!(verdict(&s, Some(1.0)), Verdict::Pass);
     assert_eq!(verdict(&s, Some(1.5)), Verdict::Pass);
@@ -186,12 +231,19 @@ fn verdicts_follow_inclusive_bounds() {
 fn evaluation_over_a_run() {
     let f = parse(include_str!("../slo.toml")).unwrap();
     let outcomes = evaluate(&f, &derive_metrics(&full_results()), &BTreeSet::new());
-    assert!(outcomes.iter().all(|o| o.verdict == Verdict::Pass), "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| o.verdict == Verdict::Pass),
+        "{outcomes:?}"
+    );
     assert!(all_passed(&outcomes));
     let mut r = full_results();
     r.isolation.as_mut().unwrap().with_scan.latency.p99_ms = 4.0;
     let outcomes = evaluate(&f, &derive_metrics(&r), &overloaded_metrics(&r));
-    let failed: Vec<&str> = outcomes.iter().filter(|o| o.verdict == Verdict::Fail).map(|o| o.slo.metric.as_str()).collect();
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.verdict == Verdict::Fail)
+        .map(|o| o.slo.metric.as_str())
+        .collect();
     assert_eq!(failed, ["isolation.p99_increase_fraction"]);
     assert!(!all_passed(&outcomes));
     // A run that measured nothing fails nothing.
@@ -210,12 +262,28 @@ fn overloaded_runs_fail_their_slos() {
     let mut r = full_results();
     r.isolation.as_mut().unwrap().with_scan.censored = 5;
     let over = overloaded_metrics(&r);
-    assert!(over.contains("isolation.p99_increase_fraction") && over.contains("isolation.alone_p99_ms"));
-    assert!(!over.iter().any(|m| !m.starts_with("isolation.")), "{over:?}");
+    assert!(
+        over.contains("isolation.p99_increase_fraction") && over.contains("isolation.alone_p99_ms")
+    );
+    assert!(
+        !over.iter().any(|m| !m.starts_with("isolation.")),
+        "{over:?}"
+    );
     let outcomes = evaluate(&f, &derive_metrics(&r), &over);
-    let iso = outcomes.iter().find(|o| o.slo.metric == "isolation.p99_increase_fraction").unwrap();
-    assert!(iso.overloaded && iso.verdict == Verdict::Fail && (iso.value.unwrap() - 0.2).abs() < 1e-9);
-    assert_eq!(outcomes.iter().filter(|o| o.verdict == Verdict::Pass).count(), 3);
+    let iso = outcomes
+        .iter()
+        .find(|o| o.slo.metric == "isolation.p99_increase_fraction")
+        .unwrap();
+    assert!(
+        iso.overloaded && iso.verdict == Verdict::Fail && (iso.value.unwrap() - 0.2).abs() < 1e-9
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| o.verdict == Verdict::Pass)
+            .count(),
+        3
+    );
     let mut r = full_results();
     r.tail_read.as_mut().unwrap().delivery_censored = 1;
     assert!(overloaded_metrics(&r).contains("tail_read.delivery_p99_minus_write_p99_ms"));
@@ -257,7 +325,10 @@ fn json_report_shape() {
         format: REPORT_FORMAT.into(),
         started_unix_ms: 1,
         config: serde_json::json!({"rate": 2000.0}),
-        reference: reference(results.baseline_start.as_ref(), results.baseline_end.as_ref()),
+        reference: reference(
+            results.baseline_start.as_ref(),
+            results.baseline_end.as_ref(),
+        ),
         results,
         metrics,
         overloaded_metrics: BTreeSet::new(),
@@ -266,25 +337,51 @@ fn json_report_shape() {
     };
     let v: serde_json::Value = serde_json::to_value(&report).unwrap();
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-    for k in ["format", "started_unix_ms", "config", "results", "reference", "metrics", "overloaded_metrics", "slo", "passed"] {
+    for k in [
+        "format",
+        "started_unix_ms",
+        "config",
+        "results",
+        "reference",
+        "metrics",
+        "overloaded_metrics",
+        "slo",
+        "passed",
+    ] {
         assert!(keys.contains(&k), "missing {k} in {keys:?}");
     }
     assert_eq!(v["format"], "quire-perf/1");
     assert_eq!(v["results"]["tail_write"]["latency"]["p99_ms"], 3.0);
-    for k in ["count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"] {
-        assert!(v["results"]["tail_write"]["latency"].get(k).is_some(), "{k}");
+    for k in [
+        "count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms",
+    ] {
+        assert!(
+            v["results"]["tail_write"]["latency"].get(k).is_some(),
+            "{k}"
+        );
     }
     assert_eq!(v["results"]["throughput"]["steps"][1]["passed"], false);
-    assert_eq!(v["metrics"]["isolation.p99_increase_fraction"].as_f64().map(|x| (x * 1e6).round()), Some(200000.0));
+    assert_eq!(
+        v["metrics"]["isolation.p99_increase_fraction"]
+            .as_f64()
+            .map(|x| (x * 1e6).round()),
+        Some(200000.0)
+    );
     assert_eq!(v["slo"][0]["verdict"], "pass");
-    assert_eq!(v["slo"][0]["metric"], "tail_write.p99_ratio_to_raw_append_p99");
+    assert_eq!(
+        v["slo"][0]["metric"],
+        "tail_write.p99_ratio_to_raw_append_p99"
+    );
     assert_eq!(v["slo"][0]["max"], 2.0);
     assert_eq!(v["reference"]["append_p99_ms"], 2.0);
     assert_eq!(v["passed"], true);
     let back: Report = serde_json::from_value(v).unwrap();
     assert_eq!(back, report);
     let text = human_summary(&report);
-    assert!(text.contains("PASS") && text.contains("all SLOs met"), "{text}");
+    assert!(
+        text.contains("PASS") && text.contains("all SLOs met"),
+        "{text}"
+    );
 }
 
 // Goal: the plot is a well-formed SVG with one curve per non-empty series, labels escaped, and
@@ -292,13 +389,26 @@ fn json_report_shape() {
 // empty one; count polylines; check the axis mapping.
 #[test]
 fn svg_plot() {
-    assert!(close(x_of_quantile(0.9), 1.0) && close(x_of_quantile(0.99), 2.0) && close(x_of_quantile(0.0), 0.0));
+    assert!(
+        close(x_of_quantile(0.9), 1.0)
+            && close(x_of_quantile(0.99), 2.0)
+            && close(x_of_quantile(0.0), 0.0)
+    );
     let svg = render_svg(
         "t <&> ",
         &[
-            Series { label: "a<b".into(), points: vec![(0.0, 0.5), (0.9, 1.0), (0.999, 20.0)] },
-            Series { label: "empty".into(), points: vec![] },
-            Series { label: "c".into(), points: vec![(0.5, 2.0)] },
+            Series {
+                label: "a<b".into(),
+                points: vec![(0.0, 0.5), (0.9, 1.0), (0.999, 20.0)],
+            },
+            Series {
+                label: "empty".into(),
+                points: vec![],
+            },
+            Series {
+                label: "c".into(),
+                points: vec![(0.5, 2.0)],
+            },
         ],
     );
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));

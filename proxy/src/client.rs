@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quire_wire::frame::{decode_frame, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT, RESPONSE_BIT};
+use quire_wire::frame::{
+    decode_frame, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT, RESPONSE_BIT,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -21,8 +23,8 @@ use tokio::sync::oneshot;
 use crate::dlsn::ReadPosition;
 use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
-    Opcode, Request, Response, TXID_RESERVED, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN,
-    WRITE_RECORD_OVERHEAD_BYTES,
+    Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN,
+    TXID_RESERVED, WRITE_RECORD_OVERHEAD_BYTES,
 };
 use crate::types::{ReadBatch, WriteResult};
 
@@ -41,7 +43,11 @@ pub struct ClientConfig {
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        Self { connect_timeout: Duration::from_secs(5), request_timeout: Duration::from_secs(30), redirects_max: 4 }
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            redirects_max: 4,
+        }
     }
 }
 
@@ -86,7 +92,11 @@ impl Drop for Connection {
     }
 }
 
-async fn read_one_frame(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, max: u32) -> Result<(Response, u64)> {
+async fn read_one_frame(
+    rd: &mut OwnedReadHalf,
+    buf: &mut Vec<u8>,
+    max: u32,
+) -> Result<(Response, u64)> {
     loop {
         if let Some((frame, used)) = decode_frame(buf, max)? {
             let resp = Response::decode(&frame)?;
@@ -95,11 +105,17 @@ async fn read_one_frame(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, max: u32) -> 
             return Ok((resp, id));
         }
         let mut chunk = [0u8; 64 * 1024];
-        let n = rd.read(&mut chunk).await.map_err(|source| Error::Io { op: "read response", source })?;
+        let n = rd.read(&mut chunk).await.map_err(|source| Error::Io {
+            op: "read response",
+            source,
+        })?;
         if n == 0 {
             return Err(Error::Io {
                 op: "read response",
-                source: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "proxy closed the connection"),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "proxy closed the connection",
+                ),
             });
         }
         buf.extend_from_slice(&chunk[..n]);
@@ -113,7 +129,10 @@ const ANSWER_PREVIEW_BYTES: usize = 48;
 /// are text (an HTTP status line, a banner), else their first bytes in hex.
 fn describe_answer(bytes: &[u8]) -> String {
     let head = &bytes[..bytes.len().min(ANSWER_PREVIEW_BYTES)];
-    let line_end = head.iter().position(|b| *b == b'\r' || *b == b'\n').unwrap_or(head.len());
+    let line_end = head
+        .iter()
+        .position(|b| *b == b'\r' || *b == b'\n')
+        .unwrap_or(head.len());
     let line = &head[..line_end];
     if !line.is_empty() && line.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
         let more = if line_end < bytes.len() { " ..." } else { "" };
@@ -127,7 +146,11 @@ fn describe_answer(bytes: &[u8]) -> String {
 /// What arrived in answer to the handshake.
 enum HandshakeAnswer {
     /// A proxy's `HELLO` answer.
-    Hello { version: u16, frame_size_bytes_max: u32, record_size_bytes_max: u32 },
+    Hello {
+        version: u16,
+        frame_size_bytes_max: u32,
+        record_size_bytes_max: u32,
+    },
     /// A proxy's error answer (to the handshake, or connection-level with request id 0).
     Refused { code: ErrorCode, message: String },
 }
@@ -135,24 +158,42 @@ enum HandshakeAnswer {
 /// Reads the answer to the handshake and tells a proxy's answer from anything else: only a
 /// frame with opcode `HELLO | 0x80` (or a connection-level error: opcode `0x80`, request id 0)
 /// that decodes as a proxy response is one.
-async fn read_handshake_answer(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, addr: &str) -> Result<HandshakeAnswer> {
-    let not_a_proxy = |answer: String| Error::NotAProxy { addr: addr.to_string(), answer };
+async fn read_handshake_answer(
+    rd: &mut OwnedReadHalf,
+    buf: &mut Vec<u8>,
+    addr: &str,
+) -> Result<HandshakeAnswer> {
+    let not_a_proxy = |answer: String| Error::NotAProxy {
+        addr: addr.to_string(),
+        answer,
+    };
     loop {
         match decode_frame(buf, FRAME_SIZE_BYTES_MAX_DEFAULT) {
             Err(_) => return Err(not_a_proxy(describe_answer(buf))),
             Ok(Some((frame, used))) => {
                 let h = frame.header;
                 let hello_answer = h.opcode == Opcode::Hello as u8 | RESPONSE_BIT;
-                let connection_error = h.opcode == RESPONSE_BIT && h.request_id == 0 && h.status != 0;
-                let describe_frame = || format!("a frame with opcode {:#04x}, status {} and a {}-byte body, which no proxy sends", h.opcode, h.status, frame.body.len());
+                let connection_error =
+                    h.opcode == RESPONSE_BIT && h.request_id == 0 && h.status != 0;
+                let describe_frame = || {
+                    format!("a frame with opcode {:#04x}, status {} and a {}-byte body, which no proxy sends", h.opcode, h.status, frame.body.len())
+                };
                 if !hello_answer && !connection_error {
                     return Err(not_a_proxy(describe_frame()));
                 }
                 let answer = match Response::decode(&frame) {
-                    Ok(Response::Hello { version, frame_size_bytes_max, record_size_bytes_max }) => {
-                        HandshakeAnswer::Hello { version, frame_size_bytes_max, record_size_bytes_max }
+                    Ok(Response::Hello {
+                        version,
+                        frame_size_bytes_max,
+                        record_size_bytes_max,
+                    }) => HandshakeAnswer::Hello {
+                        version,
+                        frame_size_bytes_max,
+                        record_size_bytes_max,
+                    },
+                    Ok(Response::Error { code, message }) => {
+                        HandshakeAnswer::Refused { code, message }
                     }
-                    Ok(Response::Error { code, message }) => HandshakeAnswer::Refused { code, message },
                     Ok(_) | Err(_) => return Err(not_a_proxy(describe_frame())),
                 };
                 buf.drain(..used);
@@ -161,7 +202,10 @@ async fn read_handshake_answer(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, addr: 
             Ok(None) => {}
         }
         let mut chunk = [0u8; 4096];
-        let n = rd.read(&mut chunk).await.map_err(|source| Error::Io { op: "read handshake answer", source })?;
+        let n = rd.read(&mut chunk).await.map_err(|source| Error::Io {
+            op: "read handshake answer",
+            source,
+        })?;
         if n == 0 {
             if buf.is_empty() {
                 return Err(Error::Io {
@@ -172,7 +216,10 @@ async fn read_handshake_answer(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, addr: 
                     ),
                 });
             }
-            return Err(not_a_proxy(format!("{}, then closed the connection", describe_answer(buf))));
+            return Err(not_a_proxy(format!(
+                "{}, then closed the connection",
+                describe_answer(buf)
+            )));
         }
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -187,27 +234,61 @@ impl Connection {
             .await
             .map_err(|_| Error::Io {
                 op: "connect",
-                source: std::io::Error::new(std::io::ErrorKind::TimedOut, format!("TCP connect did not complete within {timeout:?}")),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("TCP connect did not complete within {timeout:?}"),
+                ),
             })?
-            .map_err(|source| Error::Io { op: "connect", source })?;
-        let peer = stream.peer_addr().map_err(|source| Error::Io { op: "peer_addr", source })?;
-        stream.set_nodelay(true).map_err(|source| Error::Io { op: "set_nodelay", source })?;
+            .map_err(|source| Error::Io {
+                op: "connect",
+                source,
+            })?;
+        let peer = stream.peer_addr().map_err(|source| Error::Io {
+            op: "peer_addr",
+            source,
+        })?;
+        stream.set_nodelay(true).map_err(|source| Error::Io {
+            op: "set_nodelay",
+            source,
+        })?;
         let addr = peer.to_string();
         let (mut rd, mut wr) = stream.into_split();
         let mut out = Vec::new();
-        Request::Hello { version_min: PROXY_PROTOCOL_VERSION_MIN, version_max: PROXY_PROTOCOL_VERSION_MAX }.encode(0, &mut out);
-        wr.write_all(&out).await.map_err(|source| Error::Io { op: "send handshake", source })?;
+        Request::Hello {
+            version_min: PROXY_PROTOCOL_VERSION_MIN,
+            version_max: PROXY_PROTOCOL_VERSION_MAX,
+        }
+        .encode(0, &mut out);
+        wr.write_all(&out).await.map_err(|source| Error::Io {
+            op: "send handshake",
+            source,
+        })?;
         let mut buf = Vec::new();
-        let answer = match tokio::time::timeout(timeout, read_handshake_answer(&mut rd, &mut buf, &addr)).await {
-            Ok(answer) => answer?,
-            Err(_) if buf.is_empty() => return Err(Error::HandshakeTimeout { addr, waited: timeout }),
-            Err(_) => {
-                let answer = format!("{}, then nothing more for {timeout:?}", describe_answer(&buf));
-                return Err(Error::NotAProxy { addr, answer });
-            }
-        };
+        let answer =
+            match tokio::time::timeout(timeout, read_handshake_answer(&mut rd, &mut buf, &addr))
+                .await
+            {
+                Ok(answer) => answer?,
+                Err(_) if buf.is_empty() => {
+                    return Err(Error::HandshakeTimeout {
+                        addr,
+                        waited: timeout,
+                    })
+                }
+                Err(_) => {
+                    let answer = format!(
+                        "{}, then nothing more for {timeout:?}",
+                        describe_answer(&buf)
+                    );
+                    return Err(Error::NotAProxy { addr, answer });
+                }
+            };
         let (frame_size_bytes_max, record_size_bytes_max) = match answer {
-            HandshakeAnswer::Hello { version, frame_size_bytes_max, record_size_bytes_max } => {
+            HandshakeAnswer::Hello {
+                version,
+                frame_size_bytes_max,
+                record_size_bytes_max,
+            } => {
                 if !(PROXY_PROTOCOL_VERSION_MIN..=PROXY_PROTOCOL_VERSION_MAX).contains(&version) {
                     return Err(Error::UnsupportedVersion {
                         peer_min: version,
@@ -218,7 +299,9 @@ impl Connection {
                 }
                 (frame_size_bytes_max, record_size_bytes_max)
             }
-            HandshakeAnswer::Refused { code, message } => return Err(Error::Remote { code, message }),
+            HandshakeAnswer::Refused { code, message } => {
+                return Err(Error::Remote { code, message })
+            }
         };
         // The frame limit must leave room for one maximal record in a request.
         if (frame_size_bytes_max as usize) < record_size_bytes_max as usize + 64 * 1024 {
@@ -226,8 +309,15 @@ impl Connection {
                 "proxy frame limit {frame_size_bytes_max} is too small for its record limit {record_size_bytes_max}"
             )));
         }
-        let shared = Arc::new(Shared { pending: Mutex::new(Some(HashMap::new())) });
-        let reader_task = tokio::spawn(Self::reader_loop(rd, buf, frame_size_bytes_max, shared.clone()));
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Some(HashMap::new())),
+        });
+        let reader_task = tokio::spawn(Self::reader_loop(
+            rd,
+            buf,
+            frame_size_bytes_max,
+            shared.clone(),
+        ));
         Ok(Self {
             addr,
             writer: tokio::sync::Mutex::new(wr),
@@ -247,13 +337,24 @@ impl Connection {
                     // Request id 0 answers no request of ours: the proxy refused the connection.
                     let (code, message) = match resp {
                         Response::Error { code, message } => (code, message),
-                        other => (crate::ErrorCode::Internal, format!("unsolicited response {other:?}")),
+                        other => (
+                            crate::ErrorCode::Internal,
+                            format!("unsolicited response {other:?}"),
+                        ),
                     };
-                    shared.fail_all(|| Error::Remote { code, message: message.clone() });
+                    shared.fail_all(|| Error::Remote {
+                        code,
+                        message: message.clone(),
+                    });
                     return;
                 }
                 Ok((resp, id)) => {
-                    let tx = shared.pending.lock().expect("pending lock").as_mut().and_then(|p| p.remove(&id));
+                    let tx = shared
+                        .pending
+                        .lock()
+                        .expect("pending lock")
+                        .as_mut()
+                        .and_then(|p| p.remove(&id));
                     if let Some(tx) = tx {
                         let _ = tx.send(Ok(resp));
                     }
@@ -262,7 +363,10 @@ impl Connection {
                     let text = e.to_string();
                     shared.fail_all(|| Error::Io {
                         op: "receive",
-                        source: std::io::Error::new(std::io::ErrorKind::ConnectionAborted, text.clone()),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            text.clone(),
+                        ),
                     });
                     return;
                 }
@@ -278,7 +382,10 @@ impl Connection {
             let Some(p) = p.as_mut() else {
                 return Err(Error::Io {
                     op: "send request",
-                    source: std::io::Error::new(std::io::ErrorKind::NotConnected, "connection to the proxy is closed"),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotConnected,
+                        "connection to the proxy is closed",
+                    ),
                 });
             };
             p.insert(id, tx);
@@ -289,7 +396,10 @@ impl Connection {
             let mut w = self.writer.lock().await;
             if let Err(source) = w.write_all(&out).await {
                 self.forget(id);
-                return Err(Error::Io { op: "send request", source });
+                return Err(Error::Io {
+                    op: "send request",
+                    source,
+                });
             }
         }
         let deadline = self.config.request_timeout + extra_wait;
@@ -298,13 +408,19 @@ impl Connection {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(Error::Io {
                 op: "receive",
-                source: std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "connection to the proxy closed"),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "connection to the proxy closed",
+                ),
             }),
             Err(_) => {
                 self.forget(id);
                 Err(Error::Io {
                     op: "receive",
-                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no response within {deadline:?}")),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no response within {deadline:?}"),
+                    ),
                 })
             }
         }
@@ -389,7 +505,11 @@ impl ProxyClient {
 
     /// The owner this client last learned for `stream` from a redirect, if any.
     pub fn cached_owner(&self, stream: &str) -> Option<String> {
-        self.owners.lock().expect("owners lock").get(stream).cloned()
+        self.owners
+            .lock()
+            .expect("owners lock")
+            .get(stream)
+            .cloned()
     }
 
     fn forget_owner(&self, stream: &str) {
@@ -405,7 +525,8 @@ impl ProxyClient {
             return Ok(current);
         }
         tracing::debug!(proxy = %self.home_addr, "the home proxy closed the connection; connecting again");
-        let fresh = Arc::new(Connection::connect(self.home_addr.as_str(), self.config.clone()).await?);
+        let fresh =
+            Arc::new(Connection::connect(self.home_addr.as_str(), self.config.clone()).await?);
         *self.home.lock().expect("home lock") = fresh.clone();
         Ok(fresh)
     }
@@ -432,7 +553,12 @@ impl ProxyClient {
 
     /// Sends a request about `stream` to its owner as far as known (the cached owner, else the
     /// home proxy) and follows redirects.
-    async fn call_stream(&self, stream: &str, req: &Request, extra_wait: Duration) -> Result<Response> {
+    async fn call_stream(
+        &self,
+        stream: &str,
+        req: &Request,
+        extra_wait: Duration,
+    ) -> Result<Response> {
         let mut target = self.cached_owner(stream);
         let mut from_cache = target.is_some();
         let mut hops = 0u32;
@@ -452,12 +578,19 @@ impl ProxyClient {
                     }
                     Err(e) => {
                         self.forget_owner(stream);
-                        return Err(Error::RedirectFailed { stream: stream.to_string(), owner: addr.clone(), reason: format!("cannot connect: {e}") });
+                        return Err(Error::RedirectFailed {
+                            stream: stream.to_string(),
+                            owner: addr.clone(),
+                            reason: format!("cannot connect: {e}"),
+                        });
                     }
                 },
             };
             match conn.call(req, extra_wait).await {
-                Err(Error::Remote { code: ErrorCode::StreamOwnedElsewhere, message: owner }) => {
+                Err(Error::Remote {
+                    code: ErrorCode::StreamOwnedElsewhere,
+                    message: owner,
+                }) => {
                     hops += 1;
                     if owner == conn.addr {
                         self.forget_owner(stream);
@@ -474,7 +607,10 @@ impl ProxyClient {
                         return Err(Error::RedirectFailed {
                             stream: stream.to_string(),
                             owner,
-                            reason: format!("gave up after {} redirects", self.config.redirects_max),
+                            reason: format!(
+                                "gave up after {} redirects",
+                                self.config.redirects_max
+                            ),
                         });
                     }
                     if hops > 1 {
@@ -482,11 +618,17 @@ impl ProxyClient {
                         backoff = (backoff * 2).min(REDIRECT_BACKOFF_MAX);
                     }
                     tracing::debug!(stream, %owner, hops, "following redirect");
-                    self.owners.lock().expect("owners lock").insert(stream.to_string(), owner.clone());
+                    self.owners
+                        .lock()
+                        .expect("owners lock")
+                        .insert(stream.to_string(), owner.clone());
                     target = Some(owner);
                     from_cache = false;
                 }
-                Err(Error::Remote { code: ErrorCode::ServiceUnavailable, .. }) if target.is_some() => {
+                Err(Error::Remote {
+                    code: ErrorCode::ServiceUnavailable,
+                    ..
+                }) if target.is_some() => {
                     // The owner we were sent to is shutting down and did nothing with the
                     // request (DistributedLog: SERVICE_UNAVAILABLE marks the host down and the
                     // request goes elsewhere): ask the home proxy who owns the stream now.
@@ -496,7 +638,10 @@ impl ProxyClient {
                         return Err(Error::RedirectFailed {
                             stream: stream.to_string(),
                             owner: conn.addr.clone(),
-                            reason: format!("gave up after {} redirects", self.config.redirects_max),
+                            reason: format!(
+                                "gave up after {} redirects",
+                                self.config.redirects_max
+                            ),
                         });
                     }
                     self.forget_owner(stream);
@@ -504,7 +649,12 @@ impl ProxyClient {
                     target = None;
                     from_cache = false;
                 }
-                Err(e @ Error::Remote { code: ErrorCode::OwnershipLost, .. }) => {
+                Err(
+                    e @ Error::Remote {
+                        code: ErrorCode::OwnershipLost,
+                        ..
+                    },
+                ) => {
                     self.forget_owner(stream);
                     return Err(e);
                 }
@@ -527,7 +677,17 @@ impl ProxyClient {
     /// # Errors
     /// `Remote` with `StreamExists`, `InvalidStreamName` or `Metadata`; `Io` on connection loss.
     pub async fn create_stream(&self, stream: &str) -> Result<()> {
-        match self.home().await?.call(&Request::CreateStream { stream: stream.to_string() }, Duration::ZERO).await? {
+        match self
+            .home()
+            .await?
+            .call(
+                &Request::CreateStream {
+                    stream: stream.to_string(),
+                },
+                Duration::ZERO,
+            )
+            .await?
+        {
             Response::CreateStream => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -538,7 +698,12 @@ impl ProxyClient {
     /// # Errors
     /// `Remote` with `Metadata`; `Io` on connection loss.
     pub async fn list_streams(&self) -> Result<Vec<String>> {
-        match self.home().await?.call(&Request::ListStreams, Duration::ZERO).await? {
+        match self
+            .home()
+            .await?
+            .call(&Request::ListStreams, Duration::ZERO)
+            .await?
+        {
             Response::ListStreams { streams } => Ok(streams),
             other => Err(unexpected(&other)),
         }
@@ -561,24 +726,43 @@ impl ProxyClient {
     ///
     /// Each part goes to the stream's owner: the cached one, else the home proxy, following
     /// `STREAM_OWNED_ELSEWHERE` redirects.
-    pub async fn write(&self, stream: &str, records: Vec<(u64, Vec<u8>)>, create_if_missing: bool) -> Result<WriteResult> {
+    pub async fn write(
+        &self,
+        stream: &str,
+        records: Vec<(u64, Vec<u8>)>,
+        create_if_missing: bool,
+    ) -> Result<WriteResult> {
         if records.is_empty() {
-            return Err(Error::BadRequest { reason: "a write needs at least one record".into() });
+            return Err(Error::BadRequest {
+                reason: "a write needs at least one record".into(),
+            });
         }
         for (i, (txid, p)) in records.iter().enumerate() {
             if p.len() > self.record_size_bytes_max() as usize {
-                return Err(Error::RecordTooLarge { record_index: i, size_bytes: p.len(), max_bytes: self.record_size_bytes_max() as usize });
+                return Err(Error::RecordTooLarge {
+                    record_index: i,
+                    size_bytes: p.len(),
+                    max_bytes: self.record_size_bytes_max() as usize,
+                });
             }
             if *txid == TXID_RESERVED {
-                return Err(Error::ReservedTxid { record_index: i, txid: *txid });
+                return Err(Error::ReservedTxid {
+                    record_index: i,
+                    txid: *txid,
+                });
             }
             if i > 0 && *txid < records[i - 1].0 {
-                return Err(Error::TxidOutOfOrder { record_index: i, txid: *txid, last_txid: records[i - 1].0 });
+                return Err(Error::TxidOutOfOrder {
+                    record_index: i,
+                    txid: *txid,
+                    last_txid: records[i - 1].0,
+                });
             }
         }
         // Room for the records in one frame: the limit minus the header, name and count, with
         // some slack.
-        let budget = self.frame_size_bytes_max() as usize - FRAME_HEADER_SIZE_BYTES - stream.len() - 64;
+        let budget =
+            self.frame_size_bytes_max() as usize - FRAME_HEADER_SIZE_BYTES - stream.len() - 64;
         let mut result: Option<WriteResult> = None;
         let mut rest = records;
         while !rest.is_empty() {
@@ -595,19 +779,40 @@ impl ProxyClient {
             let tail = rest.split_off(n);
             let chunk = std::mem::replace(&mut rest, tail);
             let written = result.map_or(0, |r| r.count);
-            let req = Request::Write { stream: stream.to_string(), create_if_missing, records: chunk };
+            let req = Request::Write {
+                stream: stream.to_string(),
+                create_if_missing,
+                records: chunk,
+            };
             let resp = self.call_stream(stream, &req, Duration::ZERO).await;
             let resp = match resp {
                 Err(Error::Remote { code, message }) if written > 0 => {
-                    return Err(Error::Remote { code, message: format!("{message} (after {written} records of this write were acknowledged)") })
+                    return Err(Error::Remote {
+                        code,
+                        message: format!(
+                            "{message} (after {written} records of this write were acknowledged)"
+                        ),
+                    })
                 }
                 other => other?,
             };
             match resp {
-                Response::Write { count, first_dlsn, last_dlsn } => {
+                Response::Write {
+                    count,
+                    first_dlsn,
+                    last_dlsn,
+                } => {
                     result = Some(match result {
-                        None => WriteResult { first_dlsn, last_dlsn, count: u64::from(count) },
-                        Some(r) => WriteResult { first_dlsn: r.first_dlsn, last_dlsn, count: r.count + u64::from(count) },
+                        None => WriteResult {
+                            first_dlsn,
+                            last_dlsn,
+                            count: u64::from(count),
+                        },
+                        Some(r) => WriteResult {
+                            first_dlsn: r.first_dlsn,
+                            last_dlsn,
+                            count: r.count + u64::from(count),
+                        },
                     });
                 }
                 other => return Err(unexpected(&other)),
@@ -623,9 +828,22 @@ impl ProxyClient {
     /// # Errors
     /// `Remote` with `NoSuchStream`, `BadRequest` or `Storage`; `RedirectFailed` when the
     /// stream's owner (who serves its reads) cannot be reached; `Io` on connection loss.
-    pub async fn read(&self, stream: &str, from: ReadPosition, max_records: u32, max_bytes: u32, wait: Duration) -> Result<ReadBatch> {
+    pub async fn read(
+        &self,
+        stream: &str,
+        from: ReadPosition,
+        max_records: u32,
+        max_bytes: u32,
+        wait: Duration,
+    ) -> Result<ReadBatch> {
         let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
-        let req = Request::Read { stream: stream.to_string(), from, max_records, max_bytes, wait_ms };
+        let req = Request::Read {
+            stream: stream.to_string(),
+            from,
+            max_records,
+            max_bytes,
+            wait_ms,
+        };
         match self.call_stream(stream, &req, wait).await? {
             Response::Read { next, records } => Ok(ReadBatch { records, next }),
             other => Err(unexpected(&other)),
@@ -645,12 +863,24 @@ mod tests {
     fn foreign_answers_are_described_readably() {
         // Goal: a NotAProxy message shows text answers as their first line and binary ones as
         // hex, cut to a preview. Method: describe an HTTP answer, a short and a long binary one.
-        assert_eq!(describe_answer(b"HTTP/1.1 400 Bad Request\r\n\r\n"), "the text \"HTTP/1.1 400 Bad Request\" ...");
-        assert_eq!(describe_answer(b"SSH-2.0-OpenSSH_9.6"), "the text \"SSH-2.0-OpenSSH_9.6\"");
-        assert_eq!(describe_answer(&[0x14, 0, 0, 0, 0x81]), "5 bytes: 14 00 00 00 81");
+        assert_eq!(
+            describe_answer(b"HTTP/1.1 400 Bad Request\r\n\r\n"),
+            "the text \"HTTP/1.1 400 Bad Request\" ..."
+        );
+        assert_eq!(
+            describe_answer(b"SSH-2.0-OpenSSH_9.6"),
+            "the text \"SSH-2.0-OpenSSH_9.6\""
+        );
+        assert_eq!(
+            describe_answer(&[0x14, 0, 0, 0, 0x81]),
+            "5 bytes: 14 00 00 00 81"
+        );
         let long = vec![0xabu8; 100];
         let d = describe_answer(&long);
-        assert!(d.starts_with("100 bytes: ab ab") && d.ends_with(" ..."), "{d}");
+        assert!(
+            d.starts_with("100 bytes: ab ab") && d.ends_with(" ..."),
+            "{d}"
+        );
         assert_eq!(d.matches("ab").count(), ANSWER_PREVIEW_BYTES);
     }
 }

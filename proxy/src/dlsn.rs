@@ -25,11 +25,19 @@ pub struct Dlsn {
 
 impl Dlsn {
     /// The first position of any stream (DistributedLog `InitialDLSN`).
-    pub const INITIAL: Dlsn = Dlsn { segment_seq_no: 1, entry_id: 0, slot_index: 0 };
+    pub const INITIAL: Dlsn = Dlsn {
+        segment_seq_no: 1,
+        entry_id: 0,
+        slot_index: 0,
+    };
 
     /// Builds a DLSN.
     pub const fn new(segment_seq_no: u64, entry_id: u64, slot_index: u32) -> Self {
-        Self { segment_seq_no, entry_id, slot_index }
+        Self {
+            segment_seq_no,
+            entry_id,
+            slot_index,
+        }
     }
 
     /// Appends the 20-byte little-endian wire form.
@@ -44,13 +52,21 @@ impl Dlsn {
     /// # Errors
     /// `WireError::Truncated` if fewer than 20 bytes remain.
     pub fn decode(r: &mut Reader<'_>) -> Result<Self, WireError> {
-        Ok(Self { segment_seq_no: r.u64()?, entry_id: r.u64()?, slot_index: r.u32()? })
+        Ok(Self {
+            segment_seq_no: r.u64()?,
+            entry_id: r.u64()?,
+            slot_index: r.u32()?,
+        })
     }
 }
 
 impl fmt::Display for Dlsn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.segment_seq_no, self.entry_id, self.slot_index)
+        write!(
+            f,
+            "{}:{}:{}",
+            self.segment_seq_no, self.entry_id, self.slot_index
+        )
     }
 }
 
@@ -66,9 +82,12 @@ impl FromStr for Dlsn {
     type Err = ParseDlsnError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseDlsnError { text: s.to_string() };
+        let err = || ParseDlsnError {
+            text: s.to_string(),
+        };
         let mut parts = s.trim().split(':');
-        let (Some(a), Some(b), Some(c), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        let (Some(a), Some(b), Some(c), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(err());
         };
@@ -132,15 +151,31 @@ mod tests {
     #[test]
     fn text_round_trip_and_rejects() {
         // Goal: Display and FromStr agree; method: round-trip, then feed malformed strings.
-        for d in [Dlsn::INITIAL, Dlsn::new(7, 123, 4), Dlsn::new(u64::MAX, u64::MAX, u32::MAX)] {
+        for d in [
+            Dlsn::INITIAL,
+            Dlsn::new(7, 123, 4),
+            Dlsn::new(u64::MAX, u64::MAX, u32::MAX),
+        ] {
             assert_eq!(d.to_string().parse::<Dlsn>().unwrap(), d);
         }
         assert_eq!("1:0:0".parse::<Dlsn>().unwrap(), Dlsn::INITIAL);
-        for bad in ["", "1:0", "1:0:0:0", "a:b:c", "1:-1:0", "1::0", "1:0:4294967296", "+1:0:0"] {
+        for bad in [
+            "",
+            "1:0",
+            "1:0:0:0",
+            "a:b:c",
+            "1:-1:0",
+            "1::0",
+            "1:0:4294967296",
+            "+1:0:0",
+        ] {
             assert!(bad.parse::<Dlsn>().is_err(), "{bad}");
         }
         assert_eq!("head".parse::<ReadPosition>().unwrap(), ReadPosition::Head);
-        assert_eq!("2:3:4".parse::<ReadPosition>().unwrap(), ReadPosition::Dlsn(Dlsn::new(2, 3, 4)));
+        assert_eq!(
+            "2:3:4".parse::<ReadPosition>().unwrap(),
+            ReadPosition::Dlsn(Dlsn::new(2, 3, 4))
+        );
     }
 
     #[test]

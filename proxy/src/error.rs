@@ -113,24 +113,42 @@ pub enum Error {
     InvalidStreamName { reason: String },
     /// A record is over the size limit; nothing of the request was written.
     #[error("record {record_index} of the request is {size_bytes} bytes, above the limit of {max_bytes} bytes; nothing was written")]
-    RecordTooLarge { record_index: usize, size_bytes: usize, max_bytes: usize },
+    RecordTooLarge {
+        record_index: usize,
+        size_bytes: usize,
+        max_bytes: usize,
+    },
     /// A txid is the reserved end-of-stream value [`crate::protocol::TXID_RESERVED`]
     /// (`u64::MAX`, DistributedLog's `Long.MAX_VALUE`); nothing of the request was written.
     #[error("txid {txid} of record {record_index} is reserved for end-of-stream (the largest usable txid is {}); nothing was written", u64::MAX - 1)]
     ReservedTxid { record_index: usize, txid: u64 },
     /// A txid is smaller than the previous one; nothing of the request was written.
     #[error("txid {txid} of record {record_index} is below the stream's last txid {last_txid}; nothing was written")]
-    TxidOutOfOrder { record_index: usize, txid: u64, last_txid: u64 },
+    TxidOutOfOrder {
+        record_index: usize,
+        txid: u64,
+        last_txid: u64,
+    },
     /// The request is malformed or out of range.
     #[error("bad request: {reason}")]
     BadRequest { reason: String },
     /// The ledger layer or the bookies failed. For a write, records not acknowledged may or may
     /// not have been stored (they may appear after recovery).
     #[error("storage error on stream {stream:?} during {op}: {source}")]
-    Storage { stream: String, op: &'static str, #[source] source: BoxError },
+    Storage {
+        stream: String,
+        op: &'static str,
+        #[source]
+        source: BoxError,
+    },
     /// The metadata store failed, or holds a state the stream layer did not expect.
     #[error("metadata error on stream {stream:?} during {op}: {source}")]
-    Metadata { stream: String, op: &'static str, #[source] source: BoxError },
+    Metadata {
+        stream: String,
+        op: &'static str,
+        #[source]
+        source: BoxError,
+    },
     /// The proxy is shutting down.
     #[error("the proxy is shutting down")]
     ShuttingDown,
@@ -146,7 +164,11 @@ pub enum Error {
     OwnershipLost { stream: String, reason: String },
     /// (client side) The stream's owner could not be reached through redirects.
     #[error("stream {stream:?} is owned by proxy {owner}, but the redirect failed: {reason}")]
-    RedirectFailed { stream: String, owner: String, reason: String },
+    RedirectFailed {
+        stream: String,
+        owner: String,
+        reason: String,
+    },
     /// A proxy answered a request with an error (client side).
     #[error("proxy error {code}: {message}")]
     Remote { code: ErrorCode, message: String },
@@ -155,7 +177,12 @@ pub enum Error {
     Protocol(#[from] WireError),
     /// The handshake found no common protocol version.
     #[error("no common proxy protocol version: peer speaks {peer_min}..={peer_max}, we speak {ours_min}..={ours_max}")]
-    UnsupportedVersion { peer_min: u16, peer_max: u16, ours_min: u16, ours_max: u16 },
+    UnsupportedVersion {
+        peer_min: u16,
+        peer_max: u16,
+        ours_min: u16,
+        ours_max: u16,
+    },
     /// (client side) The address answered the handshake with something that is not a proxy
     /// handshake answer (another protocol, such as a bookie or an HTTP server). `answer`
     /// describes the bytes received.
@@ -164,10 +191,17 @@ pub enum Error {
     /// (client side) The TCP connection was accepted but no handshake answer arrived in time
     /// (`ClientConfig::connect_timeout`).
     #[error("{addr} accepted the connection but did not answer the handshake within {} s", fmt_secs(*waited))]
-    HandshakeTimeout { addr: String, waited: std::time::Duration },
+    HandshakeTimeout {
+        addr: String,
+        waited: std::time::Duration,
+    },
     /// A socket operation failed or the connection closed.
     #[error("connection error during {op}: {source}")]
-    Io { op: &'static str, #[source] source: std::io::Error },
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     /// An unexpected internal failure.
     #[error("internal error: {0}")]
     Internal(String),
@@ -182,17 +216,22 @@ impl Error {
             Error::InvalidStreamName { .. } => ErrorCode::InvalidStreamName,
             Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
             Error::TxidOutOfOrder { .. } => ErrorCode::TxidOutOfOrder,
-            Error::BadRequest { .. } | Error::Protocol(_) | Error::ReservedTxid { .. } | Error::NotAProxy { .. } => {
-                ErrorCode::BadRequest
-            }
+            Error::BadRequest { .. }
+            | Error::Protocol(_)
+            | Error::ReservedTxid { .. }
+            | Error::NotAProxy { .. } => ErrorCode::BadRequest,
             Error::Storage { .. } => ErrorCode::Storage,
             Error::Metadata { .. } => ErrorCode::Metadata,
             Error::ShuttingDown => ErrorCode::ServiceUnavailable,
-            Error::OwnedElsewhere { .. } | Error::RedirectFailed { .. } => ErrorCode::StreamOwnedElsewhere,
+            Error::OwnedElsewhere { .. } | Error::RedirectFailed { .. } => {
+                ErrorCode::StreamOwnedElsewhere
+            }
             Error::OwnershipLost { .. } => ErrorCode::OwnershipLost,
             Error::Remote { code, .. } => *code,
             Error::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
-            Error::Io { .. } | Error::HandshakeTimeout { .. } | Error::Internal(_) => ErrorCode::Internal,
+            Error::Io { .. } | Error::HandshakeTimeout { .. } | Error::Internal(_) => {
+                ErrorCode::Internal
+            }
         }
     }
 
@@ -200,10 +239,21 @@ impl Error {
     /// variants.
     pub(crate) fn from_metadata(stream: &str, op: &'static str, e: quire_metadata::Error) -> Self {
         match e {
-            quire_metadata::Error::NotFound { kind: "stream", .. } => Error::NoSuchStream { stream: stream.to_string() },
-            quire_metadata::Error::AlreadyExists { kind: "stream", .. } => Error::StreamExists { stream: stream.to_string() },
-            quire_metadata::Error::Invalid { what: "stream name", reason } => Error::InvalidStreamName { reason },
-            other => Error::Metadata { stream: stream.to_string(), op, source: Box::new(other) },
+            quire_metadata::Error::NotFound { kind: "stream", .. } => Error::NoSuchStream {
+                stream: stream.to_string(),
+            },
+            quire_metadata::Error::AlreadyExists { kind: "stream", .. } => Error::StreamExists {
+                stream: stream.to_string(),
+            },
+            quire_metadata::Error::Invalid {
+                what: "stream name",
+                reason,
+            } => Error::InvalidStreamName { reason },
+            other => Error::Metadata {
+                stream: stream.to_string(),
+                op,
+                source: Box::new(other),
+            },
         }
     }
 }
@@ -228,7 +278,10 @@ mod tests {
     fn codes_are_stable_and_round_trip() {
         // Goal: freeze the numbers on the wire; method: list them and map each back.
         let numbers: Vec<u16> = ErrorCode::ALL.iter().map(|c| *c as u16).collect();
-        assert_eq!(numbers, [0, 302, 400, 413, 426, 500, 503, 504, 506, 507, 510, 514, 525, 602]);
+        assert_eq!(
+            numbers,
+            [0, 302, 400, 413, 426, 500, 503, 504, 506, 507, 510, 514, 525, 602]
+        );
         for c in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u16(c as u16), Some(c));
         }

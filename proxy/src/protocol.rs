@@ -82,26 +82,47 @@ pub enum Request {
     ListStreams,
     /// Flags: [`FLAG_CREATE_IF_MISSING`]. Body: stream name, record_count u32, then per record
     /// txid u64, payload length u32, payload.
-    Write { stream: String, create_if_missing: bool, records: Vec<(u64, Vec<u8>)> },
+    Write {
+        stream: String,
+        create_if_missing: bool,
+        records: Vec<(u64, Vec<u8>)>,
+    },
     /// Body: stream name, position (kind u8 + DLSN 20 bytes), max_records u32, max_bytes u32,
     /// wait_ms u32.
-    Read { stream: String, from: ReadPosition, max_records: u32, max_bytes: u32, wait_ms: u32 },
+    Read {
+        stream: String,
+        from: ReadPosition,
+        max_records: u32,
+        max_bytes: u32,
+        wait_ms: u32,
+    },
 }
 
 /// A response from a proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
     /// Body: magic u32, version u16, frame_size_bytes_max u32, record_size_bytes_max u32.
-    Hello { version: u16, frame_size_bytes_max: u32, record_size_bytes_max: u32 },
+    Hello {
+        version: u16,
+        frame_size_bytes_max: u32,
+        record_size_bytes_max: u32,
+    },
     /// Empty body.
     CreateStream,
     /// Body: count u32, then each name (u32 length + bytes).
     ListStreams { streams: Vec<String> },
     /// Body: record count u32, first DLSN, last DLSN.
-    Write { count: u32, first_dlsn: Dlsn, last_dlsn: Dlsn },
+    Write {
+        count: u32,
+        first_dlsn: Dlsn,
+        last_dlsn: Dlsn,
+    },
     /// Body: next position, record count u32, then per record DLSN, txid u64, payload length
     /// u32, payload.
-    Read { next: ReadPosition, records: Vec<(Dlsn, u64, Vec<u8>)> },
+    Read {
+        next: ReadPosition,
+        records: Vec<(Dlsn, u64, Vec<u8>)>,
+    },
     /// Any failed request: `status` in the header is the code; body: message (u32 length +
     /// UTF-8 bytes).
     Error { code: ErrorCode, message: String },
@@ -139,7 +160,9 @@ fn get_position(r: &mut Reader<'_>) -> Result<ReadPosition, WireError> {
     match kind {
         0 => Ok(ReadPosition::Head),
         1 => Ok(ReadPosition::Dlsn(d)),
-        _ => Err(WireError::InvalidField { what: "read position kind" }),
+        _ => Err(WireError::InvalidField {
+            what: "read position kind",
+        }),
     }
 }
 
@@ -172,27 +195,46 @@ impl Request {
         let mut body = Vec::new();
         let mut flags = 0u8;
         match self {
-            Request::Hello { version_min, version_max } => {
+            Request::Hello {
+                version_min,
+                version_max,
+            } => {
                 put_u32(&mut body, PROXY_HELLO_MAGIC);
                 body.extend_from_slice(&version_min.to_le_bytes());
                 body.extend_from_slice(&version_max.to_le_bytes());
             }
             Request::CreateStream { stream } => put_str(&mut body, stream),
             Request::ListStreams => {}
-            Request::Write { stream, create_if_missing, records } => {
+            Request::Write {
+                stream,
+                create_if_missing,
+                records,
+            } => {
                 if *create_if_missing {
                     flags |= FLAG_CREATE_IF_MISSING;
                 }
-                let payload: usize = records.iter().map(|(_, p)| p.len() + WRITE_RECORD_OVERHEAD_BYTES).sum();
+                let payload: usize = records
+                    .iter()
+                    .map(|(_, p)| p.len() + WRITE_RECORD_OVERHEAD_BYTES)
+                    .sum();
                 body.reserve(4 + stream.len() + 4 + payload);
                 put_str(&mut body, stream);
-                put_u32(&mut body, u32::try_from(records.len()).expect("record count above u32"));
+                put_u32(
+                    &mut body,
+                    u32::try_from(records.len()).expect("record count above u32"),
+                );
                 for (txid, payload) in records {
                     body.extend_from_slice(&txid.to_le_bytes());
                     put_len_prefixed(&mut body, payload);
                 }
             }
-            Request::Read { stream, from, max_records, max_bytes, wait_ms } => {
+            Request::Read {
+                stream,
+                from,
+                max_records,
+                max_bytes,
+                wait_ms,
+            } => {
                 put_str(&mut body, stream);
                 put_position(&mut body, from);
                 put_u32(&mut body, *max_records);
@@ -200,7 +242,12 @@ impl Request {
                 put_u32(&mut body, *wait_ms);
             }
         }
-        let header = FrameHeader { opcode: self.opcode() as u8, flags, status: 0, request_id };
+        let header = FrameHeader {
+            opcode: self.opcode() as u8,
+            flags,
+            status: 0,
+            request_id,
+        };
         encode_frame(out, header, &body);
     }
 
@@ -217,18 +264,23 @@ impl Request {
                 if magic != PROXY_HELLO_MAGIC {
                     return Err(WireError::BadMagic { found: magic });
                 }
-                Request::Hello { version_min: r.u16()?, version_max: r.u16()? }
+                Request::Hello {
+                    version_min: r.u16()?,
+                    version_max: r.u16()?,
+                }
             }
-            Opcode::CreateStream => {
-                Request::CreateStream { stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")? }
-            }
+            Opcode::CreateStream => Request::CreateStream {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+            },
             Opcode::ListStreams => Request::ListStreams,
             Opcode::Write => {
                 let stream = get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?;
                 let count = r.u32()? as usize;
                 // Refuse counts the body cannot hold before allocating for them.
                 if count > frame.body.len() / WRITE_RECORD_OVERHEAD_BYTES {
-                    return Err(WireError::InvalidField { what: "write record count" });
+                    return Err(WireError::InvalidField {
+                        what: "write record count",
+                    });
                 }
                 let mut records = Vec::with_capacity(count);
                 for _ in 0..count {
@@ -238,7 +290,11 @@ impl Request {
                     let payload = r.len_prefixed(frame.body.len())?;
                     records.push((txid, payload.to_vec()));
                 }
-                Request::Write { stream, create_if_missing: frame.header.flags & FLAG_CREATE_IF_MISSING != 0, records }
+                Request::Write {
+                    stream,
+                    create_if_missing: frame.header.flags & FLAG_CREATE_IF_MISSING != 0,
+                    records,
+                }
             }
             Opcode::Read => Request::Read {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
@@ -260,7 +316,11 @@ impl Response {
         let mut body = Vec::new();
         let mut status = 0u16;
         match self {
-            Response::Hello { version, frame_size_bytes_max, record_size_bytes_max } => {
+            Response::Hello {
+                version,
+                frame_size_bytes_max,
+                record_size_bytes_max,
+            } => {
                 put_u32(&mut body, PROXY_HELLO_MAGIC);
                 body.extend_from_slice(&version.to_le_bytes());
                 put_u32(&mut body, *frame_size_bytes_max);
@@ -268,19 +328,29 @@ impl Response {
             }
             Response::CreateStream => {}
             Response::ListStreams { streams } => {
-                put_u32(&mut body, u32::try_from(streams.len()).expect("stream count above u32"));
+                put_u32(
+                    &mut body,
+                    u32::try_from(streams.len()).expect("stream count above u32"),
+                );
                 for s in streams {
                     put_str(&mut body, s);
                 }
             }
-            Response::Write { count, first_dlsn, last_dlsn } => {
+            Response::Write {
+                count,
+                first_dlsn,
+                last_dlsn,
+            } => {
                 put_u32(&mut body, *count);
                 first_dlsn.encode(&mut body);
                 last_dlsn.encode(&mut body);
             }
             Response::Read { next, records } => {
                 put_position(&mut body, next);
-                put_u32(&mut body, u32::try_from(records.len()).expect("record count above u32"));
+                put_u32(
+                    &mut body,
+                    u32::try_from(records.len()).expect("record count above u32"),
+                );
                 for (dlsn, txid, payload) in records {
                     dlsn.encode(&mut body);
                     body.extend_from_slice(&txid.to_le_bytes());
@@ -288,12 +358,23 @@ impl Response {
                 }
             }
             Response::Error { code, message } => {
-                assert!(*code != ErrorCode::Ok, "an error response needs a non-zero code");
+                assert!(
+                    *code != ErrorCode::Ok,
+                    "an error response needs a non-zero code"
+                );
                 status = *code as u16;
-                put_str(&mut body, truncate_message(message, ERROR_MESSAGE_SIZE_BYTES_MAX));
+                put_str(
+                    &mut body,
+                    truncate_message(message, ERROR_MESSAGE_SIZE_BYTES_MAX),
+                );
             }
         }
-        let header = FrameHeader { opcode: request_opcode | RESPONSE_BIT, flags: 0, status, request_id };
+        let header = FrameHeader {
+            opcode: request_opcode | RESPONSE_BIT,
+            flags: 0,
+            status,
+            request_id,
+        };
         encode_frame(out, header, &body);
     }
 
@@ -308,7 +389,8 @@ impl Response {
         }
         let mut r = Reader::new(frame.body, "proxy response");
         if frame.header.status != 0 {
-            let code = ErrorCode::from_u16(frame.header.status).ok_or(WireError::UnknownStatus(frame.header.status))?;
+            let code = ErrorCode::from_u16(frame.header.status)
+                .ok_or(WireError::UnknownStatus(frame.header.status))?;
             let message = String::from_utf8_lossy(r.len_prefixed(frame.body.len())?).into_owned();
             r.finish()?;
             return Ok(Response::Error { code, message });
@@ -320,26 +402,42 @@ impl Response {
                 if magic != PROXY_HELLO_MAGIC {
                     return Err(WireError::BadMagic { found: magic });
                 }
-                Response::Hello { version: r.u16()?, frame_size_bytes_max: r.u32()?, record_size_bytes_max: r.u32()? }
+                Response::Hello {
+                    version: r.u16()?,
+                    frame_size_bytes_max: r.u32()?,
+                    record_size_bytes_max: r.u32()?,
+                }
             }
             Opcode::CreateStream => Response::CreateStream,
             Opcode::ListStreams => {
                 let count = r.u32()? as usize;
                 if count > frame.body.len() / 4 {
-                    return Err(WireError::InvalidField { what: "stream count" });
+                    return Err(WireError::InvalidField {
+                        what: "stream count",
+                    });
                 }
                 let mut streams = Vec::with_capacity(count);
                 for _ in 0..count {
-                    streams.push(get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?);
+                    streams.push(get_str(
+                        &mut r,
+                        STREAM_NAME_FIELD_SIZE_BYTES_MAX,
+                        "stream name",
+                    )?);
                 }
                 Response::ListStreams { streams }
             }
-            Opcode::Write => Response::Write { count: r.u32()?, first_dlsn: Dlsn::decode(&mut r)?, last_dlsn: Dlsn::decode(&mut r)? },
+            Opcode::Write => Response::Write {
+                count: r.u32()?,
+                first_dlsn: Dlsn::decode(&mut r)?,
+                last_dlsn: Dlsn::decode(&mut r)?,
+            },
             Opcode::Read => {
                 let next = get_position(&mut r)?;
                 let count = r.u32()? as usize;
                 if count > frame.body.len() / READ_RECORD_OVERHEAD_BYTES {
-                    return Err(WireError::InvalidField { what: "read record count" });
+                    return Err(WireError::InvalidField {
+                        what: "read record count",
+                    });
                 }
                 let mut records = Vec::with_capacity(count);
                 for _ in 0..count {
@@ -370,7 +468,10 @@ mod tests {
         assert_eq!(Request::decode(&frame).unwrap(), req);
         // Every truncation of the body is refused.
         for cut in 0..frame.body.len() {
-            let f = Frame { header: frame.header, body: &frame.body[..cut] };
+            let f = Frame {
+                header: frame.header,
+                body: &frame.body[..cut],
+            };
             assert!(Request::decode(&f).is_err(), "{req:?} cut {cut}");
         }
     }
@@ -381,7 +482,10 @@ mod tests {
         let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
         assert_eq!(Response::decode(&frame).unwrap(), resp);
         for cut in 0..frame.body.len() {
-            let f = Frame { header: frame.header, body: &frame.body[..cut] };
+            let f = Frame {
+                header: frame.header,
+                body: &frame.body[..cut],
+            };
             assert!(Response::decode(&f).is_err(), "{resp:?} cut {cut}");
         }
     }
@@ -389,14 +493,25 @@ mod tests {
     #[test]
     fn requests_round_trip() {
         // Goal: every request survives encode/decode and every truncated body is refused.
-        req_round_trip(Request::Hello { version_min: 1, version_max: 3 });
-        req_round_trip(Request::CreateStream { stream: "a/b".into() });
+        req_round_trip(Request::Hello {
+            version_min: 1,
+            version_max: 3,
+        });
+        req_round_trip(Request::CreateStream {
+            stream: "a/b".into(),
+        });
         req_round_trip(Request::Write {
             stream: "s".into(),
             create_if_missing: true,
             records: vec![(1, b"x".to_vec()), (1, vec![]), (u64::MAX, vec![9; 300])],
         });
-        req_round_trip(Request::Read { stream: "s".into(), from: ReadPosition::Head, max_records: 10, max_bytes: 100, wait_ms: 5 });
+        req_round_trip(Request::Read {
+            stream: "s".into(),
+            from: ReadPosition::Head,
+            max_records: 10,
+            max_bytes: 100,
+            wait_ms: 5,
+        });
         req_round_trip(Request::Read {
             stream: "s".into(),
             from: ReadPosition::Dlsn(Dlsn::new(2, 3, 4)),
@@ -413,20 +528,45 @@ mod tests {
     #[test]
     fn responses_round_trip() {
         // Goal: every response survives encode/decode, errors keep code and message.
-        resp_round_trip(Opcode::Hello, Response::Hello { version: 1, frame_size_bytes_max: 5 << 20, record_size_bytes_max: 7 });
-        resp_round_trip(Opcode::ListStreams, Response::ListStreams { streams: vec!["a".into(), "b/c".into()] });
+        resp_round_trip(
+            Opcode::Hello,
+            Response::Hello {
+                version: 1,
+                frame_size_bytes_max: 5 << 20,
+                record_size_bytes_max: 7,
+            },
+        );
+        resp_round_trip(
+            Opcode::ListStreams,
+            Response::ListStreams {
+                streams: vec!["a".into(), "b/c".into()],
+            },
+        );
         resp_round_trip(
             Opcode::Write,
-            Response::Write { count: 3, first_dlsn: Dlsn::new(1, 0, 0), last_dlsn: Dlsn::new(1, 0, 2) },
+            Response::Write {
+                count: 3,
+                first_dlsn: Dlsn::new(1, 0, 0),
+                last_dlsn: Dlsn::new(1, 0, 2),
+            },
         );
         resp_round_trip(
             Opcode::Read,
             Response::Read {
                 next: ReadPosition::Dlsn(Dlsn::new(1, 1, 0)),
-                records: vec![(Dlsn::new(1, 0, 0), 4, b"hi".to_vec()), (Dlsn::new(1, 0, 1), 4, vec![])],
+                records: vec![
+                    (Dlsn::new(1, 0, 0), 4, b"hi".to_vec()),
+                    (Dlsn::new(1, 0, 1), 4, vec![]),
+                ],
             },
         );
-        resp_round_trip(Opcode::Write, Response::Error { code: ErrorCode::RecordTooLarge, message: "too big".into() });
+        resp_round_trip(
+            Opcode::Write,
+            Response::Error {
+                code: ErrorCode::RecordTooLarge,
+                message: "too big".into(),
+            },
+        );
         let mut buf = Vec::new();
         Response::CreateStream.encode(Opcode::CreateStream as u8, 1, &mut buf);
         let (f, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
@@ -436,23 +576,59 @@ mod tests {
     #[test]
     fn hostile_bodies_are_refused() {
         // Goal: bad magic, unknown opcode, absurd counts and bad UTF-8 give errors, not panics.
-        let hdr = |opcode| FrameHeader { opcode, flags: 0, status: 0, request_id: 1 };
+        let hdr = |opcode| FrameHeader {
+            opcode,
+            flags: 0,
+            status: 0,
+            request_id: 1,
+        };
         let body = [0u8; 8];
-        assert!(matches!(Request::decode(&Frame { header: hdr(1), body: &body }), Err(WireError::BadMagic { .. })));
-        assert!(matches!(Request::decode(&Frame { header: hdr(0x7f), body: &[] }), Err(WireError::UnknownOpcode(0x7f))));
+        assert!(matches!(
+            Request::decode(&Frame {
+                header: hdr(1),
+                body: &body
+            }),
+            Err(WireError::BadMagic { .. })
+        ));
+        assert!(matches!(
+            Request::decode(&Frame {
+                header: hdr(0x7f),
+                body: &[]
+            }),
+            Err(WireError::UnknownOpcode(0x7f))
+        ));
         let mut b = Vec::new();
         put_str(&mut b, "s");
         put_u32(&mut b, u32::MAX);
-        assert!(Request::decode(&Frame { header: hdr(4), body: &b }).is_err());
+        assert!(Request::decode(&Frame {
+            header: hdr(4),
+            body: &b
+        })
+        .is_err());
         let mut b = Vec::new();
         put_len_prefixed(&mut b, &[0xff, 0xfe]);
-        assert!(Request::decode(&Frame { header: hdr(2), body: &b }).is_err());
+        assert!(Request::decode(&Frame {
+            header: hdr(2),
+            body: &b
+        })
+        .is_err());
         let mut x: u32 = 7;
         for len in 0..300usize {
-            let g: Vec<u8> = (0..len).map(|_| { x = x.wrapping_mul(1664525).wrapping_add(1013904223); (x >> 24) as u8 }).collect();
+            let g: Vec<u8> = (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                    (x >> 24) as u8
+                })
+                .collect();
             for op in 0..8u8 {
-                let _ = Request::decode(&Frame { header: hdr(op), body: &g });
-                let _ = Response::decode(&Frame { header: hdr(op | RESPONSE_BIT), body: &g });
+                let _ = Request::decode(&Frame {
+                    header: hdr(op),
+                    body: &g,
+                });
+                let _ = Response::decode(&Frame {
+                    header: hdr(op | RESPONSE_BIT),
+                    body: &g,
+                });
             }
         }
     }

@@ -33,7 +33,10 @@ pub const RECORD_SIZE_BYTES_MAX: usize = 1024 * 1024 - 8 * 1024;
 pub const ENTRY_SIZE_BYTES_MAX: usize = 1024 * 1024 - 4 * 1024;
 
 // One maximal record must always fit in one entry on its own.
-const _: () = assert!(RECORD_SET_HEADER_SIZE_BYTES + RECORD_HEADER_SIZE_BYTES + RECORD_SIZE_BYTES_MAX <= ENTRY_SIZE_BYTES_MAX);
+const _: () = assert!(
+    RECORD_SET_HEADER_SIZE_BYTES + RECORD_HEADER_SIZE_BYTES + RECORD_SIZE_BYTES_MAX
+        <= ENTRY_SIZE_BYTES_MAX
+);
 const _: () = assert!(RECORD_SIZE_BYTES_MAX == 1_040_384);
 
 /// Bytes a record takes inside a record set.
@@ -54,14 +57,28 @@ where
     let iter = records.into_iter();
     let count = iter.clone().count();
     assert!(count >= 1, "a record set holds at least one record");
-    let size: usize = RECORD_SET_HEADER_SIZE_BYTES + iter.clone().map(|(_, p)| encoded_record_size_bytes(p.len())).sum::<usize>();
-    assert!(size <= ENTRY_SIZE_BYTES_MAX, "record set of {size} bytes exceeds the entry limit");
+    let size: usize = RECORD_SET_HEADER_SIZE_BYTES
+        + iter
+            .clone()
+            .map(|(_, p)| encoded_record_size_bytes(p.len()))
+            .sum::<usize>();
+    assert!(
+        size <= ENTRY_SIZE_BYTES_MAX,
+        "record set of {size} bytes exceeds the entry limit"
+    );
     let mut out = Vec::with_capacity(size);
     out.push(RECORD_SET_FORMAT_CURRENT);
-    out.extend_from_slice(&u32::try_from(count).expect("count bounded by entry size").to_le_bytes());
+    out.extend_from_slice(
+        &u32::try_from(count)
+            .expect("count bounded by entry size")
+            .to_le_bytes(),
+    );
     out.extend_from_slice(&segment_record_index.to_le_bytes());
     for (txid, payload) in iter {
-        assert!(payload.len() <= RECORD_SIZE_BYTES_MAX, "record above the record limit");
+        assert!(
+            payload.len() <= RECORD_SIZE_BYTES_MAX,
+            "record above the record limit"
+        );
         out.extend_from_slice(&txid.to_le_bytes());
         out.extend_from_slice(&u32::try_from(payload.len()).expect("bounded").to_le_bytes());
         out.extend_from_slice(payload);
@@ -97,16 +114,22 @@ pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
     let mut r = Reader::new(buf, "record set");
     let version = r.u8()?;
     if !(RECORD_SET_FORMAT_OLDEST_READABLE..=RECORD_SET_FORMAT_CURRENT).contains(&version) {
-        return Err(WireError::InvalidField { what: "record set version" });
+        return Err(WireError::InvalidField {
+            what: "record set version",
+        });
     }
     let count = r.u32()? as usize;
     if count == 0 {
-        return Err(WireError::InvalidField { what: "record set count" });
+        return Err(WireError::InvalidField {
+            what: "record set count",
+        });
     }
     // Each record needs at least its 12-byte header: refuse counts the buffer cannot hold before
     // allocating for them.
     if count > buf.len() / RECORD_HEADER_SIZE_BYTES {
-        return Err(WireError::InvalidField { what: "record set count" });
+        return Err(WireError::InvalidField {
+            what: "record set count",
+        });
     }
     let segment_record_index = r.u64()?;
     let mut records = Vec::with_capacity(count);
@@ -116,7 +139,10 @@ pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
         records.push(RecordRef { txid, payload });
     }
     r.finish()?;
-    Ok(RecordSet { segment_record_index, records })
+    Ok(RecordSet {
+        segment_record_index,
+        records,
+    })
 }
 
 #[cfg(test)]
@@ -132,7 +158,11 @@ mod tests {
         assert_eq!(buf[0], 1);
         let set = decode(&buf).unwrap();
         assert_eq!(set.segment_record_index, 42);
-        let back: Vec<(u64, Vec<u8>)> = set.records.iter().map(|r| (r.txid, r.payload.to_vec())).collect();
+        let back: Vec<(u64, Vec<u8>)> = set
+            .records
+            .iter()
+            .map(|r| (r.txid, r.payload.to_vec()))
+            .collect();
         assert_eq!(back, recs);
     }
 
@@ -158,7 +188,10 @@ mod tests {
         let big = vec![0u8; RECORD_SIZE_BYTES_MAX];
         let buf = encode(0, [(5, big.as_slice())]);
         assert!(buf.len() <= ENTRY_SIZE_BYTES_MAX);
-        assert_eq!(decode(&buf).unwrap().records[0].payload.len(), RECORD_SIZE_BYTES_MAX);
+        assert_eq!(
+            decode(&buf).unwrap().records[0].payload.len(),
+            RECORD_SIZE_BYTES_MAX
+        );
     }
 
     #[test]
@@ -187,7 +220,12 @@ mod tests {
         // Pseudo-random garbage.
         let mut x: u32 = 12345;
         for len in 0..200 {
-            let g: Vec<u8> = (0..len).map(|_| { x = x.wrapping_mul(1664525).wrapping_add(1013904223); (x >> 24) as u8 }).collect();
+            let g: Vec<u8> = (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                    (x >> 24) as u8
+                })
+                .collect();
             let _ = decode(&g);
         }
     }

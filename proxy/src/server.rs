@@ -25,7 +25,8 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
-    reserved_txid_index, Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN, READ_RECORD_OVERHEAD_BYTES,
+    reserved_txid_index, Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX,
+    PROXY_PROTOCOL_VERSION_MIN, READ_RECORD_OVERHEAD_BYTES,
 };
 use crate::record_set::RECORD_SIZE_BYTES_MAX;
 use crate::stream::StreamManager;
@@ -76,7 +77,9 @@ pub struct ProxyServer {
 
 impl std::fmt::Debug for ProxyServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyServer").field("local_addr", &self.local_addr).finish()
+        f.debug_struct("ProxyServer")
+            .field("local_addr", &self.local_addr)
+            .finish()
     }
 }
 
@@ -85,8 +88,14 @@ impl ProxyServer {
     ///
     /// # Errors
     /// `Io` if the address cannot be bound.
-    pub async fn bind(addr: SocketAddr, streams: Arc<StreamManager>, config: ServerConfig) -> Result<Self> {
-        let listener = TcpListener::bind(addr).await.map_err(|source| Error::Io { op: "bind", source })?;
+    pub async fn bind(
+        addr: SocketAddr,
+        streams: Arc<StreamManager>,
+        config: ServerConfig,
+    ) -> Result<Self> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Io { op: "bind", source })?;
         Self::start(listener, streams, config)
     }
 
@@ -97,13 +106,30 @@ impl ProxyServer {
     ///
     /// # Panics
     /// If `config.frame_size_bytes_max` is below 2 MiB or `config.connections_max` is 0.
-    pub fn start(listener: TcpListener, streams: Arc<StreamManager>, config: ServerConfig) -> Result<Self> {
-        assert!(config.frame_size_bytes_max >= 2 * 1024 * 1024, "the frame limit must hold one maximal record");
-        assert!(config.connections_max > 0, "the server must accept at least one connection");
-        let local_addr = listener.local_addr().map_err(|source| Error::Io { op: "local_addr", source })?;
+    pub fn start(
+        listener: TcpListener,
+        streams: Arc<StreamManager>,
+        config: ServerConfig,
+    ) -> Result<Self> {
+        assert!(
+            config.frame_size_bytes_max >= 2 * 1024 * 1024,
+            "the frame limit must hold one maximal record"
+        );
+        assert!(
+            config.connections_max > 0,
+            "the server must accept at least one connection"
+        );
+        let local_addr = listener.local_addr().map_err(|source| Error::Io {
+            op: "local_addr",
+            source,
+        })?;
         let (stop, stop_rx) = watch::channel(false);
         let accept_task = tokio::spawn(serve_until(listener, streams, config, stop_rx));
-        Ok(Self { local_addr, stop, accept_task })
+        Ok(Self {
+            local_addr,
+            stop,
+            accept_task,
+        })
     }
 
     /// The address the server listens on.
@@ -129,7 +155,11 @@ impl Drop for ProxyServer {
 ///
 /// # Errors
 /// Returns only if accepting fails for good (`Io`).
-pub async fn serve(listener: TcpListener, streams: Arc<StreamManager>, config: ServerConfig) -> Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    streams: Arc<StreamManager>,
+    config: ServerConfig,
+) -> Result<()> {
     let (_stop, stop_rx) = watch::channel(false);
     serve_until(listener, streams, config, stop_rx).await;
     Ok(())
@@ -158,7 +188,11 @@ struct AcceptBackoff {
 
 impl AcceptBackoff {
     fn new() -> Self {
-        Self { pause: ACCEPT_BACKOFF_START, last_log: None, suppressed: 0 }
+        Self {
+            pause: ACCEPT_BACKOFF_START,
+            last_log: None,
+            suppressed: 0,
+        }
     }
 
     /// A failed accept at `now`: how long to pause, and whether to log (with the number of
@@ -185,7 +219,12 @@ impl AcceptBackoff {
     }
 }
 
-async fn serve_until(listener: TcpListener, streams: Arc<StreamManager>, config: ServerConfig, stop: watch::Receiver<bool>) {
+async fn serve_until(
+    listener: TcpListener,
+    streams: Arc<StreamManager>,
+    config: ServerConfig,
+    stop: watch::Receiver<bool>,
+) {
     let config = Arc::new(config);
     let connections = Arc::new(Semaphore::new(config.connections_max));
     let rejections = Arc::new(Semaphore::new(REJECTIONS_IN_FLIGHT_MAX));
@@ -197,7 +236,8 @@ async fn serve_until(listener: TcpListener, streams: Arc<StreamManager>, config:
                 let _ = socket.set_nodelay(true);
                 match connections.clone().try_acquire_owned() {
                     Ok(slot) => {
-                        let (streams, config, stop) = (streams.clone(), config.clone(), stop.clone());
+                        let (streams, config, stop) =
+                            (streams.clone(), config.clone(), stop.clone());
                         tokio::spawn(async move {
                             connection(socket, peer, streams, config, stop).await;
                             drop(slot);
@@ -226,8 +266,17 @@ async fn serve_until(listener: TcpListener, streams: Arc<StreamManager>, config:
 /// The write side is shut first and what the client sent is read and dropped, so the close
 /// does not reset the connection and discard the answer before the client reads it.
 async fn reject(socket: TcpStream, limit: usize, _permit: OwnedSemaphorePermit) {
-    let message = format!("the proxy already has its maximum of {limit} open connections; try later or another proxy");
-    let answer = encode(&Response::Error { code: ErrorCode::ServiceUnavailable, message }, 0, 0);
+    let message = format!(
+        "the proxy already has its maximum of {limit} open connections; try later or another proxy"
+    );
+    let answer = encode(
+        &Response::Error {
+            code: ErrorCode::ServiceUnavailable,
+            message,
+        },
+        0,
+        0,
+    );
     let (mut rd, mut wr) = socket.into_split();
     let _ = tokio::time::timeout(REJECTION_TIME_MAX, async move {
         if wr.write_all(&answer).await.is_ok() && wr.shutdown().await.is_ok() {
@@ -242,8 +291,14 @@ async fn reject(socket: TcpStream, limit: usize, _permit: OwnedSemaphorePermit) 
 /// address alone as its message, for the client to connect to.
 fn error_response(e: &Error) -> Response {
     match e {
-        Error::OwnedElsewhere { owner, .. } => Response::Error { code: ErrorCode::StreamOwnedElsewhere, message: owner.clone() },
-        other => Response::Error { code: other.code(), message: other.to_string() },
+        Error::OwnedElsewhere { owner, .. } => Response::Error {
+            code: ErrorCode::StreamOwnedElsewhere,
+            message: owner.clone(),
+        },
+        other => Response::Error {
+            code: other.code(),
+            message: other.to_string(),
+        },
     }
 }
 
@@ -278,7 +333,10 @@ struct Activity {
 
 impl Activity {
     fn touch(&self) {
-        self.last_ms.store(self.accepted.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_ms.store(
+            self.accepted.elapsed().as_millis() as u64,
+            Ordering::Relaxed,
+        );
     }
 
     fn last(&self) -> Instant {
@@ -292,8 +350,17 @@ const READ_RESERVE_BYTES: usize = 16 * 1024;
 /// A read buffer above this capacity is shrunk once it is empty again.
 const READ_BUFFER_KEEP_BYTES: usize = 256 * 1024;
 
-async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamManager>, config: Arc<ServerConfig>, mut stop: watch::Receiver<bool>) {
-    let activity = Arc::new(Activity { accepted: Instant::now(), last_ms: AtomicU64::new(0) });
+async fn connection(
+    socket: TcpStream,
+    peer: SocketAddr,
+    streams: Arc<StreamManager>,
+    config: Arc<ServerConfig>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity {
+        accepted: Instant::now(),
+        last_ms: AtomicU64::new(0),
+    });
     let (mut rd, wr) = socket.into_split();
     let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(config.requests_in_flight_max);
     let writer = tokio::spawn(writer_loop(wr, out_rx));
@@ -303,16 +370,24 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
     'conn: loop {
         // Handle every whole frame in the buffer.
         loop {
-            let (opcode, request_id, decoded, used) = match decode_frame(&buf, config.frame_size_bytes_max) {
-                Ok(None) => break,
-                Ok(Some((frame, used))) => (frame.header.opcode, frame.header.request_id, Request::decode(&frame), used),
-                Err(e) => {
-                    // Oversized or undersized length: the stream cannot be resynchronised.
-                    tracing::debug!(%peer, error = %e, "closing connection after a bad frame");
-                    let _ = out_tx.send(encode(&error_response(&Error::Protocol(e)), 0, 0)).await;
-                    break 'conn;
-                }
-            };
+            let (opcode, request_id, decoded, used) =
+                match decode_frame(&buf, config.frame_size_bytes_max) {
+                    Ok(None) => break,
+                    Ok(Some((frame, used))) => (
+                        frame.header.opcode,
+                        frame.header.request_id,
+                        Request::decode(&frame),
+                        used,
+                    ),
+                    Err(e) => {
+                        // Oversized or undersized length: the stream cannot be resynchronised.
+                        tracing::debug!(%peer, error = %e, "closing connection after a bad frame");
+                        let _ = out_tx
+                            .send(encode(&error_response(&Error::Protocol(e)), 0, 0))
+                            .await;
+                        break 'conn;
+                    }
+                };
             buf.drain(..used);
             activity.touch();
             let req = match decoded {
@@ -327,9 +402,17 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
                 }
             };
             if !greeted {
-                let Request::Hello { version_min, version_max } = req else {
-                    let e = Error::BadRequest { reason: "the first request must be a handshake".into() };
-                    let _ = out_tx.send(encode(&error_response(&e), opcode, request_id)).await;
+                let Request::Hello {
+                    version_min,
+                    version_max,
+                } = req
+                else {
+                    let e = Error::BadRequest {
+                        reason: "the first request must be a handshake".into(),
+                    };
+                    let _ = out_tx
+                        .send(encode(&error_response(&e), opcode, request_id))
+                        .await;
                     break 'conn;
                 };
                 let version = version_max.min(PROXY_PROTOCOL_VERSION_MAX);
@@ -340,7 +423,9 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
                         ours_min: PROXY_PROTOCOL_VERSION_MIN,
                         ours_max: PROXY_PROTOCOL_VERSION_MAX,
                     };
-                    let _ = out_tx.send(encode(&error_response(&e), opcode, request_id)).await;
+                    let _ = out_tx
+                        .send(encode(&error_response(&e), opcode, request_id))
+                        .await;
                     break 'conn;
                 }
                 let resp = Response::Hello {
@@ -348,31 +433,52 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
                     frame_size_bytes_max: config.frame_size_bytes_max,
                     record_size_bytes_max: RECORD_SIZE_BYTES_MAX as u32,
                 };
-                if out_tx.send(encode(&resp, opcode, request_id)).await.is_err() {
+                if out_tx
+                    .send(encode(&resp, opcode, request_id))
+                    .await
+                    .is_err()
+                {
                     break 'conn;
                 }
                 greeted = true;
                 continue;
             }
-            let Ok(permit) = permits.clone().acquire_owned().await else { break 'conn };
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break 'conn;
+            };
             let tx = out_tx.clone();
             let activity = activity.clone();
             match req {
                 Request::Hello { .. } => {
-                    let e = Error::BadRequest { reason: "handshake already done".into() };
-                    let _ = tx.send(encode(&error_response(&e), opcode, request_id)).await;
+                    let e = Error::BadRequest {
+                        reason: "handshake already done".into(),
+                    };
+                    let _ = tx
+                        .send(encode(&error_response(&e), opcode, request_id))
+                        .await;
                 }
                 Request::Write { records, .. } if reserved_txid_index(&records).is_some() => {
                     // Checked here rather than in the stream layer so that no stream is created
                     // or acquired for a request that cannot be written.
                     let record_index = reserved_txid_index(&records).expect("checked by the guard");
-                    let e = Error::ReservedTxid { record_index, txid: records[record_index].0 };
-                    let _ = tx.send(encode(&error_response(&e), opcode, request_id)).await;
+                    let e = Error::ReservedTxid {
+                        record_index,
+                        txid: records[record_index].0,
+                    };
+                    let _ = tx
+                        .send(encode(&error_response(&e), opcode, request_id))
+                        .await;
                 }
-                Request::Write { stream, create_if_missing, records } => {
+                Request::Write {
+                    stream,
+                    create_if_missing,
+                    records,
+                } => {
                     // Submitted here, in frame order; awaited in its own task.
                     let count = records.len();
-                    let submitted = streams.submit_append(&stream, records, create_if_missing).await;
+                    let submitted = streams
+                        .submit_append(&stream, records, create_if_missing)
+                        .await;
                     tokio::spawn(async move {
                         let result = match submitted {
                             Ok(rx) => rx.await.unwrap_or(Err(Error::ShuttingDown)),
@@ -381,7 +487,11 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
                         let resp = match result {
                             Ok(w) => {
                                 assert_eq!(w.count as usize, count);
-                                Response::Write { count: count as u32, first_dlsn: w.first_dlsn, last_dlsn: w.last_dlsn }
+                                Response::Write {
+                                    count: count as u32,
+                                    first_dlsn: w.first_dlsn,
+                                    last_dlsn: w.last_dlsn,
+                                }
                             }
                             Err(e) => error_response(&e),
                         };
@@ -454,26 +564,47 @@ async fn connection(socket: TcpStream, peer: SocketAddr, streams: Arc<StreamMana
 
 async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) -> Result<Response> {
     match req {
-        Request::CreateStream { stream } => streams.create_stream(&stream).await.map(|()| Response::CreateStream),
+        Request::CreateStream { stream } => streams
+            .create_stream(&stream)
+            .await
+            .map(|()| Response::CreateStream),
         Request::ListStreams => {
             let names = streams.list_streams().await?;
             let size: usize = names.iter().map(|n| n.len() + 4).sum();
             if size + 64 > config.frame_size_bytes_max as usize {
-                return Err(Error::Internal(format!("{} stream names do not fit one frame", names.len())));
+                return Err(Error::Internal(format!(
+                    "{} stream names do not fit one frame",
+                    names.len()
+                )));
             }
             Ok(Response::ListStreams { streams: names })
         }
-        Request::Read { stream, from, max_records, max_bytes, wait_ms } => {
+        Request::Read {
+            stream,
+            from,
+            max_records,
+            max_bytes,
+            wait_ms,
+        } => {
             let wait = Duration::from_millis(u64::from(wait_ms)).min(config.read_wait_max);
             // Leave room for one maximal record past the byte budget and for the headers.
-            let bytes_cap = config.frame_size_bytes_max as usize - RECORD_SIZE_BYTES_MAX - READ_RECORD_OVERHEAD_BYTES - 4096;
+            let bytes_cap = config.frame_size_bytes_max as usize
+                - RECORD_SIZE_BYTES_MAX
+                - READ_RECORD_OVERHEAD_BYTES
+                - 4096;
             let max_bytes = (max_bytes as usize).min(bytes_cap) as u32;
-            let batch = streams.read(&stream, from, max_records, max_bytes, wait).await?;
-            Ok(Response::Read { next: batch.next, records: batch.records })
+            let batch = streams
+                .read(&stream, from, max_records, max_bytes, wait)
+                .await?;
+            Ok(Response::Read {
+                next: batch.next,
+                records: batch.records,
+            })
         }
-        Request::Hello { .. } | Request::Write { .. } => {
-            Err(Error::Internal(format!("{:?} is handled by the connection loop", Opcode::from_u8(req.opcode() as u8))))
-        }
+        Request::Hello { .. } | Request::Write { .. } => Err(Error::Internal(format!(
+            "{:?} is handled by the connection loop",
+            Opcode::from_u8(req.opcode() as u8)
+        ))),
     }
 }
 
@@ -507,8 +638,13 @@ mod tests {
         assert!(pauses.windows(2).all(|w| w[1] >= w[0]));
         assert_eq!(*pauses.last().unwrap(), ACCEPT_BACKOFF_MAX);
         let elapsed = now - start;
-        let intervals = (elapsed.as_secs_f64() / ACCEPT_ERROR_LOG_INTERVAL.as_secs_f64()).ceil() as usize;
-        assert!(logged.len() <= intervals + 1, "{} warnings in {elapsed:?}", logged.len());
+        let intervals =
+            (elapsed.as_secs_f64() / ACCEPT_ERROR_LOG_INTERVAL.as_secs_f64()).ceil() as usize;
+        assert!(
+            logged.len() <= intervals + 1,
+            "{} warnings in {elapsed:?}",
+            logged.len()
+        );
         assert!(logged.len() >= 2);
         assert_eq!(logged[0].1, 0);
         // Every failure is either warned about or counted (in a later warning or still pending).

@@ -62,13 +62,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quire_ledger::{AddFuture, BookKeeper, LedgerOptions, LedgerReader, LedgerWriter};
-use quire_metadata::{validate_stream_name, MetadataStore, SegmentMetadata, SegmentState, StreamLease, StreamMetadata, Versioned};
+use quire_metadata::{
+    validate_stream_name, MetadataStore, SegmentMetadata, SegmentState, StreamLease,
+    StreamMetadata, Versioned,
+};
 use quire_wire::{EntryId, LedgerId};
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::{Error, Result};
-use crate::record_set::{self, encoded_record_size_bytes, ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX};
+use crate::record_set::{
+    self, encoded_record_size_bytes, ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES,
+    RECORD_SIZE_BYTES_MAX,
+};
 use crate::types::{ReadBatch, WriteResult};
 
 /// Stream layer settings.
@@ -121,11 +127,17 @@ impl Default for StreamConfig {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn storage(stream: &str, op: &'static str, e: quire_ledger::Error) -> Error {
-    Error::Storage { stream: stream.to_string(), op, source: Box::new(e) }
+    Error::Storage {
+        stream: stream.to_string(),
+        op,
+        source: Box::new(e),
+    }
 }
 
 /// A ledger error of the writer: `Fenced` means another writer recovered the segment under
@@ -177,7 +189,11 @@ impl TailState {
             .map(|s| SegmentView {
                 seq_no: s.seq_no,
                 ledger_id: s.ledger_id,
-                readable_last_entry: if s.state == SegmentState::Completed { s.last_entry } else { None },
+                readable_last_entry: if s.state == SegmentState::Completed {
+                    s.last_entry
+                } else {
+                    None
+                },
                 completed: s.state == SegmentState::Completed,
             })
             .collect();
@@ -219,7 +235,9 @@ impl TailCache {
             self.size_bytes -= old.len();
         }
         while self.size_bytes > size_bytes_max {
-            let Some((_, evicted)) = self.entries.pop_first() else { break };
+            let Some((_, evicted)) = self.entries.pop_first() else {
+                break;
+            };
             self.size_bytes -= evicted.len();
         }
     }
@@ -242,8 +260,13 @@ const READERS_CACHED_MAX: usize = 16;
 const READ_AHEAD_ENTRIES_MAX: usize = 4;
 
 enum Command {
-    Append { records: Vec<(u64, Vec<u8>)>, reply: oneshot::Sender<Result<WriteResult>> },
-    Close { reply: oneshot::Sender<Result<()>> },
+    Append {
+        records: Vec<(u64, Vec<u8>)>,
+        reply: oneshot::Sender<Result<WriteResult>>,
+    },
+    Close {
+        reply: oneshot::Sender<Result<()>>,
+    },
 }
 
 /// A stream acquired by this proxy: the way to its task and to its readers' view.
@@ -281,7 +304,10 @@ pub struct StreamManager {
 
 impl std::fmt::Debug for StreamManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamManager").field("identity", &self.identity).field("config", &self.config).finish()
+        f.debug_struct("StreamManager")
+            .field("identity", &self.identity)
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -292,15 +318,29 @@ impl StreamManager {
     /// # Panics
     /// If the config breaks E >= Qw >= Qa >= 1 or the entry target is outside
     /// `[RECORD_SET_HEADER_SIZE_BYTES + 12, ENTRY_SIZE_BYTES_MAX]`.
-    pub fn new(metadata: Arc<dyn MetadataStore>, bookkeeper: BookKeeper, config: StreamConfig) -> Arc<Self> {
+    pub fn new(
+        metadata: Arc<dyn MetadataStore>,
+        bookkeeper: BookKeeper,
+        config: StreamConfig,
+    ) -> Arc<Self> {
         assert!(config.ensemble_size >= config.write_quorum, "E >= Qw");
         assert!(config.write_quorum >= config.ack_quorum, "Qw >= Qa");
         assert!(config.ack_quorum >= 1, "Qa >= 1");
-        assert!(config.entry_size_bytes_target <= ENTRY_SIZE_BYTES_MAX, "entry target above the entry limit");
-        assert!(config.entry_size_bytes_target > RECORD_SET_HEADER_SIZE_BYTES, "entry target too small");
+        assert!(
+            config.entry_size_bytes_target <= ENTRY_SIZE_BYTES_MAX,
+            "entry target above the entry limit"
+        );
+        assert!(
+            config.entry_size_bytes_target > RECORD_SET_HEADER_SIZE_BYTES,
+            "entry target too small"
+        );
         assert!(config.adds_in_flight_max >= 1 && config.append_queue_max >= 1);
         let identity = if config.owner_address.is_empty() {
-            format!("unadvertised-{}-{}", std::process::id(), PLACEHOLDER_IDENTITY_SEQ.fetch_add(1, Ordering::Relaxed))
+            format!(
+                "unadvertised-{}-{}",
+                std::process::id(),
+                PLACEHOLDER_IDENTITY_SEQ.fetch_add(1, Ordering::Relaxed)
+            )
         } else {
             config.owner_address.clone()
         };
@@ -331,8 +371,16 @@ impl StreamManager {
     pub async fn create_stream(&self, name: &str) -> Result<()> {
         self.check_running()?;
         validate_stream_name(name).map_err(|e| Error::from_metadata(name, "create stream", e))?;
-        let meta = StreamMetadata { name: name.to_string(), segments: Vec::new(), max_txid: None, creation_time_ms: now_ms() };
-        self.metadata.create_stream(&meta).await.map_err(|e| Error::from_metadata(name, "create stream", e))?;
+        let meta = StreamMetadata {
+            name: name.to_string(),
+            segments: Vec::new(),
+            max_txid: None,
+            creation_time_ms: now_ms(),
+        };
+        self.metadata
+            .create_stream(&meta)
+            .await
+            .map_err(|e| Error::from_metadata(name, "create stream", e))?;
         Ok(())
     }
 
@@ -341,7 +389,10 @@ impl StreamManager {
     /// # Errors
     /// `Metadata`.
     pub async fn list_streams(&self) -> Result<Vec<String>> {
-        self.metadata.list_streams().await.map_err(|e| Error::from_metadata("", "list streams", e))
+        self.metadata
+            .list_streams()
+            .await
+            .map_err(|e| Error::from_metadata("", "list streams", e))
     }
 
     /// Appends `records` (`(txid, payload)`) to `name` and returns once all are durable on the
@@ -356,7 +407,12 @@ impl StreamManager {
     /// the next request acquires it again). During the write: `Storage`, `Metadata` or
     /// `OwnershipLost`; then records not acknowledged may or may not be in the log after
     /// recovery.
-    pub async fn append(&self, name: &str, records: Vec<(u64, Vec<u8>)>, create_if_missing: bool) -> Result<WriteResult> {
+    pub async fn append(
+        &self,
+        name: &str,
+        records: Vec<(u64, Vec<u8>)>,
+        create_if_missing: bool,
+    ) -> Result<WriteResult> {
         let rx = self.submit_append(name, records, create_if_missing).await?;
         rx.await.map_err(|_| Error::ShuttingDown)?
     }
@@ -370,19 +426,37 @@ impl StreamManager {
         create_if_missing: bool,
     ) -> Result<oneshot::Receiver<Result<WriteResult>>> {
         if records.is_empty() {
-            return Err(Error::BadRequest { reason: "a write needs at least one record".into() });
+            return Err(Error::BadRequest {
+                reason: "a write needs at least one record".into(),
+            });
         }
-        if let Some((i, (_, p))) = records.iter().enumerate().find(|(_, (_, p))| p.len() > RECORD_SIZE_BYTES_MAX) {
-            return Err(Error::RecordTooLarge { record_index: i, size_bytes: p.len(), max_bytes: RECORD_SIZE_BYTES_MAX });
+        if let Some((i, (_, p))) = records
+            .iter()
+            .enumerate()
+            .find(|(_, (_, p))| p.len() > RECORD_SIZE_BYTES_MAX)
+        {
+            return Err(Error::RecordTooLarge {
+                record_index: i,
+                size_bytes: p.len(),
+                max_bytes: RECORD_SIZE_BYTES_MAX,
+            });
         }
         let handle = self.stream(name, create_if_missing, true).await?;
         let (reply, rx) = oneshot::channel();
-        if handle.commands.send(Command::Append { records, reply }).await.is_err() {
+        if handle
+            .commands
+            .send(Command::Append { records, reply })
+            .await
+            .is_err()
+        {
             // The task ended: it lost the stream (or the manager is stopping).
             return Err(match handle.lost_reason() {
                 Some(reason) => {
                     handle.shared.loss_reported.store(true, Ordering::SeqCst);
-                    Error::OwnershipLost { stream: name.to_string(), reason }
+                    Error::OwnershipLost {
+                        stream: name.to_string(),
+                        reason,
+                    }
                 }
                 None => Error::ShuttingDown,
             });
@@ -398,9 +472,18 @@ impl StreamManager {
     /// # Errors
     /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`,
     /// `OwnedElsewhere` (reads are served by the stream's owner only).
-    pub async fn read(&self, name: &str, from: ReadPosition, max_records: u32, max_bytes: u32, wait: Duration) -> Result<ReadBatch> {
+    pub async fn read(
+        &self,
+        name: &str,
+        from: ReadPosition,
+        max_records: u32,
+        max_bytes: u32,
+        wait: Duration,
+    ) -> Result<ReadBatch> {
         if max_records == 0 {
-            return Err(Error::BadRequest { reason: "max_records must be at least 1".into() });
+            return Err(Error::BadRequest {
+                reason: "max_records must be at least 1".into(),
+            });
         }
         let handle = self.stream(name, false, false).await?;
         let deadline = tokio::time::Instant::now() + wait;
@@ -413,9 +496,20 @@ impl StreamManager {
             let plan = tail.borrow_and_update().resolve(pos);
             match plan {
                 Some((seg, start)) => {
-                    let (records, next) = self.read_segment(&handle, &seg, start, max_records as usize, max_bytes as usize).await?;
+                    let (records, next) = self
+                        .read_segment(
+                            &handle,
+                            &seg,
+                            start,
+                            max_records as usize,
+                            max_bytes as usize,
+                        )
+                        .await?;
                     if !records.is_empty() {
-                        return Ok(ReadBatch { records, next: ReadPosition::Dlsn(next) });
+                        return Ok(ReadBatch {
+                            records,
+                            next: ReadPosition::Dlsn(next),
+                        });
                     }
                     // Only slots past the end of an entry were asked for: move on.
                     pos = next;
@@ -424,7 +518,12 @@ impl StreamManager {
                     let woke = tokio::time::timeout_at(deadline, tail.changed()).await;
                     match woke {
                         Ok(Ok(())) => {}
-                        Ok(Err(_)) | Err(_) => return Ok(ReadBatch { records: Vec::new(), next: from }),
+                        Ok(Err(_)) | Err(_) => {
+                            return Ok(ReadBatch {
+                                records: Vec::new(),
+                                next: from,
+                            })
+                        }
                     }
                 }
             }
@@ -439,7 +538,9 @@ impl StreamManager {
         max_records: usize,
         max_bytes: usize,
     ) -> Result<(Vec<(Dlsn, u64, Vec<u8>)>, Dlsn)> {
-        let last = seg.readable_last_entry.expect("resolve returns readable segments only");
+        let last = seg
+            .readable_last_entry
+            .expect("resolve returns readable segments only");
         let mut out = Vec::new();
         let mut bytes = 0usize;
         let mut next = start;
@@ -455,12 +556,22 @@ impl StreamManager {
         };
         for entry in start.entry_id..=last {
             while fetch_next <= last && ahead.len() < READ_AHEAD_ENTRIES_MAX {
-                let (bk, shared, name, ledger, e) =
-                    (self.bookkeeper.clone(), handle.shared.clone(), handle.name.clone(), seg.ledger_id, fetch_next);
-                ahead.push_back(tokio::spawn(async move { fetch_entry(&bk, &shared, &name, ledger, e).await }));
+                let (bk, shared, name, ledger, e) = (
+                    self.bookkeeper.clone(),
+                    handle.shared.clone(),
+                    handle.name.clone(),
+                    seg.ledger_id,
+                    fetch_next,
+                );
+                ahead.push_back(tokio::spawn(async move {
+                    fetch_entry(&bk, &shared, &name, ledger, e).await
+                }));
                 fetch_next += 1;
             }
-            let fetched = ahead.pop_front().expect("window holds the current entry").await;
+            let fetched = ahead
+                .pop_front()
+                .expect("window holds the current entry")
+                .await;
             let payload = match fetched {
                 Ok(Ok(p)) => p,
                 Ok(Err(e)) => {
@@ -485,9 +596,17 @@ impl StreamManager {
                     return Ok((out, next));
                 }
                 let slot_index = u32::try_from(slot).expect("slot count bounded by entry size");
-                out.push((Dlsn::new(seg.seq_no, entry, slot_index), rec.txid, rec.payload.to_vec()));
+                out.push((
+                    Dlsn::new(seg.seq_no, entry, slot_index),
+                    rec.txid,
+                    rec.payload.to_vec(),
+                ));
                 bytes += size;
-                next = if slot + 1 < count { Dlsn::new(seg.seq_no, entry, slot_index + 1) } else { Dlsn::new(seg.seq_no, entry + 1, 0) };
+                next = if slot + 1 < count {
+                    Dlsn::new(seg.seq_no, entry, slot_index + 1)
+                } else {
+                    Dlsn::new(seg.seq_no, entry + 1, 0)
+                };
             }
             if slot_first >= count {
                 next = Dlsn::new(seg.seq_no, entry + 1, 0);
@@ -529,7 +648,13 @@ impl StreamManager {
     /// The first `Storage` or `Metadata` error met; the other streams are still closed.
     pub async fn shutdown(&self) -> Result<()> {
         self.shutting_down.store(true, Ordering::SeqCst);
-        let cells: Vec<_> = self.streams.lock().expect("streams lock").values().cloned().collect();
+        let cells: Vec<_> = self
+            .streams
+            .lock()
+            .expect("streams lock")
+            .values()
+            .cloned()
+            .collect();
         let mut first_err = None;
         for cell in cells {
             let Some(handle) = cell.get() else { continue };
@@ -555,11 +680,25 @@ impl StreamManager {
     /// in-progress segments and starting its task) the first time, and again after ownership
     /// was lost. With `report_loss`, a loss no request has been told about yet is returned as
     /// `OwnershipLost` once (so a writer learns that its stream moved) before acquiring again.
-    async fn stream(&self, name: &str, create_if_missing: bool, report_loss: bool) -> Result<Arc<StreamHandle>> {
+    async fn stream(
+        &self,
+        name: &str,
+        create_if_missing: bool,
+        report_loss: bool,
+    ) -> Result<Arc<StreamHandle>> {
         for _ in 0..3 {
             self.check_running()?;
-            let cell = self.streams.lock().expect("streams lock").entry(name.to_string()).or_default().clone();
-            let result = cell.get_or_try_init(|| self.acquire(name, create_if_missing)).await.cloned();
+            let cell = self
+                .streams
+                .lock()
+                .expect("streams lock")
+                .entry(name.to_string())
+                .or_default()
+                .clone();
+            let result = cell
+                .get_or_try_init(|| self.acquire(name, create_if_missing))
+                .await
+                .cloned();
             let handle = match result {
                 Ok(h) => h,
                 Err(e) => {
@@ -572,7 +711,9 @@ impl StreamManager {
                     return Err(e);
                 }
             };
-            let Some(reason) = handle.lost_reason() else { return Ok(handle) };
+            let Some(reason) = handle.lost_reason() else {
+                return Ok(handle);
+            };
             // This acquisition is over: forget it, so the next attempt acquires afresh.
             {
                 let mut streams = self.streams.lock().expect("streams lock");
@@ -581,10 +722,16 @@ impl StreamManager {
                 }
             }
             if report_loss && !handle.shared.loss_reported.swap(true, Ordering::SeqCst) {
-                return Err(Error::OwnershipLost { stream: name.to_string(), reason });
+                return Err(Error::OwnershipLost {
+                    stream: name.to_string(),
+                    reason,
+                });
             }
         }
-        Err(Error::OwnershipLost { stream: name.to_string(), reason: "ownership was lost again right after each acquisition".into() })
+        Err(Error::OwnershipLost {
+            stream: name.to_string(),
+            reason: "ownership was lost again right after each acquisition".into(),
+        })
     }
 
     async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
@@ -596,14 +743,22 @@ impl StreamManager {
                     Ok(()) | Err(Error::StreamExists { .. }) => {}
                     Err(e) => return Err(e),
                 }
-                self.metadata.read_stream(name).await.map_err(|e| Error::from_metadata(name, "read stream", e))?
+                self.metadata
+                    .read_stream(name)
+                    .await
+                    .map_err(|e| Error::from_metadata(name, "read stream", e))?
             }
             Err(e) => return Err(Error::from_metadata(name, "read stream", e)),
         };
         // The write lock, without waiting (DistributedLog proxy: lockTimeoutSeconds=0).
         let lease = match self.metadata.try_acquire_stream(name, &self.identity).await {
             Ok(Ok(lease)) => lease,
-            Ok(Err(owner)) => return Err(Error::OwnedElsewhere { stream: name.to_string(), owner }),
+            Ok(Err(owner)) => {
+                return Err(Error::OwnedElsewhere {
+                    stream: name.to_string(),
+                    owner,
+                })
+            }
             Err(e) => return Err(Error::from_metadata(name, "acquire stream lease", e)),
         };
         let lease_lost = lease.lost.clone();
@@ -634,24 +789,54 @@ impl StreamManager {
         let (tx, rx) = mpsc::channel(self.config.append_queue_max);
         tokio::spawn(writer.run(rx));
         tracing::info!(stream = name, owner = %self.identity, "acquired stream");
-        Ok(Arc::new(StreamHandle { name: name.to_string(), commands: tx, tail: tail_rx, shared, lease_lost }))
+        Ok(Arc::new(StreamHandle {
+            name: name.to_string(),
+            commands: tx,
+            tail: tail_rx,
+            shared,
+            lease_lost,
+        }))
     }
 }
 
 /// One entry's payload: from the tail cache, else from the bookies through a cached reader.
-async fn fetch_entry(bookkeeper: &BookKeeper, shared: &StreamShared, name: &str, ledger: u64, entry: u64) -> Result<Arc<Vec<u8>>> {
-    if let Some(p) = shared.cache.lock().expect("cache lock").entries.get(&(ledger, entry)) {
+async fn fetch_entry(
+    bookkeeper: &BookKeeper,
+    shared: &StreamShared,
+    name: &str,
+    ledger: u64,
+    entry: u64,
+) -> Result<Arc<Vec<u8>>> {
+    if let Some(p) = shared
+        .cache
+        .lock()
+        .expect("cache lock")
+        .entries
+        .get(&(ledger, entry))
+    {
         return Ok(p.clone());
     }
     // A cached reader may predate a change of the ledger's metadata: retry once with a
     // freshly opened one before giving up.
     let mut last_err = None;
     for attempt in 0..2 {
-        let cached = if attempt == 0 { shared.readers.lock().expect("readers lock").get(&ledger).cloned() } else { None };
+        let cached = if attempt == 0 {
+            shared
+                .readers
+                .lock()
+                .expect("readers lock")
+                .get(&ledger)
+                .cloned()
+        } else {
+            None
+        };
         let reader = match cached {
             Some(r) => r,
             None => {
-                let r = bookkeeper.open_ledger(LedgerId(ledger)).await.map_err(|e| storage(name, "open ledger", e))?;
+                let r = bookkeeper
+                    .open_ledger(LedgerId(ledger))
+                    .await
+                    .map_err(|e| storage(name, "open ledger", e))?;
                 let mut readers = shared.readers.lock().expect("readers lock");
                 if readers.len() >= READERS_CACHED_MAX {
                     readers.clear();
@@ -668,7 +853,11 @@ async fn fetch_entry(bookkeeper: &BookKeeper, shared: &StreamShared, name: &str,
             }
         }
     }
-    Err(storage(name, "read entry", last_err.expect("two failed attempts")))
+    Err(storage(
+        name,
+        "read entry",
+        last_err.expect("two failed attempts"),
+    ))
 }
 
 /// The segment being written.
@@ -709,8 +898,19 @@ struct PendingAppend {
 }
 
 impl PendingAppend {
-    fn new(reply: oneshot::Sender<Result<WriteResult>>, count: u64, refused: Option<Error>) -> Self {
-        Self { reply, refused, count, first: None, last: None, issued: false }
+    fn new(
+        reply: oneshot::Sender<Result<WriteResult>>,
+        count: u64,
+        refused: Option<Error>,
+    ) -> Self {
+        Self {
+            reply,
+            refused,
+            count,
+            first: None,
+            last: None,
+            issued: false,
+        }
     }
 }
 
@@ -727,17 +927,32 @@ type Packed<'a> = (u64, u64, &'a [u8], bool);
 /// The same kind of error as `e`, for every later append that fails with it.
 fn same_kind(e: &Error) -> Error {
     match e {
-        Error::Storage { stream, op, source } => Error::Storage { stream: stream.clone(), op, source: source.to_string().into() },
-        Error::Metadata { stream, op, source } => Error::Metadata { stream: stream.clone(), op, source: source.to_string().into() },
-        Error::OwnershipLost { stream, reason } => Error::OwnershipLost { stream: stream.clone(), reason: reason.clone() },
-        Error::NoSuchStream { stream } => Error::NoSuchStream { stream: stream.clone() },
+        Error::Storage { stream, op, source } => Error::Storage {
+            stream: stream.clone(),
+            op,
+            source: source.to_string().into(),
+        },
+        Error::Metadata { stream, op, source } => Error::Metadata {
+            stream: stream.clone(),
+            op,
+            source: source.to_string().into(),
+        },
+        Error::OwnershipLost { stream, reason } => Error::OwnershipLost {
+            stream: stream.clone(),
+            reason: reason.clone(),
+        },
+        Error::NoSuchStream { stream } => Error::NoSuchStream {
+            stream: stream.clone(),
+        },
         Error::ShuttingDown => Error::ShuttingDown,
         other => Error::Internal(other.to_string()),
     }
 }
 
 /// Waits for the oldest add in flight; never resolves when none is.
-async fn oldest_add(entries: &mut VecDeque<InFlight>) -> std::result::Result<EntryId, quire_ledger::Error> {
+async fn oldest_add(
+    entries: &mut VecDeque<InFlight>,
+) -> std::result::Result<EntryId, quire_ledger::Error> {
     match entries.front_mut() {
         Some(f) => (&mut f.future).await,
         None => std::future::pending().await,
@@ -773,7 +988,9 @@ struct Writer {
 
 /// Resolves once the lease says ownership is gone; never without a lease.
 async fn lease_lost(lost: &mut Option<watch::Receiver<bool>>) -> String {
-    let Some(rx) = lost.as_mut() else { return std::future::pending().await };
+    let Some(rx) = lost.as_mut() else {
+        return std::future::pending().await;
+    };
     match rx.wait_for(|l| *l).await {
         Ok(_) => "the ownership lease was lost (session expired or lease released)".into(),
         Err(_) => "the metadata store dropped the ownership lease".into(),
@@ -841,7 +1058,11 @@ impl Writer {
                         let _ = reply.send(Ok(()));
                         break;
                     }
-                    let r = if self.healthy { self.complete_current().await } else { Ok(()) };
+                    let r = if self.healthy {
+                        self.complete_current().await
+                    } else {
+                        Ok(())
+                    };
                     if r.is_err() {
                         self.fail();
                     }
@@ -857,12 +1078,18 @@ impl Writer {
                     }
                     // Group the appends queued right now, up to about one entry's worth.
                     let target = self.config.entry_size_bytes_target;
-                    let mut size: usize = records.iter().map(|(_, p)| encoded_record_size_bytes(p.len())).sum();
+                    let mut size: usize = records
+                        .iter()
+                        .map(|(_, p)| encoded_record_size_bytes(p.len()))
+                        .sum();
                     let mut batch = vec![(records, reply)];
                     while size < target {
                         match commands.try_recv() {
                             Ok(Command::Append { records, reply }) => {
-                                size += records.iter().map(|(_, p)| encoded_record_size_bytes(p.len())).sum::<usize>();
+                                size += records
+                                    .iter()
+                                    .map(|(_, p)| encoded_record_size_bytes(p.len()))
+                                    .sum::<usize>();
                                 batch.push((records, reply));
                             }
                             Ok(other) => {
@@ -890,7 +1117,10 @@ impl Writer {
                 match cmd {
                     Command::Append { reply, .. } => {
                         self.shared.loss_reported.store(true, Ordering::SeqCst);
-                        let _ = reply.send(Err(Error::OwnershipLost { stream: self.name.clone(), reason: reason.clone() }));
+                        let _ = reply.send(Err(Error::OwnershipLost {
+                            stream: self.name.clone(),
+                            reason: reason.clone(),
+                        }));
                     }
                     Command::Close { reply } => {
                         let _ = reply.send(Ok(()));
@@ -914,7 +1144,11 @@ impl Writer {
     fn answer_ready(&mut self) {
         while let Some(a) = self.appends.front() {
             let ready = a.refused.is_some()
-                || (a.issued && a.last.is_some_and(|l| self.acked.is_some_and(|k| (l.segment_seq_no, l.entry_id) <= k)));
+                || (a.issued
+                    && a.last.is_some_and(|l| {
+                        self.acked
+                            .is_some_and(|k| (l.segment_seq_no, l.entry_id) <= k)
+                    }));
             if !ready {
                 break;
             }
@@ -986,15 +1220,32 @@ impl Writer {
 
     /// Handles one add's outcome: on success the entry becomes visible to readers (the
     /// published LAC) and the appends it completes are answered.
-    fn on_acked(&mut self, f: InFlight, r: std::result::Result<EntryId, quire_ledger::Error>) -> Result<()> {
+    fn on_acked(
+        &mut self,
+        f: InFlight,
+        r: std::result::Result<EntryId, quire_ledger::Error>,
+    ) -> Result<()> {
         let acked = r.map_err(|e| writer_storage(&self.name, "add entry", e))?;
         assert_eq!(acked.0, f.entry, "adds are acknowledged in entry order");
-        let seg = self.current.as_mut().expect("an add in flight has an open segment");
-        assert_eq!(seg.seq_no, f.seq_no, "adds in flight belong to the open segment");
-        assert!(seg.last_acked_entry.is_none_or(|l| l + 1 == f.entry), "acknowledgements advance one entry at a time");
+        let seg = self
+            .current
+            .as_mut()
+            .expect("an add in flight has an open segment");
+        assert_eq!(
+            seg.seq_no, f.seq_no,
+            "adds in flight belong to the open segment"
+        );
+        assert!(
+            seg.last_acked_entry.is_none_or(|l| l + 1 == f.entry),
+            "acknowledgements advance one entry at a time"
+        );
         seg.last_acked_entry = Some(f.entry);
         let seq = seg.seq_no;
-        self.shared.cache.lock().expect("cache lock").insert((f.ledger_id, f.entry), f.payload, self.config.tail_cache_bytes_max);
+        self.shared.cache.lock().expect("cache lock").insert(
+            (f.ledger_id, f.entry),
+            f.payload,
+            self.config.tail_cache_bytes_max,
+        );
         self.tail.send_modify(|t| {
             if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
                 s.readable_last_entry = Some(f.entry);
@@ -1023,7 +1274,10 @@ impl Writer {
             return false;
         }
         if !self.healthy {
-            assert!(self.entries.is_empty() && self.appends.is_empty(), "a dead writer has nothing in flight");
+            assert!(
+                self.entries.is_empty() && self.appends.is_empty(),
+                "a dead writer has nothing in flight"
+            );
             if let Err(e) = self.recover().await {
                 let lost = match &e {
                     Error::OwnershipLost { reason, .. } => Some(reason.clone()),
@@ -1047,10 +1301,17 @@ impl Writer {
             let mut refused = None;
             let mut prev = self.last_txid;
             for (i, (txid, payload)) in records.iter().enumerate() {
-                assert!(payload.len() <= RECORD_SIZE_BYTES_MAX, "sizes are checked at submission");
+                assert!(
+                    payload.len() <= RECORD_SIZE_BYTES_MAX,
+                    "sizes are checked at submission"
+                );
                 if let Some(p) = prev {
                     if *txid < p {
-                        refused = Some(Error::TxidOutOfOrder { record_index: i, txid: *txid, last_txid: p });
+                        refused = Some(Error::TxidOutOfOrder {
+                            record_index: i,
+                            txid: *txid,
+                            last_txid: p,
+                        });
                         break;
                     }
                 }
@@ -1061,7 +1322,8 @@ impl Writer {
                 self.last_txid = prev;
                 records_of.push((id, records));
             }
-            self.appends.push_back(PendingAppend::new(reply, count, refused));
+            self.appends
+                .push_back(PendingAppend::new(reply, count, refused));
         }
         match self.write_records(&records_of).await {
             Ok(()) => {
@@ -1104,7 +1366,10 @@ impl Writer {
             self.open_segment(records[0].1).await?;
         }
         let seg = self.current.as_mut().expect("opened above");
-        let payload = Arc::new(record_set::encode(seg.record_count, records.iter().map(|(_, t, p, _)| (*t, *p))));
+        let payload = Arc::new(record_set::encode(
+            seg.record_count,
+            records.iter().map(|(_, t, p, _)| (*t, *p)),
+        ));
         let entry = seg.next_entry;
         let future = seg.ledger.add(payload.as_ref().clone());
         seg.next_entry += 1;
@@ -1113,7 +1378,13 @@ impl Writer {
         seg.last_txid = records[records.len() - 1].1;
         let seq_no = seg.seq_no;
         let roll = seg.size_bytes >= self.config.segment_size_bytes_max;
-        self.entries.push_back(InFlight { future, seq_no, entry, ledger_id: seg.ledger.id().0, payload });
+        self.entries.push_back(InFlight {
+            future,
+            seq_no,
+            entry,
+            ledger_id: seg.ledger.id().0,
+            payload,
+        });
         for (slot, (id, _, _, last_of_append)) in records.iter().enumerate() {
             let slot = u32::try_from(slot).expect("records per entry bounded by entry size");
             let dlsn = Dlsn::new(seq_no, entry, slot);
@@ -1122,7 +1393,9 @@ impl Writer {
             a.last = Some(dlsn);
             a.issued |= *last_of_append;
         }
-        while self.entries.len() >= self.config.adds_in_flight_max || (roll && !self.entries.is_empty()) {
+        while self.entries.len() >= self.config.adds_in_flight_max
+            || (roll && !self.entries.is_empty())
+        {
             self.complete_oldest().await?;
         }
         if roll {
@@ -1160,7 +1433,10 @@ impl Writer {
             Some(l) => lease_lost_reason(&l.lost),
         };
         match reason {
-            Some(reason) => Err(Error::OwnershipLost { stream: self.name.clone(), reason }),
+            Some(reason) => Err(Error::OwnershipLost {
+                stream: self.name.clone(),
+                reason,
+            }),
             None => Ok(()),
         }
     }
@@ -1181,7 +1457,8 @@ impl Writer {
     }
 
     fn publish(&self) {
-        self.tail.send_replace(TailState::from_metadata(&self.meta.value));
+        self.tail
+            .send_replace(TailState::from_metadata(&self.meta.value));
         // Keep the in-progress segment's readable end: it is the LAC, not in the metadata.
         if let Some(cur) = &self.current {
             let lac = cur.last_acked_entry;
@@ -1205,25 +1482,49 @@ impl Writer {
     /// last entry, mark it `Completed`. Afterwards the writer is healthy with no open segment.
     async fn recover(&mut self) -> Result<()> {
         self.current = None;
-        let fresh = self.metadata.read_stream(&self.name).await.map_err(|e| self.meta_err("read stream", e))?;
+        let fresh = self
+            .metadata
+            .read_stream(&self.name)
+            .await
+            .map_err(|e| self.meta_err("read stream", e))?;
         self.meta = fresh;
         let mut changed = false;
         let mut meta = self.meta.value.clone();
-        for seg in meta.segments.iter_mut().filter(|s| s.state == SegmentState::InProgress) {
-            let lm = self.bookkeeper.recover_ledger(LedgerId(seg.ledger_id)).await.map_err(|e| storage(&self.name, "recover ledger", e))?;
+        for seg in meta
+            .segments
+            .iter_mut()
+            .filter(|s| s.state == SegmentState::InProgress)
+        {
+            let lm = self
+                .bookkeeper
+                .recover_ledger(LedgerId(seg.ledger_id))
+                .await
+                .map_err(|e| storage(&self.name, "recover ledger", e))?;
             let (last_txid, record_count) = match lm.last_entry {
                 None => (None, 0),
                 Some(last) => {
-                    let reader =
-                        self.bookkeeper.open_ledger(LedgerId(seg.ledger_id)).await.map_err(|e| storage(&self.name, "open ledger", e))?;
-                    let payload = reader.read(EntryId(last)).await.map_err(|e| storage(&self.name, "read last entry", e))?;
+                    let reader = self
+                        .bookkeeper
+                        .open_ledger(LedgerId(seg.ledger_id))
+                        .await
+                        .map_err(|e| storage(&self.name, "open ledger", e))?;
+                    let payload = reader
+                        .read(EntryId(last))
+                        .await
+                        .map_err(|e| storage(&self.name, "read last entry", e))?;
                     let set = record_set::decode(&payload).map_err(|e| Error::Storage {
                         stream: self.name.clone(),
                         op: "decode last entry",
                         source: format!("ledger {} entry {last}: {e}", seg.ledger_id).into(),
                     })?;
-                    let last_rec = set.records.last().expect("decode refuses empty record sets");
-                    (Some(last_rec.txid), set.segment_record_index + set.records.len() as u64)
+                    let last_rec = set
+                        .records
+                        .last()
+                        .expect("decode refuses empty record sets");
+                    (
+                        Some(last_rec.txid),
+                        set.segment_record_index + set.records.len() as u64,
+                    )
                 }
             };
             tracing::info!(stream = %self.name, seq_no = seg.seq_no, ledger = seg.ledger_id, last_entry = ?lm.last_entry, record_count, "recovered in-progress segment");
@@ -1238,9 +1539,15 @@ impl Writer {
             changed = true;
         }
         if changed {
-            let version =
-                self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.stream_update_err("complete recovered segment", e))?;
-            self.meta = Versioned { value: meta, version };
+            let version = self
+                .metadata
+                .update_stream(&meta, self.meta.version)
+                .await
+                .map_err(|e| self.stream_update_err("complete recovered segment", e))?;
+            self.meta = Versioned {
+                value: meta,
+                version,
+            };
         }
         self.last_txid = self.meta.value.max_txid;
         self.healthy = true;
@@ -1269,7 +1576,12 @@ impl Writer {
             .await
             .map_err(|e| storage(&self.name, "create ledger", e))?;
         let mut meta = self.meta.value.clone();
-        assert!(meta.segments.iter().all(|s| s.state == SegmentState::Completed), "a new segment follows completed ones only");
+        assert!(
+            meta.segments
+                .iter()
+                .all(|s| s.state == SegmentState::Completed),
+            "a new segment follows completed ones only"
+        );
         meta.segments.push(SegmentMetadata {
             seq_no,
             ledger_id: ledger.id().0,
@@ -1280,8 +1592,15 @@ impl Writer {
             record_count: 0,
             length_bytes: 0,
         });
-        let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.stream_update_err("start segment", e))?;
-        self.meta = Versioned { value: meta, version };
+        let version = self
+            .metadata
+            .update_stream(&meta, self.meta.version)
+            .await
+            .map_err(|e| self.stream_update_err("start segment", e))?;
+        self.meta = Versioned {
+            value: meta,
+            version,
+        };
         tracing::debug!(stream = %self.name, seq_no, ledger = ledger.id().0, "started segment");
         self.current = Some(OpenSegment {
             seq_no,
@@ -1299,19 +1618,37 @@ impl Writer {
     /// Closes the open segment's ledger and marks the segment `Completed`. Every add must have
     /// been acknowledged.
     async fn complete_current(&mut self) -> Result<()> {
-        let Some(seg) = self.current.as_ref() else { return Ok(()) };
+        let Some(seg) = self.current.as_ref() else {
+            return Ok(());
+        };
         let expected_last = seg.next_entry.checked_sub(1);
-        assert_eq!(seg.last_acked_entry, expected_last, "complete a segment only after all its adds");
-        let lm = seg.ledger.close().await.map_err(|e| writer_storage(&self.name, "close ledger", e))?;
+        assert_eq!(
+            seg.last_acked_entry, expected_last,
+            "complete a segment only after all its adds"
+        );
+        let lm = seg
+            .ledger
+            .close()
+            .await
+            .map_err(|e| writer_storage(&self.name, "close ledger", e))?;
         if lm.last_entry != expected_last {
             return Err(Error::Storage {
                 stream: self.name.clone(),
                 op: "close ledger",
-                source: format!("ledger {} closed at {:?}, expected {:?}", seg.ledger.id(), lm.last_entry, expected_last).into(),
+                source: format!(
+                    "ledger {} closed at {:?}, expected {:?}",
+                    seg.ledger.id(),
+                    lm.last_entry,
+                    expected_last
+                )
+                .into(),
             });
         }
         let mut meta = self.meta.value.clone();
-        let s = meta.segments.last_mut().expect("the open segment is in the metadata");
+        let s = meta
+            .segments
+            .last_mut()
+            .expect("the open segment is in the metadata");
         assert_eq!(s.seq_no, seg.seq_no);
         assert_eq!(s.state, SegmentState::InProgress);
         s.state = SegmentState::Completed;
@@ -1320,11 +1657,21 @@ impl Writer {
         s.record_count = seg.record_count;
         s.length_bytes = lm.length_bytes;
         if seg.record_count > 0 {
-            meta.max_txid = Some(meta.max_txid.map_or(seg.last_txid, |m| m.max(seg.last_txid)));
+            meta.max_txid = Some(
+                meta.max_txid
+                    .map_or(seg.last_txid, |m| m.max(seg.last_txid)),
+            );
         }
-        let version = self.metadata.update_stream(&meta, self.meta.version).await.map_err(|e| self.stream_update_err("complete segment", e))?;
+        let version = self
+            .metadata
+            .update_stream(&meta, self.meta.version)
+            .await
+            .map_err(|e| self.stream_update_err("complete segment", e))?;
         tracing::debug!(stream = %self.name, seq_no = seg.seq_no, records = seg.record_count, "completed segment");
-        self.meta = Versioned { value: meta, version };
+        self.meta = Versioned {
+            value: meta,
+            version,
+        };
         self.current = None;
         self.publish();
         Ok(())
@@ -1336,15 +1683,29 @@ mod tests {
     use super::*;
 
     fn view(seq_no: u64, last: Option<u64>, completed: bool) -> SegmentView {
-        SegmentView { seq_no, ledger_id: seq_no * 10, readable_last_entry: last, completed }
+        SegmentView {
+            seq_no,
+            ledger_id: seq_no * 10,
+            readable_last_entry: last,
+            completed,
+        }
     }
 
     #[test]
     fn resolve_walks_segments() {
         // Goal: positions map to the first readable record at or after them; method: a table
         // over completed, empty and in-progress segments.
-        let t = TailState { segments: vec![view(1, Some(2), true), view(2, None, true), view(3, Some(0), false)] };
-        let at = |s, e, k| t.resolve(Dlsn::new(s, e, k)).map(|(seg, p)| (seg.seq_no, p));
+        let t = TailState {
+            segments: vec![
+                view(1, Some(2), true),
+                view(2, None, true),
+                view(3, Some(0), false),
+            ],
+        };
+        let at = |s, e, k| {
+            t.resolve(Dlsn::new(s, e, k))
+                .map(|(seg, p)| (seg.seq_no, p))
+        };
         assert_eq!(at(0, 0, 0), Some((1, Dlsn::new(1, 0, 0))));
         assert_eq!(at(1, 2, 5), Some((1, Dlsn::new(1, 2, 5))));
         // Past the end of segment 1, over the empty segment 2, into segment 3.
@@ -1364,6 +1725,9 @@ mod tests {
             c.insert((1, e), Arc::new(vec![0; 100]), 350);
             assert!(c.size_bytes <= 350);
         }
-        assert_eq!(c.entries.keys().copied().collect::<Vec<_>>(), vec![(1, 7), (1, 8), (1, 9)]);
+        assert_eq!(
+            c.entries.keys().copied().collect::<Vec<_>>(),
+            vec![(1, 7), (1, 8), (1, 9)]
+        );
     }
 }

@@ -19,9 +19,15 @@ async fn bad_requests_get_their_error_codes() {
     let client = ProxyClient::connect(p.server.local_addr()).await.unwrap();
 
     // Unknown stream.
-    let e = client.read("nope", ReadPosition::Head, 1, 1024, Duration::ZERO).await.unwrap_err();
+    let e = client
+        .read("nope", ReadPosition::Head, 1, 1024, Duration::ZERO)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::NoSuchStream, "{e}");
-    let e = client.write("nope", vec![(1, b"x".to_vec())], false).await.unwrap_err();
+    let e = client
+        .write("nope", vec![(1, b"x".to_vec())], false)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::NoSuchStream, "{e}");
     assert!(e.to_string().contains("nope"), "{e}");
     assert!(client.list_streams().await.unwrap().is_empty());
@@ -30,51 +36,114 @@ async fn bad_requests_get_their_error_codes() {
     for bad in ["", ".hidden", "a//b", "sp ace"] {
         let e = client.create_stream(bad).await.unwrap_err();
         assert_eq!(e.code(), ErrorCode::InvalidStreamName, "{bad:?}: {e}");
-        let e = client.write(bad, vec![(1, b"x".to_vec())], true).await.unwrap_err();
+        let e = client
+            .write(bad, vec![(1, b"x".to_vec())], true)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), ErrorCode::InvalidStreamName, "{bad:?}: {e}");
     }
     client.create_stream("s").await.unwrap();
-    assert_eq!(client.create_stream("s").await.unwrap_err().code(), ErrorCode::StreamExists);
+    assert_eq!(
+        client.create_stream("s").await.unwrap_err().code(),
+        ErrorCode::StreamExists
+    );
 
-    client.write("s", vec![(5, b"a".to_vec()), (6, b"b".to_vec())], false).await.unwrap();
+    client
+        .write("s", vec![(5, b"a".to_vec()), (6, b"b".to_vec())], false)
+        .await
+        .unwrap();
 
     // Too large, by one byte: refused before anything is written, by the client, the stream
     // layer and the server.
     let big = vec![1u8; RECORD_SIZE_BYTES_MAX + 1];
-    let e = client.write("s", vec![(7, b"ok".to_vec()), (7, big.clone())], false).await.unwrap_err();
+    let e = client
+        .write("s", vec![(7, b"ok".to_vec()), (7, big.clone())], false)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::RecordTooLarge, "{e}");
-    let e = p.streams.append("s", vec![(7, b"ok".to_vec()), (7, big.clone())], false).await.unwrap_err();
-    assert!(matches!(e, Error::RecordTooLarge { record_index: 1, size_bytes, max_bytes: 1_040_384 } if size_bytes == 1_040_385), "{e}");
-    let resp = raw_call(p.server.local_addr(), Request::Write { stream: "s".into(), create_if_missing: false, records: vec![(7, big)] }).await;
-    assert!(matches!(resp, Response::Error { code: ErrorCode::RecordTooLarge, .. }), "{resp:?}");
+    let e = p
+        .streams
+        .append("s", vec![(7, b"ok".to_vec()), (7, big.clone())], false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::RecordTooLarge { record_index: 1, size_bytes, max_bytes: 1_040_384 } if size_bytes == 1_040_385),
+        "{e}"
+    );
+    let resp = raw_call(
+        p.server.local_addr(),
+        Request::Write {
+            stream: "s".into(),
+            create_if_missing: false,
+            records: vec![(7, big)],
+        },
+    )
+    .await;
+    assert!(
+        matches!(
+            resp,
+            Response::Error {
+                code: ErrorCode::RecordTooLarge,
+                ..
+            }
+        ),
+        "{resp:?}"
+    );
     // Exactly the limit is fine.
     let max = vec![2u8; RECORD_SIZE_BYTES_MAX];
-    client.write("s", vec![(8, max.clone())], false).await.unwrap();
+    client
+        .write("s", vec![(8, max.clone())], false)
+        .await
+        .unwrap();
 
     // txid below the last one (within a request, and against the stream).
-    let e = client.write("s", vec![(3, b"old".to_vec())], false).await.unwrap_err();
+    let e = client
+        .write("s", vec![(3, b"old".to_vec())], false)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::TxidOutOfOrder, "{e}");
-    let e = p.streams.append("s", vec![(9, b"x".to_vec()), (8, b"y".to_vec())], false).await.unwrap_err();
+    let e = p
+        .streams
+        .append("s", vec![(9, b"x".to_vec()), (8, b"y".to_vec())], false)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::TxidOutOfOrder, "{e}");
     // Equal txids are allowed.
-    client.write("s", vec![(8, b"same".to_vec())], false).await.unwrap();
+    client
+        .write("s", vec![(8, b"same".to_vec())], false)
+        .await
+        .unwrap();
 
     // max_records = 0 is a bad request.
-    let e = client.read("s", ReadPosition::Head, 0, 1024, Duration::ZERO).await.unwrap_err();
+    let e = client
+        .read("s", ReadPosition::Head, 0, 1024, Duration::ZERO)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::BadRequest, "{e}");
 
     // Nothing of the refused writes is in the stream.
     let mut got = Vec::new();
     let mut pos = ReadPosition::Head;
     loop {
-        let b = client.read("s", pos, 100, 4 << 20, Duration::ZERO).await.unwrap();
+        let b = client
+            .read("s", pos, 100, 4 << 20, Duration::ZERO)
+            .await
+            .unwrap();
         if b.records.is_empty() {
             break;
         }
         got.extend(b.records.into_iter().map(|(_, t, d)| (t, d)));
         pos = b.next;
     }
-    assert_eq!(got, vec![(5, b"a".to_vec()), (6, b"b".to_vec()), (8, max), (8, b"same".to_vec())]);
+    assert_eq!(
+        got,
+        vec![
+            (5, b"a".to_vec()),
+            (6, b"b".to_vec()),
+            (8, max),
+            (8, b"same".to_vec())
+        ]
+    );
 }
 
 /// Sends one request on a fresh connection after the handshake and returns the answer.
@@ -82,7 +151,11 @@ async fn raw_call(addr: std::net::SocketAddr, req: Request) -> Response {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut out = Vec::new();
-    Request::Hello { version_min: 1, version_max: 1 }.encode(1, &mut out);
+    Request::Hello {
+        version_min: 1,
+        version_max: 1,
+    }
+    .encode(1, &mut out);
     req.encode(2, &mut out);
     s.write_all(&out).await.unwrap();
     let mut buf = Vec::new();

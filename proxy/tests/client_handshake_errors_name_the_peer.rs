@@ -15,17 +15,25 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 fn quick() -> ClientConfig {
-    ClientConfig { connect_timeout: Duration::from_millis(500), ..ClientConfig::default() }
+    ClientConfig {
+        connect_timeout: Duration::from_millis(500),
+        ..ClientConfig::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bookie_port_is_not_a_proxy() {
     let c = common::cluster().await;
     let addr = c.bookies[0].addr();
-    let e = ProxyClient::connect_with(addr, ClientConfig::default()).await.unwrap_err();
+    let e = ProxyClient::connect_with(addr, ClientConfig::default())
+        .await
+        .unwrap_err();
     let text = e.to_string();
     assert!(matches!(e, Error::NotAProxy { .. }), "{e:?}");
-    assert!(text.starts_with(&format!("{addr} is not a Quire proxy (it answered with ")), "{text}");
+    assert!(
+        text.starts_with(&format!("{addr} is not a Quire proxy (it answered with ")),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,7 +52,9 @@ async fn http_silent_and_closing_listeners_are_named() {
             });
         }
     });
-    let e = ProxyClient::connect_with(http_addr, quick()).await.unwrap_err();
+    let e = ProxyClient::connect_with(http_addr, quick())
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::NotAProxy { .. }), "{e:?}");
     assert_eq!(e.to_string(), format!("{http_addr} is not a Quire proxy (it answered with the text \"HTTP/1.1 400 Bad Request\" ...)"));
 
@@ -57,9 +67,16 @@ async fn http_silent_and_closing_listeners_are_named() {
             kept.push(s);
         }
     });
-    let e = ProxyClient::connect_with(silent_addr, quick()).await.unwrap_err();
+    let e = ProxyClient::connect_with(silent_addr, quick())
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::HandshakeTimeout { .. }), "{e:?}");
-    assert_eq!(e.to_string(), format!("{silent_addr} accepted the connection but did not answer the handshake within 0.5 s"));
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{silent_addr} accepted the connection but did not answer the handshake within 0.5 s"
+        )
+    );
     holder.abort();
 
     // A listener that closes each connection at once.
@@ -70,12 +87,15 @@ async fn http_silent_and_closing_listeners_are_named() {
             drop(s);
         }
     });
-    let e = ProxyClient::connect_with(closing_addr, quick()).await.unwrap_err();
+    let e = ProxyClient::connect_with(closing_addr, quick())
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::Io { .. }), "{e:?}");
     let text = e.to_string();
     assert!(
-        text.contains(&format!("{closing_addr} closed the connection without answering the handshake"))
-            || text.contains("reset")
+        text.contains(&format!(
+            "{closing_addr} closed the connection without answering the handshake"
+        )) || text.contains("reset")
             || text.contains("Broken pipe"),
         "{text}"
     );

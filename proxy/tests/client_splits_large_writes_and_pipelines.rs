@@ -17,7 +17,9 @@ async fn large_writes_split_and_requests_pipeline() {
     let p = common::proxy(&c, common::small_config()).await;
     let client = Arc::new(ProxyClient::connect(p.server.local_addr()).await.unwrap());
 
-    let big: Vec<(u64, Vec<u8>)> = (0..8u64).map(|i| (i, vec![i as u8; RECORD_SIZE_BYTES_MAX])).collect();
+    let big: Vec<(u64, Vec<u8>)> = (0..8u64)
+        .map(|i| (i, vec![i as u8; RECORD_SIZE_BYTES_MAX]))
+        .collect();
     let total: usize = big.iter().map(|r| r.1.len()).sum();
     assert!(total > client.frame_size_bytes_max() as usize);
     let w = client.write("big", big.clone(), true).await.unwrap();
@@ -25,7 +27,10 @@ async fn large_writes_split_and_requests_pipeline() {
     let mut got = Vec::new();
     let mut pos = ReadPosition::Head;
     while got.len() < 8 {
-        let b = client.read("big", pos, 8, 4 << 20, Duration::ZERO).await.unwrap();
+        let b = client
+            .read("big", pos, 8, 4 << 20, Duration::ZERO)
+            .await
+            .unwrap();
         assert!(!b.records.is_empty());
         got.extend(b.records.into_iter().map(|(_, t, d)| (t, d)));
         pos = b.next;
@@ -38,19 +43,47 @@ async fn large_writes_split_and_requests_pipeline() {
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
             let stream = format!("p{}", i % 4);
-            let records: Vec<(u64, Vec<u8>)> = (0..10).map(|k| (7, format!("{i}-{k}").into_bytes())).collect();
+            let records: Vec<(u64, Vec<u8>)> = (0..10)
+                .map(|k| (7, format!("{i}-{k}").into_bytes()))
+                .collect();
             let w = client.write(&stream, records, true).await.unwrap();
             assert_eq!(w.count, 10);
-            let b = client.read(&stream, ReadPosition::Dlsn(w.first_dlsn), 10, 1 << 20, Duration::ZERO).await.unwrap();
-            let texts: Vec<String> = b.records.iter().map(|r| String::from_utf8(r.2.clone()).unwrap()).collect();
-            assert_eq!(texts, (0..10).map(|k| format!("{i}-{k}")).collect::<Vec<_>>(), "a write's records stay together");
+            let b = client
+                .read(
+                    &stream,
+                    ReadPosition::Dlsn(w.first_dlsn),
+                    10,
+                    1 << 20,
+                    Duration::ZERO,
+                )
+                .await
+                .unwrap();
+            let texts: Vec<String> = b
+                .records
+                .iter()
+                .map(|r| String::from_utf8(r.2.clone()).unwrap())
+                .collect();
+            assert_eq!(
+                texts,
+                (0..10).map(|k| format!("{i}-{k}")).collect::<Vec<_>>(),
+                "a write's records stay together"
+            );
         }));
     }
     for t in tasks {
         t.await.unwrap();
     }
     for s in 0..4 {
-        let b = client.read(&format!("p{s}"), ReadPosition::Head, 1000, 1 << 20, Duration::ZERO).await.unwrap();
+        let b = client
+            .read(
+                &format!("p{s}"),
+                ReadPosition::Head,
+                1000,
+                1 << 20,
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
         assert_eq!(b.records.len(), 60);
     }
     let mut names = client.list_streams().await.unwrap();

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use quire_ledger::BookKeeper;
 use quire_proxy::protocol::{Request, Response};
-use quire_proxy::{Error, ErrorCode, ProxyClient, ProxyServer, ReadPosition, ServerConfig, StreamManager};
+use quire_proxy::{
+    Error, ErrorCode, ProxyClient, ProxyServer, ReadPosition, ServerConfig, StreamManager,
+};
 use quire_wire::frame::decode_frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -24,7 +26,10 @@ use tokio::net::TcpStream;
 /// Longest any single observation may take before the test calls the server broken.
 const BOUND: Duration = Duration::from_secs(20);
 
-async fn proxy_with(c: &common::Cluster, server: ServerConfig) -> (Arc<StreamManager>, ProxyServer) {
+async fn proxy_with(
+    c: &common::Cluster,
+    server: ServerConfig,
+) -> (Arc<StreamManager>, ProxyServer) {
     let bk = BookKeeper::new(c.store.clone(), quire_ledger::ClientConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut config = common::small_config();
@@ -36,7 +41,11 @@ async fn proxy_with(c: &common::Cluster, server: ServerConfig) -> (Arc<StreamMan
 
 fn hello() -> Vec<u8> {
     let mut v = Vec::new();
-    Request::Hello { version_min: 1, version_max: 1 }.encode(1, &mut v);
+    Request::Hello {
+        version_min: 1,
+        version_max: 1,
+    }
+    .encode(1, &mut v);
     v
 }
 
@@ -47,7 +56,9 @@ async fn frames_until_closed(s: &mut TcpStream) -> Vec<(u64, Response)> {
     loop {
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout(BOUND, s.read(&mut chunk)).await {
-            Err(_) => panic!("the server kept the connection open for {BOUND:?}; frames so far: {out:?}"),
+            Err(_) => {
+                panic!("the server kept the connection open for {BOUND:?}; frames so far: {out:?}")
+            }
             Ok(Ok(0)) | Ok(Err(_)) => return out,
             Ok(Ok(n)) => {
                 buf.extend_from_slice(&chunk[..n]);
@@ -67,11 +78,17 @@ async fn greeted(addr: SocketAddr) -> TcpStream {
     let mut buf = Vec::new();
     loop {
         let mut chunk = [0u8; 256];
-        let n = tokio::time::timeout(BOUND, s.read(&mut chunk)).await.unwrap().unwrap();
+        let n = tokio::time::timeout(BOUND, s.read(&mut chunk))
+            .await
+            .unwrap()
+            .unwrap();
         assert!(n > 0, "closed during the handshake");
         buf.extend_from_slice(&chunk[..n]);
         if let Some((f, _)) = decode_frame(&buf, 8 << 20).unwrap() {
-            assert!(matches!(Response::decode(&f).unwrap(), Response::Hello { .. }));
+            assert!(matches!(
+                Response::decode(&f).unwrap(),
+                Response::Hello { .. }
+            ));
             return s;
         }
     }
@@ -80,7 +97,10 @@ async fn greeted(addr: SocketAddr) -> TcpStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_without_a_handshake_are_closed() {
     let c = common::cluster().await;
-    let config = ServerConfig { handshake_timeout: Duration::from_millis(300), ..ServerConfig::default() };
+    let config = ServerConfig {
+        handshake_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
     let (_streams, server) = proxy_with(&c, config).await;
     let addr = server.local_addr();
 
@@ -111,7 +131,10 @@ async fn connections_without_a_handshake_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_but_waiting_tail_reads_are_not() {
     let c = common::cluster().await;
-    let config = ServerConfig { idle_timeout: Duration::from_millis(1000), ..ServerConfig::default() };
+    let config = ServerConfig {
+        idle_timeout: Duration::from_millis(1000),
+        ..ServerConfig::default()
+    };
     let (_streams, server) = proxy_with(&c, config).await;
     let addr = server.local_addr();
 
@@ -124,7 +147,16 @@ async fn idle_connections_are_closed_but_waiting_tail_reads_are_not() {
     // and the read is answered (with no records, as nothing was written).
     let client = ProxyClient::connect(addr).await.unwrap();
     client.create_stream("idle-tail").await.unwrap();
-    let batch = client.read("idle-tail", ReadPosition::Head, 10, 1 << 20, Duration::from_millis(2500)).await.unwrap();
+    let batch = client
+        .read(
+            "idle-tail",
+            ReadPosition::Head,
+            10,
+            1 << 20,
+            Duration::from_millis(2500),
+        )
+        .await
+        .unwrap();
     assert!(batch.records.is_empty());
 
     // Requests spaced below the idle timeout keep the connection; their total span exceeds it.
@@ -136,15 +168,24 @@ async fn idle_connections_are_closed_but_waiting_tail_reads_are_not() {
     // Left idle past the timeout, the connection is closed by the server; the client connects
     // again on its next request.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    client.write("idle-tail", vec![(1, b"after idle".to_vec())], false).await.unwrap();
-    let batch = client.read("idle-tail", ReadPosition::Head, 10, 1 << 20, Duration::ZERO).await.unwrap();
+    client
+        .write("idle-tail", vec![(1, b"after idle".to_vec())], false)
+        .await
+        .unwrap();
+    let batch = client
+        .read("idle-tail", ReadPosition::Head, 10, 1 << 20, Duration::ZERO)
+        .await
+        .unwrap();
     assert_eq!(batch.records[0].2, b"after idle");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_limit_get_service_unavailable() {
     let c = common::cluster().await;
-    let config = ServerConfig { connections_max: 3, ..ServerConfig::default() };
+    let config = ServerConfig {
+        connections_max: 3,
+        ..ServerConfig::default()
+    };
     let (_streams, server) = proxy_with(&c, config).await;
     let addr = server.local_addr();
 
@@ -166,15 +207,26 @@ async fn connections_over_the_limit_get_service_unavailable() {
         match &frames[0].1 {
             Response::Error { code, message } => {
                 assert_eq!(*code, ErrorCode::ServiceUnavailable);
-                assert!(message.contains("maximum of 3 open connections"), "{message}");
+                assert!(
+                    message.contains("maximum of 3 open connections"),
+                    "{message}"
+                );
             }
             other => panic!("expected an error, got {other:?}"),
         }
     }
     // The client reports the refusal as the proxy's answer.
     match ProxyClient::connect(addr).await {
-        Err(e @ Error::Remote { code: ErrorCode::ServiceUnavailable, .. }) => {
-            assert!(e.to_string().contains("maximum of 3 open connections"), "{e}");
+        Err(
+            e @ Error::Remote {
+                code: ErrorCode::ServiceUnavailable,
+                ..
+            },
+        ) => {
+            assert!(
+                e.to_string().contains("maximum of 3 open connections"),
+                "{e}"
+            );
         }
         other => panic!("expected SERVICE_UNAVAILABLE, got {other:?}"),
     }
@@ -185,11 +237,17 @@ async fn connections_over_the_limit_get_service_unavailable() {
     let client = loop {
         match ProxyClient::connect(addr).await {
             Ok(client) => break client,
-            Err(e) if e.code() == ErrorCode::ServiceUnavailable && tokio::time::Instant::now() < deadline => {
+            Err(e)
+                if e.code() == ErrorCode::ServiceUnavailable
+                    && tokio::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(e) => panic!("the freed slot was not reused: {e}"),
         }
     };
-    client.write("limit", vec![(1, b"x".to_vec())], true).await.unwrap();
+    client
+        .write("limit", vec![(1, b"x".to_vec())], true)
+        .await
+        .unwrap();
 }

@@ -39,7 +39,11 @@ async fn exchange(addr: SocketAddr, bytes: &[u8]) -> (Vec<(u64, Response)>, bool
 
 fn hello() -> Vec<u8> {
     let mut v = Vec::new();
-    Request::Hello { version_min: 1, version_max: 1 }.encode(1, &mut v);
+    Request::Hello {
+        version_min: 1,
+        version_max: 1,
+    }
+    .encode(1, &mut v);
     v
 }
 
@@ -52,8 +56,14 @@ fn code_of(r: &Response) -> Option<ErrorCode> {
 
 async fn still_serving(addr: SocketAddr) {
     let client = ProxyClient::connect(addr).await.unwrap();
-    client.write("alive", vec![(1, b"ok".to_vec())], true).await.unwrap();
-    let b = client.read("alive", ReadPosition::Head, 1, 1024, Duration::ZERO).await.unwrap();
+    client
+        .write("alive", vec![(1, b"ok".to_vec())], true)
+        .await
+        .unwrap();
+    let b = client
+        .read("alive", ReadPosition::Head, 1, 1024, Duration::ZERO)
+        .await
+        .unwrap();
     assert_eq!(b.records[0].2, b"ok");
 }
 
@@ -74,14 +84,27 @@ async fn garbage_and_oversized_frames_are_refused() {
 
     // Bad magic.
     let mut v = Vec::new();
-    encode_frame(&mut v, FrameHeader { opcode: 1, flags: 0, status: 0, request_id: 1 }, b"XXXX\x01\x00\x01\x00");
+    encode_frame(
+        &mut v,
+        FrameHeader {
+            opcode: 1,
+            flags: 0,
+            status: 0,
+            request_id: 1,
+        },
+        b"XXXX\x01\x00\x01\x00",
+    );
     let (answers, closed) = exchange(addr, &v).await;
     assert!(closed);
     assert_eq!(code_of(&answers[0].1), Some(ErrorCode::BadRequest));
 
     // A version range we do not speak.
     let mut v = Vec::new();
-    Request::Hello { version_min: 7, version_max: 9 }.encode(1, &mut v);
+    Request::Hello {
+        version_min: 7,
+        version_max: 9,
+    }
+    .encode(1, &mut v);
     let (answers, closed) = exchange(addr, &v).await;
     assert!(closed);
     assert_eq!(code_of(&answers[0].1), Some(ErrorCode::UnsupportedVersion));
@@ -104,7 +127,12 @@ async fn garbage_and_oversized_frames_are_refused() {
     let mut x: u32 = 99;
     for round in 0..20 {
         let len = 1 + round * 37;
-        let g: Vec<u8> = (0..len).map(|_| { x = x.wrapping_mul(1664525).wrapping_add(1013904223); (x >> 24) as u8 }).collect();
+        let g: Vec<u8> = (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                (x >> 24) as u8
+            })
+            .collect();
         let mut v = if round % 2 == 0 { hello() } else { Vec::new() };
         v.extend_from_slice(&g);
         let _ = exchange(addr, &v).await;
@@ -113,21 +141,71 @@ async fn garbage_and_oversized_frames_are_refused() {
     // After a good handshake: malformed bodies and an unknown opcode get BAD_REQUEST with their
     // request ids, and the connection stays usable.
     let mut v = hello();
-    encode_frame(&mut v, FrameHeader { opcode: 0x04, flags: 0, status: 0, request_id: 10 }, &[1, 2, 3]);
-    encode_frame(&mut v, FrameHeader { opcode: 0x05, flags: 0, status: 0, request_id: 11 }, &[0xff; 40]);
-    encode_frame(&mut v, FrameHeader { opcode: 0x42, flags: 0, status: 0, request_id: 12 }, &[]);
+    encode_frame(
+        &mut v,
+        FrameHeader {
+            opcode: 0x04,
+            flags: 0,
+            status: 0,
+            request_id: 10,
+        },
+        &[1, 2, 3],
+    );
+    encode_frame(
+        &mut v,
+        FrameHeader {
+            opcode: 0x05,
+            flags: 0,
+            status: 0,
+            request_id: 11,
+        },
+        &[0xff; 40],
+    );
+    encode_frame(
+        &mut v,
+        FrameHeader {
+            opcode: 0x42,
+            flags: 0,
+            status: 0,
+            request_id: 12,
+        },
+        &[],
+    );
     let mut tail_write = Vec::new();
     tail_write.extend_from_slice(&1u32.to_le_bytes());
     tail_write.push(b's');
     tail_write.extend_from_slice(&u32::MAX.to_le_bytes()); // absurd record count
-    encode_frame(&mut v, FrameHeader { opcode: 0x04, flags: 0, status: 0, request_id: 13 }, &tail_write);
-    Request::Hello { version_min: 1, version_max: 1 }.encode(14, &mut v);
+    encode_frame(
+        &mut v,
+        FrameHeader {
+            opcode: 0x04,
+            flags: 0,
+            status: 0,
+            request_id: 13,
+        },
+        &tail_write,
+    );
+    Request::Hello {
+        version_min: 1,
+        version_max: 1,
+    }
+    .encode(14, &mut v);
     Request::ListStreams.encode(15, &mut v);
     let (answers, closed) = exchange(addr, &v).await;
     assert!(!closed, "a malformed body must not close the connection");
-    let by_id = |id| answers.iter().find(|(i, _)| *i == id).map(|(_, r)| r.clone()).unwrap();
+    let by_id = |id| {
+        answers
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, r)| r.clone())
+            .unwrap()
+    };
     for id in 10..=14 {
-        assert_eq!(code_of(&by_id(id)), Some(ErrorCode::BadRequest), "request {id}");
+        assert_eq!(
+            code_of(&by_id(id)),
+            Some(ErrorCode::BadRequest),
+            "request {id}"
+        );
     }
     assert!(matches!(by_id(15), Response::ListStreams { .. }));
 

@@ -23,16 +23,27 @@ async fn txid_u64_max_is_refused_by_server_and_client() {
 
     // Server side: a raw write with the create flag and txids [5, u64::MAX].
     let mut out = Vec::new();
-    Request::Hello { version_min: 1, version_max: 1 }.encode(1, &mut out);
-    Request::Write { stream: "sealed".into(), create_if_missing: true, records: vec![(5, b"a".to_vec()), (u64::MAX, b"b".to_vec())] }
-        .encode(2, &mut out);
+    Request::Hello {
+        version_min: 1,
+        version_max: 1,
+    }
+    .encode(1, &mut out);
+    Request::Write {
+        stream: "sealed".into(),
+        create_if_missing: true,
+        records: vec![(5, b"a".to_vec()), (u64::MAX, b"b".to_vec())],
+    }
+    .encode(2, &mut out);
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(&out).await.unwrap();
     let mut buf = Vec::new();
     let mut answers = Vec::new();
     while answers.len() < 2 {
         let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut chunk)).await.unwrap().unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut chunk))
+            .await
+            .unwrap()
+            .unwrap();
         assert!(n > 0, "closed after {answers:?}");
         buf.extend_from_slice(&chunk[..n]);
         while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
@@ -44,26 +55,61 @@ async fn txid_u64_max_is_refused_by_server_and_client() {
     match &answers[1].1 {
         Response::Error { code, message } => {
             assert_eq!(*code, ErrorCode::BadRequest);
-            assert!(message.contains("record 1") && message.contains("reserved"), "{message}");
+            assert!(
+                message.contains("record 1") && message.contains("reserved"),
+                "{message}"
+            );
         }
         other => panic!("expected BAD_REQUEST, got {other:?}"),
     }
 
     // Client side: refused before sending.
     let client = ProxyClient::connect(addr).await.unwrap();
-    match client.write("sealed", vec![(u64::MAX, b"b".to_vec())], true).await {
-        Err(e @ Error::ReservedTxid { record_index: 0, txid: u64::MAX }) => assert_eq!(e.code(), ErrorCode::BadRequest),
+    match client
+        .write("sealed", vec![(u64::MAX, b"b".to_vec())], true)
+        .await
+    {
+        Err(
+            e @ Error::ReservedTxid {
+                record_index: 0,
+                txid: u64::MAX,
+            },
+        ) => assert_eq!(e.code(), ErrorCode::BadRequest),
         other => panic!("expected ReservedTxid, got {other:?}"),
     }
 
     // Neither attempt created the stream.
-    assert!(!client.list_streams().await.unwrap().contains(&"sealed".to_string()));
+    assert!(!client
+        .list_streams()
+        .await
+        .unwrap()
+        .contains(&"sealed".to_string()));
 
     // The largest usable txid is accepted, and the stream stays writable after it.
     let top = u64::MAX - 1;
-    client.write("sealed", vec![(7, b"x".to_vec()), (top, b"y".to_vec())], true).await.unwrap();
-    client.write("sealed", vec![(top, b"z".to_vec())], false).await.unwrap();
-    let batch = client.read("sealed", ReadPosition::Head, 10, 1 << 20, Duration::ZERO).await.unwrap();
-    let got: Vec<(u64, &[u8])> = batch.records.iter().map(|(_, t, p)| (*t, p.as_slice())).collect();
-    assert_eq!(got, vec![(7, &b"x"[..]), (top, &b"y"[..]), (top, &b"z"[..])]);
+    client
+        .write(
+            "sealed",
+            vec![(7, b"x".to_vec()), (top, b"y".to_vec())],
+            true,
+        )
+        .await
+        .unwrap();
+    client
+        .write("sealed", vec![(top, b"z".to_vec())], false)
+        .await
+        .unwrap();
+    let batch = client
+        .read("sealed", ReadPosition::Head, 10, 1 << 20, Duration::ZERO)
+        .await
+        .unwrap();
+    let got: Vec<(u64, &[u8])> = batch
+        .records
+        .iter()
+        .map(|(_, t, p)| (*t, p.as_slice()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(7, &b"x"[..]), (top, &b"y"[..]), (top, &b"z"[..])]
+    );
 }

@@ -41,12 +41,18 @@ async fn storage_failure_kills_the_writer_until_recovery() {
     .await
     .unwrap();
     let failed: Vec<(u64, Vec<u8>)> = (100..110).map(|i| (i, common::payload(i))).collect();
-    let e = client.write("fragile", failed.clone(), false).await.unwrap_err();
+    let e = client
+        .write("fragile", failed.clone(), false)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Storage, "{e}");
     eprintln!("write with two bookies down failed as expected: {e}");
 
     // Reads of what was acknowledged still work from the remaining bookie.
-    let b = client.read("fragile", ReadPosition::Head, 1000, 1 << 20, Duration::ZERO).await.unwrap();
+    let b = client
+        .read("fragile", ReadPosition::Head, 1000, 1 << 20, Duration::ZERO)
+        .await
+        .unwrap();
     assert!(b.records.len() >= 100);
 
     // The bookies come back on the same addresses and directories.
@@ -78,7 +84,10 @@ async fn storage_failure_kills_the_writer_until_recovery() {
     let mut got = Vec::new();
     let mut pos = ReadPosition::Head;
     loop {
-        let b = client.read("fragile", pos, 1000, 1 << 20, Duration::ZERO).await.unwrap();
+        let b = client
+            .read("fragile", pos, 1000, 1 << 20, Duration::ZERO)
+            .await
+            .unwrap();
         if b.records.is_empty() {
             break;
         }
@@ -95,5 +104,11 @@ async fn storage_failure_kills_the_writer_until_recovery() {
     assert!(middle.len() <= failed.len());
     assert_eq!(middle, &failed[..middle.len()]);
     let meta = c.store.read_stream("fragile").await.unwrap().value;
-    assert_eq!(meta.segments.iter().filter(|s| s.state == SegmentState::InProgress).count(), 1);
+    assert_eq!(
+        meta.segments
+            .iter()
+            .filter(|s| s.state == SegmentState::InProgress)
+            .count(),
+        1
+    );
 }

@@ -23,7 +23,10 @@ async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>
     let mut out = Vec::new();
     let mut pos = ReadPosition::Head;
     loop {
-        let b = client.read(stream, pos, 500, 1 << 20, Duration::ZERO).await.unwrap();
+        let b = client
+            .read(stream, pos, 500, 1 << 20, Duration::ZERO)
+            .await
+            .unwrap();
         if b.records.is_empty() {
             return out;
         }
@@ -33,14 +36,22 @@ async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>
 }
 
 fn batch(first_txid: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
-    (first_txid..first_txid + n).map(|t| (t, common::payload(t))).collect()
+    (first_txid..first_txid + n)
+        .map(|t| (t, common::payload(t)))
+        .collect()
 }
 
 fn assert_reads_back(got: &[(Dlsn, u64, Vec<u8>)], expected: &[(u64, Vec<u8>)]) {
     let data: Vec<(u64, Vec<u8>)> = got.iter().map(|(_, t, d)| (*t, d.clone())).collect();
     assert_eq!(data.len(), expected.len(), "record count");
-    assert!(data == expected, "records differ from the acknowledged ones");
-    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "DLSNs strictly increase");
+    assert!(
+        data == expected,
+        "records differ from the acknowledged ones"
+    );
+    assert!(
+        got.windows(2).all(|w| w[0].0 < w[1].0),
+        "DLSNs strictly increase"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,13 +64,26 @@ async fn lease_taken_away_fails_next_write_then_redirects() {
     let recs = batch(1, 150);
     a.streams.append("s", recs.clone(), true).await.unwrap();
     expected.extend(recs);
-    let open = c.store.read_stream("s").await.unwrap().value.segments.last().unwrap().clone();
+    let open = c
+        .store
+        .read_stream("s")
+        .await
+        .unwrap()
+        .value
+        .segments
+        .last()
+        .unwrap()
+        .clone();
     assert_eq!(open.state, SegmentState::InProgress);
 
     // The lease goes away behind A's back.
     store.revoke("s").await;
     assert_eq!(c.store.stream_owner("s").await.unwrap(), None);
-    let e = a.streams.append("s", batch(500, 10), false).await.unwrap_err();
+    let e = a
+        .streams
+        .append("s", batch(500, 10), false)
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::OwnershipLost { .. }), "{e}");
     assert_eq!(e.code(), ErrorCode::OwnershipLost);
 
@@ -71,11 +95,25 @@ async fn lease_taken_away_fails_next_write_then_redirects() {
     expected.extend(recs);
     assert!(w.first_dlsn.segment_seq_no > open.seq_no);
     let meta = c.store.read_stream("s").await.unwrap().value;
-    assert_eq!(meta.segments.iter().find(|s| s.seq_no == open.seq_no).unwrap().state, SegmentState::Completed);
+    assert_eq!(
+        meta.segments
+            .iter()
+            .find(|s| s.seq_no == open.seq_no)
+            .unwrap()
+            .state,
+        SegmentState::Completed
+    );
 
     // A later write on A tries to acquire again and is redirected to B.
-    let e = a.streams.append("s", batch(2000, 1), false).await.unwrap_err();
-    assert!(matches!(&e, Error::OwnedElsewhere { owner, .. } if *owner == b_addr), "{e}");
+    let e = a
+        .streams
+        .append("s", batch(2000, 1), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::OwnedElsewhere { owner, .. } if *owner == b_addr),
+        "{e}"
+    );
     // So a client of A writes through to B.
     let client_a = ProxyClient::connect(&a_addr).await.unwrap();
     let recs = batch(2000, 50);
@@ -98,15 +136,28 @@ async fn lease_lost_while_idle_fails_next_write_once_then_reacquires() {
     let a = common::proxy(&c, common::small_config()).await;
     let a_addr = a.server.local_addr().to_string();
     let mut expected = batch(1, 20);
-    a.streams.append("idle", expected.clone(), true).await.unwrap();
+    a.streams
+        .append("idle", expected.clone(), true)
+        .await
+        .unwrap();
     store.revoke("idle").await;
-    let e = a.streams.append("idle", batch(100, 1), false).await.unwrap_err();
+    let e = a
+        .streams
+        .append("idle", batch(100, 1), false)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::OwnershipLost, "{e}");
     let recs = batch(200, 20);
     let w = a.streams.append("idle", recs.clone(), false).await.unwrap();
     expected.extend(recs);
-    assert_eq!(w.first_dlsn.segment_seq_no, 2, "re-acquired: the old segment was recovered, a new one started");
-    assert_eq!(c.store.stream_owner("idle").await.unwrap().as_deref(), Some(a_addr.as_str()));
+    assert_eq!(
+        w.first_dlsn.segment_seq_no, 2,
+        "re-acquired: the old segment was recovered, a new one started"
+    );
+    assert_eq!(
+        c.store.stream_owner("idle").await.unwrap().as_deref(),
+        Some(a_addr.as_str())
+    );
     let client = ProxyClient::connect(&a_addr).await.unwrap();
     assert_reads_back(&read_all(&client, "idle").await, &expected);
     a.streams.shutdown().await.unwrap();
@@ -123,12 +174,24 @@ async fn ledger_fenced_under_the_writer_fails_next_write_with_ownership_lost() {
     let recs = batch(1, 100);
     client.write("f", recs.clone(), true).await.unwrap();
     expected.extend(recs);
-    let open = c.store.read_stream("f").await.unwrap().value.segments.last().unwrap().clone();
+    let open = c
+        .store
+        .read_stream("f")
+        .await
+        .unwrap()
+        .value
+        .segments
+        .last()
+        .unwrap()
+        .clone();
     assert_eq!(open.state, SegmentState::InProgress);
 
     // Another client recovers (fences and closes) the ledger under the writer.
     let other = BookKeeper::new(c.store.clone(), quire_ledger::ClientConfig::default());
-    let lm = other.recover_ledger(LedgerId(open.ledger_id)).await.unwrap();
+    let lm = other
+        .recover_ledger(LedgerId(open.ledger_id))
+        .await
+        .unwrap();
     assert!(lm.last_entry.is_some());
 
     let e = client.write("f", batch(500, 10), false).await.unwrap_err();
@@ -143,9 +206,16 @@ async fn ledger_fenced_under_the_writer_fails_next_write_with_ownership_lost() {
     expected.extend(recs);
     assert!(w.first_dlsn.segment_seq_no > open.seq_no);
     let meta = c.store.read_stream("f").await.unwrap().value;
-    let fenced = meta.segments.iter().find(|s| s.seq_no == open.seq_no).unwrap();
+    let fenced = meta
+        .segments
+        .iter()
+        .find(|s| s.seq_no == open.seq_no)
+        .unwrap();
     assert_eq!(fenced.state, SegmentState::Completed);
-    assert_eq!(fenced.last_entry, lm.last_entry, "the segment ends where the recovery closed the ledger");
+    assert_eq!(
+        fenced.last_entry, lm.last_entry,
+        "the segment ends where the recovery closed the ledger"
+    );
 
     // Everything acknowledged, once, in order; the refused write left nothing behind.
     assert_reads_back(&read_all(&client, "f").await, &expected);

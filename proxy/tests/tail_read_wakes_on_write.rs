@@ -15,8 +15,14 @@ async fn tail_read_wakes_on_new_write() {
     let p = common::proxy(&c, common::small_config()).await;
     let addr = p.server.local_addr();
     let client = ProxyClient::connect(addr).await.unwrap();
-    let w = client.write("tail", vec![(1, b"first".to_vec())], true).await.unwrap();
-    let b = client.read("tail", ReadPosition::Head, 10, 1 << 20, Duration::ZERO).await.unwrap();
+    let w = client
+        .write("tail", vec![(1, b"first".to_vec())], true)
+        .await
+        .unwrap();
+    let b = client
+        .read("tail", ReadPosition::Head, 10, 1 << 20, Duration::ZERO)
+        .await
+        .unwrap();
     assert_eq!(b.records.len(), 1);
     assert_eq!(b.records[0].0, w.last_dlsn);
     let tail = b.next;
@@ -25,24 +31,50 @@ async fn tail_read_wakes_on_new_write() {
     let reader = tokio::spawn(async move {
         let rc = ProxyClient::connect(addr).await.unwrap();
         let start = Instant::now();
-        let b = rc.read("tail", tail, 10, 1 << 20, Duration::from_secs(20)).await.unwrap();
+        let b = rc
+            .read("tail", tail, 10, 1 << 20, Duration::from_secs(20))
+            .await
+            .unwrap();
         (b, start.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let w2 = client.write("tail", vec![(2, b"second".to_vec()), (3, b"third".to_vec())], false).await.unwrap();
+    let w2 = client
+        .write(
+            "tail",
+            vec![(2, b"second".to_vec()), (3, b"third".to_vec())],
+            false,
+        )
+        .await
+        .unwrap();
     let (b, waited) = reader.await.unwrap();
-    assert!(waited >= Duration::from_millis(250), "returned before the write: {waited:?}");
-    assert!(waited < Duration::from_secs(5), "did not wake promptly: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(250),
+        "returned before the write: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "did not wake promptly: {waited:?}"
+    );
     assert!(!b.records.is_empty());
     assert_eq!(b.records[0].1, 2);
     assert_eq!(b.records[0].2, b"second");
     assert!(b.records.last().unwrap().0 <= w2.last_dlsn);
 
     // Nothing more arrives: the read returns empty after its wait, positioned where it asked.
-    let end = client.read("tail", b.next, 10, 1 << 20, Duration::ZERO).await.unwrap();
-    let end_pos = if end.records.is_empty() { b.next } else { end.next };
+    let end = client
+        .read("tail", b.next, 10, 1 << 20, Duration::ZERO)
+        .await
+        .unwrap();
+    let end_pos = if end.records.is_empty() {
+        b.next
+    } else {
+        end.next
+    };
     let start = Instant::now();
-    let e = client.read("tail", end_pos, 10, 1 << 20, Duration::from_millis(300)).await.unwrap();
+    let e = client
+        .read("tail", end_pos, 10, 1 << 20, Duration::from_millis(300))
+        .await
+        .unwrap();
     assert!(e.records.is_empty());
     assert_eq!(e.next, end_pos);
     assert!(start.elapsed() >= Duration::from_millis(250));
@@ -52,23 +84,38 @@ async fn tail_read_wakes_on_new_write() {
     let wb = client.write("tail", big, false).await.unwrap();
     let all = drain(&client, end_pos).await;
     assert_eq!(all.last().unwrap().0, wb.last_dlsn);
-    let after = ReadPosition::Dlsn(quire_proxy::Dlsn::new(wb.last_dlsn.segment_seq_no, wb.last_dlsn.entry_id + 1, 0));
+    let after = ReadPosition::Dlsn(quire_proxy::Dlsn::new(
+        wb.last_dlsn.segment_seq_no,
+        wb.last_dlsn.entry_id + 1,
+        0,
+    ));
     let reader = tokio::spawn(async move {
         let rc = ProxyClient::connect(addr).await.unwrap();
-        rc.read("tail", after, 10, 1 << 20, Duration::from_secs(20)).await.unwrap()
+        rc.read("tail", after, 10, 1 << 20, Duration::from_secs(20))
+            .await
+            .unwrap()
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let wn = client.write("tail", vec![(100, b"next segment".to_vec())], false).await.unwrap();
+    let wn = client
+        .write("tail", vec![(100, b"next segment".to_vec())], false)
+        .await
+        .unwrap();
     let b = reader.await.unwrap();
     assert_eq!(b.records.len(), 1);
     assert_eq!(b.records[0].0, wn.last_dlsn);
     assert_eq!(b.records[0].2, b"next segment");
 }
 
-async fn drain(client: &ProxyClient, mut pos: ReadPosition) -> Vec<(quire_proxy::Dlsn, u64, Vec<u8>)> {
+async fn drain(
+    client: &ProxyClient,
+    mut pos: ReadPosition,
+) -> Vec<(quire_proxy::Dlsn, u64, Vec<u8>)> {
     let mut out = Vec::new();
     loop {
-        let b = client.read("tail", pos, 1000, 1 << 20, Duration::ZERO).await.unwrap();
+        let b = client
+            .read("tail", pos, 1000, 1 << 20, Duration::ZERO)
+            .await
+            .unwrap();
         if b.records.is_empty() {
             return out;
         }

@@ -24,7 +24,10 @@ async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>
     let mut out = Vec::new();
     let mut pos = ReadPosition::Head;
     loop {
-        let b = client.read(stream, pos, 500, 1 << 20, Duration::ZERO).await.unwrap();
+        let b = client
+            .read(stream, pos, 500, 1 << 20, Duration::ZERO)
+            .await
+            .unwrap();
         if b.records.is_empty() {
             return out;
         }
@@ -34,15 +37,22 @@ async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>
 }
 
 fn batch(first_txid: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
-    (first_txid..first_txid + n).map(|t| (t, common::payload(t))).collect()
+    (first_txid..first_txid + n)
+        .map(|t| (t, common::payload(t)))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_session_expiry_moves_the_stream() {
-    let zk = tokio::task::spawn_blocking(ZooKeeperServer::start).await.unwrap();
+    let zk = tokio::task::spawn_blocking(ZooKeeperServer::start)
+        .await
+        .unwrap();
     let connect = zk.connect_string();
     let registry = ZkStore::connect(&connect, "/quire", SESSION).await.unwrap();
-    let dir = tempfile::Builder::new().prefix("quire-proxy-zk-test-").tempdir_in("/tmp").unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("quire-proxy-zk-test-")
+        .tempdir_in("/tmp")
+        .unwrap();
     let c = common::cluster_with(dir, Arc::new(registry)).await;
     let a_store = ZkStore::connect(&connect, "/quire", SESSION).await.unwrap();
     let b_store = ZkStore::connect(&connect, "/quire", SESSION).await.unwrap();
@@ -56,24 +66,50 @@ async fn owner_session_expiry_moves_the_stream() {
     let recs = batch(1, 150);
     a.streams.append("zs", recs.clone(), true).await.unwrap();
     expected.extend(recs);
-    assert_eq!(c.store.stream_owner("zs").await.unwrap().as_deref(), Some(a_addr.as_str()));
+    assert_eq!(
+        c.store.stream_owner("zs").await.unwrap().as_deref(),
+        Some(a_addr.as_str())
+    );
     let client_b = ProxyClient::connect(&b_addr).await.unwrap();
     let recs = batch(1000, 50);
     client_b.write("zs", recs.clone(), false).await.unwrap();
     expected.extend(recs);
-    assert_eq!(client_b.cached_owner("zs").as_deref(), Some(a_addr.as_str()));
-    let open = c.store.read_stream("zs").await.unwrap().value.segments.last().unwrap().clone();
-    assert_eq!(open.state, SegmentState::InProgress, "the test needs a segment in progress");
+    assert_eq!(
+        client_b.cached_owner("zs").as_deref(),
+        Some(a_addr.as_str())
+    );
+    let open = c
+        .store
+        .read_stream("zs")
+        .await
+        .unwrap()
+        .value
+        .segments
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        open.state,
+        SegmentState::InProgress,
+        "the test needs a segment in progress"
+    );
 
     // Expire A's session.
     let mut a_lost = a_store.session_lost();
     tokio::time::timeout(PATIENCE, async {
         loop {
             let session = a_store.client().session().clone();
-            if let Ok(hijack) = zookeeper_client::Client::connector().with_session(session).connect(&connect).await {
+            if let Ok(hijack) = zookeeper_client::Client::connector()
+                .with_session(session)
+                .connect(&connect)
+                .await
+            {
                 drop(hijack);
             }
-            if tokio::time::timeout(Duration::from_secs(10), a_lost.wait_for(|l| *l)).await.is_ok() {
+            if tokio::time::timeout(Duration::from_secs(10), a_lost.wait_for(|l| *l))
+                .await
+                .is_ok()
+            {
                 return;
             }
         }
@@ -83,7 +119,11 @@ async fn owner_session_expiry_moves_the_stream() {
     drop(a_store);
 
     // A's next write is refused: it no longer owns the stream.
-    let e = a.streams.append("zs", batch(2000, 10), false).await.unwrap_err();
+    let e = a
+        .streams
+        .append("zs", batch(2000, 10), false)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::OwnershipLost, "{e}");
 
     // B takes the stream over at its next write.
@@ -93,7 +133,9 @@ async fn owner_session_expiry_moves_the_stream() {
             match b.streams.append("zs", recs.clone(), false).await {
                 Ok(w) => return w,
                 // A's lock node may outlive the session for a moment on the server.
-                Err(quire_proxy::Error::OwnedElsewhere { .. }) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(quire_proxy::Error::OwnedElsewhere { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
                 Err(e) => panic!("B could not take the stream: {e}"),
             }
         }
@@ -101,21 +143,42 @@ async fn owner_session_expiry_moves_the_stream() {
     .await
     .expect("B takes the stream after A's session expired");
     expected.extend(recs);
-    assert!(w.first_dlsn.segment_seq_no > open.seq_no, "B writes into a new segment");
-    assert_eq!(c.store.stream_owner("zs").await.unwrap().as_deref(), Some(b_addr.as_str()));
+    assert!(
+        w.first_dlsn.segment_seq_no > open.seq_no,
+        "B writes into a new segment"
+    );
+    assert_eq!(
+        c.store.stream_owner("zs").await.unwrap().as_deref(),
+        Some(b_addr.as_str())
+    );
     let meta = c.store.read_stream("zs").await.unwrap().value;
-    assert_eq!(meta.segments.iter().find(|s| s.seq_no == open.seq_no).unwrap().state, SegmentState::Completed, "recovered");
+    assert_eq!(
+        meta.segments
+            .iter()
+            .find(|s| s.seq_no == open.seq_no)
+            .unwrap()
+            .state,
+        SegmentState::Completed,
+        "recovered"
+    );
 
     // Every acknowledged record, once, in order (read through B).
     let client_b2 = ProxyClient::connect(&b_addr).await.unwrap();
     let got = read_all(&client_b2, "zs").await;
     let data: Vec<(u64, Vec<u8>)> = got.iter().map(|(_, t, d)| (*t, d.clone())).collect();
     assert_eq!(data.len(), expected.len());
-    assert!(data == expected, "records differ from the acknowledged ones");
+    assert!(
+        data == expected,
+        "records differ from the acknowledged ones"
+    );
     assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
 
     b.streams.shutdown().await.unwrap();
-    assert_eq!(c.store.stream_owner("zs").await.unwrap(), None, "shutdown deletes B's lock node");
+    assert_eq!(
+        c.store.stream_owner("zs").await.unwrap(),
+        None,
+        "shutdown deletes B's lock node"
+    );
     drop((a, b, client_b, client_b2, c));
     zk.stop();
 }

@@ -91,7 +91,10 @@ pub struct StreamShowArgs {
     pub output: OutputArgs,
 }
 
-fn with_store<T>(metadata: &MetadataArgs, f: impl AsyncFnOnce(&dyn MetadataStore) -> Result<T>) -> Result<T> {
+fn with_store<T>(
+    metadata: &MetadataArgs,
+    f: impl AsyncFnOnce(&dyn MetadataStore) -> Result<T>,
+) -> Result<T> {
     let address = metadata.resolve()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -109,7 +112,10 @@ fn with_store<T>(metadata: &MetadataArgs, f: impl AsyncFnOnce(&dyn MetadataStore
 pub fn ledger(args: LedgerArgs) -> Result<()> {
     match args.command {
         LedgerCommand::Show(a) => with_store(&a.metadata, async |store| {
-            let v = store.read_ledger(LedgerId(a.ledger)).await.with_context(|| format!("ledger {}", a.ledger))?;
+            let v = store
+                .read_ledger(LedgerId(a.ledger))
+                .await
+                .with_context(|| format!("ledger {}", a.ledger))?;
             print_ledger(a.ledger, &v.value, Some(v.version), a.output.json)
         }),
         LedgerCommand::Recover(a) => {
@@ -121,7 +127,8 @@ pub fn ledger(args: LedgerArgs) -> Result<()> {
                 .context("cannot start the tokio runtime")?;
             let result = runtime.block_on(async {
                 let store = address.connect().await?;
-                let bk = quire_ledger::BookKeeper::new(store, quire_ledger::ClientConfig::default());
+                let bk =
+                    quire_ledger::BookKeeper::new(store, quire_ledger::ClientConfig::default());
                 let meta = bk
                     .recover_ledger(LedgerId(a.ledger))
                     .await
@@ -129,8 +136,13 @@ pub fn ledger(args: LedgerArgs) -> Result<()> {
                 if a.output.json {
                     print_ledger(a.ledger, &meta, None, true)
                 } else {
-                    let last = meta.last_entry.map_or("none (empty)".to_string(), |e| e.to_string());
-                    println!("ledger {} recovered: state {:?}, last entry {last}, length {} bytes", a.ledger, meta.state, meta.length_bytes);
+                    let last = meta
+                        .last_entry
+                        .map_or("none (empty)".to_string(), |e| e.to_string());
+                    println!(
+                        "ledger {} recovered: state {:?}, last entry {last}, length {} bytes",
+                        a.ledger, meta.state, meta.length_bytes
+                    );
                     Ok(())
                 }
             });
@@ -140,28 +152,49 @@ pub fn ledger(args: LedgerArgs) -> Result<()> {
     }
 }
 
-fn print_ledger(id: u64, meta: &LedgerMetadata, version: Option<Version>, json: bool) -> Result<()> {
+fn print_ledger(
+    id: u64,
+    meta: &LedgerMetadata,
+    version: Option<Version>,
+    json: bool,
+) -> Result<()> {
     if json {
-        let doc = serde_json::json!({ "ledger": id, "version": version.map(|v| v.0), "metadata": meta });
+        let doc =
+            serde_json::json!({ "ledger": id, "version": version.map(|v| v.0), "metadata": meta });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     let mut out = String::new();
     writeln!(out, "ledger {id}")?;
     writeln!(out, "  state:       {:?}", meta.state)?;
-    writeln!(out, "  quorum:      E={} Qw={} Qa={}", meta.ensemble_size, meta.write_quorum, meta.ack_quorum)?;
-    let last = meta.last_entry.map_or("none".to_string(), |e| e.to_string());
+    writeln!(
+        out,
+        "  quorum:      E={} Qw={} Qa={}",
+        meta.ensemble_size, meta.write_quorum, meta.ack_quorum
+    )?;
+    let last = meta
+        .last_entry
+        .map_or("none".to_string(), |e| e.to_string());
     writeln!(out, "  last entry:  {last}")?;
     writeln!(out, "  length:      {} bytes", meta.length_bytes)?;
     writeln!(out, "  digest:      {:?}", meta.digest_type)?;
-    writeln!(out, "  created:     {} ms since the epoch", meta.creation_time_ms)?;
+    writeln!(
+        out,
+        "  created:     {} ms since the epoch",
+        meta.creation_time_ms
+    )?;
     if let Some(v) = version {
         writeln!(out, "  version:     {}", v.0)?;
     }
     writeln!(out, "  ensembles:")?;
     for f in &meta.fragments {
         let bookies: Vec<&str> = f.bookies.iter().map(|b| b.0.as_str()).collect();
-        writeln!(out, "    from entry {:<8} {}", f.first_entry, bookies.join(" "))?;
+        writeln!(
+            out,
+            "    from entry {:<8} {}",
+            f.first_entry,
+            bookies.join(" ")
+        )?;
     }
     for (k, v) in &meta.custom {
         writeln!(out, "  custom:      {k} = {v}")?;
@@ -180,11 +213,20 @@ pub fn bookie_list(args: BookieListArgs) -> Result<()> {
         }
         let mut out = String::new();
         for b in &bookies {
-            let rack = b.rack.as_deref().map(|r| format!(" rack={r}")).unwrap_or_default();
+            let rack = b
+                .rack
+                .as_deref()
+                .map(|r| format!(" rack={r}"))
+                .unwrap_or_default();
             let mode = if b.read_only { " (read-only)" } else { "" };
             writeln!(out, "{}{rack}{mode}", b.id)?;
         }
-        writeln!(out, "{} bookies registered, {} read-only", bookies.len(), bookies.iter().filter(|b| b.read_only).count())?;
+        writeln!(
+            out,
+            "{} bookies registered, {} read-only",
+            bookies.len(),
+            bookies.iter().filter(|b| b.read_only).count()
+        )?;
         print!("{out}");
         Ok(())
     })
@@ -194,10 +236,17 @@ pub fn bookie_list(args: BookieListArgs) -> Result<()> {
 pub fn stream(args: StreamArgs) -> Result<()> {
     let StreamCommand::Show(a) = args.command;
     with_store(&a.metadata, async |store| {
-        let v = store.read_stream(&a.stream).await.with_context(|| format!("stream {:?}", a.stream))?;
-        let owner = store.stream_owner(&a.stream).await.context("cannot read the stream's owner")?;
+        let v = store
+            .read_stream(&a.stream)
+            .await
+            .with_context(|| format!("stream {:?}", a.stream))?;
+        let owner = store
+            .stream_owner(&a.stream)
+            .await
+            .context("cannot read the stream's owner")?;
         if a.output.json {
-            let doc = serde_json::json!({ "version": v.version.0, "owner": owner, "metadata": v.value });
+            let doc =
+                serde_json::json!({ "version": v.version.0, "owner": owner, "metadata": v.value });
             println!("{}", serde_json::to_string_pretty(&doc)?);
             return Ok(());
         }
@@ -210,10 +259,18 @@ fn format_stream(meta: &StreamMetadata, owner: Option<&str>) -> Result<String> {
     let mut out = String::new();
     writeln!(out, "stream {}", meta.name)?;
     writeln!(out, "  owner:    {}", owner.unwrap_or("none"))?;
-    writeln!(out, "  max txid: {}", meta.max_txid.map_or("none".to_string(), |t| t.to_string()))?;
+    writeln!(
+        out,
+        "  max txid: {}",
+        meta.max_txid.map_or("none".to_string(), |t| t.to_string())
+    )?;
     writeln!(out, "  segments: {}", meta.segments.len())?;
     if !meta.segments.is_empty() {
-        writeln!(out, "  {:>6} {:>8} {:<11} {:<27} {:>9} {:>12}", "seq", "ledger", "state", "DLSN range", "records", "bytes")?;
+        writeln!(
+            out,
+            "  {:>6} {:>8} {:<11} {:<27} {:>9} {:>12}",
+            "seq", "ledger", "state", "DLSN range", "records", "bytes"
+        )?;
     }
     for s in &meta.segments {
         // A segment's DLSNs run from SEQ:0:0 up to (not including) SEQ:(last entry + 1):0.
@@ -227,9 +284,18 @@ fn format_stream(meta: &StreamMetadata, owner: Option<&str>) -> Result<String> {
                 s.record_count.to_string(),
                 s.length_bytes.to_string(),
             ),
-            SegmentState::InProgress => ("in progress", format!("{}:0:0 ..", s.seq_no), "-".into(), "-".into()),
+            SegmentState::InProgress => (
+                "in progress",
+                format!("{}:0:0 ..", s.seq_no),
+                "-".into(),
+                "-".into(),
+            ),
         };
-        writeln!(out, "  {:>6} {:>8} {:<11} {:<27} {:>9} {:>12}", s.seq_no, s.ledger_id, state, range, records, bytes)?;
+        writeln!(
+            out,
+            "  {:>6} {:>8} {:<11} {:<27} {:>9} {:>12}",
+            s.seq_no, s.ledger_id, state, range, records, bytes
+        )?;
     }
     Ok(out)
 }

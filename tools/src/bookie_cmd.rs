@@ -72,7 +72,10 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     // Signal handlers first, so that a SIGTERM during start is seen rather than fatal.
     let (mut term, mut int) = runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
-        Ok::<_, std::io::Error>((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        ))
     })?;
     let store = runtime.block_on(options.metadata.connect_zk())?;
     let journal_dir = options.bookie.journal_dir.clone();
@@ -82,7 +85,11 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
 
     let bookie = quire_bookie::Bookie::start(options.bookie.clone())
         .with_context(|| format!("bookie {id} did not start"))?;
-    let info = BookieInfo { id: id.clone(), rack: options.rack.clone(), read_only: false };
+    let info = BookieInfo {
+        id: id.clone(),
+        rack: options.rack.clone(),
+        read_only: false,
+    };
     let served = runtime.block_on(async {
         store.register_bookie(info.clone()).await.with_context(|| format!("cannot register bookie {id}"))?;
         {
@@ -129,11 +136,17 @@ async fn keep_registered(
             _ = stop.changed() => return store,
             r = lost.wait_for(|lost| *lost) => if r.is_err() { return store },
         }
-        eprintln!("quire bookie: {}: ZooKeeper session expired; registering again with a new session", info.id);
+        eprintln!(
+            "quire bookie: {}: ZooKeeper session expired; registering again with a new session",
+            info.id
+        );
         loop {
             let attempt = async {
                 let fresh = address.connect_zk().await?;
-                fresh.register_bookie(info.clone()).await.context("register")?;
+                fresh
+                    .register_bookie(info.clone())
+                    .await
+                    .context("register")?;
                 Ok::<_, anyhow::Error>(fresh)
             };
             tokio::select! {
@@ -178,7 +191,9 @@ fn dir_state(dir: &Path) -> Result<DirState> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DirState::Empty),
-        Err(e) => return Err(e).with_context(|| format!("cannot list directory {}", dir.display())),
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot list directory {}", dir.display()))
+        }
     };
     let mut others = 0usize;
     let mut has_cookie = false;
@@ -192,18 +207,31 @@ fn dir_state(dir: &Path) -> Result<DirState> {
         }
     }
     if !has_cookie {
-        return Ok(if others == 0 { DirState::Empty } else { DirState::DataWithoutCookie });
+        return Ok(if others == 0 {
+            DirState::Empty
+        } else {
+            DirState::DataWithoutCookie
+        });
     }
     let path = dir.join(COOKIE_FILE);
-    let bytes = std::fs::read(&path).with_context(|| format!("cannot read cookie file {}", path.display()))?;
-    let cookie: Cookie = serde_json::from_slice(&bytes)
-        .map_err(|e| anyhow::anyhow!("cookie file {} is corrupt: {e}; refusing to start", path.display()))?;
-    Ok(DirState::Cookie { cookie, only_cookie: others == 0 })
+    let bytes = std::fs::read(&path)
+        .with_context(|| format!("cannot read cookie file {}", path.display()))?;
+    let cookie: Cookie = serde_json::from_slice(&bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "cookie file {} is corrupt: {e}; refusing to start",
+            path.display()
+        )
+    })?;
+    Ok(DirState::Cookie {
+        cookie,
+        only_cookie: others == 0,
+    })
 }
 
 /// Writes `DIR/COOKIE` atomically: a temporary file, synced, renamed over, directory synced.
 fn write_cookie_file(dir: &Path, cookie: &Cookie) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create directory {}", dir.display()))?;
     let tmp = dir.join("COOKIE.tmp");
     let path = dir.join(COOKIE_FILE);
     let bytes = serde_json::to_vec_pretty(cookie)?;
@@ -217,7 +245,9 @@ fn write_cookie_file(dir: &Path, cookie: &Cookie) -> Result<()> {
 }
 
 fn path_string(dir: &Path) -> Result<String> {
-    dir.to_str().map(str::to_string).with_context(|| format!("directory {} is not valid UTF-8", dir.display()))
+    dir.to_str()
+        .map(str::to_string)
+        .with_context(|| format!("directory {} is not valid UTF-8", dir.display()))
 }
 
 /// Why `found` (a directory's cookie) is not `expected`, in words.
@@ -228,13 +258,25 @@ fn mismatch(found: &Cookie, expected: &Cookie) -> String {
             found.instance_id, found.bookie, expected.instance_id
         )
     } else if found.bookie != expected.bookie {
-        format!("it holds the cookie of bookie {}, not of {}", found.bookie, expected.bookie)
+        format!(
+            "it holds the cookie of bookie {}, not of {}",
+            found.bookie, expected.bookie
+        )
     } else if found.journal_dir != expected.journal_dir {
-        format!("its cookie names journal directory {}, but {} is configured", found.journal_dir, expected.journal_dir)
+        format!(
+            "its cookie names journal directory {}, but {} is configured",
+            found.journal_dir, expected.journal_dir
+        )
     } else if found.ledger_dirs != expected.ledger_dirs {
-        format!("its cookie names ledger directories {:?}, but {:?} are configured", found.ledger_dirs, expected.ledger_dirs)
+        format!(
+            "its cookie names ledger directories {:?}, but {:?} are configured",
+            found.ledger_dirs, expected.ledger_dirs
+        )
     } else {
-        format!("its cookie (format {}) differs from the metadata store's", found.format_version)
+        format!(
+            "its cookie (format {}) differs from the metadata store's",
+            found.format_version
+        )
     }
 }
 
@@ -259,7 +301,10 @@ pub async fn check_cookie(
     journal_dir: &Path,
     ledger_dir: &Path,
 ) -> Result<CookieOutcome> {
-    let instance_id = store.instance_id().await.context("cannot read the cluster's instance id")?;
+    let instance_id = store
+        .instance_id()
+        .await
+        .context("cannot read the cluster's instance id")?;
     let expected = Cookie {
         format_version: COOKIE_FORMAT_VERSION,
         bookie: bookie.clone(),
@@ -270,9 +315,14 @@ pub async fn check_cookie(
     let stored = match store.read_cookie(bookie).await {
         Ok(v) => Some(v.value),
         Err(quire_metadata::Error::NotFound { .. }) => None,
-        Err(e) => return Err(e).with_context(|| format!("cannot read the cookie of bookie {bookie}")),
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read the cookie of bookie {bookie}"))
+        }
     };
-    let dirs = [("journal", journal_dir, dir_state(journal_dir)?), ("ledger", ledger_dir, dir_state(ledger_dir)?)];
+    let dirs = [
+        ("journal", journal_dir, dir_state(journal_dir)?),
+        ("ledger", ledger_dir, dir_state(ledger_dir)?),
+    ];
     match stored {
         Some(stored) => {
             // A directory holding someone else's cookie is named first: it is the likelier
@@ -285,7 +335,10 @@ pub async fn check_cookie(
                 }
             }
             if stored != expected {
-                bail!("bookie {bookie} cannot start with this configuration: {}; refusing to start", mismatch(&stored, &expected));
+                bail!(
+                    "bookie {bookie} cannot start with this configuration: {}; refusing to start",
+                    mismatch(&stored, &expected)
+                );
             }
             for (kind, dir, state) in &dirs {
                 match state {
@@ -308,7 +361,10 @@ pub async fn check_cookie(
         None => {
             let fresh = dirs.iter().all(|(_, _, state)| match state {
                 DirState::Empty => true,
-                DirState::Cookie { cookie, only_cookie } => *only_cookie && *cookie == expected,
+                DirState::Cookie {
+                    cookie,
+                    only_cookie,
+                } => *only_cookie && *cookie == expected,
                 DirState::DataWithoutCookie => false,
             });
             if !fresh {
@@ -358,7 +414,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_path_buf();
         let store = EmbeddedStore::open(&root.join("meta")).unwrap();
-        Fixture { _tmp: tmp, root, store }
+        Fixture {
+            _tmp: tmp,
+            root,
+            store,
+        }
     }
 
     fn id(s: &str) -> BookieId {
@@ -369,10 +429,16 @@ mod tests {
     async fn first_start_writes_then_later_starts_match() {
         let f = fixture();
         let (j, l) = (f.root.join("j"), f.root.join("l"));
-        assert_eq!(check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap(), CookieOutcome::Created);
+        assert_eq!(
+            check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap(),
+            CookieOutcome::Created
+        );
         assert!(j.join(COOKIE_FILE).is_file() && l.join(COOKIE_FILE).is_file());
         std::fs::create_dir_all(j.join("shard-0")).unwrap();
-        assert_eq!(check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap(), CookieOutcome::Matched);
+        assert_eq!(
+            check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap(),
+            CookieOutcome::Matched
+        );
         let stored = f.store.read_cookie(&id("b:1")).await.unwrap().value;
         assert_eq!(stored.journal_dir, j.to_str().unwrap());
         assert_eq!(stored.instance_id, f.store.instance_id().await.unwrap());
@@ -384,8 +450,14 @@ mod tests {
         let (j, l) = (f.root.join("j"), f.root.join("l"));
         check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap();
         std::fs::remove_dir_all(&j).unwrap();
-        let e = check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap_err().to_string();
-        assert!(e.starts_with(&format!("journal directory {} has no cookie", j.display())), "{e}");
+        let e = check_cookie(&f.store, &id("b:1"), &j, &l)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("journal directory {} has no cookie", j.display())),
+            "{e}"
+        );
         assert!(e.contains("emptied or replaced"), "{e}");
 
         let f = fixture();
@@ -393,32 +465,69 @@ mod tests {
         check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap();
         std::fs::remove_file(l.join(COOKIE_FILE)).unwrap();
         std::fs::write(l.join("data"), b"x").unwrap();
-        let e = check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap_err().to_string();
-        assert!(e.starts_with(&format!("ledger directory {} holds data but no cookie", l.display())), "{e}");
+        let e = check_cookie(&f.store, &id("b:1"), &j, &l)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "ledger directory {} holds data but no cookie",
+                l.display()
+            )),
+            "{e}"
+        );
     }
 
     #[tokio::test]
     async fn swapped_dirs_and_other_clusters_are_refused() {
         let f = fixture();
-        let (j1, l1, j2, l2) = (f.root.join("j1"), f.root.join("l1"), f.root.join("j2"), f.root.join("l2"));
+        let (j1, l1, j2, l2) = (
+            f.root.join("j1"),
+            f.root.join("l1"),
+            f.root.join("j2"),
+            f.root.join("l2"),
+        );
         check_cookie(&f.store, &id("b:1"), &j1, &l1).await.unwrap();
         check_cookie(&f.store, &id("b:2"), &j2, &l2).await.unwrap();
         // Bookie 1's journal cookie replaced by bookie 2's (a swapped disk).
         std::fs::copy(j2.join(COOKIE_FILE), j1.join(COOKIE_FILE)).unwrap();
-        let e = check_cookie(&f.store, &id("b:1"), &j1, &l1).await.unwrap_err().to_string();
-        assert!(e.contains(&format!("journal directory {} does not belong to bookie b:1", j1.display())), "{e}");
+        let e = check_cookie(&f.store, &id("b:1"), &j1, &l1)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "journal directory {} does not belong to bookie b:1",
+                j1.display()
+            )),
+            "{e}"
+        );
         assert!(e.contains("cookie of bookie b:2"), "{e}");
 
         // Configured with another bookie's directory: the store's cookie names another path.
-        let e = check_cookie(&f.store, &id("b:2"), &j2, &l1).await.unwrap_err().to_string();
+        let e = check_cookie(&f.store, &id("b:2"), &j2, &l1)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ledger directories"), "{e}");
 
         // A directory from another cluster, offered to a new bookie.
         let other = fixture();
         let (j3, l3) = (f.root.join("j3"), f.root.join("l3"));
-        check_cookie(&other.store, &id("b:3"), &j3, &l3).await.unwrap();
-        let e = check_cookie(&f.store, &id("b:3"), &j3, &l3).await.unwrap_err().to_string();
-        assert!(e.contains(&format!("journal directory {} holds a cookie", j3.display())), "{e}");
+        check_cookie(&other.store, &id("b:3"), &j3, &l3)
+            .await
+            .unwrap();
+        let e = check_cookie(&f.store, &id("b:3"), &j3, &l3)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "journal directory {} holds a cookie",
+                j3.display()
+            )),
+            "{e}"
+        );
         assert!(e.contains("no cookie for bookie b:3"), "{e}");
     }
 
@@ -428,7 +537,10 @@ mod tests {
         let (j, l) = (f.root.join("j"), f.root.join("l"));
         std::fs::create_dir_all(&j).unwrap();
         std::fs::write(j.join("journal-0000000000000001.qj"), b"old").unwrap();
-        let e = check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap_err().to_string();
+        let e = check_cookie(&f.store, &id("b:1"), &j, &l)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("is not empty and has no cookie"), "{e}");
 
         // Files written, store not yet: the next start completes the first start.
@@ -444,7 +556,10 @@ mod tests {
         };
         write_cookie_file(&j, &cookie).unwrap();
         write_cookie_file(&l, &cookie).unwrap();
-        assert_eq!(check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap(), CookieOutcome::Created);
+        assert_eq!(
+            check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap(),
+            CookieOutcome::Created
+        );
         assert_eq!(f.store.read_cookie(&id("b:1")).await.unwrap().value, cookie);
     }
 
@@ -454,7 +569,16 @@ mod tests {
         let (j, l) = (f.root.join("j"), f.root.join("l"));
         check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap();
         std::fs::write(l.join(COOKIE_FILE), b"{not json").unwrap();
-        let e = check_cookie(&f.store, &id("b:1"), &j, &l).await.unwrap_err().to_string();
-        assert!(e.starts_with(&format!("cookie file {} is corrupt", l.join(COOKIE_FILE).display())), "{e}");
+        let e = check_cookie(&f.store, &id("b:1"), &j, &l)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "cookie file {} is corrupt",
+                l.join(COOKIE_FILE).display()
+            )),
+            "{e}"
+        );
     }
 }

@@ -63,29 +63,37 @@ const READ_BATCH_SIZE_BYTES_MAX: u32 = 2 * 1024 * 1024;
 const TAIL_WAIT: Duration = Duration::from_secs(10);
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the tokio runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")
 }
 
 async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
-    ProxyClient::connect(&proxy.proxy)
-        .await
-        .with_context(|| format!("cannot reach the proxy at {} (is a sandbox running?)", proxy.proxy))
+    ProxyClient::connect(&proxy.proxy).await.with_context(|| {
+        format!(
+            "cannot reach the proxy at {} (is a sandbox running?)",
+            proxy.proxy
+        )
+    })
 }
 
 fn parse_from(from: &str) -> Result<ReadPosition> {
     if from == "head" {
         return Ok(ReadPosition::Head);
     }
-    let dlsn: Dlsn = from
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--from {from:?} is neither 'head' nor a DLSN like 1:0:0 ({e})"))?;
+    let dlsn: Dlsn = from.parse().map_err(|e| {
+        anyhow::anyhow!("--from {from:?} is neither 'head' nor a DLSN like 1:0:0 ({e})")
+    })?;
     Ok(ReadPosition::Dlsn(dlsn))
 }
 
 /// The txid of a record: wall-clock milliseconds, never below the previous one
 /// (DistributedLog's write proxy does the same with its `TimeSequencer`).
 fn next_txid(last: &mut u64) -> u64 {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     *last = (*last).max(now);
     *last
 }
@@ -93,7 +101,9 @@ fn next_txid(last: &mut u64) -> u64 {
 /// Runs `quire write`.
 pub fn write(args: WriteArgs) -> Result<()> {
     let input: Box<dyn Read> = match &args.file {
-        Some(path) => Box::new(std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?),
+        Some(path) => Box::new(
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
+        ),
         None => Box::new(std::io::stdin().lock()),
     };
     let rt = runtime()?;
@@ -180,14 +190,25 @@ pub fn tail(args: TailArgs) -> Result<()> {
     runtime()?.block_on(copy_out(&args.proxy, &args.stream, from, true))
 }
 
-async fn copy_out(proxy: &ProxyArg, stream: &str, mut from: ReadPosition, follow: bool) -> Result<()> {
+async fn copy_out(
+    proxy: &ProxyArg,
+    stream: &str,
+    mut from: ReadPosition,
+    follow: bool,
+) -> Result<()> {
     let client = connect(proxy).await?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     loop {
         let wait = if follow { TAIL_WAIT } else { Duration::ZERO };
         let batch = client
-            .read(stream, from, READ_BATCH_RECORDS_MAX, READ_BATCH_SIZE_BYTES_MAX, wait)
+            .read(
+                stream,
+                from,
+                READ_BATCH_RECORDS_MAX,
+                READ_BATCH_SIZE_BYTES_MAX,
+                wait,
+            )
             .await
             .with_context(|| format!("read of stream {stream:?} failed"))?;
         let empty = batch.records.is_empty();
@@ -197,10 +218,9 @@ async fn copy_out(proxy: &ProxyArg, stream: &str, mut from: ReadPosition, follow
             }
         }
         from = batch.next;
-        if empty
-            && !follow {
-                break;
-            }
+        if empty && !follow {
+            break;
+        }
         if follow || empty {
             if let Err(e) = out.flush() {
                 return broken_pipe_is_fine(e);

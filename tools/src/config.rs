@@ -40,25 +40,40 @@ pub struct MetadataAddress {
 }
 
 impl MetadataAddress {
-    fn resolve(zookeeper: Option<String>, zk_root: Option<String>, session_timeout_ms: Option<u64>) -> Result<Self> {
+    fn resolve(
+        zookeeper: Option<String>,
+        zk_root: Option<String>,
+        session_timeout_ms: Option<u64>,
+    ) -> Result<Self> {
         let zookeeper = zookeeper
             .filter(|s| !s.trim().is_empty())
             .ok_or_else(|| missing("zookeeper", "--zookeeper"))?;
         for host in zookeeper.split(',') {
-            let ok = host.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            let ok = host
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
             if !ok {
-                bail!("invalid setting zookeeper = {zookeeper:?}: expected host:port[,host:port...]");
+                bail!(
+                    "invalid setting zookeeper = {zookeeper:?}: expected host:port[,host:port...]"
+                );
             }
         }
         let zk_root = zk_root.unwrap_or_else(|| ZK_ROOT_DEFAULT.to_string());
-        if !zk_root.starts_with('/') || (zk_root.len() > 1 && zk_root.ends_with('/')) || zk_root.contains("//") {
+        if !zk_root.starts_with('/')
+            || (zk_root.len() > 1 && zk_root.ends_with('/'))
+            || zk_root.contains("//")
+        {
             bail!("invalid setting zk_root = {zk_root:?}: expected an absolute ZooKeeper path like /quire");
         }
         let ms = session_timeout_ms.unwrap_or(ZK_SESSION_TIMEOUT_MS_DEFAULT);
         if !(1_000..=600_000).contains(&ms) {
             bail!("invalid setting zk_session_timeout_ms = {ms}: expected 1000 to 600000");
         }
-        Ok(Self { zookeeper, zk_root, session_timeout: Duration::from_millis(ms) })
+        Ok(Self {
+            zookeeper,
+            zk_root,
+            session_timeout: Duration::from_millis(ms),
+        })
     }
 
     /// Connects to the ZooKeeper metadata store (the layout under `zk_root` is created on
@@ -70,7 +85,12 @@ impl MetadataAddress {
     pub async fn connect_zk(&self) -> Result<Arc<ZkStore>> {
         let store = ZkStore::connect(&self.zookeeper, &self.zk_root, self.session_timeout)
             .await
-            .with_context(|| format!("cannot connect to ZooKeeper at {} (root {})", self.zookeeper, self.zk_root))?;
+            .with_context(|| {
+                format!(
+                    "cannot connect to ZooKeeper at {} (root {})",
+                    self.zookeeper, self.zk_root
+                )
+            })?;
         Ok(Arc::new(store))
     }
 
@@ -93,12 +113,19 @@ fn missing(key: &str, flag: &str) -> anyhow::Error {
 /// One line: the file cannot be read, or `FILE line N: message` for a syntax error, a wrong
 /// type or an unknown key.
 pub fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).map_err(|e| {
-        let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
         let message = e.message().replace('\n', " ");
         match line {
-            Some(line) => anyhow!("config file {} line {line}: {}", path.display(), message.trim()),
+            Some(line) => anyhow!(
+                "config file {} line {line}: {}",
+                path.display(),
+                message.trim()
+            ),
             None => anyhow!("config file {}: {}", path.display(), message.trim()),
         }
     })
@@ -125,7 +152,11 @@ impl MetadataArgs {
     /// # Errors
     /// One line when the connect string is missing or malformed.
     pub fn resolve(&self) -> Result<MetadataAddress> {
-        MetadataAddress::resolve(self.zookeeper.clone(), self.zk_root.clone(), self.zk_session_timeout_ms)
+        MetadataAddress::resolve(
+            self.zookeeper.clone(),
+            self.zk_root.clone(),
+            self.zk_session_timeout_ms,
+        )
     }
 }
 
@@ -206,7 +237,9 @@ fn check_listen_and_advertised(listen: SocketAddr, advertised: Option<String>) -
         }
         None => listen.to_string(),
     };
-    let ok = advertised.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+    let ok = advertised
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
     if !ok {
         bail!("invalid setting advertised = {advertised:?}: expected host:port");
     }
@@ -239,22 +272,33 @@ impl BookieSettings {
     /// # Errors
     /// One line naming the first missing or invalid setting.
     pub fn resolve(self) -> Result<BookieOptions> {
-        let metadata = MetadataAddress::resolve(self.zookeeper, self.zk_root, self.zk_session_timeout_ms)?;
-        let journal_dir = self.journal_dir.ok_or_else(|| missing("journal_dir", "--journal-dir"))?;
-        let ledger_dir = self.ledger_dir.ok_or_else(|| missing("ledger_dir", "--ledger-dir"))?;
+        let metadata =
+            MetadataAddress::resolve(self.zookeeper, self.zk_root, self.zk_session_timeout_ms)?;
+        let journal_dir = self
+            .journal_dir
+            .ok_or_else(|| missing("journal_dir", "--journal-dir"))?;
+        let ledger_dir = self
+            .ledger_dir
+            .ok_or_else(|| missing("ledger_dir", "--ledger-dir"))?;
         let journal_dir = std::path::absolute(&journal_dir)
             .with_context(|| format!("invalid setting journal_dir = {}", journal_dir.display()))?;
         let ledger_dir = std::path::absolute(&ledger_dir)
             .with_context(|| format!("invalid setting ledger_dir = {}", ledger_dir.display()))?;
         if journal_dir == ledger_dir {
-            bail!("invalid settings: journal_dir and ledger_dir are both {}; they must differ", journal_dir.display());
+            bail!(
+                "invalid settings: journal_dir and ledger_dir are both {}; they must differ",
+                journal_dir.display()
+            );
         }
         let listen = self.listen.ok_or_else(|| missing("listen", "--listen"))?;
         let advertised = check_listen_and_advertised(listen, self.advertised)?;
         let mut bookie = quire_bookie::BookieConfig::new(listen, journal_dir, ledger_dir);
         bookie.shards = self.shards.unwrap_or(1);
         if bookie.shards == 0 || bookie.shards > 64 {
-            bail!("invalid setting shards = {}: expected 1 to 64", bookie.shards);
+            bail!(
+                "invalid setting shards = {}: expected 1 to 64",
+                bookie.shards
+            );
         }
         if let Some(b) = self.io_memory_bytes {
             if b < 64 * 1024 {
@@ -274,7 +318,12 @@ impl BookieSettings {
             }
             bookie.engine.group_commit_wait_max = Duration::from_micros(us);
         }
-        Ok(BookieOptions { metadata, advertised, rack: self.rack, bookie })
+        Ok(BookieOptions {
+            metadata,
+            advertised,
+            rack: self.rack,
+            bookie,
+        })
     }
 }
 
@@ -353,14 +402,19 @@ impl ProxySettings {
     /// # Errors
     /// One line naming the first missing or invalid setting.
     pub fn resolve(self) -> Result<ProxyOptions> {
-        let metadata = MetadataAddress::resolve(self.zookeeper, self.zk_root, self.zk_session_timeout_ms)?;
+        let metadata =
+            MetadataAddress::resolve(self.zookeeper, self.zk_root, self.zk_session_timeout_ms)?;
         let listen = self.listen.ok_or_else(|| missing("listen", "--listen"))?;
         let advertised = check_listen_and_advertised(listen, self.advertised)?;
         let mut streams = quire_proxy::StreamConfig::default();
         streams.ensemble_size = self.ensemble_size.unwrap_or(streams.ensemble_size);
         streams.write_quorum = self.write_quorum.unwrap_or(streams.write_quorum);
         streams.ack_quorum = self.ack_quorum.unwrap_or(streams.ack_quorum);
-        let (e, w, a) = (streams.ensemble_size, streams.write_quorum, streams.ack_quorum);
+        let (e, w, a) = (
+            streams.ensemble_size,
+            streams.write_quorum,
+            streams.ack_quorum,
+        );
         if !(e >= w && w >= a && a >= 1) {
             bail!("invalid settings ensemble_size = {e}, write_quorum = {w}, ack_quorum = {a}: need E >= Qw >= Qa >= 1");
         }
@@ -372,11 +426,19 @@ impl ProxySettings {
         }
         if let Some(b) = self.entry_size_bytes {
             if b == 0 || b > quire_proxy::ENTRY_SIZE_BYTES_MAX {
-                bail!("invalid setting entry_size_bytes = {b}: expected 1 to {}", quire_proxy::ENTRY_SIZE_BYTES_MAX);
+                bail!(
+                    "invalid setting entry_size_bytes = {b}: expected 1 to {}",
+                    quire_proxy::ENTRY_SIZE_BYTES_MAX
+                );
             }
             streams.entry_size_bytes_target = b;
         }
-        Ok(ProxyOptions { metadata, listen, advertised, streams })
+        Ok(ProxyOptions {
+            metadata,
+            listen,
+            advertised,
+            streams,
+        })
     }
 }
 
@@ -412,13 +474,20 @@ mod tests {
             group_commit_wait_us = 500
         "#;
         let file: BookieSettings = toml::from_str(text).unwrap();
-        let flags = BookieSettings { shards: Some(3), rack: Some("r1".into()), ..Default::default() };
+        let flags = BookieSettings {
+            shards: Some(3),
+            rack: Some("r1".into()),
+            ..Default::default()
+        };
         let o = flags.merged(file).resolve().unwrap();
         assert_eq!(o.bookie.shards, 3);
         assert_eq!(o.rack.as_deref(), Some("r1"));
         assert_eq!(o.advertised, "127.0.0.1:3181");
         assert_eq!(o.metadata.zk_root, "/quire");
-        assert_eq!(o.bookie.engine.group_commit_wait_max, Duration::from_micros(500));
+        assert_eq!(
+            o.bookie.engine.group_commit_wait_max,
+            Duration::from_micros(500)
+        );
     }
 
     #[test]
@@ -427,17 +496,25 @@ mod tests {
         let base = "zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\n";
         let e = bookie_from(base).unwrap_err().to_string();
         assert!(e.contains("missing setting listen"), "{e}");
-        let e = bookie_from(&format!("{base}listen = \"0.0.0.0:3181\"")).unwrap_err().to_string();
+        let e = bookie_from(&format!("{base}listen = \"0.0.0.0:3181\""))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("missing setting advertised"), "{e}");
-        let e = bookie_from(&format!("{base}listen = \"127.0.0.1:0\"")).unwrap_err().to_string();
+        let e = bookie_from(&format!("{base}listen = \"127.0.0.1:0\""))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("the port must be fixed"), "{e}");
         let e = bookie_from("journal_dir = \"/j\"").unwrap_err().to_string();
         assert!(e.contains("missing setting zookeeper"), "{e}");
-        let e = bookie_from("zookeeper = \"nohost\"").unwrap_err().to_string();
+        let e = bookie_from("zookeeper = \"nohost\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("invalid setting zookeeper"), "{e}");
         let e = bookie_from("journal = \"/j\"").unwrap_err().to_string();
         assert!(e.contains("unknown field `journal`"), "{e}");
-        let e = bookie_from(&format!("{base}listen = \"127.0.0.1:1\"\nshards = 0")).unwrap_err().to_string();
+        let e = bookie_from(&format!("{base}listen = \"127.0.0.1:1\"\nshards = 0"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("invalid setting shards = 0"), "{e}");
     }
 
@@ -445,12 +522,27 @@ mod tests {
     fn proxy_quorum_is_checked() {
         // Goal: the proxy refuses a quorum shape that breaks E >= Qw >= Qa >= 1.
         let file: ProxySettings =
-            toml::from_str("zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\nensemble_size = 2").unwrap();
-        let e = ProxySettings::default().merged(file.clone()).resolve().unwrap_err().to_string();
+            toml::from_str("zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\nensemble_size = 2")
+                .unwrap();
+        let e = ProxySettings::default()
+            .merged(file.clone())
+            .resolve()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("need E >= Qw >= Qa >= 1"), "{e}");
-        let flags = ProxySettings { write_quorum: Some(2), ..Default::default() };
+        let flags = ProxySettings {
+            write_quorum: Some(2),
+            ..Default::default()
+        };
         let o = flags.merged(file).resolve().unwrap();
-        assert_eq!((o.streams.ensemble_size, o.streams.write_quorum, o.streams.ack_quorum), (2, 2, 2));
+        assert_eq!(
+            (
+                o.streams.ensemble_size,
+                o.streams.write_quorum,
+                o.streams.ack_quorum
+            ),
+            (2, 2, 2)
+        );
     }
 
     #[test]

@@ -31,7 +31,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub const PROXY_ADDR_DEFAULT: &str = "127.0.0.1:4181";
 
 #[derive(Parser, Debug)]
-#[command(name = "quire", version, about = "Quire: a replicated log service (DistributedLog on BookKeeper, in Rust)")]
+#[command(
+    name = "quire",
+    version,
+    about = "Quire: a replicated log service (DistributedLog on BookKeeper, in Rust)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -65,7 +69,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("QUIRE_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("QUIRE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -61,8 +61,12 @@ async fn serve(options: ProxyOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
-    let server = quire_proxy::ProxyServer::start(listener, streams.clone(), quire_proxy::ServerConfig::default())
-        .context("proxy server")?;
+    let server = quire_proxy::ProxyServer::start(
+        listener,
+        streams.clone(),
+        quire_proxy::ServerConfig::default(),
+    )
+    .context("proxy server")?;
     {
         use std::io::Write;
         let s = &options.streams;
@@ -88,10 +92,16 @@ async fn serve(options: ProxyOptions) -> Result<()> {
         // stream tasks already refuse writes (ownership lost, or fenced at the bookies). Stop
         // serving and exit so that a supervisor restarts the proxy with a new session.
         server.shutdown();
-        bail!("ZooKeeper session expired: the stream ownerships of {} are lost; exiting", options.advertised);
+        bail!(
+            "ZooKeeper session expired: the stream ownerships of {} are lost; exiting",
+            options.advertised
+        );
     }
     eprintln!("quire proxy: {} stopping", options.advertised);
     server.shutdown();
-    streams.shutdown().await.context("completing open segments")?;
+    streams
+        .shutdown()
+        .await
+        .context("completing open segments")?;
     Ok(())
 }

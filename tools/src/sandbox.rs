@@ -94,7 +94,10 @@ fn bookie_config(args: &SandboxArgs, index: usize, listen: SocketAddr) -> Bookie
 fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
     let record = args.data_dir.join("sandbox.json");
     let known: Option<SandboxFile> = match std::fs::read(&record) {
-        Ok(bytes) => Some(serde_json::from_slice(&bytes).with_context(|| format!("{} is corrupt", record.display()))?),
+        Ok(bytes) => Some(
+            serde_json::from_slice(&bytes)
+                .with_context(|| format!("{} is corrupt", record.display()))?,
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", record.display())),
     };
@@ -103,7 +106,10 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
         None => vec!["127.0.0.1:0".parse().expect("literal address"); args.bookies],
     };
     if addrs.is_empty() {
-        bail!("{} lists no bookies; a sandbox needs at least one", record.display());
+        bail!(
+            "{} lists no bookies; a sandbox needs at least one",
+            record.display()
+        );
     }
     if known.is_some() {
         // Every recorded bookie must still have its directories: a missing one means the data
@@ -111,7 +117,12 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
         for i in 1..=addrs.len() {
             let dir = args.data_dir.join(format!("bookie-{i}"));
             if !dir.is_dir() {
-                bail!("{} lists {} bookies but {} is missing; refusing to start", record.display(), addrs.len(), dir.display());
+                bail!(
+                    "{} lists {} bookies but {} is missing; refusing to start",
+                    record.display(),
+                    addrs.len(),
+                    dir.display()
+                );
             }
         }
     }
@@ -122,7 +133,9 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
         bookies.push(bookie);
     }
     if known.is_none() {
-        let file = SandboxFile { bookies: bookies.iter().map(Bookie::addr).collect() };
+        let file = SandboxFile {
+            bookies: bookies.iter().map(Bookie::addr).collect(),
+        };
         let tmp = record.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(&file)?)?;
         std::fs::File::open(&tmp)?.sync_all()?;
@@ -140,7 +153,10 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
 /// metadata without `sandbox.json` has lost the bookie addresses its ledgers name.
 fn check_data_dir(args: &SandboxArgs, store: &EmbeddedStore) -> Result<()> {
     let record = args.data_dir.join("sandbox.json");
-    let metadata = args.data_dir.join("metadata").join(quire_metadata::EMBEDDED_FILE_NAME);
+    let metadata = args
+        .data_dir
+        .join("metadata")
+        .join(quire_metadata::EMBEDDED_FILE_NAME);
     if record.exists() && !metadata.exists() {
         bail!(
             "{} is missing although {} exists: the sandbox's metadata was lost; refusing to start, \
@@ -173,7 +189,9 @@ pub fn run(args: SandboxArgs) -> Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     // Makes the metadata file exist before sandbox.json is first written (see check_data_dir).
-    runtime.block_on(store.instance_id()).context("metadata store")?;
+    runtime
+        .block_on(store.instance_id())
+        .context("metadata store")?;
     let bookies = start_bookies(&args)?;
     let served = runtime.block_on(serve(&args, store, &bookies));
     runtime.shutdown_timeout(Duration::from_secs(5));
@@ -193,7 +211,11 @@ pub fn run(args: SandboxArgs) -> Result<()> {
 async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> Result<()> {
     for b in bookies {
         store
-            .register_bookie(BookieInfo { id: BookieId(b.addr().to_string()), rack: None, read_only: false })
+            .register_bookie(BookieInfo {
+                id: BookieId(b.addr().to_string()),
+                rack: None,
+                read_only: false,
+            })
             .await?;
     }
     let store: Arc<dyn MetadataStore> = Arc::new(store);
@@ -217,17 +239,31 @@ async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> 
     // Recover each stream's in-progress segment now; one stream that cannot be recovered is
     // reported and stays unavailable, but does not keep the others from being served.
     for name in streams.list_streams().await.context("listing streams")? {
-        if let Err(e) = streams.read(&name, quire_proxy::ReadPosition::Head, 1, 1, Duration::ZERO).await {
+        if let Err(e) = streams
+            .read(&name, quire_proxy::ReadPosition::Head, 1, 1, Duration::ZERO)
+            .await
+        {
             eprintln!("quire sandbox: stream {name:?} is unavailable: {e}");
         }
     }
-    let server = quire_proxy::ProxyServer::start(listener, streams.clone(), quire_proxy::ServerConfig::default())
-        .context("proxy server")?;
+    let server = quire_proxy::ProxyServer::start(
+        listener,
+        streams.clone(),
+        quire_proxy::ServerConfig::default(),
+    )
+    .context("proxy server")?;
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         let bookie_list: Vec<String> = bookies.iter().map(|b| b.addr().to_string()).collect();
-        writeln!(out, "quire sandbox: bookies {} (E={} Qw={} Qa={})", bookie_list.join(" "), args.ensemble_size, args.write_quorum, args.ack_quorum)?;
+        writeln!(
+            out,
+            "quire sandbox: bookies {} (E={} Qw={} Qa={})",
+            bookie_list.join(" "),
+            args.ensemble_size,
+            args.write_quorum,
+            args.ack_quorum
+        )?;
         writeln!(out, "quire sandbox: proxy listening on {addr}")?;
         out.flush()?;
     }
@@ -238,6 +274,9 @@ async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> 
     }
     eprintln!("quire sandbox: stopping");
     server.shutdown();
-    streams.shutdown().await.context("completing open segments")?;
+    streams
+        .shutdown()
+        .await
+        .context("completing open segments")?;
     Ok(())
 }

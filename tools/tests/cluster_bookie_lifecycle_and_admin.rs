@@ -11,7 +11,11 @@ use common::cluster::{Cluster, SESSION_TIMEOUT_MS};
 use quire_metadata::ZkStore;
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn json(text: &str) -> serde_json::Value {
@@ -28,7 +32,9 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     // past the session timeout, watch `quire bookie list` lose and regain it after SIGCONT.
     let cluster = Cluster::start();
     let ports: Vec<u16> = (0..3).map(|_| quire_testkit::free_port()).collect();
-    let mut bookies: Vec<_> = (0..3).map(|i| Some(cluster.start_bookie(i, ports[i]))).collect();
+    let mut bookies: Vec<_> = (0..3)
+        .map(|i| Some(cluster.start_bookie(i, ports[i])))
+        .collect();
     let list = cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     for p in &ports {
         assert!(list.contains(&format!("127.0.0.1:{p}")), "{list}");
@@ -39,9 +45,13 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
 
     // Clean stop unregisters; a restart on the same directories matches the cookie.
     bookies[2].take().unwrap().stop();
-    cluster.wait_bookies("2 bookies after SIGTERM", |l| l.contains("2 bookies registered"));
+    cluster.wait_bookies("2 bookies after SIGTERM", |l| {
+        l.contains("2 bookies registered")
+    });
     bookies[2] = Some(cluster.start_bookie(2, ports[2]));
-    cluster.wait_bookies("3 bookies after restart", |l| l.contains("3 bookies registered"));
+    cluster.wait_bookies("3 bookies after restart", |l| {
+        l.contains("3 bookies registered")
+    });
 
     // Emptied journal directory: refused.
     bookies[2].take().unwrap().stop();
@@ -51,9 +61,18 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     let out = cluster.bookie_refuses(2, ports[2]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.contains(&format!("journal directory {} has no cookie", journal.display())), "{err}");
+    assert!(
+        err.contains(&format!(
+            "journal directory {} has no cookie",
+            journal.display()
+        )),
+        "{err}"
+    );
     assert!(err.contains("emptied or replaced"), "{err}");
-    assert!(common::cluster::is_empty_dir(&journal), "a refused start writes nothing into the directory");
+    assert!(
+        common::cluster::is_empty_dir(&journal),
+        "a refused start writes nothing into the directory"
+    );
 
     // Emptied ledger directory after a crash: refused.
     bookies[1].take().unwrap().kill();
@@ -62,7 +81,13 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     let out = cluster.bookie_refuses(1, ports[1]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.contains(&format!("ledger directory {} has no cookie", ledgers.display())), "{err}");
+    assert!(
+        err.contains(&format!(
+            "ledger directory {} has no cookie",
+            ledgers.display()
+        )),
+        "{err}"
+    );
 
     // Bookie 0 frozen past its session timeout: its registration goes, and comes back.
     let b0 = bookies[0].as_ref().unwrap();
@@ -75,19 +100,33 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     bookies[0].take().unwrap().stop();
 
     // Configuration errors: one line each, non-zero exit.
-    let out = common::cluster::run(&["bookie".into(), "--config".into(), "/nonexistent/bookie.toml".into()]);
+    let out = common::cluster::run(&[
+        "bookie".into(),
+        "--config".into(),
+        "/nonexistent/bookie.toml".into(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.lines().count() == 1, "{err}");
-    assert!(err.contains("cannot read config file /nonexistent/bookie.toml"), "{err}");
+    assert!(
+        err.contains("cannot read config file /nonexistent/bookie.toml"),
+        "{err}"
+    );
     let bad = cluster.dir.path().join("bad.toml");
     std::fs::write(&bad, "zookeeper = \"127.0.0.1:1\"\n\nshards = \"two\"\n").unwrap();
-    let out = common::cluster::run(&["bookie".into(), "--config".into(), bad.display().to_string()]);
+    let out = common::cluster::run(&[
+        "bookie".into(),
+        "--config".into(),
+        bad.display().to_string(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.lines().count() == 1, "{err}");
     assert!(err.contains("line 3"), "{err}");
     let out = common::cluster::run(&["proxy".into(), "--zookeeper".into(), "127.0.0.1:1".into()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("missing setting listen"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("missing setting listen"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -98,20 +137,35 @@ fn concurrent_ledger_recovers_agree_and_admin_shows_the_stream() {
     // segment's ledger stays open; run two recover processes at once and compare what they
     // print; then read the stream back through a new proxy with the shared checker.
     let cluster = Cluster::start();
-    let bookies: Vec<_> = (0..3).map(|i| cluster.start_bookie(i, quire_testkit::free_port())).collect();
+    let bookies: Vec<_> = (0..3)
+        .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
+        .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
-    let proxy = cluster.start_proxy(quire_testkit::free_port(), &["--segment-size-bytes", "4096"]);
+    let proxy = cluster.start_proxy(
+        quire_testkit::free_port(),
+        &["--segment-size-bytes", "4096"],
+    );
     let rt = runtime();
     let (acked, err) = rt.block_on(async {
-        let client = Arc::new(quire_proxy::ProxyClient::connect(&proxy.addr).await.unwrap());
+        let client = Arc::new(
+            quire_proxy::ProxyClient::connect(&proxy.addr)
+                .await
+                .unwrap(),
+        );
         write_records(&client, "recover/me", "rec", 0..600).await
     });
     assert!(err.is_none(), "writes failed: {err:?}");
     assert_eq!(acked.len(), 600);
 
     let show = cluster.admin_ok(&["stream", "show", "recover/me"]);
-    assert!(show.contains(&format!("owner:    {}", proxy.addr)), "{show}");
-    assert!(show.contains("completed") && show.contains("in progress"), "{show}");
+    assert!(
+        show.contains(&format!("owner:    {}", proxy.addr)),
+        "{show}"
+    );
+    assert!(
+        show.contains("completed") && show.contains("in progress"),
+        "{show}"
+    );
     proxy.kill();
 
     let doc = json(&cluster.admin_ok(&["stream", "show", "recover/me", "--json"]));
@@ -124,10 +178,19 @@ fn concurrent_ledger_recovers_agree_and_admin_shows_the_stream() {
     assert_eq!(before["metadata"]["state"], "Open");
 
     // Two recoveries at once, as separate processes.
-    let args: Vec<String> = ["ledger", "recover", &ledger, "--json", "--zookeeper", &cluster.zookeeper(), "--zk-root", &cluster.zk_root]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let args: Vec<String> = [
+        "ledger",
+        "recover",
+        &ledger,
+        "--json",
+        "--zookeeper",
+        &cluster.zookeeper(),
+        "--zk-root",
+        &cluster.zk_root,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let spawn = || {
         std::process::Command::new(common::quire_bin())
             .args(&args)
@@ -140,23 +203,41 @@ fn concurrent_ledger_recovers_agree_and_admin_shows_the_stream() {
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
-    let (ma, mb) = (json(&String::from_utf8_lossy(&a.stdout))["metadata"].clone(), json(&String::from_utf8_lossy(&b.stdout))["metadata"].clone());
+    let (ma, mb) = (
+        json(&String::from_utf8_lossy(&a.stdout))["metadata"].clone(),
+        json(&String::from_utf8_lossy(&b.stdout))["metadata"].clone(),
+    );
     assert_eq!(ma["state"], "Closed");
-    assert_eq!(ma["last_entry"], mb["last_entry"], "the two recoveries disagree on the last entry");
+    assert_eq!(
+        ma["last_entry"], mb["last_entry"],
+        "the two recoveries disagree on the last entry"
+    );
     assert_eq!(ma["length_bytes"], mb["length_bytes"]);
     let text = cluster.admin_ok(&["ledger", "show", &ledger]);
     assert!(text.contains("state:       Closed"), "{text}");
-    assert!(text.contains(&format!("last entry:  {}", ma["last_entry"])), "{text}");
+    assert!(
+        text.contains(&format!("last entry:  {}", ma["last_entry"])),
+        "{text}"
+    );
     let again = cluster.admin_ok(&["ledger", "recover", &ledger]);
     assert!(again.contains("state Closed"), "{again}");
 
     // Everything acknowledged is there, once, in order, with identical replicas.
     let proxy = cluster.start_proxy(quire_testkit::free_port(), &[]);
     rt.block_on(async {
-        let store = ZkStore::connect(&cluster.zookeeper(), &cluster.zk_root, Duration::from_millis(SESSION_TIMEOUT_MS)).await.unwrap();
+        let store = ZkStore::connect(
+            &cluster.zookeeper(),
+            &cluster.zk_root,
+            Duration::from_millis(SESSION_TIMEOUT_MS),
+        )
+        .await
+        .unwrap();
         let report = check_stream(&proxy.addr, &store, "recover/me", &acked, &[]).await;
         assert_eq!(report.records.len(), 600);
-        assert!(report.replicas_read >= 3 * report.entries_checked, "every entry on its 3 bookies");
+        assert!(
+            report.replicas_read >= 3 * report.entries_checked,
+            "every entry on its 3 bookies"
+        );
     });
     proxy.stop();
     for b in bookies {

@@ -16,24 +16,39 @@ fn every_loghub_file_round_trips_through_the_sandbox() {
         let name = file.file_stem().unwrap().to_str().unwrap().to_string();
         let stream = format!("loghub/{name}");
         let bytes = std::fs::read(&file).unwrap();
-        let (dlsn, count) = parse_write_output(&sandbox.quire(&["write", &stream, file.to_str().unwrap()]));
+        let (dlsn, count) =
+            parse_write_output(&sandbox.quire(&["write", &stream, file.to_str().unwrap()]));
         assert_eq!(count, record_count(&bytes), "{name}: records acknowledged");
         most_segments = most_segments.max(dlsn.0);
 
         let out = sandbox.quire(&["read", &stream]);
-        assert!(out.status.success(), "read {name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "read {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let expected = expected_read_back(&bytes);
-        assert_eq!(out.stdout.len(), expected.len(), "{name}: length of what was read back");
+        assert_eq!(
+            out.stdout.len(),
+            expected.len(),
+            "{name}: length of what was read back"
+        );
         assert!(out.stdout == expected, "{name}: bytes differ");
     }
-    assert!(most_segments >= 3, "some stream should span several segments, the most was {most_segments}");
+    assert!(
+        most_segments >= 3,
+        "some stream should span several segments, the most was {most_segments}"
+    );
 
     // Reading from a DLSN in the middle gives a suffix of the stream.
     let out = sandbox.quire(&["read", "loghub/HDFS_2k", "--from", "2:0:0"]);
     assert!(out.status.success());
     let all = sandbox.quire(&["read", "loghub/HDFS_2k"]).stdout;
     assert!(!out.stdout.is_empty() && out.stdout.len() < all.len());
-    assert!(all.ends_with(&out.stdout), "a read from 2:0:0 is a suffix of the whole stream");
+    assert!(
+        all.ends_with(&out.stdout),
+        "a read from 2:0:0 is a suffix of the whole stream"
+    );
     sandbox.stop();
 }
 
@@ -59,7 +74,12 @@ fn stdin_input_and_clear_errors() {
     assert!(!too_large.status.success());
     let err = String::from_utf8_lossy(&too_large.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.contains("line 1 is 2097152 bytes, above the record limit of 1040384 bytes; nothing was written"), "{err}");
+    assert!(
+        err.contains(
+            "line 1 is 2097152 bytes, above the record limit of 1040384 bytes; nothing was written"
+        ),
+        "{err}"
+    );
     // An oversized line after many small ones: the message counts lines of the input, and
     // says exactly what was written.
     let mut mixed = Vec::new();
@@ -71,19 +91,45 @@ fn stdin_input_and_clear_errors() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("line 5001 is 2097152 bytes"), "{err}");
-    assert!(err.contains("lines 1 to 4096 were written, nothing after them"), "{err}");
+    assert!(
+        err.contains("lines 1 to 4096 were written, nothing after them"),
+        "{err}"
+    );
     let back = sandbox.quire(&["read", "mixed-stream"]).stdout;
-    assert_eq!(back, mixed[..mixed.len() - big.len()].split(|&b| b == b'\n').take(4096).flat_map(|l| [l, b"\n"].concat()).collect::<Vec<u8>>());
+    assert_eq!(
+        back,
+        mixed[..mixed.len() - big.len()]
+            .split(|&b| b == b'\n')
+            .take(4096)
+            .flat_map(|l| [l, b"\n"].concat())
+            .collect::<Vec<u8>>()
+    );
 
     // Empty input still creates the stream.
     let (_, count) = {
         let out = sandbox.quire_stdin(&["write", "empty-stream"], b"");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        ((0, 0, 0), String::from_utf8_lossy(&out.stdout).split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            (0, 0, 0),
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap(),
+        )
     };
     assert_eq!(count, 0);
     let out = sandbox.quire(&["read", "empty-stream"]);
-    assert!(out.status.success() && out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let bad_name = sandbox.quire_stdin(&["write", "../escape"], b"x\n");
     assert!(!bad_name.status.success());

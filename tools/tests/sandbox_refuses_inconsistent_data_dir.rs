@@ -14,7 +14,10 @@ fn start_fails(dir: &std::path::Path) -> String {
         .arg(dir)
         .output()
         .expect("run sandbox");
-    assert!(!out.status.success(), "the sandbox started on an inconsistent directory");
+    assert!(
+        !out.status.success(),
+        "the sandbox started on an inconsistent directory"
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 

@@ -21,13 +21,24 @@ fn acknowledged_records_survive_sigkill_and_restart() {
         if round == 0 {
             assert!(!out.status.success(), "the stream does not exist yet");
         } else {
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            assert!(out.stdout == expected, "round {round}: read-back differs after SIGKILL");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                out.stdout == expected,
+                "round {round}: read-back differs after SIGKILL"
+            );
         }
         let bytes = std::fs::read(file).unwrap();
-        let (dlsn, count) = parse_write_output(&sandbox.quire(&["write", "crash-stream", file.to_str().unwrap()]));
+        let (dlsn, count) =
+            parse_write_output(&sandbox.quire(&["write", "crash-stream", file.to_str().unwrap()]));
         assert_eq!(count, record_count(&bytes));
-        assert!(dlsn > last_dlsn, "DLSNs only grow: {dlsn:?} after {last_dlsn:?}");
+        assert!(
+            dlsn > last_dlsn,
+            "DLSNs only grow: {dlsn:?} after {last_dlsn:?}"
+        );
         last_dlsn = dlsn;
         expected.extend_from_slice(&expected_read_back(&bytes));
         sandbox.kill();

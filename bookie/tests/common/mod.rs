@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use quire_bookie::{Bookie, BookieConfig};
 use quire_wire::bookie::{
-    decode_long_poll_response, decode_response, encode_request, LongPollReply, Opcode, Request, Response, Status,
+    decode_long_poll_response, decode_response, encode_request, LongPollReply, Opcode, Request,
+    Response, Status,
 };
 use quire_wire::entry::{encode_entry, EntryHeader};
 use quire_wire::frame::{decode_frame, FrameHeader, RESPONSE_BIT};
@@ -21,12 +22,19 @@ pub const OTHER_KEY: MasterKey = MasterKey([8; 20]);
 
 /// A fresh directory under /tmp (ext4 here, so O_DIRECT works; /dev/shm would not).
 pub fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("quire-bookie-test-").tempdir_in("/tmp").expect("tempdir")
+    tempfile::Builder::new()
+        .prefix("quire-bookie-test-")
+        .tempdir_in("/tmp")
+        .expect("tempdir")
 }
 
 /// A test configuration: any free port, small journal files, `shards` shards.
 pub fn config(dir: &Path, shards: usize) -> BookieConfig {
-    let mut c = BookieConfig::new("127.0.0.1:0".parse().unwrap(), dir.join("journal"), dir.join("ledgers"));
+    let mut c = BookieConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        dir.join("journal"),
+        dir.join("ledgers"),
+    );
     c.shards = shards;
     c.engine.journal_file_size_bytes = 1 << 20;
     c
@@ -39,13 +47,40 @@ pub fn start(dir: &Path, shards: usize) -> Bookie {
 /// A response with owned bytes, so tests can keep it after the receive buffer moves on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resp {
-    Hello { version: u16, shard_count: u16, frame_size_bytes_max: u32 },
-    Add { ledger: u64, entry: u64 },
-    Read { ledger: u64, entry: u64, data: Vec<u8> },
-    ReadLac { ledger: u64, lac: Option<u64>, last_entry: Option<u64> },
-    Fence { ledger: u64, lac: Option<u64> },
-    LongPoll { ledger: u64, lac: Option<u64>, fenced: bool, next_entry: Option<(u64, Vec<u8>)> },
-    Failed { opcode: Opcode, status: Status, message: String },
+    Hello {
+        version: u16,
+        shard_count: u16,
+        frame_size_bytes_max: u32,
+    },
+    Add {
+        ledger: u64,
+        entry: u64,
+    },
+    Read {
+        ledger: u64,
+        entry: u64,
+        data: Vec<u8>,
+    },
+    ReadLac {
+        ledger: u64,
+        lac: Option<u64>,
+        last_entry: Option<u64>,
+    },
+    Fence {
+        ledger: u64,
+        lac: Option<u64>,
+    },
+    LongPoll {
+        ledger: u64,
+        lac: Option<u64>,
+        fenced: bool,
+        next_entry: Option<(u64, Vec<u8>)>,
+    },
+    Failed {
+        opcode: Opcode,
+        status: Status,
+        message: String,
+    },
 }
 
 impl Resp {
@@ -59,16 +94,50 @@ impl Resp {
 
 fn own(r: Response<'_>) -> Resp {
     match r {
-        Response::Hello { version, shard_count, frame_size_bytes_max } => {
-            Resp::Hello { version, shard_count, frame_size_bytes_max }
-        }
-        Response::Add { ledger, entry } => Resp::Add { ledger: ledger.0, entry: entry.0 },
-        Response::Read { ledger, entry, data } => Resp::Read { ledger: ledger.0, entry: entry.0, data: data.to_vec() },
-        Response::ReadLac { ledger, lac, last_entry } => {
-            Resp::ReadLac { ledger: ledger.0, lac: lac.map(|e| e.0), last_entry: last_entry.map(|e| e.0) }
-        }
-        Response::Fence { ledger, lac } => Resp::Fence { ledger: ledger.0, lac: lac.map(|e| e.0) },
-        Response::Failed { opcode, status, message } => Resp::Failed { opcode, status, message: message.to_string() },
+        Response::Hello {
+            version,
+            shard_count,
+            frame_size_bytes_max,
+        } => Resp::Hello {
+            version,
+            shard_count,
+            frame_size_bytes_max,
+        },
+        Response::Add { ledger, entry } => Resp::Add {
+            ledger: ledger.0,
+            entry: entry.0,
+        },
+        Response::Read {
+            ledger,
+            entry,
+            data,
+        } => Resp::Read {
+            ledger: ledger.0,
+            entry: entry.0,
+            data: data.to_vec(),
+        },
+        Response::ReadLac {
+            ledger,
+            lac,
+            last_entry,
+        } => Resp::ReadLac {
+            ledger: ledger.0,
+            lac: lac.map(|e| e.0),
+            last_entry: last_entry.map(|e| e.0),
+        },
+        Response::Fence { ledger, lac } => Resp::Fence {
+            ledger: ledger.0,
+            lac: lac.map(|e| e.0),
+        },
+        Response::Failed {
+            opcode,
+            status,
+            message,
+        } => Resp::Failed {
+            opcode,
+            status,
+            message: message.to_string(),
+        },
     }
 }
 
@@ -82,15 +151,24 @@ pub struct Client {
 impl Client {
     pub fn connect(addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         stream.set_nodelay(true).unwrap();
-        Client { stream, buf: Vec::new(), next_id: 1 }
+        Client {
+            stream,
+            buf: Vec::new(),
+            next_id: 1,
+        }
     }
 
     /// Connects and completes the handshake; returns the client and the Hello response.
     pub fn handshake(addr: SocketAddr) -> (Client, Resp) {
         let mut c = Client::connect(addr);
-        let hello = c.call(&Request::Hello { version_min: 1, version_max: 1 });
+        let hello = c.call(&Request::Hello {
+            version_min: 1,
+            version_max: 1,
+        });
         assert!(matches!(hello, Resp::Hello { version: 1, .. }), "{hello:?}");
         (c, hello)
     }
@@ -109,19 +187,25 @@ impl Client {
     /// the bookie closed the connection (EOF or reset).
     pub fn recv(&mut self) -> Option<(FrameHeader, Resp)> {
         loop {
-            if let Some((frame, used)) = decode_frame(&self.buf, u32::MAX).expect("valid frame from bookie") {
+            if let Some((frame, used)) =
+                decode_frame(&self.buf, u32::MAX).expect("valid frame from bookie")
+            {
                 let header = frame.header;
                 let resp = if header.opcode == Opcode::ReadLacLongPoll as u8 | RESPONSE_BIT {
-                    match decode_long_poll_response(&frame).expect("valid long-poll response from bookie") {
+                    match decode_long_poll_response(&frame)
+                        .expect("valid long-poll response from bookie")
+                    {
                         LongPollReply::Ok(r) => Resp::LongPoll {
                             ledger: r.ledger.0,
                             lac: r.lac.map(|e| e.0),
                             fenced: r.fenced,
                             next_entry: r.next_entry.map(|(e, d)| (e.0, d.to_vec())),
                         },
-                        LongPollReply::Failed { status, message } => {
-                            Resp::Failed { opcode: Opcode::ReadLacLongPoll, status, message: message.to_string() }
-                        }
+                        LongPollReply::Failed { status, message } => Resp::Failed {
+                            opcode: Opcode::ReadLacLongPoll,
+                            status,
+                            message: message.to_string(),
+                        },
                     }
                 } else {
                     own(decode_response(&frame).expect("valid response from bookie"))
@@ -148,19 +232,32 @@ impl Client {
     }
 
     pub fn add(&mut self, key: MasterKey, entry: &[u8], recovery: bool) -> Resp {
-        self.call(&Request::Add { recovery, master_key: key, entry })
+        self.call(&Request::Add {
+            recovery,
+            master_key: key,
+            entry,
+        })
     }
 
     pub fn read(&mut self, ledger: u64, entry: Option<u64>) -> Resp {
-        self.call(&Request::Read { ledger: LedgerId(ledger), entry: entry.map(EntryId), fence: None })
+        self.call(&Request::Read {
+            ledger: LedgerId(ledger),
+            entry: entry.map(EntryId),
+            fence: None,
+        })
     }
 
     pub fn read_lac(&mut self, ledger: u64) -> Resp {
-        self.call(&Request::ReadLac { ledger: LedgerId(ledger) })
+        self.call(&Request::ReadLac {
+            ledger: LedgerId(ledger),
+        })
     }
 
     pub fn fence(&mut self, ledger: u64, key: MasterKey) -> Resp {
-        self.call(&Request::Fence { ledger: LedgerId(ledger), master_key: key })
+        self.call(&Request::Fence {
+            ledger: LedgerId(ledger),
+            master_key: key,
+        })
     }
 }
 

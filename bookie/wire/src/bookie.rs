@@ -6,7 +6,9 @@
 
 use crate::entry::{lac_from_wire, lac_to_wire};
 use crate::frame::{encode_frame, Frame, FrameHeader, RESPONSE_BIT};
-use crate::{put_len_prefixed, EntryId, LedgerId, MasterKey, Reader, WireError, MASTER_KEY_SIZE_BYTES};
+use crate::{
+    put_len_prefixed, EntryId, LedgerId, MasterKey, Reader, WireError, MASTER_KEY_SIZE_BYTES,
+};
 
 /// Magic in the handshake: ASCII "QBK1" read as a little-endian u32.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"QBK1");
@@ -128,18 +130,33 @@ pub enum Request<'a> {
     /// Handshake. Body: magic u32, version_min u16, version_max u16.
     Hello { version_min: u16, version_max: u16 },
     /// Add an entry. Body: master key (20 bytes), then the entry bytes ([`crate::entry`]).
-    Add { recovery: bool, master_key: MasterKey, entry: &'a [u8] },
+    Add {
+        recovery: bool,
+        master_key: MasterKey,
+        entry: &'a [u8],
+    },
     /// Read an entry. Body: ledger u64, entry u64 (ignored with `FLAG_READ_LAST`), then the
     /// master key (20 bytes) iff `FLAG_FENCE`.
-    Read { ledger: LedgerId, entry: Option<EntryId>, fence: Option<MasterKey> },
+    Read {
+        ledger: LedgerId,
+        entry: Option<EntryId>,
+        fence: Option<MasterKey>,
+    },
     /// Read the LAC. Body: ledger u64.
     ReadLac { ledger: LedgerId },
     /// Fence a ledger. Body: ledger u64, master key (20 bytes).
-    Fence { ledger: LedgerId, master_key: MasterKey },
+    Fence {
+        ledger: LedgerId,
+        master_key: MasterKey,
+    },
     /// Long-poll the LAC. Body: ledger u64, previous_lac_plus_one u64 (0 = none), timeout_ms
     /// u32. The bookie answers once its LAC passes `previous_lac`, the ledger is fenced, or
     /// `timeout_ms` (at most [`LONG_POLL_TIMEOUT_MS_MAX`]) elapsed.
-    ReadLacLongPoll { ledger: LedgerId, previous_lac: Option<EntryId>, timeout_ms: u32 },
+    ReadLacLongPoll {
+        ledger: LedgerId,
+        previous_lac: Option<EntryId>,
+        timeout_ms: u32,
+    },
 }
 
 /// The success response to [`Request::ReadLacLongPoll`]. Body: ledger u64, lac_plus_one u64
@@ -165,7 +182,11 @@ pub enum LongPollReply<'a> {
 
 /// Appends the success response frame of a long-poll request to `out`. Errors are sent with
 /// [`encode_response`] and [`Response::Failed`] (opcode [`Opcode::ReadLacLongPoll`]).
-pub fn encode_long_poll_response(out: &mut Vec<u8>, request_id: u64, response: &LongPollResponse<'_>) {
+pub fn encode_long_poll_response(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    response: &LongPollResponse<'_>,
+) {
     let mut body = Vec::with_capacity(25 + response.next_entry.map_or(0, |(_, d)| d.len() + 8));
     body.extend_from_slice(&response.ledger.0.to_le_bytes());
     body.extend_from_slice(&lac_to_wire(response.lac).to_le_bytes());
@@ -198,13 +219,19 @@ pub fn encode_long_poll_response(out: &mut Vec<u8>, request_id: u64, response: &
 pub fn decode_long_poll_response<'a>(frame: &Frame<'a>) -> Result<LongPollReply<'a>, WireError> {
     let h = frame.header;
     if h.opcode != Opcode::ReadLacLongPoll as u8 | RESPONSE_BIT {
-        return Err(WireError::InvalidField { what: "long-poll response opcode" });
+        return Err(WireError::InvalidField {
+            what: "long-poll response opcode",
+        });
     }
     let status = Status::from_u16(h.status)?;
     if status != Status::Ok {
         return match decode_response(frame)? {
-            Response::Failed { status, message, .. } => Ok(LongPollReply::Failed { status, message }),
-            _ => Err(WireError::InvalidField { what: "long-poll error response" }),
+            Response::Failed {
+                status, message, ..
+            } => Ok(LongPollReply::Failed { status, message }),
+            _ => Err(WireError::InvalidField {
+                what: "long-poll error response",
+            }),
         };
     }
     let mut r = Reader::new(frame.body, "long-poll response body");
@@ -212,29 +239,59 @@ pub fn decode_long_poll_response<'a>(frame: &Frame<'a>) -> Result<LongPollReply<
     let lac = lac_from_wire(r.u64()?);
     let flags = r.u8()?;
     if flags & !(LONG_POLL_FENCED | LONG_POLL_HAS_ENTRY) != 0 {
-        return Err(WireError::InvalidField { what: "long-poll response flags" });
+        return Err(WireError::InvalidField {
+            what: "long-poll response flags",
+        });
     }
-    let next_entry = if flags & LONG_POLL_HAS_ENTRY != 0 { Some((EntryId(r.u64()?), r.rest())) } else { None };
+    let next_entry = if flags & LONG_POLL_HAS_ENTRY != 0 {
+        Some((EntryId(r.u64()?), r.rest()))
+    } else {
+        None
+    };
     r.finish()?;
-    Ok(LongPollReply::Ok(LongPollResponse { ledger, lac, fenced: flags & LONG_POLL_FENCED != 0, next_entry }))
+    Ok(LongPollReply::Ok(LongPollResponse {
+        ledger,
+        lac,
+        fenced: flags & LONG_POLL_FENCED != 0,
+        next_entry,
+    }))
 }
 
 /// A successful response body, or the error a bookie answered with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response<'a> {
     /// Body: version u16, shard_count u16, frame_size_bytes_max u32.
-    Hello { version: u16, shard_count: u16, frame_size_bytes_max: u32 },
+    Hello {
+        version: u16,
+        shard_count: u16,
+        frame_size_bytes_max: u32,
+    },
     /// Body: ledger u64, entry u64. Sent only once the entry is durable on this bookie.
     Add { ledger: LedgerId, entry: EntryId },
     /// Body: ledger u64, entry u64, then the stored entry bytes verbatim.
-    Read { ledger: LedgerId, entry: EntryId, data: &'a [u8] },
+    Read {
+        ledger: LedgerId,
+        entry: EntryId,
+        data: &'a [u8],
+    },
     /// Body: ledger u64, lac_plus_one u64, last_entry_plus_one u64 (0 = none).
-    ReadLac { ledger: LedgerId, lac: Option<EntryId>, last_entry: Option<EntryId> },
+    ReadLac {
+        ledger: LedgerId,
+        lac: Option<EntryId>,
+        last_entry: Option<EntryId>,
+    },
     /// Body: ledger u64, lac_plus_one u64. Sent only once the fence is durable.
-    Fence { ledger: LedgerId, lac: Option<EntryId> },
+    Fence {
+        ledger: LedgerId,
+        lac: Option<EntryId>,
+    },
     /// Any failed request: the status is non-zero and the body is a u32-length-prefixed
     /// UTF-8 message for humans.
-    Failed { opcode: Opcode, status: Status, message: &'a str },
+    Failed {
+        opcode: Opcode,
+        status: Status,
+        message: &'a str,
+    },
 }
 
 fn key(r: &mut Reader<'_>) -> Result<MasterKey, WireError> {
@@ -247,19 +304,30 @@ fn key(r: &mut Reader<'_>) -> Result<MasterKey, WireError> {
 pub fn encode_request(out: &mut Vec<u8>, request_id: u64, request: &Request<'_>) {
     let mut body = Vec::new();
     let (opcode, flags) = match *request {
-        Request::Hello { version_min, version_max } => {
+        Request::Hello {
+            version_min,
+            version_max,
+        } => {
             body.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
             body.extend_from_slice(&version_min.to_le_bytes());
             body.extend_from_slice(&version_max.to_le_bytes());
             (Opcode::Hello, 0)
         }
-        Request::Add { recovery, master_key, entry } => {
+        Request::Add {
+            recovery,
+            master_key,
+            entry,
+        } => {
             body.reserve(MASTER_KEY_SIZE_BYTES + entry.len());
             body.extend_from_slice(&master_key.0);
             body.extend_from_slice(entry);
             (Opcode::Add, if recovery { FLAG_RECOVERY_ADD } else { 0 })
         }
-        Request::Read { ledger, entry, fence } => {
+        Request::Read {
+            ledger,
+            entry,
+            fence,
+        } => {
             body.extend_from_slice(&ledger.0.to_le_bytes());
             body.extend_from_slice(&entry.map_or(0, |e| e.0).to_le_bytes());
             let mut flags = if entry.is_none() { FLAG_READ_LAST } else { 0 };
@@ -278,14 +346,27 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u64, request: &Request<'_>)
             body.extend_from_slice(&master_key.0);
             (Opcode::Fence, 0)
         }
-        Request::ReadLacLongPoll { ledger, previous_lac, timeout_ms } => {
+        Request::ReadLacLongPoll {
+            ledger,
+            previous_lac,
+            timeout_ms,
+        } => {
             body.extend_from_slice(&ledger.0.to_le_bytes());
             body.extend_from_slice(&lac_to_wire(previous_lac).to_le_bytes());
             body.extend_from_slice(&timeout_ms.to_le_bytes());
             (Opcode::ReadLacLongPoll, 0)
         }
     };
-    encode_frame(out, FrameHeader { opcode: opcode as u8, flags, status: 0, request_id }, &body);
+    encode_frame(
+        out,
+        FrameHeader {
+            opcode: opcode as u8,
+            flags,
+            status: 0,
+            request_id,
+        },
+        &body,
+    );
 }
 
 /// Decodes a request frame.
@@ -296,7 +377,9 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u64, request: &Request<'_>)
 pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, WireError> {
     let h = frame.header;
     if h.opcode & RESPONSE_BIT != 0 || h.status != 0 {
-        return Err(WireError::InvalidField { what: "request opcode/status" });
+        return Err(WireError::InvalidField {
+            what: "request opcode/status",
+        });
     }
     let mut r = Reader::new(frame.body, "request body");
     let req = match Opcode::from_u8(h.opcode)? {
@@ -305,23 +388,47 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, WireError> {
             if magic != HELLO_MAGIC {
                 return Err(WireError::BadMagic { found: magic });
             }
-            Request::Hello { version_min: r.u16()?, version_max: r.u16()? }
+            Request::Hello {
+                version_min: r.u16()?,
+                version_max: r.u16()?,
+            }
         }
         Opcode::Add => {
             let master_key = key(&mut r)?;
             let entry = r.rest();
             crate::entry::peek_header(entry)?;
-            Request::Add { recovery: h.flags & FLAG_RECOVERY_ADD != 0, master_key, entry }
+            Request::Add {
+                recovery: h.flags & FLAG_RECOVERY_ADD != 0,
+                master_key,
+                entry,
+            }
         }
         Opcode::Read => {
             let ledger = LedgerId(r.u64()?);
             let entry = r.u64()?;
-            let entry = if h.flags & FLAG_READ_LAST != 0 { None } else { Some(EntryId(entry)) };
-            let fence = if h.flags & FLAG_FENCE != 0 { Some(key(&mut r)?) } else { None };
-            Request::Read { ledger, entry, fence }
+            let entry = if h.flags & FLAG_READ_LAST != 0 {
+                None
+            } else {
+                Some(EntryId(entry))
+            };
+            let fence = if h.flags & FLAG_FENCE != 0 {
+                Some(key(&mut r)?)
+            } else {
+                None
+            };
+            Request::Read {
+                ledger,
+                entry,
+                fence,
+            }
         }
-        Opcode::ReadLac => Request::ReadLac { ledger: LedgerId(r.u64()?) },
-        Opcode::Fence => Request::Fence { ledger: LedgerId(r.u64()?), master_key: key(&mut r)? },
+        Opcode::ReadLac => Request::ReadLac {
+            ledger: LedgerId(r.u64()?),
+        },
+        Opcode::Fence => Request::Fence {
+            ledger: LedgerId(r.u64()?),
+            master_key: key(&mut r)?,
+        },
         Opcode::ReadLacLongPoll => Request::ReadLacLongPoll {
             ledger: LedgerId(r.u64()?),
             previous_lac: lac_from_wire(r.u64()?),
@@ -336,7 +443,11 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, WireError> {
 pub fn encode_response(out: &mut Vec<u8>, request_id: u64, response: &Response<'_>) {
     let mut body = Vec::new();
     let (opcode, status) = match *response {
-        Response::Hello { version, shard_count, frame_size_bytes_max } => {
+        Response::Hello {
+            version,
+            shard_count,
+            frame_size_bytes_max,
+        } => {
             body.extend_from_slice(&version.to_le_bytes());
             body.extend_from_slice(&shard_count.to_le_bytes());
             body.extend_from_slice(&frame_size_bytes_max.to_le_bytes());
@@ -347,14 +458,22 @@ pub fn encode_response(out: &mut Vec<u8>, request_id: u64, response: &Response<'
             body.extend_from_slice(&entry.0.to_le_bytes());
             (Opcode::Add, Status::Ok)
         }
-        Response::Read { ledger, entry, data } => {
+        Response::Read {
+            ledger,
+            entry,
+            data,
+        } => {
             body.reserve(16 + data.len());
             body.extend_from_slice(&ledger.0.to_le_bytes());
             body.extend_from_slice(&entry.0.to_le_bytes());
             body.extend_from_slice(data);
             (Opcode::Read, Status::Ok)
         }
-        Response::ReadLac { ledger, lac, last_entry } => {
+        Response::ReadLac {
+            ledger,
+            lac,
+            last_entry,
+        } => {
             body.extend_from_slice(&ledger.0.to_le_bytes());
             body.extend_from_slice(&lac_to_wire(lac).to_le_bytes());
             body.extend_from_slice(&lac_to_wire(last_entry).to_le_bytes());
@@ -365,7 +484,11 @@ pub fn encode_response(out: &mut Vec<u8>, request_id: u64, response: &Response<'
             body.extend_from_slice(&lac_to_wire(lac).to_le_bytes());
             (Opcode::Fence, Status::Ok)
         }
-        Response::Failed { opcode, status, message } => {
+        Response::Failed {
+            opcode,
+            status,
+            message,
+        } => {
             let mut cut = message.len().min(ERROR_MESSAGE_SIZE_BYTES_MAX);
             while !message.is_char_boundary(cut) {
                 cut -= 1;
@@ -391,16 +514,23 @@ pub fn encode_response(out: &mut Vec<u8>, request_id: u64, response: &Response<'
 pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError> {
     let h = frame.header;
     if h.opcode & RESPONSE_BIT == 0 {
-        return Err(WireError::InvalidField { what: "response bit" });
+        return Err(WireError::InvalidField {
+            what: "response bit",
+        });
     }
     let opcode = Opcode::from_u8(h.opcode & !RESPONSE_BIT)?;
     let status = Status::from_u16(h.status)?;
     let mut r = Reader::new(frame.body, "response body");
     let resp = if status != Status::Ok {
         let msg = r.len_prefixed(ERROR_MESSAGE_SIZE_BYTES_MAX)?;
-        let message =
-            std::str::from_utf8(msg).map_err(|_| WireError::InvalidField { what: "error message" })?;
-        Response::Failed { opcode, status, message }
+        let message = std::str::from_utf8(msg).map_err(|_| WireError::InvalidField {
+            what: "error message",
+        })?;
+        Response::Failed {
+            opcode,
+            status,
+            message,
+        }
     } else {
         match opcode {
             Opcode::Hello => Response::Hello {
@@ -408,7 +538,10 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError>
                 shard_count: r.u16()?,
                 frame_size_bytes_max: r.u32()?,
             },
-            Opcode::Add => Response::Add { ledger: LedgerId(r.u64()?), entry: EntryId(r.u64()?) },
+            Opcode::Add => Response::Add {
+                ledger: LedgerId(r.u64()?),
+                entry: EntryId(r.u64()?),
+            },
             Opcode::Read => Response::Read {
                 ledger: LedgerId(r.u64()?),
                 entry: EntryId(r.u64()?),
@@ -419,9 +552,10 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError>
                 lac: lac_from_wire(r.u64()?),
                 last_entry: lac_from_wire(r.u64()?),
             },
-            Opcode::Fence => {
-                Response::Fence { ledger: LedgerId(r.u64()?), lac: lac_from_wire(r.u64()?) }
-            }
+            Opcode::Fence => Response::Fence {
+                ledger: LedgerId(r.u64()?),
+                lac: lac_from_wire(r.u64()?),
+            },
             // Its layout is not a `Response` variant (see `decode_long_poll_response`).
             Opcode::ReadLacLongPoll => {
                 return Err(WireError::InvalidField {

@@ -57,13 +57,20 @@ pub fn peek_header(bytes: &[u8]) -> Result<EntryHeader, WireError> {
     let entry = r.u64()?;
     if entry == u64::MAX {
         // Reserved: LACs travel as id + 1, which this id would overflow.
-        return Err(WireError::InvalidField { what: "entry id u64::MAX is reserved" });
+        return Err(WireError::InvalidField {
+            what: "entry id u64::MAX is reserved",
+        });
     }
     let entry = EntryId(entry);
     let lac = lac_from_wire(r.u64()?);
     let length_bytes = r.u64()?;
     let _crc = r.u32()?;
-    Ok(EntryHeader { ledger, entry, lac, length_bytes })
+    Ok(EntryHeader {
+        ledger,
+        entry,
+        lac,
+        length_bytes,
+    })
 }
 
 /// Verifies the digest and returns the header and payload: what a reader does.
@@ -108,7 +115,9 @@ pub fn verify_expected(
 /// On entry id `u64::MAX`, which no decoder accepts ([`peek_header`] refuses it), so only a
 /// programming error can bring it here.
 pub fn lac_to_wire(lac: Option<EntryId>) -> u64 {
-    lac.map_or(0, |e| e.0.checked_add(1).expect("entry id u64::MAX is reserved"))
+    lac.map_or(0, |e| {
+        e.0.checked_add(1).expect("entry id u64::MAX is reserved")
+    })
 }
 
 /// Decodes `id + 1` / 0 back into an optional entry id.
@@ -146,22 +155,36 @@ mod tests {
             verify_expected(&bytes, LedgerId(7), EntryId(4)),
             Err(WireError::WrongEntry { .. })
         ));
-        assert!(matches!(verify_entry(&bytes[..20]), Err(WireError::Truncated { .. })));
+        assert!(matches!(
+            verify_entry(&bytes[..20]),
+            Err(WireError::Truncated { .. })
+        ));
     }
 
     #[test]
     fn the_reserved_entry_id_is_refused() {
         // Goal: entry id u64::MAX, whose LAC encoding would overflow, never decodes.
-        let h = EntryHeader { ledger: LedgerId(1), entry: EntryId(0), lac: None, length_bytes: 0 };
+        let h = EntryHeader {
+            ledger: LedgerId(1),
+            entry: EntryId(0),
+            lac: None,
+            length_bytes: 0,
+        };
         let mut bytes = encode_entry(h, b"");
         bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(peek_header(&bytes), Err(WireError::InvalidField { .. })));
+        assert!(matches!(
+            peek_header(&bytes),
+            Err(WireError::InvalidField { .. })
+        ));
     }
 
     #[test]
     fn no_lac_is_encoded_as_zero() {
         assert_eq!(lac_to_wire(None), 0);
         assert_eq!(lac_from_wire(0), None);
-        assert_eq!(lac_from_wire(lac_to_wire(Some(EntryId(0)))), Some(EntryId(0)));
+        assert_eq!(
+            lac_from_wire(lac_to_wire(Some(EntryId(0)))),
+            Some(EntryId(0))
+        );
     }
 }

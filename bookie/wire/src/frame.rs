@@ -67,16 +67,25 @@ pub fn encode_frame(out: &mut Vec<u8>, header: FrameHeader, body: &[u8]) {
 /// # Errors
 /// `FrameTooShort` or `FrameTooLarge` for a length outside `[12, frame_size_bytes_max]`;
 /// the connection cannot be resynchronised after either and should be closed.
-pub fn decode_frame(buf: &[u8], frame_size_bytes_max: u32) -> Result<Option<(Frame<'_>, usize)>, WireError> {
+pub fn decode_frame(
+    buf: &[u8],
+    frame_size_bytes_max: u32,
+) -> Result<Option<(Frame<'_>, usize)>, WireError> {
     if buf.len() < 4 {
         return Ok(None);
     }
     let frame_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
     if frame_len < FRAME_LEN_MIN {
-        return Err(WireError::FrameTooShort { frame_len, min: FRAME_LEN_MIN });
+        return Err(WireError::FrameTooShort {
+            frame_len,
+            min: FRAME_LEN_MIN,
+        });
     }
     if frame_len > frame_size_bytes_max {
-        return Err(WireError::FrameTooLarge { frame_len, max: frame_size_bytes_max });
+        return Err(WireError::FrameTooLarge {
+            frame_len,
+            max: frame_size_bytes_max,
+        });
     }
     let total = 4 + frame_len as usize;
     if buf.len() < total {
@@ -88,7 +97,18 @@ pub fn decode_frame(buf: &[u8], frame_size_bytes_max: u32) -> Result<Option<(Fra
     let status = r.u16()?;
     let request_id = r.u64()?;
     let body = r.rest();
-    Ok(Some((Frame { header: FrameHeader { opcode, flags, status, request_id }, body }, total)))
+    Ok(Some((
+        Frame {
+            header: FrameHeader {
+                opcode,
+                flags,
+                status,
+                request_id,
+            },
+            body,
+        },
+        total,
+    )))
 }
 
 #[cfg(test)]
@@ -98,11 +118,20 @@ mod tests {
     #[test]
     fn round_trip_and_partial_input() {
         // Goal: a frame survives encode/decode, and every strict prefix asks for more bytes.
-        let header = FrameHeader { opcode: 2, flags: 1, status: 0, request_id: 77 };
+        let header = FrameHeader {
+            opcode: 2,
+            flags: 1,
+            status: 0,
+            request_id: 77,
+        };
         let mut buf = Vec::new();
         encode_frame(&mut buf, header, b"hello");
         for cut in 0..buf.len() {
-            assert_eq!(decode_frame(&buf[..cut], 1024).unwrap(), None, "prefix {cut}");
+            assert_eq!(
+                decode_frame(&buf[..cut], 1024).unwrap(),
+                None,
+                "prefix {cut}"
+            );
         }
         let (frame, used) = decode_frame(&buf, 1024).unwrap().unwrap();
         assert_eq!(used, buf.len());
@@ -115,11 +144,17 @@ mod tests {
         // Goal: a hostile length is refused from the first four bytes alone.
         assert_eq!(
             decode_frame(&3u32.to_le_bytes(), 1024),
-            Err(WireError::FrameTooShort { frame_len: 3, min: 12 })
+            Err(WireError::FrameTooShort {
+                frame_len: 3,
+                min: 12
+            })
         );
         assert_eq!(
             decode_frame(&u32::MAX.to_le_bytes(), 1024),
-            Err(WireError::FrameTooLarge { frame_len: u32::MAX, max: 1024 })
+            Err(WireError::FrameTooLarge {
+                frame_len: u32::MAX,
+                max: 1024
+            })
         );
     }
 }

@@ -28,7 +28,11 @@ pub enum WireError {
     FrameTooLarge { frame_len: u32, max: u32 },
     /// A body ended before a field it must contain.
     #[error("{what}: body is {len} bytes, needs at least {need}")]
-    Truncated { what: &'static str, len: usize, need: usize },
+    Truncated {
+        what: &'static str,
+        len: usize,
+        need: usize,
+    },
     /// A body carried bytes after its last field.
     #[error("{what}: {extra} unexpected trailing bytes")]
     TrailingBytes { what: &'static str, extra: usize },
@@ -43,13 +47,23 @@ pub enum WireError {
     BadMagic { found: u32 },
     /// No protocol version is shared by both ends.
     #[error("no common protocol version: peer speaks {peer_min}..={peer_max}, we speak {ours_min}..={ours_max}")]
-    NoCommonVersion { peer_min: u16, peer_max: u16, ours_min: u16, ours_max: u16 },
+    NoCommonVersion {
+        peer_min: u16,
+        peer_max: u16,
+        ours_min: u16,
+        ours_max: u16,
+    },
     /// An entry's stored CRC32C does not match its bytes.
     #[error("entry digest mismatch: stored {stored:#010x}, computed {computed:#010x}")]
     DigestMismatch { stored: u32, computed: u32 },
     /// An entry's header names a different ledger or entry than the one asked for.
     #[error("entry header says ledger {found_ledger} entry {found_entry}, expected ledger {ledger} entry {entry}")]
-    WrongEntry { ledger: u64, entry: u64, found_ledger: u64, found_entry: u64 },
+    WrongEntry {
+        ledger: u64,
+        entry: u64,
+        found_ledger: u64,
+        found_entry: u64,
+    },
     /// A field holds a value outside its domain (named by `what`).
     #[error("invalid field: {what}")]
     InvalidField { what: &'static str },
@@ -74,9 +88,15 @@ impl<'a> Reader<'a> {
     /// # Errors
     /// `WireError::Truncated` when fewer than `n` bytes remain.
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or(
-            WireError::Truncated { what: self.what, len: self.buf.len(), need: self.pos.saturating_add(n) },
-        )?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or(WireError::Truncated {
+                what: self.what,
+                len: self.buf.len(),
+                need: self.pos.saturating_add(n),
+            })?;
         let out = &self.buf[self.pos..end];
         self.pos = end;
         Ok(out)
@@ -132,7 +152,10 @@ impl<'a> Reader<'a> {
         if extra == 0 {
             Ok(())
         } else {
-            Err(WireError::TrailingBytes { what: self.what, extra })
+            Err(WireError::TrailingBytes {
+                what: self.what,
+                extra,
+            })
         }
     }
 }

@@ -26,7 +26,10 @@ where
 
 /// A temporary directory on ext4 /tmp (never tmpfs: O_DIRECT would be silently off).
 pub fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("quire-engine-").tempdir_in("/tmp").expect("tempdir")
+    tempfile::Builder::new()
+        .prefix("quire-engine-")
+        .tempdir_in("/tmp")
+        .expect("tempdir")
 }
 
 /// Small files and no background checkpoint, so tests control when checkpoints happen.
@@ -42,7 +45,9 @@ pub const KEY: [u8; 20] = [7u8; 20];
 
 /// Entry bytes that identify (ledger, entry) and end with a non-zero byte.
 pub fn payload(ledger: u64, entry: u64, len: usize) -> Vec<u8> {
-    let mut v: Vec<u8> = (0..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(ledger * 7 + entry) as u8 | 1).collect();
+    let mut v: Vec<u8> = (0..len)
+        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(ledger * 7 + entry) as u8 | 1)
+        .collect();
     if len >= 16 {
         v[..8].copy_from_slice(&ledger.to_le_bytes());
         v[8..16].copy_from_slice(&entry.to_le_bytes());

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quire_metadata::BookieId;
-use quire_wire::bookie::{self, Request, Response, Status, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN};
+use quire_wire::bookie::{
+    self, Request, Response, Status, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
+};
 use quire_wire::frame::decode_frame;
 use quire_wire::{EntryId, LedgerId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -44,13 +46,22 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    async fn connect(bookie: &BookieId, frame_size_bytes_max: u32, timeout: Duration) -> Result<Arc<Self>, Error> {
-        let unreachable = |reason: String| Error::BookieUnreachable { bookie: bookie.0.clone(), reason };
+    async fn connect(
+        bookie: &BookieId,
+        frame_size_bytes_max: u32,
+        timeout: Duration,
+    ) -> Result<Arc<Self>, Error> {
+        let unreachable = |reason: String| Error::BookieUnreachable {
+            bookie: bookie.0.clone(),
+            reason,
+        };
         let stream = tokio::time::timeout(timeout, TcpStream::connect(&bookie.0))
             .await
             .map_err(|_| unreachable("connect timed out".into()))?
             .map_err(|e| unreachable(e.to_string()))?;
-        stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| unreachable(e.to_string()))?;
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTGOING_QUEUE_DEPTH_MAX);
         let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
@@ -87,18 +98,35 @@ impl Conn {
         tokio::spawn(async move {
             let reason = read_loop(&mut rd, &waiters, frame_size_bytes_max).await;
             dead.store(true, Ordering::SeqCst);
-            let drained: Vec<Waiter> = waiters.lock().map(|mut w| w.drain().map(|(_, v)| v).collect()).unwrap_or_default();
+            let drained: Vec<Waiter> = waiters
+                .lock()
+                .map(|mut w| w.drain().map(|(_, v)| v).collect())
+                .unwrap_or_default();
             for w in drained {
-                let _ = w.send(Err(Error::BookieUnreachable { bookie: name.clone(), reason: reason.clone() }));
+                let _ = w.send(Err(Error::BookieUnreachable {
+                    bookie: name.clone(),
+                    reason: reason.clone(),
+                }));
             }
         });
 
         // Handshake before anything else.
         let reply = conn.call(timeout, |out, id| {
-            bookie::encode_request(out, id, &Request::Hello { version_min: PROTOCOL_VERSION_MIN, version_max: PROTOCOL_VERSION_MAX })
+            bookie::encode_request(
+                out,
+                id,
+                &Request::Hello {
+                    version_min: PROTOCOL_VERSION_MIN,
+                    version_max: PROTOCOL_VERSION_MAX,
+                },
+            )
         });
         match reply.await? {
-            Reply::Failed { status, message } => Err(Error::Bookie { bookie: bookie.0.clone(), status, message }),
+            Reply::Failed { status, message } => Err(Error::Bookie {
+                bookie: bookie.0.clone(),
+                status,
+                message,
+            }),
             _ => Ok(conn),
         }
     }
@@ -126,7 +154,9 @@ impl Conn {
             if self.dead.load(Ordering::SeqCst) {
                 Err("connection closed".to_string())
             } else {
-                self.outgoing.try_send(frame).map_err(|e| format!("send queue: {e}"))
+                self.outgoing
+                    .try_send(frame)
+                    .map_err(|e| format!("send queue: {e}"))
             }
         };
         let waiters = self.waiters.clone();
@@ -139,12 +169,18 @@ impl Conn {
             }
             match tokio::time::timeout(timeout, rx).await {
                 Ok(Ok(r)) => r,
-                Ok(Err(_)) => Err(Error::BookieUnreachable { bookie, reason: "connection closed".into() }),
+                Ok(Err(_)) => Err(Error::BookieUnreachable {
+                    bookie,
+                    reason: "connection closed".into(),
+                }),
                 Err(_) => {
                     if let Ok(mut w) = waiters.lock() {
                         w.remove(&id);
                     }
-                    Err(Error::Timeout { bookie, after_ms: timeout.as_millis() as u64 })
+                    Err(Error::Timeout {
+                        bookie,
+                        after_ms: timeout.as_millis() as u64,
+                    })
                 }
             }
         }
@@ -194,10 +230,17 @@ async fn read_loop(
 fn owned(r: Response<'_>) -> Reply {
     match r {
         Response::Hello { .. } | Response::Add { .. } => Reply::Add,
-        Response::Read { data, .. } => Reply::Read { data: data.to_vec() },
+        Response::Read { data, .. } => Reply::Read {
+            data: data.to_vec(),
+        },
         Response::ReadLac { lac, .. } => Reply::ReadLac { lac },
         Response::Fence { lac, .. } => Reply::Fence { lac },
-        Response::Failed { status, message, .. } => Reply::Failed { status, message: message.to_string() },
+        Response::Failed {
+            status, message, ..
+        } => Reply::Failed {
+            status,
+            message: message.to_string(),
+        },
     }
 }
 
@@ -208,7 +251,12 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) async fn get(&self, bookie: &BookieId, frame_size_bytes_max: u32, timeout: Duration) -> Result<Arc<Conn>, Error> {
+    pub(crate) async fn get(
+        &self,
+        bookie: &BookieId,
+        frame_size_bytes_max: u32,
+        timeout: Duration,
+    ) -> Result<Arc<Conn>, Error> {
         let mut conns = self.conns.lock().await;
         if let Some(c) = conns.get(bookie) {
             if !c.is_dead() {
@@ -222,6 +270,20 @@ impl Pool {
 }
 
 /// Helper for building read requests.
-pub(crate) fn read_request(ledger: LedgerId, entry: Option<EntryId>, fence: Option<quire_wire::MasterKey>) -> impl FnOnce(&mut Vec<u8>, u64) {
-    move |out, id| bookie::encode_request(out, id, &Request::Read { ledger, entry, fence })
+pub(crate) fn read_request(
+    ledger: LedgerId,
+    entry: Option<EntryId>,
+    fence: Option<quire_wire::MasterKey>,
+) -> impl FnOnce(&mut Vec<u8>, u64) {
+    move |out, id| {
+        bookie::encode_request(
+            out,
+            id,
+            &Request::Read {
+                ledger,
+                entry,
+                fence,
+            },
+        )
+    }
 }

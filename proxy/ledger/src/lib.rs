@@ -37,8 +37,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quire_metadata::{
-    master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, MetadataStore, Version,
-    LEDGER_METADATA_FORMAT_VERSION,
+    master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, MetadataStore,
+    Version, LEDGER_METADATA_FORMAT_VERSION,
 };
 use quire_wire::bookie::{self, Request, Status};
 use quire_wire::entry::{encode_entry, verify_expected, EntryHeader};
@@ -58,7 +58,11 @@ pub enum Error {
     Metadata(String),
     /// A bookie answered with an error status.
     #[error("bookie {bookie} answered {status:?}: {message}")]
-    Bookie { bookie: String, status: Status, message: String },
+    Bookie {
+        bookie: String,
+        status: Status,
+        message: String,
+    },
     /// A bookie could not be reached or dropped the connection.
     #[error("bookie {bookie} unreachable: {reason}")]
     BookieUnreachable { bookie: String, reason: String },
@@ -80,7 +84,12 @@ pub enum Error {
     NoSuchEntry { ledger: u64, entry: u64 },
     /// An entry failed its digest or names the wrong position.
     #[error("ledger {ledger} entry {entry} from bookie {bookie} is corrupt: {reason}")]
-    Corrupt { ledger: u64, entry: u64, bookie: String, reason: String },
+    Corrupt {
+        ledger: u64,
+        entry: u64,
+        bookie: String,
+        reason: String,
+    },
     /// Bytes from a bookie did not decode.
     #[error("protocol error: {0}")]
     Protocol(WireError),
@@ -88,7 +97,11 @@ pub enum Error {
     /// ensemble change itself failed); the writer is dead. Entries after its LAC have an unknown
     /// outcome until the ledger is closed or recovered.
     #[error("ledger {ledger} writer failed at entry {entry}: {reason}")]
-    WriterFailed { ledger: u64, entry: u64, reason: String },
+    WriterFailed {
+        ledger: u64,
+        entry: u64,
+        reason: String,
+    },
     /// Recovery could not establish the ledger's end.
     #[error("recovery of ledger {ledger} failed: {reason}")]
     Recovery { ledger: u64, reason: String },
@@ -155,7 +168,9 @@ pub fn master_key(password: &[u8]) -> MasterKey {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 struct Inner {
@@ -179,7 +194,14 @@ pub struct BookKeeper {
 impl BookKeeper {
     /// Makes a client over `metadata`.
     pub fn new(metadata: Arc<dyn MetadataStore>, config: ClientConfig) -> Self {
-        Self { inner: Arc::new(Inner { metadata, pool: Pool::default(), config, quarantine: Mutex::default() }) }
+        Self {
+            inner: Arc::new(Inner {
+                metadata,
+                pool: Pool::default(),
+                config,
+                quarantine: Mutex::default(),
+            }),
+        }
     }
 
     /// The metadata store this client uses.
@@ -194,7 +216,9 @@ impl BookKeeper {
     pub async fn create_ledger(&self, opts: LedgerOptions) -> Result<LedgerWriter, Error> {
         let (e, w, a) = (opts.ensemble_size, opts.write_quorum, opts.ack_quorum);
         if !(e >= w && w >= a && a >= 1) {
-            return Err(Error::Invalid(format!("need E >= Qw >= Qa >= 1, got E={e} Qw={w} Qa={a}")));
+            return Err(Error::Invalid(format!(
+                "need E >= Qw >= Qa >= 1, got E={e} Qw={w} Qa={a}"
+            )));
         }
         let mut candidates: Vec<BookieId> = self
             .inner
@@ -206,7 +230,10 @@ impl BookKeeper {
             .map(|b| b.id)
             .collect();
         if candidates.len() < usize::from(e) {
-            return Err(Error::NotEnoughBookies { needed: usize::from(e), available: candidates.len() });
+            return Err(Error::NotEnoughBookies {
+                needed: usize::from(e),
+                available: candidates.len(),
+            });
         }
         {
             use rand::seq::SliceRandom;
@@ -221,7 +248,10 @@ impl BookKeeper {
             write_quorum: w,
             ack_quorum: a,
             state: LedgerState::Open,
-            fragments: vec![Fragment { first_entry: 0, bookies: candidates.clone() }],
+            fragments: vec![Fragment {
+                first_entry: 0,
+                bookies: candidates.clone(),
+            }],
             last_entry: None,
             length_bytes: 0,
             digest_type: DigestType::Crc32c,
@@ -232,7 +262,11 @@ impl BookKeeper {
         let version = self.inner.metadata.create_ledger(id, &meta).await?;
         let mut ensemble = Vec::with_capacity(candidates.len());
         for b in &candidates {
-            ensemble.push(Slot { bookie: b.clone(), conn: self.conn(b).await?, generation: 0 });
+            ensemble.push(Slot {
+                bookie: b.clone(),
+                conn: self.conn(b).await?,
+                generation: 0,
+            });
         }
         Ok(LedgerWriter {
             shared: Arc::new(WriterShared {
@@ -267,13 +301,22 @@ impl BookKeeper {
 
     fn quarantined(&self) -> HashSet<BookieId> {
         let keep_for = self.inner.config.bookie_quarantine;
-        let Ok(mut q) = self.inner.quarantine.lock() else { return HashSet::new() };
+        let Ok(mut q) = self.inner.quarantine.lock() else {
+            return HashSet::new();
+        };
         q.retain(|_, since| since.elapsed() < keep_for);
         q.keys().cloned().collect()
     }
 
     async fn conn(&self, bookie: &BookieId) -> Result<Arc<conn::Conn>, Error> {
-        self.inner.pool.get(bookie, self.inner.config.frame_size_bytes_max, self.inner.config.request_timeout).await
+        self.inner
+            .pool
+            .get(
+                bookie,
+                self.inner.config.frame_size_bytes_max,
+                self.inner.config.request_timeout,
+            )
+            .await
     }
 
     /// Opens a ledger for reading without fencing (BookKeeper `openLedgerNoRecovery`).
@@ -282,7 +325,11 @@ impl BookKeeper {
     /// `Metadata` (e.g. no such ledger).
     pub async fn open_ledger(&self, id: LedgerId) -> Result<LedgerReader, Error> {
         let meta = self.inner.metadata.read_ledger(id).await?.value;
-        Ok(LedgerReader { client: self.clone(), id, meta })
+        Ok(LedgerReader {
+            client: self.clone(),
+            id,
+            meta,
+        })
     }
 
     /// Recovers and closes a ledger (BookKeeper open-with-recovery, `LedgerRecoveryOp`).
@@ -338,11 +385,18 @@ impl BookKeeper {
         }
     }
 
-    async fn recover_end(&self, id: LedgerId, meta: &LedgerMetadata) -> Result<(Option<EntryId>, u64), Error> {
+    async fn recover_end(
+        &self,
+        id: LedgerId,
+        meta: &LedgerMetadata,
+    ) -> Result<(Option<EntryId>, u64), Error> {
         let key = meta.master_key()?;
         let (e, w, a) = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum);
         let timeout = self.inner.config.request_timeout;
-        let fragment = meta.fragments.last().ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+        let fragment = meta
+            .fragments
+            .last()
+            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
         // 1. Fence every bookie of the last ensemble.
         let mut calls = Vec::new();
         for b in &fragment.bookies {
@@ -351,7 +405,14 @@ impl BookKeeper {
             calls.push(tokio::spawn(async move {
                 let c = client.conn(&b).await?;
                 c.call(timeout, move |out, rid| {
-                    bookie::encode_request(out, rid, &Request::Fence { ledger: id, master_key: key })
+                    bookie::encode_request(
+                        out,
+                        rid,
+                        &Request::Fence {
+                            ledger: id,
+                            master_key: key,
+                        },
+                    )
                 })
                 .await
             }));
@@ -360,22 +421,38 @@ impl BookKeeper {
         let mut lac: Option<EntryId> = fragment.first_entry.checked_sub(1).map(EntryId);
         let mut reasons = Vec::new();
         for (i, call) in calls.into_iter().enumerate() {
-            match call.await.map_err(|j| Error::Invalid(j.to_string())).and_then(|r| r) {
+            match call
+                .await
+                .map_err(|j| Error::Invalid(j.to_string()))
+                .and_then(|r| r)
+            {
                 Ok(Reply::Fence { lac: l }) => {
                     answered[i] = true;
                     lac = lac.max(l);
                 }
-                Ok(Reply::Failed { status: Status::NoSuchLedger, .. }) => answered[i] = true,
-                Ok(Reply::Failed { status, message }) => reasons.push(format!("{}: {status:?} {message}", fragment.bookies[i])),
+                Ok(Reply::Failed {
+                    status: Status::NoSuchLedger,
+                    ..
+                }) => answered[i] = true,
+                Ok(Reply::Failed { status, message }) => {
+                    reasons.push(format!("{}: {status:?} {message}", fragment.bookies[i]))
+                }
                 Ok(other) => reasons.push(format!("{}: unexpected {other:?}", fragment.bookies[i])),
                 Err(err) => reasons.push(err.to_string()),
             }
         }
         if !quorum::covers(&answered, e, w, a) {
-            return Err(Error::Recovery { ledger: id.0, reason: format!("fencing did not cover the ensemble: {}", reasons.join("; ")) });
+            return Err(Error::Recovery {
+                ledger: id.0,
+                reason: format!("fencing did not cover the ensemble: {}", reasons.join("; ")),
+            });
         }
         // 2. Length so far: the header of the LAC entry (if any) carries the cumulative length.
-        let reader = LedgerReader { client: self.clone(), id, meta: meta.clone() };
+        let reader = LedgerReader {
+            client: self.clone(),
+            id,
+            meta: meta.clone(),
+        };
         let mut length_bytes = 0;
         let mut last = lac;
         if let Some(l) = lac {
@@ -384,7 +461,10 @@ impl BookKeeper {
                     length_bytes = header_of(&bytes, id, l)?.length_bytes;
                 }
                 ReadOutcome::Missing => {
-                    return Err(Error::Recovery { ledger: id.0, reason: format!("LAC entry {l} is missing on every replica") });
+                    return Err(Error::Recovery {
+                        ledger: id.0,
+                        reason: format!("LAC entry {l} is missing on every replica"),
+                    });
                 }
             }
         }
@@ -395,7 +475,8 @@ impl BookKeeper {
                 ReadOutcome::Missing => break,
                 ReadOutcome::Found(bytes) => {
                     length_bytes = header_of(&bytes, id, EntryId(next))?.length_bytes;
-                    self.recovery_add(meta, id, key, EntryId(next), bytes).await?;
+                    self.recovery_add(meta, id, key, EntryId(next), bytes)
+                        .await?;
                     last = Some(EntryId(next));
                     next += 1;
                 }
@@ -404,7 +485,14 @@ impl BookKeeper {
         Ok((last, length_bytes))
     }
 
-    async fn recovery_add(&self, meta: &LedgerMetadata, id: LedgerId, key: MasterKey, entry: EntryId, bytes: Vec<u8>) -> Result<(), Error> {
+    async fn recovery_add(
+        &self,
+        meta: &LedgerMetadata,
+        id: LedgerId,
+        key: MasterKey,
+        entry: EntryId,
+        bytes: Vec<u8>,
+    ) -> Result<(), Error> {
         let fragment = meta.fragment_for(entry);
         let timeout = self.inner.config.request_timeout;
         let bytes = Arc::new(bytes);
@@ -416,7 +504,15 @@ impl BookKeeper {
             calls.push(tokio::spawn(async move {
                 let c = client.conn(&b).await?;
                 c.call(timeout, move |out, rid| {
-                    bookie::encode_request(out, rid, &Request::Add { recovery: true, master_key: key, entry: &bytes })
+                    bookie::encode_request(
+                        out,
+                        rid,
+                        &Request::Add {
+                            recovery: true,
+                            master_key: key,
+                            entry: &bytes,
+                        },
+                    )
                 })
                 .await
             }));
@@ -424,7 +520,11 @@ impl BookKeeper {
         let mut acks = 0;
         let mut reasons = Vec::new();
         for call in calls {
-            match call.await.map_err(|j| Error::Invalid(j.to_string())).and_then(|r| r) {
+            match call
+                .await
+                .map_err(|j| Error::Invalid(j.to_string()))
+                .and_then(|r| r)
+            {
                 Ok(Reply::Add) => acks += 1,
                 Ok(other) => reasons.push(format!("{other:?}")),
                 Err(e) => reasons.push(e.to_string()),
@@ -433,7 +533,11 @@ impl BookKeeper {
         if acks < usize::from(meta.ack_quorum) {
             return Err(Error::Recovery {
                 ledger: id.0,
-                reason: format!("re-adding entry {entry} reached {acks} of {} acks: {}", meta.ack_quorum, reasons.join("; ")),
+                reason: format!(
+                    "re-adding entry {entry} reached {acks} of {} acks: {}",
+                    meta.ack_quorum,
+                    reasons.join("; ")
+                ),
             });
         }
         Ok(())
@@ -441,12 +545,14 @@ impl BookKeeper {
 }
 
 fn header_of(bytes: &[u8], ledger: LedgerId, entry: EntryId) -> Result<EntryHeader, Error> {
-    verify_expected(bytes, ledger, entry).map(|(h, _)| h).map_err(|e| Error::Corrupt {
-        ledger: ledger.0,
-        entry: entry.0,
-        bookie: "(verified after read)".into(),
-        reason: e.to_string(),
-    })
+    verify_expected(bytes, ledger, entry)
+        .map(|(h, _)| h)
+        .map_err(|e| Error::Corrupt {
+            ledger: ledger.0,
+            entry: entry.0,
+            bookie: "(verified after read)".into(),
+            reason: e.to_string(),
+        })
 }
 
 enum ReadOutcome {
@@ -543,16 +649,30 @@ impl LedgerWriter {
             }
             let entry = st.tracker.push();
             st.pushed_length_bytes += payload.len() as u64;
-            let header = EntryHeader { ledger: s.id, entry: EntryId(entry), lac: st.lac, length_bytes: st.pushed_length_bytes };
+            let header = EntryHeader {
+                ledger: s.id,
+                entry: EntryId(entry),
+                lac: st.lac,
+                length_bytes: st.pushed_length_bytes,
+            };
             let bytes = Arc::new(encode_entry(header, &payload));
             let length_bytes = st.pushed_length_bytes;
             for pos in quorum::write_set(entry, e, w) {
                 s.send(&st, entry, &bytes, pos);
             }
-            st.pending.push_back(PendingAdd { entry, length_bytes, bytes, tx });
+            st.pending.push_back(PendingAdd {
+                entry,
+                length_bytes,
+                bytes,
+                tx,
+            });
         }
         Box::pin(async move {
-            rx.await.unwrap_or_else(|_| Err(Error::Invalid("writer dropped before the add completed".into())))
+            rx.await.unwrap_or_else(|_| {
+                Err(Error::Invalid(
+                    "writer dropped before the add completed".into(),
+                ))
+            })
         })
     }
 
@@ -568,12 +688,18 @@ impl LedgerWriter {
 
     /// Payload bytes of every add issued so far.
     pub fn length_bytes(&self) -> u64 {
-        self.shared.state.lock().map_or(0, |s| s.pushed_length_bytes)
+        self.shared
+            .state
+            .lock()
+            .map_or(0, |s| s.pushed_length_bytes)
     }
 
     /// The writer's current ensemble (its last fragment), by position.
     pub fn ensemble(&self) -> Vec<BookieId> {
-        self.shared.state.lock().map_or_else(|_| Vec::new(), |s| s.ensemble.iter().map(|slot| slot.bookie.clone()).collect())
+        self.shared.state.lock().map_or_else(
+            |_| Vec::new(),
+            |s| s.ensemble.iter().map(|slot| slot.bookie.clone()).collect(),
+        )
     }
 
     /// The writer's copy of the ledger metadata (updated by its ensemble changes and close).
@@ -596,7 +722,10 @@ impl LedgerWriter {
     pub async fn close(&self) -> Result<LedgerMetadata, Error> {
         let mut watch = self.lac_watch();
         loop {
-            let busy = self.shared.state.lock().is_ok_and(|s| s.changing || (s.failed.is_none() && s.tracker.pending_count() > 0));
+            let busy =
+                self.shared.state.lock().is_ok_and(|s| {
+                    s.changing || (s.failed.is_none() && s.tracker.pending_count() > 0)
+                });
             if !busy {
                 break;
             }
@@ -605,8 +734,17 @@ impl LedgerWriter {
             }
         }
         let (mut meta, mut version, lac, length) = {
-            let st = self.shared.state.lock().map_err(|_| Error::Invalid("writer state poisoned".into()))?;
-            (st.meta.0.clone(), st.meta.1, st.lac, st.confirmed_length_bytes)
+            let st = self
+                .shared
+                .state
+                .lock()
+                .map_err(|_| Error::Invalid("writer state poisoned".into()))?;
+            (
+                st.meta.0.clone(),
+                st.meta.1,
+                st.lac,
+                st.confirmed_length_bytes,
+            )
         };
         let store = &self.shared.client.inner.metadata;
         loop {
@@ -617,7 +755,9 @@ impl LedgerWriter {
                 Ok(v) => {
                     if let Ok(mut st) = self.shared.state.lock() {
                         st.meta = (meta.clone(), v);
-                        st.failed.get_or_insert(Error::Closed { ledger: self.shared.id.0 });
+                        st.failed.get_or_insert(Error::Closed {
+                            ledger: self.shared.id.0,
+                        });
                     }
                     return Ok(meta);
                 }
@@ -627,8 +767,14 @@ impl LedgerWriter {
                         // Only this writer changes an open ledger; a stale copy (an ensemble
                         // change that failed the writer after its update) is retried.
                         LedgerState::Open => (meta, version) = (now.value, now.version),
-                        LedgerState::Closed if now.value.last_entry == meta.last_entry => return Ok(now.value),
-                        _ => return Err(Error::Fenced { ledger: self.shared.id.0 }),
+                        LedgerState::Closed if now.value.last_entry == meta.last_entry => {
+                            return Ok(now.value)
+                        }
+                        _ => {
+                            return Err(Error::Fenced {
+                                ledger: self.shared.id.0,
+                            })
+                        }
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -644,9 +790,19 @@ impl WriterShared {
     fn send(self: &Arc<Self>, st: &WriterState, entry: u64, bytes: &Arc<Vec<u8>>, pos: usize) {
         let slot = &st.ensemble[pos];
         let key = self.key;
-        let reply = slot.conn.call(self.client.inner.config.request_timeout, |out, rid| {
-            bookie::encode_request(out, rid, &Request::Add { recovery: false, master_key: key, entry: bytes })
-        });
+        let reply = slot
+            .conn
+            .call(self.client.inner.config.request_timeout, |out, rid| {
+                bookie::encode_request(
+                    out,
+                    rid,
+                    &Request::Add {
+                        recovery: false,
+                        master_key: key,
+                        entry: bytes,
+                    },
+                )
+            });
         let shared = self.clone();
         let generation = slot.generation;
         tokio::spawn(async move {
@@ -655,8 +811,16 @@ impl WriterShared {
         });
     }
 
-    fn on_reply(self: &Arc<Self>, entry: u64, pos: usize, generation: u64, outcome: Result<Reply, Error>) {
-        let Ok(mut st) = self.state.lock() else { return };
+    fn on_reply(
+        self: &Arc<Self>,
+        entry: u64,
+        pos: usize,
+        generation: u64,
+        outcome: Result<Reply, Error>,
+    ) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
         if st.failed.is_some() || st.ensemble[pos].generation != generation {
             // Dead writer, or a reply from a bookie that was replaced at this position: its
             // acks do not count for the new fragment (BookKeeper drops them too).
@@ -664,13 +828,26 @@ impl WriterShared {
         }
         match outcome {
             Ok(Reply::Add) => st.tracker.record_ack(entry, pos),
-            Ok(Reply::Failed { status: Status::Fenced, .. }) => {
+            Ok(Reply::Failed {
+                status: Status::Fenced,
+                ..
+            }) => {
                 self.fail(&mut st, Error::Fenced { ledger: self.id.0 });
                 return;
             }
-            Ok(Reply::Failed { status: Status::Unauthorized, message }) => {
+            Ok(Reply::Failed {
+                status: Status::Unauthorized,
+                message,
+            }) => {
                 let bookie = st.ensemble[pos].bookie.0.clone();
-                self.fail(&mut st, Error::Bookie { bookie, status: Status::Unauthorized, message });
+                self.fail(
+                    &mut st,
+                    Error::Bookie {
+                        bookie,
+                        status: Status::Unauthorized,
+                        message,
+                    },
+                );
                 return;
             }
             other => {
@@ -711,14 +888,19 @@ impl WriterShared {
             return;
         }
         let confirmed = st.tracker.take_confirmed();
-        let Some(&last) = confirmed.last() else { return };
+        let Some(&last) = confirmed.last() else {
+            return;
+        };
         // The LAC moves first, so whoever sees an add complete also sees a LAC covering it
         // (BookKeeper sets `lastAddConfirmed` before the callbacks).
         assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
         st.lac = Some(EntryId(last));
         self.lac_tx.send_replace(st.lac);
         for e in confirmed {
-            let p = st.pending.pop_front().expect("a pending add per tracked entry");
+            let p = st
+                .pending
+                .pop_front()
+                .expect("a pending add per tracked entry");
             assert_eq!(p.entry, e, "pending adds and tracker agree on order");
             st.confirmed_length_bytes = p.length_bytes;
             let _ = p.tx.send(Ok(EntryId(e)));
@@ -739,14 +921,19 @@ impl WriterShared {
     async fn change_ensemble(self: Arc<Self>) {
         loop {
             let failing: Vec<(usize, BookieId)> = {
-                let Ok(mut st) = self.state.lock() else { return };
+                let Ok(mut st) = self.state.lock() else {
+                    return;
+                };
                 if st.failed.is_some() || st.failing.is_empty() {
                     st.changing = false;
                     self.release(&mut st);
                     self.lac_tx.send_modify(|_| {});
                     return;
                 }
-                st.failing.iter().map(|&p| (p, st.ensemble[p].bookie.clone())).collect()
+                st.failing
+                    .iter()
+                    .map(|&p| (p, st.ensemble[p].bookie.clone()))
+                    .collect()
             };
             if let Err(err) = self.change_pass(&failing).await {
                 tracing::warn!(ledger = self.id.0, "ensemble change failed: {err}");
@@ -768,19 +955,39 @@ impl WriterShared {
         let client = &self.client;
         let (e, w, _) = self.quorum;
         let (ensemble, lac, mut meta, mut version) = {
-            let st = self.state.lock().map_err(|_| Error::Invalid("writer state poisoned".into()))?;
-            (st.ensemble.iter().map(|s| s.bookie.clone()).collect::<Vec<_>>(), st.lac, st.meta.0.clone(), st.meta.1)
+            let st = self
+                .state
+                .lock()
+                .map_err(|_| Error::Invalid("writer state poisoned".into()))?;
+            (
+                st.ensemble
+                    .iter()
+                    .map(|s| s.bookie.clone())
+                    .collect::<Vec<_>>(),
+                st.lac,
+                st.meta.0.clone(),
+                st.meta.1,
+            )
         };
         // 1. Placement.
         let registered = client.inner.metadata.list_bookies().await?;
         let mut exclude: HashSet<BookieId> = ensemble.iter().cloned().collect();
         exclude.extend(client.quarantined());
-        let mut keep: Vec<BookieId> =
-            ensemble.iter().enumerate().filter(|(p, _)| !failing.iter().any(|(f, _)| f == p)).map(|(_, b)| b.clone()).collect();
+        let mut keep: Vec<BookieId> = ensemble
+            .iter()
+            .enumerate()
+            .filter(|(p, _)| !failing.iter().any(|(f, _)| f == p))
+            .map(|(_, b)| b.clone())
+            .collect();
         let mut chosen: Vec<(usize, BookieId, Arc<conn::Conn>)> = Vec::new();
         for (pos, _) in failing {
             loop {
-                let pick = placement::choose_replacement(&registered, &keep, &exclude, &mut rand::thread_rng());
+                let pick = placement::choose_replacement(
+                    &registered,
+                    &keep,
+                    &exclude,
+                    &mut rand::thread_rng(),
+                );
                 let Some(b) = pick else { break };
                 exclude.insert(b.clone());
                 match client.conn(&b).await {
@@ -810,12 +1017,18 @@ impl WriterShared {
                     LedgerState::InRecovery => return Err(Error::Fenced { ledger: self.id.0 }),
                     LedgerState::Closed => return Err(Error::Closed { ledger: self.id.0 }),
                 }
-                let last = meta.fragments.last().ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+                let last = meta
+                    .fragments
+                    .last()
+                    .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
                 if last.first_entry > first {
                     return Err(Error::WriterFailed {
                         ledger: self.id.0,
                         entry: first,
-                        reason: format!("last fragment starts at {} beyond LAC + 1 = {first}", last.first_entry),
+                        reason: format!(
+                            "last fragment starts at {} beyond LAC + 1 = {first}",
+                            last.first_entry
+                        ),
                     });
                 }
                 for (pos, old) in failing {
@@ -835,9 +1048,17 @@ impl WriterShared {
                 if last.first_entry == first {
                     next.fragments.last_mut().expect("checked above").bookies = bookies;
                 } else {
-                    next.fragments.push(Fragment { first_entry: first, bookies });
+                    next.fragments.push(Fragment {
+                        first_entry: first,
+                        bookies,
+                    });
                 }
-                match client.inner.metadata.update_ledger(self.id, &next, version).await {
+                match client
+                    .inner
+                    .metadata
+                    .update_ledger(self.id, &next, version)
+                    .await
+                {
                     Ok(v) => {
                         (meta, version) = (next, v);
                         break;
@@ -851,14 +1072,20 @@ impl WriterShared {
             }
         }
         // 3. Swap in the replacements and re-send every pending add they now hold.
-        let mut st = self.state.lock().map_err(|_| Error::Invalid("writer state poisoned".into()))?;
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| Error::Invalid("writer state poisoned".into()))?;
         if !chosen.is_empty() {
             st.meta = (meta, version);
         }
         if st.failed.is_some() {
             return Ok(());
         }
-        debug_assert_eq!(st.lac, lac, "success is held back during an ensemble change");
+        debug_assert_eq!(
+            st.lac, lac,
+            "success is held back during an ensemble change"
+        );
         let now = Instant::now();
         for (pos, _) in failing {
             st.failing.remove(pos);
@@ -884,7 +1111,11 @@ impl WriterShared {
             st.ensemble_changes += 1;
         }
         if let Some(entry) = st.tracker.first_quorum_lost() {
-            let stuck: Vec<String> = st.unreplaceable.keys().map(|p| st.ensemble[*p].bookie.0.clone()).collect();
+            let stuck: Vec<String> = st
+                .unreplaceable
+                .keys()
+                .map(|p| st.ensemble[*p].bookie.0.clone())
+                .collect();
             let writable = registered.iter().filter(|b| !b.read_only).count();
             return Err(Error::WriterFailed {
                 ledger: self.id.0,
@@ -930,12 +1161,19 @@ impl LedgerReader {
                 bytes.drain(..quire_wire::entry::ENTRY_HEADER_SIZE_BYTES);
                 Ok(bytes)
             }
-            ReadOutcome::Missing => Err(Error::NoSuchEntry { ledger: self.id.0, entry: entry.0 }),
+            ReadOutcome::Missing => Err(Error::NoSuchEntry {
+                ledger: self.id.0,
+                entry: entry.0,
+            }),
         }
     }
 
     /// Reads the verified entry bytes. `Missing` needs Qw − Qa + 1 denials from the write set.
-    async fn read_raw(&self, entry: EntryId, fence: Option<MasterKey>) -> Result<ReadOutcome, Error> {
+    async fn read_raw(
+        &self,
+        entry: EntryId,
+        fence: Option<MasterKey>,
+    ) -> Result<ReadOutcome, Error> {
         let meta = &self.meta;
         let fragment = meta.fragment_for(entry);
         let timeout = self.client.inner.config.request_timeout;
@@ -950,18 +1188,35 @@ impl LedgerReader {
         for pos in order {
             let b = &fragment.bookies[pos];
             let reply = match self.client.conn(b).await {
-                Ok(c) => c.call(timeout, conn::read_request(self.id, Some(entry), fence)).await,
+                Ok(c) => {
+                    c.call(timeout, conn::read_request(self.id, Some(entry), fence))
+                        .await
+                }
                 Err(e) => Err(e),
             };
             match reply {
                 Ok(Reply::Read { data }) => match verify_expected(&data, self.id, entry) {
                     Ok(_) => return Ok(ReadOutcome::Found(data)),
                     Err(e) => {
-                        last_err = Some(Error::Corrupt { ledger: self.id.0, entry: entry.0, bookie: b.0.clone(), reason: e.to_string() })
+                        last_err = Some(Error::Corrupt {
+                            ledger: self.id.0,
+                            entry: entry.0,
+                            bookie: b.0.clone(),
+                            reason: e.to_string(),
+                        })
                     }
                 },
-                Ok(Reply::Failed { status: Status::NoSuchEntry | Status::NoSuchLedger, .. }) => denials += 1,
-                Ok(Reply::Failed { status, message }) => last_err = Some(Error::Bookie { bookie: b.0.clone(), status, message }),
+                Ok(Reply::Failed {
+                    status: Status::NoSuchEntry | Status::NoSuchLedger,
+                    ..
+                }) => denials += 1,
+                Ok(Reply::Failed { status, message }) => {
+                    last_err = Some(Error::Bookie {
+                        bookie: b.0.clone(),
+                        status,
+                        message,
+                    })
+                }
                 Ok(other) => last_err = Some(Error::Invalid(format!("unexpected reply {other:?}"))),
                 Err(e) => {
                     if matches!(e, Error::Timeout { .. } | Error::BookieUnreachable { .. }) {
@@ -974,7 +1229,10 @@ impl LedgerReader {
         if denials >= usize::from(meta.write_quorum - meta.ack_quorum + 1) {
             return Ok(ReadOutcome::Missing);
         }
-        Err(last_err.unwrap_or(Error::NoSuchEntry { ledger: self.id.0, entry: entry.0 }))
+        Err(last_err.unwrap_or(Error::NoSuchEntry {
+            ledger: self.id.0,
+            entry: entry.0,
+        }))
     }
 
     /// The highest LAC any bookie of the last ensemble reports (BookKeeper `readLastConfirmed`).
@@ -982,7 +1240,11 @@ impl LedgerReader {
     /// # Errors
     /// The last error, if no bookie answered.
     pub async fn read_lac(&self) -> Result<Option<EntryId>, Error> {
-        let fragment = self.meta.fragments.last().ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+        let fragment = self
+            .meta
+            .fragments
+            .last()
+            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
         let timeout = self.client.inner.config.request_timeout;
         let mut best = None;
         let mut any = false;
@@ -990,7 +1252,12 @@ impl LedgerReader {
         for b in &fragment.bookies {
             let id = self.id;
             let reply = match self.client.conn(b).await {
-                Ok(c) => c.call(timeout, move |out, rid| bookie::encode_request(out, rid, &Request::ReadLac { ledger: id })).await,
+                Ok(c) => {
+                    c.call(timeout, move |out, rid| {
+                        bookie::encode_request(out, rid, &Request::ReadLac { ledger: id })
+                    })
+                    .await
+                }
                 Err(e) => Err(e),
             };
             match reply {
@@ -998,7 +1265,10 @@ impl LedgerReader {
                     any = true;
                     best = best.max(lac);
                 }
-                Ok(Reply::Failed { status: Status::NoSuchLedger, .. }) => any = true,
+                Ok(Reply::Failed {
+                    status: Status::NoSuchLedger,
+                    ..
+                }) => any = true,
                 Ok(other) => last_err = Some(Error::Invalid(format!("unexpected reply {other:?}"))),
                 Err(e) => last_err = Some(e),
             }

@@ -51,8 +51,14 @@ impl LedgerReader {
         previous: Option<EntryId>,
         timeout: Duration,
     ) -> Result<(Option<EntryId>, Option<Vec<u8>>), Error> {
-        let fragment = self.meta.fragments.last().ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
-        let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX).min(LONG_POLL_TIMEOUT_MS_MAX);
+        let fragment = self
+            .meta
+            .fragments
+            .last()
+            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+        let timeout_ms = u32::try_from(timeout.as_millis())
+            .unwrap_or(u32::MAX)
+            .min(LONG_POLL_TIMEOUT_MS_MAX);
         let config = &self.client.inner.config;
         // The bookie answers by `timeout`; allow it one request timeout more to get here.
         let deadline = Duration::from_millis(u64::from(timeout_ms)) + config.request_timeout;
@@ -64,8 +70,17 @@ impl LedgerReader {
             let ledger = self.id;
             let frame_max = config.frame_size_bytes_max;
             tokio::spawn(async move {
-                let r = tokio::time::timeout(deadline, poll_one(&b, ledger, previous, timeout_ms, frame_max)).await;
-                let r = r.unwrap_or_else(|_| Err(Error::Timeout { bookie: b.0.clone(), after_ms: deadline.as_millis() as u64 }));
+                let r = tokio::time::timeout(
+                    deadline,
+                    poll_one(&b, ledger, previous, timeout_ms, frame_max),
+                )
+                .await;
+                let r = r.unwrap_or_else(|_| {
+                    Err(Error::Timeout {
+                        bookie: b.0.clone(),
+                        after_ms: deadline.as_millis() as u64,
+                    })
+                });
                 let _ = tx.send((b, r)).await;
             });
         }
@@ -99,7 +114,12 @@ impl LedgerReader {
         Ok((best, None))
     }
 
-    fn payload_of(&self, bookie: &BookieId, entry: EntryId, mut bytes: Vec<u8>) -> Result<Vec<u8>, Error> {
+    fn payload_of(
+        &self,
+        bookie: &BookieId,
+        entry: EntryId,
+        mut bytes: Vec<u8>,
+    ) -> Result<Vec<u8>, Error> {
         verify_expected(&bytes, self.id, entry).map_err(|e| Error::Corrupt {
             ledger: self.id.0,
             entry: entry.0,
@@ -119,53 +139,106 @@ async fn poll_one(
     timeout_ms: u32,
     frame_size_bytes_max: u32,
 ) -> Result<Answer, Error> {
-    let unreachable = |reason: String| Error::BookieUnreachable { bookie: bookie.0.clone(), reason };
-    let mut stream = TcpStream::connect(&bookie.0).await.map_err(|e| unreachable(e.to_string()))?;
-    stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+    let unreachable = |reason: String| Error::BookieUnreachable {
+        bookie: bookie.0.clone(),
+        reason,
+    };
+    let mut stream = TcpStream::connect(&bookie.0)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| unreachable(e.to_string()))?;
     let mut out = Vec::new();
-    encode_request(&mut out, 1, &Request::Hello { version_min: PROTOCOL_VERSION_MIN, version_max: PROTOCOL_VERSION_MAX });
-    encode_request(&mut out, 2, &Request::ReadLacLongPoll { ledger, previous_lac: previous, timeout_ms });
-    stream.write_all(&out).await.map_err(|e| unreachable(e.to_string()))?;
+    encode_request(
+        &mut out,
+        1,
+        &Request::Hello {
+            version_min: PROTOCOL_VERSION_MIN,
+            version_max: PROTOCOL_VERSION_MAX,
+        },
+    );
+    encode_request(
+        &mut out,
+        2,
+        &Request::ReadLacLongPoll {
+            ledger,
+            previous_lac: previous,
+            timeout_ms,
+        },
+    );
+    stream
+        .write_all(&out)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut chunk = vec![0u8; 64 * 1024];
     let mut hello_done = false;
     loop {
-        while let Some((frame, used)) = decode_frame(&buf, frame_size_bytes_max).map_err(Error::Protocol)? {
+        while let Some((frame, used)) =
+            decode_frame(&buf, frame_size_bytes_max).map_err(Error::Protocol)?
+        {
             if !hello_done {
                 match decode_response(&frame).map_err(Error::Protocol)? {
                     Response::Hello { .. } => hello_done = true,
-                    Response::Failed { status, message, .. } => {
-                        return Err(Error::Bookie { bookie: bookie.0.clone(), status, message: message.to_string() })
+                    Response::Failed {
+                        status, message, ..
+                    } => {
+                        return Err(Error::Bookie {
+                            bookie: bookie.0.clone(),
+                            status,
+                            message: message.to_string(),
+                        })
                     }
-                    other => return Err(Error::Invalid(format!("unexpected answer to the handshake: {other:?}"))),
+                    other => {
+                        return Err(Error::Invalid(format!(
+                            "unexpected answer to the handshake: {other:?}"
+                        )))
+                    }
                 }
             } else {
                 if frame.header.request_id != 2 {
-                    return Err(Error::Invalid(format!("answer to unknown request {}", frame.header.request_id)));
+                    return Err(Error::Invalid(format!(
+                        "answer to unknown request {}",
+                        frame.header.request_id
+                    )));
                 }
                 return match decode_long_poll_response(&frame).map_err(Error::Protocol)? {
                     LongPollReply::Ok(r) => {
                         if r.ledger != ledger {
-                            return Err(Error::Invalid(format!("long-poll answer names ledger {}", r.ledger)));
+                            return Err(Error::Invalid(format!(
+                                "long-poll answer names ledger {}",
+                                r.ledger
+                            )));
                         }
                         let next_expected = previous.map_or(0, |p| p.0 + 1);
                         let next_entry = match r.next_entry {
                             Some((e, _)) if e.0 != next_expected => {
-                                return Err(Error::Invalid(format!("piggybacked entry {e}, expected {next_expected}")))
+                                return Err(Error::Invalid(format!(
+                                    "piggybacked entry {e}, expected {next_expected}"
+                                )))
                             }
                             Some((_, data)) => Some(data.to_vec()),
                             None => None,
                         };
-                        Ok(Answer { lac: r.lac, next_entry })
+                        Ok(Answer {
+                            lac: r.lac,
+                            next_entry,
+                        })
                     }
-                    LongPollReply::Failed { status, message } => {
-                        Err(Error::Bookie { bookie: bookie.0.clone(), status, message: message.to_string() })
-                    }
+                    LongPollReply::Failed { status, message } => Err(Error::Bookie {
+                        bookie: bookie.0.clone(),
+                        status,
+                        message: message.to_string(),
+                    }),
                 };
             }
             buf.drain(..used);
         }
-        let n = stream.read(&mut chunk).await.map_err(|e| unreachable(e.to_string()))?;
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
         if n == 0 {
             return Err(unreachable("bookie closed the connection".into()));
         }
@@ -192,47 +265,79 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn long_poll_parks_wakes_piggybacks_and_times_out() {
-        let dir = tempfile::Builder::new().prefix("quire-ledger-lp-").tempdir_in("/tmp").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("quire-ledger-lp-")
+            .tempdir_in("/tmp")
+            .unwrap();
         let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
         let mut bookies = Vec::new();
         for i in 0..3 {
             let root = dir.path().join(format!("b{i}"));
-            let mut config = BookieConfig::new("127.0.0.1:0".parse().unwrap(), root.join("j"), root.join("l"));
+            let mut config = BookieConfig::new(
+                "127.0.0.1:0".parse().unwrap(),
+                root.join("j"),
+                root.join("l"),
+            );
             config.shards = 1;
             config.io_memory_bytes = 1 << 20;
             config.engine.journal_file_size_bytes = 1 << 20;
-            let bookie = tokio::task::spawn_blocking(move || Bookie::start(config)).await.unwrap().unwrap();
+            let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
+                .await
+                .unwrap()
+                .unwrap();
             store
-                .register_bookie(BookieInfo { id: BookieId(bookie.addr().to_string()), rack: None, read_only: false })
+                .register_bookie(BookieInfo {
+                    id: BookieId(bookie.addr().to_string()),
+                    rack: None,
+                    read_only: false,
+                })
                 .await
                 .unwrap();
             bookies.push(bookie);
         }
         let store: Arc<dyn MetadataStore> = Arc::new(store);
         let bk = BookKeeper::new(store, ClientConfig::default());
-        let opts = LedgerOptions { ensemble_size: 3, write_quorum: 2, ack_quorum: 2, password: b"pw".to_vec(), custom: BTreeMap::new() };
+        let opts = LedgerOptions {
+            ensemble_size: 3,
+            write_quorum: 2,
+            ack_quorum: 2,
+            password: b"pw".to_vec(),
+            custom: BTreeMap::new(),
+        };
         let writer = bk.create_ledger(opts).await.unwrap();
         writer.add(b"zero".to_vec()).await.unwrap();
         writer.add(b"one".to_vec()).await.unwrap();
         let reader = bk.open_ledger(writer.id()).await.unwrap();
 
         // Bookies holding entry 1 know LAC 0: answered at once, entry 0 piggybacked.
-        let (lac, entry) = reader.read_lac_long_poll(None, Duration::from_secs(20)).await.unwrap();
+        let (lac, entry) = reader
+            .read_lac_long_poll(None, Duration::from_secs(20))
+            .await
+            .unwrap();
         assert_eq!(lac, Some(EntryId(0)));
         assert_eq!(entry.as_deref(), Some(&b"zero"[..]));
 
         // Nothing new past LAC 0 until the writer adds: the poll parks, then wakes.
         let r = reader.clone();
-        let poll = tokio::spawn(async move { r.read_lac_long_poll(Some(EntryId(0)), Duration::from_secs(20)).await });
+        let poll = tokio::spawn(async move {
+            r.read_lac_long_poll(Some(EntryId(0)), Duration::from_secs(20))
+                .await
+        });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!poll.is_finished(), "the long-poll must park while the LAC stays at 0");
+        assert!(
+            !poll.is_finished(),
+            "the long-poll must park while the LAC stays at 0"
+        );
         writer.add(b"two".to_vec()).await.unwrap();
         let (lac, entry) = poll.await.unwrap().unwrap();
         assert_eq!(lac, Some(EntryId(1)));
         assert_eq!(entry.as_deref(), Some(&b"one"[..]));
 
         // Nothing past LAC 1: a short poll times out with LAC 1 and no entry.
-        let (lac, entry) = reader.read_lac_long_poll(Some(EntryId(1)), Duration::from_millis(100)).await.unwrap();
+        let (lac, entry) = reader
+            .read_lac_long_poll(Some(EntryId(1)), Duration::from_millis(100))
+            .await
+            .unwrap();
         assert_eq!(lac, Some(EntryId(1)));
         assert_eq!(entry, None);
         drop(bookies);

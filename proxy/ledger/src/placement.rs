@@ -18,7 +18,11 @@ use rand::Rng;
 pub const DEFAULT_RACK: &str = "/default-rack";
 
 fn rack_of<'a>(registered: &'a [BookieInfo], bookie: &BookieId) -> &'a str {
-    registered.iter().find(|b| &b.id == bookie).and_then(|b| b.rack.as_deref()).unwrap_or(DEFAULT_RACK)
+    registered
+        .iter()
+        .find(|b| &b.id == bookie)
+        .and_then(|b| b.rack.as_deref())
+        .unwrap_or(DEFAULT_RACK)
 }
 
 /// Picks a bookie to take over a failed ensemble position.
@@ -33,8 +37,10 @@ pub fn choose_replacement<R: Rng + ?Sized>(
     exclude: &HashSet<BookieId>,
     rng: &mut R,
 ) -> Option<BookieId> {
-    let candidates: Vec<&BookieInfo> =
-        registered.iter().filter(|b| !b.read_only && !exclude.contains(&b.id) && !keep.contains(&b.id)).collect();
+    let candidates: Vec<&BookieInfo> = registered
+        .iter()
+        .filter(|b| !b.read_only && !exclude.contains(&b.id) && !keep.contains(&b.id))
+        .collect();
     if registered.iter().any(|b| b.rack.is_some()) {
         let used: HashSet<&str> = keep.iter().map(|b| rack_of(registered, b)).collect();
         let fresh: Vec<&BookieInfo> = candidates
@@ -55,7 +61,11 @@ mod tests {
     use rand::SeedableRng;
 
     fn info(id: &str, rack: Option<&str>, read_only: bool) -> BookieInfo {
-        BookieInfo { id: BookieId(id.into()), rack: rack.map(str::to_string), read_only }
+        BookieInfo {
+            id: BookieId(id.into()),
+            rack: rack.map(str::to_string),
+            read_only,
+        }
     }
 
     #[test]
@@ -74,17 +84,27 @@ mod tests {
             info("g", Some("r3"), true),
         ];
         let keep = vec![BookieId("a".into()), BookieId("b".into())];
-        let exclude: HashSet<BookieId> = ["a", "b", "c"].iter().map(|s| BookieId((*s).into())).collect();
+        let exclude: HashSet<BookieId> = ["a", "b", "c"]
+            .iter()
+            .map(|s| BookieId((*s).into()))
+            .collect();
         for seed in 0..200 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            assert_eq!(choose_replacement(&registered, &keep, &exclude, &mut rng), Some(BookieId("f".into())));
+            assert_eq!(
+                choose_replacement(&registered, &keep, &exclude, &mut rng),
+                Some(BookieId("f".into()))
+            );
         }
         let mut exclude_f = exclude.clone();
         exclude_f.insert(BookieId("f".into()));
         let mut seen = HashSet::new();
         for seed in 0..200 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            seen.insert(choose_replacement(&registered, &keep, &exclude_f, &mut rng).unwrap().0);
+            seen.insert(
+                choose_replacement(&registered, &keep, &exclude_f, &mut rng)
+                    .unwrap()
+                    .0,
+            );
         }
         assert_eq!(seen, ["d", "e"].iter().map(|s| (*s).to_string()).collect());
     }
@@ -93,12 +113,20 @@ mod tests {
     fn unlabelled_bookies_share_the_default_rack() {
         // Goal: a bookie without a label is in DEFAULT_RACK, so a labelled spare beats an
         // unlabelled one when the ensemble already has an unlabelled bookie.
-        let registered = vec![info("a", None, false), info("b", Some("r1"), false), info("c", None, false), info("d", Some("r2"), false)];
+        let registered = vec![
+            info("a", None, false),
+            info("b", Some("r1"), false),
+            info("c", None, false),
+            info("d", Some("r2"), false),
+        ];
         let keep = vec![BookieId("a".into()), BookieId("b".into())];
         let exclude: HashSet<BookieId> = keep.iter().cloned().collect();
         for seed in 0..100 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            assert_eq!(choose_replacement(&registered, &keep, &exclude, &mut rng), Some(BookieId("d".into())));
+            assert_eq!(
+                choose_replacement(&registered, &keep, &exclude, &mut rng),
+                Some(BookieId("d".into()))
+            );
         }
     }
 
@@ -106,16 +134,31 @@ mod tests {
     fn random_policy_skips_excluded_and_read_only_and_may_find_nothing() {
         // Goal: without labels every writable, non-excluded bookie can be picked and nothing
         // else; with no such bookie the answer is None.
-        let registered = vec![info("a", None, false), info("b", None, false), info("c", None, true), info("d", None, false), info("e", None, false)];
+        let registered = vec![
+            info("a", None, false),
+            info("b", None, false),
+            info("c", None, true),
+            info("d", None, false),
+            info("e", None, false),
+        ];
         let keep = vec![BookieId("a".into())];
-        let exclude: HashSet<BookieId> = [BookieId("a".into()), BookieId("b".into())].into_iter().collect();
+        let exclude: HashSet<BookieId> = [BookieId("a".into()), BookieId("b".into())]
+            .into_iter()
+            .collect();
         let mut seen = HashSet::new();
         for seed in 0..200 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            seen.insert(choose_replacement(&registered, &keep, &exclude, &mut rng).unwrap().0);
+            seen.insert(
+                choose_replacement(&registered, &keep, &exclude, &mut rng)
+                    .unwrap()
+                    .0,
+            );
         }
         assert_eq!(seen, ["d", "e"].iter().map(|s| (*s).to_string()).collect());
         let all: HashSet<BookieId> = registered.iter().map(|b| b.id.clone()).collect();
-        assert_eq!(choose_replacement(&registered, &keep, &all, &mut rand::thread_rng()), None);
+        assert_eq!(
+            choose_replacement(&registered, &keep, &all, &mut rand::thread_rng()),
+            None
+        );
     }
 }

@@ -6,9 +6,14 @@ use std::collections::VecDeque;
 /// Ensemble positions that store `entry`: `(entry + i) mod E` for `i < Qw`
 /// (BookKeeper `RoundRobinDistributionSchedule`).
 pub fn write_set(entry: u64, ensemble_size: u8, write_quorum: u8) -> Vec<usize> {
-    assert!(ensemble_size >= write_quorum && write_quorum >= 1, "quorum shape");
+    assert!(
+        ensemble_size >= write_quorum && write_quorum >= 1,
+        "quorum shape"
+    );
     let e = u64::from(ensemble_size);
-    (0..u64::from(write_quorum)).map(|i| ((entry + i) % e) as usize).collect()
+    (0..u64::from(write_quorum))
+        .map(|i| ((entry + i) % e) as usize)
+        .collect()
 }
 
 /// Whether a set of answering ensemble positions "covers" the ensemble: every write set has at
@@ -18,7 +23,11 @@ pub fn covers(answered: &[bool], ensemble_size: u8, write_quorum: u8, ack_quorum
     assert_eq!(answered.len(), usize::from(ensemble_size));
     let need = usize::from(write_quorum - ack_quorum + 1);
     (0..u64::from(ensemble_size)).all(|start| {
-        write_set(start, ensemble_size, write_quorum).into_iter().filter(|&i| answered[i]).count() >= need
+        write_set(start, ensemble_size, write_quorum)
+            .into_iter()
+            .filter(|&i| answered[i])
+            .count()
+            >= need
     })
 }
 
@@ -53,15 +62,27 @@ pub struct AckTracker {
 impl AckTracker {
     /// Starts tracking at entry `first_entry`.
     pub fn new(write_quorum: u8, ack_quorum: u8, first_entry: u64) -> Self {
-        assert!(write_quorum >= ack_quorum && ack_quorum >= 1, "quorum shape");
-        Self { write_quorum, ack_quorum, pending: VecDeque::new(), next_entry: first_entry }
+        assert!(
+            write_quorum >= ack_quorum && ack_quorum >= 1,
+            "quorum shape"
+        );
+        Self {
+            write_quorum,
+            ack_quorum,
+            pending: VecDeque::new(),
+            next_entry: first_entry,
+        }
     }
 
     /// Registers the next entry and returns its id.
     pub fn push(&mut self) -> u64 {
         let entry = self.next_entry;
         self.next_entry += 1;
-        self.pending.push_back(Pending { entry, acked: Vec::new(), failed: Vec::new() });
+        self.pending.push_back(Pending {
+            entry,
+            acked: Vec::new(),
+            failed: Vec::new(),
+        });
         entry
     }
 
@@ -121,7 +142,10 @@ impl AckTracker {
     /// that can no longer reach Qa with the current ensemble.
     pub fn first_quorum_lost(&self) -> Option<u64> {
         let tolerated = usize::from(self.write_quorum - self.ack_quorum);
-        self.pending.iter().find(|p| p.failed.len() > tolerated).map(|p| p.entry)
+        self.pending
+            .iter()
+            .find(|p| p.failed.len() > tolerated)
+            .map(|p| p.entry)
     }
 
     /// Records that ensemble position `bookie` failed to store `entry`.
@@ -173,7 +197,11 @@ mod tests {
         assert_eq!(t.ack(1, 1), Progress::Confirmed(vec![]));
         assert_eq!(t.ack(1, 2), Progress::Confirmed(vec![]));
         assert_eq!(t.ack(0, 0), Progress::Confirmed(vec![]));
-        assert_eq!(t.ack(0, 0), Progress::Confirmed(vec![]), "a duplicate ack is not a second ack");
+        assert_eq!(
+            t.ack(0, 0),
+            Progress::Confirmed(vec![]),
+            "a duplicate ack is not a second ack"
+        );
         assert_eq!(t.ack(0, 1), Progress::Confirmed(vec![0, 1, 2, 3]));
         assert_eq!(t.pending_count(), 0);
     }
@@ -205,7 +233,11 @@ mod tests {
         let mut i = 0;
         while i < perm.len() {
             if c[i] < i {
-                if i % 2 == 0 { perm.swap(0, i) } else { perm.swap(c[i], i) }
+                if i % 2 == 0 {
+                    perm.swap(0, i)
+                } else {
+                    perm.swap(c[i], i)
+                }
                 check(&perm);
                 c[i] += 1;
                 i = 0;
@@ -240,7 +272,11 @@ mod tests {
         t.forget_position(2);
         assert_eq!(t.first_quorum_lost(), None);
         t.record_ack(0, 0);
-        assert_eq!(t.take_confirmed(), Vec::<u64>::new(), "the replaced bookie's ack is gone");
+        assert_eq!(
+            t.take_confirmed(),
+            Vec::<u64>::new(),
+            "the replaced bookie's ack is gone"
+        );
         t.record_ack(0, 2);
         t.record_ack(1, 0);
         t.record_ack(1, 2);

@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use quire_bookie::{Bookie, BookieConfig};
 use quire_ledger::{AddFuture, BookKeeper, ClientConfig, Error, LedgerOptions};
-use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, LedgerMetadata, LedgerState, MetadataStore};
+use quire_metadata::{
+    BookieId, BookieInfo, EmbeddedStore, LedgerMetadata, LedgerState, MetadataStore,
+};
 use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
 use quire_wire::entry::ENTRY_HEADER_SIZE_BYTES;
 use quire_wire::frame::decode_frame;
@@ -31,31 +33,57 @@ struct Cluster {
 }
 
 async fn start(config: BookieConfig) -> Bookie {
-    tokio::task::spawn_blocking(move || Bookie::start(config)).await.unwrap().unwrap()
+    tokio::task::spawn_blocking(move || Bookie::start(config))
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 async fn cluster(n: usize) -> Cluster {
-    let dir = tempfile::Builder::new().prefix("quire-ensemble-").tempdir_in(std::env::temp_dir()).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("quire-ensemble-")
+        .tempdir_in(std::env::temp_dir())
+        .unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
     let (mut configs, mut bookies, mut addrs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let root = dir.path().join(format!("b{i}"));
-        let mut config = BookieConfig::new("127.0.0.1:0".parse().unwrap(), root.join("j"), root.join("l"));
+        let mut config = BookieConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            root.join("j"),
+            root.join("l"),
+        );
         config.shards = 1;
         config.io_memory_bytes = 1 << 20;
         config.engine.journal_file_size_bytes = 1 << 20;
         let bookie = start(config.clone()).await;
-        store.register_bookie(BookieInfo { id: BookieId(bookie.addr().to_string()), rack: None, read_only: false }).await.unwrap();
+        store
+            .register_bookie(BookieInfo {
+                id: BookieId(bookie.addr().to_string()),
+                rack: None,
+                read_only: false,
+            })
+            .await
+            .unwrap();
         addrs.push(bookie.addr());
         configs.push(config);
         bookies.push(Some(bookie));
     }
-    Cluster { _dir: dir, configs, bookies, addrs, store: Arc::new(store) }
+    Cluster {
+        _dir: dir,
+        configs,
+        bookies,
+        addrs,
+        store: Arc::new(store),
+    }
 }
 
 impl Cluster {
     fn index_of(&self, id: &BookieId) -> usize {
-        self.addrs.iter().position(|a| a.to_string() == id.0).expect("a bookie of this cluster")
+        self.addrs
+            .iter()
+            .position(|a| a.to_string() == id.0)
+            .expect("a bookie of this cluster")
     }
 
     /// Shuts bookie `i` down in the background; the handle completes when it is down.
@@ -77,8 +105,23 @@ impl Cluster {
 fn bookie_read(addr: &str, ledger: LedgerId, entry: u64) -> Option<Vec<u8>> {
     let mut s = TcpStream::connect(addr).unwrap();
     let mut buf = Vec::new();
-    encode_request(&mut buf, 1, &Request::Hello { version_min: 1, version_max: 1 });
-    encode_request(&mut buf, 2, &Request::Read { ledger, entry: Some(EntryId(entry)), fence: None });
+    encode_request(
+        &mut buf,
+        1,
+        &Request::Hello {
+            version_min: 1,
+            version_max: 1,
+        },
+    );
+    encode_request(
+        &mut buf,
+        2,
+        &Request::Read {
+            ledger,
+            entry: Some(EntryId(entry)),
+            fence: None,
+        },
+    );
     s.write_all(&buf).unwrap();
     let mut got = Vec::new();
     let mut answers = Vec::new();
@@ -109,25 +152,46 @@ fn bookie_read(addr: &str, ledger: LedgerId, entry: u64) -> Option<Vec<u8>> {
 /// running bookie that holds a copy (in the write set or not) holds the same bytes; the
 /// payload is the expected one; and when the whole write set is running, at least Qa of it
 /// hold the entry.
-fn check_replicas(c: &Cluster, meta: &LedgerMetadata, ledger: LedgerId, last: u64, exempt: &HashSet<String>, payload: impl Fn(u64) -> Vec<u8>) {
-    let running: Vec<String> =
-        c.bookies.iter().zip(&c.addrs).filter(|(b, _)| b.is_some()).map(|(_, a)| a.to_string()).collect();
+fn check_replicas(
+    c: &Cluster,
+    meta: &LedgerMetadata,
+    ledger: LedgerId,
+    last: u64,
+    exempt: &HashSet<String>,
+    payload: impl Fn(u64) -> Vec<u8>,
+) {
+    let running: Vec<String> = c
+        .bookies
+        .iter()
+        .zip(&c.addrs)
+        .filter(|(b, _)| b.is_some())
+        .map(|(_, a)| a.to_string())
+        .collect();
     for e in 0..=last {
         let fragment = meta.fragment_for(EntryId(e));
-        let write_set: Vec<String> = quire_ledger::quorum::write_set(e, meta.ensemble_size, meta.write_quorum)
-            .into_iter()
-            .map(|p| fragment.bookies[p].0.clone())
-            .collect();
+        let write_set: Vec<String> =
+            quire_ledger::quorum::write_set(e, meta.ensemble_size, meta.write_quorum)
+                .into_iter()
+                .map(|p| fragment.bookies[p].0.clone())
+                .collect();
         let mut reference: Option<Vec<u8>> = None;
         let mut holders = 0;
         for addr in &running {
             let copy = bookie_read(addr, ledger, e);
             if write_set.contains(addr) && !exempt.contains(addr) {
-                assert!(copy.is_some(), "entry {e}: write-set bookie {addr} of fragment {} lacks it", fragment.first_entry);
+                assert!(
+                    copy.is_some(),
+                    "entry {e}: write-set bookie {addr} of fragment {} lacks it",
+                    fragment.first_entry
+                );
             }
             if let Some(copy) = copy {
                 holders += usize::from(write_set.contains(addr));
-                assert_eq!(copy[ENTRY_HEADER_SIZE_BYTES..], payload(e)[..], "entry {e} payload on {addr}");
+                assert_eq!(
+                    copy[ENTRY_HEADER_SIZE_BYTES..],
+                    payload(e)[..],
+                    "entry {e} payload on {addr}"
+                );
                 match &reference {
                     None => reference = Some(copy),
                     Some(r) => assert_eq!(r, &copy, "entry {e}: copy on {addr} differs"),
@@ -135,13 +199,22 @@ fn check_replicas(c: &Cluster, meta: &LedgerMetadata, ledger: LedgerId, last: u6
             }
         }
         if write_set.iter().all(|a| running.contains(a)) {
-            assert!(holders >= usize::from(meta.ack_quorum), "entry {e}: only {holders} write-set copies");
+            assert!(
+                holders >= usize::from(meta.ack_quorum),
+                "entry {e}: only {holders} write-set copies"
+            );
         }
     }
 }
 
 fn options(e: u8, w: u8, a: u8) -> LedgerOptions {
-    LedgerOptions { ensemble_size: e, write_quorum: w, ack_quorum: a, password: b"pw".to_vec(), custom: BTreeMap::new() }
+    LedgerOptions {
+        ensemble_size: e,
+        write_quorum: w,
+        ack_quorum: a,
+        password: b"pw".to_vec(),
+        custom: BTreeMap::new(),
+    }
 }
 
 fn payload(i: u64) -> Vec<u8> {
@@ -151,7 +224,10 @@ fn payload(i: u64) -> Vec<u8> {
 /// Spawns a task per add future; each checks, when its add completes, that the writer's LAC
 /// already covers it: success is released in entry order (an entry completes only once every
 /// earlier entry is confirmed), and never ahead of the LAC.
-fn track(futures: Vec<AddFuture>, writer: &Arc<quire_ledger::LedgerWriter>) -> Vec<tokio::task::JoinHandle<Result<EntryId, Error>>> {
+fn track(
+    futures: Vec<AddFuture>,
+    writer: &Arc<quire_ledger::LedgerWriter>,
+) -> Vec<tokio::task::JoinHandle<Result<EntryId, Error>>> {
     futures
         .into_iter()
         .map(|f| {
@@ -160,7 +236,10 @@ fn track(futures: Vec<AddFuture>, writer: &Arc<quire_ledger::LedgerWriter>) -> V
                 let r = f.await;
                 if let Ok(id) = &r {
                     let lac = writer.lac();
-                    assert!(lac >= Some(*id), "entry {id} completed while the LAC was {lac:?}");
+                    assert!(
+                        lac >= Some(*id),
+                        "entry {id} completed while the LAC was {lac:?}"
+                    );
                 }
                 r
             })
@@ -178,7 +257,13 @@ async fn bookie_dies_mid_stream(e: u8, w: u8, a: u8) {
     let writer = Arc::new(bk.create_ledger(options(e, w, a)).await.unwrap());
     let first_ensemble = writer.ensemble();
     let victim = c.index_of(&first_ensemble[1]);
-    let spare = (0..4).find(|i| !first_ensemble.iter().any(|b| b.0 == c.addrs[*i].to_string())).unwrap();
+    let spare = (0..4)
+        .find(|i| {
+            !first_ensemble
+                .iter()
+                .any(|b| b.0 == c.addrs[*i].to_string())
+        })
+        .unwrap();
 
     for i in 0..50 {
         assert_eq!(writer.add(payload(i)).await.unwrap(), EntryId(i));
@@ -206,7 +291,12 @@ async fn bookie_dies_mid_stream(e: u8, w: u8, a: u8) {
     }
     let tasks = track(futures, &writer);
     for (i, t) in tasks.into_iter().enumerate() {
-        assert_eq!(t.await.unwrap().unwrap(), EntryId(50 + i as u64), "add {}", 50 + i);
+        assert_eq!(
+            t.await.unwrap().unwrap(),
+            EntryId(50 + i as u64),
+            "add {}",
+            50 + i
+        );
     }
     assert_eq!(writer.lac(), Some(EntryId(total - 1)));
     assert_eq!(writer.ensemble_changes(), 1);
@@ -217,26 +307,57 @@ async fn bookie_dies_mid_stream(e: u8, w: u8, a: u8) {
     assert_eq!(meta.last_entry, Some(total - 1));
     assert_eq!(meta.fragments.len(), 2, "{meta:?}");
     let second = &meta.fragments[1];
-    assert!(second.first_entry > lac_at_failure.map_or(0, |l| l.0), "new fragment starts after the LAC seen before the failure");
+    assert!(
+        second.first_entry > lac_at_failure.map_or(0, |l| l.0),
+        "new fragment starts after the LAC seen before the failure"
+    );
     assert!(second.first_entry <= total, "{second:?}");
     for (pos, old) in first_ensemble.iter().enumerate() {
-        let expect = if pos == 1 { BookieId(c.addrs[spare].to_string()) } else { old.clone() };
-        assert_eq!(second.bookies[pos], expect, "position {pos} of the new fragment");
+        let expect = if pos == 1 {
+            BookieId(c.addrs[spare].to_string())
+        } else {
+            old.clone()
+        };
+        assert_eq!(
+            second.bookies[pos], expect,
+            "position {pos} of the new fragment"
+        );
     }
 
     let reader = bk.open_ledger(writer.id()).await.unwrap();
     for i in 0..total {
-        assert_eq!(reader.read(EntryId(i)).await.unwrap(), payload(i), "entry {i}");
+        assert_eq!(
+            reader.read(EntryId(i)).await.unwrap(),
+            payload(i),
+            "entry {i}"
+        );
     }
     // The dead bookie is exempt (it is down); then, restarted, whatever it holds must match.
     let victim_addr = c.addrs[victim].to_string();
-    check_replicas(&c, &meta, writer.id(), total - 1, &HashSet::from([victim_addr.clone()]), payload);
+    check_replicas(
+        &c,
+        &meta,
+        writer.id(),
+        total - 1,
+        &HashSet::from([victim_addr.clone()]),
+        payload,
+    );
     c.restart(victim).await;
-    check_replicas(&c, &meta, writer.id(), total - 1, &HashSet::from([victim_addr]), payload);
+    check_replicas(
+        &c,
+        &meta,
+        writer.id(),
+        total - 1,
+        &HashSet::from([victim_addr]),
+        payload,
+    );
 
     // The same client reconnects to the bookie that came back: a ledger on all four works.
     let again = bk.create_ledger(options(4, 4, 4)).await.unwrap();
-    assert_eq!(again.add(b"after restart".to_vec()).await.unwrap(), EntryId(0));
+    assert_eq!(
+        again.add(b"after restart".to_vec()).await.unwrap(),
+        EntryId(0)
+    );
     again.close().await.unwrap();
     drop(c.bookies);
 }
@@ -267,7 +388,11 @@ async fn no_spare_bookie_continues_on_ack_quorum_then_fails_clearly() {
     down.await.unwrap();
     futures.extend((200..300).map(|i| writer.add(payload(i))));
     for (i, f) in futures.into_iter().enumerate() {
-        assert_eq!(f.await.unwrap(), EntryId(i as u64), "add {i} succeeds on two bookies");
+        assert_eq!(
+            f.await.unwrap(),
+            EntryId(i as u64),
+            "add {i} succeeds on two bookies"
+        );
     }
     assert_eq!(writer.ensemble_changes(), 0);
     assert_eq!(writer.ensemble(), ensemble, "no replacement was available");
@@ -282,7 +407,13 @@ async fn no_spare_bookie_continues_on_ack_quorum_then_fails_clearly() {
         }
         other => panic!("expected WriterFailed, got {other}"),
     }
-    assert!(matches!(writer.add(payload(301)).await, Err(Error::WriterFailed { .. })), "the writer stays failed");
+    assert!(
+        matches!(
+            writer.add(payload(301)).await,
+            Err(Error::WriterFailed { .. })
+        ),
+        "the writer stays failed"
+    );
     assert_eq!(writer.lac(), Some(EntryId(299)));
     let meta = writer.close().await.unwrap();
     assert_eq!(meta.state, LedgerState::Closed);
@@ -293,10 +424,21 @@ async fn no_spare_bookie_continues_on_ack_quorum_then_fails_clearly() {
     c.restart(second).await;
     let reader = bk.open_ledger(writer.id()).await.unwrap();
     for i in 0..300 {
-        assert_eq!(reader.read(EntryId(i)).await.unwrap(), payload(i), "entry {i}");
+        assert_eq!(
+            reader.read(EntryId(i)).await.unwrap(),
+            payload(i),
+            "entry {i}"
+        );
     }
     // The first bookie was down for entries 100..; it is exempt, the other two hold everything.
-    check_replicas(&c, &meta, writer.id(), 299, &HashSet::from([c.addrs[first].to_string()]), payload);
+    check_replicas(
+        &c,
+        &meta,
+        writer.id(),
+        299,
+        &HashSet::from([c.addrs[first].to_string()]),
+        payload,
+    );
     drop(c.bookies);
 }
 
@@ -328,22 +470,46 @@ async fn recovery_of_a_two_fragment_ledger_whose_writer_died() {
     let meta = bk2.recover_ledger(writer.id()).await.unwrap();
     assert_eq!(meta.state, LedgerState::Closed);
     assert_eq!(meta.fragments.len(), 2, "{meta:?}");
-    assert!(meta.fragments[1].first_entry <= 100, "the change happened at LAC + 1 <= 100: {meta:?}");
+    assert!(
+        meta.fragments[1].first_entry <= 100,
+        "the change happened at LAC + 1 <= 100: {meta:?}"
+    );
     let last = meta.last_entry.unwrap();
-    assert!((lac..260).contains(&last), "recovered end {last}, writer LAC {lac}");
+    assert!(
+        (lac..260).contains(&last),
+        "recovered end {last}, writer LAC {lac}"
+    );
     // In-flight adds either completed (then they are within the recovered end) or failed.
     for (i, f) in in_flight.into_iter().enumerate() {
         if let Ok(id) = f.await {
-            assert!(id.0 <= last, "entry {} acknowledged beyond the recovered end {last}", 200 + i);
+            assert!(
+                id.0 <= last,
+                "entry {} acknowledged beyond the recovered end {last}",
+                200 + i
+            );
         }
     }
     let err = writer.add(payload(999)).await.unwrap_err();
     assert!(matches!(err, Error::Fenced { .. }), "{err}");
     let reader = bk2.open_ledger(writer.id()).await.unwrap();
     for i in 0..=last {
-        assert_eq!(reader.read(EntryId(i)).await.unwrap(), payload(i), "entry {i}");
+        assert_eq!(
+            reader.read(EntryId(i)).await.unwrap(),
+            payload(i),
+            "entry {i}"
+        );
     }
-    assert!(matches!(reader.read(EntryId(last + 1)).await, Err(Error::NoSuchEntry { .. })));
-    check_replicas(&c, &meta, writer.id(), last, &HashSet::from([c.addrs[victim].to_string()]), payload);
+    assert!(matches!(
+        reader.read(EntryId(last + 1)).await,
+        Err(Error::NoSuchEntry { .. })
+    ));
+    check_replicas(
+        &c,
+        &meta,
+        writer.id(),
+        last,
+        &HashSet::from([c.addrs[victim].to_string()]),
+        payload,
+    );
     drop(c.bookies);
 }

@@ -26,31 +26,64 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
-    let dir = tempfile::Builder::new().prefix("quire-ledger-").tempdir_in(std::env::temp_dir()).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("quire-ledger-")
+        .tempdir_in(std::env::temp_dir())
+        .unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
     let mut bookies = Vec::new();
     for i in 0..3 {
         let root = dir.path().join(format!("b{i}"));
-        let mut config = BookieConfig::new("127.0.0.1:0".parse().unwrap(), root.join("j"), root.join("l"));
+        let mut config = BookieConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            root.join("j"),
+            root.join("l"),
+        );
         config.shards = 1;
         config.io_memory_bytes = 1 << 20;
         config.engine.journal_file_size_bytes = 1 << 20;
-        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config)).await.unwrap().unwrap();
+        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
+            .await
+            .unwrap()
+            .unwrap();
         store
-            .register_bookie(BookieInfo { id: BookieId(bookie.addr().to_string()), rack: None, read_only: false })
+            .register_bookie(BookieInfo {
+                id: BookieId(bookie.addr().to_string()),
+                rack: None,
+                read_only: false,
+            })
             .await
             .unwrap();
         bookies.push(bookie);
     }
-    Cluster { _dir: dir, bookies, store: Arc::new(store) }
+    Cluster {
+        _dir: dir,
+        bookies,
+        store: Arc::new(store),
+    }
 }
 
 /// Asks one bookie directly whether it holds `entry` of `ledger`.
 fn bookie_has(addr: &str, ledger: LedgerId, entry: u64) -> bool {
     let mut s = TcpStream::connect(addr).unwrap();
     let mut buf = Vec::new();
-    encode_request(&mut buf, 1, &Request::Hello { version_min: 1, version_max: 1 });
-    encode_request(&mut buf, 2, &Request::Read { ledger, entry: Some(EntryId(entry)), fence: None });
+    encode_request(
+        &mut buf,
+        1,
+        &Request::Hello {
+            version_min: 1,
+            version_max: 1,
+        },
+    );
+    encode_request(
+        &mut buf,
+        2,
+        &Request::Read {
+            ledger,
+            entry: Some(EntryId(entry)),
+            fence: None,
+        },
+    );
     s.write_all(&buf).unwrap();
     let mut got = Vec::new();
     let mut answers = Vec::new();
@@ -76,7 +109,13 @@ fn bookie_has(addr: &str, ledger: LedgerId, entry: u64) -> bool {
 }
 
 fn options(e: u8, w: u8, a: u8) -> LedgerOptions {
-    LedgerOptions { ensemble_size: e, write_quorum: w, ack_quorum: a, password: b"pw".to_vec(), custom: BTreeMap::new() }
+    LedgerOptions {
+        ensemble_size: e,
+        write_quorum: w,
+        ack_quorum: a,
+        password: b"pw".to_vec(),
+        custom: BTreeMap::new(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +124,9 @@ async fn striping_e3_qw2_qa2_and_in_order_acks() {
     let bk = BookKeeper::new(c.store.clone(), ClientConfig::default());
     let writer = bk.create_ledger(options(3, 2, 2)).await.unwrap();
     // Pipeline 60 adds before awaiting any; record the order in which futures resolve.
-    let futures: Vec<_> = (0..60u32).map(|i| writer.add(format!("entry {i}").into_bytes())).collect();
+    let futures: Vec<_> = (0..60u32)
+        .map(|i| writer.add(format!("entry {i}").into_bytes()))
+        .collect();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for f in futures {
@@ -109,14 +150,24 @@ async fn striping_e3_qw2_qa2_and_in_order_acks() {
     for e in 0..60u64 {
         for (pos, b) in ensemble.iter().enumerate() {
             let expected = pos as u64 == e % 3 || pos as u64 == (e + 1) % 3;
-            assert_eq!(bookie_has(&b.0, writer.id(), e), expected, "entry {e} on position {pos}");
+            assert_eq!(
+                bookie_has(&b.0, writer.id(), e),
+                expected,
+                "entry {e} on position {pos}"
+            );
         }
     }
     let reader = bk.open_ledger(writer.id()).await.unwrap();
     for e in 0..60u64 {
-        assert_eq!(reader.read(EntryId(e)).await.unwrap(), format!("entry {e}").into_bytes());
+        assert_eq!(
+            reader.read(EntryId(e)).await.unwrap(),
+            format!("entry {e}").into_bytes()
+        );
     }
-    assert!(matches!(reader.read(EntryId(60)).await, Err(Error::NoSuchEntry { .. })));
+    assert!(matches!(
+        reader.read(EntryId(60)).await,
+        Err(Error::NoSuchEntry { .. })
+    ));
     drop(c.bookies);
 }
 
@@ -130,7 +181,10 @@ async fn recovery_fences_the_writer_and_concurrent_recoveries_agree() {
     }
     // Two recoverers at once, on separate clients (separate connections).
     let bk2 = BookKeeper::new(c.store.clone(), ClientConfig::default());
-    let (a, b) = tokio::join!(bk.recover_ledger(writer.id()), bk2.recover_ledger(writer.id()));
+    let (a, b) = tokio::join!(
+        bk.recover_ledger(writer.id()),
+        bk2.recover_ledger(writer.id())
+    );
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.last_entry, Some(24));
     assert_eq!(a.last_entry, b.last_entry);

@@ -19,25 +19,45 @@ use quire_wire::EntryId;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_replica_is_asked_last_after_its_first_timeout() {
-    let dir = tempfile::Builder::new().prefix("quire-stall-").tempdir_in(std::env::temp_dir()).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("quire-stall-")
+        .tempdir_in(std::env::temp_dir())
+        .unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
     let mut bookies = Vec::new();
     for i in 0..3 {
         let root = dir.path().join(format!("b{i}"));
-        let mut config = BookieConfig::new("127.0.0.1:0".parse().unwrap(), root.join("j"), root.join("l"));
+        let mut config = BookieConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            root.join("j"),
+            root.join("l"),
+        );
         config.shards = 1;
         config.io_memory_bytes = 1 << 20;
         config.engine.journal_file_size_bytes = 1 << 20;
-        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config)).await.unwrap().unwrap();
+        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
+            .await
+            .unwrap()
+            .unwrap();
         store
-            .register_bookie(BookieInfo { id: BookieId(bookie.addr().to_string()), rack: None, read_only: false })
+            .register_bookie(BookieInfo {
+                id: BookieId(bookie.addr().to_string()),
+                rack: None,
+                read_only: false,
+            })
             .await
             .unwrap();
         bookies.push(bookie);
     }
     let store: Arc<dyn MetadataStore> = Arc::new(store);
     let writer_client = BookKeeper::new(store.clone(), ClientConfig::default());
-    let opts = LedgerOptions { ensemble_size: 3, write_quorum: 3, ack_quorum: 2, password: b"pw".to_vec(), custom: BTreeMap::new() };
+    let opts = LedgerOptions {
+        ensemble_size: 3,
+        write_quorum: 3,
+        ack_quorum: 2,
+        password: b"pw".to_vec(),
+        custom: BTreeMap::new(),
+    };
     let writer = writer_client.create_ledger(opts).await.unwrap();
     for i in 0..30u32 {
         writer.add(format!("entry {i}").into_bytes()).await.unwrap();
@@ -59,13 +79,29 @@ async fn a_stalled_replica_is_asked_last_after_its_first_timeout() {
     let current = store.read_ledger(writer.id()).await.unwrap();
     let mut meta = current.value.clone();
     meta.fragments[0].bookies[1] = BookieId(hole_addr);
-    store.update_ledger(writer.id(), &meta, current.version).await.unwrap();
+    store
+        .update_ledger(writer.id(), &meta, current.version)
+        .await
+        .unwrap();
 
-    let config = ClientConfig { request_timeout: Duration::from_millis(300), ..ClientConfig::default() };
-    let reader = BookKeeper::new(store.clone(), config).open_ledger(writer.id()).await.unwrap();
+    let config = ClientConfig {
+        request_timeout: Duration::from_millis(300),
+        ..ClientConfig::default()
+    };
+    let reader = BookKeeper::new(store.clone(), config)
+        .open_ledger(writer.id())
+        .await
+        .unwrap();
     for e in 0..30u64 {
-        assert_eq!(reader.read(EntryId(e)).await.unwrap(), format!("entry {e}").into_bytes());
+        assert_eq!(
+            reader.read(EntryId(e)).await.unwrap(),
+            format!("entry {e}").into_bytes()
+        );
     }
-    assert_eq!(accepted.load(Ordering::SeqCst), 1, "the stalled replica was asked again after timing out");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "the stalled replica was asked again after timing out"
+    );
     drop(bookies);
 }

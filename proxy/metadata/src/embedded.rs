@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::{
-    validate_stream_name, BookieId, BookieInfo, Cookie, Error, LedgerMetadata, MetadataStore, Result,
-    StreamLease, StreamMetadata, Version, Versioned,
+    validate_stream_name, BookieId, BookieInfo, Cookie, Error, LedgerMetadata, MetadataStore,
+    Result, StreamLease, StreamMetadata, Version, Versioned,
 };
 
 /// Layout version of the persisted document. Readers accept exactly this one so far.
@@ -54,7 +54,9 @@ pub struct EmbeddedStore {
 
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedStore").field("path", &self.path).finish()
+        f.debug_struct("EmbeddedStore")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -67,7 +69,10 @@ impl EmbeddedStore {
     /// `Io` if the directory or file cannot be read, `Corrupt` if the file does not parse or has
     /// an unknown format version.
     pub fn open(dir: &Path) -> Result<Self> {
-        let io = |source| Error::Io { path: dir.display().to_string(), source };
+        let io = |source| Error::Io {
+            path: dir.display().to_string(),
+            source,
+        };
         std::fs::create_dir_all(dir).map_err(io)?;
         let path = dir.join(EMBEDDED_FILE_NAME);
         let mut doc = match std::fs::read(&path) {
@@ -87,19 +92,31 @@ impl EmbeddedStore {
                 }
                 doc
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Document { format_version: EMBEDDED_FORMAT_VERSION, next_ledger_id: 1, ..Default::default() }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Document {
+                format_version: EMBEDDED_FORMAT_VERSION,
+                next_ledger_id: 1,
+                ..Default::default()
+            },
+            Err(e) => {
+                return Err(Error::Io {
+                    path: path.display().to_string(),
+                    source: e,
+                })
             }
-            Err(e) => return Err(Error::Io { path: path.display().to_string(), source: e }),
         };
         doc.bookies.clear();
-        Ok(Self { inner: Arc::new(Mutex::new(doc)), path })
+        Ok(Self {
+            inner: Arc::new(Mutex::new(doc)),
+            path,
+        })
     }
 
     /// Number of ledgers the store has metadata for. Meant for start-up checks, before any
     /// update runs: while one holds the lock it answers `usize::MAX`.
     pub fn ledger_count(&self) -> usize {
-        self.inner.try_lock().map_or(usize::MAX, |doc| doc.ledgers.len())
+        self.inner
+            .try_lock()
+            .map_or(usize::MAX, |doc| doc.ledgers.len())
     }
 
     /// Writes the document durably. Called with the lock held, so writes never reorder.
@@ -111,12 +128,18 @@ impl EmbeddedStore {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || write_atomically(&path, &bytes))
             .await
-            .map_err(|e| Error::Io { path: self.path.display().to_string(), source: std::io::Error::other(e) })?
+            .map_err(|e| Error::Io {
+                path: self.path.display().to_string(),
+                source: std::io::Error::other(e),
+            })?
     }
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |source| Error::Io { path: path.display().to_string(), source };
+    let io = |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    };
     let tmp = path.with_extension("json.tmp");
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
     f.write_all(bytes).map_err(io)?;
@@ -124,7 +147,9 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     drop(f);
     std::fs::rename(&tmp, path).map_err(io)?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)?;
     Ok(())
 }
 
@@ -132,7 +157,12 @@ fn check_version(kind: &'static str, key: String, expected: Version, found: Vers
     if expected == found {
         Ok(())
     } else {
-        Err(Error::BadVersion { kind, key, expected: expected.0, found: found.0 })
+        Err(Error::BadVersion {
+            kind,
+            key,
+            expected: expected.0,
+            found: found.0,
+        })
     }
 }
 
@@ -140,14 +170,21 @@ fn check_version(kind: &'static str, key: String, expected: Version, found: Vers
 impl MetadataStore for EmbeddedStore {
     async fn register_bookie(&self, info: BookieInfo) -> Result<()> {
         // Registrations are process-lifetime (ephemeral), so they are not persisted.
-        self.inner.lock().await.bookies.insert(info.id.clone(), info);
+        self.inner
+            .lock()
+            .await
+            .bookies
+            .insert(info.id.clone(), info);
         Ok(())
     }
 
     async fn unregister_bookie(&self, id: &BookieId) -> Result<()> {
         match self.inner.lock().await.bookies.remove(id) {
             Some(_) => Ok(()),
-            None => Err(Error::NotFound { kind: "bookie", key: id.0.clone() }),
+            None => Err(Error::NotFound {
+                kind: "bookie",
+                key: id.0.clone(),
+            }),
         }
     }
 
@@ -167,7 +204,10 @@ impl MetadataStore for EmbeddedStore {
         meta.validate()?;
         let mut doc = self.inner.lock().await;
         if doc.ledgers.contains_key(&id.0) {
-            return Err(Error::AlreadyExists { kind: "ledger", key: id.to_string() });
+            return Err(Error::AlreadyExists {
+                kind: "ledger",
+                key: id.to_string(),
+            });
         }
         doc.ledgers.insert(id.0, (meta.clone(), Version(0)));
         doc.next_ledger_id = doc.next_ledger_id.max(id.0 + 1);
@@ -177,15 +217,25 @@ impl MetadataStore for EmbeddedStore {
 
     async fn read_ledger(&self, id: LedgerId) -> Result<Versioned<LedgerMetadata>> {
         let doc = self.inner.lock().await;
-        let (value, version) =
-            doc.ledgers.get(&id.0).cloned().ok_or(Error::NotFound { kind: "ledger", key: id.to_string() })?;
+        let (value, version) = doc.ledgers.get(&id.0).cloned().ok_or(Error::NotFound {
+            kind: "ledger",
+            key: id.to_string(),
+        })?;
         Ok(Versioned { value, version })
     }
 
-    async fn update_ledger(&self, id: LedgerId, meta: &LedgerMetadata, expected: Version) -> Result<Version> {
+    async fn update_ledger(
+        &self,
+        id: LedgerId,
+        meta: &LedgerMetadata,
+        expected: Version,
+    ) -> Result<Version> {
         meta.validate()?;
         let mut doc = self.inner.lock().await;
-        let slot = doc.ledgers.get_mut(&id.0).ok_or(Error::NotFound { kind: "ledger", key: id.to_string() })?;
+        let slot = doc.ledgers.get_mut(&id.0).ok_or(Error::NotFound {
+            kind: "ledger",
+            key: id.to_string(),
+        })?;
         check_version("ledger", id.to_string(), expected, slot.1)?;
         let next = Version(slot.1 .0 + 1);
         *slot = (meta.clone(), next);
@@ -195,7 +245,14 @@ impl MetadataStore for EmbeddedStore {
 
     async fn delete_ledger(&self, id: LedgerId, expected: Version) -> Result<()> {
         let mut doc = self.inner.lock().await;
-        let found = doc.ledgers.get(&id.0).ok_or(Error::NotFound { kind: "ledger", key: id.to_string() })?.1;
+        let found = doc
+            .ledgers
+            .get(&id.0)
+            .ok_or(Error::NotFound {
+                kind: "ledger",
+                key: id.to_string(),
+            })?
+            .1;
         check_version("ledger", id.to_string(), expected, found)?;
         doc.ledgers.remove(&id.0);
         self.persist(&doc).await
@@ -205,26 +262,32 @@ impl MetadataStore for EmbeddedStore {
         validate_stream_name(&meta.name)?;
         let mut doc = self.inner.lock().await;
         if doc.streams.contains_key(&meta.name) {
-            return Err(Error::AlreadyExists { kind: "stream", key: meta.name.clone() });
+            return Err(Error::AlreadyExists {
+                kind: "stream",
+                key: meta.name.clone(),
+            });
         }
-        doc.streams.insert(meta.name.clone(), (meta.clone(), Version(0)));
+        doc.streams
+            .insert(meta.name.clone(), (meta.clone(), Version(0)));
         self.persist(&doc).await?;
         Ok(Version(0))
     }
 
     async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>> {
         let doc = self.inner.lock().await;
-        let (value, version) =
-            doc.streams.get(name).cloned().ok_or(Error::NotFound { kind: "stream", key: name.to_string() })?;
+        let (value, version) = doc.streams.get(name).cloned().ok_or(Error::NotFound {
+            kind: "stream",
+            key: name.to_string(),
+        })?;
         Ok(Versioned { value, version })
     }
 
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
         let mut doc = self.inner.lock().await;
-        let slot = doc
-            .streams
-            .get_mut(&meta.name)
-            .ok_or(Error::NotFound { kind: "stream", key: meta.name.clone() })?;
+        let slot = doc.streams.get_mut(&meta.name).ok_or(Error::NotFound {
+            kind: "stream",
+            key: meta.name.clone(),
+        })?;
         check_version("stream", meta.name.clone(), expected, slot.1)?;
         let next = Version(slot.1 .0 + 1);
         *slot = (meta.clone(), next);
@@ -234,7 +297,14 @@ impl MetadataStore for EmbeddedStore {
 
     async fn delete_stream(&self, name: &str, expected: Version) -> Result<()> {
         let mut doc = self.inner.lock().await;
-        let found = doc.streams.get(name).ok_or(Error::NotFound { kind: "stream", key: name.to_string() })?.1;
+        let found = doc
+            .streams
+            .get(name)
+            .ok_or(Error::NotFound {
+                kind: "stream",
+                key: name.to_string(),
+            })?
+            .1;
         check_version("stream", name.to_string(), expected, found)?;
         doc.streams.remove(name);
         self.persist(&doc).await
@@ -257,8 +327,10 @@ impl MetadataStore for EmbeddedStore {
 
     async fn read_cookie(&self, bookie: &BookieId) -> Result<Versioned<Cookie>> {
         let doc = self.inner.lock().await;
-        let (value, version) =
-            doc.cookies.get(bookie).cloned().ok_or(Error::NotFound { kind: "cookie", key: bookie.0.clone() })?;
+        let (value, version) = doc.cookies.get(bookie).cloned().ok_or(Error::NotFound {
+            kind: "cookie",
+            key: bookie.0.clone(),
+        })?;
         Ok(Versioned { value, version })
     }
 
@@ -266,8 +338,18 @@ impl MetadataStore for EmbeddedStore {
         let mut doc = self.inner.lock().await;
         let key = cookie.bookie.clone();
         let next = match (doc.cookies.get(&key), expected) {
-            (Some(_), None) => return Err(Error::AlreadyExists { kind: "cookie", key: key.0 }),
-            (None, Some(_)) => return Err(Error::NotFound { kind: "cookie", key: key.0 }),
+            (Some(_), None) => {
+                return Err(Error::AlreadyExists {
+                    kind: "cookie",
+                    key: key.0,
+                })
+            }
+            (None, Some(_)) => {
+                return Err(Error::NotFound {
+                    kind: "cookie",
+                    key: key.0,
+                })
+            }
             (None, None) => Version(0),
             (Some((_, found)), Some(expected)) => {
                 check_version("cookie", key.0.clone(), expected, *found)?;
@@ -279,7 +361,11 @@ impl MetadataStore for EmbeddedStore {
         Ok(next)
     }
 
-    async fn try_acquire_stream(&self, stream: &str, owner: &str) -> Result<std::result::Result<StreamLease, String>> {
+    async fn try_acquire_stream(
+        &self,
+        stream: &str,
+        owner: &str,
+    ) -> Result<std::result::Result<StreamLease, String>> {
         let mut doc = self.inner.lock().await;
         if let Some((holder, _, _)) = doc.leases.get(stream) {
             return Ok(Err(holder.clone()));
@@ -287,17 +373,33 @@ impl MetadataStore for EmbeddedStore {
         doc.next_lease_token += 1;
         let token = doc.next_lease_token.to_string();
         let (tx, rx) = tokio::sync::watch::channel(false);
-        doc.leases.insert(stream.to_string(), (owner.to_string(), token.clone(), tx));
-        Ok(Ok(StreamLease { stream: stream.to_string(), owner: owner.to_string(), lost: rx, token }))
+        doc.leases
+            .insert(stream.to_string(), (owner.to_string(), token.clone(), tx));
+        Ok(Ok(StreamLease {
+            stream: stream.to_string(),
+            owner: owner.to_string(),
+            lost: rx,
+            token,
+        }))
     }
 
     async fn stream_owner(&self, stream: &str) -> Result<Option<String>> {
-        Ok(self.inner.lock().await.leases.get(stream).map(|(owner, _, _)| owner.clone()))
+        Ok(self
+            .inner
+            .lock()
+            .await
+            .leases
+            .get(stream)
+            .map(|(owner, _, _)| owner.clone()))
     }
 
     async fn release_stream(&self, lease: StreamLease) -> Result<()> {
         let mut doc = self.inner.lock().await;
-        if doc.leases.get(&lease.stream).is_some_and(|(_, token, _)| *token == lease.token) {
+        if doc
+            .leases
+            .get(&lease.stream)
+            .is_some_and(|(_, token, _)| *token == lease.token)
+        {
             if let Some((_, _, tx)) = doc.leases.remove(&lease.stream) {
                 tx.send_replace(true);
             }

@@ -26,7 +26,9 @@ pub use zookeeper::{decode_stream_name, encode_stream_name, ZkStore, ZK_LAYOUT_V
 use async_trait::async_trait;
 
 /// The version of a stored record, bumped by every successful update (ZooKeeper `Stat.version`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct Version(pub u64);
 
 /// A record together with the version it was read at.
@@ -49,13 +51,21 @@ pub enum Error {
     AlreadyExists { kind: &'static str, key: String },
     /// A compare-and-set lost: the record changed since it was read.
     #[error("{kind} {key} changed since it was read (expected version {expected}, found {found})")]
-    BadVersion { kind: &'static str, key: String, expected: u64, found: u64 },
+    BadVersion {
+        kind: &'static str,
+        key: String,
+        expected: u64,
+        found: u64,
+    },
     /// A record's name or contents are not acceptable.
     #[error("invalid {what}: {reason}")]
     Invalid { what: &'static str, reason: String },
     /// The store's own storage failed.
     #[error("metadata store I/O error on {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     /// The store's persisted state could not be parsed.
     #[error("metadata store file {path} is corrupt: {reason}")]
     Corrupt { path: String, reason: String },
@@ -64,7 +74,11 @@ pub enum Error {
     /// taken effect when the reason is a connection loss (ZooKeeper's rule); read back before
     /// retrying a non-idempotent update.
     #[error("ZooKeeper {op} on {path} failed: {source}")]
-    ZooKeeper { op: &'static str, path: String, source: zookeeper_client::Error },
+    ZooKeeper {
+        op: &'static str,
+        path: String,
+        source: zookeeper_client::Error,
+    },
 }
 
 /// Result alias for this crate.
@@ -88,7 +102,11 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn allocate_ledger_id(&self) -> Result<quire_wire::LedgerId>;
     /// Stores new ledger metadata; `AlreadyExists` if the id is taken, `Invalid` if the
     /// quorum shape breaks E >= Qw >= Qa >= 1.
-    async fn create_ledger(&self, id: quire_wire::LedgerId, meta: &LedgerMetadata) -> Result<Version>;
+    async fn create_ledger(
+        &self,
+        id: quire_wire::LedgerId,
+        meta: &LedgerMetadata,
+    ) -> Result<Version>;
     /// Reads ledger metadata; `NotFound`.
     async fn read_ledger(&self, id: quire_wire::LedgerId) -> Result<Versioned<LedgerMetadata>>;
     /// Compare-and-set of ledger metadata; `NotFound`, `BadVersion`.
@@ -124,7 +142,11 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Tries to become the single owner of a stream (DistributedLog's ephemeral-sequential
     /// write lock, without waiting). `Ok(Ok(lease))` on success; `Ok(Err(owner))` names the
     /// current owner when someone else holds it.
-    async fn try_acquire_stream(&self, stream: &str, owner: &str) -> Result<std::result::Result<StreamLease, String>>;
+    async fn try_acquire_stream(
+        &self,
+        stream: &str,
+        owner: &str,
+    ) -> Result<std::result::Result<StreamLease, String>>;
     /// The current owner of a stream, if any.
     async fn stream_owner(&self, stream: &str) -> Result<Option<String>>;
     /// Gives ownership up; a no-op if it was already lost.

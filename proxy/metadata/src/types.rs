@@ -103,25 +103,43 @@ impl LedgerMetadata {
             });
         }
         if self.fragments.is_empty() || self.fragments[0].first_entry != 0 {
-            return Err(Error::Invalid { what: "ledger fragments", reason: "first fragment must start at entry 0".into() });
+            return Err(Error::Invalid {
+                what: "ledger fragments",
+                reason: "first fragment must start at entry 0".into(),
+            });
         }
         for f in &self.fragments {
             if f.bookies.len() != usize::from(e) {
                 return Err(Error::Invalid {
                     what: "ledger fragments",
-                    reason: format!("fragment at {} has {} bookies, E={e}", f.first_entry, f.bookies.len()),
+                    reason: format!(
+                        "fragment at {} has {} bookies, E={e}",
+                        f.first_entry,
+                        f.bookies.len()
+                    ),
                 });
             }
         }
-        if self.fragments.windows(2).any(|w| w[0].first_entry >= w[1].first_entry) {
-            return Err(Error::Invalid { what: "ledger fragments", reason: "fragments out of order".into() });
+        if self
+            .fragments
+            .windows(2)
+            .any(|w| w[0].first_entry >= w[1].first_entry)
+        {
+            return Err(Error::Invalid {
+                what: "ledger fragments",
+                reason: "fragments out of order".into(),
+            });
         }
         Ok(())
     }
 
     /// The fragment that holds `entry`.
     pub fn fragment_for(&self, entry: EntryId) -> &Fragment {
-        self.fragments.iter().rev().find(|f| f.first_entry <= entry.0).unwrap_or(&self.fragments[0])
+        self.fragments
+            .iter()
+            .rev()
+            .find(|f| f.first_entry <= entry.0)
+            .unwrap_or(&self.fragments[0])
     }
 
     /// The master key, decoded.
@@ -129,7 +147,10 @@ impl LedgerMetadata {
     /// # Errors
     /// `Invalid` when `master_key_hex` is not 40 hex digits.
     pub fn master_key(&self) -> Result<MasterKey, Error> {
-        let bad = || Error::Invalid { what: "master key", reason: format!("{:?} is not 40 hex digits", self.master_key_hex) };
+        let bad = || Error::Invalid {
+            what: "master key",
+            reason: format!("{:?} is not 40 hex digits", self.master_key_hex),
+        };
         let s = self.master_key_hex.as_bytes();
         if s.len() != 40 {
             return Err(bad());
@@ -236,14 +257,23 @@ pub const STREAM_NAME_SIZE_BYTES_MAX: usize = 255;
 /// # Errors
 /// `Invalid` saying which rule the name breaks.
 pub fn validate_stream_name(name: &str) -> Result<(), Error> {
-    let bad = |reason: &str| Err(Error::Invalid { what: "stream name", reason: format!("{name:?}: {reason}") });
+    let bad = |reason: &str| {
+        Err(Error::Invalid {
+            what: "stream name",
+            reason: format!("{name:?}: {reason}"),
+        })
+    };
     if name.is_empty() || name.len() > STREAM_NAME_SIZE_BYTES_MAX {
         return bad("must be 1 to 255 bytes");
     }
-    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b)) {
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+    {
         return bad("only ASCII letters, digits, '-', '_', '.' and '/' are allowed");
     }
-    if name.starts_with('.') || name.starts_with('/') || name.ends_with('/') || name.contains("//") {
+    if name.starts_with('.') || name.starts_with('/') || name.ends_with('/') || name.contains("//")
+    {
         return bad("must not start with '.' or '/', end with '/', or contain '//'");
     }
     if name.split('/').any(|part| part == "." || part == "..") {
@@ -261,7 +291,9 @@ mod tests {
         for ok in ["a", "logs/hdfs-2k", "A.b_c-1"] {
             assert!(validate_stream_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", ".hidden", "/abs", "a//b", "sp ace", "tail/", "ü", "a/../b", "a/./b", "a/.."] {
+        for bad in [
+            "", ".hidden", "/abs", "a//b", "sp ace", "tail/", "ü", "a/../b", "a/./b", "a/..",
+        ] {
             assert!(validate_stream_name(bad).is_err(), "{bad}");
         }
     }
@@ -283,7 +315,14 @@ mod tests {
             write_quorum: 2,
             ack_quorum: 2,
             state: LedgerState::Open,
-            fragments: vec![Fragment { first_entry: 0, bookies: vec![BookieId("a".into()), BookieId("b".into()), BookieId("c".into())] }],
+            fragments: vec![Fragment {
+                first_entry: 0,
+                bookies: vec![
+                    BookieId("a".into()),
+                    BookieId("b".into()),
+                    BookieId("c".into()),
+                ],
+            }],
             last_entry: None,
             length_bytes: 0,
             digest_type: DigestType::Crc32c,

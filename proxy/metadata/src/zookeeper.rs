@@ -231,7 +231,10 @@ impl ZkStore {
                     | zk::SessionState::Closed
                     | zk::SessionState::AuthFailed => {
                         tracing::warn!("ZooKeeper session lost");
-                        let flags = lease_flags.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default();
+                        let flags = lease_flags
+                            .lock()
+                            .map(|mut v| std::mem::take(&mut *v))
+                            .unwrap_or_default();
                         for flag in flags.iter().filter_map(std::sync::Weak::upgrade) {
                             flag.send_replace(true);
                         }

@@ -6,7 +6,12 @@ use quire_metadata::*;
 use quire_wire::LedgerId;
 
 fn stream(name: &str) -> StreamMetadata {
-    StreamMetadata { name: name.into(), segments: vec![], max_txid: None, creation_time_ms: 1 }
+    StreamMetadata {
+        name: name.into(),
+        segments: vec![],
+        max_txid: None,
+        creation_time_ms: 1,
+    }
 }
 
 #[tokio::test]
@@ -25,10 +30,20 @@ async fn survives_reopen_and_rejects_stale_versions() {
     m.max_txid = Some(9);
     let stale = store.update_stream(&m, v0).await;
     assert!(matches!(stale, Err(Error::BadVersion { .. })), "{stale:?}");
-    assert!(matches!(store.create_stream(&stream("s1")).await, Err(Error::AlreadyExists { .. })));
-    assert!(matches!(store.create_stream(&stream("../x")).await, Err(Error::Invalid { .. })));
+    assert!(matches!(
+        store.create_stream(&stream("s1")).await,
+        Err(Error::AlreadyExists { .. })
+    ));
+    assert!(matches!(
+        store.create_stream(&stream("../x")).await,
+        Err(Error::Invalid { .. })
+    ));
     store
-        .register_bookie(BookieInfo { id: BookieId("127.0.0.1:1".into()), rack: None, read_only: false })
+        .register_bookie(BookieInfo {
+            id: BookieId("127.0.0.1:1".into()),
+            rack: None,
+            read_only: false,
+        })
         .await
         .unwrap();
     drop(store);
@@ -38,9 +53,15 @@ async fn survives_reopen_and_rejects_stale_versions() {
     assert_eq!(got.value.max_txid, Some(5));
     assert_eq!(got.version, v1);
     assert!(store.allocate_ledger_id().await.unwrap() > b);
-    assert!(store.list_bookies().await.unwrap().is_empty(), "registrations are ephemeral");
+    assert!(
+        store.list_bookies().await.unwrap().is_empty(),
+        "registrations are ephemeral"
+    );
     assert_eq!(store.list_streams().await.unwrap(), vec!["s1".to_string()]);
-    assert!(matches!(store.read_ledger(LedgerId(999)).await, Err(Error::NotFound { .. })));
+    assert!(matches!(
+        store.read_ledger(LedgerId(999)).await,
+        Err(Error::NotFound { .. })
+    ));
 }
 
 #[tokio::test]
@@ -61,22 +82,50 @@ async fn cookies_instance_id_and_stream_leases() {
         ledger_dirs: vec!["/l".into()],
     };
     let v0 = store.write_cookie(&cookie, None).await.unwrap();
-    assert!(matches!(store.write_cookie(&cookie, None).await, Err(Error::AlreadyExists { .. })));
+    assert!(matches!(
+        store.write_cookie(&cookie, None).await,
+        Err(Error::AlreadyExists { .. })
+    ));
     let v1 = store.write_cookie(&cookie, Some(v0)).await.unwrap();
-    assert!(matches!(store.write_cookie(&cookie, Some(v0)).await, Err(Error::BadVersion { .. })));
+    assert!(matches!(
+        store.write_cookie(&cookie, Some(v0)).await,
+        Err(Error::BadVersion { .. })
+    ));
 
-    let lease = store.try_acquire_stream("s", "proxy-a").await.unwrap().unwrap();
-    assert_eq!(store.try_acquire_stream("s", "proxy-b").await.unwrap().unwrap_err(), "proxy-a");
-    assert_eq!(store.stream_owner("s").await.unwrap().as_deref(), Some("proxy-a"));
+    let lease = store
+        .try_acquire_stream("s", "proxy-a")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store
+            .try_acquire_stream("s", "proxy-b")
+            .await
+            .unwrap()
+            .unwrap_err(),
+        "proxy-a"
+    );
+    assert_eq!(
+        store.stream_owner("s").await.unwrap().as_deref(),
+        Some("proxy-a")
+    );
     let lost = lease.lost.clone();
     store.release_stream(lease).await.unwrap();
     assert!(*lost.borrow());
     assert_eq!(store.stream_owner("s").await.unwrap(), None);
-    let _b = store.try_acquire_stream("s", "proxy-b").await.unwrap().unwrap();
+    let _b = store
+        .try_acquire_stream("s", "proxy-b")
+        .await
+        .unwrap()
+        .unwrap();
     drop(store);
 
     let store = EmbeddedStore::open(dir.path()).unwrap();
     assert_eq!(store.instance_id().await.unwrap(), id);
     assert_eq!(store.read_cookie(&bookie).await.unwrap().version, v1);
-    assert_eq!(store.stream_owner("s").await.unwrap(), None, "leases end with the process");
+    assert_eq!(
+        store.stream_owner("s").await.unwrap(),
+        None,
+        "leases end with the process"
+    );
 }

@@ -20,14 +20,20 @@ pub mod revocable;
 
 /// Three bookies registered in a fresh embedded store.
 pub async fn cluster() -> Cluster {
-    let dir = tempfile::Builder::new().prefix("quire-proxy-test-").tempdir_in("/tmp").unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("quire-proxy-test-")
+        .tempdir_in("/tmp")
+        .unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
     cluster_with(dir, Arc::new(store)).await
 }
 
 /// Three bookies registered in a fresh embedded store wrapped so that leases can be revoked.
 pub async fn cluster_revocable() -> (Cluster, Arc<revocable::Revocable>) {
-    let dir = tempfile::Builder::new().prefix("quire-proxy-test-").tempdir_in("/tmp").unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("quire-proxy-test-")
+        .tempdir_in("/tmp")
+        .unwrap();
     let store = revocable::Revocable::new(EmbeddedStore::open(&dir.path().join("meta")).unwrap());
     (cluster_with(dir, store.clone()).await, store)
 }
@@ -37,20 +43,42 @@ pub async fn cluster_with(dir: tempfile::TempDir, store: Arc<dyn MetadataStore>)
     let mut bookies = Vec::new();
     for i in 0..3 {
         let root = dir.path().join(format!("bookie{i}"));
-        let mut config = BookieConfig::new("127.0.0.1:0".parse().unwrap(), root.join("journal"), root.join("ledgers"));
+        let mut config = BookieConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            root.join("journal"),
+            root.join("ledgers"),
+        );
         config.shards = 1;
         config.io_memory_bytes = 1 << 20;
         config.engine.journal_file_size_bytes = 1 << 20;
-        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config)).await.unwrap().unwrap();
-        store.register_bookie(BookieInfo { id: BookieId(bookie.addr().to_string()), rack: None, read_only: false }).await.unwrap();
+        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .register_bookie(BookieInfo {
+                id: BookieId(bookie.addr().to_string()),
+                rack: None,
+                read_only: false,
+            })
+            .await
+            .unwrap();
         bookies.push(bookie);
     }
-    Cluster { dir, bookies, store }
+    Cluster {
+        dir,
+        bookies,
+        store,
+    }
 }
 
 /// Small segments (64 KiB) and entries (8 KiB), so a few hundred KiB span several segments.
 pub fn small_config() -> StreamConfig {
-    StreamConfig { segment_size_bytes_max: 64 * 1024, entry_size_bytes_target: 8 * 1024, ..StreamConfig::default() }
+    StreamConfig {
+        segment_size_bytes_max: 64 * 1024,
+        entry_size_bytes_target: 8 * 1024,
+        ..StreamConfig::default()
+    }
 }
 
 pub struct Proxy {

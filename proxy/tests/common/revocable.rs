@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use quire_metadata::{
-    BookieId, BookieInfo, Cookie, EmbeddedStore, LedgerMetadata, MetadataStore, Result, StreamLease, StreamMetadata, Version, Versioned,
+    BookieId, BookieInfo, Cookie, EmbeddedStore, LedgerMetadata, MetadataStore, Result,
+    StreamLease, StreamMetadata, Version, Versioned,
 };
 use quire_wire::LedgerId;
 
@@ -19,14 +20,31 @@ pub struct Revocable {
 
 impl Revocable {
     pub fn new(inner: EmbeddedStore) -> Arc<Self> {
-        Arc::new(Self { inner, tokens: Mutex::new(HashMap::new()) })
+        Arc::new(Self {
+            inner,
+            tokens: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Releases the current lease of `stream` behind its holder's back; its `lost` flag rises.
     pub async fn revoke(&self, stream: &str) {
-        let (owner, token) = self.tokens.lock().unwrap().get(stream).cloned().expect("a lease was handed out");
+        let (owner, token) = self
+            .tokens
+            .lock()
+            .unwrap()
+            .get(stream)
+            .cloned()
+            .expect("a lease was handed out");
         let (_tx, lost) = tokio::sync::watch::channel(false);
-        self.inner.release_stream(StreamLease { stream: stream.to_string(), owner, lost, token }).await.unwrap();
+        self.inner
+            .release_stream(StreamLease {
+                stream: stream.to_string(),
+                owner,
+                lost,
+                token,
+            })
+            .await
+            .unwrap();
     }
 }
 
@@ -50,7 +68,12 @@ impl MetadataStore for Revocable {
     async fn read_ledger(&self, id: LedgerId) -> Result<Versioned<LedgerMetadata>> {
         self.inner.read_ledger(id).await
     }
-    async fn update_ledger(&self, id: LedgerId, meta: &LedgerMetadata, expected: Version) -> Result<Version> {
+    async fn update_ledger(
+        &self,
+        id: LedgerId,
+        meta: &LedgerMetadata,
+        expected: Version,
+    ) -> Result<Version> {
         self.inner.update_ledger(id, meta, expected).await
     }
     async fn delete_ledger(&self, id: LedgerId, expected: Version) -> Result<()> {
@@ -80,10 +103,17 @@ impl MetadataStore for Revocable {
     async fn write_cookie(&self, cookie: &Cookie, expected: Option<Version>) -> Result<Version> {
         self.inner.write_cookie(cookie, expected).await
     }
-    async fn try_acquire_stream(&self, stream: &str, owner: &str) -> Result<std::result::Result<StreamLease, String>> {
+    async fn try_acquire_stream(
+        &self,
+        stream: &str,
+        owner: &str,
+    ) -> Result<std::result::Result<StreamLease, String>> {
         let r = self.inner.try_acquire_stream(stream, owner).await?;
         if let Ok(lease) = &r {
-            self.tokens.lock().unwrap().insert(stream.to_string(), (lease.owner.clone(), lease.token.clone()));
+            self.tokens.lock().unwrap().insert(
+                stream.to_string(),
+                (lease.owner.clone(), lease.token.clone()),
+            );
         }
         Ok(r)
     }

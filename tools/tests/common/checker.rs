@@ -47,14 +47,23 @@ pub async fn check_stream(
     let records = read_all(proxy, stream).await;
     // 2. DLSNs only grow.
     for w in records.windows(2) {
-        assert!(w[0].0 < w[1].0, "DLSNs must grow: {} then {}", w[0].0, w[1].0);
+        assert!(
+            w[0].0 < w[1].0,
+            "DLSNs must grow: {} then {}",
+            w[0].0,
+            w[1].0
+        );
     }
     // 1. Each acknowledged record exactly once, where it was acknowledged, in order.
     let by_dlsn: HashMap<Dlsn, &[u8]> = records.iter().map(|(d, p)| (*d, p.as_slice())).collect();
     let mut acked_sorted: Vec<&Acked> = acked.iter().collect();
     acked_sorted.sort_by_key(|a| a.0);
     for w in acked_sorted.windows(2) {
-        assert!(w[0].0 != w[1].0, "two acknowledgements share DLSN {}", w[0].0);
+        assert!(
+            w[0].0 != w[1].0,
+            "two acknowledgements share DLSN {}",
+            w[0].0
+        );
     }
     let mut payload_count: HashMap<&[u8], usize> = HashMap::new();
     for (_, p) in &records {
@@ -62,29 +71,58 @@ pub async fn check_stream(
     }
     for (dlsn, payload) in &acked_sorted {
         match by_dlsn.get(dlsn) {
-            Some(p) => assert!(p == payload, "record at {dlsn} differs from what was acknowledged there"),
-            None => panic!("acknowledged record at {dlsn} is missing ({} records read)", records.len()),
+            Some(p) => assert!(
+                p == payload,
+                "record at {dlsn} differs from what was acknowledged there"
+            ),
+            None => panic!(
+                "acknowledged record at {dlsn} is missing ({} records read)",
+                records.len()
+            ),
         }
-        assert_eq!(payload_count[payload.as_slice()], 1, "acknowledged record at {dlsn} appears more than once");
+        assert_eq!(
+            payload_count[payload.as_slice()],
+            1,
+            "acknowledged record at {dlsn} appears more than once"
+        );
     }
 
     // 3. Replicas.
-    let meta = store.read_stream(stream).await.expect("read stream metadata").value;
+    let meta = store
+        .read_stream(stream)
+        .await
+        .expect("read stream metadata")
+        .value;
     let mut entries_checked = 0;
     let mut replicas_read = 0;
-    let acked_entries: BTreeSet<(u64, u64)> = acked.iter().map(|(d, _)| (d.segment_seq_no, d.entry_id)).collect();
+    let acked_entries: BTreeSet<(u64, u64)> = acked
+        .iter()
+        .map(|(d, _)| (d.segment_seq_no, d.entry_id))
+        .collect();
     for seg in &meta.segments {
-        let ledger = store.read_ledger(LedgerId(seg.ledger_id)).await.expect("read ledger metadata").value;
+        let ledger = store
+            .read_ledger(LedgerId(seg.ledger_id))
+            .await
+            .expect("read ledger metadata")
+            .value;
         let (closed, last) = match ledger.state {
             LedgerState::Closed => (true, ledger.last_entry),
-            _ => (false, acked_entries.range((seg.seq_no, 0)..=(seg.seq_no, u64::MAX)).map(|e| e.1).next_back()),
+            _ => (
+                false,
+                acked_entries
+                    .range((seg.seq_no, 0)..=(seg.seq_no, u64::MAX))
+                    .map(|e| e.1)
+                    .next_back(),
+            ),
         };
         let Some(last) = last else { continue };
         for entry in 0..=last {
             let fragment = ledger.fragment_for(EntryId(entry));
             let mut copies: Vec<(String, Vec<u8>)> = Vec::new();
             let mut missing = Vec::new();
-            for pos in quire_ledger::quorum::write_set(entry, ledger.ensemble_size, ledger.write_quorum) {
+            for pos in
+                quire_ledger::quorum::write_set(entry, ledger.ensemble_size, ledger.write_quorum)
+            {
                 let bookie = &fragment.bookies[pos];
                 if down.contains(bookie) {
                     continue;
@@ -122,21 +160,32 @@ pub async fn check_stream(
             }
         }
     }
-    Report { records, entries_checked, replicas_read }
+    Report {
+        records,
+        entries_checked,
+        replicas_read,
+    }
 }
 
 /// Reads a whole stream through a proxy, from its head to its current end. While the stream's
 /// owner is a proxy that died and whose lease has not expired yet (redirect failures), it
 /// retries for up to 60 s.
 pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
-    let client = ProxyClient::connect(proxy).await.expect("connect to proxy for read-back");
+    let client = ProxyClient::connect(proxy)
+        .await
+        .expect("connect to proxy for read-back");
     let mut from = ReadPosition::Head;
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let batch = match client.read(stream, from, 4096, 2 << 20, Duration::ZERO).await {
+        let batch = match client
+            .read(stream, from, 4096, 2 << 20, Duration::ZERO)
+            .await
+        {
             Ok(b) => b,
-            Err(quire_proxy::Error::RedirectFailed { .. }) if tokio::time::Instant::now() < deadline => {
+            Err(quire_proxy::Error::RedirectFailed { .. })
+                if tokio::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -154,14 +203,17 @@ pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
 /// says it has no such entry or ledger.
 pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8>>, String> {
     let mut conn = TcpStream::connect(bookie).map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
     let mut call = |req: &Request<'_>| -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         encode_request(&mut out, 1, req);
         conn.write_all(&out).map_err(|e| format!("send: {e}"))?;
         loop {
-            if let Some((_, used)) = decode_frame(&buf, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())? {
+            if let Some((_, used)) =
+                decode_frame(&buf, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?
+            {
                 let frame_bytes: Vec<u8> = buf.drain(..used).collect();
                 return Ok(frame_bytes);
             }
@@ -173,17 +225,31 @@ pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8
             buf.extend_from_slice(&chunk[..n]);
         }
     };
-    let hello = call(&Request::Hello { version_min: 1, version_max: 1 })?;
-    let (frame, _) = decode_frame(&hello, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?.ok_or("short hello")?;
+    let hello = call(&Request::Hello {
+        version_min: 1,
+        version_max: 1,
+    })?;
+    let (frame, _) = decode_frame(&hello, FRAME_SIZE_BYTES_MAX_DEFAULT)
+        .map_err(|e| e.to_string())?
+        .ok_or("short hello")?;
     match decode_response(&frame).map_err(|e| e.to_string())? {
         Response::Hello { .. } => {}
         other => return Err(format!("unexpected hello answer {other:?}")),
     }
-    let reply = call(&Request::Read { ledger: LedgerId(ledger), entry: Some(EntryId(entry)), fence: None })?;
-    let (frame, _) = decode_frame(&reply, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?.ok_or("short read")?;
+    let reply = call(&Request::Read {
+        ledger: LedgerId(ledger),
+        entry: Some(EntryId(entry)),
+        fence: None,
+    })?;
+    let (frame, _) = decode_frame(&reply, FRAME_SIZE_BYTES_MAX_DEFAULT)
+        .map_err(|e| e.to_string())?
+        .ok_or("short read")?;
     match decode_response(&frame).map_err(|e| e.to_string())? {
         Response::Read { data, .. } => Ok(Some(data.to_vec())),
-        Response::Failed { status: Status::NoSuchEntry | Status::NoSuchLedger, .. } => Ok(None),
+        Response::Failed {
+            status: Status::NoSuchEntry | Status::NoSuchLedger,
+            ..
+        } => Ok(None),
         other => Err(format!("unexpected read answer {other:?}")),
     }
 }
@@ -207,9 +273,14 @@ pub async fn write_records(
             let Some(i) = iter.next() else { break };
             let payload = format!("{prefix}-{i:08}").into_bytes();
             let (c, s, p) = (client.clone(), stream.to_string(), payload.clone());
-            in_flight.push_back((payload, tokio::spawn(async move { c.write(&s, vec![(1, p)], true).await })));
+            in_flight.push_back((
+                payload,
+                tokio::spawn(async move { c.write(&s, vec![(1, p)], true).await }),
+            ));
         }
-        let Some((payload, task)) = in_flight.pop_front() else { return (acked, None) };
+        let Some((payload, task)) = in_flight.pop_front() else {
+            return (acked, None);
+        };
         match task.await.expect("write task") {
             Ok(r) => acked.push((r.first_dlsn, payload)),
             Err(e) => {

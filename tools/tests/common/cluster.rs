@@ -24,7 +24,11 @@ pub struct Cluster {
 impl Cluster {
     /// Starts ZooKeeper; no bookie or proxy yet.
     pub fn start() -> Cluster {
-        Cluster { zk: quire_testkit::ZooKeeperServer::start(), zk_root: "/quire-test".into(), dir: temp_dir() }
+        Cluster {
+            zk: quire_testkit::ZooKeeperServer::start(),
+            zk_root: "/quire-test".into(),
+            dir: temp_dir(),
+        }
     }
 
     /// The ZooKeeper connect string.
@@ -70,13 +74,20 @@ impl Cluster {
     /// Starts bookie `i` on `port` (use [`quire_testkit::free_port`] for a new one) and waits
     /// until it serves and is registered.
     pub fn start_bookie(&self, i: usize, port: u16) -> Proc {
-        Proc::start(&self.bookie_args(i, port), "quire bookie: ", &format!("bookie {i}"))
+        Proc::start(
+            &self.bookie_args(i, port),
+            "quire bookie: ",
+            &format!("bookie {i}"),
+        )
     }
 
     /// Runs bookie `i` expecting it to refuse to start; returns its output.
     pub fn bookie_refuses(&self, i: usize, port: u16) -> Output {
         let out = run(&self.bookie_args(i, port));
-        assert!(!out.status.success(), "bookie {i} should have refused to start");
+        assert!(
+            !out.status.success(),
+            "bookie {i} should have refused to start"
+        );
         out
     }
 
@@ -102,14 +113,23 @@ impl Cluster {
     /// Runs an admin command (`quire ARGS --zookeeper .. --zk-root ..`).
     pub fn admin(&self, args: &[&str]) -> Output {
         let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        all.extend(["--zookeeper".into(), self.zookeeper(), "--zk-root".into(), self.zk_root.clone()]);
+        all.extend([
+            "--zookeeper".into(),
+            self.zookeeper(),
+            "--zk-root".into(),
+            self.zk_root.clone(),
+        ]);
         run(&all)
     }
 
     /// Like [`Cluster::admin`], asserting success and returning stdout as text.
     pub fn admin_ok(&self, args: &[&str]) -> String {
         let out = self.admin(args);
-        assert!(out.status.success(), "quire {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "quire {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).expect("utf8 output")
     }
 
@@ -121,7 +141,10 @@ impl Cluster {
             if pred(&list) {
                 return list;
             }
-            assert!(Instant::now() < deadline, "bookie list never showed {what}: {list}");
+            assert!(
+                Instant::now() < deadline,
+                "bookie list never showed {what}: {list}"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -152,7 +175,10 @@ impl Proc {
     fn start(args: &[String], ready_prefix: &str, name: &str) -> Proc {
         let mut child = Command::new(quire_bin())
             .args(args)
-            .env("QUIRE_LOG", std::env::var("QUIRE_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "QUIRE_LOG",
+                std::env::var("QUIRE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -182,13 +208,21 @@ impl Proc {
                 }
             }
         });
-        let mut p = Proc { child, name: name.to_string(), addr: String::new(), stderr };
+        let mut p = Proc {
+            child,
+            name: name.to_string(),
+            addr: String::new(),
+            stderr,
+        };
         match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(_) => p,
             Err(_) => {
                 let status = p.child.try_wait().ok().flatten();
                 let _ = p.child.kill();
-                panic!("{name} did not become ready within 60 s (exit {status:?}): {}", p.stderr.lock().unwrap());
+                panic!(
+                    "{name} did not become ready within 60 s (exit {status:?}): {}",
+                    p.stderr.lock().unwrap()
+                );
             }
         }
     }
@@ -226,10 +260,19 @@ impl Proc {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
-                assert!(status.success(), "{} exited with {status}: {}", self.name, self.stderr.lock().unwrap());
+                assert!(
+                    status.success(),
+                    "{} exited with {status}: {}",
+                    self.name,
+                    self.stderr.lock().unwrap()
+                );
                 return;
             }
-            assert!(Instant::now() < deadline, "{} did not stop within 30 s of SIGTERM", self.name);
+            assert!(
+                Instant::now() < deadline,
+                "{} did not stop within 30 s of SIGTERM",
+                self.name
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -249,5 +292,7 @@ impl Drop for Proc {
 
 /// Whether `path` exists and holds nothing.
 pub fn is_empty_dir(path: &Path) -> bool {
-    std::fs::read_dir(path).map(|mut d| d.next().is_none()).unwrap_or(false)
+    std::fs::read_dir(path)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(false)
 }

@@ -23,7 +23,11 @@ pub fn loghub_dir() -> PathBuf {
         return PathBuf::from(d);
     }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/loghub");
-    assert!(dir.is_dir(), "loghub samples not found at {}; set QUIRE_LOGHUB_DIR", dir.display());
+    assert!(
+        dir.is_dir(),
+        "loghub samples not found at {}; set QUIRE_LOGHUB_DIR",
+        dir.display()
+    );
     dir
 }
 
@@ -51,7 +55,10 @@ pub fn expected_read_back(file: &[u8]) -> Vec<u8> {
 
 /// A temporary directory on the ext4 disk (O_DIRECT does not work on tmpfs).
 pub fn temp_dir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("quire-test-").tempdir_in(std::env::temp_dir()).expect("tempdir")
+    tempfile::Builder::new()
+        .prefix("quire-test-")
+        .tempdir_in(std::env::temp_dir())
+        .expect("tempdir")
 }
 
 /// A running `quire sandbox` child.
@@ -63,8 +70,14 @@ pub struct Sandbox {
 
 /// Sandbox flags used by tests: small segments so that streams span several of them, small
 /// journal files so that they roll.
-pub const SMALL_SEGMENTS: &[&str] =
-    &["--segment-size-bytes", "65536", "--entry-size-bytes", "16384", "--journal-file-size-bytes", "4194304"];
+pub const SMALL_SEGMENTS: &[&str] = &[
+    "--segment-size-bytes",
+    "65536",
+    "--entry-size-bytes",
+    "16384",
+    "--journal-file-size-bytes",
+    "4194304",
+];
 
 impl Sandbox {
     /// Starts a sandbox on `data_dir` with a free proxy port and waits for its address line.
@@ -95,16 +108,26 @@ impl Sandbox {
                 Ok(a) => break a,
                 Err(_) => {
                     if let Some(status) = child.try_wait().expect("try_wait") {
-                        panic!("sandbox on {} exited with {status} before printing its address", data_dir.display());
+                        panic!(
+                            "sandbox on {} exited with {status} before printing its address",
+                            data_dir.display()
+                        );
                     }
                     if Instant::now() > deadline {
                         let _ = child.kill();
-                        panic!("sandbox on {} did not print its address within 60 s", data_dir.display());
+                        panic!(
+                            "sandbox on {} did not print its address within 60 s",
+                            data_dir.display()
+                        );
                     }
                 }
             }
         };
-        Sandbox { child, addr, data_dir: data_dir.to_path_buf() }
+        Sandbox {
+            child,
+            addr,
+            data_dir: data_dir.to_path_buf(),
+        }
     }
 
     /// Runs `quire ARGS --proxy ADDR` and returns its output.
@@ -134,7 +157,10 @@ impl Sandbox {
                 assert!(status.success(), "sandbox exited with {status}");
                 return;
             }
-            assert!(Instant::now() < deadline, "sandbox did not stop within 30 s of SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "sandbox did not stop within 30 s of SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -151,8 +177,14 @@ impl Drop for Sandbox {
 pub fn run_quire(args: &[&str], addr: &str, stdin: Option<&[u8]>) -> Output {
     use std::io::Write;
     let mut cmd = Command::new(quire_bin());
-    cmd.args(args).args(["--proxy", addr]).env_remove("QUIRE_PROXY");
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.args(args)
+        .args(["--proxy", addr])
+        .env_remove("QUIRE_PROXY");
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn quire");
     if let Some(input) = stdin {
@@ -164,12 +196,19 @@ pub fn run_quire(args: &[&str], addr: &str, stdin: Option<&[u8]>) -> Output {
 
 /// Parses `quire write`'s output line `SEG:ENTRY:SLOT COUNT`.
 pub fn parse_write_output(out: &Output) -> ((u64, u64, u64), u64) {
-    assert!(out.status.success(), "quire write failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "quire write failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout.clone()).expect("utf8");
     let mut parts = text.split_whitespace();
     let dlsn = parts.next().expect("dlsn");
     let count: u64 = parts.next().expect("count").parse().expect("count number");
-    let nums: Vec<u64> = dlsn.split(':').map(|n| n.parse().expect("dlsn part")).collect();
+    let nums: Vec<u64> = dlsn
+        .split(':')
+        .map(|n| n.parse().expect("dlsn part"))
+        .collect();
     assert_eq!(nums.len(), 3, "DLSN {dlsn}");
     ((nums[0], nums[1], nums[2]), count)
 }
