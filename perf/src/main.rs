@@ -77,6 +77,11 @@ struct Args {
     /// Recorded span of each fixed-rate run, seconds.
     #[arg(long, default_value_t = 12.0)]
     seconds: f64,
+    /// OS nice value of the isolation run's scanner thread. The scanner stands for a reader on
+    /// another host; on one machine its own decoding would otherwise take the cores from the
+    /// cluster under test. 0 makes it compete at the cluster's priority.
+    #[arg(long, default_value_t = quire_proxy::CATCH_UP_READ_NICE)]
+    scanner_nice: i32,
     /// Write calls outstanding at most (later sends wait and are measured late).
     #[arg(long, default_value_t = 1000)]
     in_flight_max: usize,
@@ -206,6 +211,8 @@ fn run(args: Args) -> Result<bool> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
+    let scan_rt =
+        quire_proxy::catch_up_read_runtime(1, args.scanner_nice).context("scanner runtime")?;
     let mut results = RunResults::default();
     let baseline = match (&baseline_dir, has(Workload::Baseline)) {
         (Some(dir), true) => {
@@ -261,6 +268,7 @@ fn run(args: Args) -> Result<bool> {
             prefix.clone(),
             started_unix_ms,
             progress.clone(),
+            scan_rt.handle().clone(),
         )
         .await?;
         if has(Workload::TailWrite) {

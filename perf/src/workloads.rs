@@ -81,6 +81,8 @@ pub struct Cluster {
     writers: Vec<Arc<ProxyClient>>,
     reader: Arc<ProxyClient>,
     scanner: Arc<ProxyClient>,
+    /// Where the scanner's connection and its loop run (see `--scanner-nice`).
+    scan_runtime: tokio::runtime::Handle,
     base: Instant,
     progress: Arc<Progress>,
     prefix: String,
@@ -97,7 +99,8 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// Opens `connections` writer connections and two reader connections to the proxy at `addr`.
+    /// Opens `connections` writer connections and two reader connections to the proxy at `addr`;
+    /// the isolation run's scanner connects and runs on `scan_runtime`.
     /// Stream names start with `prefix`; every record carries txid `txid`.
     ///
     /// # Errors
@@ -108,6 +111,7 @@ impl Cluster {
         prefix: String,
         txid: u64,
         progress: Arc<Progress>,
+        scan_runtime: tokio::runtime::Handle,
     ) -> Result<Self> {
         let mut writers = Vec::new();
         for _ in 0..connections.max(1) {
@@ -122,15 +126,19 @@ impl Cluster {
                 .await
                 .with_context(|| format!("cannot connect to the proxy at {addr}"))?,
         );
+        let scan_addr = addr.to_string();
         let scanner = Arc::new(
-            ProxyClient::connect(addr)
+            scan_runtime
+                .spawn(async move { ProxyClient::connect(&scan_addr).await })
                 .await
+                .context("scanner connect task")?
                 .with_context(|| format!("cannot connect to the proxy at {addr}"))?,
         );
         Ok(Self {
             writers,
             reader,
             scanner,
+            scan_runtime,
             base: Instant::now(),
             progress,
             prefix,
@@ -598,7 +606,7 @@ impl Cluster {
                 scanned.clone(),
                 self.progress_counters(),
             );
-            tokio::spawn(async move {
+            self.scan_runtime.spawn(async move {
                 let started = Instant::now();
                 let mut pos = ReadPosition::Head;
                 while !stop.load(Ordering::Relaxed) {

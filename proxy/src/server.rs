@@ -52,6 +52,12 @@ pub struct ServerConfig {
     /// `SERVICE_UNAVAILABLE` (request id 0) at once and is closed, as DistributedLog's proxy
     /// answers when it cannot serve, so that clients try another proxy.
     pub connections_max: usize,
+    /// Where catch-up reads (reads whose first entry is not in the tail cache, see
+    /// [`StreamManager::is_catch_up_read`]) run, decoding included; `None` (the default): on the
+    /// server's own runtime. Give it a runtime of lower OS priority ([`catch_up_read_runtime`])
+    /// so that a reader scanning a backlog takes only CPU that tail writes leave (the role of
+    /// Redpanda's fetch scheduling group, or BookKeeper's separate read thread pool).
+    pub catch_up_read_runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Default for ServerConfig {
@@ -63,8 +69,48 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(600),
             connections_max: 4096,
+            catch_up_read_runtime: None,
         }
     }
+}
+
+/// How much lower than the server's own threads the catch-up read threads run: nice +10
+/// gives a thread about a tenth of the CPU weight of a nice-0 thread under Linux's scheduler,
+/// so a scan slows down when tail writes need the cores and runs at full speed when they do
+/// not.
+pub const CATCH_UP_READ_NICE: i32 = 10;
+
+/// Builds a runtime for [`ServerConfig::catch_up_read_runtime`] (and for the ledger client's
+/// read connections, `BookKeeper::with_read_runtime`): `threads` workers (at least 1), each of
+/// which lowers its own scheduling priority by `nice` when it starts (Linux keeps the nice
+/// value per thread). A thread that cannot lower it logs a warning and runs at the normal
+/// priority.
+///
+/// # Errors
+/// The runtime's threads could not be started.
+pub fn catch_up_read_runtime(
+    threads: usize,
+    nice: i32,
+) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name("quire-catch-up-read")
+        .on_thread_start(move || {
+            // SAFETY: gettid and setpriority take no pointers; they change only this thread.
+            let rc = unsafe {
+                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+            };
+            if rc != 0 {
+                tracing::warn!(
+                    nice,
+                    error = %std::io::Error::last_os_error(),
+                    "cannot lower the priority of a catch-up read thread"
+                );
+            }
+        })
+        .enable_all()
+        .build()
 }
 
 /// A running proxy server. Dropping it (or [`ProxyServer::shutdown`]) stops accepting and
@@ -501,9 +547,17 @@ async fn connection(
                     });
                 }
                 other => {
+                    let runtime = match (&other, &config.catch_up_read_runtime) {
+                        (Request::Read { stream, from, .. }, Some(rt))
+                            if streams.is_catch_up_read(stream, *from) =>
+                        {
+                            rt.clone()
+                        }
+                        _ => tokio::runtime::Handle::current(),
+                    };
                     let streams = streams.clone();
                     let config = config.clone();
-                    tokio::spawn(async move {
+                    runtime.spawn(async move {
                         let resp = match handle(other, &streams, &config).await {
                             Ok(r) => r,
                             Err(e) => error_response(&e),

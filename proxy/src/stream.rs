@@ -530,6 +530,29 @@ impl StreamManager {
         }
     }
 
+    /// Whether a read of `name` from `from` would fetch its first entry from the bookies (a
+    /// catch-up read) rather than take it from the tail cache or wait at the tail. `false` when
+    /// the stream is not acquired by this proxy (the read itself then acquires it or answers
+    /// with a redirect). The server runs catch-up reads on its lower-priority read runtime.
+    pub fn is_catch_up_read(&self, name: &str, from: ReadPosition) -> bool {
+        let handle = {
+            let streams = self.streams.lock().expect("streams lock");
+            match streams.get(name).and_then(|c| c.get().cloned()) {
+                Some(h) => h,
+                None => return false,
+            }
+        };
+        let pos = match from {
+            ReadPosition::Head => Dlsn::new(0, 0, 0),
+            ReadPosition::Dlsn(d) => d,
+        };
+        let Some((seg, start)) = handle.tail.borrow().resolve(pos) else {
+            return false;
+        };
+        let cache = handle.shared.cache.lock().expect("cache lock");
+        !cache.entries.contains_key(&(seg.ledger_id, start.entry_id))
+    }
+
     async fn read_segment(
         &self,
         handle: &StreamHandle,

@@ -42,19 +42,25 @@ pub fn run(args: ProxyArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    let result = runtime.block_on(serve(options));
+    let read_runtime = catch_up_read_runtime()?;
+    let result = runtime.block_on(serve(options, read_runtime.handle()));
     runtime.shutdown_timeout(Duration::from_secs(5));
+    read_runtime.shutdown_timeout(Duration::from_secs(5));
     result
 }
 
-async fn serve(options: ProxyOptions) -> Result<()> {
+async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let zk = options.metadata.connect_zk().await?;
     let mut session_lost = zk.session_lost();
     let store: std::sync::Arc<dyn quire_metadata::MetadataStore> = zk;
-    let bk = quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
+    let bk = quire_ledger::BookKeeper::with_read_runtime(
+        store.clone(),
+        quire_ledger::ClientConfig::default(),
+        read_runtime.clone(),
+    );
     let mut config = options.streams.clone();
     config.owner_address = options.advertised.clone();
     let streams = quire_proxy::StreamManager::new(store, bk, config);
@@ -64,7 +70,10 @@ async fn serve(options: ProxyOptions) -> Result<()> {
     let server = quire_proxy::ProxyServer::start(
         listener,
         streams.clone(),
-        quire_proxy::ServerConfig::default(),
+        quire_proxy::ServerConfig {
+            catch_up_read_runtime: Some(read_runtime.clone()),
+            ..quire_proxy::ServerConfig::default()
+        },
     )
     .context("proxy server")?;
     {
@@ -104,4 +113,13 @@ async fn serve(options: ProxyOptions) -> Result<()> {
         .await
         .context("completing open segments")?;
     Ok(())
+}
+
+/// The proxy's catch-up read runtime: half the cores (at least one thread) at
+/// [`quire_proxy::CATCH_UP_READ_NICE`], so that a scan of a backlog runs on what tail writes
+/// leave over.
+pub(crate) fn catch_up_read_runtime() -> Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    quire_proxy::catch_up_read_runtime((cores / 2).max(1), quire_proxy::CATCH_UP_READ_NICE)
+        .context("cannot start the catch-up read runtime")
 }

@@ -188,13 +188,15 @@ pub fn run(args: SandboxArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
+    let read_runtime = crate::proxy_cmd::catch_up_read_runtime()?;
     // Makes the metadata file exist before sandbox.json is first written (see check_data_dir).
     runtime
         .block_on(store.instance_id())
         .context("metadata store")?;
     let bookies = start_bookies(&args)?;
-    let served = runtime.block_on(serve(&args, store, &bookies));
+    let served = runtime.block_on(serve(&args, store, &bookies, read_runtime.handle()));
     runtime.shutdown_timeout(Duration::from_secs(5));
+    read_runtime.shutdown_timeout(Duration::from_secs(5));
     let mut stop_error = None;
     for bookie in bookies {
         if let Err(e) = bookie.shutdown() {
@@ -208,7 +210,12 @@ pub fn run(args: SandboxArgs) -> Result<()> {
     Ok(())
 }
 
-async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> Result<()> {
+async fn serve(
+    args: &SandboxArgs,
+    store: EmbeddedStore,
+    bookies: &[Bookie],
+    read_runtime: &tokio::runtime::Handle,
+) -> Result<()> {
     for b in bookies {
         store
             .register_bookie(BookieInfo {
@@ -219,7 +226,11 @@ async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> 
             .await?;
     }
     let store: Arc<dyn MetadataStore> = Arc::new(store);
-    let bk = quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
+    let bk = quire_ledger::BookKeeper::with_read_runtime(
+        store.clone(),
+        quire_ledger::ClientConfig::default(),
+        read_runtime.clone(),
+    );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -249,7 +260,10 @@ async fn serve(args: &SandboxArgs, store: EmbeddedStore, bookies: &[Bookie]) -> 
     let server = quire_proxy::ProxyServer::start(
         listener,
         streams.clone(),
-        quire_proxy::ServerConfig::default(),
+        quire_proxy::ServerConfig {
+            catch_up_read_runtime: Some(read_runtime.clone()),
+            ..quire_proxy::ServerConfig::default()
+        },
     )
     .context("proxy server")?;
     {

@@ -1,6 +1,6 @@
-//! Pipelined connections to bookies: one TCP connection per bookie, shared by every ledger of
-//! this client. A writer task batches outgoing frames into one `write_all`; a reader task
-//! matches responses to requests by request id.
+//! Pipelined connections to bookies: two TCP connections per bookie (one per [`Lane`]), shared
+//! by every ledger of this client. A writer task batches outgoing frames into one `write_all`; a
+//! reader task matches responses to requests by request id.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +36,20 @@ const OUTGOING_QUEUE_DEPTH_MAX: usize = 8192;
 /// Bytes gathered into one socket write.
 const WRITE_BATCH_SIZE_BYTES_MAX: usize = 256 * 1024;
 
+/// Which of a bookie's two connections a request travels on.
+///
+/// A bookie answers each connection's requests in one byte stream, so an add acknowledgement
+/// queued behind megabytes of catch-up read responses waits for them to drain: the entry reads
+/// of a scanning reader get their own connection and the tail traffic never queues behind them
+/// (BookKeeper's client can likewise open several channels per bookie, `numChannelsPerBookie`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Lane {
+    /// Adds, fences, recovery (fencing) reads, LAC reads.
+    Tail,
+    /// Entry reads without fencing: catch-up and tailing readers.
+    Read,
+}
+
 /// One live connection to one bookie.
 pub(crate) struct Conn {
     bookie: BookieId,
@@ -46,10 +60,12 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// Connects and shakes hands; the connection's reader and writer tasks run on `runtime`.
     async fn connect(
         bookie: &BookieId,
         frame_size_bytes_max: u32,
         timeout: Duration,
+        runtime: &tokio::runtime::Handle,
     ) -> Result<Arc<Self>, Error> {
         let unreachable = |reason: String| Error::BookieUnreachable {
             bookie: bookie.0.clone(),
@@ -76,7 +92,7 @@ impl Conn {
         });
 
         let dead_w = dead.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let mut batch = Vec::with_capacity(WRITE_BATCH_SIZE_BYTES_MAX);
             while let Some(frame) = rx.recv().await {
                 batch.extend_from_slice(&frame);
@@ -95,7 +111,7 @@ impl Conn {
         });
 
         let name = bookie.0.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let reason = read_loop(&mut rd, &waiters, frame_size_bytes_max).await;
             dead.store(true, Ordering::SeqCst);
             let drained: Vec<Waiter> = waiters
@@ -244,27 +260,43 @@ fn owned(r: Response<'_>) -> Reply {
     }
 }
 
-/// Connections by bookie, made on first use and replaced when they die.
+/// Connections by bookie and lane, made on first use and replaced when they die.
 #[derive(Default)]
 pub(crate) struct Pool {
-    conns: tokio::sync::Mutex<HashMap<BookieId, Arc<Conn>>>,
+    conns: tokio::sync::Mutex<HashMap<(BookieId, Lane), Arc<Conn>>>,
+    /// Where the read lane's connection tasks run (`None`: the runtime of the caller that
+    /// makes the connection).
+    read_runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Pool {
+    pub(crate) fn new(read_runtime: Option<tokio::runtime::Handle>) -> Self {
+        Self {
+            conns: Default::default(),
+            read_runtime,
+        }
+    }
+
     pub(crate) async fn get(
         &self,
         bookie: &BookieId,
+        lane: Lane,
         frame_size_bytes_max: u32,
         timeout: Duration,
     ) -> Result<Arc<Conn>, Error> {
         let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(bookie) {
+        let key = (bookie.clone(), lane);
+        if let Some(c) = conns.get(&key) {
             if !c.is_dead() {
                 return Ok(c.clone());
             }
         }
-        let c = Conn::connect(bookie, frame_size_bytes_max, timeout).await?;
-        conns.insert(bookie.clone(), c.clone());
+        let runtime = match (lane, &self.read_runtime) {
+            (Lane::Read, Some(h)) => h.clone(),
+            _ => tokio::runtime::Handle::current(),
+        };
+        let c = Conn::connect(bookie, frame_size_bytes_max, timeout, &runtime).await?;
+        conns.insert(key, c.clone());
         Ok(c)
     }
 }

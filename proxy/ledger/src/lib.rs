@@ -47,7 +47,7 @@ use quire_wire::{EntryId, LedgerId, MasterKey, WireError};
 use sha1::{Digest, Sha1};
 use tokio::sync::{oneshot, watch};
 
-use conn::{Pool, Reply};
+use conn::{Lane, Pool, Reply};
 use quorum::{AckTracker, Progress};
 
 /// Ledger client failures. Display is one line.
@@ -194,10 +194,30 @@ pub struct BookKeeper {
 impl BookKeeper {
     /// Makes a client over `metadata`.
     pub fn new(metadata: Arc<dyn MetadataStore>, config: ClientConfig) -> Self {
+        Self::build(metadata, config, None)
+    }
+
+    /// Makes a client whose entry-read connections (one per bookie, apart from the connection
+    /// that carries adds, fences and LAC reads) run their socket tasks on `read_runtime`: a
+    /// server gives it a runtime of lower priority so that decoding bulk catch-up reads does
+    /// not take CPU from tail writes.
+    pub fn with_read_runtime(
+        metadata: Arc<dyn MetadataStore>,
+        config: ClientConfig,
+        read_runtime: tokio::runtime::Handle,
+    ) -> Self {
+        Self::build(metadata, config, Some(read_runtime))
+    }
+
+    fn build(
+        metadata: Arc<dyn MetadataStore>,
+        config: ClientConfig,
+        read_runtime: Option<tokio::runtime::Handle>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 metadata,
-                pool: Pool::default(),
+                pool: Pool::new(read_runtime),
                 config,
                 quarantine: Mutex::default(),
             }),
@@ -264,7 +284,7 @@ impl BookKeeper {
         for b in &candidates {
             ensemble.push(Slot {
                 bookie: b.clone(),
-                conn: self.conn(b).await?,
+                conn: self.conn(b, Lane::Tail).await?,
                 generation: 0,
             });
         }
@@ -308,11 +328,12 @@ impl BookKeeper {
         q.keys().cloned().collect()
     }
 
-    async fn conn(&self, bookie: &BookieId) -> Result<Arc<conn::Conn>, Error> {
+    async fn conn(&self, bookie: &BookieId, lane: Lane) -> Result<Arc<conn::Conn>, Error> {
         self.inner
             .pool
             .get(
                 bookie,
+                lane,
                 self.inner.config.frame_size_bytes_max,
                 self.inner.config.request_timeout,
             )
@@ -403,7 +424,7 @@ impl BookKeeper {
             let client = self.clone();
             let b = b.clone();
             calls.push(tokio::spawn(async move {
-                let c = client.conn(&b).await?;
+                let c = client.conn(&b, Lane::Tail).await?;
                 c.call(timeout, move |out, rid| {
                     bookie::encode_request(
                         out,
@@ -502,7 +523,7 @@ impl BookKeeper {
             let b = fragment.bookies[pos].clone();
             let bytes = bytes.clone();
             calls.push(tokio::spawn(async move {
-                let c = client.conn(&b).await?;
+                let c = client.conn(&b, Lane::Tail).await?;
                 c.call(timeout, move |out, rid| {
                     bookie::encode_request(
                         out,
@@ -990,7 +1011,7 @@ impl WriterShared {
                 );
                 let Some(b) = pick else { break };
                 exclude.insert(b.clone());
-                match client.conn(&b).await {
+                match client.conn(&b, Lane::Tail).await {
                     Ok(c) => {
                         keep.push(b.clone());
                         chosen.push((*pos, b, c));
@@ -1185,9 +1206,15 @@ impl LedgerReader {
         let quarantined = self.client.quarantined();
         let mut order = quorum::write_set(entry.0, meta.ensemble_size, meta.write_quorum);
         order.sort_by_key(|&pos| quarantined.contains(&fragment.bookies[pos]));
+        // Fencing reads belong to recovery, a tail operation; plain reads take the read lane.
+        let lane = if fence.is_some() {
+            Lane::Tail
+        } else {
+            Lane::Read
+        };
         for pos in order {
             let b = &fragment.bookies[pos];
-            let reply = match self.client.conn(b).await {
+            let reply = match self.client.conn(b, lane).await {
                 Ok(c) => {
                     c.call(timeout, conn::read_request(self.id, Some(entry), fence))
                         .await
@@ -1251,7 +1278,7 @@ impl LedgerReader {
         let mut last_err = None;
         for b in &fragment.bookies {
             let id = self.id;
-            let reply = match self.client.conn(b).await {
+            let reply = match self.client.conn(b, Lane::Tail).await {
                 Ok(c) => {
                     c.call(timeout, move |out, rid| {
                         bookie::encode_request(out, rid, &Request::ReadLac { ledger: id })
