@@ -33,6 +33,8 @@ pub const IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX: u64 = 1024;
 /// reads its responses. With the in-flight bound this caps a connection's response memory at
 /// about this plus `IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX` responses.
 const OUTBOX_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Largest piece of queued responses written to a socket in one call.
+const WRITE_SLICE_BYTES_MAX: usize = 256 * 1024;
 /// Size of a connection's receive buffer when no frame larger than it is pending.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// After a fatal protocol error, how long the bookie keeps reading (and discarding) before
@@ -185,7 +187,13 @@ async fn write_loop(
     let mut spare = Vec::new();
     while let Some(mut batch) = outbox.next_batch(&mut spare).await {
         let result = async {
-            writer.write_all(&batch).await?;
+            // In slices, yielding between them when a latency-sensitive queue (tail writes)
+            // is waiting: one megabytes-long write of catch-up read responses would otherwise
+            // hold the shard for its whole copy through the kernel.
+            for slice in batch.chunks(WRITE_SLICE_BYTES_MAX) {
+                writer.write_all(slice).await?;
+                glommio::yield_if_needed().await;
+            }
             writer.flush().await
         }
         .await;
