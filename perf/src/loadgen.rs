@@ -2,7 +2,10 @@
 //! intended time, whatever the send function is.
 //!
 //! * Send `i` is issued at its intended time, or at once if that time has passed (the driver
-//!   never skips a send and never waits for an earlier send to finish).
+//!   never skips a send and never waits for an earlier send to finish). Intended times are
+//!   kept by a thread sleeping on the kernel's high-resolution timers, not by tokio's
+//!   millisecond timer wheel, so the driver itself adds tens of microseconds, not a
+//!   millisecond.
 //! * Its latency is `completion − intended`, so a send issued late (because the runtime stalled,
 //!   or because `in_flight_max` sends were already outstanding) carries its lateness.
 //! * Sends due in the warm-up span are issued but not recorded.
@@ -151,10 +154,29 @@ where
     let mut late_max = Duration::ZERO;
     let weight = cfg.records_per_send.max(1);
 
+    // tokio's timers fire on a 1 ms wheel, so sleeping until each intended time would issue
+    // sends up to 1 ms late and charge the harness's own timer to the cluster. A ticker thread
+    // sleeps with the kernel's high-resolution timers instead and hands each due index over.
+    let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let ticker = std::thread::Builder::new()
+        .name("quire-perf-ticker".into())
+        .spawn(move || {
+            for i in 0..total {
+                let wait = schedule
+                    .intended(i)
+                    .saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    std::thread::sleep(wait);
+                }
+                if due_tx.send(i).is_err() {
+                    return;
+                }
+            }
+        })
+        .expect("cannot start the open-loop ticker thread");
     let dispatch = async {
-        for i in 0..total {
+        while let Some(i) = due_rx.recv().await {
             let intended = schedule.intended(i);
-            tokio::time::sleep_until(intended.into()).await;
             let permit = permits
                 .clone()
                 .acquire_owned()
@@ -211,6 +233,9 @@ where
         () = dispatch => {}
         () = tokio::time::sleep_until(deadline.into()) => {}
     }
+    // The ticker stops at its next send once the receiver is gone.
+    drop(due_rx);
+    let _ = ticker.join();
     loop {
         match tokio::time::timeout_at(deadline.into(), tasks.join_next()).await {
             Ok(Some(_)) => {}
