@@ -780,6 +780,8 @@ impl<S: Storage> Inner<S> {
         self.create_journal_file(id).await
     }
 
+    /// Journals one group-commit batch: roll to the next file if it does not fit, write,
+    /// fdatasync, then complete every add of the batch.
     async fn write_batch(self: &Rc<Self>, batch: Vec<Pending>)
     where
         S: 'static,
@@ -816,7 +818,9 @@ impl<S: Storage> Inner<S> {
                 && cursor.pos > FILE_HEADER_BYTES as u64
             {
                 let id = cursor.file_id + 1;
+                let started = Instant::now();
                 let file = self.next_journal_file(id).await?;
+                warn_if_slow("journal roll (waiting for the next file)", id, started);
                 cursor = JournalCursor {
                     file_id: id,
                     file: Rc::new(file),
@@ -826,6 +830,7 @@ impl<S: Storage> Inner<S> {
             }
             let path = self.journal_path(cursor.file_id);
             self.throttle.journal_busy(true);
+            let started = Instant::now();
             let r = async {
                 cursor
                     .file
@@ -840,6 +845,7 @@ impl<S: Storage> Inner<S> {
             }
             .await;
             self.throttle.journal_busy(false);
+            warn_if_slow("journal write and fdatasync", cursor.file_id, started);
             r
         }
         .await;
@@ -1314,6 +1320,18 @@ async fn bulk_write<F: StorageFile>(
             .await
             .map_err(|e| (at, e))?;
         done += n;
+        if let Some(t) = throttle {
+            if t.note_written(n) {
+                t.admit(0).await;
+                file.fdatasync().await.map_err(|e| {
+                    let kind = e.kind();
+                    (
+                        at,
+                        stdio::Error::new(kind, format!("intermediate fdatasync: {e}")),
+                    )
+                })?;
+            }
+        }
     }
     Ok(())
 }
@@ -1593,6 +1611,7 @@ async fn open_inner<S: Storage>(
     let cursor = replay(&storage, &cfg, &journal_ids, &mut st).await?;
     let cfg_read_cache = cfg.read_cache_bytes_max;
     let cfg_rate = cfg.background_write_bytes_per_second;
+    let cfg_sync_bytes = cfg.background_sync_bytes;
 
     Ok(Inner {
         cfg,
@@ -1616,7 +1635,7 @@ async fn open_inner<S: Storage>(
         read_cache: RefCell::new(ReadCache::new(cfg_read_cache)),
         read_cache_gen: Cell::new(0),
         stats: Cell::new(ReadStats::default()),
-        throttle: Throttle::new(cfg_rate),
+        throttle: Throttle::new(cfg_rate, cfg_sync_bytes),
         precreate: RefCell::new(None),
         background_tq,
     })
@@ -1900,4 +1919,19 @@ async fn replay<S: Storage>(
         }
     }
     unreachable!("ids is non-empty and the last file returns")
+}
+
+/// Journal steps slower than this are logged: they hold every add of the shard back, and a
+/// client times out an add after 5 s (BookKeeper reports journal sync latency the same way).
+const JOURNAL_SLOW_WARN: Duration = Duration::from_millis(500);
+
+fn warn_if_slow(step: &str, journal_id: u64, started: Instant) {
+    let took = started.elapsed();
+    if took >= JOURNAL_SLOW_WARN {
+        tracing::warn!(
+            journal = journal_id,
+            took_ms = took.as_millis() as u64,
+            "slow {step}"
+        );
+    }
 }

@@ -61,6 +61,11 @@ pub struct EngineConfig {
     /// pre-creation), in bytes per second; 0 = unlimited. Whatever the rate, a bulk chunk is
     /// never submitted while a journal write or sync is in flight. Default 256 MiB/s.
     pub background_write_bytes_per_second: u64,
+    /// During bulk writes, the file being written is synced after every this many bulk bytes
+    /// (admitted like a bulk chunk), so the data reaches the medium in small pieces instead of
+    /// one large flush that a concurrent journal sync would wait behind (BookKeeper
+    /// `flushEntrylogBytes`); 0 = only the sync at the end. Default 4 MiB.
+    pub background_sync_bytes: u64,
 }
 
 impl EngineConfig {
@@ -80,6 +85,7 @@ impl EngineConfig {
             read_ahead_bytes_max: 1 << 20,
             read_cache_bytes_max: 64 << 20,
             background_write_bytes_per_second: 256 << 20,
+            background_sync_bytes: 4 << 20,
         }
     }
 }
