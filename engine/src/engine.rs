@@ -837,15 +837,18 @@ impl<S: Storage> Inner<S> {
                     .write_at(cursor.pos, &buf)
                     .await
                     .map_err(io_err("journal write", &path, cursor.pos))?;
-                cursor.file.fdatasync().await.map_err(io_err(
+                warn_if_slow("journal write", cursor.file_id, started);
+                let synced = Instant::now();
+                let r = cursor.file.fdatasync().await.map_err(io_err(
                     "journal fdatasync",
                     &path,
                     cursor.pos,
-                ))
+                ));
+                warn_if_slow("journal fdatasync", cursor.file_id, synced);
+                r
             }
             .await;
             self.throttle.journal_busy(false);
-            warn_if_slow("journal write and fdatasync", cursor.file_id, started);
             r
         }
         .await;
