@@ -23,10 +23,26 @@ use crate::Error;
 #[derive(Debug, Clone)]
 pub(crate) enum Reply {
     Add,
-    Read { data: Vec<u8> },
-    ReadLac { lac: Option<EntryId> },
-    Fence { lac: Option<EntryId> },
-    Failed { status: Status, message: String },
+    Read {
+        data: Vec<u8>,
+    },
+    ReadLac {
+        lac: Option<EntryId>,
+    },
+    Fence {
+        lac: Option<EntryId>,
+    },
+    /// A long-poll LAC read's answer: the bookie's LAC and, when it held it, the next entry
+    /// (id and stored bytes).
+    LongPoll {
+        ledger: LedgerId,
+        lac: Option<EntryId>,
+        next_entry: Option<(EntryId, Vec<u8>)>,
+    },
+    Failed {
+        status: Status,
+        message: String,
+    },
 }
 
 type Waiter = oneshot::Sender<Result<Reply, Error>>;
@@ -229,9 +245,18 @@ async fn read_loop(
                 Err(e) => return format!("bad frame from bookie: {e}"),
             };
             let id = frame.header.request_id;
-            let reply = match bookie::decode_response(&frame) {
-                Ok(r) => Ok(owned(r)),
-                Err(e) => Err(Error::Protocol(e)),
+            let reply = if frame.header.opcode
+                == bookie::Opcode::ReadLacLongPoll as u8 | quire_wire::frame::RESPONSE_BIT
+            {
+                match bookie::decode_long_poll_response(&frame) {
+                    Ok(r) => Ok(owned_long_poll(r)),
+                    Err(e) => Err(Error::Protocol(e)),
+                }
+            } else {
+                match bookie::decode_response(&frame) {
+                    Ok(r) => Ok(owned(r)),
+                    Err(e) => Err(Error::Protocol(e)),
+                }
             };
             used_total += used;
             let waiter = waiters.lock().ok().and_then(|mut w| w.remove(&id));
@@ -260,6 +285,20 @@ fn owned(r: Response<'_>) -> Reply {
     }
 }
 
+fn owned_long_poll(r: bookie::LongPollReply<'_>) -> Reply {
+    match r {
+        bookie::LongPollReply::Ok(r) => Reply::LongPoll {
+            ledger: r.ledger,
+            lac: r.lac,
+            next_entry: r.next_entry.map(|(e, data)| (e, data.to_vec())),
+        },
+        bookie::LongPollReply::Failed { status, message } => Reply::Failed {
+            status,
+            message: message.to_string(),
+        },
+    }
+}
+
 /// Connections by bookie and lane, made on first use and replaced when they die.
 #[derive(Default)]
 pub(crate) struct Pool {
@@ -275,6 +314,17 @@ impl Pool {
             conns: Default::default(),
             read_runtime,
         }
+    }
+
+    /// The lane of every pooled connection (for tests of connection reuse).
+    #[cfg(test)]
+    pub(crate) async fn lanes(&self) -> Vec<Lane> {
+        self.conns
+            .lock()
+            .await
+            .keys()
+            .map(|(_, lane)| *lane)
+            .collect()
     }
 
     pub(crate) async fn get(

@@ -2,9 +2,10 @@
 //! `readLastAddConfirmedAndEntry` over `READ_ENTRY` with `previousLAC` and a timeout,
 //! bookkeeper.md §1.3): a tailing reader learns of new entries without polling.
 //!
-//! Each call asks every bookie of the ledger's last ensemble at once, on a connection of its
-//! own (the request parks on the bookie; the shared request/response connections of
-//! [`crate::conn`] are not tied up), and returns as soon as one bookie reports a LAC past
+//! Each call asks every bookie of the ledger's last ensemble at once, on the client's pooled
+//! read-lane connection to it (the request parks on the bookie; other requests on the same
+//! connection go on, answers being matched by request id), and returns as soon as one bookie
+//! reports a LAC past
 //! `previous` together with entry `previous + 1`. If the LAC moved but no bookie that answered
 //! holds that entry (with E > Qw not every bookie stores every entry), the entry is read from
 //! its write set like any read.
@@ -12,18 +13,13 @@
 use std::time::Duration;
 
 use quire_metadata::BookieId;
-use quire_wire::bookie::{
-    decode_long_poll_response, decode_response, encode_request, LongPollReply, Request, Response,
-    LONG_POLL_TIMEOUT_MS_MAX, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
-};
+use quire_wire::bookie::{encode_request, Request, LONG_POLL_TIMEOUT_MS_MAX};
 use quire_wire::entry::{verify_expected, ENTRY_HEADER_SIZE_BYTES};
-use quire_wire::frame::decode_frame;
 use quire_wire::{EntryId, LedgerId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::{Error, LedgerReader};
+use crate::conn::{Lane, Reply};
+use crate::{BookKeeper, Error, LedgerReader};
 
 /// One bookie's answer: its LAC and, if it held it and it verified, entry `previous + 1`'s
 /// stored bytes.
@@ -68,19 +64,9 @@ impl LedgerReader {
             let tx = tx.clone();
             let b = b.clone();
             let ledger = self.id;
-            let frame_max = config.frame_size_bytes_max;
+            let client = self.client.clone();
             tokio::spawn(async move {
-                let r = tokio::time::timeout(
-                    deadline,
-                    poll_one(&b, ledger, previous, timeout_ms, frame_max),
-                )
-                .await;
-                let r = r.unwrap_or_else(|_| {
-                    Err(Error::Timeout {
-                        bookie: b.0.clone(),
-                        after_ms: deadline.as_millis() as u64,
-                    })
-                });
+                let r = poll_one(&client, &b, ledger, previous, timeout_ms, deadline).await;
                 let _ = tx.send((b, r)).await;
             });
         }
@@ -131,118 +117,62 @@ impl LedgerReader {
     }
 }
 
-/// Sends the handshake and the long-poll on a fresh connection and waits for both answers.
+/// Sends the long-poll to one bookie on its read-lane connection and waits for the answer, at
+/// most `deadline` (the bookie answers by the poll's timeout; the request parks on the bookie
+/// while other requests on the same connection go on, answers being matched by request id).
 async fn poll_one(
+    client: &BookKeeper,
     bookie: &BookieId,
     ledger: LedgerId,
     previous: Option<EntryId>,
     timeout_ms: u32,
-    frame_size_bytes_max: u32,
+    deadline: Duration,
 ) -> Result<Answer, Error> {
-    let unreachable = |reason: String| Error::BookieUnreachable {
-        bookie: bookie.0.clone(),
-        reason,
-    };
-    let mut stream = TcpStream::connect(&bookie.0)
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    stream
-        .set_nodelay(true)
-        .map_err(|e| unreachable(e.to_string()))?;
-    let mut out = Vec::new();
-    encode_request(
-        &mut out,
-        1,
-        &Request::Hello {
-            version_min: PROTOCOL_VERSION_MIN,
-            version_max: PROTOCOL_VERSION_MAX,
-        },
-    );
-    encode_request(
-        &mut out,
-        2,
-        &Request::ReadLacLongPoll {
-            ledger,
-            previous_lac: previous,
-            timeout_ms,
-        },
-    );
-    stream
-        .write_all(&out)
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let mut chunk = vec![0u8; 64 * 1024];
-    let mut hello_done = false;
-    loop {
-        while let Some((frame, used)) =
-            decode_frame(&buf, frame_size_bytes_max).map_err(Error::Protocol)?
-        {
-            if !hello_done {
-                match decode_response(&frame).map_err(Error::Protocol)? {
-                    Response::Hello { .. } => hello_done = true,
-                    Response::Failed {
-                        status, message, ..
-                    } => {
-                        return Err(Error::Bookie {
-                            bookie: bookie.0.clone(),
-                            status,
-                            message: message.to_string(),
-                        })
-                    }
-                    other => {
-                        return Err(Error::Invalid(format!(
-                            "unexpected answer to the handshake: {other:?}"
-                        )))
-                    }
-                }
-            } else {
-                if frame.header.request_id != 2 {
-                    return Err(Error::Invalid(format!(
-                        "answer to unknown request {}",
-                        frame.header.request_id
-                    )));
-                }
-                return match decode_long_poll_response(&frame).map_err(Error::Protocol)? {
-                    LongPollReply::Ok(r) => {
-                        if r.ledger != ledger {
-                            return Err(Error::Invalid(format!(
-                                "long-poll answer names ledger {}",
-                                r.ledger
-                            )));
-                        }
-                        let next_expected = previous.map_or(0, |p| p.0 + 1);
-                        let next_entry = match r.next_entry {
-                            Some((e, _)) if e.0 != next_expected => {
-                                return Err(Error::Invalid(format!(
-                                    "piggybacked entry {e}, expected {next_expected}"
-                                )))
-                            }
-                            Some((_, data)) => Some(data.to_vec()),
-                            None => None,
-                        };
-                        Ok(Answer {
-                            lac: r.lac,
-                            next_entry,
-                        })
-                    }
-                    LongPollReply::Failed { status, message } => Err(Error::Bookie {
-                        bookie: bookie.0.clone(),
-                        status,
-                        message: message.to_string(),
-                    }),
-                };
+    let conn = client.conn(bookie, Lane::Read).await?;
+    let reply = conn
+        .call(deadline, move |out, id| {
+            encode_request(
+                out,
+                id,
+                &Request::ReadLacLongPoll {
+                    ledger,
+                    previous_lac: previous,
+                    timeout_ms,
+                },
+            )
+        })
+        .await?;
+    match reply {
+        Reply::LongPoll {
+            ledger: answered,
+            lac,
+            next_entry,
+        } => {
+            if answered != ledger {
+                return Err(Error::Invalid(format!(
+                    "long-poll answer names ledger {answered}"
+                )));
             }
-            buf.drain(..used);
+            let next_expected = previous.map_or(0, |p| p.0 + 1);
+            let next_entry = match next_entry {
+                Some((e, _)) if e.0 != next_expected => {
+                    return Err(Error::Invalid(format!(
+                        "piggybacked entry {e}, expected {next_expected}"
+                    )))
+                }
+                Some((_, data)) => Some(data),
+                None => None,
+            };
+            Ok(Answer { lac, next_entry })
         }
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        if n == 0 {
-            return Err(unreachable("bookie closed the connection".into()));
-        }
-        buf.extend_from_slice(&chunk[..n]);
+        Reply::Failed { status, message } => Err(Error::Bookie {
+            bookie: bookie.0.clone(),
+            status,
+            message,
+        }),
+        other => Err(Error::Invalid(format!(
+            "unexpected answer to a long poll: {other:?}"
+        ))),
     }
 }
 
@@ -250,7 +180,8 @@ async fn poll_one(
 mod tests {
     //! Goal: a tailing reader's long-poll parks until the writer's next add moves the LAC, then
     //! returns the new LAC with the next entry's payload; a poll whose LAC already passed answers
-    //! at once; a poll with nothing new times out with the unchanged LAC and no entry.
+    //! at once; a poll with nothing new times out with the unchanged LAC and no entry; a parked
+    //! poll does not hold up reads on its connection, and polls reuse the pooled connections.
     //! Method: three real bookies (one shard each) on 127.0.0.1 with O_DIRECT journals under
     //! /tmp, the embedded metadata store, a writer and a reader of one E3/Qw2/Qa2 ledger.
 
@@ -328,6 +259,13 @@ mod tests {
             !poll.is_finished(),
             "the long-poll must park while the LAC stays at 0"
         );
+        // The parked poll shares its connection with plain reads, which still get answers.
+        let zero = tokio::time::timeout(Duration::from_secs(5), reader.read(EntryId(0)))
+            .await
+            .expect("a read beside a parked long poll must not wait for it")
+            .unwrap();
+        assert_eq!(zero, b"zero");
+        assert!(!poll.is_finished());
         writer.add(b"two".to_vec()).await.unwrap();
         let (lac, entry) = poll.await.unwrap().unwrap();
         assert_eq!(lac, Some(EntryId(1)));
@@ -340,6 +278,10 @@ mod tests {
             .unwrap();
         assert_eq!(lac, Some(EntryId(1)));
         assert_eq!(entry, None);
+        // Three polls and a read went over the pooled connections: one per bookie and lane.
+        let lanes = bk.inner.pool.lanes().await;
+        let read_lane = lanes.iter().filter(|l| **l == Lane::Read).count();
+        assert_eq!((lanes.len(), read_lane), (6, 3));
         drop(bookies);
     }
 }
