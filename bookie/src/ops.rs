@@ -157,6 +157,7 @@ pub(crate) fn status_of(err: &EngineError) -> Status {
         EngineError::NoSuchLedger { .. } => Status::NoSuchLedger,
         EngineError::NoSuchEntry { .. } => Status::NoSuchEntry,
         EngineError::TooLarge { .. } => Status::TooLarge,
+        EngineError::WriteCacheFull { .. } => Status::TooManyRequests,
         _ => Status::IoError,
     }
 }

@@ -177,6 +177,11 @@ struct Inner<S: Storage> {
     writer_done: Signal,
     writer_running: Cell<bool>,
     checkpoint_signal: Signal,
+    /// Notified whenever a checkpoint ends (either way): adds waiting for write-cache room
+    /// look again.
+    checkpoint_done: Notify,
+    /// Adds that had to wait for write-cache room (observability).
+    write_cache_waits: Cell<u64>,
     checkpoint_lock: glommio::sync::Semaphore,
     index_file: Rc<S::File>,
     entry_log: RefCell<Option<EntryLogCursor<S::File>>>,
@@ -275,8 +280,9 @@ impl<S: Storage + 'static> Engine<S> {
     /// # Errors
     /// `TooLarge` if `data.len() > entry_size_bytes_max`; `Unauthorized` if the ledger has a
     /// different master key; `Fenced` if the ledger is fenced and `recovery` is false (recovery
-    /// adds are allowed on fenced ledgers, as in BookKeeper); `Io` if the journal failed;
-    /// `Closed` after [`Engine::close`].
+    /// adds are allowed on fenced ledgers, as in BookKeeper); `WriteCacheFull` if the write
+    /// cache stayed full for `write_cache_wait_max` behind a running checkpoint; `Io` if the
+    /// journal failed; `Closed` after [`Engine::close`].
     /// # Cancellation
     /// Dropping the future does not withdraw the add; it may still become durable.
     pub async fn add_entry(
@@ -316,6 +322,7 @@ impl<S: Storage + 'static> Engine<S> {
             }
             st.dirty.insert(ledger);
         }
+        inner.wait_for_write_cache_room().await?;
         let record = Record::Add {
             ledger,
             entry,
@@ -576,7 +583,13 @@ impl<S: Storage + 'static> Engine<S> {
         self.inner.sync_count.get()
     }
 
-    /// Bytes of entry data currently in the write cache (excluding a checkpoint in progress).
+    /// Adds that had to wait for write-cache room since open (see `write_cache_wait_max`).
+    pub fn write_cache_waits(&self) -> u64 {
+        self.inner.write_cache_waits.get()
+    }
+
+    /// Bytes of entry data in the live write cache (not counting a snapshot a checkpoint is
+    /// writing).
     pub fn write_cache_bytes(&self) -> usize {
         self.inner.st.borrow().cache_bytes
     }
@@ -780,6 +793,40 @@ impl<S: Storage> Inner<S> {
         self.create_journal_file(id).await
     }
 
+    /// Back-pressure on adds (BookKeeper `DbLedgerStorage`'s write-cache throttle): while a
+    /// checkpoint is writing one snapshot of the write cache and the live cache has refilled to
+    /// `write_cache_bytes_max`, an add waits for the checkpoint to end, so a shard holds at most
+    /// about two caches' worth of entries however fast adds arrive. Gives up after
+    /// `write_cache_wait_max` with `WriteCacheFull`.
+    async fn wait_for_write_cache_room(&self) -> Result<(), Error> {
+        let started = Instant::now();
+        let mut counted = false;
+        loop {
+            let seen = self.checkpoint_done.generation();
+            let full = {
+                let st = self.st.borrow();
+                st.flushing.is_some() && st.cache_bytes >= self.cfg.write_cache_bytes_max
+            };
+            if !full {
+                return Ok(());
+            }
+            if !counted {
+                counted = true;
+                self.write_cache_waits.set(self.write_cache_waits.get() + 1);
+            }
+            let waited = started.elapsed();
+            let Some(left) = self.cfg.write_cache_wait_max.checked_sub(waited) else {
+                return Err(Error::WriteCacheFull {
+                    waited_ms: waited.as_millis() as u64,
+                });
+            };
+            future::or(self.checkpoint_done.changed_since(seen), async {
+                glommio::timer::sleep(left).await;
+            })
+            .await;
+        }
+    }
+
     /// Journals one group-commit batch: roll to the next file if it does not fit, write,
     /// fdatasync, then complete every add of the batch.
     async fn write_batch(self: &Rc<Self>, batch: Vec<Pending>)
@@ -969,6 +1016,7 @@ impl<S: Storage> Inner<S> {
             (snapshot, st.durable, ledgers)
         };
         let result = self.checkpoint_write(&snapshot, durable, &ledgers).await;
+        self.checkpoint_done.notify_all();
         let mark_file_id = {
             let mut st = self.st.borrow_mut();
             st.flushing = None;
@@ -1627,6 +1675,8 @@ async fn open_inner<S: Storage>(
         writer_done: Signal::default(),
         writer_running: Cell::new(false),
         checkpoint_signal: Signal::default(),
+        checkpoint_done: Notify::default(),
+        write_cache_waits: Cell::new(0),
         checkpoint_lock: glommio::sync::Semaphore::new(1),
         index_file: Rc::new(index_file),
         entry_log: RefCell::new(None),

@@ -39,6 +39,10 @@ pub struct EngineConfig {
     pub group_commit_bytes_max: usize,
     /// Bytes of entry data in the write cache beyond which a checkpoint starts early. Default 64 MiB.
     pub write_cache_bytes_max: usize,
+    /// Longest time an add waits for write-cache room while a checkpoint is writing and the
+    /// live cache is full, before it fails with [`Error::WriteCacheFull`]. Default 10 s
+    /// (BookKeeper `dbStorage_maxThrottleTimeMs`).
+    pub write_cache_wait_max: Duration,
     /// Time between background checkpoints. Default 10 s (BookKeeper `flushInterval`).
     pub checkpoint_interval: Duration,
     /// An entry log rolls to a new file beyond this size. Default 1 GiB (BookKeeper `logSizeLimit`).
@@ -78,6 +82,7 @@ impl EngineConfig {
             group_commit_wait_max: Duration::ZERO,
             group_commit_bytes_max: 512 << 10,
             write_cache_bytes_max: 64 << 20,
+            write_cache_wait_max: Duration::from_secs(10),
             checkpoint_interval: Duration::from_secs(10),
             entry_log_size_bytes_max: 1 << 30,
             entry_size_bytes_max: 5 << 20,
@@ -173,6 +178,11 @@ pub enum Error {
     /// The entry is larger than `EngineConfig::entry_size_bytes_max`.
     #[error("entry of {size_bytes} bytes exceeds the maximum of {max} bytes")]
     TooLarge { size_bytes: usize, max: usize },
+    /// The write cache stayed full for `write_cache_wait_max` while a checkpoint was writing:
+    /// the shard takes adds faster than it can move them to entry logs. Retry later (the
+    /// bookie answers `TooManyRequests`).
+    #[error("write cache full: no room after waiting {waited_ms} ms for a checkpoint")]
+    WriteCacheFull { waited_ms: u64 },
     /// The engine was closed.
     #[error("engine is closed")]
     Closed,
