@@ -308,6 +308,9 @@ impl<S: Storage + 'static> Engine<S> {
             lac != Some(format::LAC_NONE),
             "LAC u64::MAX is not a valid entry id"
         );
+        // Wait for room before the checks: from the fence check to the submission below there
+        // is no await, so an add is never acknowledged after a fence of its ledger was answered.
+        inner.wait_for_write_cache_room().await?;
         {
             let mut st = inner.st.borrow_mut();
             inner.check_failed(&st)?;
@@ -322,7 +325,6 @@ impl<S: Storage + 'static> Engine<S> {
             }
             st.dirty.insert(ledger);
         }
-        inner.wait_for_write_cache_room().await?;
         let record = Record::Add {
             ledger,
             entry,
