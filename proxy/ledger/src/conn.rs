@@ -1,5 +1,5 @@
-//! Pipelined connections to bookies: two TCP connections per bookie (one per [`Lane`]), shared
-//! by every ledger of this client. A writer task batches outgoing frames into one `write_all`; a
+//! Pipelined connections to bookies: up to three TCP connections per bookie (one per [`Lane`]),
+//! shared by every ledger of this client. A writer task batches outgoing frames into one `write_all`; a
 //! reader task matches responses to requests by request id.
 
 use std::collections::HashMap;
@@ -64,6 +64,11 @@ pub(crate) enum Lane {
     Tail,
     /// Entry reads without fencing: catch-up and tailing readers.
     Read,
+    /// Long-poll LAC reads, which park on the bookie for up to their timeout. They get a
+    /// connection of their own because a bookie stops reading a connection with
+    /// `IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX` (1024) requests in flight: parked polls must not
+    /// hold plain reads back. Polls beyond that many per bookie wait for a slot.
+    LongPoll,
 }
 
 /// One live connection to one bookie.
@@ -342,7 +347,7 @@ impl Pool {
             }
         }
         let runtime = match (lane, &self.read_runtime) {
-            (Lane::Read, Some(h)) => h.clone(),
+            (Lane::Read | Lane::LongPoll, Some(h)) => h.clone(),
             _ => tokio::runtime::Handle::current(),
         };
         let c = Conn::connect(bookie, frame_size_bytes_max, timeout, &runtime).await?;

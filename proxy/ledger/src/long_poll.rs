@@ -3,9 +3,9 @@
 //! bookkeeper.md §1.3): a tailing reader learns of new entries without polling.
 //!
 //! Each call asks every bookie of the ledger's last ensemble at once, on the client's pooled
-//! read-lane connection to it (the request parks on the bookie; other requests on the same
-//! connection go on, answers being matched by request id), and returns as soon as one bookie
-//! reports a LAC past
+//! long-poll connection to it (the request parks on the bookie; other polls on the same
+//! connection go on, answers being matched by request id, and plain reads have a connection of
+//! their own), and returns as soon as one bookie reports a LAC past
 //! `previous` together with entry `previous + 1`. If the LAC moved but no bookie that answered
 //! holds that entry (with E > Qw not every bookie stores every entry), the entry is read from
 //! its write set like any read.
@@ -117,9 +117,8 @@ impl LedgerReader {
     }
 }
 
-/// Sends the long-poll to one bookie on its read-lane connection and waits for the answer, at
-/// most `deadline` (the bookie answers by the poll's timeout; the request parks on the bookie
-/// while other requests on the same connection go on, answers being matched by request id).
+/// Sends the long-poll to one bookie on its long-poll connection and waits for the answer, at
+/// most `deadline` (the bookie answers by the poll's timeout).
 async fn poll_one(
     client: &BookKeeper,
     bookie: &BookieId,
@@ -128,7 +127,7 @@ async fn poll_one(
     timeout_ms: u32,
     deadline: Duration,
 ) -> Result<Answer, Error> {
-    let conn = client.conn(bookie, Lane::Read).await?;
+    let conn = client.conn(bookie, Lane::LongPoll).await?;
     let reply = conn
         .call(deadline, move |out, id| {
             encode_request(
@@ -181,7 +180,7 @@ mod tests {
     //! Goal: a tailing reader's long-poll parks until the writer's next add moves the LAC, then
     //! returns the new LAC with the next entry's payload; a poll whose LAC already passed answers
     //! at once; a poll with nothing new times out with the unchanged LAC and no entry; a parked
-    //! poll does not hold up reads on its connection, and polls reuse the pooled connections.
+    //! poll does not hold up reads, and polls reuse the pooled connections.
     //! Method: three real bookies (one shard each) on 127.0.0.1 with O_DIRECT journals under
     //! /tmp, the embedded metadata store, a writer and a reader of one E3/Qw2/Qa2 ledger.
 
@@ -259,7 +258,7 @@ mod tests {
             !poll.is_finished(),
             "the long-poll must park while the LAC stays at 0"
         );
-        // The parked poll shares its connection with plain reads, which still get answers.
+        // Plain reads beside the parked poll still get answers.
         let zero = tokio::time::timeout(Duration::from_secs(5), reader.read(EntryId(0)))
             .await
             .expect("a read beside a parked long poll must not wait for it")
@@ -278,10 +277,14 @@ mod tests {
             .unwrap();
         assert_eq!(lac, Some(EntryId(1)));
         assert_eq!(entry, None);
-        // Three polls and a read went over the pooled connections: one per bookie and lane.
+        // Three polls and a read went over the pooled connections: one per bookie and lane
+        // (adds: 3 bookies; polls: 3; the read of entry 0: the first replica asked answered).
         let lanes = bk.inner.pool.lanes().await;
-        let read_lane = lanes.iter().filter(|l| **l == Lane::Read).count();
-        assert_eq!((lanes.len(), read_lane), (6, 3));
+        let count = |lane: Lane| lanes.iter().filter(|l| **l == lane).count();
+        assert_eq!(
+            (count(Lane::Tail), count(Lane::LongPoll), count(Lane::Read)),
+            (3, 3, 1)
+        );
         drop(bookies);
     }
 }
