@@ -40,8 +40,9 @@ pub struct EngineConfig {
     /// Bytes of entry data in the write cache beyond which a checkpoint starts early. Default 64 MiB.
     pub write_cache_bytes_max: usize,
     /// Longest time an add waits for write-cache room while a checkpoint is writing and the
-    /// live cache is full, before it fails with [`Error::WriteCacheFull`]. Default 10 s
-    /// (BookKeeper `dbStorage_maxThrottleTimeMs`).
+    /// live cache is full, before it fails with [`Error::WriteCacheFull`] (BookKeeper
+    /// `dbStorage_maxThrottleTimeMs`). Default 4 s: below the ledger client's 5 s request
+    /// timeout, so the client hears "too many requests" instead of silence.
     pub write_cache_wait_max: Duration,
     /// Time between background checkpoints. Default 10 s (BookKeeper `flushInterval`).
     pub checkpoint_interval: Duration,
@@ -82,7 +83,7 @@ impl EngineConfig {
             group_commit_wait_max: Duration::ZERO,
             group_commit_bytes_max: 512 << 10,
             write_cache_bytes_max: 64 << 20,
-            write_cache_wait_max: Duration::from_secs(10),
+            write_cache_wait_max: Duration::from_secs(4),
             checkpoint_interval: Duration::from_secs(10),
             entry_log_size_bytes_max: 1 << 30,
             entry_size_bytes_max: 5 << 20,

@@ -20,6 +20,9 @@ use quire_engine::Engine;
 const ENTRY_BYTES: usize = 16 << 10;
 const CACHE_BYTES: usize = 256 << 10;
 
+/// (entry, fence already answered when the add was issued, result) per add, in order.
+type Outcomes = Rc<RefCell<Vec<(u64, bool, Result<(), String>)>>>;
+
 #[test]
 fn an_add_parked_for_write_cache_room_is_refused_after_a_fence() {
     let dir = tempdir();
@@ -31,8 +34,7 @@ fn an_add_parked_for_write_cache_room_is_refused_after_a_fence() {
     run(move || async move {
         let engine = Rc::new(Engine::open(cfg).await.unwrap());
         let fence_done = Rc::new(Cell::new(false));
-        // (entry, fence already answered when the add was issued, result)
-        let outcomes: Rc<RefCell<Vec<(u64, bool, Result<(), String>)>>> = Rc::default();
+        let outcomes: Outcomes = Rc::default();
         let writer = {
             let (engine, fence_done, outcomes) =
                 (engine.clone(), fence_done.clone(), outcomes.clone());
@@ -70,7 +72,7 @@ fn an_add_parked_for_write_cache_room_is_refused_after_a_fence() {
         let lac_at_fence = engine.fence(1, KEY).await.unwrap();
         fence_done.set(true);
         writer.await;
-        let outcomes = outcomes.borrow();
+        let outcomes = outcomes.borrow().clone();
         let parked = outcomes
             .iter()
             .find(|(e, _, _)| *e == parked_entry)

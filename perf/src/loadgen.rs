@@ -27,6 +27,9 @@ use crate::hist::{LatencyHistogram, Summary};
 use crate::progress::Counters;
 use crate::schedule::{latency_from_intended, Schedule};
 
+/// Due send indices queued from the ticker thread to the dispatcher at most.
+const DUE_QUEUE_MAX: usize = 4096;
+
 /// Settings of one open-loop run.
 #[derive(Debug, Clone, Copy)]
 pub struct OpenLoopConfig {
@@ -157,7 +160,10 @@ where
     // tokio's timers fire on a 1 ms wheel, so sleeping until each intended time would issue
     // sends up to 1 ms late and charge the harness's own timer to the cluster. A ticker thread
     // sleeps with the kernel's high-resolution timers instead and hands each due index over.
-    let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    // Bounded: when sends are held back (`in_flight_max`), the ticker waits too instead of
+    // queueing indices without limit; the held-back sends are still measured from their
+    // intended times.
+    let (due_tx, mut due_rx) = tokio::sync::mpsc::channel::<u64>(DUE_QUEUE_MAX);
     let ticker = std::thread::Builder::new()
         .name("quire-perf-ticker".into())
         .spawn(move || {
@@ -168,7 +174,7 @@ where
                 if !wait.is_zero() {
                     std::thread::sleep(wait);
                 }
-                if due_tx.send(i).is_err() {
+                if due_tx.blocking_send(i).is_err() {
                     return;
                 }
             }

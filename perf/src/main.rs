@@ -79,8 +79,10 @@ struct Args {
     seconds: f64,
     /// OS nice value of the isolation run's scanner thread. The scanner stands for a reader on
     /// another host; on one machine its own decoding would otherwise take the cores from the
-    /// cluster under test. 0 makes it compete at the cluster's priority.
-    #[arg(long, default_value_t = quire_proxy::CATCH_UP_READ_NICE)]
+    /// cluster under test. 0 makes it compete at the cluster's priority; values below 0 (above
+    /// the cluster) are refused.
+    #[arg(long, default_value_t = quire_proxy::CATCH_UP_READ_NICE,
+          value_parser = clap::value_parser!(i32).range(0..=19))]
     scanner_nice: i32,
     /// Write calls outstanding at most (later sends wait and are measured late).
     #[arg(long, default_value_t = 1000)]

@@ -300,6 +300,9 @@ pub struct StreamManager {
     identity: String,
     streams: Mutex<HashMap<String, Arc<OnceCell<Arc<StreamHandle>>>>>,
     shutting_down: AtomicBool,
+    /// The runtime the manager was made on: stream tasks run there even when an acquisition
+    /// happens inside a catch-up read on the lower-priority read runtime.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for StreamManager {
@@ -351,6 +354,7 @@ impl StreamManager {
             config: Arc::new(config),
             streams: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
@@ -532,8 +536,8 @@ impl StreamManager {
 
     /// Whether a read of `name` from `from` would fetch its first entry from the bookies (a
     /// catch-up read) rather than take it from the tail cache or wait at the tail. `false` when
-    /// the stream is not acquired by this proxy (the read itself then acquires it or answers
-    /// with a redirect). The server runs catch-up reads on its lower-priority read runtime.
+    /// the stream is not acquired by this proxy, or its acquisition is over (the read itself then
+    /// acquires it or answers with a redirect). The server runs catch-up reads on its lower-priority read runtime.
     pub fn is_catch_up_read(&self, name: &str, from: ReadPosition) -> bool {
         let handle = {
             let streams = self.streams.lock().expect("streams lock");
@@ -542,6 +546,10 @@ impl StreamManager {
                 None => return false,
             }
         };
+        if handle.lost_reason().is_some() {
+            // The read would acquire the stream afresh: not a catch-up read's business.
+            return false;
+        }
         let pos = match from {
             ReadPosition::Head => Dlsn::new(0, 0, 0),
             ReadPosition::Dlsn(d) => d,
@@ -810,7 +818,10 @@ impl StreamManager {
             return Err(e);
         }
         let (tx, rx) = mpsc::channel(self.config.append_queue_max);
-        tokio::spawn(writer.run(rx));
+        match &self.runtime {
+            Some(rt) => drop(rt.spawn(writer.run(rx))),
+            None => drop(tokio::spawn(writer.run(rx))),
+        }
         tracing::info!(stream = name, owner = %self.identity, "acquired stream");
         Ok(Arc::new(StreamHandle {
             name: name.to_string(),

@@ -308,9 +308,12 @@ fn owned_long_poll(r: bookie::LongPollReply<'_>) -> Reply {
 #[derive(Default)]
 pub(crate) struct Pool {
     conns: tokio::sync::Mutex<HashMap<(BookieId, Lane), Arc<Conn>>>,
-    /// Where the read lane's connection tasks run (`None`: the runtime of the caller that
-    /// makes the connection).
+    /// Where the read and long-poll lanes' connection tasks run (`None`: the runtime of the
+    /// caller that makes the connection).
     read_runtime: Option<tokio::runtime::Handle>,
+    /// Where the tail lane's connection tasks run: the runtime the client was made on, so that
+    /// a connection first needed inside a catch-up read does not inherit its low priority.
+    tail_runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Pool {
@@ -318,6 +321,7 @@ impl Pool {
         Self {
             conns: Default::default(),
             read_runtime,
+            tail_runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -346,10 +350,13 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let runtime = match (lane, &self.read_runtime) {
-            (Lane::Read | Lane::LongPoll, Some(h)) => h.clone(),
-            _ => tokio::runtime::Handle::current(),
+        let preferred = match lane {
+            Lane::Read | Lane::LongPoll => &self.read_runtime,
+            Lane::Tail => &self.tail_runtime,
         };
+        let runtime = preferred
+            .clone()
+            .unwrap_or_else(tokio::runtime::Handle::current);
         let c = Conn::connect(bookie, frame_size_bytes_max, timeout, &runtime).await?;
         conns.insert(key, c.clone());
         Ok(c)

@@ -197,8 +197,9 @@ impl BookKeeper {
         Self::build(metadata, config, None)
     }
 
-    /// Makes a client whose entry-read connections (one per bookie, apart from the connection
-    /// that carries adds, fences and LAC reads) run their socket tasks on `read_runtime`: a
+    /// Makes a client whose entry-read and long-poll connections (one of each per bookie, apart
+    /// from the connection that carries adds, fences and LAC reads) run their socket tasks on
+    /// `read_runtime`: a
     /// server gives it a runtime of lower priority so that decoding bulk catch-up reads does
     /// not take CPU from tail writes.
     pub fn with_read_runtime(
