@@ -230,10 +230,12 @@ impl BookKeeper {
         &self.inner.metadata
     }
 
-    /// Creates a ledger on E randomly chosen writable bookies and connects to them.
+    /// Creates a ledger on E randomly chosen writable bookies it can connect to (bookies that
+    /// failed lately are tried last; one that cannot be reached is quarantined and skipped).
     ///
     /// # Errors
-    /// `Invalid` unless E >= Qw >= Qa >= 1; `NotEnoughBookies`; `BookieUnreachable`; `Metadata`.
+    /// `Invalid` unless E >= Qw >= Qa >= 1; `NotEnoughBookies` (fewer than E registered);
+    /// `BookieUnreachable` (fewer than E reachable: the last connect error); `Metadata`.
     pub async fn create_ledger(&self, opts: LedgerOptions) -> Result<LedgerWriter, Error> {
         let (e, w, a) = (opts.ensemble_size, opts.write_quorum, opts.ack_quorum);
         if !(e >= w && w >= a && a >= 1) {
@@ -260,7 +262,37 @@ impl BookKeeper {
             use rand::seq::SliceRandom;
             candidates.shuffle(&mut rand::thread_rng());
         }
-        candidates.truncate(usize::from(e));
+        // Bookies that failed lately go last; a registered bookie that cannot be connected to
+        // (dead, its registration not yet expired) is quarantined and the next one is tried, so
+        // a new ledger does not wait for the registry to notice a crash.
+        let quarantined = self.quarantined();
+        candidates.sort_by_key(|b| quarantined.contains(b));
+        let mut ensemble = Vec::with_capacity(usize::from(e));
+        let mut last_err = None;
+        for b in &candidates {
+            if ensemble.len() == usize::from(e) {
+                break;
+            }
+            match self.conn(b, Lane::Tail).await {
+                Ok(conn) => ensemble.push(Slot {
+                    bookie: b.clone(),
+                    conn,
+                    generation: 0,
+                }),
+                Err(err) => {
+                    tracing::warn!(bookie = %b.0, error = %err, "skipping an unreachable bookie for a new ledger");
+                    self.quarantine(b);
+                    last_err = Some(err);
+                }
+            }
+        }
+        if ensemble.len() < usize::from(e) {
+            return Err(last_err.unwrap_or(Error::NotEnoughBookies {
+                needed: usize::from(e),
+                available: ensemble.len(),
+            }));
+        }
+        let candidates: Vec<BookieId> = ensemble.iter().map(|s| s.bookie.clone()).collect();
         let key = master_key(&opts.password);
         let id = self.inner.metadata.allocate_ledger_id().await?;
         let meta = LedgerMetadata {
@@ -281,14 +313,6 @@ impl BookKeeper {
             custom: opts.custom,
         };
         let version = self.inner.metadata.create_ledger(id, &meta).await?;
-        let mut ensemble = Vec::with_capacity(candidates.len());
-        for b in &candidates {
-            ensemble.push(Slot {
-                bookie: b.clone(),
-                conn: self.conn(b, Lane::Tail).await?,
-                generation: 0,
-            });
-        }
         Ok(LedgerWriter {
             shared: Arc::new(WriterShared {
                 client: self.clone(),

@@ -513,3 +513,33 @@ async fn recovery_of_a_two_fragment_ledger_whose_writer_died() {
     );
     drop(c.bookies);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_ledgers_skip_a_dead_bookie_that_is_still_registered() {
+    // Goal: a bookie that died but whose registration has not expired yet (ZooKeeper keeps the
+    // ephemeral node for a session timeout) does not make ledger creation fail: the client
+    // skips it, quarantines it, and builds the ensemble from the bookies it can reach.
+    // Method: 4 real bookies registered, one shut down (its registration stays); create 12
+    // ledgers with E=3 (without the skip, each creation picks the dead bookie with probability
+    // 3/4); every creation succeeds, no ensemble names the dead bookie, and each ledger takes
+    // and reads back an entry.
+    let mut c = cluster(4).await;
+    c.shutdown(1).await.unwrap();
+    let dead = BookieId(c.addrs[1].to_string());
+    let bk = BookKeeper::new(c.store.clone(), ClientConfig::default());
+    for i in 0..12u64 {
+        let w = bk
+            .create_ledger(options(3, 3, 2))
+            .await
+            .unwrap_or_else(|e| panic!("ledger {i} not created: {e}"));
+        let meta = c.store.read_ledger(w.id()).await.unwrap().value;
+        assert!(
+            !meta.fragments[0].bookies.contains(&dead),
+            "ledger {i} was placed on the dead bookie: {:?}",
+            meta.fragments[0].bookies
+        );
+        w.add(payload(i)).await.unwrap();
+        let r = bk.open_ledger(w.id()).await.unwrap();
+        assert_eq!(r.read(EntryId(0)).await.unwrap(), payload(i));
+    }
+}
