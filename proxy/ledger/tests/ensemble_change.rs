@@ -207,6 +207,16 @@ fn check_replicas(
     }
 }
 
+/// Failures in these tests are bookies shut down (their connections close at once), never
+/// silence, so the request timeout is long: on a starved machine (a build next to the test)
+/// the default 5 s made a healthy bookie look failed and changed the ensemble too early.
+fn client_config() -> ClientConfig {
+    ClientConfig {
+        request_timeout: std::time::Duration::from_secs(60),
+        ..ClientConfig::default()
+    }
+}
+
 fn options(e: u8, w: u8, a: u8) -> LedgerOptions {
     LedgerOptions {
         ensemble_size: e,
@@ -253,7 +263,7 @@ async fn bookie_dies_mid_stream(e: u8, w: u8, a: u8) {
     let (before, after) = (150u64, 250u64);
     let total = before + after;
     let mut c = cluster(4).await;
-    let bk = BookKeeper::new(c.store.clone(), ClientConfig::default());
+    let bk = BookKeeper::new(c.store.clone(), client_config());
     let writer = Arc::new(bk.create_ledger(options(e, w, a)).await.unwrap());
     let first_ensemble = writer.ensemble();
     let victim = c.index_of(&first_ensemble[1]);
@@ -378,7 +388,7 @@ async fn no_spare_bookie_continues_on_ack_quorum_then_fails_clearly() {
     // adds succeeding on the other two; a second failure fails the writer with a clear error,
     // and close still ends the ledger at the LAC with every entry readable.
     let mut c = cluster(3).await;
-    let bk = BookKeeper::new(c.store.clone(), ClientConfig::default());
+    let bk = BookKeeper::new(c.store.clone(), client_config());
     let writer = bk.create_ledger(options(3, 3, 2)).await.unwrap();
     let ensemble = writer.ensemble();
     let mut futures: Vec<AddFuture> = (0..100).map(|i| writer.add(payload(i))).collect();
@@ -451,7 +461,7 @@ async fn recovery_of_a_two_fragment_ledger_whose_writer_died() {
     // is shut down after 100 confirmed adds, 100 more are confirmed (ensemble change), then 60
     // adds are issued and the writer is abandoned; a second client recovers.
     let mut c = cluster(4).await;
-    let bk = BookKeeper::new(c.store.clone(), ClientConfig::default());
+    let bk = BookKeeper::new(c.store.clone(), client_config());
     let writer = bk.create_ledger(options(3, 3, 2)).await.unwrap();
     for i in 0..100 {
         writer.add(payload(i)).await.unwrap();
@@ -466,7 +476,7 @@ async fn recovery_of_a_two_fragment_ledger_whose_writer_died() {
     let lac = writer.lac().unwrap().0;
     let in_flight: Vec<AddFuture> = (200..260).map(|i| writer.add(payload(i))).collect();
 
-    let bk2 = BookKeeper::new(c.store.clone(), ClientConfig::default());
+    let bk2 = BookKeeper::new(c.store.clone(), client_config());
     let meta = bk2.recover_ledger(writer.id()).await.unwrap();
     assert_eq!(meta.state, LedgerState::Closed);
     assert_eq!(meta.fragments.len(), 2, "{meta:?}");
@@ -526,12 +536,17 @@ async fn new_ledgers_skip_a_dead_bookie_that_is_still_registered() {
     let mut c = cluster(4).await;
     c.shutdown(1).await.unwrap();
     let dead = BookieId(c.addrs[1].to_string());
-    let bk = BookKeeper::new(c.store.clone(), ClientConfig::default());
+    let bk = BookKeeper::new(c.store.clone(), client_config());
     for i in 0..12u64 {
         let w = bk
             .create_ledger(options(3, 3, 2))
             .await
-            .unwrap_or_else(|e| panic!("ledger {i} not created: {e}"));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "ledger {i} not created: {e} (bookies {:?}, dead {dead:?})",
+                    c.addrs
+                )
+            });
         let meta = c.store.read_ledger(w.id()).await.unwrap().value;
         assert!(
             !meta.fragments[0].bookies.contains(&dead),
