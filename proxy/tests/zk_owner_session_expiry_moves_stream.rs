@@ -4,9 +4,9 @@
 //! OWNERSHIP_LOST, B takes the stream over (recovering A's in-progress segment, writing into a
 //! new one), and every acknowledged record reads back once and in order.
 //! Method: a real ZooKeeper (quire-testkit) and real bookies in-process; three ZooKeeper
-//! sessions (bookie registry, proxy A, proxy B); A's session is made to expire by attaching a
-//! second connection to it and closing that (the server then ends the session and deletes its
-//! ephemeral nodes).
+//! sessions (bookie registry, proxy A, proxy B); A reaches ZooKeeper through a loopback relay
+//! (`TcpRelay`) that the test cuts, so A's session expires: the server deletes its ephemeral
+//! nodes after the session timeout, and A's client gives up reconnecting after 1.4 × that.
 
 mod common;
 
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use quire_metadata::{SegmentState, ZkStore};
 use quire_proxy::{Dlsn, ErrorCode, ProxyClient, ReadPosition};
-use quire_testkit::ZooKeeperServer;
+use quire_testkit::{TcpRelay, ZooKeeperServer};
 
 const SESSION: Duration = Duration::from_secs(6);
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -54,7 +54,10 @@ async fn owner_session_expiry_moves_the_stream() {
         .tempdir_in("/tmp")
         .unwrap();
     let c = common::cluster_with(dir, Arc::new(registry)).await;
-    let a_store = ZkStore::connect(&connect, "/quire", SESSION).await.unwrap();
+    let a_relay = TcpRelay::start(zk.connect_string().parse().unwrap());
+    let a_store = ZkStore::connect(&a_relay.connect_string(), "/quire", SESSION)
+        .await
+        .unwrap();
     let b_store = ZkStore::connect(&connect, "/quire", SESSION).await.unwrap();
     let a = common::proxy_on(Arc::new(a_store.clone()), common::small_config()).await;
     let b = common::proxy_on(Arc::new(b_store.clone()), common::small_config()).await;
@@ -96,26 +99,12 @@ async fn owner_session_expiry_moves_the_stream() {
 
     // Expire A's session.
     let mut a_lost = a_store.session_lost();
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            let session = a_store.client().session().clone();
-            if let Ok(hijack) = zookeeper_client::Client::connector()
-                .with_session(session)
-                .connect(&connect)
-                .await
-            {
-                drop(hijack);
-            }
-            if tokio::time::timeout(Duration::from_secs(10), a_lost.wait_for(|l| *l))
-                .await
-                .is_ok()
-            {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("A's session must expire");
+    assert!(!*a_lost.borrow());
+    a_relay.cut();
+    tokio::time::timeout(PATIENCE, a_lost.wait_for(|l| *l))
+        .await
+        .expect("A's session must expire")
+        .unwrap();
     drop(a_store);
 
     // A's next write is refused: it no longer owns the stream.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use quire_metadata::*;
-use quire_testkit::ZooKeeperServer;
+use quire_testkit::{TcpRelay, ZooKeeperServer};
 use quire_wire::LedgerId;
 
 const SESSION: Duration = Duration::from_secs(6);
@@ -323,14 +323,17 @@ async fn bookie_registrations_are_ephemeral() {
 /// clients exactly one wins and the other learns the owner; the winner's lease flips `lost`
 /// when its session expires, after which the other client can acquire; release works and
 /// `stream_owner` reports the holder.
-/// Method: A and B race `try_acquire_stream` concurrently; then A's session is forced to expire
-/// by attaching a second connection to A's session id and closing it (the server then deletes
-/// A's ephemeral nodes, and A's own reconnect is told the session expired); wait for A's lease
-/// and `session_lost` to flip, then B acquires, releases, and acquires again.
+/// Method: A and B race `try_acquire_stream` concurrently; A talks to ZooKeeper through a
+/// loopback relay (`TcpRelay`), which the test then cuts so that A's session expires (the server
+/// deletes A's ephemeral nodes; A's client gives up reconnecting); wait for A's lease and
+/// `session_lost` to flip, then B acquires, releases, and acquires again.
 #[tokio::test]
 async fn stream_lock_race_and_session_expiry() {
     let zk = ZooKeeperServer::start();
-    let a = connect(&zk, "/quire").await;
+    let a_relay = TcpRelay::start(zk.connect_string().parse().unwrap());
+    let a = ZkStore::connect(&a_relay.connect_string(), "/quire", SESSION)
+        .await
+        .expect("connect to ZooKeeper through the relay");
     let b = connect(&zk, "/quire").await;
     let name = "logs/locked";
     assert_eq!(b.stream_owner(name).await.unwrap(), None);
@@ -382,35 +385,17 @@ async fn stream_lock_race_and_session_expiry() {
     let dir = format!("/quire/locks/{}", encode_stream_name(name));
     assert_eq!(b.client().list_children(&dir).await.unwrap().len(), 1);
 
-    // Force A's session to expire: attach to it from a second connection, then close that.
+    // Expire A's session: cut A off from the server. The server expires the session after its
+    // timeout (deleting A's ephemeral nodes), and A's client, unable to reconnect, reports it
+    // expired after 1.4 × the timeout.
     let mut a_lost = a.session_lost();
     let mut lost = lease.lost.clone();
-    // A's client reconnects and may take the session back before the second connection closes
-    // it (the server keeps the newest connection of a session), so retry until it sticks.
-    let expired = tokio::time::timeout(2 * PATIENCE, async {
-        for attempt in 1.. {
-            let session = a.client().session().clone();
-            let t = std::time::Instant::now();
-            let r = zookeeper_client::Client::connector()
-                .with_session(session)
-                .connect(&zk.connect_string())
-                .await;
-            eprintln!(
-                "hijack attempt {attempt}: connect {:?} after {:?}",
-                r.as_ref().map(|_| ()),
-                t.elapsed()
-            );
-            drop(r);
-            if tokio::time::timeout(Duration::from_secs(5), a_lost.wait_for(|l| *l))
-                .await
-                .is_ok()
-            {
-                return;
-            }
-        }
-    })
-    .await;
-    expired.expect("A's session must be lost");
+    assert!(!*a_lost.borrow());
+    a_relay.cut();
+    tokio::time::timeout(PATIENCE, a_lost.wait_for(|l| *l))
+        .await
+        .expect("A's session must be lost")
+        .unwrap();
     tokio::time::timeout(PATIENCE, lost.wait_for(|l| *l))
         .await
         .expect("lease must flip lost")

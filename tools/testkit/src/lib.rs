@@ -1,4 +1,5 @@
-//! Test-only helpers shared by Quire's crates: a real, standalone ZooKeeper server.
+//! Test-only helpers shared by Quire's crates: a real, standalone ZooKeeper server, and a
+//! loopback TCP relay a test can cut ([`TcpRelay`]) to make a ZooKeeper session expire.
 //!
 //! Use it as a dev-dependency (`quire-testkit.workspace = true` under `[dev-dependencies]`):
 //!
@@ -15,6 +16,10 @@
 //! 127.0.0.1 port with its data and logs in a fresh temporary directory, and stopped by its pid.
 //! Each start costs roughly 1–2 s, so share one server between the steps of a test where the
 //! steps do not interfere (use distinct root paths).
+
+mod relay;
+
+pub use relay::TcpRelay;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
