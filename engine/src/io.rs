@@ -8,18 +8,10 @@
 //! All writes are 4 KiB aligned in position and length ([`BLOCK_BYTES`]): that is what O_DIRECT
 //! needs, and it keeps the unit of torn writes we reason about in the format docs one block.
 
-use std::cell::Cell;
-use std::future::{poll_fn, Future};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
 
 use glommio::io::{DmaFile, OpenOptions};
-use glommio::timer::Timer;
 
 /// The alignment of every write position and length, in bytes.
 pub const BLOCK_BYTES: usize = 4096;
@@ -28,85 +20,6 @@ const _: () = assert!(BLOCK_BYTES.is_power_of_two());
 /// Largest single I/O request issued to glommio, in bytes; bigger reads and writes are split.
 /// Bounded so that one request never needs more DMA memory than a test executor owns.
 const IO_CHUNK_BYTES_MAX: usize = 256 * 1024;
-
-/// How often a disk I/O still in flight is polled again even though glommio has not woken its
-/// task. See [`repolled`].
-pub const IO_REPOLL_INTERVAL: Duration = Duration::from_millis(1);
-
-thread_local! {
-    static MISSED_IO_WAKEUPS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// Disk I/Os on this thread (shard) that had completed without waking their task and were found
-/// complete only by the [`IO_REPOLL_INTERVAL`] re-poll. Counted since the thread started.
-pub fn missed_io_wakeups() -> u64 {
-    MISSED_IO_WAKEUPS.with(Cell::get)
-}
-
-/// A waker that notes that it was woken, then wakes the task.
-struct NoteWake {
-    woken: Arc<AtomicBool>,
-    task: Waker,
-}
-
-impl Wake for NoteWake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::Relaxed);
-        self.task.wake_by_ref();
-    }
-}
-
-/// Runs a glommio disk I/O future, polling it again every [`IO_REPOLL_INTERVAL`] while it is
-/// pending, and counts the times it was found complete without having woken its task
-/// ([`missed_io_wakeups`]).
-///
-/// Why: with glommio 0.9 on Linux 6.18, a bookie shard under heavy load sometimes slept through
-/// the completion of a journal write: the write had finished, but its task was not woken until
-/// some unrelated wake-up re-polled it. Journal writes then "took" exactly as long as the next
-/// timer of the shard (2.000 s in a diagnostic run whose only other timer was 2 s), and twice the
-/// shard never woke again: its adds stopped, the ledger client's requests timed out and the
-/// proxy changed ensembles away from it. The re-poll bounds such a miss to one interval; when
-/// nothing is missed it costs one timer per I/O still in flight after its first poll.
-async fn repolled<F: Future>(io: F) -> F::Output {
-    let mut io = pin!(io);
-    let woken = Arc::new(AtomicBool::new(false));
-    let mut tick: Option<Timer> = None;
-    let mut ticked = false;
-    poll_fn(|cx: &mut Context<'_>| {
-        let woken_by_io = woken.swap(false, Ordering::Relaxed);
-        let waker = Waker::from(Arc::new(NoteWake {
-            woken: woken.clone(),
-            task: cx.waker().clone(),
-        }));
-        if let Poll::Ready(v) = io.as_mut().poll(&mut Context::from_waker(&waker)) {
-            if ticked && !woken_by_io {
-                let n = MISSED_IO_WAKEUPS.with(|c| {
-                    c.set(c.get() + 1);
-                    c.get()
-                });
-                if n.is_power_of_two() {
-                    tracing::warn!(
-                        missed = n,
-                        "a disk I/O completed without waking its task; found by the re-poll"
-                    );
-                }
-            }
-            return Poll::Ready(v);
-        }
-        let timer = tick.get_or_insert_with(|| Timer::new(IO_REPOLL_INTERVAL));
-        if Pin::new(&mut *timer).poll(cx).is_ready() {
-            ticked = true;
-            *timer = Timer::new(IO_REPOLL_INTERVAL);
-            let _ = Pin::new(timer).poll(cx);
-        }
-        Poll::Pending
-    })
-    .await
-}
 
 /// One open file. Shard-local.
 // Native `async fn` in a trait: the engine is shard-local and generic over the storage, so the
@@ -220,7 +133,7 @@ impl StorageFile for DmaStorageFile {
         let mut out = Vec::with_capacity(len);
         while out.len() < len {
             let want = (len - out.len()).min(IO_CHUNK_BYTES_MAX);
-            let got = repolled(self.file.read_at(pos + out.len() as u64, want)).await?;
+            let got = self.file.read_at(pos + out.len() as u64, want).await?;
             let n = got.len();
             out.extend_from_slice(&got[..n]);
             if n < want {
@@ -245,7 +158,7 @@ impl StorageFile for DmaStorageFile {
             let n = (data.len() - done).min(IO_CHUNK_BYTES_MAX);
             let mut buf = self.file.alloc_dma_buffer(n);
             buf.as_bytes_mut().copy_from_slice(&data[done..done + n]);
-            let written = repolled(self.file.write_at(buf, pos + done as u64)).await?;
+            let written = self.file.write_at(buf, pos + done as u64).await?;
             if written != n {
                 return Err(io::Error::new(
                     io::ErrorKind::WriteZero,
@@ -258,69 +171,10 @@ impl StorageFile for DmaStorageFile {
     }
 
     async fn fdatasync(&self) -> io::Result<()> {
-        repolled(self.file.fdatasync()).await.map_err(Into::into)
+        self.file.fdatasync().await.map_err(Into::into)
     }
 
     async fn size(&self) -> io::Result<u64> {
         self.file.file_size().await.map_err(Into::into)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Instant;
-
-    /// A future that becomes ready once `at` has passed but never wakes its task: what a disk
-    /// I/O whose completion glommio did not deliver looks like to the engine.
-    struct SilentUntil {
-        at: Instant,
-    }
-
-    impl Future for SilentUntil {
-        type Output = u32;
-        fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<u32> {
-            if Instant::now() >= self.at {
-                Poll::Ready(7)
-            } else {
-                Poll::Pending
-            }
-        }
-    }
-
-    #[test]
-    fn a_completion_that_wakes_nobody_is_found_by_the_re_poll() {
-        // Goal: `repolled` finishes an I/O future that completed without waking its task,
-        // within a few re-poll intervals, and counts it; an I/O that wakes its task normally is
-        // not counted.
-        // Method: a future that turns ready after 20 ms without ever waking (alone it would
-        // hang the test), then a glommio timer (which wakes normally) behind `repolled`.
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .io_memory(1 << 20)
-            .spawn(|| async {
-                let before = missed_io_wakeups();
-                let started = Instant::now();
-                let v = repolled(SilentUntil {
-                    at: started + Duration::from_millis(20),
-                })
-                .await;
-                assert_eq!(v, 7);
-                assert!(
-                    started.elapsed() < Duration::from_secs(2),
-                    "took {:?}",
-                    started.elapsed()
-                );
-                assert_eq!(missed_io_wakeups(), before + 1);
-
-                repolled(Timer::new(Duration::from_millis(20))).await;
-                assert_eq!(
-                    missed_io_wakeups(),
-                    before + 1,
-                    "a normal wake-up was counted"
-                );
-            })
-            .expect("spawn executor")
-            .join()
-            .expect("executor panicked");
     }
 }
