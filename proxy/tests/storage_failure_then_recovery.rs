@@ -9,17 +9,17 @@ mod common;
 
 use std::time::Duration;
 
-use quire_bookie::{Bookie, BookieConfig};
+use quire_bookie::Bookie;
 use quire_metadata::SegmentState;
 use quire_proxy::{ErrorCode, ProxyClient, ReadPosition};
 
 fn restart(c: &common::Cluster, i: usize, addr: std::net::SocketAddr) -> Bookie {
-    let root = c.dir.path().join(format!("bookie{i}"));
-    let mut config = BookieConfig::new(addr, root.join("journal"), root.join("ledgers"));
-    config.shards = 1;
-    config.io_memory_bytes = 1 << 20;
-    config.engine.journal_file_size_bytes = 1 << 20;
-    Bookie::start(config).unwrap()
+    Bookie::start(quire_testkit::bookies::small_bookie_config(
+        c.dir.path(),
+        i,
+        addr,
+    ))
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,9 +16,8 @@ use std::sync::Arc;
 
 use quire_bookie::{Bookie, BookieConfig};
 use quire_ledger::{AddFuture, BookKeeper, ClientConfig, Error, LedgerOptions};
-use quire_metadata::{
-    BookieId, BookieInfo, EmbeddedStore, LedgerMetadata, LedgerState, MetadataStore,
-};
+use quire_metadata::{BookieId, EmbeddedStore, LedgerMetadata, LedgerState, MetadataStore};
+use quire_testkit::bookies::{small_bookie_config, start_registered_bookie};
 use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
 use quire_wire::entry::ENTRY_HEADER_SIZE_BYTES;
 use quire_wire::frame::decode_frame;
@@ -47,24 +46,8 @@ async fn cluster(n: usize) -> Cluster {
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
     let (mut configs, mut bookies, mut addrs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
-        let root = dir.path().join(format!("b{i}"));
-        let mut config = BookieConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            root.join("j"),
-            root.join("l"),
-        );
-        config.shards = 1;
-        config.io_memory_bytes = 1 << 20;
-        config.engine.journal_file_size_bytes = 1 << 20;
-        let bookie = start(config.clone()).await;
-        store
-            .register_bookie(BookieInfo {
-                id: BookieId(bookie.addr().to_string()),
-                rack: None,
-                read_only: false,
-            })
-            .await
-            .unwrap();
+        let config = small_bookie_config(dir.path(), i, "127.0.0.1:0".parse().unwrap());
+        let bookie = start_registered_bookie(config.clone(), &store).await;
         addrs.push(bookie.addr());
         configs.push(config);
         bookies.push(Some(bookie));

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quire_bookie::{Bookie, BookieConfig};
 use quire_ledger::{BookKeeper, ClientConfig, LedgerOptions};
-use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, MetadataStore};
+use quire_metadata::{EmbeddedStore, MetadataStore};
+use quire_testkit::bookies::start_registered_bookies;
 use quire_wire::EntryId;
 
 const PARKED_POLLS: usize = 1100;
@@ -27,31 +27,7 @@ async fn a_read_goes_through_beside_many_parked_long_polls() {
         .tempdir_in("/tmp")
         .unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
-    let mut bookies = Vec::new();
-    for i in 0..3 {
-        let root = dir.path().join(format!("b{i}"));
-        let mut config = BookieConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            root.join("j"),
-            root.join("l"),
-        );
-        config.shards = 1;
-        config.io_memory_bytes = 1 << 20;
-        config.engine.journal_file_size_bytes = 1 << 20;
-        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
-            .await
-            .unwrap()
-            .unwrap();
-        store
-            .register_bookie(BookieInfo {
-                id: BookieId(bookie.addr().to_string()),
-                rack: None,
-                read_only: false,
-            })
-            .await
-            .unwrap();
-        bookies.push(bookie);
-    }
+    let bookies = start_registered_bookies(dir.path(), 3, &store).await;
     let store: Arc<dyn MetadataStore> = Arc::new(store);
     let bk = BookKeeper::new(store, ClientConfig::default());
     let opts = LedgerOptions {

@@ -12,9 +12,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 
-use quire_bookie::{Bookie, BookieConfig};
+use quire_bookie::Bookie;
 use quire_ledger::{BookKeeper, ClientConfig, Error, LedgerOptions};
-use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, LedgerState, MetadataStore};
+use quire_metadata::{EmbeddedStore, LedgerState, MetadataStore};
+use quire_testkit::bookies::start_registered_bookies;
 use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
 use quire_wire::frame::decode_frame;
 use quire_wire::{EntryId, LedgerId};
@@ -31,31 +32,7 @@ async fn cluster() -> Cluster {
         .tempdir_in(std::env::temp_dir())
         .unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
-    let mut bookies = Vec::new();
-    for i in 0..3 {
-        let root = dir.path().join(format!("b{i}"));
-        let mut config = BookieConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            root.join("j"),
-            root.join("l"),
-        );
-        config.shards = 1;
-        config.io_memory_bytes = 1 << 20;
-        config.engine.journal_file_size_bytes = 1 << 20;
-        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
-            .await
-            .unwrap()
-            .unwrap();
-        store
-            .register_bookie(BookieInfo {
-                id: BookieId(bookie.addr().to_string()),
-                rack: None,
-                read_only: false,
-            })
-            .await
-            .unwrap();
-        bookies.push(bookie);
-    }
+    let bookies = start_registered_bookies(dir.path(), 3, &store).await;
     Cluster {
         _dir: dir,
         bookies,

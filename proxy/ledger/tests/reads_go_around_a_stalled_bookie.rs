@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use quire_bookie::{Bookie, BookieConfig};
 use quire_ledger::{BookKeeper, ClientConfig, LedgerOptions};
-use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, MetadataStore};
+use quire_metadata::{BookieId, EmbeddedStore, MetadataStore};
+use quire_testkit::bookies::start_registered_bookies;
 use quire_wire::EntryId;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,31 +24,7 @@ async fn a_stalled_replica_is_asked_last_after_its_first_timeout() {
         .tempdir_in(std::env::temp_dir())
         .unwrap();
     let store = EmbeddedStore::open(&dir.path().join("meta")).unwrap();
-    let mut bookies = Vec::new();
-    for i in 0..3 {
-        let root = dir.path().join(format!("b{i}"));
-        let mut config = BookieConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            root.join("j"),
-            root.join("l"),
-        );
-        config.shards = 1;
-        config.io_memory_bytes = 1 << 20;
-        config.engine.journal_file_size_bytes = 1 << 20;
-        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
-            .await
-            .unwrap()
-            .unwrap();
-        store
-            .register_bookie(BookieInfo {
-                id: BookieId(bookie.addr().to_string()),
-                rack: None,
-                read_only: false,
-            })
-            .await
-            .unwrap();
-        bookies.push(bookie);
-    }
+    let bookies = start_registered_bookies(dir.path(), 3, &store).await;
     let store: Arc<dyn MetadataStore> = Arc::new(store);
     let writer_client = BookKeeper::new(store.clone(), ClientConfig::default());
     let opts = LedgerOptions {

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use quire_bookie::{Bookie, BookieConfig};
+use quire_bookie::Bookie;
 use quire_ledger::BookKeeper;
-use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, MetadataStore};
+use quire_metadata::{EmbeddedStore, MetadataStore};
 use quire_proxy::{ProxyServer, ServerConfig, StreamConfig, StreamManager};
 
 pub struct Cluster {
@@ -40,31 +40,7 @@ pub async fn cluster_revocable() -> (Cluster, Arc<revocable::Revocable>) {
 
 /// Three bookies (directories under `dir`) registered in `store`.
 pub async fn cluster_with(dir: tempfile::TempDir, store: Arc<dyn MetadataStore>) -> Cluster {
-    let mut bookies = Vec::new();
-    for i in 0..3 {
-        let root = dir.path().join(format!("bookie{i}"));
-        let mut config = BookieConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            root.join("journal"),
-            root.join("ledgers"),
-        );
-        config.shards = 1;
-        config.io_memory_bytes = 1 << 20;
-        config.engine.journal_file_size_bytes = 1 << 20;
-        let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
-            .await
-            .unwrap()
-            .unwrap();
-        store
-            .register_bookie(BookieInfo {
-                id: BookieId(bookie.addr().to_string()),
-                rack: None,
-                read_only: false,
-            })
-            .await
-            .unwrap();
-        bookies.push(bookie);
-    }
+    let bookies = quire_testkit::bookies::start_registered_bookies(dir.path(), 3, &*store).await;
     Cluster {
         dir,
         bookies,

@@ -1,5 +1,6 @@
 //! Test-only helpers shared by Quire's crates: a real, standalone ZooKeeper server, and a
-//! loopback TCP relay a test can cut ([`TcpRelay`]) to make a ZooKeeper session expire.
+//! loopback TCP relay a test can cut ([`TcpRelay`]) to make a ZooKeeper session expire, and,
+//! with the `bookies` feature, real one-shard bookies registered in a metadata store.
 //!
 //! Use it as a dev-dependency (`quire-testkit.workspace = true` under `[dev-dependencies]`):
 //!
@@ -17,6 +18,8 @@
 //! Each start costs roughly 1–2 s, so share one server between the steps of a test where the
 //! steps do not interfere (use distinct root paths).
 
+#[cfg(feature = "bookies")]
+pub mod bookies;
 mod relay;
 
 pub use relay::TcpRelay;

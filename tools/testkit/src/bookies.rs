@@ -1,0 +1,62 @@
+//! Real bookies for tests (feature `bookies`): one-shard `quire-bookie` servers on 127.0.0.1
+//! with O_DIRECT journals and entry logs under a test's temporary directory, registered as
+//! writable in a metadata store, as a running bookie registers itself (BookKeeper's
+//! `available` bookies).
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use quire_bookie::{Bookie, BookieConfig};
+use quire_metadata::{BookieId, BookieInfo, MetadataStore};
+
+/// The configuration tests use for bookie `i` under `dir`: journal in `dir/bookie{i}/journal`,
+/// entry logs in `dir/bookie{i}/ledgers`, listening on `addr` (`127.0.0.1:0` for a free port),
+/// one shard, 1 MiB of DMA memory (the memlock limit here is 8 MiB) and 1 MiB journal files.
+/// The same `dir` and `i` give the same directories, so a test can restart a bookie on its data.
+pub fn small_bookie_config(dir: &Path, i: usize, addr: SocketAddr) -> BookieConfig {
+    let root = dir.join(format!("bookie{i}"));
+    let mut config = BookieConfig::new(addr, root.join("journal"), root.join("ledgers"));
+    config.shards = 1;
+    config.io_memory_bytes = 1 << 20;
+    config.engine.journal_file_size_bytes = 1 << 20;
+    config
+}
+
+/// Starts a bookie (on tokio's blocking pool: `Bookie::start` waits for its shards) and
+/// registers it as a writable bookie in `store` under its listening address.
+///
+/// # Panics
+/// This is a test helper: it panics when the bookie cannot start or register.
+pub async fn start_registered_bookie(config: BookieConfig, store: &dyn MetadataStore) -> Bookie {
+    let bookie = tokio::task::spawn_blocking(move || Bookie::start(config))
+        .await
+        .expect("bookie start task")
+        .expect("start bookie");
+    store
+        .register_bookie(BookieInfo {
+            id: BookieId(bookie.addr().to_string()),
+            rack: None,
+            read_only: false,
+        })
+        .await
+        .expect("register bookie");
+    bookie
+}
+
+/// Starts `n` bookies with [`small_bookie_config`] (`i` in `0..n`, free ports) and registers
+/// each in `store`.
+///
+/// # Panics
+/// As [`start_registered_bookie`].
+pub async fn start_registered_bookies(
+    dir: &Path,
+    n: usize,
+    store: &dyn MetadataStore,
+) -> Vec<Bookie> {
+    let mut bookies = Vec::with_capacity(n);
+    for i in 0..n {
+        let config = small_bookie_config(dir, i, SocketAddr::from(([127, 0, 0, 1], 0)));
+        bookies.push(start_registered_bookie(config, store).await);
+    }
+    bookies
+}
