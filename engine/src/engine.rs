@@ -284,6 +284,13 @@ impl<S: Storage + 'static> Engine<S> {
     /// adds are allowed on fenced ledgers, as in BookKeeper); `WriteCacheFull` if the write
     /// cache stayed full for `write_cache_wait_max` behind a running checkpoint; `Io` if the
     /// journal failed; `Closed` after [`Engine::close`].
+    /// # Full disk
+    /// When the next journal file cannot be created (e.g. ENOSPC while pre-writing it), the adds
+    /// waiting for that roll fail with `Io` naming the file, the operation and the OS error
+    /// (kind `StorageFull` for ENOSPC); the journal itself is intact and the next add retries the
+    /// roll, so adds work again once space is freed. A failed journal write or fdatasync instead
+    /// fails every later add until the engine is reopened (replay recovers every acknowledged
+    /// add). Reads are not affected either way.
     /// # Cancellation
     /// Dropping the future does not withdraw the add; it may still become durable.
     pub async fn add_entry(

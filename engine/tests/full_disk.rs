@@ -95,10 +95,40 @@ impl LoopMount {
     }
 }
 
+impl LoopMount {
+    /// Closes this process's descriptors of files on the image. An engine "crashed" by ending
+    /// its executor (common::run) never closes its files, as a killed process would not; the
+    /// kernel would close them at exit, this does it now so that the image can be unmounted.
+    /// The test binary runs this one test only, so no other thread uses these descriptors.
+    fn close_leaked_fds(&self) {
+        let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+            return;
+        };
+        let mut leaked = Vec::new();
+        for item in dir.flatten() {
+            let target = std::fs::read_link(item.path());
+            if target.is_ok_and(|t| t.starts_with(&self.mount_point)) {
+                if let Some(fd) = item
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<i32>().ok())
+                {
+                    leaked.push(fd);
+                }
+            }
+        }
+        for fd in leaked {
+            // SAFETY: the descriptor belongs to a file of a dropped engine; nothing uses it.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
 impl Drop for LoopMount {
     fn drop(&mut self) {
         let mnt = self.mount_point.to_str().unwrap_or_default().to_owned();
         if self.mounted {
+            self.close_leaked_fds();
             // glommio closes a dropped file asynchronously; a file of an engine whose executor
             // ended may stay open a moment (or, after a panic, until the process exits).
             let mut last = Ok(());
