@@ -3,16 +3,21 @@
 //! acknowledged entry; and once space is freed, a reopen replays everything acknowledged
 //! byte-identical and takes new adds (Quire's full-disk rule; BookKeeper keeps acknowledged
 //! entries and turns a full bookie read-only rather than losing or corrupting data).
-//! Method: a 64 MiB ext4 image mounted with `mount -o loop` under /tmp (the tests run as root),
-//! holding the journal and ledger directories and a filler file that takes most of the space.
+//! Method: a 64 MiB ext4 image (`mkfs.ext4 -m 0`) mounted with `mount -o loop` under /tmp (the
+//! tests run as root) holds the journal and ledger directories and a 24 MiB filler file.
 //! 2 MiB journal files and a 256 KiB write cache, so checkpoints (entry logs, index, mark) and
-//! journal rolls run while the disk fills. Four writers add 16 KiB entries to their own ledgers
-//! until each gets an error. Then: every later add fails promptly, every acknowledged entry
-//! reads back on the same engine, the engine closes (its final checkpoint may fail, clearly);
-//! a reopen while the disk is still full serves every acknowledged entry; then the filler is
-//! removed, the engine reopens, replays every acknowledged entry byte-identical, takes new adds,
-//! and after one more reopen they are all there. The image is unmounted and its loop device
-//! detached by a drop guard, also when the test fails.
+//! journal rolls run while the disk fills. Phase 1: four writers add 16 KiB entries to their own
+//! ledgers until each gets an error, which must be `Error::Io` with an ENOSPC source and a
+//! message naming the operation and a path on the image; later adds (old and new ledger) fail
+//! the same way, promptly; every acknowledged entry reads back; a second filler takes the last
+//! free blocks, and a checkpoint of the cached entries fails clearly and loses none of them;
+//! close (final checkpoint) fails clearly too. Phase 2: reopen on the still full disk, every
+//! acknowledged entry reads back, an add fails clearly (or fits); both fillers are removed and
+//! adds on this same engine work again; then a crash (no close). Phase 3: reopen, replay, every
+//! acknowledged entry byte-identical, 20 new adds per ledger, checkpoint, close. Phase 4: reopen
+//! and read everything once more. A hang fails the test after 120 s instead of stalling it.
+//! The image is unmounted and its loop device detached by a drop guard, also when the test
+//! fails; if it cannot be loop-mounted the test fails saying why.
 
 mod common;
 
@@ -44,7 +49,12 @@ struct LoopMount {
 }
 
 fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
-    match Command::new(cmd).args(args).output() {
+    // mkfs.ext4, losetup and mount live in /usr/sbin and /sbin, which a root PATH may lack.
+    let path = format!(
+        "{}:/usr/sbin:/sbin:/usr/bin:/bin",
+        std::env::var("PATH").unwrap_or_default()
+    );
+    match Command::new(cmd).args(args).env("PATH", path).output() {
         Ok(o) if o.status.success() => Ok(()),
         Ok(o) => Err(format!(
             "`{cmd} {}` exited with {}: {}",
@@ -148,7 +158,15 @@ impl Drop for LoopMount {
         }
         // `mount -o loop` sets autoclear, but detach explicitly whatever still holds the image.
         let image = self.image.to_str().unwrap_or_default().to_owned();
-        if let Ok(o) = Command::new("losetup").args(["-j", &image]).output() {
+        let found = Command::new("losetup")
+            .args(["-j", &image])
+            .output()
+            .or_else(|_| {
+                Command::new("/usr/sbin/losetup")
+                    .args(["-j", &image])
+                    .output()
+            });
+        if let Ok(o) = found {
             for line in String::from_utf8_lossy(&o.stdout).lines() {
                 if let Some(dev) = line.split(':').next() {
                     if let Err(e) = sh("losetup", &["-d", dev]) {
@@ -187,6 +205,16 @@ async fn guarded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
         panic!("{what} hung for {HANG_GUARD:?}");
     })
     .await
+}
+
+/// Fills the free space of the filesystem holding `path` with a new file at `path`.
+fn top_off(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("create top-off file");
+    for chunk in [1 << 20, 4096] {
+        let block = vec![0xf2u8; chunk];
+        while f.write_all(&block).and_then(|()| f.sync_data()).is_ok() {}
+    }
 }
 
 /// Lets the executor run a little after an engine was dropped, so that glommio submits the
@@ -291,9 +319,16 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
                 );
             }
 
-            // A checkpoint on the full disk fails clearly or succeeds (it may fit); so does close.
+            // Take the last free blocks (a failed journal roll gives back what it got), so that
+            // the checkpoint of the entries still in the write cache cannot write them.
+            top_off(&root.join("filler-2"));
+            let cached = engine.write_cache_bytes();
             match guarded("checkpoint", engine.checkpoint()).await {
-                Ok(()) => eprintln!("checkpoint on the full disk: ok"),
+                Ok(()) => {
+                    eprintln!("checkpoint on the full disk with {cached} cached bytes: ok");
+                    // Nothing to write (a background checkpoint had just taken the cache).
+                    assert_eq!(cached, 0, "a checkpoint of {cached} bytes fit a full disk");
+                }
                 Err(err) => {
                     eprintln!("checkpoint on the full disk: {err}");
                     assert!(
@@ -301,6 +336,16 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
                         "unclear checkpoint error: {err:?}"
                     );
                 }
+            }
+            // The failed checkpoint kept its entries: everything still reads back.
+            for &(ledger, e) in &expected {
+                let got = guarded("read", engine.read_entry(ledger, Some(e)))
+                    .await
+                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
+                assert!(
+                    got == payload(ledger, e, ENTRY_BYTES),
+                    "ledger {ledger} entry {e} differs after a failed checkpoint"
+                );
             }
             match guarded("close", engine.close()).await {
                 Ok(()) => eprintln!("close on the full disk: ok"),
@@ -370,6 +415,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
             }
 
             std::fs::remove_file(&filler).expect("remove filler");
+            std::fs::remove_file(filler.with_file_name("filler-2")).expect("remove filler-2");
             for ledger in 1..=WRITERS {
                 let first = next_entry(&acked.lock().unwrap(), ledger);
                 for e in first..first + 10 {
