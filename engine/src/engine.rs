@@ -141,8 +141,9 @@ struct State {
     durable: JournalPos,
     mark: Mark,
     /// Set once a journal write or sync failed; the journal is then in an unknown state and
-    /// every later add fails (restart and replay to recover).
-    failed: Option<String>,
+    /// every later add fails (restart and replay to recover). The kind of the first error (e.g.
+    /// `StorageFull` for ENOSPC) and its message, both repeated in every later error.
+    failed: Option<(stdio::ErrorKind, String)>,
 }
 
 struct Pending {
@@ -283,6 +284,13 @@ impl<S: Storage + 'static> Engine<S> {
     /// adds are allowed on fenced ledgers, as in BookKeeper); `WriteCacheFull` if the write
     /// cache stayed full for `write_cache_wait_max` behind a running checkpoint; `Io` if the
     /// journal failed; `Closed` after [`Engine::close`].
+    /// # Full disk
+    /// When the next journal file cannot be created (e.g. ENOSPC while pre-writing it), the adds
+    /// waiting for that roll fail with `Io` naming the file, the operation and the OS error
+    /// (kind `StorageFull` for ENOSPC); the journal itself is intact and the next add retries the
+    /// roll, so adds work again once space is freed. A failed journal write or fdatasync instead
+    /// fails every later add until the engine is reopened (replay recovers every acknowledged
+    /// add). Reads are not affected either way.
     /// # Cancellation
     /// Dropping the future does not withdraw the add; it may still become durable.
     pub async fn add_entry(
@@ -605,11 +613,11 @@ impl<S: Storage> Inner<S> {
     fn check_failed(&self, st: &State) -> Result<(), Error> {
         match &st.failed {
             None => Ok(()),
-            Some(msg) => Err(Error::Io {
+            Some((kind, msg)) => Err(Error::Io {
                 op: "journal write (journal failed earlier)",
                 path: self.journal_path(st.durable.file_id),
                 file_offset_bytes: st.durable.offset,
-                source: stdio::Error::other(msg.clone()),
+                source: stdio::Error::new(*kind, msg.clone()),
             }),
         }
     }
@@ -862,6 +870,9 @@ impl<S: Storage> Inner<S> {
         drop(body);
         pad_to_block(&mut buf);
 
+        // Set once this batch's bytes start going to the journal: a failure after that leaves the
+        // journal in an unknown state, one before (in the roll) leaves it as it was.
+        let journal_touched = Cell::new(false);
         let result: Result<(), Error> = async {
             if cursor.pos + buf.len() as u64 > self.cfg.journal_file_size_bytes
                 && cursor.pos > FILE_HEADER_BYTES as u64
@@ -878,6 +889,7 @@ impl<S: Storage> Inner<S> {
                 };
             }
             let path = self.journal_path(cursor.file_id);
+            journal_touched.set(true);
             self.throttle.journal_busy(true);
             let started = Instant::now();
             let r = async {
@@ -950,7 +962,6 @@ impl<S: Storage> Inner<S> {
                 }
             }
             Err(e) => {
-                tracing::error!("journal failed, every later add fails until restart: {e}");
                 let (op, path, off, kind, msg) = match &e {
                     Error::Io {
                         op,
@@ -972,7 +983,15 @@ impl<S: Storage> Inner<S> {
                         other.to_string(),
                     ),
                 };
-                self.st.borrow_mut().failed = Some(e.to_string());
+                if journal_touched.get() {
+                    tracing::error!("journal failed, every later add fails until restart: {e}");
+                    self.st.borrow_mut().failed = Some((kind, e.to_string()));
+                } else {
+                    // The roll to the next file failed (e.g. ENOSPC while pre-writing it): nothing
+                    // of this batch reached the journal, the current file is intact, and the next
+                    // batch tries the roll again, so adds work again once space is freed.
+                    tracing::error!("journal roll failed; the adds queued now fail: {e}");
+                }
                 *self.journal.borrow_mut() = Some(cursor);
                 for p in batch {
                     p.done.complete(Err(Error::Io {
@@ -1325,22 +1344,34 @@ async fn create_journal_file<S: Storage>(
         .await
         .map_err(io_err("create journal", &tmp, 0))?;
     let size = round_up_block(cfg.journal_file_size_bytes);
-    let header = encode_file_header(JOURNAL_MAGIC, id);
-    f.write_at(0, &header)
-        .await
-        .map_err(io_err("journal header write", &tmp, 0))?;
-    let zeros = vec![0u8; ZERO_CHUNK_BYTES];
-    let mut pos = FILE_HEADER_BYTES as u64;
-    while pos < size {
-        let n = ((size - pos) as usize).min(ZERO_CHUNK_BYTES);
-        bulk_write(&f, pos, &zeros[..n], throttle)
+    let filled: Result<(), Error> = async {
+        let header = encode_file_header(JOURNAL_MAGIC, id);
+        f.write_at(0, &header)
             .await
-            .map_err(|(at, e)| io_err("journal pre-write zeros", &tmp, at)(e))?;
-        pos += n as u64;
+            .map_err(io_err("journal header write", &tmp, 0))?;
+        let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+        let mut pos = FILE_HEADER_BYTES as u64;
+        while pos < size {
+            let n = ((size - pos) as usize).min(ZERO_CHUNK_BYTES);
+            bulk_write(&f, pos, &zeros[..n], throttle)
+                .await
+                .map_err(|(at, e)| io_err("journal pre-write zeros", &tmp, at)(e))?;
+            pos += n as u64;
+        }
+        f.fdatasync()
+            .await
+            .map_err(io_err("journal fdatasync", &tmp, 0))
     }
-    f.fdatasync()
-        .await
-        .map_err(io_err("journal fdatasync", &tmp, 0))?;
+    .await;
+    if let Err(e) = filled {
+        // A half-written temp file would keep the space it got (typically the last free space
+        // of a full disk, which checkpoints then lack); give it back.
+        drop(f);
+        if let Err(re) = storage.remove(&tmp).await {
+            tracing::warn!("removing {} after a failed creation: {re}", tmp.display());
+        }
+        return Err(e);
+    }
     storage
         .rename(&tmp, path)
         .await

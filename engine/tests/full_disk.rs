@@ -1,0 +1,518 @@
+//! Goal: on a genuinely full filesystem the engine fails adds with a clear error that names the
+//! operation, the path and ENOSPC; it never panics or hangs; it keeps serving reads of every
+//! acknowledged entry; and once space is freed, a reopen replays everything acknowledged
+//! byte-identical and takes new adds (Quire's full-disk rule; BookKeeper keeps acknowledged
+//! entries and turns a full bookie read-only rather than losing or corrupting data).
+//! Method: a 64 MiB ext4 image (`mkfs.ext4 -m 0`) mounted with `mount -o loop` under /tmp (the
+//! tests run as root) holds the journal and ledger directories and a 24 MiB filler file.
+//! 2 MiB journal files and a 256 KiB write cache, so checkpoints (entry logs, index, mark) and
+//! journal rolls run while the disk fills. Phase 1: four writers add 16 KiB entries to their own
+//! ledgers until each gets an error, which must be `Error::Io` with an ENOSPC source and a
+//! message naming the operation and a path on the image; later adds (old and new ledger) fail
+//! the same way, promptly; every acknowledged entry reads back; a second filler takes the last
+//! free blocks, and a checkpoint of the cached entries fails clearly and loses none of them;
+//! close (final checkpoint) fails clearly too. Phase 2: reopen on the still full disk, every
+//! acknowledged entry reads back, an add fails clearly (or fits); both fillers are removed and
+//! adds on this same engine work again; then a crash (no close). Phase 3: reopen, replay, every
+//! acknowledged entry byte-identical, 20 new adds per ledger, checkpoint, close. Phase 4: reopen
+//! and read everything once more. A hang fails the test after 120 s instead of stalling it.
+//! The image is unmounted and its loop device detached by a drop guard, also when the test
+//! fails; if it cannot be loop-mounted the test fails saying why.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{config, payload, run, KEY};
+use quire_engine::{Engine, EngineConfig, Error};
+
+const IMAGE_BYTES: u64 = 64 << 20;
+/// Taken before the engine starts, so the disk fills after a few dozen MiB of engine writes.
+const FILLER_BYTES: usize = 24 << 20;
+const ENTRY_BYTES: usize = 16 << 10;
+const WRITERS: u64 = 4;
+/// A guard against a hang (reported as a failure instead of a stuck test), not a timing check.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+/// No writer gets anywhere near this many adds in before the 64 MiB disk is full.
+const ADDS_MAX_PER_WRITER: u64 = 10_000;
+
+/// A small ext4 filesystem in an image file, loop-mounted on a temp dir; unmounted and its
+/// loop device detached on drop.
+struct LoopMount {
+    dir: tempfile::TempDir,
+    image: PathBuf,
+    mount_point: PathBuf,
+    mounted: bool,
+}
+
+fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
+    // mkfs.ext4, losetup and mount live in /usr/sbin and /sbin, which a root PATH may lack.
+    let path = format!(
+        "{}:/usr/sbin:/sbin:/usr/bin:/bin",
+        std::env::var("PATH").unwrap_or_default()
+    );
+    match Command::new(cmd).args(args).env("PATH", path).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "`{cmd} {}` exited with {}: {}",
+            args.join(" "),
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run `{cmd}`: {e}")),
+    }
+}
+
+impl LoopMount {
+    fn new() -> LoopMount {
+        let dir = tempfile::Builder::new()
+            .prefix("quire-full-disk-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let image = dir.path().join("fs.img");
+        let mount_point = dir.path().join("mnt");
+        std::fs::create_dir(&mount_point).expect("create mount point");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(IMAGE_BYTES))
+            .expect("create image file");
+        let mut m = LoopMount {
+            dir,
+            image,
+            mount_point,
+            mounted: false,
+        };
+        let image = m.image.to_str().expect("utf-8 path").to_owned();
+        let mnt = m.mount_point.to_str().expect("utf-8 path").to_owned();
+        // -m 0: no blocks reserved for root (the test runs as root and would otherwise get them).
+        if let Err(e) = sh("mkfs.ext4", &["-q", "-F", "-m", "0", &image]) {
+            panic!("full-disk test needs mkfs.ext4 (Debian package e2fsprogs): {e}");
+        }
+        if let Err(e) = sh("mount", &["-o", "loop", &image, &mnt]) {
+            panic!(
+                "full-disk test needs to loop-mount an ext4 image (as root, with /dev/loop* \
+                 available; packages mount/util-linux): {e}"
+            );
+        }
+        m.mounted = true;
+        m
+    }
+
+    fn path(&self) -> &Path {
+        &self.mount_point
+    }
+}
+
+impl LoopMount {
+    /// Closes this process's descriptors of files on the image. An engine "crashed" by ending
+    /// its executor (common::run) never closes its files, as a killed process would not; the
+    /// kernel would close them at exit, this does it now so that the image can be unmounted.
+    /// The test binary runs this one test only, so no other thread uses these descriptors.
+    fn close_leaked_fds(&self) {
+        let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+            return;
+        };
+        let mut leaked = Vec::new();
+        for item in dir.flatten() {
+            let target = std::fs::read_link(item.path());
+            if target.is_ok_and(|t| t.starts_with(&self.mount_point)) {
+                if let Some(fd) = item
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<i32>().ok())
+                {
+                    leaked.push(fd);
+                }
+            }
+        }
+        for fd in leaked {
+            // SAFETY: the descriptor belongs to a file of a dropped engine; nothing uses it.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        let mnt = self.mount_point.to_str().unwrap_or_default().to_owned();
+        if self.mounted {
+            self.close_leaked_fds();
+            // glommio closes a dropped file asynchronously; a file of an engine whose executor
+            // ended may stay open a moment (or, after a panic, until the process exits).
+            let mut last = Ok(());
+            for _ in 0..20 {
+                last = sh("umount", &[&mnt]);
+                if last.is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if let Err(e) = last {
+                eprintln!("full-disk test: {e}; unmounting lazily");
+                if let Err(e) = sh("umount", &["-l", &mnt]) {
+                    eprintln!("full-disk test: {e}");
+                }
+            }
+        }
+        // `mount -o loop` sets autoclear, but detach explicitly whatever still holds the image.
+        let image = self.image.to_str().unwrap_or_default().to_owned();
+        let found = Command::new("losetup")
+            .args(["-j", &image])
+            .output()
+            .or_else(|_| {
+                Command::new("/usr/sbin/losetup")
+                    .args(["-j", &image])
+                    .output()
+            });
+        if let Ok(o) = found {
+            for line in String::from_utf8_lossy(&o.stdout).lines() {
+                if let Some(dev) = line.split(':').next() {
+                    if let Err(e) = sh("losetup", &["-d", dev]) {
+                        eprintln!("full-disk test: {e}");
+                    }
+                }
+            }
+        }
+        let _ = &self.dir; // removed by its own drop, after the unmount above
+    }
+}
+
+/// Whether `e` is an I/O error caused by ENOSPC whose message names the operation, the path
+/// and the cause.
+fn is_clear_enospc(e: &Error, mount: &Path) -> bool {
+    let Error::Io {
+        op, path, source, ..
+    } = e
+    else {
+        return false;
+    };
+    let text = e.to_string();
+    let enospc = source.raw_os_error() == Some(libc::ENOSPC)
+        || source.kind() == std::io::ErrorKind::StorageFull;
+    enospc
+        && !op.is_empty()
+        && path.starts_with(mount)
+        && text.contains(op)
+        && text.contains(&path.display().to_string())
+        && text.contains("No space left on device")
+}
+
+async fn guarded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    futures_lite::future::or(f, async {
+        glommio::timer::sleep(HANG_GUARD).await;
+        panic!("{what} hung for {HANG_GUARD:?}");
+    })
+    .await
+}
+
+/// Fills the free space of the filesystem holding `path` with a new file at `path`.
+fn top_off(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("create top-off file");
+    for chunk in [1 << 20, 4096] {
+        let block = vec![0xf2u8; chunk];
+        while f.write_all(&block).and_then(|()| f.sync_data()).is_ok() {}
+    }
+}
+
+/// Lets the executor run a little after an engine was dropped, so that glommio submits the
+/// closes of its files (it closes dropped files asynchronously) and the filesystem can be
+/// unmounted. Nothing is measured.
+async fn settle() {
+    glommio::timer::sleep(Duration::from_millis(200)).await;
+}
+
+fn engine_config(mount: &Path) -> EngineConfig {
+    let mut c = config(mount);
+    c.journal_file_size_bytes = 2 << 20;
+    c.write_cache_bytes_max = 256 << 10;
+    c.background_write_bytes_per_second = 0;
+    c.background_sync_bytes = 0;
+    c
+}
+
+#[test]
+fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
+    let mount = LoopMount::new();
+    let root = mount.path().to_path_buf();
+    let filler = root.join("filler");
+    std::fs::write(&filler, vec![0xf1u8; FILLER_BYTES]).expect("write filler");
+    let cfg = engine_config(&root);
+
+    // Phase 1: fill the disk.
+    let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let failures: Arc<Mutex<Vec<String>>> = Arc::default();
+    {
+        let (c, acked, failures, root) =
+            (cfg.clone(), acked.clone(), failures.clone(), root.clone());
+        run(move || async move {
+            let engine = Engine::open(c).await.expect("open on the fresh filesystem");
+            let mut writers = Vec::new();
+            for ledger in 1..=WRITERS {
+                let (engine, acked) = (engine.clone(), acked.clone());
+                writers.push(glommio::spawn_local(async move {
+                    for e in 0..ADDS_MAX_PER_WRITER {
+                        let r = guarded(
+                            "add",
+                            engine.add_entry(
+                                ledger,
+                                e,
+                                KEY,
+                                e.checked_sub(1),
+                                payload(ledger, e, ENTRY_BYTES),
+                                false,
+                            ),
+                        )
+                        .await;
+                        match r {
+                            Ok(()) => acked.lock().unwrap().push((ledger, e)),
+                            Err(err) => return (e, err),
+                        }
+                    }
+                    panic!("ledger {ledger}: {ADDS_MAX_PER_WRITER} adds and the disk is not full");
+                }));
+            }
+            let mut first_failed = Vec::new();
+            for w in writers {
+                first_failed.push(w.await);
+            }
+            for (ledger, (e, err)) in (1..=WRITERS).zip(&first_failed) {
+                eprintln!("ledger {ledger}: add of entry {e} failed: {err}");
+                failures.lock().unwrap().push(err.to_string());
+                assert!(
+                    is_clear_enospc(err, &root),
+                    "ledger {ledger} entry {e}: not a clear ENOSPC error: {err:?}"
+                );
+            }
+            assert!(
+                acked.lock().unwrap().len() > 100,
+                "the disk filled before the engine got going"
+            );
+
+            // Later adds fail promptly and clearly, on old and new ledgers alike.
+            let later: Vec<(u64, u64)> = (1..=WRITERS)
+                .zip(first_failed.iter().map(|(e, _)| *e))
+                .chain([(WRITERS + 1, 0)])
+                .collect();
+            for (ledger, e) in later {
+                let err = guarded(
+                    "add after the disk filled",
+                    engine.add_entry(ledger, e, KEY, None, payload(ledger, e, ENTRY_BYTES), false),
+                )
+                .await
+                .expect_err("an add on the full disk succeeded after an earlier one failed");
+                eprintln!("later add on ledger {ledger}: {err}");
+                assert!(is_clear_enospc(&err, &root), "unclear later error: {err:?}");
+            }
+
+            // The engine still serves every acknowledged entry.
+            let expected = acked.lock().unwrap().clone();
+            for &(ledger, e) in &expected {
+                let got = guarded("read", engine.read_entry(ledger, Some(e)))
+                    .await
+                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
+                assert!(
+                    got == payload(ledger, e, ENTRY_BYTES),
+                    "ledger {ledger} entry {e} differs"
+                );
+            }
+
+            // Take the last free blocks (a failed journal roll gives back what it got), so that
+            // the checkpoint of the entries still in the write cache cannot write them.
+            top_off(&root.join("filler-2"));
+            let cached = engine.write_cache_bytes();
+            match guarded("checkpoint", engine.checkpoint()).await {
+                Ok(()) => {
+                    eprintln!("checkpoint on the full disk with {cached} cached bytes: ok");
+                    // Nothing to write (a background checkpoint had just taken the cache).
+                    assert_eq!(cached, 0, "a checkpoint of {cached} bytes fit a full disk");
+                }
+                Err(err) => {
+                    eprintln!("checkpoint on the full disk: {err}");
+                    assert!(
+                        is_clear_enospc(&err, &root),
+                        "unclear checkpoint error: {err:?}"
+                    );
+                }
+            }
+            // The failed checkpoint kept its entries: everything still reads back.
+            for &(ledger, e) in &expected {
+                let got = guarded("read", engine.read_entry(ledger, Some(e)))
+                    .await
+                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
+                assert!(
+                    got == payload(ledger, e, ENTRY_BYTES),
+                    "ledger {ledger} entry {e} differs after a failed checkpoint"
+                );
+            }
+            match guarded("close", engine.close()).await {
+                Ok(()) => eprintln!("close on the full disk: ok"),
+                Err(err) => {
+                    eprintln!("close on the full disk: {err}");
+                    assert!(is_clear_enospc(&err, &root), "unclear close error: {err:?}");
+                }
+            }
+            drop(engine);
+            settle().await;
+        });
+    }
+    eprintln!(
+        "{} adds acknowledged before the disk was full",
+        acked.lock().unwrap().len()
+    );
+
+    // Phase 2: reopen while the disk is still full: it opens and serves every acknowledged
+    // entry; an add either fits or fails clearly. Then free the space: adds on this same engine
+    // work again (the journal roll is retried), and the engine crashes (no close).
+    let next_entry = |acked: &[(u64, u64)], ledger: u64| {
+        acked
+            .iter()
+            .filter(|(l, _)| *l == ledger)
+            .map(|(_, e)| e + 1)
+            .max()
+            .unwrap_or(0)
+    };
+    {
+        let (c, acked, root, filler) = (cfg.clone(), acked.clone(), root.clone(), filler.clone());
+        run(move || async move {
+            let engine = guarded("open on the full disk", Engine::open(c))
+                .await
+                .unwrap_or_else(|err| panic!("open on the full disk: {err}"));
+            let expected = acked.lock().unwrap().clone();
+            for &(ledger, e) in &expected {
+                let got = guarded("read", engine.read_entry(ledger, Some(e)))
+                    .await
+                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
+                assert!(
+                    got == payload(ledger, e, ENTRY_BYTES),
+                    "ledger {ledger} entry {e} differs"
+                );
+            }
+            let e = next_entry(&expected, 1);
+            match guarded(
+                "add on the full disk after reopen",
+                engine.add_entry(
+                    1,
+                    e,
+                    KEY,
+                    e.checked_sub(1),
+                    payload(1, e, ENTRY_BYTES),
+                    false,
+                ),
+            )
+            .await
+            {
+                Ok(()) => {
+                    eprintln!("add on the full disk after reopen: ok");
+                    acked.lock().unwrap().push((1, e));
+                }
+                Err(err) => {
+                    eprintln!("add on the full disk after reopen: {err}");
+                    assert!(is_clear_enospc(&err, &root), "unclear error: {err:?}");
+                }
+            }
+
+            std::fs::remove_file(&filler).expect("remove filler");
+            std::fs::remove_file(filler.with_file_name("filler-2")).expect("remove filler-2");
+            for ledger in 1..=WRITERS {
+                let first = next_entry(&acked.lock().unwrap(), ledger);
+                for e in first..first + 10 {
+                    guarded(
+                        "add after freeing space",
+                        engine.add_entry(
+                            ledger,
+                            e,
+                            KEY,
+                            e.checked_sub(1),
+                            payload(ledger, e, ENTRY_BYTES),
+                            false,
+                        ),
+                    )
+                    .await
+                    .unwrap_or_else(|err| {
+                        panic!("add {ledger}/{e} on the running engine after freeing space: {err}")
+                    });
+                    acked.lock().unwrap().push((ledger, e));
+                }
+            }
+            // Dropped without close: a crash.
+            drop(engine);
+            settle().await;
+        });
+    }
+
+    // Phase 3: reopen on the freed disk, replay, read everything, add more, close cleanly.
+    let expected: Vec<(u64, u64)> = acked.lock().unwrap().clone();
+    let next: Vec<(u64, u64)> = (1..=WRITERS)
+        .map(|l| (l, next_entry(&expected, l)))
+        .collect();
+    {
+        let (c, expected, next) = (cfg.clone(), expected.clone(), next.clone());
+        run(move || async move {
+            let engine = guarded("open after freeing space", Engine::open(c))
+                .await
+                .expect("open after freeing space");
+            for &(ledger, e) in &expected {
+                let got = engine
+                    .read_entry(ledger, Some(e))
+                    .await
+                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
+                assert!(
+                    got == payload(ledger, e, ENTRY_BYTES),
+                    "ledger {ledger} entry {e} differs"
+                );
+            }
+            for &(ledger, first) in &next {
+                for e in first..first + 20 {
+                    guarded(
+                        "add after freeing space",
+                        engine.add_entry(
+                            ledger,
+                            e,
+                            KEY,
+                            e.checked_sub(1),
+                            payload(ledger, e, ENTRY_BYTES),
+                            false,
+                        ),
+                    )
+                    .await
+                    .unwrap_or_else(|err| panic!("add {ledger}/{e} after freeing space: {err}"));
+                }
+            }
+            engine
+                .checkpoint()
+                .await
+                .expect("checkpoint after freeing space");
+            engine.close().await.expect("close after freeing space");
+            drop(engine);
+            settle().await;
+        });
+    }
+    let (c, root2) = (cfg.clone(), root.clone());
+    run(move || async move {
+        let engine = Engine::open(c).await.expect("final reopen");
+        for &(ledger, e) in &expected {
+            let got = engine.read_entry(ledger, Some(e)).await.unwrap();
+            assert!(
+                got == payload(ledger, e, ENTRY_BYTES),
+                "ledger {ledger} entry {e} differs"
+            );
+        }
+        for &(ledger, first) in &next {
+            for e in first..first + 20 {
+                let got = engine.read_entry(ledger, Some(e)).await.unwrap();
+                assert!(
+                    got == payload(ledger, e, ENTRY_BYTES),
+                    "new entry {ledger}/{e} differs"
+                );
+            }
+        }
+        engine.close().await.expect("final close");
+        drop(engine);
+        settle().await;
+        drop(root2);
+    });
+    drop(mount);
+}
