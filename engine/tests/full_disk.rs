@@ -207,6 +207,23 @@ async fn guarded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     .await
 }
 
+/// Adds entry `e` of `ledger` with its test payload and LAC `e - 1`, failing the test if the add
+/// hangs (`what` names the step in that failure).
+async fn add(engine: &Engine, what: &str, ledger: u64, e: u64) -> Result<(), Error> {
+    guarded(
+        what,
+        engine.add_entry(
+            ledger,
+            e,
+            KEY,
+            e.checked_sub(1),
+            payload(ledger, e, ENTRY_BYTES),
+            false,
+        ),
+    )
+    .await
+}
+
 /// Fills the free space of the filesystem holding `path` with a new file at `path`.
 fn top_off(path: &Path) {
     use std::io::Write;
@@ -254,18 +271,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
                 let (engine, acked) = (engine.clone(), acked.clone());
                 writers.push(glommio::spawn_local(async move {
                     for e in 0..ADDS_MAX_PER_WRITER {
-                        let r = guarded(
-                            "add",
-                            engine.add_entry(
-                                ledger,
-                                e,
-                                KEY,
-                                e.checked_sub(1),
-                                payload(ledger, e, ENTRY_BYTES),
-                                false,
-                            ),
-                        )
-                        .await;
+                        let r = add(&engine, "add", ledger, e).await;
                         match r {
                             Ok(()) => acked.lock().unwrap().push((ledger, e)),
                             Err(err) => return (e, err),
@@ -391,19 +397,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
                 );
             }
             let e = next_entry(&expected, 1);
-            match guarded(
-                "add on the full disk after reopen",
-                engine.add_entry(
-                    1,
-                    e,
-                    KEY,
-                    e.checked_sub(1),
-                    payload(1, e, ENTRY_BYTES),
-                    false,
-                ),
-            )
-            .await
-            {
+            match add(&engine, "add on the full disk after reopen", 1, e).await {
                 Ok(()) => {
                     eprintln!("add on the full disk after reopen: ok");
                     acked.lock().unwrap().push((1, e));
@@ -419,21 +413,13 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
             for ledger in 1..=WRITERS {
                 let first = next_entry(&acked.lock().unwrap(), ledger);
                 for e in first..first + 10 {
-                    guarded(
-                        "add after freeing space",
-                        engine.add_entry(
-                            ledger,
-                            e,
-                            KEY,
-                            e.checked_sub(1),
-                            payload(ledger, e, ENTRY_BYTES),
-                            false,
-                        ),
-                    )
-                    .await
-                    .unwrap_or_else(|err| {
-                        panic!("add {ledger}/{e} on the running engine after freeing space: {err}")
-                    });
+                    add(&engine, "add after freeing space", ledger, e)
+                        .await
+                        .unwrap_or_else(|err| {
+                            panic!(
+                                "add {ledger}/{e} on the running engine after freeing space: {err}"
+                            )
+                        });
                     acked.lock().unwrap().push((ledger, e));
                 }
             }
@@ -466,19 +452,11 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
             }
             for &(ledger, first) in &next {
                 for e in first..first + 20 {
-                    guarded(
-                        "add after freeing space",
-                        engine.add_entry(
-                            ledger,
-                            e,
-                            KEY,
-                            e.checked_sub(1),
-                            payload(ledger, e, ENTRY_BYTES),
-                            false,
-                        ),
-                    )
-                    .await
-                    .unwrap_or_else(|err| panic!("add {ledger}/{e} after freeing space: {err}"));
+                    add(&engine, "add after freeing space", ledger, e)
+                        .await
+                        .unwrap_or_else(|err| {
+                            panic!("add {ledger}/{e} after freeing space: {err}")
+                        });
                 }
             }
             engine
