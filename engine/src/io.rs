@@ -32,7 +32,7 @@ const IO_CHUNK_BYTES_MAX: usize = 256 * 1024;
 pub const IO_WAKE_UP_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Awaits a glommio disk I/O, arming a timer that wakes the task every [`IO_WAKE_UP_INTERVAL`]
-/// while the I/O is pending, and logs each such I/O that is still pending after one interval.
+/// while the I/O is pending, and logs an I/O still pending after 1 s, 2 s, 4 s and so on.
 ///
 /// Why (perf/README.md, "A shard that waited on its journal writes"): under overload a bookie
 /// shard on glommio 0.9 / Linux 6.18 sometimes waited for good on DMA writes that the kernel no
@@ -46,6 +46,7 @@ pub const IO_WAKE_UP_INTERVAL: Duration = Duration::from_millis(100);
 pub async fn with_wake_ups<F: Future>(what: &'static str, io: F) -> F::Output {
     let mut io = pin!(io);
     let started = Instant::now();
+    let mut warn_after = Duration::from_secs(1);
     loop {
         let done = future::or(async { Some((&mut io).await) }, async {
             glommio::timer::sleep(IO_WAKE_UP_INTERVAL).await;
@@ -54,11 +55,17 @@ pub async fn with_wake_ups<F: Future>(what: &'static str, io: F) -> F::Output {
         .await;
         match done {
             Some(v) => return v,
-            None => tracing::warn!(
-                op = what,
-                pending_ms = started.elapsed().as_millis() as u64,
-                "disk I/O still pending"
-            ),
+            None => {
+                let pending = started.elapsed();
+                if pending >= warn_after {
+                    warn_after *= 2;
+                    tracing::warn!(
+                        op = what,
+                        pending_ms = pending.as_millis() as u64,
+                        "disk I/O still pending"
+                    );
+                }
+            }
         }
     }
 }

@@ -224,6 +224,20 @@ async fn add(engine: &Engine, what: &str, ledger: u64, e: u64) -> Result<(), Err
     .await
 }
 
+/// Reads every acknowledged `(ledger, entry)` back and checks its bytes, failing the test if a
+/// read hangs or errs.
+async fn read_back_all(engine: &Engine, expected: &[(u64, u64)]) {
+    for &(ledger, e) in expected {
+        let got = guarded("read", engine.read_entry(ledger, Some(e)))
+            .await
+            .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
+        assert!(
+            got == payload(ledger, e, ENTRY_BYTES),
+            "ledger {ledger} entry {e} differs"
+        );
+    }
+}
+
 /// Fills the free space of the filesystem holding `path` with a new file at `path`.
 fn top_off(path: &Path) {
     use std::io::Write;
@@ -315,15 +329,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
 
             // The engine still serves every acknowledged entry.
             let expected = acked.lock().unwrap().clone();
-            for &(ledger, e) in &expected {
-                let got = guarded("read", engine.read_entry(ledger, Some(e)))
-                    .await
-                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
-                assert!(
-                    got == payload(ledger, e, ENTRY_BYTES),
-                    "ledger {ledger} entry {e} differs"
-                );
-            }
+            read_back_all(&engine, &expected).await;
 
             // Take the last free blocks (a failed journal roll gives back what it got), so that
             // the checkpoint of the entries still in the write cache cannot write them.
@@ -344,15 +350,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
                 }
             }
             // The failed checkpoint kept its entries: everything still reads back.
-            for &(ledger, e) in &expected {
-                let got = guarded("read", engine.read_entry(ledger, Some(e)))
-                    .await
-                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
-                assert!(
-                    got == payload(ledger, e, ENTRY_BYTES),
-                    "ledger {ledger} entry {e} differs after a failed checkpoint"
-                );
-            }
+            read_back_all(&engine, &expected).await;
             match guarded("close", engine.close()).await {
                 Ok(()) => eprintln!("close on the full disk: ok"),
                 Err(err) => {
@@ -387,15 +385,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
                 .await
                 .unwrap_or_else(|err| panic!("open on the full disk: {err}"));
             let expected = acked.lock().unwrap().clone();
-            for &(ledger, e) in &expected {
-                let got = guarded("read", engine.read_entry(ledger, Some(e)))
-                    .await
-                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
-                assert!(
-                    got == payload(ledger, e, ENTRY_BYTES),
-                    "ledger {ledger} entry {e} differs"
-                );
-            }
+            read_back_all(&engine, &expected).await;
             let e = next_entry(&expected, 1);
             match add(&engine, "add on the full disk after reopen", 1, e).await {
                 Ok(()) => {
@@ -440,16 +430,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
             let engine = guarded("open after freeing space", Engine::open(c))
                 .await
                 .expect("open after freeing space");
-            for &(ledger, e) in &expected {
-                let got = engine
-                    .read_entry(ledger, Some(e))
-                    .await
-                    .unwrap_or_else(|err| panic!("read of acknowledged {ledger}/{e}: {err}"));
-                assert!(
-                    got == payload(ledger, e, ENTRY_BYTES),
-                    "ledger {ledger} entry {e} differs"
-                );
-            }
+            read_back_all(&engine, &expected).await;
             for &(ledger, first) in &next {
                 for e in first..first + 20 {
                     add(&engine, "add after freeing space", ledger, e)
@@ -471,22 +452,12 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
     let (c, root2) = (cfg.clone(), root.clone());
     run(move || async move {
         let engine = Engine::open(c).await.expect("final reopen");
-        for &(ledger, e) in &expected {
-            let got = engine.read_entry(ledger, Some(e)).await.unwrap();
-            assert!(
-                got == payload(ledger, e, ENTRY_BYTES),
-                "ledger {ledger} entry {e} differs"
-            );
-        }
-        for &(ledger, first) in &next {
-            for e in first..first + 20 {
-                let got = engine.read_entry(ledger, Some(e)).await.unwrap();
-                assert!(
-                    got == payload(ledger, e, ENTRY_BYTES),
-                    "new entry {ledger}/{e} differs"
-                );
-            }
-        }
+        read_back_all(&engine, &expected).await;
+        let added: Vec<(u64, u64)> = next
+            .iter()
+            .flat_map(|&(ledger, first)| (first..first + 20).map(move |e| (ledger, e)))
+            .collect();
+        read_back_all(&engine, &added).await;
         engine.close().await.expect("final close");
         drop(engine);
         settle().await;
