@@ -39,7 +39,7 @@ pub const IO_WAKE_UP_INTERVAL: Duration = Duration::from_millis(100);
 /// longer held: 5 such stalls in about 14 overload runs without a timer (one of them with a
 /// 1 ms re-poll of every pending I/O in place, which therefore did not help). With a 2 s timer
 /// armed around each pending I/O, 16 overload runs had no stall, and 16 journal operations
-/// instead completed exactly when their timer fired (1,985-2,194 ms); with this 100 ms timer, 6
+/// instead completed exactly when their timer fired (1,985-2,194 ms); with this 100 ms timer, 8
 /// overload runs had no stall and no journal operation slower than 500 ms. The mechanism is not
 /// understood; this bounds the damage to about one interval. When nothing goes wrong it costs
 /// one timer per I/O that is still pending after its first poll.

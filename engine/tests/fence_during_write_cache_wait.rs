@@ -14,7 +14,7 @@ mod common;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use common::{config, payload, run, tempdir, KEY};
+use common::{add_payload, run, slow_checkpoint_config, tempdir, KEY};
 use quire_engine::Engine;
 
 const ENTRY_BYTES: usize = 16 << 10;
@@ -26,11 +26,7 @@ type Outcomes = Rc<RefCell<Vec<(u64, bool, Result<(), String>)>>>;
 #[test]
 fn an_add_parked_for_write_cache_room_is_refused_after_a_fence() {
     let dir = tempdir();
-    let mut cfg = config(dir.path());
-    cfg.write_cache_bytes_max = CACHE_BYTES;
-    cfg.background_write_bytes_per_second = 512 << 10;
-    cfg.background_sync_bytes = 0;
-    cfg.journal_file_size_bytes = 8 << 20;
+    let cfg = slow_checkpoint_config(dir.path(), CACHE_BYTES);
     run(move || async move {
         let engine = Rc::new(Engine::open(cfg).await.unwrap());
         let fence_done = Rc::new(Cell::new(false));
@@ -41,16 +37,7 @@ fn an_add_parked_for_write_cache_room_is_refused_after_a_fence() {
             glommio::spawn_local(async move {
                 for e in 0..200u64 {
                     let issued_after_fence = fence_done.get();
-                    let r = engine
-                        .add_entry(
-                            1,
-                            e,
-                            KEY,
-                            e.checked_sub(1),
-                            payload(1, e, ENTRY_BYTES),
-                            false,
-                        )
-                        .await;
+                    let r = add_payload(&engine, 1, e, ENTRY_BYTES).await;
                     let failed = r.is_err();
                     outcomes.borrow_mut().push((
                         e,

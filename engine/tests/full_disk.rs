@@ -26,7 +26,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{config, payload, run, KEY};
+use common::{add_payload, config, payload, run, KEY};
 use quire_engine::{Engine, EngineConfig, Error};
 
 const IMAGE_BYTES: u64 = 64 << 20;
@@ -210,18 +210,7 @@ async fn guarded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
 /// Adds entry `e` of `ledger` with its test payload and LAC `e - 1`, failing the test if the add
 /// hangs (`what` names the step in that failure).
 async fn add(engine: &Engine, what: &str, ledger: u64, e: u64) -> Result<(), Error> {
-    guarded(
-        what,
-        engine.add_entry(
-            ledger,
-            e,
-            KEY,
-            e.checked_sub(1),
-            payload(ledger, e, ENTRY_BYTES),
-            false,
-        ),
-    )
-    .await
+    guarded(what, add_payload(engine, ledger, e, ENTRY_BYTES)).await
 }
 
 /// Reads every acknowledged `(ledger, entry)` back and checks its bytes, failing the test if a

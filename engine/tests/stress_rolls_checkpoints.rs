@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{config, payload, run, tempdir, KEY};
+use common::{add_payload, config, run, tempdir};
 use quire_engine::{Engine, Error};
 
 #[test]
@@ -52,17 +52,7 @@ fn overlapping_rolls_precreations_and_checkpoints_keep_progressing() {
             writers.push(glommio::spawn_local(async move {
                 let mut e = 0u64;
                 while Instant::now() < deadline {
-                    match engine
-                        .add_entry(
-                            ledger,
-                            e,
-                            KEY,
-                            e.checked_sub(1),
-                            payload(ledger, e, 32 << 10),
-                            false,
-                        )
-                        .await
-                    {
+                    match add_payload(&engine, ledger, e, 32 << 10).await {
                         Ok(()) => e += 1,
                         Err(Error::WriteCacheFull { .. }) => {}
                         Err(err) => panic!("ledger {ledger} entry {e}: {err}"),

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{config, payload, run, tempdir, KEY};
+use common::{add_payload, payload, run, slow_checkpoint_config, tempdir};
 use quire_engine::{Engine, Error};
 
 const ENTRY_BYTES: usize = 16 << 10;
@@ -24,11 +24,7 @@ const CACHE_BYTES: usize = 256 << 10;
 #[test]
 fn adds_wait_for_write_cache_room_and_give_up_after_the_bound() {
     let dir = tempdir();
-    let mut cfg = config(dir.path());
-    cfg.write_cache_bytes_max = CACHE_BYTES;
-    cfg.background_write_bytes_per_second = 512 << 10;
-    cfg.background_sync_bytes = 0;
-    cfg.journal_file_size_bytes = 8 << 20;
+    let mut cfg = slow_checkpoint_config(dir.path(), CACHE_BYTES);
     let c = cfg.clone();
     let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
     let acked_for_check = acked.clone();
@@ -41,17 +37,7 @@ fn adds_wait_for_write_cache_room_and_give_up_after_the_bound() {
                 let (engine, largest, acked) = (engine.clone(), largest.clone(), acked.clone());
                 writers.push(glommio::spawn_local(async move {
                     for e in 0..40u64 {
-                        engine
-                            .add_entry(
-                                ledger,
-                                e,
-                                KEY,
-                                e.checked_sub(1),
-                                payload(ledger, e, ENTRY_BYTES),
-                                false,
-                            )
-                            .await
-                            .unwrap();
+                        add_payload(&engine, ledger, e, ENTRY_BYTES).await.unwrap();
                         acked.lock().unwrap().push((ledger, e));
                         largest.set(largest.get().max(engine.write_cache_bytes()));
                     }
@@ -80,17 +66,7 @@ fn adds_wait_for_write_cache_room_and_give_up_after_the_bound() {
         let engine = Engine::open(c).await.unwrap();
         let mut refused = None;
         for e in 0..200u64 {
-            match engine
-                .add_entry(
-                    4,
-                    e,
-                    KEY,
-                    e.checked_sub(1),
-                    payload(4, e, ENTRY_BYTES),
-                    false,
-                )
-                .await
-            {
+            match add_payload(&engine, 4, e, ENTRY_BYTES).await {
                 Ok(()) => acked2.lock().unwrap().push((4, e)),
                 Err(err) => {
                     refused = Some((e, err));
@@ -105,17 +81,7 @@ fn adds_wait_for_write_cache_room_and_give_up_after_the_bound() {
         );
         // Once the checkpoint is through, the same add goes in.
         engine.checkpoint().await.unwrap();
-        engine
-            .add_entry(
-                4,
-                e,
-                KEY,
-                e.checked_sub(1),
-                payload(4, e, ENTRY_BYTES),
-                false,
-            )
-            .await
-            .unwrap();
+        add_payload(&engine, 4, e, ENTRY_BYTES).await.unwrap();
         acked2.lock().unwrap().push((4, e));
         engine.close().await.unwrap();
     });

@@ -537,7 +537,8 @@ impl StreamManager {
     /// Whether a read of `name` from `from` would fetch its first entry from the bookies (a
     /// catch-up read) rather than take it from the tail cache or wait at the tail. `false` when
     /// the stream is not acquired by this proxy, or its acquisition is over (the read itself then
-    /// acquires it or answers with a redirect). The server runs catch-up reads on its lower-priority read runtime.
+    /// acquires it or answers with a redirect). The server runs catch-up reads on its
+    /// lower-priority read runtime.
     pub fn is_catch_up_read(&self, name: &str, from: ReadPosition) -> bool {
         let handle = {
             let streams = self.streams.lock().expect("streams lock");

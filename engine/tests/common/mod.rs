@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use glommio::{LocalExecutorBuilder, Placement};
-use quire_engine::EngineConfig;
+use quire_engine::{Engine, EngineConfig, Error};
 
 /// Runs `f` on a fresh glommio executor with little DMA memory (memlock is 8 MiB here) and
 /// waits for it. Ending the executor drops every background task of engines opened in it, which
@@ -53,6 +53,38 @@ pub fn payload(ledger: u64, entry: u64, len: usize) -> Vec<u8> {
         v[8..16].copy_from_slice(&entry.to_le_bytes());
     }
     v
+}
+
+/// Adds entry `entry` of `ledger` holding `payload(ledger, entry, len)`, with LAC `entry - 1`
+/// (none for entry 0), as a normal (not recovery) add.
+pub async fn add_payload(
+    engine: &Engine,
+    ledger: u64,
+    entry: u64,
+    len: usize,
+) -> Result<(), Error> {
+    engine
+        .add_entry(
+            ledger,
+            entry,
+            KEY,
+            entry.checked_sub(1),
+            payload(ledger, entry, len),
+            false,
+        )
+        .await
+}
+
+/// [`config`] with a `cache_bytes` write cache whose checkpoints are paced at 512 KiB/s (no
+/// intermediate syncs) and 8 MiB journal files: a checkpoint of a full cache takes long enough
+/// for adds to find the cache full behind it.
+pub fn slow_checkpoint_config(dir: &Path, cache_bytes: usize) -> EngineConfig {
+    let mut c = config(dir);
+    c.write_cache_bytes_max = cache_bytes;
+    c.background_write_bytes_per_second = 512 << 10;
+    c.background_sync_bytes = 0;
+    c.journal_file_size_bytes = 8 << 20;
+    c
 }
 
 /// Journal files in `dir`, sorted by id.

@@ -1,6 +1,6 @@
 //! Pipelined connections to bookies: up to three TCP connections per bookie (one per [`Lane`]),
-//! shared by every ledger of this client. A writer task batches outgoing frames into one `write_all`; a
-//! reader task matches responses to requests by request id.
+//! shared by every ledger of this client. A writer task batches outgoing frames into one
+//! `write_all`; a reader task matches responses to requests by request id.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

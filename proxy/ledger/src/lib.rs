@@ -199,9 +199,8 @@ impl BookKeeper {
 
     /// Makes a client whose entry-read and long-poll connections (one of each per bookie, apart
     /// from the connection that carries adds, fences and LAC reads) run their socket tasks on
-    /// `read_runtime`: a
-    /// server gives it a runtime of lower priority so that decoding bulk catch-up reads does
-    /// not take CPU from tail writes.
+    /// `read_runtime`: a server gives it a runtime of lower priority so that decoding bulk
+    /// catch-up reads does not take CPU from tail writes.
     pub fn with_read_runtime(
         metadata: Arc<dyn MetadataStore>,
         config: ClientConfig,
