@@ -8,12 +8,22 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod checkpoint;
 mod engine;
+mod entry_log;
+mod files;
 pub mod format;
+mod index;
 pub mod io;
+mod journal;
+mod lac_watch;
+mod ledgers;
+mod open;
+mod read_ahead;
 mod read_cache;
 mod sync;
 mod throttle;
+mod write_cache;
 
 pub use engine::Engine;
 pub use throttle::BULK_CHUNK_BYTES;

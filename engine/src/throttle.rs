@@ -16,8 +16,10 @@
 //! BookKeeper's `flushEntrylogBytes`).
 
 use std::cell::Cell;
+use std::io as stdio;
 use std::time::{Duration, Instant};
 
+use crate::io::StorageFile;
 use crate::sync::Notify;
 
 /// Largest bulk write submitted at once, in bytes.
@@ -111,6 +113,42 @@ impl Throttle {
             self.waited.set(self.waited.get() + 1);
         }
     }
+}
+
+/// Writes `data` at `pos` in chunks of at most [`BULK_CHUNK_BYTES`], each admitted by the
+/// throttle (rate limit, and never while a journal write or sync is in flight). On error returns
+/// the offset of the failed chunk.
+pub(crate) async fn bulk_write<F: StorageFile>(
+    file: &F,
+    pos: u64,
+    data: &[u8],
+    throttle: Option<&Throttle>,
+) -> Result<(), (u64, stdio::Error)> {
+    let mut done = 0usize;
+    while done < data.len() {
+        let n = (data.len() - done).min(BULK_CHUNK_BYTES);
+        if let Some(t) = throttle {
+            t.admit(n).await;
+        }
+        let at = pos + done as u64;
+        file.write_at(at, &data[done..done + n])
+            .await
+            .map_err(|e| (at, e))?;
+        done += n;
+        if let Some(t) = throttle {
+            if t.note_written(n) {
+                t.admit(0).await;
+                file.fdatasync().await.map_err(|e| {
+                    let kind = e.kind();
+                    (
+                        at,
+                        stdio::Error::new(kind, format!("intermediate fdatasync: {e}")),
+                    )
+                })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,203 @@
+//! Entry logs: the files a checkpoint writes the write cache into, sorted by (ledger, entry),
+//! and the open files reads go to (docs/format/entry-log.md; BookKeeper's entry logger with
+//! `logSizeLimit` rolls). A new process never appends to an old log, which may hold unindexed
+//! bytes past its last sync.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use crate::files::{entry_log_name, io_err};
+use crate::format::{
+    encode_entry_record, encode_file_header, pad_to_block, Location, ENTRY_LOG_MAGIC,
+    ENTRY_RECORD_HEADER_BYTES, FILE_HEADER_BYTES,
+};
+use crate::io::{Storage, StorageFile};
+use crate::throttle::{bulk_write, Throttle};
+use crate::write_cache::Cache;
+use crate::Error;
+
+/// Entry-log bytes buffered before one write during a checkpoint.
+const ENTRY_LOG_WRITE_BYTES_MAX: usize = 1 << 20;
+
+/// The entry log being appended to by checkpoints.
+struct EntryLogCursor<F> {
+    id: u64,
+    file: Rc<F>,
+    pos: u64,
+}
+
+/// The entry logs of a ledger directory: the one checkpoints append to and the ones read.
+pub(crate) struct EntryLogs<F> {
+    dir: PathBuf,
+    size_bytes_max: u64,
+    /// Taken out by the checkpoint while it writes (one checkpoint at a time).
+    current: RefCell<Option<EntryLogCursor<F>>>,
+    next_id: Cell<u64>,
+    /// Open files by log id, shared by readers and the writer.
+    readers: RefCell<HashMap<u64, Rc<F>>>,
+}
+
+impl<F: StorageFile> EntryLogs<F> {
+    /// The logs of `dir`; the next one written gets `next_id` (one past the largest there),
+    /// and each rolls past `size_bytes_max` (`EngineConfig::entry_log_size_bytes_max`).
+    pub fn new(dir: PathBuf, next_id: u64, size_bytes_max: u64) -> Self {
+        Self {
+            dir,
+            size_bytes_max,
+            current: RefCell::new(None),
+            next_id: Cell::new(next_id),
+            readers: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Path of log `id`.
+    pub fn path(&self, id: u64) -> PathBuf {
+        self.dir.join(entry_log_name(id))
+    }
+
+    /// The open file of log `id`, opened on first use.
+    pub async fn reader<S: Storage<File = F>>(
+        &self,
+        storage: &S,
+        id: u64,
+        path: &Path,
+    ) -> Result<Rc<F>, Error> {
+        let cached = self.readers.borrow().get(&id).cloned();
+        match cached {
+            Some(f) => Ok(f),
+            None => {
+                let f = Rc::new(storage.open(path, false).await.map_err(io_err(
+                    "open entry log",
+                    path,
+                    0,
+                ))?);
+                self.readers.borrow_mut().insert(id, f.clone());
+                Ok(f)
+            }
+        }
+    }
+
+    /// Appends the snapshot's entries in (ledger, entry) order, rolling to a new log past the
+    /// size bound, through the bulk throttle; every log written is synced. Returns the new
+    /// locations (published by the caller once the index and mark are durable).
+    pub async fn write_snapshot<S: Storage<File = F>>(
+        &self,
+        storage: &S,
+        snapshot: &Cache,
+        throttle: &Throttle,
+    ) -> Result<Vec<(u64, u64, Location)>, Error> {
+        let mut locations = Vec::with_capacity(snapshot.len());
+        let mut buf: Vec<u8> = Vec::new();
+        let mut cursor = self.current.borrow_mut().take();
+        let result: Result<(), Error> = async {
+            for (&(ledger, entry), data) in snapshot.iter() {
+                let rec_len = (ENTRY_RECORD_HEADER_BYTES + data.len()) as u64;
+                let need_roll = match &cursor {
+                    None => true,
+                    Some(c) => {
+                        let at = c.pos + buf.len() as u64;
+                        at + rec_len > self.size_bytes_max && at > FILE_HEADER_BYTES as u64
+                    }
+                };
+                if need_roll {
+                    if let Some(c) = cursor.take() {
+                        self.flush_buf(&c, &mut buf, throttle).await.map(|_| ())?;
+                        let c = self.sync(c).await?;
+                        drop(c);
+                    }
+                    cursor = Some(self.create(storage).await?);
+                }
+                let c = cursor.as_mut().expect("entry log is open");
+                let offset = c.pos + buf.len() as u64;
+                encode_entry_record(&mut buf, ledger, entry, data);
+                locations.push((
+                    ledger,
+                    entry,
+                    Location {
+                        log_id: c.id,
+                        offset,
+                        data_len: data.len() as u32,
+                    },
+                ));
+                if buf.len() >= ENTRY_LOG_WRITE_BYTES_MAX {
+                    let c = cursor.as_mut().expect("entry log is open");
+                    let n = self.flush_buf(c, &mut buf, throttle).await?;
+                    c.pos += n;
+                }
+            }
+            if let Some(c) = cursor.as_mut() {
+                let n = self.flush_buf(c, &mut buf, throttle).await?;
+                c.pos += n;
+                let path = self.path(c.id);
+                c.file
+                    .fdatasync()
+                    .await
+                    .map_err(io_err("entry log fdatasync", &path, c.pos))?;
+            }
+            Ok(())
+        }
+        .await;
+        *self.current.borrow_mut() = cursor;
+        result?;
+        Ok(locations)
+    }
+
+    /// Writes `buf` (padded to a block) at the cursor position; returns the bytes written.
+    async fn flush_buf(
+        &self,
+        c: &EntryLogCursor<F>,
+        buf: &mut Vec<u8>,
+        throttle: &Throttle,
+    ) -> Result<u64, Error> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        pad_to_block(buf);
+        let path = self.path(c.id);
+        bulk_write(c.file.as_ref(), c.pos, buf, Some(throttle))
+            .await
+            .map_err(|(at, e)| io_err("entry log write", &path, at)(e))?;
+        let n = buf.len() as u64;
+        buf.clear();
+        Ok(n)
+    }
+
+    async fn sync(&self, c: EntryLogCursor<F>) -> Result<EntryLogCursor<F>, Error> {
+        let path = self.path(c.id);
+        c.file
+            .fdatasync()
+            .await
+            .map_err(io_err("entry log fdatasync", &path, c.pos))?;
+        Ok(c)
+    }
+
+    /// Creates the next log: header written and synced, directory synced.
+    async fn create<S: Storage<File = F>>(&self, storage: &S) -> Result<EntryLogCursor<F>, Error> {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let path = self.path(id);
+        let file = storage
+            .open(&path, true)
+            .await
+            .map_err(io_err("create entry log", &path, 0))?;
+        file.write_at(0, &encode_file_header(ENTRY_LOG_MAGIC, id))
+            .await
+            .map_err(io_err("entry log header write", &path, 0))?;
+        file.fdatasync()
+            .await
+            .map_err(io_err("entry log fdatasync", &path, 0))?;
+        storage
+            .sync_dir(&self.dir)
+            .await
+            .map_err(io_err("sync ledger dir", &self.dir, 0))?;
+        let file = Rc::new(file);
+        self.readers.borrow_mut().insert(id, file.clone());
+        Ok(EntryLogCursor {
+            id,
+            file,
+            pos: FILE_HEADER_BYTES as u64,
+        })
+    }
+}

@@ -1,0 +1,179 @@
+//! Journal files: creation pre-written with zeros (temp name, sync, rename: BookKeeper's journal
+//! pre-allocation), the background pre-creation of the next file, listing on open and removal
+//! of files wholly before the checkpoint mark (BookKeeper's journal garbage collection after a
+//! checkpoint).
+
+use std::io as stdio;
+use std::path::Path;
+use std::rc::Rc;
+
+use crate::engine::Inner;
+use crate::files::{io_err, parse_id};
+use crate::format::{encode_file_header, round_up_block, FILE_HEADER_BYTES, JOURNAL_MAGIC};
+use crate::io::{Storage, StorageFile};
+use crate::throttle::{bulk_write, Throttle};
+use crate::{EngineConfig, Error};
+
+/// Bytes of zeros written per request while pre-writing a journal file.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+/// Creates a journal file pre-written with zeros: written as `<name>.tmp`, synced, then renamed,
+/// so a crash never leaves a half-written file under a journal name.
+pub(crate) async fn create_journal_file<S: Storage>(
+    storage: &S,
+    cfg: &EngineConfig,
+    path: &Path,
+    id: u64,
+    throttle: Option<&Throttle>,
+) -> Result<S::File, Error> {
+    let tmp = path.with_extension("qj.tmp");
+    match storage.remove(&tmp).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == stdio::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("remove stale journal temp file", &tmp, 0)(e)),
+    }
+    let f = storage
+        .open(&tmp, true)
+        .await
+        .map_err(io_err("create journal", &tmp, 0))?;
+    let size = round_up_block(cfg.journal_file_size_bytes);
+    let filled: Result<(), Error> = async {
+        let header = encode_file_header(JOURNAL_MAGIC, id);
+        f.write_at(0, &header)
+            .await
+            .map_err(io_err("journal header write", &tmp, 0))?;
+        let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+        let mut pos = FILE_HEADER_BYTES as u64;
+        while pos < size {
+            let n = ((size - pos) as usize).min(ZERO_CHUNK_BYTES);
+            bulk_write(&f, pos, &zeros[..n], throttle)
+                .await
+                .map_err(|(at, e)| io_err("journal pre-write zeros", &tmp, at)(e))?;
+            pos += n as u64;
+        }
+        f.fdatasync()
+            .await
+            .map_err(io_err("journal fdatasync", &tmp, 0))
+    }
+    .await;
+    if let Err(e) = filled {
+        // A half-written temp file would keep the space it got (typically the last free space
+        // of a full disk, which checkpoints then lack); give it back.
+        drop(f);
+        if let Err(re) = storage.remove(&tmp).await {
+            tracing::warn!("removing {} after a failed creation: {re}", tmp.display());
+        }
+        return Err(e);
+    }
+    storage
+        .rename(&tmp, path)
+        .await
+        .map_err(io_err("journal rename", path, 0))?;
+    storage.sync_dir(&cfg.journal_dir).await.map_err(io_err(
+        "sync journal dir",
+        &cfg.journal_dir,
+        0,
+    ))?;
+    Ok(f)
+}
+
+/// Creates journal file `id` for the running engine (throttled like every bulk write).
+async fn create_for_roll<S: Storage>(inner: &Inner<S>, id: u64) -> Result<S::File, Error> {
+    let path = inner.journal.path(id);
+    create_journal_file(&inner.storage, &inner.cfg, &path, id, Some(&inner.throttle)).await
+}
+
+/// Starts creating journal file `id` on the background queue unless that is under way.
+pub(crate) fn start_precreate<S: Storage + 'static>(inner: &Rc<Inner<S>>, id: u64) {
+    let journal = &inner.journal;
+    if journal
+        .precreate
+        .borrow()
+        .as_ref()
+        .is_some_and(|(pid, _)| *pid == id)
+        || inner.closed.get()
+    {
+        return;
+    }
+    let task_inner = inner.clone();
+    match glommio::spawn_local_into(
+        async move { create_for_roll(&task_inner, id).await },
+        journal.background_tq,
+    ) {
+        Ok(task) => *journal.precreate.borrow_mut() = Some((id, task)),
+        Err(e) => tracing::warn!("cannot start the background creation of journal {id}: {e}"),
+    }
+}
+
+/// The journal file `id` for a roll: the pre-created one when it was started (waiting for it
+/// if it is still being written), else created here.
+pub(crate) async fn next_journal_file<S: Storage>(
+    inner: &Inner<S>,
+    id: u64,
+) -> Result<S::File, Error> {
+    let pre = inner.journal.precreate.borrow_mut().take();
+    if let Some((pid, task)) = pre {
+        if pid == id {
+            match task.await {
+                Ok(f) => return Ok(f),
+                Err(e) => tracing::warn!(
+                    "background creation of journal {id} failed, creating it now: {e}"
+                ),
+            }
+        }
+    }
+    create_for_roll(inner, id).await
+}
+
+/// The ids of the journal files in `cfg.journal_dir`, ascending; temp files a crash left
+/// behind are removed.
+pub(crate) async fn list_journals<S: Storage>(
+    storage: &S,
+    cfg: &EngineConfig,
+) -> Result<Vec<u64>, Error> {
+    let names = storage.list(&cfg.journal_dir).await.map_err(io_err(
+        "list journal dir",
+        &cfg.journal_dir,
+        0,
+    ))?;
+    let mut ids = Vec::new();
+    for name in names {
+        if name.ends_with(".qj.tmp") {
+            let p = cfg.journal_dir.join(&name);
+            storage
+                .remove(&p)
+                .await
+                .map_err(io_err("remove journal temp file", &p, 0))?;
+        } else if let Some(id) = parse_id(&name, "journal-", ".qj") {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Deletes journal files wholly before the mark's file. Failures are logged, not returned: the
+/// files are only garbage now and the next checkpoint retries.
+pub(crate) async fn remove_old_journals<S: Storage>(
+    storage: &S,
+    journal_dir: &Path,
+    mark_file_id: u64,
+) {
+    let names = match storage.list(journal_dir).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("listing {} failed: {e}", journal_dir.display());
+            return;
+        }
+    };
+    for name in names {
+        if let Some(id) = parse_id(&name, "journal-", ".qj") {
+            if id < mark_file_id {
+                let path = journal_dir.join(&name);
+                if let Err(e) = storage.remove(&path).await {
+                    tracing::warn!("removing {} failed: {e}", path.display());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! The journal: the queue of adds and fences waiting for group commit, the writer's cursor, the
+//! durable end, the failure latch and the journal files (docs/format/journal.md; BookKeeper's
+//! `Journal` with `journalMaxGroupWaitMSec` / `journalBufferedWritesThreshold` group commit,
+//! file rolls with pre-allocation, and replay from the last mark); `writer` runs the group
+//! commit, `files` creates, pre-creates, lists and removes journal files, `replay` rebuilds the
+//! in-memory state from the files on open.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::io as stdio;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Instant;
+
+use glommio::TaskQueueHandle;
+
+use crate::files::journal_name;
+use crate::format::{Record, ADD_FIXED_BYTES, FENCE_PAYLOAD_BYTES, RECORD_HEADER_BYTES};
+use crate::sync::{Completion, Signal};
+use crate::Error;
+
+pub(crate) mod files;
+pub(crate) mod replay;
+pub(crate) mod writer;
+
+/// End of the durable journal: where the next batch goes and its first sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct JournalPos {
+    pub file_id: u64,
+    pub offset: u64,
+    pub next_seq: u64,
+}
+
+/// The file the writer appends to, and where.
+pub(crate) struct JournalCursor<F> {
+    pub file_id: u64,
+    pub file: Rc<F>,
+    pub pos: u64,
+    pub next_seq: u64,
+}
+
+impl<F> JournalCursor<F> {
+    fn position(&self) -> JournalPos {
+        JournalPos {
+            file_id: self.file_id,
+            offset: self.pos,
+            next_seq: self.next_seq,
+        }
+    }
+}
+
+/// A record waiting for its batch, and who waits for it to be durable.
+pub(crate) struct Pending {
+    pub record: Record,
+    pub bytes: usize,
+    pub enqueued: Instant,
+    pub done: Rc<Completion<Result<(), Error>>>,
+}
+
+/// A journal file being created in the background: its id and the task creating it.
+type Precreate<F> = (u64, glommio::Task<Result<F, Error>>);
+
+/// The journal of one shard.
+pub(crate) struct Journal<F> {
+    dir: PathBuf,
+    queue: RefCell<VecDeque<Pending>>,
+    /// Record bytes in `queue`.
+    queue_bytes: Cell<usize>,
+    /// Owned by the writer task while it runs (taken out across awaits).
+    cursor: RefCell<Option<JournalCursor<F>>>,
+    /// What the last sync made durable; the write cache holds exactly the records up to here.
+    durable: Cell<JournalPos>,
+    /// Set once a journal write or sync failed; the journal is then in an unknown state and
+    /// every later add fails (restart and replay to recover). The kind of the first error (e.g.
+    /// `StorageFull` for ENOSPC) and its message, both repeated in every later error.
+    failed: RefCell<Option<(stdio::ErrorKind, String)>>,
+    writer_signal: Signal,
+    writer_done: Signal,
+    writer_running: Cell<bool>,
+    sync_count: Cell<u64>,
+    /// The background creation of the next journal file: (its id, the task).
+    precreate: RefCell<Option<Precreate<F>>>,
+    /// Task queue of journal pre-creation (the engine's background queue).
+    background_tq: TaskQueueHandle,
+}
+
+impl<F> Journal<F> {
+    /// The journal in `dir`, continuing at `cursor` (where replay ended).
+    pub fn new(dir: PathBuf, cursor: JournalCursor<F>, background_tq: TaskQueueHandle) -> Self {
+        Self {
+            dir,
+            queue: RefCell::new(VecDeque::new()),
+            queue_bytes: Cell::new(0),
+            durable: Cell::new(cursor.position()),
+            cursor: RefCell::new(Some(cursor)),
+            failed: RefCell::new(None),
+            writer_signal: Signal::default(),
+            writer_done: Signal::default(),
+            writer_running: Cell::new(false),
+            sync_count: Cell::new(0),
+            precreate: RefCell::new(None),
+            background_tq,
+        }
+    }
+
+    /// Path of journal file `id`.
+    pub fn path(&self, id: u64) -> PathBuf {
+        self.dir.join(journal_name(id))
+    }
+
+    /// What the last sync made durable.
+    pub fn durable(&self) -> JournalPos {
+        self.durable.get()
+    }
+
+    /// Number of journal fdatasyncs since open.
+    pub fn sync_count(&self) -> u64 {
+        self.sync_count.get()
+    }
+
+    /// `Err` (an `Io` repeating the first failure) once a journal write or sync failed.
+    pub fn check_failed(&self) -> Result<(), Error> {
+        match &*self.failed.borrow() {
+            None => Ok(()),
+            Some((kind, msg)) => {
+                let durable = self.durable.get();
+                Err(Error::Io {
+                    op: "journal write (journal failed earlier)",
+                    path: self.path(durable.file_id),
+                    file_offset_bytes: durable.offset,
+                    source: stdio::Error::new(*kind, msg.clone()),
+                })
+            }
+        }
+    }
+
+    /// Queues `record` for the next group commit and resolves once it is durable (or failed).
+    pub async fn submit(&self, record: Record) -> Result<(), Error> {
+        let bytes = match &record {
+            Record::Add { data, .. } => RECORD_HEADER_BYTES + ADD_FIXED_BYTES + data.len(),
+            _ => RECORD_HEADER_BYTES + FENCE_PAYLOAD_BYTES,
+        };
+        let done = Completion::new();
+        self.queue.borrow_mut().push_back(Pending {
+            record,
+            bytes,
+            enqueued: Instant::now(),
+            done: done.clone(),
+        });
+        self.queue_bytes.set(self.queue_bytes.get() + bytes);
+        self.writer_signal.notify();
+        done.wait().await
+    }
+
+    /// Marks the writer task as running (before it is spawned).
+    pub fn writer_started(&self) {
+        self.writer_running.set(true);
+    }
+
+    /// Wakes the writer (so that it sees a close).
+    pub fn wake_writer(&self) {
+        self.writer_signal.notify();
+    }
+
+    /// Waits until the writer (woken by [`Journal::wake_writer`] after a close) drained the
+    /// queue and exited; then waits for a pre-creation in progress (a cancelled one would only
+    /// leave a temp file, which the next open deletes; finishing it keeps the directory tidy).
+    pub async fn stop(&self) {
+        while self.writer_running.get() {
+            self.writer_done.wait().await;
+        }
+        let pre = self.precreate.borrow_mut().take();
+        if let Some((id, task)) = pre {
+            if let Err(e) = task.await {
+                tracing::warn!("background creation of journal {id} failed: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The ledger table of one shard: per ledger its master key, fence flag, LAC and last entry, and
+//! which ledgers changed since the last checkpoint (BookKeeper's ledger metadata index of
+//! `DbLedgerStorage`: fencing, master keys, the LAC as the max of the stored entries' LACs).
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+
+use crate::format::StoredLedger;
+use crate::{Error, LedgerState};
+
+/// In-memory state of one ledger.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ledger {
+    pub master_key: Option<[u8; 20]>,
+    pub fenced: bool,
+    pub lac: Option<u64>,
+    pub last_entry: Option<u64>,
+}
+
+impl Ledger {
+    fn stored(&self) -> StoredLedger {
+        StoredLedger {
+            fenced: self.fenced,
+            master_key: self.master_key,
+            lac: self.lac,
+            last_entry: self.last_entry,
+        }
+    }
+}
+
+/// Every ledger this shard knows, and the ones changed since the last checkpoint snapshot.
+pub(crate) struct Ledgers {
+    table: RefCell<HashMap<u64, Ledger>>,
+    /// Ledgers whose state changed since the last checkpoint snapshot.
+    dirty: RefCell<HashSet<u64>>,
+}
+
+impl Ledgers {
+    /// The table as the index stored it; nothing dirty.
+    pub fn new(table: HashMap<u64, Ledger>) -> Self {
+        Self {
+            table: RefCell::new(table),
+            dirty: RefCell::new(HashSet::new()),
+        }
+    }
+
+    /// Admits a normal or recovery add before it is journaled: the first add sets the master
+    /// key; a different key is `Unauthorized`; a fenced ledger refuses a normal add (`Fenced`),
+    /// while recovery adds pass, as in BookKeeper.
+    pub fn admit_add(
+        &self,
+        ledger: u64,
+        master_key: [u8; 20],
+        recovery: bool,
+    ) -> Result<(), Error> {
+        let mut table = self.table.borrow_mut();
+        let l = table.entry(ledger).or_default();
+        match l.master_key {
+            Some(k) if k != master_key => return Err(Error::Unauthorized { ledger }),
+            Some(_) => {}
+            None => l.master_key = Some(master_key),
+        }
+        if l.fenced && !recovery {
+            return Err(Error::Fenced { ledger });
+        }
+        self.dirty.borrow_mut().insert(ledger);
+        Ok(())
+    }
+
+    /// Fences `ledger` before its fence record is journaled (BookKeeper fencing: later normal
+    /// adds are refused at once). An unknown ledger is created with this master key; a
+    /// different key is `Unauthorized`.
+    pub fn fence(&self, ledger: u64, master_key: [u8; 20]) -> Result<(), Error> {
+        let mut table = self.table.borrow_mut();
+        let l = table.entry(ledger).or_default();
+        match l.master_key {
+            Some(k) if k != master_key => return Err(Error::Unauthorized { ledger }),
+            Some(_) => {}
+            None => l.master_key = Some(master_key),
+        }
+        l.fenced = true;
+        self.dirty.borrow_mut().insert(ledger);
+        Ok(())
+    }
+
+    /// Applies a durable add: the last entry and the LAC become the max of the stored ones.
+    pub fn apply_add(&self, ledger: u64, entry: u64, lac: Option<u64>, master_key: [u8; 20]) {
+        let mut table = self.table.borrow_mut();
+        let l = table.entry(ledger).or_default();
+        if l.master_key.is_none() {
+            l.master_key = Some(master_key);
+        }
+        l.last_entry = l.last_entry.max(Some(entry));
+        l.lac = l.lac.max(lac);
+        self.dirty.borrow_mut().insert(ledger);
+    }
+
+    /// Applies a durable fence.
+    pub fn apply_fence(&self, ledger: u64, master_key: [u8; 20]) {
+        let mut table = self.table.borrow_mut();
+        let l = table.entry(ledger).or_default();
+        if l.master_key.is_none() {
+            l.master_key = Some(master_key);
+        }
+        l.fenced = true;
+        self.dirty.borrow_mut().insert(ledger);
+    }
+
+    /// The public state of `ledger`, `None` if never seen.
+    pub fn state(&self, ledger: u64) -> Option<LedgerState> {
+        self.table.borrow().get(&ledger).map(|l| LedgerState {
+            fenced: l.fenced,
+            lac: l.lac,
+            last_entry: l.last_entry,
+        })
+    }
+
+    /// Whether the shard knows `ledger`, and its last entry.
+    pub fn last_entry(&self, ledger: u64) -> Option<Option<u64>> {
+        self.table.borrow().get(&ledger).map(|l| l.last_entry)
+    }
+
+    /// `(lac, fenced)` of `ledger`; `(None, false)` for an unknown one.
+    pub fn lac_and_fenced(&self, ledger: u64) -> (Option<u64>, bool) {
+        self.table
+            .borrow()
+            .get(&ledger)
+            .map_or((None, false), |l| (l.lac, l.fenced))
+    }
+
+    /// The LAC of `ledger`.
+    pub fn lac(&self, ledger: u64) -> Option<u64> {
+        self.table.borrow().get(&ledger).and_then(|l| l.lac)
+    }
+
+    /// Takes the changed ledgers for a checkpoint: their stored form, sorted by ledger id.
+    pub fn take_dirty(&self) -> Vec<(u64, StoredLedger)> {
+        let table = self.table.borrow();
+        let dirty: Vec<u64> = self.dirty.borrow_mut().drain().collect();
+        let mut ledgers: Vec<(u64, StoredLedger)> = dirty
+            .iter()
+            .filter_map(|id| table.get(id).map(|l| (*id, l.stored())))
+            .collect();
+        ledgers.sort_by_key(|(id, _)| *id);
+        ledgers
+    }
+
+    /// Marks `ids` changed again (a checkpoint that took them failed).
+    pub fn mark_dirty(&self, ids: impl IntoIterator<Item = u64>) {
+        self.dirty.borrow_mut().extend(ids);
+    }
+}

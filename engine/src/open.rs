@@ -1,0 +1,173 @@
+//! Opening an engine: preparing the two directories, the first journal, index and mark of a
+//! fresh directory pair, loading the committed index, discarding what a crash left behind, and
+//! replaying the journal from the checkpoint mark (BookKeeper's bookie start-up: ledger storage
+//! first, then journal replay from `lastMark`).
+
+use glommio::TaskQueueHandle;
+
+use crate::checkpoint::{read_mark, write_mark, Checkpointer, MARK_FILE};
+use crate::engine::{apply_durable, Inner};
+use crate::entry_log::EntryLogs;
+use crate::files::{corrupt, io_err, journal_name, parse_id};
+use crate::format::{Mark, FILE_HEADER_BYTES};
+use crate::index::{create_index, Index, INDEX_FILE};
+use crate::io::Storage;
+use crate::journal::files::{create_journal_file, list_journals};
+use crate::journal::replay::{find_later_batch, read_journal, replay};
+use crate::journal::Journal;
+use crate::lac_watch::LacWatchers;
+use crate::ledgers::Ledgers;
+use crate::read_ahead::ReadAhead;
+use crate::throttle::Throttle;
+use crate::write_cache::WriteCache;
+use crate::{EngineConfig, Error};
+
+/// Opens the engine's state on `storage`; background tasks are not started yet.
+pub(crate) async fn open_inner<S: Storage>(
+    cfg: EngineConfig,
+    storage: S,
+    background_tq: TaskQueueHandle,
+) -> Result<Inner<S>, Error> {
+    storage.prepare_dir(&cfg.journal_dir).await.map_err(io_err(
+        "prepare journal dir",
+        &cfg.journal_dir,
+        0,
+    ))?;
+    storage.prepare_dir(&cfg.ledger_dir).await.map_err(io_err(
+        "prepare ledger dir",
+        &cfg.ledger_dir,
+        0,
+    ))?;
+
+    let ledger_names = storage.list(&cfg.ledger_dir).await.map_err(io_err(
+        "list ledger dir",
+        &cfg.ledger_dir,
+        0,
+    ))?;
+    let mut journal_ids = list_journals(&storage, &cfg).await?;
+
+    // The mark; a fresh directory pair gets its first journal, index and mark here.
+    let mark = if ledger_names.iter().any(|n| n == MARK_FILE) {
+        read_mark(&storage, &cfg.ledger_dir).await?
+    } else {
+        start_fresh(&storage, &cfg, &ledger_names, &mut journal_ids).await?
+    };
+
+    // Index and ledger states, up to the committed length.
+    let (index, ledgers) = Index::load(&storage, &cfg.ledger_dir, &mark).await?;
+
+    // Entry logs: never append to an old one (it may hold unindexed bytes past its last sync).
+    let next_entry_log_id = ledger_names
+        .iter()
+        .filter_map(|n| parse_id(n, "entrylog-", ".qel"))
+        .max()
+        .unwrap_or(0)
+        + 1;
+
+    let ledgers = Ledgers::new(ledgers);
+    let write_cache = WriteCache::new(cfg.write_cache_bytes_max, cfg.write_cache_wait_max);
+
+    // Journal files wholly before the mark are garbage a crash left behind.
+    for id in journal_ids.iter().filter(|id| **id < mark.journal_file_id) {
+        let p = cfg.journal_dir.join(journal_name(*id));
+        storage
+            .remove(&p)
+            .await
+            .map_err(io_err("remove old journal", &p, 0))?;
+    }
+    journal_ids.retain(|id| *id >= mark.journal_file_id);
+    if journal_ids.first() != Some(&mark.journal_file_id) {
+        return Err(corrupt(
+            &cfg.journal_dir.join(journal_name(mark.journal_file_id)),
+            mark.journal_offset,
+            "journal file named by the checkpoint mark is missing",
+        ));
+    }
+    let cursor = replay(&storage, &cfg, &journal_ids, &mark, &mut |record| {
+        apply_durable(&ledgers, &write_cache, record)
+    })
+    .await?;
+
+    Ok(Inner {
+        journal: Journal::new(cfg.journal_dir.clone(), cursor, background_tq),
+        write_cache,
+        ledgers,
+        index,
+        entry_logs: EntryLogs::new(
+            cfg.ledger_dir.clone(),
+            next_entry_log_id,
+            cfg.entry_log_size_bytes_max,
+        ),
+        read_ahead: ReadAhead::new(
+            cfg.read_cache_bytes_max,
+            cfg.read_ahead_entries,
+            cfg.read_ahead_bytes_max,
+        ),
+        lac_watchers: LacWatchers::default(),
+        checkpointer: Checkpointer::new(mark),
+        throttle: Throttle::new(
+            cfg.background_write_bytes_per_second,
+            cfg.background_sync_bytes,
+        ),
+        closed: std::cell::Cell::new(false),
+        cfg,
+        storage,
+    })
+}
+
+/// Sets up a directory pair that has no mark: the first journal, an empty index and the first
+/// mark. No mark means no open ever finished, so no add was ever acknowledged: files left by a
+/// crash during the first open are discarded, unless a journal holds a batch (then the mark was
+/// lost, e.g. a wiped ledger directory, and guessing would be unsafe: `Corrupt`).
+async fn start_fresh<S: Storage>(
+    storage: &S,
+    cfg: &EngineConfig,
+    ledger_names: &[String],
+    journal_ids: &mut Vec<u64>,
+) -> Result<Mark, Error> {
+    let mark_path = cfg.ledger_dir.join(MARK_FILE);
+    let index_path = cfg.ledger_dir.join(INDEX_FILE);
+    for id in std::mem::take(journal_ids) {
+        let p = cfg.journal_dir.join(journal_name(id));
+        let (_, img) = read_journal(storage, &p, id).await?;
+        if let Some((at, _)) = find_later_batch(&img, FILE_HEADER_BYTES as u64, 0) {
+            return Err(corrupt(
+                &mark_path,
+                0,
+                format!(
+                    "checkpoint mark is missing but {} holds a batch at byte offset {at}",
+                    p.display()
+                ),
+            ));
+        }
+        storage.remove(&p).await.map_err(io_err(
+            "remove journal of an unfinished first open",
+            &p,
+            0,
+        ))?;
+    }
+    if ledger_names.iter().any(|n| n == INDEX_FILE) {
+        storage.remove(&index_path).await.map_err(io_err(
+            "remove index of an unfinished first open",
+            &index_path,
+            0,
+        ))?;
+    }
+    let path = cfg.journal_dir.join(journal_name(1));
+    drop(create_journal_file(storage, cfg, &path, 1, None).await?);
+    journal_ids.push(1);
+    create_index(storage, &cfg.ledger_dir).await?;
+    storage.sync_dir(&cfg.ledger_dir).await.map_err(io_err(
+        "sync ledger dir",
+        &cfg.ledger_dir,
+        0,
+    ))?;
+    let m = Mark {
+        journal_file_id: 1,
+        journal_offset: FILE_HEADER_BYTES as u64,
+        next_seq: 1,
+        index_bytes: FILE_HEADER_BYTES as u64,
+    };
+    write_mark(storage, &cfg.ledger_dir, &m).await?;
+    Ok(m)
+}
