@@ -127,7 +127,11 @@ fn plain_thread_waking_three_executors_in_turn_never_loses_a_wake() {
             let e = (i % EXECUTORS as u64) as usize;
             to_executor[e].send(i).expect("an executor went away");
             let (from, got) = reply_rx.recv().expect("an executor went away");
-            assert_eq!((from, got), (e, i), "reply from the wrong executor or round");
+            assert_eq!(
+                (from, got),
+                (e, i),
+                "reply from the wrong executor or round"
+            );
         }
         drop(to_executor);
         dd.store(1, Ordering::Release);
