@@ -6,7 +6,8 @@
 #                               BIN [BIN ...]
 #
 # Each BIN is a `quire` binary, optionally followed (in the same quoted word) by extra
-# `quire sandbox` flags, e.g. "/var/tmp/quire-base" "./target/release/quire --cpu-set 0,1".
+# `quire sandbox` flags, e.g. "/var/tmp/quire-base" "./target/release/quire --cpu-set 0,1";
+# "env VAR=VALUE /path/quire" runs it with an environment variable set.
 # A round runs every BIN once, in the order given (A B A B ... over the rounds), so that a
 # baseline is measured in the same window as the change on this shared, noisy machine.
 # Each run: a fresh sandbox in $DATA_DIR (deleted before and after), 1 s to settle, then
@@ -52,7 +53,7 @@ mkdir -p "$OUT_DIR"
 [ -x "$PERF_BIN" ] || { echo "no $PERF_BIN: cargo build --release -p quire-perf" >&2; exit 2; }
 for spec in "${BINS[@]}"; do
     read -r bin _ <<< "$spec"
-    [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }
+    command -v "$bin" > /dev/null || { echo "not an executable: $bin" >&2; exit 2; }
 done
 
 sandbox_pid=""
@@ -74,16 +75,17 @@ def fields(path):
     s = open(path).read()
     name = s[s.index("(") + 1 : s.rindex(")")]
     rest = s[s.rindex(")") + 2 :].split()
-    return name, int(rest[11]), int(rest[12])  # utime, stime: fields 14 and 15 of stat
+    # utime, stime, minflt: fields 14, 15 and 10 of stat
+    return name, int(rest[11]), int(rest[12]), int(rest[7])
 lines = []
-_, u, s = fields(f"/proc/{pid}/stat")
-lines.append(f"total\tprocess\t{u}\t{s}")
+_, u, s, f = fields(f"/proc/{pid}/stat")
+lines.append(f"total\tprocess\t{u}\t{s}\t{f}")
 for tid in os.listdir(f"/proc/{pid}/task"):
     try:
-        name, u, s = fields(f"/proc/{pid}/task/{tid}/stat")
+        name, u, s, f = fields(f"/proc/{pid}/task/{tid}/stat")
     except (FileNotFoundError, ProcessLookupError):
         continue
-    lines.append(f"{tid}\t{name}\t{u}\t{s}")
+    lines.append(f"{tid}\t{name}\t{u}\t{s}\t{f}")
 open(out, "w").write("\n".join(lines) + "\n")
 EOF
 }
@@ -98,23 +100,24 @@ hz = os.sysconf("SC_CLK_TCK")
 def load(path):
     d = {}
     for line in open(path):
-        tid, name, u, s = line.rstrip("\n").split("\t")
-        d[tid] = (name, int(u), int(s))
+        tid, name, u, s, f = line.rstrip("\n").split("\t")
+        d[tid] = (name, int(u), int(s), int(f))
     return d
 b, a = load(before), load(after)
 tw = json.load(open(report))["results"]["tail_write"]
 records = tw["completed"]
 du = (a["total"][1] - b["total"][1]) / hz
 ds = (a["total"][2] - b["total"][2]) / hz
+faults = (a["total"][3] - b["total"][3]) / max(records, 1)
 lat = tw["latency"]
 print(f"{(du + ds) * 1000 / max(records, 1):.4f} {du:.2f} {ds:.2f} {records} "
-      f"{lat['p50_ms']:.3f} {lat['p99_ms']:.3f} {lat['p999_ms']:.3f} {tw['errors']}")
+      f"{lat['p50_ms']:.3f} {lat['p99_ms']:.3f} {lat['p999_ms']:.3f} {tw['errors']} {faults:.2f}")
 if threads:
     by = {}
-    for tid, (name, u, s) in a.items():
+    for tid, (name, u, s, _) in a.items():
         if tid == "total":
             continue
-        _, u0, s0 = b.get(tid, (name, 0, 0))
+        _, u0, s0, _ = b.get(tid, (name, 0, 0, 0))
         key = re.sub(r"-\d+$", "", name) if name.startswith("iou-wrk") else name
         pu, ps = by.get(key, (0, 0))
         by[key] = (pu + u - u0, ps + s - s0)
@@ -125,14 +128,21 @@ if threads:
 EOF
 }
 
-printf 'round\tbin\tspec\tcpu_ms_per_record\tuser_s\tsys_s\trecords\tp50_ms\tp99_ms\tp999_ms\terrors\n' > "$OUT_DIR/runs.tsv"
+printf 'round\tbin\tspec\tcpu_ms_per_record\tuser_s\tsys_s\trecords\tp50_ms\tp99_ms\tp999_ms\terrors\tminor_faults_per_record\n' > "$OUT_DIR/runs.tsv"
 for round in $(seq 1 "$ROUNDS"); do
     for k in "${!BINS[@]}"; do
         spec=${BINS[$k]}
         read -r -a words <<< "$spec"
+        # The command is everything up to the quire binary ("env VAR=VALUE ..." included);
+        # the sandbox flags follow it.
+        n=1
+        if [ "${words[0]}" = env ]; then
+            while [[ ${words[$n]} == *=* ]]; do n=$((n + 1)); done
+            n=$((n + 1))
+        fi
         tag="$round-$k"
         rm -rf "$DATA_DIR"
-        "${words[0]}" sandbox --data-dir "$DATA_DIR" --listen 127.0.0.1:0 "${words[@]:1}" \
+        "${words[@]:0:n}" sandbox --data-dir "$DATA_DIR" --listen 127.0.0.1:0 "${words[@]:n}" \
             > "$OUT_DIR/sandbox-$tag.log" 2>&1 &
         sandbox_pid=$!
         proxy=""
@@ -166,11 +176,11 @@ for round in $(seq 1 "$ROUNDS"); do
         sandbox_pid=""
         evaluate "$OUT_DIR/before-$tag.tsv" "$OUT_DIR/after-$tag.tsv" "$OUT_DIR/report-$tag.json" \
             > "$OUT_DIR/figures-$tag.txt" 2> "$OUT_DIR/threads-$tag.txt"
-        read -r cpu us ss n p50 p99 p999 errs < "$OUT_DIR/figures-$tag.txt"
-        printf 'round %s  bin %s  %s ms CPU/record  (user %s s, sys %s s, %s records)  p50 %s  p99 %s  p99.9 %s ms  errors %s  [%s]\n' \
-            "$round" "$k" "$cpu" "$us" "$ss" "$n" "$p50" "$p99" "$p999" "$errs" "$spec"
+        read -r cpu us ss n p50 p99 p999 errs faults < "$OUT_DIR/figures-$tag.txt"
+        printf 'round %s  bin %s  %s ms CPU/record  (user %s s, sys %s s, %s records, %s minor faults/record)  p50 %s  p99 %s  p99.9 %s ms  errors %s  [%s]\n' \
+            "$round" "$k" "$cpu" "$us" "$ss" "$n" "$faults" "$p50" "$p99" "$p999" "$errs" "$spec"
         [ "$THREADS" = 1 ] && cat "$OUT_DIR/threads-$tag.txt"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$k" "$spec" "$cpu" "$us" "$ss" "$n" "$p50" "$p99" "$p999" "$errs" >> "$OUT_DIR/runs.tsv"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$k" "$spec" "$cpu" "$us" "$ss" "$n" "$p50" "$p99" "$p999" "$errs" "$faults" >> "$OUT_DIR/runs.tsv"
     done
 done
 rm -rf "$DATA_DIR"
@@ -184,11 +194,12 @@ for k in bins:
     mine = [r for r in rows if int(r["bin"]) == k]
     cpu = statistics.median(float(r["cpu_ms_per_record"]) for r in mine)
     p99 = statistics.median(float(r["p99_ms"]) for r in mine)
-    med[k] = (cpu, p99, mine[0]["spec"])
-c0, q0, _ = med[bins[0]]
+    p50 = statistics.median(float(r["p50_ms"]) for r in mine)
+    med[k] = (cpu, p99, p50, mine[0]["spec"])
+c0, q0, _, _ = med[bins[0]]
 print("median over", len(rows) // len(bins), "rounds:")
 for k in bins:
-    cpu, p99, spec = med[k]
+    cpu, p99, p50, spec = med[k]
     print(f"  bin {k}: {cpu:.4f} ms CPU/record ({cpu / c0:.3f} x bin 0)  p99 {p99:.3f} ms "
-          f"({p99 / q0:.3f} x bin 0)  [{spec}]")
+          f"({p99 / q0:.3f} x bin 0)  p50 {p50:.3f} ms  [{spec}]")
 EOF
