@@ -83,6 +83,13 @@ pub struct BookieConfig {
     pub frame_size_bytes_max: u32,
     /// glommio `io_memory` per executor, in bytes. Default 2 MiB.
     pub io_memory_bytes: usize,
+    /// CPUs to pin the shards to: shard `i` runs on CPU `cpu_set[i % cpu_set.len()]` (glommio
+    /// `Placement::Fixed`; its blocking-pool thread too). Empty (the default): unpinned, the
+    /// kernel places every shard. DESIGN.md's shard-per-core model wants one shard per pinned
+    /// core; on a small host that shares its cores with the proxy, unpinned measured better
+    /// (perf/README.md, "CPU per record"). A CPU that does not exist fails the start with
+    /// `Runtime`.
+    pub cpu_set: Vec<usize>,
     /// Engine settings for every shard; its directories are replaced per shard.
     pub engine: quire_engine::EngineConfig,
 }
@@ -105,6 +112,7 @@ impl BookieConfig {
             shards,
             frame_size_bytes_max,
             io_memory_bytes: IO_MEMORY_BYTES_DEFAULT,
+            cpu_set: Vec::new(),
             engine,
         }
     }
@@ -226,9 +234,13 @@ impl Bookie {
                 forward_rx,
                 peers: forward_txs.clone(),
             };
-            // Unbound: on a 2-core CI machine pinning shards next to the test harness hurts more
-            // than it helps (reference/infra.md §2).
-            let spawned = LocalExecutorBuilder::new(Placement::Unbound)
+            // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the
+            // test harness hurts more than it helps (reference/infra.md §2).
+            let placement = match config.cpu_set.as_slice() {
+                [] => Placement::Unbound,
+                cpus => Placement::Fixed(cpus[index % cpus.len()]),
+            };
+            let spawned = LocalExecutorBuilder::new(placement)
                 .name(&format!("quire-shard-{index}"))
                 .io_memory(config.io_memory_bytes)
                 .spawn(move || {

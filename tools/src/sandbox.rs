@@ -56,6 +56,14 @@ pub struct SandboxArgs {
     /// Size of each pre-written journal file, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     journal_file_size_bytes: u64,
+    /// CPUs to pin the bookies' shards to, e.g. `0,1`: the shards of all bookies, numbered
+    /// bookie by bookie, take the listed CPUs in turn (shard g on the (g mod n)-th). Default:
+    /// unpinned, which measured better on a 2-core host (perf/README.md, "CPU per record").
+    #[arg(long, value_delimiter = ',')]
+    cpu_set: Option<Vec<usize>>,
+    /// Worker threads of the proxy's tokio runtime (the catch-up read runtime is apart).
+    #[arg(long, default_value_t = 2)]
+    proxy_threads: usize,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -81,10 +89,24 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
-fn bookie_config(args: &SandboxArgs, index: usize, listen: SocketAddr) -> BookieConfig {
+/// The configuration of bookie `index` (1-based). With `cpu_set`, its shard `i` is global
+/// shard `(index - 1) * shards + i`, so that one-shard bookies spread over the listed CPUs
+/// instead of all taking the first.
+fn bookie_config(
+    args: &SandboxArgs,
+    cpu_set: &[usize],
+    index: usize,
+    listen: SocketAddr,
+) -> BookieConfig {
     let root = args.data_dir.join(format!("bookie-{index}"));
     let mut config = BookieConfig::new(listen, root.join("journal"), root.join("ledgers"));
     config.shards = args.shards;
+    if !cpu_set.is_empty() {
+        let first = (index - 1) * args.shards;
+        config.cpu_set = (first..first + args.shards)
+            .map(|g| cpu_set[g % cpu_set.len()])
+            .collect();
+    }
     config.io_memory_bytes = 1 << 20;
     config.engine.journal_file_size_bytes = args.journal_file_size_bytes;
     config
@@ -126,9 +148,13 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
             }
         }
     }
+    let cpu_set = match &args.cpu_set {
+        Some(cpus) => crate::config::check_cpu_set(cpus.clone())?,
+        None => Vec::new(),
+    };
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let bookie = Bookie::start(bookie_config(args, i + 1, *addr))
+        let bookie = Bookie::start(bookie_config(args, &cpu_set, i + 1, *addr))
             .with_context(|| format!("bookie {} at {addr} did not start", i + 1))?;
         bookies.push(bookie);
     }
@@ -183,8 +209,11 @@ pub fn run(args: SandboxArgs) -> Result<()> {
     let _lock = lock_data_dir(&args.data_dir)?;
     let store = EmbeddedStore::open(&args.data_dir.join("metadata")).context("metadata store")?;
     check_data_dir(&args, &store)?;
+    if args.proxy_threads == 0 {
+        bail!("invalid setting --proxy-threads 0: the proxy needs at least one thread");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(args.proxy_threads)
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;

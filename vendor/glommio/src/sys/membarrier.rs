@@ -1,228 +1,50 @@
-// code imported from https://github.com/jeehoonkang/membarrier-rs (seems unmaintained)
-#[allow(unused_macros)]
-macro_rules! fatal_assert {
-    ($cond:expr) => {
-        if !$cond {
-            #[allow(unused_unsafe)]
-            unsafe {
-                libc::abort();
-            }
-        }
-    };
-}
+// Quire patch (QUIRE-PATCHES.md, "symmetric sleep fences"): this file used to issue
+// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` (or an `mprotect` TLB-shootdown trick) every
+// time an executor went to sleep, and only a compiler fence on the waker's side. That is an
+// asymmetric fence: cheap for wakers, but each sleep is a system call that interrupts (IPI)
+// every CPU currently running a thread of the process. With several executors per process
+// (a Quire bookie has one per shard, the sandbox three bookies) executors sleep thousands of
+// times a second, and the IPIs cost more than everything the wakers save.
+//
+// The protocol these fences serve (`SleepNotifier` in sys/mod.rs, `Reactor::wait` in
+// sys/uring.rs) is Dekker's:
+//
+//   sleeper                                   waker (another thread)
+//   S1: should_notify.store(true)             W1: publish (push to a channel, queue a waker)
+//   S2: sleeper_fence()                       W2: waker_fence()
+//   S3: look at every channel and queue       W3: should_notify.compare_exchange(true, false)
+//   S4: nothing found -> sleep until the          and, if it succeeded, write the eventfd
+//       eventfd (or I/O, or a timer) fires
+//
+// Both fences are SeqCst, so they are ordered in the single total order S of SeqCst
+// operations. If S2 precedes W2 in S, then W3, which is sequenced after W2, reads the value
+// stored by S1 or a later one (C++20 [atomics.order]: a modification sequenced before a SeqCst
+// fence X is seen by a read sequenced after a SeqCst fence Y that follows X in S). Reading
+// `true`, the waker writes the eventfd, whose counter the sleeper's pending eventfd read
+// consumes even if the write comes before the sleeper is in the kernel. A later value is
+// `false`, written by the sleeper's own `wake_up()` once it woke, or by another waker's
+// successful exchange, which then writes the eventfd and so wakes the sleeper. Either way the
+// sleeper is or will be awake and runs another round before it can sleep again; that round's
+// S1 comes after the `false` that W3 read in the modification order, so by the same rule its
+// fence cannot precede W2 in S (W3 would then have read that `true` or later): that round is
+// the next case. If W2 precedes S2 in S, then S3 (sequenced after S2) sees W1,
+// or a later state of the channel, and the sleeper does not sleep. Either way a published
+// item is never left behind a sleeping executor. The rule needs both fences; the exchange's
+// own ordering does not matter. A SeqCst fence is one `mfence` (or locked instruction) on
+// x86-64, tens of nanoseconds at most, on each side.
 
 use core::sync::atomic;
 
-/// A choice between three strategies for process-wide barrier on Linux.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Strategy {
-    /// Use the `membarrier` system call.
-    Membarrier,
-    /// Use the `mprotect`-based trick.
-    Mprotect,
-    /// Use `SeqCst` fences.
-    Fallback,
-}
-
-lazy_static! {
-    /// The right strategy to use on the current machine.
-    static ref STRATEGY: Strategy = {
-        if syscall::is_supported() {
-            Strategy::Membarrier
-        } else if mprotect::is_supported() {
-            Strategy::Mprotect
-        } else {
-            Strategy::Fallback
-        }
-    };
-}
-
-mod syscall {
-    /// Commands for the membarrier system call.
-    ///
-    /// # Caveat
-    ///
-    /// We're defining it here because, unfortunately, the `libc` crate
-    /// currently doesn't expose `membarrier_cmd` for us. You can find the
-    /// numbers in the [Linux source code](https://github.com/torvalds/linux/blob/master/include/uapi/linux/membarrier.h).
-    ///
-    /// This enum should really be `#[repr(libc::c_int)]`, but Rust currently
-    /// doesn't allow it.
-    #[repr(i32)]
-    #[allow(dead_code, non_camel_case_types)]
-    enum membarrier_cmd {
-        MEMBARRIER_CMD_QUERY = 0,
-        MEMBARRIER_CMD_GLOBAL = (1 << 0),
-        MEMBARRIER_CMD_GLOBAL_EXPEDITED = (1 << 1),
-        MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED = (1 << 2),
-        MEMBARRIER_CMD_PRIVATE_EXPEDITED = (1 << 3),
-        MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED = (1 << 4),
-        MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE = (1 << 5),
-        MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE = (1 << 6),
-    }
-
-    /// Call the `sys_membarrier` system call.
-    #[inline]
-    fn sys_membarrier(cmd: membarrier_cmd) -> libc::c_long {
-        unsafe { libc::syscall(libc::SYS_membarrier, cmd as libc::c_int, 0 as libc::c_int) }
-    }
-
-    /// Returns `true` if the `sys_membarrier` call is available.
-    pub fn is_supported() -> bool {
-        // Queries which membarrier commands are supported. Checks if private expedited
-        // membarrier is supported.
-        let ret = sys_membarrier(membarrier_cmd::MEMBARRIER_CMD_QUERY);
-        if ret < 0
-            || ret & membarrier_cmd::MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long == 0
-            || ret & membarrier_cmd::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED as libc::c_long == 0
-        {
-            return false;
-        }
-
-        // Registers the current process as a user of private expedited membarrier.
-        if sys_membarrier(membarrier_cmd::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) < 0 {
-            return false;
-        }
-
-        true
-    }
-
-    /// Executes a heavy `sys_membarrier`-based barrier.
-    #[inline]
-    pub fn barrier() {
-        fatal_assert!(sys_membarrier(membarrier_cmd::MEMBARRIER_CMD_PRIVATE_EXPEDITED) >= 0);
-    }
-}
-
-mod mprotect {
-    use core::{cell::UnsafeCell, mem, ptr, sync::atomic};
-
-    struct Barrier {
-        lock: UnsafeCell<libc::pthread_mutex_t>,
-        page: u64,
-        page_size: libc::size_t,
-    }
-
-    unsafe impl Sync for Barrier {}
-
-    impl Barrier {
-        /// Issues a process-wide barrier by changing access protections of a
-        /// single mmap-ed page. This method is not as fast as the
-        /// `sys_membarrier()` call, but works very similarly.
-        #[inline]
-        fn barrier(&self) {
-            let page = self.page as *mut libc::c_void;
-
-            unsafe {
-                // Lock the mutex.
-                fatal_assert!(libc::pthread_mutex_lock(self.lock.get()) == 0);
-
-                // Set the page access protections to read + write.
-                fatal_assert!(
-                    libc::mprotect(page, self.page_size, libc::PROT_READ | libc::PROT_WRITE,) == 0
-                );
-
-                // Ensure that the page is dirty before we change the protection so that we
-                // prevent the OS from skipping the global TLB flush.
-                let atomic_usize = &*(page as *const atomic::AtomicUsize);
-                atomic_usize.fetch_add(1, atomic::Ordering::SeqCst);
-
-                // Set the page access protections to none.
-                //
-                // Changing a page protection from read + write to none causes the OS to issue
-                // an interrupt to flush TLBs on all processors. This also results in flushing
-                // the processor buffers.
-                fatal_assert!(libc::mprotect(page, self.page_size, libc::PROT_NONE) == 0);
-
-                // Unlock the mutex.
-                fatal_assert!(libc::pthread_mutex_unlock(self.lock.get()) == 0);
-            }
-        }
-    }
-
-    lazy_static! {
-        /// An alternative solution to `sys_membarrier` that works on older Linux kernels and
-        /// x86/x86-64 systems.
-        static ref BARRIER: Barrier = {
-            unsafe {
-                // Find out the page size on the current system.
-                let page_size = libc::sysconf(libc::_SC_PAGESIZE);
-                fatal_assert!(page_size > 0);
-                let page_size = page_size as libc::size_t;
-
-                // Create a dummy page.
-                let page = libc::mmap(
-                    ptr::null_mut(),
-                    page_size,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1 as libc::c_int,
-                    0 as libc::off_t,
-                );
-                fatal_assert!(page != libc::MAP_FAILED);
-                fatal_assert!(page as libc::size_t % page_size == 0);
-
-                // Locking the page ensures that it stays in memory during the two mprotect
-                // calls in `Barrier::barrier()`. If the page was unmapped between those calls,
-                // they would not have the expected effect of generating IPI.
-                libc::mlock(page, page_size as libc::size_t);
-
-                // Initialize the mutex.
-                let lock = UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER);
-                let mut attr = mem::MaybeUninit::<libc::pthread_mutexattr_t>::uninit();
-                fatal_assert!(libc::pthread_mutexattr_init(attr.as_mut_ptr()) == 0);
-                let mut attr = attr.assume_init();
-                fatal_assert!(
-                    libc::pthread_mutexattr_settype(&mut attr, libc::PTHREAD_MUTEX_NORMAL) == 0
-                );
-                fatal_assert!(libc::pthread_mutex_init(lock.get(), &attr) == 0);
-                fatal_assert!(libc::pthread_mutexattr_destroy(&mut attr) == 0);
-
-                let page = page as u64;
-
-                Barrier { lock, page, page_size }
-            }
-        };
-    }
-
-    /// Returns `true` if the `mprotect`-based trick is supported.
-    pub fn is_supported() -> bool {
-        cfg!(target_arch = "x86") || cfg!(target_arch = "x86_64")
-    }
-
-    /// Executes a heavy `mprotect`-based barrier.
-    #[inline]
-    pub fn barrier() {
-        BARRIER.barrier();
-    }
-}
-
-/// Issues a light memory barrier for fast path.
-///
-/// It issues a compiler fence, which disallows compiler optimizations across
-/// itself. It incurs basically no costs in run-time.
+/// The sleeper's fence: between storing `should_notify = true` and the last look at remote
+/// channels and queued wakers before sleeping. Pairs with [`waker_fence`].
 #[inline]
-#[allow(dead_code)]
-pub(crate) fn light() {
-    use self::Strategy::*;
-    match *STRATEGY {
-        Membarrier | Mprotect => atomic::compiler_fence(atomic::Ordering::SeqCst),
-        Fallback => atomic::fence(atomic::Ordering::SeqCst),
-    }
+pub(crate) fn sleeper_fence() {
+    atomic::fence(atomic::Ordering::SeqCst);
 }
 
-/// Issues a heavy memory barrier for slow path.
-///
-/// It issues a private expedited membarrier using the `sys_membarrier()` system
-/// call, if supported; otherwise, it falls back to `mprotect()`-based
-/// process-wide memory barrier.
+/// The waker's fence: between publishing work for another executor and reading its
+/// `should_notify`. Pairs with [`sleeper_fence`].
 #[inline]
-#[allow(dead_code)]
-pub(crate) fn heavy() {
-    use self::Strategy::*;
-    match *STRATEGY {
-        Membarrier => syscall::barrier(),
-        Mprotect => mprotect::barrier(),
-        Fallback => atomic::fence(atomic::Ordering::SeqCst),
-    }
+pub(crate) fn waker_fence() {
+    atomic::fence(atomic::Ordering::SeqCst);
 }

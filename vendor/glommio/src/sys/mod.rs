@@ -306,6 +306,9 @@ impl SleepNotifier {
     }
 
     pub(crate) fn notify(&self, force: bool) {
+        // Quire patch: orders what the caller published before the read of `should_notify`
+        // (the waker's half of the protocol described in membarrier.rs).
+        membarrier::waker_fence();
         if self
             .should_notify
             .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)

@@ -1860,10 +1860,9 @@ impl Reactor {
             // last time until now it could be that something happened in a remote executor
             // that opened up room. If it did we bail on sleep and go process it.
             self.notifier.prepare_to_sleep();
-            // See https://www.scylladb.com/2018/02/15/memory-barriers-seastar-linux/ for
-            // details. This translates to `sys_membarrier()` /
-            // `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
-            membarrier::heavy();
+            // Quire patch: a SeqCst fence paired with one in every waker (membarrier.rs),
+            // instead of a membarrier(2) that interrupted every CPU running this process.
+            membarrier::sleeper_fence();
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
