@@ -206,9 +206,9 @@ mod tests {
     }
 
     // Goal: CPU seconds are the tick difference over the tick rate, and this process's own
-    // reading grows while it computes. Method: arithmetic on known ticks; then spin 300 ms of
-    // CPU and read /proc/self/stat before and after (at 100 ticks/s the difference is at least
-    // 0.2 s: the kernel accounts running time tick by tick).
+    // reading grows while it computes. Method: arithmetic on known ticks; then spin until this
+    // thread used 300 ms of CPU and read /proc/self/stat before and after (the process total
+    // includes that thread, so it grew by at least 0.2 s even at a 100 Hz tick's granularity).
     #[test]
     fn cpu_seconds_of_a_spinning_process() {
         let a = CpuTicks {
@@ -223,9 +223,20 @@ mod tests {
         assert_eq!(cpu_seconds(b, a, 100), 0.0);
         let hz = clock_ticks_per_s();
         let before = read_cpu_ticks("self").unwrap();
-        let t = std::time::Instant::now();
+        // Spin until this thread itself has run 300 ms (its own CPU clock), however busy the
+        // machine is.
+        let thread_cpu_ns = || {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: a valid pointer to a timespec we own.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        };
+        let start = thread_cpu_ns();
         let mut x = 1u64;
-        while t.elapsed() < std::time::Duration::from_millis(300) {
+        while thread_cpu_ns() - start < 300_000_000 {
             x = crate::record::xorshift64(x);
         }
         std::hint::black_box(x);
