@@ -17,13 +17,20 @@
 //! Modules holding the harness's own arithmetic ([`hist`], [`schedule`], [`slo`], [`report`],
 //! [`plot`], [`payload`]) are pure and unit-tested; [`loadgen`] runs the open-loop schedule over
 //! any async send function; [`workloads`] binds it to `quire_proxy::ProxyClient`.
+//!
+//! [`common_workload`] is the other harness (`quire-perf workload`): the replicated-log
+//! workload shared with ../shared/bench (NATS, etcd, ...), its [`record`] layout, and CPU and
+//! host figures from [`procfs`], one JSON line per mode.
 
 pub mod baseline;
+pub mod common_workload;
 pub mod hist;
 pub mod loadgen;
 pub mod payload;
 pub mod plot;
+pub mod procfs;
 pub mod progress;
+pub mod record;
 pub mod report;
 pub mod schedule;
 pub mod slo;

@@ -167,13 +167,10 @@ where
     let ticker = std::thread::Builder::new()
         .name("quire-perf-ticker".into())
         .spawn(move || {
+            // Without it each wake-up may come up to 50 µs (the default timer slack) late.
+            let _ = crate::schedule::tighten_timer_slack();
             for i in 0..total {
-                let wait = schedule
-                    .intended(i)
-                    .saturating_duration_since(Instant::now());
-                if !wait.is_zero() {
-                    std::thread::sleep(wait);
-                }
+                crate::schedule::precise_sleep_until(schedule.intended(i));
                 if due_tx.blocking_send(i).is_err() {
                     return;
                 }

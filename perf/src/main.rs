@@ -1,5 +1,6 @@
 //! `quire-perf`: drives a running Quire cluster with open-loop load, measures latency and
-//! throughput against the same run's raw-device baseline, checks SLOs, writes reports.
+//! throughput against the same run's raw-device baseline, checks SLOs, writes reports;
+//! `quire-perf workload` runs the common replicated-log workload (one JSON line per mode).
 //! See perf/README.md.
 
 use std::path::PathBuf;
@@ -7,8 +8,9 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use quire_perf::baseline::{BaselineConfig, BaselineFile, BaselineResult, SyncMode};
+use quire_perf::common_workload::{self as cw, Mode, Params};
 use quire_perf::plot::{render_svg, Series};
 use quire_perf::progress::Progress;
 use quire_perf::report::{
@@ -39,11 +41,20 @@ enum Workload {
 
 /// Open-loop latency-SLO harness for a running Quire cluster.
 #[derive(Debug, Parser, serde::Serialize)]
-#[command(name = "quire-perf", version)]
+#[command(
+    name = "quire-perf",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Args {
+    /// Another harness instead of the SLO workloads.
+    #[command(subcommand)]
+    #[serde(skip)]
+    command: Option<Command>,
     /// Proxy address (`quire sandbox` prints it).
-    #[arg(long, env = "QUIRE_PROXY")]
-    proxy: String,
+    #[arg(long, env = "QUIRE_PROXY", required = true)]
+    proxy: Option<String>,
     /// Workloads to run, comma-separated.
     #[arg(long, value_delimiter = ',', default_values = ["baseline", "tail-write", "throughput", "tail-read", "catch-up", "isolation"])]
     workloads: Vec<Workload>,
@@ -140,6 +151,79 @@ struct Args {
     quiet: bool,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The common replicated-log workload of ../shared/bench: one JSON line per mode.
+    ///
+    /// The workload of /work/shared/reference/workload.md, as ../shared/bench runs it against
+    /// other systems: latency, latency-open, throughput and tail, each on a new stream, one
+    /// JSON line per mode on stdout (and appended to --out), a table on stderr. Exit status 0 when every mode is clean (no failed or unacknowledged
+    /// append, nothing missing, duplicated or out of order), 1 otherwise, 2 on a harness error.
+    Workload(WorkloadArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct WorkloadArgs {
+    /// Proxy address.
+    #[arg(long, env = "QUIRE_PROXY")]
+    proxy: String,
+    /// Modes to run, comma-separated, in this order.
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values = ["latency", "latency-open", "throughput", "tail"])]
+    modes: Vec<Mode>,
+    /// Record size, bytes (16-byte header included).
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Records per second of latency, latency-open and tail.
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Measured seconds per mode.
+    #[arg(long, default_value_t = 20.0)]
+    duration: f64,
+    /// Unmeasured seconds before them.
+    #[arg(long, default_value_t = 5.0)]
+    warmup: f64,
+    /// Appends outstanding in throughput.
+    #[arg(long, default_value_t = 256)]
+    inflight: usize,
+    /// Unacknowledged appends at most in latency-open and tail.
+    #[arg(long, default_value_t = 1024)]
+    outstanding: usize,
+    /// Seconds given to acks and deliveries after the end.
+    #[arg(long, default_value_t = 5.0)]
+    drain: f64,
+    /// Worker threads of the client's tokio runtime.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Seconds of pause between modes.
+    #[arg(long, default_value_t = 2.0)]
+    pause: f64,
+    /// Free text copied into every JSON line.
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Also append the JSON lines to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// A process of the cluster whose CPU time (all threads) is reported per mode; repeat for
+    /// several (for the sandbox: the one `quire sandbox` process).
+    #[arg(long = "cpu-pid")]
+    cpu_pids: Vec<u32>,
+    /// The sandbox's data directory: the quorum of each mode's ledgers is read from its
+    /// metadata file into peer_info.
+    #[arg(long)]
+    sandbox_dir: Option<PathBuf>,
+    /// The JSON lines' `peer`.
+    #[arg(long, default_value = "quire")]
+    peer: String,
+    /// Free text for peer_info.version (e.g. the commit the cluster runs); default: this
+    /// quire-perf's version.
+    #[arg(long)]
+    peer_version: Option<String>,
+    /// Prefix of the streams (default: quire-perf-workload-<unix ms>).
+    #[arg(long)]
+    stream_prefix: Option<String>,
+}
+
 fn secs(s: f64, what: &str) -> Result<Duration> {
     if !s.is_finite() || s < 0.0 {
         bail!("{what} must be a non-negative number of seconds, not {s}");
@@ -149,6 +233,16 @@ fn secs(s: f64, what: &str) -> Result<Duration> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Workload(w)) = args.command {
+        return match run_workload(w) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("quire-perf workload: error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     match run(args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -160,6 +254,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<bool> {
+    let proxy = args
+        .proxy
+        .clone()
+        .context("--proxy is required (or QUIRE_PROXY)")?;
     let slo_text = match &args.slo {
         Some(p) => std::fs::read_to_string(p)
             .with_context(|| format!("cannot read SLO file {}", p.display()))?,
@@ -265,7 +363,7 @@ fn run(args: Args) -> Result<bool> {
 
     rt.block_on(async {
         let cluster = Cluster::connect(
-            &args.proxy,
+            &proxy,
             args.connections,
             prefix.clone(),
             started_unix_ms,
@@ -417,4 +515,149 @@ fn plot_series(r: &RunResults) -> Vec<Series> {
         }
     }
     out
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Whether a mode's figures make a clean result (workload.md: a run with errors or missing
+/// records is reported with them and does not count).
+fn clean(v: &serde_json::Value) -> bool {
+    let zero = |k: &str| v[k].as_u64().unwrap_or(0) == 0;
+    [
+        "errors",
+        "unacked_after_drain",
+        "abandoned_after_drain",
+        "missing_measured",
+        "duplicates",
+        "out_of_order",
+        "reader_errors",
+    ]
+    .iter()
+    .all(|k| zero(k))
+}
+
+fn run_workload(a: WorkloadArgs) -> Result<bool> {
+    if a.size < quire_perf::record::RECORD_HEADER_SIZE_BYTES {
+        bail!(
+            "--size must be at least {} (stamp and sequence number)",
+            quire_perf::record::RECORD_HEADER_SIZE_BYTES
+        );
+    }
+    if a.rate == 0 || a.inflight == 0 || a.outstanding == 0 || a.threads == 0 {
+        bail!("--rate, --inflight, --outstanding and --threads must be at least 1");
+    }
+    let p = Params {
+        size: a.size,
+        rate: a.rate,
+        duration: secs(a.duration, "--duration")?,
+        warmup: secs(a.warmup, "--warmup")?,
+        inflight: a.inflight,
+        outstanding: a.outstanding,
+        drain: secs(a.drain, "--drain")?,
+    };
+    if p.duration.is_zero() {
+        bail!("--duration must be above 0");
+    }
+    let pause = secs(a.pause, "--pause")?;
+    let prefix = a
+        .stream_prefix
+        .clone()
+        .unwrap_or_else(|| format!("quire-perf-workload-{}", unix_ms()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(a.threads)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let mut out_file = match &a.out {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut rows = Vec::new();
+    let mut all_clean = true;
+    rt.block_on(async {
+        let target = cw::Target::connect(&a.proxy, prefix, a.cpu_pids.clone()).await?;
+        let processes: Vec<serde_json::Value> = a
+            .cpu_pids
+            .iter()
+            .map(|pid| {
+                serde_json::json!({"pid": pid, "cmdline": quire_perf::procfs::cmdline(&pid.to_string())})
+            })
+            .collect();
+        for (i, mode) in a.modes.iter().enumerate() {
+            if i > 0 {
+                // Let the previous mode's background work (syncs, checkpoints) settle.
+                tokio::time::sleep(pause).await;
+            }
+            let limit = p.warmup + p.duration + p.drain + Duration::from_secs(60);
+            let (mut v, stream) = tokio::time::timeout(limit, target.run(*mode, &p))
+                .await
+                .with_context(|| format!("{} did not finish within {limit:?}", mode.name()))??;
+            let quorum = match &a.sandbox_dir {
+                Some(dir) => cw::quorum_from_sandbox(dir, &stream),
+                None => serde_json::json!({"error": "not read (give --sandbox-dir for a sandbox); \
+                    the proxy protocol does not report ledger quorums"}),
+            };
+            let version = a.peer_version.clone().unwrap_or_else(|| {
+                format!(
+                    "quire {} (this quire-perf build's version; the proxy does not report its own)",
+                    env!("CARGO_PKG_VERSION")
+                )
+            });
+            v["peer"] = a.peer.clone().into();
+            v["mode"] = mode.name().into();
+            v["label"] = a.label.clone().into();
+            v["unix_time"] = (unix_ms() / 1000).into();
+            v["stream"] = stream.into();
+            v["peer_info"] = serde_json::json!({
+                "system": "quire",
+                "version": version,
+                "proxy": a.proxy,
+                "frame_size_bytes_max": target.writer.frame_size_bytes_max(),
+                "record_size_bytes_max": target.writer.record_size_bytes_max(),
+                "durability": cw::DURABILITY,
+                "quorum": quorum,
+                "processes": processes,
+                "client": format!(
+                    "quire-perf workload: quire_proxy::ProxyClient, one connection for the \
+                     appends (ordered submission) and one for the tail reader; tokio with {} \
+                     worker threads; paced sends from a thread of their own (nanosleep, 1 ns \
+                     timer slack)",
+                    a.threads
+                ),
+            });
+            v["host"] = quire_perf::procfs::host_json();
+            v["clean"] = clean(&v).into();
+            all_clean &= clean(&v);
+            let line = serde_json::to_string(&v)?;
+            println!("{line}");
+            if let Some(f) = &mut out_file {
+                use std::io::Write;
+                writeln!(f, "{line}").context("cannot append to --out")?;
+            }
+            let row = cw::human_row(mode.name(), &v);
+            eprintln!("{row}");
+            rows.push(row);
+        }
+        anyhow::Ok(())
+    })?;
+    rt.shutdown_timeout(Duration::from_secs(2));
+    eprintln!("\n{}", cw::HUMAN_HEADER);
+    for r in &rows {
+        eprintln!("{r}");
+    }
+    eprintln!(
+        "(latency: service time; latency-open: from schedule; throughput: ack; tail: end to end; \
+         rec/s achieved; cpu: the --cpu-pid processes in the measured window)"
+    );
+    Ok(all_clean)
 }
