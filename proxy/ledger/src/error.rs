@@ -1,6 +1,8 @@
 //! The ledger client's error type: one variant per way a BookKeeper client operation fails
 //! (metadata, bookie status, unreachable or slow bookie, fencing, closed ledger, missing or
-//! corrupt entry, dead writer, failed recovery), each keeping what caused it.
+//! corrupt entry, dead writer, failed recovery), following BookKeeper's client exceptions.
+
+use std::sync::Arc;
 
 use quire_wire::bookie::Status;
 use quire_wire::WireError;
@@ -8,9 +10,10 @@ use quire_wire::WireError;
 /// Ledger client failures. Display is one line.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    /// The metadata store failed or refused.
+    /// The metadata store failed or refused (shared, so that the error stays `Clone` for every
+    /// pending add it fails).
     #[error("metadata: {0}")]
-    Metadata(String),
+    Metadata(#[source] Arc<quire_metadata::Error>),
     /// A bookie answered with an error status.
     #[error("bookie {bookie} answered {status:?}: {message}")]
     Bookie {
@@ -47,7 +50,7 @@ pub enum Error {
     },
     /// Bytes from a bookie did not decode.
     #[error("protocol error: {0}")]
-    Protocol(WireError),
+    Protocol(#[source] WireError),
     /// An add could not reach its ack quorum and no replacement bookie could be found (or the
     /// ensemble change itself failed); the writer is dead. Entries after its LAC have an unknown
     /// outcome until the ledger is closed or recovered.
@@ -67,6 +70,6 @@ pub enum Error {
 
 impl From<quire_metadata::Error> for Error {
     fn from(e: quire_metadata::Error) -> Self {
-        Error::Metadata(e.to_string())
+        Error::Metadata(Arc::new(e))
     }
 }
