@@ -1,0 +1,230 @@
+//! Ensemble change (BookKeeper `LedgerHandle.ensembleChangeLoop`, changing immediately as
+//! BookKeeper does without `delayEnsembleChange`): replacements for the failed positions of a
+//! writer's ensemble are chosen by [`crate::placement`], a fragment starting at LAC + 1 is
+//! written by compare-and-set while the ledger is OPEN, and the pending adds are re-sent to the
+//! replacements. Success is held back while a change runs.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use quire_metadata::{BookieId, Fragment, LedgerState};
+
+use crate::conn::{self, Lane};
+use crate::writer::WriterShared;
+use crate::{placement, quorum, Error};
+
+impl WriterShared {
+    /// The ensemble change loop (BookKeeper `ensembleChangeLoop`): one pass per batch of failed
+    /// positions, until none is left; failures arriving during a pass are taken by the next.
+    pub(crate) async fn change_ensemble(self: Arc<Self>) {
+        loop {
+            let failing: Vec<(usize, BookieId)> = {
+                let Ok(mut st) = self.state.lock() else {
+                    return;
+                };
+                if st.failed.is_some() || st.failing.is_empty() {
+                    st.changing = false;
+                    self.release(&mut st);
+                    self.lac_tx.send_modify(|_| {});
+                    return;
+                }
+                st.failing
+                    .iter()
+                    .map(|&p| (p, st.ensemble[p].bookie.clone()))
+                    .collect()
+            };
+            if let Err(err) = self.change_pass(&failing).await {
+                tracing::warn!(ledger = self.id.0, "ensemble change failed: {err}");
+                if let Ok(mut st) = self.state.lock() {
+                    if st.failed.is_none() {
+                        self.fail(&mut st, err);
+                    }
+                    st.changing = false;
+                    self.lac_tx.send_modify(|_| {});
+                }
+                return;
+            }
+        }
+    }
+
+    /// One pass: choose replacements for `failing` (position, bookie), connect to them, update
+    /// the metadata by compare-and-set, then swap them in and re-send the pending adds.
+    async fn change_pass(self: &Arc<Self>, failing: &[(usize, BookieId)]) -> Result<(), Error> {
+        let client = &self.client;
+        let (e, w, _) = self.quorum;
+        let (ensemble, lac, mut meta, mut version) = {
+            let st = self
+                .state
+                .lock()
+                .map_err(|_| Error::Invalid("writer state poisoned".into()))?;
+            (
+                st.ensemble
+                    .iter()
+                    .map(|s| s.bookie.clone())
+                    .collect::<Vec<_>>(),
+                st.lac,
+                st.meta.0.clone(),
+                st.meta.1,
+            )
+        };
+        // 1. Placement.
+        let registered = client.inner.metadata.list_bookies().await?;
+        let mut exclude: HashSet<BookieId> = ensemble.iter().cloned().collect();
+        exclude.extend(client.quarantined());
+        let mut keep: Vec<BookieId> = ensemble
+            .iter()
+            .enumerate()
+            .filter(|(p, _)| !failing.iter().any(|(f, _)| f == p))
+            .map(|(_, b)| b.clone())
+            .collect();
+        let mut chosen: Vec<(usize, BookieId, Arc<conn::Conn>)> = Vec::new();
+        for (pos, _) in failing {
+            loop {
+                let pick = placement::choose_replacement(
+                    &registered,
+                    &keep,
+                    &exclude,
+                    &mut rand::thread_rng(),
+                );
+                let Some(b) = pick else { break };
+                exclude.insert(b.clone());
+                match client.conn(&b, Lane::Tail).await {
+                    Ok(c) => {
+                        keep.push(b.clone());
+                        chosen.push((*pos, b, c));
+                        break;
+                    }
+                    Err(err) => {
+                        tracing::warn!(ledger = self.id.0, bookie = %b, "replacement unreachable: {err}");
+                        client.quarantine(&b);
+                    }
+                }
+            }
+        }
+        for (_, b) in failing {
+            client.quarantine(b);
+        }
+        // 2. Metadata: a fragment from LAC + 1 (success is held back, so the LAC cannot move
+        //    during the pass), only while the ledger is OPEN and the failed bookies are still in
+        //    the last fragment.
+        if !chosen.is_empty() {
+            let first = lac.map_or(0, |l| l.0 + 1);
+            loop {
+                match meta.state {
+                    LedgerState::Open => {}
+                    LedgerState::InRecovery => return Err(Error::Fenced { ledger: self.id.0 }),
+                    LedgerState::Closed => return Err(Error::Closed { ledger: self.id.0 }),
+                }
+                let last = meta
+                    .fragments
+                    .last()
+                    .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+                if last.first_entry > first {
+                    return Err(Error::WriterFailed {
+                        ledger: self.id.0,
+                        entry: first,
+                        reason: format!(
+                            "last fragment starts at {} beyond LAC + 1 = {first}",
+                            last.first_entry
+                        ),
+                    });
+                }
+                for (pos, old) in failing {
+                    if last.bookies.get(*pos) != Some(old) {
+                        return Err(Error::WriterFailed {
+                            ledger: self.id.0,
+                            entry: first,
+                            reason: format!("ensemble changed under the writer: position {pos} no longer holds {old}"),
+                        });
+                    }
+                }
+                let mut bookies = last.bookies.clone();
+                for (pos, b, _) in &chosen {
+                    bookies[*pos] = b.clone();
+                }
+                let mut next = meta.clone();
+                if last.first_entry == first {
+                    next.fragments.last_mut().expect("checked above").bookies = bookies;
+                } else {
+                    next.fragments.push(Fragment {
+                        first_entry: first,
+                        bookies,
+                    });
+                }
+                match client
+                    .inner
+                    .metadata
+                    .update_ledger(self.id, &next, version)
+                    .await
+                {
+                    Ok(v) => {
+                        (meta, version) = (next, v);
+                        break;
+                    }
+                    Err(quire_metadata::Error::BadVersion { .. }) => {
+                        let now = client.inner.metadata.read_ledger(self.id).await?;
+                        (meta, version) = (now.value, now.version);
+                    }
+                    Err(err) => return Err(err.into()),
+                }
+            }
+        }
+        // 3. Swap in the replacements and re-send every pending add they now hold.
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| Error::Invalid("writer state poisoned".into()))?;
+        if !chosen.is_empty() {
+            st.meta = (meta, version);
+        }
+        if st.failed.is_some() {
+            return Ok(());
+        }
+        debug_assert_eq!(
+            st.lac, lac,
+            "success is held back during an ensemble change"
+        );
+        let now = Instant::now();
+        for (pos, _) in failing {
+            st.failing.remove(pos);
+            st.unreplaceable.insert(*pos, now);
+        }
+        for (pos, bookie, conn) in chosen {
+            tracing::info!(ledger = self.id.0, position = pos, from = %st.ensemble[pos].bookie, to = %bookie, first_entry = lac.map_or(0, |l| l.0 + 1), "ensemble change");
+            st.unreplaceable.remove(&pos);
+            let slot = &mut st.ensemble[pos];
+            slot.bookie = bookie;
+            slot.conn = conn;
+            slot.generation += 1;
+            st.tracker.forget_position(pos);
+            let resend: Vec<(u64, Arc<Vec<u8>>)> = st
+                .pending
+                .iter()
+                .filter(|p| quorum::write_set(p.entry, e, w).contains(&pos))
+                .map(|p| (p.entry, p.bytes.clone()))
+                .collect();
+            for (entry, bytes) in resend {
+                self.send(&st, entry, &bytes, pos);
+            }
+            st.ensemble_changes += 1;
+        }
+        if let Some(entry) = st.tracker.first_quorum_lost() {
+            let stuck: Vec<String> = st
+                .unreplaceable
+                .keys()
+                .map(|p| st.ensemble[*p].bookie.0.clone())
+                .collect();
+            let writable = registered.iter().filter(|b| !b.read_only).count();
+            return Err(Error::WriterFailed {
+                ledger: self.id.0,
+                entry,
+                reason: format!(
+                    "entry cannot reach Qa: no replacement for failed bookie(s) {} ({writable} writable registered, all in the ensemble or failed recently)",
+                    stuck.join(", ")
+                ),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,527 @@
+//! The single writer of a ledger (BookKeeper `LedgerHandle`): ledger creation on a random
+//! ensemble, the add pipeline (entry e sent eagerly to its write set `(e + i) mod E`, confirmed
+//! strictly in entry order once Qa bookies hold it, with the LAC piggybacked on every entry),
+//! the LAC watch, and close by compare-and-set. A failed add hands the position to
+//! `ensemble_change`, which shares the writer's state defined here.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use quire_metadata::{
+    master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, Version,
+    LEDGER_METADATA_FORMAT_VERSION,
+};
+use quire_wire::bookie::{self, Request, Status};
+use quire_wire::entry::{encode_entry, EntryHeader};
+use quire_wire::{EntryId, LedgerId, MasterKey};
+use sha1::{Digest, Sha1};
+use tokio::sync::{oneshot, watch};
+
+use crate::conn::{self, Lane, Reply};
+use crate::quorum::{self, AckTracker, Progress};
+use crate::{BookKeeper, Error};
+
+/// How to create a ledger.
+#[derive(Debug, Clone)]
+pub struct LedgerOptions {
+    /// Ensemble size E.
+    pub ensemble_size: u8,
+    /// Write quorum Qw.
+    pub write_quorum: u8,
+    /// Ack quorum Qa.
+    pub ack_quorum: u8,
+    /// Password; the master key is SHA-1("ledger" ‖ password) as in BookKeeper.
+    pub password: Vec<u8>,
+    /// Custom metadata stored with the ledger.
+    pub custom: BTreeMap<String, String>,
+}
+
+/// Derives the master key from a password (BookKeeper `MacDigestManager.genDigest("ledger", pw)`).
+pub fn master_key(password: &[u8]) -> MasterKey {
+    let mut h = Sha1::new();
+    h.update(b"ledger");
+    h.update(password);
+    MasterKey(h.finalize().into())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl BookKeeper {
+    /// Creates a ledger on E randomly chosen writable bookies it can connect to (bookies that
+    /// failed lately are tried last; one that cannot be reached is quarantined and skipped).
+    ///
+    /// # Errors
+    /// `Invalid` unless E >= Qw >= Qa >= 1; `NotEnoughBookies` (fewer than E registered);
+    /// `BookieUnreachable` (fewer than E reachable: the last connect error); `Metadata`.
+    pub async fn create_ledger(&self, opts: LedgerOptions) -> Result<LedgerWriter, Error> {
+        let (e, w, a) = (opts.ensemble_size, opts.write_quorum, opts.ack_quorum);
+        if !(e >= w && w >= a && a >= 1) {
+            return Err(Error::Invalid(format!(
+                "need E >= Qw >= Qa >= 1, got E={e} Qw={w} Qa={a}"
+            )));
+        }
+        let mut candidates: Vec<BookieId> = self
+            .inner
+            .metadata
+            .list_bookies()
+            .await?
+            .into_iter()
+            .filter(|b| !b.read_only)
+            .map(|b| b.id)
+            .collect();
+        if candidates.len() < usize::from(e) {
+            return Err(Error::NotEnoughBookies {
+                needed: usize::from(e),
+                available: candidates.len(),
+            });
+        }
+        {
+            use rand::seq::SliceRandom;
+            candidates.shuffle(&mut rand::thread_rng());
+        }
+        // Bookies that failed lately go last; a registered bookie that cannot be connected to
+        // (dead, its registration not yet expired) is quarantined and the next one is tried, so
+        // a new ledger does not wait for the registry to notice a crash.
+        let quarantined = self.quarantined();
+        candidates.sort_by_key(|b| quarantined.contains(b));
+        let mut ensemble = Vec::with_capacity(usize::from(e));
+        let mut last_err = None;
+        for b in &candidates {
+            if ensemble.len() == usize::from(e) {
+                break;
+            }
+            match self.conn(b, Lane::Tail).await {
+                Ok(conn) => ensemble.push(Slot {
+                    bookie: b.clone(),
+                    conn,
+                    generation: 0,
+                }),
+                Err(err) => {
+                    tracing::warn!(bookie = %b.0, error = %err, "skipping an unreachable bookie for a new ledger");
+                    self.quarantine(b);
+                    last_err = Some(err);
+                }
+            }
+        }
+        if ensemble.len() < usize::from(e) {
+            return Err(last_err.unwrap_or(Error::NotEnoughBookies {
+                needed: usize::from(e),
+                available: ensemble.len(),
+            }));
+        }
+        let candidates: Vec<BookieId> = ensemble.iter().map(|s| s.bookie.clone()).collect();
+        let key = master_key(&opts.password);
+        let id = self.inner.metadata.allocate_ledger_id().await?;
+        let meta = LedgerMetadata {
+            format_version: LEDGER_METADATA_FORMAT_VERSION,
+            ensemble_size: e,
+            write_quorum: w,
+            ack_quorum: a,
+            state: LedgerState::Open,
+            fragments: vec![Fragment {
+                first_entry: 0,
+                bookies: candidates.clone(),
+            }],
+            last_entry: None,
+            length_bytes: 0,
+            digest_type: DigestType::Crc32c,
+            master_key_hex: master_key_hex(&key),
+            creation_time_ms: now_ms(),
+            custom: opts.custom,
+        };
+        let version = self.inner.metadata.create_ledger(id, &meta).await?;
+        Ok(LedgerWriter {
+            shared: Arc::new(WriterShared {
+                client: self.clone(),
+                id,
+                key,
+                quorum: (e, w, a),
+                state: Mutex::new(WriterState {
+                    tracker: AckTracker::new(w, a, 0),
+                    pending: VecDeque::new(),
+                    lac: None,
+                    pushed_length_bytes: 0,
+                    confirmed_length_bytes: 0,
+                    failed: None,
+                    meta: (meta, version),
+                    ensemble,
+                    failing: BTreeSet::new(),
+                    unreplaceable: HashMap::new(),
+                    changing: false,
+                    ensemble_changes: 0,
+                }),
+                lac_tx: watch::channel(None).0,
+            }),
+        })
+    }
+}
+
+/// Future of one add; resolves in entry order.
+pub type AddFuture = Pin<Box<dyn Future<Output = Result<EntryId, Error>> + Send + 'static>>;
+
+/// An add not yet confirmed: its bytes are kept so an ensemble change can re-send them.
+pub(crate) struct PendingAdd {
+    pub(crate) entry: u64,
+    /// Cumulative ledger length through this entry, in bytes.
+    pub(crate) length_bytes: u64,
+    pub(crate) bytes: Arc<Vec<u8>>,
+    pub(crate) tx: oneshot::Sender<Result<EntryId, Error>>,
+}
+
+/// One position of the writer's current ensemble. `generation` grows with every replacement,
+/// so replies from a bookie that no longer holds the position are recognised and dropped.
+pub(crate) struct Slot {
+    pub(crate) bookie: BookieId,
+    pub(crate) conn: Arc<conn::Conn>,
+    pub(crate) generation: u64,
+}
+
+pub(crate) struct WriterState {
+    pub(crate) tracker: AckTracker,
+    /// Pending adds, in entry order (the same entries as `tracker`).
+    pub(crate) pending: VecDeque<PendingAdd>,
+    pub(crate) lac: Option<EntryId>,
+    pub(crate) pushed_length_bytes: u64,
+    pub(crate) confirmed_length_bytes: u64,
+    pub(crate) failed: Option<Error>,
+    /// The writer's copy of the ledger metadata and its version.
+    pub(crate) meta: (LedgerMetadata, Version),
+    /// The current ensemble (the last fragment), by position.
+    pub(crate) ensemble: Vec<Slot>,
+    /// Positions whose bookie failed an add and that await a replacement.
+    pub(crate) failing: BTreeSet<usize>,
+    /// Failed positions for which no replacement was found, with the time of the last search.
+    pub(crate) unreplaceable: HashMap<usize, Instant>,
+    /// An ensemble change is running; success is held back meanwhile.
+    pub(crate) changing: bool,
+    pub(crate) ensemble_changes: u64,
+}
+
+pub(crate) struct WriterShared {
+    pub(crate) client: BookKeeper,
+    pub(crate) id: LedgerId,
+    pub(crate) key: MasterKey,
+    pub(crate) quorum: (u8, u8, u8),
+    pub(crate) state: Mutex<WriterState>,
+    pub(crate) lac_tx: watch::Sender<Option<EntryId>>,
+}
+
+/// The single writer of a ledger (BookKeeper `LedgerHandle`).
+///
+/// # Threading
+/// Shared (`Send + Sync`); `add` may be called from any task.
+pub struct LedgerWriter {
+    shared: Arc<WriterShared>,
+}
+
+impl LedgerWriter {
+    /// The ledger id.
+    pub fn id(&self) -> LedgerId {
+        self.shared.id
+    }
+
+    /// Assigns the next entry id, builds the entry (with the current LAC piggybacked) and sends
+    /// it to its write set in the current ensemble before returning. The returned futures
+    /// resolve in entry order, each once Qa bookies of its write set have it durable (BookKeeper
+    /// `PendingAddOp`). A bookie failing the add triggers an ensemble change (see the crate
+    /// docs); the add then completes on the replacement.
+    ///
+    /// # Errors
+    /// (through the future) `Fenced` if a recoverer fenced the ledger (or moved it to
+    /// IN_RECOVERY during an ensemble change); `Closed` if it was closed; `WriterFailed` if an
+    /// entry cannot reach Qa and no replacement bookie exists; a bookie's `Unauthorized`
+    /// answer. Once failed, every later add fails the same way.
+    pub fn add(&self, payload: Vec<u8>) -> AddFuture {
+        let s = &self.shared;
+        let (e, w, _) = s.quorum;
+        let (tx, rx) = oneshot::channel();
+        {
+            let Ok(mut st) = s.state.lock() else {
+                return Box::pin(async { Err(Error::Invalid("writer state poisoned".into())) });
+            };
+            if let Some(err) = &st.failed {
+                let err = err.clone();
+                return Box::pin(async move { Err(err) });
+            }
+            let entry = st.tracker.push();
+            st.pushed_length_bytes += payload.len() as u64;
+            let header = EntryHeader {
+                ledger: s.id,
+                entry: EntryId(entry),
+                lac: st.lac,
+                length_bytes: st.pushed_length_bytes,
+            };
+            let bytes = Arc::new(encode_entry(header, &payload));
+            let length_bytes = st.pushed_length_bytes;
+            for pos in quorum::write_set(entry, e, w) {
+                s.send(&st, entry, &bytes, pos);
+            }
+            st.pending.push_back(PendingAdd {
+                entry,
+                length_bytes,
+                bytes,
+                tx,
+            });
+        }
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(Error::Invalid(
+                    "writer dropped before the add completed".into(),
+                ))
+            })
+        })
+    }
+
+    /// The last add confirmed: every entry up to it has Qa durable copies.
+    pub fn lac(&self) -> Option<EntryId> {
+        *self.shared.lac_tx.borrow()
+    }
+
+    /// A watch that changes whenever the LAC advances (for tailing readers).
+    pub fn lac_watch(&self) -> watch::Receiver<Option<EntryId>> {
+        self.shared.lac_tx.subscribe()
+    }
+
+    /// Payload bytes of every add issued so far.
+    pub fn length_bytes(&self) -> u64 {
+        self.shared
+            .state
+            .lock()
+            .map_or(0, |s| s.pushed_length_bytes)
+    }
+
+    /// The writer's current ensemble (its last fragment), by position.
+    pub fn ensemble(&self) -> Vec<BookieId> {
+        self.shared.state.lock().map_or_else(
+            |_| Vec::new(),
+            |s| s.ensemble.iter().map(|slot| slot.bookie.clone()).collect(),
+        )
+    }
+
+    /// The writer's copy of the ledger metadata (updated by its ensemble changes and close).
+    pub fn metadata(&self) -> Option<LedgerMetadata> {
+        self.shared.state.lock().ok().map(|s| s.meta.0.clone())
+    }
+
+    /// Ensemble changes this writer has completed.
+    pub fn ensemble_changes(&self) -> u64 {
+        self.shared.state.lock().map_or(0, |s| s.ensemble_changes)
+    }
+
+    /// Waits for pending adds (and a running ensemble change) to finish, then closes the ledger
+    /// at its LAC by compare-and-set (BookKeeper `LedgerHandle.asyncClose`). A failed writer
+    /// closes at its LAC at once.
+    ///
+    /// # Errors
+    /// `Metadata`; `Fenced` if a recoverer changed the metadata meanwhile and ended the ledger
+    /// somewhere else.
+    pub async fn close(&self) -> Result<LedgerMetadata, Error> {
+        let mut watch = self.lac_watch();
+        loop {
+            let busy =
+                self.shared.state.lock().is_ok_and(|s| {
+                    s.changing || (s.failed.is_none() && s.tracker.pending_count() > 0)
+                });
+            if !busy {
+                break;
+            }
+            if watch.changed().await.is_err() {
+                break;
+            }
+        }
+        let (mut meta, mut version, lac, length) = {
+            let st = self
+                .shared
+                .state
+                .lock()
+                .map_err(|_| Error::Invalid("writer state poisoned".into()))?;
+            (
+                st.meta.0.clone(),
+                st.meta.1,
+                st.lac,
+                st.confirmed_length_bytes,
+            )
+        };
+        let store = &self.shared.client.inner.metadata;
+        loop {
+            meta.state = LedgerState::Closed;
+            meta.last_entry = lac.map(|e| e.0);
+            meta.length_bytes = length;
+            match store.update_ledger(self.shared.id, &meta, version).await {
+                Ok(v) => {
+                    if let Ok(mut st) = self.shared.state.lock() {
+                        st.meta = (meta.clone(), v);
+                        st.failed.get_or_insert(Error::Closed {
+                            ledger: self.shared.id.0,
+                        });
+                    }
+                    return Ok(meta);
+                }
+                Err(quire_metadata::Error::BadVersion { .. }) => {
+                    let now = store.read_ledger(self.shared.id).await?;
+                    match now.value.state {
+                        // Only this writer changes an open ledger; a stale copy (an ensemble
+                        // change that failed the writer after its update) is retried.
+                        LedgerState::Open => (meta, version) = (now.value, now.version),
+                        LedgerState::Closed if now.value.last_entry == meta.last_entry => {
+                            return Ok(now.value)
+                        }
+                        _ => {
+                            return Err(Error::Fenced {
+                                ledger: self.shared.id.0,
+                            })
+                        }
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl WriterShared {
+    /// Sends `entry` to the bookie at ensemble position `pos`; the reply comes back to
+    /// `on_reply` tagged with the position's generation. Called with the state locked, so sends
+    /// and ensemble swaps are ordered.
+    pub(crate) fn send(
+        self: &Arc<Self>,
+        st: &WriterState,
+        entry: u64,
+        bytes: &Arc<Vec<u8>>,
+        pos: usize,
+    ) {
+        let slot = &st.ensemble[pos];
+        let key = self.key;
+        let reply = slot
+            .conn
+            .call(self.client.inner.config.request_timeout, |out, rid| {
+                bookie::encode_request(
+                    out,
+                    rid,
+                    &Request::Add {
+                        recovery: false,
+                        master_key: key,
+                        entry: bytes,
+                    },
+                )
+            });
+        let shared = self.clone();
+        let generation = slot.generation;
+        tokio::spawn(async move {
+            let outcome = reply.await;
+            shared.on_reply(entry, pos, generation, outcome);
+        });
+    }
+
+    fn on_reply(
+        self: &Arc<Self>,
+        entry: u64,
+        pos: usize,
+        generation: u64,
+        outcome: Result<Reply, Error>,
+    ) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        if st.failed.is_some() || st.ensemble[pos].generation != generation {
+            // Dead writer, or a reply from a bookie that was replaced at this position: its
+            // acks do not count for the new fragment (BookKeeper drops them too).
+            return;
+        }
+        match outcome {
+            Ok(Reply::Add) => st.tracker.record_ack(entry, pos),
+            Ok(Reply::Failed {
+                status: Status::Fenced,
+                ..
+            }) => {
+                self.fail(&mut st, Error::Fenced { ledger: self.id.0 });
+                return;
+            }
+            Ok(Reply::Failed {
+                status: Status::Unauthorized,
+                message,
+            }) => {
+                let bookie = st.ensemble[pos].bookie.0.clone();
+                self.fail(
+                    &mut st,
+                    Error::Bookie {
+                        bookie,
+                        status: Status::Unauthorized,
+                        message,
+                    },
+                );
+                return;
+            }
+            other => {
+                let reason = match other {
+                    Ok(r) => format!("{r:?}"),
+                    Err(e) => e.to_string(),
+                };
+                tracing::warn!(ledger = self.id.0, entry, bookie = %st.ensemble[pos].bookie, "add failed: {reason}");
+                let lost = matches!(st.tracker.fail(entry, pos), Progress::QuorumLost(_));
+                self.on_bookie_failure(&mut st, pos, lost);
+            }
+        }
+        self.release(&mut st);
+    }
+
+    /// Notes that the bookie at `pos` failed and starts an ensemble change unless one runs
+    /// (a running change takes the position in its next pass). A position without replacement
+    /// is searched again only after `replacement_retry_interval`, or at once when an entry can
+    /// no longer reach Qa (`lost`).
+    fn on_bookie_failure(self: &Arc<Self>, st: &mut WriterState, pos: usize, lost: bool) {
+        if let Some(searched) = st.unreplaceable.get(&pos) {
+            if !lost && searched.elapsed() < self.client.inner.config.replacement_retry_interval {
+                return;
+            }
+        }
+        st.failing.insert(pos);
+        if !st.changing {
+            st.changing = true;
+            let shared = self.clone();
+            tokio::spawn(async move { shared.change_ensemble().await });
+        }
+    }
+
+    /// Releases confirmed adds in entry order and advances the LAC, unless an ensemble change
+    /// holds success back.
+    pub(crate) fn release(&self, st: &mut WriterState) {
+        if st.changing || st.failed.is_some() {
+            return;
+        }
+        let confirmed = st.tracker.take_confirmed();
+        let Some(&last) = confirmed.last() else {
+            return;
+        };
+        // The LAC moves first, so whoever sees an add complete also sees a LAC covering it
+        // (BookKeeper sets `lastAddConfirmed` before the callbacks).
+        assert!(st.lac.is_none_or(|l| l.0 < last), "LAC only moves forward");
+        st.lac = Some(EntryId(last));
+        self.lac_tx.send_replace(st.lac);
+        for e in confirmed {
+            let p = st
+                .pending
+                .pop_front()
+                .expect("a pending add per tracked entry");
+            assert_eq!(p.entry, e, "pending adds and tracker agree on order");
+            st.confirmed_length_bytes = p.length_bytes;
+            let _ = p.tx.send(Ok(EntryId(e)));
+        }
+    }
+
+    pub(crate) fn fail(&self, st: &mut WriterState, err: Error) {
+        st.failed = Some(err.clone());
+        for p in st.pending.drain(..) {
+            let _ = p.tx.send(Err(err.clone()));
+        }
+        // Wake close() waiters.
+        self.lac_tx.send_modify(|_| {});
+    }
+}

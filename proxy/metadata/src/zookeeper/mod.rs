@@ -1,0 +1,257 @@
+//! The ZooKeeper metadata store: every record is one znode under a root path (e.g. `/quire`),
+//! following BookKeeper's and DistributedLog's ZooKeeper layouts, reduced to Quire's records.
+//! The layout, node types, encodings and the lock recipe are specified in
+//! `docs/format/zookeeper-layout.md`.
+//!
+//! * Versions are znode `Stat.version`s; every update is `setData`/`delete` with the expected
+//!   version, so a stale version fails with [`Error::BadVersion`] and changes nothing.
+//! * Bookie registrations and stream locks are EPHEMERAL znodes of this store's session: they
+//!   vanish when the session closes (the store is dropped) or expires. Watch
+//!   [`ZkStore::session_lost`] to learn of it; a bookie or proxy must then stop acting on them.
+//! * ZooKeeper failures (connection loss, session expiry, ...) surface as
+//!   [`Error::ZooKeeper`]; nothing is retried behind the caller's back except where a retry is
+//!   provably harmless (reads of a node that raced with its deletion, a lost CAS on the ledger id
+//!   counter).
+//!
+//! # Runtime
+//! The `zookeeper-client` crate spawns its session task on the current tokio runtime:
+//! [`ZkStore::connect`] must run inside a tokio runtime context, and that runtime must keep
+//! running while the store is used. Background watch tasks are spawned there too.
+//!
+//! # Modules
+//! This module owns the session (connect, the session watcher, [`ZkStore::session_lost`]) and
+//! maps [`MetadataStore`] onto the others: `layout` (the root's layout version and instance id),
+//! `paths` (znode names and paths), `records` (JSON records read, created and compared-and-set
+//! by znode version: ledgers, streams, cookies), `registry` (ephemeral bookie registrations),
+//! `id_gen` (the ledger id counter) and `lock` (stream ownership by ephemeral-sequential lock).
+
+mod id_gen;
+mod layout;
+mod lock;
+mod paths;
+mod records;
+mod registry;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use quire_wire::LedgerId;
+use tokio::sync::watch;
+use zookeeper_client as zk;
+
+use crate::{
+    BookieId, BookieInfo, Cookie, Error, LedgerMetadata, MetadataStore, Result, StreamLease,
+    StreamMetadata, Version, Versioned,
+};
+
+pub use layout::ZK_LAYOUT_VERSION;
+pub use paths::{decode_stream_name, encode_stream_name};
+
+use lock::LeaseFlags;
+use records::zk_err;
+
+struct Inner {
+    client: zk::Client,
+    root: String,
+    session_lost: watch::Receiver<bool>,
+    /// Lost-flags of the leases this session holds, flipped by the session watcher *before*
+    /// `session_lost`, so that anyone who sees the session lost also sees its leases lost.
+    leases: LeaseFlags,
+}
+
+/// The ZooKeeper-backed [`MetadataStore`]. Cloning shares one ZooKeeper session; the session is
+/// closed (and this store's ephemeral nodes deleted) when the last clone is dropped.
+///
+/// # Threading
+/// `Send + Sync`; ZooKeeper orders the requests of one session.
+#[derive(Clone)]
+pub struct ZkStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkStore")
+            .field("root", &self.inner.root)
+            .field("session", &self.inner.client.session_id())
+            .finish()
+    }
+}
+
+impl ZkStore {
+    /// Connects to ZooKeeper (`connect_string` is `host:port[,host:port...]`), opens the layout
+    /// under `root` (an absolute path other than `/`, e.g. `/quire`), creating it atomically on
+    /// first use, and checks its layout version.
+    ///
+    /// `session_timeout` is the requested ZooKeeper session timeout; the server clamps it to
+    /// [2, 20] × its tickTime. Ephemeral nodes of this store outlive a crash of this process by
+    /// about that long (BookKeeper's `zkTimeout`).
+    ///
+    /// Must be called inside a tokio runtime context (see the module docs).
+    ///
+    /// # Errors
+    /// `Invalid` for a bad root path; `ZooKeeper` when the connection or a request fails (e.g.
+    /// no server answers within about the session timeout); `Corrupt` when `<root>/LAYOUT` is
+    /// unreadable or holds a layout version other than [`ZK_LAYOUT_VERSION`].
+    pub async fn connect(
+        connect_string: &str,
+        root: &str,
+        session_timeout: Duration,
+    ) -> Result<ZkStore> {
+        if !root.starts_with('/') || root.len() < 2 || root.ends_with('/') || root.contains("//") {
+            return Err(Error::Invalid {
+                what: "ZooKeeper root path",
+                reason: format!(
+                    "{root:?} must be absolute, not '/', and without a trailing or double '/'"
+                ),
+            });
+        }
+        let client = zk::Client::connector()
+            .with_session_timeout(session_timeout)
+            .connect(connect_string)
+            .await
+            .map_err(|e| zk_err("connect", connect_string, e))?;
+
+        // Session watcher: flips `session_lost` on a terminal state (expired, closed, auth failed).
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let leases: LeaseFlags = Arc::default();
+        let lease_flags = leases.clone();
+        let mut states = client.state_watcher();
+        tokio::spawn(async move {
+            loop {
+                match states.changed().await {
+                    zk::SessionState::Expired
+                    | zk::SessionState::Closed
+                    | zk::SessionState::AuthFailed => {
+                        tracing::warn!("ZooKeeper session lost");
+                        lock::mark_all_lost(&lease_flags);
+                        lost_tx.send_replace(true);
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        });
+
+        let store = ZkStore {
+            inner: Arc::new(Inner {
+                client,
+                root: root.to_string(),
+                session_lost: lost_rx,
+                leases,
+            }),
+        };
+        store.open_layout().await?;
+        Ok(store)
+    }
+
+    /// Becomes `true` once this store's ZooKeeper session is over (expired, closed, or
+    /// authentication failed). From then on every call fails with `ZooKeeper`, and every
+    /// ephemeral node of the session (bookie registrations, stream locks) is gone or about to
+    /// be: a bookie must stop serving writes and re-register with a new store, a proxy must
+    /// stop writing the streams it owned (BookKeeper and DistributedLog both treat session
+    /// expiry this way). A disconnection alone does not count: the session may resume.
+    pub fn session_lost(&self) -> watch::Receiver<bool> {
+        self.inner.session_lost.clone()
+    }
+
+    /// The underlying ZooKeeper client (for tests and tools, e.g. to read the session id).
+    pub fn client(&self) -> &zk::Client {
+        &self.inner.client
+    }
+
+    /// The root path of the layout.
+    pub fn root(&self) -> &str {
+        &self.inner.root
+    }
+}
+
+/// Each method is implemented in the module of its concept.
+#[async_trait]
+impl MetadataStore for ZkStore {
+    async fn register_bookie(&self, info: BookieInfo) -> Result<()> {
+        registry::register_bookie(self, info).await
+    }
+
+    async fn unregister_bookie(&self, id: &BookieId) -> Result<()> {
+        registry::unregister_bookie(self, id).await
+    }
+
+    async fn list_bookies(&self) -> Result<Vec<BookieInfo>> {
+        registry::list_bookies(self).await
+    }
+
+    async fn allocate_ledger_id(&self) -> Result<LedgerId> {
+        id_gen::allocate_ledger_id(self).await
+    }
+
+    async fn create_ledger(&self, id: LedgerId, meta: &LedgerMetadata) -> Result<Version> {
+        records::create_ledger(self, id, meta).await
+    }
+
+    async fn read_ledger(&self, id: LedgerId) -> Result<Versioned<LedgerMetadata>> {
+        records::read_ledger(self, id).await
+    }
+
+    async fn update_ledger(
+        &self,
+        id: LedgerId,
+        meta: &LedgerMetadata,
+        expected: Version,
+    ) -> Result<Version> {
+        records::update_ledger(self, id, meta, expected).await
+    }
+
+    async fn delete_ledger(&self, id: LedgerId, expected: Version) -> Result<()> {
+        records::delete_ledger(self, id, expected).await
+    }
+
+    async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version> {
+        records::create_stream(self, meta).await
+    }
+
+    async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>> {
+        records::read_stream(self, name).await
+    }
+
+    async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
+        records::update_stream(self, meta, expected).await
+    }
+
+    async fn delete_stream(&self, name: &str, expected: Version) -> Result<()> {
+        records::delete_stream(self, name, expected).await
+    }
+
+    async fn list_streams(&self) -> Result<Vec<String>> {
+        records::list_streams(self).await
+    }
+
+    async fn instance_id(&self) -> Result<String> {
+        layout::instance_id(self).await
+    }
+
+    async fn read_cookie(&self, bookie: &BookieId) -> Result<Versioned<Cookie>> {
+        records::read_cookie(self, bookie).await
+    }
+
+    async fn write_cookie(&self, cookie: &Cookie, expected: Option<Version>) -> Result<Version> {
+        records::write_cookie(self, cookie, expected).await
+    }
+
+    async fn try_acquire_stream(
+        &self,
+        stream: &str,
+        owner: &str,
+    ) -> Result<std::result::Result<StreamLease, String>> {
+        lock::try_acquire_stream(self, stream, owner).await
+    }
+
+    async fn stream_owner(&self, stream: &str) -> Result<Option<String>> {
+        lock::stream_owner(self, stream).await
+    }
+
+    async fn release_stream(&self, lease: StreamLease) -> Result<()> {
+        lock::release_stream(self, lease).await
+    }
+}

@@ -1,0 +1,404 @@
+//! The stream layer: streams as sequences of log segments, one ledger each (DistributedLog
+//! `BKLogWriteHandler` / `BKAsyncLogWriter` / `BKAsyncLogReader`, reduced).
+//!
+//! * Every stream this proxy touches gets one **stream task** that owns its writer state: the
+//!   open segment's [`LedgerWriter`], the stream metadata and its version, the last txid. Appends
+//!   are commands sent to that task through a bounded channel and are applied in the order they
+//!   were submitted.
+//! * **Appends are pipelined** (DistributedLog's write proxy: many outstanding writes per
+//!   stream, acknowledged in order): the task packs an append into entries, sends them
+//!   (`LedgerWriter::add` assigns the entry id and sends at call time) and takes the next
+//!   append without waiting, as long as fewer than [`StreamConfig::adds_in_flight_max`] entry
+//!   adds are outstanding. Acknowledgements arrive in entry order; an append is answered once
+//!   the entry holding its last record is acknowledged, and appends are answered strictly in
+//!   submission order. Appends that are queued together are **batched**: the task takes them
+//!   from the queue while they add up to less than [`StreamConfig::entry_size_bytes_target`]
+//!   and packs their records into shared entries; each append still gets its own DLSNs and its
+//!   own answer.
+//! * Records are packed into record sets ([`crate::record_set`]) of up to
+//!   [`StreamConfig::entry_size_bytes_target`] bytes, one per entry. A record's DLSN is
+//!   (segment seq no, entry id, slot).
+//! * An add that fails (storage error, or a fenced ledger: ownership lost) fails every append
+//!   not yet answered that has records in flight, with the same kind of error; nothing after
+//!   the failure point is acknowledged (the ledger writer fails every later add too).
+//! * A segment rolls once its entries add up to [`StreamConfig::segment_size_bytes_max`]:
+//!   every outstanding add is awaited (appends arriving meanwhile wait in the queue), the ledger
+//!   is closed, the segment is marked `Completed` (last entry, last txid, record count, bytes)
+//!   by compare-and-set, and the next entry opens a new segment with the next sequence number.
+//! * The first time a stream is touched (read or write), or for all streams at once with
+//!   [`StreamManager::recover_all`], any `InProgress` segment left by an
+//!   earlier owner is recovered: its ledger is fenced and closed (`recover_ledger`), its last
+//!   entry is read to learn the last txid and record count, and it is marked `Completed`. New
+//!   writes go into a new segment. The same recovery runs before the next append after a
+//!   storage error (the failed writer is dropped, DistributedLog's "writer is dead" rule).
+//! * **One writer per stream** (DistributedLog's write lock, `lockTimeoutSeconds=0` as in its
+//!   proxy): before a stream task is created, i.e. before this proxy recovers the stream's
+//!   in-progress segment or writes to it, it takes the stream's lease in the metadata store
+//!   under its identity ([`StreamConfig::owner_address`]). If another proxy holds it, the
+//!   request fails at once with [`Error::OwnedElsewhere`] naming the owner, which clients
+//!   follow as a redirect. Reads go through the same path: they are served by the owner only
+//!   (a non-owner redirects; a read of a stream nobody owns makes this proxy its owner).
+//! * Ownership is lost when the lease's `lost` flag rises (session expiry, lease released from
+//!   outside), when an add or a close finds the segment's ledger fenced (someone recovered it
+//!   under this writer), or when a stream metadata update finds another writer's version. The
+//!   writer then drops its ledger writer and cached state without completing the segment
+//!   (the next owner recovers it), gives the lease up, fails the current and queued requests
+//!   with [`Error::OwnershipLost`] and ends its task. The lease is checked before every append
+//!   and every segment start and watched while idle; a loss noticed while idle fails the next
+//!   write with `OwnershipLost`. Any later request acquires the stream again (and is redirected
+//!   while someone else owns it). As DistributedLog's docs stress, the lease alone is not what
+//!   makes this safe: fencing and compare-and-set metadata updates are.
+//! * Readers never touch the writer: the stream task publishes the segment list with each
+//!   segment's readable end (its last entry once completed, the writer's LAC while in progress)
+//!   through a `tokio::sync::watch`, and tail readers sleep on it. Entries just acknowledged are
+//!   kept in a bounded cache, so tail reads are served without a bookie round trip.
+//!
+//! # Threading
+//! [`StreamManager`] is shared (`Send + Sync`); use it from any tokio task.
+//!
+//! # Modules
+//! This module has the settings and [`StreamManager`]'s stream creation, append submission,
+//! recovery of every stream and shutdown. `ownership` takes and gives up the stream's lease
+//! (acquisition, loss); `writer` is the stream task and its append pipeline; `segment` starts,
+//! completes and recovers log segments; `reader` serves reads; `tail_cache` holds the readers'
+//! view of the segments and the recently acknowledged entries.
+
+mod ownership;
+mod reader;
+mod segment;
+mod tail_cache;
+mod writer;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use quire_ledger::{BookKeeper, LedgerReader};
+use quire_metadata::{validate_stream_name, MetadataStore, StreamMetadata};
+use tokio::sync::{oneshot, OnceCell};
+
+use crate::error::{Error, Result};
+use crate::record_set::{
+    ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
+};
+use crate::types::WriteResult;
+
+use ownership::StreamHandle;
+use tail_cache::TailCache;
+use writer::Command;
+
+/// Stream layer settings.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// A segment rolls once its entry payloads reach this many bytes (DistributedLog
+    /// `maxLogSegmentBytes`, default 256 MiB).
+    pub segment_size_bytes_max: u64,
+    /// Records are packed into one entry until it would pass this size; at most
+    /// [`ENTRY_SIZE_BYTES_MAX`]. A record larger than the target goes alone into its entry.
+    pub entry_size_bytes_target: usize,
+    /// Ensemble size E of each segment's ledger (DistributedLog `bkcEnsembleSize`, 3).
+    pub ensemble_size: u8,
+    /// Write quorum Qw (3).
+    pub write_quorum: u8,
+    /// Ack quorum Qa (2).
+    pub ack_quorum: u8,
+    /// Ledger password; its SHA-1 is the master key.
+    pub password: Vec<u8>,
+    /// Entry adds outstanding per stream (across appends) before the stream task stops taking
+    /// appends and waits for the oldest (DistributedLog's outstanding-writes bound).
+    pub adds_in_flight_max: usize,
+    /// Bytes of recently acknowledged entries kept per stream for tail reads.
+    pub tail_cache_bytes_max: usize,
+    /// Appends queued per stream before submitters wait.
+    pub append_queue_max: usize,
+    /// This proxy's identity as a stream owner: the address (`host:port`) clients can reach it
+    /// at, recorded in each stream lease it takes and handed to clients in redirects
+    /// (DistributedLog's lock client id is the proxy's socket address). Empty (the default):
+    /// a unique placeholder `unadvertised-<pid>-<n>` is used, fine for a single proxy but
+    /// useless to a redirected client.
+    pub owner_address: String,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            segment_size_bytes_max: 256 * 1024 * 1024,
+            entry_size_bytes_target: 256 * 1024,
+            ensemble_size: 3,
+            write_quorum: 3,
+            ack_quorum: 2,
+            password: b"quire".to_vec(),
+            adds_in_flight_max: 64,
+            tail_cache_bytes_max: 8 * 1024 * 1024,
+            append_queue_max: 64,
+            owner_address: String::new(),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn storage(stream: &str, op: &'static str, e: quire_ledger::Error) -> Error {
+    Error::Storage {
+        stream: stream.to_string(),
+        op,
+        source: Box::new(e),
+    }
+}
+
+/// A ledger error of the writer: `Fenced` means another writer recovered the segment under
+/// this one (BookKeeper `LedgerFencedException`), i.e. ownership is lost.
+fn writer_storage(stream: &str, op: &'static str, e: quire_ledger::Error) -> Error {
+    match e {
+        quire_ledger::Error::Fenced { ledger } => Error::OwnershipLost {
+            stream: stream.to_string(),
+            reason: format!("{op}: ledger {ledger} was fenced, another writer recovered the segment under this one"),
+        },
+        other => storage(stream, op, other),
+    }
+}
+
+/// State shared between a stream's task and its readers.
+#[derive(Default)]
+struct StreamShared {
+    cache: Mutex<TailCache>,
+    /// Open ledger readers by ledger id, bounded by `READERS_CACHED_MAX`.
+    readers: Mutex<HashMap<u64, LedgerReader>>,
+    /// Set (with the reason) once the stream task lost ownership and gave the stream up.
+    lost: Mutex<Option<String>>,
+    /// True once some request was answered with `OwnershipLost` for this acquisition.
+    loss_reported: AtomicBool,
+}
+
+/// The streams this proxy owns.
+///
+/// # Threading
+/// Shared (`Send + Sync`).
+pub struct StreamManager {
+    metadata: Arc<dyn MetadataStore>,
+    bookkeeper: BookKeeper,
+    config: Arc<StreamConfig>,
+    identity: String,
+    streams: Mutex<HashMap<String, Arc<OnceCell<Arc<StreamHandle>>>>>,
+    shutting_down: AtomicBool,
+    /// The runtime the manager was made on: stream tasks run there even when an acquisition
+    /// happens inside a catch-up read on the lower-priority read runtime.
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl std::fmt::Debug for StreamManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamManager")
+            .field("identity", &self.identity)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl StreamManager {
+    /// Makes a manager over a metadata store and a ledger client. Nothing is read until a
+    /// stream is first used. Its owner identity is `config.owner_address` (see there).
+    ///
+    /// # Panics
+    /// If the config breaks E >= Qw >= Qa >= 1 or the entry target is outside
+    /// `[RECORD_SET_HEADER_SIZE_BYTES + 12, ENTRY_SIZE_BYTES_MAX]`.
+    pub fn new(
+        metadata: Arc<dyn MetadataStore>,
+        bookkeeper: BookKeeper,
+        config: StreamConfig,
+    ) -> Arc<Self> {
+        assert!(config.ensemble_size >= config.write_quorum, "E >= Qw");
+        assert!(config.write_quorum >= config.ack_quorum, "Qw >= Qa");
+        assert!(config.ack_quorum >= 1, "Qa >= 1");
+        assert!(
+            config.entry_size_bytes_target <= ENTRY_SIZE_BYTES_MAX,
+            "entry target above the entry limit"
+        );
+        assert!(
+            config.entry_size_bytes_target > RECORD_SET_HEADER_SIZE_BYTES,
+            "entry target too small"
+        );
+        assert!(config.adds_in_flight_max >= 1 && config.append_queue_max >= 1);
+        let identity = ownership::owner_identity(&config.owner_address);
+        Arc::new(Self {
+            metadata,
+            bookkeeper,
+            identity,
+            config: Arc::new(config),
+            streams: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &StreamConfig {
+        &self.config
+    }
+
+    /// The identity this manager takes stream leases under (its advertised address).
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Creates an empty stream.
+    ///
+    /// # Errors
+    /// `InvalidStreamName`, `StreamExists`, `Metadata`, `ShuttingDown`.
+    pub async fn create_stream(&self, name: &str) -> Result<()> {
+        self.check_running()?;
+        validate_stream_name(name).map_err(|e| Error::from_metadata(name, "create stream", e))?;
+        let meta = StreamMetadata {
+            name: name.to_string(),
+            segments: Vec::new(),
+            max_txid: None,
+            creation_time_ms: now_ms(),
+        };
+        self.metadata
+            .create_stream(&meta)
+            .await
+            .map_err(|e| Error::from_metadata(name, "create stream", e))?;
+        Ok(())
+    }
+
+    /// Names of every stream, sorted.
+    ///
+    /// # Errors
+    /// `Metadata`.
+    pub async fn list_streams(&self) -> Result<Vec<String>> {
+        self.metadata
+            .list_streams()
+            .await
+            .map_err(|e| Error::from_metadata("", "list streams", e))
+    }
+
+    /// Appends `records` (`(txid, payload)`) to `name` and returns once all are durable on the
+    /// ack quorum. Appends to one stream are applied in submission order.
+    ///
+    /// # Errors
+    /// Checked before anything is written: `RecordTooLarge` (a payload above
+    /// [`RECORD_SIZE_BYTES_MAX`]), `TxidOutOfOrder` (a txid below the previous one or below the
+    /// stream's last txid), `BadRequest` (no records), `NoSuchStream` (unless
+    /// `create_if_missing`), `InvalidStreamName`, `OwnedElsewhere` (another proxy owns the
+    /// stream; redirect), `OwnershipLost` (this proxy lost the stream since its last request;
+    /// the next request acquires it again). During the write: `Storage`, `Metadata` or
+    /// `OwnershipLost`; then records not acknowledged may or may not be in the log after
+    /// recovery.
+    pub async fn append(
+        &self,
+        name: &str,
+        records: Vec<(u64, Vec<u8>)>,
+        create_if_missing: bool,
+    ) -> Result<WriteResult> {
+        let rx = self.submit_append(name, records, create_if_missing).await?;
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Queues an append and returns the receiver of its result. Appends submitted one after
+    /// another (each awaited up to here) are applied in that order.
+    pub(crate) async fn submit_append(
+        &self,
+        name: &str,
+        records: Vec<(u64, Vec<u8>)>,
+        create_if_missing: bool,
+    ) -> Result<oneshot::Receiver<Result<WriteResult>>> {
+        if records.is_empty() {
+            return Err(Error::BadRequest {
+                reason: "a write needs at least one record".into(),
+            });
+        }
+        if let Some((i, (_, p))) = records
+            .iter()
+            .enumerate()
+            .find(|(_, (_, p))| p.len() > RECORD_SIZE_BYTES_MAX)
+        {
+            return Err(Error::RecordTooLarge {
+                record_index: i,
+                size_bytes: p.len(),
+                max_bytes: RECORD_SIZE_BYTES_MAX,
+            });
+        }
+        let handle = self.stream(name, create_if_missing, true).await?;
+        let (reply, rx) = oneshot::channel();
+        if handle
+            .commands
+            .send(Command::Append { records, reply })
+            .await
+            .is_err()
+        {
+            // The task ended: it lost the stream (or the manager is stopping).
+            return Err(match handle.lost_reason() {
+                Some(reason) => {
+                    handle.shared.loss_reported.store(true, Ordering::SeqCst);
+                    Error::OwnershipLost {
+                        stream: name.to_string(),
+                        reason,
+                    }
+                }
+                None => Error::ShuttingDown,
+            });
+        }
+        Ok(rx)
+    }
+
+    /// Acquires every stream in the metadata store that no other proxy owns now, recovering
+    /// any segment a previous owner left in progress, instead of at each stream's first use.
+    /// Returns how many streams were acquired (streams owned elsewhere are skipped).
+    ///
+    /// # Errors
+    /// The first stream that fails to recover (`Storage`, `Metadata`); the ones before it stay
+    /// acquired.
+    pub async fn recover_all(&self) -> Result<usize> {
+        let names = self.list_streams().await?;
+        let mut acquired = 0;
+        for name in &names {
+            match self.stream(name, false, false).await {
+                Ok(_) => acquired += 1,
+                Err(Error::OwnedElsewhere { .. } | Error::NoSuchStream { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(acquired)
+    }
+
+    /// Completes the open segment of every stream (close the ledger, mark it `Completed`),
+    /// gives every stream lease up and refuses new requests with `ShuttingDown`. Streams not
+    /// closed cleanly are recovered by the next owner anyway; this only saves it the fencing.
+    ///
+    /// # Errors
+    /// The first `Storage` or `Metadata` error met; the other streams are still closed.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let cells: Vec<_> = self
+            .streams
+            .lock()
+            .expect("streams lock")
+            .values()
+            .cloned()
+            .collect();
+        let mut first_err = None;
+        for cell in cells {
+            let Some(handle) = cell.get() else { continue };
+            let (reply, rx) = oneshot::channel();
+            if handle.commands.send(Command::Close { reply }).await.is_ok() {
+                if let Ok(Err(e)) = rx.await {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn check_running(&self) -> Result<()> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            Err(Error::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Log segments (DistributedLog `BKLogWriteHandler`, reduced): a segment is one ledger; the
+//! writer starts one by creating its ledger and appending an `InProgress` segment to the stream
+//! metadata by compare-and-set, completes it by closing the ledger and marking it `Completed`,
+//! and recovers any segment an earlier writer left in progress (fence and close its ledger,
+//! read its last entry for the last txid and record count).
+
+use std::collections::BTreeMap;
+
+use quire_ledger::{LedgerOptions, LedgerWriter};
+use quire_metadata::{SegmentMetadata, SegmentState, Versioned};
+use quire_wire::{EntryId, LedgerId};
+
+use super::tail_cache::TailState;
+use super::writer::Writer;
+use super::{storage, writer_storage};
+use crate::error::{Error, Result};
+use crate::record_set;
+
+/// The segment being written.
+pub(super) struct OpenSegment {
+    pub(super) seq_no: u64,
+    pub(super) ledger: LedgerWriter,
+    /// Entry id the next add gets.
+    pub(super) next_entry: u64,
+    /// Records added to the segment (acknowledged or in flight).
+    pub(super) record_count: u64,
+    /// Entry payload bytes added.
+    pub(super) size_bytes: u64,
+    /// txid of the last record added.
+    pub(super) last_txid: u64,
+    /// Highest entry acknowledged.
+    pub(super) last_acked_entry: Option<u64>,
+}
+
+impl Writer {
+    pub(super) fn meta_err(&self, op: &'static str, e: quire_metadata::Error) -> Error {
+        Error::from_metadata(&self.name, op, e)
+    }
+
+    fn publish(&self) {
+        self.tail
+            .send_replace(TailState::from_metadata(&self.meta.value));
+        // Keep the in-progress segment's readable end: it is the LAC, not in the metadata.
+        if let Some(cur) = &self.current {
+            let lac = cur.last_acked_entry;
+            let seq = cur.seq_no;
+            self.tail.send_modify(|t| {
+                if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
+                    s.readable_last_entry = lac;
+                }
+            });
+        }
+    }
+
+    /// Recovers every `InProgress` segment: fence and close its ledger, learn its end from the
+    /// last entry, mark it `Completed`. Afterwards the writer is healthy with no open segment.
+    pub(super) async fn recover(&mut self) -> Result<()> {
+        self.current = None;
+        let fresh = self
+            .metadata
+            .read_stream(&self.name)
+            .await
+            .map_err(|e| self.meta_err("read stream", e))?;
+        self.meta = fresh;
+        let mut changed = false;
+        let mut meta = self.meta.value.clone();
+        for seg in meta
+            .segments
+            .iter_mut()
+            .filter(|s| s.state == SegmentState::InProgress)
+        {
+            let lm = self
+                .bookkeeper
+                .recover_ledger(LedgerId(seg.ledger_id))
+                .await
+                .map_err(|e| storage(&self.name, "recover ledger", e))?;
+            let (last_txid, record_count) = match lm.last_entry {
+                None => (None, 0),
+                Some(last) => {
+                    let reader = self
+                        .bookkeeper
+                        .open_ledger(LedgerId(seg.ledger_id))
+                        .await
+                        .map_err(|e| storage(&self.name, "open ledger", e))?;
+                    let payload = reader
+                        .read(EntryId(last))
+                        .await
+                        .map_err(|e| storage(&self.name, "read last entry", e))?;
+                    let set = record_set::decode(&payload).map_err(|e| Error::Storage {
+                        stream: self.name.clone(),
+                        op: "decode last entry",
+                        source: format!("ledger {} entry {last}: {e}", seg.ledger_id).into(),
+                    })?;
+                    let last_rec = set
+                        .records
+                        .last()
+                        .expect("decode refuses empty record sets");
+                    (
+                        Some(last_rec.txid),
+                        set.segment_record_index + set.records.len() as u64,
+                    )
+                }
+            };
+            tracing::info!(stream = %self.name, seq_no = seg.seq_no, ledger = seg.ledger_id, last_entry = ?lm.last_entry, record_count, "recovered in-progress segment");
+            seg.state = SegmentState::Completed;
+            seg.last_entry = lm.last_entry;
+            seg.last_txid = last_txid.or(seg.first_txid);
+            seg.record_count = record_count;
+            seg.length_bytes = lm.length_bytes;
+            if let Some(t) = last_txid {
+                meta.max_txid = Some(meta.max_txid.map_or(t, |m| m.max(t)));
+            }
+            changed = true;
+        }
+        if changed {
+            let version = self
+                .metadata
+                .update_stream(&meta, self.meta.version)
+                .await
+                .map_err(|e| self.stream_update_err("complete recovered segment", e))?;
+            self.meta = Versioned {
+                value: meta,
+                version,
+            };
+        }
+        self.last_txid = self.meta.value.max_txid;
+        self.healthy = true;
+        self.publish();
+        Ok(())
+    }
+
+    /// Starts a new segment with a fresh ledger; its first record has `first_txid`.
+    pub(super) async fn open_segment(&mut self, first_txid: u64) -> Result<()> {
+        assert!(self.current.is_none(), "one open segment at a time");
+        self.check_ownership()?;
+        let seq_no = self.meta.value.segments.last().map_or(1, |s| s.seq_no + 1);
+        let mut custom = BTreeMap::new();
+        custom.insert("quire.stream".to_string(), self.name.clone());
+        custom.insert("quire.segment_seq_no".to_string(), seq_no.to_string());
+        let c = &self.config;
+        let ledger = self
+            .bookkeeper
+            .create_ledger(LedgerOptions {
+                ensemble_size: c.ensemble_size,
+                write_quorum: c.write_quorum,
+                ack_quorum: c.ack_quorum,
+                password: c.password.clone(),
+                custom,
+            })
+            .await
+            .map_err(|e| storage(&self.name, "create ledger", e))?;
+        let mut meta = self.meta.value.clone();
+        assert!(
+            meta.segments
+                .iter()
+                .all(|s| s.state == SegmentState::Completed),
+            "a new segment follows completed ones only"
+        );
+        meta.segments.push(SegmentMetadata {
+            seq_no,
+            ledger_id: ledger.id().0,
+            state: SegmentState::InProgress,
+            first_txid: Some(first_txid),
+            last_txid: None,
+            last_entry: None,
+            record_count: 0,
+            length_bytes: 0,
+        });
+        let version = self
+            .metadata
+            .update_stream(&meta, self.meta.version)
+            .await
+            .map_err(|e| self.stream_update_err("start segment", e))?;
+        self.meta = Versioned {
+            value: meta,
+            version,
+        };
+        tracing::debug!(stream = %self.name, seq_no, ledger = ledger.id().0, "started segment");
+        self.current = Some(OpenSegment {
+            seq_no,
+            ledger,
+            next_entry: 0,
+            record_count: 0,
+            size_bytes: 0,
+            last_txid: first_txid,
+            last_acked_entry: None,
+        });
+        self.publish();
+        Ok(())
+    }
+
+    /// Closes the open segment's ledger and marks the segment `Completed`. Every add must have
+    /// been acknowledged.
+    pub(super) async fn complete_current(&mut self) -> Result<()> {
+        let Some(seg) = self.current.as_ref() else {
+            return Ok(());
+        };
+        let expected_last = seg.next_entry.checked_sub(1);
+        assert_eq!(
+            seg.last_acked_entry, expected_last,
+            "complete a segment only after all its adds"
+        );
+        let lm = seg
+            .ledger
+            .close()
+            .await
+            .map_err(|e| writer_storage(&self.name, "close ledger", e))?;
+        if lm.last_entry != expected_last {
+            return Err(Error::Storage {
+                stream: self.name.clone(),
+                op: "close ledger",
+                source: format!(
+                    "ledger {} closed at {:?}, expected {:?}",
+                    seg.ledger.id(),
+                    lm.last_entry,
+                    expected_last
+                )
+                .into(),
+            });
+        }
+        let mut meta = self.meta.value.clone();
+        let s = meta
+            .segments
+            .last_mut()
+            .expect("the open segment is in the metadata");
+        assert_eq!(s.seq_no, seg.seq_no);
+        assert_eq!(s.state, SegmentState::InProgress);
+        s.state = SegmentState::Completed;
+        s.last_entry = lm.last_entry;
+        s.last_txid = Some(seg.last_txid);
+        s.record_count = seg.record_count;
+        s.length_bytes = lm.length_bytes;
+        if seg.record_count > 0 {
+            meta.max_txid = Some(
+                meta.max_txid
+                    .map_or(seg.last_txid, |m| m.max(seg.last_txid)),
+            );
+        }
+        let version = self
+            .metadata
+            .update_stream(&meta, self.meta.version)
+            .await
+            .map_err(|e| self.stream_update_err("complete segment", e))?;
+        tracing::debug!(stream = %self.name, seq_no = seg.seq_no, records = seg.record_count, "completed segment");
+        self.meta = Versioned {
+            value: meta,
+            version,
+        };
+        self.current = None;
+        self.publish();
+        Ok(())
+    }
+}

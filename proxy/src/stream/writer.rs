@@ -1,0 +1,560 @@
+//! The stream task (DistributedLog `BKAsyncLogWriter`, reduced): it owns the stream's writer
+//! state, takes appends from the queue, checks their txids, packs their records into record-set
+//! entries, sends them without waiting while fewer than `adds_in_flight_max` are outstanding,
+//! and answers appends strictly in submission order as their entries are acknowledged; a failed
+//! add fails every append still unanswered with the same kind of error.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use quire_ledger::{AddFuture, BookKeeper};
+use quire_metadata::{MetadataStore, StreamLease, StreamMetadata, Versioned};
+use quire_wire::EntryId;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::ownership::lease_lost;
+use super::segment::OpenSegment;
+use super::tail_cache::TailState;
+use super::{writer_storage, StreamConfig, StreamShared};
+use crate::dlsn::Dlsn;
+use crate::error::{Error, Result};
+use crate::record_set::{
+    self, encoded_record_size_bytes, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
+};
+use crate::types::WriteResult;
+
+pub(super) enum Command {
+    Append {
+        records: Vec<(u64, Vec<u8>)>,
+        reply: oneshot::Sender<Result<WriteResult>>,
+    },
+    Close {
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+/// One entry add in flight.
+pub(super) struct InFlight {
+    pub(super) future: AddFuture,
+    pub(super) seq_no: u64,
+    pub(super) entry: u64,
+    pub(super) ledger_id: u64,
+    pub(super) payload: Arc<Vec<u8>>,
+}
+
+/// An append waiting for its reply. Appends are answered strictly in submission order.
+pub(super) struct PendingAppend {
+    pub(super) reply: oneshot::Sender<Result<WriteResult>>,
+    /// Set when the append was refused before anything was written (answered in its turn).
+    pub(super) refused: Option<Error>,
+    pub(super) count: u64,
+    pub(super) first: Option<Dlsn>,
+    pub(super) last: Option<Dlsn>,
+    /// True once every record of the append is in an entry that was sent.
+    pub(super) issued: bool,
+}
+
+impl PendingAppend {
+    fn new(
+        reply: oneshot::Sender<Result<WriteResult>>,
+        count: u64,
+        refused: Option<Error>,
+    ) -> Self {
+        Self {
+            reply,
+            refused,
+            count,
+            first: None,
+            last: None,
+            issued: false,
+        }
+    }
+}
+
+/// An append's records, `(txid, payload)` each.
+type Records = Vec<(u64, Vec<u8>)>;
+
+/// An append's records and where its answer goes.
+type QueuedAppend = (Records, oneshot::Sender<Result<WriteResult>>);
+
+/// One record waiting to be packed into the next entry: (append id, txid, payload, last
+/// record of its append).
+type Packed<'a> = (u64, u64, &'a [u8], bool);
+
+/// The same kind of error as `e`, for every later append that fails with it.
+fn same_kind(e: &Error) -> Error {
+    match e {
+        Error::Storage { stream, op, source } => Error::Storage {
+            stream: stream.clone(),
+            op,
+            source: source.to_string().into(),
+        },
+        Error::Metadata { stream, op, source } => Error::Metadata {
+            stream: stream.clone(),
+            op,
+            source: source.to_string().into(),
+        },
+        Error::OwnershipLost { stream, reason } => Error::OwnershipLost {
+            stream: stream.clone(),
+            reason: reason.clone(),
+        },
+        Error::NoSuchStream { stream } => Error::NoSuchStream {
+            stream: stream.clone(),
+        },
+        Error::ShuttingDown => Error::ShuttingDown,
+        other => Error::Internal(other.to_string()),
+    }
+}
+
+/// Waits for the oldest add in flight; never resolves when none is.
+async fn oldest_add(
+    entries: &mut VecDeque<InFlight>,
+) -> std::result::Result<EntryId, quire_ledger::Error> {
+    match entries.front_mut() {
+        Some(f) => (&mut f.future).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A stream's writer state, owned by its task.
+pub(super) struct Writer {
+    pub(super) name: String,
+    pub(super) metadata: Arc<dyn MetadataStore>,
+    pub(super) bookkeeper: BookKeeper,
+    pub(super) config: Arc<StreamConfig>,
+    pub(super) meta: Versioned<StreamMetadata>,
+    pub(super) current: Option<OpenSegment>,
+    /// Highest txid acknowledged or in flight (the `max_txid` rule is checked against it).
+    pub(super) last_txid: Option<u64>,
+    /// False after a storage or metadata error: recover before the next append.
+    pub(super) healthy: bool,
+    pub(super) closed: bool,
+    pub(super) tail: watch::Sender<TailState>,
+    pub(super) shared: Arc<StreamShared>,
+    /// The stream's lease while this writer holds it.
+    pub(super) lease: Option<StreamLease>,
+    /// Entry adds sent and not yet acknowledged, in entry order (all in the open segment).
+    pub(super) entries: VecDeque<InFlight>,
+    /// Appends taken from the queue and not yet answered, in submission order.
+    pub(super) appends: VecDeque<PendingAppend>,
+    /// Id of `appends.front()`; ids count every append this writer took.
+    pub(super) appends_base: u64,
+    /// (segment seq no, entry id) of the last entry acknowledged.
+    pub(super) acked: Option<(u64, u64)>,
+}
+
+impl Writer {
+    /// The stream task. It takes appends from the queue while fewer than
+    /// `adds_in_flight_max` entry adds are outstanding, packs each (with the appends queued
+    /// behind it, up to `entry_size_bytes_target`) into entries, sends them at once and takes
+    /// the next append without waiting; acknowledgements are handled as they arrive, in entry
+    /// order, and each append is answered once the entry holding its last record is
+    /// acknowledged (DistributedLog `BKAsyncLogWriter`: many outstanding writes per stream,
+    /// transmitted in entries, acknowledged in order).
+    pub(super) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut lost_rx = self.lease.as_ref().map(|l| l.lost.clone());
+        let mut stashed: Option<Command> = None;
+        enum Event {
+            Acked(std::result::Result<EntryId, quire_ledger::Error>),
+            Lost(String),
+            Command(Option<Command>),
+        }
+        loop {
+            let accepting = self.entries.len() < self.config.adds_in_flight_max;
+            let event = match stashed.take() {
+                Some(cmd) if accepting => Event::Command(Some(cmd)),
+                held => {
+                    stashed = held;
+                    let take = accepting && stashed.is_none();
+                    tokio::select! {
+                        biased;
+                        r = oldest_add(&mut self.entries) => Event::Acked(r),
+                        reason = lease_lost(&mut lost_rx) => Event::Lost(reason),
+                        cmd = commands.recv(), if take => Event::Command(cmd),
+                    }
+                }
+            };
+            match event {
+                Event::Acked(r) => {
+                    let f = self.entries.pop_front().expect("an add was awaited");
+                    if let Err(e) = self.on_acked(f, r) {
+                        if !self.on_write_failure(e).await {
+                            break;
+                        }
+                    }
+                }
+                Event::Lost(reason) => {
+                    tracing::warn!(stream = %self.name, %reason, "stream ownership lost");
+                    // Adds already sent finish first (their outcome is the bookies' to decide).
+                    if self.drain().await {
+                        self.lose(reason).await;
+                    }
+                    break;
+                }
+                Event::Command(None) => {
+                    // The manager is gone without a shutdown: give the lease up so another proxy
+                    // can take over; the segment stays in progress for it to recover, as after a
+                    // crash.
+                    self.drain().await;
+                    self.release_lease().await;
+                    break;
+                }
+                Event::Command(Some(Command::Close { reply })) => {
+                    if !self.drain().await {
+                        let _ = reply.send(Ok(()));
+                        break;
+                    }
+                    let r = if self.healthy {
+                        self.complete_current().await
+                    } else {
+                        Ok(())
+                    };
+                    if r.is_err() {
+                        self.fail();
+                    }
+                    self.closed = true;
+                    lost_rx = None;
+                    self.release_lease().await;
+                    let _ = reply.send(r);
+                }
+                Event::Command(Some(Command::Append { records, reply })) => {
+                    if self.closed {
+                        let _ = reply.send(Err(Error::ShuttingDown));
+                        continue;
+                    }
+                    // Group the appends queued right now, up to about one entry's worth.
+                    let target = self.config.entry_size_bytes_target;
+                    let mut size: usize = records
+                        .iter()
+                        .map(|(_, p)| encoded_record_size_bytes(p.len()))
+                        .sum();
+                    let mut batch = vec![(records, reply)];
+                    while size < target {
+                        match commands.try_recv() {
+                            Ok(Command::Append { records, reply }) => {
+                                size += records
+                                    .iter()
+                                    .map(|(_, p)| encoded_record_size_bytes(p.len()))
+                                    .sum::<usize>();
+                                batch.push((records, reply));
+                            }
+                            Ok(other) => {
+                                stashed = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    if !self.append_batch(batch).await {
+                        break;
+                    }
+                }
+            }
+        }
+        // After a loss: answer what is queued, then end (dropping the readers' view).
+        let reason = self.shared.lost.lock().expect("lost lock").clone();
+        if let Some(reason) = reason {
+            commands.close();
+            let mut rest: Vec<Command> = stashed.into_iter().collect();
+            while let Some(cmd) = commands.recv().await {
+                rest.push(cmd);
+            }
+            for cmd in rest {
+                match cmd {
+                    Command::Append { reply, .. } => {
+                        self.shared.loss_reported.store(true, Ordering::SeqCst);
+                        let _ = reply.send(Err(Error::OwnershipLost {
+                            stream: self.name.clone(),
+                            reason: reason.clone(),
+                        }));
+                    }
+                    Command::Close { reply } => {
+                        let _ = reply.send(Ok(()));
+                    }
+                }
+            }
+        }
+        tracing::debug!(stream = %self.name, "stream task ends");
+    }
+
+    /// Sends one answer; an `OwnershipLost` answer counts as the loss being reported.
+    fn answer(&self, reply: oneshot::Sender<Result<WriteResult>>, r: Result<WriteResult>) {
+        if matches!(r, Err(Error::OwnershipLost { .. })) {
+            self.shared.loss_reported.store(true, Ordering::SeqCst);
+        }
+        let _ = reply.send(r);
+    }
+
+    /// Answers the appends at the front of the queue that are done: refused ones, and written
+    /// ones whose last entry is acknowledged.
+    fn answer_ready(&mut self) {
+        while let Some(a) = self.appends.front() {
+            let ready = a.refused.is_some()
+                || (a.issued
+                    && a.last.is_some_and(|l| {
+                        self.acked
+                            .is_some_and(|k| (l.segment_seq_no, l.entry_id) <= k)
+                    }));
+            if !ready {
+                break;
+            }
+            let a = self.appends.pop_front().expect("front exists");
+            self.appends_base += 1;
+            let r = match a.refused {
+                Some(e) => Err(e),
+                None => Ok(WriteResult {
+                    first_dlsn: a.first.expect("issued appends have records"),
+                    last_dlsn: a.last.expect("issued appends have records"),
+                    count: a.count,
+                }),
+            };
+            self.answer(a.reply, r);
+        }
+    }
+
+    /// An add failed (or a segment could not be started or completed): every append not yet
+    /// answered that was written fails with the same kind of error, nothing after the failure
+    /// point is acknowledged. Then the writer is dead (recovered before the next append) or,
+    /// for `OwnershipLost`, the stream is given up. Returns false in the latter case.
+    async fn on_write_failure(&mut self, e: Error) -> bool {
+        // Dropping the futures abandons the adds; a failed ledger writer fails them all anyway.
+        self.entries.clear();
+        let lost = match &e {
+            Error::OwnershipLost { reason, .. } => Some(reason.clone()),
+            _ => None,
+        };
+        if lost.is_none() {
+            tracing::warn!(stream = %self.name, error = %e, pending = self.appends.len(), "write failed; the writer will recover before the next append");
+        }
+        while let Some(a) = self.appends.pop_front() {
+            self.appends_base += 1;
+            let r = match a.refused {
+                Some(refused) => Err(refused),
+                None => Err(same_kind(&e)),
+            };
+            self.answer(a.reply, r);
+        }
+        match lost {
+            Some(reason) => {
+                self.lose(reason).await;
+                false
+            }
+            None => {
+                self.fail();
+                true
+            }
+        }
+    }
+
+    /// Waits for every add in flight, answering appends as they complete. Returns false if
+    /// ownership was lost meanwhile (the stream is given up).
+    async fn drain(&mut self) -> bool {
+        while !self.entries.is_empty() {
+            if let Err(e) = self.complete_oldest().await {
+                return self.on_write_failure(e).await;
+            }
+        }
+        true
+    }
+
+    /// Waits for the oldest add in flight and handles its outcome.
+    async fn complete_oldest(&mut self) -> Result<()> {
+        let r = oldest_add(&mut self.entries).await;
+        let f = self.entries.pop_front().expect("an add was awaited");
+        self.on_acked(f, r)
+    }
+
+    /// Handles one add's outcome: on success the entry becomes visible to readers (the
+    /// published LAC) and the appends it completes are answered.
+    fn on_acked(
+        &mut self,
+        f: InFlight,
+        r: std::result::Result<EntryId, quire_ledger::Error>,
+    ) -> Result<()> {
+        let acked = r.map_err(|e| writer_storage(&self.name, "add entry", e))?;
+        assert_eq!(acked.0, f.entry, "adds are acknowledged in entry order");
+        let seg = self
+            .current
+            .as_mut()
+            .expect("an add in flight has an open segment");
+        assert_eq!(
+            seg.seq_no, f.seq_no,
+            "adds in flight belong to the open segment"
+        );
+        assert!(
+            seg.last_acked_entry.is_none_or(|l| l + 1 == f.entry),
+            "acknowledgements advance one entry at a time"
+        );
+        seg.last_acked_entry = Some(f.entry);
+        let seq = seg.seq_no;
+        self.shared.cache.lock().expect("cache lock").insert(
+            (f.ledger_id, f.entry),
+            f.payload,
+            self.config.tail_cache_bytes_max,
+        );
+        self.tail.send_modify(|t| {
+            if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
+                s.readable_last_entry = Some(f.entry);
+            }
+        });
+        self.acked = Some((seq, f.entry));
+        self.answer_ready();
+        Ok(())
+    }
+
+    /// Takes a group of appends queued together: checks ownership, recovers a dead writer,
+    /// checks txids, packs the records into entries and sends them. Does not wait for the adds
+    /// (except to stay within `adds_in_flight_max` and at a segment roll). Returns false once the
+    /// stream was given up.
+    async fn append_batch(&mut self, batch: Vec<QueuedAppend>) -> bool {
+        if let Err(e) = self.check_ownership() {
+            // Adds already sent finish first; then the stream is given up.
+            if self.drain().await {
+                if let Error::OwnershipLost { reason, .. } = &e {
+                    self.lose(reason.clone()).await;
+                }
+            }
+            for (_, reply) in batch {
+                self.answer(reply, Err(same_kind(&e)));
+            }
+            return false;
+        }
+        if !self.healthy {
+            assert!(
+                self.entries.is_empty() && self.appends.is_empty(),
+                "a dead writer has nothing in flight"
+            );
+            if let Err(e) = self.recover().await {
+                let lost = match &e {
+                    Error::OwnershipLost { reason, .. } => Some(reason.clone()),
+                    _ => None,
+                };
+                for (_, reply) in batch {
+                    self.answer(reply, Err(same_kind(&e)));
+                }
+                if let Some(reason) = lost {
+                    self.lose(reason).await;
+                    return false;
+                }
+                return true;
+            }
+        }
+        // Check every append's txids before writing anything; refused appends are answered in
+        // their turn and write nothing.
+        let mut records_of = Vec::with_capacity(batch.len());
+        for (records, reply) in batch {
+            let id = self.appends_base + self.appends.len() as u64;
+            let mut refused = None;
+            let mut prev = self.last_txid;
+            for (i, (txid, payload)) in records.iter().enumerate() {
+                assert!(
+                    payload.len() <= RECORD_SIZE_BYTES_MAX,
+                    "sizes are checked at submission"
+                );
+                if let Some(p) = prev {
+                    if *txid < p {
+                        refused = Some(Error::TxidOutOfOrder {
+                            record_index: i,
+                            txid: *txid,
+                            last_txid: p,
+                        });
+                        break;
+                    }
+                }
+                prev = Some(*txid);
+            }
+            let count = records.len() as u64;
+            if refused.is_none() {
+                self.last_txid = prev;
+                records_of.push((id, records));
+            }
+            self.appends
+                .push_back(PendingAppend::new(reply, count, refused));
+        }
+        match self.write_records(&records_of).await {
+            Ok(()) => {
+                self.answer_ready();
+                true
+            }
+            Err(e) => self.on_write_failure(e).await,
+        }
+    }
+
+    /// Packs the records of the given appends (by append id) into entries of up to
+    /// `entry_size_bytes_target` bytes and sends them.
+    async fn write_records(&mut self, records_of: &[(u64, Records)]) -> Result<()> {
+        let target = self.config.entry_size_bytes_target;
+        let mut entry: Vec<Packed<'_>> = Vec::new();
+        let mut size = RECORD_SET_HEADER_SIZE_BYTES;
+        for (id, records) in records_of {
+            for (k, (txid, payload)) in records.iter().enumerate() {
+                let more = encoded_record_size_bytes(payload.len());
+                if !entry.is_empty() && size + more > target {
+                    self.send_entry(&entry).await?;
+                    entry.clear();
+                    size = RECORD_SET_HEADER_SIZE_BYTES;
+                }
+                entry.push((*id, *txid, payload.as_slice(), k + 1 == records.len()));
+                size += more;
+            }
+        }
+        if !entry.is_empty() {
+            self.send_entry(&entry).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends one entry (opening a segment first if none is open), gives its records their
+    /// DLSNs, then waits as needed: for the oldest add while `adds_in_flight_max` are
+    /// outstanding, and for all of them before a segment roll.
+    async fn send_entry(&mut self, records: &[Packed<'_>]) -> Result<()> {
+        if self.current.is_none() {
+            self.open_segment(records[0].1).await?;
+        }
+        let seg = self.current.as_mut().expect("opened above");
+        let payload = Arc::new(record_set::encode(
+            seg.record_count,
+            records.iter().map(|(_, t, p, _)| (*t, *p)),
+        ));
+        let entry = seg.next_entry;
+        let future = seg.ledger.add(payload.as_ref().clone());
+        seg.next_entry += 1;
+        seg.record_count += records.len() as u64;
+        seg.size_bytes += payload.len() as u64;
+        seg.last_txid = records[records.len() - 1].1;
+        let seq_no = seg.seq_no;
+        let roll = seg.size_bytes >= self.config.segment_size_bytes_max;
+        self.entries.push_back(InFlight {
+            future,
+            seq_no,
+            entry,
+            ledger_id: seg.ledger.id().0,
+            payload,
+        });
+        for (slot, (id, _, _, last_of_append)) in records.iter().enumerate() {
+            let slot = u32::try_from(slot).expect("records per entry bounded by entry size");
+            let dlsn = Dlsn::new(seq_no, entry, slot);
+            let a = &mut self.appends[(id - self.appends_base) as usize];
+            a.first.get_or_insert(dlsn);
+            a.last = Some(dlsn);
+            a.issued |= *last_of_append;
+        }
+        while self.entries.len() >= self.config.adds_in_flight_max
+            || (roll && !self.entries.is_empty())
+        {
+            self.complete_oldest().await?;
+        }
+        if roll {
+            self.complete_current().await?;
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self) {
+        // Dropping the ledger writer abandons its pending adds; the segment stays InProgress
+        // in the metadata and is recovered (fenced and closed) before the next append.
+        self.current = None;
+        self.healthy = false;
+    }
+}
