@@ -12,6 +12,7 @@ mod engine;
 pub mod format;
 pub mod io;
 mod read_cache;
+pub mod sim_disk;
 mod sync;
 mod throttle;
 
