@@ -16,7 +16,8 @@
 //!
 //! # Crash
 //! [`SimStorage::crash`] (now) or [`SimStorage::crash_at_op`] (during the n-th counted operation
-//! from now: write, fdatasync, rename, remove, sync_dir, or an open that creates a file) takes the
+//! from now: write, fdatasync, rename, remove, sync_dir, or an open that creates a file;
+//! [`SimStorage::crash_at_matching_op`] counts only the operations a filter accepts) takes the
 //! durable image and, if asked, tears the last unsynced write: a prefix of whole 512-byte sectors
 //! of it is made durable as well (the part a power cut let reach the medium). The crashed
 //! operation and every later call on this storage or its files fail with an `io::Error` whose
@@ -110,6 +111,8 @@ impl fmt::Display for CrashReport {
 struct Inode {
     live: Vec<u8>,
     durable: Vec<u8>,
+    /// Its latest live path (kept after a removal), for traces and crash filters.
+    path: PathBuf,
 }
 
 #[derive(Debug, Default)]
@@ -127,7 +130,29 @@ struct UnsyncedWrite {
     data: Vec<u8>,
 }
 
-#[derive(Debug)]
+/// The kinds of operation a crash can be armed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// An open that creates a missing file.
+    Create,
+    Write,
+    Fdatasync,
+    Rename,
+    Remove,
+    SyncDir,
+}
+
+/// Which counted operations count toward an armed crash: `(kind, path)`, the path being the
+/// file's (as opened), the renamed file's old one or the synced directory's.
+pub type OpFilter = Box<dyn Fn(OpKind, &Path) -> bool>;
+
+struct Armed {
+    /// Matching operations still to go; the crash happens in the one that brings this to 0.
+    left: u64,
+    filter: OpFilter,
+    tear: Option<u64>,
+}
+
 struct Disk {
     /// Never freed: an unlinked inode may still be open, and tests are small.
     inodes: Vec<Inode>,
@@ -135,8 +160,7 @@ struct Disk {
     /// Oldest first; the last one is the write a crash may tear.
     unsynced: Vec<UnsyncedWrite>,
     ops: u64,
-    /// (operation number to crash in, tear choice).
-    armed: Option<(u64, Option<u64>)>,
+    armed: Option<Armed>,
     crashed: Option<CrashReport>,
     trace: VecDeque<String>,
     rng: u64,
@@ -187,6 +211,8 @@ impl Disk {
     /// hands the write back.
     fn count(
         &mut self,
+        kind: OpKind,
+        path: &Path,
         what: String,
         write: Option<UnsyncedWrite>,
     ) -> io::Result<Option<UnsyncedWrite>> {
@@ -197,16 +223,22 @@ impl Disk {
             self.trace.pop_front();
         }
         self.trace.push_back(line.clone());
-        match self.armed {
-            Some((at, tear)) if at == self.ops => {
-                if let Some(w) = write {
-                    self.unsynced.push(w);
-                }
-                self.do_crash(Some(line), tear);
-                Err(crash_error())
+        let fire = match &mut self.armed {
+            Some(a) if (a.filter)(kind, path) => {
+                a.left -= 1;
+                a.left == 0
             }
-            _ => Ok(write),
+            _ => false,
+        };
+        if fire {
+            let tear = self.armed.take().and_then(|a| a.tear);
+            if let Some(w) = write {
+                self.unsynced.push(w);
+            }
+            self.do_crash(Some(line), tear);
+            return Err(crash_error());
         }
+        Ok(write)
     }
 
     fn do_crash(&mut self, during: Option<String>, tear: Option<u64>) {
@@ -287,9 +319,20 @@ impl Disk {
 
 /// The crash-simulating disk (see the module doc). Cloning gives another handle to the same disk.
 /// Shard-local.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SimStorage {
     disk: Rc<RefCell<Disk>>,
+}
+
+impl fmt::Debug for SimStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.disk.borrow();
+        f.debug_struct("SimStorage")
+            .field("ops", &d.ops)
+            .field("unsynced_writes", &d.unsynced.len())
+            .field("crashed", &d.crashed.is_some())
+            .finish()
+    }
 }
 
 impl SimStorage {
@@ -316,6 +359,7 @@ impl SimStorage {
                 disk.inodes.push(Inode {
                     live: bytes.clone(),
                     durable: bytes.clone(),
+                    path: dpath.join(name),
                 });
                 d.live.insert(name.clone(), disk.inodes.len() - 1);
             }
@@ -332,9 +376,18 @@ impl SimStorage {
     /// every unsynced write; `Some(r)` keeps the first `r % (s + 1)` whole sectors of the last
     /// unsynced write (of `s` sectors) and drops the rest. Replaces an earlier arming.
     pub fn crash_at_op(&self, n: u64, tear: Option<u64>) {
+        self.crash_at_matching_op(n, Box::new(|_, _| true), tear);
+    }
+
+    /// Like [`SimStorage::crash_at_op`], counting only the operations `filter` accepts (e.g. the
+    /// journal's writes and syncs).
+    pub fn crash_at_matching_op(&self, n: u64, filter: OpFilter, tear: Option<u64>) {
         assert!(n >= 1, "the crash is armed for a later operation");
-        let mut d = self.disk.borrow_mut();
-        d.armed = Some((d.ops + n, tear));
+        self.disk.borrow_mut().armed = Some(Armed {
+            left: n,
+            filter,
+            tear,
+        });
     }
 
     /// Crashes now, between operations (a no-op if the disk already crashed), and returns the
@@ -383,8 +436,16 @@ impl Storage for SimStorage {
             Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
                 let (dir, name) = split(path)?;
                 d.dir(dir)?;
-                d.count(format!("create {}", path.display()), None)?;
-                d.inodes.push(Inode::default());
+                d.count(
+                    OpKind::Create,
+                    path,
+                    format!("create {}", path.display()),
+                    None,
+                )?;
+                d.inodes.push(Inode {
+                    path: path.to_path_buf(),
+                    ..Inode::default()
+                });
                 let i = d.inodes.len() - 1;
                 d.dir_mut(dir)?.live.insert(name.to_owned(), i);
                 i
@@ -394,7 +455,6 @@ impl Storage for SimStorage {
         Ok(SimFile {
             disk: self.disk.clone(),
             inode,
-            path: path.to_path_buf(),
         })
     }
 
@@ -410,7 +470,12 @@ impl Storage for SimStorage {
         let mut d = self.disk.borrow_mut();
         d.check_up()?;
         d.lookup(path)?;
-        d.count(format!("remove {}", path.display()), None)?;
+        d.count(
+            OpKind::Remove,
+            path,
+            format!("remove {}", path.display()),
+            None,
+        )?;
         let (dir, name) = split(path)?;
         d.dir_mut(dir)?.live.remove(name);
         Ok(())
@@ -430,10 +495,12 @@ impl Storage for SimStorage {
             ));
         }
         let i = d.lookup(from)?;
-        d.count(format!("rename {} -> {tname}", from.display()), None)?;
+        let what = format!("rename {} -> {tname}", from.display());
+        d.count(OpKind::Rename, from, what, None)?;
         let dir = d.dir_mut(fdir)?;
         dir.live.remove(fname);
         dir.live.insert(tname.to_owned(), i);
+        d.inodes[i].path = to.to_path_buf();
         Ok(())
     }
 
@@ -442,7 +509,12 @@ impl Storage for SimStorage {
         let mut d = self.disk.borrow_mut();
         d.check_up()?;
         d.dir(dir)?;
-        d.count(format!("sync_dir {}", dir.display()), None)?;
+        d.count(
+            OpKind::SyncDir,
+            dir,
+            format!("sync_dir {}", dir.display()),
+            None,
+        )?;
         let dd = d.dir_mut(dir)?;
         dd.durable = dd.live.clone();
         Ok(())
@@ -458,12 +530,18 @@ impl Storage for SimStorage {
 }
 
 /// An open file of a [`SimStorage`]. Shard-local.
-#[derive(Debug)]
 pub struct SimFile {
     disk: Rc<RefCell<Disk>>,
     inode: usize,
-    /// The path it was opened by (for traces; the file may have been renamed since).
-    path: PathBuf,
+}
+
+impl fmt::Debug for SimFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.disk.borrow();
+        f.debug_struct("SimFile")
+            .field("path", &d.inodes[self.inode].path)
+            .finish()
+    }
 }
 
 impl SimFile {
@@ -497,14 +575,17 @@ impl StorageFile for SimFile {
         }
         let mut d = self.disk.borrow_mut();
         d.check_up()?;
+        let path = d.inodes[self.inode].path.clone();
+        let what = format!("write {} @{pos} +{}", path.display(), data.len());
         let w = UnsyncedWrite {
             inode: self.inode,
-            path: self.path.clone(),
+            path: path.clone(),
             pos,
             data: data.to_vec(),
         };
-        let what = format!("write {} @{pos} +{}", self.path.display(), data.len());
-        let w = d.count(what, Some(w))?.expect("count hands the write back");
+        let w = d
+            .count(OpKind::Write, &path, what, Some(w))?
+            .expect("count hands the write back");
         let live = &mut d.inodes[self.inode].live;
         let (start, end) = (pos as usize, pos as usize + data.len());
         if live.len() < end {
@@ -519,7 +600,9 @@ impl StorageFile for SimFile {
         self.pause().await;
         let mut d = self.disk.borrow_mut();
         d.check_up()?;
-        d.count(format!("fdatasync {}", self.path.display()), None)?;
+        let path = d.inodes[self.inode].path.clone();
+        let what = format!("fdatasync {}", path.display());
+        d.count(OpKind::Fdatasync, &path, what, None)?;
         let ino = self.inode;
         d.unsynced.retain(|w| w.inode != ino);
         let inode = &mut d.inodes[ino];
