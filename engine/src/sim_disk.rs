@@ -19,8 +19,9 @@
 //! from now: write, fdatasync, rename, remove, sync_dir, or an open that creates a file;
 //! [`SimStorage::crash_at_matching_op`] counts only the operations a filter accepts) takes the
 //! durable image and, if asked, tears the last unsynced write: a prefix of whole 512-byte sectors
-//! of it is made durable as well (the part a power cut let reach the medium). The crashed
-//! operation and every later call on this storage or its files fail with an `io::Error` whose
+//! of it is made durable as well (the part a power cut let reach the medium);
+//! [`SimStorage::keep_unsynced_writes`] also keeps a seeded subset of the earlier unsynced
+//! writes (a device may store any completed write before a flush). The crashed operation and every later call on this storage or its files fail with an `io::Error` whose
 //! message starts with "simulated crash" (they never hang, so the engine's error paths run and
 //! its tasks end). [`SimStorage::crash_report`] returns the image, which
 //! [`SimStorage::from_image`] turns into a fresh disk to reopen the engine on.
@@ -72,7 +73,7 @@ pub struct CrashReport {
     pub during: Option<String>,
     /// The torn write, `(path, file offset, length, bytes kept)`, if one was torn.
     pub torn: Option<(PathBuf, u64, usize, usize)>,
-    /// Unsynced writes dropped (not counting the kept part of a torn one).
+    /// Unsynced writes dropped wholly or partly (a torn one counts unless all of it was kept).
     pub unsynced_writes_dropped: usize,
     /// The latest counted operations, oldest first, at most 32.
     pub recent_ops: Vec<String>,
@@ -161,6 +162,8 @@ struct Disk {
     unsynced: Vec<UnsyncedWrite>,
     ops: u64,
     armed: Option<Armed>,
+    /// Seed of the coins that keep or drop each earlier unsynced write at a crash.
+    keep_unsynced: Option<u64>,
     crashed: Option<CrashReport>,
     trace: VecDeque<String>,
     rng: u64,
@@ -243,7 +246,7 @@ impl Disk {
 
     fn do_crash(&mut self, during: Option<String>, tear: Option<u64>) {
         assert!(self.crashed.is_none(), "a disk crashes once");
-        let (image, torn, dropped) = self.durable_image(tear);
+        let (image, torn, dropped) = self.durable_image(tear, self.keep_unsynced);
         self.unsynced.clear();
         self.crashed = Some(CrashReport {
             op_number: self.ops,
@@ -260,6 +263,7 @@ impl Disk {
     fn durable_image(
         &self,
         tear: Option<u64>,
+        keep_unsynced: Option<u64>,
     ) -> (SimImage, Option<(PathBuf, u64, usize, usize)>, usize) {
         let mut image = SimImage::default();
         let mut reachable: BTreeMap<usize, (PathBuf, String)> = BTreeMap::new();
@@ -270,11 +274,7 @@ impl Disk {
                 reachable.insert(ino, (dpath.clone(), name.clone()));
             }
         }
-        let mut dropped = self.unsynced.len();
-        let mut torn = None;
-        if let (Some(r), Some(w)) = (tear, self.unsynced.last()) {
-            let sectors = w.data.len().div_ceil(SECTOR_BYTES);
-            let kept = ((r % (sectors as u64 + 1)) as usize * SECTOR_BYTES).min(w.data.len());
+        let keep_bytes = |image: &mut SimImage, w: &UnsyncedWrite, kept: usize| {
             if let Some((dpath, name)) = reachable.get(&w.inode) {
                 let f = image
                     .dirs
@@ -287,6 +287,24 @@ impl Disk {
                 }
                 f[pos..pos + kept].copy_from_slice(&w.data[..kept]);
             }
+        };
+        let mut dropped = self.unsynced.len();
+        // The earlier unsynced writes, oldest first, each whole or not at all.
+        let torn_one = if tear.is_some() { 1 } else { 0 };
+        let earlier = self.unsynced.len().saturating_sub(torn_one);
+        if let Some(mut coin) = keep_unsynced {
+            for w in &self.unsynced[..earlier] {
+                if next_random(&mut coin) % 2 == 0 {
+                    keep_bytes(&mut image, w, w.data.len());
+                    dropped -= 1;
+                }
+            }
+        }
+        let mut torn = None;
+        if let (Some(r), Some(w)) = (tear, self.unsynced.last()) {
+            let sectors = w.data.len().div_ceil(SECTOR_BYTES);
+            let kept = ((r % (sectors as u64 + 1)) as usize * SECTOR_BYTES).min(w.data.len());
+            keep_bytes(&mut image, w, kept);
             if kept == w.data.len() {
                 dropped -= 1;
             }
@@ -349,6 +367,7 @@ impl SimStorage {
             unsynced: Vec::new(),
             ops: 0,
             armed: None,
+            keep_unsynced: None,
             crashed: None,
             trace: VecDeque::new(),
             rng: seed,
@@ -390,6 +409,13 @@ impl SimStorage {
         });
     }
 
+    /// With `Some(seed)`, a later crash also keeps each unsynced write before the last one (or
+    /// each one, when the last is not torn) whole or drops it, by a coin drawn from `seed`, as a
+    /// device may store any completed write before a flush; `None` (the default) drops them all.
+    pub fn keep_unsynced_writes(&self, seed: Option<u64>) {
+        self.disk.borrow_mut().keep_unsynced = seed;
+    }
+
     /// Crashes now, between operations (a no-op if the disk already crashed), and returns the
     /// report; `tear` as in [`SimStorage::crash_at_op`].
     pub fn crash(&self, tear: Option<u64>) -> CrashReport {
@@ -407,7 +433,7 @@ impl SimStorage {
 
     /// The image a crash now with no torn write would leave, without crashing.
     pub fn durable_image(&self) -> SimImage {
-        self.disk.borrow().durable_image(None).0
+        self.disk.borrow().durable_image(None, None).0
     }
 
     /// Counted operations since the disk was made.
@@ -657,6 +683,45 @@ mod tests {
             let s2 = SimStorage::from_image(&r.image, 2);
             let g = s2.open(&p("/d/a"), false).await.unwrap();
             assert_eq!(g.read_at(0, 8192).await.unwrap(), vec![1u8; 4096]);
+        });
+    }
+
+    #[test]
+    fn kept_unsynced_writes_are_whole_and_synced_bytes_never_change() {
+        // Goal: with keep_unsynced_writes, each earlier unsynced write survives whole or not at
+        // all, and synced bytes stay. Method: 16 one-block writes over a synced file of 1s,
+        // crash with a torn last write, check every block is all 1s or all its write's byte.
+        block_on(async {
+            let s = SimStorage::new(4);
+            s.prepare_dir(&p("/d")).await.unwrap();
+            let f = s.open(&p("/d/a"), true).await.unwrap();
+            f.write_at(0, &[1u8; 16 * 4096]).await.unwrap();
+            f.fdatasync().await.unwrap();
+            s.sync_dir(&p("/d")).await.unwrap();
+            for i in 0..16u8 {
+                f.write_at(u64::from(i) * 4096, &[i + 2; 4096])
+                    .await
+                    .unwrap();
+            }
+            s.keep_unsynced_writes(Some(9));
+            let r = s.crash(Some(5));
+            let img = r.image.file(&p("/d/a")).unwrap();
+            assert_eq!(img.len(), 16 * 4096);
+            let mut kept = 0;
+            for (i, block) in img.chunks(4096).enumerate().take(15) {
+                let b = block[0];
+                assert!(b == 1 || b == i as u8 + 2, "block {i} holds {b}");
+                assert!(block.iter().all(|&x| x == b), "block {i} is torn");
+                kept += usize::from(b != 1);
+            }
+            assert!(
+                kept > 0 && kept < 15,
+                "{kept} of 15 kept: the coin is not fair"
+            );
+            let last = &img[15 * 4096..];
+            assert!(last[..5 * SECTOR_BYTES].iter().all(|&x| x == 17));
+            assert!(last[5 * SECTOR_BYTES..].iter().all(|&x| x == 1));
+            assert_eq!(r.unsynced_writes_dropped, 16 - kept);
         });
     }
 

@@ -3,10 +3,10 @@
 //! Each seed runs a workload (adds across several ledgers, fences, checkpoints, reads) on small
 //! journal files, a small write cache and a short checkpoint interval, crashes the disk during a
 //! seed-chosen operation (possibly during the open that recovers from the previous crash),
-//! optionally tearing the last unsynced write, and reopens on the durable image, one to three
+//! optionally tearing the last unsynced write and keeping some earlier unsynced ones, and reopens on the durable image, one to three
 //! times; a last open must succeed and find every acknowledged add and fence.
 //!
-//! `QUIRE_CRASH_SEEDS=N` runs seeds 0..N (default 400); `QUIRE_CRASH_SEED=S` replays seed S,
+//! `QUIRE_CRASH_SEEDS=N` runs seeds 0..N (default 1000); `QUIRE_CRASH_SEED=S` replays seed S,
 //! `QUIRE_CRASH_REPEAT` times (default 20: the interval checkpoints are timer driven, so a
 //! replay reproduces the workload and the crash point but not always the interleaving).
 
@@ -27,7 +27,7 @@ use quire_engine::{Engine, EngineConfig, Error};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const SEEDS_DEFAULT: u64 = 400;
+const SEEDS_DEFAULT: u64 = 1000;
 const REPEAT_DEFAULT: u64 = 20;
 const LEDGERS: u64 = 4;
 /// The crash point is drawn from 1..=this many counted disk operations after the round starts
@@ -401,9 +401,12 @@ async fn crash_round(
         _ => Box::new(|_, _: &Path| true),
     };
     storage.crash_at_matching_op(crash_op, filter, tear);
+    let keep = rng.gen_bool(0.3).then(|| rng.gen::<u64>());
+    storage.keep_unsynced_writes(keep);
     let _ = writeln!(
         log,
-        "round: crash at {target} op {crash_op}, tear {tear:?}, {windows} windows"
+        "round: crash at {target} op {crash_op}, tear {tear:?}, keep unsynced {keep:?}, \
+         {windows} windows"
     );
 
     match Engine::open_with(sim_config(), storage.clone()).await {
