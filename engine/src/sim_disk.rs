@@ -21,10 +21,11 @@
 //! durable image and, if asked, tears the last unsynced write: a prefix of whole 512-byte sectors
 //! of it is made durable as well (the part a power cut let reach the medium);
 //! [`SimStorage::keep_unsynced_writes`] also keeps a seeded subset of the earlier unsynced
-//! writes (a device may store any completed write before a flush). The crashed operation and every later call on this storage or its files fail with an `io::Error` whose
-//! message starts with "simulated crash" (they never hang, so the engine's error paths run and
-//! its tasks end). [`SimStorage::crash_report`] returns the image, which
-//! [`SimStorage::from_image`] turns into a fresh disk to reopen the engine on.
+//! writes (a device may store any completed write before a flush). The crashed operation and
+//! every later call on this storage or its files fail with an `io::Error` whose message starts
+//! with "simulated crash" (they never hang, so the engine's error paths run and its tasks end).
+//! [`SimStorage::crash_report`] returns the image, which [`SimStorage::from_image`] turns into a
+//! fresh disk to reopen the engine on.
 //!
 //! # Scheduling
 //! Operations complete in memory; each first yields to the executor 0 to 2 times (chosen by the

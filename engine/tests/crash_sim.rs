@@ -3,8 +3,9 @@
 //! Each seed runs a workload (adds across several ledgers, fences, checkpoints, reads) on small
 //! journal files, a small write cache and a short checkpoint interval, crashes the disk during a
 //! seed-chosen operation (possibly during the open that recovers from the previous crash),
-//! optionally tearing the last unsynced write and keeping some earlier unsynced ones, and reopens on the durable image, one to three
-//! times; a last open must succeed and find every acknowledged add and fence.
+//! optionally tearing the last unsynced write and keeping some earlier unsynced ones, and reopens
+//! on the durable image, one to three times; a last open must succeed and find every
+//! acknowledged add and fence.
 //!
 //! `QUIRE_CRASH_SEEDS=N` runs seeds 0..N (default 1000); `QUIRE_CRASH_SEED=S` replays seed S,
 //! `QUIRE_CRASH_REPEAT` times (default 20: the interval checkpoints are timer driven, so a
@@ -294,7 +295,7 @@ async fn verify(
                     let want = &m.ledgers[&ledger].entries[&entry];
                     if got != want.data {
                         return Err(format!(
-                            "entry {ledger}/{entry} reads back {} bytes that differ from the {} added",
+                            "entry {ledger}/{entry} reads back {} bytes, not the {} added",
                             got.len(),
                             want.data.len()
                         ));
@@ -347,7 +348,7 @@ async fn verify(
         let (last, lac) = (state.and_then(|s| s.last_entry), state.and_then(|s| s.lac));
         if last != present_max {
             return Err(format!(
-                "ledger {ledger}: last entry {last:?}, but the entries present end at {present_max:?}"
+                "ledger {ledger}: last entry {last:?}, entries present end at {present_max:?}"
             ));
         }
         if lac != lac_max {
