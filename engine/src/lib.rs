@@ -21,6 +21,7 @@ mod ledgers;
 mod open;
 mod read_ahead;
 mod read_cache;
+pub mod sim_disk;
 mod sync;
 mod throttle;
 mod write_cache;
