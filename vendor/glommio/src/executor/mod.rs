@@ -1513,30 +1513,6 @@ impl LocalExecutor {
                     } else {
                         while !this.reactor.spin_poll_io().unwrap() {
                             if pre_time.elapsed() > spin_before_park {
-                                // QUIRE TEMPORARY DEBUG: the task queues as the executor parks.
-                                if crate::sys::lost_io_trace::on() {
-                                    let q = this.queues.borrow();
-                                    let s = q
-                                        .available_executors
-                                        .values()
-                                        .map(|tq| {
-                                            let t = tq.borrow();
-                                            format!(
-                                                "{}(active {} runnable {} vruntime {})",
-                                                t.name,
-                                                t.active,
-                                                t.ex.is_active(),
-                                                t.vruntime
-                                            )
-                                        })
-                                        .collect::<Vec<_>>()
-                                        .join(", ");
-                                    let heap = q.active_executors.len();
-                                    drop(q);
-                                    crate::sys::lost_io_trace::exec_note(this.id, |e| {
-                                        e.queues = format!("parking; heap {heap}: {s}")
-                                    });
-                                }
                                 this.parker
                                     .park()
                                     .expect("Failed to park! This is actually pretty bad!");

@@ -174,7 +174,6 @@ pub(crate) fn sendmsg_syscall(
 mod dma_buffer;
 mod membarrier;
 pub(crate) mod source;
-pub(crate) mod lost_io_trace;
 pub(crate) mod sysfs;
 mod uring;
 

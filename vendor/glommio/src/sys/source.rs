@@ -309,7 +309,6 @@ impl Source {
             }
 
             self.add_waiter_many(cx.waker().clone());
-            crate::sys::lost_io_trace::polled(self.inner.as_ptr() as usize);
             Poll::Pending
         })
         .await
@@ -318,7 +317,6 @@ impl Source {
 
 impl Drop for Source {
     fn drop(&mut self) {
-        crate::sys::lost_io_trace::dropped(self.inner.as_ptr() as usize);
         let mut inner = self.inner.borrow_mut();
         let enqueued = inner.enqueued.as_mut();
         if let Some(EnqueuedSource { id, queue, status }) = enqueued {

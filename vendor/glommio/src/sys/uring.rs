@@ -512,7 +512,6 @@ fn extract_one_chain(
                 let id = from_user_data(op.user_data);
                 let status = source_map.peek_source_mut(from_user_data(op.user_data), |mut x| {
                     x.wakers.submitted_at = Some(now);
-                    sys::lost_io_trace::dispatched(&*x as *const InnerSource as usize);
                     let current = x.enqueued.as_mut().expect("bug");
                     match current.status {
                         EnqueuedStatus::Enqueued => {
@@ -559,15 +558,8 @@ where
         if try_process(src.borrow()).is_none() {
             let res = Some(post_process(src.borrow_mut(), transmute_error(result)));
             let mut inner_source = src.borrow_mut();
-            let code = match &res {
-                Some(Ok(n)) => *n as i64,
-                Some(Err(e)) => -(e.raw_os_error().unwrap_or(9999) as i64),
-                None => i64::MIN,
-            };
             inner_source.wakers.result = res;
             woke = inner_source.wakers.wake_waiters();
-            drop(inner_source);
-            sys::lost_io_trace::completed(src.as_ptr() as usize, code, woke);
         }
         return Some(woke);
     }
@@ -1287,21 +1279,6 @@ macro_rules! flush_rings {
     }}
 }
 
-// QUIRE TEMPORARY DEBUG: one line on the state of a ring.
-fn trace_ring(r: &mut dyn UringCommon) -> String {
-    let q = r.submission_queue();
-    let q = q.borrow();
-    format!(
-        "{}: subq {} cancq {} in_kernel {} sq_ready {} cq_ready {}",
-        r.name(),
-        q.submissions.len(),
-        q.cancellations.len(),
-        r.in_kernel(),
-        r.waiting_kernel_submission(),
-        r.waiting_kernel_collection()
-    )
-}
-
 fn align_up(v: usize, align: usize) -> usize {
     (v + align - 1) & !(align - 1)
 }
@@ -1836,20 +1813,6 @@ impl Reactor {
 
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
-        if sys::lost_io_trace::on() {
-            let note = format!(
-                "wait entered (woke {}): {} | {} | {} | eventfd installed {}",
-                woke,
-                trace_ring(&mut *main_ring),
-                trace_ring(&mut *lat_ring),
-                trace_ring(&mut *poll_ring),
-                self.eventfd_src.is_installed().unwrap()
-            );
-            sys::lost_io_trace::exec_note(self.id(), |e| {
-                e.note = note;
-                e.at = Some(Instant::now());
-            });
-        }
 
         // Cancel the old timer regardless of whether we can sleep:
         // if we won't sleep, we will register the new timer with its new
@@ -1904,22 +1867,8 @@ impl Reactor {
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
-                    if sys::lost_io_trace::on() {
-                        let note = format!(
-                            "sleeping on main ring: {} | {} | {}",
-                            trace_ring(&mut *main_ring),
-                            trace_ring(&mut *lat_ring),
-                            trace_ring(&mut *poll_ring),
-                        );
-                        sys::lost_io_trace::exec_note(self.id(), |e| {
-                            e.note = note;
-                            e.at = Some(Instant::now());
-                            e.sleeping_since = Some(Instant::now());
-                        });
-                    }
                     self.link_rings_and_sleep(&mut main_ring)
                         .expect("some error");
-                    sys::lost_io_trace::exec_note(self.id(), |e| e.sleeping_since = None);
                     // May have new cancellations related to the link ring fd.
                     flush_cancellations!(into &mut 0; lat_ring, poll_ring, main_ring);
                     flush_rings!(lat_ring, poll_ring, main_ring)?;
@@ -2049,23 +1998,6 @@ fn queue_request_into_ring(
     source_map: &mut SourceMap,
 ) {
     source.inner.borrow_mut().wakers.queued_at = Some(Instant::now());
-    if sys::lost_io_trace::on() {
-        let kind = match &*source.source_type() {
-            SourceType::Write(..) => Some("write"),
-            SourceType::Read(..) => Some("read"),
-            SourceType::FdataSync => Some("fdatasync"),
-            SourceType::Fallocate => Some("fallocate"),
-            _ => None,
-        };
-        if let Some(kind) = kind {
-            sys::lost_io_trace::queued(
-                source.inner.as_ptr() as usize,
-                crate::executor::executor_id().unwrap_or(usize::MAX),
-                kind,
-                ring.name(),
-            );
-        }
-    }
     let q = ring.submission_queue();
     let id = source_map.add_source(source, Rc::clone(&q));
 
