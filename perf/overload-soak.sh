@@ -9,7 +9,7 @@
 # entry logs) and runs `quire-perf --workloads tail-write` RUNS_PER_ROUND times at RATE
 # records/s. A watcher compares the newest journal modification time of the three bookies every
 # second; a bookie whose journal has not moved for 10 s while another's moved in the last 3 s
-# counts as stalled. On a stall it writes the kernel stacks of the sandbox's shard and io-wq
+# counts as stalled (if none moved in the last 3 s, nothing is judged). On a stall it writes the kernel stacks of the sandbox's shard and io-wq
 # threads, the block layer's in-flight counts and the io_uring fdinfo to $OUT_DIR/stall-dump.txt
 # and stops. Exit status: 0 without a stall, 1 with one, 2 on a setup error.
 # Needs release builds: cargo build --release -p quire -p quire-perf.
@@ -47,7 +47,10 @@ stalled_bookies() {
         [ $((now - t)) -gt 10 ] && stuck="$stuck $b"
         [ $((now - t)) -lt 3 ] && fresh=1
     done
-    [ "$fresh" = 1 ] && echo "$stuck"
+    # Always succeed: under `set -e` a false test here ended the whole soak with status 1 (and
+    # no dump) whenever no journal at all had moved in the last 3 s.
+    if [ "$fresh" = 1 ]; then echo "$stuck"; fi
+    return 0
 }
 
 dump() {
@@ -103,6 +106,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
     kill "$sandbox_pid" 2>/dev/null && wait "$sandbox_pid" 2>/dev/null || true
     sandbox_pid=""
-    grep -hE 'slow journal|still pending' "$OUT_DIR/sandbox-$round.log" | sed 's/\x1b\[[0-9;]*m//g' || true
+    grep -hE 'slow journal' "$OUT_DIR/sandbox-$round.log" | sed 's/\x1b\[[0-9;]*m//g' || true
+    echo "round $round: $(grep -c 'did not answer within' "$OUT_DIR/sandbox-$round.log" || true) adds timed out by the ledger client"
 done
 echo "no stall in $ROUNDS x $RUNS runs"
