@@ -9,9 +9,9 @@
 # entry logs) and runs `quire-perf --workloads tail-write` RUNS_PER_ROUND times at RATE
 # records/s. A watcher compares the newest journal modification time of the three bookies every
 # second; a bookie whose journal has not moved for 10 s while another's moved in the last 3 s
-# counts as stalled (if none moved in the last 3 s, nothing is judged). On a stall it writes the kernel stacks of the sandbox's shard and io-wq
-# threads, the block layer's in-flight counts and the io_uring fdinfo to $OUT_DIR/stall-dump.txt
-# and stops. Exit status: 0 without a stall, 1 with one, 2 on a setup error.
+# counts as stalled (if none moved in the last 3 s, nothing is judged). On a stall it writes the
+# kernel stacks of the sandbox's shard and io-wq threads, the block layer's in-flight counts and
+# the io_uring fdinfo to $OUT_DIR/stall-dump.txt and stops. Exit status: 0 without a stall, 1 with one, 2 on a setup error.
 # Needs release builds: cargo build --release -p quire -p quire-perf.
 set -euo pipefail
 

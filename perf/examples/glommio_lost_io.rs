@@ -177,8 +177,7 @@ async fn journal_writer(
             let old = std::mem::replace(&mut file, new_file);
             let _ = old.close().await;
             let old_path = dir.join(format!("journal-{id}"));
-            let rm_slot = &slot;
-            tracked(&shared, rm_slot, 2, glommio::io::remove(&old_path))
+            tracked(&shared, &slot, 2, glommio::io::remove(&old_path))
                 .await
                 .expect("remove journal");
             id += 1;
