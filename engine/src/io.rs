@@ -8,13 +8,8 @@
 //! All writes are 4 KiB aligned in position and length ([`BLOCK_BYTES`]): that is what O_DIRECT
 //! needs, and it keeps the unit of torn writes we reason about in the format docs one block.
 
-use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::pin;
-use std::time::{Duration, Instant};
-
-use futures_lite::future;
 
 use glommio::io::{DmaFile, OpenOptions};
 
@@ -25,50 +20,6 @@ const _: () = assert!(BLOCK_BYTES.is_power_of_two());
 /// Largest single I/O request issued to glommio, in bytes; bigger reads and writes are split.
 /// Bounded so that one request never needs more DMA memory than a test executor owns.
 const IO_CHUNK_BYTES_MAX: usize = 256 * 1024;
-
-/// While a disk I/O is pending, its task is woken every this long (see [`with_wake_ups`]).
-/// 2 s was tried first and worked the same way, with 2 s journal operations where this has
-/// 0.1 s ones.
-pub const IO_WAKE_UP_INTERVAL: Duration = Duration::from_millis(100);
-
-/// Awaits a glommio disk I/O, arming a timer that wakes the task every [`IO_WAKE_UP_INTERVAL`]
-/// while the I/O is pending, and logs an I/O still pending after 1 s, 2 s, 4 s and so on.
-///
-/// Why (perf/README.md, "A shard that waited on its journal writes"): under overload a bookie
-/// shard on glommio 0.9 / Linux 6.18 sometimes waited for good on DMA writes that the kernel no
-/// longer held: 5 such stalls in about 14 overload runs without a timer (one of them with a
-/// 1 ms re-poll of every pending I/O in place, which therefore did not help). With a 2 s timer
-/// armed around each pending I/O, 16 overload runs had no stall, and 16 journal operations
-/// instead completed exactly when their timer fired (1,985-2,194 ms); with this 100 ms timer, 8
-/// overload runs had no stall and no journal operation slower than 500 ms. The mechanism is not
-/// understood; this bounds the damage to about one interval. When nothing goes wrong it costs
-/// one timer per I/O that is still pending after its first poll.
-pub async fn with_wake_ups<F: Future>(what: &'static str, io: F) -> F::Output {
-    let mut io = pin!(io);
-    let started = Instant::now();
-    let mut warn_after = Duration::from_secs(1);
-    loop {
-        let done = future::or(async { Some((&mut io).await) }, async {
-            glommio::timer::sleep(IO_WAKE_UP_INTERVAL).await;
-            None
-        })
-        .await;
-        match done {
-            Some(v) => return v,
-            None => {
-                let pending = started.elapsed();
-                if pending >= warn_after {
-                    warn_after *= 2;
-                    tracing::warn!(
-                        op = what,
-                        pending_ms = pending.as_millis() as u64,
-                        "disk I/O still pending"
-                    );
-                }
-            }
-        }
-    }
-}
 
 /// One open file. Shard-local.
 // Native `async fn` in a trait: the engine is shard-local and generic over the storage, so the
@@ -182,8 +133,7 @@ impl StorageFile for DmaStorageFile {
         let mut out = Vec::with_capacity(len);
         while out.len() < len {
             let want = (len - out.len()).min(IO_CHUNK_BYTES_MAX);
-            let got =
-                with_wake_ups("read", self.file.read_at(pos + out.len() as u64, want)).await?;
+            let got = self.file.read_at(pos + out.len() as u64, want).await?;
             let n = got.len();
             out.extend_from_slice(&got[..n]);
             if n < want {
@@ -208,8 +158,7 @@ impl StorageFile for DmaStorageFile {
             let n = (data.len() - done).min(IO_CHUNK_BYTES_MAX);
             let mut buf = self.file.alloc_dma_buffer(n);
             buf.as_bytes_mut().copy_from_slice(&data[done..done + n]);
-            let written =
-                with_wake_ups("write", self.file.write_at(buf, pos + done as u64)).await?;
+            let written = self.file.write_at(buf, pos + done as u64).await?;
             if written != n {
                 return Err(io::Error::new(
                     io::ErrorKind::WriteZero,
@@ -222,61 +171,10 @@ impl StorageFile for DmaStorageFile {
     }
 
     async fn fdatasync(&self) -> io::Result<()> {
-        with_wake_ups("fdatasync", self.file.fdatasync())
-            .await
-            .map_err(Into::into)
+        self.file.fdatasync().await.map_err(Into::into)
     }
 
     async fn size(&self) -> io::Result<u64> {
         self.file.file_size().await.map_err(Into::into)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::task::{Context, Poll};
-
-    /// Ready once `at` has passed, but never wakes its task: what a disk I/O whose completion
-    /// did not wake its task looks like from the engine.
-    struct SilentUntil {
-        at: Instant,
-    }
-
-    impl Future for SilentUntil {
-        type Output = u32;
-        fn poll(self: std::pin::Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<u32> {
-            if Instant::now() >= self.at {
-                Poll::Ready(7)
-            } else {
-                Poll::Pending
-            }
-        }
-    }
-
-    #[test]
-    fn a_completion_that_wakes_nobody_is_found_at_the_next_wake_up() {
-        // Goal: `with_wake_ups` finishes an I/O future that completed without waking its task
-        // (awaited bare, it would hang this test), and passes a ready value straight through.
-        // Method: a future that turns ready after 50 ms without ever waking must be done well
-        // within a minute (a hang guard, not a latency check).
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .io_memory(1 << 20)
-            .spawn(|| async {
-                let started = Instant::now();
-                let v = with_wake_ups(
-                    "test",
-                    SilentUntil {
-                        at: started + Duration::from_millis(50),
-                    },
-                )
-                .await;
-                assert_eq!(v, 7);
-                assert!(started.elapsed() < Duration::from_secs(60));
-                with_wake_ups("test", async { 9 }).await;
-            })
-            .expect("spawn executor")
-            .join()
-            .expect("executor panicked");
     }
 }

@@ -1320,14 +1320,26 @@ impl LocalExecutor {
         self.reactor.need_preempt()
     }
 
+    /// Runs task queues until none is active or the reactor asks for preemption. Returns false
+    /// only when no task queue is active: the caller then may park the executor.
     fn run_task_queues(&self) -> bool {
         let mut ran = false;
         loop {
             self.reactor.sys.install_eventfd();
-            if self.need_preempt() {
+            // QUIRE PATCH (vendor/glommio/QUIRE-PATCHES.md, "parked with runnable tasks"):
+            // upstream checked `need_preempt` before the first queue and returned false when it
+            // was already set, i.e. when anything (the preemption timer, a socket, a timer)
+            // completed in the latency ring between `poll_io` and this point. `run` takes false
+            // for idleness and parks, so queues whose tasks had just been woken (by a disk
+            // write's completion, say) stayed in `active_executors` while the thread slept
+            // until some unrelated event woke it: forever, if none came. Now a round always
+            // runs at least one task of the first active queue (see `run_one_task_queue`) and
+            // only later queues yield to a pending preemption, so an active queue is never
+            // reported idle and a pending preemption can never starve the executor either.
+            if ran && self.need_preempt() {
                 break;
             }
-            if !self.run_one_task_queue() {
+            if !self.run_one_task_queue(!ran) {
                 return false;
             } else {
                 ran = true;
@@ -1336,7 +1348,11 @@ impl LocalExecutor {
         ran
     }
 
-    fn run_one_task_queue(&self) -> bool {
+    /// Runs tasks of the active queue with the lowest vruntime until it is empty, yields, or
+    /// preemption is asked for; with `first_of_round` its first task runs even when preemption
+    /// is already pending (QUIRE PATCH, see `run_task_queues`). Returns false if no queue is
+    /// active.
+    fn run_one_task_queue(&self, first_of_round: bool) -> bool {
         let mut tq = self.queues.borrow_mut();
         let candidate = tq.active_executors.pop();
         tq.stats.scheduler_runs += 1;
@@ -1373,7 +1389,8 @@ impl LocalExecutor {
             let mut tasks_executed_this_loop = 0;
             loop {
                 let mut queue_ref = queue.borrow_mut();
-                if self.need_preempt() || queue_ref.yielded() {
+                let must_run = first_of_round && tasks_executed_this_loop == 0;
+                if (!must_run && self.need_preempt()) || queue_ref.yielded() {
                     break;
                 }
 
