@@ -1,9 +1,10 @@
 //! The one narrow seam between the engine and the disk.
 //!
 //! Every byte the engine reads or writes goes through [`Storage`] and [`StorageFile`]. The real
-//! implementation, [`DmaStorage`], uses glommio `DmaFile`s (O_DIRECT, io_uring). A crash-simulating
-//! disk (drops unsynced writes, tears the last one) can implement the same traits later and stand
-//! in for it in tests. No other module of this crate touches `std::fs` or glommio files.
+//! implementation, [`DmaStorage`], uses glommio `DmaFile`s (O_DIRECT, io_uring); the
+//! crash-simulating one, [`crate::sim_disk::SimStorage`] (drops unsynced writes, tears the last
+//! one), stands in for it in tests. No other module of this crate touches `std::fs` or glommio
+//! files.
 //!
 //! All writes are 4 KiB aligned in position and length ([`BLOCK_BYTES`]): that is what O_DIRECT
 //! needs, and it keeps the unit of torn writes we reason about in the format docs one block.
