@@ -586,6 +586,15 @@ fn run_workload(a: WorkloadArgs) -> Result<bool> {
     let mut all_clean = true;
     rt.block_on(async {
         let target = cw::Target::connect(&a.proxy, prefix, a.cpu_pids.clone()).await?;
+        // The limit is the proxy's (told at connect); a record above it fails every append, so
+        // a run would measure nothing but errors.
+        let record_limit = target.writer.record_size_bytes_max() as usize;
+        if p.size > record_limit {
+            bail!(
+                "--size {} is above the proxy's record limit of {record_limit} bytes",
+                p.size
+            );
+        }
         let processes: Vec<serde_json::Value> = a
             .cpu_pids
             .iter()

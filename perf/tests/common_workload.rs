@@ -246,3 +246,27 @@ fn unreachable_proxy_is_a_harness_error() {
         "{err}"
     );
 }
+
+// Goal: a `--size` above the proxy's record limit is a harness error (exit status 2) naming the
+// limit, found before any mode runs, not a run in which every append fails and which reports a
+// line of errors with exit status 1. Method: a real sandbox (record limit 1,040,384 bytes) and
+// `--size 2000000`.
+#[test]
+fn size_above_the_proxy_record_limit_is_a_harness_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sandbox = Sandbox::start(dir.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_quire-perf"))
+        .args(["workload", "--proxy", &sandbox.addr, "--modes", "latency"])
+        .args(["--size", "2000000", "--duration", "1", "--warmup", "0"])
+        .args(["--drain", "1"])
+        .output()
+        .expect("run quire-perf workload");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty(), "no JSON line");
+    assert!(
+        err.contains("--size 2000000 is above the proxy's record limit of 1040384 bytes"),
+        "{err}"
+    );
+    drop(sandbox);
+}
