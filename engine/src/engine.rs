@@ -4,7 +4,7 @@
 //! `ledgers`, `read_ahead` and `lac_watch` (the parts of a BookKeeper bookie's
 //! `InterleavedLedgerStorage`/`DbLedgerStorage` and `Journal`, one module each).
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::io as stdio;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -15,7 +15,6 @@ use crate::checkpoint::{checkpoint, checkpoint_loop, Checkpointer};
 use crate::entry_log::EntryLogs;
 use crate::format::{Record, LAC_NONE};
 use crate::gc::{Compaction, GcRun, GcState, IndexCheck, LogUsage};
-use crate::tombstones::Tombstones;
 use crate::index::Index;
 use crate::io::{DmaStorage, Storage, BLOCK_BYTES};
 use crate::journal::writer::writer_loop;
@@ -25,6 +24,7 @@ use crate::ledgers::Ledgers;
 use crate::open::open_inner;
 use crate::read_ahead::ReadAhead;
 use crate::throttle::Throttle;
+use crate::tombstones::Tombstones;
 use crate::write_cache::WriteCache;
 use crate::{EngineConfig, Error, GcStats, LacUpdate, LedgerState, ReadStats};
 
@@ -55,7 +55,7 @@ pub(crate) struct Inner<S: Storage> {
     /// Live bytes per entry log (entry-log metadata for garbage collection).
     pub usage: LogUsage,
     /// The durable list of deleted ledgers.
-    pub tombstones: RefCell<Tombstones<S::File>>,
+    pub tombstones: Tombstones<S::File>,
     /// Garbage-collection runs: one at a time, and their figures.
     pub gc: GcState,
     /// The engine's background task queue (checkpoints, journal pre-creation, GC).

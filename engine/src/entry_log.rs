@@ -212,7 +212,10 @@ impl<F: StorageFile> EntryLogs<F> {
     }
 
     /// Creates the next log: header written and synced, directory synced.
-    pub async fn create<S: Storage<File = F>>(&self, storage: &S) -> Result<EntryLogCursor<F>, Error> {
+    pub async fn create<S: Storage<File = F>>(
+        &self,
+        storage: &S,
+    ) -> Result<EntryLogCursor<F>, Error> {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         let path = self.path(id);
@@ -232,9 +235,7 @@ impl<F: StorageFile> EntryLogs<F> {
             .map_err(io_err("sync ledger dir", &self.dir, 0))?;
         let file = Rc::new(file);
         self.readers.borrow_mut().insert(id, file.clone());
-        self.sizes
-            .borrow_mut()
-            .insert(id, FILE_HEADER_BYTES as u64);
+        self.sizes.borrow_mut().insert(id, FILE_HEADER_BYTES as u64);
         Ok(EntryLogCursor {
             id,
             file,

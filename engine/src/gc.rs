@@ -197,7 +197,12 @@ pub(crate) async fn run<S: Storage>(
     deleted: &[u64],
     compaction: Compaction,
 ) -> Result<GcRun, Error> {
-    let _run = inner.gc.lock.acquire_permit(1).await.map_err(|_| Error::Closed)?;
+    let _run = inner
+        .gc
+        .lock
+        .acquire_permit(1)
+        .await
+        .map_err(|_| Error::Closed)?;
     let mut out = GcRun::default();
     let r = run_locked(inner, deleted, compaction, &mut out).await;
     let gc = &inner.gc;
@@ -279,11 +284,7 @@ async fn delete_ledgers<S: Storage>(
     // Under the checkpoint lock no snapshot of the write cache is being written, so no
     // checkpoint can publish locations of these ledgers after they are dropped.
     let _cp = inner.checkpointer.lock().await?;
-    inner
-        .tombstones
-        .borrow_mut()
-        .append(&inner.storage, &fresh)
-        .await?;
+    inner.tombstones.append(&inner.storage, &fresh).await?;
     for &ledger in &fresh {
         inner.ledgers.delete(ledger);
         inner.write_cache.remove_ledger(ledger);
@@ -331,7 +332,11 @@ async fn sync_ledger_dir<S: Storage>(inner: &Inner<S>) -> Result<(), Error> {
 
 /// Compacts every entry log (but the current one) whose live fraction is below `threshold`,
 /// emptiest first, into new logs.
-async fn compact<S: Storage>(inner: &Inner<S>, threshold: f64, out: &mut GcRun) -> Result<(), Error> {
+async fn compact<S: Storage>(
+    inner: &Inner<S>,
+    threshold: f64,
+    out: &mut GcRun,
+) -> Result<(), Error> {
     let candidates: Vec<u64> = {
         let _cp = inner.checkpointer.lock().await?;
         let current = inner.entry_logs.current_id();
@@ -406,10 +411,11 @@ async fn compact_log<S: Storage>(
             inner.throttle.admit(n).await;
             admitted += n;
         }
-        let b = file
-            .read_at(start, span)
-            .await
-            .map_err(io_err("read entry log for compaction", &path, start))?;
+        let b = file.read_at(start, span).await.map_err(io_err(
+            "read entry log for compaction",
+            &path,
+            start,
+        ))?;
         for &(ledger, entry, loc) in &live[i..j] {
             let at = (loc.offset - start) as usize;
             let rec = b.get(at..).unwrap_or(&[]);
@@ -487,7 +493,9 @@ async fn compact_log<S: Storage>(
     out.entry_logs_compacted += 1;
     out.entries_relocated += still.len() as u64;
     out.bytes_reclaimed += reclaimed;
-    inner.gc.count(|s| s.bytes_reclaimed_by_compaction += reclaimed);
+    inner
+        .gc
+        .count(|s| s.bytes_reclaimed_by_compaction += reclaimed);
     Ok(())
 }
 

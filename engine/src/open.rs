@@ -11,7 +11,6 @@ use crate::entry_log::EntryLogs;
 use crate::files::{corrupt, io_err, journal_name, parse_id};
 use crate::format::{Mark, FILE_HEADER_BYTES};
 use crate::gc::{GcState, LogUsage};
-use crate::tombstones::Tombstones;
 use crate::index::{create_index, Index, INDEX_FILE};
 use crate::io::{Storage, StorageFile};
 use crate::journal::files::{create_journal_file, list_journals};
@@ -21,6 +20,7 @@ use crate::lac_watch::LacWatchers;
 use crate::ledgers::Ledgers;
 use crate::read_ahead::ReadAhead;
 use crate::throttle::Throttle;
+use crate::tombstones::Tombstones;
 use crate::write_cache::WriteCache;
 use crate::{EngineConfig, Error};
 
@@ -135,7 +135,7 @@ pub(crate) async fn open_inner<S: Storage>(
     Ok(Inner {
         journal: Journal::new(cfg.journal_dir.clone(), cursor, background_tq),
         usage,
-        tombstones: std::cell::RefCell::new(tombstones),
+        tombstones,
         gc: GcState::new(),
         background_tq,
         write_cache,

@@ -4,8 +4,10 @@
 //! state never come back, and its adds and fences are refused for good (BookKeeper's failure
 //! mode of a fenced-then-deleted ledger written again, bookkeeper.md §failure modes 14).
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use crate::files::{check_header, corrupt, io_err};
 use crate::format::{
@@ -22,7 +24,8 @@ const TOMBSTONE_TMP_FILE: &str = "deleted-ledgers.qdl.tmp";
 /// The tombstone file: where the next group goes (`None` until the file exists).
 pub(crate) struct Tombstones<F> {
     dir: PathBuf,
-    file: Option<(F, u64)>,
+    /// The file and its end; appends are serialised by the caller (the GC lock).
+    file: RefCell<Option<(Rc<F>, u64)>>,
 }
 
 impl<F: StorageFile> Tombstones<F> {
@@ -39,17 +42,18 @@ impl<F: StorageFile> Tombstones<F> {
         let path = dir.join(TOMBSTONE_FILE);
         if names.iter().any(|n| n == TOMBSTONE_TMP_FILE) {
             let tmp = dir.join(TOMBSTONE_TMP_FILE);
-            storage
-                .remove(&tmp)
-                .await
-                .map_err(io_err("remove unfinished tombstone file", &tmp, 0))?;
+            storage.remove(&tmp).await.map_err(io_err(
+                "remove unfinished tombstone file",
+                &tmp,
+                0,
+            ))?;
         }
         let mut deleted = HashSet::new();
         if !names.iter().any(|n| n == TOMBSTONE_FILE) {
             return Ok((
                 Self {
                     dir: dir.to_path_buf(),
-                    file: None,
+                    file: RefCell::new(None),
                 },
                 deleted,
             ));
@@ -58,7 +62,10 @@ impl<F: StorageFile> Tombstones<F> {
             .open(&path, false)
             .await
             .map_err(io_err("open tombstones", &path, 0))?;
-        let size = f.size().await.map_err(io_err("stat tombstones", &path, 0))?;
+        let size = f
+            .size()
+            .await
+            .map_err(io_err("stat tombstones", &path, 0))?;
         let img = f
             .read_at(0, size as usize)
             .await
@@ -111,7 +118,7 @@ impl<F: StorageFile> Tombstones<F> {
         Ok((
             Self {
                 dir: dir.to_path_buf(),
-                file: Some((f, end as u64)),
+                file: RefCell::new(Some((Rc::new(f), end as u64))),
             },
             deleted,
         ))
@@ -121,7 +128,7 @@ impl<F: StorageFile> Tombstones<F> {
     /// and group in a temp file, synced, renamed, directory synced); later ones append a group
     /// and sync it.
     pub async fn append<S: Storage<File = F>>(
-        &mut self,
+        &self,
         storage: &S,
         ids: &[u64],
     ) -> Result<(), Error> {
@@ -130,22 +137,24 @@ impl<F: StorageFile> Tombstones<F> {
         }
         let group = encode_tombstone_group(ids);
         let path = self.dir.join(TOMBSTONE_FILE);
-        match &mut self.file {
+        let current = self.file.borrow().clone();
+        match current {
             Some((f, end)) => {
-                f.write_at(*end, &group)
+                f.write_at(end, &group)
                     .await
-                    .map_err(io_err("tombstones write", &path, *end))?;
+                    .map_err(io_err("tombstones write", &path, end))?;
                 f.fdatasync()
                     .await
-                    .map_err(io_err("tombstones fdatasync", &path, *end))?;
-                *end += group.len() as u64;
+                    .map_err(io_err("tombstones fdatasync", &path, end))?;
+                *self.file.borrow_mut() = Some((f, end + group.len() as u64));
             }
             None => {
                 let tmp = self.dir.join(TOMBSTONE_TMP_FILE);
-                let f = storage
-                    .open(&tmp, true)
-                    .await
-                    .map_err(io_err("create tombstones", &tmp, 0))?;
+                let f =
+                    storage
+                        .open(&tmp, true)
+                        .await
+                        .map_err(io_err("create tombstones", &tmp, 0))?;
                 let mut b = encode_file_header(TOMBSTONE_MAGIC, 0);
                 b.extend_from_slice(&group);
                 f.write_at(0, &b)
@@ -158,11 +167,12 @@ impl<F: StorageFile> Tombstones<F> {
                     .rename(&tmp, &path)
                     .await
                     .map_err(io_err("tombstones rename", &path, 0))?;
-                storage
-                    .sync_dir(&self.dir)
-                    .await
-                    .map_err(io_err("sync ledger dir", &self.dir, 0))?;
-                self.file = Some((f, b.len() as u64));
+                storage.sync_dir(&self.dir).await.map_err(io_err(
+                    "sync ledger dir",
+                    &self.dir,
+                    0,
+                ))?;
+                *self.file.borrow_mut() = Some((Rc::new(f), b.len() as u64));
             }
         }
         Ok(())

@@ -72,12 +72,19 @@ struct Model {
 }
 
 type Shared = Rc<RefCell<Model>>;
+/// (ledger, entry) and (bytes, acknowledged).
+type EntryItem = ((u64, u64), (Vec<u8>, bool));
 
 fn crash_explains(storage: &SimStorage, e: &Error) -> bool {
     matches!(e, Error::Io { .. }) && storage.crash_report().is_some()
 }
 
-async fn add(engine: &Engine<SimStorage>, m: &Shared, ledger: u64, len: usize) -> Result<(), Error> {
+async fn add(
+    engine: &Engine<SimStorage>,
+    m: &Shared,
+    ledger: u64,
+    len: usize,
+) -> Result<(), Error> {
     let entry = {
         let mut mm = m.borrow_mut();
         let n = mm.next_entry.entry(ledger).or_default();
@@ -88,7 +95,14 @@ async fn add(engine: &Engine<SimStorage>, m: &Shared, ledger: u64, len: usize) -
         e
     };
     let r = engine
-        .add_entry(ledger, entry, KEY, entry.checked_sub(1), payload(ledger, entry, len), false)
+        .add_entry(
+            ledger,
+            entry,
+            KEY,
+            entry.checked_sub(1),
+            payload(ledger, entry, len),
+            false,
+        )
         .await;
     if r.is_ok() {
         m.borrow_mut()
@@ -207,16 +221,25 @@ async fn verify(engine: &Engine<SimStorage>, m: &Shared, when: &str) -> Result<(
     // Only ledgers the test wrote: the deletion probe below would create an unknown one.
     let ledgers: Vec<u64> = m.borrow().next_entry.keys().copied().collect();
     for ledger in ledgers {
-        let state = m.borrow().deleted.get(&ledger).copied().unwrap_or(Deleted::No);
+        let state = m
+            .borrow()
+            .deleted
+            .get(&ledger)
+            .copied()
+            .unwrap_or(Deleted::No);
         let gone = engine.ledger_state(ledger).is_none()
             && matches!(
-                engine.add_entry(ledger, 1 << 40, [9; 20], None, vec![1], false).await,
+                engine
+                    .add_entry(ledger, 1 << 40, [9; 20], None, vec![1], false)
+                    .await,
                 Err(Error::LedgerDeleted { .. })
             );
         match (state, gone) {
             (Deleted::Yes, false) => return Err(fail(format!("deleted ledger {ledger} is back"))),
             (Deleted::No, true) => {
-                return Err(fail(format!("ledger {ledger} was deleted but never asked to be")))
+                return Err(fail(format!(
+                    "ledger {ledger} was deleted but never asked to be"
+                )))
             }
             (Deleted::Either, g) => {
                 m.borrow_mut()
@@ -242,7 +265,10 @@ async fn verify(engine: &Engine<SimStorage>, m: &Shared, when: &str) -> Result<(
                 Err(Error::LedgerDeleted { .. }) => {}
                 other => return Err(fail(format!("fence of deleted ledger {ledger}: {other:?}"))),
             }
-            match engine.add_entry(ledger, 0, KEY, None, vec![1, 2, 3], true).await {
+            match engine
+                .add_entry(ledger, 0, KEY, None, vec![1, 2, 3], true)
+                .await
+            {
                 Err(Error::LedgerDeleted { .. }) => {}
                 other => {
                     return Err(fail(format!(
@@ -252,7 +278,7 @@ async fn verify(engine: &Engine<SimStorage>, m: &Shared, when: &str) -> Result<(
             }
             continue;
         }
-        let entries: Vec<((u64, u64), (Vec<u8>, bool))> = m
+        let entries: Vec<EntryItem> = m
             .borrow()
             .entries
             .range((ledger, 0)..=(ledger, u64::MAX))
@@ -308,7 +334,10 @@ async fn finish_and_check(
     when: &str,
 ) -> Result<(), String> {
     let fail = |s: String| format!("{when}: {s}");
-    engine.checkpoint().await.map_err(|e| fail(format!("checkpoint: {e}")))?;
+    engine
+        .checkpoint()
+        .await
+        .map_err(|e| fail(format!("checkpoint: {e}")))?;
     let doomed: Vec<u64> = m
         .borrow()
         .deleted
@@ -321,7 +350,10 @@ async fn finish_and_check(
         .await
         .map_err(|e| fail(format!("collect_garbage: {e}")))?;
     if run.ledgers_deleted != 0 {
-        return Err(fail(format!("{} deleted ledgers were not tombstoned", run.ledgers_deleted)));
+        return Err(fail(format!(
+            "{} deleted ledgers were not tombstoned",
+            run.ledgers_deleted
+        )));
     }
     engine
         .compact_entry_logs(0.95)
@@ -553,7 +585,9 @@ fn gc_reclaims_disk_space() {
         .spawn(|| async {
             let m: Shared = Rc::new(RefCell::new(Model::default()));
             let storage = SimStorage::new(7);
-            let engine = Engine::open_with(sim_config(), storage.clone()).await.unwrap();
+            let engine = Engine::open_with(sim_config(), storage.clone())
+                .await
+                .unwrap();
             for _ in 0..20 {
                 for ledger in 1..=4 {
                     add(&engine, &m, ledger, 1000).await.unwrap();

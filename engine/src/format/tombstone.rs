@@ -28,7 +28,10 @@ pub fn encode_tombstone_group(ids: &[u64]) -> Vec<u8> {
 /// Outcome of decoding the group at the start of a byte slice.
 #[derive(Debug, PartialEq, Eq)]
 pub enum TombstoneDecode {
-    Ok { ids: Vec<u64>, padded_bytes: usize },
+    Ok {
+        ids: Vec<u64>,
+        padded_bytes: usize,
+    },
     /// A zero magic: the end of the groups.
     Zeros,
     Bad(String),
@@ -89,7 +92,10 @@ mod tests {
         );
         let mut bad = b.clone();
         bad[100] ^= 1;
-        assert!(matches!(decode_tombstone_group(&bad), TombstoneDecode::Bad(_)));
+        assert!(matches!(
+            decode_tombstone_group(&bad),
+            TombstoneDecode::Bad(_)
+        ));
         assert!(matches!(
             decode_tombstone_group(&b[..4096]),
             TombstoneDecode::Bad(_)
