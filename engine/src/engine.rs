@@ -438,7 +438,10 @@ impl<S: Storage + 'static> Engine<S> {
     ///
     /// # Errors
     /// `Io`; `Corrupt` when a record being copied fails its check (the log is kept);
-    /// `Closed`. On error nothing acknowledged is lost and the next run retries.
+    /// `Closed` (also when the engine is closed during the run, which then stops before its
+    /// next step). On error nothing acknowledged is lost and the next run retries.
+    /// # Cancellation
+    /// Dropping the future does not stop the run; it goes on in the background queue.
     pub async fn collect_garbage(&self, deleted: &[u64]) -> Result<GcRun, Error> {
         self.gc_task(deleted.to_vec(), Compaction::Scheduled).await
     }
@@ -467,7 +470,9 @@ impl<S: Storage + 'static> Engine<S> {
             file_offset_bytes: 0,
             source: stdio::Error::other(e.to_string()),
         })?;
-        task.await
+        // Detached: dropping the caller's future does not cut a run short between two steps
+        // that belong together; a close makes the run stop at its next step instead.
+        task.detach().await.unwrap_or(Err(Error::Closed))
     }
 
     /// Garbage-collection figures since open, with the entry logs' size and live bytes now.

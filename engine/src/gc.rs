@@ -360,6 +360,9 @@ async fn compact<S: Storage>(
     };
     let mut output: Option<EntryLogCursor<S::File>> = None;
     for id in candidates {
+        if inner.closed.get() {
+            return Err(Error::Closed);
+        }
         compact_log(inner, id, &mut output, out).await?;
     }
     Ok(())
@@ -392,6 +395,9 @@ async fn compact_log<S: Storage>(
     let mut copied_bytes = 0u64;
     let mut i = 0;
     while i < live.len() {
+        if inner.closed.get() {
+            return Err(Error::Closed);
+        }
         let start = live[i].2.offset;
         let mut end = start + record_bytes(live[i].2);
         let mut j = i + 1;
