@@ -65,15 +65,21 @@ pub fn deleted_ledgers_channel() -> (DeletedLedgers, DeletedLedgersQueries) {
     (DeletedLedgers(tx), DeletedLedgersQueries(rx))
 }
 
+impl DeletedLedgers {
+    /// Asks which of `candidates` are deleted and waits for the answer, on any runtime;
+    /// `None` if the receiving end is gone or dropped the question.
+    pub async fn query(&self, candidates: Vec<u64>) -> Option<Vec<u64>> {
+        let (reply, answer) = flume::bounded(1);
+        let query = DeletedLedgersQuery { candidates, reply };
+        self.0.send_async(query).await.ok()?;
+        answer.recv_async().await.ok()
+    }
+}
+
 /// Asks which of `candidates` are deleted; an empty answer on any failure.
 async fn ask(metadata: &DeletedLedgers, candidates: Vec<u64>) -> Vec<u64> {
     let asked: HashSet<u64> = candidates.iter().copied().collect();
-    let (reply, answer) = flume::bounded(1);
-    let query = DeletedLedgersQuery { candidates, reply };
-    let asked_and_answered = async {
-        metadata.0.send_async(query).await.ok()?;
-        answer.recv_async().await.ok()
-    };
+    let asked_and_answered = metadata.query(candidates);
     let timed_out = async {
         glommio::timer::sleep(GC_ANSWER_WAIT_MAX).await;
         None
