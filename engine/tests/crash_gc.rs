@@ -48,6 +48,9 @@ fn sim_config() -> EngineConfig {
     c.background_write_bytes_per_second = 0;
     c.background_sync_bytes = 8 << 10;
     // Compaction only when asked.
+    // Reads go to the entry logs (no read-ahead, no read cache), so that they meet compaction.
+    c.read_ahead_entries = 0;
+    c.read_cache_bytes_max = 1;
     c.minor_compaction_interval = Duration::ZERO;
     c.major_compaction_interval = Duration::ZERO;
     c
@@ -177,6 +180,22 @@ async fn gc_phase(
                     Err(e) if crash_explains(&storage, &e) => return Ok(()),
                     Err(e) => return Err(format!("concurrent add: {e}")),
                 }
+                if i % 3 == 1 {
+                    // A recovery add rewrites an entry with its own bytes (what a recovering
+                    // writer does): its new copy moves it out of the log being compacted.
+                    let e = (i / 2) as u64;
+                    let data = m.borrow().entries.get(&(ledger, e)).map(|d| d.0.clone());
+                    if let Some(data) = data {
+                        match engine
+                            .add_entry(ledger, e, KEY, e.checked_sub(1), data, true)
+                            .await
+                        {
+                            Ok(()) => {}
+                            Err(e) if crash_explains(&storage, &e) => return Ok(()),
+                            Err(e) => return Err(format!("concurrent recovery add: {e}")),
+                        }
+                    }
+                }
                 if i % 4 == 3 {
                     match engine.checkpoint().await {
                         Ok(()) => {}
@@ -188,6 +207,44 @@ async fn gc_phase(
             Ok::<(), String>(())
         })
     });
+    // Reads of live ledgers' acknowledged entries go on throughout and must all succeed,
+    // also when compaction moves an entry and deletes its log under the read.
+    let done = Rc::new(std::cell::Cell::new(false));
+    let reader = {
+        let (engine, m, storage, done) = (engine.clone(), m.clone(), storage.clone(), done.clone());
+        let doomed = doomed.to_vec();
+        glommio::spawn_local(async move {
+            let keys: Vec<(u64, u64)> = m
+                .borrow()
+                .entries
+                .iter()
+                .filter(|((l, _), (_, a))| *a && !doomed.contains(l))
+                .map(|(k, _)| *k)
+                .collect();
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let mut n = 0u64;
+            // Bounded, and yielding, so that the GC phase's length stays that of the GC.
+            for _ in 0..400 {
+                if done.get() {
+                    break;
+                }
+                n = n
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let (l, e) = keys[(n >> 33) as usize % keys.len()];
+                match engine.read_entry(l, Some(e)).await {
+                    Ok(got) if m.borrow().entries.get(&(l, e)).is_some_and(|d| d.0 == got) => {}
+                    Ok(_) => return Err(format!("live read of {l}/{e} returned other bytes")),
+                    Err(err) if crash_explains(&storage, &err) => return Ok(()),
+                    Err(err) => return Err(format!("live read of {l}/{e} during GC: {err}")),
+                }
+                futures_lite::future::yield_now().await;
+            }
+            Ok::<(), String>(())
+        })
+    };
     let gc = async {
         match engine.collect_garbage(doomed).await {
             Ok(run) => {
@@ -208,9 +265,11 @@ async fn gc_phase(
         }
     };
     let r = gc.await;
+    done.set(true);
     if let Some(w) = writer {
         w.await?;
     }
+    reader.await?;
     r
 }
 
