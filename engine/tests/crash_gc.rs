@@ -683,3 +683,56 @@ fn gc_reclaims_disk_space() {
         .join();
     out.expect("executor panicked");
 }
+
+#[test]
+fn scheduled_compaction_follows_minor_and_major_intervals() {
+    // Goal: collect_garbage compacts only when an interval has passed: major (0.8) when its
+    // interval passed, else minor (0.2), none with both disabled (zero). Method: three engines
+    // with different intervals; a run right after open and one after the intervals passed.
+    let out = LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(1 << 20)
+        .spawn(|| async {
+            let mut cfg = sim_config();
+            let engine = Engine::open_with(cfg.clone(), SimStorage::new(1))
+                .await
+                .unwrap();
+            let run = engine.collect_garbage(&[]).await.unwrap();
+            assert_eq!(run.compaction_threshold, None, "both intervals disabled");
+
+            cfg.minor_compaction_interval = Duration::from_millis(30);
+            cfg.major_compaction_interval = Duration::from_secs(3600);
+            let engine = Engine::open_with(cfg.clone(), SimStorage::new(2))
+                .await
+                .unwrap();
+            let run = engine.collect_garbage(&[]).await.unwrap();
+            assert_eq!(run.compaction_threshold, None, "counted from open");
+            glommio::timer::sleep(Duration::from_millis(40)).await;
+            let run = engine.collect_garbage(&[]).await.unwrap();
+            assert_eq!(run.compaction_threshold, Some(0.2));
+            let run = engine.collect_garbage(&[]).await.unwrap();
+            assert_eq!(
+                run.compaction_threshold, None,
+                "the minor interval restarted"
+            );
+
+            cfg.minor_compaction_interval = Duration::from_millis(30);
+            cfg.major_compaction_interval = Duration::from_millis(30);
+            let engine = Engine::open_with(cfg, SimStorage::new(3)).await.unwrap();
+            glommio::timer::sleep(Duration::from_millis(40)).await;
+            let run = engine.collect_garbage(&[]).await.unwrap();
+            assert_eq!(run.compaction_threshold, Some(0.8), "major wins");
+            let run = engine.collect_garbage(&[]).await.unwrap();
+            assert_eq!(
+                run.compaction_threshold, None,
+                "a major run restarts the minor interval"
+            );
+            let s = engine.gc_stats();
+            assert_eq!(
+                (s.major_compactions, s.minor_compactions, s.runs),
+                (1, 0, 2)
+            );
+        })
+        .expect("spawn executor")
+        .join();
+    out.expect("executor panicked");
+}
