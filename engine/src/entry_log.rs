@@ -80,13 +80,13 @@ impl<F: StorageFile> EntryLogs<F> {
     /// directory afterwards). Returns its size in bytes.
     pub async fn remove<S: Storage<File = F>>(&self, storage: &S, id: u64) -> Result<u64, Error> {
         let path = self.path(id);
-        self.readers.borrow_mut().remove(&id);
-        let size = self.sizes.borrow_mut().remove(&id).unwrap_or(0);
         storage
             .remove(&path)
             .await
             .map_err(io_err("remove entry log", &path, 0))?;
-        Ok(size)
+        // A read holding the open file goes on reading the removed inode.
+        self.readers.borrow_mut().remove(&id);
+        Ok(self.sizes.borrow_mut().remove(&id).unwrap_or(0))
     }
 
     /// Path of log `id`.
