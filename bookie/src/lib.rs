@@ -18,6 +18,7 @@
 //! (each glommio executor is two threads: the executor and its blocking pool).
 
 mod conn;
+mod gc;
 mod ops;
 mod shard;
 
@@ -32,6 +33,10 @@ use tracing::Instrument;
 use crate::shard::{Control, Event, ShardArgs, FORWARD_QUEUE_MAX};
 
 pub use crate::conn::IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX;
+pub use crate::gc::{
+    deleted_ledgers_channel, DeletedLedgers, DeletedLedgersQueries, DeletedLedgersQuery,
+    GC_ANSWER_WAIT_MAX, GC_INTERVAL_DEFAULT,
+};
 
 /// Default glommio `io_memory` per executor: 2 MiB, small enough for an 8 MiB memlock limit.
 pub const IO_MEMORY_BYTES_DEFAULT: usize = 2 * 1024 * 1024;
@@ -92,6 +97,13 @@ pub struct BookieConfig {
     pub cpu_set: Vec<usize>,
     /// Engine settings for every shard; its directories are replaced per shard.
     pub engine: quire_engine::EngineConfig,
+    /// Time between garbage-collection runs on each shard (BookKeeper `gcWaitTime`, default
+    /// 600 s); zero disables garbage collection.
+    pub gc_interval: std::time::Duration,
+    /// Where shards ask which of their ledgers are deleted in the metadata store (see
+    /// [`deleted_ledgers_channel`]). `None`: no ledger is ever deleted, while entry logs
+    /// without live entries are still removed and compaction still runs.
+    pub gc_deleted_ledgers: Option<DeletedLedgers>,
 }
 
 impl BookieConfig {
@@ -114,6 +126,8 @@ impl BookieConfig {
             io_memory_bytes: IO_MEMORY_BYTES_DEFAULT,
             cpu_set: Vec::new(),
             engine,
+            gc_interval: GC_INTERVAL_DEFAULT,
+            gc_deleted_ledgers: None,
         }
     }
 
@@ -233,6 +247,8 @@ impl Bookie {
                 events: events_tx,
                 forward_rx,
                 peers: forward_txs.clone(),
+                gc_interval: config.gc_interval,
+                gc_deleted_ledgers: config.gc_deleted_ledgers.clone(),
             };
             // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the
             // test harness hurts more than it helps (reference/infra.md §2).

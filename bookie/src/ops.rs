@@ -153,6 +153,9 @@ pub(crate) type Outcome = Result<Done, Failure>;
 pub(crate) fn status_of(err: &EngineError) -> Status {
     match err {
         EngineError::Fenced { .. } => Status::Fenced,
+        // Only adds and fences meet a deleted ledger (its reads answer NoSuchLedger): like a
+        // fenced one it refuses writes for good, and a writer told `Fenced` stops writing.
+        EngineError::LedgerDeleted { .. } => Status::Fenced,
         EngineError::Unauthorized { .. } => Status::Unauthorized,
         EngineError::NoSuchLedger { .. } => Status::NoSuchLedger,
         EngineError::NoSuchEntry { .. } => Status::NoSuchEntry,

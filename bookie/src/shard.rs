@@ -69,6 +69,8 @@ pub(crate) struct ShardArgs {
     pub(crate) forward_rx: flume::Receiver<Forwarded>,
     /// One sender per shard, indexed by shard (this shard's own entry is unused).
     pub(crate) peers: Vec<flume::Sender<Forwarded>>,
+    pub(crate) gc_interval: Duration,
+    pub(crate) gc_deleted_ledgers: Option<crate::gc::DeletedLedgers>,
 }
 
 /// The serving state of one shard. Shard-local (`!Send`): lives on its executor thread.
@@ -211,6 +213,8 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         events,
         forward_rx,
         peers,
+        gc_interval,
+        gc_deleted_ledgers,
     } = args;
     let engine = match Engine::open(engine).await {
         Ok(e) => e,
@@ -277,6 +281,14 @@ pub(crate) async fn shard_main(args: ShardArgs) {
     });
     let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
     let accept_task = glommio::spawn_local(accept_loop(shard.clone(), listener));
+    let gc_task = (!gc_interval.is_zero()).then(|| {
+        glommio::spawn_local(crate::gc::gc_loop(
+            engine.clone(),
+            index,
+            gc_interval,
+            gc_deleted_ledgers,
+        ))
+    });
 
     // Serve until told to stop (or until the controller vanished).
     let mut close_now = false;
@@ -307,6 +319,11 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         }
     }
     forward_task.cancel().await;
+    // Only the loop stops here: a run it started goes on detached and stops at its next step
+    // once the engine is closed.
+    if let Some(t) = gc_task {
+        t.cancel().await;
+    }
     let result = engine.close().await;
     match &result {
         Ok(()) => tracing::info!("engine closed"),

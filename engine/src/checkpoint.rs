@@ -50,6 +50,49 @@ impl Checkpointer {
     pub fn request(&self) {
         self.signal.notify();
     }
+
+    /// Takes the checkpoint lock: while it is held no checkpoint runs, so every entry log a
+    /// checkpoint wrote is indexed and published, and the mark is this holder's to move
+    /// (garbage collection and compaction hold it while they change locations or delete logs).
+    pub async fn lock(&self) -> Result<glommio::sync::Permit<'_>, Error> {
+        self.lock.acquire_permit(1).await.map_err(|_| Error::Closed)
+    }
+}
+
+/// Commits relocated entries (compaction's new locations) with the checkpoint lock held: one
+/// index segment of locations only, synced, then the mark with the new index length (journal
+/// position unchanged), then publishes them. Before the mark is written the old locations stay
+/// in force, so a crash loses nothing: the copies are unreferenced bytes in a newer log.
+pub(crate) async fn commit_relocations<S: Storage>(
+    inner: &Inner<S>,
+    _lock: &glommio::sync::Permit<'_>,
+    locations: &[(u64, u64, Location)],
+) -> Result<(), Error> {
+    if locations.is_empty() {
+        return Ok(());
+    }
+    let cp = &inner.checkpointer;
+    let old_mark = cp.mark.get();
+    let seg = encode_segment(locations, &[]);
+    inner
+        .index
+        .append_segment(old_mark.index_bytes, &seg, &inner.throttle)
+        .await?;
+    let mark = Mark {
+        index_bytes: old_mark.index_bytes + seg.len() as u64,
+        ..old_mark
+    };
+    write_mark(&inner.storage, &inner.cfg.ledger_dir, &mark).await?;
+    cp.mark.set(mark);
+    inner.read_ahead.invalidate(locations);
+    for &(ledger, entry, loc) in locations {
+        if let Some(old) = inner.index.location(ledger, entry) {
+            inner.usage.remove(ledger, old);
+        }
+        inner.usage.add(ledger, loc);
+    }
+    inner.index.publish(locations);
+    Ok(())
 }
 
 /// The background checkpointer: one checkpoint every `checkpoint_interval` or on request,
@@ -84,6 +127,13 @@ pub(crate) async fn checkpoint<S: Storage>(inner: &Inner<S>) -> Result<(), Error
     let mark = match result {
         Ok((locations, mark)) => {
             inner.read_ahead.invalidate(&locations);
+            // Entry-log usage: a recovery add that rewrote an entry leaves its old copy dead.
+            for &(ledger, entry, loc) in &locations {
+                if let Some(old) = inner.index.location(ledger, entry) {
+                    inner.usage.remove(ledger, old);
+                }
+                inner.usage.add(ledger, loc);
+            }
             inner.index.publish(&locations);
             cp.mark.set(mark);
             mark

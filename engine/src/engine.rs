@@ -9,11 +9,12 @@ use std::io as stdio;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use glommio::{Latency, Shares};
+use glommio::{Latency, Shares, TaskQueueHandle};
 
 use crate::checkpoint::{checkpoint, checkpoint_loop, Checkpointer};
 use crate::entry_log::EntryLogs;
 use crate::format::{Record, LAC_NONE};
+use crate::gc::{Compaction, GcRun, GcState, IndexCheck, LogUsage};
 use crate::index::Index;
 use crate::io::{DmaStorage, Storage, BLOCK_BYTES};
 use crate::journal::writer::writer_loop;
@@ -23,8 +24,9 @@ use crate::ledgers::Ledgers;
 use crate::open::open_inner;
 use crate::read_ahead::ReadAhead;
 use crate::throttle::Throttle;
+use crate::tombstones::Tombstones;
 use crate::write_cache::WriteCache;
-use crate::{EngineConfig, Error, LacUpdate, LedgerState, ReadStats};
+use crate::{EngineConfig, Error, GcStats, LacUpdate, LedgerState, ReadStats};
 
 /// glommio shares of the journal writer's task queue (latency-sensitive).
 const JOURNAL_QUEUE_SHARES: usize = 1000;
@@ -47,8 +49,17 @@ pub(crate) struct Inner<S: Storage> {
     pub read_ahead: ReadAhead,
     pub lac_watchers: LacWatchers,
     pub checkpointer: Checkpointer,
-    /// Pacing of bulk writes against the journal (checkpoints, journal pre-creation).
+    /// Pacing of bulk writes against the journal (checkpoints, journal pre-creation,
+    /// compaction).
     pub throttle: Throttle,
+    /// Live bytes per entry log (entry-log metadata for garbage collection).
+    pub usage: LogUsage,
+    /// The durable list of deleted ledgers.
+    pub tombstones: Tombstones<S::File>,
+    /// Garbage-collection runs: one at a time, and their figures.
+    pub gc: GcState,
+    /// The engine's background task queue (checkpoints, journal pre-creation, GC).
+    pub background_tq: TaskQueueHandle,
 }
 
 impl<S: Storage> Inner<S> {
@@ -61,6 +72,15 @@ impl<S: Storage> Inner<S> {
 /// Applies a durable journal record to the ledger table and the write cache (the writer after
 /// each sync, and replay on open).
 pub(crate) fn apply_durable(ledgers: &Ledgers, write_cache: &WriteCache, record: Record) {
+    // An add or fence journaled before its ledger was deleted (in flight at the deletion, or
+    // replayed from before it) must not bring the ledger back.
+    let ledger = match &record {
+        Record::Add { ledger, .. } | Record::Fence { ledger, .. } => *ledger,
+        Record::BatchHeader { .. } => unreachable!("batch headers are not applied"),
+    };
+    if ledgers.is_deleted(ledger) {
+        return;
+    }
     match record {
         Record::Add {
             ledger,
@@ -235,17 +255,32 @@ impl<S: Storage + 'static> Engine<S> {
             inner.read_ahead.count(|s| s.read_cache_hits += 1);
             return Ok(d.as_ref().clone());
         }
-        let (loc, plan) = inner.index.with_ledger(ledger, |entries| {
-            let entries = entries.ok_or(Error::NoSuchEntry { ledger, entry })?;
-            let loc = *entries
-                .get(&entry)
-                .ok_or(Error::NoSuchEntry { ledger, entry })?;
-            Ok::<_, Error>((loc, inner.read_ahead.plan(entries, entry, loc)))
-        })?;
-        inner
+        let lookup = || {
+            inner.index.with_ledger(ledger, |entries| {
+                let entries = entries.ok_or(Error::NoSuchEntry { ledger, entry })?;
+                let loc = *entries
+                    .get(&entry)
+                    .ok_or(Error::NoSuchEntry { ledger, entry })?;
+                Ok::<_, Error>((loc, inner.read_ahead.plan(entries, entry, loc)))
+            })
+        };
+        let (loc, plan) = lookup()?;
+        let r = inner
             .read_ahead
             .read(&inner.storage, &inner.entry_logs, ledger, entry, loc, &plan)
-            .await
+            .await;
+        match r {
+            // Compaction may have moved the entry and deleted its old log between the lookup
+            // and the read: look up again and read the new copy.
+            Err(Error::Io { .. }) if inner.index.location(ledger, entry) != Some(loc) => {
+                let (loc, plan) = lookup()?;
+                inner
+                    .read_ahead
+                    .read(&inner.storage, &inner.entry_logs, ledger, entry, loc, &plan)
+                    .await
+            }
+            r => r,
+        }
     }
 
     /// Whether entry `entry` of `ledger` would be answered from memory (write cache or read
@@ -378,6 +413,87 @@ impl<S: Storage + 'static> Engine<S> {
         let r = checkpoint(inner).await;
         inner.checkpointer.request();
         r
+    }
+
+    /// Ids of the ledgers this shard holds a state for (sorted): the local ledger set that
+    /// garbage collection compares with the metadata store (BookKeeper's
+    /// `ScanAndCompareGarbageCollector` snapshots it before reading the metadata).
+    pub fn ledger_ids(&self) -> Vec<u64> {
+        self.inner.ledgers.ids()
+    }
+
+    /// One garbage-collection run on the engine's background task queue (BookKeeper's
+    /// `GarbageCollectorThread` pass): tombstones the ledgers of `deleted` (the caller found
+    /// them gone from the metadata store; a failed or partial metadata read must never put a
+    /// ledger here), deletes entry logs with no live entry left, and runs the minor (below
+    /// `minor_compaction_threshold`) or major (below `major_compaction_threshold`) compaction
+    /// when its interval has passed since the last one or since open.
+    ///
+    /// A deleted ledger's adds and fences are refused with `LedgerDeleted` from then on, also
+    /// after a restart; reads of it answer `NoSuchLedger`. Compaction copies an entry log's live
+    /// entries into a new log, syncs it, commits the new locations (index segment, then the
+    /// checkpoint mark) and only then deletes the old log; its reads and writes go through the
+    /// bulk throttle (`background_write_bytes_per_second`, and never while a journal write or
+    /// sync is in flight).
+    ///
+    /// # Errors
+    /// `Io`; `Corrupt` when a record being copied fails its check (the log is kept);
+    /// `Closed` (also when the engine is closed during the run, which then stops before its
+    /// next step). On error nothing acknowledged is lost and the next run retries.
+    /// # Cancellation
+    /// Dropping the future does not stop the run; it goes on in the background queue.
+    pub async fn collect_garbage(&self, deleted: &[u64]) -> Result<GcRun, Error> {
+        self.gc_task(deleted.to_vec(), Compaction::Scheduled).await
+    }
+
+    /// Like [`Engine::collect_garbage`] with no deleted ledgers, compacting now every entry log
+    /// whose live fraction is below `threshold` (0.0 to 1.0; BookKeeper's forced GC). Deletes
+    /// entry logs with no live entry first.
+    pub async fn compact_entry_logs(&self, threshold: f64) -> Result<GcRun, Error> {
+        self.gc_task(Vec::new(), Compaction::Threshold(threshold))
+            .await
+    }
+
+    async fn gc_task(&self, deleted: Vec<u64>, compaction: Compaction) -> Result<GcRun, Error> {
+        let inner = self.inner.clone();
+        if inner.closed.get() {
+            return Err(Error::Closed);
+        }
+        let tq = inner.background_tq;
+        let task = glommio::spawn_local_into(
+            async move { crate::gc::run(&inner, &deleted, compaction).await },
+            tq,
+        )
+        .map_err(|e| Error::Io {
+            op: "spawn garbage collection",
+            path: self.inner.cfg.ledger_dir.clone(),
+            file_offset_bytes: 0,
+            source: stdio::Error::other(e.to_string()),
+        })?;
+        // Detached: dropping the caller's future does not cut a run short between two steps
+        // that belong together; a close makes the run stop at its next step instead.
+        task.detach().await.unwrap_or(Err(Error::Closed))
+    }
+
+    /// Garbage-collection figures since open, with the entry logs' size and live bytes now.
+    pub fn gc_stats(&self) -> GcStats {
+        let inner = &self.inner;
+        let mut s = inner.gc.stats();
+        let sizes = inner.entry_logs.sizes();
+        s.entry_logs = sizes.len() as u64;
+        s.entry_log_bytes = sizes.iter().map(|(_, b)| b).sum();
+        s.live_bytes = inner.usage.total_live();
+        s
+    }
+
+    /// Reads back every entry the index points to and checks its record (CRC32C, ledger, entry,
+    /// length) and that its entry log exists: a consistency check (BookKeeper's
+    /// `localconsistencycheck`). Holds the checkpoint lock while it runs.
+    ///
+    /// # Errors
+    /// `Corrupt` naming the first bad or missing record; `Io`.
+    pub async fn verify_index(&self) -> Result<IndexCheck, Error> {
+        crate::gc::verify_index(&self.inner).await
     }
 
     /// Number of journal fdatasyncs issued since open (group-commit observability).

@@ -21,11 +21,12 @@ use crate::Error;
 /// Entry-log bytes buffered before one write during a checkpoint.
 const ENTRY_LOG_WRITE_BYTES_MAX: usize = 1 << 20;
 
-/// The entry log being appended to by checkpoints.
-struct EntryLogCursor<F> {
-    id: u64,
-    file: Rc<F>,
-    pos: u64,
+/// An entry log being appended to (by checkpoints, or by a compaction run).
+pub(crate) struct EntryLogCursor<F> {
+    pub id: u64,
+    pub file: Rc<F>,
+    /// Where the next write goes (block aligned).
+    pub pos: u64,
 }
 
 /// The entry logs of a ledger directory: the one checkpoints append to and the ones read.
@@ -37,6 +38,9 @@ pub(crate) struct EntryLogs<F> {
     next_id: Cell<u64>,
     /// Open files by log id, shared by readers and the writer.
     readers: RefCell<HashMap<u64, Rc<F>>>,
+    /// Size in bytes of every entry log on disk (its write end), by id: the denominator of a
+    /// log's live fraction for garbage collection.
+    sizes: RefCell<HashMap<u64, u64>>,
 }
 
 impl<F: StorageFile> EntryLogs<F> {
@@ -49,7 +53,40 @@ impl<F: StorageFile> EntryLogs<F> {
             current: RefCell::new(None),
             next_id: Cell::new(next_id),
             readers: RefCell::new(HashMap::new()),
+            sizes: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Records an entry log found on disk at open, of `size_bytes`, opened as `file`.
+    pub fn register_existing(&self, id: u64, size_bytes: u64, file: F) {
+        self.sizes.borrow_mut().insert(id, size_bytes);
+        self.readers.borrow_mut().insert(id, Rc::new(file));
+    }
+
+    /// Every entry log on disk, `(id, size in bytes)`, sorted by id.
+    pub fn sizes(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self.sizes.borrow().iter().map(|(k, v)| (*k, *v)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The log checkpoints append to now, if one is open (never garbage collected: it grows).
+    /// While a checkpoint runs the cursor is taken out; callers hold the checkpoint lock.
+    pub fn current_id(&self) -> Option<u64> {
+        self.current.borrow().as_ref().map(|c| c.id)
+    }
+
+    /// Deletes log `id` (the caller made sure no index entry points into it, and syncs the
+    /// directory afterwards). Returns its size in bytes.
+    pub async fn remove<S: Storage<File = F>>(&self, storage: &S, id: u64) -> Result<u64, Error> {
+        let path = self.path(id);
+        storage
+            .remove(&path)
+            .await
+            .map_err(io_err("remove entry log", &path, 0))?;
+        // A read holding the open file goes on reading the removed inode.
+        self.readers.borrow_mut().remove(&id);
+        Ok(self.sizes.borrow_mut().remove(&id).unwrap_or(0))
     }
 
     /// Path of log `id`.
@@ -145,7 +182,7 @@ impl<F: StorageFile> EntryLogs<F> {
     }
 
     /// Writes `buf` (padded to a block) at the cursor position; returns the bytes written.
-    async fn flush_buf(
+    pub async fn flush_buf(
         &self,
         c: &EntryLogCursor<F>,
         buf: &mut Vec<u8>,
@@ -161,10 +198,11 @@ impl<F: StorageFile> EntryLogs<F> {
             .map_err(|(at, e)| io_err("entry log write", &path, at)(e))?;
         let n = buf.len() as u64;
         buf.clear();
+        self.sizes.borrow_mut().insert(c.id, c.pos + n);
         Ok(n)
     }
 
-    async fn sync(&self, c: EntryLogCursor<F>) -> Result<EntryLogCursor<F>, Error> {
+    pub async fn sync(&self, c: EntryLogCursor<F>) -> Result<EntryLogCursor<F>, Error> {
         let path = self.path(c.id);
         c.file
             .fdatasync()
@@ -174,7 +212,10 @@ impl<F: StorageFile> EntryLogs<F> {
     }
 
     /// Creates the next log: header written and synced, directory synced.
-    async fn create<S: Storage<File = F>>(&self, storage: &S) -> Result<EntryLogCursor<F>, Error> {
+    pub async fn create<S: Storage<File = F>>(
+        &self,
+        storage: &S,
+    ) -> Result<EntryLogCursor<F>, Error> {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         let path = self.path(id);
@@ -194,6 +235,7 @@ impl<F: StorageFile> EntryLogs<F> {
             .map_err(io_err("sync ledger dir", &self.dir, 0))?;
         let file = Rc::new(file);
         self.readers.borrow_mut().insert(id, file.clone());
+        self.sizes.borrow_mut().insert(id, FILE_HEADER_BYTES as u64);
         Ok(EntryLogCursor {
             id,
             file,

@@ -107,6 +107,34 @@ impl<F: StorageFile> Index<F> {
         }
     }
 
+    /// Drops every location of `ledger` from the in-memory index (a deleted ledger, garbage
+    /// collection); returns how many there were. The durable record of the deletion is the
+    /// tombstone file (docs/format/tombstones.md), applied again at every open.
+    pub fn remove_ledger(&self, ledger: u64) -> usize {
+        self.entries
+            .borrow_mut()
+            .remove(&ledger)
+            .map_or(0, |m| m.len())
+    }
+
+    /// The current location of entry `entry` of `ledger`, if indexed.
+    pub fn location(&self, ledger: u64, entry: u64) -> Option<Location> {
+        self.entries
+            .borrow()
+            .get(&ledger)
+            .and_then(|m| m.get(&entry).copied())
+    }
+
+    /// Calls `f` with every (ledger, entry, location) indexed, in no particular order (building
+    /// the per-entry-log usage at open).
+    pub fn for_each_location(&self, mut f: impl FnMut(u64, u64, Location)) {
+        for (&ledger, m) in self.entries.borrow().iter() {
+            for (&entry, &loc) in m {
+                f(ledger, entry, loc);
+            }
+        }
+    }
+
     /// Writes one encoded segment at `at` (the committed length) through the bulk throttle and
     /// syncs the file. Nothing is committed until the mark names the new length.
     pub async fn append_segment(

@@ -33,6 +33,8 @@ pub(crate) struct Ledgers {
     table: RefCell<HashMap<u64, Ledger>>,
     /// Ledgers whose state changed since the last checkpoint snapshot.
     dirty: RefCell<HashSet<u64>>,
+    /// Deleted ledgers (their tombstones are durable): never admitted, never re-created.
+    deleted: RefCell<HashSet<u64>>,
 }
 
 impl Ledgers {
@@ -41,11 +43,33 @@ impl Ledgers {
         Self {
             table: RefCell::new(table),
             dirty: RefCell::new(HashSet::new()),
+            deleted: RefCell::new(HashSet::new()),
         }
     }
 
-    /// Admits a normal or recovery add before it is journaled: the first add sets the master
-    /// key; a different key is `Unauthorized`; a fenced ledger refuses a normal add (`Fenced`),
+    /// Forgets `ledger` for good: its state goes and every later add or fence of it is
+    /// refused with `LedgerDeleted` (the caller made its tombstone durable first).
+    pub fn delete(&self, ledger: u64) {
+        self.table.borrow_mut().remove(&ledger);
+        self.dirty.borrow_mut().remove(&ledger);
+        self.deleted.borrow_mut().insert(ledger);
+    }
+
+    /// Whether `ledger` was deleted.
+    pub fn is_deleted(&self, ledger: u64) -> bool {
+        self.deleted.borrow().contains(&ledger)
+    }
+
+    /// Ids of every ledger with a state here, sorted.
+    pub fn ids(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.table.borrow().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Admits a normal or recovery add before it is journaled: a deleted ledger refuses it
+    /// (`LedgerDeleted`, whatever the master key: an add never re-creates a deleted ledger);
+    /// the first add sets the master key; a different key is `Unauthorized`; a fenced ledger refuses a normal add (`Fenced`),
     /// while recovery adds pass, as in BookKeeper.
     pub fn admit_add(
         &self,
@@ -53,6 +77,9 @@ impl Ledgers {
         master_key: [u8; 20],
         recovery: bool,
     ) -> Result<(), Error> {
+        if self.is_deleted(ledger) {
+            return Err(Error::LedgerDeleted { ledger });
+        }
         let mut table = self.table.borrow_mut();
         let l = table.entry(ledger).or_default();
         match l.master_key {
@@ -68,9 +95,12 @@ impl Ledgers {
     }
 
     /// Fences `ledger` before its fence record is journaled (BookKeeper fencing: later normal
-    /// adds are refused at once). An unknown ledger is created with this master key; a
+    /// adds are refused at once). A deleted ledger is `LedgerDeleted`. An unknown ledger is created with this master key; a
     /// different key is `Unauthorized`.
     pub fn fence(&self, ledger: u64, master_key: [u8; 20]) -> Result<(), Error> {
+        if self.is_deleted(ledger) {
+            return Err(Error::LedgerDeleted { ledger });
+        }
         let mut table = self.table.borrow_mut();
         let l = table.entry(ledger).or_default();
         match l.master_key {

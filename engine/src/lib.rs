@@ -13,6 +13,7 @@ mod engine;
 mod entry_log;
 mod files;
 pub mod format;
+mod gc;
 mod index;
 pub mod io;
 mod journal;
@@ -24,9 +25,11 @@ mod read_cache;
 pub mod sim_disk;
 mod sync;
 mod throttle;
+mod tombstones;
 mod write_cache;
 
 pub use engine::Engine;
+pub use gc::{GcRun, IndexCheck};
 pub use throttle::BULK_CHUNK_BYTES;
 
 /// Configuration of one engine (one shard). Sizes in bytes, times as durations.
@@ -82,6 +85,18 @@ pub struct EngineConfig {
     /// one large flush that a concurrent journal sync would wait behind (BookKeeper
     /// `flushEntrylogBytes`); 0 = only the sync at the end. Default 4 MiB.
     pub background_sync_bytes: u64,
+    /// Minor compaction rewrites entry logs whose live bytes are below this fraction of their
+    /// size (BookKeeper `minorCompactionThreshold`, default 0.2).
+    pub minor_compaction_threshold: f64,
+    /// Time between minor compactions, counted from open; zero disables them (BookKeeper
+    /// `minorCompactionInterval`, default 3600 s).
+    pub minor_compaction_interval: Duration,
+    /// Major compaction rewrites entry logs whose live fraction is below this (BookKeeper
+    /// `majorCompactionThreshold`, default 0.8; must be above the minor one).
+    pub major_compaction_threshold: f64,
+    /// Time between major compactions, counted from open; zero disables them (BookKeeper
+    /// `majorCompactionInterval`, default 86400 s).
+    pub major_compaction_interval: Duration,
 }
 
 impl EngineConfig {
@@ -103,6 +118,10 @@ impl EngineConfig {
             read_cache_bytes_max: 64 << 20,
             background_write_bytes_per_second: 256 << 20,
             background_sync_bytes: 4 << 20,
+            minor_compaction_threshold: 0.2,
+            minor_compaction_interval: Duration::from_secs(3600),
+            major_compaction_threshold: 0.8,
+            major_compaction_interval: Duration::from_secs(86400),
         }
     }
 }
@@ -145,6 +164,36 @@ pub struct ReadStats {
     pub entries_read_ahead: u64,
     /// Bytes of entry data in the read cache now.
     pub read_cache_bytes: u64,
+}
+
+/// Garbage-collection and compaction counters since open, and the entry logs' usage now
+/// (BookKeeper's `GarbageCollectorThread` figures: runs, `MAJOR/MINOR_COMPACTION_TOTAL`,
+/// `RECLAIMED_{DELETION,COMPACTION}_SPACE_BYTES`, `ACTIVE_ENTRY_LOG_TOTAL`). Bytes are file bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcStats {
+    /// Completed [`Engine::collect_garbage`] / [`Engine::compact_entry_logs`] runs.
+    pub runs: u64,
+    /// Runs that failed (an I/O or corruption error; nothing is lost, the next run retries).
+    pub failed_runs: u64,
+    /// Ledgers deleted (tombstoned) since open.
+    pub ledgers_deleted: u64,
+    /// Entry logs deleted because no live entry was left in them.
+    pub entry_logs_deleted: u64,
+    /// Entry logs deleted after their live entries were copied to a new log (compaction).
+    pub entry_logs_compacted: u64,
+    /// Live entries copied by compaction.
+    pub entries_relocated: u64,
+    /// Bytes of entry logs deleted with no live entry.
+    pub bytes_reclaimed_by_deletion: u64,
+    /// Bytes of compacted entry logs deleted, less the bytes their live entries took again.
+    pub bytes_reclaimed_by_compaction: u64,
+    /// Minor and major compaction passes run (by schedule or by request).
+    pub minor_compactions: u64,
+    pub major_compactions: u64,
+    /// Entry logs on disk now, their bytes, and the bytes of live entries in them.
+    pub entry_logs: u64,
+    pub entry_log_bytes: u64,
+    pub live_bytes: u64,
 }
 
 /// Errors of the engine. Each message is one line naming the path and byte offset involved.
@@ -195,6 +244,11 @@ pub enum Error {
     /// bookie answers `TooManyRequests`).
     #[error("write cache full: no room after waiting {waited_ms} ms for a checkpoint")]
     WriteCacheFull { waited_ms: u64 },
+    /// The ledger was deleted (its tombstone is durable): adds and fences are refused for
+    /// good, so no write can re-create a deleted ledger's state (BookKeeper's fenced-then-deleted
+    /// ledger that was written again, bookkeeper.md §failure modes 14).
+    #[error("ledger {ledger} was deleted")]
+    LedgerDeleted { ledger: u64 },
     /// The engine was closed.
     #[error("engine is closed")]
     Closed,

@@ -10,8 +10,9 @@ use crate::engine::{apply_durable, Inner};
 use crate::entry_log::EntryLogs;
 use crate::files::{corrupt, io_err, journal_name, parse_id};
 use crate::format::{Mark, FILE_HEADER_BYTES};
+use crate::gc::{GcState, LogUsage};
 use crate::index::{create_index, Index, INDEX_FILE};
-use crate::io::Storage;
+use crate::io::{Storage, StorageFile};
 use crate::journal::files::{create_journal_file, list_journals};
 use crate::journal::replay::{find_later_batch, read_journal, replay};
 use crate::journal::Journal;
@@ -19,6 +20,7 @@ use crate::lac_watch::LacWatchers;
 use crate::ledgers::Ledgers;
 use crate::read_ahead::ReadAhead;
 use crate::throttle::Throttle;
+use crate::tombstones::Tombstones;
 use crate::write_cache::WriteCache;
 use crate::{EngineConfig, Error};
 
@@ -64,7 +66,49 @@ pub(crate) async fn open_inner<S: Storage>(
         .unwrap_or(0)
         + 1;
 
+    // Tombstones: a deleted ledger's index entries and state never come back.
+    let (tombstones, deleted) = Tombstones::load(&storage, &cfg.ledger_dir, &ledger_names).await?;
     let ledgers = Ledgers::new(ledgers);
+    for &ledger in &deleted {
+        ledgers.delete(ledger);
+        index.remove_ledger(ledger);
+    }
+
+    // Entry-log metadata: live bytes per log from the index, sizes from the files. An index
+    // entry into a log that is not there is corruption (garbage collection deletes a log only
+    // once no committed index entry points into it).
+    let usage = LogUsage::default();
+    index.for_each_location(|ledger, _, loc| usage.add(ledger, loc));
+    let entry_logs = EntryLogs::new(
+        cfg.ledger_dir.clone(),
+        next_entry_log_id,
+        cfg.entry_log_size_bytes_max,
+    );
+    for id in ledger_names
+        .iter()
+        .filter_map(|n| parse_id(n, "entrylog-", ".qel"))
+    {
+        let path = entry_logs.path(id);
+        let f = storage
+            .open(&path, false)
+            .await
+            .map_err(io_err("open entry log", &path, 0))?;
+        let size = f.size().await.map_err(io_err("stat entry log", &path, 0))?;
+        entry_logs.register_existing(id, size, f);
+    }
+    let on_disk: std::collections::HashSet<u64> =
+        entry_logs.sizes().into_iter().map(|(id, _)| id).collect();
+    if let Some(missing) = usage
+        .referenced_logs()
+        .into_iter()
+        .find(|id| !on_disk.contains(id))
+    {
+        return Err(corrupt(
+            &entry_logs.path(missing),
+            0,
+            "the index points into this entry log, which is missing",
+        ));
+    }
     let write_cache = WriteCache::new(cfg.write_cache_bytes_max, cfg.write_cache_wait_max);
 
     // Journal files wholly before the mark are garbage a crash left behind.
@@ -90,14 +134,14 @@ pub(crate) async fn open_inner<S: Storage>(
 
     Ok(Inner {
         journal: Journal::new(cfg.journal_dir.clone(), cursor, background_tq),
+        usage,
+        tombstones,
+        gc: GcState::new(),
+        background_tq,
         write_cache,
         ledgers,
         index,
-        entry_logs: EntryLogs::new(
-            cfg.ledger_dir.clone(),
-            next_entry_log_id,
-            cfg.entry_log_size_bytes_max,
-        ),
+        entry_logs,
         read_ahead: ReadAhead::new(
             cfg.read_cache_bytes_max,
             cfg.read_ahead_entries,

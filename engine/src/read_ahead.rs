@@ -75,6 +75,13 @@ impl ReadAhead {
         }
     }
 
+    /// Drops cached entries of a deleted ledger, and makes read-aheads started before discard
+    /// what they read.
+    pub fn remove_ledger(&self, ledger: u64) {
+        self.generation.set(self.generation.get() + 1);
+        self.cache.borrow_mut().remove_ledger(ledger);
+    }
+
     /// The entries after `entry` of the same ledger to read in the same I/O: in the same entry
     /// log, at increasing offsets, within the span bound of `loc`, and at most `entries_max`.
     pub fn plan(

@@ -72,6 +72,14 @@ impl ReadCache {
         }
     }
 
+    /// Drops every cached entry of `ledger`.
+    pub fn remove_ledger(&mut self, ledger: u64) {
+        let keys: Vec<Key> = self.map.keys().filter(|k| k.0 == ledger).copied().collect();
+        for k in keys {
+            self.remove(&k);
+        }
+    }
+
     pub fn bytes(&self) -> usize {
         self.bytes
     }

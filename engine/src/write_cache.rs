@@ -60,6 +60,23 @@ impl WriteCache {
         self.live_bytes.set(bytes + len);
     }
 
+    /// Drops every entry of `ledger` from the live cache (a deleted ledger). Called with the
+    /// checkpoint lock held, when no snapshot is being written.
+    pub fn remove_ledger(&self, ledger: u64) {
+        let mut live = self.live.borrow_mut();
+        let keys: Vec<(u64, u64)> = live
+            .range((ledger, 0)..=(ledger, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut bytes = self.live_bytes.get();
+        for k in keys {
+            if let Some(d) = live.remove(&k) {
+                bytes -= d.len();
+            }
+        }
+        self.live_bytes.set(bytes);
+    }
+
     /// The entry from the live cache or the snapshot being written.
     pub fn get(&self, key: &(u64, u64)) -> Option<Rc<Vec<u8>>> {
         let hit = self.live.borrow().get(key).cloned();

@@ -83,7 +83,25 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     let outcome = runtime.block_on(check_cookie(&*store, &id, &journal_dir, &ledger_dir))?;
     tracing::info!(bookie = %id, ?outcome, "cookie checked");
 
-    let bookie = quire_bookie::Bookie::start(options.bookie.clone())
+    // Garbage collection asks the metadata store which ledgers are deleted, on a connection
+    // of its own (a new one after a failed read, e.g. an expired session).
+    let (gc, gc_queries) = quire_bookie::deleted_ledgers_channel();
+    let mut bookie_config = options.bookie.clone();
+    bookie_config.gc_deleted_ledgers = Some(gc);
+    let gc_address = options.metadata.clone();
+    let gc_store: Arc<dyn MetadataStore> = store.clone();
+    runtime.spawn(crate::gc::answer_deleted_ledgers(
+        gc_queries,
+        gc_store,
+        Box::new(move || {
+            let address = gc_address.clone();
+            Box::pin(async move {
+                let s: Arc<dyn MetadataStore> = address.connect_zk().await?;
+                Ok(s)
+            })
+        }),
+    ));
+    let bookie = quire_bookie::Bookie::start(bookie_config)
         .with_context(|| format!("bookie {id} did not start"))?;
     let info = BookieInfo {
         id: id.clone(),

@@ -207,6 +207,11 @@ pub struct BookieSettings {
     /// microseconds (BookKeeper `journalMaxGroupWaitMSec`; default 2000).
     #[arg(long)]
     pub group_commit_wait_us: Option<u64>,
+    /// Seconds between garbage-collection runs on each shard: deleted ledgers dropped, entry
+    /// logs without live entries deleted, scheduled compaction (BookKeeper `gcWaitTime`;
+    /// default 600, 0 disables).
+    #[arg(long)]
+    pub gc_interval_secs: Option<u64>,
 }
 
 /// The CPUs this process may run on (its `sched_getaffinity(2)` mask), or `None` if the mask
@@ -308,7 +313,8 @@ impl BookieSettings {
             io_memory_bytes,
             cpu_set,
             journal_file_size_bytes,
-            group_commit_wait_us
+            group_commit_wait_us,
+            gc_interval_secs
         )
     }
 
@@ -365,6 +371,9 @@ impl BookieSettings {
                 bail!("invalid setting group_commit_wait_us = {us}: expected at most 1000000");
             }
             bookie.engine.group_commit_wait_max = Duration::from_micros(us);
+        }
+        if let Some(secs) = self.gc_interval_secs {
+            bookie.gc_interval = Duration::from_secs(secs);
         }
         Ok(BookieOptions {
             metadata,
@@ -520,6 +529,7 @@ mod tests {
             listen = "127.0.0.1:3181"
             shards = 2
             group_commit_wait_us = 500
+            gc_interval_secs = 30
         "#;
         let file: BookieSettings = toml::from_str(text).unwrap();
         let flags = BookieSettings {
@@ -536,6 +546,9 @@ mod tests {
             o.bookie.engine.group_commit_wait_max,
             Duration::from_micros(500)
         );
+        assert_eq!(o.bookie.gc_interval, Duration::from_secs(30));
+        let o = bookie_from("zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:1\"\n").unwrap();
+        assert_eq!(o.bookie.gc_interval, quire_bookie::GC_INTERVAL_DEFAULT);
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod admin;
 mod bookie_cmd;
 mod client;
 mod config;
+mod gc;
 mod proxy_cmd;
 mod sandbox;
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use quire_bookie::{Bookie, BookieConfig};
+use quire_bookie::{Bookie, BookieConfig, DeletedLedgers, DeletedLedgersQueries};
 use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, MetadataStore};
 
 /// `quire sandbox` options.
@@ -64,6 +64,10 @@ pub struct SandboxArgs {
     /// Worker threads of the proxy's tokio runtime (the catch-up read runtime is apart).
     #[arg(long, default_value_t = 2)]
     proxy_threads: usize,
+    /// Seconds between garbage-collection runs on each bookie shard (BookKeeper `gcWaitTime`;
+    /// 0 disables).
+    #[arg(long, default_value_t = 600)]
+    gc_interval_secs: u64,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -97,6 +101,7 @@ fn bookie_config(
     cpu_set: &[usize],
     index: usize,
     listen: SocketAddr,
+    gc: &DeletedLedgers,
 ) -> BookieConfig {
     let root = args.data_dir.join(format!("bookie-{index}"));
     let mut config = BookieConfig::new(listen, root.join("journal"), root.join("ledgers"));
@@ -109,11 +114,13 @@ fn bookie_config(
     }
     config.io_memory_bytes = 1 << 20;
     config.engine.journal_file_size_bytes = args.journal_file_size_bytes;
+    config.gc_interval = Duration::from_secs(args.gc_interval_secs);
+    config.gc_deleted_ledgers = Some(gc.clone());
     config
 }
 
 /// Starts the bookies, at their recorded addresses if this directory was used before.
-fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
+fn start_bookies(args: &SandboxArgs, gc: &DeletedLedgers) -> Result<Vec<Bookie>> {
     let record = args.data_dir.join("sandbox.json");
     let known: Option<SandboxFile> = match std::fs::read(&record) {
         Ok(bytes) => Some(
@@ -154,7 +161,7 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
     };
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let bookie = Bookie::start(bookie_config(args, &cpu_set, i + 1, *addr))
+        let bookie = Bookie::start(bookie_config(args, &cpu_set, i + 1, *addr, gc))
             .with_context(|| format!("bookie {} at {addr} did not start", i + 1))?;
         bookies.push(bookie);
     }
@@ -222,8 +229,17 @@ pub fn run(args: SandboxArgs) -> Result<()> {
     runtime
         .block_on(store.instance_id())
         .context("metadata store")?;
-    let bookies = start_bookies(&args)?;
-    let served = runtime.block_on(serve(&args, store, &bookies, read_runtime.handle()));
+    // The bookies' garbage collection asks the metadata store which ledgers are deleted.
+    let (gc, gc_queries) = quire_bookie::deleted_ledgers_channel();
+    let bookies = start_bookies(&args, &gc)?;
+    drop(gc);
+    let served = runtime.block_on(serve(
+        &args,
+        store,
+        &bookies,
+        read_runtime.handle(),
+        gc_queries,
+    ));
     runtime.shutdown_timeout(Duration::from_secs(5));
     read_runtime.shutdown_timeout(Duration::from_secs(5));
     let mut stop_error = None;
@@ -244,6 +260,7 @@ async fn serve(
     store: EmbeddedStore,
     bookies: &[Bookie],
     read_runtime: &tokio::runtime::Handle,
+    gc_queries: DeletedLedgersQueries,
 ) -> Result<()> {
     for b in bookies {
         store
@@ -255,6 +272,16 @@ async fn serve(
             .await?;
     }
     let store: Arc<dyn MetadataStore> = Arc::new(store);
+    let gc_store = store.clone();
+    tokio::spawn(crate::gc::answer_deleted_ledgers(
+        gc_queries,
+        store.clone(),
+        Box::new(move || {
+            // The embedded store has no session to lose: the same one again.
+            let s = gc_store.clone();
+            Box::pin(async move { Ok(s) })
+        }),
+    ));
     let bk = quire_ledger::BookKeeper::with_read_runtime(
         store.clone(),
         quire_ledger::ClientConfig::default(),

@@ -14,11 +14,13 @@ mod entry_log;
 mod index;
 mod journal_record;
 mod mark;
+mod tombstone;
 
 pub use entry_log::*;
 pub use index::*;
 pub use journal_record::*;
 pub use mark::*;
+pub use tombstone::*;
 
 /// Version 1: first format (journal.md, entry-log.md, index.md, checkpoint.md).
 pub const FORMAT_V1: u16 = 1;
