@@ -52,6 +52,22 @@ impl StreamManager {
             ReadPosition::Dlsn(d) => d,
         };
         loop {
+            // Truncation (checked again after every wait, as it may move meanwhile): a read
+            // from the head starts at the point, one from an earlier DLSN is refused rather
+            // than silently moved (DistributedLog `AlreadyTruncatedTransactionException`).
+            let point = tail.borrow().truncated_before;
+            if let Some(t) = point.filter(|t| pos < *t) {
+                match from {
+                    ReadPosition::Head => pos = t,
+                    ReadPosition::Dlsn(d) => {
+                        return Err(Error::Truncated {
+                            stream: name.to_string(),
+                            requested: d,
+                            truncated_before: t,
+                        })
+                    }
+                }
+            }
             let plan = tail.borrow_and_update().resolve(pos);
             match plan {
                 Some((seg, start)) => {
