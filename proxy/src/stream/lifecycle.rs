@@ -541,7 +541,7 @@ mod tests {
             time: Some(Duration::from_secs(3600)),
             size_bytes: None,
         };
-        let t = 1000 * HOUR_MS;
+        let t = 200_000 * HOUR_MS;
         let segs = vec![seg(1, true, 10, Some(t)), seg(2, true, 10, Some(t)), seg(3, false, 0, None)];
         // Clock jumped 10 years back: segment 1's monotonic age (2 h) still expires it;
         // segment 2 (no monotonic age, completion in the future) is kept, not wrapped to huge.
