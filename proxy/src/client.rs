@@ -20,13 +20,13 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::oneshot;
 
+use crate::dlsn::Dlsn;
 use crate::dlsn::ReadPosition;
 use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
     Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN,
     TXID_RESERVED, WRITE_RECORD_OVERHEAD_BYTES,
 };
-use crate::dlsn::Dlsn;
 use crate::types::{ReadBatch, RetentionChange, StreamInfo, TruncateResult, WriteResult};
 use quire_metadata::RetentionOverride;
 

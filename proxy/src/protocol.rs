@@ -803,7 +803,9 @@ mod tests {
             wait_ms: 0,
         });
         req_round_trip(Request::DescribeStream { stream: "s".into() });
-        req_round_trip(Request::DeleteStream { stream: "a/b".into() });
+        req_round_trip(Request::DeleteStream {
+            stream: "a/b".into(),
+        });
         req_round_trip(Request::TruncateStream {
             stream: "s".into(),
             before: Dlsn::new(3, 4, 5),

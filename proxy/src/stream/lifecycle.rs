@@ -20,8 +20,8 @@ use quire_metadata::{
 };
 use quire_wire::LedgerId;
 
-use super::writer::Writer;
 use super::now_ms;
+use super::writer::Writer;
 use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
 use crate::types::{RetentionChange, TruncateResult};
@@ -225,7 +225,11 @@ impl Writer {
                     return;
                 }
             };
-            match self.metadata.delete_ledger(LedgerId(ledger), v.version).await {
+            match self
+                .metadata
+                .delete_ledger(LedgerId(ledger), v.version)
+                .await
+            {
                 Ok(()) | Err(quire_metadata::Error::NotFound { .. }) => return,
                 // Changed since read (e.g. a late close): read again.
                 Err(quire_metadata::Error::BadVersion { .. }) => continue,
@@ -316,7 +320,10 @@ impl Writer {
             Ok(deleted) => (
                 Ok(TruncateResult {
                     truncated_before: from_point(
-                        self.meta.value.truncated_before.expect("set by delete_prefix"),
+                        self.meta
+                            .value
+                            .truncated_before
+                            .expect("set by delete_prefix"),
                     ),
                     segments_deleted: deleted,
                 }),
@@ -460,7 +467,12 @@ impl Writer {
 mod tests {
     use super::*;
 
-    fn seg(seq_no: u64, completed: bool, bytes: u64, completion_ms: Option<u64>) -> SegmentMetadata {
+    fn seg(
+        seq_no: u64,
+        completed: bool,
+        bytes: u64,
+        completion_ms: Option<u64>,
+    ) -> SegmentMetadata {
         SegmentMetadata {
             seq_no,
             ledger_id: seq_no,
@@ -542,15 +554,25 @@ mod tests {
             size_bytes: None,
         };
         let t = 200_000 * HOUR_MS;
-        let segs = vec![seg(1, true, 10, Some(t)), seg(2, true, 10, Some(t)), seg(3, false, 0, None)];
+        let segs = vec![
+            seg(1, true, 10, Some(t)),
+            seg(2, true, 10, Some(t)),
+            seg(3, false, 0, None),
+        ];
         // Clock jumped 10 years back: segment 1's monotonic age (2 h) still expires it;
         // segment 2 (no monotonic age, completion in the future) is kept, not wrapped to huge.
         let mono = |seq| (seq == 1).then(|| Duration::from_secs(2 * 3600));
-        assert_eq!(retention_prefix(&segs, 0, limits, t - 87_600 * HOUR_MS, mono), 1);
+        assert_eq!(
+            retention_prefix(&segs, 0, limits, t - 87_600 * HOUR_MS, mono),
+            1
+        );
         assert_eq!(retention_prefix(&segs, 0, limits, 0, |_| None), 0);
         // Clock jumped 10 years ahead: segments this owner completed a minute ago stay.
         let recent = |_| Some(Duration::from_secs(60));
-        assert_eq!(retention_prefix(&segs, 0, limits, t + 87_600 * HOUR_MS, recent), 0);
+        assert_eq!(
+            retention_prefix(&segs, 0, limits, t + 87_600 * HOUR_MS, recent),
+            0
+        );
     }
 
     #[test]

@@ -79,14 +79,12 @@ use quire_ledger::{BookKeeper, LedgerReader};
 use quire_metadata::{validate_stream_name, MetadataStore, StreamMetadata};
 use tokio::sync::{oneshot, OnceCell};
 
+use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
 use crate::record_set::{
     ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };
-use crate::types::{
-    RetentionChange, RetentionDefaults, StreamInfo, TruncateResult, WriteResult,
-};
-use crate::dlsn::Dlsn;
+use crate::types::{RetentionChange, RetentionDefaults, StreamInfo, TruncateResult, WriteResult};
 
 use ownership::StreamHandle;
 use tail_cache::TailCache;

@@ -132,9 +132,11 @@ impl Writer {
         }
         // Completed segments recorded before completion times existed count from now, so that
         // one of them cannot hold time-based retention back forever.
-        for seg in meta.segments.iter_mut().filter(|s| {
-            s.state == SegmentState::Completed && s.completion_time_ms.is_none()
-        }) {
+        for seg in meta
+            .segments
+            .iter_mut()
+            .filter(|s| s.state == SegmentState::Completed && s.completion_time_ms.is_none())
+        {
             seg.completion_time_ms = Some(super::now_ms());
             changed = true;
         }
@@ -271,7 +273,8 @@ impl Writer {
             .await
             .map_err(|e| self.stream_update_err("complete segment", e))?;
         tracing::debug!(stream = %self.name, seq_no = seg.seq_no, records = seg.record_count, "completed segment");
-        self.completed_at.insert(seg.seq_no, std::time::Instant::now());
+        self.completed_at
+            .insert(seg.seq_no, std::time::Instant::now());
         *self.shared.live.lock().expect("live lock") = None;
         self.meta = Versioned {
             value: meta,
