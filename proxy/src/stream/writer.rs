@@ -193,12 +193,14 @@ impl Writer {
                 held => {
                     stashed = held;
                     let take = accepting && stashed.is_none();
+                    // The lifecycle tick goes first: it is ready once per interval, and after
+                    // the commands it would starve under a steady stream of appends.
                     tokio::select! {
                         biased;
+                        _ = tick.tick() => Event::Tick,
                         r = oldest_add(&mut self.entries) => Event::Acked(r),
                         reason = lease_lost(&mut lost_rx) => Event::Lost(reason),
                         cmd = commands.recv(), if take => Event::Command(cmd),
-                        _ = tick.tick() => Event::Tick,
                     }
                 }
             };
