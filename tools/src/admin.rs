@@ -378,7 +378,7 @@ pub fn stream(args: StreamArgs) -> Result<()> {
                     .delete_stream(&a.stream)
                     .await
                     .with_context(|| format!("cannot delete stream {:?}", a.stream))?;
-                println!("stream {} deleted with its {n} segments", a.stream);
+                println!("stream {} deleted ({n} segments)", a.stream);
                 Ok(())
             }
             StreamCommand::Retention(a) => {
@@ -508,8 +508,8 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
     if !meta.segments.is_empty() {
         writeln!(
             out,
-            "  {:>6} {:>8} {:<11} {:<27} {:>9} {:>12}  {}",
-            "seq", "ledger", "state", "DLSN range", "records", "bytes", "completed"
+            "  {:>6} {:>8} {:<11} {:<27} {:>9} {:>12}  completed",
+            "seq", "ledger", "state", "DLSN range", "records", "bytes"
         )?;
     }
     for s in &meta.segments {
