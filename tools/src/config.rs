@@ -663,6 +663,46 @@ mod tests {
     }
 
     #[test]
+    fn proxy_lifecycle_settings_are_read_and_checked() {
+        // Goal: segment_roll_secs (0 = off), retention_time_secs and retention_size_bytes reach
+        // the stream config; 0 and absurd retention values are one clear line.
+        let base = "zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\n";
+        let parse = |extra: &str| {
+            let file: ProxySettings = toml::from_str(&format!("{base}{extra}")).unwrap();
+            ProxySettings::default().merged(file).resolve()
+        };
+        let o = parse(
+            "segment_roll_secs = 60\nretention_time_secs = 3600\nretention_size_bytes = 1000",
+        )
+        .unwrap();
+        assert_eq!(
+            o.streams.segment_roll_interval,
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(o.streams.retention_time, Some(Duration::from_secs(3600)));
+        assert_eq!(o.streams.retention_size_bytes, Some(1000));
+        let o = parse("segment_roll_secs = 0").unwrap();
+        assert_eq!(o.streams.segment_roll_interval, None);
+        let o = parse("").unwrap();
+        assert_eq!(
+            o.streams.segment_roll_interval,
+            Some(Duration::from_secs(7200))
+        );
+        assert_eq!(
+            (o.streams.retention_time, o.streams.retention_size_bytes),
+            (None, None)
+        );
+        for (bad, key) in [
+            ("retention_time_secs = 0", "retention_time_secs = 0"),
+            ("retention_time_secs = 99999999999", "100 years"),
+            ("retention_size_bytes = 0", "retention_size_bytes = 0"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(key) && e.lines().count() == 1, "{e}");
+        }
+    }
+
+    #[test]
     fn example_files_parse() {
         // Goal: the shipped example files are valid.
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");

@@ -71,7 +71,7 @@ impl StreamManager {
             let plan = tail.borrow_and_update().resolve(pos);
             match plan {
                 Some((seg, start)) => {
-                    let (records, next) = self
+                    let read = self
                         .read_segment(
                             &handle,
                             &seg,
@@ -79,7 +79,16 @@ impl StreamManager {
                             max_records as usize,
                             max_bytes as usize,
                         )
-                        .await?;
+                        .await;
+                    let (records, next) = match read {
+                        Ok(r) => r,
+                        // The segment was deleted under the read (truncation or retention):
+                        // start over, which answers TRUNCATED or moves a head read on.
+                        Err(_) if tail.borrow().truncated_before.is_some_and(|t| pos < t) => {
+                            continue
+                        }
+                        Err(e) => return Err(e),
+                    };
                     if !records.is_empty() {
                         return Ok(ReadBatch {
                             records,
