@@ -20,13 +20,15 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::oneshot;
 
+use crate::dlsn::Dlsn;
 use crate::dlsn::ReadPosition;
 use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
     Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN,
     TXID_RESERVED, WRITE_RECORD_OVERHEAD_BYTES,
 };
-use crate::types::{ReadBatch, WriteResult};
+use crate::types::{ReadBatch, RetentionChange, StreamInfo, TruncateResult, WriteResult};
+use quire_metadata::RetentionOverride;
 
 /// Client settings.
 #[derive(Debug, Clone)]
@@ -846,6 +848,85 @@ impl ProxyClient {
         };
         match self.call_stream(stream, &req, wait).await? {
             Response::Read { next, records } => Ok(ReadBatch { records, next }),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl ProxyClient {
+    /// A stream's segments (state, ledger, DLSN range through the last entry, record and byte
+    /// counts, completion times), truncation point, retention overrides and the proxy's
+    /// defaults, and its owner. Answered by the home proxy from the metadata store (not
+    /// redirected); the segment being written shows its progress only when the home proxy owns
+    /// the stream.
+    ///
+    /// # Errors
+    /// `Remote` with `NoSuchStream`, `InvalidStreamName` or `Metadata`; `Io`.
+    pub async fn describe_stream(&self, stream: &str) -> Result<StreamInfo> {
+        let req = Request::DescribeStream {
+            stream: stream.to_string(),
+        };
+        match self.home().await?.call(&req, Duration::ZERO).await? {
+            Response::DescribeStream { info } => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Truncates `stream` before `before`: every record before it becomes unreadable at once
+    /// and whole segments before it are deleted; the point never moves backwards (see
+    /// `StreamManager::truncate`). Sent to the stream's owner, following redirects.
+    ///
+    /// # Errors
+    /// `Remote` with `BadRequest` (beyond the end, or no record), `NoSuchStream`,
+    /// `OwnershipLost` (nothing changed; retry), `Metadata`; `RedirectFailed`; `Io`.
+    pub async fn truncate(&self, stream: &str, before: Dlsn) -> Result<TruncateResult> {
+        let req = Request::TruncateStream {
+            stream: stream.to_string(),
+            before,
+        };
+        match self.call_stream(stream, &req, Duration::ZERO).await? {
+            Response::TruncateStream { result } => Ok(result),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Deletes `stream` and all its segments; returns how many segments went. The name can be
+    /// used again at once. Sent to the stream's owner, following redirects.
+    ///
+    /// # Errors
+    /// `Remote` with `NoSuchStream`, `OwnershipLost` (nothing deleted; retry), `Metadata`;
+    /// `RedirectFailed`; `Io`.
+    pub async fn delete_stream(&self, stream: &str) -> Result<u32> {
+        let req = Request::DeleteStream {
+            stream: stream.to_string(),
+        };
+        let r = self.call_stream(stream, &req, Duration::ZERO).await;
+        self.forget_owner(stream);
+        match r? {
+            Response::DeleteStream { segments_deleted } => Ok(segments_deleted),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Changes `stream`'s retention overrides and returns those in force. Sent to the stream's
+    /// owner, following redirects.
+    ///
+    /// # Errors
+    /// `Remote` with `BadRequest` (0 or above the maximum), `NoSuchStream`, `OwnershipLost`,
+    /// `Metadata`; `RedirectFailed`; `Io`.
+    pub async fn set_retention(
+        &self,
+        stream: &str,
+        time_secs: RetentionChange,
+        size_bytes: RetentionChange,
+    ) -> Result<RetentionOverride> {
+        let req = Request::SetRetention {
+            stream: stream.to_string(),
+            time_secs,
+            size_bytes,
+        };
+        match self.call_stream(stream, &req, Duration::ZERO).await? {
+            Response::SetRetention { retention } => Ok(retention),
             other => Err(unexpected(&other)),
         }
     }

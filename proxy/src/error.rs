@@ -36,6 +36,9 @@ pub enum ErrorCode {
     Storage = 507,
     /// The stream does not exist (DL `LOG_NOT_FOUND`).
     NoSuchStream = 510,
+    /// A read asked for a position before the stream's truncation point: those records were
+    /// truncated and are gone (DL `TRUNCATED_TRANSACTION`). The message names the point.
+    Truncated = 511,
     /// A txid is smaller than one already written to the stream (DL `TRANSACTION_OUT_OF_ORDER`).
     TxidOutOfOrder = 514,
     /// The stream already exists (DL `LOG_EXISTS`).
@@ -46,7 +49,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
@@ -58,6 +61,7 @@ impl ErrorCode {
         Self::Metadata,
         Self::Storage,
         Self::NoSuchStream,
+        Self::Truncated,
         Self::TxidOutOfOrder,
         Self::StreamExists,
         Self::InvalidStreamName,
@@ -82,6 +86,7 @@ impl ErrorCode {
             Self::Metadata => "METADATA_ERROR",
             Self::Storage => "STORAGE_ERROR",
             Self::NoSuchStream => "NO_SUCH_STREAM",
+            Self::Truncated => "TRUNCATED",
             Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
             Self::StreamExists => "STREAM_EXISTS",
             Self::InvalidStreamName => "INVALID_STREAM_NAME",
@@ -105,6 +110,14 @@ pub enum Error {
     /// The stream does not exist.
     #[error("stream {stream:?} does not exist")]
     NoSuchStream { stream: String },
+    /// A read from a position before the stream's truncation point (DistributedLog
+    /// `AlreadyTruncatedTransactionException`); read from `truncated_before` or the head.
+    #[error("stream {stream:?} is truncated before {truncated_before}: records before it are gone, {requested} cannot be read (read from {truncated_before} or from the head)")]
+    Truncated {
+        stream: String,
+        requested: crate::dlsn::Dlsn,
+        truncated_before: crate::dlsn::Dlsn,
+    },
     /// The stream already exists.
     #[error("stream {stream:?} already exists")]
     StreamExists { stream: String },
@@ -213,6 +226,7 @@ impl Error {
         match self {
             Error::NoSuchStream { .. } => ErrorCode::NoSuchStream,
             Error::StreamExists { .. } => ErrorCode::StreamExists,
+            Error::Truncated { .. } => ErrorCode::Truncated,
             Error::InvalidStreamName { .. } => ErrorCode::InvalidStreamName,
             Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
             Error::TxidOutOfOrder { .. } => ErrorCode::TxidOutOfOrder,
@@ -280,7 +294,7 @@ mod tests {
         let numbers: Vec<u16> = ErrorCode::ALL.iter().map(|c| *c as u16).collect();
         assert_eq!(
             numbers,
-            [0, 302, 400, 413, 426, 500, 503, 504, 506, 507, 510, 514, 525, 602]
+            [0, 302, 400, 413, 426, 500, 503, 504, 506, 507, 510, 511, 514, 525, 602]
         );
         for c in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u16(c as u16), Some(c));

@@ -11,6 +11,12 @@
 //!   -> Result<WriteResult>`: records are `(txid, payload)`; resolves when all are durable.
 //! * `read(&self, name: &str, from: ReadPosition, max_records: u32, max_bytes: u32,
 //!   wait: Duration) -> Result<ReadBatch>`: tail reads wait up to `wait`.
+//! * Data lifecycle (run by the stream's owner; see `docs/proxy-protocol.md`, "Stream
+//!   lifecycle"): `describe(&str) -> Result<StreamInfo>`, `truncate(&str, Dlsn) ->
+//!   Result<TruncateResult>`, `delete_stream(&str) -> Result<u32>`, `set_retention(&str,
+//!   RetentionChange, RetentionChange) -> Result<RetentionOverride>`; time rolling and
+//!   retention run by themselves (`StreamConfig::segment_roll_interval`, `retention_time`,
+//!   `retention_size_bytes`). Reads before the truncation point fail with `Error::Truncated`.
 //! * `recover_all(&self) -> Result<usize>`: recovers every stream now rather than at first use.
 //! * `shutdown(&self) -> Result<()>`: completes open segments and releases stream leases.
 //! * One writer per stream: a manager takes a stream's lease under its identity
@@ -25,7 +31,9 @@
 //! Proxy client ([`client`]): `ProxyClient::connect(addr).await -> Result<ProxyClient>`, then
 //! `create_stream(&str)`, `list_streams()`, `write(&str, Vec<(u64, Vec<u8>)>, create_if_missing)
 //! -> Result<WriteResult>` (split into several requests when over the frame limit),
-//! `read(&str, ReadPosition, max_records, max_bytes, wait: Duration) -> Result<ReadBatch>`;
+//! `read(&str, ReadPosition, max_records, max_bytes, wait: Duration) -> Result<ReadBatch>`,
+//! `describe_stream`, `truncate`, `delete_stream`, `set_retention` (the same shapes as the
+//! stream layer's);
 //! writes and reads follow `STREAM_OWNED_ELSEWHERE` redirects to the stream's owner (bounded by
 //! `ClientConfig::redirects_max`) and cache it (`cached_owner(&str)`).
 //! Every failure is an [`Error`]; [`Error::code`] gives its stable [`ErrorCode`] (a proxy's
@@ -50,4 +58,8 @@ pub use error::{Error, ErrorCode, Result};
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
 pub use server::{catch_up_read_runtime, serve, ProxyServer, ServerConfig, CATCH_UP_READ_NICE};
 pub use stream::{StreamConfig, StreamManager};
-pub use types::{ReadBatch, WriteResult};
+pub use types::{
+    check_retention_size_bytes, check_retention_time_secs, ReadBatch, RetentionChange,
+    RetentionDefaults, StreamInfo, TruncateResult, WriteResult, RETENTION_SIZE_BYTES_MAX,
+    RETENTION_TIME_SECS_MAX,
+};

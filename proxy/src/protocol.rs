@@ -9,6 +9,10 @@ use quire_wire::{put_len_prefixed, Reader, WireError};
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::ErrorCode;
 use crate::record_set::RECORD_HEADER_SIZE_BYTES;
+use crate::types::{RetentionChange, RetentionDefaults, StreamInfo, TruncateResult};
+use quire_metadata::{
+    RetentionOverride, SegmentMetadata, SegmentState, StreamMetadata, TruncationPoint,
+};
 
 /// Handshake magic: ASCII "QPX1" read as a little-endian u32.
 pub const PROXY_HELLO_MAGIC: u32 = u32::from_le_bytes(*b"QPX1");
@@ -52,6 +56,14 @@ pub enum Opcode {
     Write = 0x04,
     /// Read records from a position, optionally waiting for new ones.
     Read = 0x05,
+    /// A stream's segments, truncation point, retention and owner.
+    DescribeStream = 0x06,
+    /// Make every record before a DLSN unreadable and delete the segments before it.
+    TruncateStream = 0x07,
+    /// Delete a stream and all its segments.
+    DeleteStream = 0x08,
+    /// Change (or just show) a stream's retention overrides.
+    SetRetention = 0x09,
 }
 
 impl Opcode {
@@ -66,6 +78,10 @@ impl Opcode {
             0x03 => Self::ListStreams,
             0x04 => Self::Write,
             0x05 => Self::Read,
+            0x06 => Self::DescribeStream,
+            0x07 => Self::TruncateStream,
+            0x08 => Self::DeleteStream,
+            0x09 => Self::SetRetention,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -96,6 +112,19 @@ pub enum Request {
         max_bytes: u32,
         wait_ms: u32,
     },
+    /// Body: stream name.
+    DescribeStream { stream: String },
+    /// Body: stream name, DLSN.
+    TruncateStream { stream: String, before: Dlsn },
+    /// Body: stream name.
+    DeleteStream { stream: String },
+    /// Body: stream name, then for time and for size: action u8 (0 keep, 1 set, 2 back to
+    /// the cluster default) and value u64 (0 unless set).
+    SetRetention {
+        stream: String,
+        time_secs: RetentionChange,
+        size_bytes: RetentionChange,
+    },
 }
 
 /// A response from a proxy.
@@ -123,6 +152,14 @@ pub enum Response {
         next: ReadPosition,
         records: Vec<(Dlsn, u64, Vec<u8>)>,
     },
+    /// Body: see `docs/proxy-protocol.md` (stream info).
+    DescribeStream { info: StreamInfo },
+    /// Body: truncation point in force (DLSN), segments deleted u32.
+    TruncateStream { result: TruncateResult },
+    /// Body: segments deleted u32.
+    DeleteStream { segments_deleted: u32 },
+    /// Body: the overrides in force, time and size (optional u64 each).
+    SetRetention { retention: RetentionOverride },
     /// Any failed request: `status` in the header is the code; body: message (u32 length +
     /// UTF-8 bytes).
     Error { code: ErrorCode, message: String },
@@ -166,6 +203,175 @@ fn get_position(r: &mut Reader<'_>) -> Result<ReadPosition, WireError> {
     }
 }
 
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+/// An optional u64: present u8 (0 or 1), then the value (0 when absent); 9 bytes.
+fn put_opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
+    out.push(u8::from(v.is_some()));
+    put_u64(out, v.unwrap_or(0));
+}
+
+fn get_opt_u64(r: &mut Reader<'_>, what: &'static str) -> Result<Option<u64>, WireError> {
+    let present = r.u8()?;
+    let v = r.u64()?;
+    match present {
+        0 if v == 0 => Ok(None),
+        1 => Ok(Some(v)),
+        _ => Err(WireError::InvalidField { what }),
+    }
+}
+
+fn put_change(out: &mut Vec<u8>, c: &RetentionChange) {
+    let (action, v) = match c {
+        RetentionChange::Keep => (0u8, 0u64),
+        RetentionChange::Set(v) => (1, *v),
+        RetentionChange::Default => (2, 0),
+    };
+    out.push(action);
+    put_u64(out, v);
+}
+
+fn get_change(r: &mut Reader<'_>) -> Result<RetentionChange, WireError> {
+    let action = r.u8()?;
+    let v = r.u64()?;
+    match (action, v) {
+        (0, 0) => Ok(RetentionChange::Keep),
+        (1, v) => Ok(RetentionChange::Set(v)),
+        (2, 0) => Ok(RetentionChange::Default),
+        _ => Err(WireError::InvalidField {
+            what: "retention change",
+        }),
+    }
+}
+
+/// Bytes of one segment in a stream info body.
+const SEGMENT_INFO_SIZE_BYTES: usize = 8 + 8 + 1 + 9 + 9 + 9 + 8 + 8 + 9;
+
+fn put_stream_info(out: &mut Vec<u8>, info: &StreamInfo) {
+    let m = &info.metadata;
+    put_str(out, &m.name);
+    put_u64(out, m.creation_time_ms);
+    put_opt_u64(out, m.max_txid);
+    match m.truncated_before {
+        None => {
+            out.push(0);
+            Dlsn::new(0, 0, 0).encode(out);
+        }
+        Some(t) => {
+            out.push(1);
+            Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index).encode(out);
+        }
+    }
+    put_opt_u64(out, m.retention.time_secs);
+    put_opt_u64(out, m.retention.size_bytes);
+    put_opt_u64(out, info.defaults.time_secs);
+    put_opt_u64(out, info.defaults.size_bytes);
+    match &info.owner {
+        None => out.push(0),
+        Some(o) => {
+            out.push(1);
+            put_str(out, o);
+        }
+    }
+    put_u32(
+        out,
+        u32::try_from(m.segments.len()).expect("segment count above u32"),
+    );
+    for s in &m.segments {
+        put_u64(out, s.seq_no);
+        put_u64(out, s.ledger_id);
+        out.push(match s.state {
+            SegmentState::InProgress => 0,
+            SegmentState::Completed => 1,
+        });
+        put_opt_u64(out, s.first_txid);
+        put_opt_u64(out, s.last_txid);
+        put_opt_u64(out, s.last_entry);
+        put_u64(out, s.record_count);
+        put_u64(out, s.length_bytes);
+        put_opt_u64(out, s.completion_time_ms);
+    }
+}
+
+fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, WireError> {
+    let name = get_str(r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?;
+    let creation_time_ms = r.u64()?;
+    let max_txid = get_opt_u64(r, "max txid")?;
+    let has_point = r.u8()?;
+    let d = Dlsn::decode(r)?;
+    let truncated_before = match has_point {
+        0 => None,
+        1 => Some(TruncationPoint {
+            segment_seq_no: d.segment_seq_no,
+            entry_id: d.entry_id,
+            slot_index: d.slot_index,
+        }),
+        _ => {
+            return Err(WireError::InvalidField {
+                what: "truncation point",
+            })
+        }
+    };
+    let retention = RetentionOverride {
+        time_secs: get_opt_u64(r, "retention time")?,
+        size_bytes: get_opt_u64(r, "retention size")?,
+    };
+    let defaults = RetentionDefaults {
+        time_secs: get_opt_u64(r, "default retention time")?,
+        size_bytes: get_opt_u64(r, "default retention size")?,
+    };
+    let owner = match r.u8()? {
+        0 => None,
+        1 => Some(get_str(r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "owner")?),
+        _ => return Err(WireError::InvalidField { what: "owner" }),
+    };
+    let count = r.u32()? as usize;
+    if count > body_len / SEGMENT_INFO_SIZE_BYTES {
+        return Err(WireError::InvalidField {
+            what: "segment count",
+        });
+    }
+    let mut segments = Vec::with_capacity(count);
+    for _ in 0..count {
+        let seq_no = r.u64()?;
+        let ledger_id = r.u64()?;
+        let state = match r.u8()? {
+            0 => SegmentState::InProgress,
+            1 => SegmentState::Completed,
+            _ => {
+                return Err(WireError::InvalidField {
+                    what: "segment state",
+                })
+            }
+        };
+        segments.push(SegmentMetadata {
+            seq_no,
+            ledger_id,
+            state,
+            first_txid: get_opt_u64(r, "first txid")?,
+            last_txid: get_opt_u64(r, "last txid")?,
+            last_entry: get_opt_u64(r, "last entry")?,
+            record_count: r.u64()?,
+            length_bytes: r.u64()?,
+            completion_time_ms: get_opt_u64(r, "completion time")?,
+        });
+    }
+    Ok(StreamInfo {
+        metadata: StreamMetadata {
+            name,
+            segments,
+            max_txid,
+            creation_time_ms,
+            truncated_before,
+            retention,
+        },
+        owner,
+        defaults,
+    })
+}
+
 /// Cuts `s` to at most `max` bytes at a character boundary.
 pub fn truncate_message(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -187,6 +393,24 @@ impl Request {
             Request::ListStreams => Opcode::ListStreams,
             Request::Write { .. } => Opcode::Write,
             Request::Read { .. } => Opcode::Read,
+            Request::DescribeStream { .. } => Opcode::DescribeStream,
+            Request::TruncateStream { .. } => Opcode::TruncateStream,
+            Request::DeleteStream { .. } => Opcode::DeleteStream,
+            Request::SetRetention { .. } => Opcode::SetRetention,
+        }
+    }
+
+    /// The stream a request is about, if any.
+    pub fn stream(&self) -> Option<&str> {
+        match self {
+            Request::Hello { .. } | Request::ListStreams => None,
+            Request::CreateStream { stream }
+            | Request::Write { stream, .. }
+            | Request::Read { stream, .. }
+            | Request::DescribeStream { stream }
+            | Request::TruncateStream { stream, .. }
+            | Request::DeleteStream { stream }
+            | Request::SetRetention { stream, .. } => Some(stream),
         }
     }
 
@@ -240,6 +464,22 @@ impl Request {
                 put_u32(&mut body, *max_records);
                 put_u32(&mut body, *max_bytes);
                 put_u32(&mut body, *wait_ms);
+            }
+            Request::DescribeStream { stream } | Request::DeleteStream { stream } => {
+                put_str(&mut body, stream)
+            }
+            Request::TruncateStream { stream, before } => {
+                put_str(&mut body, stream);
+                before.encode(&mut body);
+            }
+            Request::SetRetention {
+                stream,
+                time_secs,
+                size_bytes,
+            } => {
+                put_str(&mut body, stream);
+                put_change(&mut body, time_secs);
+                put_change(&mut body, size_bytes);
             }
         }
         let header = FrameHeader {
@@ -303,6 +543,21 @@ impl Request {
                 max_bytes: r.u32()?,
                 wait_ms: r.u32()?,
             },
+            Opcode::DescribeStream => Request::DescribeStream {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+            },
+            Opcode::TruncateStream => Request::TruncateStream {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                before: Dlsn::decode(&mut r)?,
+            },
+            Opcode::DeleteStream => Request::DeleteStream {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+            },
+            Opcode::SetRetention => Request::SetRetention {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                time_secs: get_change(&mut r)?,
+                size_bytes: get_change(&mut r)?,
+            },
         };
         r.finish()?;
         Ok(req)
@@ -356,6 +611,16 @@ impl Response {
                     body.extend_from_slice(&txid.to_le_bytes());
                     put_len_prefixed(&mut body, payload);
                 }
+            }
+            Response::DescribeStream { info } => put_stream_info(&mut body, info),
+            Response::TruncateStream { result } => {
+                result.truncated_before.encode(&mut body);
+                put_u32(&mut body, result.segments_deleted);
+            }
+            Response::DeleteStream { segments_deleted } => put_u32(&mut body, *segments_deleted),
+            Response::SetRetention { retention } => {
+                put_opt_u64(&mut body, retention.time_secs);
+                put_opt_u64(&mut body, retention.size_bytes);
             }
             Response::Error { code, message } => {
                 assert!(
@@ -448,6 +713,24 @@ impl Response {
                 }
                 Response::Read { next, records }
             }
+            Opcode::DescribeStream => Response::DescribeStream {
+                info: get_stream_info(&mut r, frame.body.len())?,
+            },
+            Opcode::TruncateStream => Response::TruncateStream {
+                result: TruncateResult {
+                    truncated_before: Dlsn::decode(&mut r)?,
+                    segments_deleted: r.u32()?,
+                },
+            },
+            Opcode::DeleteStream => Response::DeleteStream {
+                segments_deleted: r.u32()?,
+            },
+            Opcode::SetRetention => Response::SetRetention {
+                retention: RetentionOverride {
+                    time_secs: get_opt_u64(&mut r, "retention time")?,
+                    size_bytes: get_opt_u64(&mut r, "retention size")?,
+                },
+            },
         };
         r.finish()?;
         Ok(resp)
@@ -519,6 +802,24 @@ mod tests {
             max_bytes: 2,
             wait_ms: 0,
         });
+        req_round_trip(Request::DescribeStream { stream: "s".into() });
+        req_round_trip(Request::DeleteStream {
+            stream: "a/b".into(),
+        });
+        req_round_trip(Request::TruncateStream {
+            stream: "s".into(),
+            before: Dlsn::new(3, 4, 5),
+        });
+        req_round_trip(Request::SetRetention {
+            stream: "s".into(),
+            time_secs: RetentionChange::Set(3600),
+            size_bytes: RetentionChange::Default,
+        });
+        req_round_trip(Request::SetRetention {
+            stream: "s".into(),
+            time_secs: RetentionChange::Keep,
+            size_bytes: RetentionChange::Set(u64::MAX),
+        });
         let mut buf = Vec::new();
         Request::ListStreams.encode(1, &mut buf);
         let (f, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
@@ -565,6 +866,71 @@ mod tests {
             Response::Error {
                 code: ErrorCode::RecordTooLarge,
                 message: "too big".into(),
+            },
+        );
+        let seg = |seq_no, state, t: Option<u64>| SegmentMetadata {
+            seq_no,
+            ledger_id: seq_no + 100,
+            state,
+            first_txid: Some(1),
+            last_txid: t,
+            last_entry: t,
+            record_count: 7,
+            length_bytes: 70,
+            completion_time_ms: t,
+        };
+        resp_round_trip(
+            Opcode::DescribeStream,
+            Response::DescribeStream {
+                info: StreamInfo {
+                    metadata: StreamMetadata {
+                        name: "logs/a".into(),
+                        segments: vec![
+                            seg(2, SegmentState::Completed, Some(9)),
+                            seg(3, SegmentState::InProgress, None),
+                        ],
+                        max_txid: Some(9),
+                        creation_time_ms: 12,
+                        truncated_before: Some(TruncationPoint {
+                            segment_seq_no: 2,
+                            entry_id: 1,
+                            slot_index: 0,
+                        }),
+                        retention: RetentionOverride {
+                            time_secs: Some(60),
+                            size_bytes: None,
+                        },
+                    },
+                    owner: Some("127.0.0.1:4181".into()),
+                    defaults: RetentionDefaults {
+                        time_secs: None,
+                        size_bytes: Some(1 << 30),
+                    },
+                },
+            },
+        );
+        resp_round_trip(
+            Opcode::TruncateStream,
+            Response::TruncateStream {
+                result: TruncateResult {
+                    truncated_before: Dlsn::new(4, 0, 0),
+                    segments_deleted: 3,
+                },
+            },
+        );
+        resp_round_trip(
+            Opcode::DeleteStream,
+            Response::DeleteStream {
+                segments_deleted: 2,
+            },
+        );
+        resp_round_trip(
+            Opcode::SetRetention,
+            Response::SetRetention {
+                retention: RetentionOverride {
+                    time_secs: None,
+                    size_bytes: Some(5),
+                },
             },
         );
         let mut buf = Vec::new();
@@ -620,7 +986,7 @@ mod tests {
                     (x >> 24) as u8
                 })
                 .collect();
-            for op in 0..8u8 {
+            for op in 0..12u8 {
                 let _ = Request::decode(&Frame {
                     header: hdr(op),
                     body: &g,

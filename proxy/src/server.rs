@@ -655,6 +655,35 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
                 records: batch.records,
             })
         }
+        Request::DescribeStream { stream } => {
+            let info = streams.describe(&stream).await?;
+            // A stream with very many segments could outgrow a frame: say so rather than send
+            // a frame the client refuses.
+            let size = 256 + info.metadata.segments.len() * 80;
+            if size > config.frame_size_bytes_max as usize {
+                return Err(Error::Internal(format!(
+                    "stream {stream:?} has {} segments, too many to describe in one frame",
+                    info.metadata.segments.len()
+                )));
+            }
+            Ok(Response::DescribeStream { info })
+        }
+        Request::TruncateStream { stream, before } => streams
+            .truncate(&stream, before)
+            .await
+            .map(|result| Response::TruncateStream { result }),
+        Request::DeleteStream { stream } => streams
+            .delete_stream(&stream)
+            .await
+            .map(|segments_deleted| Response::DeleteStream { segments_deleted }),
+        Request::SetRetention {
+            stream,
+            time_secs,
+            size_bytes,
+        } => streams
+            .set_retention(&stream, time_secs, size_bytes)
+            .await
+            .map(|retention| Response::SetRetention { retention }),
         Request::Hello { .. } | Request::Write { .. } => Err(Error::Internal(format!(
             "{:?} is handled by the connection loop",
             Opcode::from_u8(req.opcode() as u8)

@@ -13,7 +13,7 @@ use quire_proxy::{Dlsn, ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
 pub struct ProxyArg {
     /// Proxy address (host:port).
     #[arg(long, env = "QUIRE_PROXY", default_value = crate::PROXY_ADDR_DEFAULT)]
-    proxy: String,
+    pub proxy: String,
 }
 
 /// `quire write` options.
@@ -62,14 +62,14 @@ const READ_BATCH_SIZE_BYTES_MAX: u32 = 2 * 1024 * 1024;
 /// How long one tail read waits for new records before asking again.
 const TAIL_WAIT: Duration = Duration::from_secs(10);
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")
 }
 
-async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
+pub(crate) async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
     ProxyClient::connect(&proxy.proxy).await.with_context(|| {
         format!(
             "cannot reach the proxy at {} (is a sandbox running?)",

@@ -420,6 +420,33 @@ pub struct ProxySettings {
     /// Records are packed into entries of up to this many bytes (default 256 KiB).
     #[arg(long)]
     pub entry_size_bytes: Option<usize>,
+    /// A segment holding at least one record also rolls once it is this many seconds old
+    /// (default 7200, DistributedLog's 2 h); 0 turns time rolling off.
+    #[arg(long)]
+    pub segment_roll_secs: Option<u64>,
+    /// Default retention time of every stream, in seconds (1 to 100 years); unset: kept
+    /// forever. Streams override it (`quire stream retention`).
+    #[arg(long)]
+    pub retention_time_secs: Option<u64>,
+    /// Default retention size of every stream, in bytes (1 to 2^60); unset: no limit.
+    #[arg(long)]
+    pub retention_size_bytes: Option<u64>,
+}
+
+/// Parses and checks a retention time in seconds (`--retention-time-secs`).
+pub fn parse_retention_time_secs(v: &str) -> std::result::Result<u64, String> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| format!("{v:?} is not a whole number"))?;
+    quire_proxy::check_retention_time_secs(n)
+}
+
+/// Parses and checks a retention size in bytes (`--retention-size-bytes`).
+pub fn parse_retention_size_bytes(v: &str) -> std::result::Result<u64, String> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| format!("{v:?} is not a whole number"))?;
+    quire_proxy::check_retention_size_bytes(n)
 }
 
 /// A checked proxy configuration.
@@ -450,7 +477,10 @@ impl ProxySettings {
             write_quorum,
             ack_quorum,
             segment_size_bytes,
-            entry_size_bytes
+            entry_size_bytes,
+            segment_roll_secs,
+            retention_time_secs,
+            retention_size_bytes
         )
     }
 
@@ -489,6 +519,19 @@ impl ProxySettings {
                 );
             }
             streams.entry_size_bytes_target = b;
+        }
+        if let Some(secs) = self.segment_roll_secs {
+            streams.segment_roll_interval = (secs > 0).then(|| Duration::from_secs(secs));
+        }
+        if let Some(v) = self.retention_time_secs {
+            let v = quire_proxy::check_retention_time_secs(v)
+                .map_err(|e| anyhow!("invalid setting retention_time_secs = {v}: {e}"))?;
+            streams.retention_time = Some(Duration::from_secs(v));
+        }
+        if let Some(v) = self.retention_size_bytes {
+            let v = quire_proxy::check_retention_size_bytes(v)
+                .map_err(|e| anyhow!("invalid setting retention_size_bytes = {v}: {e}"))?;
+            streams.retention_size_bytes = Some(v);
         }
         Ok(ProxyOptions {
             metadata,
@@ -630,6 +673,46 @@ mod tests {
             ),
             (2, 2, 2)
         );
+    }
+
+    #[test]
+    fn proxy_lifecycle_settings_are_read_and_checked() {
+        // Goal: segment_roll_secs (0 = off), retention_time_secs and retention_size_bytes reach
+        // the stream config; 0 and absurd retention values are one clear line.
+        let base = "zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\n";
+        let parse = |extra: &str| {
+            let file: ProxySettings = toml::from_str(&format!("{base}{extra}")).unwrap();
+            ProxySettings::default().merged(file).resolve()
+        };
+        let o = parse(
+            "segment_roll_secs = 60\nretention_time_secs = 3600\nretention_size_bytes = 1000",
+        )
+        .unwrap();
+        assert_eq!(
+            o.streams.segment_roll_interval,
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(o.streams.retention_time, Some(Duration::from_secs(3600)));
+        assert_eq!(o.streams.retention_size_bytes, Some(1000));
+        let o = parse("segment_roll_secs = 0").unwrap();
+        assert_eq!(o.streams.segment_roll_interval, None);
+        let o = parse("").unwrap();
+        assert_eq!(
+            o.streams.segment_roll_interval,
+            Some(Duration::from_secs(7200))
+        );
+        assert_eq!(
+            (o.streams.retention_time, o.streams.retention_size_bytes),
+            (None, None)
+        );
+        for (bad, key) in [
+            ("retention_time_secs = 0", "retention_time_secs = 0"),
+            ("retention_time_secs = 99999999999", "100 years"),
+            ("retention_size_bytes = 0", "retention_size_bytes = 0"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(key) && e.lines().count() == 1, "{e}");
+        }
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //!
 //! * `quire bookie --config FILE` and `quire proxy --config FILE` run one bookie or one proxy of
 //!   a multi-process cluster whose metadata lives in ZooKeeper.
-//! * `quire ledger show|recover`, `quire bookie list` and `quire stream show` inspect and repair
-//!   the cluster through its metadata store.
+//! * `quire ledger show|recover` and `quire bookie list` inspect and repair the cluster through
+//!   its metadata store.
+//! * `quire stream list|show|truncate|delete|retention` manage streams through a proxy.
 //!
 //! Errors are one line on stderr and a non-zero exit status.
 
@@ -62,7 +63,8 @@ enum Command {
     Proxy(proxy_cmd::ProxyArgs),
     /// Ledger admin: `show LEDGER`, `recover LEDGER`.
     Ledger(admin::LedgerArgs),
-    /// Stream admin: `show STREAM`.
+    /// Stream admin through a proxy: `list`, `show STREAM`, `truncate STREAM DLSN`,
+    /// `delete STREAM`, `retention STREAM [--time-secs N] [--size-bytes N]`.
     Stream(admin::StreamArgs),
 }
 

@@ -53,6 +53,19 @@ pub struct SandboxArgs {
     /// Records are packed into entries of up to this many bytes.
     #[arg(long, default_value_t = 256 * 1024)]
     entry_size_bytes: usize,
+    /// A segment holding at least one record also rolls once it is this many seconds old
+    /// (DistributedLog default: 2 h); 0 turns time rolling off.
+    #[arg(long, default_value_t = 7200)]
+    segment_roll_secs: u64,
+    /// Default retention time of every stream: completed segments older than this many
+    /// seconds are deleted, oldest first (streams override it with `quire stream retention`).
+    /// Unset: kept forever.
+    #[arg(long, value_parser = crate::config::parse_retention_time_secs)]
+    retention_time_secs: Option<u64>,
+    /// Default retention size of every stream: its oldest completed segments are deleted while
+    /// it holds more than this many bytes. Unset: no limit.
+    #[arg(long, value_parser = crate::config::parse_retention_size_bytes)]
+    retention_size_bytes: Option<u64>,
     /// Size of each pre-written journal file, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     journal_file_size_bytes: u64,
@@ -298,6 +311,10 @@ async fn serve(
         ack_quorum: args.ack_quorum,
         segment_size_bytes_max: args.segment_size_bytes,
         entry_size_bytes_target: args.entry_size_bytes,
+        segment_roll_interval: (args.segment_roll_secs > 0)
+            .then(|| Duration::from_secs(args.segment_roll_secs)),
+        retention_time: args.retention_time_secs.map(Duration::from_secs),
+        retention_size_bytes: args.retention_size_bytes,
         ..quire_proxy::StreamConfig::default()
     };
     let streams = quire_proxy::StreamManager::new(store, bk, config);

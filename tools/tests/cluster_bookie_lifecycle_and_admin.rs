@@ -157,7 +157,7 @@ fn concurrent_ledger_recovers_agree_and_admin_shows_the_stream() {
     assert!(err.is_none(), "writes failed: {err:?}");
     assert_eq!(acked.len(), 600);
 
-    let show = cluster.admin_ok(&["stream", "show", "recover/me"]);
+    let show = cluster.stream_admin_ok(&proxy.addr, &["stream", "show", "recover/me"]);
     assert!(
         show.contains(&format!("owner:    {}", proxy.addr)),
         "{show}"
@@ -166,9 +166,10 @@ fn concurrent_ledger_recovers_agree_and_admin_shows_the_stream() {
         show.contains("completed") && show.contains("in progress"),
         "{show}"
     );
+    let doc =
+        json(&cluster.stream_admin_ok(&proxy.addr, &["stream", "show", "recover/me", "--json"]));
     proxy.kill();
 
-    let doc = json(&cluster.admin_ok(&["stream", "show", "recover/me", "--json"]));
     let segments = doc["metadata"]["segments"].as_array().unwrap();
     assert!(segments.len() >= 2, "the stream rolled: {doc}");
     let open = segments.last().unwrap();

@@ -178,7 +178,7 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
         acked.len() >= 200,
         "the owner's writes were all acknowledged"
     );
-    let show = cluster.admin_ok(&["stream", "show", "race"]);
+    let show = cluster.stream_admin_ok(&loser_addr, &["stream", "show", "race"]);
     assert!(show.contains(&format!("owner:    {owner_addr}")), "{show}");
 
     // (c) freeze the owner past its session timeout.
@@ -209,7 +209,7 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
     let (got, err) = rt.block_on(write_records(&other_client, "race", "C", 2000..2100));
     assert!(err.is_none(), "{err:?}");
     acked.extend(got);
-    let show = cluster.admin_ok(&["stream", "show", "race"]);
+    let show = cluster.stream_admin_ok(&other.addr, &["stream", "show", "race"]);
     assert!(
         show.contains(&format!("owner:    {}", other.addr)),
         "{show}"

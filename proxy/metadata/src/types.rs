@@ -197,6 +197,37 @@ pub struct SegmentMetadata {
     pub record_count: u64,
     /// Payload bytes in it (completed segments).
     pub length_bytes: u64,
+    /// When it was completed, in milliseconds since the Unix epoch (DistributedLog
+    /// `completionTime`, the age time-based retention goes by); `None` while in progress and
+    /// for segments completed before this field existed.
+    #[serde(default)]
+    pub completion_time_ms: Option<u64>,
+}
+
+/// A truncation point: a DLSN as its three parts (`segment_seq_no:entry_id:slot_index`).
+/// Every record before it is unreadable (DistributedLog's `minActiveDLSN` of a stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TruncationPoint {
+    /// Log segment sequence number.
+    pub segment_seq_no: u64,
+    /// Entry id within the segment.
+    pub entry_id: u64,
+    /// Record index within the entry.
+    pub slot_index: u32,
+}
+
+/// A stream's own retention settings, overriding the cluster defaults field by field
+/// (DistributedLog `retentionPeriodHours`, per stream through its dynamic config). `None`: the
+/// cluster default applies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionOverride {
+    /// Completed segments older than this many seconds (by completion time) are deleted.
+    #[serde(default)]
+    pub time_secs: Option<u64>,
+    /// Oldest completed segments are deleted while the stream's segments hold more than this
+    /// many payload bytes.
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
 }
 
 /// Stream metadata (DistributedLog log znode with its `ledgers` and `maxtxid` children).
@@ -210,6 +241,13 @@ pub struct StreamMetadata {
     pub max_txid: Option<u64>,
     /// Milliseconds since the Unix epoch.
     pub creation_time_ms: u64,
+    /// Records before this point are unreadable; it never moves backwards. `None`: nothing
+    /// was truncated.
+    #[serde(default)]
+    pub truncated_before: Option<TruncationPoint>,
+    /// Per-stream retention overrides.
+    #[serde(default)]
+    pub retention: RetentionOverride,
 }
 
 /// A bookie's cookie (BookKeeper `Cookie`): who the bookie is and which directories hold its
@@ -296,6 +334,19 @@ mod tests {
         ] {
             assert!(validate_stream_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn stream_records_without_lifecycle_fields_still_parse() {
+        // Goal: records written before truncation, retention and completion times existed read
+        // back with those fields empty. Method: parse such a record's JSON.
+        let old = r#"{"name":"s","segments":[{"seq_no":1,"ledger_id":7,"state":"Completed",
+            "first_txid":1,"last_txid":2,"last_entry":0,"record_count":2,"length_bytes":10}],
+            "max_txid":2,"creation_time_ms":5}"#;
+        let m: StreamMetadata = serde_json::from_str(old).unwrap();
+        assert_eq!(m.truncated_before, None);
+        assert_eq!(m.retention, RetentionOverride::default());
+        assert_eq!(m.segments[0].completion_time_ms, None);
     }
 
     #[test]

@@ -11,6 +11,8 @@ fn stream(name: &str) -> StreamMetadata {
         segments: vec![],
         max_txid: None,
         creation_time_ms: 1,
+        truncated_before: None,
+        retention: RetentionOverride::default(),
     }
 }
 

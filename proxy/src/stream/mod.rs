@@ -63,6 +63,7 @@
 //! completes and recovers log segments; `reader` serves reads; `tail_cache` holds the readers'
 //! view of the segments and the recently acknowledged entries.
 
+mod lifecycle;
 mod ownership;
 mod reader;
 mod segment;
@@ -72,17 +73,18 @@ mod writer;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quire_ledger::{BookKeeper, LedgerReader};
 use quire_metadata::{validate_stream_name, MetadataStore, StreamMetadata};
 use tokio::sync::{oneshot, OnceCell};
 
+use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
 use crate::record_set::{
     ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };
-use crate::types::WriteResult;
+use crate::types::{RetentionChange, RetentionDefaults, StreamInfo, TruncateResult, WriteResult};
 
 use ownership::StreamHandle;
 use tail_cache::TailCache;
@@ -118,6 +120,21 @@ pub struct StreamConfig {
     /// a unique placeholder `unadvertised-<pid>-<n>` is used, fine for a single proxy but
     /// useless to a redirected client.
     pub owner_address: String,
+    /// A segment that holds at least one record rolls once it has been open this long
+    /// (DistributedLog `logSegmentRollingIntervalMinutes`, default 2 h), beside the size rule.
+    /// Measured on the monotonic clock from the segment's start, so wall-clock jumps neither
+    /// hold a roll back nor make every record roll. `None`: size rolling only.
+    pub segment_roll_interval: Option<Duration>,
+    /// Cluster default of time-based retention: completed segments whose completion is older
+    /// than this are deleted, oldest first (DistributedLog `retentionPeriodHours`, there 72 h
+    /// by default). `None` (the default here): kept forever. Streams override it
+    /// ([`quire_metadata::RetentionOverride`]).
+    pub retention_time: Option<Duration>,
+    /// Cluster default of size-based retention: while a stream's segments hold more payload
+    /// bytes than this, its oldest completed segment is deleted. `None`: no limit.
+    pub retention_size_bytes: Option<u64>,
+    /// How often each stream task checks the time roll and retention (default 1 s).
+    pub lifecycle_check_interval: Duration,
 }
 
 impl Default for StreamConfig {
@@ -133,6 +150,10 @@ impl Default for StreamConfig {
             tail_cache_bytes_max: 8 * 1024 * 1024,
             append_queue_max: 64,
             owner_address: String::new(),
+            segment_roll_interval: Some(Duration::from_secs(2 * 3600)),
+            retention_time: None,
+            retention_size_bytes: None,
+            lifecycle_check_interval: Duration::from_secs(1),
         }
     }
 }
@@ -173,6 +194,12 @@ struct StreamShared {
     lost: Mutex<Option<String>>,
     /// True once some request was answered with `OwnershipLost` for this acquisition.
     loss_reported: AtomicBool,
+    /// True once the stream was deleted by this acquisition (then `lost` is set too): later
+    /// requests find no stream, or create a new one, instead of hearing `OwnershipLost`.
+    deleted: AtomicBool,
+    /// The segment being written as far as acknowledged: (seq no, last acknowledged entry,
+    /// records, payload bytes), for `describe`.
+    live: Mutex<Option<(u64, u64, u64, u64)>>,
 }
 
 /// The streams this proxy owns.
@@ -258,6 +285,8 @@ impl StreamManager {
             segments: Vec::new(),
             max_txid: None,
             creation_time_ms: now_ms(),
+            truncated_before: None,
+            retention: quire_metadata::RetentionOverride::default(),
         };
         self.metadata
             .create_stream(&meta)
@@ -325,25 +354,183 @@ impl StreamManager {
         }
         let handle = self.stream(name, create_if_missing, true).await?;
         let (reply, rx) = oneshot::channel();
-        if handle
-            .commands
-            .send(Command::Append { records, reply })
-            .await
-            .is_err()
-        {
-            // The task ended: it lost the stream (or the manager is stopping).
-            return Err(match handle.lost_reason() {
+        self.send_command(&handle, Command::Append { records, reply })
+            .await?;
+        Ok(rx)
+    }
+
+    /// Sends a command to a stream's task; when the task has ended, the reason: the stream was
+    /// lost, deleted, or the manager is stopping.
+    async fn send_command(&self, handle: &StreamHandle, cmd: Command) -> Result<()> {
+        if handle.commands.send(cmd).await.is_ok() {
+            return Ok(());
+        }
+        Err(if handle.shared.deleted.load(Ordering::SeqCst) {
+            Error::NoSuchStream {
+                stream: handle.name.clone(),
+            }
+        } else {
+            match handle.lost_reason() {
                 Some(reason) => {
                     handle.shared.loss_reported.store(true, Ordering::SeqCst);
                     Error::OwnershipLost {
-                        stream: name.to_string(),
+                        stream: handle.name.clone(),
                         reason,
                     }
                 }
                 None => Error::ShuttingDown,
-            });
+            }
+        })
+    }
+
+    /// Runs one lifecycle command on the stream's owner task (acquiring the stream if nobody
+    /// owns it) and waits for its answer.
+    async fn owner_command<T>(
+        &self,
+        name: &str,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command,
+    ) -> Result<T> {
+        self.check_running()?;
+        let handle = self.stream(name, false, false).await?;
+        let (reply, rx) = oneshot::channel();
+        self.send_command(&handle, make(reply)).await?;
+        match rx.await {
+            Ok(r) => r,
+            // The task ended without answering: it lost the stream or stopped.
+            Err(_) => Err(match handle.lost_reason() {
+                Some(reason) => Error::OwnershipLost {
+                    stream: name.to_string(),
+                    reason,
+                },
+                None => Error::ShuttingDown,
+            }),
         }
-        Ok(rx)
+    }
+
+    /// The stream's record, owner and this proxy's retention defaults. Any proxy answers
+    /// (from the metadata store); when this proxy owns the stream, the segment being written
+    /// shows its acknowledged entries, records and bytes so far.
+    ///
+    /// # Errors
+    /// `NoSuchStream`, `InvalidStreamName`, `Metadata`.
+    pub async fn describe(&self, name: &str) -> Result<StreamInfo> {
+        validate_stream_name(name).map_err(|e| Error::from_metadata(name, "describe stream", e))?;
+        let mut meta = self
+            .metadata
+            .read_stream(name)
+            .await
+            .map_err(|e| Error::from_metadata(name, "read stream", e))?
+            .value;
+        let owner = self
+            .metadata
+            .stream_owner(name)
+            .await
+            .map_err(|e| Error::from_metadata(name, "read stream owner", e))?;
+        let handle = self
+            .streams
+            .lock()
+            .expect("streams lock")
+            .get(name)
+            .and_then(|c| c.get().cloned());
+        if let Some(h) = handle.filter(|h| h.lost_reason().is_none()) {
+            let live = *h.shared.live.lock().expect("live lock");
+            if let Some((seq, entry, records, bytes)) = live {
+                if let Some(s) = meta.segments.iter_mut().find(|s| {
+                    s.seq_no == seq && s.state == quire_metadata::SegmentState::InProgress
+                }) {
+                    s.last_entry = Some(entry);
+                    s.record_count = records;
+                    s.length_bytes = bytes;
+                }
+            }
+        }
+        Ok(StreamInfo {
+            metadata: meta,
+            owner,
+            defaults: self.retention_defaults(),
+        })
+    }
+
+    /// This proxy's cluster-wide retention defaults.
+    pub fn retention_defaults(&self) -> RetentionDefaults {
+        RetentionDefaults {
+            time_secs: self.config.retention_time.map(|d| d.as_secs()),
+            size_bytes: self.config.retention_size_bytes,
+        }
+    }
+
+    /// Truncates the stream before `before` (DistributedLog `truncate(DLSN)`): at once every
+    /// record before it is unreadable (a read from an earlier DLSN gets `Truncated`, a read
+    /// from the head starts at the point), and whole segments whose records all lie before it
+    /// are deleted, ledger metadata included (oldest first; never the segment being written).
+    /// The point never moves backwards: a `before` at or below the point in force changes
+    /// nothing and returns that point. Done by the stream's owner only.
+    ///
+    /// # Errors
+    /// `BadRequest` when `before` is beyond the end of the stream (past the entry after the
+    /// last acknowledged one) or the stream holds no record; `NoSuchStream`,
+    /// `InvalidStreamName`, `OwnedElsewhere` (redirect), `OwnershipLost` (another proxy took
+    /// the stream: nothing was changed or deleted), `Metadata`.
+    pub async fn truncate(&self, name: &str, before: Dlsn) -> Result<TruncateResult> {
+        self.owner_command(name, |reply| Command::Truncate { before, reply })
+            .await
+    }
+
+    /// Deletes the stream (DistributedLog `delete`): its record goes first (by compare-and-set;
+    /// from then on the name is free and can be created again), then every segment's ledger
+    /// metadata; the lease is given up. Writes queued behind the delete fail with
+    /// `NoSuchStream`; writes acknowledged before it went with the stream. Returns how many
+    /// segments were deleted. Done by the stream's owner only.
+    ///
+    /// # Errors
+    /// `NoSuchStream`, `InvalidStreamName`, `OwnedElsewhere` (redirect), `OwnershipLost`
+    /// (nothing deleted), `Metadata`.
+    pub async fn delete_stream(&self, name: &str) -> Result<u32> {
+        let r = self
+            .owner_command(name, |reply| Command::Delete { reply })
+            .await;
+        if r.is_ok() {
+            // Forget the ended acquisition so the name can be used again at once.
+            let mut streams = self.streams.lock().expect("streams lock");
+            if streams
+                .get(name)
+                .and_then(|c| c.get())
+                .is_some_and(|h| h.shared.deleted.load(Ordering::SeqCst))
+            {
+                streams.remove(name);
+            }
+        }
+        r
+    }
+
+    /// Changes the stream's retention overrides (each [`RetentionChange::Keep`], `Set` or
+    /// back to the cluster `Default`) and returns the overrides in force. Done by the owner,
+    /// which applies them at its next check (within [`StreamConfig::lifecycle_check_interval`]).
+    ///
+    /// # Errors
+    /// `BadRequest` for a value of 0 or above the maximum
+    /// ([`crate::types::check_retention_time_secs`], [`crate::types::check_retention_size_bytes`]);
+    /// `NoSuchStream`, `OwnedElsewhere`, `OwnershipLost`, `Metadata`.
+    pub async fn set_retention(
+        &self,
+        name: &str,
+        time_secs: RetentionChange,
+        size_bytes: RetentionChange,
+    ) -> Result<quire_metadata::RetentionOverride> {
+        if let RetentionChange::Set(v) = time_secs {
+            crate::types::check_retention_time_secs(v)
+                .map_err(|reason| Error::BadRequest { reason })?;
+        }
+        if let RetentionChange::Set(v) = size_bytes {
+            crate::types::check_retention_size_bytes(v)
+                .map_err(|reason| Error::BadRequest { reason })?;
+        }
+        self.owner_command(name, |reply| Command::SetRetention {
+            time_secs,
+            size_bytes,
+            reply,
+        })
+        .await
     }
 
     /// Acquires every stream in the metadata store that no other proxy owns now, recovering

@@ -118,7 +118,12 @@ impl StreamManager {
                     streams.remove(name);
                 }
             }
-            if report_loss && !handle.shared.loss_reported.swap(true, Ordering::SeqCst) {
+            // A deleted stream is not a lost one: acquire afresh (finding no stream, or
+            // creating a new one).
+            if report_loss
+                && !handle.shared.deleted.load(Ordering::SeqCst)
+                && !handle.shared.loss_reported.swap(true, Ordering::SeqCst)
+            {
                 return Err(Error::OwnershipLost {
                     stream: name.to_string(),
                     reason,
@@ -178,6 +183,7 @@ impl StreamManager {
             appends: VecDeque::new(),
             appends_base: 0,
             acked: None,
+            completed_at: std::collections::HashMap::new(),
         };
         if let Err(e) = writer.recover().await {
             writer.release_lease().await;

@@ -52,10 +52,26 @@ impl StreamManager {
             ReadPosition::Dlsn(d) => d,
         };
         loop {
+            // Truncation (checked again after every wait, as it may move meanwhile): a read
+            // from the head starts at the point, one from an earlier DLSN is refused rather
+            // than silently moved (DistributedLog `AlreadyTruncatedTransactionException`).
+            let point = tail.borrow().truncated_before;
+            if let Some(t) = point.filter(|t| pos < *t) {
+                match from {
+                    ReadPosition::Head => pos = t,
+                    ReadPosition::Dlsn(d) => {
+                        return Err(Error::Truncated {
+                            stream: name.to_string(),
+                            requested: d,
+                            truncated_before: t,
+                        })
+                    }
+                }
+            }
             let plan = tail.borrow_and_update().resolve(pos);
             match plan {
                 Some((seg, start)) => {
-                    let (records, next) = self
+                    let read = self
                         .read_segment(
                             &handle,
                             &seg,
@@ -63,7 +79,16 @@ impl StreamManager {
                             max_records as usize,
                             max_bytes as usize,
                         )
-                        .await?;
+                        .await;
+                    let (records, next) = match read {
+                        Ok(r) => r,
+                        // The segment was deleted under the read (truncation or retention):
+                        // start over, which answers TRUNCATED or moves a head read on.
+                        Err(_) if tail.borrow().truncated_before.is_some_and(|t| pos < t) => {
+                            continue
+                        }
+                        Err(e) => return Err(e),
+                    };
                     if !records.is_empty() {
                         return Ok(ReadBatch {
                             records,

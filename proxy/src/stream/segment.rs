@@ -30,6 +30,23 @@ pub(super) struct OpenSegment {
     pub(super) last_txid: u64,
     /// Highest entry acknowledged.
     pub(super) last_acked_entry: Option<u64>,
+    /// When it was started, on the monotonic clock (the time roll's reference).
+    pub(super) opened_at: std::time::Instant,
+}
+
+/// The sequence number of a stream's next segment: one past its last segment, and never below
+/// the truncation point (whose segments may all have been deleted), so that DLSNs only grow
+/// (DistributedLog keeps the max sequence number in the `ledgers` znode for the same reason).
+pub(super) fn next_seq_no(meta: &quire_metadata::StreamMetadata) -> u64 {
+    let after_last = meta.segments.last().map_or(1, |s| s.seq_no + 1);
+    let after_point = meta.truncated_before.map_or(1, |t| {
+        if t.entry_id == 0 && t.slot_index == 0 {
+            t.segment_seq_no
+        } else {
+            t.segment_seq_no + 1
+        }
+    });
+    after_last.max(after_point).max(1)
 }
 
 impl Writer {
@@ -37,7 +54,7 @@ impl Writer {
         Error::from_metadata(&self.name, op, e)
     }
 
-    fn publish(&self) {
+    pub(super) fn publish(&self) {
         self.tail
             .send_replace(TailState::from_metadata(&self.meta.value));
         // Keep the in-progress segment's readable end: it is the LAC, not in the metadata.
@@ -107,9 +124,20 @@ impl Writer {
             seg.last_txid = last_txid.or(seg.first_txid);
             seg.record_count = record_count;
             seg.length_bytes = lm.length_bytes;
+            seg.completion_time_ms = Some(super::now_ms());
             if let Some(t) = last_txid {
                 meta.max_txid = Some(meta.max_txid.map_or(t, |m| m.max(t)));
             }
+            changed = true;
+        }
+        // Completed segments recorded before completion times existed count from now, so that
+        // one of them cannot hold time-based retention back forever.
+        for seg in meta
+            .segments
+            .iter_mut()
+            .filter(|s| s.state == SegmentState::Completed && s.completion_time_ms.is_none())
+        {
+            seg.completion_time_ms = Some(super::now_ms());
             changed = true;
         }
         if changed {
@@ -133,7 +161,7 @@ impl Writer {
     pub(super) async fn open_segment(&mut self, first_txid: u64) -> Result<()> {
         assert!(self.current.is_none(), "one open segment at a time");
         self.check_ownership()?;
-        let seq_no = self.meta.value.segments.last().map_or(1, |s| s.seq_no + 1);
+        let seq_no = next_seq_no(&self.meta.value);
         let mut custom = BTreeMap::new();
         custom.insert("quire.stream".to_string(), self.name.clone());
         custom.insert("quire.segment_seq_no".to_string(), seq_no.to_string());
@@ -165,6 +193,7 @@ impl Writer {
             last_entry: None,
             record_count: 0,
             length_bytes: 0,
+            completion_time_ms: None,
         });
         let version = self
             .metadata
@@ -184,6 +213,7 @@ impl Writer {
             size_bytes: 0,
             last_txid: first_txid,
             last_acked_entry: None,
+            opened_at: std::time::Instant::now(),
         });
         self.publish();
         Ok(())
@@ -230,6 +260,7 @@ impl Writer {
         s.last_txid = Some(seg.last_txid);
         s.record_count = seg.record_count;
         s.length_bytes = lm.length_bytes;
+        s.completion_time_ms = Some(super::now_ms());
         if seg.record_count > 0 {
             meta.max_txid = Some(
                 meta.max_txid
@@ -242,6 +273,9 @@ impl Writer {
             .await
             .map_err(|e| self.stream_update_err("complete segment", e))?;
         tracing::debug!(stream = %self.name, seq_no = seg.seq_no, records = seg.record_count, "completed segment");
+        self.completed_at
+            .insert(seg.seq_no, std::time::Instant::now());
+        *self.shared.live.lock().expect("live lock") = None;
         self.meta = Versioned {
             value: meta,
             version,

@@ -24,6 +24,8 @@ pub(super) struct SegmentView {
 #[derive(Debug, Clone, Default)]
 pub(super) struct TailState {
     pub(super) segments: Vec<SegmentView>,
+    /// Records before this are unreadable (the stream's truncation point).
+    pub(super) truncated_before: Option<Dlsn>,
 }
 
 impl TailState {
@@ -42,7 +44,13 @@ impl TailState {
                 completed: s.state == SegmentState::Completed,
             })
             .collect();
-        Self { segments }
+        let truncated_before = meta
+            .truncated_before
+            .map(|t| Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index));
+        Self {
+            segments,
+            truncated_before,
+        }
     }
 
     /// The segment and position holding the first readable record at or after `pos`, or
@@ -111,6 +119,7 @@ mod tests {
                 view(2, None, true),
                 view(3, Some(0), false),
             ],
+            truncated_before: None,
         };
         let at = |s, e, k| {
             t.resolve(Dlsn::new(s, e, k))

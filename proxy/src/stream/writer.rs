@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 use crate::record_set::{
     self, encoded_record_size_bytes, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };
-use crate::types::WriteResult;
+use crate::types::{RetentionChange, TruncateResult, WriteResult};
+use quire_metadata::RetentionOverride;
 
 pub(super) enum Command {
     Append {
@@ -31,6 +32,21 @@ pub(super) enum Command {
     },
     Close {
         reply: oneshot::Sender<Result<()>>,
+    },
+    /// See [`super::StreamManager::truncate`].
+    Truncate {
+        before: Dlsn,
+        reply: oneshot::Sender<Result<TruncateResult>>,
+    },
+    /// See [`super::StreamManager::delete_stream`].
+    Delete {
+        reply: oneshot::Sender<Result<u32>>,
+    },
+    /// See [`super::StreamManager::set_retention`].
+    SetRetention {
+        time_secs: RetentionChange,
+        size_bytes: RetentionChange,
+        reply: oneshot::Sender<Result<RetentionOverride>>,
     },
 }
 
@@ -41,6 +57,9 @@ pub(super) struct InFlight {
     pub(super) entry: u64,
     pub(super) ledger_id: u64,
     pub(super) payload: Arc<Vec<u8>>,
+    /// Records and payload bytes in the segment up to and including this entry.
+    pub(super) records_through: u64,
+    pub(super) bytes_through: u64,
 }
 
 /// An append waiting for its reply. Appends are answered strictly in submission order.
@@ -142,6 +161,10 @@ pub(super) struct Writer {
     pub(super) appends_base: u64,
     /// (segment seq no, entry id) of the last entry acknowledged.
     pub(super) acked: Option<(u64, u64)>,
+    /// When (monotonic clock) this writer completed each segment, by seq no: time-based
+    /// retention goes by it rather than the stored wall-clock completion time where known, so
+    /// that a wall-clock jump does not age them.
+    pub(super) completed_at: std::collections::HashMap<u64, std::time::Instant>,
 }
 
 impl Writer {
@@ -159,7 +182,10 @@ impl Writer {
             Acked(std::result::Result<EntryId, quire_ledger::Error>),
             Lost(String),
             Command(Option<Command>),
+            Tick,
         }
+        let mut tick = tokio::time::interval(self.config.lifecycle_check_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let accepting = self.entries.len() < self.config.adds_in_flight_max;
             let event = match stashed.take() {
@@ -167,8 +193,11 @@ impl Writer {
                 held => {
                     stashed = held;
                     let take = accepting && stashed.is_none();
+                    // The lifecycle tick goes first: it is ready once per interval, and after
+                    // the commands it would starve under a steady stream of appends.
                     tokio::select! {
                         biased;
+                        _ = tick.tick() => Event::Tick,
                         r = oldest_add(&mut self.entries) => Event::Acked(r),
                         reason = lease_lost(&mut lost_rx) => Event::Lost(reason),
                         cmd = commands.recv(), if take => Event::Command(cmd),
@@ -218,6 +247,36 @@ impl Writer {
                     self.release_lease().await;
                     let _ = reply.send(r);
                 }
+                Event::Tick => {
+                    if !self.closed && !self.on_tick().await {
+                        break;
+                    }
+                }
+                Event::Command(Some(Command::Truncate { before, reply })) => {
+                    let (r, go_on) = self.truncate(before).await;
+                    let _ = reply.send(r);
+                    if !go_on {
+                        break;
+                    }
+                }
+                Event::Command(Some(Command::SetRetention {
+                    time_secs,
+                    size_bytes,
+                    reply,
+                })) => {
+                    let (r, go_on) = self.set_retention(time_secs, size_bytes).await;
+                    let _ = reply.send(r);
+                    if !go_on {
+                        break;
+                    }
+                }
+                Event::Command(Some(Command::Delete { reply })) => {
+                    let (r, go_on) = self.delete_stream().await;
+                    let _ = reply.send(r);
+                    if !go_on {
+                        break;
+                    }
+                }
                 Event::Command(Some(Command::Append { records, reply })) => {
                     if self.closed {
                         let _ = reply.send(Err(Error::ShuttingDown));
@@ -255,6 +314,7 @@ impl Writer {
         // After a loss: answer what is queued, then end (dropping the readers' view).
         let reason = self.shared.lost.lock().expect("lost lock").clone();
         if let Some(reason) = reason {
+            let deleted = self.shared.deleted.load(Ordering::SeqCst);
             commands.close();
             let mut rest: Vec<Command> = stashed.into_iter().collect();
             while let Some(cmd) = commands.recv().await {
@@ -262,6 +322,9 @@ impl Writer {
             }
             for cmd in rest {
                 match cmd {
+                    Command::Append { reply, .. } if deleted => {
+                        let _ = reply.send(Err(self.gone()));
+                    }
                     Command::Append { reply, .. } => {
                         self.shared.loss_reported.store(true, Ordering::SeqCst);
                         let _ = reply.send(Err(Error::OwnershipLost {
@@ -272,10 +335,38 @@ impl Writer {
                     Command::Close { reply } => {
                         let _ = reply.send(Ok(()));
                     }
+                    Command::Truncate { reply, .. } => {
+                        let _ = reply.send(Err(self.ended(deleted, &reason)));
+                    }
+                    Command::SetRetention { reply, .. } => {
+                        let _ = reply.send(Err(self.ended(deleted, &reason)));
+                    }
+                    Command::Delete { reply } => {
+                        let _ = reply.send(Err(self.ended(deleted, &reason)));
+                    }
                 }
             }
         }
         tracing::debug!(stream = %self.name, "stream task ends");
+    }
+
+    /// `NoSuchStream` for this stream.
+    pub(super) fn gone(&self) -> Error {
+        Error::NoSuchStream {
+            stream: self.name.clone(),
+        }
+    }
+
+    /// The answer to a command that arrived after the task gave the stream up.
+    fn ended(&self, deleted: bool, reason: &str) -> Error {
+        if deleted {
+            self.gone()
+        } else {
+            Error::OwnershipLost {
+                stream: self.name.clone(),
+                reason: reason.to_string(),
+            }
+        }
     }
 
     /// Sends one answer; an `OwnershipLost` answer counts as the loss being reported.
@@ -349,7 +440,7 @@ impl Writer {
 
     /// Waits for every add in flight, answering appends as they complete. Returns false if
     /// ownership was lost meanwhile (the stream is given up).
-    async fn drain(&mut self) -> bool {
+    pub(super) async fn drain(&mut self) -> bool {
         while !self.entries.is_empty() {
             if let Err(e) = self.complete_oldest().await {
                 return self.on_write_failure(e).await;
@@ -399,6 +490,8 @@ impl Writer {
             }
         });
         self.acked = Some((seq, f.entry));
+        *self.shared.live.lock().expect("live lock") =
+            Some((seq, f.entry, f.records_through, f.bytes_through));
         self.answer_ready();
         Ok(())
     }
@@ -524,13 +617,21 @@ impl Writer {
         seg.size_bytes += payload.len() as u64;
         seg.last_txid = records[records.len() - 1].1;
         let seq_no = seg.seq_no;
-        let roll = seg.size_bytes >= self.config.segment_size_bytes_max;
+        // The size rule, and the time rule checked here too so that a busy stream rolls on
+        // time (the lifecycle tick covers idle ones).
+        let roll = seg.size_bytes >= self.config.segment_size_bytes_max
+            || self
+                .config
+                .segment_roll_interval
+                .is_some_and(|i| seg.opened_at.elapsed() >= i);
         self.entries.push_back(InFlight {
             future,
             seq_no,
             entry,
             ledger_id: seg.ledger.id().0,
             payload,
+            records_through: seg.record_count,
+            bytes_through: seg.size_bytes,
         });
         for (slot, (id, _, _, last_of_append)) in records.iter().enumerate() {
             let slot = u32::try_from(slot).expect("records per entry bounded by entry size");
@@ -551,7 +652,7 @@ impl Writer {
         Ok(())
     }
 
-    fn fail(&mut self) {
+    pub(super) fn fail(&mut self) {
         // Dropping the ledger writer abandons its pending adds; the segment stays InProgress
         // in the metadata and is recovered (fenced and closed) before the next append.
         self.current = None;

@@ -133,6 +133,18 @@ impl Cluster {
         String::from_utf8(out.stdout).expect("utf8 output")
     }
 
+    /// Runs a stream admin command (`quire ARGS --proxy PROXY`; stream admin goes through a
+    /// proxy), asserting success and returning stdout as text.
+    pub fn stream_admin_ok(&self, proxy: &str, args: &[&str]) -> String {
+        let out = super::run_quire(args, proxy, None);
+        assert!(
+            out.status.success(),
+            "quire {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf8 output")
+    }
+
     /// Waits (up to 60 s) until `quire bookie list` satisfies `pred`; returns the listing.
     pub fn wait_bookies(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);

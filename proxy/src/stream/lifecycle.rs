@@ -1,0 +1,588 @@
+//! A stream's data lifecycle, run by its owner's stream task (DistributedLog
+//! `BKLogWriteHandler`'s truncation, retention and rolling, reduced): time-based segment rolls,
+//! truncation, retention by age and by size, and deletion of the stream.
+//!
+//! Every deletion follows one order: the stream record is updated (or deleted) first, by
+//! compare-and-set against the version this owner last wrote, so that a proxy that lost the
+//! stream meanwhile changes and deletes nothing (its update fails with `BadVersion` and it
+//! gives the stream up); only then is each removed segment's ledger metadata deleted. Readers
+//! stop seeing a segment when the record changes, before its ledger goes. A crash between the
+//! two steps leaves ledger metadata no segment refers to (space is not reclaimed for it), never
+//! a segment whose ledger is gone.
+//!
+//! Segments are deleted oldest first and only as a prefix of the segment list (a segment goes
+//! only after every older one), never the segment being written.
+
+use std::time::{Duration, Instant};
+
+use quire_metadata::{
+    RetentionOverride, SegmentMetadata, SegmentState, TruncationPoint, Versioned,
+};
+use quire_wire::LedgerId;
+
+use super::now_ms;
+use super::writer::Writer;
+use crate::dlsn::Dlsn;
+use crate::error::{Error, Result};
+use crate::types::{RetentionChange, TruncateResult};
+
+fn to_point(d: Dlsn) -> TruncationPoint {
+    TruncationPoint {
+        segment_seq_no: d.segment_seq_no,
+        entry_id: d.entry_id,
+        slot_index: d.slot_index,
+    }
+}
+
+fn from_point(t: TruncationPoint) -> Dlsn {
+    Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index)
+}
+
+/// The retention limits in force for one stream: its overrides, else the cluster defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RetentionLimits {
+    pub(super) time: Option<Duration>,
+    pub(super) size_bytes: Option<u64>,
+}
+
+impl RetentionLimits {
+    pub(super) fn resolve(
+        o: &RetentionOverride,
+        default_time: Option<Duration>,
+        default_size: Option<u64>,
+    ) -> Self {
+        Self {
+            time: o.time_secs.map(Duration::from_secs).or(default_time),
+            size_bytes: o.size_bytes.or(default_size),
+        }
+    }
+}
+
+/// How many segments at the front of `segments` retention deletes: the longest prefix of
+/// completed segments each of which is too old or is needed to bring the stream's bytes
+/// (`open_segment_bytes` counts the segment being written) within the size limit. A
+/// segment's age is `monotonic_age(seq_no)` when the caller knows it (it completed the segment
+/// itself), else wall-clock now minus its recorded completion time, 0 if that lies in the
+/// future (a clock that jumped backwards) or is unknown. Stops at the first segment that stays,
+/// so no hole is ever left.
+pub(super) fn retention_prefix(
+    segments: &[SegmentMetadata],
+    open_segment_bytes: u64,
+    limits: RetentionLimits,
+    now_wall_ms: u64,
+    monotonic_age: impl Fn(u64) -> Option<Duration>,
+) -> usize {
+    if limits.time.is_none() && limits.size_bytes.is_none() {
+        return 0;
+    }
+    let mut remaining: u64 = segments
+        .iter()
+        .filter(|s| s.state == SegmentState::Completed)
+        .map(|s| s.length_bytes)
+        .sum::<u64>()
+        .saturating_add(open_segment_bytes);
+    let mut n = 0;
+    for s in segments {
+        if s.state != SegmentState::Completed {
+            break;
+        }
+        let age = monotonic_age(s.seq_no).unwrap_or_else(|| {
+            Duration::from_millis(
+                s.completion_time_ms
+                    .map_or(0, |t| now_wall_ms.saturating_sub(t)),
+            )
+        });
+        let too_old = limits.time.is_some_and(|t| age >= t);
+        let too_big = limits.size_bytes.is_some_and(|max| remaining > max);
+        if !(too_old || too_big) {
+            break;
+        }
+        remaining -= s.length_bytes.min(remaining);
+        n += 1;
+    }
+    n
+}
+
+impl Writer {
+    /// The lifecycle check, every `lifecycle_check_interval`: roll the open segment if it holds
+    /// a record and is older than `segment_roll_interval`, then apply retention. Returns false
+    /// once the stream was given up.
+    pub(super) async fn on_tick(&mut self) -> bool {
+        if let (Some(interval), Some(seg)) = (self.config.segment_roll_interval, &self.current) {
+            if seg.record_count > 0 && seg.opened_at.elapsed() >= interval {
+                if !self.drain().await {
+                    return false;
+                }
+                if self.current.is_some() {
+                    if let Err(e) = self.complete_current().await {
+                        return self.lifecycle_failure(e).await;
+                    }
+                }
+            }
+        }
+        if !self.healthy {
+            // A dead writer's view of the metadata may be stale; the next append recovers it.
+            return true;
+        }
+        let limits = RetentionLimits::resolve(
+            &self.meta.value.retention,
+            self.config.retention_time,
+            self.config.retention_size_bytes,
+        );
+        let open_bytes = self.current.as_ref().map_or(0, |c| c.size_bytes);
+        let now = Instant::now();
+        let n = retention_prefix(
+            &self.meta.value.segments,
+            open_bytes,
+            limits,
+            now_ms(),
+            |seq| self.completed_at.get(&seq).map(|t| now - *t),
+        );
+        if n == 0 {
+            return true;
+        }
+        let last = self.meta.value.segments[n - 1].seq_no;
+        match self.delete_prefix(n, Dlsn::new(last + 1, 0, 0)).await {
+            Ok(_) => true,
+            Err(e) => self.lifecycle_failure(e).await,
+        }
+    }
+
+    /// A lifecycle step failed: `OwnershipLost` gives the stream up (returns false); any other
+    /// error is logged and the writer recovers before its next append.
+    async fn lifecycle_failure(&mut self, e: Error) -> bool {
+        match e {
+            Error::OwnershipLost { reason, .. } => {
+                self.lose(reason).await;
+                false
+            }
+            other => {
+                tracing::warn!(stream = %self.name, error = %other, "stream lifecycle step failed");
+                self.fail();
+                true
+            }
+        }
+    }
+
+    /// Removes the first `n` segments from the stream record and moves the truncation point
+    /// up to at least `point` (one compare-and-set), then deletes their ledgers' metadata.
+    /// Returns how many segments were removed.
+    async fn delete_prefix(&mut self, n: usize, point: Dlsn) -> Result<u32> {
+        self.check_ownership()?;
+        let mut meta = self.meta.value.clone();
+        let removed: Vec<SegmentMetadata> = meta.segments.drain(..n).collect();
+        assert!(
+            removed.iter().all(|s| s.state == SegmentState::Completed),
+            "only completed segments are deleted"
+        );
+        let point = to_point(point);
+        meta.truncated_before = Some(meta.truncated_before.map_or(point, |t| t.max(point)));
+        let version = self
+            .metadata
+            .update_stream(&meta, self.meta.version)
+            .await
+            .map_err(|e| self.stream_update_err("truncate stream", e))?;
+        self.meta = Versioned {
+            value: meta,
+            version,
+        };
+        self.publish();
+        {
+            let mut readers = self.shared.readers.lock().expect("readers lock");
+            let mut cache = self.shared.cache.lock().expect("cache lock");
+            for s in &removed {
+                readers.remove(&s.ledger_id);
+                self.completed_at.remove(&s.seq_no);
+                let keys: Vec<_> = cache
+                    .entries
+                    .range((s.ledger_id, 0)..=(s.ledger_id, u64::MAX))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in keys {
+                    if let Some(p) = cache.entries.remove(&k) {
+                        cache.size_bytes -= p.len();
+                    }
+                }
+            }
+        }
+        for s in &removed {
+            self.delete_ledger_metadata(s.ledger_id).await;
+        }
+        tracing::info!(stream = %self.name, segments = removed.len(), truncated_before = %from_point(self.meta.value.truncated_before.expect("set above")), "deleted segments");
+        Ok(removed.len() as u32)
+    }
+
+    /// Deletes one ledger's metadata (BookKeeper `deleteLedger`); bookies reclaim its space in
+    /// their garbage collection. Failures are logged, not returned: the stream record no longer
+    /// refers to the ledger, so what is left is unreclaimed space, not a hole.
+    async fn delete_ledger_metadata(&mut self, ledger: u64) {
+        for _ in 0..3 {
+            let v = match self.metadata.read_ledger(LedgerId(ledger)).await {
+                Ok(v) => v,
+                Err(quire_metadata::Error::NotFound { .. }) => return,
+                Err(e) => {
+                    tracing::warn!(stream = %self.name, ledger, error = %e, "cannot read the metadata of a deleted segment's ledger; it stays");
+                    return;
+                }
+            };
+            match self
+                .metadata
+                .delete_ledger(LedgerId(ledger), v.version)
+                .await
+            {
+                Ok(()) | Err(quire_metadata::Error::NotFound { .. }) => return,
+                // Changed since read (e.g. a late close): read again.
+                Err(quire_metadata::Error::BadVersion { .. }) => continue,
+                Err(e) => {
+                    tracing::warn!(stream = %self.name, ledger, error = %e, "cannot delete the metadata of a deleted segment's ledger; it stays");
+                    return;
+                }
+            }
+        }
+        tracing::warn!(stream = %self.name, ledger, "the metadata of a deleted segment's ledger kept changing; it stays");
+    }
+
+    /// The position just past the last acknowledged entry of the stream (where the next record
+    /// will be readable from at the latest), or `None` if the stream holds no entry.
+    fn end_position(&self) -> Option<Dlsn> {
+        for s in self.meta.value.segments.iter().rev() {
+            let last = match &self.current {
+                Some(c) if c.seq_no == s.seq_no => c.last_acked_entry,
+                _ if s.state == SegmentState::Completed => s.last_entry,
+                _ => None,
+            };
+            if let Some(last) = last {
+                return Some(Dlsn::new(s.seq_no, last + 1, 0));
+            }
+        }
+        None
+    }
+
+    /// See `StreamManager::truncate`. Returns the answer and whether the task goes on.
+    pub(super) async fn truncate(&mut self, before: Dlsn) -> (Result<TruncateResult>, bool) {
+        if let Err(e) = self.check_ownership() {
+            let go_on = self.lifecycle_failure_keep(&e).await;
+            return (Err(e), go_on);
+        }
+        if !self.healthy {
+            if let Err(e) = self.recover().await {
+                let go_on = self.lifecycle_failure_keep(&e).await;
+                return (Err(e), go_on);
+            }
+        }
+        let current = self.meta.value.truncated_before.map(from_point);
+        if let Some(t) = current.filter(|t| before <= *t) {
+            return (
+                Ok(TruncateResult {
+                    truncated_before: t,
+                    segments_deleted: 0,
+                }),
+                true,
+            );
+        }
+        let Some(end) = self.end_position() else {
+            return (
+                Err(Error::BadRequest {
+                    reason: format!(
+                        "cannot truncate stream {:?} before {before}: it holds no record",
+                        self.name
+                    ),
+                }),
+                true,
+            );
+        };
+        if before > end {
+            return (
+                Err(Error::BadRequest {
+                    reason: format!(
+                        "cannot truncate stream {:?} before {before}: beyond its end {end} (the position after its last acknowledged entry)",
+                        self.name
+                    ),
+                }),
+                true,
+            );
+        }
+        // Whole segments before the point: completed ones with no entry at or after it.
+        let n = self
+            .meta
+            .value
+            .segments
+            .iter()
+            .take_while(|s| {
+                s.state == SegmentState::Completed
+                    && (s.seq_no < before.segment_seq_no
+                        || (s.seq_no == before.segment_seq_no
+                            && s.last_entry.is_none_or(|l| l < before.entry_id)))
+            })
+            .count();
+        let r = self.delete_prefix(n, before).await;
+        match r {
+            Ok(deleted) => (
+                Ok(TruncateResult {
+                    truncated_before: from_point(
+                        self.meta
+                            .value
+                            .truncated_before
+                            .expect("set by delete_prefix"),
+                    ),
+                    segments_deleted: deleted,
+                }),
+                true,
+            ),
+            Err(e) => {
+                let go_on = self.lifecycle_failure_keep(&e).await;
+                (Err(e), go_on)
+            }
+        }
+    }
+
+    /// As `lifecycle_failure`, for an error that is also returned to the caller.
+    async fn lifecycle_failure_keep(&mut self, e: &Error) -> bool {
+        match e {
+            Error::OwnershipLost { reason, .. } => {
+                // Adds already sent finish first (their outcome is the bookies' to decide).
+                if self.drain().await {
+                    self.lose(reason.clone()).await;
+                }
+                false
+            }
+            Error::Metadata { .. } | Error::Storage { .. } => {
+                tracing::warn!(stream = %self.name, error = %e, "stream lifecycle step failed");
+                true
+            }
+            _ => true,
+        }
+    }
+
+    /// See `StreamManager::set_retention`.
+    pub(super) async fn set_retention(
+        &mut self,
+        time_secs: RetentionChange,
+        size_bytes: RetentionChange,
+    ) -> (Result<RetentionOverride>, bool) {
+        let apply = |v: Option<u64>, c: RetentionChange| match c {
+            RetentionChange::Keep => v,
+            RetentionChange::Set(x) => Some(x),
+            RetentionChange::Default => None,
+        };
+        let mut meta = self.meta.value.clone();
+        meta.retention = RetentionOverride {
+            time_secs: apply(meta.retention.time_secs, time_secs),
+            size_bytes: apply(meta.retention.size_bytes, size_bytes),
+        };
+        if meta.retention == self.meta.value.retention {
+            return (Ok(meta.retention), true);
+        }
+        if let Err(e) = self.check_ownership() {
+            let go_on = self.lifecycle_failure_keep(&e).await;
+            return (Err(e), go_on);
+        }
+        match self.metadata.update_stream(&meta, self.meta.version).await {
+            Ok(version) => {
+                let r = meta.retention;
+                self.meta = Versioned {
+                    value: meta,
+                    version,
+                };
+                (Ok(r), true)
+            }
+            Err(e) => {
+                let e = self.stream_update_err("set retention", e);
+                let go_on = self.lifecycle_failure_keep(&e).await;
+                (Err(e), go_on)
+            }
+        }
+    }
+
+    /// See `StreamManager::delete_stream`. Returns the answer and whether the task goes on
+    /// (never, once the stream is deleted).
+    pub(super) async fn delete_stream(&mut self) -> (Result<u32>, bool) {
+        if !self.drain().await {
+            let reason = self
+                .shared
+                .lost
+                .lock()
+                .expect("lost lock")
+                .clone()
+                .unwrap_or_default();
+            return (
+                Err(Error::OwnershipLost {
+                    stream: self.name.clone(),
+                    reason,
+                }),
+                false,
+            );
+        }
+        if let Err(e) = self.check_ownership() {
+            let go_on = self.lifecycle_failure_keep(&e).await;
+            return (Err(e), go_on);
+        }
+        match self
+            .metadata
+            .delete_stream(&self.name, self.meta.version)
+            .await
+        {
+            Ok(()) => {}
+            Err(quire_metadata::Error::NotFound { .. }) => {
+                // Someone else deleted it: this acquisition is over too.
+                self.mark_deleted().await;
+                return (Err(self.gone()), false);
+            }
+            Err(e) => {
+                let e = self.stream_update_err("delete stream", e);
+                let go_on = self.lifecycle_failure_keep(&e).await;
+                return (Err(e), go_on);
+            }
+        }
+        // The open segment's ledger writer goes without a close: its ledger is deleted next.
+        self.current = None;
+        let segments = std::mem::take(&mut self.meta.value.segments);
+        for s in &segments {
+            self.delete_ledger_metadata(s.ledger_id).await;
+        }
+        tracing::info!(stream = %self.name, segments = segments.len(), "deleted stream");
+        self.mark_deleted().await;
+        (Ok(segments.len() as u32), false)
+    }
+
+    /// The stream is gone: drop cached state, give the lease up, and end this acquisition so
+    /// that later requests find no stream (or create a new one).
+    async fn mark_deleted(&mut self) {
+        self.current = None;
+        self.healthy = false;
+        *self.shared.cache.lock().expect("cache lock") = Default::default();
+        self.shared.readers.lock().expect("readers lock").clear();
+        *self.shared.live.lock().expect("live lock") = None;
+        self.shared
+            .deleted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.release_lease().await;
+        *self.shared.lost.lock().expect("lost lock") = Some("the stream was deleted".into());
+        // Readers waiting at the tail wake up and find nothing.
+        self.tail.send_replace(Default::default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(
+        seq_no: u64,
+        completed: bool,
+        bytes: u64,
+        completion_ms: Option<u64>,
+    ) -> SegmentMetadata {
+        SegmentMetadata {
+            seq_no,
+            ledger_id: seq_no,
+            state: if completed {
+                SegmentState::Completed
+            } else {
+                SegmentState::InProgress
+            },
+            first_txid: None,
+            last_txid: None,
+            last_entry: Some(0),
+            record_count: 1,
+            length_bytes: bytes,
+            completion_time_ms: completion_ms,
+        }
+    }
+
+    const HOUR_MS: u64 = 3_600_000;
+
+    #[test]
+    fn retention_by_age_deletes_an_oldest_prefix_only() {
+        // Goal: time retention deletes the old segments from the front and stops at the first
+        // young one (no hole), never the one being written. Method: a table of completion
+        // times around a 2 h limit, wall clock only.
+        let now = 100 * HOUR_MS;
+        let limits = RetentionLimits {
+            time: Some(Duration::from_secs(2 * 3600)),
+            size_bytes: None,
+        };
+        let segs = vec![
+            seg(1, true, 10, Some(now - 5 * HOUR_MS)),
+            seg(2, true, 10, Some(now - 3 * HOUR_MS)),
+            seg(3, true, 10, Some(now - HOUR_MS)),
+            // Older than 3 but behind it: must wait (no hole).
+            seg(4, true, 10, Some(now - 4 * HOUR_MS)),
+            seg(5, false, 0, None),
+        ];
+        assert_eq!(retention_prefix(&segs, 0, limits, now, |_| None), 2);
+        // The segment being written is never deleted, however old the rest.
+        let all_old = vec![seg(1, true, 10, Some(0)), seg(2, false, 0, None)];
+        assert_eq!(retention_prefix(&all_old, 0, limits, now, |_| None), 1);
+    }
+
+    #[test]
+    fn retention_by_size_keeps_the_newest_bytes() {
+        // Goal: size retention deletes oldest completed segments while the total (the open
+        // segment's bytes included) is above the limit, and no more.
+        let limits = RetentionLimits {
+            time: None,
+            size_bytes: Some(25),
+        };
+        let segs = vec![
+            seg(1, true, 10, Some(0)),
+            seg(2, true, 10, Some(0)),
+            seg(3, true, 10, Some(0)),
+            seg(4, false, 0, None),
+        ];
+        // 30 bytes completed: dropping segment 1 leaves 20 <= 25.
+        assert_eq!(retention_prefix(&segs, 0, limits, 0, |_| None), 1);
+        // With 12 bytes in the open segment: 42 -> 32 -> 22.
+        assert_eq!(retention_prefix(&segs, 12, limits, 0, |_| None), 2);
+        // Never the open segment, even when it alone is above the limit.
+        assert_eq!(retention_prefix(&segs, 100, limits, 0, |_| None), 3);
+        let none = RetentionLimits {
+            time: None,
+            size_bytes: None,
+        };
+        assert_eq!(retention_prefix(&segs, 100, none, 0, |_| None), 0);
+    }
+
+    #[test]
+    fn clock_jumps_neither_stop_nor_rush_retention() {
+        // Goal: wall-clock jumps do not change the age of segments this owner completed (the
+        // monotonic age wins), and a completion time in the future (clock moved backwards)
+        // counts as age 0 instead of wrapping. Method: the same segments judged at a wall
+        // clock far behind and far ahead of their completion times.
+        let limits = RetentionLimits {
+            time: Some(Duration::from_secs(3600)),
+            size_bytes: None,
+        };
+        let t = 200_000 * HOUR_MS;
+        let segs = vec![
+            seg(1, true, 10, Some(t)),
+            seg(2, true, 10, Some(t)),
+            seg(3, false, 0, None),
+        ];
+        // Clock jumped 10 years back: segment 1's monotonic age (2 h) still expires it;
+        // segment 2 (no monotonic age, completion in the future) is kept, not wrapped to huge.
+        let mono = |seq| (seq == 1).then(|| Duration::from_secs(2 * 3600));
+        assert_eq!(
+            retention_prefix(&segs, 0, limits, t - 87_600 * HOUR_MS, mono),
+            1
+        );
+        assert_eq!(retention_prefix(&segs, 0, limits, 0, |_| None), 0);
+        // Clock jumped 10 years ahead: segments this owner completed a minute ago stay.
+        let recent = |_| Some(Duration::from_secs(60));
+        assert_eq!(
+            retention_prefix(&segs, 0, limits, t + 87_600 * HOUR_MS, recent),
+            0
+        );
+    }
+
+    #[test]
+    fn overrides_win_over_defaults_field_by_field() {
+        let o = RetentionOverride {
+            time_secs: Some(5),
+            size_bytes: None,
+        };
+        let l = RetentionLimits::resolve(&o, Some(Duration::from_secs(9)), Some(7));
+        assert_eq!(l.time, Some(Duration::from_secs(5)));
+        assert_eq!(l.size_bytes, Some(7));
+    }
+}
