@@ -15,6 +15,7 @@ use glommio::{Latency, Shares, TaskQueueHandle};
 use quire_engine::{Engine, EngineConfig};
 use quire_wire::bookie::Status;
 
+use crate::disk::ReadOnlyState;
 use crate::ops::{execute, Class, Failure, Op, Outcome};
 use crate::shard_of;
 
@@ -69,6 +70,8 @@ pub(crate) struct ShardArgs {
     pub(crate) forward_rx: flume::Receiver<Forwarded>,
     /// One sender per shard, indexed by shard (this shard's own entry is unused).
     pub(crate) peers: Vec<flume::Sender<Forwarded>>,
+    /// The bookie's read-only state (shared by every shard and the disk monitor).
+    pub(crate) read_only: ReadOnlyState,
 }
 
 /// The serving state of one shard. Shard-local (`!Send`): lives on its executor thread.
@@ -78,6 +81,7 @@ pub(crate) struct Shard {
     pub(crate) frame_size_bytes_max: u32,
     engine: Rc<Engine>,
     peers: Vec<flume::Sender<Forwarded>>,
+    read_only: ReadOnlyState,
     /// Every request read on this shard's connections holds a pass until it is answered,
     /// including requests forwarded to other shards. Shutdown closes it and waits.
     pub(crate) in_flight: Gate,
@@ -108,6 +112,16 @@ impl Shard {
     /// answered at once, with the LAC as it stands, when the shard starts stopping, so that
     /// shutdown never waits for long-poll timeouts.
     async fn execute_owned(&self, op: Op) -> Outcome {
+        let outcome = self.execute_owned_inner(op).await;
+        if let Err(f) = &outcome {
+            if f.storage_full {
+                self.read_only.report_storage_full();
+            }
+        }
+        outcome
+    }
+
+    async fn execute_owned_inner(&self, op: Op) -> Outcome {
         if let Op::LongPoll {
             ledger, previous, ..
         } = op
@@ -131,7 +145,26 @@ impl Shard {
 
     /// Runs `op` here if this shard owns its ledger, else on the owning shard: at most one
     /// cross-core hop.
+    ///
+    /// A read-only bookie answers a normal add `ReadOnly` here, before any hop (BookKeeper's
+    /// `EREADONLY`): the writer replaces this bookie by an ensemble change. Recovery adds pass
+    /// (BookKeeper sends them as high-priority writes, which a read-only bookie takes), as do
+    /// fences (recovery must be able to seal a ledger on every bookie), reads and LAC reads.
     pub(crate) async fn dispatch(&self, op: Op) -> Outcome {
+        if let Op::Add {
+            ledger,
+            entry,
+            recovery: false,
+            ..
+        } = op
+        {
+            if self.read_only.is_read_only() {
+                return Err(Failure::new(
+                    Status::ReadOnly,
+                    format!("bookie is read-only (disk usage): add {ledger}/{entry} refused"),
+                ));
+            }
+        }
         let owner = shard_of(op.ledger(), self.shard_count);
         assert!(owner < self.shard_count, "shard_of out of range");
         if owner == self.index {
@@ -211,6 +244,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         events,
         forward_rx,
         peers,
+        read_only,
     } = args;
     let engine = match Engine::open(engine).await {
         Ok(e) => e,
@@ -257,6 +291,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         frame_size_bytes_max,
         engine: engine.clone(),
         peers,
+        read_only,
         in_flight: Gate::new(),
         stop: Semaphore::new(0),
         tail_write_tq: ex.create_task_queue(
