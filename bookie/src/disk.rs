@@ -1,8 +1,8 @@
 //! Read-only mode on disk usage (BookKeeper's `LedgerDirsMonitor`, bookkeeper.md §2.10).
 //!
 //! A monitor thread measures, with `statvfs(2)`, the usage of every shard's journal and ledger
-//! directory every `disk_check_interval`, and at once when a shard reports that a write failed
-//! with ENOSPC. Usage is `1 − f_bavail / f_blocks`: the fraction of the filesystem this process
+//! directory every `disk_check_interval`, and at once when a shard reports that a write (an
+//! add, a fence, or a background checkpoint) failed with ENOSPC. Usage is `1 − f_bavail / f_blocks`: the fraction of the filesystem this process
 //! cannot write to (BookKeeper's `1 − usableSpace / totalSpace`).
 //!
 //! * **Read-only** as soon as *any* directory reaches `disk_usage_threshold` (BookKeeper
@@ -211,12 +211,6 @@ pub fn usage_of(dir: &Path) -> std::io::Result<f64> {
         return Ok(0.0);
     }
     Ok((1.0 - s.f_bavail as f64 / blocks).clamp(0.0, 1.0))
-}
-
-/// Whether `err` (a source of an engine I/O error) means the filesystem is out of space.
-pub(crate) fn is_storage_full(err: &std::io::Error) -> bool {
-    matches!(err.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
-        || err.kind() == std::io::ErrorKind::StorageFull
 }
 
 /// The running monitor: its thread and the state it maintains.

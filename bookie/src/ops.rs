@@ -174,8 +174,7 @@ fn fail(err: EngineError) -> Failure {
     if status == Status::IoError {
         tracing::warn!(error = %err, "engine failure answered as IoError");
     }
-    let storage_full =
-        matches!(&err, EngineError::Io { source, .. } if crate::disk::is_storage_full(source));
+    let storage_full = err.is_storage_full();
     Failure {
         storage_full,
         ..Failure::new(status, err.to_string())

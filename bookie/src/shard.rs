@@ -311,6 +311,16 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         ),
     });
     let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
+    // A background checkpoint that found no space turns the bookie read-only at once.
+    let storage_full_task = glommio::spawn_local({
+        let (engine, read_only) = (engine.clone(), shard.read_only.clone());
+        async move {
+            loop {
+                engine.wait_for_storage_full().await;
+                read_only.report_storage_full();
+            }
+        }
+    });
     let accept_task = glommio::spawn_local(accept_loop(shard.clone(), listener));
 
     // Serve until told to stop (or until the controller vanished).
@@ -342,6 +352,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         }
     }
     forward_task.cancel().await;
+    storage_full_task.cancel().await;
     let result = engine.close().await;
     match &result {
         Ok(()) => tracing::info!("engine closed"),

@@ -181,6 +181,11 @@ fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
 
     // A crash on the full disk, then a start on it: read-only from the start, reads served.
     bookie.kill();
+    // The killed incarnation's ephemeral registration lasts until its session expires; a new
+    // one waits for that only up to about the session timeout, so let it expire first.
+    wait_for("the killed bookie's registration expired", || {
+        registered_read_only(&cluster).is_none()
+    });
     let bookie = cluster.start_bookie_with(0, port, &flags);
     wait_for("the restarted bookie registered read-only", || {
         registered_read_only(&cluster) == Some(true)
