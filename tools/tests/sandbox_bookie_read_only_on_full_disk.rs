@@ -1,10 +1,11 @@
 //! Goal: in the sandbox, a bookie whose ledger disk fills turns read-only and the stream layer
 //! writes on: every record written before, during and after the transition is acknowledged and
-//! reads back exactly once and in order; segment ledgers created after the transition never
-//! name the read-only bookie (the sandbox moved its registration to read-only, so placement
-//! skips it, where a stale registration would put it in a new ensemble and see its adds
-//! refused); a sandbox restarted on the full disk registers it read-only from the start and
-//! places no new ledger on it; once space is freed it is registered writable and takes adds.
+//! reads back exactly once and in order, and segment ledgers created afterwards never name the
+//! read-only bookie (here both its read-only registration and the proxy client's quarantine of
+//! a bookie that refused adds keep it out); a sandbox restarted on the full disk registers it
+//! read-only from the start and places no new ledger on it (only its registration can say so:
+//! the new client never saw it fail); once space is freed it is registered writable and takes
+//! adds.
 //! Method: `quire sandbox` with 4 bookies (E=3, Qw=3, Qa=2), 2 KiB segments so that they roll
 //! often, and a 200 ms disk check; bookie 1's ledger directory is a 32 MiB loop-mounted ext4
 //! image (needs root, as engine/tests/full_disk.rs), filled to 100 % mid-test. Records go
@@ -95,9 +96,9 @@ fn stream_writes_go_around_a_bookie_whose_disk_fills() {
         assert!(Instant::now() < deadline, "bookie 1 never turned read-only");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The registration follows the state asynchronously; a ledger created from here on may
-    // still have seen bookie 1 as writable only within that short window, so the check below
-    // starts at ledgers created after more writes.
+    // The registration follows the state asynchronously; a ledger created in that short
+    // window may still name bookie 1 (then its first adds are refused and it is replaced), so
+    // the check below starts at ledgers created after more writes.
     let (a, err) = rt.block_on(write_records(&client, "s", "during", 0..200));
     assert!(
         err.is_none(),
