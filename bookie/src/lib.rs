@@ -12,6 +12,10 @@
 //!   one cross-core hop each way.
 //! * **Pipelining.** Each request runs in its own task; responses are matched by request id
 //!   and may complete out of order. Responses are batched per connection into one write.
+//! * **Read-only mode.** A monitor thread measures the usage of every shard's directories
+//!   ([`disk`], BookKeeper's `LedgerDirsMonitor`); past `disk_usage_threshold` the bookie is
+//!   read-only (normal adds answered `ReadOnly`, everything else served) until every directory
+//!   is below `disk_usage_lwm_threshold`. [`Bookie::read_only_state`] reports and announces it.
 //!
 //! # Threading
 //! [`Bookie`] is a handle owned by the starting thread; shards run on their own threads
@@ -19,6 +23,7 @@
 
 mod conn;
 mod gc;
+pub mod disk;
 mod ops;
 mod shard;
 
@@ -37,6 +42,7 @@ pub use crate::gc::{
     deleted_ledgers_channel, DeletedLedgers, DeletedLedgersQueries, DeletedLedgersQuery,
     GC_ANSWER_WAIT_MAX, GC_INTERVAL_DEFAULT,
 };
+pub use crate::disk::{DirUsage, ReadOnlyState};
 
 /// Default glommio `io_memory` per executor: 2 MiB, small enough for an 8 MiB memlock limit.
 pub const IO_MEMORY_BYTES_DEFAULT: usize = 2 * 1024 * 1024;
@@ -95,6 +101,17 @@ pub struct BookieConfig {
     /// (perf/README.md, "CPU per record"). A CPU that does not exist fails the start with
     /// `Runtime`.
     pub cpu_set: Vec<usize>,
+    /// Usage (fraction of a filesystem's blocks, `0.0 < t <= 1.0`) at which a journal or ledger
+    /// directory counts as full and the bookie turns read-only (BookKeeper
+    /// `diskUsageThreshold`, any one directory being enough as with
+    /// `readOnlyModeOnAnyDiskFullEnabled`). Default 0.95.
+    pub disk_usage_threshold: f64,
+    /// Usage below which every directory must be for a read-only bookie to take adds again
+    /// (BookKeeper `diskUsageLwmThreshold`; `0.0 < lwm <= disk_usage_threshold`). Default 0.90.
+    pub disk_usage_lwm_threshold: f64,
+    /// Time between two measurements of the directories' usage (BookKeeper
+    /// `diskCheckInterval`); a write failing with ENOSPC triggers one at once. Default 10 s.
+    pub disk_check_interval: std::time::Duration,
     /// Engine settings for every shard; its directories are replaced per shard.
     pub engine: quire_engine::EngineConfig,
     /// Time between garbage-collection runs on each shard (BookKeeper `gcWaitTime`, default
@@ -125,6 +142,9 @@ impl BookieConfig {
             frame_size_bytes_max,
             io_memory_bytes: IO_MEMORY_BYTES_DEFAULT,
             cpu_set: Vec::new(),
+            disk_usage_threshold: disk::DISK_USAGE_THRESHOLD_DEFAULT,
+            disk_usage_lwm_threshold: disk::DISK_USAGE_LWM_THRESHOLD_DEFAULT,
+            disk_check_interval: disk::DISK_CHECK_INTERVAL_DEFAULT,
             engine,
             gc_interval: GC_INTERVAL_DEFAULT,
             gc_deleted_ledgers: None,
@@ -186,6 +206,8 @@ struct ShardHandle {
 pub struct Bookie {
     addr: SocketAddr,
     shards: Vec<ShardHandle>,
+    /// Stopped after the shards (its state handle may outlive it).
+    monitor: disk::DiskMonitor,
 }
 
 impl std::fmt::Debug for Bookie {
@@ -221,21 +243,42 @@ impl Bookie {
             forward_rxs.push(rx);
         }
 
+        // Every shard directory exists before the first measurement, so that a bookie that
+        // starts on a full disk is read-only before it serves anything.
+        let mut monitored = Vec::with_capacity(2 * shard_count);
+        for index in 0..shard_count {
+            for dir in [
+                config.shard_journal_dir(index),
+                config.shard_ledger_dir(index),
+            ] {
+                fs::create_dir_all(&dir).map_err(|source| Error::Io {
+                    op: "create directory",
+                    path: dir.clone(),
+                    source,
+                })?;
+                monitored.push(dir);
+            }
+        }
+        let monitor = disk::DiskMonitor::start(
+            monitored,
+            config.disk_usage_threshold,
+            config.disk_usage_lwm_threshold,
+            config.disk_check_interval,
+        )
+        .map_err(|e| Error::Runtime {
+            shard: 0,
+            message: format!("cannot start the disk monitor thread: {e}"),
+        })?;
+        let read_only = monitor.state().clone();
         let mut bookie = Bookie {
             addr: config.listen,
             shards: Vec::with_capacity(shard_count),
+            monitor,
         };
         for (index, forward_rx) in forward_rxs.into_iter().enumerate() {
             let mut engine = config.engine.clone();
             engine.journal_dir = config.shard_journal_dir(index);
             engine.ledger_dir = config.shard_ledger_dir(index);
-            for dir in [&engine.journal_dir, &engine.ledger_dir] {
-                fs::create_dir_all(dir).map_err(|source| Error::Io {
-                    op: "create directory",
-                    path: dir.clone(),
-                    source,
-                })?;
-            }
             let (control_tx, control_rx) = flume::bounded(4);
             let (events_tx, events_rx) = flume::bounded(8);
             let args = ShardArgs {
@@ -249,6 +292,7 @@ impl Bookie {
                 peers: forward_txs.clone(),
                 gc_interval: config.gc_interval,
                 gc_deleted_ledgers: config.gc_deleted_ledgers.clone(),
+                read_only: read_only.clone(),
             };
             // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the
             // test harness hurts more than it helps (reference/infra.md §2).
@@ -318,13 +362,31 @@ impl Bookie {
             }
         }
         bookie.addr = addr;
-        tracing::info!(%addr, shards = shard_count, "bookie serving");
+        tracing::info!(
+            %addr,
+            shards = shard_count,
+            read_only = bookie.is_read_only(),
+            "bookie serving"
+        );
         Ok(bookie)
     }
 
     /// The address the bookie listens on (with the real port when started with port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Whether the bookie is read-only now (a journal or ledger directory reached
+    /// `disk_usage_threshold` and not every one is below `disk_usage_lwm_threshold` yet).
+    pub fn is_read_only(&self) -> bool {
+        self.monitor.state().is_read_only()
+    }
+
+    /// A handle on the read-only state: the current state, each directory's measured usage,
+    /// and a subscription to transitions (to move the registration between BookKeeper's
+    /// `available` and `available/readonly`). Usable from any thread, after shutdown too.
+    pub fn read_only_state(&self) -> ReadOnlyState {
+        self.monitor.state().clone()
     }
 
     /// Clean stop: every shard stops accepting connections and reading requests, every
@@ -414,6 +476,7 @@ impl Bookie {
             }
         }
         self.shards.clear();
+        self.monitor.stop();
         match first_error {
             Some(e) => Err(e),
             None => {
@@ -460,6 +523,20 @@ fn validate(config: &BookieConfig) -> Result<(), Error> {
             "io_memory_bytes is {}, glommio needs at least 65536",
             config.io_memory_bytes
         )));
+    }
+    let (t, lwm) = (config.disk_usage_threshold, config.disk_usage_lwm_threshold);
+    if !(t > 0.0 && t <= 1.0) {
+        return Err(Error::Config(format!(
+            "disk_usage_threshold is {t}, must be in (0, 1]"
+        )));
+    }
+    if !(lwm > 0.0 && lwm <= t) {
+        return Err(Error::Config(format!(
+            "disk_usage_lwm_threshold is {lwm}, must be in (0, disk_usage_threshold = {t}]"
+        )));
+    }
+    if config.disk_check_interval.is_zero() {
+        return Err(Error::Config("disk_check_interval must be positive".into()));
     }
     if config.engine.entry_size_bytes_max > entry_size_bytes_max_for(config.frame_size_bytes_max) {
         tracing::warn!(

@@ -134,12 +134,19 @@ pub(crate) enum Done {
 pub(crate) struct Failure {
     pub(crate) status: Status,
     pub(crate) message: String,
+    /// The engine failed for lack of space (ENOSPC, EDQUOT): the owning shard reports it to
+    /// the disk monitor, which turns the bookie read-only at once.
+    pub(crate) storage_full: bool,
 }
 
 impl Failure {
     pub(crate) fn new(status: Status, message: String) -> Self {
         assert!(status != Status::Ok, "a failure cannot carry status Ok");
-        Self { status, message }
+        Self {
+            status,
+            message,
+            storage_full: false,
+        }
     }
 }
 
@@ -170,7 +177,11 @@ fn fail(err: EngineError) -> Failure {
     if status == Status::IoError {
         tracing::warn!(error = %err, "engine failure answered as IoError");
     }
-    Failure::new(status, err.to_string())
+    let storage_full = err.is_storage_full();
+    Failure {
+        storage_full,
+        ..Failure::new(status, err.to_string())
+    }
 }
 
 /// Runs `op` on the engine of the shard that owns its ledger.

@@ -15,6 +15,7 @@ use glommio::{Latency, Shares, TaskQueueHandle};
 use quire_engine::{Engine, EngineConfig};
 use quire_wire::bookie::Status;
 
+use crate::disk::ReadOnlyState;
 use crate::ops::{execute, Class, Failure, Op, Outcome};
 use crate::shard_of;
 
@@ -71,6 +72,8 @@ pub(crate) struct ShardArgs {
     pub(crate) peers: Vec<flume::Sender<Forwarded>>,
     pub(crate) gc_interval: Duration,
     pub(crate) gc_deleted_ledgers: Option<crate::gc::DeletedLedgers>,
+    /// The bookie's read-only state (shared by every shard and the disk monitor).
+    pub(crate) read_only: ReadOnlyState,
 }
 
 /// The serving state of one shard. Shard-local (`!Send`): lives on its executor thread.
@@ -80,6 +83,7 @@ pub(crate) struct Shard {
     pub(crate) frame_size_bytes_max: u32,
     engine: Rc<Engine>,
     peers: Vec<flume::Sender<Forwarded>>,
+    read_only: ReadOnlyState,
     /// Every request read on this shard's connections holds a pass until it is answered,
     /// including requests forwarded to other shards. Shutdown closes it and waits.
     pub(crate) in_flight: Gate,
@@ -110,6 +114,16 @@ impl Shard {
     /// answered at once, with the LAC as it stands, when the shard starts stopping, so that
     /// shutdown never waits for long-poll timeouts.
     async fn execute_owned(&self, op: Op) -> Outcome {
+        let outcome = self.execute_owned_inner(op).await;
+        if let Err(f) = &outcome {
+            if f.storage_full {
+                self.read_only.report_storage_full();
+            }
+        }
+        outcome
+    }
+
+    async fn execute_owned_inner(&self, op: Op) -> Outcome {
         if let Op::LongPoll {
             ledger, previous, ..
         } = op
@@ -133,7 +147,26 @@ impl Shard {
 
     /// Runs `op` here if this shard owns its ledger, else on the owning shard: at most one
     /// cross-core hop.
+    ///
+    /// A read-only bookie answers a normal add `ReadOnly` here, before any hop (BookKeeper's
+    /// `EREADONLY`): the writer replaces this bookie by an ensemble change. Recovery adds pass
+    /// (BookKeeper sends them as high-priority writes, which a read-only bookie takes), as do
+    /// fences (recovery must be able to seal a ledger on every bookie), reads and LAC reads.
     pub(crate) async fn dispatch(&self, op: Op) -> Outcome {
+        if let Op::Add {
+            ledger,
+            entry,
+            recovery: false,
+            ..
+        } = op
+        {
+            if self.read_only.is_read_only() {
+                return Err(Failure::new(
+                    Status::ReadOnly,
+                    format!("bookie is read-only (disk usage): add {ledger}/{entry} refused"),
+                ));
+            }
+        }
         let owner = shard_of(op.ledger(), self.shard_count);
         assert!(owner < self.shard_count, "shard_of out of range");
         if owner == self.index {
@@ -215,6 +248,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         peers,
         gc_interval,
         gc_deleted_ledgers,
+        read_only,
     } = args;
     let engine = match Engine::open(engine).await {
         Ok(e) => e,
@@ -261,6 +295,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         frame_size_bytes_max,
         engine: engine.clone(),
         peers,
+        read_only,
         in_flight: Gate::new(),
         stop: Semaphore::new(0),
         tail_write_tq: ex.create_task_queue(
@@ -280,6 +315,16 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         ),
     });
     let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
+    // A background checkpoint that found no space turns the bookie read-only at once.
+    let storage_full_task = glommio::spawn_local({
+        let (engine, read_only) = (engine.clone(), shard.read_only.clone());
+        async move {
+            loop {
+                engine.wait_for_storage_full().await;
+                read_only.report_storage_full();
+            }
+        }
+    });
     let accept_task = glommio::spawn_local(accept_loop(shard.clone(), listener));
     let gc_task = (!gc_interval.is_zero()).then(|| {
         glommio::spawn_local(crate::gc::gc_loop(
@@ -324,6 +369,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
     if let Some(t) = gc_task {
         t.cancel().await;
     }
+    storage_full_task.cancel().await;
     let result = engine.close().await;
     match &result {
         Ok(()) => tracing::info!("engine closed"),

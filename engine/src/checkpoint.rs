@@ -34,6 +34,9 @@ pub(crate) struct Checkpointer {
     lock: glommio::sync::Semaphore,
     /// The durable mark: replay would start here.
     mark: Cell<Mark>,
+    /// Set when a background checkpoint failed for lack of space (ENOSPC, EDQUOT), for
+    /// [`crate::Engine::wait_for_storage_full`].
+    pub(crate) storage_full: Signal,
 }
 
 impl Checkpointer {
@@ -43,6 +46,7 @@ impl Checkpointer {
             signal: Signal::default(),
             lock: glommio::sync::Semaphore::new(1),
             mark: Cell::new(mark),
+            storage_full: Signal::default(),
         }
     }
 
@@ -109,6 +113,9 @@ pub(crate) async fn checkpoint_loop<S: Storage>(inner: Rc<Inner<S>>) {
         }
         if let Err(e) = checkpoint(&inner).await {
             tracing::error!("background checkpoint failed: {e}");
+            if e.is_storage_full() {
+                inner.checkpointer.storage_full.notify();
+            }
         }
     }
 }

@@ -496,6 +496,14 @@ impl<S: Storage + 'static> Engine<S> {
         crate::gc::verify_index(&self.inner).await
     }
 
+    /// Resolves when a background checkpoint failed for lack of space (`Error::is_storage_full`)
+    /// since the last call resolved. The bookie's disk monitor uses it to turn the bookie
+    /// read-only at once instead of at its next measurement (BookKeeper turns a bookie
+    /// read-only on `NoWritableLedgerDirException`). One waiter at a time.
+    pub async fn wait_for_storage_full(&self) {
+        self.inner.checkpointer.storage_full.wait().await
+    }
+
     /// Number of journal fdatasyncs issued since open (group-commit observability).
     pub fn journal_sync_count(&self) -> u64 {
         self.inner.journal.sync_count()

@@ -253,3 +253,17 @@ pub enum Error {
     #[error("engine is closed")]
     Closed,
 }
+
+impl Error {
+    /// Whether this is an I/O error caused by a full filesystem (ENOSPC, or EDQUOT: quota).
+    pub fn is_storage_full(&self) -> bool {
+        match self {
+            // std maps ENOSPC to StorageFull and EDQUOT to QuotaExceeded.
+            Error::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ),
+            _ => false,
+        }
+    }
+}

@@ -192,6 +192,7 @@ fn is_clear_enospc(e: &Error, mount: &Path) -> bool {
     let enospc = source.raw_os_error() == Some(libc::ENOSPC)
         || source.kind() == std::io::ErrorKind::StorageFull;
     enospc
+        && e.is_storage_full()
         && !op.is_empty()
         && path.starts_with(mount)
         && text.contains(op)

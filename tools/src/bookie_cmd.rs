@@ -6,9 +6,13 @@
 //! 3. check the bookie's cookie ([`check_cookie`], BookKeeper's `Cookie` rules) and write it on
 //!    first start;
 //! 4. start the bookie server ([`quire_bookie::Bookie::start`]);
-//! 5. register in the bookie registry (an ephemeral znode: it disappears with the session);
-//! 6. serve until SIGINT or SIGTERM, re-registering if the registration disappears (ZooKeeper
-//!    session expiry), then unregister and shut the server down cleanly.
+//! 5. register in the bookie registry (an ephemeral znode: it disappears with the session),
+//!    under `available/` or, when its disks are full, `readonly/` (BookKeeper's
+//!    `available/readonly`);
+//! 6. serve until SIGINT or SIGTERM, moving the registration whenever the bookie turns
+//!    read-only or writable again ([`quire_bookie::ReadOnlyState`]) and re-registering if the
+//!    registration disappears (ZooKeeper session expiry), then unregister and shut the server
+//!    down cleanly.
 //!
 //! On session loss the bookie keeps serving and registers again with a new session, as
 //! BookKeeper's bookie does (its registration manager re-registers on `SessionExpired`): the
@@ -103,21 +107,31 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     ));
     let bookie = quire_bookie::Bookie::start(bookie_config)
         .with_context(|| format!("bookie {id} did not start"))?;
+    // Subscribed before the state is read, so that no transition falls between the two.
+    let read_only = bookie.read_only_state();
+    let changes = read_only.subscribe();
     let info = BookieInfo {
         id: id.clone(),
         rack: options.rack.clone(),
-        read_only: false,
+        read_only: read_only.is_read_only(),
     };
     let served = runtime.block_on(async {
         store.register_bookie(info.clone()).await.with_context(|| format!("cannot register bookie {id}"))?;
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
-            writeln!(out, "quire bookie: {id} serving on {}", bookie.addr())?;
+            let mode = if info.read_only { " (read-only: disk usage)" } else { "" };
+            writeln!(out, "quire bookie: {id} serving on {}{mode}", bookie.addr())?;
             out.flush()?;
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let keeper = tokio::spawn(keep_registered(store.clone(), options.metadata.clone(), info.clone(), stop_rx));
+        let keeper = tokio::spawn(keep_registered(
+            store.clone(),
+            options.metadata.clone(),
+            info.clone(),
+            (read_only, changes),
+            stop_rx,
+        ));
         tokio::select! {
             _ = term.recv() => {},
             _ = int.recv() => {},
@@ -137,28 +151,69 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     stopped
 }
 
-/// Keeps the registration alive until told to stop; returns the store in use then.
+/// Keeps the registration alive and in the right directory until told to stop; returns the
+/// store in use then.
 ///
-/// When the ZooKeeper session expires, the ephemeral registration is gone: it connects a new
-/// store (a new session), retrying every second, and registers again. The bookie serves
-/// throughout.
+/// When the bookie turns read-only or writable again, it registers again with the new
+/// `read_only` flag, which moves the ephemeral node between `available/` and `readonly/`
+/// (BookKeeper's `RegistrationManager.registerBookie(id, readOnly)`); a failed move is retried
+/// every second. When the ZooKeeper session expires, the ephemeral registration is gone: it
+/// connects a new store (a new session), retrying every second, and registers again with the
+/// current state. The bookie serves throughout.
 async fn keep_registered(
     mut store: Arc<ZkStore>,
     address: MetadataAddress,
-    info: BookieInfo,
+    mut info: BookieInfo,
+    (state, changes): (quire_bookie::ReadOnlyState, flume::Receiver<bool>),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Arc<ZkStore> {
+    let mut retry_move = false;
     loop {
         let mut lost = store.session_lost();
-        tokio::select! {
+        let moved = tokio::select! {
             _ = stop.changed() => return store,
-            r = lost.wait_for(|lost| *lost) => if r.is_err() { return store },
+            r = lost.wait_for(|lost| *lost) => {
+                if r.is_err() {
+                    return store;
+                }
+                false
+            }
+            r = changes.recv_async() => {
+                if r.is_err() {
+                    // The bookie is gone; nothing will change any more.
+                    return store;
+                }
+                true
+            }
+            _ = tokio::time::sleep(Duration::from_secs(1)), if retry_move => true,
+        };
+        if moved {
+            // Several transitions may be queued; the current state is what counts.
+            while changes.try_recv().is_ok() {}
+            info.read_only = state.is_read_only();
+            let dir = if info.read_only {
+                "readonly"
+            } else {
+                "available"
+            };
+            match store.register_bookie(info.clone()).await {
+                Ok(()) => {
+                    retry_move = false;
+                    eprintln!("quire bookie: {} registered under {dir}", info.id);
+                }
+                Err(e) => {
+                    retry_move = true;
+                    tracing::warn!(bookie = %info.id, error = %e, "cannot move the registration to {dir}; retrying");
+                }
+            }
+            continue;
         }
         eprintln!(
             "quire bookie: {}: ZooKeeper session expired; registering again with a new session",
             info.id
         );
         loop {
+            info.read_only = state.is_read_only();
             let attempt = async {
                 let fresh = address.connect_zk().await?;
                 fresh
@@ -172,6 +227,7 @@ async fn keep_registered(
                 r = attempt => match r {
                     Ok(fresh) => {
                         store = fresh;
+                        retry_move = false;
                         eprintln!("quire bookie: {} registered again", info.id);
                         break;
                     }

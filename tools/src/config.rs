@@ -212,6 +212,18 @@ pub struct BookieSettings {
     /// default 600, 0 disables).
     #[arg(long)]
     pub gc_interval_secs: Option<u64>,
+    /// Usage of a journal or ledger directory's filesystem (fraction of its blocks, in (0, 1])
+    /// at which the bookie turns read-only (BookKeeper `diskUsageThreshold`; default 0.95).
+    #[arg(long)]
+    pub disk_usage_threshold: Option<f64>,
+    /// Usage every directory must be below for a read-only bookie to take adds again
+    /// (BookKeeper `diskUsageLwmThreshold`; default 0.90, at most disk_usage_threshold).
+    #[arg(long)]
+    pub disk_usage_lwm_threshold: Option<f64>,
+    /// Time between two disk usage measurements, in milliseconds (BookKeeper
+    /// `diskCheckInterval`; default 10000). A write failing with ENOSPC measures at once.
+    #[arg(long)]
+    pub disk_check_interval_ms: Option<u64>,
 }
 
 /// The CPUs this process may run on (its `sched_getaffinity(2)` mask), or `None` if the mask
@@ -252,6 +264,40 @@ pub fn check_cpu_set(cpus: Vec<usize>) -> Result<Vec<usize>> {
         }
     }
     Ok(cpus)
+}
+
+/// Checks the read-only mode settings (`disk_usage_threshold`, `disk_usage_lwm_threshold`,
+/// `disk_check_interval_ms`), filling in BookKeeper's defaults (0.95, 0.90, 10 s); returns
+/// (threshold, low-water mark, interval).
+///
+/// # Errors
+/// One line naming the setting: a threshold outside (0, 1], a low-water mark above the
+/// threshold or not positive, or an interval of 0.
+pub fn check_disk_usage(
+    threshold: Option<f64>,
+    lwm: Option<f64>,
+    interval_ms: Option<u64>,
+) -> Result<(f64, f64, Duration)> {
+    use quire_bookie::disk::{
+        DISK_CHECK_INTERVAL_DEFAULT, DISK_USAGE_LWM_THRESHOLD_DEFAULT, DISK_USAGE_THRESHOLD_DEFAULT,
+    };
+    let t = threshold.unwrap_or(DISK_USAGE_THRESHOLD_DEFAULT);
+    if !(t > 0.0 && t <= 1.0) {
+        bail!(
+            "invalid setting disk_usage_threshold = {t}: expected a fraction in (0, 1], e.g. 0.95"
+        );
+    }
+    // A lower threshold without a low-water mark keeps BookKeeper's 5-point gap when it can.
+    let l = lwm.unwrap_or_else(|| DISK_USAGE_LWM_THRESHOLD_DEFAULT.min(t));
+    if !(l > 0.0 && l <= t) {
+        bail!("invalid setting disk_usage_lwm_threshold = {l}: expected a fraction in (0, disk_usage_threshold = {t}]");
+    }
+    let interval = match interval_ms {
+        None => DISK_CHECK_INTERVAL_DEFAULT,
+        Some(0) => bail!("invalid setting disk_check_interval_ms = 0: expected at least 1"),
+        Some(ms) => Duration::from_millis(ms),
+    };
+    Ok((t, l, interval))
 }
 
 /// A checked bookie configuration.
@@ -314,7 +360,10 @@ impl BookieSettings {
             cpu_set,
             journal_file_size_bytes,
             group_commit_wait_us,
-            gc_interval_secs
+            gc_interval_secs,
+            disk_usage_threshold,
+            disk_usage_lwm_threshold,
+            disk_check_interval_ms
         )
     }
 
@@ -375,6 +424,16 @@ impl BookieSettings {
         if let Some(secs) = self.gc_interval_secs {
             bookie.gc_interval = Duration::from_secs(secs);
         }
+        let disk = check_disk_usage(
+            self.disk_usage_threshold,
+            self.disk_usage_lwm_threshold,
+            self.disk_check_interval_ms,
+        )?;
+        (
+            bookie.disk_usage_threshold,
+            bookie.disk_usage_lwm_threshold,
+            bookie.disk_check_interval,
+        ) = disk;
         Ok(BookieOptions {
             metadata,
             advertised,
@@ -646,6 +705,54 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("invalid setting shards = 0"), "{e}");
+    }
+
+    #[test]
+    fn bookie_disk_usage_settings_are_read_and_checked() {
+        // Goal: the read-only mode keys reach the bookie's configuration with BookKeeper's
+        // defaults, and bad values are refused by name.
+        let base = "zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:1\"\n";
+        let o = bookie_from(base).unwrap();
+        assert_eq!(
+            (
+                o.bookie.disk_usage_threshold,
+                o.bookie.disk_usage_lwm_threshold,
+                o.bookie.disk_check_interval
+            ),
+            (0.95, 0.90, Duration::from_secs(10))
+        );
+        let o = bookie_from(&format!(
+            "{base}disk_usage_threshold = 0.8\ndisk_usage_lwm_threshold = 0.7\ndisk_check_interval_ms = 250"
+        ))
+        .unwrap();
+        assert_eq!(o.bookie.disk_usage_threshold, 0.8);
+        assert_eq!(o.bookie.disk_usage_lwm_threshold, 0.7);
+        assert_eq!(o.bookie.disk_check_interval, Duration::from_millis(250));
+        let o = bookie_from(&format!("{base}disk_usage_threshold = 0.5")).unwrap();
+        assert_eq!(o.bookie.disk_usage_lwm_threshold, 0.5);
+        for (text, want) in [
+            (
+                "disk_usage_threshold = 1.5",
+                "invalid setting disk_usage_threshold = 1.5",
+            ),
+            (
+                "disk_usage_threshold = 0.0",
+                "invalid setting disk_usage_threshold = 0",
+            ),
+            (
+                "disk_usage_lwm_threshold = 0.99",
+                "invalid setting disk_usage_lwm_threshold = 0.99",
+            ),
+            (
+                "disk_check_interval_ms = 0",
+                "invalid setting disk_check_interval_ms = 0",
+            ),
+        ] {
+            let e = bookie_from(&format!("{base}{text}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

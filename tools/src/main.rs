@@ -58,7 +58,8 @@ enum Command {
     Tail(client::TailArgs),
     /// Run one bookie (`--config FILE`, flags override its keys) until SIGINT/SIGTERM; or
     /// `quire bookie list`.
-    Bookie(bookie_cmd::BookieArgs),
+    // Boxed: its many optional settings make it much larger than the other commands.
+    Bookie(Box<bookie_cmd::BookieArgs>),
     /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM.
     Proxy(proxy_cmd::ProxyArgs),
     /// Ledger admin: `show LEDGER`, `recover LEDGER`.
@@ -82,7 +83,7 @@ fn main() -> ExitCode {
         Command::Write(args) => client::write(args),
         Command::Read(args) => client::read(args),
         Command::Tail(args) => client::tail(args),
-        Command::Bookie(args) => bookie_cmd::run(args),
+        Command::Bookie(args) => bookie_cmd::run(*args),
         Command::Proxy(args) => proxy_cmd::run(args),
         Command::Ledger(args) => admin::ledger(args),
         Command::Stream(args) => admin::stream(args),

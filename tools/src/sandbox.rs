@@ -81,6 +81,17 @@ pub struct SandboxArgs {
     /// 0 disables).
     #[arg(long, default_value_t = 600)]
     gc_interval_secs: u64,
+    /// Usage of a bookie directory's filesystem (fraction in (0, 1]) at which that bookie
+    /// turns read-only (BookKeeper `diskUsageThreshold`; default 0.95).
+    #[arg(long)]
+    disk_usage_threshold: Option<f64>,
+    /// Usage every directory of a read-only bookie must be below for it to take adds again
+    /// (BookKeeper `diskUsageLwmThreshold`; default 0.90).
+    #[arg(long)]
+    disk_usage_lwm_threshold: Option<f64>,
+    /// Time between two disk usage measurements, in milliseconds (default 10000).
+    #[arg(long)]
+    disk_check_interval_ms: Option<u64>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -112,6 +123,7 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
 fn bookie_config(
     args: &SandboxArgs,
     cpu_set: &[usize],
+    disk: (f64, f64, Duration),
     index: usize,
     listen: SocketAddr,
     gc: &DeletedLedgers,
@@ -129,6 +141,11 @@ fn bookie_config(
     config.engine.journal_file_size_bytes = args.journal_file_size_bytes;
     config.gc_interval = Duration::from_secs(args.gc_interval_secs);
     config.gc_deleted_ledgers = Some(gc.clone());
+    (
+        config.disk_usage_threshold,
+        config.disk_usage_lwm_threshold,
+        config.disk_check_interval,
+    ) = disk;
     config
 }
 
@@ -172,9 +189,14 @@ fn start_bookies(args: &SandboxArgs, gc: &DeletedLedgers) -> Result<Vec<Bookie>>
         Some(cpus) => crate::config::check_cpu_set(cpus.clone())?,
         None => Vec::new(),
     };
+    let disk = crate::config::check_disk_usage(
+        args.disk_usage_threshold,
+        args.disk_usage_lwm_threshold,
+        args.disk_check_interval_ms,
+    )?;
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let bookie = Bookie::start(bookie_config(args, &cpu_set, i + 1, *addr, gc))
+        let bookie = Bookie::start(bookie_config(args, &cpu_set, disk, i + 1, *addr, gc))
             .with_context(|| format!("bookie {} at {addr} did not start", i + 1))?;
         bookies.push(bookie);
     }
@@ -268,6 +290,37 @@ pub fn run(args: SandboxArgs) -> Result<()> {
     Ok(())
 }
 
+/// Keeps a bookie's registration's `read_only` flag equal to the bookie's state (the embedded
+/// store's counterpart of moving a ZooKeeper registration between `available/` and
+/// `readonly/`), so that new ledgers and ensemble changes avoid a bookie whose disk is full.
+/// Runs until the bookie's state handle is gone or the task is aborted.
+async fn follow_read_only(
+    store: Arc<dyn MetadataStore>,
+    mut info: BookieInfo,
+    state: quire_bookie::ReadOnlyState,
+    changes: flume::Receiver<bool>,
+) {
+    while changes.recv_async().await.is_ok() {
+        while changes.try_recv().is_ok() {}
+        info.read_only = state.is_read_only();
+        // The embedded store does not fail a registration today; say so if it ever does.
+        match store.register_bookie(info.clone()).await {
+            Ok(()) => eprintln!(
+                "quire sandbox: bookie {} is {}",
+                info.id,
+                if info.read_only {
+                    "read-only (disk usage)"
+                } else {
+                    "writable again"
+                }
+            ),
+            Err(e) => {
+                tracing::warn!(bookie = %info.id, error = %e, "cannot update the registration")
+            }
+        }
+    }
+}
+
 async fn serve(
     args: &SandboxArgs,
     store: EmbeddedStore,
@@ -275,15 +328,6 @@ async fn serve(
     read_runtime: &tokio::runtime::Handle,
     gc_queries: DeletedLedgersQueries,
 ) -> Result<()> {
-    for b in bookies {
-        store
-            .register_bookie(BookieInfo {
-                id: BookieId(b.addr().to_string()),
-                rack: None,
-                read_only: false,
-            })
-            .await?;
-    }
     let store: Arc<dyn MetadataStore> = Arc::new(store);
     let gc_store = store.clone();
     tokio::spawn(crate::gc::answer_deleted_ledgers(
@@ -295,6 +339,24 @@ async fn serve(
             Box::pin(async move { Ok(s) })
         }),
     ));
+    let mut followers = Vec::new();
+    for b in bookies {
+        let state = b.read_only_state();
+        // Subscribed before the first registration, so that no transition is missed.
+        let changes = state.subscribe();
+        let info = BookieInfo {
+            id: BookieId(b.addr().to_string()),
+            rack: None,
+            read_only: state.is_read_only(),
+        };
+        store.register_bookie(info.clone()).await?;
+        followers.push(tokio::spawn(follow_read_only(
+            store.clone(),
+            info,
+            state,
+            changes,
+        )));
+    }
     let bk = quire_ledger::BookKeeper::with_read_runtime(
         store.clone(),
         quire_ledger::ClientConfig::default(),
@@ -360,6 +422,9 @@ async fn serve(
         _ = term.recv() => {},
     }
     eprintln!("quire sandbox: stopping");
+    for f in followers {
+        f.abort();
+    }
     server.shutdown();
     streams
         .shutdown()

@@ -459,6 +459,17 @@ impl WriterShared {
                 );
                 return;
             }
+            Ok(Reply::Failed {
+                status: Status::ReadOnly,
+                ..
+            }) => {
+                // BookKeeper EREADONLY: the bookie's disks are full. It keeps serving reads of
+                // what it holds, but this ledger's writes must go elsewhere: it is replaced like
+                // a failed bookie (ensemble change) and quarantined for new placements.
+                tracing::info!(ledger = self.id.0, entry, bookie = %st.ensemble[pos].bookie, "bookie is read-only; replacing it for writes");
+                let lost = matches!(st.tracker.fail(entry, pos), Progress::QuorumLost(_));
+                self.on_bookie_failure(&mut st, pos, lost);
+            }
             other => {
                 let reason = match other {
                     Ok(r) => format!("{r:?}"),

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use quire_bookie::{Bookie, BookieConfig};
 use quire_metadata::{BookieId, BookieInfo, MetadataStore};
@@ -59,4 +60,30 @@ pub async fn start_registered_bookies(
         bookies.push(start_registered_bookie(config, store).await);
     }
     bookies
+}
+
+/// Keeps `bookie`'s registration in `store` in step with its read-only state, as the bookie
+/// process does (BookKeeper moves the registration to `available/readonly`): at every
+/// transition it registers again with the current `read_only` flag. The task ends when the
+/// bookie's state handle is dropped; abort it to stop earlier.
+pub fn follow_read_only(
+    bookie: &Bookie,
+    store: Arc<dyn MetadataStore>,
+) -> tokio::task::JoinHandle<()> {
+    let state = bookie.read_only_state();
+    let changes = state.subscribe();
+    let id = BookieId(bookie.addr().to_string());
+    tokio::spawn(async move {
+        while changes.recv_async().await.is_ok() {
+            while changes.try_recv().is_ok() {}
+            let info = BookieInfo {
+                id: id.clone(),
+                rack: None,
+                read_only: state.is_read_only(),
+            };
+            if let Err(e) = store.register_bookie(info).await {
+                eprintln!("bookie {id}: cannot update the registration: {e}");
+            }
+        }
+    })
 }

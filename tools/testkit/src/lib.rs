@@ -1,5 +1,6 @@
 //! Test-only helpers shared by Quire's crates: a real, standalone ZooKeeper server, and a
-//! loopback TCP relay a test can cut ([`TcpRelay`]) to make a ZooKeeper session expire, and,
+//! loopback TCP relay a test can cut ([`TcpRelay`]) to make a ZooKeeper session expire, a small
+//! loop-mounted ext4 filesystem for full-disk tests ([`loop_mount::LoopMount`], needs root), and,
 //! with the `bookies` feature, real one-shard bookies registered in a metadata store.
 //!
 //! Use it as a dev-dependency (`quire-testkit.workspace = true` under `[dev-dependencies]`):
@@ -20,6 +21,7 @@
 
 #[cfg(feature = "bookies")]
 pub mod bookies;
+pub mod loop_mount;
 mod relay;
 
 pub use relay::TcpRelay;

@@ -1,0 +1,132 @@
+//! Goal: read-only mode of a real `quire bookie` process (BookKeeper's `diskUsageThreshold`,
+//! `LedgerDirsMonitor`, `available/readonly` registration). When its ledger disk passes the
+//! usage threshold the bookie moves its registration to `readonly/`, answers adds (to an
+//! existing or a new ledger) `ReadOnly`, and keeps serving reads, fences and recovery adds; a
+//! bookie whose disk is completely full starts again after a crash, comes up read-only and
+//! serves reads; once space is freed it is writable again, registered under `available/`, and
+//! takes adds.
+//! Method: real ZooKeeper (quire-testkit), one `quire bookie` child on 127.0.0.1 whose ledger
+//! directory is a 32 MiB loop-mounted ext4 image (needs root, as engine/tests/full_disk.rs) and
+//! whose disk monitor measures every 200 ms; its journal is on /tmp. The image is filled to
+//! 100 % by a filler file, and the filler removed later. Requests go over the bookie wire
+//! protocol; the registration is read with `quire bookie list --json`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::wire::{entry_bytes, Answer, Wire, KEY};
+use quire_testkit::loop_mount::{fill_file, LoopMount};
+use quire_wire::bookie::{Request, Status};
+use quire_wire::LedgerId;
+
+/// A guard against a hang, not a timing check.
+const WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// The `read_only` flag of the only registered bookie, `None` while none is registered.
+fn registered_read_only(cluster: &Cluster) -> Option<bool> {
+    let text = cluster.admin_ok(&["bookie", "list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    listed.as_array()?.first()?["read_only"].as_bool()
+}
+
+fn wait_for(what: &str, mut pred: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT_MAX;
+    while !pred() {
+        assert!(Instant::now() < deadline, "never saw: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
+    let cluster = Cluster::start();
+    let mount = LoopMount::new_at(32 << 20, &cluster.ledger_dir(0));
+    let port = quire_testkit::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let flags = ["--disk-check-interval-ms", "200"];
+    let bookie = cluster.start_bookie_with(0, port, &flags);
+    wait_for("the bookie registered writable", || {
+        registered_read_only(&cluster) == Some(false)
+    });
+
+    let mut w = Wire::connect(&addr);
+    for e in 0..10 {
+        assert_eq!(w.add(1, e, false), Answer::Ok, "add 1/{e} on a roomy disk");
+    }
+
+    // Past the threshold (here: 100 %): read-only, registered under readonly/.
+    let filler = mount.path().join("filler");
+    fill_file(&filler);
+    wait_for("the registration moved to readonly/", || {
+        registered_read_only(&cluster) == Some(true)
+    });
+    assert_eq!(w.add(1, 10, false), Answer::Failed(Status::ReadOnly));
+    assert_eq!(
+        w.add(2, 0, false),
+        Answer::Failed(Status::ReadOnly),
+        "new ledger"
+    );
+    for e in 0..10 {
+        assert_eq!(w.read(1, e), Answer::Data(entry_bytes(1, e)), "read 1/{e}");
+    }
+    // Recovery must work on a read-only bookie: fences and recovery adds are served.
+    let fenced = w.call(&Request::Fence {
+        ledger: LedgerId(1),
+        master_key: KEY,
+    });
+    assert_eq!(fenced, Answer::Ok, "fence on a read-only bookie");
+    assert_eq!(
+        w.add(1, 10, true),
+        Answer::Ok,
+        "recovery add on a read-only bookie"
+    );
+    assert_eq!(w.add(1, 11, false), Answer::Failed(Status::ReadOnly));
+    drop(w);
+
+    // A crash on the full disk, then a start on it: read-only from the start, reads served.
+    bookie.kill();
+    // The killed incarnation's ephemeral registration lasts until its session expires; a new
+    // one waits for that only up to about the session timeout, so let it expire first.
+    wait_for("the killed bookie's registration expired", || {
+        registered_read_only(&cluster).is_none()
+    });
+    let bookie = cluster.start_bookie_with(0, port, &flags);
+    wait_for("the restarted bookie registered read-only", || {
+        registered_read_only(&cluster) == Some(true)
+    });
+    let mut w = Wire::connect(&addr);
+    for e in 0..=10 {
+        assert_eq!(
+            w.read(1, e),
+            Answer::Data(entry_bytes(1, e)),
+            "read 1/{e} after restart"
+        );
+    }
+    assert_eq!(w.add(2, 0, false), Answer::Failed(Status::ReadOnly));
+
+    // Space freed: writable again, registered under available/, adds taken.
+    std::fs::remove_file(&filler).expect("remove filler");
+    wait_for("the registration moved back to available/", || {
+        registered_read_only(&cluster) == Some(false)
+    });
+    for e in 0..10 {
+        assert_eq!(
+            w.add(2, e, false),
+            Answer::Ok,
+            "add 2/{e} after freeing space"
+        );
+    }
+    for e in 0..10 {
+        assert_eq!(w.read(2, e), Answer::Data(entry_bytes(2, e)));
+    }
+    assert_eq!(
+        w.add(1, 12, false),
+        Answer::Failed(Status::Fenced),
+        "the fence survived the crash"
+    );
+    drop(w);
+    bookie.stop();
+    drop(mount);
+}

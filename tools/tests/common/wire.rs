@@ -1,0 +1,104 @@
+//! A minimal synchronous client of the bookie wire protocol (`docs/protocol.md`) for tests
+//! that talk to one bookie directly: one handshaken connection, one request at a time.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
+use quire_wire::entry::{encode_entry, EntryHeader};
+use quire_wire::frame::{decode_frame, FRAME_SIZE_BYTES_MAX_DEFAULT};
+use quire_wire::{EntryId, LedgerId, MasterKey};
+
+/// The master key of every ledger these tests write.
+pub const KEY: MasterKey = MasterKey([7; 20]);
+
+/// What a bookie answered, reduced to what the test checks.
+#[derive(Debug, PartialEq)]
+pub enum Answer {
+    Ok,
+    Data(Vec<u8>),
+    Failed(Status),
+}
+
+/// One handshaken bookie wire connection.
+pub struct Wire {
+    conn: TcpStream,
+    buf: Vec<u8>,
+    next_id: u64,
+}
+
+impl Wire {
+    pub fn connect(addr: &str) -> Wire {
+        let conn = TcpStream::connect(addr).expect("connect to the bookie");
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut w = Wire {
+            conn,
+            buf: Vec::new(),
+            next_id: 1,
+        };
+        let hello = w.call(&Request::Hello {
+            version_min: 1,
+            version_max: 1,
+        });
+        assert_eq!(hello, Answer::Ok, "handshake");
+        w
+    }
+
+    pub fn call(&mut self, req: &Request<'_>) -> Answer {
+        let mut out = Vec::new();
+        encode_request(&mut out, self.next_id, req);
+        self.next_id += 1;
+        self.conn.write_all(&out).expect("send");
+        loop {
+            if let Some((frame, used)) =
+                decode_frame(&self.buf, FRAME_SIZE_BYTES_MAX_DEFAULT).expect("frame")
+            {
+                let answer = match decode_response(&frame).expect("response") {
+                    Response::Read { data, .. } => Answer::Data(data.to_vec()),
+                    Response::Failed { status, .. } => Answer::Failed(status),
+                    _ => Answer::Ok,
+                };
+                self.buf.drain(..used);
+                return answer;
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = self.conn.read(&mut chunk).expect("receive");
+            assert!(n > 0, "bookie closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    pub fn add(&mut self, ledger: u64, entry: u64, recovery: bool) -> Answer {
+        let data = entry_bytes(ledger, entry);
+        self.call(&Request::Add {
+            recovery,
+            master_key: KEY,
+            entry: &data,
+        })
+    }
+
+    pub fn read(&mut self, ledger: u64, entry: u64) -> Answer {
+        self.call(&Request::Read {
+            ledger: LedgerId(ledger),
+            entry: Some(EntryId(entry)),
+            fence: None,
+        })
+    }
+}
+
+pub fn entry_bytes(ledger: u64, entry: u64) -> Vec<u8> {
+    let payload = format!("ledger {ledger} entry {entry} ")
+        .repeat(100)
+        .into_bytes();
+    encode_entry(
+        EntryHeader {
+            ledger: LedgerId(ledger),
+            entry: EntryId(entry),
+            lac: entry.checked_sub(1).map(EntryId),
+            length_bytes: payload.len() as u64 * (entry + 1),
+        },
+        &payload,
+    )
+}
