@@ -411,6 +411,11 @@ pub struct ProxySettings {
     /// Records are packed into entries of up to this many bytes (default 256 KiB).
     #[arg(long)]
     pub entry_size_bytes: Option<usize>,
+    /// Longest SIGTERM drain, in milliseconds (default 30000): finishing the writes in flight,
+    /// completing open segments and releasing stream leases. When it runs out the proxy
+    /// closes every connection and exits with an error status.
+    #[arg(long)]
+    pub drain_timeout_ms: Option<u64>,
 }
 
 /// A checked proxy configuration.
@@ -424,7 +429,12 @@ pub struct ProxyOptions {
     pub advertised: String,
     /// Stream layer settings.
     pub streams: quire_proxy::StreamConfig,
+    /// Longest SIGTERM drain (see `quire proxy`).
+    pub drain_timeout: Duration,
 }
+
+/// SIGTERM drain limit of `quire proxy` when none is configured, in milliseconds.
+pub const DRAIN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 
 impl ProxySettings {
     /// Flag values win over the file's.
@@ -441,7 +451,8 @@ impl ProxySettings {
             write_quorum,
             ack_quorum,
             segment_size_bytes,
-            entry_size_bytes
+            entry_size_bytes,
+            drain_timeout_ms
         )
     }
 
@@ -481,11 +492,16 @@ impl ProxySettings {
             }
             streams.entry_size_bytes_target = b;
         }
+        let drain_ms = self.drain_timeout_ms.unwrap_or(DRAIN_TIMEOUT_MS_DEFAULT);
+        if !(100..=3_600_000).contains(&drain_ms) {
+            bail!("invalid setting drain_timeout_ms = {drain_ms}: expected 100 to 3600000");
+        }
         Ok(ProxyOptions {
             metadata,
             listen,
             advertised,
             streams,
+            drain_timeout: Duration::from_millis(drain_ms),
         })
     }
 }
