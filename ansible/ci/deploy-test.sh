@@ -100,7 +100,7 @@ trap 'exit 130' INT TERM
 for h in $HOSTS; do
     if ip netns list | grep -qw "$(ns "${h%%:*}")"; then
         echo "deploy-test: namespace $(ns "${h%%:*}") exists already (an earlier run?); remove it first" >&2
-        HOSTS=  # leave what is not ours alone
+        HOSTS= BR=none-of-ours  # leave what is not ours alone
         exit 1
     fi
 done
