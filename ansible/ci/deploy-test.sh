@@ -175,12 +175,10 @@ log "6 hosts up (namespaces with sshd on $NET.0/24)"
 
 cd "$ANSIBLE_DIR"
 export ANSIBLE_CONFIG=$ANSIBLE_DIR/ansible.cfg
-log "ansible-lint (offline) and syntax check"
+# ansible-lint runs ansible-playbook --syntax-check on every playbook itself.
+t0=$(date +%s)
 ANSIBLE_LINT_NODEPS=1 ansible-lint --offline -q
-for pb in site.yml rolling-restart.yml stop.yml; do
-    ansible-playbook -i inventories/ci --syntax-check "$pb" > /dev/null
-    ansible-playbook -i inventories/production --syntax-check "$pb" > /dev/null
-done
+log "ansible-lint (offline, profile production) passed in $(( $(date +%s) - t0 )) s"
 
 # Every host of a PLAY RECAP must show changed=0 and failed=0.
 recap_unchanged() {
