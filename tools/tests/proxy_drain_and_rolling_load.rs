@@ -125,13 +125,16 @@ impl Clients {
 
 /// Appends one record per write (payload `w{seq:09} {loghub line}`, txid seq + 1: every
 /// attempt a new record, so that a write whose outcome is unknown is never resent as the same
-/// record) until `stop` is set, moving to the next proxy after any failure.
+/// record) until `stop` is set, moving to the next proxy after any failure. With `interval`,
+/// a write starts at most every `interval` (a slower write starts the next at once), which
+/// keeps the history the checker reads back small.
 async fn writer(
     addrs: Vec<String>,
     stream: String,
     lines: Arc<Vec<Vec<u8>>>,
     stop: Arc<AtomicBool>,
     progress: Arc<Mutex<Progress>>,
+    interval: Option<Duration>,
 ) -> WriterReport {
     let mut clients = Clients::new(&addrs);
     let mut cur = 0usize;
@@ -179,6 +182,9 @@ async fn writer(
                 cur = (cur + 1) % addrs.len();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+        }
+        if let Some(i) = interval {
+            tokio::time::sleep_until((t0 + i).into()).await;
         }
     }
     report
@@ -360,6 +366,7 @@ fn sigterm_drain_hands_streams_to_the_other_proxy() {
         lines,
         stop.clone(),
         progress.clone(),
+        None,
     ));
     let r = rt.spawn(tail_reader(
         vec![p2.addr.clone()],
@@ -497,7 +504,8 @@ fn deployed_cluster_under_rolling_restart() {
     // rolling-restart.yml restarts every bookie and proxy, and nothing acknowledged is lost,
     // duplicated or reordered; report the writer's p99 and longest gap during the restart.
     // Method: QUIRE_LOAD_PROXIES (comma-separated host:port), QUIRE_LOAD_ZOOKEEPER,
-    // QUIRE_LOAD_ZK_ROOT, QUIRE_LOAD_CONTROL (a directory). The writer starts; after 200
+    // QUIRE_LOAD_ZK_ROOT, QUIRE_LOAD_CONTROL (a directory), QUIRE_LOAD_RATE (writes per
+    // second, default 200). The writer starts; after 200
     // acknowledgements this test creates CONTROL/ready; the deploy script then runs the
     // rolling restart and creates CONTROL/stop; the window measured is ready..stop. Then the
     // shared checker and the reader check run as in the drain test.
@@ -513,12 +521,20 @@ fn deployed_cluster_under_rolling_restart() {
     let rt = runtime();
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(Mutex::new(Progress::default()));
+    // QUIRE_LOAD_RATE writes per second at most (default 200): the checker reads every replica
+    // of every entry back, one connection each, so an unpaced writer's history takes minutes.
+    let rate: f64 = std::env::var("QUIRE_LOAD_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|r: &f64| *r > 0.0)
+        .unwrap_or(200.0);
     let w = rt.spawn(writer(
         addrs.clone(),
         stream.clone(),
         lines,
         stop.clone(),
         progress.clone(),
+        Some(Duration::from_secs_f64(1.0 / rate)),
     ));
     let r = rt.spawn(tail_reader(
         addrs.clone(),
