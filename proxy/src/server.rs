@@ -20,7 +20,7 @@ use quire_wire::WireError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorCode, Result};
@@ -113,12 +113,28 @@ pub fn catch_up_read_runtime(
         .build()
 }
 
+/// How the server is told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Serving.
+    Running,
+    /// [`ProxyServer::drain`]: connections stop reading, wait for their writes in flight to be
+    /// answered, send every queued answer and close.
+    Drain,
+    /// [`ProxyServer::shutdown`]: connections close at once; queued answers are dropped.
+    Now,
+}
+
 /// A running proxy server. Dropping it (or [`ProxyServer::shutdown`]) stops accepting and
-/// closes every connection; the [`StreamManager`] is left as it is.
+/// closes every connection; the [`StreamManager`] is left as it is. [`ProxyServer::drain`]
+/// stops it cleanly instead.
 pub struct ProxyServer {
     local_addr: SocketAddr,
-    stop: watch::Sender<bool>,
+    stop: watch::Sender<Stop>,
     accept_task: tokio::task::JoinHandle<()>,
+    /// One permit per connection slot; a connection task holds one until it has ended.
+    connections: Arc<Semaphore>,
+    connections_max: usize,
 }
 
 impl std::fmt::Debug for ProxyServer {
@@ -169,12 +185,22 @@ impl ProxyServer {
             op: "local_addr",
             source,
         })?;
-        let (stop, stop_rx) = watch::channel(false);
-        let accept_task = tokio::spawn(serve_until(listener, streams, config, stop_rx));
+        let (stop, stop_rx) = watch::channel(Stop::Running);
+        let connections_max = config.connections_max;
+        let connections = Arc::new(Semaphore::new(connections_max));
+        let accept_task = tokio::spawn(serve_until(
+            listener,
+            streams,
+            config,
+            stop_rx,
+            connections.clone(),
+        ));
         Ok(Self {
             local_addr,
             stop,
             accept_task,
+            connections,
+            connections_max,
         })
     }
 
@@ -186,8 +212,43 @@ impl ProxyServer {
     /// Stops accepting and closes every connection. Requests already handed to a stream finish
     /// in the background; their answers are dropped.
     pub fn shutdown(&self) {
-        let _ = self.stop.send(true);
+        let _ = self.stop.send(Stop::Now);
         self.accept_task.abort();
+    }
+
+    /// Stops the proxy cleanly (the SIGTERM path of `quire proxy`), in this order:
+    ///
+    /// 1. Stops accepting: the listening socket is closed, so new connections are refused and
+    ///    clients go to another proxy.
+    /// 2. [`StreamManager::shutdown`]: every write already submitted to a stream is completed
+    ///    and answered, each open segment is completed (its ledger closed, so the next owner
+    ///    need not fence it) and every stream lease is released, so another proxy can take
+    ///    the streams at once. Writes that arrive meanwhile are refused with
+    ///    `SERVICE_UNAVAILABLE` without being written: DistributedLog's proxy answers so when it
+    ///    cannot serve, and a client may resend such a write to another proxy without risking a
+    ///    duplicate.
+    /// 3. Each connection stops reading, waits until its writes in flight are answered, sends
+    ///    every queued answer and closes. Reads in flight (such as a tail read waiting for new
+    ///    records) are not waited for; a reader resumes from its position on another proxy.
+    ///
+    /// Returns when every connection has closed. It does not time out by itself: wrap it in
+    /// `tokio::time::timeout` and call [`ProxyServer::shutdown`] when that runs out (nothing
+    /// acknowledged is lost then either; the next owner recovers the segments).
+    ///
+    /// # Errors
+    /// The first `Storage` or `Metadata` error of completing a segment (the stream's lease is
+    /// still released; the next owner recovers the segment). The connections are drained
+    /// anyway.
+    pub async fn drain(&self, streams: &StreamManager) -> Result<()> {
+        self.accept_task.abort();
+        let closed = streams.shutdown().await;
+        let _ = self.stop.send(Stop::Drain);
+        // Every connection task holds one permit until it has ended.
+        let _all = self
+            .connections
+            .acquire_many(self.connections_max as u32)
+            .await;
+        closed
     }
 }
 
@@ -206,8 +267,9 @@ pub async fn serve(
     streams: Arc<StreamManager>,
     config: ServerConfig,
 ) -> Result<()> {
-    let (_stop, stop_rx) = watch::channel(false);
-    serve_until(listener, streams, config, stop_rx).await;
+    let (_stop, stop_rx) = watch::channel(Stop::Running);
+    let connections = Arc::new(Semaphore::new(config.connections_max));
+    serve_until(listener, streams, config, stop_rx, connections).await;
     Ok(())
 }
 
@@ -269,10 +331,10 @@ async fn serve_until(
     listener: TcpListener,
     streams: Arc<StreamManager>,
     config: ServerConfig,
-    stop: watch::Receiver<bool>,
+    stop: watch::Receiver<Stop>,
+    connections: Arc<Semaphore>,
 ) {
     let config = Arc::new(config);
-    let connections = Arc::new(Semaphore::new(config.connections_max));
     let rejections = Arc::new(Semaphore::new(REJECTIONS_IN_FLIGHT_MAX));
     let mut backoff = AcceptBackoff::new();
     loop {
@@ -348,8 +410,36 @@ fn error_response(e: &Error) -> Response {
     }
 }
 
-async fn writer_loop(mut socket: OwnedWriteHalf, mut rx: mpsc::Receiver<Vec<u8>>) {
-    while let Some(mut buf) = rx.recv().await {
+/// Sends the answers queued on `rx` until every sender is gone, or until `flush` fires: then
+/// it sends what is queued at that moment and closes (a draining connection's last answers).
+async fn writer_loop(
+    mut socket: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    mut flush: oneshot::Receiver<()>,
+) {
+    // A flush sender dropped without firing means no drain: serve until the senders are gone.
+    let mut flush_armed = true;
+    loop {
+        let mut buf = tokio::select! {
+            next = rx.recv() => match next {
+                Some(buf) => buf,
+                None => break,
+            },
+            fired = &mut flush, if flush_armed => {
+                if fired.is_err() {
+                    flush_armed = false;
+                    continue;
+                }
+                let mut rest = Vec::new();
+                while let Ok(more) = rx.try_recv() {
+                    rest.extend_from_slice(&more);
+                }
+                if !rest.is_empty() && socket.write_all(&rest).await.is_err() {
+                    return;
+                }
+                break;
+            }
+        };
         // Coalesce whatever else is ready into one write.
         while buf.len() < 256 * 1024 {
             match rx.try_recv() {
@@ -401,7 +491,7 @@ async fn connection(
     peer: SocketAddr,
     streams: Arc<StreamManager>,
     config: Arc<ServerConfig>,
-    mut stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<Stop>,
 ) {
     let activity = Arc::new(Activity {
         accepted: Instant::now(),
@@ -409,7 +499,10 @@ async fn connection(
     });
     let (mut rd, wr) = socket.into_split();
     let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(config.requests_in_flight_max);
-    let writer = tokio::spawn(writer_loop(wr, out_rx));
+    let (flush_tx, flush_rx) = oneshot::channel();
+    let writer = tokio::spawn(writer_loop(wr, out_rx, flush_rx));
+    // The answer tasks of writes in flight, which a drain waits for.
+    let mut writes = tokio::task::JoinSet::new();
     let permits = Arc::new(Semaphore::new(config.requests_in_flight_max));
     let mut buf: Vec<u8> = Vec::new();
     let mut greeted = false;
@@ -525,7 +618,7 @@ async fn connection(
                     let submitted = streams
                         .submit_append(&stream, records, create_if_missing)
                         .await;
-                    tokio::spawn(async move {
+                    writes.spawn(async move {
                         let result = match submitted {
                             Ok(rx) => rx.await.unwrap_or(Err(Error::ShuttingDown)),
                             Err(e) => Err(e),
@@ -569,6 +662,7 @@ async fn connection(
                 }
             }
         }
+        while writes.try_join_next().is_some() {}
         if buf.is_empty() && buf.capacity() > READ_BUFFER_KEEP_BYTES {
             buf = Vec::new();
         }
@@ -609,10 +703,29 @@ async fn connection(
     drop(out_tx);
     // Let queued answers (such as the error that closes the connection) go out, but never wait
     // on requests still running once the server stops.
-    if *stop.borrow() {
-        writer.abort();
-    } else {
-        let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    let mode = *stop.borrow();
+    match mode {
+        Stop::Now => writer.abort(),
+        Stop::Drain => {
+            // Every write read from this connection has been handed to its stream; wait for
+            // their answers (the stream manager has completed or refused them all, or will
+            // shortly), then send what is queued and close. Tail reads are not waited for.
+            tokio::select! {
+                _ = async { while writes.join_next().await.is_some() {} } => {}
+                _ = stop.wait_for(|s| *s == Stop::Now) => {
+                    writer.abort();
+                    return;
+                }
+            }
+            let _ = flush_tx.send(());
+            tokio::select! {
+                _ = writer => {}
+                _ = stop.wait_for(|s| *s == Stop::Now) => {}
+            }
+        }
+        Stop::Running => {
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+        }
     }
 }
 

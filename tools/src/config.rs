@@ -490,6 +490,11 @@ pub struct ProxySettings {
     /// Default retention size of every stream, in bytes (1 to 2^60); unset: no limit.
     #[arg(long)]
     pub retention_size_bytes: Option<u64>,
+    /// Longest SIGTERM drain, in milliseconds (default 30000): finishing the writes in flight,
+    /// completing open segments and releasing stream leases. When it runs out the proxy
+    /// closes every connection and exits with an error status.
+    #[arg(long)]
+    pub drain_timeout_ms: Option<u64>,
 }
 
 /// Parses and checks a retention time in seconds (`--retention-time-secs`).
@@ -519,7 +524,12 @@ pub struct ProxyOptions {
     pub advertised: String,
     /// Stream layer settings.
     pub streams: quire_proxy::StreamConfig,
+    /// Longest SIGTERM drain (see `quire proxy`).
+    pub drain_timeout: Duration,
 }
+
+/// SIGTERM drain limit of `quire proxy` when none is configured, in milliseconds.
+pub const DRAIN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 
 impl ProxySettings {
     /// Flag values win over the file's.
@@ -539,7 +549,8 @@ impl ProxySettings {
             entry_size_bytes,
             segment_roll_secs,
             retention_time_secs,
-            retention_size_bytes
+            retention_size_bytes,
+            drain_timeout_ms
         )
     }
 
@@ -592,11 +603,16 @@ impl ProxySettings {
                 .map_err(|e| anyhow!("invalid setting retention_size_bytes = {v}: {e}"))?;
             streams.retention_size_bytes = Some(v);
         }
+        let drain_ms = self.drain_timeout_ms.unwrap_or(DRAIN_TIMEOUT_MS_DEFAULT);
+        if !(100..=3_600_000).contains(&drain_ms) {
+            bail!("invalid setting drain_timeout_ms = {drain_ms}: expected 100 to 3600000");
+        }
         Ok(ProxyOptions {
             metadata,
             listen,
             advertised,
             streams,
+            drain_timeout: Duration::from_millis(drain_ms),
         })
     }
 }

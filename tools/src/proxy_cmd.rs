@@ -2,9 +2,20 @@
 //!
 //! It connects to the metadata store (ZooKeeper), builds the ledger client and the
 //! [`quire_proxy::StreamManager`], and serves the proxy protocol on its listen address until
-//! SIGINT or SIGTERM; then it stops accepting, completes the open segment of every stream it
-//! writes (so the next owner need not fence them) and exits. Its identity as a stream owner is
-//! its advertised address, which other proxies name when they redirect a client.
+//! SIGINT or SIGTERM. Its identity as a stream owner is its advertised address, which other
+//! proxies name when they redirect a client.
+//!
+//! # SIGTERM drain
+//! On SIGTERM or SIGINT it drains ([`quire_proxy::ProxyServer::drain`]): it stops accepting,
+//! finishes and answers every write already handed to a stream, completes the open segment of
+//! every stream it writes (so the next owner need not fence them), releases every stream lease
+//! (so another proxy takes the streams at its next request, without waiting for the ZooKeeper
+//! session to expire), refuses writes arriving meanwhile with `SERVICE_UNAVAILABLE` (not
+//! written; safe to resend elsewhere), sends the last answers and exits 0. The drain is bounded
+//! by `drain_timeout_ms` (`--drain-timeout-ms`, default 30000): past it, or at a second signal,
+//! every connection is closed at once and the process exits with status 1. Nothing
+//! acknowledged is lost either way: a segment left in progress is recovered (fenced) by the
+//! next owner.
 //!
 //! If its ZooKeeper session expires, every stream lease it held is gone and another proxy may
 //! already own those streams: it stops serving and exits with an error (a supervisor restarts
@@ -106,13 +117,37 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
             options.advertised
         );
     }
-    eprintln!("quire proxy: {} stopping", options.advertised);
-    server.shutdown();
-    streams
-        .shutdown()
-        .await
-        .context("completing open segments")?;
-    Ok(())
+    eprintln!(
+        "quire proxy: {} draining (at most {} ms)",
+        options.advertised,
+        options.drain_timeout.as_millis()
+    );
+    let started = std::time::Instant::now();
+    let drained = tokio::select! {
+        r = tokio::time::timeout(options.drain_timeout, server.drain(&streams)) => r.ok(),
+        _ = term.recv() => None,
+        _ = int.recv() => None,
+    };
+    match drained {
+        Some(r) => {
+            r.context("draining: completing open segments")?;
+            eprintln!(
+                "quire proxy: {} drained in {} ms",
+                options.advertised,
+                started.elapsed().as_millis()
+            );
+            Ok(())
+        }
+        None => {
+            server.shutdown();
+            bail!(
+                "drain of {} not finished after {} ms (timeout {} ms, or a second signal); closed every connection",
+                options.advertised,
+                started.elapsed().as_millis(),
+                options.drain_timeout.as_millis()
+            )
+        }
+    }
 }
 
 /// The proxy's catch-up read runtime: half the cores (at least one thread) at

@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# The CI deployment test of ansible/ (issue 10): as root, on one machine.
+#
+# 1. Builds throw-away hosts: one network namespace per host (zk1, bk1-3, px1-2), each with
+#    its own UTS namespace (hostname), its own sshd and its own address on a bridge, and no
+#    default route (nothing can leave the machine). Every host gets its own directory
+#    (the namespaces share the filesystem).
+# 2. Lints the playbooks, deploys with `ansible-playbook site.yml` over SSH, and runs site.yml
+#    again, which must report changed=0 on every host.
+# 3. Writes every loghub sample through proxy px1 with `quire write` and reads it back through
+#    px2 with `quire read`; the output must equal the file.
+# 4. Starts the load driver (tools/tests/proxy_drain_and_rolling_load.rs,
+#    deployed_cluster_under_rolling_restart: a writer and a tailing reader over both proxies),
+#    runs rolling-restart.yml under it, then lets the driver check with the shared history
+#    checker that every acknowledged record is there exactly once and in order, and print the
+#    writer's p99 and longest gap during the restart.
+# 5. Runs stop.yml and checks nothing the playbooks started is left.
+# Everything started is stopped by pid and every namespace and the bridge are removed, also
+# on failure (EXIT trap).
+#
+# Needs: ansible-playbook, ansible-lint, sshd (openssh-server), ip (iproute2), unshare
+# (util-linux), java + Debian's zookeeper package; .ci/run installs them. The quire binary and
+# test binaries must be built (scripts/test does); this script runs the workspace build command
+# again, which is then a no-op, to learn the test binary's path.
+set -eu
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+ANSIBLE_DIR=$ROOT/ansible
+START=$(date +%s)
+
+[ "$(id -u)" = 0 ] || { echo "deploy-test: must run as root (namespaces, sshd)" >&2; exit 1; }
+for tool in ansible-playbook ansible-lint ip unshare ssh-keygen /usr/sbin/sshd python3; do
+    command -v "$tool" > /dev/null || { echo "deploy-test: $tool not found (see .ci/run)" >&2; exit 1; }
+done
+
+# State on the ext4 disk (O_DIRECT journals), never tmpfs.
+ST=$(mktemp -d "${TMPDIR:-/tmp}/quire-deploy.XXXXXX")
+export QUIRE_CI_STATE=$ST QUIRE_CI_HOSTS_ROOT=$ST/hosts
+mkdir -p "$ST/keys" "$ST/hosts" "$ST/control" /run/sshd
+BR=quiredbr0
+NET=10.200.0
+HOSTS="zk1:11 bk1:21 bk2:22 bk3:23 px1:31 px2:32"
+ns() { echo "quire-$1"; }
+LOAD_PID=
+
+log() { echo "deploy-test: [$(( $(date +%s) - START )) s] $*"; }
+
+cleanup() {
+    rc=$?
+    set +e
+    if [ -n "$LOAD_PID" ] && kill -0 "$LOAD_PID" 2> /dev/null; then
+        kill "$LOAD_PID"; wait "$LOAD_PID" 2> /dev/null
+    fi
+    for h in $HOSTS; do
+        n=${h%%:*}
+        [ -s "$ST/sshd-$n.pid" ] && kill "$(cat "$ST/sshd-$n.pid")" 2> /dev/null
+    done
+    # Whatever still runs in a namespace (services a failed run left, ssh sessions kept by
+    # ControlPersist): SIGTERM by pid, then SIGKILL by pid after 10 s.
+    for sig in TERM KILL; do
+        left=
+        for h in $HOSTS; do
+            n=$(ns "${h%%:*}")
+            ip netns list | grep -qw "$n" || continue
+            for p in $(ip netns pids "$n"); do kill -"$sig" "$p" 2> /dev/null; left=1; done
+        done
+        [ -z "$left" ] && break
+        for _ in $(seq 1 100); do
+            any=
+            for h in $HOSTS; do
+                n=$(ns "${h%%:*}")
+                ip netns list | grep -qw "$n" || continue
+                [ -n "$(ip netns pids "$n")" ] && any=1
+            done
+            [ -z "$any" ] && break
+            sleep 0.1
+        done
+    done
+    for h in $HOSTS; do
+        n=$(ns "${h%%:*}")
+        ip netns list | grep -qw "$n" && ip netns del "$n"
+    done
+    ip link show "$BR" > /dev/null 2>&1 && ip link del "$BR"
+    if [ "$rc" != 0 ]; then
+        echo "deploy-test: FAILED (exit $rc); logs of the hosts:" >&2
+        for f in "$ST"/hosts/*/var/log/quire/*.log "$ST"/load.log; do
+            [ -f "$f" ] || continue
+            echo "----- $f (last 30 lines)" >&2
+            tail -n 30 "$f" >&2
+        done
+    fi
+    rm -rf "$ST"
+    log "cleaned up (namespaces, bridge, processes, $ST)"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Leftovers of an earlier run would make the addresses ambiguous.
+for h in $HOSTS; do
+    if ip netns list | grep -qw "$(ns "${h%%:*}")"; then
+        echo "deploy-test: namespace $(ns "${h%%:*}") exists already (an earlier run?); remove it first" >&2
+        HOSTS= BR=none-of-ours  # leave what is not ours alone
+        exit 1
+    fi
+done
+if ip link show "$BR" > /dev/null 2>&1; then
+    echo "deploy-test: bridge $BR exists already; remove it first" >&2
+    BR=none-of-ours
+    HOSTS=
+    exit 1
+fi
+
+# The binaries: the workspace build command of scripts/test (a no-op once it has run) tells
+# where the load driver's test binary is.
+log "locating the quire binary and the load driver"
+cargo build --workspace --tests --bins --release --message-format=json > "$ST/build.json"
+LOAD_BIN=$(python3 - "$ST/build.json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "proxy_drain_and_rolling_load" and m.get("executable"):
+        print(m["executable"])
+PY
+)
+[ -x "$LOAD_BIN" ] || { echo "deploy-test: load driver binary not found" >&2; exit 1; }
+export QUIRE_BIN=${QUIRE_BIN:-$ROOT/target/release/quire}
+[ -x "$QUIRE_BIN" ] || { echo "deploy-test: $QUIRE_BIN not built" >&2; exit 1; }
+
+# Hosts: keys, one sshd config, the bridge, a namespace + veth + sshd per host.
+ssh-keygen -q -t ed25519 -N '' -f "$ST/keys/id_ed25519"
+ssh-keygen -q -t ed25519 -N '' -f "$ST/keys/host_ed25519"
+cp "$ST/keys/id_ed25519.pub" "$ST/keys/authorized_keys"
+cat > "$ST/sshd_config" << CFG
+HostKey $ST/keys/host_ed25519
+AuthorizedKeysFile $ST/keys/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+MaxStartups 100:30:200
+MaxSessions 50
+Subsystem sftp internal-sftp
+CFG
+ip link add "$BR" type bridge
+ip addr add "$NET.1/24" dev "$BR"
+ip link set "$BR" up
+for h in $HOSTS; do
+    n=${h%%:*}; addr=$NET.${h##*:}; nsn=$(ns "$n")
+    ip netns add "$nsn"
+    ip link add "vq-$n" type veth peer name eth0 netns "$nsn"
+    ip link set "vq-$n" master "$BR" up
+    ip -n "$nsn" addr add "$addr/24" dev eth0
+    ip -n "$nsn" link set eth0 up
+    ip -n "$nsn" link set lo up
+    # No default route: only the bridge's subnet is reachable.
+    ip netns exec "$nsn" unshare --uts sh -c \
+        "hostname $n; exec /usr/sbin/sshd -D -e -f $ST/sshd_config -o ListenAddress=$addr -o PidFile=none" \
+        > "$ST/sshd-$n.log" 2>&1 &
+    echo $! > "$ST/sshd-$n.pid"
+done
+for h in $HOSTS; do
+    addr=$NET.${h##*:}
+    for i in $(seq 1 100); do
+        (exec 3<> "/dev/tcp/$addr/22") 2> /dev/null && break
+        [ "$i" = 100 ] && { echo "deploy-test: sshd of ${h%%:*} does not answer" >&2; exit 1; }
+        sleep 0.1
+    done
+done
+log "6 hosts up (namespaces with sshd on $NET.0/24)"
+
+cd "$ANSIBLE_DIR"
+export ANSIBLE_CONFIG=$ANSIBLE_DIR/ansible.cfg
+# ansible-lint runs ansible-playbook --syntax-check on every playbook itself.
+t0=$(date +%s)
+ANSIBLE_LINT_NODEPS=1 ansible-lint --offline -q
+log "ansible-lint (offline, profile production) passed in $(( $(date +%s) - t0 )) s"
+
+# Every host of a PLAY RECAP must show changed=0 and failed=0.
+recap_unchanged() {
+    python3 - "$1" << 'PY'
+import re, sys
+text = open(sys.argv[1]).read().split("PLAY RECAP", 1)[-1]
+rows = re.findall(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", text, re.M)
+bad = [r for r in rows if r[2] != "0" or r[3] != "0" or r[4] != "0"]
+if not rows or bad:
+    print("not idempotent or failed:", bad or "no recap", file=sys.stderr)
+    sys.exit(1)
+print(f"{len(rows)} hosts, changed=0 on each")
+PY
+}
+
+t0=$(date +%s)
+ansible-playbook -i inventories/ci site.yml > "$ST/site-1.log" || { tail -n 60 "$ST/site-1.log"; exit 1; }
+grep -A10 "PLAY RECAP" "$ST/site-1.log"
+log "site.yml deployed the cluster in $(( $(date +%s) - t0 )) s"
+t0=$(date +%s)
+ansible-playbook -i inventories/ci site.yml > "$ST/site-2.log" || { tail -n 60 "$ST/site-2.log"; exit 1; }
+grep -B3 -A12 "changed:" "$ST/site-2.log" | head -40 || true
+recap_unchanged "$ST/site-2.log"
+log "second site.yml changed nothing ($(( $(date +%s) - t0 )) s)"
+
+# A real log through the deployed proxies: every loghub sample in through px1, out through px2.
+LOGHUB=${QUIRE_LOGHUB_DIR:-$ROOT/../shared/data/loghub}
+n=0
+for f in "$LOGHUB"/*.log; do
+    s=deploy-$(basename "$f" .log)
+    "$QUIRE_BIN" write "$s" "$f" --proxy "$NET.31:4181" > /dev/null
+    "$QUIRE_BIN" read "$s" --proxy "$NET.32:4181" > "$ST/readback"
+    python3 - "$f" "$ST/readback" << 'PY'
+import sys
+src, got = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
+if src and not src.endswith(b"\n"):
+    src += b"\n"
+if src != got:
+    sys.exit(f"read back of {sys.argv[1]} differs ({len(got)} bytes, expected {len(src)})")
+PY
+    n=$((n + 1))
+done
+[ "$n" -gt 0 ] || { echo "deploy-test: no loghub samples in $LOGHUB" >&2; exit 1; }
+log "$n loghub files written through px1 and read back identical through px2"
+
+# The rolling restart under a writer and a tailing reader.
+export QUIRE_LOAD_PROXIES=$NET.31:4181,$NET.32:4181 QUIRE_LOAD_ZOOKEEPER=$NET.11:2181
+export QUIRE_LOAD_ZK_ROOT=/quire QUIRE_LOAD_CONTROL=$ST/control QUIRE_LOGHUB_DIR=$LOGHUB
+"$LOAD_BIN" --ignored --exact deployed_cluster_under_rolling_restart --nocapture --test-threads 1 \
+    > "$ST/load.log" 2>&1 &
+LOAD_PID=$!
+for i in $(seq 1 1200); do
+    [ -e "$ST/control/ready" ] && break
+    kill -0 "$LOAD_PID" 2> /dev/null || { cat "$ST/load.log"; echo "deploy-test: load driver ended early" >&2; exit 1; }
+    sleep 0.1
+done
+[ -e "$ST/control/ready" ] || { echo "deploy-test: load driver not writing after 120 s" >&2; exit 1; }
+log "writer and tailing reader running; rolling restart"
+t0=$(date +%s)
+ansible-playbook -i inventories/ci rolling-restart.yml > "$ST/rolling.log" || { tail -n 80 "$ST/rolling.log"; exit 1; }
+grep -A10 "PLAY RECAP" "$ST/rolling.log"
+log "rolling-restart.yml took $(( $(date +%s) - t0 )) s"
+touch "$ST/control/stop"
+wait "$LOAD_PID" && load_rc=0 || load_rc=$?
+LOAD_PID=
+grep -E "rolling-restart:|test result|panicked|FAILED" "$ST/load.log" || true
+[ "$load_rc" = 0 ] || { cat "$ST/load.log"; echo "deploy-test: the load check failed" >&2; exit 1; }
+log "history checked: every acknowledged record once and in order"
+
+t0=$(date +%s)
+ansible-playbook -i inventories/ci stop.yml > "$ST/stop.log" || { tail -n 60 "$ST/stop.log"; exit 1; }
+log "stop.yml took $(( $(date +%s) - t0 )) s"
+left=$(ls "$ST"/hosts/*/run/quire/*.pid 2> /dev/null || true)
+[ -z "$left" ] || { echo "deploy-test: pid files left after stop.yml: $left" >&2; exit 1; }
+for h in $HOSTS; do
+    for p in $(ip netns pids "$(ns "${h%%:*}")"); do
+        comm=$(cat "/proc/$p/comm" 2> /dev/null || true)
+        case $comm in
+            sshd|sh|bash|python3|"") ;;
+            *) echo "deploy-test: $comm (pid $p) still runs on ${h%%:*} after stop.yml" >&2; exit 1 ;;
+        esac
+    done
+done
+log "passed in $(( $(date +%s) - START )) s"
