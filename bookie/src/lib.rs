@@ -18,6 +18,7 @@
 //! (each glommio executor is two threads: the executor and its blocking pool).
 
 mod conn;
+pub mod metrics;
 mod ops;
 mod shard;
 
@@ -25,6 +26,7 @@ use std::fs;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use glommio::{LocalExecutorBuilder, Placement};
 use tracing::Instrument;
@@ -92,6 +94,9 @@ pub struct BookieConfig {
     pub cpu_set: Vec<usize>,
     /// Engine settings for every shard; its directories are replaced per shard.
     pub engine: quire_engine::EngineConfig,
+    /// Where the shards record their metrics ([`metrics::BookieMetrics`], made for
+    /// `shards` shards); `None` (the default): nothing is recorded.
+    pub metrics: Option<Arc<metrics::BookieMetrics>>,
 }
 
 impl BookieConfig {
@@ -114,6 +119,7 @@ impl BookieConfig {
             io_memory_bytes: IO_MEMORY_BYTES_DEFAULT,
             cpu_set: Vec::new(),
             engine,
+            metrics: None,
         }
     }
 
@@ -172,6 +178,7 @@ struct ShardHandle {
 pub struct Bookie {
     addr: SocketAddr,
     shards: Vec<ShardHandle>,
+    status: Arc<metrics::BookieStatus>,
 }
 
 impl std::fmt::Debug for Bookie {
@@ -207,9 +214,15 @@ impl Bookie {
             forward_rxs.push(rx);
         }
 
+        let status = Arc::new(metrics::BookieStatus::new(
+            shard_count,
+            config.journal_dir.clone(),
+            config.ledger_dir.clone(),
+        ));
         let mut bookie = Bookie {
             addr: config.listen,
             shards: Vec::with_capacity(shard_count),
+            status: status.clone(),
         };
         for (index, forward_rx) in forward_rxs.into_iter().enumerate() {
             let mut engine = config.engine.clone();
@@ -233,6 +246,8 @@ impl Bookie {
                 events: events_tx,
                 forward_rx,
                 peers: forward_txs.clone(),
+                metrics: config.metrics.as_ref().map(|m| m.shard(index).clone()),
+                status: status.clone(),
             };
             // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the
             // test harness hurts more than it helps (reference/infra.md §2).
@@ -309,6 +324,13 @@ impl Bookie {
     /// The address the bookie listens on (with the real port when started with port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// What the shards publish about themselves (ledger counts, cache sizes) and the bookie's
+    /// state: what `GetBookieInfo` answers and metrics expose. Register it with
+    /// [`metrics::BookieMetrics::register`].
+    pub fn status(&self) -> Arc<metrics::BookieStatus> {
+        self.status.clone()
     }
 
     /// Clean stop: every shard stops accepting connections and reading requests, every
@@ -432,6 +454,15 @@ fn validate(config: &BookieConfig) -> Result<(), Error> {
             "shards is {}, must be in 1..={SHARDS_MAX}",
             config.shards
         )));
+    }
+    if let Some(m) = &config.metrics {
+        if m.shard_count() != config.shards {
+            return Err(Error::Config(format!(
+                "metrics were made for {} shards but the bookie has {}",
+                m.shard_count(),
+                config.shards
+            )));
+        }
     }
     if config.frame_size_bytes_max < FRAME_SIZE_BYTES_MIN {
         return Err(Error::Config(format!(
