@@ -94,9 +94,9 @@ pub struct BookieConfig {
     pub cpu_set: Vec<usize>,
     /// Engine settings for every shard; its directories are replaced per shard.
     pub engine: quire_engine::EngineConfig,
-    /// Where the shards record their metrics ([`metrics::BookieMetrics`], made for
-    /// `shards` shards); `None` (the default): nothing is recorded.
-    pub metrics: Option<Arc<metrics::BookieMetrics>>,
+    /// Where the shards record their metrics ([`metrics::BookieMetrics::for_bookie`], made
+    /// for `shards` shards); `None` (the default): nothing is recorded.
+    pub metrics: Option<Arc<metrics::BookieShardMetrics>>,
 }
 
 impl BookieConfig {
@@ -327,8 +327,8 @@ impl Bookie {
     }
 
     /// What the shards publish about themselves (ledger counts, cache sizes) and the bookie's
-    /// state: what `GetBookieInfo` answers and metrics expose. Register it with
-    /// [`metrics::BookieMetrics::register`].
+    /// state: what `GetBookieInfo` answers and metrics expose. Expose it with
+    /// [`metrics::BookieMetrics::add_status`].
     pub fn status(&self) -> Arc<metrics::BookieStatus> {
         self.status.clone()
     }

@@ -2,7 +2,7 @@
 //!
 //! # Recording
 //! Every shard holds its own handles ([`ShardMetrics`]): `prometheus-client` metrics labelled
-//! `shard="i"`, which are `Arc`s over atomics (counters, gauges) or over a lock only that shard
+//! `bookie="ID",shard="i"`, which are `Arc`s over atomics (counters, gauges) or over a lock only that shard
 //! and a scrape ever take (histograms). A shard records on its own executor with no
 //! cross-core traffic; the HTTP thread that serves `/metrics` reads them.
 //!
@@ -25,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -44,16 +44,19 @@ pub const LATENCY_BUCKETS_SECONDS: [f64; 17] = [
     0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// The `shard` label of every per-shard metric.
+/// The labels of every per-shard metric: the bookie (its id, or a name the process gives
+/// it; one process may run several, as the sandbox does) and the shard.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabels {
+    pub bookie: String,
     pub shard: u16,
 }
 
-/// The labels of a request latency: shard and whether it succeeded (BookKeeper's OpStats
-/// register successful and failed events apart).
+/// The labels of a request latency: bookie, shard and whether it succeeded (BookKeeper's
+/// OpStats register successful and failed events apart).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
+    pub bookie: String,
     pub shard: u16,
     pub success: bool,
 }
@@ -126,12 +129,12 @@ macro_rules! shard_metrics {
                 }
             }
 
-            fn shard(&self, shard: u16) -> ShardMetrics {
+            fn shard(&self, bookie: &str, shard: u16) -> ShardMetrics {
                 // One statement per lookup: a `get_or_create` guard lives to the end of its
                 // statement, and a second lookup in the same family would deadlock on it.
-                let l = ShardLabels { shard };
-                let ok = OutcomeLabels { shard, success: true };
-                let failed = OutcomeLabels { shard, success: false };
+                let l = ShardLabels { bookie: bookie.to_string(), shard };
+                let ok = OutcomeLabels { bookie: bookie.to_string(), shard, success: true };
+                let failed = OutcomeLabels { bookie: bookie.to_string(), shard, success: false };
                 $( let $field = self.$field.get_or_create(&l).clone(); )*
                 $(
                     let ok_handle = self.$ofield.get_or_create(&ok).clone();
@@ -200,29 +203,33 @@ macro_rules! shard_state {
         }
 
         impl ShardState {
-            fn encode(states: &[ShardState], encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            fn encode(bookies: &[(String, Arc<BookieStatus>)], encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
                 $(
                     let help = concat!($($doc),*).trim();
-                    shard_state!(@encode $kind, encoder, $name, help, states, $field);
+                    shard_state!(@encode $kind, encoder, $name, help, bookies, $field);
                 )*
                 Ok(())
             }
         }
     };
-    (@encode gauge, $enc:ident, $name:expr, $help:expr, $states:ident, $field:ident) => {{
+    (@encode gauge, $enc:ident, $name:expr, $help:expr, $bookies:ident, $field:ident) => {{
         let mut family = $enc.encode_descriptor($name, $help, None, prometheus_client::metrics::MetricType::Gauge)?;
-        for (i, s) in $states.iter().enumerate() {
-            let labels = ShardLabels { shard: i as u16 };
-            let v = s.$field.load(Ordering::Relaxed) as i64;
-            ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+        for (bookie, status) in $bookies {
+            for (i, s) in status.shards.iter().enumerate() {
+                let labels = ShardLabels { bookie: bookie.clone(), shard: i as u16 };
+                let v = s.$field.load(Ordering::Relaxed) as i64;
+                ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+            }
         }
     }};
-    (@encode counter, $enc:ident, $name:expr, $help:expr, $states:ident, $field:ident) => {{
+    (@encode counter, $enc:ident, $name:expr, $help:expr, $bookies:ident, $field:ident) => {{
         let mut family = $enc.encode_descriptor($name, $help, None, prometheus_client::metrics::MetricType::Counter)?;
-        for (i, s) in $states.iter().enumerate() {
-            let labels = ShardLabels { shard: i as u16 };
-            let v = s.$field.load(Ordering::Relaxed);
-            ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+        for (bookie, status) in $bookies {
+            for (i, s) in status.shards.iter().enumerate() {
+                let labels = ShardLabels { bookie: bookie.clone(), shard: i as u16 };
+                let v = s.$field.load(Ordering::Relaxed);
+                ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+            }
         }
     }};
 }
@@ -364,47 +371,67 @@ pub fn dir_kind_label(kind: DirKind) -> &'static str {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirLabels {
+    bookie: String,
     dir: &'static str,
     path: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BookieLabels {
+    bookie: String,
+}
+
+/// The bookies whose state a [`StateCollector`] exposes: (bookie label, status).
+type Statuses = Arc<Mutex<Vec<(String, Arc<BookieStatus>)>>>;
+
 /// Exposes the published [`ShardState`], the bookie state and the disk figures of each
-/// directory, computed at scrape time.
+/// directory of every added bookie, computed at scrape time.
 #[derive(Debug)]
 struct StateCollector {
-    status: Arc<BookieStatus>,
+    statuses: Statuses,
 }
 
 impl Collector for StateCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use prometheus_client::metrics::MetricType;
-        ShardState::encode(&self.status.shards, &mut encoder)?;
-        let writable = i64::from(self.status.state() == STATE_WRITABLE);
-        let status = ConstGauge::new(writable);
-        status.encode(encoder.encode_descriptor(
+        let bookies = self
+            .statuses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        ShardState::encode(&bookies, &mut encoder)?;
+        let mut family = encoder.encode_descriptor(
             "bookie_SERVER_STATUS",
             "1 while the bookie is writable, 0 while it is read-only.",
             None,
             MetricType::Gauge,
-        )?)?;
-        let usages: Vec<(DirLabels, DiskUsage)> = self
-            .status
-            .dirs()
-            .iter()
-            .filter_map(|(kind, path)| match disk_usage(path) {
-                Ok(u) => Some((
-                    DirLabels {
-                        dir: dir_kind_label(*kind),
-                        path: path.display().to_string(),
-                    },
-                    u,
-                )),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot measure a bookie directory");
-                    None
+        )?;
+        for (bookie, status) in &bookies {
+            let writable = i64::from(status.state() == STATE_WRITABLE);
+            let labels = BookieLabels {
+                bookie: bookie.clone(),
+            };
+            ConstGauge::new(writable).encode(family.encode_family(&labels)?)?;
+        }
+        drop(family);
+        let mut usages: Vec<(DirLabels, DiskUsage)> = Vec::new();
+        for (bookie, status) in &bookies {
+            for (kind, path) in status.dirs() {
+                match disk_usage(path) {
+                    Ok(u) => usages.push((
+                        DirLabels {
+                            bookie: bookie.clone(),
+                            dir: dir_kind_label(kind),
+                            path: path.display().to_string(),
+                        },
+                        u,
+                    )),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot measure a bookie directory")
+                    }
                 }
-            })
-            .collect();
+            }
+        }
         type Pick = fn(&DiskUsage) -> u64;
         let figures: [(&str, &str, Pick); 3] = [
             (
@@ -433,28 +460,30 @@ impl Collector for StateCollector {
     }
 }
 
-/// The metrics of one bookie: the per-shard event metrics and the state collector. Create it
-/// with [`BookieMetrics::new`], give it to [`crate::BookieConfig::metrics`], and register it
-/// in the registry the HTTP endpoint serves with [`BookieMetrics::register`] (before or after
-/// the start).
+/// The metrics of the bookies of one process (one, or the sandbox's several): the per-shard
+/// event metrics and the state collector, each metric family registered once and labelled
+/// by bookie.
+///
+/// Use: [`BookieMetrics::new`], [`BookieMetrics::register`] in the registry the HTTP endpoint
+/// serves; per bookie, [`BookieMetrics::for_bookie`] into [`crate::BookieConfig::metrics`],
+/// then after the start [`BookieMetrics::add_status`] with [`crate::Bookie::status`].
 #[derive(Debug)]
 pub struct BookieMetrics {
     families: Families,
+    statuses: Statuses,
+}
+
+/// One bookie's per-shard handles, for [`crate::BookieConfig::metrics`].
+#[derive(Debug)]
+pub struct BookieShardMetrics {
     shards: Vec<ShardMetrics>,
 }
 
-impl BookieMetrics {
-    /// Metrics for a bookie of `shards` shards.
-    pub fn new(shards: usize) -> Arc<Self> {
-        let families = Families::new();
-        let shards = (0..shards).map(|i| families.shard(i as u16)).collect();
-        Arc::new(Self { families, shards })
-    }
-
+impl BookieShardMetrics {
     /// The handles of shard `index`.
     ///
     /// # Panics
-    /// If the bookie has no such shard.
+    /// If there is no such shard.
     pub fn shard(&self, index: usize) -> &ShardMetrics {
         &self.shards[index]
     }
@@ -463,13 +492,39 @@ impl BookieMetrics {
     pub fn shard_count(&self) -> usize {
         self.shards.len()
     }
+}
 
-    /// Registers the event metrics, and the state of `status` ([`crate::Bookie::status`]), in
-    /// `registry`. Use a sub-registry with a label (e.g. `bookie="ADDR"`) when one process
-    /// runs several bookies.
-    pub fn register(&self, registry: &mut Registry, status: Arc<BookieStatus>) {
+impl BookieMetrics {
+    /// Metric families with no bookie yet.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            families: Families::new(),
+            statuses: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    /// Handles for a bookie of `shards` shards, labelled `bookie` (its id).
+    pub fn for_bookie(&self, bookie: &str, shards: usize) -> Arc<BookieShardMetrics> {
+        let shards = (0..shards)
+            .map(|i| self.families.shard(bookie, i as u16))
+            .collect();
+        Arc::new(BookieShardMetrics { shards })
+    }
+
+    /// Exposes the state of a started bookie (ledgers, caches, state, disk), labelled `bookie`.
+    pub fn add_status(&self, bookie: &str, status: Arc<BookieStatus>) {
+        self.statuses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((bookie.to_string(), status));
+    }
+
+    /// Registers every family and the state collector in `registry` (once per process).
+    pub fn register(&self, registry: &mut Registry) {
         self.families.register(registry);
-        registry.register_collector(Box::new(StateCollector { status }));
+        registry.register_collector(Box::new(StateCollector {
+            statuses: self.statuses.clone(),
+        }));
     }
 }
 

@@ -37,11 +37,12 @@ const ADDS_PER_LEDGER: u64 = 50;
 fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     let dir = common::tempdir();
     let mut config = common::config(dir.path(), 2);
-    let metrics = BookieMetrics::new(2);
-    config.metrics = Some(metrics.clone());
-    let bookie = Bookie::start(config.clone()).unwrap();
+    let metrics = BookieMetrics::new();
     let mut registry = Registry::default();
-    metrics.register(&mut registry, bookie.status());
+    metrics.register(&mut registry);
+    config.metrics = Some(metrics.for_bookie("b1", 2));
+    let bookie = Bookie::start(config.clone()).unwrap();
+    metrics.add_status("b1", bookie.status());
 
     let ledgers: Vec<u64> = (0..2)
         .map(|s| (500..).find(|l| shard_of(*l, 2) == s).unwrap())
@@ -83,8 +84,8 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     let total = |name: &str, labels: &dyn Fn(usize) -> String| -> f64 {
         (0..2).map(|s| sample(&text, name, &labels(s)).unwrap_or(0.0)).sum()
     };
-    let ok = |s: usize| format!("shard=\"{s}\",success=\"true\"");
-    let failed = |s: usize| format!("shard=\"{s}\",success=\"false\"");
+    let ok = |s: usize| format!("bookie=\"b1\",shard=\"{s}\",success=\"true\"");
+    let failed = |s: usize| format!("bookie=\"b1\",shard=\"{s}\",success=\"false\"");
     // Every answered add is one sample; the journal saw exactly the accepted ones.
     assert_eq!(
         total(&format!("{add}_count"), &ok),
@@ -99,7 +100,7 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
         "{text}"
     );
     for shard in 0..2 {
-        let sh = format!("shard=\"{shard}\"");
+        let sh = format!("bookie=\"b1\",shard=\"{shard}\"");
         assert_eq!(
             sample(&text, "bookie_journal_JOURNAL_ADD_ENTRY_count", &sh),
             Some(ADDS_PER_LEDGER as f64)
@@ -116,12 +117,12 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     assert_eq!(total(&format!("{read}_count"), &ok), 4.0);
     assert_eq!(total(&format!("{read}_count"), &failed), 1.0);
     let added: f64 = (0..2)
-        .map(|s| sample(&text, "bookie_BOOKIE_ADD_ENTRY_BYTES_total", &format!("shard=\"{s}\"")).unwrap())
+        .map(|s| sample(&text, "bookie_BOOKIE_ADD_ENTRY_BYTES_total", &format!("bookie=\"b1\",shard=\"{s}\"")).unwrap())
         .sum();
     assert_eq!(added, sent_bytes as f64);
-    assert_eq!(sample(&text, "bookie_SERVER_STATUS", ""), Some(1.0));
+    assert_eq!(sample(&text, "bookie_SERVER_STATUS", "bookie=\"b1\""), Some(1.0));
     let journal_labels = format!(
-        "dir=\"journal\",path=\"{}\"",
+        "bookie=\"b1\",dir=\"journal\",path=\"{}\"",
         config.journal_dir.display()
     );
     assert!(sample(&text, "bookie_dir_used_bytes", &journal_labels).unwrap() > 0.0, "{text}");
@@ -151,9 +152,9 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     // Two shards' pre-written journal files (1 MiB each here) at least.
     assert!(info.dirs[0].used_bytes >= 2 << 20, "{:?}", info.dirs[0]);
     let text = scrape(&registry);
-    assert_eq!(sample(&text, "bookie_ledgers_count", "shard=\"1\""), Some(1.0));
+    assert_eq!(sample(&text, "bookie_ledgers_count", "bookie=\"b1\",shard=\"1\""), Some(1.0));
     assert_eq!(
-        sample(&text, "bookie_write_cache_hits_total", "shard=\"0\""),
+        sample(&text, "bookie_write_cache_hits_total", "bookie=\"b1\",shard=\"0\""),
         Some(4.0),
         "{text}"
     );

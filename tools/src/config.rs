@@ -206,7 +206,10 @@ pub struct BookieSettings {
     /// Longest wait of the oldest queued add before its journal group is written, in
     /// microseconds (BookKeeper `journalMaxGroupWaitMSec`; default 2000).
     #[arg(long)]
-    pub group_commit_wait_us: Option<u64>,
+    pub group_commit_wait_us: Option<u64>,    /// Address of the HTTP endpoint serving `GET /metrics` (Prometheus) and `GET /healthz`;
+    /// off unless set.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The CPUs this process may run on (its `sched_getaffinity(2)` mask), or `None` if the mask
@@ -258,6 +261,8 @@ pub struct BookieOptions {
     pub advertised: String,
     /// Rack label for the registry.
     pub rack: Option<String>,
+    /// Where `/metrics` and `/healthz` are served, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
     /// The bookie server's configuration.
     pub bookie: quire_bookie::BookieConfig,
 }
@@ -308,7 +313,8 @@ impl BookieSettings {
             io_memory_bytes,
             cpu_set,
             journal_file_size_bytes,
-            group_commit_wait_us
+            group_commit_wait_us,
+            metrics_listen
         )
     }
 
@@ -370,6 +376,7 @@ impl BookieSettings {
             metadata,
             advertised,
             rack: self.rack,
+            metrics_listen: self.metrics_listen,
             bookie,
         })
     }
@@ -410,7 +417,10 @@ pub struct ProxySettings {
     pub segment_size_bytes: Option<u64>,
     /// Records are packed into entries of up to this many bytes (default 256 KiB).
     #[arg(long)]
-    pub entry_size_bytes: Option<usize>,
+    pub entry_size_bytes: Option<usize>,    /// Address of the HTTP endpoint serving `GET /metrics` (Prometheus) and `GET /healthz`;
+    /// off unless set.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// A checked proxy configuration.
@@ -424,6 +434,8 @@ pub struct ProxyOptions {
     pub advertised: String,
     /// Stream layer settings.
     pub streams: quire_proxy::StreamConfig,
+    /// Where `/metrics` and `/healthz` are served, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ProxySettings {
@@ -441,7 +453,8 @@ impl ProxySettings {
             write_quorum,
             ack_quorum,
             segment_size_bytes,
-            entry_size_bytes
+            entry_size_bytes,
+            metrics_listen
         )
     }
 
@@ -486,6 +499,7 @@ impl ProxySettings {
             listen,
             advertised,
             streams,
+            metrics_listen: self.metrics_listen,
         })
     }
 }
@@ -520,6 +534,7 @@ mod tests {
             listen = "127.0.0.1:3181"
             shards = 2
             group_commit_wait_us = 500
+            metrics_listen = "127.0.0.1:9181"
         "#;
         let file: BookieSettings = toml::from_str(text).unwrap();
         let flags = BookieSettings {
@@ -532,6 +547,7 @@ mod tests {
         assert_eq!(o.rack.as_deref(), Some("r1"));
         assert_eq!(o.advertised, "127.0.0.1:3181");
         assert_eq!(o.metadata.zk_root, "/quire");
+        assert_eq!(o.metrics_listen, Some("127.0.0.1:9181".parse().unwrap()));
         assert_eq!(
             o.bookie.engine.group_commit_wait_max,
             Duration::from_micros(500)

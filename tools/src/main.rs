@@ -20,6 +20,7 @@ mod admin;
 mod bookie_cmd;
 mod client;
 mod config;
+mod metrics_http;
 mod proxy_cmd;
 mod sandbox;
 
@@ -55,7 +56,7 @@ enum Command {
     /// Like read, then keep printing new records as they are acknowledged.
     Tail(client::TailArgs),
     /// Run one bookie (`--config FILE`, flags override its keys) until SIGINT/SIGTERM; or
-    /// `quire bookie list`.
+    /// `quire bookie list`, `quire bookie info ADDR`.
     Bookie(bookie_cmd::BookieArgs),
     /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM.
     Proxy(proxy_cmd::ProxyArgs),

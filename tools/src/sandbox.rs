@@ -64,6 +64,11 @@ pub struct SandboxArgs {
     /// Worker threads of the proxy's tokio runtime (the catch-up read runtime is apart).
     #[arg(long, default_value_t = 2)]
     proxy_threads: usize,
+    /// Address of the HTTP endpoint serving `GET /metrics` (every bookie's metrics labelled
+    /// `bookie="bookie-N"`, and the proxy's) and `GET /healthz`; off unless set. Port 0 picks
+    /// a free port (printed).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -112,8 +117,13 @@ fn bookie_config(
     config
 }
 
-/// Starts the bookies, at their recorded addresses if this directory was used before.
-fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
+/// Starts the bookies, at their recorded addresses if this directory was used before, each
+/// recording into `metrics` (labelled `bookie="bookie-{i}"`, its directory's name: the
+/// address of a first start is only known once it is bound) when given.
+fn start_bookies(
+    args: &SandboxArgs,
+    metrics: Option<&quire_bookie::metrics::BookieMetrics>,
+) -> Result<Vec<Bookie>> {
     let record = args.data_dir.join("sandbox.json");
     let known: Option<SandboxFile> = match std::fs::read(&record) {
         Ok(bytes) => Some(
@@ -154,8 +164,16 @@ fn start_bookies(args: &SandboxArgs) -> Result<Vec<Bookie>> {
     };
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let bookie = Bookie::start(bookie_config(args, &cpu_set, i + 1, *addr))
+        let mut config = bookie_config(args, &cpu_set, i + 1, *addr);
+        let label = format!("bookie-{}", i + 1);
+        if let Some(m) = metrics {
+            config.metrics = Some(m.for_bookie(&label, config.shards));
+        }
+        let bookie = Bookie::start(config)
             .with_context(|| format!("bookie {} at {addr} did not start", i + 1))?;
+        if let Some(m) = metrics {
+            m.add_status(&label, bookie.status());
+        }
         bookies.push(bookie);
     }
     if known.is_none() {
@@ -222,8 +240,28 @@ pub fn run(args: SandboxArgs) -> Result<()> {
     runtime
         .block_on(store.instance_id())
         .context("metadata store")?;
-    let bookies = start_bookies(&args)?;
-    let served = runtime.block_on(serve(&args, store, &bookies, read_runtime.handle()));
+    // Up before the bookies, so that /healthz says 503 until everything serves.
+    let exposition = crate::metrics_http::Exposition::default();
+    if let Some(listen) = args.metrics_listen {
+        let addr = crate::metrics_http::start(listen, exposition.clone())?;
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "quire sandbox: metrics on http://{addr}/metrics")?;
+        out.flush()?;
+    }
+    let bookie_metrics = args.metrics_listen.map(|_| {
+        let m = quire_bookie::metrics::BookieMetrics::new();
+        exposition.register(|r| m.register(r));
+        m
+    });
+    let bookies = start_bookies(&args, bookie_metrics.as_deref())?;
+    let served = runtime.block_on(serve(
+        &args,
+        store,
+        &bookies,
+        read_runtime.handle(),
+        &exposition,
+    ));
     runtime.shutdown_timeout(Duration::from_secs(5));
     read_runtime.shutdown_timeout(Duration::from_secs(5));
     let mut stop_error = None;
@@ -244,6 +282,7 @@ async fn serve(
     store: EmbeddedStore,
     bookies: &[Bookie],
     read_runtime: &tokio::runtime::Handle,
+    exposition: &crate::metrics_http::Exposition,
 ) -> Result<()> {
     for b in bookies {
         store
@@ -286,11 +325,17 @@ async fn serve(
             eprintln!("quire sandbox: stream {name:?} is unavailable: {e}");
         }
     }
+    let metrics = args.metrics_listen.map(|_| {
+        let m = quire_proxy::ProxyMetrics::new();
+        exposition.register(|r| m.register(r, streams.clone()));
+        m
+    });
     let server = quire_proxy::ProxyServer::start(
         listener,
         streams.clone(),
         quire_proxy::ServerConfig {
             catch_up_read_runtime: Some(read_runtime.clone()),
+            metrics,
             ..quire_proxy::ServerConfig::default()
         },
     )
@@ -310,11 +355,13 @@ async fn serve(
         writeln!(out, "quire sandbox: proxy listening on {addr}")?;
         out.flush()?;
     }
+    exposition.set_serving(true);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
         _ = term.recv() => {},
     }
+    exposition.set_serving(false);
     eprintln!("quire sandbox: stopping");
     server.shutdown();
     streams
