@@ -127,7 +127,9 @@ fn read_answers(stream: &mut TcpStream, buf: &mut Vec<u8>, at_least: usize) -> u
     loop {
         while let Some((frame, used)) = decode_frame(buf, u32::MAX).unwrap() {
             match decode_response(&frame).unwrap() {
-                Response::Failed { status, message, .. } => {
+                Response::Failed {
+                    status, message, ..
+                } => {
                     panic!("add failed: {status:?} {message}")
                 }
                 _ => n += 1,
@@ -181,7 +183,11 @@ fn main() {
     let mut pair_ratios = Vec::new();
     for r in 0..rounds {
         // Alternate which mode goes first in each pair.
-        let order = if r % 2 == 0 { [false, true] } else { [true, false] };
+        let order = if r % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
         for metrics_on in order {
             let per_add = round(metrics_on, adds);
             println!(

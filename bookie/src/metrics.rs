@@ -40,8 +40,8 @@ use quire_wire::bookie::{BookieInfo, BookieState, DirInfo, DirKind};
 /// Upper bounds of the latency histograms' buckets, in seconds: 50 µs to 10 s, about three per
 /// decade, so that a p99 of a fast disk (100 µs) and of a stalled one (seconds) both resolve.
 pub const LATENCY_BUCKETS_SECONDS: [f64; 17] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
 ];
 
 /// The labels of every per-shard metric: the bookie (its id, or a name the process gives
@@ -400,20 +400,21 @@ impl Collector for StateCollector {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         ShardState::encode(&bookies, &mut encoder)?;
-        let mut family = encoder.encode_descriptor(
-            "bookie_SERVER_STATUS",
-            "1 while the bookie is writable, 0 while it is read-only.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (bookie, status) in &bookies {
-            let writable = i64::from(status.state() == STATE_WRITABLE);
-            let labels = BookieLabels {
-                bookie: bookie.clone(),
-            };
-            ConstGauge::new(writable).encode(family.encode_family(&labels)?)?;
+        {
+            let mut family = encoder.encode_descriptor(
+                "bookie_SERVER_STATUS",
+                "1 while the bookie is writable, 0 while it is read-only.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (bookie, status) in &bookies {
+                let writable = i64::from(status.state() == STATE_WRITABLE);
+                let labels = BookieLabels {
+                    bookie: bookie.clone(),
+                };
+                ConstGauge::new(writable).encode(family.encode_family(&labels)?)?;
+            }
         }
-        drop(family);
         let mut usages: Vec<(DirLabels, DiskUsage)> = Vec::new();
         for (bookie, status) in &bookies {
             for (kind, path) in status.dirs() {

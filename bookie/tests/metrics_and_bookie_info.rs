@@ -82,7 +82,9 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     // Request latencies are recorded on the shard that read the request (it may forward the
     // add to the owner); journal figures on the owner.
     let total = |name: &str, labels: &dyn Fn(usize) -> String| -> f64 {
-        (0..2).map(|s| sample(&text, name, &labels(s)).unwrap_or(0.0)).sum()
+        (0..2)
+            .map(|s| sample(&text, name, &labels(s)).unwrap_or(0.0))
+            .sum()
     };
     let ok = |s: usize| format!("bookie=\"b1\",shard=\"{s}\",success=\"true\"");
     let failed = |s: usize| format!("bookie=\"b1\",shard=\"{s}\",success=\"false\"");
@@ -95,7 +97,10 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     assert_eq!(total(&format!("{add}_count"), &failed), 1.0);
     // The +Inf bucket holds every sample.
     assert_eq!(
-        total(&format!("{add}_bucket"), &|s| format!("le=\"+Inf\",{}", ok(s))),
+        total(&format!("{add}_bucket"), &|s| format!(
+            "le=\"+Inf\",{}",
+            ok(s)
+        )),
         2.0 * ADDS_PER_LEDGER as f64,
         "{text}"
     );
@@ -117,15 +122,28 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     assert_eq!(total(&format!("{read}_count"), &ok), 4.0);
     assert_eq!(total(&format!("{read}_count"), &failed), 1.0);
     let added: f64 = (0..2)
-        .map(|s| sample(&text, "bookie_BOOKIE_ADD_ENTRY_BYTES_total", &format!("bookie=\"b1\",shard=\"{s}\"")).unwrap())
+        .map(|s| {
+            sample(
+                &text,
+                "bookie_BOOKIE_ADD_ENTRY_BYTES_total",
+                &format!("bookie=\"b1\",shard=\"{s}\""),
+            )
+            .unwrap()
+        })
         .sum();
     assert_eq!(added, sent_bytes as f64);
-    assert_eq!(sample(&text, "bookie_SERVER_STATUS", "bookie=\"b1\""), Some(1.0));
+    assert_eq!(
+        sample(&text, "bookie_SERVER_STATUS", "bookie=\"b1\""),
+        Some(1.0)
+    );
     let journal_labels = format!(
         "bookie=\"b1\",dir=\"journal\",path=\"{}\"",
         config.journal_dir.display()
     );
-    assert!(sample(&text, "bookie_dir_used_bytes", &journal_labels).unwrap() > 0.0, "{text}");
+    assert!(
+        sample(&text, "bookie_dir_used_bytes", &journal_labels).unwrap() > 0.0,
+        "{text}"
+    );
 
     // Shards publish their ledger counts every 500 ms; the reads above came from the write
     // cache, which the published hit counter shows too.
@@ -152,9 +170,16 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     // Two shards' pre-written journal files (1 MiB each here) at least.
     assert!(info.dirs[0].used_bytes >= 2 << 20, "{:?}", info.dirs[0]);
     let text = scrape(&registry);
-    assert_eq!(sample(&text, "bookie_ledgers_count", "bookie=\"b1\",shard=\"1\""), Some(1.0));
     assert_eq!(
-        sample(&text, "bookie_write_cache_hits_total", "bookie=\"b1\",shard=\"0\""),
+        sample(&text, "bookie_ledgers_count", "bookie=\"b1\",shard=\"1\""),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "bookie_write_cache_hits_total",
+            "bookie=\"b1\",shard=\"0\""
+        ),
         Some(4.0),
         "{text}"
     );

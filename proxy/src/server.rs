@@ -132,8 +132,8 @@ struct ErrorLabels {
 
 /// Upper bounds of the latency buckets, in seconds (the bookie's, so panels line up).
 const LATENCY_BUCKETS_SECONDS: [f64; 17] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
 ];
 
 /// The `op` label of a request opcode byte.

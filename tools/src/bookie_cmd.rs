@@ -277,8 +277,8 @@ fn fetch_bookie_info(addr: &str) -> Result<quire_wire::bookie::BookieInfo> {
     let mut buf = Vec::new();
     let hello = read_frame(&mut stream, &mut buf, addr)?;
     {
-        let (frame, _) = quire_wire::frame::decode_frame(&hello, u32::MAX)?
-            .context("a whole frame was read")?;
+        let (frame, _) =
+            quire_wire::frame::decode_frame(&hello, u32::MAX)?.context("a whole frame was read")?;
         match decode_response(&frame)
             .with_context(|| format!("bad handshake answer from bookie {addr}"))?
         {
@@ -290,8 +290,8 @@ fn fetch_bookie_info(addr: &str) -> Result<quire_wire::bookie::BookieInfo> {
         }
     }
     let answer = read_frame(&mut stream, &mut buf, addr)?;
-    let (frame, _) = quire_wire::frame::decode_frame(&answer, u32::MAX)?
-        .context("a whole frame was read")?;
+    let (frame, _) =
+        quire_wire::frame::decode_frame(&answer, u32::MAX)?.context("a whole frame was read")?;
     let reply = decode_bookie_info_response(&frame)
         .with_context(|| format!("bad bookie info answer from bookie {addr}"))?;
     match reply {

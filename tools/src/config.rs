@@ -206,7 +206,8 @@ pub struct BookieSettings {
     /// Longest wait of the oldest queued add before its journal group is written, in
     /// microseconds (BookKeeper `journalMaxGroupWaitMSec`; default 2000).
     #[arg(long)]
-    pub group_commit_wait_us: Option<u64>,    /// Address of the HTTP endpoint serving `GET /metrics` (Prometheus) and `GET /healthz`;
+    pub group_commit_wait_us: Option<u64>,
+    /// Address of the HTTP endpoint serving `GET /metrics` (Prometheus) and `GET /healthz`;
     /// off unless set.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -417,7 +418,8 @@ pub struct ProxySettings {
     pub segment_size_bytes: Option<u64>,
     /// Records are packed into entries of up to this many bytes (default 256 KiB).
     #[arg(long)]
-    pub entry_size_bytes: Option<usize>,    /// Address of the HTTP endpoint serving `GET /metrics` (Prometheus) and `GET /healthz`;
+    pub entry_size_bytes: Option<usize>,
+    /// Address of the HTTP endpoint serving `GET /metrics` (Prometheus) and `GET /healthz`;
     /// off unless set.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,

@@ -21,7 +21,8 @@ pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
 /// A client that does not send its whole request head within this time is dropped.
 const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Content type of `/metrics` (what `prometheus-client`'s text encoder writes).
-pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What the endpoint serves: the registry (filled as parts start) and the health flag.
 #[derive(Clone, Default)]

@@ -63,13 +63,23 @@ fn bookie_info_reports_a_real_bookie() {
         assert!(total > 0 && free <= total, "{d}");
     }
     // The journal directory holds at least one pre-written 64 MiB journal file.
-    assert!(dirs[0]["used_bytes"].as_u64().unwrap() >= 64 << 20, "{}", dirs[0]);
+    assert!(
+        dirs[0]["used_bytes"].as_u64().unwrap() >= 64 << 20,
+        "{}",
+        dirs[0]
+    );
 
     let out = info(&addr, false);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.starts_with(&format!("bookie {addr}\nstate: writable\n")), "{text}");
-    assert!(text.contains("\nshards: 1 (ledgers per shard: 1)\nledgers: 1\n"), "{text}");
+    assert!(
+        text.starts_with(&format!("bookie {addr}\nstate: writable\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nshards: 1 (ledgers per shard: 1)\nledgers: 1\n"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!("journal {}: bookie files ", journal.display())),
         "{text}"
@@ -84,5 +94,8 @@ fn unreachable_bookie_is_one_line_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains(&format!("cannot connect to bookie 127.0.0.1:{port}")), "{err}");
+    assert!(
+        err.contains(&format!("cannot connect to bookie 127.0.0.1:{port}")),
+        "{err}"
+    );
 }

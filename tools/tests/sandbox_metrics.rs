@@ -136,7 +136,10 @@ fn sandbox_metrics_count_the_adds_and_cover_the_dashboard() {
         serde_json::from_slice(&std::fs::read(&dashboard).unwrap()).unwrap();
     let mut exprs = Vec::new();
     collect_exprs(&json, &mut exprs);
-    assert!(exprs.len() >= 10, "the dashboard has its queries: {exprs:?}");
+    assert!(
+        exprs.len() >= 10,
+        "the dashboard has its queries: {exprs:?}"
+    );
     let mut named = BTreeSet::new();
     for e in &exprs {
         named.extend(metric_names(e));
@@ -148,11 +151,16 @@ fn sandbox_metrics_count_the_adds_and_cover_the_dashboard() {
         .filter_map(|l| l.split(' ').next())
         .collect();
     for name in &named {
-        let exported = ["", "_total", "_bucket", "_count", "_sum"].iter().any(|suffix| {
-            name.strip_suffix(suffix)
-                .is_some_and(|base| families.contains(base))
-        });
-        assert!(exported, "the dashboard names {name}, which no process exports");
+        let exported = ["", "_total", "_bucket", "_count", "_sum"]
+            .iter()
+            .any(|suffix| {
+                name.strip_suffix(suffix)
+                    .is_some_and(|base| families.contains(base))
+            });
+        assert!(
+            exported,
+            "the dashboard names {name}, which no process exports"
+        );
     }
     sandbox.stop();
 }
@@ -178,13 +186,32 @@ fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 /// or keywords.
 fn metric_names(expr: &str) -> Vec<String> {
     const KEYWORDS: &[&str] = &[
-        "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
-        "bool", "offset",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
     ];
     // Aggregation operators may be followed by `by (...)` before their parenthesis.
     const AGGREGATIONS: &[&str] = &[
-        "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile",
-        "count_values", "group",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count",
+        "stddev",
+        "stdvar",
+        "topk",
+        "bottomk",
+        "quantile",
+        "count_values",
+        "group",
     ];
     let b = expr.as_bytes();
     let mut names = Vec::new();
@@ -196,7 +223,12 @@ fn metric_names(expr: &str) -> Vec<String> {
             b'"' => i = skip_to(b, i + 1, b'"'),
             c if c.is_ascii_alphabetic() || c == b'_' || c == b'$' => {
                 let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b':' || b[i] == b'$') {
+                while i < b.len()
+                    && (b[i].is_ascii_alphanumeric()
+                        || b[i] == b'_'
+                        || b[i] == b':'
+                        || b[i] == b'$')
+                {
                     i += 1;
                 }
                 let word = &expr[start..i];
@@ -208,7 +240,9 @@ fn metric_names(expr: &str) -> Vec<String> {
                 if AGGREGATIONS.contains(&word) {
                     // Not a name, whatever follows.
                 } else if KEYWORDS.contains(&word) {
-                    if call && (word == "by" || word == "without" || word == "on" || word == "ignoring") {
+                    if call
+                        && (word == "by" || word == "without" || word == "on" || word == "ignoring")
+                    {
                         i = skip_to(b, j, b')');
                     }
                 } else if !call && !word.starts_with('$') {
@@ -245,8 +279,14 @@ fn promql_names_are_found() {
     let e = r#"histogram_quantile(0.99, sum by (le, bookie) (rate(bookie_journal_JOURNAL_SYNC_bucket{success="true",x=~"a b"}[$__rate_interval]))) / on (bookie) foo_total"#;
     assert_eq!(
         metric_names(e),
-        vec!["bookie_journal_JOURNAL_SYNC_bucket".to_string(), "foo_total".to_string()]
+        vec![
+            "bookie_journal_JOURNAL_SYNC_bucket".to_string(),
+            "foo_total".to_string()
+        ]
     );
-    assert_eq!(metric_names("1 - a_free / a_total"), vec!["a_free", "a_total"]);
+    assert_eq!(
+        metric_names("1 - a_free / a_total"),
+        vec!["a_free", "a_total"]
+    );
     assert_eq!(metric_names("min by (bookie) (up)"), vec!["up"]);
 }

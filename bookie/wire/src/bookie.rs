@@ -574,7 +574,8 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError>
             }
             Opcode::GetBookieInfo => {
                 return Err(WireError::InvalidField {
-                    what: "bookie info success response (decode it with decode_bookie_info_response)",
+                    what:
+                        "bookie info success response (decode it with decode_bookie_info_response)",
                 })
             }
         }

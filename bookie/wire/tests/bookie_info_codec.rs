@@ -9,7 +9,9 @@ use quire_wire::bookie::{
     encode_request, encode_response, BookieInfo, BookieInfoReply, BookieState, DirInfo, DirKind,
     Opcode, Request, Response, Status, BOOKIE_INFO_PATH_SIZE_BYTES_MAX,
 };
-use quire_wire::frame::{decode_frame, Frame, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT};
+use quire_wire::frame::{
+    decode_frame, Frame, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT,
+};
 use quire_wire::WireError;
 
 fn samples() -> Vec<BookieInfo> {
