@@ -123,6 +123,8 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     };
     let served = runtime.block_on(async {
         store.register_bookie(info.clone()).await.with_context(|| format!("cannot register bookie {id}"))?;
+        // Before the "serving" line: whoever read it sees /healthz answer 200.
+        exposition.set_serving(true);
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
@@ -131,7 +133,6 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let keeper = tokio::spawn(keep_registered(store.clone(), options.metadata.clone(), info.clone(), stop_rx));
-        exposition.set_serving(true);
         tokio::select! {
             _ = term.recv() => {},
             _ = int.recv() => {},

@@ -340,6 +340,8 @@ async fn serve(
         },
     )
     .context("proxy server")?;
+    // Before the address line: whoever read it sees /healthz answer 200.
+    exposition.set_serving(true);
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -355,7 +357,6 @@ async fn serve(
         writeln!(out, "quire sandbox: proxy listening on {addr}")?;
         out.flush()?;
     }
-    exposition.set_serving(true);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
