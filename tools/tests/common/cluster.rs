@@ -81,6 +81,13 @@ impl Cluster {
         )
     }
 
+    /// Like [`Cluster::start_bookie`], with `extra` flags.
+    pub fn start_bookie_with(&self, i: usize, port: u16, extra: &[&str]) -> Proc {
+        let mut args = self.bookie_args(i, port);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        Proc::start(&args, "quire bookie: ", &format!("bookie {i}"))
+    }
+
     /// Runs bookie `i` expecting it to refuse to start; returns its output.
     pub fn bookie_refuses(&self, i: usize, port: u16) -> Output {
         let out = run(&self.bookie_args(i, port));
