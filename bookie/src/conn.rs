@@ -11,7 +11,7 @@ use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use glommio::net::TcpStream;
@@ -23,7 +23,7 @@ use quire_wire::bookie::{
 use quire_wire::frame::{decode_frame, FRAME_HEADER_SIZE_BYTES};
 use quire_wire::WireError;
 
-use crate::ops::{encode_outcome, Failure, Op};
+use crate::ops::{encode_outcome, Done, Failure, Op, Outcome};
 use crate::shard::Shard;
 
 /// Requests one connection may have in flight; the reader stops reading at this bound, so a
@@ -390,6 +390,9 @@ async fn handle_request(
     request: Request<'_>,
     handshaken: &mut bool,
 ) -> Flow {
+    // BookKeeper's request latencies run from the request read to the response written out;
+    // here to the response queued for the connection's writer.
+    let received = Instant::now();
     let fail = |opcode: Opcode, status: Status, message: String| {
         outbox.push(|out| {
             encode_response(
@@ -484,6 +487,16 @@ async fn handle_request(
             ledger: ledger.0,
             master_key: master_key.0,
         },
+        Request::GetBookieInfo => {
+            let opcode = Opcode::GetBookieInfo;
+            match crate::metrics::bookie_info(&shard.status) {
+                Ok(info) => outbox.push(|out| {
+                    quire_wire::bookie::encode_bookie_info_response(out, request_id, &info)
+                }),
+                Err(e) => fail(opcode, Status::IoError, e.to_string()),
+            }
+            return Flow::Continue;
+        }
         Request::ReadLacLongPoll {
             ledger,
             previous_lac,
@@ -518,8 +531,15 @@ async fn handle_request(
     let outbox = outbox.clone();
     let task = async move {
         let opcode = op.opcode();
+        let add_bytes = match &op {
+            Op::Add { data, .. } => data.len(),
+            _ => 0,
+        };
         let outcome = shard.dispatch(op).await;
         outbox.push(|out| encode_outcome(out, request_id, opcode, &outcome));
+        if let Some(m) = &shard.metrics {
+            record(m, opcode, &outcome, received.elapsed(), add_bytes);
+        }
         // Release only after the response is queued: the connection closes once it holds
         // every permit, and shutdown proceeds once every pass is dropped.
         drop(permit);
@@ -538,6 +558,29 @@ async fn handle_request(
     Flow::Continue
 }
 
+/// Records one answered request in its shard's metrics.
+fn record(
+    m: &crate::metrics::ShardMetrics,
+    opcode: Opcode,
+    outcome: &Outcome,
+    took: Duration,
+    add_bytes: usize,
+) {
+    match (opcode, outcome) {
+        (Opcode::Add, Ok(_)) => {
+            m.add_request.observe(true, took);
+            m.add_bytes.inc_by(add_bytes as u64);
+        }
+        (Opcode::Add, Err(_)) => m.add_request.observe(false, took),
+        (Opcode::Read, Ok(Done::Read { data, .. })) => {
+            m.read_request.observe(true, took);
+            m.read_bytes.inc_by(data.len() as u64);
+        }
+        (Opcode::Read, _) => m.read_request.observe(false, took),
+        _ => {}
+    }
+}
+
 fn opcode_of(request: &Request<'_>) -> Opcode {
     match request {
         Request::Hello { .. } => Opcode::Hello,
@@ -546,5 +589,6 @@ fn opcode_of(request: &Request<'_>) -> Opcode {
         Request::ReadLac { .. } => Opcode::ReadLac,
         Request::Fence { .. } => Opcode::Fence,
         Request::ReadLacLongPoll { .. } => Opcode::ReadLacLongPoll,
+        Request::GetBookieInfo => Opcode::GetBookieInfo,
     }
 }

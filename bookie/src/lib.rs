@@ -24,6 +24,7 @@
 mod conn;
 mod gc;
 pub mod disk;
+pub mod metrics;
 mod ops;
 mod shard;
 
@@ -31,6 +32,7 @@ use std::fs;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use glommio::{LocalExecutorBuilder, Placement};
 use tracing::Instrument;
@@ -121,6 +123,9 @@ pub struct BookieConfig {
     /// [`deleted_ledgers_channel`]). `None`: no ledger is ever deleted, while entry logs
     /// without live entries are still removed and compaction still runs.
     pub gc_deleted_ledgers: Option<DeletedLedgers>,
+    /// Where the shards record their metrics ([`metrics::BookieMetrics::for_bookie`], made
+    /// for `shards` shards); `None` (the default): nothing is recorded.
+    pub metrics: Option<Arc<metrics::BookieShardMetrics>>,
 }
 
 impl BookieConfig {
@@ -148,6 +153,7 @@ impl BookieConfig {
             engine,
             gc_interval: GC_INTERVAL_DEFAULT,
             gc_deleted_ledgers: None,
+            metrics: None,
         }
     }
 
@@ -208,6 +214,7 @@ pub struct Bookie {
     shards: Vec<ShardHandle>,
     /// Stopped after the shards (its state handle may outlive it).
     monitor: disk::DiskMonitor,
+    status: Arc<metrics::BookieStatus>,
 }
 
 impl std::fmt::Debug for Bookie {
@@ -243,6 +250,11 @@ impl Bookie {
             forward_rxs.push(rx);
         }
 
+        let status = Arc::new(metrics::BookieStatus::new(
+            shard_count,
+            config.journal_dir.clone(),
+            config.ledger_dir.clone(),
+        ));
         // Every shard directory exists before the first measurement, so that a bookie that
         // starts on a full disk is read-only before it serves anything.
         let mut monitored = Vec::with_capacity(2 * shard_count);
@@ -270,10 +282,12 @@ impl Bookie {
             message: format!("cannot start the disk monitor thread: {e}"),
         })?;
         let read_only = monitor.state().clone();
+        status.attach_read_only(read_only.clone());
         let mut bookie = Bookie {
             addr: config.listen,
             shards: Vec::with_capacity(shard_count),
             monitor,
+            status: status.clone(),
         };
         for (index, forward_rx) in forward_rxs.into_iter().enumerate() {
             let mut engine = config.engine.clone();
@@ -293,6 +307,8 @@ impl Bookie {
                 gc_interval: config.gc_interval,
                 gc_deleted_ledgers: config.gc_deleted_ledgers.clone(),
                 read_only: read_only.clone(),
+                metrics: config.metrics.as_ref().map(|m| m.shard(index).clone()),
+                status: status.clone(),
             };
             // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the
             // test harness hurts more than it helps (reference/infra.md §2).
@@ -387,6 +403,13 @@ impl Bookie {
     /// `available` and `available/readonly`). Usable from any thread, after shutdown too.
     pub fn read_only_state(&self) -> ReadOnlyState {
         self.monitor.state().clone()
+    }
+
+    /// What the shards publish about themselves (ledger counts, cache sizes) and the bookie's
+    /// state: what `GetBookieInfo` answers and metrics expose. Expose it with
+    /// [`metrics::BookieMetrics::add_status`].
+    pub fn status(&self) -> Arc<metrics::BookieStatus> {
+        self.status.clone()
     }
 
     /// Clean stop: every shard stops accepting connections and reading requests, every
@@ -511,6 +534,15 @@ fn validate(config: &BookieConfig) -> Result<(), Error> {
             "shards is {}, must be in 1..={SHARDS_MAX}",
             config.shards
         )));
+    }
+    if let Some(m) = &config.metrics {
+        if m.shard_count() != config.shards {
+            return Err(Error::Config(format!(
+                "metrics were made for {} shards but the bookie has {}",
+                m.shard_count(),
+                config.shards
+            )));
+        }
     }
     if config.frame_size_bytes_max < FRAME_SIZE_BYTES_MIN {
         return Err(Error::Config(format!(

@@ -7,6 +7,8 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use glommio::net::TcpListener;
@@ -16,6 +18,7 @@ use quire_engine::{Engine, EngineConfig};
 use quire_wire::bookie::Status;
 
 use crate::disk::ReadOnlyState;
+use crate::metrics::{BookieStatus, ShardMetrics, STATE_PUBLISH_INTERVAL};
 use crate::ops::{execute, Class, Failure, Op, Outcome};
 use crate::shard_of;
 
@@ -74,6 +77,10 @@ pub(crate) struct ShardArgs {
     pub(crate) gc_deleted_ledgers: Option<crate::gc::DeletedLedgers>,
     /// The bookie's read-only state (shared by every shard and the disk monitor).
     pub(crate) read_only: ReadOnlyState,
+    /// This shard's metric handles, when the bookie records metrics.
+    pub(crate) metrics: Option<ShardMetrics>,
+    /// Shared with every shard and the controller; this shard publishes its entry.
+    pub(crate) status: Arc<BookieStatus>,
 }
 
 /// The serving state of one shard. Shard-local (`!Send`): lives on its executor thread.
@@ -92,6 +99,10 @@ pub(crate) struct Shard {
     tail_write_tq: TaskQueueHandle,
     tail_read_tq: TaskQueueHandle,
     catch_up_read_tq: TaskQueueHandle,
+    /// This shard's metric handles, when the bookie records metrics.
+    pub(crate) metrics: Option<ShardMetrics>,
+    /// The bookie's shared status (what `GetBookieInfo` answers).
+    pub(crate) status: Arc<BookieStatus>,
 }
 
 impl Shard {
@@ -249,6 +260,8 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         gc_interval,
         gc_deleted_ledgers,
         read_only,
+        metrics,
+        status,
     } = args;
     let engine = match Engine::open(engine).await {
         Ok(e) => e,
@@ -259,6 +272,10 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         }
     };
     tracing::info!("engine open");
+    if let Some(m) = &metrics {
+        engine.set_journal_observer(Rc::new(m.clone()));
+    }
+    publish_state(&engine, &status, index);
     let _ = events.send(Event::Opened);
 
     let bound = match control.recv_async().await {
@@ -313,6 +330,8 @@ pub(crate) async fn shard_main(args: ShardArgs) {
             Latency::NotImportant,
             "catch-up-read",
         ),
+        metrics,
+        status: status.clone(),
     });
     let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
     // A background checkpoint that found no space turns the bookie read-only at once.
@@ -333,6 +352,15 @@ pub(crate) async fn shard_main(args: ShardArgs) {
             gc_interval,
             gc_deleted_ledgers,
         ))
+    });
+    let publish_task = glommio::spawn_local({
+        let (engine, status) = (engine.clone(), status.clone());
+        async move {
+            loop {
+                glommio::timer::sleep(STATE_PUBLISH_INTERVAL).await;
+                publish_state(&engine, &status, index);
+            }
+        }
     });
 
     // Serve until told to stop (or until the controller vanished).
@@ -370,10 +398,32 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         t.cancel().await;
     }
     storage_full_task.cancel().await;
+    publish_task.cancel().await;
     let result = engine.close().await;
     match &result {
         Ok(()) => tracing::info!("engine closed"),
         Err(e) => tracing::error!(error = %e, "engine close failed"),
     }
     let _ = events.send(Event::Closed(result));
+}
+
+/// Copies the engine's figures into this shard's entry of the shared status (relaxed stores:
+/// each value stands alone, readers need no order between them).
+fn publish_state(engine: &Engine, status: &BookieStatus, index: usize) {
+    let Some(s) = status.shards.get(index) else {
+        return;
+    };
+    let reads = engine.read_stats();
+    s.ledgers
+        .store(engine.ledger_count() as u64, Ordering::Relaxed);
+    s.write_cache_bytes
+        .store(engine.write_cache_bytes() as u64, Ordering::Relaxed);
+    s.read_cache_bytes
+        .store(reads.read_cache_bytes, Ordering::Relaxed);
+    s.write_cache_hits
+        .store(reads.write_cache_hits, Ordering::Relaxed);
+    s.read_cache_hits
+        .store(reads.read_cache_hits, Ordering::Relaxed);
+    s.read_cache_misses
+        .store(reads.entry_log_reads, Ordering::Relaxed);
 }

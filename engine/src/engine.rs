@@ -4,7 +4,7 @@
 //! `ledgers`, `read_ahead` and `lac_watch` (the parts of a BookKeeper bookie's
 //! `InterleavedLedgerStorage`/`DbLedgerStorage` and `Journal`, one module each).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io as stdio;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use crate::read_ahead::ReadAhead;
 use crate::throttle::Throttle;
 use crate::tombstones::Tombstones;
 use crate::write_cache::WriteCache;
-use crate::{EngineConfig, Error, GcStats, LacUpdate, LedgerState, ReadStats};
+use crate::{EngineConfig, Error, GcStats, JournalObserver, LacUpdate, LedgerState, ReadStats};
 
 /// glommio shares of the journal writer's task queue (latency-sensitive).
 const JOURNAL_QUEUE_SHARES: usize = 1000;
@@ -60,6 +60,8 @@ pub(crate) struct Inner<S: Storage> {
     pub gc: GcState,
     /// The engine's background task queue (checkpoints, journal pre-creation, GC).
     pub background_tq: TaskQueueHandle,
+    /// Metrics hook of the journal writer (`Engine::set_journal_observer`).
+    pub journal_observer: RefCell<Option<Rc<dyn JournalObserver>>>,
 }
 
 impl<S: Storage> Inner<S> {
@@ -518,5 +520,21 @@ impl<S: Storage + 'static> Engine<S> {
     /// writing).
     pub fn write_cache_bytes(&self) -> usize {
         self.inner.write_cache.bytes()
+    }
+
+    /// Number of ledgers this shard holds state for (adds or fences seen, not yet deleted).
+    pub fn ledger_count(&self) -> usize {
+        self.inner.ledgers.len()
+    }
+
+    /// Records queued for the journal and not yet written, now.
+    pub fn journal_queue_len(&self) -> usize {
+        self.inner.journal.queue_len()
+    }
+
+    /// Sets the hook the journal writer reports every durable batch and add to (replacing an
+    /// earlier one). Without one, the writer reports nothing.
+    pub fn set_journal_observer(&self, observer: Rc<dyn JournalObserver>) {
+        *self.inner.journal_observer.borrow_mut() = Some(observer);
     }
 }

@@ -136,6 +136,11 @@ impl Ledgers {
         self.dirty.borrow_mut().insert(ledger);
     }
 
+    /// Number of ledgers in the table.
+    pub fn len(&self) -> usize {
+        self.table.borrow().len()
+    }
+
     /// The public state of `ledger`, `None` if never seen.
     pub fn state(&self, ledger: u64) -> Option<LedgerState> {
         self.table.borrow().get(&ledger).map(|l| LedgerState {

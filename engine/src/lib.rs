@@ -32,6 +32,34 @@ pub use engine::Engine;
 pub use gc::{GcRun, IndexCheck};
 pub use throttle::BULK_CHUNK_BYTES;
 
+/// One group-commit batch the journal made durable, as reported to a [`JournalObserver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalBatch {
+    /// Records in the batch (adds and fences).
+    pub records: usize,
+    /// Bytes written, block padding included.
+    pub bytes: usize,
+    /// Time of the journal write (BookKeeper `JOURNAL_FLUSH_LATENCY`).
+    pub write: Duration,
+    /// Time of the fdatasync that made the batch durable (BookKeeper `JOURNAL_SYNC`).
+    pub sync: Duration,
+    /// Records still queued for the journal when the batch became durable (BookKeeper
+    /// `JOURNAL_QUEUE_SIZE`, sampled once per batch).
+    pub queued: usize,
+}
+
+/// Receives journal events as they happen, for metrics ([`Engine::set_journal_observer`]).
+///
+/// Called on the engine's executor by the journal writer, after a batch is durable and before
+/// its adds are acknowledged: implementations must be cheap and must not block or await.
+pub trait JournalObserver {
+    /// A batch became durable.
+    fn batch_durable(&self, batch: &JournalBatch);
+    /// One add of that batch became durable, `waited` after it was queued for the journal
+    /// (BookKeeper `JOURNAL_ADD_ENTRY`: enqueue to durable).
+    fn add_durable(&self, waited: Duration);
+}
+
 /// Configuration of one engine (one shard). Sizes in bytes, times as durations.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {

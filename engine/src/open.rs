@@ -149,6 +149,7 @@ pub(crate) async fn open_inner<S: Storage>(
         ),
         lac_watchers: LacWatchers::default(),
         checkpointer: Checkpointer::new(mark),
+        journal_observer: std::cell::RefCell::new(None),
         throttle: Throttle::new(
             cfg.background_write_bytes_per_second,
             cfg.background_sync_bytes,

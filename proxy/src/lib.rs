@@ -56,7 +56,9 @@ pub use client::{ClientConfig, ProxyClient};
 pub use dlsn::{Dlsn, ParseDlsnError, ReadPosition};
 pub use error::{Error, ErrorCode, Result};
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
-pub use server::{catch_up_read_runtime, serve, ProxyServer, ServerConfig, CATCH_UP_READ_NICE};
+pub use server::{
+    catch_up_read_runtime, serve, ProxyMetrics, ProxyServer, ServerConfig, CATCH_UP_READ_NICE,
+};
 pub use stream::{StreamConfig, StreamManager};
 pub use types::{
     check_retention_size_bytes, check_retention_time_secs, ReadBatch, RetentionChange,

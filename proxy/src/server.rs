@@ -23,6 +23,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
 use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
     reserved_txid_index, Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX,
@@ -58,6 +66,9 @@ pub struct ServerConfig {
     /// so that a reader scanning a backlog takes only CPU that tail writes leave (the role of
     /// Redpanda's fetch scheduling group, or BookKeeper's separate read thread pool).
     pub catch_up_read_runtime: Option<tokio::runtime::Handle>,
+    /// Where requests are counted and timed ([`ProxyMetrics`]); `None` (the default): nothing
+    /// is recorded.
+    pub metrics: Option<Arc<ProxyMetrics>>,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +81,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(600),
             connections_max: 4096,
             catch_up_read_runtime: None,
+            metrics: None,
         }
     }
 }
@@ -79,6 +91,162 @@ impl Default for ServerConfig {
 /// so a scan slows down when tail writes need the cores and runs at full speed when they do
 /// not.
 pub const CATCH_UP_READ_NICE: i32 = 10;
+
+/// The proxy's Prometheus metrics: per-operation request and error counts, write and read
+/// latency, record bytes in and out, and the number of streams owned.
+///
+/// Names (OpenMetrics; counters get `_total` appended by the encoder):
+/// `quire_proxy_requests{op}`, `quire_proxy_request_errors{op,code}`,
+/// `quire_proxy_write_latency` and `quire_proxy_read_latency` (histograms, seconds, from the
+/// request frame read to its answer queued for the connection), `quire_proxy_bytes_in` (record
+/// payload bytes of writes), `quire_proxy_bytes_out` (record payload bytes of read answers),
+/// `quire_proxy_streams_owned` (sampled at scrape time from the [`StreamManager`]).
+///
+/// Adding a metric: a field here, made and registered in [`ProxyMetrics::new`] and
+/// [`ProxyMetrics::register`], recorded where its event happens in this file.
+///
+/// # Threading
+/// `Send + Sync`; recording is atomics (counters) or one short lock per histogram.
+#[derive(Debug)]
+pub struct ProxyMetrics {
+    requests: Family<OpLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    write_latency: Histogram,
+    read_latency: Histogram,
+    bytes_in: Counter,
+    bytes_out: Counter,
+}
+
+/// The `op` label: the request's opcode name in lower case.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+}
+
+/// The labels of an error answer: the operation and the error code's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    op: &'static str,
+    code: String,
+}
+
+/// Upper bounds of the latency buckets, in seconds (the bookie's, so panels line up).
+const LATENCY_BUCKETS_SECONDS: [f64; 17] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
+
+/// The `op` label of a request opcode byte.
+fn op_name(opcode: u8) -> &'static str {
+    match Opcode::from_u8(opcode) {
+        Ok(Opcode::Hello) => "hello",
+        Ok(Opcode::CreateStream) => "create_stream",
+        Ok(Opcode::ListStreams) => "list_streams",
+        Ok(Opcode::Write) => "write",
+        Ok(Opcode::Read) => "read",
+        Ok(Opcode::DescribeStream) => "describe_stream",
+        Ok(Opcode::TruncateStream) => "truncate_stream",
+        Ok(Opcode::DeleteStream) => "delete_stream",
+        Ok(Opcode::SetRetention) => "set_retention",
+        Err(_) => "unknown",
+    }
+}
+
+impl ProxyMetrics {
+    /// Fresh metrics, all zero.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            requests: Family::default(),
+            errors: Family::default(),
+            write_latency: Histogram::new(LATENCY_BUCKETS_SECONDS),
+            read_latency: Histogram::new(LATENCY_BUCKETS_SECONDS),
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
+        })
+    }
+
+    /// Registers every metric in `registry`; `streams` is sampled for
+    /// `quire_proxy_streams_owned` at each scrape.
+    pub fn register(&self, registry: &mut Registry, streams: Arc<StreamManager>) {
+        registry.register(
+            "quire_proxy_requests",
+            "Requests answered, by operation",
+            self.requests.clone(),
+        );
+        registry.register(
+            "quire_proxy_request_errors",
+            "Requests answered with an error, by operation and error code",
+            self.errors.clone(),
+        );
+        registry.register(
+            "quire_proxy_write_latency",
+            "Seconds from a write request read to its answer queued",
+            self.write_latency.clone(),
+        );
+        registry.register(
+            "quire_proxy_read_latency",
+            "Seconds from a read request read to its answer queued (tail waits included)",
+            self.read_latency.clone(),
+        );
+        registry.register(
+            "quire_proxy_bytes_in",
+            "Record payload bytes received in write requests",
+            self.bytes_in.clone(),
+        );
+        registry.register(
+            "quire_proxy_bytes_out",
+            "Record payload bytes sent in read answers",
+            self.bytes_out.clone(),
+        );
+        registry.register_collector(Box::new(StreamsOwned(streams)));
+    }
+
+    /// Records one answered request.
+    fn record(&self, opcode: u8, received: Instant, resp: &Response) {
+        let op = op_name(opcode);
+        self.requests.get_or_create(&OpLabels { op }).inc();
+        let took = received.elapsed().as_secs_f64();
+        match op {
+            "write" => self.write_latency.observe(took),
+            "read" => self.read_latency.observe(took),
+            _ => {}
+        }
+        match resp {
+            Response::Error { code, .. } => {
+                let code = format!("{code:?}");
+                self.errors.get_or_create(&ErrorLabels { op, code }).inc();
+            }
+            Response::Read { records, .. } => {
+                let bytes: usize = records.iter().map(|(_, _, p)| p.len()).sum();
+                self.bytes_out.inc_by(bytes as u64);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `quire_proxy_streams_owned`, read from the manager at scrape time.
+#[derive(Debug)]
+struct StreamsOwned(Arc<StreamManager>);
+
+impl Collector for StreamsOwned {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+        let g = ConstGauge::new(self.0.owned_stream_count() as i64);
+        g.encode(encoder.encode_descriptor(
+            "quire_proxy_streams_owned",
+            "Streams this proxy holds the lease of and serves.",
+            None,
+            g.metric_type(),
+        )?)
+    }
+}
+
+/// Records `resp` in `metrics` if there are metrics.
+fn record(metrics: &Option<Arc<ProxyMetrics>>, opcode: u8, received: Instant, resp: &Response) {
+    if let Some(m) = metrics {
+        m.record(opcode, received, resp);
+    }
+}
 
 /// Builds a runtime for [`ServerConfig::catch_up_read_runtime`] (and for the ledger client's
 /// read connections, `BookKeeper::with_read_runtime`): `threads` workers (at least 1), each of
@@ -529,6 +697,7 @@ async fn connection(
                 };
             buf.drain(..used);
             activity.touch();
+            let received = Instant::now();
             let req = match decoded {
                 Ok(r) => r,
                 Err(e) => {
@@ -592,9 +761,9 @@ async fn connection(
                     let e = Error::BadRequest {
                         reason: "handshake already done".into(),
                     };
-                    let _ = tx
-                        .send(encode(&error_response(&e), opcode, request_id))
-                        .await;
+                    let resp = error_response(&e);
+                    record(&config.metrics, opcode, received, &resp);
+                    let _ = tx.send(encode(&resp, opcode, request_id)).await;
                 }
                 Request::Write { records, .. } if reserved_txid_index(&records).is_some() => {
                     // Checked here rather than in the stream layer so that no stream is created
@@ -604,9 +773,9 @@ async fn connection(
                         record_index,
                         txid: records[record_index].0,
                     };
-                    let _ = tx
-                        .send(encode(&error_response(&e), opcode, request_id))
-                        .await;
+                    let resp = error_response(&e);
+                    record(&config.metrics, opcode, received, &resp);
+                    let _ = tx.send(encode(&resp, opcode, request_id)).await;
                 }
                 Request::Write {
                     stream,
@@ -615,6 +784,11 @@ async fn connection(
                 } => {
                     // Submitted here, in frame order; awaited in its own task.
                     let count = records.len();
+                    if let Some(m) = &config.metrics {
+                        let bytes: usize = records.iter().map(|(_, p)| p.len()).sum();
+                        m.bytes_in.inc_by(bytes as u64);
+                    }
+                    let metrics = config.metrics.clone();
                     let submitted = streams
                         .submit_append(&stream, records, create_if_missing)
                         .await;
@@ -634,6 +808,7 @@ async fn connection(
                             }
                             Err(e) => error_response(&e),
                         };
+                        record(&metrics, opcode, received, &resp);
                         let _ = tx.send(encode(&resp, opcode, request_id)).await;
                         activity.touch();
                         drop(permit);
@@ -655,6 +830,7 @@ async fn connection(
                             Ok(r) => r,
                             Err(e) => error_response(&e),
                         };
+                        record(&config.metrics, opcode, received, &resp);
                         let _ = tx.send(encode(&resp, opcode, request_id)).await;
                         activity.touch();
                         drop(permit);

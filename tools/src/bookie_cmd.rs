@@ -52,12 +52,26 @@ pub struct BookieArgs {
 pub enum BookieCommand {
     /// List registered bookies (read-only ones marked).
     List(crate::admin::BookieListArgs),
+    /// Ask one bookie, over the bookie protocol, for its state, shards, ledgers and disk use.
+    Info(InfoArgs),
+}
+
+/// `quire bookie info` options.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// The bookie's address (host:port, its bookie id).
+    pub addr: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs `quire bookie`.
 pub fn run(args: BookieArgs) -> Result<()> {
-    if let Some(BookieCommand::List(list)) = args.command {
-        return crate::admin::bookie_list(list);
+    match args.command {
+        Some(BookieCommand::List(list)) => return crate::admin::bookie_list(list),
+        Some(BookieCommand::Info(info)) => return bookie_info(info),
+        None => {}
     }
     let file: BookieSettings = crate::config::load(args.config.as_deref())?;
     let options = args.settings.merged(file).resolve()?;
@@ -105,8 +119,24 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
             })
         }),
     ));
+    // The endpoint comes up before the bookie so that /healthz says 503 during replay.
+    let exposition = crate::metrics_http::Exposition::default();
+    let metrics = match options.metrics_listen {
+        Some(listen) => {
+            let m = quire_bookie::metrics::BookieMetrics::new();
+            exposition.register(|r| m.register(r));
+            bookie_config.metrics = Some(m.for_bookie(&id.0, bookie_config.shards));
+            let addr = crate::metrics_http::start(listen, exposition.clone())?;
+            tracing::info!(%addr, "metrics endpoint listening");
+            Some(m)
+        }
+        None => None,
+    };
     let bookie = quire_bookie::Bookie::start(bookie_config)
         .with_context(|| format!("bookie {id} did not start"))?;
+    if let Some(m) = &metrics {
+        m.add_status(&id.0, bookie.status());
+    }
     // Subscribed before the state is read, so that no transition falls between the two.
     let read_only = bookie.read_only_state();
     let changes = read_only.subscribe();
@@ -117,6 +147,8 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     };
     let served = runtime.block_on(async {
         store.register_bookie(info.clone()).await.with_context(|| format!("cannot register bookie {id}"))?;
+        // Before the "serving" line: whoever read it sees /healthz answer 200.
+        exposition.set_serving(true);
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
@@ -136,6 +168,7 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
             _ = term.recv() => {},
             _ = int.recv() => {},
         }
+        exposition.set_serving(false);
         eprintln!("quire bookie: {id} stopping");
         let _ = stop_tx.send(true);
         let store = keeper.await.unwrap_or_else(|_| store.clone());
@@ -149,6 +182,179 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     let stopped = bookie.shutdown().context("bookie shutdown");
     served?;
     stopped
+}
+
+/// How long `quire bookie info` waits to connect, and then for each answer.
+const INFO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `quire bookie info ADDR`: a handshake and one `GetBookieInfo` request
+/// (docs/protocol.md), printed as text or JSON.
+fn bookie_info(args: InfoArgs) -> Result<()> {
+    use quire_wire::bookie::{BookieState, DirKind};
+    let info = fetch_bookie_info(&args.addr)?;
+    let addr = &args.addr;
+    let state = match info.state {
+        BookieState::Writable => "writable",
+        BookieState::ReadOnly => "read-only",
+    };
+    let kind = |k: DirKind| match k {
+        DirKind::Journal => "journal",
+        DirKind::Ledger => "ledger",
+    };
+    let ledgers: u64 = info.shard_ledgers.iter().sum();
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let dirs: Vec<serde_json::Value> = info
+            .dirs
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "kind": kind(d.kind),
+                    "path": d.path,
+                    "total_bytes": d.total_bytes,
+                    "free_bytes": d.free_bytes,
+                    "used_bytes": d.used_bytes,
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "bookie": addr,
+            "state": state,
+            "shards": info.shard_ledgers.len(),
+            "ledgers": ledgers,
+            "shard_ledgers": info.shard_ledgers,
+            "dirs": dirs,
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "bookie {addr}")?;
+        writeln!(out, "state: {state}")?;
+        let per_shard: Vec<String> = info.shard_ledgers.iter().map(u64::to_string).collect();
+        writeln!(
+            out,
+            "shards: {} (ledgers per shard: {})",
+            info.shard_ledgers.len(),
+            per_shard.join(", ")
+        )?;
+        writeln!(out, "ledgers: {ledgers}")?;
+        for d in &info.dirs {
+            let fs_used = d.total_bytes.saturating_sub(d.free_bytes);
+            let pct = if d.total_bytes == 0 {
+                0.0
+            } else {
+                100.0 * fs_used as f64 / d.total_bytes as f64
+            };
+            writeln!(
+                out,
+                "{} {}: bookie files {}, file system {} free of {} ({pct:.1}% used)",
+                kind(d.kind),
+                d.path,
+                human_bytes(d.used_bytes),
+                human_bytes(d.free_bytes),
+                human_bytes(d.total_bytes)
+            )?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `n` bytes with a binary unit, e.g. `64.0 MiB`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// Connects to `addr`, shakes hands and asks for the bookie info.
+fn fetch_bookie_info(addr: &str) -> Result<quire_wire::bookie::BookieInfo> {
+    use quire_wire::bookie::{
+        decode_bookie_info_response, decode_response, encode_request, BookieInfoReply, Request,
+        Response, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
+    };
+    use std::io::Write;
+    use std::net::ToSocketAddrs;
+    let sock = addr
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve bookie address {addr}"))?
+        .next()
+        .with_context(|| format!("bookie address {addr} resolves to nothing"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&sock, INFO_TIMEOUT)
+        .with_context(|| format!("cannot connect to bookie {addr}"))?;
+    stream.set_read_timeout(Some(INFO_TIMEOUT))?;
+    stream.set_write_timeout(Some(INFO_TIMEOUT))?;
+    let mut out = Vec::new();
+    encode_request(
+        &mut out,
+        1,
+        &Request::Hello {
+            version_min: PROTOCOL_VERSION_MIN,
+            version_max: PROTOCOL_VERSION_MAX,
+        },
+    );
+    encode_request(&mut out, 2, &Request::GetBookieInfo);
+    stream
+        .write_all(&out)
+        .with_context(|| format!("cannot send to bookie {addr}"))?;
+    let mut buf = Vec::new();
+    let hello = read_frame(&mut stream, &mut buf, addr)?;
+    {
+        let (frame, _) =
+            quire_wire::frame::decode_frame(&hello, u32::MAX)?.context("a whole frame was read")?;
+        match decode_response(&frame)
+            .with_context(|| format!("bad handshake answer from bookie {addr}"))?
+        {
+            Response::Hello { .. } => {}
+            Response::Failed {
+                status, message, ..
+            } => bail!("bookie {addr} refused the handshake ({status:?}): {message}"),
+            other => bail!("bookie {addr} answered the handshake with {other:?}"),
+        }
+    }
+    let answer = read_frame(&mut stream, &mut buf, addr)?;
+    let (frame, _) =
+        quire_wire::frame::decode_frame(&answer, u32::MAX)?.context("a whole frame was read")?;
+    let reply = decode_bookie_info_response(&frame)
+        .with_context(|| format!("bad bookie info answer from bookie {addr}"))?;
+    match reply {
+        BookieInfoReply::Ok(info) => Ok(info),
+        BookieInfoReply::Failed { status, message } => {
+            bail!("bookie {addr} answered {status:?}: {message}")
+        }
+    }
+}
+
+/// Reads one whole frame from `stream` (keeping what follows it in `buf`) and returns its
+/// bytes.
+fn read_frame(stream: &mut std::net::TcpStream, buf: &mut Vec<u8>, addr: &str) -> Result<Vec<u8>> {
+    use std::io::Read;
+    loop {
+        if let Some((_, used)) = quire_wire::frame::decode_frame(buf, u32::MAX)
+            .with_context(|| format!("bad frame from bookie {addr}"))?
+        {
+            let frame = buf[..used].to_vec();
+            buf.drain(..used);
+            return Ok(frame);
+        }
+        let mut chunk = [0u8; 16 * 1024];
+        let n = stream
+            .read(&mut chunk)
+            .with_context(|| format!("no answer from bookie {addr}"))?;
+        if n == 0 {
+            bail!("bookie {addr} closed the connection before answering");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
 }
 
 /// Keeps the registration alive and in the right directory until told to stop; returns the

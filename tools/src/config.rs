@@ -224,6 +224,10 @@ pub struct BookieSettings {
     /// `diskCheckInterval`; default 10000). A write failing with ENOSPC measures at once.
     #[arg(long)]
     pub disk_check_interval_ms: Option<u64>,
+    /// Address of the HTTP endpoint serving `GET /metrics` (Prometheus) and `GET /healthz`;
+    /// off unless set.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The CPUs this process may run on (its `sched_getaffinity(2)` mask), or `None` if the mask
@@ -309,6 +313,8 @@ pub struct BookieOptions {
     pub advertised: String,
     /// Rack label for the registry.
     pub rack: Option<String>,
+    /// Where `/metrics` and `/healthz` are served, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
     /// The bookie server's configuration.
     pub bookie: quire_bookie::BookieConfig,
 }
@@ -363,7 +369,8 @@ impl BookieSettings {
             gc_interval_secs,
             disk_usage_threshold,
             disk_usage_lwm_threshold,
-            disk_check_interval_ms
+            disk_check_interval_ms,
+            metrics_listen
         )
     }
 
@@ -438,6 +445,7 @@ impl BookieSettings {
             metadata,
             advertised,
             rack: self.rack,
+            metrics_listen: self.metrics_listen,
             bookie,
         })
     }
@@ -495,6 +503,10 @@ pub struct ProxySettings {
     /// closes every connection and exits with an error status.
     #[arg(long)]
     pub drain_timeout_ms: Option<u64>,
+    /// Address of the HTTP endpoint serving `GET /metrics` (Prometheus) and `GET /healthz`;
+    /// off unless set.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Parses and checks a retention time in seconds (`--retention-time-secs`).
@@ -526,6 +538,8 @@ pub struct ProxyOptions {
     pub streams: quire_proxy::StreamConfig,
     /// Longest SIGTERM drain (see `quire proxy`).
     pub drain_timeout: Duration,
+    /// Where `/metrics` and `/healthz` are served, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// SIGTERM drain limit of `quire proxy` when none is configured, in milliseconds.
@@ -550,7 +564,8 @@ impl ProxySettings {
             segment_roll_secs,
             retention_time_secs,
             retention_size_bytes,
-            drain_timeout_ms
+            drain_timeout_ms,
+            metrics_listen
         )
     }
 
@@ -613,6 +628,7 @@ impl ProxySettings {
             advertised,
             streams,
             drain_timeout: Duration::from_millis(drain_ms),
+            metrics_listen: self.metrics_listen,
         })
     }
 }
@@ -648,6 +664,7 @@ mod tests {
             shards = 2
             group_commit_wait_us = 500
             gc_interval_secs = 30
+            metrics_listen = "127.0.0.1:9181"
         "#;
         let file: BookieSettings = toml::from_str(text).unwrap();
         let flags = BookieSettings {
@@ -660,6 +677,7 @@ mod tests {
         assert_eq!(o.rack.as_deref(), Some("r1"));
         assert_eq!(o.advertised, "127.0.0.1:3181");
         assert_eq!(o.metadata.zk_root, "/quire");
+        assert_eq!(o.metrics_listen, Some("127.0.0.1:9181".parse().unwrap()));
         assert_eq!(
             o.bookie.engine.group_commit_wait_max,
             Duration::from_micros(500)

@@ -22,6 +22,7 @@ mod bookie_cmd;
 mod client;
 mod config;
 mod gc;
+mod metrics_http;
 mod proxy_cmd;
 mod sandbox;
 
@@ -57,7 +58,7 @@ enum Command {
     /// Like read, then keep printing new records as they are acknowledged.
     Tail(client::TailArgs),
     /// Run one bookie (`--config FILE`, flags override its keys) until SIGINT/SIGTERM; or
-    /// `quire bookie list`.
+    /// `quire bookie list`, `quire bookie info ADDR`.
     // Boxed: its many optional settings make it much larger than the other commands.
     Bookie(Box<bookie_cmd::BookieArgs>),
     /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM.

@@ -75,6 +75,17 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
     let mut config = options.streams.clone();
     config.owner_address = options.advertised.clone();
     let streams = quire_proxy::StreamManager::new(store, bk, config);
+    let exposition = crate::metrics_http::Exposition::default();
+    let metrics = match options.metrics_listen {
+        Some(listen) => {
+            let m = quire_proxy::ProxyMetrics::new();
+            exposition.register(|r| m.register(r, streams.clone()));
+            let addr = crate::metrics_http::start(listen, exposition.clone())?;
+            tracing::info!(%addr, "metrics endpoint listening");
+            Some(m)
+        }
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
@@ -83,10 +94,12 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
         streams.clone(),
         quire_proxy::ServerConfig {
             catch_up_read_runtime: Some(read_runtime.clone()),
+            metrics,
             ..quire_proxy::ServerConfig::default()
         },
     )
     .context("proxy server")?;
+    exposition.set_serving(true);
     {
         use std::io::Write;
         let s = &options.streams;
@@ -107,6 +120,7 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
         _ = int.recv() => false,
         r = session_lost.wait_for(|lost| *lost) => r.is_ok(),
     };
+    exposition.set_serving(false);
     if lost {
         // Every lease of this session is gone and another proxy may own the streams now; the
         // stream tasks already refuse writes (ownership lost, or fenced at the bookies). Stop

@@ -92,6 +92,11 @@ pub struct SandboxArgs {
     /// Time between two disk usage measurements, in milliseconds (default 10000).
     #[arg(long)]
     disk_check_interval_ms: Option<u64>,
+    /// Address of the HTTP endpoint serving `GET /metrics` (every bookie's metrics labelled
+    /// `bookie="bookie-N"`, and the proxy's) and `GET /healthz`; off unless set. Port 0 picks
+    /// a free port (printed).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -149,8 +154,14 @@ fn bookie_config(
     config
 }
 
-/// Starts the bookies, at their recorded addresses if this directory was used before.
-fn start_bookies(args: &SandboxArgs, gc: &DeletedLedgers) -> Result<Vec<Bookie>> {
+/// Starts the bookies, at their recorded addresses if this directory was used before, each
+/// recording into `metrics` (labelled `bookie="bookie-{i}"`, its directory's name: the
+/// address of a first start is only known once it is bound) when given.
+fn start_bookies(
+    args: &SandboxArgs,
+    gc: &DeletedLedgers,
+    metrics: Option<&quire_bookie::metrics::BookieMetrics>,
+) -> Result<Vec<Bookie>> {
     let record = args.data_dir.join("sandbox.json");
     let known: Option<SandboxFile> = match std::fs::read(&record) {
         Ok(bytes) => Some(
@@ -196,8 +207,16 @@ fn start_bookies(args: &SandboxArgs, gc: &DeletedLedgers) -> Result<Vec<Bookie>>
     )?;
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let bookie = Bookie::start(bookie_config(args, &cpu_set, disk, i + 1, *addr, gc))
+        let mut config = bookie_config(args, &cpu_set, disk, i + 1, *addr, gc);
+        let label = format!("bookie-{}", i + 1);
+        if let Some(m) = metrics {
+            config.metrics = Some(m.for_bookie(&label, config.shards));
+        }
+        let bookie = Bookie::start(config)
             .with_context(|| format!("bookie {} at {addr} did not start", i + 1))?;
+        if let Some(m) = metrics {
+            m.add_status(&label, bookie.status());
+        }
         bookies.push(bookie);
     }
     if known.is_none() {
@@ -266,7 +285,21 @@ pub fn run(args: SandboxArgs) -> Result<()> {
         .context("metadata store")?;
     // The bookies' garbage collection asks the metadata store which ledgers are deleted.
     let (gc, gc_queries) = quire_bookie::deleted_ledgers_channel();
-    let bookies = start_bookies(&args, &gc)?;
+    // Up before the bookies, so that /healthz says 503 until everything serves.
+    let exposition = crate::metrics_http::Exposition::default();
+    if let Some(listen) = args.metrics_listen {
+        let addr = crate::metrics_http::start(listen, exposition.clone())?;
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "quire sandbox: metrics on http://{addr}/metrics")?;
+        out.flush()?;
+    }
+    let bookie_metrics = args.metrics_listen.map(|_| {
+        let m = quire_bookie::metrics::BookieMetrics::new();
+        exposition.register(|r| m.register(r));
+        m
+    });
+    let bookies = start_bookies(&args, &gc, bookie_metrics.as_deref())?;
     drop(gc);
     let served = runtime.block_on(serve(
         &args,
@@ -274,6 +307,7 @@ pub fn run(args: SandboxArgs) -> Result<()> {
         &bookies,
         read_runtime.handle(),
         gc_queries,
+        &exposition,
     ));
     runtime.shutdown_timeout(Duration::from_secs(5));
     read_runtime.shutdown_timeout(Duration::from_secs(5));
@@ -327,6 +361,7 @@ async fn serve(
     bookies: &[Bookie],
     read_runtime: &tokio::runtime::Handle,
     gc_queries: DeletedLedgersQueries,
+    exposition: &crate::metrics_http::Exposition,
 ) -> Result<()> {
     let store: Arc<dyn MetadataStore> = Arc::new(store);
     let gc_store = store.clone();
@@ -392,15 +427,23 @@ async fn serve(
             eprintln!("quire sandbox: stream {name:?} is unavailable: {e}");
         }
     }
+    let metrics = args.metrics_listen.map(|_| {
+        let m = quire_proxy::ProxyMetrics::new();
+        exposition.register(|r| m.register(r, streams.clone()));
+        m
+    });
     let server = quire_proxy::ProxyServer::start(
         listener,
         streams.clone(),
         quire_proxy::ServerConfig {
             catch_up_read_runtime: Some(read_runtime.clone()),
+            metrics,
             ..quire_proxy::ServerConfig::default()
         },
     )
     .context("proxy server")?;
+    // Before the address line: whoever read it sees /healthz answer 200.
+    exposition.set_serving(true);
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -421,6 +464,7 @@ async fn serve(
         r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
         _ = term.recv() => {},
     }
+    exposition.set_serving(false);
     eprintln!("quire sandbox: stopping");
     for f in followers {
         f.abort();

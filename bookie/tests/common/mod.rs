@@ -76,6 +76,7 @@ pub enum Resp {
         fenced: bool,
         next_entry: Option<(u64, Vec<u8>)>,
     },
+    Info(quire_wire::bookie::BookieInfo),
     Failed {
         opcode: Opcode,
         status: Status,
@@ -206,6 +207,19 @@ impl Client {
                             status,
                             message: message.to_string(),
                         },
+                    }
+                } else if header.opcode == Opcode::GetBookieInfo as u8 | RESPONSE_BIT {
+                    match quire_wire::bookie::decode_bookie_info_response(&frame)
+                        .expect("valid bookie info response from bookie")
+                    {
+                        quire_wire::bookie::BookieInfoReply::Ok(info) => Resp::Info(info),
+                        quire_wire::bookie::BookieInfoReply::Failed { status, message } => {
+                            Resp::Failed {
+                                opcode: Opcode::GetBookieInfo,
+                                status,
+                                message: message.to_string(),
+                            }
+                        }
                     }
                 } else {
                     own(decode_response(&frame).expect("valid response from bookie"))

@@ -37,6 +37,10 @@ pub enum Opcode {
     /// with `previousLAC` and a timeout). Its success response has its own layout:
     /// [`LongPollResponse`], decoded with [`decode_long_poll_response`].
     ReadLacLongPoll = 0x06,
+    /// The bookie's state, shards, ledger counts and disk figures (BookKeeper
+    /// `GET_BOOKIE_INFO`). Its success response has its own layout: [`BookieInfo`], decoded
+    /// with [`decode_bookie_info_response`].
+    GetBookieInfo = 0x07,
 }
 
 impl Opcode {
@@ -52,6 +56,7 @@ impl Opcode {
             0x04 => Self::ReadLac,
             0x05 => Self::Fence,
             0x06 => Self::ReadLacLongPoll,
+            0x07 => Self::GetBookieInfo,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -157,6 +162,9 @@ pub enum Request<'a> {
         previous_lac: Option<EntryId>,
         timeout_ms: u32,
     },
+    /// Ask for the bookie's [`BookieInfo`]. Empty body. Like every request but `Hello`, only
+    /// after the handshake.
+    GetBookieInfo,
 }
 
 /// The success response to [`Request::ReadLacLongPoll`]. Body: ledger u64, lac_plus_one u64
@@ -356,6 +364,7 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u64, request: &Request<'_>)
             body.extend_from_slice(&timeout_ms.to_le_bytes());
             (Opcode::ReadLacLongPoll, 0)
         }
+        Request::GetBookieInfo => (Opcode::GetBookieInfo, 0),
     };
     encode_frame(
         out,
@@ -434,6 +443,7 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, WireError> {
             previous_lac: lac_from_wire(r.u64()?),
             timeout_ms: r.u32()?,
         },
+        Opcode::GetBookieInfo => Request::GetBookieInfo,
     };
     r.finish()?;
     Ok(req)
@@ -562,6 +572,12 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError>
                     what: "long-poll success response (decode it with decode_long_poll_response)",
                 })
             }
+            Opcode::GetBookieInfo => {
+                return Err(WireError::InvalidField {
+                    what:
+                        "bookie info success response (decode it with decode_bookie_info_response)",
+                })
+            }
         }
     };
     r.finish()?;
@@ -583,4 +599,178 @@ pub fn negotiate_version(peer_min: u16, peer_max: u16) -> Result<u16, WireError>
         });
     }
     Ok(v)
+}
+
+/// Longest directory path a [`BookieInfo`] carries, in bytes; a longer one is refused by the
+/// decoder (the encoder cuts it at a character boundary).
+pub const BOOKIE_INFO_PATH_SIZE_BYTES_MAX: usize = 4096;
+
+/// Whether a bookie takes adds (BookKeeper's writable / read-only bookie state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BookieState {
+    /// Takes adds and reads.
+    Writable = 0,
+    /// Refuses adds with [`Status::ReadOnly`]; serves reads.
+    ReadOnly = 1,
+}
+
+/// Which of a bookie's directories a [`DirInfo`] describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DirKind {
+    /// The journal root (one subdirectory per shard).
+    Journal = 1,
+    /// The ledger root: entry logs and index (one subdirectory per shard).
+    Ledger = 2,
+}
+
+/// Disk figures of one bookie directory, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirInfo {
+    pub kind: DirKind,
+    /// The directory as the bookie was configured with it.
+    pub path: String,
+    /// Size of the file system holding it.
+    pub total_bytes: u64,
+    /// Space available to the bookie on that file system.
+    pub free_bytes: u64,
+    /// Space the bookie's files under the directory take.
+    pub used_bytes: u64,
+}
+
+/// The success response to [`Request::GetBookieInfo`] (BookKeeper `GET_BOOKIE_INFO`, which
+/// answers total and free disk space; this one adds state, shards and ledgers).
+///
+/// Body: state u8 ([`BookieState`]); shard_count u16, then per shard its ledger count u64;
+/// dir_count u16, then per directory: kind u8 ([`DirKind`]), total_bytes u64, free_bytes u64,
+/// used_bytes u64, path (u32 length, then UTF-8 bytes, at most
+/// [`BOOKIE_INFO_PATH_SIZE_BYTES_MAX`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookieInfo {
+    pub state: BookieState,
+    /// Ledgers held by each shard, indexed by shard.
+    pub shard_ledgers: Vec<u64>,
+    pub dirs: Vec<DirInfo>,
+}
+
+/// A decoded bookie-info answer: success, or the error the bookie answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BookieInfoReply<'a> {
+    Ok(BookieInfo),
+    Failed { status: Status, message: &'a str },
+}
+
+/// Appends the success response frame of a bookie-info request to `out`.
+///
+/// # Panics
+/// If more than `u16::MAX` shards or directories are given (a bookie has at most
+/// `u16::MAX` shards and two directories).
+pub fn encode_bookie_info_response(out: &mut Vec<u8>, request_id: u64, info: &BookieInfo) {
+    let mut body = Vec::with_capacity(5 + 8 * info.shard_ledgers.len() + 64 * info.dirs.len());
+    body.push(info.state as u8);
+    let shards = u16::try_from(info.shard_ledgers.len()).expect("at most u16::MAX shards");
+    body.extend_from_slice(&shards.to_le_bytes());
+    for l in &info.shard_ledgers {
+        body.extend_from_slice(&l.to_le_bytes());
+    }
+    let dirs = u16::try_from(info.dirs.len()).expect("at most u16::MAX directories");
+    body.extend_from_slice(&dirs.to_le_bytes());
+    for d in &info.dirs {
+        body.push(d.kind as u8);
+        body.extend_from_slice(&d.total_bytes.to_le_bytes());
+        body.extend_from_slice(&d.free_bytes.to_le_bytes());
+        body.extend_from_slice(&d.used_bytes.to_le_bytes());
+        let mut cut = d.path.len().min(BOOKIE_INFO_PATH_SIZE_BYTES_MAX);
+        while !d.path.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        put_len_prefixed(&mut body, &d.path.as_bytes()[..cut]);
+    }
+    let header = FrameHeader {
+        opcode: Opcode::GetBookieInfo as u8 | RESPONSE_BIT,
+        flags: 0,
+        status: Status::Ok as u16,
+        request_id,
+    };
+    encode_frame(out, header, &body);
+}
+
+/// Decodes the response frame of a bookie-info request (success or error).
+///
+/// # Errors
+/// `InvalidField` for a frame that is not a bookie-info response, an unknown state or
+/// directory kind, or a non-UTF-8 path; `UnknownStatus`, `Truncated` (also for counts larger
+/// than the body holds), `TrailingBytes`.
+pub fn decode_bookie_info_response<'a>(
+    frame: &Frame<'a>,
+) -> Result<BookieInfoReply<'a>, WireError> {
+    let h = frame.header;
+    if h.opcode != Opcode::GetBookieInfo as u8 | RESPONSE_BIT {
+        return Err(WireError::InvalidField {
+            what: "bookie info response opcode",
+        });
+    }
+    let status = Status::from_u16(h.status)?;
+    if status != Status::Ok {
+        return match decode_response(frame)? {
+            Response::Failed {
+                status, message, ..
+            } => Ok(BookieInfoReply::Failed { status, message }),
+            _ => Err(WireError::InvalidField {
+                what: "bookie info error response",
+            }),
+        };
+    }
+    let mut r = Reader::new(frame.body, "bookie info response body");
+    let state = match r.u8()? {
+        0 => BookieState::Writable,
+        1 => BookieState::ReadOnly,
+        _ => {
+            return Err(WireError::InvalidField {
+                what: "bookie state",
+            })
+        }
+    };
+    let shards = r.u16()? as usize;
+    // Counts come from the peer: never allocate more than the body can hold.
+    let mut shard_ledgers = Vec::with_capacity(shards.min(frame.body.len() / 8));
+    for _ in 0..shards {
+        shard_ledgers.push(r.u64()?);
+    }
+    let dir_count = r.u16()? as usize;
+    let mut dirs = Vec::with_capacity(dir_count.min(frame.body.len() / 29));
+    for _ in 0..dir_count {
+        let kind = match r.u8()? {
+            1 => DirKind::Journal,
+            2 => DirKind::Ledger,
+            _ => {
+                return Err(WireError::InvalidField {
+                    what: "bookie info directory kind",
+                })
+            }
+        };
+        let total_bytes = r.u64()?;
+        let free_bytes = r.u64()?;
+        let used_bytes = r.u64()?;
+        let path = r.len_prefixed(BOOKIE_INFO_PATH_SIZE_BYTES_MAX)?;
+        let path = std::str::from_utf8(path)
+            .map_err(|_| WireError::InvalidField {
+                what: "bookie info directory path",
+            })?
+            .to_string();
+        dirs.push(DirInfo {
+            kind,
+            path,
+            total_bytes,
+            free_bytes,
+            used_bytes,
+        });
+    }
+    r.finish()?;
+    Ok(BookieInfoReply::Ok(BookieInfo {
+        state,
+        shard_ledgers,
+        dirs,
+    }))
 }

@@ -113,6 +113,11 @@ impl<F> Journal<F> {
         self.durable.get()
     }
 
+    /// Records queued and not yet taken by the writer.
+    pub fn queue_len(&self) -> usize {
+        self.queue.borrow().len()
+    }
+
     /// Number of journal fdatasyncs since open.
     pub fn sync_count(&self) -> u64 {
         self.sync_count.get()

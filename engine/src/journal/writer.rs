@@ -131,6 +131,7 @@ async fn write_batch<S: Storage + 'static>(inner: &Rc<Inner<S>>, batch: Vec<Pend
     // Set once this batch's bytes start going to the journal: a failure after that leaves the
     // journal in an unknown state, one before (in the roll) leaves it as it was.
     let journal_touched = Cell::new(false);
+    let (write_took, sync_took) = (Cell::new(Duration::ZERO), Cell::new(Duration::ZERO));
     let result: Result<(), Error> = async {
         if cursor.pos + buf.len() as u64 > inner.cfg.journal_file_size_bytes
             && cursor.pos > FILE_HEADER_BYTES as u64
@@ -158,12 +159,14 @@ async fn write_batch<S: Storage + 'static>(inner: &Rc<Inner<S>>, batch: Vec<Pend
                 .map_err(io_err("journal write", &path, cursor.pos))?;
             warn_if_slow("journal write", cursor.file_id, started);
             let synced = Instant::now();
+            write_took.set(synced - started);
             let r = cursor.file.fdatasync().await.map_err(io_err(
                 "journal fdatasync",
                 &path,
                 cursor.pos,
             ));
             warn_if_slow("journal fdatasync", cursor.file_id, synced);
+            sync_took.set(synced.elapsed());
             r
         }
         .await;
@@ -181,6 +184,23 @@ async fn write_batch<S: Storage + 'static>(inner: &Rc<Inner<S>>, batch: Vec<Pend
                 offset: cursor.pos,
                 next_seq: cursor.next_seq,
             };
+            // Reported before the adds are acknowledged, so that a scrape after an
+            // acknowledgement always counts it.
+            let observer = inner.journal_observer.borrow().clone();
+            if let Some(o) = &observer {
+                o.batch_durable(&crate::JournalBatch {
+                    records: batch.len(),
+                    bytes: buf.len(),
+                    write: write_took.get(),
+                    sync: sync_took.get(),
+                    queued: journal.queue_len(),
+                });
+                for p in &batch {
+                    if matches!(p.record, Record::Add { .. }) {
+                        o.add_durable(p.enqueued.elapsed());
+                    }
+                }
+            }
             let mut dones = Vec::with_capacity(batch.len());
             let mut touched: Vec<u64> = Vec::new();
             journal.durable.set(durable);

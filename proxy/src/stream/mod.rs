@@ -273,6 +273,16 @@ impl StreamManager {
         &self.identity
     }
 
+    /// Streams this manager holds now: acquired (lease taken, task started) and not lost.
+    /// For metrics (`quire_proxy_streams_owned`).
+    pub fn owned_stream_count(&self) -> usize {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .values()
+            .filter(|cell| cell.get().is_some_and(|h| h.lost_reason().is_none()))
+            .count()
+    }
+
     /// Creates an empty stream.
     ///
     /// # Errors

@@ -81,10 +81,10 @@ impl Cluster {
         )
     }
 
-    /// Like [`Cluster::start_bookie`], with `extra` flags after the usual ones.
+    /// Like [`Cluster::start_bookie`], with `extra` flags.
     pub fn start_bookie_with(&self, i: usize, port: u16, extra: &[&str]) -> Proc {
         let mut args = self.bookie_args(i, port);
-        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(extra.iter().map(|a| a.to_string()));
         Proc::start(&args, "quire bookie: ", &format!("bookie {i}"))
     }
 

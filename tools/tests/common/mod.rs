@@ -67,6 +67,8 @@ pub struct Sandbox {
     pub child: Child,
     pub addr: String,
     pub data_dir: PathBuf,
+    /// `host:port` of the metrics endpoint, when started with `--metrics-listen`.
+    pub metrics_addr: Option<String>,
 }
 
 /// Sandbox flags used by tests: small segments so that streams span several of them, small
@@ -95,11 +97,15 @@ impl Sandbox {
             .expect("spawn quire sandbox");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
+        let (metrics_tx, metrics_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if let Some(addr) = line.strip_prefix("quire sandbox: proxy listening on ") {
                     let _ = tx.send(addr.trim().to_string());
+                }
+                if let Some(url) = line.strip_prefix("quire sandbox: metrics on http://") {
+                    let _ = metrics_tx.send(url.trim().trim_end_matches("/metrics").to_string());
                 }
             }
         });
@@ -124,10 +130,13 @@ impl Sandbox {
                 }
             }
         };
+        // Printed before the proxy's line, so it is there by now if it is printed at all.
+        let metrics_addr = metrics_rx.try_recv().ok();
         Sandbox {
             child,
             addr,
             data_dir: data_dir.to_path_buf(),
+            metrics_addr,
         }
     }
 
@@ -172,6 +181,55 @@ impl Drop for Sandbox {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET path` over HTTP/1.1 from `addr` (`host:port`): the status code and the body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the answer");
+    let (head, body) = out.split_once("\r\n\r\n").expect("a whole HTTP answer");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    (status, body.to_string())
+}
+
+/// Sum of the samples of `name` whose labels contain every `key="value"` of `labels`
+/// (OpenMetrics text as `/metrics` serves it).
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut total = 0.0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (label_text, value) = if let Some(r) = rest.strip_prefix('{') {
+            match r.split_once("} ") {
+                Some((l, v)) => (l, v),
+                None => continue,
+            }
+        } else if let Some(v) = rest.strip_prefix(' ') {
+            ("", v)
+        } else {
+            continue;
+        };
+        if labels
+            .iter()
+            .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")))
+        {
+            total += value.trim().parse::<f64>().expect("numeric sample");
+        }
+    }
+    total
 }
 
 /// Runs the `quire` binary with `--proxy addr` appended.

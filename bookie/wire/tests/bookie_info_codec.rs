@@ -1,0 +1,231 @@
+//! Goal: the `GetBookieInfo` request and its response codec round-trip every shape (no
+//! shards or directories, several, a read-only bookie, an error answer), and the decoder
+//! refuses damaged frames without panicking or allocating what the body cannot hold.
+//! Method: encode, decode and compare; cut every frame at every length; flip every byte;
+//! forge counts far above the body's size; forge unknown state and directory kinds.
+
+use quire_wire::bookie::{
+    decode_bookie_info_response, decode_request, decode_response, encode_bookie_info_response,
+    encode_request, encode_response, BookieInfo, BookieInfoReply, BookieState, DirInfo, DirKind,
+    Opcode, Request, Response, Status, BOOKIE_INFO_PATH_SIZE_BYTES_MAX,
+};
+use quire_wire::frame::{
+    decode_frame, Frame, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT,
+};
+use quire_wire::WireError;
+
+fn samples() -> Vec<BookieInfo> {
+    vec![
+        BookieInfo {
+            state: BookieState::Writable,
+            shard_ledgers: vec![],
+            dirs: vec![],
+        },
+        BookieInfo {
+            state: BookieState::Writable,
+            shard_ledgers: vec![3, 0, u64::MAX],
+            dirs: vec![
+                DirInfo {
+                    kind: DirKind::Journal,
+                    path: "/data/journal".into(),
+                    total_bytes: 1 << 40,
+                    free_bytes: 1 << 39,
+                    used_bytes: 64 << 20,
+                },
+                DirInfo {
+                    kind: DirKind::Ledger,
+                    path: "/data/lédgers".into(),
+                    total_bytes: 2 << 40,
+                    free_bytes: 0,
+                    used_bytes: 1 << 30,
+                },
+            ],
+        },
+        BookieInfo {
+            state: BookieState::ReadOnly,
+            shard_ledgers: vec![1],
+            dirs: vec![DirInfo {
+                kind: DirKind::Ledger,
+                path: String::new(),
+                total_bytes: 0,
+                free_bytes: 0,
+                used_bytes: 0,
+            }],
+        },
+    ]
+}
+
+fn encoded(info: &BookieInfo) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_bookie_info_response(&mut out, 41, info);
+    out
+}
+
+fn frame(bytes: &[u8]) -> Frame<'_> {
+    let (frame, used) = decode_frame(bytes, FRAME_SIZE_BYTES_MAX_DEFAULT)
+        .unwrap()
+        .unwrap();
+    assert_eq!(used, bytes.len());
+    frame
+}
+
+#[test]
+fn request_round_trips_and_refuses_a_body() {
+    let mut out = Vec::new();
+    encode_request(&mut out, 5, &Request::GetBookieInfo);
+    let f = frame(&out);
+    assert_eq!(f.header.opcode, Opcode::GetBookieInfo as u8);
+    assert_eq!(decode_request(&f).unwrap(), Request::GetBookieInfo);
+    // A body on a request that has none is refused.
+    let mut body = out.clone();
+    body.push(0);
+    let len = u32::from_le_bytes(body[0..4].try_into().unwrap()) + 1;
+    body[0..4].copy_from_slice(&len.to_le_bytes());
+    assert!(matches!(
+        decode_request(&frame(&body)),
+        Err(WireError::TrailingBytes { .. })
+    ));
+}
+
+#[test]
+fn response_round_trips_and_errors_decode() {
+    for info in samples() {
+        let out = encoded(&info);
+        let f = frame(&out);
+        assert_eq!(f.header.request_id, 41);
+        assert_eq!(
+            decode_bookie_info_response(&f).unwrap(),
+            BookieInfoReply::Ok(info.clone())
+        );
+        // The generic decoder refuses it rather than misreading the body.
+        assert!(decode_response(&f).is_err());
+    }
+    let mut out = Vec::new();
+    encode_response(
+        &mut out,
+        8,
+        &Response::Failed {
+            opcode: Opcode::GetBookieInfo,
+            status: Status::IoError,
+            message: "statvfs failed",
+        },
+    );
+    assert_eq!(
+        decode_bookie_info_response(&frame(&out)).unwrap(),
+        BookieInfoReply::Failed {
+            status: Status::IoError,
+            message: "statvfs failed"
+        }
+    );
+    // Another opcode's response is not a bookie-info answer.
+    let mut other = Vec::new();
+    encode_response(
+        &mut other,
+        8,
+        &Response::Fence {
+            ledger: quire_wire::LedgerId(1),
+            lac: None,
+        },
+    );
+    assert!(decode_bookie_info_response(&frame(&other)).is_err());
+}
+
+#[test]
+fn long_paths_are_cut_on_a_char_boundary() {
+    let path = "é".repeat(BOOKIE_INFO_PATH_SIZE_BYTES_MAX); // 2 bytes each
+    let info = BookieInfo {
+        state: BookieState::Writable,
+        shard_ledgers: vec![1],
+        dirs: vec![DirInfo {
+            kind: DirKind::Journal,
+            path: path.clone(),
+            total_bytes: 1,
+            free_bytes: 1,
+            used_bytes: 1,
+        }],
+    };
+    let out = encoded(&info);
+    let BookieInfoReply::Ok(got) = decode_bookie_info_response(&frame(&out)).unwrap() else {
+        panic!("not ok")
+    };
+    assert_eq!(got.dirs[0].path.len(), BOOKIE_INFO_PATH_SIZE_BYTES_MAX);
+    assert!(path.starts_with(&got.dirs[0].path));
+}
+
+/// Rewrites a frame's body (and its length field).
+fn with_body(out: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut v = out[..FRAME_HEADER_SIZE_BYTES].to_vec();
+    let len = (FRAME_HEADER_SIZE_BYTES - 4 + body.len()) as u32;
+    v[0..4].copy_from_slice(&len.to_le_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+#[test]
+fn damaged_frames_are_refused_without_panic() {
+    for info in samples() {
+        let out = encoded(&info);
+        let body = &out[FRAME_HEADER_SIZE_BYTES..];
+        // Every shorter body is truncated; a longer one has trailing bytes.
+        for cut in 0..body.len() {
+            let bad = with_body(&out, &body[..cut]);
+            assert!(
+                decode_bookie_info_response(&frame(&bad)).is_err(),
+                "body cut at {cut} of {}",
+                body.len()
+            );
+        }
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert!(matches!(
+            decode_bookie_info_response(&frame(&with_body(&out, &longer))),
+            Err(WireError::TrailingBytes { .. })
+        ));
+        // Any flipped byte decodes to something or to an error, never a panic.
+        for i in 0..out.len() {
+            let mut bad = out.clone();
+            bad[i] ^= 0xff;
+            if let Ok(Some((f, _))) = decode_frame(&bad, FRAME_SIZE_BYTES_MAX_DEFAULT) {
+                let _ = decode_bookie_info_response(&f);
+            }
+        }
+    }
+}
+
+#[test]
+fn forged_counts_and_values_are_refused() {
+    let out = encoded(&samples()[1]);
+    // state, then a shard count of 65535 with only three shards' bytes behind it.
+    let mut body = out[FRAME_HEADER_SIZE_BYTES..].to_vec();
+    body[1..3].copy_from_slice(&u16::MAX.to_le_bytes());
+    assert!(matches!(
+        decode_bookie_info_response(&frame(&with_body(&out, &body))),
+        Err(WireError::Truncated { .. })
+    ));
+    // Unknown state.
+    let mut body = out[FRAME_HEADER_SIZE_BYTES..].to_vec();
+    body[0] = 2;
+    assert!(matches!(
+        decode_bookie_info_response(&frame(&with_body(&out, &body))),
+        Err(WireError::InvalidField { .. })
+    ));
+    // Unknown directory kind: the first directory starts after state, count, 3 ledgers, count.
+    let mut body = out[FRAME_HEADER_SIZE_BYTES..].to_vec();
+    body[1 + 2 + 24 + 2] = 9;
+    assert!(matches!(
+        decode_bookie_info_response(&frame(&with_body(&out, &body))),
+        Err(WireError::InvalidField { .. })
+    ));
+    // A path length above the limit.
+    let mut body = out[FRAME_HEADER_SIZE_BYTES..].to_vec();
+    let at = 1 + 2 + 24 + 2 + 1 + 24;
+    body[at..at + 4].copy_from_slice(&(BOOKIE_INFO_PATH_SIZE_BYTES_MAX as u32 + 1).to_le_bytes());
+    assert!(decode_bookie_info_response(&frame(&with_body(&out, &body))).is_err());
+    // A path that is not UTF-8.
+    let mut body = out[FRAME_HEADER_SIZE_BYTES..].to_vec();
+    body[at + 4] = 0xff;
+    assert!(matches!(
+        decode_bookie_info_response(&frame(&with_body(&out, &body))),
+        Err(WireError::InvalidField { .. })
+    ));
+}
