@@ -81,6 +81,29 @@ pub struct SandboxArgs {
     /// 0 disables).
     #[arg(long, default_value_t = 600)]
     gc_interval_secs: u64,
+    /// Minor compaction threshold: entry logs whose live fraction is below it are rewritten
+    /// (BookKeeper `minorCompactionThreshold`; 0 to 1, below the major one; default 0.2).
+    #[arg(long)]
+    minor_compaction_threshold: Option<f64>,
+    /// Seconds between minor compactions (BookKeeper `minorCompactionInterval`; default 3600,
+    /// 0 disables).
+    #[arg(long)]
+    minor_compaction_interval_secs: Option<u64>,
+    /// Major compaction threshold (BookKeeper `majorCompactionThreshold`; default 0.8).
+    #[arg(long)]
+    major_compaction_threshold: Option<f64>,
+    /// Seconds between major compactions (BookKeeper `majorCompactionInterval`; default
+    /// 86400, 0 disables).
+    #[arg(long)]
+    major_compaction_interval_secs: Option<u64>,
+    /// An entry log rolls to a new file beyond this many bytes (BookKeeper `logSizeLimit`;
+    /// default 1 GiB). Only whole non-current logs are deleted or compacted.
+    #[arg(long)]
+    entry_log_size_bytes: Option<u64>,
+    /// Milliseconds between the bookies' checkpoints (write cache to entry logs; BookKeeper
+    /// `flushInterval`; default 10000).
+    #[arg(long)]
+    checkpoint_interval_ms: Option<u64>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -115,7 +138,7 @@ fn bookie_config(
     index: usize,
     listen: SocketAddr,
     gc: &DeletedLedgers,
-) -> BookieConfig {
+) -> Result<BookieConfig> {
     let root = args.data_dir.join(format!("bookie-{index}"));
     let mut config = BookieConfig::new(listen, root.join("journal"), root.join("ledgers"));
     config.shards = args.shards;
@@ -129,7 +152,16 @@ fn bookie_config(
     config.engine.journal_file_size_bytes = args.journal_file_size_bytes;
     config.gc_interval = Duration::from_secs(args.gc_interval_secs);
     config.gc_deleted_ledgers = Some(gc.clone());
-    config
+    crate::config::CompactionSettings {
+        minor_threshold: args.minor_compaction_threshold,
+        minor_interval_secs: args.minor_compaction_interval_secs,
+        major_threshold: args.major_compaction_threshold,
+        major_interval_secs: args.major_compaction_interval_secs,
+        entry_log_size_bytes: args.entry_log_size_bytes,
+        checkpoint_interval_ms: args.checkpoint_interval_ms,
+    }
+    .apply(&mut config.engine)?;
+    Ok(config)
 }
 
 /// Starts the bookies, at their recorded addresses if this directory was used before.
@@ -174,7 +206,7 @@ fn start_bookies(args: &SandboxArgs, gc: &DeletedLedgers) -> Result<Vec<Bookie>>
     };
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let bookie = Bookie::start(bookie_config(args, &cpu_set, i + 1, *addr, gc))
+        let bookie = Bookie::start(bookie_config(args, &cpu_set, i + 1, *addr, gc)?)
             .with_context(|| format!("bookie {} at {addr} did not start", i + 1))?;
         bookies.push(bookie);
     }
