@@ -229,7 +229,7 @@ pub struct BookieSettings {
     #[arg(long)]
     pub major_compaction_interval_secs: Option<u64>,
     /// An entry log rolls to a new file beyond this many bytes (BookKeeper `logSizeLimit`;
-    /// default 1 GiB, at least 65536). Only whole non-current logs are deleted or compacted.
+    /// default 1 GiB, at least 16384). Only whole non-current logs are deleted or compacted.
     #[arg(long)]
     pub entry_log_size_bytes: Option<u64>,
     /// Milliseconds between checkpoints, which move written entries from the write cache into
@@ -237,6 +237,10 @@ pub struct BookieSettings {
     #[arg(long)]
     pub checkpoint_interval_ms: Option<u64>,
 }
+
+/// Smallest accepted `entry_log_size_bytes`: the 4 KiB header and three 4 KiB blocks, since
+/// every checkpoint starts at a fresh 4 KiB boundary (docs/format/entry-log.md).
+pub const ENTRY_LOG_SIZE_BYTES_MIN: u64 = 16 * 1024;
 
 /// Compaction and entry-log settings shared by `quire bookie` and `quire sandbox`, as given
 /// (`None`: the engine default).
@@ -261,8 +265,8 @@ impl CompactionSettings {
     ///
     /// # Errors
     /// One line naming the setting: a threshold outside [0, 1] or not a number, a minor
-    /// threshold not below the major one (BookKeeper's rule), an entry-log size below 65536
-    /// bytes, a checkpoint interval outside 10 ms to 1 h.
+    /// threshold not below the major one (BookKeeper's rule), an entry-log size below
+    /// [`ENTRY_LOG_SIZE_BYTES_MIN`], a checkpoint interval outside 10 ms to 1 h.
     pub fn apply(&self, engine: &mut quire_engine::EngineConfig) -> Result<()> {
         for (key, v) in [
             ("minor_compaction_threshold", self.minor_threshold),
@@ -292,8 +296,8 @@ impl CompactionSettings {
             engine.major_compaction_interval = Duration::from_secs(s);
         }
         if let Some(b) = self.entry_log_size_bytes {
-            if b < 64 * 1024 {
-                bail!("invalid setting entry_log_size_bytes = {b}: expected at least 65536");
+            if b < ENTRY_LOG_SIZE_BYTES_MIN {
+                bail!("invalid setting entry_log_size_bytes = {b}: expected at least {ENTRY_LOG_SIZE_BYTES_MIN}");
             }
             engine.entry_log_size_bytes_max = b;
         }
