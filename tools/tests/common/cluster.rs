@@ -81,6 +81,14 @@ impl Cluster {
         )
     }
 
+    /// Like [`Cluster::start_bookie`], with `extra` flags after the usual ones.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn start_bookie_with(&self, i: usize, port: u16, extra: &[&str]) -> Proc {
+        let mut args = self.bookie_args(i, port);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Proc::start(&args, "quire bookie: ", &format!("bookie {i}"))
+    }
+
     /// Runs bookie `i` expecting it to refuse to start; returns its output.
     pub fn bookie_refuses(&self, i: usize, port: u16) -> Output {
         let out = run(&self.bookie_args(i, port));
