@@ -88,9 +88,8 @@ async fn cluster_with_gc() -> common::Cluster {
         .prefix("quire-proxy-test-")
         .tempdir_in("/tmp")
         .unwrap();
-    let store: std::sync::Arc<dyn MetadataStore> = std::sync::Arc::new(
-        quire_metadata::EmbeddedStore::open(&dir.path().join("meta")).unwrap(),
-    );
+    let store: std::sync::Arc<dyn MetadataStore> =
+        std::sync::Arc::new(quire_metadata::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
     let (gc, queries) = quire_bookie::deleted_ledgers_channel();
     let answer_store = store.clone();
     tokio::spawn(async move {
@@ -159,10 +158,17 @@ async fn settled_entry_log_bytes(c: &common::Cluster) -> Vec<u64> {
     let mut last = entry_log_bytes(c);
     let mut same = 0;
     while same < 2 {
-        assert!(Instant::now() < deadline, "entry logs did not settle: {last:?}");
+        assert!(
+            Instant::now() < deadline,
+            "entry logs did not settle: {last:?}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = entry_log_bytes(c);
-        same = if now == last && now.iter().all(|&b| b > 0) { same + 1 } else { 0 };
+        same = if now == last && now.iter().all(|&b| b > 0) {
+            same + 1
+        } else {
+            0
+        };
         last = now;
     }
     last

@@ -730,14 +730,34 @@ mod tests {
             (0.2, 0.8)
         );
         for (bad, want) in [
-            ("minor_compaction_threshold = -0.1", "invalid setting minor_compaction_threshold"),
-            ("major_compaction_threshold = 1.5", "invalid setting major_compaction_threshold"),
-            ("minor_compaction_threshold = 0.9", "must be below the major one"),
-            ("major_compaction_threshold = 0.1", "must be below the major one"),
-            ("entry_log_size_bytes = 4096", "invalid setting entry_log_size_bytes"),
-            ("checkpoint_interval_ms = 0", "invalid setting checkpoint_interval_ms"),
+            (
+                "minor_compaction_threshold = -0.1",
+                "invalid setting minor_compaction_threshold",
+            ),
+            (
+                "major_compaction_threshold = 1.5",
+                "invalid setting major_compaction_threshold",
+            ),
+            (
+                "minor_compaction_threshold = 0.9",
+                "must be below the major one",
+            ),
+            (
+                "major_compaction_threshold = 0.1",
+                "must be below the major one",
+            ),
+            (
+                "entry_log_size_bytes = 4096",
+                "invalid setting entry_log_size_bytes",
+            ),
+            (
+                "checkpoint_interval_ms = 0",
+                "invalid setting checkpoint_interval_ms",
+            ),
         ] {
-            let e = bookie_from(&format!("{base}{bad}")).unwrap_err().to_string();
+            let e = bookie_from(&format!("{base}{bad}"))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want) && e.lines().count() == 1, "{bad}: {e}");
         }
     }

@@ -46,14 +46,25 @@ fn entry_log_bytes(cluster: &Cluster, i: usize) -> u64 {
 /// 200 ms).
 fn settled_entry_log_bytes(cluster: &Cluster) -> Vec<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let read = || (0..3).map(|i| entry_log_bytes(cluster, i)).collect::<Vec<_>>();
+    let read = || {
+        (0..3)
+            .map(|i| entry_log_bytes(cluster, i))
+            .collect::<Vec<_>>()
+    };
     let mut last = read();
     let mut same = 0;
     while same < 2 {
-        assert!(Instant::now() < deadline, "entry logs did not settle: {last:?}");
+        assert!(
+            Instant::now() < deadline,
+            "entry logs did not settle: {last:?}"
+        );
         std::thread::sleep(Duration::from_millis(500));
         let now = read();
-        same = if now == last && now.iter().all(|&b| b > 0) { same + 1 } else { 0 };
+        same = if now == last && now.iter().all(|&b| b > 0) {
+            same + 1
+        } else {
+            0
+        };
         last = now;
     }
     last

@@ -115,7 +115,11 @@ fn settled_entry_log_bytes(sandbox: &Sandbox) -> Vec<u64> {
     wait_for("entry logs settle", || {
         std::thread::sleep(Duration::from_millis(500));
         let now = entry_log_bytes(sandbox);
-        same = if now == last && now.iter().all(|&b| b > 0) { same + 1 } else { 0 };
+        same = if now == last && now.iter().all(|&b| b > 0) {
+            same + 1
+        } else {
+            0
+        };
         last = now;
         same >= 2
     });
