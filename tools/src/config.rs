@@ -228,6 +228,103 @@ pub struct BookieSettings {
     /// off unless set.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Minor compaction rewrites entry logs whose live bytes are below this fraction of their
+    /// size (BookKeeper `minorCompactionThreshold`; 0 to 1, below the major one; default 0.2).
+    #[arg(long)]
+    pub minor_compaction_threshold: Option<f64>,
+    /// Seconds between minor compactions, run by the GC loop once due (BookKeeper
+    /// `minorCompactionInterval`; default 3600, 0 disables).
+    #[arg(long)]
+    pub minor_compaction_interval_secs: Option<u64>,
+    /// Major compaction rewrites entry logs whose live fraction is below this (BookKeeper
+    /// `majorCompactionThreshold`; 0 to 1, above the minor one; default 0.8).
+    #[arg(long)]
+    pub major_compaction_threshold: Option<f64>,
+    /// Seconds between major compactions (BookKeeper `majorCompactionInterval`; default 86400,
+    /// 0 disables).
+    #[arg(long)]
+    pub major_compaction_interval_secs: Option<u64>,
+    /// An entry log rolls to a new file beyond this many bytes (BookKeeper `logSizeLimit`;
+    /// default 1 GiB, at least 16384). Only whole non-current logs are deleted or compacted.
+    #[arg(long)]
+    pub entry_log_size_bytes: Option<u64>,
+    /// Milliseconds between checkpoints, which move written entries from the write cache into
+    /// entry logs and the index (BookKeeper `flushInterval`; default 10000, 10 to 3600000).
+    #[arg(long)]
+    pub checkpoint_interval_ms: Option<u64>,
+}
+
+/// Smallest accepted `entry_log_size_bytes`: the 4 KiB header and three 4 KiB blocks, since
+/// every checkpoint starts at a fresh 4 KiB boundary (docs/format/entry-log.md).
+pub const ENTRY_LOG_SIZE_BYTES_MIN: u64 = 16 * 1024;
+
+/// Compaction and entry-log settings shared by `quire bookie` and `quire sandbox`, as given
+/// (`None`: the engine default).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CompactionSettings {
+    /// `minor_compaction_threshold`, a fraction.
+    pub minor_threshold: Option<f64>,
+    /// `minor_compaction_interval_secs`.
+    pub minor_interval_secs: Option<u64>,
+    /// `major_compaction_threshold`, a fraction.
+    pub major_threshold: Option<f64>,
+    /// `major_compaction_interval_secs`.
+    pub major_interval_secs: Option<u64>,
+    /// `entry_log_size_bytes`.
+    pub entry_log_size_bytes: Option<u64>,
+    /// `checkpoint_interval_ms`.
+    pub checkpoint_interval_ms: Option<u64>,
+}
+
+impl CompactionSettings {
+    /// Checks the values and writes them into `engine`.
+    ///
+    /// # Errors
+    /// One line naming the setting: a threshold outside [0, 1] or not a number, a minor
+    /// threshold not below the major one (BookKeeper's rule), an entry-log size below
+    /// [`ENTRY_LOG_SIZE_BYTES_MIN`], a checkpoint interval outside 10 ms to 1 h.
+    pub fn apply(&self, engine: &mut quire_engine::EngineConfig) -> Result<()> {
+        for (key, v) in [
+            ("minor_compaction_threshold", self.minor_threshold),
+            ("major_compaction_threshold", self.major_threshold),
+        ] {
+            if let Some(v) = v {
+                if !(0.0..=1.0).contains(&v) {
+                    bail!("invalid setting {key} = {v}: expected a fraction from 0 to 1");
+                }
+            }
+        }
+        let minor = self
+            .minor_threshold
+            .unwrap_or(engine.minor_compaction_threshold);
+        let major = self
+            .major_threshold
+            .unwrap_or(engine.major_compaction_threshold);
+        if minor >= major {
+            bail!("invalid settings minor_compaction_threshold = {minor}, major_compaction_threshold = {major}: the minor threshold must be below the major one");
+        }
+        engine.minor_compaction_threshold = minor;
+        engine.major_compaction_threshold = major;
+        if let Some(s) = self.minor_interval_secs {
+            engine.minor_compaction_interval = Duration::from_secs(s);
+        }
+        if let Some(s) = self.major_interval_secs {
+            engine.major_compaction_interval = Duration::from_secs(s);
+        }
+        if let Some(b) = self.entry_log_size_bytes {
+            if b < ENTRY_LOG_SIZE_BYTES_MIN {
+                bail!("invalid setting entry_log_size_bytes = {b}: expected at least {ENTRY_LOG_SIZE_BYTES_MIN}");
+            }
+            engine.entry_log_size_bytes_max = b;
+        }
+        if let Some(ms) = self.checkpoint_interval_ms {
+            if !(10..=3_600_000).contains(&ms) {
+                bail!("invalid setting checkpoint_interval_ms = {ms}: expected 10 to 3600000");
+            }
+            engine.checkpoint_interval = Duration::from_millis(ms);
+        }
+        Ok(())
+    }
 }
 
 /// The CPUs this process may run on (its `sched_getaffinity(2)` mask), or `None` if the mask
@@ -370,7 +467,13 @@ impl BookieSettings {
             disk_usage_threshold,
             disk_usage_lwm_threshold,
             disk_check_interval_ms,
-            metrics_listen
+            metrics_listen,
+            minor_compaction_threshold,
+            minor_compaction_interval_secs,
+            major_compaction_threshold,
+            major_compaction_interval_secs,
+            entry_log_size_bytes,
+            checkpoint_interval_ms
         )
     }
 
@@ -441,6 +544,15 @@ impl BookieSettings {
             bookie.disk_usage_lwm_threshold,
             bookie.disk_check_interval,
         ) = disk;
+        CompactionSettings {
+            minor_threshold: self.minor_compaction_threshold,
+            minor_interval_secs: self.minor_compaction_interval_secs,
+            major_threshold: self.major_compaction_threshold,
+            major_interval_secs: self.major_compaction_interval_secs,
+            entry_log_size_bytes: self.entry_log_size_bytes,
+            checkpoint_interval_ms: self.checkpoint_interval_ms,
+        }
+        .apply(&mut bookie.engine)?;
         Ok(BookieOptions {
             metadata,
             advertised,
@@ -685,6 +797,62 @@ mod tests {
         assert_eq!(o.bookie.gc_interval, Duration::from_secs(30));
         let o = bookie_from("zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:1\"\n").unwrap();
         assert_eq!(o.bookie.gc_interval, quire_bookie::GC_INTERVAL_DEFAULT);
+    }
+
+    #[test]
+    fn bookie_compaction_settings_are_read_and_checked() {
+        // Goal: the compaction, entry-log and checkpoint keys reach the engine configuration;
+        // thresholds outside [0, 1], minor >= major and too small sizes are one line by name.
+        let base = "zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:1\"\n";
+        let o = bookie_from(&format!(
+            "{base}minor_compaction_threshold = 0.1\nminor_compaction_interval_secs = 5\n\
+             major_compaction_threshold = 0.5\nmajor_compaction_interval_secs = 0\n\
+             entry_log_size_bytes = 131072\ncheckpoint_interval_ms = 250"
+        ))
+        .unwrap();
+        let e = &o.bookie.engine;
+        assert_eq!(e.minor_compaction_threshold, 0.1);
+        assert_eq!(e.minor_compaction_interval, Duration::from_secs(5));
+        assert_eq!(e.major_compaction_threshold, 0.5);
+        assert_eq!(e.major_compaction_interval, Duration::ZERO);
+        assert_eq!(e.entry_log_size_bytes_max, 131072);
+        assert_eq!(e.checkpoint_interval, Duration::from_millis(250));
+        let d = bookie_from(base).unwrap().bookie.engine;
+        assert_eq!(
+            (d.minor_compaction_threshold, d.major_compaction_threshold),
+            (0.2, 0.8)
+        );
+        for (bad, want) in [
+            (
+                "minor_compaction_threshold = -0.1",
+                "invalid setting minor_compaction_threshold",
+            ),
+            (
+                "major_compaction_threshold = 1.5",
+                "invalid setting major_compaction_threshold",
+            ),
+            (
+                "minor_compaction_threshold = 0.9",
+                "must be below the major one",
+            ),
+            (
+                "major_compaction_threshold = 0.1",
+                "must be below the major one",
+            ),
+            (
+                "entry_log_size_bytes = 4096",
+                "invalid setting entry_log_size_bytes",
+            ),
+            (
+                "checkpoint_interval_ms = 0",
+                "invalid setting checkpoint_interval_ms",
+            ),
+        ] {
+            let e = bookie_from(&format!("{base}{bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want) && e.lines().count() == 1, "{bad}: {e}");
+        }
     }
 
     #[test]

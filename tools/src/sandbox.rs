@@ -97,6 +97,29 @@ pub struct SandboxArgs {
     /// a free port (printed).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Minor compaction threshold: entry logs whose live fraction is below it are rewritten
+    /// (BookKeeper `minorCompactionThreshold`; 0 to 1, below the major one; default 0.2).
+    #[arg(long)]
+    minor_compaction_threshold: Option<f64>,
+    /// Seconds between minor compactions (BookKeeper `minorCompactionInterval`; default 3600,
+    /// 0 disables).
+    #[arg(long)]
+    minor_compaction_interval_secs: Option<u64>,
+    /// Major compaction threshold (BookKeeper `majorCompactionThreshold`; default 0.8).
+    #[arg(long)]
+    major_compaction_threshold: Option<f64>,
+    /// Seconds between major compactions (BookKeeper `majorCompactionInterval`; default
+    /// 86400, 0 disables).
+    #[arg(long)]
+    major_compaction_interval_secs: Option<u64>,
+    /// An entry log rolls to a new file beyond this many bytes (BookKeeper `logSizeLimit`;
+    /// default 1 GiB). Only whole non-current logs are deleted or compacted.
+    #[arg(long)]
+    entry_log_size_bytes: Option<u64>,
+    /// Milliseconds between the bookies' checkpoints (write cache to entry logs; BookKeeper
+    /// `flushInterval`; default 10000).
+    #[arg(long)]
+    checkpoint_interval_ms: Option<u64>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -132,7 +155,7 @@ fn bookie_config(
     index: usize,
     listen: SocketAddr,
     gc: &DeletedLedgers,
-) -> BookieConfig {
+) -> Result<BookieConfig> {
     let root = args.data_dir.join(format!("bookie-{index}"));
     let mut config = BookieConfig::new(listen, root.join("journal"), root.join("ledgers"));
     config.shards = args.shards;
@@ -151,7 +174,16 @@ fn bookie_config(
         config.disk_usage_lwm_threshold,
         config.disk_check_interval,
     ) = disk;
-    config
+    crate::config::CompactionSettings {
+        minor_threshold: args.minor_compaction_threshold,
+        minor_interval_secs: args.minor_compaction_interval_secs,
+        major_threshold: args.major_compaction_threshold,
+        major_interval_secs: args.major_compaction_interval_secs,
+        entry_log_size_bytes: args.entry_log_size_bytes,
+        checkpoint_interval_ms: args.checkpoint_interval_ms,
+    }
+    .apply(&mut config.engine)?;
+    Ok(config)
 }
 
 /// Starts the bookies, at their recorded addresses if this directory was used before, each
@@ -207,7 +239,7 @@ fn start_bookies(
     )?;
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        let mut config = bookie_config(args, &cpu_set, disk, i + 1, *addr, gc);
+        let mut config = bookie_config(args, &cpu_set, disk, i + 1, *addr, gc)?;
         let label = format!("bookie-{}", i + 1);
         if let Some(m) = metrics {
             config.metrics = Some(m.for_bookie(&label, config.shards));

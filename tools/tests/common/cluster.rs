@@ -81,10 +81,11 @@ impl Cluster {
         )
     }
 
-    /// Like [`Cluster::start_bookie`], with `extra` flags.
+    /// Like [`Cluster::start_bookie`], with `extra` flags after the usual ones.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
     pub fn start_bookie_with(&self, i: usize, port: u16, extra: &[&str]) -> Proc {
         let mut args = self.bookie_args(i, port);
-        args.extend(extra.iter().map(|a| a.to_string()));
+        args.extend(extra.iter().map(|s| s.to_string()));
         Proc::start(&args, "quire bookie: ", &format!("bookie {i}"))
     }
 
