@@ -22,8 +22,8 @@
 //! (each glommio executor is two threads: the executor and its blocking pool).
 
 mod conn;
-mod gc;
 pub mod disk;
+mod gc;
 pub mod metrics;
 mod ops;
 mod shard;
@@ -40,11 +40,11 @@ use tracing::Instrument;
 use crate::shard::{Control, Event, ShardArgs, FORWARD_QUEUE_MAX};
 
 pub use crate::conn::IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX;
+pub use crate::disk::{DirUsage, ReadOnlyState};
 pub use crate::gc::{
     deleted_ledgers_channel, DeletedLedgers, DeletedLedgersQueries, DeletedLedgersQuery,
     GC_ANSWER_WAIT_MAX, GC_INTERVAL_DEFAULT,
 };
-pub use crate::disk::{DirUsage, ReadOnlyState};
 
 /// Default glommio `io_memory` per executor: 2 MiB, small enough for an 8 MiB memlock limit.
 pub const IO_MEMORY_BYTES_DEFAULT: usize = 2 * 1024 * 1024;
