@@ -7,7 +7,9 @@
 #
 # Each BIN is a `quire` binary, optionally followed (in the same quoted word) by extra
 # `quire sandbox` flags, e.g. "/var/tmp/quire-base" "./target/release/quire --cpu-set 0,1";
-# "env VAR=VALUE /path/quire" runs it with an environment variable set.
+# "env VAR=VALUE /path/quire" runs it with an environment variable set; "floor /path/floor"
+# runs ../shared/bench's floor server instead (proxy on 127.0.0.1:$FLOOR_PORT, default 14391),
+# the reference for what the topology alone costs.
 # A round runs every BIN once, in the order given (A B A B ... over the rounds), so that a
 # baseline is measured in the same window as the change on this shared, noisy machine.
 # Each run: a fresh sandbox in $DATA_DIR (deleted before and after), 1 s to settle, then
@@ -49,10 +51,12 @@ BINS=("$@")
 DATA_DIR=${DATA_DIR:-/var/tmp/cpu-sb}
 OUT_DIR=${OUT_DIR:-/tmp/cpu-per-record}
 PERF_BIN=${PERF_BIN:-./target/release/quire-perf}
+FLOOR_PORT=${FLOOR_PORT:-14391}
 mkdir -p "$OUT_DIR"
 [ -x "$PERF_BIN" ] || { echo "no $PERF_BIN: cargo build --release -p quire-perf" >&2; exit 2; }
 for spec in "${BINS[@]}"; do
-    read -r bin _ <<< "$spec"
+    read -r bin rest <<< "$spec"
+    [ "$bin" = floor ] && read -r bin _ <<< "$rest"
     command -v "$bin" > /dev/null || { echo "not an executable: $bin" >&2; exit 2; }
 done
 
@@ -142,11 +146,29 @@ for round in $(seq 1 "$ROUNDS"); do
         fi
         tag="$round-$k"
         rm -rf "$DATA_DIR"
-        "${words[@]:0:n}" sandbox --data-dir "$DATA_DIR" --listen 127.0.0.1:0 "${words[@]:n}" \
-            > "$OUT_DIR/sandbox-$tag.log" 2>&1 &
-        sandbox_pid=$!
         proxy=""
+        if [ "${words[0]}" = floor ]; then
+            # ../shared/bench's floor: the sandbox's topology with no other logic; it listens
+            # once its journals are zero-filled.
+            mkdir -p "$DATA_DIR"
+            "${words[1]}" --data-dir "$DATA_DIR/floor" --listen "127.0.0.1:$FLOOR_PORT" \
+                > "$OUT_DIR/sandbox-$tag.log" 2>&1 &
+            sandbox_pid=$!
+            for _ in $(seq 1 600); do
+                if (exec 3<> "/dev/tcp/127.0.0.1/$FLOOR_PORT") 2> /dev/null; then
+                    proxy="127.0.0.1:$FLOOR_PORT"
+                    break
+                fi
+                kill -0 "$sandbox_pid" 2>/dev/null || break
+                sleep 0.1
+            done
+        else
+            "${words[@]:0:n}" sandbox --data-dir "$DATA_DIR" --listen 127.0.0.1:0 "${words[@]:n}" \
+                > "$OUT_DIR/sandbox-$tag.log" 2>&1 &
+            sandbox_pid=$!
+        fi
         for _ in $(seq 1 200); do
+            [ -n "$proxy" ] && break
             proxy=$(grep -o 'proxy listening on [0-9.:]*' "$OUT_DIR/sandbox-$tag.log" | awk '{print $4}' || true)
             [ -n "$proxy" ] && break
             kill -0 "$sandbox_pid" 2>/dev/null || break

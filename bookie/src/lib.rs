@@ -24,6 +24,7 @@
 mod conn;
 pub mod disk;
 mod gc;
+mod host;
 pub mod metrics;
 mod ops;
 mod shard;
@@ -45,6 +46,7 @@ pub use crate::gc::{
     deleted_ledgers_channel, DeletedLedgers, DeletedLedgersQueries, DeletedLedgersQuery,
     GC_ANSWER_WAIT_MAX, GC_INTERVAL_DEFAULT,
 };
+pub use crate::host::ShardHost;
 
 /// Default glommio `io_memory` per executor: 2 MiB, small enough for an 8 MiB memlock limit.
 pub const IO_MEMORY_BYTES_DEFAULT: usize = 2 * 1024 * 1024;
@@ -126,6 +128,9 @@ pub struct BookieConfig {
     /// Where the shards record their metrics ([`metrics::BookieMetrics::for_bookie`], made
     /// for `shards` shards); `None` (the default): nothing is recorded.
     pub metrics: Option<Arc<metrics::BookieShardMetrics>>,
+    /// Executors shared with other bookies of this process ([`ShardHost`]); `None` (the
+    /// default): each shard gets an executor thread of its own, placed by `cpu_set`.
+    pub host: Option<ShardHost>,
 }
 
 impl BookieConfig {
@@ -154,6 +159,7 @@ impl BookieConfig {
             gc_interval: GC_INTERVAL_DEFAULT,
             gc_deleted_ledgers: None,
             metrics: None,
+            host: None,
         }
     }
 
@@ -215,6 +221,9 @@ pub struct Bookie {
     /// Stopped after the shards (its state handle may outlive it).
     monitor: disk::DiskMonitor,
     status: Arc<metrics::BookieStatus>,
+    /// The shared executors the shards run on, if any: held until the shards have closed,
+    /// so that the last bookie to drop it joins the host's threads.
+    _host: Option<ShardHost>,
 }
 
 impl std::fmt::Debug for Bookie {
@@ -288,6 +297,7 @@ impl Bookie {
             shards: Vec::with_capacity(shard_count),
             monitor,
             status: status.clone(),
+            _host: config.host.clone(),
         };
         for (index, forward_rx) in forward_rxs.into_iter().enumerate() {
             let mut engine = config.engine.clone();
@@ -312,26 +322,39 @@ impl Bookie {
             };
             // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the
             // test harness hurts more than it helps (reference/infra.md §2).
-            let placement = match config.cpu_set.as_slice() {
-                [] => Placement::Unbound,
-                cpus => Placement::Fixed(cpus[index % cpus.len()]),
+            let spawned = match &config.host {
+                Some(host) => host
+                    .place(Box::new(move || {
+                        Box::pin(
+                            shard::shard_main(args).instrument(tracing::info_span!("shard", index)),
+                        )
+                    }))
+                    .map(|()| None),
+                None => {
+                    let placement = match config.cpu_set.as_slice() {
+                        [] => Placement::Unbound,
+                        cpus => Placement::Fixed(cpus[index % cpus.len()]),
+                    };
+                    LocalExecutorBuilder::new(placement)
+                        .name(&format!("quire-shard-{index}"))
+                        .io_memory(config.io_memory_bytes)
+                        .spawn(move || {
+                            shard::shard_main(args).instrument(tracing::info_span!("shard", index))
+                        })
+                        .map(Some)
+                        .map_err(|e| e.to_string())
+                }
             };
-            let spawned = LocalExecutorBuilder::new(placement)
-                .name(&format!("quire-shard-{index}"))
-                .io_memory(config.io_memory_bytes)
-                .spawn(move || {
-                    shard::shard_main(args).instrument(tracing::info_span!("shard", index))
-                });
             match spawned {
                 Ok(thread) => bookie.shards.push(ShardHandle {
                     control: control_tx,
                     events: events_rx,
-                    thread: Some(thread),
+                    thread,
                 }),
-                Err(e) => {
+                Err(message) => {
                     let err = Error::Runtime {
                         shard: index,
-                        message: e.to_string(),
+                        message,
                     };
                     bookie.abort();
                     return Err(err);

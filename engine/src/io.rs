@@ -34,6 +34,14 @@ pub trait StorageFile {
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()>;
     /// Makes every completed write to this file durable (fdatasync(2)).
     async fn fdatasync(&self) -> io::Result<()>;
+    /// Writes `data` at `pos` (alignment as [`StorageFile::write_at`]) and returns once it is
+    /// durable, with everything written to this file before: the same guarantee as `write_at`
+    /// followed by `fdatasync`, which is what this default does. A crash during the call may
+    /// leave any prefix of blocks of `data` written, as with that pair.
+    async fn write_durable_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {
+        self.write_at(pos, data).await?;
+        self.fdatasync().await
+    }
     /// Current file size in bytes.
     async fn size(&self) -> io::Result<u64>;
 }
@@ -145,6 +153,31 @@ impl StorageFile for DmaStorageFile {
     }
 
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {
+        self.write_chunks(pos, data, false).await
+    }
+
+    async fn fdatasync(&self) -> io::Result<()> {
+        self.file.fdatasync().await.map_err(Into::into)
+    }
+
+    /// Each chunk is written with `RWF_DSYNC` (the vendored glommio's `write_at_dsync`): ext4
+    /// completes such an O_DIRECT write only after flushing the device's write cache, so a
+    /// completed chunk is durable together with every write to the file completed before it,
+    /// as after `fdatasync`. It saves the second request and the io-wq worker wake-up that
+    /// io_uring spends on every `fdatasync`.
+    async fn write_durable_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {
+        self.write_chunks(pos, data, true).await
+    }
+
+    async fn size(&self) -> io::Result<u64> {
+        self.file.file_size().await.map_err(Into::into)
+    }
+}
+
+impl DmaStorageFile {
+    /// Writes `data` at `pos` in chunks of at most [`IO_CHUNK_BYTES_MAX`], each with
+    /// `RWF_DSYNC` when `dsync`.
+    async fn write_chunks(&self, pos: u64, data: &[u8], dsync: bool) -> io::Result<()> {
         assert!(
             pos & (BLOCK_BYTES as u64 - 1) == 0,
             "write position {pos} not block aligned"
@@ -159,7 +192,12 @@ impl StorageFile for DmaStorageFile {
             let n = (data.len() - done).min(IO_CHUNK_BYTES_MAX);
             let mut buf = self.file.alloc_dma_buffer(n);
             buf.as_bytes_mut().copy_from_slice(&data[done..done + n]);
-            let written = self.file.write_at(buf, pos + done as u64).await?;
+            let at = pos + done as u64;
+            let written = if dsync {
+                self.file.write_at_dsync(buf, at).await?
+            } else {
+                self.file.write_at(buf, at).await?
+            };
             if written != n {
                 return Err(io::Error::new(
                     io::ErrorKind::WriteZero,
@@ -169,13 +207,5 @@ impl StorageFile for DmaStorageFile {
             done += n;
         }
         Ok(())
-    }
-
-    async fn fdatasync(&self) -> io::Result<()> {
-        self.file.fdatasync().await.map_err(Into::into)
-    }
-
-    async fn size(&self) -> io::Result<u64> {
-        self.file.file_size().await.map_err(Into::into)
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use quire_bookie::{Bookie, BookieConfig, DeletedLedgers, DeletedLedgersQueries};
+use quire_bookie::{Bookie, BookieConfig, DeletedLedgers, DeletedLedgersQueries, ShardHost};
 use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, MetadataStore};
 
 /// `quire sandbox` options.
@@ -74,6 +74,18 @@ pub struct SandboxArgs {
     /// unpinned, which measured better on a 2-core host (perf/README.md, "CPU per record").
     #[arg(long, value_delimiter = ',')]
     cpu_set: Option<Vec<usize>>,
+    /// glommio executor threads shared by the shards of every bookie (a bookie `ShardHost`:
+    /// one wake-up serves the replicas that arrive together, and the bookies get a share of
+    /// the cores instead of one thread per shard); 0 gives each shard a thread of its own, as a
+    /// `quire bookie` process does. Pinned by `--cpu-set` when given. Default: half the CPUs,
+    /// at least 1, leaving the rest to the proxy (measured in perf/README.md, "Shards of
+    /// several bookies on shared executors").
+    #[arg(long)]
+    shard_executors: Option<usize>,
+    /// Journal batches are written and then fdatasync'ed (two requests) instead of written
+    /// with RWF_DSYNC (one request; the default).
+    #[arg(long)]
+    journal_separate_fdatasync: bool,
     /// Worker threads of the proxy's tokio runtime (the catch-up read runtime is apart).
     #[arg(long, default_value_t = 2)]
     proxy_threads: usize,
@@ -167,6 +179,7 @@ fn bookie_config(
     }
     config.io_memory_bytes = 1 << 20;
     config.engine.journal_file_size_bytes = args.journal_file_size_bytes;
+    config.engine.journal_dsync_writes = !args.journal_separate_fdatasync;
     config.gc_interval = Duration::from_secs(args.gc_interval_secs);
     config.gc_deleted_ledgers = Some(gc.clone());
     (
@@ -237,9 +250,21 @@ fn start_bookies(
         args.disk_usage_lwm_threshold,
         args.disk_check_interval_ms,
     )?;
+    let executors = args.shard_executors.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    });
+    let host = match executors {
+        0 => None,
+        n => {
+            let shards_per_executor = (addrs.len() * args.shards).div_ceil(n);
+            let io_memory = shards_per_executor.max(1) << 20;
+            Some(ShardHost::start(n, &cpu_set, io_memory).map_err(anyhow::Error::msg)?)
+        }
+    };
     let mut bookies = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
         let mut config = bookie_config(args, &cpu_set, disk, i + 1, *addr, gc)?;
+        config.host = host.clone();
         let label = format!("bookie-{}", i + 1);
         if let Some(m) = metrics {
             config.metrics = Some(m.for_bookie(&label, config.shards));

@@ -59,8 +59,10 @@ enum UringOpDescriptor {
     PollAdd(PollFlags),
     PollRemove(*const u8),
     Cancel(u64),
-    Write(*const u8, usize, u64),
-    WriteFixed(*const u8, usize, u64, u32),
+    /// pointer, length, file position, `RWF_*` flags (Quire: `RWF_DSYNC` for journal writes)
+    Write(*const u8, usize, u64, u32),
+    /// pointer, length, file position, registered buffer index, `RWF_*` flags
+    WriteFixed(*const u8, usize, u64, u32, u32),
     ReadFixed(u64, usize),
     Read(u64, usize),
     Open(*const u8, libc::c_int, u32),
@@ -283,9 +285,10 @@ fn fill_sqe<F>(
                 user_data = 0;
                 sqe.prep_cancel(to_remove, 0);
             }
-            UringOpDescriptor::Write(ptr, len, pos) => {
+            UringOpDescriptor::Write(ptr, len, pos, rw_flags) => {
                 let buf = std::slice::from_raw_parts(ptr, len);
                 sqe.prep_write(op.fd, buf, pos);
+                sqe.raw_mut().cmd_flags.rw_flags = rw_flags as _;
             }
             UringOpDescriptor::Read(pos, len) => {
                 source_map.peek_source_mut(from_user_data(op.user_data), |mut x| {
@@ -374,9 +377,10 @@ fn fill_sqe<F>(
                 });
             }
 
-            UringOpDescriptor::WriteFixed(ptr, len, pos, buf_index) => {
+            UringOpDescriptor::WriteFixed(ptr, len, pos, buf_index, rw_flags) => {
                 let buf = std::slice::from_raw_parts(ptr, len);
                 sqe.prep_write_fixed(op.fd, buf, pos, buf_index as _);
+                sqe.raw_mut().cmd_flags.rw_flags = rw_flags as _;
             }
 
             UringOpDescriptor::SockSend(ptr, len, flags) => {
@@ -974,7 +978,7 @@ impl SleepableRing {
             fd: event_fd,
             flags: SubmissionFlags::empty(),
             user_data: 0,
-            args: UringOpDescriptor::Write(EVENTFD_WAKEUP as *const u64 as _, 8, 0),
+            args: UringOpDescriptor::Write(EVENTFD_WAKEUP as *const u64 as _, 8, 0, 0),
         };
 
         let op = match &*timer_source.source_type() {
@@ -1388,15 +1392,17 @@ impl Reactor {
         poll_ring.alloc_dma_buffer(size)
     }
 
-    pub(crate) fn write_dma(&self, source: &Source, pos: u64) {
+    pub(crate) fn write_dma(&self, source: &Source, pos: u64, rw_flags: u32) {
         let op = match &*source.source_type() {
             SourceType::Write(
                 PollableStatus::NonPollable(DirectIo::Disabled),
                 IoBuffer::DmaSource(buf),
-            ) => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos),
+            ) => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos, rw_flags),
             SourceType::Write(_, IoBuffer::DmaSource(buf)) => match buf.uring_buffer_id() {
-                Some(id) => UringOpDescriptor::WriteFixed(buf.as_ptr(), buf.len(), pos, id),
-                None => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos),
+                Some(id) => {
+                    UringOpDescriptor::WriteFixed(buf.as_ptr(), buf.len(), pos, id, rw_flags)
+                }
+                None => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos, rw_flags),
             },
             x => panic!("Unexpected source type for write: {:?}", x),
         };
@@ -1413,7 +1419,7 @@ impl Reactor {
             SourceType::Write(
                 PollableStatus::NonPollable(DirectIo::Disabled),
                 IoBuffer::Buffered(buf),
-            ) => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos),
+            ) => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos, 0),
             x => panic!("Unexpected source type for write: {:?}", x),
         };
         queue_request_into_ring(
