@@ -489,12 +489,24 @@ async fn handle_request(
         },
         Request::GetBookieInfo => {
             let opcode = Opcode::GetBookieInfo;
-            match crate::metrics::bookie_info(&shard.status) {
+            // statvfs(2) and the walk of the journal and ledger directories block: they run on
+            // the executor's blocking-thread pool, never on the shard's thread. Shutdown waits
+            // for the answer like any request in flight.
+            let Ok(pass) = shard.in_flight.enter() else {
+                fail(opcode, Status::IoError, "bookie is shutting down".into());
+                return Flow::Stopped;
+            };
+            let status = shard.status.clone();
+            let measured = glommio::executor()
+                .spawn_blocking(move || crate::metrics::bookie_info(&status))
+                .await;
+            match measured {
                 Ok(info) => outbox.push(|out| {
                     quire_wire::bookie::encode_bookie_info_response(out, request_id, &info)
                 }),
                 Err(e) => fail(opcode, Status::IoError, e.to_string()),
             }
+            drop(pass);
             return Flow::Continue;
         }
         Request::ReadLacLongPoll {

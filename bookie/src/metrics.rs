@@ -247,6 +247,33 @@ shard_state! {
     read_cache_hits: counter = "bookie_read_cache_hits";
     /// Reads that missed both caches and read an entry log.
     read_cache_misses: counter = "bookie_read_cache_misses";
+    /// Garbage-collection runs completed since the bookie started (scheduled or requested).
+    gc_runs: counter = "bookie_gc_runs";
+    /// Garbage-collection runs that failed (an I/O or corruption error; the next run retries).
+    gc_failed_runs: counter = "bookie_gc_failed_runs";
+    /// Ledgers deleted (tombstoned) by garbage collection since the bookie started.
+    gc_ledgers_deleted: counter = "bookie_DELETED_LEDGER_TOTAL";
+    /// Entry logs deleted because no live entry was left in them.
+    gc_entry_logs_deleted: counter = "bookie_gc_entry_logs_deleted";
+    /// Entry logs deleted after compaction copied their live entries to a new log.
+    gc_entry_logs_compacted: counter = "bookie_gc_entry_logs_compacted";
+    /// Live entries copied by compaction.
+    gc_entries_relocated: counter = "bookie_gc_entries_relocated";
+    /// Bytes of entry logs deleted because no live entry was left in them.
+    gc_reclaimed_deletion_bytes: counter = "bookie_RECLAIMED_DELETION_SPACE_BYTES";
+    /// Bytes of compacted entry logs deleted, less the bytes their live entries took again.
+    gc_reclaimed_compaction_bytes: counter = "bookie_RECLAIMED_COMPACTION_SPACE_BYTES";
+    /// Minor compaction passes run.
+    gc_minor_compactions: counter = "bookie_MINOR_COMPACTION_TOTAL";
+    /// Major compaction passes run.
+    gc_major_compactions: counter = "bookie_MAJOR_COMPACTION_TOTAL";
+    /// Entry logs on disk.
+    entry_logs: gauge = "bookie_ACTIVE_ENTRY_LOG_TOTAL";
+    /// Bytes of the entry logs on disk.
+    entry_log_bytes: gauge = "bookie_ACTIVE_ENTRY_LOG_SPACE_BYTES";
+    /// Bytes of live (not deleted) entries in the entry logs on disk: the rest is what garbage
+    /// collection and compaction can reclaim.
+    entry_log_live_bytes: gauge = "bookie_entry_log_live_bytes";
 }
 
 /// How often each shard publishes its [`ShardState`].
@@ -542,7 +569,8 @@ impl BookieMetrics {
 
 /// The answer to `GetBookieInfo`: the state, each shard's last published ledger count (at most
 /// [`STATE_PUBLISH_INTERVAL`] old) and each directory measured now. Runs `statvfs(2)` and
-/// walks the two directories on the calling thread: an admin request, rare and short.
+/// walks the two directories on the calling thread, so it blocks: a shard calls it on its
+/// executor's blocking-thread pool (`spawn_blocking`), never on its own thread.
 ///
 /// # Errors
 /// The first directory that cannot be measured.

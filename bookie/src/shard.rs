@@ -426,4 +426,28 @@ fn publish_state(engine: &Engine, status: &BookieStatus, index: usize) {
         .store(reads.read_cache_hits, Ordering::Relaxed);
     s.read_cache_misses
         .store(reads.entry_log_reads, Ordering::Relaxed);
+    let gc = engine.gc_stats();
+    for (field, v) in [
+        (&s.gc_runs, gc.runs),
+        (&s.gc_failed_runs, gc.failed_runs),
+        (&s.gc_ledgers_deleted, gc.ledgers_deleted),
+        (&s.gc_entry_logs_deleted, gc.entry_logs_deleted),
+        (&s.gc_entry_logs_compacted, gc.entry_logs_compacted),
+        (&s.gc_entries_relocated, gc.entries_relocated),
+        (
+            &s.gc_reclaimed_deletion_bytes,
+            gc.bytes_reclaimed_by_deletion,
+        ),
+        (
+            &s.gc_reclaimed_compaction_bytes,
+            gc.bytes_reclaimed_by_compaction,
+        ),
+        (&s.gc_minor_compactions, gc.minor_compactions),
+        (&s.gc_major_compactions, gc.major_compactions),
+        (&s.entry_logs, gc.entry_logs),
+        (&s.entry_log_bytes, gc.entry_log_bytes),
+        (&s.entry_log_live_bytes, gc.live_bytes),
+    ] {
+        field.store(v, Ordering::Relaxed);
+    }
 }

@@ -4,6 +4,10 @@
 //! `quire stream retention` by size and by time deletes the oldest completed segments; after
 //! each, the records still readable are exactly the expected suffix, no older record is, and
 //! the embedded store holds the ledger metadata of the remaining segments and nothing else.
+//! After the truncate, once every bookie's GC dropped the deleted segments' ledgers, the
+//! sandbox's `/metrics` shows it per bookie: GC runs > 0, ledgers deleted >= the 2 deleted
+//! segments (E = Qw = 3: every bookie held both), bytes reclaimed > 0, and live bytes no more
+//! than the entry-log bytes.
 //! Method: a `quire sandbox` child (3 bookies, small segments, 1 s time rolling, a cluster
 //! default size retention too large to matter), `quire write` / `quire read` / `quire stream`
 //! child processes, and the sandbox's `metadata.json` read between steps.
@@ -161,8 +165,14 @@ fn truncate_delete_and_retention_through_the_cli() {
         "1",
         "--retention-size-bytes",
         "1000000000000",
+        "--metrics-listen",
+        "127.0.0.1:0",
     ]);
     let sandbox = Sandbox::start(&dir.path().join("s"), &flags);
+    let maddr = sandbox
+        .metrics_addr
+        .clone()
+        .expect("the sandbox prints its metrics address");
 
     // Truncate.
     let t = lines("t", 3000);
@@ -217,6 +227,42 @@ fn truncate_delete_and_retention_through_the_cli() {
         read(&sandbox, "t") == joined(&t[before_3..]),
         "read after bookie GC"
     );
+    // The same GC as the bookies' metrics show it (published every 500 ms, hence the wait).
+    let gc_figures = |text: &str, bookie: &str| {
+        let l = [("bookie", bookie)];
+        (
+            metric_sum(text, "bookie_gc_runs_total", &l),
+            metric_sum(text, "bookie_DELETED_LEDGER_TOTAL_total", &l),
+            metric_sum(text, "bookie_RECLAIMED_DELETION_SPACE_BYTES_total", &l)
+                + metric_sum(text, "bookie_RECLAIMED_COMPACTION_SPACE_BYTES_total", &l),
+        )
+    };
+    let mut text = String::new();
+    wait_for("the bookies' GC metrics show the truncate", || {
+        let (status, body) = http_get(&maddr, "/metrics");
+        assert_eq!(status, 200);
+        text = body;
+        (1..=3).all(|b| {
+            let (runs, deleted, reclaimed) = gc_figures(&text, &format!("bookie-{b}"));
+            runs > 0.0 && deleted >= 2.0 && reclaimed > 0.0
+        })
+    });
+    for b in 1..=3 {
+        let label = format!("bookie-{b}");
+        let l = [("bookie", label.as_str())];
+        assert_eq!(
+            metric_sum(&text, "bookie_gc_failed_runs_total", &l),
+            0.0,
+            "{label}"
+        );
+        let log_bytes = metric_sum(&text, "bookie_ACTIVE_ENTRY_LOG_SPACE_BYTES", &l);
+        let live = metric_sum(&text, "bookie_entry_log_live_bytes", &l);
+        assert!(
+            log_bytes > 0.0 && live > 0.0 && live <= log_bytes,
+            "{label}: {live} live bytes in {log_bytes} entry-log bytes"
+        );
+        assert!(metric_sum(&text, "bookie_ACTIVE_ENTRY_LOG_TOTAL", &l) >= 1.0);
+    }
 
     // Delete while a writer is writing, then reuse the name.
     let d = lines("d", 20_000);

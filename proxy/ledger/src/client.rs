@@ -2,12 +2,19 @@
 //! connections every ledger of the client shares, its settings, and the quarantine of bookies
 //! that failed lately (BookKeeper `bookieQuarantineTime`), which ledger creation, ensemble
 //! changes and reads consult.
+//!
+//! A quarantine ends after `bookie_quarantine`, or as soon as a listing of the registry shows
+//! the bookie registered anew as writable (a restart: its registration epoch differs from the
+//! one seen when it was quarantined). Otherwise a rolling restart finds the bookie restarted
+//! just before still quarantined when the next one goes down, and a writer whose ensemble lost
+//! the second one has no replacement. The early end is Quire's addition to BookKeeper's
+//! time-bound quarantine.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use quire_metadata::{BookieId, MetadataStore};
+use quire_metadata::{BookieId, BookieInfo, MetadataStore};
 use quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT;
 
 use crate::conn::{self, Lane, Pool};
@@ -22,7 +29,7 @@ pub struct ClientConfig {
     pub frame_size_bytes_max: u32,
     /// How long a bookie that failed an add (or could not be connected to as a replacement) is
     /// not chosen as a replacement in ensemble changes (BookKeeper `bookieQuarantineTime`;
-    /// default 60 s here, BookKeeper's is 30 min).
+    /// default 60 s here, BookKeeper's is 30 min), unless it registers anew as writable before.
     pub bookie_quarantine: Duration,
     /// While a failed ensemble position has no replacement, how often a further failure at it
     /// triggers another search (an entry that can no longer reach Qa always triggers one).
@@ -45,9 +52,12 @@ pub(crate) struct Inner {
     pub(crate) metadata: Arc<dyn MetadataStore>,
     pub(crate) pool: Pool,
     pub(crate) config: ClientConfig,
-    /// Bookies that failed recently, with when; not chosen as replacements until
-    /// `config.bookie_quarantine` has passed.
-    pub(crate) quarantine: Mutex<HashMap<BookieId, Instant>>,
+    /// Bookies that failed recently, with when and the epoch of the registration they had
+    /// then (`None`: not registered, or the store gives no epochs); not chosen as
+    /// replacements until `config.bookie_quarantine` has passed or they register anew.
+    pub(crate) quarantine: Mutex<HashMap<BookieId, (Instant, Option<u64>)>>,
+    /// The registration epoch of each bookie at the last listing of the registry.
+    pub(crate) registrations: Mutex<HashMap<BookieId, Option<u64>>>,
 }
 
 /// The client: a metadata store handle plus a pool of bookie connections.
@@ -88,6 +98,7 @@ impl BookKeeper {
                 pool: Pool::new(read_runtime),
                 config,
                 quarantine: Mutex::default(),
+                registrations: Mutex::default(),
             }),
         }
     }
@@ -97,10 +108,46 @@ impl BookKeeper {
         &self.inner.metadata
     }
 
+    /// Quarantines `bookie`, remembering the registration epoch the last listing showed for it
+    /// (the listing made just before, where ledger creation and ensemble changes call this).
     pub(crate) fn quarantine(&self, bookie: &BookieId) {
+        let epoch = self
+            .inner
+            .registrations
+            .lock()
+            .ok()
+            .and_then(|r| r.get(bookie).copied().flatten());
         if let Ok(mut q) = self.inner.quarantine.lock() {
-            q.insert(bookie.clone(), Instant::now());
+            q.insert(bookie.clone(), (Instant::now(), epoch));
         }
+    }
+
+    /// Lists the registry, and ends the quarantine of every bookie now registered as writable
+    /// under an epoch other than the one it had when quarantined (it restarted, or came back
+    /// from read-only, since it failed).
+    ///
+    /// # Errors
+    /// `Metadata`.
+    pub(crate) async fn registered_bookies(&self) -> Result<Vec<BookieInfo>, Error> {
+        let listed = self.inner.metadata.list_bookie_registrations().await?;
+        if let Ok(mut r) = self.inner.registrations.lock() {
+            *r = listed
+                .iter()
+                .map(|b| (b.info.id.clone(), b.epoch))
+                .collect();
+        }
+        if let Ok(mut q) = self.inner.quarantine.lock() {
+            for b in &listed {
+                if b.info.read_only || b.epoch.is_none() {
+                    continue;
+                }
+                if q.get(&b.info.id).is_some_and(|(_, then)| *then != b.epoch) {
+                    tracing::info!(bookie = %b.info.id, "bookie registered anew: quarantine ended");
+                    q.remove(&b.info.id);
+                }
+            }
+        }
+        Ok(listed.into_iter().map(|b| b.info).collect())
     }
 
     pub(crate) fn quarantined(&self) -> HashSet<BookieId> {
@@ -108,7 +155,7 @@ impl BookKeeper {
         let Ok(mut q) = self.inner.quarantine.lock() else {
             return HashSet::new();
         };
-        q.retain(|_, since| since.elapsed() < keep_for);
+        q.retain(|_, (since, _)| since.elapsed() < keep_for);
         q.keys().cloned().collect()
     }
 

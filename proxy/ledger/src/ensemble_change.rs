@@ -69,7 +69,7 @@ impl WriterShared {
             )
         };
         // 1. Placement.
-        let registered = client.inner.metadata.list_bookies().await?;
+        let registered = client.registered_bookies().await?;
         let mut exclude: HashSet<BookieId> = ensemble.iter().cloned().collect();
         exclude.extend(client.quarantined());
         let mut keep: Vec<BookieId> = ensemble

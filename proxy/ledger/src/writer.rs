@@ -68,9 +68,7 @@ impl BookKeeper {
             )));
         }
         let mut candidates: Vec<BookieId> = self
-            .inner
-            .metadata
-            .list_bookies()
+            .registered_bookies()
             .await?
             .into_iter()
             .filter(|b| !b.read_only)

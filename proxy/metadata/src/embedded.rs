@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::{
-    validate_stream_name, BookieId, BookieInfo, Cookie, Error, LedgerMetadata, MetadataStore,
-    Result, StreamLease, StreamMetadata, Version, Versioned,
+    validate_stream_name, BookieId, BookieInfo, BookieRegistration, Cookie, Error, LedgerMetadata,
+    MetadataStore, Result, StreamLease, StreamMetadata, Version, Versioned,
 };
 
 /// Layout version of the persisted document. Readers accept exactly this one so far.
@@ -40,6 +40,11 @@ struct Document {
     leases: BTreeMap<String, (String, String, tokio::sync::watch::Sender<bool>)>,
     #[serde(skip)]
     next_lease_token: u64,
+    /// The epoch of each bookie's current registration (process-lifetime, as registrations).
+    #[serde(skip)]
+    registration_epochs: BTreeMap<BookieId, u64>,
+    #[serde(skip)]
+    next_registration_epoch: u64,
 }
 
 /// The embedded, file-backed [`MetadataStore`].
@@ -170,16 +175,18 @@ fn check_version(kind: &'static str, key: String, expected: Version, found: Vers
 impl MetadataStore for EmbeddedStore {
     async fn register_bookie(&self, info: BookieInfo) -> Result<()> {
         // Registrations are process-lifetime (ephemeral), so they are not persisted.
-        self.inner
-            .lock()
-            .await
-            .bookies
-            .insert(info.id.clone(), info);
+        let mut doc = self.inner.lock().await;
+        doc.next_registration_epoch += 1;
+        let epoch = doc.next_registration_epoch;
+        doc.registration_epochs.insert(info.id.clone(), epoch);
+        doc.bookies.insert(info.id.clone(), info);
         Ok(())
     }
 
     async fn unregister_bookie(&self, id: &BookieId) -> Result<()> {
-        match self.inner.lock().await.bookies.remove(id) {
+        let mut doc = self.inner.lock().await;
+        doc.registration_epochs.remove(id);
+        match doc.bookies.remove(id) {
             Some(_) => Ok(()),
             None => Err(Error::NotFound {
                 kind: "bookie",
@@ -190,6 +197,18 @@ impl MetadataStore for EmbeddedStore {
 
     async fn list_bookies(&self) -> Result<Vec<BookieInfo>> {
         Ok(self.inner.lock().await.bookies.values().cloned().collect())
+    }
+
+    async fn list_bookie_registrations(&self) -> Result<Vec<BookieRegistration>> {
+        let doc = self.inner.lock().await;
+        Ok(doc
+            .bookies
+            .values()
+            .map(|info| BookieRegistration {
+                info: info.clone(),
+                epoch: doc.registration_epochs.get(&info.id).copied(),
+            })
+            .collect())
     }
 
     async fn allocate_ledger_id(&self) -> Result<LedgerId> {

@@ -97,6 +97,16 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn unregister_bookie(&self, id: &BookieId) -> Result<()>;
     /// Every registered bookie, sorted by id.
     async fn list_bookies(&self) -> Result<Vec<BookieInfo>>;
+    /// Every registered bookie with its registration's epoch ([`BookieRegistration`]), sorted
+    /// by id. The default lists [`MetadataStore::list_bookies`] with no epochs (`None`).
+    async fn list_bookie_registrations(&self) -> Result<Vec<BookieRegistration>> {
+        Ok(self
+            .list_bookies()
+            .await?
+            .into_iter()
+            .map(|info| BookieRegistration { info, epoch: None })
+            .collect())
+    }
 
     /// Hands out a ledger id never handed out before, even across restarts.
     async fn allocate_ledger_id(&self) -> Result<quire_wire::LedgerId>;

@@ -29,6 +29,20 @@ pub struct BookieInfo {
     pub read_only: bool,
 }
 
+/// One registry entry with the identity of the registration that holds it, so that a client
+/// can tell a bookie that registered anew (restarted, or moved between writable and read-only)
+/// from one whose registration merely persists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookieRegistration {
+    /// What the bookie registered.
+    pub info: BookieInfo,
+    /// Differs between two registrations of the same bookie: the creation zxid of its
+    /// ephemeral znode in ZooKeeper (a new session or a move between `available` and
+    /// `readonly` creates a new node), a per-store counter of `register_bookie` calls in the
+    /// embedded store. `None` where a store cannot tell.
+    pub epoch: Option<u64>,
+}
+
 /// Ledger lifecycle (BookKeeper `LedgerMetadata.State`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LedgerState {

@@ -243,9 +243,12 @@ async fn records_compare_and_set_and_layout_version() {
 
 /// Goal: bookie registrations are ephemeral (BookKeeper `available/` and `readonly/`): another
 /// client sees them, a switch to read-only moves the node, unregister removes it, and closing
-/// the registering client's session removes its registrations.
+/// the registering client's session removes its registrations. A registration's epoch stays
+/// while the same session re-registers in place and changes with a move to read-only and with
+/// a registration from a new session (a restarted bookie).
 /// Method: client A registers two bookies, client B lists them; A switches one to read-only;
-/// A is dropped (its session closes) and B waits until the list is empty.
+/// A is dropped (its session closes) and B waits until the list is empty; client C registers
+/// the same bookie again.
 #[tokio::test]
 async fn bookie_registrations_are_ephemeral() {
     let zk = ZooKeeperServer::start();
@@ -267,6 +270,26 @@ async fn bookie_registrations_are_ephemeral() {
         b.list_bookies().await.unwrap(),
         vec![info("127.0.0.1:3181", false), info("127.0.0.1:3182", false)]
     );
+    let epoch_of = |regs: &[BookieRegistration], id: &str| {
+        regs.iter()
+            .find(|r| r.info.id.0 == id)
+            .and_then(|r| r.epoch)
+            .expect("a registration with an epoch")
+    };
+    let first = b.list_bookie_registrations().await.unwrap();
+    let first_epoch = epoch_of(&first, "127.0.0.1:3181");
+    assert_ne!(first_epoch, epoch_of(&first, "127.0.0.1:3182"));
+    a.register_bookie(info("127.0.0.1:3181", false))
+        .await
+        .unwrap();
+    assert_eq!(
+        epoch_of(
+            &b.list_bookie_registrations().await.unwrap(),
+            "127.0.0.1:3181"
+        ),
+        first_epoch,
+        "re-registering in place keeps the registration"
+    );
 
     // Re-registering from the same session replaces; going read-only moves the node.
     a.register_bookie(info("127.0.0.1:3181", true))
@@ -275,6 +298,14 @@ async fn bookie_registrations_are_ephemeral() {
     assert_eq!(
         b.list_bookies().await.unwrap(),
         vec![info("127.0.0.1:3181", true), info("127.0.0.1:3182", false)]
+    );
+    let read_only_epoch = epoch_of(
+        &b.list_bookie_registrations().await.unwrap(),
+        "127.0.0.1:3181",
+    );
+    assert_ne!(
+        read_only_epoch, first_epoch,
+        "a move to read-only is a new registration"
     );
     assert!(b
         .client()
@@ -317,7 +348,21 @@ async fn bookie_registrations_are_ephemeral() {
         .await
         .expect("session_lost flips on close")
         .unwrap();
-    drop(b);
+
+    // The bookie "restarts": a new session registers it again, under a new epoch.
+    let c = connect(&zk, "/quire").await;
+    c.register_bookie(info("127.0.0.1:3181", false))
+        .await
+        .unwrap();
+    let again = b.list_bookie_registrations().await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].info, info("127.0.0.1:3181", false));
+    let restarted_epoch = epoch_of(&again, "127.0.0.1:3181");
+    assert!(
+        restarted_epoch != first_epoch && restarted_epoch != read_only_epoch,
+        "a new session's registration has a new epoch"
+    );
+    drop((b, c));
     zk.stop();
 }
 

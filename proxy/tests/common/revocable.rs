@@ -59,6 +59,9 @@ impl MetadataStore for Revocable {
     async fn list_bookies(&self) -> Result<Vec<BookieInfo>> {
         self.inner.list_bookies().await
     }
+    async fn list_bookie_registrations(&self) -> Result<Vec<quire_metadata::BookieRegistration>> {
+        self.inner.list_bookie_registrations().await
+    }
     async fn allocate_ledger_id(&self) -> Result<LedgerId> {
         self.inner.allocate_ledger_id().await
     }

@@ -41,8 +41,8 @@ use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::{
-    BookieId, BookieInfo, Cookie, Error, LedgerMetadata, MetadataStore, Result, StreamLease,
-    StreamMetadata, Version, Versioned,
+    BookieId, BookieInfo, BookieRegistration, Cookie, Error, LedgerMetadata, MetadataStore, Result,
+    StreamLease, StreamMetadata, Version, Versioned,
 };
 
 pub use layout::ZK_LAYOUT_VERSION;
@@ -179,7 +179,15 @@ impl MetadataStore for ZkStore {
     }
 
     async fn list_bookies(&self) -> Result<Vec<BookieInfo>> {
-        registry::list_bookies(self).await
+        Ok(registry::list_bookie_registrations(self)
+            .await?
+            .into_iter()
+            .map(|r| r.info)
+            .collect())
+    }
+
+    async fn list_bookie_registrations(&self) -> Result<Vec<BookieRegistration>> {
+        registry::list_bookie_registrations(self).await
     }
 
     async fn allocate_ledger_id(&self) -> Result<LedgerId> {

@@ -10,7 +10,7 @@ use zookeeper_client as zk;
 use super::paths::validate_bookie_id;
 use super::records::{from_json, to_json, zk_err};
 use super::ZkStore;
-use crate::{BookieId, BookieInfo, Error, Result};
+use crate::{BookieId, BookieInfo, BookieRegistration, Error, Result};
 
 fn ephemeral() -> zk::CreateOptions<'static> {
     zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all())
@@ -26,7 +26,7 @@ impl ZkStore {
     async fn list_bookie_dir(
         &self,
         sub: &str,
-        out: &mut BTreeMap<BookieId, BookieInfo>,
+        out: &mut BTreeMap<BookieId, BookieRegistration>,
     ) -> Result<()> {
         let dir = self.path(&format!("bookies/{sub}"));
         let children = self
@@ -38,9 +38,12 @@ impl ZkStore {
         for child in children {
             let p = format!("{dir}/{child}");
             match self.inner.client.get_data(&p).await {
-                Ok((bytes, _)) => {
+                Ok((bytes, stat)) => {
                     let info: BookieInfo = from_json(&p, &bytes)?;
-                    out.insert(info.id.clone(), info);
+                    // The creation zxid names this registration: a new session, or a move
+                    // between the two directories, creates a new node.
+                    let epoch = u64::try_from(stat.czxid).ok();
+                    out.insert(info.id.clone(), BookieRegistration { info, epoch });
                 }
                 Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(zk_err("get", &p, e)),
@@ -125,7 +128,7 @@ pub(super) async fn unregister_bookie(store: &ZkStore, id: &BookieId) -> Result<
     }
 }
 
-pub(super) async fn list_bookies(store: &ZkStore) -> Result<Vec<BookieInfo>> {
+pub(super) async fn list_bookie_registrations(store: &ZkStore) -> Result<Vec<BookieRegistration>> {
     let mut all = BTreeMap::new();
     store.list_bookie_dir("available", &mut all).await?;
     // A bookie caught between the two directories counts as read-only.
