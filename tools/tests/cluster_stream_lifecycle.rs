@@ -179,6 +179,12 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     );
 
     // Size retention through B as well; then the bookies reclaim the retained-away segments.
+    // Another stream's records first, enough to roll every bookie's current entry log: the
+    // log being appended to is never reclaimed, and the segments retention is about to delete
+    // may still sit in it.
+    let (filler, err) = rt.block_on(write_records(&client, "zk/filler", "f", 0..3000));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(filler.len(), 3000);
     let before_retention = settled(&cluster);
     let mut retained_away = BTreeSet::new();
     cluster.stream_admin_ok(
