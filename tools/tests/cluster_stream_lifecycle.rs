@@ -6,7 +6,9 @@
 //! stream retention` deletes the oldest segments; `quire stream list` and `show` agree. After
 //! each of truncation, retention and deletion, every bookie's garbage collection tombstones
 //! the deleted ledgers, its entry-log bytes go down, no bookie serves an entry of them any
-//! more, and the kept records still read back exactly.
+//! more, and the kept records still read back exactly. Orphan ledger metadata that a crashed
+//! deletion leaves (the stream record gone, its ledgers not) is found and deleted by a proxy's
+//! lifecycle sweep, and then reclaimed by the bookies the same way.
 //! Method: real ZooKeeper (quire-testkit), three `quire bookie` and two `quire proxy` children,
 //! records written with `ProxyClient`, admin commands as `quire` child processes, ledger
 //! metadata read back from ZooKeeper with `ZkStore`.
@@ -280,4 +282,61 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
         Some(quire_proxy::Dlsn::new(1, 0, 0))
     );
     assert_eq!(rt.block_on(read_all(&a.addr, "zk/t")).len(), 5);
+
+    // Orphan ledger metadata, as a stream deletion that crashed after deleting the stream's
+    // record leaves it: the ledgers stay in ZooKeeper with nothing referring to them. A proxy
+    // with a 1 s lifecycle sweep finds them by their `quire.stream` label, deletes them under
+    // the stream's lock, and every bookie's GC then reclaims them. The stream is written
+    // through its own proxy, which stops cleanly (segments completed, lease released); then
+    // another stream's records roll the bookies' current entry logs past it.
+    let c = cluster.start_proxy(quire_testkit::free_port(), &flags);
+    let c_client =
+        rt.block_on(async { Arc::new(quire_proxy::ProxyClient::connect(&c.addr).await.unwrap()) });
+    let (crashed, err) = rt.block_on(write_records(&c_client, "zk/crashed", "c", 0..3000));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(crashed.len(), 3000);
+    drop(c_client);
+    c.stop();
+    let (filler, err) = rt.block_on(write_records(&client, "zk/filler", "g", 3000..6000));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(filler.len(), 3000);
+    let orphans: BTreeSet<u64> = rt.block_on(async {
+        let v = store.read_stream("zk/crashed").await.unwrap();
+        assert!(v.value.segments.len() >= 4, "{:?}", v.value.segments);
+        assert!(v
+            .value
+            .segments
+            .iter()
+            .all(|s| s.state == quire_metadata::SegmentState::Completed));
+        store.delete_stream("zk/crashed", v.version).await.unwrap();
+        v.value.segments.iter().map(|s| s.ledger_id).collect()
+    });
+    let before_sweep = settled(&cluster);
+    let mut sweeping = flags.to_vec();
+    sweeping.extend(["--lifecycle-sweep-secs", "1"]);
+    let _sweeper = cluster.start_proxy(quire_testkit::free_port(), &sweeping);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: Vec<u64> = rt.block_on(async {
+            let mut left = Vec::new();
+            for id in &orphans {
+                if exists(&store, *id).await {
+                    left.push(*id);
+                }
+            }
+            left
+        });
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sweep left orphan ledgers {left:?} in ZooKeeper"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    reclaimed(&cluster, &ports, &before_sweep, &orphans);
+    // Kept streams are untouched.
+    assert_eq!(rt.block_on(read_all(&a.addr, "zk/t")).len(), 5);
+    assert_eq!(rt.block_on(read_all(&a.addr, "zk/filler")).len(), 6000);
 }
