@@ -18,6 +18,8 @@
 //!   retention run by themselves (`StreamConfig::segment_roll_interval`, `retention_time`,
 //!   `retention_size_bytes`). Reads before the truncation point fail with `Error::Truncated`.
 //! * `recover_all(&self) -> Result<usize>`: recovers every stream now rather than at first use.
+//! * `sweep(&self) -> Result<SweepReport>`: one lifecycle sweep over every stream (retention on
+//!   streams nobody owns, orphan ledger metadata); also run every `lifecycle_sweep_interval`.
 //! * `shutdown(&self) -> Result<()>`: completes open segments and releases stream leases.
 //! * One writer per stream: a manager takes a stream's lease under its identity
 //!   (`StreamConfig::owner_address`, its advertised `host:port`; `identity()`) before it
@@ -59,7 +61,9 @@ pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
 pub use server::{
     catch_up_read_runtime, serve, ProxyMetrics, ProxyServer, ServerConfig, CATCH_UP_READ_NICE,
 };
-pub use stream::{StreamConfig, StreamManager};
+pub use stream::{
+    StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM,
+};
 pub use types::{
     check_retention_size_bytes, check_retention_time_secs, ReadBatch, RetentionChange,
     RetentionDefaults, StreamInfo, TruncateResult, WriteResult, RETENTION_SIZE_BYTES_MAX,

@@ -77,110 +77,13 @@ async fn ledger_exists(store: &dyn MetadataStore, id: u64) -> bool {
     }
 }
 
-/// Three bookies like `common::cluster`'s, with garbage collection every second (a major
-/// compaction due at each run), 64 KiB entry logs and 200 ms checkpoints, their questions
-/// answered from the store (only a definite "no such ledger" counts as deleted, as in
-/// `quire`'s answerer). Why these sizes: only whole entry logs other than the one being
-/// appended to are deleted or compacted, and deleted ledgers' entries share logs with kept
-/// ones, so a bookie's disk use goes down only once its logs roll and get compacted.
-async fn cluster_with_gc() -> common::Cluster {
-    let dir = tempfile::Builder::new()
-        .prefix("quire-proxy-test-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let store: std::sync::Arc<dyn MetadataStore> =
-        std::sync::Arc::new(quire_metadata::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-    let (gc, queries) = quire_bookie::deleted_ledgers_channel();
-    let answer_store = store.clone();
-    tokio::spawn(async move {
-        while let Some(q) = queries.next().await {
-            let mut deleted = Vec::new();
-            for &id in &q.candidates {
-                match answer_store.read_ledger(LedgerId(id)).await {
-                    Ok(_) => {}
-                    Err(quire_metadata::Error::NotFound { .. }) => deleted.push(id),
-                    Err(_) => {
-                        deleted.clear();
-                        break;
-                    }
-                }
-            }
-            q.answer(deleted);
-        }
-    });
-    let mut bookies = Vec::new();
-    for i in 0..3 {
-        let mut config = quire_testkit::bookies::small_bookie_config(
-            dir.path(),
-            i,
-            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        );
-        config.gc_interval = Duration::from_secs(1);
-        config.gc_deleted_ledgers = Some(gc.clone());
-        config.engine.major_compaction_interval = Duration::from_secs(1);
-        config.engine.entry_log_size_bytes_max = 64 * 1024;
-        config.engine.checkpoint_interval = Duration::from_millis(200);
-        bookies.push(quire_testkit::bookies::start_registered_bookie(config, &*store).await);
-    }
-    common::Cluster {
-        dir,
-        bookies,
-        store,
-    }
-}
-
-/// Bytes of entry-log files (`entrylog-*.qel`, docs/format/entry-log.md) under each bookie's
-/// ledger directory (`bookie{i}/ledgers`, one subdirectory per shard).
-fn entry_log_bytes(c: &common::Cluster) -> Vec<u64> {
-    fn sum(dir: &std::path::Path) -> u64 {
-        let mut n = 0;
-        for e in std::fs::read_dir(dir).unwrap() {
-            let e = e.unwrap();
-            let name = e.file_name().to_string_lossy().into_owned();
-            let meta = e.metadata().unwrap();
-            if meta.is_dir() {
-                n += sum(&e.path());
-            } else if name.starts_with("entrylog-") && name.ends_with(".qel") {
-                n += meta.len();
-            }
-        }
-        n
-    }
-    (0..c.bookies.len())
-        .map(|i| sum(&c.dir.path().join(format!("bookie{i}/ledgers"))))
-        .collect()
-}
-
-/// The entry-log bytes once checkpoints have moved every acknowledged entry into entry logs:
-/// the same non-zero figures on three readings 500 ms apart.
-async fn settled_entry_log_bytes(c: &common::Cluster) -> Vec<u64> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = entry_log_bytes(c);
-    let mut same = 0;
-    while same < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "entry logs did not settle: {last:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = entry_log_bytes(c);
-        same = if now == last && now.iter().all(|&b| b > 0) {
-            same + 1
-        } else {
-            0
-        };
-        last = now;
-    }
-    last
-}
-
 fn code(e: &Error) -> ErrorCode {
     e.code()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncate_hides_earlier_records_deletes_whole_segments_and_never_moves_back() {
-    let c = cluster_with_gc().await;
+    let c = common::cluster_with_gc().await;
     let p = common::proxy(&c, common::small_config()).await;
     let client = ProxyClient::connect(p.server.local_addr()).await.unwrap();
     let all = write(&client, "t", 1, 700).await;
@@ -201,7 +104,7 @@ async fn truncate_hides_earlier_records_deletes_whole_segments_and_never_moves_b
         .map(|s| s.ledger_id)
         .collect();
     assert!(!whole.is_empty());
-    let before_truncate = settled_entry_log_bytes(&c).await;
+    let before_truncate = common::settled_entry_log_bytes(&c).await;
     let r = client.truncate("t", point).await.unwrap();
     assert_eq!(r.truncated_before, point);
     assert_eq!(r.segments_deleted as usize, whole.len());
@@ -236,20 +139,10 @@ async fn truncate_hides_earlier_records_deletes_whole_segments_and_never_moves_b
         assert!(ledger_exists(&*c.store, s.ledger_id).await);
     }
     assert_eq!(after.segments[0].seq_no, point.segment_seq_no);
-    // Every bookie's GC finds the deleted segments' ledgers without metadata and drops their
-    // entries: its entry logs shrink, and the kept records still read back exactly.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = entry_log_bytes(&c);
-        if now.iter().zip(&before_truncate).all(|(n, b)| n < b) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "entry-log bytes did not go down on every bookie within 30 s: before {before_truncate:?}, now {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Every bookie's GC finds the deleted segments' ledgers without metadata and drops
+    // their entries: it tombstones them, its entry logs shrink, and the kept records still
+    // read back exactly.
+    common::wait_until_reclaimed(&c, &before_truncate, whole.iter().copied().collect()).await;
     assert!(
         read_from(&client, "t", ReadPosition::Head).await.unwrap() == all[k..],
         "head read after bookie GC"

@@ -610,6 +610,12 @@ pub struct ProxySettings {
     /// Default retention size of every stream, in bytes (1 to 2^60); unset: no limit.
     #[arg(long)]
     pub retention_size_bytes: Option<u64>,
+    /// Seconds between lifecycle sweeps over every stream in the metadata store: retention
+    /// and the completion of abandoned segments on streams nobody owns (acquired for the
+    /// sweep and given back), and deletion of orphan ledger metadata (default 300; 0
+    /// disables; at most 86400).
+    #[arg(long)]
+    pub lifecycle_sweep_secs: Option<u64>,
     /// Longest SIGTERM drain, in milliseconds (default 30000): finishing the writes in flight,
     /// completing open segments and releasing stream leases. When it runs out the proxy
     /// closes every connection and exits with an error status.
@@ -676,6 +682,7 @@ impl ProxySettings {
             segment_roll_secs,
             retention_time_secs,
             retention_size_bytes,
+            lifecycle_sweep_secs,
             drain_timeout_ms,
             metrics_listen
         )
@@ -729,6 +736,12 @@ impl ProxySettings {
             let v = quire_proxy::check_retention_size_bytes(v)
                 .map_err(|e| anyhow!("invalid setting retention_size_bytes = {v}: {e}"))?;
             streams.retention_size_bytes = Some(v);
+        }
+        if let Some(secs) = self.lifecycle_sweep_secs {
+            if secs > 86_400 {
+                bail!("invalid setting lifecycle_sweep_secs = {secs}: expected 0 (off) to 86400");
+            }
+            streams.lifecycle_sweep_interval = (secs > 0).then(|| Duration::from_secs(secs));
         }
         let drain_ms = self.drain_timeout_ms.unwrap_or(DRAIN_TIMEOUT_MS_DEFAULT);
         if !(100..=3_600_000).contains(&drain_ms) {
@@ -1005,10 +1018,25 @@ mod tests {
         assert_eq!(o.streams.retention_size_bytes, Some(1000));
         let o = parse("segment_roll_secs = 0").unwrap();
         assert_eq!(o.streams.segment_roll_interval, None);
+        let o = parse("lifecycle_sweep_secs = 30").unwrap();
+        assert_eq!(
+            o.streams.lifecycle_sweep_interval,
+            Some(Duration::from_secs(30))
+        );
+        let o = parse("lifecycle_sweep_secs = 0").unwrap();
+        assert_eq!(o.streams.lifecycle_sweep_interval, None);
+        let e = parse("lifecycle_sweep_secs = 86401")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lifecycle_sweep_secs = 86401"), "{e}");
         let o = parse("").unwrap();
         assert_eq!(
             o.streams.segment_roll_interval,
             Some(Duration::from_secs(7200))
+        );
+        assert_eq!(
+            o.streams.lifecycle_sweep_interval,
+            Some(Duration::from_secs(300))
         );
         assert_eq!(
             (o.streams.retention_time, o.streams.retention_size_bytes),

@@ -66,6 +66,11 @@ pub struct SandboxArgs {
     /// it holds more than this many bytes. Unset: no limit.
     #[arg(long, value_parser = crate::config::parse_retention_size_bytes)]
     retention_size_bytes: Option<u64>,
+    /// Seconds between the proxy's lifecycle sweeps over every stream: retention and the
+    /// completion of abandoned segments on streams no request touched, and deletion of orphan
+    /// ledger metadata left by a crash mid-deletion (default 300; 0 disables).
+    #[arg(long, default_value_t = 300)]
+    lifecycle_sweep_secs: u64,
     /// Size of each pre-written journal file, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     journal_file_size_bytes: u64,
@@ -469,6 +474,8 @@ async fn serve(
             .then(|| Duration::from_secs(args.segment_roll_secs)),
         retention_time: args.retention_time_secs.map(Duration::from_secs),
         retention_size_bytes: args.retention_size_bytes,
+        lifecycle_sweep_interval: (args.lifecycle_sweep_secs > 0)
+            .then(|| Duration::from_secs(args.lifecycle_sweep_secs)),
         ..quire_proxy::StreamConfig::default()
     };
     let streams = quire_proxy::StreamManager::new(store, bk, config);

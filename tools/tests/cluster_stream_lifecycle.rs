@@ -3,71 +3,71 @@
 //! stream is carried out by the owner (redirect), leaves exactly the records from the point on
 //! readable and deletes the whole segments before it with their ledgers' znodes; `quire stream
 //! delete` removes the stream and every segment's ledger znode; size retention set with `quire
-//! stream retention` deletes the oldest segments; `quire stream list` and `show` agree.
+//! stream retention` deletes the oldest segments; `quire stream list` and `show` agree. After
+//! each of truncation, retention and deletion, every bookie's garbage collection tombstones
+//! the deleted ledgers, its entry-log bytes go down, no bookie serves an entry of them any
+//! more, and the kept records still read back exactly. Orphan ledger metadata that a crashed
+//! deletion leaves (the stream record gone, its ledgers not) is found and deleted by a proxy's
+//! lifecycle sweep, and then reclaimed by the bookies the same way.
 //! Method: real ZooKeeper (quire-testkit), three `quire bookie` and two `quire proxy` children,
 //! records written with `ProxyClient`, admin commands as `quire` child processes, ledger
 //! metadata read back from ZooKeeper with `ZkStore`.
 
 mod common;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::checker::{read_all, write_records};
 use common::cluster::{Cluster, SESSION_TIMEOUT_MS};
+use common::wire::{Answer, Wire};
 use quire_metadata::{MetadataStore, ZkStore};
+use quire_testkit::reclaim;
+use quire_wire::bookie::Status;
 use quire_wire::LedgerId;
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
-/// Bytes of entry-log files (`entrylog-*.qel`, docs/format/entry-log.md) under bookie `i`'s
-/// ledger directory (one subdirectory per shard).
-fn entry_log_bytes(cluster: &Cluster, i: usize) -> u64 {
-    fn sum(dir: &std::path::Path) -> u64 {
-        let mut n = 0;
-        for e in std::fs::read_dir(dir).unwrap() {
-            let e = e.unwrap();
-            let name = e.file_name().to_string_lossy().into_owned();
-            let meta = e.metadata().unwrap();
-            if meta.is_dir() {
-                n += sum(&e.path());
-            } else if name.starts_with("entrylog-") && name.ends_with(".qel") {
-                n += meta.len();
-            }
-        }
-        n
-    }
-    sum(&cluster.ledger_dir(i))
+/// Every bookie's ledger directory.
+fn ledger_dirs(cluster: &Cluster) -> Vec<PathBuf> {
+    (0..3).map(|i| cluster.ledger_dir(i)).collect()
 }
 
-/// Every bookie's entry-log bytes once checkpoints have moved every acknowledged entry into
-/// entry logs: the same non-zero figures on three readings 500 ms apart (checkpoints every
-/// 200 ms).
-fn settled_entry_log_bytes(cluster: &Cluster) -> Vec<u64> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let read = || {
-        (0..3)
-            .map(|i| entry_log_bytes(cluster, i))
-            .collect::<Vec<_>>()
-    };
-    let mut last = read();
-    let mut same = 0;
-    while same < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "entry logs did not settle: {last:?}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-        let now = read();
-        same = if now == last && now.iter().all(|&b| b > 0) {
-            same + 1
-        } else {
-            0
-        };
-        last = now;
+/// Every bookie's entry-log bytes once checkpoints (every 200 ms) have moved the written
+/// entries into entry logs: the same figures on three readings 500 ms apart.
+fn settled(cluster: &Cluster) -> Vec<u64> {
+    reclaim::settled_entry_log_bytes(
+        &ledger_dirs(cluster),
+        Duration::from_millis(500),
+        3,
+        Duration::from_secs(30),
+    )
+}
+
+/// Waits until every bookie's GC has tombstoned `deleted` and its entry-log bytes went below
+/// `before`; then asks every bookie directly for the first entry of each deleted ledger: none
+/// may still serve it (`NoSuchLedger`).
+fn reclaimed(cluster: &Cluster, ports: &[u16], before: &[u64], deleted: &BTreeSet<u64>) {
+    assert!(!deleted.is_empty());
+    reclaim::wait_until_reclaimed(
+        &ledger_dirs(cluster),
+        before,
+        deleted,
+        Duration::from_secs(30),
+    );
+    for port in ports {
+        let mut w = Wire::connect(&format!("127.0.0.1:{port}"));
+        for id in deleted {
+            assert_eq!(
+                w.read(*id, 0),
+                Answer::Failed(Status::NoSuchLedger),
+                "bookie :{port} still serves deleted ledger {id}"
+            );
+        }
     }
-    last
 }
 
 fn ledgers_of(doc: &serde_json::Value) -> Vec<(u64, u64)> {
@@ -109,8 +109,9 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
         "--checkpoint-interval-ms",
         "200",
     ];
+    let ports: Vec<u16> = (0..3).map(|_| quire_testkit::free_port()).collect();
     let _bookies: Vec<_> = (0..3)
-        .map(|i| cluster.start_bookie_with(i, quire_testkit::free_port(), &gc_flags))
+        .map(|i| cluster.start_bookie_with(i, ports[i], &gc_flags))
         .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let flags = ["--segment-size-bytes", "4096", "--entry-size-bytes", "1024"];
@@ -141,7 +142,7 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     let segs = ledgers_of(&doc);
     assert!(segs.len() >= 4, "{doc}");
     let point = acked[700].0;
-    let before_truncate = settled_entry_log_bytes(&cluster);
+    let before_truncate = settled(&cluster);
     let out = cluster.stream_admin_ok(&b.addr, &["stream", "truncate", "zk/t", &point.to_string()]);
     let whole = segs
         .iter()
@@ -168,24 +169,26 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     });
     // Every bookie's GC finds the truncated segments' ledgers gone from ZooKeeper and drops
     // their entries: its entry logs shrink, and the kept records still read back exactly.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now: Vec<u64> = (0..3).map(|i| entry_log_bytes(&cluster, i)).collect();
-        if now.iter().zip(&before_truncate).all(|(n, b)| n < b) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "entry-log bytes did not go down on every bookie within 30 s: before {before_truncate:?}, now {now:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let truncated: BTreeSet<u64> = segs
+        .iter()
+        .filter(|(seq, _)| *seq < point.segment_seq_no)
+        .map(|(_, id)| *id)
+        .collect();
+    reclaimed(&cluster, &ports, &before_truncate, &truncated);
     assert!(
         rt.block_on(read_all(&a.addr, "zk/t")) == expected,
         "records after bookie GC"
     );
 
-    // Size retention through B as well.
+    // Size retention through B as well; then the bookies reclaim the retained-away segments.
+    // Another stream's records first, enough to roll every bookie's current entry log: the
+    // log being appended to is never reclaimed, and the segments retention is about to delete
+    // may still sit in it.
+    let (filler, err) = rt.block_on(write_records(&client, "zk/filler", "f", 0..3000));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(filler.len(), 3000);
+    let before_retention = settled(&cluster);
+    let mut retained_away = BTreeSet::new();
     cluster.stream_admin_ok(
         &b.addr,
         &["stream", "retention", "zk/t", "--size-bytes", "3000"],
@@ -215,6 +218,11 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
                     assert_eq!(exists(&store, *id).await, *seq >= first, "ledger {id}");
                 }
             });
+            retained_away.extend(
+                segs.iter()
+                    .filter(|(seq, _)| *seq >= point.segment_seq_no && *seq < first)
+                    .map(|(_, id)| *id),
+            );
             break;
         }
         assert!(
@@ -224,9 +232,26 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    // Delete through B; the stream and every ledger znode go; the name is free again.
+    reclaimed(&cluster, &ports, &before_retention, &retained_away);
+    let got = rt.block_on(read_all(&a.addr, "zk/t"));
+    assert!(
+        !got.is_empty() && expected.ends_with(&got),
+        "records after bookie GC of retention"
+    );
+
+    // Delete through B; the stream and every ledger znode go; the name is free again. More
+    // records first (without retention, which would delete them meanwhile), so that the
+    // stream's entries fill entry logs the bookies can delete once it is gone.
+    cluster.stream_admin_ok(
+        &b.addr,
+        &["stream", "retention", "zk/t", "--size-bytes", "default"],
+    );
+    let (more, err) = rt.block_on(write_records(&client, "zk/t", "more", 0..2000));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(more.len(), 2000);
     let doc = json(&cluster.stream_admin_ok(&a.addr, &["stream", "show", "zk/t", "--json"]));
     let kept = ledgers_of(&doc);
+    let before_delete = settled(&cluster);
     let out = cluster.stream_admin_ok(&b.addr, &["stream", "delete", "zk/t"]);
     assert!(out.contains("stream zk/t deleted"), "{out}");
     let list = cluster.stream_admin_ok(&b.addr, &["stream", "list"]);
@@ -240,6 +265,16 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
             Err(quire_metadata::Error::NotFound { .. })
         ));
     });
+    // The last segment may hold no entry on a bookie (never written to it); the completed
+    // ones are on every bookie (E = Qw = 3).
+    let completed: BTreeSet<u64> = doc["metadata"]["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "Completed" && s["record_count"].as_u64().unwrap() > 0)
+        .map(|s| s["ledger_id"].as_u64().unwrap())
+        .collect();
+    reclaimed(&cluster, &ports, &before_delete, &completed);
     let (again, err) = rt.block_on(write_records(&client, "zk/t", "again", 0..5));
     assert!(err.is_none(), "{err:?}");
     assert_eq!(
@@ -247,4 +282,61 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
         Some(quire_proxy::Dlsn::new(1, 0, 0))
     );
     assert_eq!(rt.block_on(read_all(&a.addr, "zk/t")).len(), 5);
+
+    // Orphan ledger metadata, as a stream deletion that crashed after deleting the stream's
+    // record leaves it: the ledgers stay in ZooKeeper with nothing referring to them. A proxy
+    // with a 1 s lifecycle sweep finds them by their `quire.stream` label, deletes them under
+    // the stream's lock, and every bookie's GC then reclaims them. The stream is written
+    // through its own proxy, which stops cleanly (segments completed, lease released); then
+    // another stream's records roll the bookies' current entry logs past it.
+    let c = cluster.start_proxy(quire_testkit::free_port(), &flags);
+    let c_client =
+        rt.block_on(async { Arc::new(quire_proxy::ProxyClient::connect(&c.addr).await.unwrap()) });
+    let (crashed, err) = rt.block_on(write_records(&c_client, "zk/crashed", "c", 0..3000));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(crashed.len(), 3000);
+    drop(c_client);
+    c.stop();
+    let (filler, err) = rt.block_on(write_records(&client, "zk/filler", "g", 3000..6000));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(filler.len(), 3000);
+    let orphans: BTreeSet<u64> = rt.block_on(async {
+        let v = store.read_stream("zk/crashed").await.unwrap();
+        assert!(v.value.segments.len() >= 4, "{:?}", v.value.segments);
+        assert!(v
+            .value
+            .segments
+            .iter()
+            .all(|s| s.state == quire_metadata::SegmentState::Completed));
+        store.delete_stream("zk/crashed", v.version).await.unwrap();
+        v.value.segments.iter().map(|s| s.ledger_id).collect()
+    });
+    let before_sweep = settled(&cluster);
+    let mut sweeping = flags.to_vec();
+    sweeping.extend(["--lifecycle-sweep-secs", "1"]);
+    let _sweeper = cluster.start_proxy(quire_testkit::free_port(), &sweeping);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: Vec<u64> = rt.block_on(async {
+            let mut left = Vec::new();
+            for id in &orphans {
+                if exists(&store, *id).await {
+                    left.push(*id);
+                }
+            }
+            left
+        });
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sweep left orphan ledgers {left:?} in ZooKeeper"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    reclaimed(&cluster, &ports, &before_sweep, &orphans);
+    // Kept streams are untouched.
+    assert_eq!(rt.block_on(read_all(&a.addr, "zk/t")).len(), 5);
+    assert_eq!(rt.block_on(read_all(&a.addr, "zk/filler")).len(), 6000);
 }

@@ -4,6 +4,9 @@
 //! `quire stream retention` by size and by time deletes the oldest completed segments; after
 //! each, the records still readable are exactly the expected suffix, no older record is, and
 //! the embedded store holds the ledger metadata of the remaining segments and nothing else.
+//! After truncation, size retention, time retention and deletion alike, every bookie's garbage
+//! collection tombstones the deleted ledgers and its entry-log bytes go down, and the kept
+//! records still read back exactly (`quire_testkit::reclaim`).
 //! After the truncate, once every bookie's GC dropped the deleted segments' ledgers, the
 //! sandbox's `/metrics` shows it per bookie: GC runs > 0, ledgers deleted >= the 2 deleted
 //! segments (E = Qw = 3: every bookie held both), bytes reclaimed > 0, and live bytes no more
@@ -15,9 +18,11 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
+use quire_testkit::reclaim;
 
 fn lines(prefix: &str, n: usize) -> Vec<Vec<u8>> {
     // 100-byte records, so that a few thousand span several 64 KiB segments.
@@ -89,45 +94,43 @@ fn read(sandbox: &Sandbox, stream: &str) -> Vec<u8> {
     ok(sandbox.quire(&["read", stream])).into_bytes()
 }
 
-/// Bytes of entry-log files (`entrylog-*.qel`, docs/format/entry-log.md) under each bookie's
-/// ledger directory (`bookie-{i}/ledgers`, one subdirectory per shard), bookie by bookie.
-fn entry_log_bytes(sandbox: &Sandbox) -> Vec<u64> {
-    fn sum(dir: &std::path::Path) -> u64 {
-        let mut n = 0;
-        for e in std::fs::read_dir(dir).unwrap() {
-            let e = e.unwrap();
-            let name = e.file_name().to_string_lossy().into_owned();
-            let meta = e.metadata().unwrap();
-            if meta.is_dir() {
-                n += sum(&e.path());
-            } else if name.starts_with("entrylog-") && name.ends_with(".qel") {
-                n += meta.len();
-            }
-        }
-        n
-    }
+/// Each bookie's ledger directory (`bookie-{i}/ledgers`, one subdirectory per shard).
+fn ledger_dirs(sandbox: &Sandbox) -> Vec<PathBuf> {
     (1..=3)
-        .map(|i| sum(&sandbox.data_dir.join(format!("bookie-{i}/ledgers"))))
+        .map(|i| sandbox.data_dir.join(format!("bookie-{i}/ledgers")))
         .collect()
 }
 
-/// The entry-log bytes once checkpoints have moved every acknowledged entry into entry logs:
-/// the same non-zero figures on three readings, each more than one checkpoint interval apart.
-fn settled_entry_log_bytes(sandbox: &Sandbox) -> Vec<u64> {
-    let mut last = entry_log_bytes(sandbox);
-    let mut same = 0;
-    wait_for("entry logs settle", || {
-        std::thread::sleep(Duration::from_millis(500));
-        let now = entry_log_bytes(sandbox);
-        same = if now == last && now.iter().all(|&b| b > 0) {
-            same + 1
-        } else {
-            0
-        };
-        last = now;
-        same >= 2
-    });
-    last
+/// Every bookie's entry-log bytes once checkpoints (every 200 ms) have moved the written
+/// entries into entry logs: the same figures on three readings 500 ms apart.
+fn settled(sandbox: &Sandbox) -> Vec<u64> {
+    reclaim::settled_entry_log_bytes(
+        &ledger_dirs(sandbox),
+        Duration::from_millis(500),
+        3,
+        Duration::from_secs(30),
+    )
+}
+
+/// Waits until every bookie's GC has tombstoned `deleted` and its entry-log bytes went below
+/// `before` (whole logs deleted, shared ones compacted).
+fn reclaimed(sandbox: &Sandbox, before: &[u64], deleted: &BTreeSet<u64>) {
+    assert!(!deleted.is_empty());
+    reclaim::wait_until_reclaimed(
+        &ledger_dirs(sandbox),
+        before,
+        deleted,
+        Duration::from_secs(30),
+    );
+}
+
+/// Ledger ids of the stream's segments numbered below `seq`.
+fn ledgers_before(doc: &serde_json::Value, seq: u64) -> BTreeSet<u64> {
+    segments(doc)
+        .iter()
+        .filter(|s| s["seq_no"].as_u64().unwrap() < seq)
+        .map(|s| s["ledger_id"].as_u64().unwrap())
+        .collect()
 }
 
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -185,7 +188,8 @@ fn truncate_delete_and_retention_through_the_cli() {
         .take_while(|s| s["seq_no"].as_u64().unwrap() < 3)
         .map(|s| s["record_count"].as_u64().unwrap() as usize)
         .sum();
-    let before_truncate = settled_entry_log_bytes(&sandbox);
+    let truncated = ledgers_before(&doc, 3);
+    let before_truncate = settled(&sandbox);
     let out = ok(sandbox.quire(&["stream", "truncate", "t", "3:0:0"]));
     assert!(
         out.contains("truncated before 3:0:0: 2 segments deleted"),
@@ -219,10 +223,7 @@ fn truncate_delete_and_retention_through_the_cli() {
     // Every bookie's GC finds the two deleted ledgers gone from the metadata store and drops
     // their entries: its entry logs shrink (whole logs deleted, shared ones compacted), while
     // the read below the truncation point still returns exactly the kept suffix.
-    wait_for("every bookie's entry logs shrink after truncate", || {
-        let now = entry_log_bytes(&sandbox);
-        now.iter().zip(&before_truncate).all(|(n, b)| n < b)
-    });
+    reclaimed(&sandbox, &before_truncate, &truncated);
     assert!(
         read(&sandbox, "t") == joined(&t[before_3..]),
         "read after bookie GC"
@@ -323,17 +324,21 @@ fn truncate_delete_and_retention_through_the_cli() {
     assert!(out.starts_with("1:0:9 10"), "{out}");
     assert!(read(&sandbox, "d") == joined(&again));
 
-    // Retention by size: the per-stream override wins over the cluster default.
-    ok(sandbox.quire_stdin(&["write", "z"], b""));
+    // Retention by size: the per-stream override wins over the cluster default. The stream
+    // is written first under the (too large to matter) default, so that the bookies' entry
+    // logs can be measured before retention deletes anything.
+    let z = lines("z", 5000);
+    ok(sandbox.quire_stdin(&["write", "z"], &joined(&z)));
+    let out = sandbox.quire(&["stream", "retention", "z", "--size-bytes", "0"]);
+    assert!(!out.status.success());
+    let written = show(&sandbox, "z");
+    assert_eq!(segments(&written)[0]["seq_no"], 1, "{written}");
+    let before_retention = settled(&sandbox);
     let out = ok(sandbox.quire(&["stream", "retention", "z", "--size-bytes", "100000"]));
     assert!(
         out.contains("retention size: 100000 bytes (stream)"),
         "{out}"
     );
-    let out = sandbox.quire(&["stream", "retention", "z", "--size-bytes", "0"]);
-    assert!(!out.status.success());
-    let z = lines("z", 5000);
-    ok(sandbox.quire_stdin(&["write", "z"], &joined(&z)));
     wait_for("size retention", || {
         let completed: u64 = segments(&show(&sandbox, "z"))
             .iter()
@@ -352,32 +357,82 @@ fn truncate_delete_and_retention_through_the_cli() {
     let out = sandbox.quire(&["read", "z", "--from", "1:0:0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("TRUNCATED"));
     assert_eq!(stored_ledgers(&sandbox), referenced_ledgers(&sandbox));
+    let first_kept = segments(&doc)[0]["seq_no"].as_u64().unwrap();
+    reclaimed(
+        &sandbox,
+        &before_retention,
+        &ledgers_before(&written, first_kept),
+    );
+    assert!(
+        read(&sandbox, "z") == joined(&z[z.len() - kept..]),
+        "read after bookie GC"
+    );
 
-    // Retention by time, with time rolling: the first segment rolls by itself (1 s), the
-    // second is written 3 s later; with 8 s retention the first goes while the second stays.
+    // Delete (of a stream not being written): its ledgers' metadata goes with it, then every
+    // bookie's GC drops their entries.
+    let x = lines("x", 3000);
+    ok(sandbox.quire_stdin(&["write", "x"], &joined(&x)));
+    let doc = show(&sandbox, "x");
+    let all_x = ledgers_before(&doc, u64::MAX);
+    assert!(all_x.len() >= 4, "{doc}");
+    let before_delete = settled(&sandbox);
+    let out = ok(sandbox.quire(&["stream", "delete", "x"]));
+    assert!(out.contains("stream x deleted"), "{out}");
+    assert!(stored_ledgers(&sandbox).is_disjoint(&all_x));
+    reclaimed(&sandbox, &before_delete, &all_x);
+    let out = sandbox.quire(&["read", "x"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NO_SUCH_STREAM"));
+    for (name, recs) in [("t", &t[before_3..]), ("z", &z[z.len() - kept..])] {
+        assert!(
+            read(&sandbox, name) == joined(recs),
+            "{name} after deleting x"
+        );
+    }
+
+    // Retention by time, with time rolling: the first records (about 100 KB, more than one
+    // 64 KiB entry log, so that a whole log can go) fill two segments by size and the last
+    // rolls by itself (1 s); the next records are written 3 s later; with 15 s retention the
+    // first segments go while the last stays (15 s leave time to measure the entry logs in
+    // between).
     ok(sandbox.quire(&["write", "a"]));
-    ok(sandbox.quire(&["stream", "retention", "a", "--time-secs", "8"]));
-    let a1 = lines("a1", 100);
+    ok(sandbox.quire(&["stream", "retention", "a", "--time-secs", "15"]));
+    let a1 = lines("a1", 1000);
     ok(sandbox.quire_stdin(&["write", "a"], &joined(&a1)));
     wait_for("time roll", || {
-        segments(&show(&sandbox, "a"))[0]["state"] == "Completed"
+        segments(&show(&sandbox, "a"))
+            .iter()
+            .all(|s| s["state"] == "Completed")
     });
+    let rolled = segments(&show(&sandbox, "a")).len();
+    assert!(rolled >= 2, "{rolled} segments");
     std::thread::sleep(Duration::from_secs(3));
     // Idle: no further (empty) segment was started.
-    assert_eq!(segments(&show(&sandbox, "a")).len(), 1);
+    assert_eq!(segments(&show(&sandbox, "a")).len(), rolled);
     let a2 = lines("a2", 100);
     ok(sandbox.quire_stdin(&["write", "a"], &joined(&a2)));
+    let a_doc = show(&sandbox, "a");
+    let a2_seq = segments(&a_doc).last().unwrap()["seq_no"].as_u64().unwrap();
+    let expiring = ledgers_before(&a_doc, a2_seq);
+    assert_eq!(expiring.len(), rolled);
+    let before_expiry = settled(&sandbox);
+    assert_eq!(
+        segments(&show(&sandbox, "a"))[0]["seq_no"],
+        1,
+        "segment 1 expired before the entry logs were measured"
+    );
     wait_for("time retention", || {
         segments(&show(&sandbox, "a"))[0]["seq_no"]
             .as_u64()
             .unwrap()
-            == 2
+            == a2_seq
     });
     assert!(
         read(&sandbox, "a") == joined(&a2),
         "read after time retention"
     );
     assert_eq!(stored_ledgers(&sandbox), referenced_ledgers(&sandbox));
+    reclaimed(&sandbox, &before_expiry, &expiring);
+    assert!(read(&sandbox, "a") == joined(&a2), "read after bookie GC");
     let out = ok(sandbox.quire(&["stream", "retention", "a", "--time-secs", "default"]));
     assert!(out.contains("retention time: none"), "{out}");
     sandbox.stop();

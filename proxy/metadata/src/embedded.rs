@@ -277,6 +277,11 @@ impl MetadataStore for EmbeddedStore {
         self.persist(&doc).await
     }
 
+    async fn list_ledgers(&self) -> Result<Vec<LedgerId>> {
+        let doc = self.inner.lock().await;
+        Ok(doc.ledgers.keys().map(|&id| LedgerId(id)).collect())
+    }
+
     async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version> {
         validate_stream_name(&meta.name)?;
         let mut doc = self.inner.lock().await;

@@ -128,6 +128,10 @@ pub trait MetadataStore: Send + Sync + 'static {
     ) -> Result<Version>;
     /// Deletes ledger metadata; `NotFound`, `BadVersion`.
     async fn delete_ledger(&self, id: quire_wire::LedgerId, expected: Version) -> Result<()>;
+    /// Ids of every ledger with metadata, ascending (BookKeeper `LedgerManager.getLedgerRanges`,
+    /// what its garbage collector and DistributedLog's `audit_ledgers` walk). One listing per
+    /// bucket of 10 000 ids in ZooKeeper; meant for periodic sweeps, not request paths.
+    async fn list_ledgers(&self) -> Result<Vec<quire_wire::LedgerId>>;
 
     /// Creates a stream; `AlreadyExists`, `Invalid` for a bad name.
     async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version>;

@@ -220,6 +220,68 @@ async fn records_compare_and_set_and_layout_version() {
     ));
     assert_eq!(a.list_streams().await.unwrap(), vec!["logs/app-2", "plain"]);
 
+    // Ledger listing across buckets, and removal of emptied buckets: only once the id counter
+    // is past the whole bucket (no allocation can go there again); a bucket a ledger is
+    // created in again is created again.
+    let l = connect(&zk, "/quire/l1").await;
+    let meta = ledger(&["b1", "b2", "b3"]);
+    let ids = [5u64, 9_999, 10_000, 10_001, 25_000];
+    for id in ids {
+        l.create_ledger(LedgerId(id), &meta).await.unwrap();
+    }
+    assert_eq!(
+        l.list_ledgers().await.unwrap(),
+        ids.iter().map(|&i| LedgerId(i)).collect::<Vec<_>>()
+    );
+    let buckets = |l: &ZkStore| {
+        let l = l.client().clone();
+        async move {
+            let mut b = l.list_children("/quire/l1/ledgers").await.unwrap();
+            b.sort();
+            b
+        }
+    };
+    assert_eq!(buckets(&l).await.len(), 3);
+    // The counter is at 1: emptying bucket 0 keeps it.
+    for id in [5, 9_999] {
+        let v = l.read_ledger(LedgerId(id)).await.unwrap().version;
+        l.delete_ledger(LedgerId(id), v).await.unwrap();
+    }
+    assert_eq!(
+        buckets(&l).await.len(),
+        3,
+        "bucket 0 removed below the counter"
+    );
+    // Counter past bucket 1 (ids 10 000..19 999): emptying it removes it; bucket 2 stays.
+    l.client()
+        .set_data("/quire/l1/idgen/ledger", b"20000", None)
+        .await
+        .unwrap();
+    let v = l.read_ledger(LedgerId(10_000)).await.unwrap().version;
+    l.delete_ledger(LedgerId(10_000), v).await.unwrap();
+    assert_eq!(
+        buckets(&l).await.len(),
+        3,
+        "a bucket with a ledger left was removed"
+    );
+    let v = l.read_ledger(LedgerId(10_001)).await.unwrap().version;
+    l.delete_ledger(LedgerId(10_001), v).await.unwrap();
+    assert_eq!(
+        buckets(&l).await,
+        vec![
+            "0000000000000000".to_string(),
+            "0000000000000002".to_string()
+        ]
+    );
+    assert_eq!(l.list_ledgers().await.unwrap(), vec![LedgerId(25_000)]);
+    // An explicit id in the removed bucket creates it again.
+    l.create_ledger(LedgerId(10_002), &meta).await.unwrap();
+    assert_eq!(
+        l.list_ledgers().await.unwrap(),
+        vec![LedgerId(10_002), LedgerId(25_000)]
+    );
+    drop(l);
+
     // Layout version: a root written by an unknown layout version is refused.
     let c = connect(&zk, "/quire/c2").await;
     c.client()

@@ -337,7 +337,7 @@ impl Writer {
     }
 
     /// As `lifecycle_failure`, for an error that is also returned to the caller.
-    async fn lifecycle_failure_keep(&mut self, e: &Error) -> bool {
+    pub(super) async fn lifecycle_failure_keep(&mut self, e: &Error) -> bool {
         match e {
             Error::OwnershipLost { reason, .. } => {
                 // Adds already sent finish first (their outcome is the bookies' to decide).

@@ -67,11 +67,14 @@ mod lifecycle;
 mod ownership;
 mod reader;
 mod segment;
+mod sweep;
 mod tail_cache;
 mod writer;
 
+pub use sweep::{SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM};
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -135,6 +138,12 @@ pub struct StreamConfig {
     pub retention_size_bytes: Option<u64>,
     /// How often each stream task checks the time roll and retention (default 1 s).
     pub lifecycle_check_interval: Duration,
+    /// How often the proxy sweeps every stream in the metadata store
+    /// ([`StreamManager::sweep`]: retention and segment completion on streams nobody owns,
+    /// orphan ledger metadata). Default 300 s; `None`: no periodic sweep (the owner's
+    /// per-stream checks still run). The sweep task starts with the manager when it is made
+    /// inside a tokio runtime.
+    pub lifecycle_sweep_interval: Option<Duration>,
 }
 
 impl Default for StreamConfig {
@@ -154,6 +163,7 @@ impl Default for StreamConfig {
             retention_time: None,
             retention_size_bytes: None,
             lifecycle_check_interval: Duration::from_secs(1),
+            lifecycle_sweep_interval: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -200,6 +210,12 @@ struct StreamShared {
     /// The segment being written as far as acknowledged: (seq no, last acknowledged entry,
     /// records, payload bytes), for `describe`.
     live: Mutex<Option<(u64, u64, u64, u64)>>,
+    /// Requests that obtained this acquisition (reads, writes, lifecycle commands, sweeps):
+    /// a stream acquired for a sweep is given back only if no request came after it.
+    requests: AtomicU64,
+    /// True once this acquisition was given back after a sweep (then `lost` is set too):
+    /// commands that find the task gone acquire the stream afresh.
+    released: AtomicBool,
 }
 
 /// The streams this proxy owns.
@@ -252,7 +268,8 @@ impl StreamManager {
         );
         assert!(config.adds_in_flight_max >= 1 && config.append_queue_max >= 1);
         let identity = ownership::owner_identity(&config.owner_address);
-        Arc::new(Self {
+        let sweep_interval = config.lifecycle_sweep_interval;
+        let manager = Arc::new(Self {
             metadata,
             bookkeeper,
             identity,
@@ -260,7 +277,11 @@ impl StreamManager {
             streams: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::try_current().ok(),
-        })
+        });
+        if let (Some(interval), Some(rt)) = (sweep_interval, &manager.runtime) {
+            drop(rt.spawn(sweep::sweep_loop(Arc::downgrade(&manager), interval)));
+        }
+        manager
     }
 
     /// The settings in force.
@@ -362,11 +383,44 @@ impl StreamManager {
                 max_bytes: RECORD_SIZE_BYTES_MAX,
             });
         }
-        let handle = self.stream(name, create_if_missing, true).await?;
         let (reply, rx) = oneshot::channel();
-        self.send_command(&handle, Command::Append { records, reply })
-            .await?;
+        self.send_to_stream(
+            name,
+            create_if_missing,
+            true,
+            Command::Append { records, reply },
+        )
+        .await?;
         Ok(rx)
+    }
+
+    /// Sends a command to the task of stream `name` (acquiring it, see `stream`), acquiring
+    /// again when the acquisition found was just given back after a sweep. Returns the handle
+    /// the command went to.
+    async fn send_to_stream(
+        &self,
+        name: &str,
+        create_if_missing: bool,
+        report_loss: bool,
+        mut cmd: Command,
+    ) -> Result<Arc<StreamHandle>> {
+        for _ in 0..3 {
+            let handle = self.stream(name, create_if_missing, report_loss).await?;
+            match handle.commands.send(cmd).await {
+                Ok(()) => return Ok(handle),
+                Err(tokio::sync::mpsc::error::SendError(back))
+                    if handle.shared.released.load(Ordering::SeqCst) =>
+                {
+                    cmd = back;
+                }
+                Err(_) => return Err(self.ended_error(&handle)),
+            }
+        }
+        Err(Error::OwnershipLost {
+            stream: name.to_string(),
+            reason: "the stream was given back after a sweep again right after each acquisition"
+                .into(),
+        })
     }
 
     /// Sends a command to a stream's task; when the task has ended, the reason: the stream was
@@ -375,7 +429,12 @@ impl StreamManager {
         if handle.commands.send(cmd).await.is_ok() {
             return Ok(());
         }
-        Err(if handle.shared.deleted.load(Ordering::SeqCst) {
+        Err(self.ended_error(handle))
+    }
+
+    /// Why a stream task no longer takes commands.
+    fn ended_error(&self, handle: &StreamHandle) -> Error {
+        if handle.shared.deleted.load(Ordering::SeqCst) {
             Error::NoSuchStream {
                 stream: handle.name.clone(),
             }
@@ -390,7 +449,7 @@ impl StreamManager {
                 }
                 None => Error::ShuttingDown,
             }
-        })
+        }
     }
 
     /// Runs one lifecycle command on the stream's owner task (acquiring the stream if nobody
@@ -401,9 +460,8 @@ impl StreamManager {
         make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command,
     ) -> Result<T> {
         self.check_running()?;
-        let handle = self.stream(name, false, false).await?;
         let (reply, rx) = oneshot::channel();
-        self.send_command(&handle, make(reply)).await?;
+        let handle = self.send_to_stream(name, false, false, make(reply)).await?;
         match rx.await {
             Ok(r) => r,
             // The task ended without answering: it lost the stream or stopped.

@@ -109,6 +109,7 @@ impl StreamManager {
                 }
             };
             let Some(reason) = handle.lost_reason() else {
+                handle.shared.requests.fetch_add(1, Ordering::SeqCst);
                 return Ok(handle);
             };
             // This acquisition is over: forget it, so the next attempt acquires afresh.
@@ -119,9 +120,10 @@ impl StreamManager {
                 }
             }
             // A deleted stream is not a lost one: acquire afresh (finding no stream, or
-            // creating a new one).
+            // creating a new one); nor is one given back after a sweep.
             if report_loss
                 && !handle.shared.deleted.load(Ordering::SeqCst)
+                && !handle.shared.released.load(Ordering::SeqCst)
                 && !handle.shared.loss_reported.swap(true, Ordering::SeqCst)
             {
                 return Err(Error::OwnershipLost {
@@ -213,6 +215,18 @@ impl Writer {
                 tracing::warn!(stream = %self.name, error = %e, "releasing the stream lease failed");
             }
         }
+    }
+
+    /// Gives a stream acquired only for a lifecycle sweep back (nothing is open or queued):
+    /// the lease is released and this acquisition ends without a loss to report; the next
+    /// request acquires the stream afresh.
+    pub(super) async fn release_after_sweep(&mut self) {
+        self.release_lease().await;
+        self.shared.released.store(true, Ordering::SeqCst);
+        self.shared.loss_reported.store(true, Ordering::SeqCst);
+        *self.shared.lost.lock().expect("lost lock") =
+            Some("the stream was given up after a lifecycle sweep".into());
+        tracing::debug!(stream = %self.name, "released the stream after a lifecycle sweep");
     }
 
     /// Ownership is gone: drop the ledger writer and cached state without completing the

@@ -163,8 +163,9 @@ impl Writer {
         self.check_ownership()?;
         let seq_no = next_seq_no(&self.meta.value);
         let mut custom = BTreeMap::new();
-        custom.insert("quire.stream".to_string(), self.name.clone());
-        custom.insert("quire.segment_seq_no".to_string(), seq_no.to_string());
+        // The labels the lifecycle sweep finds orphan ledgers by (`sweep.rs`).
+        custom.insert(super::LEDGER_LABEL_STREAM.to_string(), self.name.clone());
+        custom.insert(super::LEDGER_LABEL_SEGMENT.to_string(), seq_no.to_string());
         let c = &self.config;
         let ledger = self
             .bookkeeper

@@ -42,6 +42,14 @@ pub(super) enum Command {
     Delete {
         reply: oneshot::Sender<Result<u32>>,
     },
+    /// See [`super::StreamManager::sweep`]: the lifecycle tick, then the orphan ledgers among
+    /// the candidates; with `release_unless_used`, the stream is given up afterwards unless
+    /// requests beyond that count used it.
+    Sweep {
+        orphan_candidates: Vec<u64>,
+        release_unless_used: Option<u64>,
+        reply: oneshot::Sender<Result<super::sweep::StreamSweep>>,
+    },
     /// See [`super::StreamManager::set_retention`].
     SetRetention {
         time_secs: RetentionChange,
@@ -277,6 +285,37 @@ impl Writer {
                         break;
                     }
                 }
+                Event::Command(Some(Command::Sweep {
+                    orphan_candidates,
+                    release_unless_used,
+                    reply,
+                })) => {
+                    let (r, go_on) = if self.closed {
+                        (Err(Error::ShuttingDown), true)
+                    } else {
+                        self.sweep(orphan_candidates).await
+                    };
+                    let ok = r.is_ok();
+                    let _ = reply.send(r);
+                    if !go_on {
+                        break;
+                    }
+                    // Give back a stream acquired only for the sweep: nothing queued, nothing
+                    // in flight, no segment open and no request since the acquisition.
+                    let unused = release_unless_used
+                        .is_some_and(|n| self.shared.requests.load(Ordering::SeqCst) == n);
+                    if ok
+                        && unused
+                        && stashed.is_none()
+                        && commands.is_empty()
+                        && self.entries.is_empty()
+                        && self.appends.is_empty()
+                        && self.current.is_none()
+                    {
+                        self.release_after_sweep().await;
+                        break;
+                    }
+                }
                 Event::Command(Some(Command::Append { records, reply })) => {
                     if self.closed {
                         let _ = reply.send(Err(Error::ShuttingDown));
@@ -342,6 +381,9 @@ impl Writer {
                         let _ = reply.send(Err(self.ended(deleted, &reason)));
                     }
                     Command::Delete { reply } => {
+                        let _ = reply.send(Err(self.ended(deleted, &reason)));
+                    }
+                    Command::Sweep { reply, .. } => {
                         let _ = reply.send(Err(self.ended(deleted, &reason)));
                     }
                 }

@@ -3,7 +3,10 @@
 //! with small segments, and a proxy server on a free port.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use quire_bookie::Bookie;
 use quire_ledger::BookKeeper;
@@ -94,4 +97,98 @@ pub async fn wait_unowned(store: &Arc<dyn MetadataStore>, stream: &str) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     panic!("stream {stream} still owned after 10 s");
+}
+
+/// Three bookies like [`cluster`]'s, with garbage collection every second (a major compaction
+/// due at each run), 64 KiB entry logs and 200 ms checkpoints, their questions answered from
+/// the store (only a definite "no such ledger" counts as deleted, as in `quire`'s answerer).
+/// Why these sizes: only whole entry logs other than the one being appended to are deleted or
+/// compacted, and deleted ledgers' entries share logs with kept ones, so a bookie's disk use
+/// goes down only once its logs roll and get compacted.
+pub async fn cluster_with_gc() -> Cluster {
+    let dir = tempfile::Builder::new()
+        .prefix("quire-proxy-test-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let store: Arc<dyn MetadataStore> =
+        Arc::new(EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+    let (gc, queries) = quire_bookie::deleted_ledgers_channel();
+    let answer_store = store.clone();
+    tokio::spawn(async move {
+        while let Some(q) = queries.next().await {
+            let mut deleted = Vec::new();
+            for &id in &q.candidates {
+                match answer_store.read_ledger(quire_wire::LedgerId(id)).await {
+                    Ok(_) => {}
+                    Err(quire_metadata::Error::NotFound { .. }) => deleted.push(id),
+                    Err(_) => {
+                        deleted.clear();
+                        break;
+                    }
+                }
+            }
+            q.answer(deleted);
+        }
+    });
+    let mut bookies = Vec::new();
+    for i in 0..3 {
+        let mut config = quire_testkit::bookies::small_bookie_config(
+            dir.path(),
+            i,
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        );
+        config.gc_interval = Duration::from_secs(1);
+        config.gc_deleted_ledgers = Some(gc.clone());
+        config.engine.major_compaction_interval = Duration::from_secs(1);
+        config.engine.entry_log_size_bytes_max = 64 * 1024;
+        config.engine.checkpoint_interval = Duration::from_millis(200);
+        bookies.push(quire_testkit::bookies::start_registered_bookie(config, &*store).await);
+    }
+    Cluster {
+        dir,
+        bookies,
+        store,
+    }
+}
+
+/// Each bookie's ledger directory (`bookie{i}/ledgers`, as `quire_testkit::bookies` lays
+/// them out).
+pub fn ledger_dirs(c: &Cluster) -> Vec<PathBuf> {
+    (0..c.bookies.len())
+        .map(|i| c.dir.path().join(format!("bookie{i}/ledgers")))
+        .collect()
+}
+
+/// Every bookie's entry-log bytes once checkpoints (every 200 ms) have moved the written
+/// entries into entry logs: the same figures on three readings 500 ms apart
+/// (`quire_testkit::reclaim`, off the runtime's workers).
+pub async fn settled_entry_log_bytes(c: &Cluster) -> Vec<u64> {
+    let dirs = ledger_dirs(c);
+    tokio::task::spawn_blocking(move || {
+        quire_testkit::reclaim::settled_entry_log_bytes(
+            &dirs,
+            Duration::from_millis(500),
+            3,
+            Duration::from_secs(30),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits (up to 30 s) until every bookie's GC has tombstoned `deleted` and its entry-log bytes
+/// went below `before`.
+pub async fn wait_until_reclaimed(c: &Cluster, before: &[u64], deleted: BTreeSet<u64>) {
+    let dirs = ledger_dirs(c);
+    let before = before.to_vec();
+    tokio::task::spawn_blocking(move || {
+        quire_testkit::reclaim::wait_until_reclaimed(
+            &dirs,
+            &before,
+            &deleted,
+            Duration::from_secs(30),
+        )
+    })
+    .await
+    .unwrap();
 }

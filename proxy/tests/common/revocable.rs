@@ -82,6 +82,9 @@ impl MetadataStore for Revocable {
     async fn delete_ledger(&self, id: LedgerId, expected: Version) -> Result<()> {
         self.inner.delete_ledger(id, expected).await
     }
+    async fn list_ledgers(&self) -> Result<Vec<LedgerId>> {
+        self.inner.list_ledgers().await
+    }
     async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version> {
         self.inner.create_stream(meta).await
     }

@@ -1,7 +1,9 @@
 //! Test-only helpers shared by Quire's crates: a real, standalone ZooKeeper server, and a
 //! loopback TCP relay a test can cut ([`TcpRelay`]) to make a ZooKeeper session expire, a small
-//! loop-mounted ext4 filesystem for full-disk tests ([`loop_mount::LoopMount`], needs root), and,
-//! with the `bookies` feature, real one-shard bookies registered in a metadata store.
+//! loop-mounted ext4 filesystem for full-disk tests ([`loop_mount::LoopMount`], needs root), the
+//! disk-use checks of data-lifecycle tests ([`reclaim`]: entry-log bytes, GC tombstones, the
+//! wait until bookies reclaimed deleted ledgers), and, with the `bookies` feature, real
+//! one-shard bookies registered in a metadata store.
 //!
 //! Use it as a dev-dependency (`quire-testkit.workspace = true` under `[dev-dependencies]`):
 //!
@@ -22,6 +24,7 @@
 #[cfg(feature = "bookies")]
 pub mod bookies;
 pub mod loop_mount;
+pub mod reclaim;
 mod relay;
 
 pub use relay::TcpRelay;

@@ -215,6 +215,10 @@ impl MetadataStore for ZkStore {
         records::delete_ledger(self, id, expected).await
     }
 
+    async fn list_ledgers(&self) -> Result<Vec<LedgerId>> {
+        records::list_ledgers(self).await
+    }
+
     async fn create_stream(&self, meta: &StreamMetadata) -> Result<Version> {
         records::create_stream(self, meta).await
     }

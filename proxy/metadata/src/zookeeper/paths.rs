@@ -73,6 +73,20 @@ pub(super) fn ledger_bucket_and_leaf(id: LedgerId) -> (String, String) {
     (d[..16].to_string(), format!("L{}", &d[16..]))
 }
 
+/// Ledger ids per bucket (the last four decimal digits are the leaf).
+pub(super) const LEDGERS_PER_BUCKET: u64 = 10_000;
+
+/// The ledger id of bucket `bucket` and leaf `leaf` (inverse of [`ledger_bucket_and_leaf`]);
+/// `None` unless they are 16 digits and `L` + 4 digits making a u64.
+pub(super) fn ledger_id_of(bucket: &str, leaf: &str) -> Option<LedgerId> {
+    let digits = leaf.strip_prefix('L')?;
+    let all_digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(bucket, 16) || !all_digits(digits, 4) {
+        return None;
+    }
+    format!("{bucket}{digits}").parse().ok().map(LedgerId)
+}
+
 impl ZkStore {
     pub(super) fn path(&self, rel: &str) -> String {
         format!("{}/{rel}", self.inner.root)
@@ -129,5 +143,18 @@ mod tests {
         );
         let (b, l) = ledger_bucket_and_leaf(LedgerId(u64::MAX));
         assert_eq!((b.len(), l.len()), (16, 5));
+        for id in [0, 1, 9_999, 10_000, 123_456_789, u64::MAX] {
+            let (b, l) = ledger_bucket_and_leaf(LedgerId(id));
+            assert_eq!(ledger_id_of(&b, &l), Some(LedgerId(id)));
+        }
+        for (b, l) in [
+            ("0000000000000000", "0001"),
+            ("0000000000000000", "L001"),
+            ("000000000000000", "L0001"),
+            ("000000000000000x", "L0001"),
+            ("9999999999999999", "L9999"),
+        ] {
+            assert_eq!(ledger_id_of(b, l), None, "{b}/{l}");
+        }
     }
 }

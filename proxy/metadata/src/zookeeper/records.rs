@@ -7,7 +7,10 @@ use quire_wire::LedgerId;
 use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
 
-use super::paths::{decode_stream_name, validate_bookie_id};
+use super::paths::{
+    decode_stream_name, ledger_bucket_and_leaf, ledger_id_of, validate_bookie_id,
+    LEDGERS_PER_BUCKET,
+};
 use super::ZkStore;
 use crate::{
     validate_stream_name, BookieId, Cookie, Error, LedgerMetadata, Result, StreamMetadata, Version,
@@ -175,21 +178,24 @@ pub(super) async fn create_ledger(
     let data = to_json("ledger metadata", meta)?;
     let p = store.ledger_path(id);
     let key = id.to_string();
-    match store.create_record("ledger", &key, &p, &data).await {
-        Err(Error::ZooKeeper {
-            source: zk::Error::NoNode,
-            ..
-        }) => {
-            // First ledger of its bucket: create the bucket, then retry once.
-            let bucket = &p[..p.rfind('/').unwrap_or(p.len())];
-            match store.inner.client.create(bucket, b"", &persistent()).await {
-                Ok(_) | Err(zk::Error::NodeExists) => {}
-                Err(e) => return Err(zk_err("create", bucket, e)),
+    // A bucket is created by its first ledger and may be removed once empty (`delete_ledger`),
+    // so the create can find it missing more than once; each round creates it again.
+    for _ in 0..8 {
+        match store.create_record("ledger", &key, &p, &data).await {
+            Err(Error::ZooKeeper {
+                source: zk::Error::NoNode,
+                ..
+            }) => {
+                let bucket = &p[..p.rfind('/').unwrap_or(p.len())];
+                match store.inner.client.create(bucket, b"", &persistent()).await {
+                    Ok(_) | Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(zk_err("create", bucket, e)),
+                }
             }
-            store.create_record("ledger", &key, &p, &data).await
+            other => return other,
         }
-        other => other,
     }
+    store.create_record("ledger", &key, &p, &data).await
 }
 
 pub(super) async fn read_ledger(
@@ -220,10 +226,62 @@ pub(super) async fn update_ledger(
         .await
 }
 
+/// Deletes a ledger's node, then its bucket when that is empty and wholly below the id
+/// counter (no id of it will be handed out again, so only a ledger created with an explicit
+/// id could still go there, and `create_ledger` recreates a missing bucket). The bucket delete
+/// is unversioned: ZooKeeper refuses to delete a node with children, so a ledger created in it
+/// meanwhile keeps it; any failure there is ignored (an empty bucket costs one znode).
 pub(super) async fn delete_ledger(store: &ZkStore, id: LedgerId, expected: Version) -> Result<()> {
     store
         .cas_delete("ledger", &id.to_string(), &store.ledger_path(id), expected)
+        .await?;
+    let (bucket, _) = ledger_bucket_and_leaf(id);
+    let bucket_end = (id.0 / LEDGERS_PER_BUCKET + 1).saturating_mul(LEDGERS_PER_BUCKET);
+    let counter = store.path("idgen/ledger");
+    let next: Option<u64> = match store.inner.client.get_data(&counter).await {
+        Ok((bytes, _)) => from_json(&counter, &bytes).ok(),
+        Err(_) => None,
+    };
+    if next.is_some_and(|n| n >= bucket_end) {
+        let bucket_path = store.path(&format!("ledgers/{bucket}"));
+        match store.inner.client.delete(&bucket_path, None).await {
+            Ok(()) | Err(zk::Error::NotEmpty) | Err(zk::Error::NoNode) => {}
+            Err(e) => {
+                tracing::debug!(path = %bucket_path, error = %e, "empty ledger bucket not removed")
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every ledger id under `ledgers/`, ascending: the buckets, then each bucket's `L<4 digits>`
+/// children. A bucket removed between the two listings is skipped; a child name that is not a
+/// ledger leaf is `Corrupt`.
+pub(super) async fn list_ledgers(store: &ZkStore) -> Result<Vec<LedgerId>> {
+    let dir = store.path("ledgers");
+    let c = &store.inner.client;
+    let buckets = c
+        .list_children(&dir)
         .await
+        .map_err(|e| zk_err("list", &dir, e))?;
+    let mut ids = Vec::new();
+    for b in &buckets {
+        let bp = format!("{dir}/{b}");
+        let children = match c.list_children(&bp).await {
+            Ok(ch) => ch,
+            Err(zk::Error::NoNode) => continue,
+            Err(e) => return Err(zk_err("list", &bp, e)),
+        };
+        for leaf in &children {
+            let id = ledger_id_of(b, leaf).ok_or_else(|| Error::Corrupt {
+                path: format!("{bp}/{leaf}"),
+                reason: "not a ledger node (expected a 16-digit bucket and L + 4 digits)".into(),
+            })?;
+            ids.push(id);
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }
 
 pub(super) async fn create_stream(store: &ZkStore, meta: &StreamMetadata) -> Result<Version> {
