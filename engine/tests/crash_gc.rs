@@ -635,6 +635,7 @@ fn every_operation_of_one_gc_run_is_a_safe_crash_point() {
         "create qis",
         "write qis",
         "fdatasync qis",
+        "remove qis",
         "write qcp.tmp",
         "rename qcp.tmp",
         "remove qel",

@@ -99,6 +99,17 @@ impl<F: StorageFile> Index<F> {
                 .await
                 .map_err(io_err("sync ledger dir", dir, 0))?;
         }
+        if let Some(missing) = mark
+            .segments
+            .iter()
+            .find(|id| !names.contains(&segment::segment_name(**id)))
+        {
+            return Err(crate::files::corrupt(
+                &dir.join(segment::segment_name(*missing)),
+                0,
+                "the checkpoint mark names this index segment, which is missing",
+            ));
+        }
         let mut segments = Vec::with_capacity(mark.segments.len());
         let mut ledgers: HashMap<u64, Ledger> = HashMap::new();
         for &id in &mark.segments {
