@@ -1,9 +1,10 @@
-//! The checkpoint: moves a snapshot of the write cache into the entry logs, appends an index
-//! segment with the new locations and the changed ledger states, then moves the checkpoint mark
-//! forward and removes the journal files wholly before it (BookKeeper's `SyncThread` checkpoint
+//! The checkpoint: moves a snapshot of the write cache into the entry logs, writes an index
+//! segment file with the new locations and the changed ledger states, then moves the checkpoint
+//! mark forward (naming the new segment among the live ones) and removes the journal files
+//! wholly before it (BookKeeper's `SyncThread` checkpoint
 //! with `flushInterval`, the `lastMark` written only after entry logs and index are durable).
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::path::Path;
 use std::rc::Rc;
 
@@ -12,9 +13,10 @@ use futures_lite::future;
 use crate::engine::Inner;
 use crate::files::{corrupt, io_err};
 use crate::format::{
-    decode_mark, encode_mark, encode_segment, Location, Mark, MarkDecode, StoredLedger,
-    FORMAT_CURRENT, FORMAT_OLDEST_READABLE,
+    decode_mark, encode_mark, Location, Mark, MarkDecode, StoredLedger, FORMAT_OLDEST_READABLE,
+    FORMAT_V2, MARK_SEGMENTS_MAX,
 };
+use crate::index::segment::Segment;
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
 use crate::journal::files::remove_old_journals;
 use crate::journal::JournalPos;
@@ -32,8 +34,8 @@ pub(crate) struct Checkpointer {
     /// Wakes the background checkpointer early (write cache over its bound, close).
     signal: Signal,
     lock: glommio::sync::Semaphore,
-    /// The durable mark: replay would start here.
-    mark: Cell<Mark>,
+    /// The durable mark: replay would start here; it names the live index segments.
+    mark: RefCell<Mark>,
     /// Set when a background checkpoint failed for lack of space (ENOSPC, EDQUOT), for
     /// [`crate::Engine::wait_for_storage_full`].
     pub(crate) storage_full: Signal,
@@ -45,7 +47,7 @@ impl Checkpointer {
         Self {
             signal: Signal::default(),
             lock: glommio::sync::Semaphore::new(1),
-            mark: Cell::new(mark),
+            mark: RefCell::new(mark),
             storage_full: Signal::default(),
         }
     }
@@ -53,6 +55,16 @@ impl Checkpointer {
     /// Asks the background checkpointer to run now (or, after close, to exit).
     pub fn request(&self) {
         self.signal.notify();
+    }
+
+    /// The durable mark.
+    pub fn mark(&self) -> Mark {
+        self.mark.borrow().clone()
+    }
+
+    /// Records a mark just made durable (the caller holds the checkpoint lock).
+    pub fn set_mark(&self, mark: Mark) {
+        *self.mark.borrow_mut() = mark;
     }
 
     /// Takes the checkpoint lock: while it is held no checkpoint runs, so every entry log a
@@ -63,40 +75,61 @@ impl Checkpointer {
     }
 }
 
-/// Commits relocated entries (compaction's new locations) with the checkpoint lock held: one
-/// index segment of locations only, synced, then the mark with the new index length (journal
-/// position unchanged), then publishes them. Before the mark is written the old locations stay
-/// in force, so a crash loses nothing: the copies are unreferenced bytes in a newer log.
+/// Commits relocated entries (compaction's moves, each `(ledger, entry, old, new)`) with the
+/// checkpoint lock held: one index segment of the new locations only, synced, then the mark
+/// naming it (journal position unchanged), then publishes them. Before the mark is written the
+/// old locations stay in force, so a crash loses nothing: the copies are unreferenced bytes in a
+/// newer log.
 pub(crate) async fn commit_relocations<S: Storage>(
     inner: &Inner<S>,
     _lock: &glommio::sync::Permit<'_>,
-    locations: &[(u64, u64, Location)],
+    moves: &[(u64, u64, Location, Location)],
 ) -> Result<(), Error> {
-    if locations.is_empty() {
+    if moves.is_empty() {
         return Ok(());
     }
-    let cp = &inner.checkpointer;
-    let old_mark = cp.mark.get();
-    let seg = encode_segment(locations, &[]);
-    inner
+    let mut locations: Vec<(u64, u64, Location)> = moves.iter().map(|m| (m.0, m.1, m.3)).collect();
+    // Compaction copies in entry-log order; a segment is sorted by (ledger, entry).
+    locations.sort_unstable_by_key(|&(l, e, _)| (l, e));
+    let seg = inner
         .index
-        .append_segment(old_mark.index_bytes, &seg, &inner.throttle)
+        .write_segment(&inner.storage, &inner.throttle, &locations, &[])
         .await?;
+    let cp = &inner.checkpointer;
     let mark = Mark {
-        index_bytes: old_mark.index_bytes + seg.len() as u64,
-        ..old_mark
+        segments: segments_with(inner, &seg)?,
+        ..cp.mark()
     };
+    // On failure the segment stays: a failed mark write may still have replaced the mark on
+    // disk, so only the next open (which knows the mark in force) removes unnamed segments.
     write_mark(&inner.storage, &inner.cfg.ledger_dir, &mark).await?;
-    cp.mark.set(mark);
-    inner.read_ahead.invalidate(locations);
-    for &(ledger, entry, loc) in locations {
-        if let Some(old) = inner.index.location(ledger, entry) {
-            inner.usage.remove(ledger, old);
-        }
-        inner.usage.add(ledger, loc);
+    cp.set_mark(mark);
+    inner.read_ahead.invalidate(&locations);
+    for &(ledger, _, old, new) in moves {
+        inner.usage.remove(ledger, old);
+        inner.usage.add(ledger, new);
     }
-    inner.index.publish(locations);
+    inner.index.publish(seg);
     Ok(())
+}
+
+/// The live segment ids with `seg` added as the newest.
+fn segments_with<S: Storage>(inner: &Inner<S>, seg: &Segment<S::File>) -> Result<Vec<u64>, Error> {
+    let mut ids = inner.index.ids();
+    ids.push(seg.id);
+    if ids.len() > MARK_SEGMENTS_MAX {
+        // Merges keep far fewer; refuse rather than write a mark that cannot hold them.
+        return Err(Error::Io {
+            op: "checkpoint mark",
+            path: inner.cfg.ledger_dir.clone(),
+            file_offset_bytes: 0,
+            source: std::io::Error::other(format!(
+                "{} live index segments, at most {MARK_SEGMENTS_MAX} fit a mark; waiting for merges",
+                ids.len()
+            )),
+        });
+    }
+    Ok(ids)
 }
 
 /// The background checkpointer: one checkpoint every `checkpoint_interval` or on request,
@@ -132,17 +165,20 @@ pub(crate) async fn checkpoint<S: Storage>(inner: &Inner<S>) -> Result<(), Error
     let result = checkpoint_write(inner, &snapshot, durable, &ledgers).await;
     inner.write_cache.end_flush();
     let mark = match result {
-        Ok((locations, mark)) => {
+        Ok((locations, rewritten, mark, seg)) => {
             inner.read_ahead.invalidate(&locations);
             // Entry-log usage: a recovery add that rewrote an entry leaves its old copy dead.
-            for &(ledger, entry, loc) in &locations {
-                if let Some(old) = inner.index.location(ledger, entry) {
-                    inner.usage.remove(ledger, old);
-                }
+            for (ledger, old) in rewritten {
+                inner.usage.remove(ledger, old);
+            }
+            for &(ledger, _, loc) in &locations {
                 inner.usage.add(ledger, loc);
             }
-            inner.index.publish(&locations);
-            cp.mark.set(mark);
+            inner.ledgers.checkpointed(&ledgers);
+            cp.set_mark(mark.clone());
+            if let Some(seg) = seg {
+                inner.index.publish(seg);
+            }
             mark
         }
         Err(e) => {
@@ -157,20 +193,39 @@ pub(crate) async fn checkpoint<S: Storage>(inner: &Inner<S>) -> Result<(), Error
     Ok(())
 }
 
-/// Writes the snapshot to the entry logs, the index segment and then the mark. Returns the new
-/// locations and the new mark; publishes nothing.
+/// What a checkpoint wrote: the new locations, the previous locations of the entries it
+/// rewrote `(ledger, old)`, the new mark and the new index segment (none if nothing changed).
+type Written<F> = (
+    Vec<(u64, u64, Location)>,
+    Vec<(u64, Location)>,
+    Mark,
+    Option<Rc<Segment<F>>>,
+);
+
+/// Writes the snapshot to the entry logs, the index segment and then the mark. Publishes
+/// nothing.
 async fn checkpoint_write<S: Storage>(
     inner: &Inner<S>,
     snapshot: &Cache,
     durable: JournalPos,
     ledgers: &[(u64, StoredLedger)],
-) -> Result<(Vec<(u64, u64, Location)>, Mark), Error> {
-    let old_mark = inner.checkpointer.mark.get();
+) -> Result<Written<S::File>, Error> {
+    let old_mark = inner.checkpointer.mark();
     let moved = durable.file_id != old_mark.journal_file_id
         || durable.offset != old_mark.journal_offset
         || durable.next_seq != old_mark.next_seq;
     if snapshot.is_empty() && ledgers.is_empty() && !moved {
-        return Ok((Vec::new(), old_mark));
+        return Ok((Vec::new(), Vec::new(), old_mark, None));
+    }
+    // Entries the index may already hold (recovery adds rewriting them): their old locations,
+    // looked up before the new ones are published.
+    let mut rewritten = Vec::new();
+    for &(ledger, entry) in snapshot.keys() {
+        if inner.ledgers.may_be_indexed(ledger, entry) {
+            if let Some(old) = inner.index.location(ledger, entry).await? {
+                rewritten.push((ledger, old));
+            }
+        }
     }
     // 1. Entry logs, sorted by (ledger, entry) (BTreeMap order), synced.
     let locations = inner
@@ -178,19 +233,30 @@ async fn checkpoint_write<S: Storage>(
         .write_snapshot(&inner.storage, snapshot, &inner.throttle)
         .await?;
 
-    // 2. Index segment with the new locations and the changed ledger states, synced.
-    let seg = encode_segment(&locations, ledgers);
-    inner
-        .index
-        .append_segment(old_mark.index_bytes, &seg, &inner.throttle)
-        .await?;
+    // 2. Index segment with the new locations and the changed ledger states, synced, the
+    //    directory synced (the mark may name it only once its directory entry is durable).
+    let seg = if locations.is_empty() && ledgers.is_empty() {
+        None
+    } else {
+        Some(
+            inner
+                .index
+                .write_segment(&inner.storage, &inner.throttle, &locations, ledgers)
+                .await?,
+        )
+    };
+    let segments = match &seg {
+        Some(s) => segments_with(inner, s)?,
+        None => old_mark.segments.clone(),
+    };
 
     // 3. The mark: only forward, and only now that entry logs and index are durable.
     let mark = Mark {
         journal_file_id: durable.file_id,
         journal_offset: durable.offset,
         next_seq: durable.next_seq,
-        index_bytes: old_mark.index_bytes + seg.len() as u64,
+        legacy_index_bytes: None,
+        segments,
     };
     assert!(
         (mark.journal_file_id, mark.journal_offset)
@@ -201,9 +267,9 @@ async fn checkpoint_write<S: Storage>(
         mark.next_seq >= old_mark.next_seq,
         "the checkpoint mark only moves forward"
     );
-    assert!(mark.index_bytes > old_mark.index_bytes);
+    // On failure the segment stays (see `commit_relocations`).
     write_mark(&inner.storage, &inner.cfg.ledger_dir, &mark).await?;
-    Ok((locations, mark))
+    Ok((locations, rewritten, mark, seg))
 }
 
 /// Replaces the mark in `dir`: temp file, fdatasync, rename, directory sync.
@@ -256,7 +322,7 @@ pub(crate) async fn read_mark<S: Storage>(storage: &S, dir: &Path) -> Result<Mar
             path,
             found,
             oldest: FORMAT_OLDEST_READABLE,
-            newest: FORMAT_CURRENT,
+            newest: FORMAT_V2,
         }),
         MarkDecode::Bad(reason) => Err(corrupt(&path, 0, reason)),
     }

@@ -15,6 +15,7 @@ use crate::checkpoint::{checkpoint, checkpoint_loop, Checkpointer};
 use crate::entry_log::EntryLogs;
 use crate::format::{Record, LAC_NONE};
 use crate::gc::{Compaction, GcRun, GcState, IndexCheck, LogUsage};
+use crate::index::merge::merge_loop;
 use crate::index::Index;
 use crate::io::{DmaStorage, Storage, BLOCK_BYTES};
 use crate::journal::writer::writer_loop;
@@ -26,7 +27,9 @@ use crate::read_ahead::ReadAhead;
 use crate::throttle::Throttle;
 use crate::tombstones::Tombstones;
 use crate::write_cache::WriteCache;
-use crate::{EngineConfig, Error, GcStats, JournalObserver, LacUpdate, LedgerState, ReadStats};
+use crate::{
+    EngineConfig, Error, GcStats, IndexStats, JournalObserver, LacUpdate, LedgerState, ReadStats,
+};
 
 /// glommio shares of the journal writer's task queue (latency-sensitive).
 const JOURNAL_QUEUE_SHARES: usize = 1000;
@@ -162,6 +165,9 @@ impl<S: Storage + 'static> Engine<S> {
         glommio::spawn_local_into(checkpoint_loop(inner.clone()), background_tq)
             .map_err(spawn_err)?
             .detach();
+        glommio::spawn_local_into(merge_loop(inner.clone()), background_tq)
+            .map_err(spawn_err)?
+            .detach();
         Ok(Rc::new(Engine { inner }))
     }
 
@@ -257,16 +263,19 @@ impl<S: Storage + 'static> Engine<S> {
             inner.read_ahead.count(|s| s.read_cache_hits += 1);
             return Ok(d.as_ref().clone());
         }
-        let lookup = || {
-            inner.index.with_ledger(ledger, |entries| {
-                let entries = entries.ok_or(Error::NoSuchEntry { ledger, entry })?;
-                let loc = *entries
-                    .get(&entry)
-                    .ok_or(Error::NoSuchEntry { ledger, entry })?;
-                Ok::<_, Error>((loc, inner.read_ahead.plan(entries, entry, loc)))
-            })
+        let lookup = || async {
+            let loc = inner
+                .index
+                .location(ledger, entry)
+                .await?
+                .ok_or(Error::NoSuchEntry { ledger, entry })?;
+            let following = inner
+                .index
+                .following(ledger, entry, inner.read_ahead.entries_max())
+                .await?;
+            Ok::<_, Error>((loc, inner.read_ahead.plan(&following, loc)))
         };
-        let (loc, plan) = lookup()?;
+        let (loc, plan) = lookup().await?;
         let r = inner
             .read_ahead
             .read(&inner.storage, &inner.entry_logs, ledger, entry, loc, &plan)
@@ -274,8 +283,10 @@ impl<S: Storage + 'static> Engine<S> {
         match r {
             // Compaction may have moved the entry and deleted its old log between the lookup
             // and the read: look up again and read the new copy.
-            Err(Error::Io { .. }) if inner.index.location(ledger, entry) != Some(loc) => {
-                let (loc, plan) = lookup()?;
+            Err(Error::Io { .. })
+                if inner.index.location(ledger, entry).await.ok().flatten() != Some(loc) =>
+            {
+                let (loc, plan) = lookup().await?;
                 inner
                     .read_ahead
                     .read(&inner.storage, &inner.entry_logs, ledger, entry, loc, &plan)
@@ -414,6 +425,7 @@ impl<S: Storage + 'static> Engine<S> {
         inner.journal.stop().await;
         let r = checkpoint(inner).await;
         inner.checkpointer.request();
+        inner.index.merge_signal.notify();
         r
     }
 
@@ -475,6 +487,40 @@ impl<S: Storage + 'static> Engine<S> {
         // Detached: dropping the caller's future does not cut a run short between two steps
         // that belong together; a close makes the run stop at its next step instead.
         task.detach().await.unwrap_or(Err(Error::Closed))
+    }
+
+    /// Figures of the index now: live segments, resident bytes (segment headers and top keys
+    /// plus the block cache, bounded by `index_cache_bytes_max` plus a few hundred bytes per
+    /// segment), block-cache hits and misses, merges.
+    pub fn index_stats(&self) -> IndexStats {
+        self.inner.index.stats()
+    }
+
+    /// The index's location of entry `entry` of `ledger` (no read of the entry): for the index
+    /// benchmark. Not a stable interface.
+    #[doc(hidden)]
+    pub async fn index_lookup(
+        &self,
+        ledger: u64,
+        entry: u64,
+    ) -> Result<Option<crate::format::Location>, Error> {
+        self.inner.index.location(ledger, entry).await
+    }
+
+    /// Merges every live index segment into one (dropping deleted ledgers' locations and
+    /// overridden ones, as background merges do for runs of segments), then runs the merges
+    /// still due; returns how many ran. For tests and tools (BookKeeper's forced compaction of
+    /// the location index).
+    ///
+    /// # Errors
+    /// `Io`, `Corrupt`; `Closed`.
+    pub async fn merge_index(&self) -> Result<u64, Error> {
+        self.inner.index.full_merge_wanted.set(true);
+        let mut n = 0;
+        while crate::index::merge::merge_once(&self.inner).await? {
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// Garbage-collection figures since open, with the entry logs' size and live bytes now.

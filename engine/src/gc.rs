@@ -289,9 +289,10 @@ async fn delete_ledgers<S: Storage>(
         inner.ledgers.delete(ledger);
         inner.write_cache.remove_ledger(ledger);
         inner.read_ahead.remove_ledger(ledger);
-        inner.index.remove_ledger(ledger);
         inner.usage.remove_ledger(ledger);
     }
+    // Their index entries leave the disk at the next merge; reads stop at the ledger table.
+    inner.index.ledgers_deleted();
     inner.lac_watchers.wake_all();
     out.ledgers_deleted += fresh.len() as u64;
     Ok(())
@@ -379,13 +380,9 @@ async fn compact_log<S: Storage>(
     let logs = &inner.entry_logs;
     let mut live: Vec<(u64, u64, Location)> = Vec::new();
     for ledger in inner.usage.ledgers_in(id) {
-        inner.index.with_ledger(ledger, |m| {
-            for (&entry, &loc) in m.into_iter().flatten() {
-                if loc.log_id == id {
-                    live.push((ledger, entry, loc));
-                }
-            }
-        });
+        for (entry, loc) in inner.index.ledger_locations_in_log(ledger, id).await? {
+            live.push((ledger, entry, loc));
+        }
     }
     live.sort_by_key(|(_, _, l)| l.offset);
     let path = logs.path(id);
@@ -479,11 +476,12 @@ async fn compact_log<S: Storage>(
     let cp = inner.checkpointer.lock().await?;
     // Only entries still where they were copied from move: a recovery add may have rewritten
     // one meanwhile, or its ledger may have been deleted.
-    let still: Vec<(u64, u64, Location)> = moved
-        .iter()
-        .filter(|(l, e, old, _)| inner.index.location(*l, *e) == Some(*old))
-        .map(|(l, e, _, new)| (*l, *e, *new))
-        .collect();
+    let mut still: Vec<(u64, u64, Location, Location)> = Vec::with_capacity(moved.len());
+    for &(l, e, old, new) in &moved {
+        if !inner.ledgers.is_deleted(l) && inner.index.location(l, e).await? == Some(old) {
+            still.push((l, e, old, new));
+        }
+    }
     commit_relocations(inner, &cp, &still).await?;
     let left = inner.usage.live(id);
     if left > 0 {
@@ -511,7 +509,12 @@ pub(crate) async fn verify_index<S: Storage>(inner: &Inner<S>) -> Result<IndexCh
     let mut all: Vec<(u64, u64, Location)> = Vec::new();
     inner
         .index
-        .for_each_location(|l, e, loc| all.push((l, e, loc)));
+        .for_each_location(|l, e, loc| {
+            if !inner.ledgers.is_deleted(l) {
+                all.push((l, e, loc))
+            }
+        })
+        .await?;
     all.sort_by_key(|(_, _, l)| (l.log_id, l.offset));
     let on_disk: HashMap<u64, u64> = inner.entry_logs.sizes().into_iter().collect();
     let mut check = IndexCheck::default();

@@ -15,9 +15,24 @@ pub(crate) struct Ledger {
     pub fenced: bool,
     pub lac: Option<u64>,
     pub last_entry: Option<u64>,
+    /// The last entry as of the last checkpoint that stored this ledger's state: no entry
+    /// above it is in the index, so a checkpoint looks up a previous location (a rewrite by a
+    /// recovery add) only for entries up to it.
+    pub indexed_last: Option<u64>,
 }
 
 impl Ledger {
+    /// The state as the index stored it.
+    pub fn from_stored(s: StoredLedger) -> Self {
+        Self {
+            master_key: s.master_key,
+            fenced: s.fenced,
+            lac: s.lac,
+            last_entry: s.last_entry,
+            indexed_last: s.last_entry,
+        }
+    }
+
     fn stored(&self) -> StoredLedger {
         StoredLedger {
             fenced: self.fenced,
@@ -178,6 +193,26 @@ impl Ledgers {
             .collect();
         ledgers.sort_by_key(|(id, _)| *id);
         ledgers
+    }
+
+    /// Whether entry `entry` of `ledger` may already be in the index (see
+    /// [`Ledger::indexed_last`]).
+    pub fn may_be_indexed(&self, ledger: u64, entry: u64) -> bool {
+        self.table
+            .borrow()
+            .get(&ledger)
+            .and_then(|l| l.indexed_last)
+            .is_some_and(|last| entry <= last)
+    }
+
+    /// Records that a checkpoint stored these states (and so indexed their entries).
+    pub fn checkpointed(&self, stored: &[(u64, StoredLedger)]) {
+        let mut table = self.table.borrow_mut();
+        for (id, s) in stored {
+            if let Some(l) = table.get_mut(id) {
+                l.indexed_last = l.indexed_last.max(s.last_entry);
+            }
+        }
     }
 
     /// Marks `ids` changed again (a checkpoint that took them failed).

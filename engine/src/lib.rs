@@ -132,6 +132,11 @@ pub struct EngineConfig {
     /// Time between major compactions, counted from open; zero disables them (BookKeeper
     /// `majorCompactionInterval`, default 86400 s).
     pub major_compaction_interval: Duration,
+    /// Bound of the index block cache, in bytes (4 KiB blocks of index segment files and their
+    /// bookkeeping), evicted least recently used first; the index's other resident bytes are a
+    /// few hundred per live segment (BookKeeper `dbStorage_rocksDB_blockCacheSize`).
+    /// Default 16 MiB.
+    pub index_cache_bytes_max: usize,
 }
 
 impl EngineConfig {
@@ -158,6 +163,7 @@ impl EngineConfig {
             minor_compaction_interval: Duration::from_secs(3600),
             major_compaction_threshold: 0.8,
             major_compaction_interval: Duration::from_secs(86400),
+            index_cache_bytes_max: 16 << 20,
         }
     }
 }
@@ -232,6 +238,25 @@ pub struct GcStats {
     pub live_bytes: u64,
 }
 
+/// Figures of the index ([`Engine::index_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Live index segment files.
+    pub segments: u64,
+    /// Locations they hold, counting ones a newer segment overrides (until merged).
+    pub segment_entries: u64,
+    /// Bytes the index holds in memory now: segment headers, top keys, block cache.
+    pub memory_bytes: u64,
+    /// Bytes of the block cache now (part of `memory_bytes`).
+    pub cache_bytes: u64,
+    /// Block-cache hits and misses since open.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Merges completed and failed since open.
+    pub merges: u64,
+    pub merge_failures: u64,
+}
+
 /// Errors of the engine. Each message is one line naming the path and byte offset involved.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -301,5 +326,51 @@ impl Error {
             ),
             _ => false,
         }
+    }
+}
+
+/// Entry points for `benches/index.rs` only: the index-writing step of a checkpoint in the
+/// current format and in the version 1 format it replaced, on the same locations. Not a stable
+/// interface.
+#[doc(hidden)]
+pub mod bench {
+    use std::path::Path;
+
+    use crate::format::{encode_segment, Location, StoredLedger};
+    use crate::io::{Storage, StorageFile};
+    use crate::Error;
+
+    /// Writes index segment file `id` in `dir` (version 2), synced, directory synced: what a
+    /// checkpoint now does for its index.
+    pub async fn write_segment<S: Storage>(
+        storage: &S,
+        dir: &Path,
+        id: u64,
+        locations: &[(u64, u64, Location)],
+        ledgers: &[(u64, StoredLedger)],
+    ) -> Result<(), Error> {
+        let mut w = crate::index::segment::SegmentWriter::create(storage, dir, id, None).await?;
+        for &(l, e, loc) in locations {
+            w.push(l, e, loc).await?;
+        }
+        w.finish(ledgers).await?;
+        storage
+            .sync_dir(dir)
+            .await
+            .map_err(crate::files::io_err("sync dir", dir, 0))
+    }
+
+    /// Appends one version 1 index segment at `at` of `file` and syncs it: what a checkpoint
+    /// did for its index before. Returns the bytes written.
+    pub async fn append_legacy_segment<F: StorageFile>(
+        file: &F,
+        at: u64,
+        locations: &[(u64, u64, Location)],
+        ledgers: &[(u64, StoredLedger)],
+    ) -> std::io::Result<u64> {
+        let seg = encode_segment(locations, ledgers);
+        file.write_at(at, &seg).await?;
+        file.fdatasync().await?;
+        Ok(seg.len() as u64)
     }
 }

@@ -11,7 +11,9 @@ use crate::entry_log::EntryLogs;
 use crate::files::{corrupt, io_err, journal_name, parse_id};
 use crate::format::{Mark, FILE_HEADER_BYTES};
 use crate::gc::{GcState, LogUsage};
-use crate::index::{create_index, Index, INDEX_FILE};
+use crate::index::legacy::INDEX_FILE;
+use crate::index::migrate::migrate;
+use crate::index::Index;
 use crate::io::{Storage, StorageFile};
 use crate::journal::files::{create_journal_file, list_journals};
 use crate::journal::replay::{find_later_batch, read_journal, replay};
@@ -55,8 +57,16 @@ pub(crate) async fn open_inner<S: Storage>(
         start_fresh(&storage, &cfg, &ledger_names, &mut journal_ids).await?
     };
 
-    // Index and ledger states, up to the committed length.
-    let (index, ledgers) = Index::load(&storage, &cfg.ledger_dir, &mark).await?;
+    // A version 1 mark commits a legacy `index.qix`: migrate it into a segment file first.
+    let mark = if mark.legacy_index_bytes.is_some() {
+        migrate(&storage, &cfg.ledger_dir, &mark).await?
+    } else {
+        mark
+    };
+
+    // Index segments and ledger states.
+    let (index, ledgers) =
+        Index::open(&storage, &cfg.ledger_dir, &mark, cfg.index_cache_bytes_max).await?;
 
     // Entry logs: never append to an old one (it may hold unindexed bytes past its last sync).
     let next_entry_log_id = ledger_names
@@ -71,14 +81,28 @@ pub(crate) async fn open_inner<S: Storage>(
     let ledgers = Ledgers::new(ledgers);
     for &ledger in &deleted {
         ledgers.delete(ledger);
-        index.remove_ledger(ledger);
     }
 
-    // Entry-log metadata: live bytes per log from the index, sizes from the files. An index
-    // entry into a log that is not there is corruption (garbage collection deletes a log only
-    // once no committed index entry points into it).
+    // Entry-log metadata: live bytes per log from the index (one pass over the segments, deleted
+    // ledgers left out), sizes from the files. An index entry into a log that is not there is
+    // corruption (garbage collection deletes a log only once no committed index entry points
+    // into it).
     let usage = LogUsage::default();
-    index.for_each_location(|ledger, _, loc| usage.add(ledger, loc));
+    let mut deleted_left = false;
+    index
+        .for_each_location(|ledger, _, loc| {
+            if ledgers.is_deleted(ledger) {
+                deleted_left = true;
+            } else {
+                usage.add(ledger, loc)
+            }
+        })
+        .await?;
+    if deleted_left {
+        // A crash (or close) came before the merge that drops them: merge everything soon.
+        index.full_merge_wanted.set(true);
+        index.merge_signal.notify();
+    }
     let entry_logs = EntryLogs::new(
         cfg.ledger_dir.clone(),
         next_entry_log_id,
@@ -160,8 +184,8 @@ pub(crate) async fn open_inner<S: Storage>(
     })
 }
 
-/// Sets up a directory pair that has no mark: the first journal, an empty index and the first
-/// mark. No mark means no open ever finished, so no add was ever acknowledged: files left by a
+/// Sets up a directory pair that has no mark: the first journal and the first mark (naming no
+/// index segment). No mark means no open ever finished, so no add was ever acknowledged: files left by a
 /// crash during the first open are discarded, unless a journal holds a batch (then the mark was
 /// lost, e.g. a wiped ledger directory, and guessing would be unsafe: `Corrupt`).
 async fn start_fresh<S: Storage>(
@@ -201,17 +225,19 @@ async fn start_fresh<S: Storage>(
     let path = cfg.journal_dir.join(journal_name(1));
     drop(create_journal_file(storage, cfg, &path, 1, None).await?);
     journal_ids.push(1);
-    create_index(storage, &cfg.ledger_dir).await?;
     storage.sync_dir(&cfg.ledger_dir).await.map_err(io_err(
         "sync ledger dir",
         &cfg.ledger_dir,
         0,
     ))?;
+    // No index segment yet; segment files an unfinished first open left are removed when the
+    // index opens (the mark names none).
     let m = Mark {
         journal_file_id: 1,
         journal_offset: FILE_HEADER_BYTES as u64,
         next_seq: 1,
-        index_bytes: FILE_HEADER_BYTES as u64,
+        legacy_index_bytes: None,
+        segments: Vec::new(),
     };
     write_mark(storage, &cfg.ledger_dir, &m).await?;
     Ok(m)

@@ -4,7 +4,6 @@
 //! `dbStorage_readAheadCacheBatchSize` and `dbStorage_readAheadCacheMaxSizeMb`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use crate::entry_log::EntryLogs;
@@ -82,21 +81,22 @@ impl ReadAhead {
         self.cache.borrow_mut().remove_ledger(ledger);
     }
 
-    /// The entries after `entry` of the same ledger to read in the same I/O: in the same entry
-    /// log, at increasing offsets, within the span bound of `loc`, and at most `entries_max`.
-    pub fn plan(
-        &self,
-        entries: &BTreeMap<u64, Location>,
-        entry: u64,
-        loc: Location,
-    ) -> Vec<(u64, Location)> {
+    /// How many following entries a plan may hold (`EngineConfig::read_ahead_entries`).
+    pub fn entries_max(&self) -> usize {
+        self.entries_max
+    }
+
+    /// The entries of `following` (the ledger's next indexed entries after the one at `loc`, in
+    /// entry order) to read in the same I/O: in the same entry log, at increasing offsets,
+    /// within the span bound of `loc`, and at most `entries_max`.
+    pub fn plan(&self, following: &[(u64, Location)], loc: Location) -> Vec<(u64, Location)> {
         let mut plan = Vec::new();
         if self.entries_max == 0 {
             return plan;
         }
         let start = loc.offset;
         let mut end = loc.offset + (ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize) as u64;
-        for (&e, &l) in entries.range(entry.saturating_add(1)..) {
+        for &(e, l) in following {
             if plan.len() >= self.entries_max || l.log_id != loc.log_id || l.offset < end {
                 break;
             }

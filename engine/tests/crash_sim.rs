@@ -2,7 +2,9 @@
 //!
 //! Each seed runs a workload (adds across several ledgers, fences, checkpoints, reads) on small
 //! journal files, a small write cache and a short checkpoint interval, crashes the disk during a
-//! seed-chosen operation (possibly during the open that recovers from the previous crash),
+//! seed-chosen operation (any, or one on journal files, in the ledger directory, or on the index:
+//! segment files written by checkpoints and merges, the mark naming them, directory syncs;
+//! possibly during the open that recovers from the previous crash),
 //! optionally tearing the last unsynced write and keeping some earlier unsynced ones, and reopens
 //! on the durable image, one to three times; a last open must succeed and find every
 //! acknowledged add and fence.
@@ -38,6 +40,9 @@ const LEDGERS: u64 = 4;
 const CRASH_OP_MAX: u64 = 300;
 const CRASH_JOURNAL_OP_MAX: u64 = 60;
 const CRASH_LEDGER_DIR_OP_MAX: u64 = 150;
+/// Index operations: segment files (checkpoints' and merges' writes, syncs, removals), the
+/// mark naming them, and the ledger directory's syncs.
+const CRASH_INDEX_OP_MAX: u64 = 100;
 /// A round's work must end this long after its crash; longer is reported as a hang.
 const HANG_AFTER: Duration = Duration::from_secs(30);
 
@@ -384,10 +389,11 @@ async fn crash_round(
     rng: &mut StdRng,
     log: &mut String,
 ) -> Result<CrashReport, String> {
-    let (target, crash_op) = match rng.gen_range(0..5) {
+    let (target, crash_op) = match rng.gen_range(0..6) {
         0 | 1 => ("any", rng.gen_range(1..=CRASH_OP_MAX)),
         2 | 3 => ("journal", rng.gen_range(1..=CRASH_JOURNAL_OP_MAX)),
-        _ => ("ledger-dir", rng.gen_range(1..=CRASH_LEDGER_DIR_OP_MAX)),
+        4 => ("ledger-dir", rng.gen_range(1..=CRASH_LEDGER_DIR_OP_MAX)),
+        _ => ("index", rng.gen_range(1..=CRASH_INDEX_OP_MAX)),
     };
     let tear = rng.gen_bool(0.5).then(|| rng.gen::<u64>());
     let windows = rng.gen_range(5..25);
@@ -399,6 +405,14 @@ async fn crash_round(
         // tail, removals (pre-creation writes `.qj.tmp`).
         "journal" => Box::new(|_, p: &Path| p.extension().is_some_and(|e| e == "qj")),
         "ledger-dir" => Box::new(|_, p: &Path| p.starts_with("/sim/ledgers")),
+        // Index segment files, the mark (`checkpoint.qcp.tmp` and its rename) and the
+        // directory syncs that make them durable.
+        "index" => Box::new(|_, p: &Path| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.ends_with(".qis")
+                || name.starts_with("checkpoint.qcp")
+                || p == Path::new("/sim/ledgers")
+        }),
         _ => Box::new(|_, _: &Path| true),
     };
     storage.crash_at_matching_op(crash_op, filter, tear);

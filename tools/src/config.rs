@@ -252,7 +252,15 @@ pub struct BookieSettings {
     /// entry logs and the index (BookKeeper `flushInterval`; default 10000, 10 to 3600000).
     #[arg(long)]
     pub checkpoint_interval_ms: Option<u64>,
+    /// Bound of each shard's index block cache, in bytes: the only part of the entry index
+    /// that grows with use (BookKeeper `dbStorage_rocksDB_blockCacheSize`; default 16 MiB, at
+    /// least 65536).
+    #[arg(long)]
+    pub index_cache_bytes_max: Option<u64>,
 }
+
+/// Smallest accepted `index_cache_bytes_max`: sixteen 4 KiB index blocks.
+pub const INDEX_CACHE_BYTES_MIN: u64 = 64 * 1024;
 
 /// Smallest accepted `entry_log_size_bytes`: the 4 KiB header and three 4 KiB blocks, since
 /// every checkpoint starts at a fresh 4 KiB boundary (docs/format/entry-log.md).
@@ -274,6 +282,8 @@ pub struct CompactionSettings {
     pub entry_log_size_bytes: Option<u64>,
     /// `checkpoint_interval_ms`.
     pub checkpoint_interval_ms: Option<u64>,
+    /// `index_cache_bytes_max`.
+    pub index_cache_bytes_max: Option<u64>,
 }
 
 impl CompactionSettings {
@@ -282,7 +292,8 @@ impl CompactionSettings {
     /// # Errors
     /// One line naming the setting: a threshold outside [0, 1] or not a number, a minor
     /// threshold not below the major one (BookKeeper's rule), an entry-log size below
-    /// [`ENTRY_LOG_SIZE_BYTES_MIN`], a checkpoint interval outside 10 ms to 1 h.
+    /// [`ENTRY_LOG_SIZE_BYTES_MIN`], a checkpoint interval outside 10 ms to 1 h, an index cache
+    /// below [`INDEX_CACHE_BYTES_MIN`].
     pub fn apply(&self, engine: &mut quire_engine::EngineConfig) -> Result<()> {
         for (key, v) in [
             ("minor_compaction_threshold", self.minor_threshold),
@@ -322,6 +333,12 @@ impl CompactionSettings {
                 bail!("invalid setting checkpoint_interval_ms = {ms}: expected 10 to 3600000");
             }
             engine.checkpoint_interval = Duration::from_millis(ms);
+        }
+        if let Some(b) = self.index_cache_bytes_max {
+            if b < INDEX_CACHE_BYTES_MIN {
+                bail!("invalid setting index_cache_bytes_max = {b}: expected at least {INDEX_CACHE_BYTES_MIN}");
+            }
+            engine.index_cache_bytes_max = usize::try_from(b).unwrap_or(usize::MAX);
         }
         Ok(())
     }
@@ -473,7 +490,8 @@ impl BookieSettings {
             major_compaction_threshold,
             major_compaction_interval_secs,
             entry_log_size_bytes,
-            checkpoint_interval_ms
+            checkpoint_interval_ms,
+            index_cache_bytes_max
         )
     }
 
@@ -551,6 +569,7 @@ impl BookieSettings {
             major_interval_secs: self.major_compaction_interval_secs,
             entry_log_size_bytes: self.entry_log_size_bytes,
             checkpoint_interval_ms: self.checkpoint_interval_ms,
+            index_cache_bytes_max: self.index_cache_bytes_max,
         }
         .apply(&mut bookie.engine)?;
         Ok(BookieOptions {
@@ -820,7 +839,8 @@ mod tests {
         let o = bookie_from(&format!(
             "{base}minor_compaction_threshold = 0.1\nminor_compaction_interval_secs = 5\n\
              major_compaction_threshold = 0.5\nmajor_compaction_interval_secs = 0\n\
-             entry_log_size_bytes = 131072\ncheckpoint_interval_ms = 250"
+             entry_log_size_bytes = 131072\ncheckpoint_interval_ms = 250\n\
+             index_cache_bytes_max = 1048576"
         ))
         .unwrap();
         let e = &o.bookie.engine;
@@ -830,7 +850,9 @@ mod tests {
         assert_eq!(e.major_compaction_interval, Duration::ZERO);
         assert_eq!(e.entry_log_size_bytes_max, 131072);
         assert_eq!(e.checkpoint_interval, Duration::from_millis(250));
+        assert_eq!(e.index_cache_bytes_max, 1 << 20);
         let d = bookie_from(base).unwrap().bookie.engine;
+        assert_eq!(d.index_cache_bytes_max, 16 << 20);
         assert_eq!(
             (d.minor_compaction_threshold, d.major_compaction_threshold),
             (0.2, 0.8)
@@ -859,6 +881,10 @@ mod tests {
             (
                 "checkpoint_interval_ms = 0",
                 "invalid setting checkpoint_interval_ms",
+            ),
+            (
+                "index_cache_bytes_max = 4096",
+                "invalid setting index_cache_bytes_max",
             ),
         ] {
             let e = bookie_from(&format!("{base}{bad}"))

@@ -137,6 +137,10 @@ pub struct SandboxArgs {
     /// `flushInterval`; default 10000).
     #[arg(long)]
     checkpoint_interval_ms: Option<u64>,
+    /// Bound of each bookie shard's index block cache, in bytes (BookKeeper
+    /// `dbStorage_rocksDB_blockCacheSize`; default 16 MiB, at least 65536).
+    #[arg(long)]
+    index_cache_bytes_max: Option<u64>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -199,6 +203,7 @@ fn bookie_config(
         major_interval_secs: args.major_compaction_interval_secs,
         entry_log_size_bytes: args.entry_log_size_bytes,
         checkpoint_interval_ms: args.checkpoint_interval_ms,
+        index_cache_bytes_max: args.index_cache_bytes_max,
     }
     .apply(&mut config.engine)?;
     Ok(config)

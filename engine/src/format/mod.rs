@@ -12,19 +12,25 @@ use crate::io::BLOCK_BYTES;
 
 mod entry_log;
 mod index;
+mod index_segment;
 mod journal_record;
 mod mark;
 mod tombstone;
 
 pub use entry_log::*;
 pub use index::*;
+pub use index_segment::*;
 pub use journal_record::*;
 pub use mark::*;
 pub use tombstone::*;
 
 /// Version 1: first format (journal.md, entry-log.md, index.md, checkpoint.md).
 pub const FORMAT_V1: u16 = 1;
-/// Version written by this build.
+/// Version 2 of the checkpoint mark only: it names the live index segment files
+/// (`index-{id}.qis`, version 1 of their own format), which replace the append-only `index.qix`.
+pub const FORMAT_V2: u16 = 2;
+/// Version of the shared file header written by this build (journal, entry log, index
+/// segment, tombstone files).
 pub const FORMAT_CURRENT: u16 = FORMAT_V1;
 /// Oldest version this build reads.
 pub const FORMAT_OLDEST_READABLE: u16 = FORMAT_V1;

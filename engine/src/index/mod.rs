@@ -1,0 +1,352 @@
+//! The index: where every checkpointed entry lives in the entry logs (the role of BookKeeper
+//! `DbLedgerStorage`'s entry location index, an LSM tree in RocksDB), kept on disk in
+//! immutable sorted index segment files (`segment.rs`, docs/format/index.md) with a bounded
+//! block cache in front (`cache.rs`).
+//!
+//! Each checkpoint writes the locations it created and the ledger states it changed as a new
+//! segment; compaction writes the locations it moved as one too. The checkpoint mark names the
+//! live segments, oldest first: a later segment overrides an earlier one for the same (ledger,
+//! entry) and the same ledger state. A background merge (`merge.rs`) combines runs of
+//! neighbouring segments into one, keeping only the newest location of each entry and dropping
+//! deleted ledgers. Entries not yet checkpointed are in the write cache, not here.
+//!
+//! Memory: per live segment its header and one key per group of 28,815 locations, plus the
+//! block cache (`EngineConfig::index_cache_bytes_max`); [`Index::memory_bytes`] counts both.
+//! A lookup probes the segments newest first; in each it is a binary search in the top keys,
+//! then one index block and one data block (cached or read), never a scan.
+//!
+//! `legacy.rs` reads the version 1 index (`index.qix`) once, to migrate it (`migrate.rs`).
+
+pub(crate) mod cache;
+pub(crate) mod legacy;
+pub(crate) mod merge;
+pub(crate) mod migrate;
+pub(crate) mod segment;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use crate::files::io_err;
+use crate::format::{Key, Location, Mark, StoredLedger};
+use crate::io::{Storage, StorageFile};
+use crate::ledgers::Ledger;
+use crate::sync::Signal;
+use crate::throttle::Throttle;
+use crate::{Error, IndexStats};
+
+use cache::BlockCache;
+use segment::{parse_segment_name, SegCursor, Segment, SegmentWriter};
+
+/// The live index segments and the block cache.
+pub(crate) struct Index<F> {
+    dir: PathBuf,
+    /// Live segments, oldest first (the order of the mark).
+    segments: RefCell<Vec<Rc<Segment<F>>>>,
+    cache: RefCell<BlockCache>,
+    next_id: Cell<u64>,
+    /// Wakes the background merge.
+    pub(crate) merge_signal: Signal,
+    /// Set when ledgers were deleted: the next merge takes every segment, so that their
+    /// locations leave the disk.
+    pub(crate) full_merge_wanted: Cell<bool>,
+    /// One merge at a time (the background merger, `Engine::merge_index`).
+    pub(crate) merge_lock: glommio::sync::Semaphore,
+    stats: Cell<IndexStats>,
+}
+
+impl<F: StorageFile> Index<F> {
+    /// Opens the segments `mark` names in `dir` and returns them with the ledger states they
+    /// hold (later segments override earlier ones). Segment files the mark does not name are
+    /// what a crash left (an unfinished checkpoint or merge, a merge's inputs) and are removed,
+    /// as is a legacy `index.qix` a finished migration left.
+    ///
+    /// # Errors
+    /// `Corrupt` if a named segment is missing or fails a check; `UnsupportedFormat`; `Io`.
+    pub async fn open<S: Storage<File = F>>(
+        storage: &S,
+        dir: &Path,
+        mark: &Mark,
+        cache_bytes_max: usize,
+    ) -> Result<(Self, HashMap<u64, Ledger>), Error> {
+        let names = storage
+            .list(dir)
+            .await
+            .map_err(io_err("list ledger dir", dir, 0))?;
+        let mut removed = false;
+        let mut max_id = 0;
+        for name in &names {
+            let stale = match parse_segment_name(name) {
+                Some(id) => {
+                    max_id = max_id.max(id);
+                    !mark.segments.contains(&id)
+                }
+                None => name == legacy::INDEX_FILE,
+            };
+            if stale {
+                let p = dir.join(name);
+                storage
+                    .remove(&p)
+                    .await
+                    .map_err(io_err("remove stale index file", &p, 0))?;
+                removed = true;
+            }
+        }
+        if removed {
+            storage
+                .sync_dir(dir)
+                .await
+                .map_err(io_err("sync ledger dir", dir, 0))?;
+        }
+        if let Some(missing) = mark
+            .segments
+            .iter()
+            .find(|id| !names.contains(&segment::segment_name(**id)))
+        {
+            return Err(crate::files::corrupt(
+                &dir.join(segment::segment_name(*missing)),
+                0,
+                "the checkpoint mark names this index segment, which is missing",
+            ));
+        }
+        let mut segments = Vec::with_capacity(mark.segments.len());
+        let mut ledgers: HashMap<u64, Ledger> = HashMap::new();
+        for &id in &mark.segments {
+            let seg = Segment::open(storage, dir, id).await?;
+            for (ledger, s) in seg.ledger_states().await? {
+                ledgers.insert(ledger, Ledger::from_stored(s));
+            }
+            segments.push(Rc::new(seg));
+        }
+        let index = Index {
+            dir: dir.to_path_buf(),
+            segments: RefCell::new(segments),
+            cache: RefCell::new(BlockCache::new(cache_bytes_max)),
+            next_id: Cell::new(max_id.max(mark.segments.iter().copied().max().unwrap_or(0)) + 1),
+            merge_signal: Signal::default(),
+            full_merge_wanted: Cell::new(false),
+            merge_lock: glommio::sync::Semaphore::new(1),
+            stats: Cell::new(IndexStats::default()),
+        };
+        Ok((index, ledgers))
+    }
+
+    /// Ids of the live segments, oldest first (what the mark names).
+    pub fn ids(&self) -> Vec<u64> {
+        self.segments.borrow().iter().map(|s| s.id).collect()
+    }
+
+    fn newest_first(&self) -> Vec<Rc<Segment<F>>> {
+        self.segments.borrow().iter().rev().cloned().collect()
+    }
+
+    /// The current location of entry `entry` of `ledger`, if indexed: the newest segment that
+    /// holds it wins.
+    ///
+    /// # Errors
+    /// `Corrupt` if a block read fails its check; `Io`.
+    pub async fn location(&self, ledger: u64, entry: u64) -> Result<Option<Location>, Error> {
+        for seg in self.newest_first() {
+            if let Some(loc) = seg.find(&self.cache, (ledger, entry)).await? {
+                return Ok(Some(loc));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Up to `max` indexed entries of `ledger` after `entry`, in entry order, with their
+    /// locations (read-ahead plans), through the block cache.
+    pub async fn following(
+        &self,
+        ledger: u64,
+        entry: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Location)>, Error> {
+        let mut out = Vec::new();
+        if max == 0 || entry == u64::MAX {
+            return Ok(out);
+        }
+        let mut scan = MergedScan::start(self, (ledger, entry + 1), true).await?;
+        while out.len() < max {
+            match scan.next(&self.cache).await? {
+                Some(((l, e), loc)) if l == ledger => out.push((e, loc)),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// The entries of `ledger` whose current location is in entry log `log_id` (compaction's
+    /// live set), read past the block cache.
+    pub async fn ledger_locations_in_log(
+        &self,
+        ledger: u64,
+        log_id: u64,
+    ) -> Result<Vec<(u64, Location)>, Error> {
+        let mut out = Vec::new();
+        let mut scan = MergedScan::start(self, (ledger, 0), false).await?;
+        while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
+            if l != ledger {
+                break;
+            }
+            if loc.log_id == log_id {
+                out.push((e, loc));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Calls `f` with the current location of every indexed entry, in (ledger, entry) order,
+    /// reading every live segment once past the block cache (open and `verify_index` only).
+    pub async fn for_each_location(
+        &self,
+        mut f: impl FnMut(u64, u64, Location),
+    ) -> Result<(), Error> {
+        let mut scan = MergedScan::start(self, (0, 0), false).await?;
+        while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
+            f(l, e, loc);
+        }
+        Ok(())
+    }
+
+    /// Writes a new segment of `locations` (sorted by (ledger, entry), each key once) and
+    /// `ledgers` (sorted by ledger), synced, with the directory synced; not yet live.
+    pub async fn write_segment<S: Storage<File = F>>(
+        &self,
+        storage: &S,
+        throttle: &Throttle,
+        locations: &[(u64, u64, Location)],
+        ledgers: &[(u64, StoredLedger)],
+    ) -> Result<Rc<Segment<F>>, Error> {
+        let id = self.take_id();
+        let mut w = SegmentWriter::create(storage, &self.dir, id, Some(throttle)).await?;
+        for &(ledger, entry, loc) in locations {
+            w.push(ledger, entry, loc).await?;
+        }
+        let seg = w.finish(ledgers).await?;
+        self.sync_dir(storage).await?;
+        Ok(Rc::new(seg))
+    }
+
+    /// A fresh segment id.
+    pub fn take_id(&self) -> u64 {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        id
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub async fn sync_dir<S: Storage<File = F>>(&self, storage: &S) -> Result<(), Error> {
+        storage
+            .sync_dir(&self.dir)
+            .await
+            .map_err(io_err("sync ledger dir", &self.dir, 0))
+    }
+
+    /// Removes a segment file that never became live (its checkpoint failed); a failure is
+    /// only logged, the next open removes it.
+    pub async fn discard<S: Storage<File = F>>(&self, storage: &S, seg: &Segment<F>) {
+        if let Err(e) = storage.remove(&seg.path).await {
+            tracing::warn!("removing unused index segment {}: {e}", seg.path.display());
+        }
+    }
+
+    /// Makes a segment the mark now names live (newest), and wakes the merge.
+    pub fn publish(&self, seg: Rc<Segment<F>>) {
+        self.segments.borrow_mut().push(seg);
+        self.merge_signal.notify();
+    }
+
+    /// Notes that ledgers were deleted: the next merge rewrites every segment without them.
+    pub fn ledgers_deleted(&self) {
+        self.full_merge_wanted.set(true);
+        self.merge_signal.notify();
+    }
+
+    pub(crate) fn count(&self, f: impl FnOnce(&mut IndexStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    /// Bytes the index holds in memory: the open segments' headers and top keys, and the
+    /// block cache (at most `index_cache_bytes_max`).
+    pub fn memory_bytes(&self) -> usize {
+        let segs = self.segments.borrow();
+        segs.iter().map(|s| s.memory_bytes()).sum::<usize>()
+            + segs.capacity() * std::mem::size_of::<Rc<Segment<F>>>()
+            + self.cache.borrow().memory_bytes()
+            + std::mem::size_of::<Self>()
+    }
+
+    /// Figures of the index now.
+    pub fn stats(&self) -> IndexStats {
+        let mut s = self.stats.get();
+        let segs = self.segments.borrow();
+        s.segments = segs.len() as u64;
+        s.segment_entries = segs.iter().map(|x| x.header.entry_count).sum();
+        s.memory_bytes = self.memory_bytes() as u64;
+        let c = self.cache.borrow();
+        s.cache_bytes = c.memory_bytes() as u64;
+        let cs = c.stats();
+        s.cache_hits = cs.hits;
+        s.cache_misses = cs.misses;
+        s
+    }
+}
+
+/// A scan over the live segments in key order from a start key that yields each key once,
+/// with its location in the newest segment holding it.
+pub(crate) struct MergedScan<F> {
+    /// Cursors, newest segment first.
+    cursors: Vec<SegCursor<F>>,
+}
+
+impl<F: StorageFile> MergedScan<F> {
+    pub async fn start(index: &Index<F>, from: Key, cached: bool) -> Result<Self, Error> {
+        Self::over(index.newest_first(), &index.cache, from, cached).await
+    }
+
+    /// A scan of `segments` (newest first).
+    pub async fn over(
+        segments: Vec<Rc<Segment<F>>>,
+        cache: &RefCell<BlockCache>,
+        from: Key,
+        cached: bool,
+    ) -> Result<Self, Error> {
+        let mut cursors = Vec::with_capacity(segments.len());
+        for s in segments {
+            cursors.push(SegCursor::seek(s, cache, from, cached).await?);
+        }
+        Ok(Self { cursors })
+    }
+
+    /// The next key and its newest location; `None` at the end.
+    pub async fn next(
+        &mut self,
+        cache: &RefCell<BlockCache>,
+    ) -> Result<Option<(Key, Location)>, Error> {
+        let mut best: Option<(Key, Location)> = None;
+        // Cursors are newest first: on equal keys the first one seen wins.
+        for c in self.cursors.iter_mut() {
+            if let Some((k, loc)) = c.peek(cache).await? {
+                if best.is_none_or(|(bk, _)| k < bk) {
+                    best = Some((k, loc));
+                }
+            }
+        }
+        let Some((key, _)) = best else {
+            return Ok(None);
+        };
+        for c in self.cursors.iter_mut() {
+            if c.peek(cache).await?.is_some_and(|(k, _)| k == key) {
+                c.advance();
+            }
+        }
+        Ok(best)
+    }
+}
