@@ -158,8 +158,7 @@ impl RecordSet<'_> {
 pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
     let mut r = Reader::new(buf, "record set");
     let version = r.u8()?;
-    if !(RECORD_SET_FORMAT_OLDEST_READABLE..=RECORD_SET_FORMAT_NEWEST_READABLE).contains(&version)
-    {
+    if !(RECORD_SET_FORMAT_OLDEST_READABLE..=RECORD_SET_FORMAT_NEWEST_READABLE).contains(&version) {
         return Err(WireError::InvalidField {
             what: "record set version",
         });

@@ -128,9 +128,7 @@ async fn pipelined_write_answers_follow_request_order() {
             .unwrap();
         assert!(n > 0, "the proxy closed the connection");
         let mut used_total = 0;
-        while let Some((frame, used)) =
-            decode_frame(&buf[used_total..], 8 * 1024 * 1024).unwrap()
-        {
+        while let Some((frame, used)) = decode_frame(&buf[used_total..], 8 * 1024 * 1024).unwrap() {
             let id = frame.header.request_id;
             let resp = Response::decode(&frame).unwrap();
             used_total += used;
@@ -145,18 +143,28 @@ async fn pipelined_write_answers_follow_request_order() {
     }
     let _wr = sender.await.unwrap();
 
-    // Per stream: answers in request-id order.
+    // Per stream: answers in request-id order. An answer whose id is below one already
+    // answered for its stream counts as out of order.
     let mut highest: HashMap<String, u64> = HashMap::new();
     let mut out_of_order: HashMap<String, usize> = HashMap::new();
-    let mut last_dlsn: Option<Dlsn> = None;
-    let mut acked: Vec<(Dlsn, u64, u64)> = Vec::new(); // (first DLSN, request index, records)
-    for (id, resp) in &answers {
-        let (stream, records, expect) = expected.remove(id).expect("one answer per request");
+    for (id, _) in &answers {
+        let stream = &expected.get(id).expect("one answer per request").0;
         let h = highest.entry(stream.clone()).or_insert(0);
         if *id < *h {
             *out_of_order.entry(stream.clone()).or_default() += 1;
         }
         *h = (*h).max(*id);
+    }
+    eprintln!("out-of-order answers per stream: {out_of_order:?}");
+    assert!(
+        out_of_order.is_empty(),
+        "answers left the proxy out of request order: {out_of_order:?} (of {REQUESTS} writes)"
+    );
+
+    let mut last_dlsn: Option<Dlsn> = None;
+    let mut acked: Vec<(Dlsn, u64, u64)> = Vec::new(); // (first DLSN, request index, records)
+    for (id, resp) in &answers {
+        let (stream, records, expect) = expected.remove(id).expect("one answer per request");
         match (expect, resp) {
             (
                 Expect::Written,
@@ -183,11 +191,6 @@ async fn pipelined_write_answers_follow_request_order() {
         }
     }
     assert!(expected.is_empty());
-    eprintln!("out-of-order answers per stream: {out_of_order:?}");
-    assert!(
-        out_of_order.is_empty(),
-        "answers left the proxy out of request order: {out_of_order:?} (of {REQUESTS} writes)"
-    );
 
     // Every acknowledged record reads back once, in order, where its answer said.
     let client = ProxyClient::connect(p.server.local_addr()).await.unwrap();
@@ -208,7 +211,10 @@ async fn pipelined_write_answers_follow_request_order() {
     assert_eq!(got.len(), want, "every acknowledged record reads back once");
     let mut k = 0;
     for (first, i, n) in &acked {
-        assert_eq!(got[k].0, *first, "request {i}: its records start where its answer said");
+        assert_eq!(
+            got[k].0, *first,
+            "request {i}: its records start where its answer said"
+        );
         for r in 0..*n {
             let (_, txid, data) = &got[k];
             assert_eq!(*txid, *i);

@@ -64,8 +64,7 @@ fn stream_stays_readable_with_one_of_three_bookies_down() {
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let writer = cluster.start_proxy(quire_testkit::free_port(), &QUORUM);
     let rt = runtime();
-    let client =
-        rt.block_on(async { Arc::new(ProxyClient::connect(&writer.addr).await.unwrap()) });
+    let client = rt.block_on(async { Arc::new(ProxyClient::connect(&writer.addr).await.unwrap()) });
     let (mut acked, err) = rt.block_on(write_records(&client, STREAM, "a", 0..500));
     assert!(err.is_none(), "{err:?}");
     assert_eq!(acked.len(), 500);
@@ -114,7 +113,11 @@ fn stream_stays_readable_with_one_of_three_bookies_down() {
             std::slice::from_ref(&down),
         )
         .await;
-        assert_eq!(report.records.len(), 500, "nothing beyond what was acknowledged");
+        assert_eq!(
+            report.records.len(),
+            500,
+            "nothing beyond what was acknowledged"
+        );
         assert_eq!(report.records.last().unwrap().0, last_acked);
     });
 

@@ -205,9 +205,7 @@ impl BookKeeper {
         // replaced, bounded by the bookies registered.
         loop {
             let fragment = meta.fragment_for(entry).clone();
-            let outcomes = self
-                .recovery_add_to(&fragment, &todo, key, &bytes)
-                .await;
+            let outcomes = self.recovery_add_to(&fragment, &todo, key, &bytes).await;
             let mut failing = Vec::new();
             for (pos, outcome) in todo.iter().copied().zip(outcomes) {
                 match outcome {
@@ -375,7 +373,11 @@ impl BookKeeper {
                 bookies,
             });
         }
-        assert_eq!(next.state, LedgerState::InRecovery, "only a ledger in recovery");
+        assert_eq!(
+            next.state,
+            LedgerState::InRecovery,
+            "only a ledger in recovery"
+        );
         match self.inner.metadata.update_ledger(id, &next, *version).await {
             Ok(v) => {
                 for (pos, b) in &chosen {

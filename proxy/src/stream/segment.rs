@@ -193,7 +193,12 @@ impl Writer {
     /// A segment's ledger recovery failed: note it (see [`Writer::recover`]), find the LAC the
     /// live bookies hold so that readers can go on up to it, and return the error for the
     /// caller.
-    async fn recovery_failed(&mut self, seq_no: u64, ledger_id: u64, e: quire_ledger::Error) -> Error {
+    async fn recovery_failed(
+        &mut self,
+        seq_no: u64,
+        ledger_id: u64,
+        e: quire_ledger::Error,
+    ) -> Error {
         const RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
         const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
         let previous = self.unrecovered.take().filter(|u| u.seq_no == seq_no);
