@@ -10,6 +10,17 @@
 //! 13     ..   records, each:  txid u64 | payload_len u32 | payload bytes
 //! ```
 //!
+//! A control entry (version 2, DistributedLog's control record) holds no record: it is written
+//! when a stream goes idle so that the LAC it carries makes the entries before it readable
+//! without the writer (see [`encode_control`]):
+//!
+//! ```text
+//!  0     1    version              RECORD_SET_FORMAT_V2_CONTROL = 2
+//!  1     4    record_count         u32, = 0
+//!  5     8    segment_record_index u64, records in the segment before this entry
+//! 13     8    last_txid            u64, txid of the segment's last record before this entry
+//! ```
+//!
 //! The entry digest (CRC32C) is added and checked by the ledger layer, so the record set carries
 //! no checksum of its own.
 
@@ -17,10 +28,18 @@ use quire_wire::{Reader, WireError};
 
 /// Version 1: the first layout.
 pub const RECORD_SET_FORMAT_V1: u8 = 1;
+/// Version 2: a control entry with no record, written to advance the LAC that bookies hold
+/// past the last data entry when the stream goes idle (DistributedLog's control record).
+pub const RECORD_SET_FORMAT_V2_CONTROL: u8 = 2;
 /// Oldest version readers accept.
 pub const RECORD_SET_FORMAT_OLDEST_READABLE: u8 = RECORD_SET_FORMAT_V1;
-/// Version writers produce.
+/// Version writers produce for entries holding records (control entries are always
+/// [`RECORD_SET_FORMAT_V2_CONTROL`]).
 pub const RECORD_SET_FORMAT_CURRENT: u8 = RECORD_SET_FORMAT_V1;
+/// Newest version readers accept.
+pub const RECORD_SET_FORMAT_NEWEST_READABLE: u8 = RECORD_SET_FORMAT_V2_CONTROL;
+/// Bytes of a control entry.
+pub const CONTROL_ENTRY_SIZE_BYTES: usize = RECORD_SET_HEADER_SIZE_BYTES + 8;
 
 /// Bytes of the record set header.
 pub const RECORD_SET_HEADER_SIZE_BYTES: usize = 13;
@@ -87,6 +106,19 @@ where
     out
 }
 
+/// Encodes a control entry: no record, `segment_record_index` records before it in the segment,
+/// `last_txid` the txid of the last of them. Readers skip it; segment recovery takes the
+/// segment's record count and last txid from it as from a data entry.
+pub fn encode_control(segment_record_index: u64, last_txid: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CONTROL_ENTRY_SIZE_BYTES);
+    out.push(RECORD_SET_FORMAT_V2_CONTROL);
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&segment_record_index.to_le_bytes());
+    out.extend_from_slice(&last_txid.to_le_bytes());
+    assert_eq!(out.len(), CONTROL_ENTRY_SIZE_BYTES);
+    out
+}
+
 /// One record borrowed from a decoded record set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordRef<'a> {
@@ -101,24 +133,52 @@ pub struct RecordRef<'a> {
 pub struct RecordSet<'a> {
     /// Position in the segment of the first record.
     pub segment_record_index: u64,
-    /// The records, slot 0 first.
+    /// The records, slot 0 first; empty for a control entry.
     pub records: Vec<RecordRef<'a>>,
+    /// For a control entry: the txid of the segment's last record before it.
+    pub control_last_txid: Option<u64>,
+}
+
+impl RecordSet<'_> {
+    /// The txid of the segment's last record up to and including this entry.
+    pub fn last_txid(&self) -> Option<u64> {
+        self.records
+            .last()
+            .map(|r| r.txid)
+            .or(self.control_last_txid)
+    }
 }
 
 /// Decodes a record set, checking every length against the buffer.
 ///
 /// # Errors
-/// `WireError::InvalidField` for an unknown version, a zero count or an oversized record;
-/// `Truncated` / `TrailingBytes` when the lengths disagree with the buffer.
+/// `WireError::InvalidField` for an unknown version, a zero count in a data entry, a non-zero
+/// count in a control entry or an oversized record; `Truncated` / `TrailingBytes` when the
+/// lengths disagree with the buffer.
 pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
     let mut r = Reader::new(buf, "record set");
     let version = r.u8()?;
-    if !(RECORD_SET_FORMAT_OLDEST_READABLE..=RECORD_SET_FORMAT_CURRENT).contains(&version) {
+    if !(RECORD_SET_FORMAT_OLDEST_READABLE..=RECORD_SET_FORMAT_NEWEST_READABLE).contains(&version) {
         return Err(WireError::InvalidField {
             what: "record set version",
         });
     }
     let count = r.u32()? as usize;
+    if version == RECORD_SET_FORMAT_V2_CONTROL {
+        if count != 0 {
+            return Err(WireError::InvalidField {
+                what: "control entry record count",
+            });
+        }
+        let segment_record_index = r.u64()?;
+        let last_txid = r.u64()?;
+        r.finish()?;
+        return Ok(RecordSet {
+            segment_record_index,
+            records: Vec::new(),
+            control_last_txid: Some(last_txid),
+        });
+    }
     if count == 0 {
         return Err(WireError::InvalidField {
             what: "record set count",
@@ -142,6 +202,7 @@ pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
     Ok(RecordSet {
         segment_record_index,
         records,
+        control_last_txid: None,
     })
 }
 
@@ -192,6 +253,36 @@ mod tests {
             decode(&buf).unwrap().records[0].payload.len(),
             RECORD_SIZE_BYTES_MAX
         );
+    }
+
+    #[test]
+    fn control_entries_round_trip_and_are_checked() {
+        // Goal: a control entry has the documented 21 bytes, decodes to no record with its
+        // index and last txid, and malformed ones (a count, a cut, trailing bytes) are refused.
+        let buf = encode_control(7, 0x0102);
+        let expect: Vec<u8> = [
+            &[2u8][..],
+            &0u32.to_le_bytes(),
+            &7u64.to_le_bytes(),
+            &0x0102u64.to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(buf, expect);
+        let set = decode(&buf).unwrap();
+        assert!(set.records.is_empty());
+        assert_eq!(set.segment_record_index, 7);
+        assert_eq!(set.last_txid(), Some(0x0102));
+        for cut in 0..buf.len() {
+            assert!(decode(&buf[..cut]).is_err(), "cut {cut}");
+        }
+        let mut v = buf.clone();
+        v[1] = 1;
+        assert!(decode(&v).is_err(), "a control entry holds no record");
+        let mut v = buf.clone();
+        v.push(0);
+        assert!(decode(&v).is_err());
+        let data = encode(3, [(9u64, &b"x"[..])]);
+        assert_eq!(decode(&data).unwrap().last_txid(), Some(9));
     }
 
     #[test]

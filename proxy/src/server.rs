@@ -4,12 +4,13 @@
 //! goes through a per-connection channel to a writer task, so requests are pipelined and
 //! answered as they finish (matched by request id). Writes are submitted to their stream in the
 //! order they arrive on the connection before the next frame is read, so pipelined writes to one
-//! stream keep their order.
+//! stream keep their order, and their answers leave in that order too (`WriteTurns`).
 //!
 //! Connections are bounded (see [`ServerConfig`]): a handshake timeout, an idle timeout for
 //! connections with nothing in flight, and a maximum number of open connections beyond which
 //! new ones are answered `SERVICE_UNAVAILABLE` and closed. Failed accepts (`EMFILE`) back off.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -648,6 +649,39 @@ impl Activity {
     }
 }
 
+/// The order of write answers on one connection: per stream, each write's answer is queued for
+/// the socket only after the previous write to that stream on this connection had its answer
+/// queued, whatever the answer (a success, an error from the stream task, or an error found
+/// before the write reached the stream, such as `BAD_REQUEST` for a reserved txid or
+/// `RECORD_TOO_LARGE`). Each write is answered by its own task, and tasks woken in order by the
+/// stream task (which completes appends strictly in order) may still run in any order on a
+/// multi-threaded runtime; the turn is what makes the promise of `docs/proxy-protocol.md`
+/// ("writes to a stream are acknowledged in the order the proxy received them") hold on the
+/// wire. Writes to different streams do not wait for each other.
+#[derive(Default)]
+struct WriteTurns {
+    /// Per stream: fires when the last write submitted so far has had its answer queued.
+    last: HashMap<String, oneshot::Receiver<()>>,
+}
+
+impl WriteTurns {
+    /// Above this many streams, entries whose write was answered are dropped, so the map holds
+    /// at most the streams with a write in flight (bounded by `requests_in_flight_max`) plus
+    /// this many.
+    const STREAMS_KEPT_MAX: usize = 64;
+
+    /// The turn of the next write to `stream`: the signal to wait for (none for the first write
+    /// to it, or when the previous one is long answered) and the sender that passes the turn on.
+    fn next(&mut self, stream: &str) -> (Option<oneshot::Receiver<()>>, oneshot::Sender<()>) {
+        if self.last.len() >= Self::STREAMS_KEPT_MAX {
+            self.last
+                .retain(|_, rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+        }
+        let (done, turn) = oneshot::channel();
+        (self.last.insert(stream.to_string(), turn), done)
+    }
+}
+
 /// Bytes kept free in the read buffer before each read. Small, so that many idle connections
 /// cost little memory; a large frame grows the buffer as it arrives.
 const READ_RESERVE_BYTES: usize = 16 * 1024;
@@ -672,6 +706,7 @@ async fn connection(
     // The answer tasks of writes in flight, which a drain waits for.
     let mut writes = tokio::task::JoinSet::new();
     let permits = Arc::new(Semaphore::new(config.requests_in_flight_max));
+    let mut turns = WriteTurns::default();
     let mut buf: Vec<u8> = Vec::new();
     let mut greeted = false;
     'conn: loop {
@@ -765,33 +800,33 @@ async fn connection(
                     record(&config.metrics, opcode, received, &resp);
                     let _ = tx.send(encode(&resp, opcode, request_id)).await;
                 }
-                Request::Write { records, .. } if reserved_txid_index(&records).is_some() => {
-                    // Checked here rather than in the stream layer so that no stream is created
-                    // or acquired for a request that cannot be written.
-                    let record_index = reserved_txid_index(&records).expect("checked by the guard");
-                    let e = Error::ReservedTxid {
-                        record_index,
-                        txid: records[record_index].0,
-                    };
-                    let resp = error_response(&e);
-                    record(&config.metrics, opcode, received, &resp);
-                    let _ = tx.send(encode(&resp, opcode, request_id)).await;
-                }
                 Request::Write {
                     stream,
                     create_if_missing,
                     records,
                 } => {
-                    // Submitted here, in frame order; awaited in its own task.
+                    // The answer waits for its turn: after the answer of the previous write to
+                    // the same stream on this connection has been queued (see `WriteTurns`).
+                    let (previous, done) = turns.next(&stream);
                     let count = records.len();
-                    if let Some(m) = &config.metrics {
-                        let bytes: usize = records.iter().map(|(_, p)| p.len()).sum();
-                        m.bytes_in.inc_by(bytes as u64);
-                    }
+                    let submitted = if let Some(record_index) = reserved_txid_index(&records) {
+                        // Checked here rather than in the stream layer so that no stream is
+                        // created or acquired for a request that cannot be written.
+                        Err(Error::ReservedTxid {
+                            record_index,
+                            txid: records[record_index].0,
+                        })
+                    } else {
+                        if let Some(m) = &config.metrics {
+                            let bytes: usize = records.iter().map(|(_, p)| p.len()).sum();
+                            m.bytes_in.inc_by(bytes as u64);
+                        }
+                        // Submitted here, in frame order; awaited in its own task.
+                        streams
+                            .submit_append(&stream, records, create_if_missing)
+                            .await
+                    };
                     let metrics = config.metrics.clone();
-                    let submitted = streams
-                        .submit_append(&stream, records, create_if_missing)
-                        .await;
                     writes.spawn(async move {
                         let result = match submitted {
                             Ok(rx) => rx.await.unwrap_or(Err(Error::ShuttingDown)),
@@ -808,8 +843,14 @@ async fn connection(
                             }
                             Err(e) => error_response(&e),
                         };
+                        // A predecessor whose task ended without queuing its answer (the
+                        // connection is closing) no longer holds the turn.
+                        if let Some(previous) = previous {
+                            let _ = previous.await;
+                        }
                         record(&metrics, opcode, received, &resp);
                         let _ = tx.send(encode(&resp, opcode, request_id)).await;
+                        let _ = done.send(());
                         activity.touch();
                         drop(permit);
                     });

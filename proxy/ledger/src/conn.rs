@@ -49,6 +49,14 @@ type Waiter = oneshot::Sender<Result<Reply, Error>>;
 
 /// Bound on frames queued for one connection's writer task.
 const OUTGOING_QUEUE_DEPTH_MAX: usize = 8192;
+/// Bound on the bytes of frames queued for one connection and not yet handed to its socket
+/// (64 MiB). A bookie that reads more slowly than adds arrive (throttled, stalled, SIGSTOPped)
+/// would otherwise make the client hold every frame it cannot take; past the bound a request is
+/// refused at once as `BookieUnreachable` ("falls behind"), which the writer treats as a failed
+/// add: an ensemble change replaces the bookie, or, with no replacement, the entry counts on the
+/// rest of its write set (BookKeeper bounds the same with Netty's channel write-buffer
+/// watermarks, and `addEntryQuorumTimeout`).
+pub(crate) const OUTGOING_QUEUE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Bytes gathered into one socket write.
 const WRITE_BATCH_SIZE_BYTES_MAX: usize = 256 * 1024;
 
@@ -78,6 +86,8 @@ pub(crate) struct Conn {
     waiters: Arc<Mutex<HashMap<u64, Waiter>>>,
     next_request_id: AtomicU64,
     dead: Arc<AtomicBool>,
+    /// Bytes queued for the writer task and not yet written to the socket.
+    queued_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Conn {
@@ -103,6 +113,7 @@ impl Conn {
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTGOING_QUEUE_DEPTH_MAX);
         let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
+        let queued_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
 
         let conn = Arc::new(Self {
             bookie: bookie.clone(),
@@ -110,6 +121,7 @@ impl Conn {
             waiters: waiters.clone(),
             next_request_id: AtomicU64::new(1),
             dead: dead.clone(),
+            queued_bytes: queued_bytes.clone(),
         });
 
         let dead_w = dead.clone();
@@ -127,6 +139,7 @@ impl Conn {
                     dead_w.store(true, Ordering::SeqCst);
                     break;
                 }
+                queued_bytes.fetch_sub(batch.len(), Ordering::SeqCst);
                 batch.clear();
             }
         });
@@ -188,12 +201,23 @@ impl Conn {
             }
             // The reader task marks the connection dead before it fails the waiters it finds; a
             // waiter inserted after that sweep would wait for the timeout, so look again.
+            let len = frame.len();
             if self.dead.load(Ordering::SeqCst) {
                 Err("connection closed".to_string())
             } else {
-                self.outgoing
-                    .try_send(frame)
-                    .map_err(|e| format!("send queue: {e}"))
+                // One frame always fits an empty queue, however large.
+                let queued = self.queued_bytes.fetch_add(len, Ordering::SeqCst);
+                if queued > 0 && queued + len > OUTGOING_QUEUE_BYTES_MAX {
+                    self.queued_bytes.fetch_sub(len, Ordering::SeqCst);
+                    Err(format!(
+                        "the bookie falls behind: {queued} bytes of requests wait for its socket (bound {OUTGOING_QUEUE_BYTES_MAX})"
+                    ))
+                } else {
+                    self.outgoing.try_send(frame).map_err(|e| {
+                        self.queued_bytes.fetch_sub(len, Ordering::SeqCst);
+                        format!("send queue: {e}")
+                    })
+                }
             }
         };
         let waiters = self.waiters.clone();
@@ -304,10 +328,19 @@ fn owned_long_poll(r: bookie::LongPollReply<'_>) -> Reply {
     }
 }
 
+/// One pool entry: the connection of one (bookie, lane), made by the first caller that needs it
+/// while later callers for the same key wait for that attempt.
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+
 /// Connections by bookie and lane, made on first use and replaced when they die.
+///
+/// Connecting (TCP connect and handshake, up to the request timeout each) holds only the
+/// entry of that bookie and lane, never the whole pool: a bookie that accepts connections but
+/// does not answer (SIGSTOPped, its kernel still completing TCP handshakes) delays only the
+/// requests for it, not adds, fences or ensemble changes on the other bookies.
 #[derive(Default)]
 pub(crate) struct Pool {
-    conns: tokio::sync::Mutex<HashMap<(BookieId, Lane), Arc<Conn>>>,
+    conns: Mutex<HashMap<(BookieId, Lane), Slot>>,
     /// Where the read and long-poll lanes' connection tasks run (`None`: the runtime of the
     /// caller that makes the connection).
     read_runtime: Option<tokio::runtime::Handle>,
@@ -328,12 +361,18 @@ impl Pool {
     /// The lane of every pooled connection (for tests of connection reuse).
     #[cfg(test)]
     pub(crate) async fn lanes(&self) -> Vec<Lane> {
-        self.conns
+        let slots: Vec<((BookieId, Lane), Slot)> = self
+            .conns
             .lock()
-            .await
-            .keys()
-            .map(|(_, lane)| *lane)
-            .collect()
+            .map(|c| c.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let mut lanes = Vec::new();
+        for ((_, lane), slot) in slots {
+            if slot.lock().await.is_some() {
+                lanes.push(lane);
+            }
+        }
+        lanes
     }
 
     pub(crate) async fn get(
@@ -343,9 +382,16 @@ impl Pool {
         frame_size_bytes_max: u32,
         timeout: Duration,
     ) -> Result<Arc<Conn>, Error> {
-        let mut conns = self.conns.lock().await;
         let key = (bookie.clone(), lane);
-        if let Some(c) = conns.get(&key) {
+        let slot: Slot = {
+            let mut conns = self.conns.lock().map_err(|_| Error::BookieUnreachable {
+                bookie: bookie.0.clone(),
+                reason: "connection pool poisoned".into(),
+            })?;
+            conns.entry(key).or_default().clone()
+        };
+        let mut entry = slot.lock().await;
+        if let Some(c) = entry.as_ref() {
             if !c.is_dead() {
                 return Ok(c.clone());
             }
@@ -358,7 +404,7 @@ impl Pool {
             .clone()
             .unwrap_or_else(tokio::runtime::Handle::current);
         let c = Conn::connect(bookie, frame_size_bytes_max, timeout, &runtime).await?;
-        conns.insert(key, c.clone());
+        *entry = Some(c.clone());
         Ok(c)
     }
 }

@@ -1,18 +1,22 @@
 //! Ledger recovery (BookKeeper open-with-recovery, `LedgerRecoveryOp`): mark IN_RECOVERY,
 //! fence the last ensemble until the answers cover every write set, read forward from the LAC
 //! with fencing reads, re-add each entry found to its whole write set, stop at the first entry
-//! Qw - Qa + 1 bookies deny, and close by compare-and-set.
+//! Qw - Qa + 1 bookies deny, and close by compare-and-set. A bookie that fails a re-add is
+//! replaced as in a writer's ensemble change (BookKeeper's recovery adds go through the
+//! recovering handle, which changes its ensemble while IN_RECOVERY), so a missing bookie does
+//! not stop recovery while another bookie can take its place.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use quire_metadata::{LedgerMetadata, LedgerState};
+use quire_metadata::{BookieId, Fragment, LedgerMetadata, LedgerState, Version};
 use quire_wire::bookie::{self, Request, Status};
 use quire_wire::entry::{verify_expected, EntryHeader};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 
 use crate::conn::{Lane, Reply};
 use crate::reader::ReadOutcome;
-use crate::{quorum, BookKeeper, Error, LedgerReader};
+use crate::{placement, quorum, BookKeeper, Error, LedgerReader};
 
 impl BookKeeper {
     /// Recovers and closes a ledger (BookKeeper open-with-recovery, `LedgerRecoveryOp`).
@@ -24,9 +28,17 @@ impl BookKeeper {
     /// ledger by compare-and-set. Concurrent recoverers converge: they find the same end, and
     /// whoever loses the final compare-and-set adopts the winner's identical result.
     ///
+    /// A bookie of the last ensemble that fails a re-add (down, timed out, refusing) is
+    /// replaced: a writable bookie outside the ensemble and not quarantined takes its position
+    /// in a fragment starting at the entry being re-added (written by compare-and-set while the
+    /// ledger is IN_RECOVERY), and the entry is re-added there. Entries are still read from
+    /// the ensembles that wrote them.
+    ///
     /// # Errors
-    /// `Recovery` if too few bookies answer to decide; `Metadata`; or the close found a
-    /// different end written by someone else.
+    /// `Recovery` if too few bookies answer to decide, or a re-add cannot reach Qa and no
+    /// replacement bookie exists (the message names the bookies and why; the ledger stays
+    /// IN_RECOVERY and a later call starts over); `Metadata`; or the close found a different
+    /// end written by someone else.
     pub async fn recover_ledger(&self, id: LedgerId) -> Result<LedgerMetadata, Error> {
         loop {
             let current = self.inner.metadata.read_ledger(id).await?;
@@ -42,7 +54,7 @@ impl BookKeeper {
                     Err(e) => return Err(e.into()),
                 }
             }
-            let (last_entry, length_bytes) = self.recover_end(id, &meta).await?;
+            let (last_entry, length_bytes) = self.recover_end(id, &mut meta, &mut version).await?;
             meta.state = LedgerState::Closed;
             meta.last_entry = last_entry.map(|e| e.0);
             meta.length_bytes = length_bytes;
@@ -71,7 +83,8 @@ impl BookKeeper {
     async fn recover_end(
         &self,
         id: LedgerId,
-        meta: &LedgerMetadata,
+        meta: &mut LedgerMetadata,
+        version: &mut Version,
     ) -> Result<(Option<EntryId>, u64), Error> {
         let key = meta.master_key()?;
         let (e, w, a) = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum);
@@ -79,7 +92,8 @@ impl BookKeeper {
         let fragment = meta
             .fragments
             .last()
-            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?
+            .clone();
         // 1. Fence every bookie of the last ensemble.
         let mut calls = Vec::new();
         for b in &fragment.bookies {
@@ -158,7 +172,7 @@ impl BookKeeper {
                 ReadOutcome::Missing => break,
                 ReadOutcome::Found(bytes) => {
                     length_bytes = header_of(&bytes, id, EntryId(next))?.length_bytes;
-                    self.recovery_add(meta, id, key, EntryId(next), bytes)
+                    self.recovery_add(meta, version, id, key, EntryId(next), bytes)
                         .await?;
                     last = Some(EntryId(next));
                     next += 1;
@@ -168,19 +182,84 @@ impl BookKeeper {
         Ok((last, length_bytes))
     }
 
+    /// Re-adds `entry` to its whole write set as a recovery add; a bookie that fails it is
+    /// replaced (see [`BookKeeper::recover_ledger`]) and the entry re-added there. Succeeds once
+    /// Qa bookies of the (possibly new) write set hold it.
     async fn recovery_add(
         &self,
-        meta: &LedgerMetadata,
+        meta: &mut LedgerMetadata,
+        version: &mut Version,
         id: LedgerId,
         key: MasterKey,
         entry: EntryId,
         bytes: Vec<u8>,
     ) -> Result<(), Error> {
-        let fragment = meta.fragment_for(entry);
-        let timeout = self.inner.config.request_timeout;
         let bytes = Arc::new(bytes);
+        let mut acked: Vec<usize> = Vec::new();
+        let mut todo: Vec<usize> =
+            quorum::write_set(entry.0, meta.ensemble_size, meta.write_quorum);
+        let mut reasons = Vec::new();
+        // Bookies that failed this entry, never chosen again as its replacement.
+        let mut failed: HashSet<BookieId> = HashSet::new();
+        // Each pass re-adds to the positions still missing; at most one pass per position
+        // replaced, bounded by the bookies registered.
+        loop {
+            let fragment = meta.fragment_for(entry).clone();
+            let outcomes = self.recovery_add_to(&fragment, &todo, key, &bytes).await;
+            let mut failing = Vec::new();
+            for (pos, outcome) in todo.iter().copied().zip(outcomes) {
+                match outcome {
+                    Ok(Reply::Add) => acked.push(pos),
+                    other => {
+                        let reason = match other {
+                            Ok(r) => format!("{r:?}"),
+                            Err(e) => e.to_string(),
+                        };
+                        let b = fragment.bookies[pos].clone();
+                        tracing::warn!(ledger = id.0, entry = entry.0, bookie = %b, "recovery add failed: {reason}");
+                        reasons.push(format!("{b}: {reason}"));
+                        self.quarantine(&b);
+                        failed.insert(b);
+                        failing.push(pos);
+                    }
+                }
+            }
+            if failing.is_empty() {
+                return Ok(());
+            }
+            match self
+                .recovery_replace(meta, version, id, entry, &failing, &failed)
+                .await?
+            {
+                Some(replaced) => todo = replaced,
+                None if acked.len() >= usize::from(meta.ack_quorum) => return Ok(()),
+                None => {
+                    return Err(Error::Recovery {
+                        ledger: id.0,
+                        reason: format!(
+                            "re-adding entry {entry} reached {} of {} acks and no bookie outside the ensemble can replace the failed one(s): {}",
+                            acked.len(),
+                            meta.ack_quorum,
+                            reasons.join("; ")
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Sends `entry`'s bytes as a recovery add to the bookies at `positions` of `fragment`;
+    /// the answers, in the same order.
+    async fn recovery_add_to(
+        &self,
+        fragment: &Fragment,
+        positions: &[usize],
+        key: MasterKey,
+        bytes: &Arc<Vec<u8>>,
+    ) -> Vec<Result<Reply, Error>> {
+        let timeout = self.inner.config.request_timeout;
         let mut calls = Vec::new();
-        for pos in quorum::write_set(entry.0, meta.ensemble_size, meta.write_quorum) {
+        for &pos in positions {
             let client = self.clone();
             let b = fragment.bookies[pos].clone();
             let bytes = bytes.clone();
@@ -200,30 +279,122 @@ impl BookKeeper {
                 .await
             }));
         }
-        let mut acks = 0;
-        let mut reasons = Vec::new();
+        let mut out = Vec::with_capacity(calls.len());
         for call in calls {
-            match call
-                .await
-                .map_err(|j| Error::Invalid(j.to_string()))
-                .and_then(|r| r)
-            {
-                Ok(Reply::Add) => acks += 1,
-                Ok(other) => reasons.push(format!("{other:?}")),
-                Err(e) => reasons.push(e.to_string()),
-            }
+            out.push(
+                call.await
+                    .map_err(|j| Error::Invalid(j.to_string()))
+                    .and_then(|r| r),
+            );
         }
-        if acks < usize::from(meta.ack_quorum) {
+        out
+    }
+
+    /// Replaces the bookies at `failing` positions of the last fragment for entries from
+    /// `entry` on: picks writable bookies outside the ensemble, not quarantined and not in
+    /// `failed`, that it can connect to, and writes the fragment by compare-and-set while the
+    /// ledger is IN_RECOVERY. Returns the positions replaced, or `None` when no position could
+    /// be (nothing is written then).
+    ///
+    /// # Errors
+    /// `Metadata`; `Recovery` when another recoverer changed or closed the ledger meanwhile.
+    async fn recovery_replace(
+        &self,
+        meta: &mut LedgerMetadata,
+        version: &mut Version,
+        id: LedgerId,
+        entry: EntryId,
+        failing: &[usize],
+        failed: &HashSet<BookieId>,
+    ) -> Result<Option<Vec<usize>>, Error> {
+        let last = meta
+            .fragments
+            .last()
+            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?
+            .clone();
+        if last.first_entry > entry.0 {
             return Err(Error::Recovery {
                 ledger: id.0,
                 reason: format!(
-                    "re-adding entry {entry} reached {acks} of {} acks: {}",
-                    meta.ack_quorum,
-                    reasons.join("; ")
+                    "entry {entry} being recovered lies before the last fragment (from {})",
+                    last.first_entry
                 ),
             });
         }
-        Ok(())
+        let registered = self.inner.metadata.list_bookies().await?;
+        let mut exclude: HashSet<BookieId> = last.bookies.iter().cloned().collect();
+        exclude.extend(self.quarantined());
+        exclude.extend(failed.iter().cloned());
+        let mut keep: Vec<BookieId> = last
+            .bookies
+            .iter()
+            .enumerate()
+            .filter(|(p, _)| !failing.contains(p))
+            .map(|(_, b)| b.clone())
+            .collect();
+        let mut chosen: Vec<(usize, BookieId)> = Vec::new();
+        for &pos in failing {
+            loop {
+                // The thread-local generator must not live across the await below.
+                let pick = placement::choose_replacement(
+                    &registered,
+                    &keep,
+                    &exclude,
+                    &mut rand::thread_rng(),
+                );
+                let Some(b) = pick else { break };
+                exclude.insert(b.clone());
+                match self.conn(&b, Lane::Tail).await {
+                    Ok(_) => {
+                        keep.push(b.clone());
+                        chosen.push((pos, b));
+                        break;
+                    }
+                    Err(err) => {
+                        tracing::warn!(ledger = id.0, bookie = %b, "recovery replacement unreachable: {err}");
+                        self.quarantine(&b);
+                    }
+                }
+            }
+        }
+        if chosen.is_empty() {
+            return Ok(None);
+        }
+        let mut bookies = last.bookies.clone();
+        for (pos, b) in &chosen {
+            bookies[*pos] = b.clone();
+        }
+        let mut next = meta.clone();
+        if last.first_entry == entry.0 {
+            next.fragments.last_mut().expect("checked above").bookies = bookies;
+        } else {
+            next.fragments.push(Fragment {
+                first_entry: entry.0,
+                bookies,
+            });
+        }
+        assert_eq!(
+            next.state,
+            LedgerState::InRecovery,
+            "only a ledger in recovery"
+        );
+        match self.inner.metadata.update_ledger(id, &next, *version).await {
+            Ok(v) => {
+                for (pos, b) in &chosen {
+                    tracing::info!(ledger = id.0, position = pos, from = %last.bookies[*pos], to = %b, first_entry = entry.0, "ensemble change during recovery");
+                }
+                *meta = next;
+                *version = v;
+                Ok(Some(chosen.into_iter().map(|(p, _)| p).collect()))
+            }
+            Err(quire_metadata::Error::BadVersion { .. }) => Err(Error::Recovery {
+                ledger: id.0,
+                reason: format!(
+                    "the ledger's metadata changed during recovery (another recoverer?) while replacing a bookie for entry {entry}"
+                ),
+            }),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -120,6 +120,19 @@ impl Writer {
                 }
             }
         }
+        // A segment whose recovery failed is retried when due, without waiting for an append,
+        // so that it does not stay IN_RECOVERY once its bookies are back or replaceable.
+        if self
+            .unrecovered
+            .as_ref()
+            .is_some_and(|u| Instant::now() >= u.retry_at)
+        {
+            if let Err(e) = self.recover().await {
+                if !self.lifecycle_failure_keep(&e).await {
+                    return false;
+                }
+            }
+        }
         if !self.healthy {
             // A dead writer's view of the metadata may be stale; the next append recovers it.
             return true;

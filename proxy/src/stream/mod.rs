@@ -115,6 +115,13 @@ pub struct StreamConfig {
     pub adds_in_flight_max: usize,
     /// Bytes of recently acknowledged entries kept per stream for tail reads.
     pub tail_cache_bytes_max: usize,
+    /// When the stream has had nothing in flight for this long after its last acknowledgement,
+    /// and the last entry holding records is not yet covered by a LAC carried to the bookies
+    /// (the LAC travels on the next entry), the writer sends a control entry carrying it
+    /// (DistributedLog's control record), so that a reader that cannot ask this writer (another
+    /// proxy after this one died, reading without recovery) reads up to the last acknowledged
+    /// record. Default 200 ms; `None`: never (such a reader may then stop one entry short).
+    pub lac_advance_delay: Option<Duration>,
     /// Appends queued per stream before submitters wait.
     pub append_queue_max: usize,
     /// This proxy's identity as a stream owner: the address (`host:port`) clients can reach it
@@ -157,6 +164,7 @@ impl Default for StreamConfig {
             password: b"quire".to_vec(),
             adds_in_flight_max: 64,
             tail_cache_bytes_max: 8 * 1024 * 1024,
+            lac_advance_delay: Some(Duration::from_millis(200)),
             append_queue_max: 64,
             owner_address: String::new(),
             segment_roll_interval: Some(Duration::from_secs(2 * 3600)),

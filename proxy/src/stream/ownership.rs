@@ -186,10 +186,18 @@ impl StreamManager {
             appends_base: 0,
             acked: None,
             completed_at: std::collections::HashMap::new(),
+            unrecovered: None,
         };
         if let Err(e) = writer.recover().await {
-            writer.release_lease().await;
-            return Err(e);
+            // A segment whose ledger cannot be recovered now (a bookie of its write quorum down
+            // with no replacement) does not keep the stream from being served: its entries up
+            // to the LAC the live bookies hold are readable, appends are answered with the
+            // recovery's error, and the task retries recovery (see `Unrecovered`).
+            if writer.unrecovered.is_none() {
+                writer.release_lease().await;
+                return Err(e);
+            }
+            tracing::warn!(stream = name, error = %e, "serving the stream without recovering its in-progress segment");
         }
         let (tx, rx) = mpsc::channel(self.config.append_queue_max);
         match &self.runtime {

@@ -32,6 +32,12 @@ pub(super) struct OpenSegment {
     pub(super) last_acked_entry: Option<u64>,
     /// When it was started, on the monotonic clock (the time roll's reference).
     pub(super) opened_at: std::time::Instant,
+    /// Last entry holding records (control entries hold none).
+    pub(super) last_data_entry: Option<u64>,
+    /// Highest LAC an entry sent so far carried to the bookies.
+    pub(super) lac_carried: Option<u64>,
+    /// When the last acknowledgement was handled.
+    pub(super) last_ack_at: tokio::time::Instant,
 }
 
 /// The sequence number of a stream's next segment: one past its last segment, and never below
@@ -67,11 +73,34 @@ impl Writer {
                 }
             });
         }
+        // A segment left unrecovered is readable up to the LAC its live bookies hold.
+        if let Some(u) = &self.unrecovered {
+            let (seq, lac) = (u.seq_no, u.readable_last_entry);
+            self.tail.send_modify(|t| {
+                if let Some(s) = t
+                    .segments
+                    .iter_mut()
+                    .find(|s| s.seq_no == seq && !s.completed)
+                {
+                    s.readable_last_entry = lac;
+                }
+            });
+        }
     }
 
     /// Recovers every `InProgress` segment: fence and close its ledger, learn its end from the
     /// last entry, mark it `Completed`. Afterwards the writer is healthy with no open segment.
+    ///
+    /// A segment whose ledger recovery fails is left `InProgress` (its ledger IN_RECOVERY):
+    /// the failure is logged, kept in `self.unrecovered` with the LAC the live bookies report
+    /// (readers are served up to it) and the time of the next attempt, which grows from 1 s
+    /// to 30 s; until then this method fails at once with the same error.
     pub(super) async fn recover(&mut self) -> Result<()> {
+        if let Some(u) = &self.unrecovered {
+            if std::time::Instant::now() < u.retry_at {
+                return Err(super::writer::same_kind(&u.error));
+            }
+        }
         self.current = None;
         let fresh = self
             .metadata
@@ -86,11 +115,14 @@ impl Writer {
             .iter_mut()
             .filter(|s| s.state == SegmentState::InProgress)
         {
-            let lm = self
+            let lm = match self
                 .bookkeeper
                 .recover_ledger(LedgerId(seg.ledger_id))
                 .await
-                .map_err(|e| storage(&self.name, "recover ledger", e))?;
+            {
+                Ok(lm) => lm,
+                Err(e) => return Err(self.recovery_failed(seg.seq_no, seg.ledger_id, e).await),
+            };
             let (last_txid, record_count) = match lm.last_entry {
                 None => (None, 0),
                 Some(last) => {
@@ -108,17 +140,17 @@ impl Writer {
                         op: "decode last entry",
                         source: format!("ledger {} entry {last}: {e}", seg.ledger_id).into(),
                     })?;
-                    let last_rec = set
-                        .records
-                        .last()
-                        .expect("decode refuses empty record sets");
+                    // A data entry's last record, or a control entry's record of it.
                     (
-                        Some(last_rec.txid),
+                        set.last_txid(),
                         set.segment_record_index + set.records.len() as u64,
                     )
                 }
             };
             tracing::info!(stream = %self.name, seq_no = seg.seq_no, ledger = seg.ledger_id, last_entry = ?lm.last_entry, record_count, "recovered in-progress segment");
+            if let Some(u) = self.unrecovered.take() {
+                tracing::info!(stream = %self.name, seq_no = u.seq_no, ledger = u.ledger_id, attempts = u.attempts + 1, "segment recovered after failed attempts");
+            }
             seg.state = SegmentState::Completed;
             seg.last_entry = lm.last_entry;
             seg.last_txid = last_txid.or(seg.first_txid);
@@ -153,8 +185,66 @@ impl Writer {
         }
         self.last_txid = self.meta.value.max_txid;
         self.healthy = true;
+        self.unrecovered = None;
         self.publish();
         Ok(())
+    }
+
+    /// A segment's ledger recovery failed: note it (see [`Writer::recover`]), find the LAC the
+    /// live bookies hold so that readers can go on up to it, and return the error for the
+    /// caller.
+    async fn recovery_failed(
+        &mut self,
+        seq_no: u64,
+        ledger_id: u64,
+        e: quire_ledger::Error,
+    ) -> Error {
+        const RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+        const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+        let previous = self.unrecovered.take().filter(|u| u.seq_no == seq_no);
+        // BookKeeper's read-only open without recovery: any LAC a bookie reports was confirmed.
+        let lac = match self.bookkeeper.open_ledger(LedgerId(ledger_id)).await {
+            Ok(reader) => reader.read_lac().await.map(|l| l.map(|e| e.0)),
+            Err(err) => Err(err),
+        };
+        let readable_last_entry = match lac {
+            Ok(l) => l.max(previous.as_ref().and_then(|u| u.readable_last_entry)),
+            Err(err) => {
+                tracing::warn!(stream = %self.name, seq_no, ledger = ledger_id, error = %err, "cannot read the LAC of an unrecovered segment");
+                previous.as_ref().and_then(|u| u.readable_last_entry)
+            }
+        };
+        let (attempts, retry_interval) = match &previous {
+            Some(u) => (u.attempts + 1, (u.retry_interval * 2).min(RETRY_MAX)),
+            None => (1, RETRY_FIRST),
+        };
+        tracing::warn!(
+            stream = %self.name,
+            seq_no,
+            ledger = ledger_id,
+            error = %e,
+            attempts,
+            readable_last_entry = ?readable_last_entry,
+            retry_in_ms = retry_interval.as_millis() as u64,
+            "cannot recover the in-progress segment now; its ledger stays IN_RECOVERY, reads are served up to the LAC the live bookies hold, recovery is retried"
+        );
+        let err = Error::Storage {
+            stream: self.name.clone(),
+            op: "recover in-progress segment (retried later; readable up to the bookies' LAC)",
+            source: Box::new(e),
+        };
+        self.unrecovered = Some(super::writer::Unrecovered {
+            seq_no,
+            ledger_id,
+            readable_last_entry,
+            error: super::writer::same_kind(&err),
+            retry_at: std::time::Instant::now() + retry_interval,
+            retry_interval,
+            attempts,
+        });
+        self.healthy = false;
+        self.publish();
+        err
     }
 
     /// Starts a new segment with a fresh ledger; its first record has `first_txid`.
@@ -215,6 +305,9 @@ impl Writer {
             last_txid: first_txid,
             last_acked_entry: None,
             opened_at: std::time::Instant::now(),
+            last_data_entry: None,
+            lac_carried: None,
+            last_ack_at: tokio::time::Instant::now(),
         });
         self.publish();
         Ok(())

@@ -110,7 +110,7 @@ type QueuedAppend = (Records, oneshot::Sender<Result<WriteResult>>);
 type Packed<'a> = (u64, u64, &'a [u8], bool);
 
 /// The same kind of error as `e`, for every later append that fails with it.
-fn same_kind(e: &Error) -> Error {
+pub(super) fn same_kind(e: &Error) -> Error {
     match e {
         Error::Storage { stream, op, source } => Error::Storage {
             stream: stream.clone(),
@@ -144,6 +144,14 @@ async fn oldest_add(
     }
 }
 
+/// Sleeps until `at`; never resolves for `None`.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A stream's writer state, owned by its task.
 pub(super) struct Writer {
     pub(super) name: String,
@@ -173,6 +181,27 @@ pub(super) struct Writer {
     /// retention goes by it rather than the stored wall-clock completion time where known, so
     /// that a wall-clock jump does not age them.
     pub(super) completed_at: std::collections::HashMap<u64, std::time::Instant>,
+    /// An in-progress segment of an earlier writer that could not be recovered yet: reads are
+    /// served up to the LAC its live bookies report, appends fail until a retry succeeds.
+    pub(super) unrecovered: Option<Unrecovered>,
+}
+
+/// A segment left in progress by an earlier writer whose ledger recovery failed (a bookie of
+/// its write quorum down with no replacement, a bookie too slow to answer). The ledger stays
+/// IN_RECOVERY; the stream task retries with a growing interval, and until then serves reads
+/// of the segment up to the LAC the live bookies hold (BookKeeper's read-only open without
+/// recovery) and answers appends with the recovery's error.
+pub(super) struct Unrecovered {
+    pub(super) seq_no: u64,
+    pub(super) ledger_id: u64,
+    /// The LAC its live bookies reported (BookKeeper `readLastAddConfirmed`): readable end.
+    pub(super) readable_last_entry: Option<u64>,
+    /// Why the last attempt failed (answered to appends until the next attempt).
+    pub(super) error: Error,
+    /// When the next attempt may run, and the wait after that one if it fails too.
+    pub(super) retry_at: std::time::Instant,
+    pub(super) retry_interval: std::time::Duration,
+    pub(super) attempts: u32,
 }
 
 impl Writer {
@@ -191,6 +220,7 @@ impl Writer {
             Lost(String),
             Command(Option<Command>),
             Tick,
+            AdvanceLac,
         }
         let mut tick = tokio::time::interval(self.config.lifecycle_check_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -201,6 +231,7 @@ impl Writer {
                 held => {
                     stashed = held;
                     let take = accepting && stashed.is_none();
+                    let advance_at = self.lac_advance_due();
                     // The lifecycle tick goes first: it is ready once per interval, and after
                     // the commands it would starve under a steady stream of appends.
                     tokio::select! {
@@ -209,6 +240,7 @@ impl Writer {
                         r = oldest_add(&mut self.entries) => Event::Acked(r),
                         reason = lease_lost(&mut lost_rx) => Event::Lost(reason),
                         cmd = commands.recv(), if take => Event::Command(cmd),
+                        _ = sleep_until_opt(advance_at) => Event::AdvanceLac,
                     }
                 }
             };
@@ -258,6 +290,13 @@ impl Writer {
                 Event::Tick => {
                     if !self.closed && !self.on_tick().await {
                         break;
+                    }
+                }
+                Event::AdvanceLac => {
+                    if let Err(e) = self.send_control_entry() {
+                        if !self.on_write_failure(e).await {
+                            break;
+                        }
                     }
                 }
                 Event::Command(Some(Command::Truncate { before, reply })) => {
@@ -520,6 +559,7 @@ impl Writer {
             "acknowledgements advance one entry at a time"
         );
         seg.last_acked_entry = Some(f.entry);
+        seg.last_ack_at = tokio::time::Instant::now();
         let seq = seg.seq_no;
         self.shared.cache.lock().expect("cache lock").insert(
             (f.ledger_id, f.entry),
@@ -653,8 +693,11 @@ impl Writer {
             records.iter().map(|(_, t, p, _)| (*t, *p)),
         ));
         let entry = seg.next_entry;
+        // The LAC this entry carries is at least the writer's LAC read before the add.
+        seg.lac_carried = seg.lac_carried.max(seg.ledger.lac().map(|l| l.0));
         let future = seg.ledger.add(payload.as_ref().clone());
         seg.next_entry += 1;
+        seg.last_data_entry = Some(entry);
         seg.record_count += records.len() as u64;
         seg.size_bytes += payload.len() as u64;
         seg.last_txid = records[records.len() - 1].1;
@@ -691,6 +734,51 @@ impl Writer {
         if roll {
             self.complete_current().await?;
         }
+        Ok(())
+    }
+
+    /// When the open segment's last data entry, acknowledged but not yet covered by a LAC that
+    /// any entry carried to the bookies, should get a control entry: `lac_advance_delay` after
+    /// the last acknowledgement, once nothing is in flight. `None` when nothing is due.
+    fn lac_advance_due(&self) -> Option<tokio::time::Instant> {
+        let delay = self.config.lac_advance_delay?;
+        let seg = self.current.as_ref()?;
+        if !self.entries.is_empty() || !self.healthy {
+            return None;
+        }
+        let last = seg.last_data_entry?;
+        if seg.last_acked_entry.is_none_or(|a| a < last) || seg.lac_carried >= Some(last) {
+            return None;
+        }
+        Some(seg.last_ack_at + delay)
+    }
+
+    /// Sends a control entry (no record, `docs/format/record-set.md` version 2) carrying the
+    /// LAC, so that the bookies learn that every data entry so far is confirmed and readers
+    /// that cannot ask this writer (another proxy after this one died, reading without
+    /// recovery) can read up to the last acknowledged record (DistributedLog writes a control
+    /// record for the same reason).
+    fn send_control_entry(&mut self) -> Result<()> {
+        let seg = self
+            .current
+            .as_mut()
+            .expect("a control entry is due only with an open segment");
+        let payload = Arc::new(record_set::encode_control(seg.record_count, seg.last_txid));
+        let entry = seg.next_entry;
+        seg.lac_carried = seg.lac_carried.max(seg.ledger.lac().map(|l| l.0));
+        let future = seg.ledger.add(payload.as_ref().clone());
+        seg.next_entry += 1;
+        seg.size_bytes += payload.len() as u64;
+        tracing::trace!(stream = %self.name, seq_no = seg.seq_no, entry, lac = ?seg.lac_carried, "control entry to advance the LAC");
+        self.entries.push_back(InFlight {
+            future,
+            seq_no: seg.seq_no,
+            entry,
+            ledger_id: seg.ledger.id().0,
+            payload,
+            records_through: seg.record_count,
+            bytes_through: seg.size_bytes,
+        });
         Ok(())
     }
 
