@@ -53,11 +53,13 @@ pub(crate) struct Inner {
     pub(crate) pool: Pool,
     pub(crate) config: ClientConfig,
     /// Bookies that failed recently, with when and the epoch of the registration they had
-    /// then (`None`: not registered, or the store gives no epochs); not chosen as
+    /// then (`Some(None)`: not registered, or the store gives no epochs; `None`: the registry
+    /// was never listed, so no new registration can be told apart); not chosen as
     /// replacements until `config.bookie_quarantine` has passed or they register anew.
-    pub(crate) quarantine: Mutex<HashMap<BookieId, (Instant, Option<u64>)>>,
-    /// The registration epoch of each bookie at the last listing of the registry.
-    pub(crate) registrations: Mutex<HashMap<BookieId, Option<u64>>>,
+    pub(crate) quarantine: Mutex<HashMap<BookieId, (Instant, Option<Option<u64>>)>>,
+    /// The registration epoch of each bookie at the last listing of the registry; `None`
+    /// before the first listing.
+    pub(crate) registrations: Mutex<Option<HashMap<BookieId, Option<u64>>>>,
 }
 
 /// The client: a metadata store handle plus a pool of bookie connections.
@@ -116,7 +118,7 @@ impl BookKeeper {
             .registrations
             .lock()
             .ok()
-            .and_then(|r| r.get(bookie).copied().flatten());
+            .and_then(|r| r.as_ref().map(|r| r.get(bookie).copied().flatten()));
         if let Ok(mut q) = self.inner.quarantine.lock() {
             q.insert(bookie.clone(), (Instant::now(), epoch));
         }
@@ -131,17 +133,21 @@ impl BookKeeper {
     pub(crate) async fn registered_bookies(&self) -> Result<Vec<BookieInfo>, Error> {
         let listed = self.inner.metadata.list_bookie_registrations().await?;
         if let Ok(mut r) = self.inner.registrations.lock() {
-            *r = listed
-                .iter()
-                .map(|b| (b.info.id.clone(), b.epoch))
-                .collect();
+            *r = Some(
+                listed
+                    .iter()
+                    .map(|b| (b.info.id.clone(), b.epoch))
+                    .collect(),
+            );
         }
         if let Ok(mut q) = self.inner.quarantine.lock() {
             for b in &listed {
                 if b.info.read_only || b.epoch.is_none() {
                     continue;
                 }
-                if q.get(&b.info.id).is_some_and(|(_, then)| *then != b.epoch) {
+                if q.get(&b.info.id)
+                    .is_some_and(|(_, then)| then.is_some_and(|then| then != b.epoch))
+                {
                     tracing::info!(bookie = %b.info.id, "bookie registered anew: quarantine ended");
                     q.remove(&b.info.id);
                 }
