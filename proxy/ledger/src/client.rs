@@ -48,6 +48,9 @@ impl Default for ClientConfig {
     }
 }
 
+/// When a bookie was quarantined, and the epoch of its registration then (see `Inner`).
+pub(crate) type Quarantined = (Instant, Option<Option<u64>>);
+
 pub(crate) struct Inner {
     pub(crate) metadata: Arc<dyn MetadataStore>,
     pub(crate) pool: Pool,
@@ -56,7 +59,7 @@ pub(crate) struct Inner {
     /// then (`Some(None)`: not registered, or the store gives no epochs; `None`: the registry
     /// was never listed, so no new registration can be told apart); not chosen as
     /// replacements until `config.bookie_quarantine` has passed or they register anew.
-    pub(crate) quarantine: Mutex<HashMap<BookieId, (Instant, Option<Option<u64>>)>>,
+    pub(crate) quarantine: Mutex<HashMap<BookieId, Quarantined>>,
     /// The registration epoch of each bookie at the last listing of the registry; `None`
     /// before the first listing.
     pub(crate) registrations: Mutex<Option<HashMap<BookieId, Option<u64>>>>,
