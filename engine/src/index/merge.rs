@@ -169,7 +169,7 @@ async fn write_merged<S: Storage>(
         }
         w.push(ledger, entry, loc).await?;
         n += 1;
-        if n % 4096 == 0 && inner.closed.get() {
+        if n.is_multiple_of(4096) && inner.closed.get() {
             return Err(Error::Closed);
         }
     }
