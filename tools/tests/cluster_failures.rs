@@ -225,7 +225,7 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
     );
     assert!(err.is_some());
     let mut frozen = frozen;
-    let status = frozen.child.wait().unwrap();
+    let status = frozen.wait_exit();
     assert!(
         !status.success(),
         "the old owner exits with an error after its session expired"

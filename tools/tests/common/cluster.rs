@@ -189,6 +189,8 @@ pub struct Proc {
     pub addr: String,
     /// Everything it printed on stderr so far.
     pub stderr: Arc<Mutex<String>>,
+    /// The thread copying stderr into `stderr`; it ends at the pipe's EOF, after the exit.
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Proc {
@@ -209,7 +211,7 @@ impl Proc {
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
         let tag = name.to_string();
-        std::thread::spawn(move || {
+        let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr_pipe).lines() {
                 let Ok(line) = line else { break };
                 eprintln!("[{tag}] {line}");
@@ -233,6 +235,7 @@ impl Proc {
             name: name.to_string(),
             addr: String::new(),
             stderr,
+            stderr_reader: Some(stderr_reader),
         };
         match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(_) => p,
@@ -256,6 +259,17 @@ impl Proc {
         // SAFETY: kill(2) on our own, not yet reaped child.
         let rc = unsafe { libc::kill(self.pid(), sig) };
         assert_eq!(rc, 0, "kill({}, {sig})", self.name);
+    }
+
+    /// Waits for the process to exit, then for its stderr reader to reach EOF, so that
+    /// `stderr` holds every line the process printed (`child.wait()` alone can return while
+    /// the reader thread still has the last lines to copy).
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let status = self.child.wait().expect("wait");
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
+        }
+        status
     }
 
     /// SIGKILL and reap: no shutdown path runs.
@@ -300,6 +314,10 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // Already exited (and now reaped): its pid may be reused, so send nothing.
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         // SIGCONT first, in case a test left it stopped.
         // SAFETY: kill(2) on our own child, reaped only below.
         unsafe {
