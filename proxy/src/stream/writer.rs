@@ -335,15 +335,13 @@ impl Writer {
                         self.sweep(orphan_candidates).await
                     };
                     let ok = r.is_ok();
-                    let _ = reply.send(r);
-                    if !go_on {
-                        break;
-                    }
                     // Give back a stream acquired only for the sweep: nothing queued, nothing
-                    // in flight, no segment open and no request since the acquisition.
+                    // in flight, no segment open and no request since the acquisition. Done
+                    // before the sweep is answered, so its caller sees the stream given back.
                     let unused = release_unless_used
                         .is_some_and(|n| self.shared.requests.load(Ordering::SeqCst) == n);
-                    if ok
+                    if go_on
+                        && ok
                         && unused
                         && stashed.is_none()
                         && commands.is_empty()
@@ -352,6 +350,11 @@ impl Writer {
                         && self.current.is_none()
                     {
                         self.release_after_sweep().await;
+                        let _ = reply.send(r);
+                        break;
+                    }
+                    let _ = reply.send(r);
+                    if !go_on {
                         break;
                     }
                 }
