@@ -206,14 +206,17 @@ async fn a_lost_bookies_entries_are_copied_and_the_bookie_replaced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_divergent_replica_is_never_overwritten_and_an_identical_one_is_kept() {
-    // Four bookies: the ensemble of three and exactly one spare, the only possible target.
-    let mut s = setup(4).await;
+    // Five bookies: the ensemble of three and two spares, one of them kept out of the choice
+    // (`avoid`), so the other is the only possible target.
+    let mut s = setup(5).await;
     let payloads: Vec<Vec<u8>> = (0..10).map(|i| format!("p{i}").into_bytes()).collect();
     let id = closed_ledger(&s.bk, &payloads).await;
     let before = s.store.read_ledger(id).await.unwrap();
     let ensemble = before.value.fragments[0].bookies.clone();
     let key = before.value.master_key().unwrap();
-    let spare = s.spares(&ensemble).pop().unwrap();
+    let mut spares = s.spares(&ensemble);
+    let spare = spares.pop().unwrap();
+    let avoid: HashSet<BookieId> = [BookieId(spares.pop().unwrap())].into_iter().collect();
     // The spare already holds entry 0 as it should, and entry 5 with other (well-formed) bytes.
     let good = read(&ensemble[0].0, id, 0).unwrap();
     plant(&spare, key, &good);
@@ -233,7 +236,7 @@ async fn a_divergent_replica_is_never_overwritten_and_an_identical_one_is_kept()
     s.lose(&lost).await;
 
     let err =
-        s.bk.replicate_fragment(id, 0, &lost, &HashSet::new())
+        s.bk.replicate_fragment(id, 0, &lost, &avoid)
             .await
             .unwrap_err();
     assert!(
