@@ -14,6 +14,7 @@ use common::checker::{check_stream, read_entry, write_records, Acked};
 use common::cluster::{Cluster, Proc, SESSION_TIMEOUT_MS};
 use quire_metadata::{BookieId, LedgerState, MetadataStore, ZkStore};
 use quire_proxy::ProxyClient;
+use quire_wire::LedgerId;
 
 /// Short autorecovery delays, so that a lost bookie is acted on within seconds.
 const AUTORECOVERY_FLAGS: &[&str] = &[
@@ -237,8 +238,29 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
     };
     assert!(ids.iter().any(|b| b.0 == first_auditor), "{first_auditor}");
 
-    // (1) A bookie other than the auditor dies while s0 and s1 are being written.
-    let victim = ids.iter().find(|b| b.0 != first_auditor).unwrap().clone();
+    // (1) A bookie other than the auditor dies while s0 and s1 are being written; it is in
+    // the ensemble of s3's open segment, which stays idle, so that segment's ledger is
+    // recovered by autorecovery after the grace period (its writer never meets the dead
+    // bookie, so no ensemble change moves it away).
+    let idle_ledger = rt.block_on(async {
+        let store = store(&cluster).await;
+        let meta = store.read_stream(STREAMS[3]).await.unwrap().value;
+        LedgerId(meta.segments.last().unwrap().ledger_id)
+    });
+    let idle_ensemble = rt.block_on(async {
+        let store = store(&cluster).await;
+        let meta = store.read_ledger(idle_ledger).await.unwrap().value;
+        assert_eq!(meta.state, LedgerState::Open);
+        meta.fragments.last().unwrap().bookies.clone()
+    });
+    let victim = idle_ensemble
+        .iter()
+        .find(|b| b.0 != first_auditor)
+        .unwrap()
+        .clone();
+    // Past the proxy's LAC advance delay (200 ms), s3's writer has sent its last control
+    // entry and stays idle.
+    std::thread::sleep(Duration::from_millis(1000));
     let writer = {
         let client = client.clone();
         rt.spawn(async move {
@@ -262,6 +284,18 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
         let store = store(&cluster).await;
         let saw_mark = wait_replicated(&store, &victim, Duration::from_secs(120)).await;
         assert!(saw_mark, "the auditor never marked a ledger of {victim}");
+        let idle = store.read_ledger(idle_ledger).await.unwrap().value;
+        assert_eq!(
+            idle.state,
+            LedgerState::Closed,
+            "the idle open segment's ledger was recovered: {idle:?}"
+        );
+        let s3 = store.read_stream(STREAMS[3]).await.unwrap().value;
+        assert_eq!(
+            s3.segments.last().unwrap().ledger_id,
+            idle_ledger.0,
+            "no write went to s3 meanwhile"
+        );
         let entries = check_every_ledger(&store, &live).await;
         assert!(entries > 0);
     });
