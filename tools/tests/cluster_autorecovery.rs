@@ -198,8 +198,15 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
         .iter()
         .map(|p| BookieId(format!("127.0.0.1:{p}")))
         .collect();
+    let metrics: Vec<String> = (0..5)
+        .map(|_| format!("127.0.0.1:{}", quire_testkit::free_port()))
+        .collect();
     let mut bookies: Vec<Option<Proc>> = (0..5)
-        .map(|i| Some(cluster.start_bookie_with(i, ports[i], AUTORECOVERY_FLAGS)))
+        .map(|i| {
+            let mut flags = AUTORECOVERY_FLAGS.to_vec();
+            flags.extend(["--metrics-listen", metrics[i].as_str()]);
+            Some(cluster.start_bookie_with(i, ports[i], &flags))
+        })
         .collect();
     cluster.wait_bookies("5 bookies", |l| l.contains("5 bookies registered"));
     let proxy = cluster.start_proxy(
@@ -299,6 +306,27 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
         let entries = check_every_ledger(&store, &live).await;
         assert!(entries > 0);
     });
+    // The workers' metrics count what they copied; the gauges show nothing left.
+    let (mut bytes, mut fragments, mut marked) = (0.0, 0.0, 0.0);
+    for (i, addr) in metrics.iter().enumerate() {
+        if bookies[i].is_none() {
+            continue;
+        }
+        let (code, text) = common::http_get(addr, "/metrics");
+        assert_eq!(code, 200);
+        bytes += common::metric_sum(&text, "replication_worker_NUM_BYTES_WRITTEN_total", &[]);
+        fragments += common::metric_sum(
+            &text,
+            "replication_worker_NUM_FRAGMENTS_REPLICATED_total",
+            &[],
+        );
+        marked += common::metric_sum(&text, "auditor_NUM_UNDER_REPLICATED_LEDGERS", &[]);
+    }
+    assert!(
+        bytes > 0.0 && fragments >= 1.0,
+        "bytes {bytes}, fragments {fragments}"
+    );
+    assert_eq!(marked, 0.0);
     let listed = cluster.admin_ok(&["ledger", "list", "--under-replicated", "--json"]);
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&listed).unwrap(),
@@ -346,6 +374,118 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
     });
     proxy.stop();
     for b in bookies.into_iter().flatten() {
+        b.stop();
+    }
+}
+
+#[test]
+fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go_on() {
+    // Goal: `quire bookie decommission` retires a bookie that is still up while two streams
+    // are written: every ledger that names it is re-replicated (open segments recovered after
+    // the grace period, their writers moving to new segments), no acknowledged record is lost,
+    // the command reports progress and ends with no ledger naming the bookie and its cookie
+    // deleted, and a second run says it is decommissioned already.
+    // Method: 4 bookies with autorecovery inside, a proxy (E=3 Qw=3 Qa=2, small segments);
+    // records written to two streams throughout, retried with new payloads after a failed
+    // write; then the checks over every ledger and the shared checker.
+    let cluster = Cluster::start();
+    let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
+    let ids: Vec<BookieId> = ports
+        .iter()
+        .map(|p| BookieId(format!("127.0.0.1:{p}")))
+        .collect();
+    let bookies: Vec<Proc> = (0..4)
+        .map(|i| cluster.start_bookie_with(i, ports[i], AUTORECOVERY_FLAGS))
+        .collect();
+    cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
+    let proxy = cluster.start_proxy(
+        quire_testkit::free_port(),
+        &[
+            "--ensemble-size",
+            "3",
+            "--write-quorum",
+            "3",
+            "--ack-quorum",
+            "2",
+            "--segment-size-bytes",
+            "1500",
+            "--entry-size-bytes",
+            "200",
+        ],
+    );
+    let rt = runtime();
+    let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
+    let mut acked: [Vec<Acked>; 4] = Default::default();
+    rt.block_on(write_all(&client, 0..200, &mut acked));
+    // The bookie to retire: one in the ensemble of s0's open segment.
+    let retired = rt.block_on(async {
+        let store = store(&cluster).await;
+        let meta = store.read_stream(STREAMS[0]).await.unwrap().value;
+        let ledger = LedgerId(meta.segments.last().unwrap().ledger_id);
+        store.read_ledger(ledger).await.unwrap().value.fragments[0].bookies[0].clone()
+    });
+
+    // Writers on s0 and s1 until told to stop.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = STREAMS[..2]
+        .iter()
+        .map(|stream| {
+            let (client, stop) = (client.clone(), stop.clone());
+            rt.spawn(async move {
+                let (mut got, mut failures, mut next) = (Vec::new(), 0, 10_000);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let (a, err) = write_records(&client, stream, stream, next..next + 20).await;
+                    next += 20;
+                    got.extend(a);
+                    if err.is_some() {
+                        failures += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                (got, failures)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = cluster.admin_ok(&[
+        "bookie",
+        "decommission",
+        &retired.0,
+        "--timeout-secs",
+        "120",
+    ]);
+    assert!(out.contains("ledgers still name"), "progress shown: {out}");
+    assert!(out.contains("decommissioned"), "{out}");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for (s, w) in writers.into_iter().enumerate() {
+        let (got, failures) = rt.block_on(w).unwrap();
+        assert!(
+            got.len() > 40,
+            "writes went on: {} acknowledged, {failures} failed",
+            got.len()
+        );
+        acked[s].extend(got);
+    }
+    let again = cluster.admin(&["bookie", "decommission", &retired.0]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no cookie"));
+
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        assert!(matches!(
+            store.read_cookie(&retired).await,
+            Err(quire_metadata::Error::NotFound { .. })
+        ));
+        let live: HashSet<BookieId> = ids.iter().filter(|b| **b != retired).cloned().collect();
+        assert!(check_every_ledger(&store, &live).await > 0);
+        for (s, stream) in STREAMS.iter().enumerate() {
+            let report = check_stream(&proxy.addr, &store, stream, &acked[s], &[]).await;
+            assert!(report.records.len() >= acked[s].len());
+        }
+    });
+    proxy.stop();
+    for b in bookies {
         b.stop();
     }
 }
