@@ -385,7 +385,8 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
     // the grace period, their writers moving to new segments), no acknowledged record is lost,
     // the command reports progress and ends with no ledger naming the bookie and its cookie
     // deleted, and a second run says it is decommissioned already.
-    // Method: 4 bookies with autorecovery inside, a proxy (E=3 Qw=3 Qa=2, small segments);
+    // Method: 4 bookies with autorecovery off (`--autorecovery-enabled false`) and one
+    // standalone `quire autorecovery` daemon instead, a proxy (E=3 Qw=3 Qa=2, small segments);
     // records written to two streams throughout, retried with new payloads after a failed
     // write; then the checks over every ledger and the shared checker.
     let cluster = Cluster::start();
@@ -395,9 +396,28 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
         .map(|p| BookieId(format!("127.0.0.1:{p}")))
         .collect();
     let bookies: Vec<Proc> = (0..4)
-        .map(|i| cluster.start_bookie_with(i, ports[i], AUTORECOVERY_FLAGS))
+        .map(|i| cluster.start_bookie_with(i, ports[i], &["--autorecovery-enabled", "false"]))
         .collect();
     cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
+    let daemon = cluster.start_autorecovery(AUTORECOVERY_FLAGS);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&cluster);
+        let candidates = st["candidates"].as_array().unwrap().clone();
+        if candidates.len() == 1
+            && st["auditor"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("autorecovery-"))
+        {
+            break;
+        }
+        assert!(candidates.len() <= 1, "bookies run no daemon: {st}");
+        assert!(
+            Instant::now() < deadline,
+            "the standalone daemon is not the auditor: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let proxy = cluster.start_proxy(
         quire_testkit::free_port(),
         &[
@@ -485,6 +505,7 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
         }
     });
     proxy.stop();
+    daemon.stop();
     for b in bookies {
         b.stop();
     }
