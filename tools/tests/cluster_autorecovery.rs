@@ -289,6 +289,12 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
     let mut live: HashSet<BookieId> = ids.iter().filter(|b| **b != victim).cloned().collect();
     rt.block_on(async {
         let store = store(&cluster).await;
+        // A mark for a ledger deleted meanwhile (no metadata): a worker drops it
+        // (`wait_replicated` waits for every mark to go).
+        store
+            .mark_under_replicated(LedgerId(999_999), std::slice::from_ref(&victim))
+            .await
+            .unwrap();
         let saw_mark = wait_replicated(&store, &victim, Duration::from_secs(120)).await;
         assert!(saw_mark, "the auditor never marked a ledger of {victim}");
         let idle = store.read_ledger(idle_ledger).await.unwrap().value;
