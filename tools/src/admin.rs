@@ -1,6 +1,8 @@
 //! Admin commands over the metadata store (BookKeeper shell's `ledgermetadata`,
 //! `recover`/`ledger`, `listbookies`; DistributedLog's `show`):
 //!
+//! * `quire ledger list [--under-replicated]`: ledger ids, or the ledgers autorecovery marked
+//!   under-replicated (BookKeeper `listunderreplicated`);
 //! * `quire ledger show LEDGER`: the ledger's metadata;
 //! * `quire ledger recover LEDGER`: fences and closes the ledger (the ledger client's
 //!   `recover_ledger`), printing where it ends;
@@ -49,6 +51,9 @@ pub struct LedgerArgs {
 /// `quire ledger` subcommands.
 #[derive(Subcommand, Debug)]
 pub enum LedgerCommand {
+    /// List ledger ids; with `--under-replicated`, only the ledgers autorecovery marked, with
+    /// their lost bookies and how long they have waited (BookKeeper `listunderreplicated`).
+    List(LedgerListArgs),
     /// Print a ledger's metadata: state, quorum, ensembles by fragment, last entry, length.
     Show(LedgerIdArgs),
     /// Recover a ledger: fence its last ensemble, find its end, close it (BookKeeper's
@@ -61,6 +66,18 @@ pub enum LedgerCommand {
 pub struct LedgerIdArgs {
     /// Ledger id.
     pub ledger: u64,
+    #[command(flatten)]
+    pub metadata: MetadataArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `quire ledger list` options.
+#[derive(Args, Debug)]
+pub struct LedgerListArgs {
+    /// Only ledgers marked under-replicated.
+    #[arg(long)]
+    pub under_replicated: bool,
     #[command(flatten)]
     pub metadata: MetadataArgs,
     #[command(flatten)]
@@ -202,6 +219,7 @@ fn with_store<T>(
 /// Runs `quire ledger ...`.
 pub fn ledger(args: LedgerArgs) -> Result<()> {
     match args.command {
+        LedgerCommand::List(a) => ledger_list(a),
         LedgerCommand::Show(a) => with_store(&a.metadata, async |store| {
             let v = store
                 .read_ledger(LedgerId(a.ledger))
@@ -241,6 +259,75 @@ pub fn ledger(args: LedgerArgs) -> Result<()> {
             result
         }
     }
+}
+
+/// `quire ledger list [--under-replicated]`.
+fn ledger_list(args: LedgerListArgs) -> Result<()> {
+    let address = args.metadata.resolve()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let result = runtime.block_on(async {
+        let store = address.connect_zk().await?;
+        if !args.under_replicated {
+            let ids = store.list_ledgers().await.context("cannot list ledgers")?;
+            if args.output.json {
+                let ids: Vec<u64> = ids.iter().map(|l| l.0).collect();
+                println!("{}", serde_json::to_string_pretty(&ids)?);
+            } else {
+                let mut out = String::new();
+                for id in &ids {
+                    writeln!(out, "{id}")?;
+                }
+                writeln!(out, "{} ledgers", ids.len())?;
+                print!("{out}");
+            }
+            return Ok(());
+        }
+        let marks = store
+            .list_under_replicated()
+            .await
+            .context("cannot list under-replicated ledgers")?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        if args.output.json {
+            let doc: Vec<serde_json::Value> = marks
+                .iter()
+                .map(|(id, m)| {
+                    serde_json::json!({
+                        "ledger": id.0,
+                        "missing_bookies": m.value.missing_bookies,
+                        "marked_at_ms": m.value.ctime_ms,
+                        "waiting_ms": now.saturating_sub(m.value.ctime_ms),
+                    })
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+            return Ok(());
+        }
+        let mut out = String::new();
+        for (id, m) in &marks {
+            let missing: Vec<&str> = m
+                .value
+                .missing_bookies
+                .iter()
+                .map(|b| b.0.as_str())
+                .collect();
+            writeln!(
+                out,
+                "{id} missing {} waiting {} s",
+                missing.join(" "),
+                now.saturating_sub(m.value.ctime_ms) / 1000
+            )?;
+        }
+        writeln!(out, "{} under-replicated ledgers", marks.len())?;
+        print!("{out}");
+        Ok(())
+    });
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    result
 }
 
 fn print_ledger(

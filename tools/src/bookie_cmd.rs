@@ -9,7 +9,9 @@
 //! 5. register in the bookie registry (an ephemeral znode: it disappears with the session),
 //!    under `available/` or, when its disks are full, `readonly/` (BookKeeper's
 //!    `available/readonly`);
-//! 6. serve until SIGINT or SIGTERM, moving the registration whenever the bookie turns
+//! 6. unless `autorecovery_enabled = false`, run an autorecovery daemon (auditor candidate and
+//!    replication worker, [`crate::autorecovery`]) on a ZooKeeper session of its own;
+//! 7. serve until SIGINT or SIGTERM, moving the registration whenever the bookie turns
 //!    read-only or writable again ([`quire_bookie::ReadOnlyState`]) and re-registering if the
 //!    registration disappears (ZooKeeper session expiry), then unregister and shut the server
 //!    down cleanly.
@@ -54,6 +56,9 @@ pub enum BookieCommand {
     List(crate::admin::BookieListArgs),
     /// Ask one bookie, over the bookie protocol, for its state, shards, ledgers and disk use.
     Info(InfoArgs),
+    /// Retire a bookie that is still up: its replicas are copied to other bookies by
+    /// autorecovery, then its cookie is deleted. Shows progress; a second run resumes.
+    Decommission(crate::autorecovery::DecommissionArgs),
 }
 
 /// `quire bookie info` options.
@@ -71,6 +76,7 @@ pub fn run(args: BookieArgs) -> Result<()> {
     match args.command {
         Some(BookieCommand::List(list)) => return crate::admin::bookie_list(list),
         Some(BookieCommand::Info(info)) => return bookie_info(info),
+        Some(BookieCommand::Decommission(d)) => return crate::autorecovery::decommission(d),
         None => {}
     }
     let file: BookieSettings = crate::config::load(args.config.as_deref())?;
@@ -121,10 +127,14 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     ));
     // The endpoint comes up before the bookie so that /healthz says 503 during replay.
     let exposition = crate::metrics_http::Exposition::default();
+    let autorecovery_metrics = crate::autorecovery::AutorecoveryMetrics::default();
     let metrics = match options.metrics_listen {
         Some(listen) => {
             let m = quire_bookie::metrics::BookieMetrics::new();
             exposition.register(|r| m.register(r));
+            if options.autorecovery.is_some() {
+                exposition.register(|r| autorecovery_metrics.register(r));
+            }
             bookie_config.metrics = Some(m.for_bookie(&id.0, bookie_config.shards));
             let addr = crate::metrics_http::start(listen, exposition.clone())?;
             tracing::info!(%addr, "metrics endpoint listening");
@@ -157,6 +167,7 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
             out.flush()?;
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop_rx_autorecovery = stop_rx.clone();
         let keeper = tokio::spawn(keep_registered(
             store.clone(),
             options.metadata.clone(),
@@ -164,6 +175,17 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
             (read_only, changes),
             stop_rx,
         ));
+        // Autorecovery runs on a ZooKeeper session of its own, so that its election node and
+        // locks live and die independently of the registration's session.
+        let autorecovery = options.autorecovery.clone().map(|o| {
+            tokio::spawn(crate::autorecovery::run_daemon(
+                options.metadata.clone(),
+                id.0.clone(),
+                o,
+                autorecovery_metrics.clone(),
+                stop_rx_autorecovery,
+            ))
+        });
         tokio::select! {
             _ = term.recv() => {},
             _ = int.recv() => {},
@@ -171,6 +193,10 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
         exposition.set_serving(false);
         eprintln!("quire bookie: {id} stopping");
         let _ = stop_tx.send(true);
+        if let Some(task) = autorecovery {
+            // Its session closes as it ends, handing the auditor role over at once.
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
         let store = keeper.await.unwrap_or_else(|_| store.clone());
         // Unregister first, so that no new ledger picks a bookie that is going away.
         match store.unregister_bookie(&id).await {

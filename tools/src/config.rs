@@ -257,6 +257,27 @@ pub struct BookieSettings {
     /// least 65536).
     #[arg(long)]
     pub index_cache_bytes_max: Option<u64>,
+    /// Run an autorecovery daemon (auditor candidate and replication worker) inside this
+    /// bookie (BookKeeper `autoRecoveryDaemonEnabled`; default true).
+    #[arg(long)]
+    pub autorecovery_enabled: Option<bool>,
+    /// Seconds a bookie's registration must have been gone before its ledgers are marked
+    /// under-replicated (BookKeeper `lostBookieRecoveryDelay`; default 60).
+    #[arg(long)]
+    pub lost_bookie_recovery_delay_secs: Option<u64>,
+    /// Milliseconds the last fragment of a ledger that is not closed is left to its writer
+    /// before autorecovery recovers the ledger (BookKeeper
+    /// `openLedgerRereplicationGracePeriod`; default 30000).
+    #[arg(long)]
+    pub open_ledger_rereplication_grace_period_ms: Option<u64>,
+    /// Milliseconds between the auditor's registry polls and an idle replication worker's
+    /// looks for under-replicated ledgers (default 1000).
+    #[arg(long)]
+    pub autorecovery_poll_interval_ms: Option<u64>,
+    /// Seconds between the auditor's walks over every ledger (BookKeeper
+    /// `auditorPeriodicCheckInterval`; default 86400, 0 disables).
+    #[arg(long)]
+    pub auditor_periodic_check_interval_secs: Option<u64>,
 }
 
 /// Smallest accepted `index_cache_bytes_max`: sixteen 4 KiB index blocks.
@@ -431,6 +452,8 @@ pub struct BookieOptions {
     pub metrics_listen: Option<SocketAddr>,
     /// The bookie server's configuration.
     pub bookie: quire_bookie::BookieConfig,
+    /// The autorecovery daemon to run inside the bookie (`None`: disabled).
+    pub autorecovery: Option<crate::autorecovery::AutorecoveryOptions>,
 }
 
 /// Overrides every `None` of `flags` by the file's value.
@@ -491,7 +514,12 @@ impl BookieSettings {
             major_compaction_interval_secs,
             entry_log_size_bytes,
             checkpoint_interval_ms,
-            index_cache_bytes_max
+            index_cache_bytes_max,
+            autorecovery_enabled,
+            lost_bookie_recovery_delay_secs,
+            open_ledger_rereplication_grace_period_ms,
+            autorecovery_poll_interval_ms,
+            auditor_periodic_check_interval_secs
         )
     }
 
@@ -572,12 +600,22 @@ impl BookieSettings {
             index_cache_bytes_max: self.index_cache_bytes_max,
         }
         .apply(&mut bookie.engine)?;
+        let autorecovery = crate::autorecovery::AutorecoveryOptions::resolve(
+            self.lost_bookie_recovery_delay_secs,
+            self.open_ledger_rereplication_grace_period_ms,
+            self.autorecovery_poll_interval_ms,
+            self.auditor_periodic_check_interval_secs,
+        )?;
         Ok(BookieOptions {
             metadata,
             advertised,
             rack: self.rack,
             metrics_listen: self.metrics_listen,
             bookie,
+            autorecovery: self
+                .autorecovery_enabled
+                .unwrap_or(true)
+                .then_some(autorecovery),
         })
     }
 }

@@ -10,6 +10,9 @@
 //! * `quire ledger show|recover` and `quire bookie list` inspect and repair the cluster through
 //!   its metadata store.
 //! * `quire stream list|show|truncate|delete|retention` manage streams through a proxy.
+//! * `quire autorecovery` runs a standalone autorecovery daemon (one also runs inside every
+//!   `quire bookie` by default); `quire autorecovery status` and `quire ledger list
+//!   --under-replicated` show its work.
 //!
 //! Errors are one line on stderr and a non-zero exit status.
 
@@ -18,6 +21,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod admin;
+mod autorecovery;
 mod bookie_cmd;
 mod client;
 mod config;
@@ -63,8 +67,11 @@ enum Command {
     Bookie(Box<bookie_cmd::BookieArgs>),
     /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM.
     Proxy(proxy_cmd::ProxyArgs),
-    /// Ledger admin: `show LEDGER`, `recover LEDGER`.
+    /// Ledger admin: `list [--under-replicated]`, `show LEDGER`, `recover LEDGER`.
     Ledger(admin::LedgerArgs),
+    /// Run a standalone autorecovery daemon (auditor candidate and replication worker) until
+    /// SIGINT/SIGTERM; or `quire autorecovery status`.
+    Autorecovery(autorecovery::AutorecoveryArgs),
     /// Stream admin through a proxy: `list`, `show STREAM`, `truncate STREAM DLSN`,
     /// `delete STREAM`, `retention STREAM [--time-secs N] [--size-bytes N]`.
     Stream(admin::StreamArgs),
@@ -87,6 +94,7 @@ fn main() -> ExitCode {
         Command::Bookie(args) => bookie_cmd::run(*args),
         Command::Proxy(args) => proxy_cmd::run(args),
         Command::Ledger(args) => admin::ledger(args),
+        Command::Autorecovery(args) => autorecovery::run(args),
         Command::Stream(args) => admin::stream(args),
     };
     match result {

@@ -48,6 +48,14 @@ pub enum Error {
         bookie: String,
         reason: String,
     },
+    /// Re-replication found the entry already on the replacement bookie with other bytes than
+    /// its source replica; nothing was overwritten (an operator must look at both).
+    #[error("ledger {ledger} entry {entry}: bookie {bookie} holds a divergent replica (differs from its source); not overwritten")]
+    DivergentReplica {
+        ledger: u64,
+        entry: u64,
+        bookie: String,
+    },
     /// Bytes from a bookie did not decode.
     #[error("protocol error: {0}")]
     Protocol(#[source] WireError),

@@ -32,6 +32,8 @@
 //! * `ensemble_change`: replacing failed bookies of a writer's ensemble.
 //! * `recovery`: fencing, reading forward and closing a ledger whose writer is gone.
 //! * `reader`: [`LedgerReader`], reads from a write set and LAC reads.
+//! * `rereplicate`: copying a lost bookie's entries of one fragment to a replacement
+//!   ([`BookKeeper::replicate_fragment`], autorecovery's replication step).
 //! * `long_poll`: long-poll LAC reads with the next entry piggybacked.
 //! * `conn`: pipelined bookie connections, one per lane.
 //! * [`placement`], [`quorum`]: replacement choice and ack-quorum bookkeeping, pure.
@@ -46,9 +48,11 @@ pub mod placement;
 pub mod quorum;
 mod reader;
 mod recovery;
+mod rereplicate;
 mod writer;
 
 pub use client::{BookKeeper, ClientConfig};
 pub use error::Error;
 pub use reader::LedgerReader;
+pub use rereplicate::{fragment_range, FragmentReplicated};
 pub use writer::{master_key, AddFuture, LedgerOptions, LedgerWriter};

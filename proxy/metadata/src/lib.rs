@@ -21,7 +21,10 @@ mod zookeeper;
 
 pub use embedded::{EmbeddedStore, EMBEDDED_FILE_NAME};
 pub use types::*;
-pub use zookeeper::{decode_stream_name, encode_stream_name, ZkStore, ZK_LAYOUT_VERSION};
+pub use zookeeper::{
+    decode_stream_name, encode_stream_name, AuditorCandidate, AutorecoveryState, ZkStore,
+    ZK_LAYOUT_VERSION,
+};
 
 use async_trait::async_trait;
 

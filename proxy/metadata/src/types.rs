@@ -299,6 +299,29 @@ pub struct StreamLease {
     pub token: String,
 }
 
+/// An under-replicated ledger mark (BookKeeper `UnderreplicatedLedgerFormat`): the auditor
+/// found fragments of the ledger on bookies that are gone (or being decommissioned), and a
+/// replication worker is to copy their entries to other bookies. Kept until a worker has
+/// replaced every listed bookie in the ledger's metadata, or the ledger is deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnderReplication {
+    /// The bookies whose replicas are missing, sorted, without duplicates.
+    pub missing_bookies: Vec<BookieId>,
+    /// When the ledger was first marked, in milliseconds since the Unix epoch (BookKeeper's
+    /// `ctime`): how long it has waited, and the start of an open ledger's grace period.
+    pub ctime_ms: u64,
+}
+
+/// Exclusive claim of one under-replicated ledger by a replication worker (BookKeeper's
+/// `underreplication/locks/urL...`): an ephemeral znode that dies with the worker's session.
+#[derive(Debug, Clone)]
+pub struct ReplicationLock {
+    /// The ledger claimed.
+    pub ledger: quire_wire::LedgerId,
+    /// The lock node's path.
+    pub token: String,
+}
+
 /// Longest stream name, in bytes.
 pub const STREAM_NAME_SIZE_BYTES_MAX: usize = 255;
 

@@ -1,6 +1,6 @@
 //! The ZooKeeper metadata store against a real standalone ZooKeeper (quire-testkit starts one per
-//! test on a free loopback port). Three tests, so three server starts: records and CAS, bookie
-//! registration, stream locks and session expiry.
+//! test on a free loopback port). Four tests, so four server starts: records and CAS, bookie
+//! registration, stream locks and session expiry, autorecovery's marks, locks and election.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -547,4 +547,114 @@ async fn stream_lock_race_and_session_expiry() {
     assert_eq!(b.stream_owner(name).await.unwrap(), None);
     drop((a, b));
     zk.stop();
+}
+
+#[tokio::test]
+async fn autorecovery_marks_locks_and_auditor_election() {
+    // Goal: under-replication marks gather bookies and keep their first ctime, and are removed
+    // only at the version read (a mark extended meanwhile stays); a replication lock is held
+    // by one worker at a time and dies with its session; the lowest election node is the
+    // auditor and the next candidate takes over when the auditor's session closes.
+    let zk = ZooKeeperServer::start();
+    let a = connect(&zk, "/ur").await;
+    let b = connect(&zk, "/ur").await;
+    let (x, y) = (BookieId("x:1".into()), BookieId("y:1".into()));
+    let id = LedgerId(123_456);
+    assert!(a.list_under_replicated().await.unwrap().is_empty());
+    a.mark_under_replicated(id, std::slice::from_ref(&x))
+        .await
+        .unwrap();
+    let m1 = a.read_under_replicated(id).await.unwrap();
+    b.mark_under_replicated(id, &[y.clone(), x.clone()])
+        .await
+        .unwrap();
+    let m2 = a.read_under_replicated(id).await.unwrap();
+    assert_eq!(m2.value.missing_bookies, vec![x.clone(), y.clone()]);
+    assert_eq!(m2.value.ctime_ms, m1.value.ctime_ms);
+    assert_ne!(m2.version, m1.version);
+    b.mark_under_replicated(id, std::slice::from_ref(&y))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.read_under_replicated(id).await.unwrap().version,
+        m2.version
+    );
+    assert!(matches!(
+        a.clear_under_replicated(id, m1.version).await,
+        Err(Error::BadVersion { .. })
+    ));
+    a.mark_under_replicated(LedgerId(7), std::slice::from_ref(&x))
+        .await
+        .unwrap();
+    let listed: Vec<LedgerId> = b
+        .list_under_replicated()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(l, _)| l)
+        .collect();
+    assert_eq!(listed, vec![LedgerId(7), id]);
+
+    // One worker at a time.
+    let la = a.try_lock_under_replicated(id, "A").await.unwrap().unwrap();
+    assert!(b
+        .try_lock_under_replicated(id, "B")
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        b.autorecovery_state().await.unwrap().locks,
+        vec![(id, "A".to_string())]
+    );
+    a.release_replication_lock(la).await.unwrap();
+    let _lb = b.try_lock_under_replicated(id, "B").await.unwrap().unwrap();
+
+    // The election.
+    let ca = a.join_auditor_election("A").await.unwrap();
+    let cb = b.join_auditor_election("B").await.unwrap();
+    tokio::time::timeout(PATIENCE, ca.wait_until_elected())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!cb.is_elected().await.unwrap());
+    assert_eq!(
+        b.autorecovery_state().await.unwrap().candidates,
+        vec!["A".to_string(), "B".to_string()]
+    );
+    drop(ca);
+    drop(a); // closes A's session: its node goes at once
+    tokio::time::timeout(PATIENCE, cb.wait_until_elected())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(cb.is_elected().await.unwrap());
+
+    // B's lock dies with B's session; another worker claims the ledger and clears the mark.
+    drop(cb);
+    drop(b);
+    let c = connect(&zk, "/ur").await;
+    let lc = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(l) = c.try_lock_under_replicated(id, "C").await.unwrap() {
+                return l;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap();
+    c.clear_under_replicated(id, m2.version).await.unwrap();
+    c.release_replication_lock(lc).await.unwrap();
+    let left: Vec<LedgerId> = c
+        .list_under_replicated()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(l, _)| l)
+        .collect();
+    assert_eq!(left, vec![LedgerId(7)]);
+    assert_eq!(
+        c.autorecovery_state().await.unwrap().candidates,
+        Vec::<String>::new()
+    );
 }

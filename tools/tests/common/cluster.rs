@@ -118,6 +118,23 @@ impl Cluster {
         p
     }
 
+    /// Starts a standalone autorecovery daemon (`quire autorecovery`) with `extra` flags and
+    /// waits for its running line.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn start_autorecovery(&self, extra: &[&str]) -> Proc {
+        let mut args: Vec<String> = vec![
+            "autorecovery".into(),
+            "--zookeeper".into(),
+            self.zookeeper(),
+            "--zk-root".into(),
+            self.zk_root.clone(),
+            "--zk-session-timeout-ms".into(),
+            SESSION_TIMEOUT_MS.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Proc::start(&args, "quire autorecovery: ", "autorecovery")
+    }
+
     /// Runs an admin command (`quire ARGS --zookeeper .. --zk-root ..`).
     pub fn admin(&self, args: &[&str]) -> Output {
         let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();

@@ -23,7 +23,9 @@
 //! maps [`MetadataStore`] onto the others: `layout` (the root's layout version and instance id),
 //! `paths` (znode names and paths), `records` (JSON records read, created and compared-and-set
 //! by znode version: ledgers, streams, cookies), `registry` (ephemeral bookie registrations),
-//! `id_gen` (the ledger id counter) and `lock` (stream ownership by ephemeral-sequential lock).
+//! `id_gen` (the ledger id counter), `lock` (stream ownership by ephemeral-sequential lock) and
+//! `underreplication` (autorecovery: under-replicated ledger marks, replication locks, the
+//! auditor election).
 
 mod id_gen;
 mod layout;
@@ -31,6 +33,7 @@ mod lock;
 mod paths;
 mod records;
 mod registry;
+mod underreplication;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +50,7 @@ use crate::{
 
 pub use layout::ZK_LAYOUT_VERSION;
 pub use paths::{decode_stream_name, encode_stream_name};
+pub use underreplication::{AuditorCandidate, AutorecoveryState};
 
 use lock::LeaseFlags;
 use records::zk_err;

@@ -1,0 +1,395 @@
+//! Re-replication of one ledger fragment (BookKeeper `LedgerFragmentReplicator`, what its
+//! replication workers run): the entries a lost bookie held in a fragment are copied from the
+//! surviving replicas of each entry's write set to a replacement bookie chosen by
+//! [`crate::placement`], each verified against its digest before it is written and written as
+//! a recovery add; only once every entry is on the replacement is the bookie replaced in the
+//! fragment's ensemble, by compare-and-set of the ledger metadata. A copy interrupted at any
+//! point leaves the metadata as it was, so the next attempt starts over.
+//!
+//! A replica already on the replacement (from an interrupted earlier attempt) is kept when it
+//! is byte-identical to the source and reported as a divergent replica otherwise: a copy
+//! never overwrites a replica that differs from its source.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use quire_metadata::{BookieId, LedgerMetadata, LedgerState};
+use quire_wire::bookie::{self, Request, Status};
+use quire_wire::entry::verify_expected;
+use quire_wire::{EntryId, LedgerId, MasterKey};
+
+use crate::conn::{self, Lane, Reply};
+use crate::{placement, quorum, BookKeeper, Error};
+
+/// Entries copied at once within a fragment (BookKeeper `rereplicationEntryBatchSize`, 10).
+const ENTRIES_IN_FLIGHT_MAX: usize = 16;
+
+/// What [`BookKeeper::replicate_fragment`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FragmentReplicated {
+    /// The ledger.
+    pub ledger: LedgerId,
+    /// First entry of the fragment.
+    pub first_entry: u64,
+    /// Last entry of the fragment (`None`: the fragment holds no entry).
+    pub last_entry: Option<u64>,
+    /// Ensemble position replaced.
+    pub position: usize,
+    /// The bookie replaced.
+    pub from: BookieId,
+    /// The bookie that holds its entries now.
+    pub to: BookieId,
+    /// Entries written to `to`.
+    pub entries_copied: u64,
+    /// Entries `to` already held, byte-identical (an earlier, interrupted attempt).
+    pub entries_present: u64,
+    /// Entry bytes (header and payload) written to `to`.
+    pub bytes_copied: u64,
+}
+
+/// The entries a fragment holds: `Ok(None)` when it holds none.
+///
+/// # Errors
+/// `Invalid` for the last fragment of a ledger that is not closed: its end is not known yet
+/// (the ledger must be recovered first, as BookKeeper's replication worker does).
+pub fn fragment_range(meta: &LedgerMetadata, index: usize) -> Result<Option<(u64, u64)>, Error> {
+    let f = meta
+        .fragments
+        .get(index)
+        .ok_or_else(|| Error::Invalid(format!("no fragment at index {index}")))?;
+    let end = match meta.fragments.get(index + 1) {
+        Some(next) => next.first_entry.checked_sub(1),
+        None if meta.state == LedgerState::Closed => meta.last_entry,
+        None => {
+            return Err(Error::Invalid(format!(
+                "the last fragment (from entry {}) of a ledger that is not closed has no end yet",
+                f.first_entry
+            )))
+        }
+    };
+    Ok(end
+        .filter(|&e| e >= f.first_entry)
+        .map(|e| (f.first_entry, e)))
+}
+
+/// Outcome of copying one entry.
+enum Copied {
+    Written(u64),
+    AlreadyThere,
+}
+
+impl BookKeeper {
+    /// Re-replicates the fragment of ledger `id` that starts at `first_entry`: the entries
+    /// `lost` holds there (entries e whose write set `(e + i) mod E, i < Qw` includes its
+    /// position) are read from the other bookies of their write sets (then from `lost` itself,
+    /// which may still serve, e.g. one being decommissioned), digest-verified, and written as
+    /// recovery adds to a replacement: a writable registered bookie outside the fragment's
+    /// ensemble, not quarantined and not in `avoid`, chosen by [`placement::choose_replacement`].
+    /// Then `lost` is replaced by it in that fragment by compare-and-set, provided the fragment
+    /// still starts at `first_entry`, still holds `lost` at that position and still ends where
+    /// it did (a lost race re-reads and checks again).
+    ///
+    /// The fragment must have a known end: not the last fragment of a ledger that is not
+    /// closed ([`fragment_range`]). A fragment with no entry is replaced without copying.
+    ///
+    /// # Errors
+    /// `Metadata` (`NotFound` when the ledger was deleted); `Invalid` when no fragment starts
+    /// at `first_entry` or it has no end yet; `Recovery` when the fragment no longer holds
+    /// `lost` or changed its end (someone else replaced it), or no replacement bookie exists
+    /// (`NotEnoughBookies`); `NoSuchEntry` when no replica holds an entry; `DivergentReplica`;
+    /// a bookie error of the replacement. The metadata is unchanged on every error.
+    pub async fn replicate_fragment(
+        &self,
+        id: LedgerId,
+        first_entry: u64,
+        lost: &BookieId,
+        avoid: &HashSet<BookieId>,
+    ) -> Result<FragmentReplicated, Error> {
+        let meta = self.inner.metadata.read_ledger(id).await?.value;
+        let index = fragment_index(&meta, first_entry).ok_or_else(|| {
+            Error::Invalid(format!(
+                "ledger {id} has no fragment from entry {first_entry}"
+            ))
+        })?;
+        let range = fragment_range(&meta, index)?;
+        let fragment = meta.fragments[index].clone();
+        let position = fragment
+            .bookies
+            .iter()
+            .position(|b| b == lost)
+            .ok_or_else(|| Error::Recovery {
+                ledger: id.0,
+                reason: format!("fragment from entry {first_entry} does not hold bookie {lost}"),
+            })?;
+        let key = meta.master_key()?;
+
+        // 1. The replacement.
+        let registered = self.registered_bookies().await?;
+        let keep: Vec<BookieId> = fragment
+            .bookies
+            .iter()
+            .filter(|b| *b != lost)
+            .cloned()
+            .collect();
+        let mut exclude: HashSet<BookieId> = fragment.bookies.iter().cloned().collect();
+        exclude.extend(self.quarantined());
+        exclude.extend(avoid.iter().cloned());
+        let target = loop {
+            let pick = placement::choose_replacement(
+                &registered,
+                &keep,
+                &exclude,
+                &mut rand::thread_rng(),
+            );
+            let Some(b) = pick else {
+                return Err(Error::NotEnoughBookies {
+                    needed: usize::from(meta.ensemble_size) + 1,
+                    available: registered.iter().filter(|b| !b.read_only).count(),
+                });
+            };
+            exclude.insert(b.clone());
+            match self.conn(&b, Lane::Tail).await {
+                Ok(_) => break b,
+                Err(err) => {
+                    tracing::warn!(ledger = id.0, bookie = %b, "re-replication target unreachable: {err}");
+                    self.quarantine(&b);
+                }
+            }
+        };
+
+        // 2. The copy, a bounded number of entries at a time.
+        let mut done = FragmentReplicated {
+            ledger: id,
+            first_entry,
+            last_entry: range.map(|(_, last)| last),
+            position,
+            from: lost.clone(),
+            to: target.clone(),
+            entries_copied: 0,
+            entries_present: 0,
+            bytes_copied: 0,
+        };
+        if let Some((first, last)) = range {
+            let (e, w) = (meta.ensemble_size, meta.write_quorum);
+            let entries: Vec<u64> = (first..=last)
+                .filter(|&entry| quorum::write_set(entry, e, w).contains(&position))
+                .collect();
+            let fragment = Arc::new(fragment.clone());
+            for batch in entries.chunks(ENTRIES_IN_FLIGHT_MAX) {
+                let mut tasks = tokio::task::JoinSet::new();
+                for &entry in batch {
+                    let client = self.clone();
+                    let fragment = fragment.clone();
+                    let target = target.clone();
+                    tasks.spawn(async move {
+                        client
+                            .copy_entry(
+                                id,
+                                key,
+                                EntryId(entry),
+                                &fragment.bookies,
+                                position,
+                                e,
+                                w,
+                                &target,
+                            )
+                            .await
+                    });
+                }
+                while let Some(joined) = tasks.join_next().await {
+                    match joined.map_err(|j| Error::Invalid(j.to_string()))? {
+                        Ok(Copied::Written(n)) => {
+                            done.entries_copied += 1;
+                            done.bytes_copied += n;
+                        }
+                        Ok(Copied::AlreadyThere) => done.entries_present += 1,
+                        Err(err) => {
+                            tasks.abort_all();
+                            return Err(err);
+                        }
+                    }
+                }
+            }
+        }
+
+        // 3. The metadata, by compare-and-set, while the fragment is still the one copied.
+        loop {
+            let current = self.inner.metadata.read_ledger(id).await?;
+            let now = &current.value;
+            let conflict = |reason: String| Error::Recovery {
+                ledger: id.0,
+                reason: format!(
+                    "fragment from entry {first_entry} changed during re-replication: {reason}"
+                ),
+            };
+            let Some(i) = fragment_index(now, first_entry) else {
+                return Err(conflict("it is gone".into()));
+            };
+            let f = &now.fragments[i];
+            if f.bookies.get(position) != Some(lost) {
+                return Err(conflict(format!(
+                    "position {position} holds {:?} now",
+                    f.bookies.get(position).map(|b| b.0.as_str())
+                )));
+            }
+            if f.bookies.contains(&target) {
+                return Err(conflict(format!("{target} joined its ensemble")));
+            }
+            match fragment_range(now, i) {
+                Ok(r) if r == range => {}
+                other => {
+                    return Err(conflict(format!(
+                        "its entries were {range:?}, now {other:?}"
+                    )))
+                }
+            }
+            let mut next = now.clone();
+            next.fragments[i].bookies[position] = target.clone();
+            match self
+                .inner
+                .metadata
+                .update_ledger(id, &next, current.version)
+                .await
+            {
+                Ok(_) => break,
+                Err(quire_metadata::Error::BadVersion { .. }) => continue,
+                Err(err) => return Err(err.into()),
+            }
+        }
+        tracing::info!(
+            ledger = id.0,
+            first_entry,
+            position,
+            from = %lost,
+            to = %target,
+            entries = done.entries_copied,
+            bytes = done.bytes_copied,
+            "fragment re-replicated"
+        );
+        Ok(done)
+    }
+
+    /// Copies one entry to `target`: read from the write set's other replicas (the position
+    /// being replaced last), verified, compared with what `target` may already hold, written
+    /// as a recovery add.
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_entry(
+        &self,
+        id: LedgerId,
+        key: MasterKey,
+        entry: EntryId,
+        ensemble: &[BookieId],
+        replaced: usize,
+        e: u8,
+        w: u8,
+        target: &BookieId,
+    ) -> Result<Copied, Error> {
+        let timeout = self.inner.config.request_timeout;
+        let mut order: Vec<usize> = quorum::write_set(entry.0, e, w)
+            .into_iter()
+            .filter(|&p| p != replaced)
+            .collect();
+        order.push(replaced);
+        let mut source: Option<Vec<u8>> = None;
+        let mut reasons = Vec::new();
+        for pos in order {
+            let b = &ensemble[pos];
+            match self.read_from(b, id, entry, timeout).await {
+                Ok(Some(data)) => match verify_expected(&data, id, entry) {
+                    Ok(_) => {
+                        source = Some(data);
+                        break;
+                    }
+                    Err(err) => reasons.push(format!("{b}: corrupt replica: {err}")),
+                },
+                Ok(None) => reasons.push(format!("{b}: no such entry")),
+                Err(err) => reasons.push(err.to_string()),
+            }
+        }
+        let Some(source) = source else {
+            tracing::warn!(
+                ledger = id.0,
+                entry = entry.0,
+                "no replica to copy from: {}",
+                reasons.join("; ")
+            );
+            return Err(Error::NoSuchEntry {
+                ledger: id.0,
+                entry: entry.0,
+            });
+        };
+        match self.read_from(target, id, entry, timeout).await? {
+            Some(there) if there == source => return Ok(Copied::AlreadyThere),
+            Some(_) => {
+                return Err(Error::DivergentReplica {
+                    ledger: id.0,
+                    entry: entry.0,
+                    bookie: target.0.clone(),
+                })
+            }
+            None => {}
+        }
+        let len = source.len() as u64;
+        let bytes = Arc::new(source);
+        let c = self.conn(target, Lane::Tail).await?;
+        let reply = c
+            .call(timeout, move |out, rid| {
+                bookie::encode_request(
+                    out,
+                    rid,
+                    &Request::Add {
+                        recovery: true,
+                        master_key: key,
+                        entry: &bytes,
+                    },
+                )
+            })
+            .await?;
+        match reply {
+            Reply::Add => Ok(Copied::Written(len)),
+            Reply::Failed { status, message } => Err(Error::Bookie {
+                bookie: target.0.clone(),
+                status,
+                message,
+            }),
+            other => Err(Error::Invalid(format!(
+                "unexpected reply to an add: {other:?}"
+            ))),
+        }
+    }
+
+    /// One entry's stored bytes from one bookie, `None` when it has no such entry or ledger.
+    async fn read_from(
+        &self,
+        bookie: &BookieId,
+        id: LedgerId,
+        entry: EntryId,
+        timeout: std::time::Duration,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        let c = self.conn(bookie, Lane::Read).await?;
+        match c
+            .call(timeout, conn::read_request(id, Some(entry), None))
+            .await?
+        {
+            Reply::Read { data } => Ok(Some(data)),
+            Reply::Failed {
+                status: Status::NoSuchEntry | Status::NoSuchLedger,
+                ..
+            } => Ok(None),
+            Reply::Failed { status, message } => Err(Error::Bookie {
+                bookie: bookie.0.clone(),
+                status,
+                message,
+            }),
+            other => Err(Error::Invalid(format!(
+                "unexpected reply to a read: {other:?}"
+            ))),
+        }
+    }
+}
+
+fn fragment_index(meta: &LedgerMetadata, first_entry: u64) -> Option<usize> {
+    meta.fragments
+        .iter()
+        .position(|f| f.first_entry == first_entry)
+}

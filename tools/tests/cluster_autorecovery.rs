@@ -1,0 +1,518 @@
+//! Autorecovery (issue 11) on a real cluster: five `quire bookie` processes, each running the
+//! autorecovery daemon inside (the default), a proxy writing E=3 Qw=3 Qa=2 streams, real
+//! ZooKeeper, real SIGKILLs. Ends with the shared checker (every acknowledged record once and
+//! in order, byte-identical replicas on each write set) and a check over every ledger: no
+//! fragment names a dead bookie, and every entry is on each bookie of its write set,
+//! byte-identical.
+
+mod common;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::checker::{check_stream, read_entry, write_records, Acked};
+use common::cluster::{Cluster, Proc, SESSION_TIMEOUT_MS};
+use quire_metadata::{BookieId, LedgerState, MetadataStore, ZkStore};
+use quire_proxy::ProxyClient;
+use quire_wire::LedgerId;
+
+/// Short autorecovery delays, so that a lost bookie is acted on within seconds.
+const AUTORECOVERY_FLAGS: &[&str] = &[
+    "--lost-bookie-recovery-delay-secs",
+    "2",
+    "--open-ledger-rereplication-grace-period-ms",
+    "3000",
+    "--autorecovery-poll-interval-ms",
+    "250",
+];
+
+const STREAMS: [&str; 4] = ["ar/s0", "ar/s1", "ar/s2", "ar/s3"];
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn store(cluster: &Cluster) -> ZkStore {
+    ZkStore::connect(
+        &cluster.zookeeper(),
+        &cluster.zk_root,
+        Duration::from_millis(SESSION_TIMEOUT_MS),
+    )
+    .await
+    .unwrap()
+}
+
+fn status(cluster: &Cluster) -> serde_json::Value {
+    serde_json::from_str(&cluster.admin_ok(&["autorecovery", "status", "--json"])).unwrap()
+}
+
+fn auditor(cluster: &Cluster) -> Option<String> {
+    status(cluster)["auditor"].as_str().map(str::to_string)
+}
+
+/// Writes `range` to every stream; a write that fails (a stream whose segment autorecovery
+/// fenced answers `OWNERSHIP_LOST` once) is retried from the record after the last
+/// acknowledged one, up to three times per stream.
+async fn write_all(
+    client: &Arc<ProxyClient>,
+    range: std::ops::Range<usize>,
+    acked: &mut [Vec<Acked>; 4],
+) {
+    for (s, stream) in STREAMS.iter().enumerate() {
+        let mut left = range.len();
+        for attempt in 0..4 {
+            // Each attempt writes new payloads: a failed write may still have landed, and
+            // an acknowledged payload must appear exactly once.
+            let from = range.start + 100_000 * attempt;
+            let (got, err) = write_records(client, stream, stream, from..from + left).await;
+            left -= got.len();
+            acked[s].extend(got);
+            match err {
+                None => break,
+                Some(e) => assert!(attempt < 3, "writes to {stream} keep failing: {e}"),
+            }
+        }
+    }
+}
+
+/// Waits until no ledger is marked under-replicated and no ledger's metadata names `dead`.
+/// Returns whether a mark was ever seen (the auditor marked something).
+async fn wait_replicated(store: &ZkStore, dead: &BookieId, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    let mut saw_mark = false;
+    loop {
+        let marks = store.list_under_replicated().await.unwrap();
+        saw_mark |= marks
+            .iter()
+            .any(|(_, m)| m.value.missing_bookies.contains(dead));
+        let mut naming = Vec::new();
+        for id in store.list_ledgers().await.unwrap() {
+            let Ok(meta) = store.read_ledger(id).await else {
+                continue;
+            };
+            if meta
+                .value
+                .fragments
+                .iter()
+                .any(|f| f.bookies.contains(dead))
+            {
+                naming.push(id.0);
+            }
+        }
+        if marks.is_empty() && naming.is_empty() {
+            return saw_mark;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {within:?}: ledgers {naming:?} still name {dead}; marks: {marks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every ledger: each fragment names `E` distinct live bookies; every entry of a closed
+/// ledger, and of the fragments of an open one that have an end, is on each bookie of its
+/// write set, byte-identical. Returns the entries checked.
+async fn check_every_ledger(store: &ZkStore, live: &HashSet<BookieId>) -> usize {
+    let mut checked = 0;
+    for id in store.list_ledgers().await.unwrap() {
+        let meta = store.read_ledger(id).await.unwrap().value;
+        for f in &meta.fragments {
+            let distinct: HashSet<&BookieId> = f.bookies.iter().collect();
+            assert_eq!(
+                distinct.len(),
+                usize::from(meta.ensemble_size),
+                "ledger {id}: {f:?}"
+            );
+            for b in &f.bookies {
+                assert!(
+                    live.contains(b),
+                    "ledger {id} fragment {} names {b}, not a live bookie",
+                    f.first_entry
+                );
+            }
+        }
+        let end = match meta.state {
+            LedgerState::Closed => meta.last_entry,
+            _ if meta.fragments.len() > 1 => {
+                Some(meta.fragments.last().unwrap().first_entry.saturating_sub(1))
+            }
+            _ => None,
+        };
+        let Some(end) = end else { continue };
+        for entry in 0..=end {
+            let f = meta.fragment_for(quire_wire::EntryId(entry));
+            let mut first: Option<(String, Vec<u8>)> = None;
+            for pos in quire_ledger::quorum::write_set(entry, meta.ensemble_size, meta.write_quorum)
+            {
+                let b = &f.bookies[pos].0;
+                let bytes = read_entry(b, id.0, entry)
+                    .unwrap_or_else(|e| panic!("ledger {id} entry {entry} on {b}: {e}"))
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "ledger {id} ({:?}) entry {entry} is missing on {b}",
+                            meta.state
+                        )
+                    });
+                match &first {
+                    None => first = Some((b.clone(), bytes)),
+                    Some((other, want)) => assert!(
+                        *want == bytes,
+                        "ledger {id} entry {entry}: replica on {b} differs from the one on {other}"
+                    ),
+                }
+            }
+            checked += 1;
+        }
+    }
+    checked
+}
+
+fn kill(bookies: &mut [Option<Proc>], ids: &[BookieId], victim: &BookieId) {
+    let i = ids.iter().position(|b| b == victim).unwrap();
+    bookies[i].take().expect("bookie alive").kill();
+}
+
+#[test]
+fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
+    // Goal: (1) after a bookie is SIGKILLed for good, autorecovery (running inside the other
+    // bookies) marks its ledgers under-replicated once its registration has been gone for the
+    // delay, and the replication workers bring every ledger back to three replicas on live
+    // bookies: closed ledgers' fragments are copied, streams still being written are left to
+    // their writers' ensemble changes, and idle open segments are recovered after the grace
+    // period; (2) when the auditor's own bookie is SIGKILLed, another bookie becomes auditor
+    // within about a session timeout and the dead auditor's ledgers are copied back too.
+    // Method: 5 bookies, a proxy (E=3 Qw=3 Qa=2, small segments so each stream has several
+    // ledgers), 4 streams; SIGKILL a bookie that is not the auditor while two streams are being
+    // written; wait until no mark is left and no ledger names it; check every ledger entry by
+    // entry on every bookie of its write set, then the shared checker on each stream; then
+    // SIGKILL the auditor's bookie and do it all again. Without autorecovery the closed
+    // ledgers keep naming the dead bookie and `wait_replicated` fails.
+    let cluster = Cluster::start();
+    let ports: Vec<u16> = (0..5).map(|_| quire_testkit::free_port()).collect();
+    let ids: Vec<BookieId> = ports
+        .iter()
+        .map(|p| BookieId(format!("127.0.0.1:{p}")))
+        .collect();
+    let metrics: Vec<String> = (0..5)
+        .map(|_| format!("127.0.0.1:{}", quire_testkit::free_port()))
+        .collect();
+    let mut bookies: Vec<Option<Proc>> = (0..5)
+        .map(|i| {
+            let mut flags = AUTORECOVERY_FLAGS.to_vec();
+            flags.extend(["--metrics-listen", metrics[i].as_str()]);
+            Some(cluster.start_bookie_with(i, ports[i], &flags))
+        })
+        .collect();
+    cluster.wait_bookies("5 bookies", |l| l.contains("5 bookies registered"));
+    let proxy = cluster.start_proxy(
+        quire_testkit::free_port(),
+        &[
+            "--ensemble-size",
+            "3",
+            "--write-quorum",
+            "3",
+            "--ack-quorum",
+            "2",
+            "--segment-size-bytes",
+            "1500",
+            "--entry-size-bytes",
+            "200",
+        ],
+    );
+    let rt = runtime();
+    let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
+    let mut acked: [Vec<Acked>; 4] = Default::default();
+    rt.block_on(write_all(&client, 0..300, &mut acked));
+
+    // Exactly one auditor, one of the five candidates (one per bookie).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first_auditor = loop {
+        let st = status(&cluster);
+        let candidates = st["candidates"].as_array().unwrap().len();
+        if let (Some(a), 5) = (st["auditor"].as_str(), candidates) {
+            break a.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no auditor among 5 candidates: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ids.iter().any(|b| b.0 == first_auditor), "{first_auditor}");
+
+    // (1) A bookie other than the auditor dies while s0 and s1 are being written; it is in
+    // the ensemble of s3's open segment, which stays idle, so that segment's ledger is
+    // recovered by autorecovery after the grace period (its writer never meets the dead
+    // bookie, so no ensemble change moves it away).
+    let idle_ledger = rt.block_on(async {
+        let store = store(&cluster).await;
+        let meta = store.read_stream(STREAMS[3]).await.unwrap().value;
+        LedgerId(meta.segments.last().unwrap().ledger_id)
+    });
+    let idle_ensemble = rt.block_on(async {
+        let store = store(&cluster).await;
+        let meta = store.read_ledger(idle_ledger).await.unwrap().value;
+        assert_eq!(meta.state, LedgerState::Open);
+        meta.fragments.last().unwrap().bookies.clone()
+    });
+    let victim = idle_ensemble
+        .iter()
+        .find(|b| b.0 != first_auditor)
+        .unwrap()
+        .clone();
+    // Past the proxy's LAC advance delay (200 ms), s3's writer has sent its last control
+    // entry and stays idle.
+    std::thread::sleep(Duration::from_millis(1000));
+    let writer = {
+        let client = client.clone();
+        rt.spawn(async move {
+            let mut more = Vec::new();
+            for stream in &STREAMS[..2] {
+                let (got, err) = write_records(&client, stream, stream, 300..700).await;
+                assert!(err.is_none(), "write to {stream} failed: {err:?}");
+                more.push(got);
+            }
+            more
+        })
+    };
+    std::thread::sleep(Duration::from_millis(30));
+    kill(&mut bookies, &ids, &victim);
+    let more = rt.block_on(writer).unwrap();
+    for (s, got) in more.into_iter().enumerate() {
+        acked[s].extend(got);
+    }
+    let mut live: HashSet<BookieId> = ids.iter().filter(|b| **b != victim).cloned().collect();
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        // A mark for a ledger deleted meanwhile (no metadata): a worker drops it
+        // (`wait_replicated` waits for every mark to go).
+        store
+            .mark_under_replicated(LedgerId(999_999), std::slice::from_ref(&victim))
+            .await
+            .unwrap();
+        let saw_mark = wait_replicated(&store, &victim, Duration::from_secs(120)).await;
+        assert!(saw_mark, "the auditor never marked a ledger of {victim}");
+        let idle = store.read_ledger(idle_ledger).await.unwrap().value;
+        assert_eq!(
+            idle.state,
+            LedgerState::Closed,
+            "the idle open segment's ledger was recovered: {idle:?}"
+        );
+        let s3 = store.read_stream(STREAMS[3]).await.unwrap().value;
+        assert_eq!(
+            s3.segments.last().unwrap().ledger_id,
+            idle_ledger.0,
+            "no write went to s3 meanwhile"
+        );
+        let entries = check_every_ledger(&store, &live).await;
+        assert!(entries > 0);
+    });
+    // The workers' metrics count what they copied; the gauges show nothing left.
+    let (mut bytes, mut fragments, mut marked) = (0.0, 0.0, 0.0);
+    for (i, addr) in metrics.iter().enumerate() {
+        if bookies[i].is_none() {
+            continue;
+        }
+        let (code, text) = common::http_get(addr, "/metrics");
+        assert_eq!(code, 200);
+        bytes += common::metric_sum(&text, "replication_worker_NUM_BYTES_WRITTEN_total", &[]);
+        fragments += common::metric_sum(
+            &text,
+            "replication_worker_NUM_FRAGMENTS_REPLICATED_total",
+            &[],
+        );
+        marked += common::metric_sum(&text, "auditor_NUM_UNDER_REPLICATED_LEDGERS", &[]);
+    }
+    assert!(
+        bytes > 0.0 && fragments >= 1.0,
+        "bytes {bytes}, fragments {fragments}"
+    );
+    assert_eq!(marked, 0.0);
+    let listed = cluster.admin_ok(&["ledger", "list", "--under-replicated", "--json"]);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&listed).unwrap(),
+        serde_json::json!([])
+    );
+    assert_eq!(auditor(&cluster).as_deref(), Some(first_auditor.as_str()));
+
+    // The streams go on (an idle stream whose segment autorecovery fenced rolls to a new one).
+    rt.block_on(write_all(&client, 2000..2100, &mut acked));
+
+    // (2) The auditor's bookie dies: another takes over and copies its ledgers back.
+    let dead_auditor = BookieId(first_auditor.clone());
+    kill(&mut bookies, &ids, &dead_auditor);
+    live.remove(&dead_auditor);
+    let killed_at = Instant::now();
+    let new_auditor = loop {
+        match auditor(&cluster) {
+            Some(a) if a != first_auditor => break a,
+            _ => {}
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_millis(SESSION_TIMEOUT_MS * 5),
+            "no other auditor within {} ms",
+            SESSION_TIMEOUT_MS * 5
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("new auditor {new_auditor} after {:?}", killed_at.elapsed());
+    assert!(
+        live.contains(&BookieId(new_auditor.clone())),
+        "{new_auditor}"
+    );
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        wait_replicated(&store, &dead_auditor, Duration::from_secs(120)).await;
+        assert!(check_every_ledger(&store, &live).await > 0);
+    });
+    rt.block_on(write_all(&client, 3000..3100, &mut acked));
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        for (s, stream) in STREAMS.iter().enumerate() {
+            let report = check_stream(&proxy.addr, &store, stream, &acked[s], &[]).await;
+            assert!(report.records.len() >= acked[s].len());
+        }
+    });
+    proxy.stop();
+    for b in bookies.into_iter().flatten() {
+        b.stop();
+    }
+}
+
+#[test]
+fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go_on() {
+    // Goal: `quire bookie decommission` retires a bookie that is still up while two streams
+    // are written: every ledger that names it is re-replicated (open segments recovered after
+    // the grace period, their writers moving to new segments), no acknowledged record is lost,
+    // the command reports progress and ends with no ledger naming the bookie and its cookie
+    // deleted, and a second run says it is decommissioned already.
+    // Method: 4 bookies with autorecovery off (`--autorecovery-enabled false`) and one
+    // standalone `quire autorecovery` daemon instead, a proxy (E=3 Qw=3 Qa=2, small segments);
+    // records written to two streams throughout, retried with new payloads after a failed
+    // write; then the checks over every ledger and the shared checker.
+    let cluster = Cluster::start();
+    let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
+    let ids: Vec<BookieId> = ports
+        .iter()
+        .map(|p| BookieId(format!("127.0.0.1:{p}")))
+        .collect();
+    let bookies: Vec<Proc> = (0..4)
+        .map(|i| cluster.start_bookie_with(i, ports[i], &["--autorecovery-enabled", "false"]))
+        .collect();
+    cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
+    let daemon = cluster.start_autorecovery(AUTORECOVERY_FLAGS);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&cluster);
+        let candidates = st["candidates"].as_array().unwrap().clone();
+        if candidates.len() == 1
+            && st["auditor"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("autorecovery-"))
+        {
+            break;
+        }
+        assert!(candidates.len() <= 1, "bookies run no daemon: {st}");
+        assert!(
+            Instant::now() < deadline,
+            "the standalone daemon is not the auditor: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let proxy = cluster.start_proxy(
+        quire_testkit::free_port(),
+        &[
+            "--ensemble-size",
+            "3",
+            "--write-quorum",
+            "3",
+            "--ack-quorum",
+            "2",
+            "--segment-size-bytes",
+            "1500",
+            "--entry-size-bytes",
+            "200",
+        ],
+    );
+    let rt = runtime();
+    let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
+    let mut acked: [Vec<Acked>; 4] = Default::default();
+    rt.block_on(write_all(&client, 0..200, &mut acked));
+    // The bookie to retire: one in the ensemble of s0's open segment.
+    let retired = rt.block_on(async {
+        let store = store(&cluster).await;
+        let meta = store.read_stream(STREAMS[0]).await.unwrap().value;
+        let ledger = LedgerId(meta.segments.last().unwrap().ledger_id);
+        store.read_ledger(ledger).await.unwrap().value.fragments[0].bookies[0].clone()
+    });
+
+    // Writers on s0 and s1 until told to stop.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = STREAMS[..2]
+        .iter()
+        .map(|stream| {
+            let (client, stop) = (client.clone(), stop.clone());
+            rt.spawn(async move {
+                let (mut got, mut failures, mut next) = (Vec::new(), 0, 10_000);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let (a, err) = write_records(&client, stream, stream, next..next + 20).await;
+                    next += 20;
+                    got.extend(a);
+                    if err.is_some() {
+                        failures += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                (got, failures)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = cluster.admin_ok(&[
+        "bookie",
+        "decommission",
+        &retired.0,
+        "--timeout-secs",
+        "120",
+    ]);
+    assert!(out.contains("ledgers still name"), "progress shown: {out}");
+    assert!(out.contains("decommissioned"), "{out}");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for (s, w) in writers.into_iter().enumerate() {
+        let (got, failures) = rt.block_on(w).unwrap();
+        assert!(
+            got.len() > 40,
+            "writes went on: {} acknowledged, {failures} failed",
+            got.len()
+        );
+        acked[s].extend(got);
+    }
+    let again = cluster.admin(&["bookie", "decommission", &retired.0]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no cookie"));
+
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        assert!(matches!(
+            store.read_cookie(&retired).await,
+            Err(quire_metadata::Error::NotFound { .. })
+        ));
+        let live: HashSet<BookieId> = ids.iter().filter(|b| **b != retired).cloned().collect();
+        assert!(check_every_ledger(&store, &live).await > 0);
+        for (s, stream) in STREAMS.iter().enumerate() {
+            let report = check_stream(&proxy.addr, &store, stream, &acked[s], &[]).await;
+            assert!(report.records.len() >= acked[s].len());
+        }
+    });
+    proxy.stop();
+    daemon.stop();
+    for b in bookies {
+        b.stop();
+    }
+}
