@@ -109,12 +109,17 @@ fn bookie_with_a_corrupt_index_segment_starts_and_serves_every_ledger() {
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         let rebuilt = text
             .lines()
-            .find_map(|l| l.strip_prefix(&format!("bookie_INDEX_REBUILD_SEGMENTS_TOTAL{{{labels}}} ")))
+            .find_map(|l| {
+                l.strip_prefix(&format!("bookie_INDEX_REBUILD_SEGMENTS_TOTAL{{{labels}}} "))
+            })
             .map(|v| v.trim().parse::<f64>().unwrap());
         if rebuilt == Some(1.0) {
             break;
         }
-        assert!(Instant::now() < deadline, "rebuild not counted: {rebuilt:?}");
+        assert!(
+            Instant::now() < deadline,
+            "rebuild not counted: {rebuilt:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(c);

@@ -370,7 +370,7 @@ impl<F: StorageFile> Index<F> {
     /// # Errors
     /// `Corrupt` if a block read fails its check; `Io`.
     pub async fn location(&self, ledger: u64, entry: u64) -> Result<Option<Location>, Error> {
-        let r = async {
+        let r: Result<_, Error> = async {
             for seg in self.newest_first() {
                 if let Some(loc) = seg.find(&self.cache, (ledger, entry)).await? {
                     return Ok(Some(loc));
@@ -394,7 +394,7 @@ impl<F: StorageFile> Index<F> {
         if max == 0 || entry == u64::MAX {
             return Ok(out);
         }
-        let r = async {
+        let r: Result<_, Error> = async {
             let mut scan = MergedScan::start(self, (ledger, entry + 1), true).await?;
             while out.len() < max {
                 match scan.next(&self.cache).await? {
@@ -416,7 +416,7 @@ impl<F: StorageFile> Index<F> {
         log_id: u64,
     ) -> Result<Vec<(u64, Location)>, Error> {
         let mut out = Vec::new();
-        let r = async {
+        let r: Result<_, Error> = async {
             let mut scan = MergedScan::start(self, (ledger, 0), false).await?;
             while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
                 if l != ledger {
@@ -438,7 +438,7 @@ impl<F: StorageFile> Index<F> {
         &self,
         mut f: impl FnMut(u64, u64, Location),
     ) -> Result<(), Error> {
-        let r = async {
+        let r: Result<_, Error> = async {
             let mut scan = MergedScan::start(self, (0, 0), false).await?;
             while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
                 f(l, e, loc);

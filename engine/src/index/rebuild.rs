@@ -33,12 +33,12 @@ use std::time::Instant;
 
 use crate::checkpoint::write_mark;
 use crate::engine::Inner;
-use crate::gc::LogUsage;
 use crate::files::{io_err, parse_id};
 use crate::format::{
     round_up_block, u32_at, u64_at, Key, Location, Mark, StoredLedger, ENTRY_RECORD_HEADER_BYTES,
     FILE_HEADER_BYTES, KEYS_PER_BLOCK, LEDGERS_PER_BLOCK,
 };
+use crate::gc::LogUsage;
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
 use crate::Error;
 
@@ -46,6 +46,9 @@ use super::segment::{Segment, SegmentWriter};
 
 /// Bytes of an entry log read at once by the scan.
 const SCAN_READ_BYTES: usize = 4 << 20;
+
+/// Smallest bound on a record's length the scan uses (see `scan_entry_logs`).
+const LEN_FLOOR: usize = 16 << 20;
 
 /// Every key, for a segment whose header cannot be read.
 const ALL_KEYS: (Key, Key) = ((0, 0), (u64::MAX, u64::MAX));
@@ -185,7 +188,8 @@ pub(crate) struct Scan {
 /// Reads every entry log of `dir` (in id order, front to back) and collects the records whose
 /// key lies in one of `keys` or whose ledger lies in one of `ledgers`. Deleted ledgers are
 /// skipped. A record is accepted only if its CRC32C holds and its length is at most
-/// `entry_size_max`; after a bad record the scan resumes at the next 4 KiB boundary (where
+/// `entry_size_max` (or 16 MiB if more); a bad record is skipped by its length field when a
+/// record or padding follows it, otherwise the scan resumes at the next 4 KiB boundary (where
 /// every checkpoint and compaction write starts).
 ///
 /// # Errors
@@ -208,6 +212,9 @@ pub(crate) async fn scan_entry_logs<S: Storage>(
         .collect();
     ids.sort_unstable();
     let mut scan = Scan::default();
+    // A bound on a record's length that garbage must pass before it is read; it does not
+    // follow a lowered `entry_size_bytes_max` below what older entries may hold.
+    let len_max = entry_size_max.max(LEN_FLOOR);
     let in_keys = |k: Key| keys.iter().any(|(lo, hi)| k >= *lo && k <= *hi);
     let in_ledgers = |l: u64| ledgers.iter().any(|(lo, hi)| l >= *lo && l <= *hi);
     for id in ids {
@@ -228,15 +235,18 @@ pub(crate) async fn scan_entry_logs<S: Storage>(
         let mut buf: Vec<u8> = Vec::new();
         let mut buf_at = 0u64;
         let mut pos = FILE_HEADER_BYTES as u64;
+        // A bad record skipped on the strength of its length field: (offset, bytes).
+        let mut after_bad: Option<(u64, u64)> = None;
         while pos + ENTRY_RECORD_HEADER_BYTES as u64 <= size {
             let need = ENTRY_RECORD_HEADER_BYTES;
             if !covers(buf_at, &buf, pos, need) {
                 buf_at = pos - pos % BLOCK_BYTES as u64;
                 let len = SCAN_READ_BYTES.min((size - buf_at) as usize);
-                buf = file
-                    .read_at(buf_at, len)
-                    .await
-                    .map_err(io_err("read entry log", &path, buf_at))?;
+                buf = file.read_at(buf_at, len).await.map_err(io_err(
+                    "read entry log",
+                    &path,
+                    buf_at,
+                ))?;
                 if !covers(buf_at, &buf, pos, need) {
                     break;
                 }
@@ -244,32 +254,51 @@ pub(crate) async fn scan_entry_logs<S: Storage>(
             let at = (pos - buf_at) as usize;
             let head = &buf[at..at + need];
             if head.iter().all(|b| *b == 0) {
-                // Padding to the end of a write.
+                // Padding to the end of a write (which also confirms a skipped bad record).
+                if let Some((_, n)) = after_bad.take() {
+                    scan.unreadable_bytes += n;
+                }
                 pos = round_up_block(pos + 1);
                 continue;
             }
             let data_len = u32_at(head, 4) as usize;
             let total = need + data_len;
-            let fits = data_len <= entry_size_max && pos + total as u64 <= size;
+            let fits = data_len <= len_max && pos + total as u64 <= size;
             if fits && !covers(buf_at, &buf, pos, total) {
                 buf_at = pos - pos % BLOCK_BYTES as u64;
                 let len = SCAN_READ_BYTES
                     .max(total + BLOCK_BYTES)
                     .min((size - buf_at) as usize);
-                buf = file
-                    .read_at(buf_at, len)
-                    .await
-                    .map_err(io_err("read entry log", &path, buf_at))?;
+                buf = file.read_at(buf_at, len).await.map_err(io_err(
+                    "read entry log",
+                    &path,
+                    buf_at,
+                ))?;
             }
             let at = (pos - buf_at) as usize;
             let ok = fits
                 && covers(buf_at, &buf, pos, total)
                 && u32_at(&buf, at) == crc32c::crc32c(&buf[at + 4..at + total]);
             if !ok {
-                let next = round_up_block(pos + 1);
-                scan.unreadable_bytes += next - pos;
-                pos = next;
+                match after_bad.take() {
+                    // One bad record whose length looks sound (its data rotted): skip it, if
+                    // what follows it is a record or padding.
+                    None if fits => {
+                        after_bad = Some((pos, total as u64));
+                        pos += total as u64;
+                    }
+                    // Its length cannot be trusted either: resume at the next boundary.
+                    bad => {
+                        let from = bad.map_or(pos, |(b, _)| b);
+                        let next = round_up_block(from + 1);
+                        scan.unreadable_bytes += next - from;
+                        pos = next;
+                    }
+                }
                 continue;
+            }
+            if let Some((_, n)) = after_bad.take() {
+                scan.unreadable_bytes += n;
             }
             let ledger = u64_at(&buf, at + 8);
             let entry = u64_at(&buf, at + 16);
@@ -292,6 +321,9 @@ pub(crate) async fn scan_entry_logs<S: Storage>(
             }
             pos += total as u64;
         }
+        if let Some((_, n)) = after_bad {
+            scan.unreadable_bytes += n;
+        }
     }
     // Newest copy wins: later log, then later offset in it.
     scan.locations
@@ -313,7 +345,11 @@ fn covers(buf_at: u64, buf: &[u8], pos: u64, len: usize) -> bool {
 
 /// What survives of a ledger's state in readable segments, merged: a master key (never
 /// changes once bound), the largest LAC and last entry, whether any said fenced.
-pub(crate) fn merge_surviving(into: &mut BTreeMap<u64, StoredLedger>, ledger: u64, s: StoredLedger) {
+pub(crate) fn merge_surviving(
+    into: &mut BTreeMap<u64, StoredLedger>,
+    ledger: u64,
+    s: StoredLedger,
+) {
     let m = into.entry(ledger).or_default();
     m.fenced |= s.fenced;
     m.master_key = m.master_key.or(s.master_key);
@@ -391,9 +427,7 @@ pub(crate) async fn build<S: Storage>(
                 .range(lo..=hi)
                 .map(|(l, _)| *l)
                 .chain(surviving.range(lo..=hi).map(|(l, _)| *l))
-                .filter(|l| {
-                    !is_deleted(*l) && !states.contains_key(l) && !d.superseded.contains(l)
-                })
+                .filter(|l| !is_deleted(*l) && !states.contains_key(l) && !d.superseded.contains(l))
                 .collect();
             let mut candidates: Vec<u64> = candidates.into_iter().collect();
             candidates.sort_unstable();
@@ -402,9 +436,7 @@ pub(crate) async fn build<S: Storage>(
                 // show; fenced unless the state known elsewhere is exact.
                 let mut rebuilt = surviving.get(&l).copied().unwrap_or_default();
                 rebuilt.fenced |= fence_rebuilt;
-                rebuilt.last_entry = rebuilt
-                    .last_entry
-                    .max(scan.last_entries.get(&l).copied());
+                rebuilt.last_entry = rebuilt.last_entry.max(scan.last_entries.get(&l).copied());
                 states.insert(l, rebuilt);
                 ledgers_rebuilt.push(l);
             }
@@ -476,16 +508,18 @@ pub(crate) async fn commit<S: Storage>(
         // A missing segment has nothing to keep; a failed rename only loses the forensic copy
         // (the file is unnamed now and the next open removes it).
         if let Err(e) = storage.rename(&r.damage.path, &to).await {
-            tracing::debug!("keeping {} as {}: {e}", r.damage.path.display(), to.display());
+            tracing::debug!(
+                "keeping {} as {}: {e}",
+                r.damage.path.display(),
+                to.display()
+            );
         }
     }
     storage
         .sync_dir(dir)
         .await
         .map_err(io_err("sync ledger dir", dir, 0))?;
-    report.millis = report
-        .started
-        .map_or(0, |t| t.elapsed().as_millis() as u64);
+    report.millis = report.started.map_or(0, |t| t.elapsed().as_millis() as u64);
     for r in reps {
         tracing::warn!(
             segment = %r.damage.path.display(),
@@ -568,7 +602,7 @@ pub(crate) async fn repair<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> 
         vec![damage],
         &surviving,
         false,
-        &|l| inner.ledgers.is_deleted(l),
+        &|l: u64| inner.ledgers.is_deleted(l),
         inner.cfg.entry_size_bytes_max,
         &|| index.take_id(),
     )

@@ -114,7 +114,11 @@ impl<F: StorageFile> Segment<F> {
     }
 
     /// Reads and checks block `n` (not through the cache); returns it and its item count.
-    pub(crate) async fn read_block(&self, n: u64, per_block: usize) -> Result<(Vec<u8>, usize), Error> {
+    pub(crate) async fn read_block(
+        &self,
+        n: u64,
+        per_block: usize,
+    ) -> Result<(Vec<u8>, usize), Error> {
         let at = n * BLOCK_BYTES as u64;
         let b = self.file.read_at(at, BLOCK_BYTES).await.map_err(io_err(
             "read index segment",
