@@ -1,7 +1,7 @@
 //! Goal: a bookie whose oldest index segment has 4 flipped bytes starts and serves every ledger
 //! (issue 13 item 4, Kafka KAFKA-5829 family): the engine rebuilds the segment from the entry
 //! logs, the ledger fenced before still refuses the old writer, the rebuild is counted in the
-//! bookie's metrics (`bookie_INDEX_REBUILD_SEGMENTS_TOTAL`).
+//! bookie's metrics (`bookie_INDEX_REBUILD_SEGMENTS`).
 //! Method: a real one-shard bookie; ledgers 1..=4 get entries and ledger 2 a fence; clean
 //! shutdown (one index segment); restart, ledger 5 gets entries; shutdown (a second, newer
 //! segment); flip 4 bytes in the header of the oldest segment; start with metrics; read every
@@ -110,7 +110,7 @@ fn bookie_with_a_corrupt_index_segment_starts_and_serves_every_ledger() {
         let rebuilt = text
             .lines()
             .find_map(|l| {
-                l.strip_prefix(&format!("bookie_INDEX_REBUILD_SEGMENTS_TOTAL{{{labels}}} "))
+                l.strip_prefix(&format!("bookie_INDEX_REBUILD_SEGMENTS_total{{{labels}}} "))
             })
             .map(|v| v.trim().parse::<f64>().unwrap());
         if rebuilt == Some(1.0) {
