@@ -41,6 +41,9 @@ use cache::BlockCache;
 use rebuild::{Damage, RebuildReport};
 use segment::{parse_segment_name, SegCursor, Segment, SegmentWriter};
 
+/// An open segment and its ledger states.
+type LiveWithStates<F> = (Rc<Segment<F>>, Vec<(u64, StoredLedger)>);
+
 /// A segment the mark names, as open found it.
 enum Slot<F> {
     /// Every check passed; its ledger states.
@@ -170,8 +173,7 @@ impl<F: StorageFile> Index<F> {
                 }
             }
         }
-        let mut replacements: HashMap<u64, (Rc<Segment<F>>, Vec<(u64, StoredLedger)>)> =
-            HashMap::new();
+        let mut replacements: HashMap<u64, LiveWithStates<F>> = HashMap::new();
         let mark = if damaged.is_empty() {
             mark.clone()
         } else {
