@@ -274,6 +274,12 @@ shard_state! {
     /// Bytes of live (not deleted) entries in the entry logs on disk: the rest is what garbage
     /// collection and compaction can reclaim.
     entry_log_live_bytes: gauge = "bookie_entry_log_live_bytes";
+    /// Damaged index segments rebuilt from the entry logs (at start or after a read found one).
+    index_segments_rebuilt: counter = "bookie_INDEX_REBUILD_SEGMENTS";
+    /// Ledgers given a rebuilt state by those rebuilds (fenced when rebuilt at start).
+    index_ledgers_rebuilt: counter = "bookie_INDEX_REBUILD_LEDGERS";
+    /// Entry locations written by those rebuilds.
+    index_entries_rebuilt: counter = "bookie_INDEX_REBUILD_ENTRIES";
 }
 
 /// How often each shard publishes its [`ShardState`].

@@ -427,6 +427,7 @@ fn publish_state(engine: &Engine, status: &BookieStatus, index: usize) {
     s.read_cache_misses
         .store(reads.entry_log_reads, Ordering::Relaxed);
     let gc = engine.gc_stats();
+    let rebuilt = engine.index_stats();
     for (field, v) in [
         (&s.gc_runs, gc.runs),
         (&s.gc_failed_runs, gc.failed_runs),
@@ -447,6 +448,9 @@ fn publish_state(engine: &Engine, status: &BookieStatus, index: usize) {
         (&s.entry_logs, gc.entry_logs),
         (&s.entry_log_bytes, gc.entry_log_bytes),
         (&s.entry_log_live_bytes, gc.live_bytes),
+        (&s.index_segments_rebuilt, rebuilt.segments_rebuilt),
+        (&s.index_ledgers_rebuilt, rebuilt.ledgers_rebuilt),
+        (&s.index_entries_rebuilt, rebuilt.entries_rebuilt),
     ] {
         field.store(v, Ordering::Relaxed);
     }

@@ -120,7 +120,10 @@ impl Engine<DmaStorage> {
     ///
     /// # Errors
     /// `Error::Corrupt` naming the file and byte offset if a journal record that is followed by
-    /// durable data is damaged, or if a header, index segment or the mark fails its checksum;
+    /// durable data is damaged, or if a file header or the mark fails its checksum (a damaged
+    /// or missing index segment is not an error: it is rebuilt from the entry logs during open,
+    /// the ledgers whose state it held come back fenced, see `Engine::index_stats` and
+    /// docs/format/index.md, "Damaged segments");
     /// `Error::UnsupportedFormat` for a file version this build does not read; `Error::Io`.
     /// A torn journal tail (the last, never acknowledged batch) is dropped silently.
     pub async fn open(config: EngineConfig) -> Result<Rc<Engine>, Error> {
@@ -491,7 +494,8 @@ impl<S: Storage + 'static> Engine<S> {
 
     /// Figures of the index now: live segments, resident bytes (segment headers and top keys
     /// plus the block cache, bounded by `index_cache_bytes_max` plus a few hundred bytes per
-    /// segment), block-cache hits and misses, merges.
+    /// segment), block-cache hits and misses, merges, and the damaged segments rebuilt from the
+    /// entry logs since open (at open, or in the background after a read found a bad block).
     pub fn index_stats(&self) -> IndexStats {
         self.inner.index.stats()
     }

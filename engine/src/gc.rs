@@ -117,6 +117,11 @@ impl LogUsage {
         self.logs.borrow_mut().remove(&id);
     }
 
+    /// Takes the figures of `other` (counted again from the index).
+    pub fn replace(&self, other: LogUsage) {
+        *self.logs.borrow_mut() = other.logs.into_inner();
+    }
+
     /// Live bytes in all logs.
     pub fn total_live(&self) -> u64 {
         self.logs.borrow().values().map(|l| l.bytes).sum()

@@ -215,6 +215,15 @@ impl Ledgers {
         }
     }
 
+    /// The stored form of every ledger's state now (a damaged index segment's rebuild).
+    pub fn stored_states(&self) -> std::collections::BTreeMap<u64, StoredLedger> {
+        self.table
+            .borrow()
+            .iter()
+            .map(|(id, l)| (*id, l.stored()))
+            .collect()
+    }
+
     /// Marks `ids` changed again (a checkpoint that took them failed).
     pub fn mark_dirty(&self, ids: impl IntoIterator<Item = u64>) {
         self.dirty.borrow_mut().extend(ids);

@@ -255,6 +255,18 @@ pub struct IndexStats {
     /// Merges completed and failed since open.
     pub merges: u64,
     pub merge_failures: u64,
+    /// Damaged index segments rebuilt from the entry logs since open (docs/format/index.md,
+    /// "Damaged segments"; each is also logged at warn level with its path).
+    pub segments_rebuilt: u64,
+    /// Ledgers those rebuilds gave a rebuilt state (fenced; their state was unreadable).
+    pub ledgers_rebuilt: u64,
+    /// Entry locations written into the replacement segments.
+    pub entries_rebuilt: u64,
+    /// Entry-log bytes read by the rebuilds, and their time in milliseconds.
+    pub rebuild_entry_log_bytes: u64,
+    pub rebuild_ms: u64,
+    /// Background rebuilds that failed (retried when a read finds the segment damaged again).
+    pub rebuild_failures: u64,
 }
 
 /// Errors of the engine. Each message is one line naming the path and byte offset involved.

@@ -64,9 +64,21 @@ pub(crate) async fn open_inner<S: Storage>(
         mark
     };
 
-    // Index segments and ledger states.
-    let (index, ledgers) =
-        Index::open(&storage, &cfg.ledger_dir, &mark, cfg.index_cache_bytes_max).await?;
+    // Tombstones first: a deleted ledger's index entries and state never come back, also not
+    // through a rebuild of a damaged index segment.
+    let (tombstones, deleted) = Tombstones::load(&storage, &cfg.ledger_dir, &ledger_names).await?;
+    let is_deleted = |l: u64| deleted.contains(&l);
+
+    // Index segments and ledger states; a damaged segment is rebuilt from the entry logs.
+    let (index, ledgers, mut mark) = Index::open(
+        &storage,
+        &cfg.ledger_dir,
+        &mark,
+        cfg.index_cache_bytes_max,
+        &is_deleted,
+        cfg.entry_size_bytes_max,
+    )
+    .await?;
 
     // Entry logs: never append to an old one (it may hold unindexed bytes past its last sync).
     let next_entry_log_id = ledger_names
@@ -76,8 +88,6 @@ pub(crate) async fn open_inner<S: Storage>(
         .unwrap_or(0)
         + 1;
 
-    // Tombstones: a deleted ledger's index entries and state never come back.
-    let (tombstones, deleted) = Tombstones::load(&storage, &cfg.ledger_dir, &ledger_names).await?;
     let ledgers = Ledgers::new(ledgers);
     for &ledger in &deleted {
         ledgers.delete(ledger);
@@ -87,17 +97,44 @@ pub(crate) async fn open_inner<S: Storage>(
     // ledgers left out), sizes from the files. An index entry into a log that is not there is
     // corruption (garbage collection deletes a log only once no committed index entry points
     // into it).
-    let usage = LogUsage::default();
-    let mut deleted_left = false;
-    index
-        .for_each_location(|ledger, _, loc| {
-            if ledgers.is_deleted(ledger) {
-                deleted_left = true;
-            } else {
-                usage.add(ledger, loc)
-            }
-        })
-        .await?;
+    // This pass reads every data block: one that fails its check has its segment rebuilt from
+    // the entry logs (same states, locations from the logs), and the pass starts over.
+    let mut rebuilds_left = mark.segments.len();
+    let (usage, deleted_left) = loop {
+        let usage = LogUsage::default();
+        let mut deleted_left = false;
+        let pass = index
+            .for_each_location(|ledger, _, loc| {
+                if ledgers.is_deleted(ledger) {
+                    deleted_left = true;
+                } else {
+                    usage.add(ledger, loc)
+                }
+            })
+            .await;
+        let err = match pass {
+            Ok(()) => break (usage, deleted_left),
+            Err(e) => e,
+        };
+        let damaged = match &err {
+            Error::Corrupt { path, .. } if rebuilds_left > 0 => index.live_segment_at(path),
+            _ => None,
+        };
+        let Some(id) = damaged else {
+            return Err(err);
+        };
+        rebuilds_left -= 1;
+        mark = index
+            .rebuild_live(
+                &storage,
+                &mark,
+                id,
+                err.to_string(),
+                &is_deleted,
+                cfg.entry_size_bytes_max,
+            )
+            .await?;
+    };
     if deleted_left {
         // A crash (or close) came before the merge that drops them: merge everything soon.
         index.full_merge_wanted.set(true);

@@ -65,6 +65,15 @@ pub(crate) async fn merge_loop<S: Storage>(inner: Rc<Inner<S>>) {
             if inner.closed.get() {
                 return;
             }
+            // A segment a read found damaged is rebuilt before any merge takes it as input.
+            if inner.index.first_damaged().is_some() {
+                if let Err(e) = crate::index::rebuild::repair(&inner).await {
+                    inner.index.count(|s| s.rebuild_failures += 1);
+                    tracing::error!("rebuilding a damaged index segment failed: {e}");
+                    break;
+                }
+                continue;
+            }
             match merge_once(&inner).await {
                 Ok(true) => {}
                 Ok(false) => break,
@@ -96,6 +105,7 @@ pub(crate) async fn merge_once<S: Storage>(inner: &Inner<S>) -> Result<bool, Err
     let out = match write_merged(inner, &run).await {
         Ok(o) => o,
         Err(e) => {
+            index.notice(&e);
             if full {
                 index.full_merge_wanted.set(true);
             }

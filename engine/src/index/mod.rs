@@ -21,14 +21,15 @@ pub(crate) mod cache;
 pub(crate) mod legacy;
 pub(crate) mod merge;
 pub(crate) mod migrate;
+pub(crate) mod rebuild;
 pub(crate) mod segment;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::files::io_err;
+use crate::files::{io_err, parse_id};
 use crate::format::{Key, Location, Mark, StoredLedger};
 use crate::io::{Storage, StorageFile};
 use crate::ledgers::Ledger;
@@ -37,7 +38,19 @@ use crate::throttle::Throttle;
 use crate::{Error, IndexStats};
 
 use cache::BlockCache;
+use rebuild::{Damage, RebuildReport};
 use segment::{parse_segment_name, SegCursor, Segment, SegmentWriter};
+
+/// An open segment and its ledger states.
+type LiveWithStates<F> = (Rc<Segment<F>>, Vec<(u64, StoredLedger)>);
+
+/// A segment the mark names, as open found it.
+enum Slot<F> {
+    /// Every check passed; its ledger states.
+    Good(Rc<Segment<F>>, Vec<(u64, StoredLedger)>),
+    /// To be rebuilt.
+    Damaged(Damage),
+}
 
 /// The live index segments and the block cache.
 pub(crate) struct Index<F> {
@@ -54,22 +67,31 @@ pub(crate) struct Index<F> {
     /// One merge at a time (the background merger, `Engine::merge_index`).
     pub(crate) merge_lock: glommio::sync::Semaphore,
     stats: Cell<IndexStats>,
+    /// Live segments a read found damaged after open, with the error: rebuilt in the
+    /// background (`rebuild::repair`).
+    damaged: RefCell<BTreeMap<u64, String>>,
 }
 
 impl<F: StorageFile> Index<F> {
     /// Opens the segments `mark` names in `dir` and returns them with the ledger states they
-    /// hold (later segments override earlier ones). Segment files the mark does not name are
-    /// what a crash left (an unfinished checkpoint or merge, a merge's inputs) and are removed,
-    /// as is a legacy `index.qix` a finished migration left.
+    /// hold (later segments override earlier ones), and the mark in force. Segment files the
+    /// mark does not name are what a crash left (an unfinished checkpoint, merge or rebuild, a
+    /// merge's inputs) and are removed, as is a legacy `index.qix` a finished migration left.
+    ///
+    /// A named segment that is missing, or whose header, top, index or ledger-state blocks fail
+    /// their check, is rebuilt from the entry logs (`rebuild.rs`) and replaced in a new mark,
+    /// which is returned; deleted ledgers (`is_deleted`) are left out of the replacement.
     ///
     /// # Errors
-    /// `Corrupt` if a named segment is missing or fails a check; `UnsupportedFormat`; `Io`.
+    /// `UnsupportedFormat`; `Io`.
     pub async fn open<S: Storage<File = F>>(
         storage: &S,
         dir: &Path,
         mark: &Mark,
         cache_bytes_max: usize,
-    ) -> Result<(Self, HashMap<u64, Ledger>), Error> {
+        is_deleted: &dyn Fn(u64) -> bool,
+        entry_size_max: usize,
+    ) -> Result<(Self, HashMap<u64, Ledger>, Mark), Error> {
         let names = storage
             .list(dir)
             .await
@@ -77,6 +99,10 @@ impl<F: StorageFile> Index<F> {
         let mut removed = false;
         let mut max_id = 0;
         for name in &names {
+            // A kept damaged segment's id is never given again.
+            if let Some(id) = parse_id(name, "index-", ".qis.corrupt") {
+                max_id = max_id.max(id);
+            }
             let stale = match parse_segment_name(name) {
                 Some(id) => {
                     max_id = max_id.max(id);
@@ -99,37 +125,236 @@ impl<F: StorageFile> Index<F> {
                 .await
                 .map_err(io_err("sync ledger dir", dir, 0))?;
         }
-        if let Some(missing) = mark
-            .segments
-            .iter()
-            .find(|id| !names.contains(&segment::segment_name(**id)))
-        {
-            return Err(crate::files::corrupt(
-                &dir.join(segment::segment_name(*missing)),
-                0,
-                "the checkpoint mark names this index segment, which is missing",
-            ));
-        }
-        let mut segments = Vec::with_capacity(mark.segments.len());
-        let mut ledgers: HashMap<u64, Ledger> = HashMap::new();
+        let mut slots: Vec<Slot<F>> = Vec::with_capacity(mark.segments.len());
         for &id in &mark.segments {
-            let seg = Segment::open(storage, dir, id).await?;
-            for (ledger, s) in seg.ledger_states().await? {
-                ledgers.insert(ledger, Ledger::from_stored(s));
+            let name = segment::segment_name(id);
+            let path = dir.join(&name);
+            if !names.contains(&name) {
+                slots.push(Slot::Damaged(Damage::whole(
+                    id,
+                    path,
+                    "the checkpoint mark names this index segment, which is missing".into(),
+                )));
+                continue;
             }
-            segments.push(Rc::new(seg));
+            match Segment::open(storage, dir, id).await {
+                Ok(seg) => match rebuild::assess(&seg).await? {
+                    (states, None) => slots.push(Slot::Good(Rc::new(seg), states)),
+                    (_, Some(d)) => slots.push(Slot::Damaged(d)),
+                },
+                Err(e) => slots.push(Slot::Damaged(Damage::whole(
+                    id,
+                    path,
+                    rebuild::corrupt_reason(e)?,
+                ))),
+            }
         }
         let index = Index {
             dir: dir.to_path_buf(),
-            segments: RefCell::new(segments),
+            segments: RefCell::new(Vec::new()),
             cache: RefCell::new(BlockCache::new(cache_bytes_max)),
             next_id: Cell::new(max_id.max(mark.segments.iter().copied().max().unwrap_or(0)) + 1),
             merge_signal: Signal::default(),
             full_merge_wanted: Cell::new(false),
             merge_lock: glommio::sync::Semaphore::new(1),
             stats: Cell::new(IndexStats::default()),
+            damaged: RefCell::new(BTreeMap::new()),
         };
-        Ok((index, ledgers))
+        // Each damaged segment, with the ledgers whose state a newer readable segment holds.
+        let mut damaged: Vec<Damage> = Vec::new();
+        let mut newer: HashSet<u64> = HashSet::new();
+        for slot in slots.iter().rev() {
+            match slot {
+                Slot::Good(_, states) => newer.extend(states.iter().map(|(l, _)| *l)),
+                Slot::Damaged(d) => {
+                    let mut d = d.clone();
+                    d.superseded = newer.clone();
+                    damaged.push(d);
+                }
+            }
+        }
+        let mut replacements: HashMap<u64, LiveWithStates<F>> = HashMap::new();
+        let mark = if damaged.is_empty() {
+            mark.clone()
+        } else {
+            let mut surviving = BTreeMap::new();
+            for slot in &slots {
+                let states = match slot {
+                    Slot::Good(_, states) => states,
+                    Slot::Damaged(d) => &d.kept_states,
+                };
+                for &(l, st) in states {
+                    rebuild::merge_surviving(&mut surviving, l, st);
+                }
+            }
+            let (reps, mut report) = rebuild::build(
+                storage,
+                dir,
+                damaged,
+                &surviving,
+                true,
+                is_deleted,
+                entry_size_max,
+                &|| index.take_id(),
+            )
+            .await?;
+            let new_mark = rebuild::commit(storage, dir, mark, &reps, &mut report).await?;
+            index.note_rebuild(&report);
+            for r in reps {
+                replacements.insert(r.damage.id, (Rc::new(r.segment), r.states));
+            }
+            new_mark
+        };
+        let mut segments = Vec::with_capacity(slots.len());
+        let mut ledgers: HashMap<u64, Ledger> = HashMap::new();
+        for slot in slots {
+            let (seg, states) = match slot {
+                Slot::Good(seg, states) => (seg, states),
+                Slot::Damaged(d) => replacements
+                    .remove(&d.id)
+                    .expect("every damaged segment has a replacement"),
+            };
+            for (ledger, s) in states {
+                ledgers.insert(ledger, Ledger::from_stored(s));
+            }
+            segments.push(seg);
+        }
+        *index.segments.borrow_mut() = segments;
+        Ok((index, ledgers, mark))
+    }
+
+    /// Rebuilds live segment `id`, whose data block failed its check (`reason`) while open read
+    /// every location, from the entry logs: its key range gets the newest copies found there
+    /// and it keeps its ledger states (which were read and checked). Returns the new mark,
+    /// which is durable; the ledger states in force do not change.
+    ///
+    /// # Errors
+    /// `Io`; `Corrupt` if `id` is not live.
+    pub async fn rebuild_live<S: Storage<File = F>>(
+        &self,
+        storage: &S,
+        mark: &Mark,
+        id: u64,
+        reason: String,
+        is_deleted: &dyn Fn(u64) -> bool,
+        entry_size_max: usize,
+    ) -> Result<Mark, Error> {
+        let seg = self
+            .segments
+            .borrow()
+            .iter()
+            .find(|s| s.id == id)
+            .cloned()
+            .ok_or_else(|| {
+                crate::files::corrupt(&self.dir.join(segment::segment_name(id)), 0, reason.clone())
+            })?;
+        let (kept, found) = rebuild::assess(&seg).await?;
+        let damage = Damage {
+            id,
+            path: seg.path.clone(),
+            reason,
+            keys: (seg.header.entry_count > 0).then_some((seg.header.min_key, seg.header.max_key)),
+            lost_states: found.and_then(|d| d.lost_states),
+            kept_states: kept,
+            superseded: HashSet::new(),
+        };
+        let mut surviving = BTreeMap::new();
+        for s in self.newest_first() {
+            if s.id != id && damage.lost_states.is_some() {
+                for (l, st) in s.ledger_states().await? {
+                    rebuild::merge_surviving(&mut surviving, l, st);
+                }
+            }
+        }
+        let (reps, mut report) = rebuild::build(
+            storage,
+            &self.dir,
+            vec![damage],
+            &surviving,
+            true,
+            is_deleted,
+            entry_size_max,
+            &|| self.take_id(),
+        )
+        .await?;
+        let new_mark = rebuild::commit(storage, &self.dir, mark, &reps, &mut report).await?;
+        self.replace_segments(reps, &report);
+        Ok(new_mark)
+    }
+
+    /// Puts committed replacements in their damaged segments' places and counts the rebuild.
+    pub(crate) fn replace_segments(
+        &self,
+        reps: Vec<rebuild::Replacement<F>>,
+        report: &RebuildReport,
+    ) {
+        self.note_rebuild(report);
+        for r in reps {
+            let mut segs = self.segments.borrow_mut();
+            if let Some(at) = segs.iter().position(|s| s.id == r.damage.id) {
+                segs[at] = Rc::new(r.segment);
+            }
+            self.cache.borrow_mut().forget_segment(r.damage.id);
+            self.damaged.borrow_mut().remove(&r.damage.id);
+        }
+    }
+
+    /// Notes a live segment that failed a check after open (`err` names its path): the
+    /// background merger rebuilds it (`rebuild::repair`). Other errors are ignored.
+    pub(crate) fn notice(&self, err: &Error) {
+        if let Error::Corrupt { path, .. } = err {
+            if let Some(id) = self.live_segment_at(path) {
+                if self
+                    .damaged
+                    .borrow_mut()
+                    .insert(id, err.to_string())
+                    .is_none()
+                {
+                    tracing::error!("index segment {} is damaged: {err}", path.display());
+                    self.merge_signal.notify();
+                }
+            }
+        }
+    }
+
+    /// A live segment noted as damaged since open, with what was found, if any.
+    pub(crate) fn first_damaged(&self) -> Option<(u64, String)> {
+        let live = self.ids();
+        let mut d = self.damaged.borrow_mut();
+        d.retain(|id, _| live.contains(id));
+        d.iter().next().map(|(id, r)| (*id, r.clone()))
+    }
+
+    /// Passes a read's result through, noting a damaged segment.
+    fn checked<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        if let Err(e) = &r {
+            self.notice(e);
+        }
+        r
+    }
+
+    /// Live segment `id`, if it is live.
+    pub(crate) fn live(&self, id: u64) -> Option<Rc<Segment<F>>> {
+        self.segments.borrow().iter().find(|s| s.id == id).cloned()
+    }
+
+    /// The id of the live segment at `path`, if any.
+    pub fn live_segment_at(&self, path: &Path) -> Option<u64> {
+        self.segments
+            .borrow()
+            .iter()
+            .find(|s| s.path == path)
+            .map(|s| s.id)
+    }
+
+    fn note_rebuild(&self, r: &RebuildReport) {
+        self.count(|s| {
+            s.segments_rebuilt += r.segments;
+            s.ledgers_rebuilt += r.ledgers;
+            s.entries_rebuilt += r.entries;
+            s.rebuild_entry_log_bytes += r.entry_log_bytes;
+            s.rebuild_ms += r.millis;
+        });
     }
 
     /// Ids of the live segments, oldest first (what the mark names).
@@ -147,12 +372,16 @@ impl<F: StorageFile> Index<F> {
     /// # Errors
     /// `Corrupt` if a block read fails its check; `Io`.
     pub async fn location(&self, ledger: u64, entry: u64) -> Result<Option<Location>, Error> {
-        for seg in self.newest_first() {
-            if let Some(loc) = seg.find(&self.cache, (ledger, entry)).await? {
-                return Ok(Some(loc));
+        let r: Result<_, Error> = async {
+            for seg in self.newest_first() {
+                if let Some(loc) = seg.find(&self.cache, (ledger, entry)).await? {
+                    return Ok(Some(loc));
+                }
             }
+            Ok(None)
         }
-        Ok(None)
+        .await;
+        self.checked(r)
     }
 
     /// Up to `max` indexed entries of `ledger` after `entry`, in entry order, with their
@@ -167,14 +396,18 @@ impl<F: StorageFile> Index<F> {
         if max == 0 || entry == u64::MAX {
             return Ok(out);
         }
-        let mut scan = MergedScan::start(self, (ledger, entry + 1), true).await?;
-        while out.len() < max {
-            match scan.next(&self.cache).await? {
-                Some(((l, e), loc)) if l == ledger => out.push((e, loc)),
-                _ => break,
+        let r: Result<_, Error> = async {
+            let mut scan = MergedScan::start(self, (ledger, entry + 1), true).await?;
+            while out.len() < max {
+                match scan.next(&self.cache).await? {
+                    Some(((l, e), loc)) if l == ledger => out.push((e, loc)),
+                    _ => break,
+                }
             }
+            Ok(out)
         }
-        Ok(out)
+        .await;
+        self.checked(r)
     }
 
     /// The entries of `ledger` whose current location is in entry log `log_id` (compaction's
@@ -185,16 +418,20 @@ impl<F: StorageFile> Index<F> {
         log_id: u64,
     ) -> Result<Vec<(u64, Location)>, Error> {
         let mut out = Vec::new();
-        let mut scan = MergedScan::start(self, (ledger, 0), false).await?;
-        while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
-            if l != ledger {
-                break;
+        let r: Result<_, Error> = async {
+            let mut scan = MergedScan::start(self, (ledger, 0), false).await?;
+            while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
+                if l != ledger {
+                    break;
+                }
+                if loc.log_id == log_id {
+                    out.push((e, loc));
+                }
             }
-            if loc.log_id == log_id {
-                out.push((e, loc));
-            }
+            Ok(out)
         }
-        Ok(out)
+        .await;
+        self.checked(r)
     }
 
     /// Calls `f` with the current location of every indexed entry, in (ledger, entry) order,
@@ -203,11 +440,15 @@ impl<F: StorageFile> Index<F> {
         &self,
         mut f: impl FnMut(u64, u64, Location),
     ) -> Result<(), Error> {
-        let mut scan = MergedScan::start(self, (0, 0), false).await?;
-        while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
-            f(l, e, loc);
+        let r: Result<_, Error> = async {
+            let mut scan = MergedScan::start(self, (0, 0), false).await?;
+            while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
+                f(l, e, loc);
+            }
+            Ok(())
         }
-        Ok(())
+        .await;
+        self.checked(r)
     }
 
     /// Writes a new segment of `locations` (sorted by (ledger, entry), each key once) and

@@ -109,12 +109,16 @@ impl<F: StorageFile> Segment<F> {
         Ok(seg)
     }
 
-    fn bad(&self, block: u64, reason: impl Into<String>) -> Error {
+    pub(crate) fn bad(&self, block: u64, reason: impl Into<String>) -> Error {
         corrupt(&self.path, block * BLOCK_BYTES as u64, reason)
     }
 
     /// Reads and checks block `n` (not through the cache); returns it and its item count.
-    async fn read_block(&self, n: u64, per_block: usize) -> Result<(Vec<u8>, usize), Error> {
+    pub(crate) async fn read_block(
+        &self,
+        n: u64,
+        per_block: usize,
+    ) -> Result<(Vec<u8>, usize), Error> {
         let at = n * BLOCK_BYTES as u64;
         let b = self.file.read_at(at, BLOCK_BYTES).await.map_err(io_err(
             "read index segment",
