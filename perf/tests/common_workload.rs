@@ -50,6 +50,9 @@ impl Sandbox {
             .arg("--data-dir")
             .arg(dir)
             .args(["--listen", "127.0.0.1:0"])
+            // The host disk is shared and its usage not the test's to control: only a really
+            // full disk may turn a bookie read-only here.
+            .args(["--disk-usage-threshold", "1.0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -13,16 +13,21 @@
 //!   is lost: it walks every ledger's metadata and marks each ledger with a fragment on a lost
 //!   bookie under-replicated (`ZkStore::mark_under_replicated`). A new auditor starts the delay
 //!   of bookies already gone when it takes over. Every `auditor_periodic_check_interval_secs`
-//!   it walks the ledgers again, marking what a lost bookie still holds.
+//!   it walks the ledgers again, marking what a lost bookie still holds and, reading the first
+//!   and last entry each registered bookie should hold in each fragment with a known end
+//!   (BookKeeper's `LedgerChecker`), the ledgers a bookie lacks entries of (one wiped and
+//!   registered again with a new cookie).
 //! * **Replication worker** (BookKeeper `ReplicationWorker`): claims one marked ledger at a
 //!   time with an ephemeral lock (`ZkStore::try_lock_under_replicated`), and for every fragment
 //!   naming a listed bookie that is still unregistered, copies the fragment's entries to a
 //!   replacement ([`quire_ledger::BookKeeper::replicate_fragment`]: verified, recovery adds,
-//!   then the ensemble by compare-and-set), then removes the mark by compare-and-set (a mark
-//!   the auditor extended meanwhile stays for another pass). The last fragment of a ledger that
-//!   is not closed has no end yet: the ledger is left to its writer for
-//!   `open_ledger_rereplication_grace_period_ms` after it was marked, then recovered (fenced and
-//!   closed) first, as BookKeeper does. A deleted ledger's mark is simply removed. A failed
+//!   then the ensemble by compare-and-set); a listed bookie that is registered and, checked
+//!   again, lacks entries gets them copied back in place
+//!   ([`quire_ledger::BookKeeper::repair_fragment_in_place`]); then it removes the mark by
+//!   compare-and-set (a mark the auditor extended meanwhile stays for another pass). The last
+//!   fragment of a ledger that is not closed has no end yet: the ledger is left to its writer
+//!   for `open_ledger_rereplication_grace_period_ms` after it was marked, then recovered
+//!   (fenced and closed) first, as BookKeeper does. A deleted ledger's mark is simply removed. A failed
 //!   ledger is retried after [`REREPLICATE_BACKOFF`] (BookKeeper `rwRereplicateBackoffMs`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -110,6 +115,8 @@ pub struct AutorecoveryMetrics {
     pub entries_written: Counter,
     /// Fragments whose lost bookie this worker replaced.
     pub fragments_replicated: Counter,
+    /// Fragments whose registered bookie lacked entries and got them copied back.
+    pub fragments_repaired: Counter,
 }
 
 impl AutorecoveryMetrics {
@@ -134,6 +141,11 @@ impl AutorecoveryMetrics {
             "replication_worker_NUM_FRAGMENTS_REPLICATED",
             "Ledger fragments whose lost bookie was replaced",
             self.fragments_replicated.clone(),
+        );
+        registry.register(
+            "replication_worker_NUM_FRAGMENTS_REPAIRED_IN_PLACE",
+            "Ledger fragments whose registered bookie lacked entries and got them copied back",
+            self.fragments_repaired.clone(),
         );
     }
 }
@@ -170,7 +182,7 @@ pub async fn run_daemon(
         let ended = tokio::select! {
             _ = stop.changed() => return,
             _ = lost.wait_for(|l| *l) => "ZooKeeper session lost".to_string(),
-            r = auditor(store.clone(), name.clone(), options.clone(), metrics.clone()) => {
+            r = auditor(store.clone(), bk.clone(), name.clone(), options.clone(), metrics.clone()) => {
                 format!("auditor stopped: {:#}", r.err().unwrap_or_else(|| anyhow::anyhow!("no error")))
             }
             () = worker(store.clone(), bk, name.clone(), options.clone(), metrics.clone()) => {
@@ -200,6 +212,7 @@ struct AuditState {
 /// Waits to be elected, then audits until an error it cannot go on from.
 async fn auditor(
     store: Arc<ZkStore>,
+    bk: BookKeeper,
     name: String,
     options: AutorecoveryOptions,
     metrics: AutorecoveryMetrics,
@@ -214,7 +227,7 @@ async fn auditor(
     let mut state = AuditState::default();
     let mut next_full_check = Instant::now();
     loop {
-        if let Err(e) = audit_once(&store, &options, &mut state, &mut next_full_check).await {
+        if let Err(e) = audit_once(&store, &bk, &options, &mut state, &mut next_full_check).await {
             tracing::warn!(error = %format!("{e:#}"), "audit failed; retrying");
         }
         match store.list_under_replicated().await {
@@ -231,9 +244,12 @@ async fn auditor(
 }
 
 /// One poll of the registry; walks the ledgers when a lost bookie's delay ran out or the
-/// periodic check is due.
+/// periodic check is due. The periodic check also reads, from every registered bookie of
+/// every fragment with a known end, the first and last entry it should hold there
+/// ([`BookKeeper::bookies_missing_entries`]), and marks the ledger for a bookie that lacks one.
 async fn audit_once(
     store: &ZkStore,
+    bk: &BookKeeper,
     options: &AutorecoveryOptions,
     state: &mut AuditState,
     next_full_check: &mut Instant,
@@ -292,6 +308,25 @@ async fn audit_once(
             }
             if lost.contains(b) {
                 missing.insert(b.clone());
+            }
+        }
+        if full_check {
+            let probe: HashSet<BookieId> = meta
+                .fragments
+                .iter()
+                .flat_map(|f| f.bookies.iter())
+                .filter(|b| registered.contains(*b) && !lost.contains(*b))
+                .cloned()
+                .collect();
+            match bk.bookies_missing_entries(id, &probe).await {
+                Ok(found) => {
+                    for (first_entry, b) in found {
+                        tracing::warn!(ledger = id.0, first_entry, bookie = %b, "registered bookie lacks entries of its fragment");
+                        missing.insert(b);
+                    }
+                }
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => tracing::warn!(ledger = id.0, error = %e, "replica check failed"),
             }
         }
         if !missing.is_empty() {
@@ -417,7 +452,9 @@ fn is_not_found(e: &quire_ledger::Error) -> bool {
     matches!(e, quire_ledger::Error::Metadata(m) if matches!(**m, quire_metadata::Error::NotFound { .. }))
 }
 
-/// Re-replicates every fragment of `id` that names a bookie of the mark still unregistered.
+/// Re-replicates every fragment of `id` that names a bookie of the mark still unregistered
+/// (or being decommissioned), and copies back, in place, the entries a bookie of the mark that
+/// is registered lacks (the periodic check's finding, checked again here).
 async fn replicate_ledger(
     store: &ZkStore,
     bk: &BookKeeper,
@@ -452,6 +489,13 @@ async fn replicate_ledger(
         }
         Err(e) => return Err(e.into()),
     };
+    let present: HashSet<BookieId> = mark
+        .value
+        .missing_bookies
+        .iter()
+        .filter(|b| !lost.contains(*b))
+        .cloned()
+        .collect();
     let names_lost = |f: &quire_metadata::Fragment| f.bookies.iter().any(|b| lost.contains(b));
     let mut deferred = None;
     if meta.state != LedgerState::Closed && meta.fragments.last().is_some_and(names_lost) {
@@ -492,6 +536,38 @@ async fn replicate_ledger(
                 .collect::<Vec<_>>()
         })
         .collect();
+    let in_place = if present.is_empty() {
+        Vec::new()
+    } else {
+        match bk.bookies_missing_entries(id, &present).await {
+            Ok(found) => found,
+            Err(e) if is_not_found(&e) => {
+                store.clear_under_replicated(id, mark.version).await?;
+                return Ok(Handled::Done);
+            }
+            Err(e) => return Err(e).context("replica check"),
+        }
+    };
+    for (first_entry, bookie) in in_place {
+        match bk.repair_fragment_in_place(id, first_entry, &bookie).await {
+            Ok(done) => {
+                metrics.bytes_written.inc_by(done.bytes_copied);
+                metrics.entries_written.inc_by(done.entries_copied);
+                metrics.fragments_repaired.inc();
+            }
+            Err(e) if is_not_found(&e) => {
+                store.clear_under_replicated(id, mark.version).await?;
+                return Ok(Handled::Done);
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "ledger {id}: fragment from entry {first_entry}, copying back to {bookie}"
+                    )
+                })
+            }
+        }
+    }
     for (first_entry, bookie) in todo {
         match bk.replicate_fragment(id, first_entry, &bookie, &lost).await {
             Ok(done) => {
@@ -851,6 +927,53 @@ pub fn decommission(args: DecommissionArgs) -> Result<()> {
         }
         store.end_decommission(&id).await?;
         println!("bookie {id} decommissioned: no ledger names it and its cookie is deleted; stop it, and its disks can be reused");
+        Ok(())
+    });
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    result
+}
+
+/// `quire bookie delete-cookie` options.
+#[derive(Args, Debug)]
+pub struct DeleteCookieArgs {
+    /// The bookie whose cookie to delete (its id, `host:port`).
+    pub bookie: String,
+    #[command(flatten)]
+    pub metadata: MetadataArgs,
+}
+
+/// `quire bookie delete-cookie BOOKIE` (BookKeeper's `cookie_delete` shell command): deletes the
+/// bookie's cookie from ZooKeeper, so that a bookie whose disks were wiped or replaced can
+/// start on empty directories under the same id and register with a new cookie; the
+/// auditor's periodic check then finds the replicas it lacks and the workers copy them back.
+///
+/// # Errors
+/// The bookie is registered (it runs: stop it first), it has no cookie, or ZooKeeper fails.
+pub fn delete_cookie(args: DeleteCookieArgs) -> Result<()> {
+    let address = args.metadata.resolve()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let result = runtime.block_on(async {
+        let store = address.connect_zk().await?;
+        let id = BookieId(args.bookie.clone());
+        let registered = store.list_bookies().await.context("cannot list bookies")?;
+        if registered.iter().any(|b| b.id == id) {
+            bail!("bookie {id} is registered (it runs): stop it before deleting its cookie");
+        }
+        let cookie = match store.read_cookie(&id).await {
+            Ok(c) => c,
+            Err(quire_metadata::Error::NotFound { .. }) => {
+                bail!("bookie {id} has no cookie: not a bookie of this cluster, or deleted already")
+            }
+            Err(e) => return Err(e).context("cannot read the bookie's cookie"),
+        };
+        store
+            .delete_cookie(&id, cookie.version)
+            .await
+            .context("cannot delete the bookie's cookie")?;
+        println!("cookie of bookie {id} deleted: it can start on empty directories");
         Ok(())
     });
     runtime.shutdown_timeout(Duration::from_secs(2));

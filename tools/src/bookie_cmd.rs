@@ -59,6 +59,9 @@ pub enum BookieCommand {
     /// Retire a bookie that is still up: its replicas are copied to other bookies by
     /// autorecovery, then its cookie is deleted. Shows progress; a second run resumes.
     Decommission(crate::autorecovery::DecommissionArgs),
+    /// Delete a stopped bookie's cookie from ZooKeeper, so that it can start again on wiped
+    /// or new disks; autorecovery then copies its replicas back to it.
+    DeleteCookie(crate::autorecovery::DeleteCookieArgs),
 }
 
 /// `quire bookie info` options.
@@ -77,6 +80,7 @@ pub fn run(args: BookieArgs) -> Result<()> {
         Some(BookieCommand::List(list)) => return crate::admin::bookie_list(list),
         Some(BookieCommand::Info(info)) => return bookie_info(info),
         Some(BookieCommand::Decommission(d)) => return crate::autorecovery::decommission(d),
+        Some(BookieCommand::DeleteCookie(d)) => return crate::autorecovery::delete_cookie(d),
         None => {}
     }
     let file: BookieSettings = crate::config::load(args.config.as_deref())?;

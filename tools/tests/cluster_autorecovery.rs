@@ -516,3 +516,261 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
         b.stop();
     }
 }
+
+/// Waits until a mark naming `bookie` was seen and then no mark is left.
+async fn wait_marked_then_cleared(store: &ZkStore, bookie: &BookieId, within: Duration) {
+    let deadline = Instant::now() + within;
+    let mut saw_mark = false;
+    loop {
+        let marks = store.list_under_replicated().await.unwrap();
+        saw_mark |= marks
+            .iter()
+            .any(|(_, m)| m.value.missing_bookies.contains(bookie));
+        if saw_mark && marks.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {within:?}: marked for {bookie}: {saw_mark}; marks: {marks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `(ledger, entry)` of every entry of a closed ledger that `bookie` should hold and lacks.
+async fn closed_entries_missing_on(store: &ZkStore, bookie: &BookieId) -> Vec<(u64, u64)> {
+    let mut missing = Vec::new();
+    for id in store.list_ledgers().await.unwrap() {
+        let Ok(meta) = store.read_ledger(id).await else {
+            continue;
+        };
+        let (LedgerState::Closed, Some(end)) = (meta.value.state, meta.value.last_entry) else {
+            continue;
+        };
+        let meta = meta.value;
+        for entry in 0..=end {
+            let f = meta.fragment_for(quire_wire::EntryId(entry));
+            let holds =
+                quire_ledger::quorum::write_set(entry, meta.ensemble_size, meta.write_quorum)
+                    .into_iter()
+                    .any(|pos| f.bookies[pos] == *bookie);
+            if holds && read_entry(&bookie.0, id.0, entry).unwrap().is_none() {
+                missing.push((id.0, entry));
+            }
+        }
+    }
+    missing
+}
+
+#[test]
+fn a_wiped_bookie_that_registers_again_gets_its_replicas_back() {
+    // Goal: a bookie whose disks are wiped and which registers again under the same id (its
+    // cookie deleted with `quire bookie delete-cookie`) is found by the auditor's periodic
+    // replica check (BookKeeper's `LedgerChecker`), and the workers copy back to it every entry
+    // it should hold; nothing acknowledged is lost.
+    // Method: 4 bookies running autorecovery with a periodic check every 2 s and a lost-bookie
+    // delay of 10 minutes (so that the bookie's absence alone never triggers a copy to another
+    // bookie), a proxy (E=3 Qw=3 Qa=2, small segments), 4 streams written; a bookie is SIGKILLed,
+    // its directories emptied; it then refuses to start (its cookie is in ZooKeeper) until the
+    // cookie is deleted; restarted on the same port. Waits for a mark naming it and then none,
+    // then checks every entry of every ledger on every bookie of its write set, and the shared
+    // checker on each stream. Without the periodic replica check no mark is ever made and the
+    // wait fails; without the in-place copy the mark is never cleared (or entries stay
+    // missing).
+    let cluster = Cluster::start();
+    let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
+    let ids: Vec<BookieId> = ports
+        .iter()
+        .map(|p| BookieId(format!("127.0.0.1:{p}")))
+        .collect();
+    let flags = [
+        "--lost-bookie-recovery-delay-secs",
+        "600",
+        "--auditor-periodic-check-interval-secs",
+        "2",
+        "--autorecovery-poll-interval-ms",
+        "250",
+    ];
+    let mut bookies: Vec<Option<Proc>> = (0..4)
+        .map(|i| Some(cluster.start_bookie_with(i, ports[i], &flags)))
+        .collect();
+    cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
+    let proxy = cluster.start_proxy(
+        quire_testkit::free_port(),
+        &[
+            "--ensemble-size",
+            "3",
+            "--write-quorum",
+            "3",
+            "--ack-quorum",
+            "2",
+            "--segment-size-bytes",
+            "1500",
+            "--entry-size-bytes",
+            "200",
+        ],
+    );
+    let rt = runtime();
+    let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
+    let mut acked: [Vec<Acked>; 4] = Default::default();
+    rt.block_on(write_all(&client, 0..300, &mut acked));
+    // The victim: a bookie of s0's first (closed) segment.
+    let victim = rt.block_on(async {
+        let store = store(&cluster).await;
+        let meta = store.read_stream(STREAMS[0]).await.unwrap().value;
+        let first = LedgerId(meta.segments.first().unwrap().ledger_id);
+        let ledger = store.read_ledger(first).await.unwrap().value;
+        assert_eq!(ledger.state, LedgerState::Closed, "s0's first segment");
+        ledger.fragments[0].bookies[0].clone()
+    });
+    let i = ids.iter().position(|b| *b == victim).unwrap();
+    kill(&mut bookies, &ids, &victim);
+    for dir in [cluster.journal_dir(i), cluster.ledger_dir(i)] {
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+    }
+    // Its registration (an ephemeral node) goes with its session.
+    cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
+    let refused = cluster.bookie_refuses(i, ports[i]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("cookie"), "refusal names the cookie: {said}");
+    cluster.admin_ok(&["bookie", "delete-cookie", &victim.0]);
+    bookies[i] = Some(cluster.start_bookie_with(i, ports[i], &flags));
+    cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
+
+    let all: HashSet<BookieId> = ids.iter().cloned().collect();
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        wait_marked_then_cleared(&store, &victim, Duration::from_secs(120)).await;
+        assert!(check_every_ledger(&store, &all).await > 0);
+    });
+    // The segments that were open when the bookie was wiped lack entries on it too; they
+    // close as the streams roll, and a later periodic check finds them.
+    rt.block_on(write_all(&client, 1000..1100, &mut acked));
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let missing = closed_entries_missing_on(&store, &victim).await;
+            if missing.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "closed ledgers' entries still missing on {victim}: {missing:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        for (s, stream) in STREAMS.iter().enumerate() {
+            let report = check_stream(&proxy.addr, &store, stream, &acked[s], &[]).await;
+            assert!(report.records.len() >= acked[s].len());
+        }
+    });
+    proxy.stop();
+    for b in bookies.into_iter().flatten() {
+        b.stop();
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_copy_changes_nothing_and_the_next_one_copies_it_all() {
+    // Goal: a replication worker SIGKILLed while it copies a ledger leaves the metadata as it
+    // was and the mark in place; its lock goes with its ZooKeeper session, and another worker
+    // then copies the ledger completely (what the first one wrote to the target is found
+    // byte-identical and kept) and replaces the lost bookie.
+    // Method: 4 bookies with autorecovery off and one standalone `quire autorecovery` daemon;
+    // a closed E=3 Qw=3 Qa=2 ledger of 96 entries of 512 KiB written with the ledger client;
+    // one of its bookies SIGKILLed, so the only possible target is the fourth bookie. The
+    // daemon is SIGKILLed as soon as the target holds the ledger's first entry; the metadata
+    // and the mark are checked, then a second daemon started; then every entry is checked on
+    // every bookie of its write set.
+    let cluster = Cluster::start();
+    let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
+    let ids: Vec<BookieId> = ports
+        .iter()
+        .map(|p| BookieId(format!("127.0.0.1:{p}")))
+        .collect();
+    let mut bookies: Vec<Option<Proc>> = (0..4)
+        .map(|i| Some(cluster.start_bookie_with(i, ports[i], &["--autorecovery-enabled", "false"])))
+        .collect();
+    cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
+    let rt = runtime();
+    const ENTRIES: u64 = 96;
+    let payload = |e: u64| -> Vec<u8> {
+        (0..512 * 1024)
+            .map(|j: u64| (e.wrapping_mul(31) ^ j) as u8)
+            .collect()
+    };
+    let (ledger, before) = rt.block_on(async {
+        let store: Arc<dyn MetadataStore> = Arc::new(store(&cluster).await);
+        let bk =
+            quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
+        let w = bk
+            .create_ledger(quire_ledger::LedgerOptions {
+                ensemble_size: 3,
+                write_quorum: 3,
+                ack_quorum: 2,
+                password: b"pw".to_vec(),
+                custom: Default::default(),
+            })
+            .await
+            .unwrap();
+        let mut adds = Vec::new();
+        for e in 0..ENTRIES {
+            adds.push(w.add(payload(e)));
+        }
+        for a in adds {
+            a.await.unwrap();
+        }
+        w.close().await.unwrap();
+        let meta = store.read_ledger(w.id()).await.unwrap();
+        (w.id(), meta)
+    });
+    let ensemble = before.value.fragments[0].bookies.clone();
+    let victim = ensemble[0].clone();
+    let target = ids.iter().find(|b| !ensemble.contains(b)).unwrap().clone();
+    kill(&mut bookies, &ids, &victim);
+    let daemon = cluster.start_autorecovery(AUTORECOVERY_FLAGS);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read_entry(&target.0, ledger.0, 0).unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never started copying"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    daemon.kill();
+    let copied = (0..ENTRIES)
+        .filter(|&e| read_entry(&target.0, ledger.0, e).unwrap().is_some())
+        .count();
+    eprintln!("the first worker was killed with {copied} of {ENTRIES} entries on the target");
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        let now = store.read_ledger(ledger).await.unwrap();
+        assert_eq!(now.version, before.version, "metadata unchanged");
+        assert_eq!(now.value, before.value);
+        let mark = store.read_under_replicated(ledger).await.unwrap();
+        assert!(mark.value.missing_bookies.contains(&victim), "{mark:?}");
+    });
+    assert!(
+        (copied as u64) < ENTRIES,
+        "the whole ledger was on the target before the kill"
+    );
+    let daemon = cluster.start_autorecovery(AUTORECOVERY_FLAGS);
+    let live: HashSet<BookieId> = ids.iter().filter(|b| **b != victim).cloned().collect();
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        wait_replicated(&store, &victim, Duration::from_secs(120)).await;
+        let meta = store.read_ledger(ledger).await.unwrap().value;
+        assert_eq!(meta.fragments[0].bookies[0], target);
+        assert!(check_every_ledger(&store, &live).await >= ENTRIES as usize);
+    });
+    for e in 0..ENTRIES {
+        let got = read_entry(&target.0, ledger.0, e).unwrap().unwrap();
+        assert!(got.ends_with(&payload(e)), "entry {e} on the target");
+    }
+    daemon.stop();
+    for b in bookies.into_iter().flatten() {
+        b.stop();
+    }
+}

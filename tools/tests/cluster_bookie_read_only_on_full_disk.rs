@@ -7,7 +7,7 @@
 //! takes adds.
 //! Method: real ZooKeeper (quire-testkit), one `quire bookie` child on 127.0.0.1 whose ledger
 //! directory is a 32 MiB loop-mounted ext4 image (needs root, as engine/tests/full_disk.rs) and
-//! whose disk monitor measures every 200 ms; its journal is on /tmp. The image is filled to
+//! whose disk monitor measures every 200 ms; its journal is on a 64 MiB image of its own. The image is filled to
 //! 100 % by a filler file, and the filler removed later. Requests go over the bookie wire
 //! protocol; the registration is read with `quire bookie list --json`.
 
@@ -43,11 +43,12 @@ fn wait_for(what: &str, mut pred: impl FnMut() -> bool) {
 fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
     let cluster = Cluster::start();
     let mount = LoopMount::new_at(32 << 20, &cluster.ledger_dir(0));
+    // The journal gets a disk of its own too, so that the host disk's usage (shared, not this
+    // test's to control) never decides the bookie's mode.
+    let _journal_mount = LoopMount::new_at(64 << 20, &cluster.journal_dir(0));
     let port = quire_testkit::free_port();
     let addr = format!("127.0.0.1:{port}");
-    // Thresholds: the journals (and other bookies) sit on the host's file system, whose usage this test does
-    // not control: thresholds near 100 % keep a busy host disk (say 92 %) from holding the bookie
-    // read-only after the loop-mounted ledger disk is freed; the filled loop disk reaches 100 %.
+    // Thresholds: the filled loop disk reaches 100 %; the journal's holds a few 4 MiB files.
     let flags = [
         "--disk-check-interval-ms",
         "200",

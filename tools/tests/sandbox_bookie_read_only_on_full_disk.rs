@@ -53,6 +53,10 @@ fn ledgers(data_dir: &Path) -> BTreeMap<u64, LedgerMetadata> {
 fn stream_writes_go_around_a_bookie_whose_disk_fills() {
     let dir = temp_dir();
     let data = dir.path().join("sandbox");
+    // The whole sandbox on a disk of its own, so that the host disk's usage (shared, not this
+    // test's to control) never turns a bookie read-only; bookie 1's ledgers on a small one
+    // inside it.
+    let _sandbox_mount = LoopMount::new_at(512 << 20, &data);
     let mount = LoopMount::new_at(32 << 20, &data.join("bookie-1/ledgers"));
     // 2 KiB segments: a hundred-odd records each, so that many segments roll in the test.
     let flags = [
@@ -60,9 +64,7 @@ fn stream_writes_go_around_a_bookie_whose_disk_fills() {
         "4",
         "--disk-check-interval-ms",
         "200",
-        // Thresholds: the journals (and other bookies) sit on the host's file system, whose usage this test does
-        // not control: thresholds near 100 % keep a busy host disk (say 92 %) from holding the bookie
-        // read-only after the loop-mounted ledger disk is freed; the filled loop disk reaches 100 %.
+        // Thresholds: the filled loop disk reaches 100 %, the sandbox's own stays far below.
         "--disk-usage-threshold",
         "0.99",
         "--disk-usage-lwm-threshold",

@@ -28,7 +28,9 @@ pub fn tempdir() -> tempfile::TempDir {
         .expect("tempdir")
 }
 
-/// A test configuration: any free port, small journal files, `shards` shards.
+/// A test configuration: any free port, small journal files, `shards` shards, and a disk usage
+/// threshold of 100 %: `dir` is on the host's disk, whose usage other work decides, so only a
+/// really full disk may turn these bookies read-only.
 pub fn config(dir: &Path, shards: usize) -> BookieConfig {
     let mut c = BookieConfig::new(
         "127.0.0.1:0".parse().unwrap(),
@@ -37,6 +39,8 @@ pub fn config(dir: &Path, shards: usize) -> BookieConfig {
     );
     c.shards = shards;
     c.engine.journal_file_size_bytes = 1 << 20;
+    c.disk_usage_threshold = 1.0;
+    c.disk_usage_lwm_threshold = 0.99;
     c
 }
 

@@ -9,11 +9,16 @@
 //! A replica already on the replacement (from an interrupted earlier attempt) is kept when it
 //! is byte-identical to the source and reported as a divergent replica otherwise: a copy
 //! never overwrites a replica that differs from its source.
+//!
+//! A bookie that is still in the ensemble but lacks entries (wiped, then registered again with
+//! a new cookie) is found by [`BookKeeper::bookies_missing_entries`] (BookKeeper's
+//! `LedgerChecker`) and gets them back by [`BookKeeper::repair_fragment_in_place`]: the same
+//! copy, with the bookie itself as the target and no metadata change.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use quire_metadata::{BookieId, LedgerMetadata, LedgerState};
+use quire_metadata::{BookieId, Fragment, LedgerMetadata, LedgerState};
 use quire_wire::bookie::{self, Request, Status};
 use quire_wire::entry::verify_expected;
 use quire_wire::{EntryId, LedgerId, MasterKey};
@@ -121,8 +126,6 @@ impl BookKeeper {
                 ledger: id.0,
                 reason: format!("fragment from entry {first_entry} does not hold bookie {lost}"),
             })?;
-        let key = meta.master_key()?;
-
         // 1. The replacement.
         let registered = self.registered_bookies().await?;
         let keep: Vec<BookieId> = fragment
@@ -169,48 +172,8 @@ impl BookKeeper {
             entries_present: 0,
             bytes_copied: 0,
         };
-        if let Some((first, last)) = range {
-            let (e, w) = (meta.ensemble_size, meta.write_quorum);
-            let entries: Vec<u64> = (first..=last)
-                .filter(|&entry| quorum::write_set(entry, e, w).contains(&position))
-                .collect();
-            let fragment = Arc::new(fragment.clone());
-            for batch in entries.chunks(ENTRIES_IN_FLIGHT_MAX) {
-                let mut tasks = tokio::task::JoinSet::new();
-                for &entry in batch {
-                    let client = self.clone();
-                    let fragment = fragment.clone();
-                    let target = target.clone();
-                    tasks.spawn(async move {
-                        client
-                            .copy_entry(
-                                id,
-                                key,
-                                EntryId(entry),
-                                &fragment.bookies,
-                                position,
-                                e,
-                                w,
-                                &target,
-                            )
-                            .await
-                    });
-                }
-                while let Some(joined) = tasks.join_next().await {
-                    match joined.map_err(|j| Error::Invalid(j.to_string()))? {
-                        Ok(Copied::Written(n)) => {
-                            done.entries_copied += 1;
-                            done.bytes_copied += n;
-                        }
-                        Ok(Copied::AlreadyThere) => done.entries_present += 1,
-                        Err(err) => {
-                            tasks.abort_all();
-                            return Err(err);
-                        }
-                    }
-                }
-            }
-        }
+        self.copy_position(&meta, &fragment, range, position, &target, &mut done)
+            .await?;
 
         // 3. The metadata, by compare-and-set, while the fragment is still the one copied.
         loop {
@@ -265,6 +228,165 @@ impl BookKeeper {
             entries = done.entries_copied,
             bytes = done.bytes_copied,
             "fragment re-replicated"
+        );
+        Ok(done)
+    }
+
+    /// Copies to `target` every entry of `range` whose write set includes `position` of
+    /// `fragment`, [`ENTRIES_IN_FLIGHT_MAX`] at a time, counting into `done`.
+    async fn copy_position(
+        &self,
+        meta: &LedgerMetadata,
+        fragment: &Fragment,
+        range: Option<(u64, u64)>,
+        position: usize,
+        target: &BookieId,
+        done: &mut FragmentReplicated,
+    ) -> Result<(), Error> {
+        let Some((first, last)) = range else {
+            return Ok(());
+        };
+        let id = done.ledger;
+        let key = meta.master_key()?;
+        let (e, w) = (meta.ensemble_size, meta.write_quorum);
+        let entries: Vec<u64> = (first..=last)
+            .filter(|&entry| quorum::write_set(entry, e, w).contains(&position))
+            .collect();
+        let ensemble = Arc::new(fragment.bookies.clone());
+        for batch in entries.chunks(ENTRIES_IN_FLIGHT_MAX) {
+            let mut tasks = tokio::task::JoinSet::new();
+            for &entry in batch {
+                let client = self.clone();
+                let ensemble = ensemble.clone();
+                let target = target.clone();
+                tasks.spawn(async move {
+                    client
+                        .copy_entry(id, key, EntryId(entry), &ensemble, position, e, w, &target)
+                        .await
+                });
+            }
+            while let Some(joined) = tasks.join_next().await {
+                match joined.map_err(|j| Error::Invalid(j.to_string()))? {
+                    Ok(Copied::Written(n)) => {
+                        done.entries_copied += 1;
+                        done.bytes_copied += n;
+                    }
+                    Ok(Copied::AlreadyThere) => done.entries_present += 1,
+                    Err(err) => {
+                        tasks.abort_all();
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bookies of ledger `id` that lack entries they should hold (BookKeeper's
+    /// `LedgerChecker`, as its auditor's periodic check runs it): for each fragment with a
+    /// known end ([`fragment_range`]) and each bookie of its ensemble in `probe`, the first and
+    /// the last entry of the fragment that bookie's position holds are read from it; a bookie
+    /// that answers `NoSuchEntry` or `NoSuchLedger` for either is listed with the fragment's
+    /// first entry. A bookie that does not answer is not listed: that it is down is the
+    /// registry's business, not evidence of a lost replica. Returns `(first_entry, bookie)`.
+    ///
+    /// # Errors
+    /// `Metadata` (`NotFound` when the ledger is gone).
+    pub async fn bookies_missing_entries(
+        &self,
+        id: LedgerId,
+        probe: &HashSet<BookieId>,
+    ) -> Result<Vec<(u64, BookieId)>, Error> {
+        let meta = self.inner.metadata.read_ledger(id).await?.value;
+        let timeout = self.inner.config.request_timeout;
+        let (e, w) = (meta.ensemble_size, meta.write_quorum);
+        let mut missing = Vec::new();
+        for (index, fragment) in meta.fragments.iter().enumerate() {
+            let Ok(Some((first, last))) = fragment_range(&meta, index) else {
+                continue;
+            };
+            for (position, bookie) in fragment.bookies.iter().enumerate() {
+                if !probe.contains(bookie) {
+                    continue;
+                }
+                let holds = |entry: &u64| quorum::write_set(*entry, e, w).contains(&position);
+                let Some(lo) = (first..=last).find(holds) else {
+                    continue;
+                };
+                let hi = (first..=last).rev().find(holds).unwrap_or(lo);
+                for entry in [lo, hi] {
+                    match self.read_from(bookie, id, EntryId(entry), timeout).await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => {
+                            missing.push((fragment.first_entry, bookie.clone()));
+                            break;
+                        }
+                        Err(err) => {
+                            tracing::debug!(ledger = id.0, bookie = %bookie, entry, "replica check skipped: {err}");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Copies back to `bookie`, which is still in the fragment of ledger `id` starting at
+    /// `first_entry`, every entry of that fragment it should hold and lacks (a wiped bookie
+    /// that registered again with a new cookie): each read from the other replicas of its
+    /// write set, digest-verified and written as a recovery add, as
+    /// [`BookKeeper::replicate_fragment`] does; an entry it holds identically is kept. The
+    /// metadata is not changed: the bookie keeps its place in the ensemble.
+    ///
+    /// # Errors
+    /// `Metadata` (`NotFound` when the ledger was deleted); `Invalid` when no fragment starts
+    /// at `first_entry` or it has no end yet; `Recovery` when the fragment does not hold
+    /// `bookie`; `NoSuchEntry` when no replica holds an entry; `DivergentReplica` when
+    /// `bookie` holds other bytes; a bookie error.
+    pub async fn repair_fragment_in_place(
+        &self,
+        id: LedgerId,
+        first_entry: u64,
+        bookie: &BookieId,
+    ) -> Result<FragmentReplicated, Error> {
+        let meta = self.inner.metadata.read_ledger(id).await?.value;
+        let index = fragment_index(&meta, first_entry).ok_or_else(|| {
+            Error::Invalid(format!(
+                "ledger {id} has no fragment from entry {first_entry}"
+            ))
+        })?;
+        let range = fragment_range(&meta, index)?;
+        let fragment = meta.fragments[index].clone();
+        let position = fragment
+            .bookies
+            .iter()
+            .position(|b| b == bookie)
+            .ok_or_else(|| Error::Recovery {
+                ledger: id.0,
+                reason: format!("fragment from entry {first_entry} does not hold bookie {bookie}"),
+            })?;
+        let mut done = FragmentReplicated {
+            ledger: id,
+            first_entry,
+            last_entry: range.map(|(_, last)| last),
+            position,
+            from: bookie.clone(),
+            to: bookie.clone(),
+            entries_copied: 0,
+            entries_present: 0,
+            bytes_copied: 0,
+        };
+        self.copy_position(&meta, &fragment, range, position, bookie, &mut done)
+            .await?;
+        tracing::info!(
+            ledger = id.0,
+            first_entry,
+            position,
+            bookie = %bookie,
+            entries = done.entries_copied,
+            bytes = done.bytes_copied,
+            "fragment's missing entries copied back"
         );
         Ok(done)
     }

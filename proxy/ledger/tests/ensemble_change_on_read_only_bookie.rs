@@ -67,15 +67,16 @@ async fn writer_replaces_a_bookie_that_turns_read_only_and_loses_nothing() {
         .prefix("quire-readonly-")
         .tempdir_in("/tmp")
         .unwrap();
+    // Everything on a disk of its own, so that the host disk's usage (shared, not this test's
+    // to control) never turns a bookie read-only; bookie 0's ledgers on a small one inside it.
+    let _test_mount = LoopMount::new_at(512 << 20, dir.path());
     let store: Arc<dyn MetadataStore> =
         Arc::new(EmbeddedStore::open(&dir.path().join("meta")).unwrap());
     let configs: Vec<BookieConfig> = (0..4)
         .map(|i| {
             let mut c = small_bookie_config(dir.path(), i, "127.0.0.1:0".parse().unwrap());
             c.disk_check_interval = Duration::from_millis(100);
-            // Thresholds: the journals (and other bookies) sit on the host's file system, whose usage this test does
-            // not control: thresholds near 100 % keep a busy host disk (say 92 %) from holding the bookie
-            // read-only after the loop-mounted ledger disk is freed; the filled loop disk reaches 100 %.
+            // Thresholds: the filled loop disk reaches 100 %, the test's own disk stays far below.
             c.disk_usage_threshold = 0.99;
             c.disk_usage_lwm_threshold = 0.98;
             // Checkpoints often, so that the filled ledger disk is felt by the engine too.

@@ -14,12 +14,17 @@ use quire_metadata::{BookieId, BookieInfo, MetadataStore};
 /// entry logs in `dir/bookie{i}/ledgers`, listening on `addr` (`127.0.0.1:0` for a free port),
 /// one shard, 1 MiB of DMA memory (the memlock limit here is 8 MiB) and 1 MiB journal files.
 /// The same `dir` and `i` give the same directories, so a test can restart a bookie on its data.
+/// The disk usage threshold is 100 %: `dir` is on the host's disk, shared with other work that
+/// decides its usage (a CI machine was seen at 98 %, above the 0.95 default), so only a really
+/// full disk turns these bookies read-only; tests of read-only mode set their own thresholds.
 pub fn small_bookie_config(dir: &Path, i: usize, addr: SocketAddr) -> BookieConfig {
     let root = dir.join(format!("bookie{i}"));
     let mut config = BookieConfig::new(addr, root.join("journal"), root.join("ledgers"));
     config.shards = 1;
     config.io_memory_bytes = 1 << 20;
     config.engine.journal_file_size_bytes = 1 << 20;
+    config.disk_usage_threshold = 1.0;
+    config.disk_usage_lwm_threshold = 0.99;
     config
 }
 

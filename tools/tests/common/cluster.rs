@@ -74,18 +74,18 @@ impl Cluster {
     /// Starts bookie `i` on `port` (use [`quire_testkit::free_port`] for a new one) and waits
     /// until it serves and is registered.
     pub fn start_bookie(&self, i: usize, port: u16) -> Proc {
-        Proc::start(
-            &self.bookie_args(i, port),
-            "quire bookie: ",
-            &format!("bookie {i}"),
-        )
+        self.start_bookie_with(i, port, &[])
     }
 
-    /// Like [`Cluster::start_bookie`], with `extra` flags after the usual ones.
-    #[allow(dead_code)] // not every test binary that includes this module uses it
+    /// Like [`Cluster::start_bookie`], with `extra` flags after the usual ones (and after
+    /// [`super::HOST_DISK_FLAGS`] unless `extra` sets a disk usage threshold).
     pub fn start_bookie_with(&self, i: usize, port: u16, extra: &[&str]) -> Proc {
         let mut args = self.bookie_args(i, port);
-        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(
+            super::with_host_disk_flags(extra)
+                .iter()
+                .map(|s| s.to_string()),
+        );
         Proc::start(&args, "quire bookie: ", &format!("bookie {i}"))
     }
 

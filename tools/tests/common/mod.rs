@@ -62,6 +62,25 @@ pub fn temp_dir() -> tempfile::TempDir {
         .expect("tempdir")
 }
 
+/// Read-only-mode flags for bookies whose directories sit on the host's disk: a usage threshold
+/// of 100 %, so that only a really full disk (ENOSPC) turns them read-only. The host disk is
+/// shared with other work and its usage is not the test's to control (a CI machine was seen at
+/// 98 % used, above the 0.95 default, which made every bookie read-only); tests of read-only
+/// mode loop-mount their own small disks and pass their own thresholds instead.
+pub const HOST_DISK_FLAGS: &[&str] = &["--disk-usage-threshold", "1.0"];
+
+/// `extra` preceded by [`HOST_DISK_FLAGS`], unless `extra` sets a threshold itself.
+pub fn with_host_disk_flags<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let own = extra.iter().any(|f| f.starts_with("--disk-usage"));
+    let mut flags: Vec<&'a str> = if own {
+        Vec::new()
+    } else {
+        HOST_DISK_FLAGS.to_vec()
+    };
+    flags.extend_from_slice(extra);
+    flags
+}
+
 /// A running `quire sandbox` child.
 pub struct Sandbox {
     pub child: Child,
@@ -90,7 +109,7 @@ impl Sandbox {
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0"])
-            .args(extra)
+            .args(with_host_disk_flags(extra))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
