@@ -4,7 +4,9 @@
 //! to a bookie outside the ensemble and the bookie is replaced in the metadata; an entry the
 //! replacement already holds identically is kept; one it holds with other bytes (a divergent
 //! replica) fails the copy without overwriting it and without changing the metadata; the last
-//! fragment of an open ledger is refused (its end is unknown).
+//! fragment of an open ledger is refused (its end is unknown); a copy racing the writer's own
+//! ensemble change and close resolves the compare-and-set conflicts and leaves every fragment
+//! whole.
 //! Method: real one-shard bookies on 127.0.0.1 with O_DIRECT files in a temporary directory,
 //! the embedded metadata store; `Bookie::shutdown` plus unregistration is the lost bookie;
 //! replicas are read back and planted over the bookie wire protocol.
@@ -291,4 +293,147 @@ async fn the_last_fragment_of_an_open_ledger_is_refused() {
 /// 1 MiB − 4 KiB; this crate cannot depend on the proxy's).
 fn quire_proxy_entry_max() -> usize {
     1024 * 1024 - 4 * 1024
+}
+
+/// Every entry of `meta`'s fragments with a known end is on each bookie of its write set that
+/// is not in `dead`, identical to the payload written; returns the bookies of `dead` still named.
+fn check_fragments(
+    meta: &quire_metadata::LedgerMetadata,
+    id: LedgerId,
+    dead: &HashSet<BookieId>,
+    payloads: &[Vec<u8>],
+) -> HashSet<BookieId> {
+    let mut named_dead = HashSet::new();
+    for (i, f) in meta.fragments.iter().enumerate() {
+        let Some((first, last)) = quire_ledger::fragment_range(meta, i).unwrap() else {
+            continue;
+        };
+        for e in first..=last {
+            for pos in quire_ledger::quorum::write_set(e, meta.ensemble_size, meta.write_quorum) {
+                let b = &f.bookies[pos];
+                if dead.contains(b) {
+                    named_dead.insert(b.clone());
+                    continue;
+                }
+                let got = read(&b.0, id, e)
+                    .unwrap_or_else(|| panic!("ledger {id} entry {e} missing on {b}: {meta:?}"));
+                assert!(
+                    got.ends_with(&payloads[e as usize]),
+                    "ledger {id} entry {e} on {b} has other bytes"
+                );
+            }
+        }
+    }
+    named_dead
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_replication_racing_the_writers_ensemble_change_and_close_leaves_every_fragment_whole() {
+    // Goal: re-replication of a fragment of a ledger still being written, racing the writer's
+    // own ensemble change (another bookie fails meanwhile) and the writer's close: both
+    // compare-and-set updates of the metadata land (a lost race re-reads and checks again),
+    // and no fragment names a live bookie that lacks its entries.
+    // Method: per round a ledger written in three parts: after the first part
+    // bookie A of the ensemble is lost, so the writer moves to a second fragment; then the
+    // copy of A's first fragment starts while a task loses bookie B of the current fragment,
+    // writes the third part (a second ensemble change) and closes the ledger. Four rounds with
+    // different head starts for the copy (eleven bookies: each round loses two). Afterwards A is named nowhere, every live bookie
+    // named holds its entries, and once B's fragment is copied too no fragment names a dead
+    // bookie.
+    let mut s = setup(11).await;
+    let mut dead: HashSet<BookieId> = HashSet::new();
+    for (round, head_start_ms) in [(0u64, 0u64), (1, 3), (2, 10), (3, 30)] {
+        // A first fragment of 200 entries of 32 KiB: its copy takes long enough that the
+        // writer's ensemble change and close land while it runs, before its compare-and-set.
+        let payloads: Vec<Vec<u8>> = (0..300)
+            .map(|i| format!("round-{round}-entry-{i}-{}", "x".repeat(32 << 10)).into_bytes())
+            .collect();
+        let w = Arc::new(s.bk.create_ledger(options()).await.unwrap());
+        let id = w.id();
+        for p in &payloads[..200] {
+            w.add(p.clone()).await.unwrap();
+        }
+        let a = s.store.read_ledger(id).await.unwrap().value.fragments[0].bookies[0].clone();
+        s.lose(&a).await;
+        dead.insert(a.clone());
+        for p in &payloads[200..250] {
+            w.add(p.clone()).await.unwrap();
+        }
+        let meta = s.store.read_ledger(id).await.unwrap().value;
+        assert!(
+            meta.fragments.len() >= 2,
+            "the writer moved off {a}: {meta:?}"
+        );
+        assert!(!meta.fragments.last().unwrap().bookies.contains(&a));
+        // B: a bookie of the current fragment, stopped by the racing task.
+        let b = meta.fragments.last().unwrap().bookies[1].clone();
+        let bi = s
+            .bookies
+            .iter()
+            .position(|x| x.as_ref().is_some_and(|x| x.addr().to_string() == b.0))
+            .unwrap();
+        let b_bookie = s.bookies[bi].take().unwrap();
+        dead.insert(b.clone());
+        let started = std::time::Instant::now();
+        let copy = {
+            let bk = s.bk.clone();
+            let a = a.clone();
+            // B is about to die: not a target (a copy to a bookie that dies fails, rightly).
+            let avoid = HashSet::from([b.clone()]);
+            tokio::spawn(async move { bk.replicate_fragment(id, 0, &a, &avoid).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(head_start_ms)).await;
+        let racer = {
+            let (w, store, b) = (w.clone(), s.store.clone(), b.clone());
+            let tail: Vec<Vec<u8>> = payloads[250..].to_vec();
+            tokio::spawn(async move {
+                tokio::task::spawn_blocking(move || b_bookie.shutdown().unwrap())
+                    .await
+                    .unwrap();
+                store.unregister_bookie(&b).await.unwrap();
+                let adds: Vec<_> = tail.into_iter().map(|p| w.add(p)).collect();
+                for a in adds {
+                    a.await.unwrap();
+                }
+                w.close().await.unwrap();
+                started.elapsed()
+            })
+        };
+        let copied = copy.await.unwrap().expect("re-replication of fragment 0");
+        let copy_took = started.elapsed();
+        let racer_took = racer.await.unwrap();
+        eprintln!(
+            "round {round}: copy done after {copy_took:?}, writer closed after {racer_took:?}"
+        );
+        let meta = s.store.read_ledger(id).await.unwrap().value;
+        assert_eq!(meta.state, LedgerState::Closed);
+        assert_eq!(meta.last_entry, Some(299));
+        assert_eq!(meta.fragments[0].bookies[0], copied.to);
+        assert!(
+            meta.fragments.iter().all(|f| !f.bookies.contains(&a)),
+            "{a} still named: {meta:?}"
+        );
+        // B is still named where it held entries (nothing copied them yet): copy them, then
+        // nothing dead is named and every replica is whole.
+        let named_dead = check_fragments(&meta, id, &dead, &payloads);
+        let mut named: Vec<(u64, BookieId)> = meta
+            .fragments
+            .iter()
+            .flat_map(|f| {
+                f.bookies
+                    .iter()
+                    .filter(|x| named_dead.contains(*x))
+                    .map(|x| (f.first_entry, x.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        named.sort();
+        for (first_entry, x) in named {
+            s.bk.replicate_fragment(id, first_entry, &x, &HashSet::new())
+                .await
+                .unwrap_or_else(|e| panic!("fragment {first_entry} of {x}: {e}"));
+        }
+        let meta = s.store.read_ledger(id).await.unwrap().value;
+        assert!(check_fragments(&meta, id, &dead, &payloads).is_empty());
+    }
 }
