@@ -624,6 +624,12 @@ fn a_wiped_bookie_that_registers_again_gets_its_replicas_back() {
         ledger.fragments[0].bookies[0].clone()
     });
     let i = ids.iter().position(|b| *b == victim).unwrap();
+    let running = cluster.admin(&["bookie", "delete-cookie", &victim.0]);
+    assert!(
+        !running.status.success()
+            && String::from_utf8_lossy(&running.stderr).contains("is registered"),
+        "a running bookie's cookie is not deleted: {running:?}"
+    );
     kill(&mut bookies, &ids, &victim);
     for dir in [cluster.journal_dir(i), cluster.ledger_dir(i)] {
         std::fs::remove_dir_all(&dir).unwrap();
