@@ -18,7 +18,8 @@
 //! Run with perf/rereplication.sh (it builds the `quire` binary and sets QUIRE_BIN). Settings
 //! from the environment: QUIRE_REREP_BENCH_MIB (default 128), QUIRE_REREP_BENCH_ENTRY_BYTES
 //! (default 16384), QUIRE_REREP_BENCH_ROUNDS (default 3), QUIRE_REREP_BENCH_BASELINE_SECS
-//! (default 10), QUIRE_REREP_BENCH_DIR (where the bookies' directories go, default /tmp; an
+//! (default 10), QUIRE_REREP_BENCH_RATE_BYTES (the copy's `replication_rate_bytes`, default 0:
+//! unlimited), QUIRE_REREP_BENCH_DIR (where the bookies' directories go, default /tmp; an
 //! ext4 or xfs disk, O_DIRECT does not work on tmpfs).
 
 use std::io::{BufRead, BufReader};
@@ -118,13 +119,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-async fn client(zk: &str) -> (Arc<dyn MetadataStore>, BookKeeper) {
+async fn client(zk: &str, config: ClientConfig) -> (Arc<dyn MetadataStore>, BookKeeper) {
     let store: Arc<dyn MetadataStore> = Arc::new(
         ZkStore::connect(zk, ZK_ROOT, SESSION_TIMEOUT)
             .await
             .expect("connect to ZooKeeper"),
     );
-    let bk = BookKeeper::new(store.clone(), ClientConfig::default());
+    let bk = BookKeeper::new(store.clone(), config);
     (store, bk)
 }
 
@@ -241,8 +242,19 @@ fn main() {
     let mut a = BookieProc::start(&bin, &zk, dir.path(), "a");
     let b = BookieProc::start(&bin, &zk, dir.path(), "b");
     let c = BookieProc::start(&bin, &zk, dir.path(), "c");
-    let (store, copier) = copy_rt.block_on(client(&zk));
+    // The copier paces its writes like a worker with `replication_rate_bytes` set.
+    let rate = env_u64("QUIRE_REREP_BENCH_RATE_BYTES", 0);
+    let (store, copier) = copy_rt.block_on(client(
+        &zk,
+        ClientConfig {
+            replication_rate_bytes_per_sec: (rate > 0).then_some(rate),
+            ..ClientConfig::default()
+        },
+    ));
     copy_rt.block_on(wait_registered(&*store, |ids| ids.len() == 3));
+    if rate > 0 {
+        println!("copies paced to {rate} bytes/s (replication_rate_bytes)");
+    }
     println!("writing {rounds} closed ledgers of {mib} MiB in {entry_bytes}-byte entries on bookies a, b, c");
     let ledgers: Vec<_> = (0..rounds)
         .map(|_| copy_rt.block_on(big_ledger(&copier, mib << 20, entry_bytes)))
@@ -253,7 +265,7 @@ fn main() {
     copy_rt.block_on(wait_registered(&*store, |ids| {
         ids.len() == 3 && !ids.contains(&lost)
     }));
-    let (_, writer_bk) = tail_rt.block_on(client(&zk));
+    let (_, writer_bk) = tail_rt.block_on(client(&zk, ClientConfig::default()));
     println!(
         "bookie a ({lost}) lost; copies go from b ({}) and c ({}) to d ({})",
         b.id, c.id, d.id

@@ -73,10 +73,12 @@ pub struct AutorecoveryOptions {
     pub poll_interval: Duration,
     /// How often the auditor walks every ledger regardless (`None`: only when a bookie is lost).
     pub periodic_check_interval: Option<Duration>,
+    /// Bytes per second the worker writes to target bookies at most (`None`: unlimited).
+    pub replication_rate_bytes: Option<u64>,
 }
 
 impl AutorecoveryOptions {
-    /// Applies defaults and checks the four settings.
+    /// Applies defaults and checks the five settings (a replication rate of 0 is unlimited).
     ///
     /// # Errors
     /// One line naming the setting: a poll interval of 0 or above a minute.
@@ -85,6 +87,7 @@ impl AutorecoveryOptions {
         grace_ms: Option<u64>,
         poll_ms: Option<u64>,
         periodic_secs: Option<u64>,
+        replication_rate_bytes: Option<u64>,
     ) -> Result<Self> {
         let poll = poll_ms.unwrap_or(POLL_INTERVAL_MS_DEFAULT);
         if !(1..=60_000).contains(&poll) {
@@ -100,6 +103,7 @@ impl AutorecoveryOptions {
             ),
             poll_interval: Duration::from_millis(poll),
             periodic_check_interval: (periodic > 0).then(|| Duration::from_secs(periodic)),
+            replication_rate_bytes: replication_rate_bytes.filter(|&r| r > 0),
         })
     }
 }
@@ -177,7 +181,13 @@ pub async fn run_daemon(
                 }
             },
         };
-        let bk = BookKeeper::new(store.clone(), ClientConfig::default());
+        let bk = BookKeeper::new(
+            store.clone(),
+            ClientConfig {
+                replication_rate_bytes_per_sec: options.replication_rate_bytes,
+                ..ClientConfig::default()
+            },
+        );
         let mut lost = store.session_lost();
         let ended = tokio::select! {
             _ = stop.changed() => return,
@@ -679,6 +689,10 @@ pub struct AutorecoverySettings {
     /// `auditorPeriodicCheckInterval`; default 86400, 0 disables).
     #[arg(long)]
     pub auditor_periodic_check_interval_secs: Option<u64>,
+    /// Bytes per second the replication worker writes to target bookies at most (BookKeeper
+    /// `replicationRateByBytes`; default 0: unlimited).
+    #[arg(long)]
+    pub replication_rate_bytes: Option<u64>,
     /// Address of the HTTP endpoint serving `GET /metrics` and `GET /healthz`; off unless set.
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -717,6 +731,7 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
             .or(file.autorecovery_poll_interval_ms),
         s.auditor_periodic_check_interval_secs
             .or(file.auditor_periodic_check_interval_secs),
+        s.replication_rate_bytes.or(file.replication_rate_bytes),
     )?;
     let name = s
         .name

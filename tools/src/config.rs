@@ -278,6 +278,10 @@ pub struct BookieSettings {
     /// `auditorPeriodicCheckInterval`; default 86400, 0 disables).
     #[arg(long)]
     pub auditor_periodic_check_interval_secs: Option<u64>,
+    /// Bytes per second the replication worker writes to target bookies at most (BookKeeper
+    /// `replicationRateByBytes`; default 0: unlimited).
+    #[arg(long)]
+    pub replication_rate_bytes: Option<u64>,
 }
 
 /// Smallest accepted `index_cache_bytes_max`: sixteen 4 KiB index blocks.
@@ -519,7 +523,8 @@ impl BookieSettings {
             lost_bookie_recovery_delay_secs,
             open_ledger_rereplication_grace_period_ms,
             autorecovery_poll_interval_ms,
-            auditor_periodic_check_interval_secs
+            auditor_periodic_check_interval_secs,
+            replication_rate_bytes
         )
     }
 
@@ -605,6 +610,7 @@ impl BookieSettings {
             self.open_ledger_rereplication_grace_period_ms,
             self.autorecovery_poll_interval_ms,
             self.auditor_periodic_check_interval_secs,
+            self.replication_rate_bytes,
         )?;
         Ok(BookieOptions {
             metadata,

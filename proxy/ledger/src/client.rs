@@ -35,6 +35,9 @@ pub struct ClientConfig {
     /// triggers another search (an entry that can no longer reach Qa always triggers one).
     /// Default 1 s.
     pub replacement_retry_interval: Duration,
+    /// Bytes per second re-replication writes to target bookies at most, over all copies this
+    /// client runs (BookKeeper `replicationRateByBytes`); `None`, the default, is unlimited.
+    pub replication_rate_bytes_per_sec: Option<u64>,
 }
 
 impl Default for ClientConfig {
@@ -44,6 +47,7 @@ impl Default for ClientConfig {
             frame_size_bytes_max: FRAME_SIZE_BYTES_MAX_DEFAULT,
             bookie_quarantine: Duration::from_secs(60),
             replacement_retry_interval: Duration::from_secs(1),
+            replication_rate_bytes_per_sec: None,
         }
     }
 }
@@ -63,6 +67,8 @@ pub(crate) struct Inner {
     /// The registration epoch of each bookie at the last listing of the registry; `None`
     /// before the first listing.
     pub(crate) registrations: Mutex<Option<HashMap<BookieId, Option<u64>>>>,
+    /// Paces re-replication writes (`config.replication_rate_bytes_per_sec`).
+    pub(crate) replication_pace: Option<crate::rereplicate::BytePace>,
 }
 
 /// The client: a metadata store handle plus a pool of bookie connections.
@@ -101,6 +107,10 @@ impl BookKeeper {
             inner: Arc::new(Inner {
                 metadata,
                 pool: Pool::new(read_runtime),
+                replication_pace: config
+                    .replication_rate_bytes_per_sec
+                    .filter(|&r| r > 0)
+                    .map(crate::rereplicate::BytePace::new),
                 config,
                 quarantine: Mutex::default(),
                 registrations: Mutex::default(),

@@ -29,6 +29,44 @@ use crate::{placement, quorum, BookKeeper, Error};
 /// Entries copied at once within a fragment (BookKeeper `rereplicationEntryBatchSize`, 10).
 const ENTRIES_IN_FLIGHT_MAX: usize = 16;
 
+/// Paces re-replication writes to a byte rate (BookKeeper `replicationRateByBytes`): each
+/// write reserves its bytes' share of a second after the reservations before it and waits
+/// until its reservation starts. Idle time is not saved up for a later burst.
+#[derive(Debug)]
+pub(crate) struct BytePace {
+    bytes_per_sec: u64,
+    /// When the next reservation may start; `None` before the first.
+    next: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl BytePace {
+    /// A pace of `bytes_per_sec` (at least 1).
+    pub(crate) fn new(bytes_per_sec: u64) -> BytePace {
+        BytePace {
+            bytes_per_sec: bytes_per_sec.max(1),
+            next: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Reserves `bytes` at `now`; returns how long to wait before writing them.
+    fn reserve(&self, now: std::time::Instant, bytes: u64) -> std::time::Duration {
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let start = next.map_or(now, |n| n.max(now));
+        *next = Some(
+            start + std::time::Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64),
+        );
+        start - now
+    }
+
+    /// Waits until `bytes` may be written.
+    pub(crate) async fn wait(&self, bytes: u64) {
+        let wait = self.reserve(std::time::Instant::now(), bytes);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
 /// What [`BookKeeper::replicate_fragment`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FragmentReplicated {
@@ -452,6 +490,9 @@ impl BookKeeper {
             None => {}
         }
         let len = source.len() as u64;
+        if let Some(pace) = &self.inner.replication_pace {
+            pace.wait(len).await;
+        }
         let bytes = Arc::new(source);
         let c = self.conn(target, Lane::Tail).await?;
         let reply = c
@@ -514,4 +555,28 @@ fn fragment_index(meta: &LedgerMetadata, first_entry: u64) -> Option<usize> {
     meta.fragments
         .iter()
         .position(|f| f.first_entry == first_entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BytePace;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn pace_spaces_writes_by_their_bytes_and_does_not_save_up_idle_time() {
+        let pace = BytePace::new(1000);
+        let t0 = Instant::now();
+        assert_eq!(pace.reserve(t0, 500), Duration::ZERO);
+        assert_eq!(pace.reserve(t0, 500), Duration::from_millis(500));
+        assert_eq!(pace.reserve(t0, 1000), Duration::from_secs(1));
+        // Reserved through t0 + 2 s; at t0 + 1.5 s the next write waits half a second.
+        assert_eq!(
+            pace.reserve(t0 + Duration::from_millis(1500), 10),
+            Duration::from_millis(500)
+        );
+        // Long idle: no credit, the next write goes at once and the one after waits its share.
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(pace.reserve(later, 2000), Duration::ZERO);
+        assert_eq!(pace.reserve(later, 1), Duration::from_secs(2));
+    }
 }
