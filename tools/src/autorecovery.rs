@@ -774,13 +774,7 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
 
 /// `quire autorecovery status`.
 fn status(args: StatusArgs) -> Result<()> {
-    let address = args.metadata.resolve()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    let result = runtime.block_on(async {
-        let store = address.connect_zk().await?;
+    crate::admin::with_zk_store(&args.metadata, async |store| {
         let state = store
             .autorecovery_state()
             .await
@@ -847,9 +841,7 @@ fn status(args: StatusArgs) -> Result<()> {
         }
         print!("{out}");
         Ok(())
-    });
-    runtime.shutdown_timeout(Duration::from_secs(2));
-    result
+    })
 }
 
 /// `quire bookie decommission` options.
@@ -874,13 +866,7 @@ pub struct DecommissionArgs {
 /// reused. A second run resumes. Needs autorecovery daemons running (inside the bookies by
 /// default).
 pub fn decommission(args: DecommissionArgs) -> Result<()> {
-    let address = args.metadata.resolve()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    let result = runtime.block_on(async {
-        let store = address.connect_zk().await?;
+    crate::admin::with_zk_store(&args.metadata, async |store| {
         let id = BookieId(args.bookie.clone());
         let cookie = match store.read_cookie(&id).await {
             Ok(c) => Some(c),
@@ -943,9 +929,7 @@ pub fn decommission(args: DecommissionArgs) -> Result<()> {
         store.end_decommission(&id).await?;
         println!("bookie {id} decommissioned: no ledger names it and its cookie is deleted; stop it, and its disks can be reused");
         Ok(())
-    });
-    runtime.shutdown_timeout(Duration::from_secs(2));
-    result
+    })
 }
 
 /// `quire bookie delete-cookie` options.
@@ -965,13 +949,7 @@ pub struct DeleteCookieArgs {
 /// # Errors
 /// The bookie is registered (it runs: stop it first), it has no cookie, or ZooKeeper fails.
 pub fn delete_cookie(args: DeleteCookieArgs) -> Result<()> {
-    let address = args.metadata.resolve()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    let result = runtime.block_on(async {
-        let store = address.connect_zk().await?;
+    crate::admin::with_zk_store(&args.metadata, async |store| {
         let id = BookieId(args.bookie.clone());
         let registered = store.list_bookies().await.context("cannot list bookies")?;
         if registered.iter().any(|b| b.id == id) {
@@ -990,7 +968,5 @@ pub fn delete_cookie(args: DeleteCookieArgs) -> Result<()> {
             .context("cannot delete the bookie's cookie")?;
         println!("cookie of bookie {id} deleted: it can start on empty directories");
         Ok(())
-    });
-    runtime.shutdown_timeout(Duration::from_secs(2));
-    result
+    })
 }

@@ -172,6 +172,58 @@ async fn check_every_ledger(store: &ZkStore, live: &HashSet<BookieId>) -> usize 
     checked
 }
 
+/// A proxy writing E=3 Qw=3 Qa=2 with small segments, so that each stream has several ledgers.
+fn start_proxy(cluster: &Cluster) -> Proc {
+    cluster.start_proxy(
+        quire_testkit::free_port(),
+        &[
+            "--ensemble-size",
+            "3",
+            "--write-quorum",
+            "3",
+            "--ack-quorum",
+            "2",
+            "--segment-size-bytes",
+            "1500",
+            "--entry-size-bytes",
+            "200",
+        ],
+    )
+}
+
+/// The shared checker on every stream of [`STREAMS`].
+async fn check_streams(proxy: &str, store: &ZkStore, acked: &[Vec<Acked>; 4]) {
+    for (s, stream) in STREAMS.iter().enumerate() {
+        let report = check_stream(proxy, store, stream, &acked[s], &[]).await;
+        assert!(report.records.len() >= acked[s].len());
+    }
+}
+
+/// `n` bookies on free ports with `flags`, once all are registered: their ports, their ids and
+/// the processes (`None` once killed).
+fn start_bookies(
+    cluster: &Cluster,
+    n: usize,
+    flags: impl Fn(usize) -> Vec<String>,
+) -> (Vec<u16>, Vec<BookieId>, Vec<Option<Proc>>) {
+    let ports: Vec<u16> = (0..n).map(|_| quire_testkit::free_port()).collect();
+    let ids: Vec<BookieId> = ports
+        .iter()
+        .map(|p| BookieId(format!("127.0.0.1:{p}")))
+        .collect();
+    let bookies = (0..n)
+        .map(|i| {
+            let f = flags(i);
+            let f: Vec<&str> = f.iter().map(String::as_str).collect();
+            Some(cluster.start_bookie_with(i, ports[i], &f))
+        })
+        .collect();
+    cluster.wait_bookies(&format!("{n} bookies"), |l| {
+        l.contains(&format!("{n} bookies registered"))
+    });
+    (ports, ids, bookies)
+}
+
 fn kill(bookies: &mut [Option<Proc>], ids: &[BookieId], victim: &BookieId) {
     let i = ids.iter().position(|b| b == victim).unwrap();
     bookies[i].take().expect("bookie alive").kill();
@@ -193,37 +245,15 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
     // SIGKILL the auditor's bookie and do it all again. Without autorecovery the closed
     // ledgers keep naming the dead bookie and `wait_replicated` fails.
     let cluster = Cluster::start();
-    let ports: Vec<u16> = (0..5).map(|_| quire_testkit::free_port()).collect();
-    let ids: Vec<BookieId> = ports
-        .iter()
-        .map(|p| BookieId(format!("127.0.0.1:{p}")))
-        .collect();
     let metrics: Vec<String> = (0..5)
         .map(|_| format!("127.0.0.1:{}", quire_testkit::free_port()))
         .collect();
-    let mut bookies: Vec<Option<Proc>> = (0..5)
-        .map(|i| {
-            let mut flags = AUTORECOVERY_FLAGS.to_vec();
-            flags.extend(["--metrics-listen", metrics[i].as_str()]);
-            Some(cluster.start_bookie_with(i, ports[i], &flags))
-        })
-        .collect();
-    cluster.wait_bookies("5 bookies", |l| l.contains("5 bookies registered"));
-    let proxy = cluster.start_proxy(
-        quire_testkit::free_port(),
-        &[
-            "--ensemble-size",
-            "3",
-            "--write-quorum",
-            "3",
-            "--ack-quorum",
-            "2",
-            "--segment-size-bytes",
-            "1500",
-            "--entry-size-bytes",
-            "200",
-        ],
-    );
+    let (_, ids, mut bookies) = start_bookies(&cluster, 5, |i| {
+        let mut flags: Vec<String> = AUTORECOVERY_FLAGS.iter().map(|f| f.to_string()).collect();
+        flags.extend(["--metrics-listen".to_string(), metrics[i].clone()]);
+        flags
+    });
+    let proxy = start_proxy(&cluster);
     let rt = runtime();
     let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
     let mut acked: [Vec<Acked>; 4] = Default::default();
@@ -373,10 +403,7 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
     rt.block_on(write_all(&client, 3000..3100, &mut acked));
     rt.block_on(async {
         let store = store(&cluster).await;
-        for (s, stream) in STREAMS.iter().enumerate() {
-            let report = check_stream(&proxy.addr, &store, stream, &acked[s], &[]).await;
-            assert!(report.records.len() >= acked[s].len());
-        }
+        check_streams(&proxy.addr, &store, &acked).await;
     });
     proxy.stop();
     for b in bookies.into_iter().flatten() {
@@ -396,15 +423,9 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
     // records written to two streams throughout, retried with new payloads after a failed
     // write; then the checks over every ledger and the shared checker.
     let cluster = Cluster::start();
-    let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
-    let ids: Vec<BookieId> = ports
-        .iter()
-        .map(|p| BookieId(format!("127.0.0.1:{p}")))
-        .collect();
-    let bookies: Vec<Proc> = (0..4)
-        .map(|i| cluster.start_bookie_with(i, ports[i], &["--autorecovery-enabled", "false"]))
-        .collect();
-    cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
+    let (_, ids, bookies) = start_bookies(&cluster, 4, |_| {
+        vec!["--autorecovery-enabled".into(), "false".into()]
+    });
     let daemon = cluster.start_autorecovery(AUTORECOVERY_FLAGS);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -424,21 +445,7 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let proxy = cluster.start_proxy(
-        quire_testkit::free_port(),
-        &[
-            "--ensemble-size",
-            "3",
-            "--write-quorum",
-            "3",
-            "--ack-quorum",
-            "2",
-            "--segment-size-bytes",
-            "1500",
-            "--entry-size-bytes",
-            "200",
-        ],
-    );
+    let proxy = start_proxy(&cluster);
     let rt = runtime();
     let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
     let mut acked: [Vec<Acked>; 4] = Default::default();
@@ -505,14 +512,11 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
         ));
         let live: HashSet<BookieId> = ids.iter().filter(|b| **b != retired).cloned().collect();
         assert!(check_every_ledger(&store, &live).await > 0);
-        for (s, stream) in STREAMS.iter().enumerate() {
-            let report = check_stream(&proxy.addr, &store, stream, &acked[s], &[]).await;
-            assert!(report.records.len() >= acked[s].len());
-        }
+        check_streams(&proxy.addr, &store, &acked).await;
     });
     proxy.stop();
     daemon.stop();
-    for b in bookies {
+    for b in bookies.into_iter().flatten() {
         b.stop();
     }
 }
@@ -578,11 +582,6 @@ fn a_wiped_bookie_that_registers_again_gets_its_replicas_back() {
     // wait fails; without the in-place copy the mark is never cleared (or entries stay
     // missing).
     let cluster = Cluster::start();
-    let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
-    let ids: Vec<BookieId> = ports
-        .iter()
-        .map(|p| BookieId(format!("127.0.0.1:{p}")))
-        .collect();
     let flags = [
         "--lost-bookie-recovery-delay-secs",
         "600",
@@ -591,25 +590,10 @@ fn a_wiped_bookie_that_registers_again_gets_its_replicas_back() {
         "--autorecovery-poll-interval-ms",
         "250",
     ];
-    let mut bookies: Vec<Option<Proc>> = (0..4)
-        .map(|i| Some(cluster.start_bookie_with(i, ports[i], &flags)))
-        .collect();
-    cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
-    let proxy = cluster.start_proxy(
-        quire_testkit::free_port(),
-        &[
-            "--ensemble-size",
-            "3",
-            "--write-quorum",
-            "3",
-            "--ack-quorum",
-            "2",
-            "--segment-size-bytes",
-            "1500",
-            "--entry-size-bytes",
-            "200",
-        ],
-    );
+    let (ports, ids, mut bookies) = start_bookies(&cluster, 4, |_| {
+        flags.iter().map(|f| f.to_string()).collect()
+    });
+    let proxy = start_proxy(&cluster);
     let rt = runtime();
     let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
     let mut acked: [Vec<Acked>; 4] = Default::default();
@@ -667,10 +651,7 @@ fn a_wiped_bookie_that_registers_again_gets_its_replicas_back() {
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        for (s, stream) in STREAMS.iter().enumerate() {
-            let report = check_stream(&proxy.addr, &store, stream, &acked[s], &[]).await;
-            assert!(report.records.len() >= acked[s].len());
-        }
+        check_streams(&proxy.addr, &store, &acked).await;
     });
     proxy.stop();
     for b in bookies.into_iter().flatten() {
@@ -691,15 +672,9 @@ fn a_worker_killed_mid_copy_changes_nothing_and_the_next_one_copies_it_all() {
     // and the mark are checked, then a second daemon started; then every entry is checked on
     // every bookie of its write set.
     let cluster = Cluster::start();
-    let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
-    let ids: Vec<BookieId> = ports
-        .iter()
-        .map(|p| BookieId(format!("127.0.0.1:{p}")))
-        .collect();
-    let mut bookies: Vec<Option<Proc>> = (0..4)
-        .map(|i| Some(cluster.start_bookie_with(i, ports[i], &["--autorecovery-enabled", "false"])))
-        .collect();
-    cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
+    let (_, ids, mut bookies) = start_bookies(&cluster, 4, |_| {
+        vec!["--autorecovery-enabled".into(), "false".into()]
+    });
     let rt = runtime();
     const ENTRIES: u64 = 96;
     let payload = |e: u64| -> Vec<u8> {

@@ -148,22 +148,7 @@ impl BookKeeper {
         lost: &BookieId,
         avoid: &HashSet<BookieId>,
     ) -> Result<FragmentReplicated, Error> {
-        let meta = self.inner.metadata.read_ledger(id).await?.value;
-        let index = fragment_index(&meta, first_entry).ok_or_else(|| {
-            Error::Invalid(format!(
-                "ledger {id} has no fragment from entry {first_entry}"
-            ))
-        })?;
-        let range = fragment_range(&meta, index)?;
-        let fragment = meta.fragments[index].clone();
-        let position = fragment
-            .bookies
-            .iter()
-            .position(|b| b == lost)
-            .ok_or_else(|| Error::Recovery {
-                ledger: id.0,
-                reason: format!("fragment from entry {first_entry} does not hold bookie {lost}"),
-            })?;
+        let (meta, fragment, range, position) = self.locate(id, first_entry, lost).await?;
         // 1. The replacement.
         let registered = self.registered_bookies().await?;
         let keep: Vec<BookieId> = fragment
@@ -268,6 +253,37 @@ impl BookKeeper {
             "fragment re-replicated"
         );
         Ok(done)
+    }
+
+    /// Ledger `id`'s metadata, its fragment starting at `first_entry`, that fragment's entries
+    /// ([`fragment_range`]) and the position of `bookie` in it.
+    ///
+    /// # Errors
+    /// `Metadata`; `Invalid` when no fragment starts at `first_entry` or it has no end yet;
+    /// `Recovery` when the fragment does not hold `bookie`.
+    async fn locate(
+        &self,
+        id: LedgerId,
+        first_entry: u64,
+        bookie: &BookieId,
+    ) -> Result<(LedgerMetadata, Fragment, Option<(u64, u64)>, usize), Error> {
+        let meta = self.inner.metadata.read_ledger(id).await?.value;
+        let index = fragment_index(&meta, first_entry).ok_or_else(|| {
+            Error::Invalid(format!(
+                "ledger {id} has no fragment from entry {first_entry}"
+            ))
+        })?;
+        let range = fragment_range(&meta, index)?;
+        let fragment = meta.fragments[index].clone();
+        let position = fragment
+            .bookies
+            .iter()
+            .position(|b| b == bookie)
+            .ok_or_else(|| Error::Recovery {
+                ledger: id.0,
+                reason: format!("fragment from entry {first_entry} does not hold bookie {bookie}"),
+            })?;
+        Ok((meta, fragment, range, position))
     }
 
     /// Copies to `target` every entry of `range` whose write set includes `position` of
@@ -388,22 +404,7 @@ impl BookKeeper {
         first_entry: u64,
         bookie: &BookieId,
     ) -> Result<FragmentReplicated, Error> {
-        let meta = self.inner.metadata.read_ledger(id).await?.value;
-        let index = fragment_index(&meta, first_entry).ok_or_else(|| {
-            Error::Invalid(format!(
-                "ledger {id} has no fragment from entry {first_entry}"
-            ))
-        })?;
-        let range = fragment_range(&meta, index)?;
-        let fragment = meta.fragments[index].clone();
-        let position = fragment
-            .bookies
-            .iter()
-            .position(|b| b == bookie)
-            .ok_or_else(|| Error::Recovery {
-                ledger: id.0,
-                reason: format!("fragment from entry {first_entry} does not hold bookie {bookie}"),
-            })?;
+        let (meta, fragment, range, position) = self.locate(id, first_entry, bookie).await?;
         let mut done = FragmentReplicated {
             ledger: id,
             first_entry,
