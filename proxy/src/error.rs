@@ -43,13 +43,20 @@ pub enum ErrorCode {
     TxidOutOfOrder = 514,
     /// The stream already exists (DL `LOG_EXISTS`).
     StreamExists = 525,
+    /// A txid is more than the proxy's `txid_jump_max` (default 2^40) above the txid before it
+    /// (the stream's last txid, or the previous record of the same write); nothing was
+    /// written. Quire's own guard against a poisoned stream, with no DistributedLog
+    /// equivalent: one stray txid near 2^64 would otherwise make every later normal write to
+    /// the stream `TXID_OUT_OF_ORDER` for good. Numbered outside DistributedLog's 500–527 so
+    /// that it never stands for one of DL's codes.
+    TxidTooFarAhead = 540,
     /// The stream name breaks the naming rules (DL `INVALID_STREAM_NAME`).
     InvalidStreamName = 602,
 }
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
@@ -64,6 +71,7 @@ impl ErrorCode {
         Self::Truncated,
         Self::TxidOutOfOrder,
         Self::StreamExists,
+        Self::TxidTooFarAhead,
         Self::InvalidStreamName,
     ];
 
@@ -89,6 +97,7 @@ impl ErrorCode {
             Self::Truncated => "TRUNCATED",
             Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
             Self::StreamExists => "STREAM_EXISTS",
+            Self::TxidTooFarAhead => "TXID_TOO_FAR_AHEAD",
             Self::InvalidStreamName => "INVALID_STREAM_NAME",
         }
     }
@@ -141,6 +150,18 @@ pub enum Error {
         record_index: usize,
         txid: u64,
         last_txid: u64,
+    },
+    /// A txid is more than `txid_jump_max` above the txid before it: the stream's last txid
+    /// (acknowledged or in flight) for a write's first record, the previous record's for the
+    /// others (the txid guard, [`crate::StreamConfig::txid_jump_max`]; Quire's own, not
+    /// DistributedLog's). Nothing of the request was written and the stream's last txid is
+    /// unchanged.
+    #[error("txid {txid} of record {record_index} is more than {txid_jump_max} above the txid before it ({last_txid}): refused by the proxy's txid guard (txid_jump_max) so that one stray txid cannot make the stream unwritable; nothing was written")]
+    TxidTooFarAhead {
+        record_index: usize,
+        txid: u64,
+        last_txid: u64,
+        txid_jump_max: u64,
     },
     /// The request is malformed or out of range.
     #[error("bad request: {reason}")]
@@ -230,6 +251,7 @@ impl Error {
             Error::InvalidStreamName { .. } => ErrorCode::InvalidStreamName,
             Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
             Error::TxidOutOfOrder { .. } => ErrorCode::TxidOutOfOrder,
+            Error::TxidTooFarAhead { .. } => ErrorCode::TxidTooFarAhead,
             Error::BadRequest { .. }
             | Error::Protocol(_)
             | Error::ReservedTxid { .. }
@@ -294,7 +316,7 @@ mod tests {
         let numbers: Vec<u16> = ErrorCode::ALL.iter().map(|c| *c as u16).collect();
         assert_eq!(
             numbers,
-            [0, 302, 400, 413, 426, 500, 503, 504, 506, 507, 510, 511, 514, 525, 602]
+            [0, 302, 400, 413, 426, 500, 503, 504, 506, 507, 510, 511, 514, 525, 540, 602]
         );
         for c in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u16(c as u16), Some(c));

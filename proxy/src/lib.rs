@@ -17,6 +17,9 @@
 //!   RetentionChange, RetentionChange) -> Result<RetentionOverride>`; time rolling and
 //!   retention run by themselves (`StreamConfig::segment_roll_interval`, `retention_time`,
 //!   `retention_size_bytes`). Reads before the truncation point fail with `Error::Truncated`.
+//! * Txids only grow within a stream (`Error::TxidOutOfOrder`), and the txid guard refuses one
+//!   more than `StreamConfig::txid_jump_max` (default 2^40) above the txid before it
+//!   (`Error::TxidTooFarAhead`), so that one stray txid cannot make a stream unwritable.
 //! * `recover_all(&self) -> Result<usize>`: recovers every stream now rather than at first use.
 //! * `sweep(&self) -> Result<SweepReport>`: one lifecycle sweep over every stream (retention on
 //!   streams nobody owns, orphan ledger metadata); also run every `lifecycle_sweep_interval`.
@@ -63,6 +66,7 @@ pub use server::{
 };
 pub use stream::{
     StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM,
+    TXID_JUMP_MAX_DEFAULT,
 };
 pub use types::{
     check_retention_size_bytes, check_retention_time_secs, ReadBatch, RetentionChange,

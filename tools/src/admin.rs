@@ -16,7 +16,7 @@
 //! cluster, and so that changes are made by the stream's owner (DistributedLog's proxy
 //! `truncate` / `delete` operations):
 //! * `quire stream list`, `quire stream show STREAM`: names; segments, truncation point,
-//!   retention, max txid and owner;
+//!   retention, last txid (what the proxy's txid guard compares a write with) and owner;
 //! * `quire stream truncate STREAM DLSN`, `quire stream delete STREAM`;
 //! * `quire stream retention STREAM [--time-secs N|default] [--size-bytes N|default]`.
 //!
@@ -107,7 +107,9 @@ pub enum StreamCommand {
     /// List every stream, sorted.
     List(StreamListArgs),
     /// Print a stream's segments (seq no, ledger, state, DLSN range, records, bytes,
-    /// completion time), truncation point, retention, max txid and current owner.
+    /// completion time), truncation point, retention, last txid and current owner. The last
+    /// txid is the owner's (acknowledged or in flight) when the proxy asked owns the stream,
+    /// else the last one of the completed segments.
     Show(StreamNameArgs),
     /// Make every record before DLSN unreadable at once and delete the whole segments before
     /// it (DistributedLog `truncate`). The point never moves backwards; a DLSN beyond the end of
@@ -536,6 +538,7 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
     let (z, zs) = effective(m.retention.size_bytes, info.defaults.size_bytes);
     serde_json::json!({
         "owner": info.owner,
+        "last_txid": m.max_txid,
         "truncated_before": m.truncated_before.map(|t| point(&t).to_string()),
         "retention": {
             "time_secs": t, "time_secs_from": ts,
@@ -600,7 +603,7 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
     )?;
     writeln!(
         out,
-        "  max txid: {}",
+        "  last txid: {}",
         meta.max_txid.map_or("none".to_string(), |t| t.to_string())
     )?;
     writeln!(

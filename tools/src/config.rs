@@ -679,6 +679,13 @@ pub struct ProxySettings {
     /// disables; at most 86400).
     #[arg(long)]
     pub lifecycle_sweep_secs: Option<u64>,
+    /// The txid guard (Quire's own, against a poisoned stream): a record whose txid is more
+    /// than this above the txid before it (its stream's last txid, or the previous record of
+    /// the same write) is refused with `TXID_TOO_FAR_AHEAD` and nothing of its write is
+    /// written; a stream's first record may have any txid. Default 2^40 = 1099511627776; 0
+    /// turns the guard off.
+    #[arg(long)]
+    pub txid_jump_max: Option<u64>,
     /// Longest SIGTERM drain, in milliseconds (default 30000): finishing the writes in flight,
     /// completing open segments and releasing stream leases. When it runs out the proxy
     /// closes every connection and exits with an error status.
@@ -746,6 +753,7 @@ impl ProxySettings {
             retention_time_secs,
             retention_size_bytes,
             lifecycle_sweep_secs,
+            txid_jump_max,
             drain_timeout_ms,
             metrics_listen
         )
@@ -805,6 +813,9 @@ impl ProxySettings {
                 bail!("invalid setting lifecycle_sweep_secs = {secs}: expected 0 (off) to 86400");
             }
             streams.lifecycle_sweep_interval = (secs > 0).then(|| Duration::from_secs(secs));
+        }
+        if let Some(v) = self.txid_jump_max {
+            streams.txid_jump_max = (v > 0).then_some(v);
         }
         let drain_ms = self.drain_timeout_ms.unwrap_or(DRAIN_TIMEOUT_MS_DEFAULT);
         if !(100..=3_600_000).contains(&drain_ms) {
@@ -1120,6 +1131,36 @@ mod tests {
             let e = parse(bad).unwrap_err().to_string();
             assert!(e.contains(key) && e.lines().count() == 1, "{e}");
         }
+    }
+
+    #[test]
+    fn proxy_txid_guard_setting_is_read() {
+        // Goal: the txid guard is on at 2^40 unless configured; txid_jump_max sets it, 0 turns
+        // it off, and the flag wins over the file. Method: parse small files, merge a flag.
+        let base = "zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\n";
+        let file =
+            |extra: &str| -> ProxySettings { toml::from_str(&format!("{base}{extra}")).unwrap() };
+        let resolve = |f: ProxySettings| ProxySettings::default().merged(f).resolve().unwrap();
+        assert_eq!(
+            resolve(file("")).streams.txid_jump_max,
+            Some(1 << 40),
+            "on by default"
+        );
+        assert_eq!(
+            resolve(file("txid_jump_max = 1000")).streams.txid_jump_max,
+            Some(1000)
+        );
+        assert_eq!(
+            resolve(file("txid_jump_max = 0")).streams.txid_jump_max,
+            None
+        );
+        let flags = ProxySettings {
+            txid_jump_max: Some(5),
+            ..Default::default()
+        };
+        let o = flags.merged(file("txid_jump_max = 0")).resolve().unwrap();
+        assert_eq!(o.streams.txid_jump_max, Some(5));
+        assert!(toml::from_str::<ProxySettings>("txid_jump_max = -1").is_err());
     }
 
     #[test]

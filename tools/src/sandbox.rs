@@ -71,6 +71,12 @@ pub struct SandboxArgs {
     /// ledger metadata left by a crash mid-deletion (default 300; 0 disables).
     #[arg(long, default_value_t = 300)]
     lifecycle_sweep_secs: u64,
+    /// The txid guard (Quire's own, against a poisoned stream): a record whose txid is more
+    /// than this above the txid before it (its stream's last txid, or the previous record of
+    /// the same write) is refused with `TXID_TOO_FAR_AHEAD`; a stream's first record may have
+    /// any txid. 0 turns the guard off.
+    #[arg(long, default_value_t = quire_proxy::TXID_JUMP_MAX_DEFAULT)]
+    txid_jump_max: u64,
     /// Size of each pre-written journal file, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     journal_file_size_bytes: u64,
@@ -481,6 +487,7 @@ async fn serve(
         retention_size_bytes: args.retention_size_bytes,
         lifecycle_sweep_interval: (args.lifecycle_sweep_secs > 0)
             .then(|| Duration::from_secs(args.lifecycle_sweep_secs)),
+        txid_jump_max: (args.txid_jump_max > 0).then_some(args.txid_jump_max),
         ..quire_proxy::StreamConfig::default()
     };
     let streams = quire_proxy::StreamManager::new(store, bk, config);

@@ -10,7 +10,7 @@
 //! After the truncate, once every bookie's GC dropped the deleted segments' ledgers, the
 //! sandbox's `/metrics` shows it per bookie: GC runs > 0, ledgers deleted >= the 2 deleted
 //! segments (E = Qw = 3: every bookie held both), bytes reclaimed > 0, and live bytes no more
-//! than the entry-log bytes.
+//! than the entry-log bytes. `quire stream show` prints the stream's last txid (text and JSON).
 //! Method: a `quire sandbox` child (3 bookies, small segments, 1 s time rolling, a cluster
 //! default size retention too large to matter), `quire write` / `quire read` / `quire stream`
 //! child processes, and the sandbox's `metadata.json` read between steps.
@@ -29,6 +29,13 @@ fn lines(prefix: &str, n: usize) -> Vec<Vec<u8>> {
     (0..n)
         .map(|i| format!("{prefix}-{i:06}-{}", "x".repeat(90)).into_bytes())
         .collect()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 fn joined(recs: &[Vec<u8>]) -> Vec<u8> {
@@ -179,8 +186,19 @@ fn truncate_delete_and_retention_through_the_cli() {
 
     // Truncate.
     let t = lines("t", 3000);
+    let before_ms = unix_ms();
     ok(sandbox.quire_stdin(&["write", "t"], &joined(&t)));
+    let after_ms = unix_ms();
     let doc = show(&sandbox, "t");
+    // The last txid (what the txid guard compares the next write with): `quire write` gives
+    // records wall-clock milliseconds, so it lies within the write's time.
+    let last_txid = doc["last_txid"].as_u64().expect("last_txid");
+    assert!((before_ms..=after_ms).contains(&last_txid), "{doc}");
+    let text = ok(sandbox.quire(&["stream", "show", "t"]));
+    assert!(
+        text.contains(&format!("last txid: {last_txid}\n")),
+        "{text}"
+    );
     let segs = segments(&doc);
     assert!(segs.len() >= 4, "{doc}");
     let before_3: usize = segs

@@ -151,7 +151,24 @@ pub struct StreamConfig {
     /// per-stream checks still run). The sweep task starts with the manager when it is made
     /// inside a tokio runtime.
     pub lifecycle_sweep_interval: Option<Duration>,
+    /// The txid guard, Quire's own (DistributedLog has none): a record whose txid is more than
+    /// this above the txid before it (the stream's last txid, acknowledged or in flight, for a
+    /// write's first record; the previous record's for the others) is refused with
+    /// [`Error::TxidTooFarAhead`] (`TXID_TOO_FAR_AHEAD`, 540) and nothing of its write is
+    /// written. A stream's first record (no last txid yet) may have any txid below `u64::MAX`.
+    /// Without it, one record with a txid near 2^64 makes every later normal write to its
+    /// stream `TXID_OUT_OF_ORDER` for good, since txids never decrease. A jump of exactly this
+    /// much passes. Default [`TXID_JUMP_MAX_DEFAULT`] (2^40); `None`: no guard (only the order
+    /// rule).
+    pub txid_jump_max: Option<u64>,
 }
+
+/// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
+/// between consecutive txids that is 35 years of millisecond txids (`quire write` uses
+/// wall-clock milliseconds), 12.7 days of microsecond ones, but only 18 minutes of nanosecond
+/// ones (such applications need a larger value or no guard); and it is far below the ~2^64 a
+/// stray or negative-turned-unsigned txid lands at.
+pub const TXID_JUMP_MAX_DEFAULT: u64 = 1 << 40;
 
 impl Default for StreamConfig {
     fn default() -> Self {
@@ -172,6 +189,7 @@ impl Default for StreamConfig {
             retention_size_bytes: None,
             lifecycle_check_interval: Duration::from_secs(1),
             lifecycle_sweep_interval: Some(Duration::from_secs(300)),
+            txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
         }
     }
 }
@@ -218,6 +236,10 @@ struct StreamShared {
     /// The segment being written as far as acknowledged: (seq no, last acknowledged entry,
     /// records, payload bytes), for `describe`.
     live: Mutex<Option<(u64, u64, u64, u64)>>,
+    /// The stream task's last txid (acknowledged or in flight: what the order rule and the
+    /// txid guard compare with), for `describe`; the stored `max_txid` lags behind it until
+    /// the open segment completes. Written only through `Writer::set_last_txid`.
+    last_txid: Mutex<Option<u64>>,
     /// Requests that obtained this acquisition (reads, writes, lifecycle commands, sweeps):
     /// a stream acquired for a sweep is given back only if no request came after it.
     requests: AtomicU64,
@@ -351,7 +373,9 @@ impl StreamManager {
     /// # Errors
     /// Checked before anything is written: `RecordTooLarge` (a payload above
     /// [`RECORD_SIZE_BYTES_MAX`]), `TxidOutOfOrder` (a txid below the previous one or below the
-    /// stream's last txid), `BadRequest` (no records), `NoSuchStream` (unless
+    /// stream's last txid), `TxidTooFarAhead` (a txid more than [`StreamConfig::txid_jump_max`]
+    /// above the previous record's or the stream's last txid: the txid guard), `BadRequest`
+    /// (no records), `NoSuchStream` (unless
     /// `create_if_missing`), `InvalidStreamName`, `OwnedElsewhere` (another proxy owns the
     /// stream; redirect), `OwnershipLost` (this proxy lost the stream since its last request;
     /// the next request acquires it again). During the write: `Storage`, `Metadata` or
@@ -391,6 +415,10 @@ impl StreamManager {
                 max_bytes: RECORD_SIZE_BYTES_MAX,
             });
         }
+        // The txid rules between the request's own records need no stream state: checked here,
+        // a refused write does not create its stream even with `create_if_missing`. The stream
+        // task checks them again together with the stream's last txid.
+        writer::check_txids(&records, None, self.config.txid_jump_max)?;
         let (reply, rx) = oneshot::channel();
         self.send_to_stream(
             name,
@@ -485,7 +513,10 @@ impl StreamManager {
 
     /// The stream's record, owner and this proxy's retention defaults. Any proxy answers
     /// (from the metadata store); when this proxy owns the stream, the segment being written
-    /// shows its acknowledged entries, records and bytes so far.
+    /// shows its acknowledged entries, records and bytes so far, and `max_txid` is the owner's
+    /// last txid (acknowledged or in flight, the one the txid guard compares with). From a
+    /// proxy that does not own the stream, `max_txid` is the stored one: the last txid of the
+    /// segments completed so far, which lags while another proxy has a segment open.
     ///
     /// # Errors
     /// `NoSuchStream`, `InvalidStreamName`, `Metadata`.
@@ -509,6 +540,9 @@ impl StreamManager {
             .get(name)
             .and_then(|c| c.get().cloned());
         if let Some(h) = handle.filter(|h| h.lost_reason().is_none()) {
+            // The owner's last txid is ahead of the stored one while a segment is open.
+            let last_txid = *h.shared.last_txid.lock().expect("last txid lock");
+            meta.max_txid = meta.max_txid.max(last_txid);
             let live = *h.shared.live.lock().expect("live lock");
             if let Some((seq, entry, records, bytes)) = live {
                 if let Some(s) = meta.segments.iter_mut().find(|s| {

@@ -188,6 +188,8 @@ impl StreamManager {
             completed_at: std::collections::HashMap::new(),
             unrecovered: None,
         };
+        // Published for `describe` also while a failed recovery leaves it at the stored value.
+        writer.set_last_txid(writer.last_txid);
         if let Err(e) = writer.recover().await {
             // A segment whose ledger cannot be recovered now (a bookie of its write quorum down
             // with no replacement) does not keep the stream from being served: its entries up

@@ -183,7 +183,7 @@ impl Writer {
                 version,
             };
         }
-        self.last_txid = self.meta.value.max_txid;
+        self.set_last_txid(self.meta.value.max_txid);
         self.healthy = true;
         self.unrecovered = None;
         self.publish();

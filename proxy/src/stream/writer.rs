@@ -109,6 +109,48 @@ type QueuedAppend = (Records, oneshot::Sender<Result<WriteResult>>);
 /// record of its append).
 type Packed<'a> = (u64, u64, &'a [u8], bool);
 
+/// Checks an append's txids in record order against the txid before each: `last_txid` (the
+/// stream's, `None` before its first record) for the first record, the previous record's for
+/// the others. Each must not be below it (DistributedLog's `TRANSACTION_OUT_OF_ORDER` rule) nor
+/// more than `txid_jump_max` above it (the txid guard, Quire's own; `None`: no guard). Returns
+/// the txid of the last record, the stream's last txid once the append is taken.
+///
+/// # Errors
+/// `TxidOutOfOrder` or `TxidTooFarAhead` for the first record that breaks a rule, naming it by
+/// its index in `records`.
+pub(super) fn check_txids(
+    records: &[(u64, Vec<u8>)],
+    last_txid: Option<u64>,
+    txid_jump_max: Option<u64>,
+) -> Result<Option<u64>> {
+    let mut prev = last_txid;
+    for (i, (txid, _)) in records.iter().enumerate() {
+        if let Some(p) = prev {
+            if *txid < p {
+                return Err(Error::TxidOutOfOrder {
+                    record_index: i,
+                    txid: *txid,
+                    last_txid: p,
+                });
+            }
+            // A txid far above the one before it would leave the stream refusing every later
+            // normal txid as out of order.
+            if let Some(jump_max) = txid_jump_max {
+                if *txid - p > jump_max {
+                    return Err(Error::TxidTooFarAhead {
+                        record_index: i,
+                        txid: *txid,
+                        last_txid: p,
+                        txid_jump_max: jump_max,
+                    });
+                }
+            }
+        }
+        prev = Some(*txid);
+    }
+    Ok(prev)
+}
+
 /// The same kind of error as `e`, for every later append that fails with it.
 pub(super) fn same_kind(e: &Error) -> Error {
     match e {
@@ -160,7 +202,8 @@ pub(super) struct Writer {
     pub(super) config: Arc<StreamConfig>,
     pub(super) meta: Versioned<StreamMetadata>,
     pub(super) current: Option<OpenSegment>,
-    /// Highest txid acknowledged or in flight (the `max_txid` rule is checked against it).
+    /// Highest txid acknowledged or in flight (the order rule and the txid guard are checked
+    /// against it). Set only through [`Writer::set_last_txid`], which publishes it.
     pub(super) last_txid: Option<u64>,
     /// False after a storage or metadata error: recover before the next append.
     pub(super) healthy: bool,
@@ -581,6 +624,13 @@ impl Writer {
         Ok(())
     }
 
+    /// Sets the txid the next append is checked against (order rule and txid guard), and
+    /// publishes it for `describe`.
+    pub(super) fn set_last_txid(&mut self, last_txid: Option<u64>) {
+        self.last_txid = last_txid;
+        *self.shared.last_txid.lock().expect("last txid lock") = last_txid;
+    }
+
     /// Takes a group of appends queued together: checks ownership, recovers a dead writer,
     /// checks txids, packs the records into entries and sends them. Does not wait for the adds
     /// (except to stay within `adds_in_flight_max` and at a segment roll). Returns false once the
@@ -623,28 +673,20 @@ impl Writer {
         let mut records_of = Vec::with_capacity(batch.len());
         for (records, reply) in batch {
             let id = self.appends_base + self.appends.len() as u64;
-            let mut refused = None;
-            let mut prev = self.last_txid;
-            for (i, (txid, payload)) in records.iter().enumerate() {
-                assert!(
-                    payload.len() <= RECORD_SIZE_BYTES_MAX,
-                    "sizes are checked at submission"
-                );
-                if let Some(p) = prev {
-                    if *txid < p {
-                        refused = Some(Error::TxidOutOfOrder {
-                            record_index: i,
-                            txid: *txid,
-                            last_txid: p,
-                        });
-                        break;
-                    }
-                }
-                prev = Some(*txid);
-            }
+            assert!(
+                records
+                    .iter()
+                    .all(|(_, payload)| payload.len() <= RECORD_SIZE_BYTES_MAX),
+                "sizes are checked at submission"
+            );
+            let (refused, last) =
+                match check_txids(&records, self.last_txid, self.config.txid_jump_max) {
+                    Ok(last) => (None, last),
+                    Err(e) => (Some(e), self.last_txid),
+                };
             let count = records.len() as u64;
             if refused.is_none() {
-                self.last_txid = prev;
+                self.set_last_txid(last);
                 records_of.push((id, records));
             }
             self.appends
