@@ -142,7 +142,9 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     let write_task = glommio::spawn_local(write_loop(writer, outbox.clone()));
     let in_flight = Rc::new(Semaphore::new(IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX));
 
+    shard.connections.set(shard.connections.get() + 1);
     let end = read_loop(&shard, &mut reader, &outbox, &in_flight).await;
+    shard.connections.set(shard.connections.get() - 1);
 
     // Every request already read gets its answer before the connection closes.
     if in_flight
@@ -227,6 +229,8 @@ async fn read_loop(
     let mut start = 0usize;
     let mut filled = 0usize;
     let mut handshaken = false;
+    let accepted = Instant::now();
+    let mut last_received = accepted;
     loop {
         // Handle every whole frame already received.
         loop {
@@ -319,15 +323,52 @@ async fn read_loop(
         if outbox.broken.get() {
             return ReadEnd::Closed;
         }
+        // Handshake and idle timeouts (`BookieConfig::handshake_timeout`, `idle_timeout`): a
+        // connection that never completes its handshake, or sits idle with nothing in flight,
+        // is closed. While requests are in flight the idle check is only postponed.
+        let limits = shard.limits;
+        let idle = in_flight.available() == IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX as u64;
+        let deadline = if !handshaken {
+            accepted + limits.handshake_timeout
+        } else if idle {
+            last_received + limits.idle_timeout
+        } else {
+            Instant::now() + limits.idle_timeout
+        };
         let read = futures_lite::future::or(
-            async { Some(reader.read(&mut buf[filled..]).await) },
-            async {
-                // The stop semaphore never has permits; closing it wakes every connection.
-                let _ = shard.stop.acquire(1).await;
-                None
-            },
+            async { Some(Some(reader.read(&mut buf[filled..]).await)) },
+            futures_lite::future::or(
+                async {
+                    // The stop semaphore never has permits; closing it wakes every connection.
+                    let _ = shard.stop.acquire(1).await;
+                    None
+                },
+                async {
+                    glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+                    Some(None)
+                },
+            ),
         )
         .await;
+        let read = match read {
+            None => None,
+            Some(Some(r)) => Some(r),
+            Some(None) => {
+                if !handshaken {
+                    tracing::debug!(
+                        shard = shard.index,
+                        bytes = filled,
+                        "closing a connection that did not complete its handshake in time"
+                    );
+                    return ReadEnd::Closed;
+                }
+                if idle && Instant::now() >= last_received + limits.idle_timeout {
+                    tracing::debug!(shard = shard.index, "closing an idle connection");
+                    return ReadEnd::Closed;
+                }
+                continue;
+            }
+        };
         match read {
             None => return ReadEnd::Stopped,
             Some(Ok(0)) => {
@@ -336,7 +377,10 @@ async fn read_loop(
                 }
                 return ReadEnd::Closed;
             }
-            Some(Ok(n)) => filled += n,
+            Some(Ok(n)) => {
+                filled += n;
+                last_received = Instant::now();
+            }
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "connection read failed");
                 return ReadEnd::Closed;

@@ -131,7 +131,24 @@ pub struct BookieConfig {
     /// Executors shared with other bookies of this process ([`ShardHost`]); `None` (the
     /// default): each shard gets an executor thread of its own, placed by `cpu_set`.
     pub host: Option<ShardHost>,
+    /// A connection that has not completed its handshake (`Hello`) this long after it was
+    /// accepted is closed (a partial header cannot hold a connection open). Default 10 s.
+    pub handshake_timeout: std::time::Duration,
+    /// A handshaken connection with no request in flight and nothing received for this long is
+    /// closed; clients reconnect on their next request. Default 15 min.
+    pub idle_timeout: std::time::Duration,
+    /// Open client connections per bookie; each shard takes its share
+    /// (`ceil(connections_max / shards)`, the kernel spreads accepts over the shards), and a
+    /// connection over it is closed at once. Default 4096.
+    pub connections_max: usize,
 }
+
+/// Default of [`BookieConfig::handshake_timeout`].
+pub const HANDSHAKE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Default of [`BookieConfig::idle_timeout`].
+pub const IDLE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+/// Default of [`BookieConfig::connections_max`].
+pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
 
 impl BookieConfig {
     /// A configuration with defaults for everything but the address and directories.
@@ -160,6 +177,9 @@ impl BookieConfig {
             gc_deleted_ledgers: None,
             metrics: None,
             host: None,
+            handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            idle_timeout: IDLE_TIMEOUT_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
         }
     }
 
@@ -319,6 +339,11 @@ impl Bookie {
                 read_only: read_only.clone(),
                 metrics: config.metrics.as_ref().map(|m| m.shard(index).clone()),
                 status: status.clone(),
+                limits: shard::ConnectionLimits {
+                    handshake_timeout: config.handshake_timeout,
+                    idle_timeout: config.idle_timeout,
+                    connections_max: config.connections_max.div_ceil(shard_count).max(1),
+                },
             };
             // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the
             // test harness hurts more than it helps (reference/infra.md §2).

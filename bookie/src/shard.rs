@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use glommio::net::TcpListener;
 use glommio::sync::{Gate, Semaphore};
@@ -81,6 +81,16 @@ pub(crate) struct ShardArgs {
     pub(crate) metrics: Option<ShardMetrics>,
     /// Shared with every shard and the controller; this shard publishes its entry.
     pub(crate) status: Arc<BookieStatus>,
+    pub(crate) limits: ConnectionLimits,
+}
+
+/// Limits on one shard's client connections (`BookieConfig`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectionLimits {
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    /// This shard's share of `BookieConfig::connections_max`.
+    pub(crate) connections_max: usize,
 }
 
 /// The serving state of one shard. Shard-local (`!Send`): lives on its executor thread.
@@ -103,6 +113,9 @@ pub(crate) struct Shard {
     pub(crate) metrics: Option<ShardMetrics>,
     /// The bookie's shared status (what `GetBookieInfo` answers).
     pub(crate) status: Arc<BookieStatus>,
+    pub(crate) limits: ConnectionLimits,
+    /// Client connections open on this shard now.
+    pub(crate) connections: std::cell::Cell<usize>,
 }
 
 impl Shard {
@@ -231,16 +244,69 @@ async fn wait_for_close(control: &flume::Receiver<Control>) {
     }
 }
 
+/// First pause after a failed accept; doubled per consecutive failure up to
+/// [`ACCEPT_BACKOFF_MAX`].
+const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(10);
+/// Longest pause between accepts after failures.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// At most one warning about failed accepts, and one about refused connections, per this
+/// interval and shard; the others are counted into the next warning.
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A warning at most once per [`ACCEPT_LOG_INTERVAL`], counting the ones held back.
+#[derive(Default)]
+struct LogLimit {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogLimit {
+    /// `Some(suppressed since the last warning)` when a warning may be logged now.
+    fn allow(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < ACCEPT_LOG_INTERVAL => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+/// Accepts connections; one over this shard's share of `connections_max` is closed at once,
+/// and failed accepts (EMFILE and friends, which last until connections close) back off
+/// exponentially. Both are logged at most once per [`ACCEPT_LOG_INTERVAL`] (like the proxy).
 async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
+    let mut pause = ACCEPT_BACKOFF_START;
+    let mut failed_log = LogLimit::default();
+    let mut refused_log = LogLimit::default();
     loop {
         match listener.accept().await {
             Ok(stream) => {
+                pause = ACCEPT_BACKOFF_START;
+                if shard.connections.get() >= shard.limits.connections_max {
+                    if let Some(suppressed) = refused_log.allow(Instant::now()) {
+                        tracing::warn!(
+                            shard = shard.index,
+                            limit = shard.limits.connections_max,
+                            suppressed,
+                            "refusing a connection over the shard's connection limit"
+                        );
+                    }
+                    drop(stream);
+                    continue;
+                }
                 glommio::spawn_local(crate::conn::serve(shard.clone(), stream)).detach();
             }
             Err(e) => {
-                // EMFILE and friends: back off briefly rather than spin.
-                tracing::warn!(shard = shard.index, error = %e, "accept failed");
-                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                if let Some(suppressed) = failed_log.allow(Instant::now()) {
+                    tracing::warn!(shard = shard.index, error = %e, suppressed, pause_ms = pause.as_millis() as u64, "accept failed; pausing before accepting again");
+                }
+                glommio::timer::sleep(pause).await;
+                pause = (pause * 2).min(ACCEPT_BACKOFF_MAX);
             }
         }
     }
@@ -262,6 +328,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         read_only,
         metrics,
         status,
+        limits,
     } = args;
     let engine = match Engine::open(engine).await {
         Ok(e) => e,
@@ -332,6 +399,8 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         ),
         metrics,
         status: status.clone(),
+        limits,
+        connections: std::cell::Cell::new(0),
     });
     let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
     // A background checkpoint that found no space turns the bookie read-only at once.

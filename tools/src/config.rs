@@ -282,6 +282,18 @@ pub struct BookieSettings {
     /// `replicationRateByBytes`; default 0: unlimited).
     #[arg(long)]
     pub replication_rate_bytes: Option<u64>,
+    /// A client connection that has not completed its handshake this many milliseconds after
+    /// it was accepted is closed (default 10000, 100 to 600000).
+    #[arg(long)]
+    pub handshake_timeout_ms: Option<u64>,
+    /// A handshaken client connection with nothing in flight and nothing received for this
+    /// many seconds is closed (default 900, 1 to 86400).
+    #[arg(long)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Open client connections per bookie; more are closed at once (default 4096, at least 1;
+    /// each shard takes its share).
+    #[arg(long)]
+    pub connections_max: Option<usize>,
 }
 
 /// Smallest accepted `index_cache_bytes_max`: sixteen 4 KiB index blocks.
@@ -524,7 +536,10 @@ impl BookieSettings {
             open_ledger_rereplication_grace_period_ms,
             autorecovery_poll_interval_ms,
             auditor_periodic_check_interval_secs,
-            replication_rate_bytes
+            replication_rate_bytes,
+            handshake_timeout_ms,
+            idle_timeout_secs,
+            connections_max
         )
     }
 
@@ -584,6 +599,24 @@ impl BookieSettings {
         }
         if let Some(secs) = self.gc_interval_secs {
             bookie.gc_interval = Duration::from_secs(secs);
+        }
+        if let Some(ms) = self.handshake_timeout_ms {
+            if !(100..=600_000).contains(&ms) {
+                bail!("invalid setting handshake_timeout_ms = {ms}: expected 100 to 600000");
+            }
+            bookie.handshake_timeout = Duration::from_millis(ms);
+        }
+        if let Some(secs) = self.idle_timeout_secs {
+            if !(1..=86_400).contains(&secs) {
+                bail!("invalid setting idle_timeout_secs = {secs}: expected 1 to 86400");
+            }
+            bookie.idle_timeout = Duration::from_secs(secs);
+        }
+        if let Some(n) = self.connections_max {
+            if n == 0 {
+                bail!("invalid setting connections_max = 0: expected at least 1");
+            }
+            bookie.connections_max = n;
         }
         let disk = check_disk_usage(
             self.disk_usage_threshold,

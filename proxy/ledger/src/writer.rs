@@ -397,19 +397,46 @@ impl WriterShared {
     ) {
         let slot = &st.ensemble[pos];
         let key = self.key;
-        let reply = slot
-            .conn
-            .call(self.client.inner.config.request_timeout, |out, rid| {
-                bookie::encode_request(
-                    out,
-                    rid,
-                    &Request::Add {
-                        recovery: false,
-                        master_key: key,
-                        entry: bytes,
-                    },
-                )
+        let timeout = self.client.inner.config.request_timeout;
+        if slot.conn.is_dead() {
+            // The bookie closed this connection (its idle timeout, or a restart): the add goes
+            // on a new connection from the pool, and fails at this bookie only if none can be
+            // made. Adds sent meanwhile may reach the bookie out of order, which it allows.
+            let (shared, bookie, bytes) = (self.clone(), slot.bookie.clone(), bytes.clone());
+            let generation = slot.generation;
+            tokio::spawn(async move {
+                let outcome = match shared.client.conn(&bookie, Lane::Tail).await {
+                    Ok(c) => {
+                        c.call(timeout, |out, rid| {
+                            bookie::encode_request(
+                                out,
+                                rid,
+                                &Request::Add {
+                                    recovery: false,
+                                    master_key: key,
+                                    entry: &bytes,
+                                },
+                            )
+                        })
+                        .await
+                    }
+                    Err(e) => Err(e),
+                };
+                shared.on_reply(entry, pos, generation, outcome);
             });
+            return;
+        }
+        let reply = slot.conn.call(timeout, |out, rid| {
+            bookie::encode_request(
+                out,
+                rid,
+                &Request::Add {
+                    recovery: false,
+                    master_key: key,
+                    entry: bytes,
+                },
+            )
+        });
         let shared = self.clone();
         let generation = slot.generation;
         tokio::spawn(async move {
