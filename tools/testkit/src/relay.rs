@@ -1,4 +1,5 @@
-//! A loopback TCP relay a test can cut, to partition one client from a server on purpose.
+//! A loopback TCP relay a test can cut, to partition one client from a server on purpose, or
+//! throttle, to make a server slow but alive.
 //!
 //! The client connects to [`TcpRelay::connect_string`] instead of the server; every accepted
 //! connection is copied byte for byte to the target in both directions by two threads. After
@@ -8,12 +9,17 @@
 //! its negotiated timeout (its ephemeral nodes are deleted), and the `zookeeper-client` crate
 //! gives up reconnecting after 1.4 × that timeout and reports `SessionState::Expired`, which is
 //! the deterministic way to test what happens when a session expires.
+//!
+//! [`TcpRelay::throttle`] limits every relayed connection, in each direction, to a number of
+//! bytes per second (a slow disk or link behind a live server: BookKeeper #1390, Pulsar
+//! #14861); `None` lifts the limit.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 #[derive(Debug, Default)]
 struct Shared {
@@ -21,14 +27,20 @@ struct Shared {
     cut: AtomicBool,
     /// Set on drop: the accept loop returns.
     stopping: AtomicBool,
-    /// Both sockets of every connection relayed so far (shut down by `cut` and on drop).
-    sockets: Mutex<Vec<TcpStream>>,
+    /// Bytes per second each connection may carry in each direction; 0: unlimited.
+    rate_bytes_per_sec: AtomicU64,
+    /// Both sockets of every live relayed connection, by connection number (shut down by `cut`
+    /// and on drop; removed when the connection ends, so a long test does not run out of
+    /// file descriptors).
+    sockets: Mutex<std::collections::HashMap<u64, Vec<TcpStream>>>,
+    /// Number of the next relayed connection.
+    next_connection: AtomicU64,
 }
 
 impl Shared {
     fn shut_down_all(&self) {
         let sockets = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
-        for s in sockets.iter() {
+        for s in sockets.values().flatten() {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
@@ -77,6 +89,15 @@ impl TcpRelay {
         self.shared.cut.store(true, Ordering::SeqCst);
         self.shared.shut_down_all();
     }
+
+    /// Limits every relayed connection, live and later ones, in each direction, to
+    /// `bytes_per_sec` (read in chunks of a twentieth of it, each followed by the pause its size
+    /// takes at that rate); `None` lifts the limit.
+    pub fn throttle(&self, bytes_per_sec: Option<u64>) {
+        self.shared
+            .rate_bytes_per_sec
+            .store(bytes_per_sec.unwrap_or(0), Ordering::SeqCst);
+    }
 }
 
 impl Drop for TcpRelay {
@@ -110,6 +131,7 @@ fn accept_loop(listener: &TcpListener, target: SocketAddr, shared: &Arc<Shared>)
         let (Ok(client2), Ok(server2)) = (client.try_clone(), server.try_clone()) else {
             continue;
         };
+        let number = shared.next_connection.fetch_add(1, Ordering::SeqCst);
         {
             let mut sockets = shared.sockets.lock().unwrap_or_else(|p| p.into_inner());
             // A `cut` between the check above and this push must still reach this connection.
@@ -118,31 +140,46 @@ fn accept_loop(listener: &TcpListener, target: SocketAddr, shared: &Arc<Shared>)
                 let _ = server.shutdown(Shutdown::Both);
                 continue;
             }
-            for s in [&client, &server] {
-                if let Ok(s) = s.try_clone() {
-                    sockets.push(s);
-                }
-            }
+            let clones = [&client, &server]
+                .iter()
+                .filter_map(|s| s.try_clone().ok())
+                .collect();
+            sockets.insert(number, clones);
         }
-        std::thread::spawn(move || copy_then_shut(client, server));
-        std::thread::spawn(move || copy_then_shut(server2, client2));
+        let (up, down) = (shared.clone(), shared.clone());
+        std::thread::spawn(move || copy_then_shut(client, server, &up, number));
+        std::thread::spawn(move || copy_then_shut(server2, client2, &down, number));
     }
 }
 
 /// Copies `from` to `to` until either side ends, then shuts both down (so the other direction's
 /// thread ends too).
-fn copy_then_shut(mut from: TcpStream, mut to: TcpStream) {
+fn copy_then_shut(mut from: TcpStream, mut to: TcpStream, shared: &Shared, number: u64) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        match from.read(&mut buf) {
+        let rate = shared.rate_bytes_per_sec.load(Ordering::SeqCst);
+        let chunk = if rate == 0 {
+            buf.len()
+        } else {
+            (rate / 20).clamp(1, buf.len() as u64) as usize
+        };
+        match from.read(&mut buf[..chunk]) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 if to.write_all(&buf[..n]).is_err() {
                     break;
+                }
+                if rate > 0 {
+                    std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
                 }
             }
         }
     }
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+    shared
+        .sockets
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&number);
 }

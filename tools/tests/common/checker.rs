@@ -265,13 +265,25 @@ pub async fn write_records(
     prefix: &str,
     range: std::ops::Range<usize>,
 ) -> (Vec<Acked>, Option<quire_proxy::Error>) {
+    write_padded_records(client, stream, prefix, range, 0).await
+}
+
+/// [`write_records`] with `pad` bytes of `.` after each record's name, for records of a given
+/// size.
+pub async fn write_padded_records(
+    client: &std::sync::Arc<ProxyClient>,
+    stream: &str,
+    prefix: &str,
+    range: std::ops::Range<usize>,
+    pad: usize,
+) -> (Vec<Acked>, Option<quire_proxy::Error>) {
     let mut acked = Vec::new();
     let mut in_flight = std::collections::VecDeque::new();
     let mut iter = range;
     loop {
         while in_flight.len() < 16 {
             let Some(i) = iter.next() else { break };
-            let payload = format!("{prefix}-{i:08}").into_bytes();
+            let payload = format!("{prefix}-{i:08}{}", ".".repeat(pad)).into_bytes();
             let (c, s, p) = (client.clone(), stream.to_string(), payload.clone());
             in_flight.push_back((
                 payload,
@@ -293,4 +305,34 @@ pub async fn write_records(
             }
         }
     }
+}
+
+/// `(ledger, entry, bookie)` for every entry of every ledger's fragments with a known end
+/// ([`quire_ledger::fragment_range`]) that a bookie of its write set does not hold (or cannot
+/// be asked for: the error is counted as missing, with the bookie named).
+pub async fn entries_missing(store: &quire_metadata::ZkStore) -> Vec<(u64, u64, String)> {
+    use quire_metadata::MetadataStore;
+    let mut missing = Vec::new();
+    for id in store.list_ledgers().await.expect("list ledgers") {
+        let Ok(meta) = store.read_ledger(id).await else {
+            continue;
+        };
+        let meta = meta.value;
+        for (i, f) in meta.fragments.iter().enumerate() {
+            let Ok(Some((first, last))) = quire_ledger::fragment_range(&meta, i) else {
+                continue;
+            };
+            for entry in first..=last {
+                for pos in
+                    quire_ledger::quorum::write_set(entry, meta.ensemble_size, meta.write_quorum)
+                {
+                    let b = &f.bookies[pos].0;
+                    if !matches!(read_entry(b, id.0, entry), Ok(Some(_))) {
+                        missing.push((id.0, entry, b.clone()));
+                    }
+                }
+            }
+        }
+    }
+    missing
 }
