@@ -174,21 +174,7 @@ async fn check_every_ledger(store: &ZkStore, live: &HashSet<BookieId>) -> usize 
 
 /// A proxy writing E=3 Qw=3 Qa=2 with small segments, so that each stream has several ledgers.
 fn start_proxy(cluster: &Cluster) -> Proc {
-    cluster.start_proxy(
-        quire_testkit::free_port(),
-        &[
-            "--ensemble-size",
-            "3",
-            "--write-quorum",
-            "3",
-            "--ack-quorum",
-            "2",
-            "--segment-size-bytes",
-            "1500",
-            "--entry-size-bytes",
-            "200",
-        ],
-    )
+    cluster.start_proxy_e3(&["--segment-size-bytes", "1500", "--entry-size-bytes", "200"])
 }
 
 /// The shared checker on every stream of [`STREAMS`].

@@ -53,17 +53,7 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
         .map(|i| Some(cluster.start_bookie(i, ports[i])))
         .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
-    let proxy = cluster.start_proxy(
-        quire_testkit::free_port(),
-        &[
-            "--ensemble-size",
-            "3",
-            "--write-quorum",
-            "3",
-            "--ack-quorum",
-            "2",
-        ],
-    );
+    let proxy = cluster.start_proxy_e3(&[]);
     let rt = runtime();
     let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
     let (mut acked, err) = rt.block_on(write_records(&client, "bk/kill", "a", 0..300));

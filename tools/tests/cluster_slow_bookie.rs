@@ -75,19 +75,7 @@ fn a_slow_bookie_is_replaced_memory_stays_bounded_and_its_missed_entries_come_ba
         })
         .collect();
     cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
-    let proxy = cluster.start_proxy(
-        quire_testkit::free_port(),
-        &[
-            "--ensemble-size",
-            "3",
-            "--write-quorum",
-            "3",
-            "--ack-quorum",
-            "2",
-            "--segment-size-bytes",
-            "268435456",
-        ],
-    );
+    let proxy = cluster.start_proxy_e3(&["--segment-size-bytes", "268435456"]);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -32,17 +32,7 @@ fn a_stopped_bookie_costs_at_most_one_add_timeout() {
     let ports: Vec<u16> = (0..3).map(|_| quire_testkit::free_port()).collect();
     let bookies: Vec<_> = (0..3).map(|i| cluster.start_bookie(i, ports[i])).collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
-    let proxy = cluster.start_proxy(
-        quire_testkit::free_port(),
-        &[
-            "--ensemble-size",
-            "3",
-            "--write-quorum",
-            "3",
-            "--ack-quorum",
-            "2",
-        ],
-    );
+    let proxy = cluster.start_proxy_e3(&[]);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

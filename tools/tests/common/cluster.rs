@@ -118,6 +118,22 @@ impl Cluster {
         p
     }
 
+    /// [`Cluster::start_proxy`] on a free port writing E=3 Qw=3 Qa=2 ledgers (the quorum most
+    /// cluster tests use), with `extra` flags after.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn start_proxy_e3(&self, extra: &[&str]) -> Proc {
+        let mut flags = vec![
+            "--ensemble-size",
+            "3",
+            "--write-quorum",
+            "3",
+            "--ack-quorum",
+            "2",
+        ];
+        flags.extend_from_slice(extra);
+        self.start_proxy(quire_testkit::free_port(), &flags)
+    }
+
     /// Starts a standalone autorecovery daemon (`quire autorecovery`) with `extra` flags and
     /// waits for its running line.
     #[allow(dead_code)] // not every test binary that includes this module uses it
