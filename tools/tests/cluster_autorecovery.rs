@@ -741,3 +741,99 @@ fn a_worker_killed_mid_copy_changes_nothing_and_the_next_one_copies_it_all() {
         b.stop();
     }
 }
+
+#[test]
+fn the_auditors_bookie_killed_while_a_recovery_runs_another_auditor_finishes_it() {
+    // Goal: the auditor's bookie SIGKILLed while a lost bookie's ledgers are being copied back
+    // (marks still present): another bookie's daemon becomes auditor, marks the dead
+    // auditor's ledgers too, and the workers finish both recoveries.
+    // Method: 5 bookies with autorecovery inside and copies paced to 20 KB/s
+    // (`--replication-rate-bytes`), so that a recovery lasts seconds; a proxy (E=3 Qw=3 Qa=2,
+    // small segments), 4 streams written, then the proxy stopped (its drain completes every
+    // segment: an open ledger with two of its three bookies dead could not be recovered, by
+    // BookKeeper's rule that fencing must cover every write set's Qw − Qa + 1 bookies); a bookie
+    // other than the auditor SIGKILLed; as soon as a mark names it, the auditor's bookie is
+    // SIGKILLed too. Then: a new auditor, no mark left and no ledger naming either dead bookie,
+    // every entry on every live bookie of its write set, and the shared checker on every
+    // stream through a new proxy.
+    let cluster = Cluster::start();
+    let (_, ids, mut bookies) = start_bookies(&cluster, 5, |_| {
+        let mut flags: Vec<String> = AUTORECOVERY_FLAGS.iter().map(|f| f.to_string()).collect();
+        flags.extend(["--replication-rate-bytes".to_string(), "20000".to_string()]);
+        flags
+    });
+    let proxy = start_proxy(&cluster);
+    let rt = runtime();
+    let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
+    let mut acked: [Vec<Acked>; 4] = Default::default();
+    rt.block_on(write_all(&client, 0..300, &mut acked));
+    drop(client);
+    proxy.stop();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first_auditor = loop {
+        if let Some(a) = auditor(&cluster) {
+            break BookieId(a);
+        }
+        assert!(Instant::now() < deadline, "no auditor");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let victim = ids.iter().find(|b| **b != first_auditor).unwrap().clone();
+    kill(&mut bookies, &ids, &victim);
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let marks = store.list_under_replicated().await.unwrap();
+            if marks
+                .iter()
+                .any(|(_, m)| m.value.missing_bookies.contains(&victim))
+            {
+                eprintln!(
+                    "{} ledgers marked for {victim}; killing the auditor",
+                    marks.len()
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "no mark for {victim}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    kill(&mut bookies, &ids, &first_auditor);
+    let killed_at = Instant::now();
+    loop {
+        match auditor(&cluster) {
+            Some(a) if a != first_auditor.0 => {
+                eprintln!("new auditor {a} after {:?}", killed_at.elapsed());
+                break;
+            }
+            _ => {}
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_millis(SESSION_TIMEOUT_MS * 5),
+            "no other auditor"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let live: HashSet<BookieId> = ids
+        .iter()
+        .filter(|b| **b != victim && **b != first_auditor)
+        .cloned()
+        .collect();
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        wait_replicated(&store, &victim, Duration::from_secs(180)).await;
+        wait_replicated(&store, &first_auditor, Duration::from_secs(180)).await;
+        assert!(check_every_ledger(&store, &live).await > 0);
+    });
+    let proxy = start_proxy(&cluster);
+    let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
+    rt.block_on(write_all(&client, 1000..1100, &mut acked));
+    rt.block_on(async {
+        let store = store(&cluster).await;
+        check_streams(&proxy.addr, &store, &acked).await;
+    });
+    proxy.stop();
+    for b in bookies.into_iter().flatten() {
+        b.stop();
+    }
+}
