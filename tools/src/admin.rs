@@ -201,40 +201,41 @@ fn parse_retention_size(v: &str) -> std::result::Result<RetentionChange, String>
     parse_retention(v, quire_proxy::check_retention_size_bytes)
 }
 
-/// Runs `f` on a current-thread runtime with a ZooKeeper store connected from `metadata`
-/// (for the admin commands that need ZooKeeper-only records: autorecovery, cookies).
-pub(crate) fn with_zk_store<T>(
+/// Runs `f` on a current-thread runtime with the address `metadata` names, then shuts the
+/// runtime down (waiting at most 2 s for its tasks).
+fn with_address<T>(
     metadata: &MetadataArgs,
-    f: impl AsyncFnOnce(std::sync::Arc<quire_metadata::ZkStore>) -> Result<T>,
+    f: impl AsyncFnOnce(crate::config::MetadataAddress) -> Result<T>,
 ) -> Result<T> {
     let address = metadata.resolve()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    let result = runtime.block_on(async {
-        let store = address.connect_zk().await?;
-        f(store).await
-    });
+    let result = runtime.block_on(f(address));
     runtime.shutdown_timeout(Duration::from_secs(2));
     result
+}
+
+/// Runs `f` with a ZooKeeper store connected from `metadata` (for the admin commands that need
+/// ZooKeeper-only records: autorecovery, cookies).
+pub(crate) fn with_zk_store<T>(
+    metadata: &MetadataArgs,
+    f: impl AsyncFnOnce(std::sync::Arc<quire_metadata::ZkStore>) -> Result<T>,
+) -> Result<T> {
+    with_address(metadata, async |address| {
+        f(address.connect_zk().await?).await
+    })
 }
 
 fn with_store<T>(
     metadata: &MetadataArgs,
     f: impl AsyncFnOnce(&dyn MetadataStore) -> Result<T>,
 ) -> Result<T> {
-    let address = metadata.resolve()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    let result = runtime.block_on(async {
+    with_address(metadata, async |address| {
         let store = address.connect().await?;
         f(store.as_ref()).await
-    });
-    runtime.shutdown_timeout(Duration::from_secs(2));
-    result
+    })
 }
 
 /// Runs `quire ledger ...`.

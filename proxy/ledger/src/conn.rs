@@ -409,6 +409,26 @@ impl Pool {
     }
 }
 
+/// Helper for building add requests (`recovery`: BookKeeper's recovery add, accepted by a
+/// fenced or read-only bookie).
+pub(crate) fn add_request(
+    master_key: quire_wire::MasterKey,
+    entry: &[u8],
+    recovery: bool,
+) -> impl FnOnce(&mut Vec<u8>, u64) + '_ {
+    move |out, id| {
+        bookie::encode_request(
+            out,
+            id,
+            &Request::Add {
+                recovery,
+                master_key,
+                entry,
+            },
+        )
+    }
+}
+
 /// Helper for building read requests.
 pub(crate) fn read_request(
     ledger: LedgerId,

@@ -265,18 +265,8 @@ impl BookKeeper {
             let bytes = bytes.clone();
             calls.push(tokio::spawn(async move {
                 let c = client.conn(&b, Lane::Tail).await?;
-                c.call(timeout, move |out, rid| {
-                    bookie::encode_request(
-                        out,
-                        rid,
-                        &Request::Add {
-                            recovery: true,
-                            master_key: key,
-                            entry: &bytes,
-                        },
-                    )
-                })
-                .await
+                c.call(timeout, crate::conn::add_request(key, &bytes, true))
+                    .await
             }));
         }
         let mut out = Vec::with_capacity(calls.len());

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use quire_metadata::{BookieId, Fragment, LedgerMetadata, LedgerState};
-use quire_wire::bookie::{self, Request, Status};
+use quire_wire::bookie::Status;
 use quire_wire::entry::verify_expected;
 use quire_wire::{EntryId, LedgerId, MasterKey};
 
@@ -494,20 +494,9 @@ impl BookKeeper {
         if let Some(pace) = &self.inner.replication_pace {
             pace.wait(len).await;
         }
-        let bytes = Arc::new(source);
         let c = self.conn(target, Lane::Tail).await?;
         let reply = c
-            .call(timeout, move |out, rid| {
-                bookie::encode_request(
-                    out,
-                    rid,
-                    &Request::Add {
-                        recovery: true,
-                        master_key: key,
-                        entry: &bytes,
-                    },
-                )
-            })
+            .call(timeout, conn::add_request(key, &source, true))
             .await?;
         match reply {
             Reply::Add => Ok(Copied::Written(len)),

@@ -14,7 +14,7 @@ use quire_metadata::{
     master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, Version,
     LEDGER_METADATA_FORMAT_VERSION,
 };
-use quire_wire::bookie::{self, Request, Status};
+use quire_wire::bookie::Status;
 use quire_wire::entry::{encode_entry, EntryHeader};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 use sha1::{Digest, Sha1};
@@ -398,50 +398,26 @@ impl WriterShared {
         let slot = &st.ensemble[pos];
         let key = self.key;
         let timeout = self.client.inner.config.request_timeout;
+        let (shared, generation) = (self.clone(), slot.generation);
         if slot.conn.is_dead() {
             // The bookie closed this connection (its idle timeout, or a restart): the add goes
             // on a new connection from the pool, and fails at this bookie only if none can be
             // made. Adds sent meanwhile may reach the bookie out of order, which it allows.
-            let (shared, bookie, bytes) = (self.clone(), slot.bookie.clone(), bytes.clone());
-            let generation = slot.generation;
+            let (bookie, bytes) = (slot.bookie.clone(), bytes.clone());
             tokio::spawn(async move {
                 let outcome = match shared.client.conn(&bookie, Lane::Tail).await {
-                    Ok(c) => {
-                        c.call(timeout, |out, rid| {
-                            bookie::encode_request(
-                                out,
-                                rid,
-                                &Request::Add {
-                                    recovery: false,
-                                    master_key: key,
-                                    entry: &bytes,
-                                },
-                            )
-                        })
-                        .await
-                    }
+                    Ok(c) => c.call(timeout, conn::add_request(key, &bytes, false)).await,
                     Err(e) => Err(e),
                 };
                 shared.on_reply(entry, pos, generation, outcome);
             });
             return;
         }
-        let reply = slot.conn.call(timeout, |out, rid| {
-            bookie::encode_request(
-                out,
-                rid,
-                &Request::Add {
-                    recovery: false,
-                    master_key: key,
-                    entry: bytes,
-                },
-            )
-        });
-        let shared = self.clone();
-        let generation = slot.generation;
+        let reply = slot
+            .conn
+            .call(timeout, conn::add_request(key, bytes, false));
         tokio::spawn(async move {
-            let outcome = reply.await;
-            shared.on_reply(entry, pos, generation, outcome);
+            shared.on_reply(entry, pos, generation, reply.await);
         });
     }
 
