@@ -69,10 +69,14 @@ fn a_stopped_bookie_costs_at_most_one_add_timeout() {
             }
         })
     };
-    // The reader: scans from the head again and again, reading from the bookies.
+    // The reader: scans from the head again and again, reading from the bookies. It starts
+    // once the first write is acknowledged (before that the stream does not exist).
     let reader = {
-        let (addr, stop) = (proxy.addr.clone(), stop.clone());
+        let (addr, stop, acks) = (proxy.addr.clone(), stop.clone(), acks.clone());
         rt.spawn(async move {
+            while acks.lock().unwrap().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             let c = ProxyClient::connect(&addr).await.unwrap();
             let mut scans = 0u32;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {

@@ -100,9 +100,18 @@ impl StreamManager {
                 Ok(h) => h,
                 Err(e) => {
                     // Do not keep entries for names that failed (unknown or invalid streams,
-                    // streams owned elsewhere).
+                    // streams owned elsewhere), but only when no other request holds the entry:
+                    // one waiting on it may be initialising it right now (a write creating the
+                    // stream this read did not find), and a request arriving after a removal
+                    // would start a second acquisition that finds the first one's lease and
+                    // answers with a redirect to this same proxy. Clones are made only under
+                    // the table's lock, so with ours dropped under it the count is exact.
                     let mut streams = self.streams.lock().expect("streams lock");
-                    if streams.get(name).is_some_and(|c| c.get().is_none()) {
+                    drop(cell);
+                    if streams
+                        .get(name)
+                        .is_some_and(|c| c.get().is_none() && Arc::strong_count(c) == 1)
+                    {
                         streams.remove(name);
                     }
                     return Err(e);

@@ -1,6 +1,7 @@
 //! A metadata store for tests that can take a stream lease away from its holder, as a
 //! ZooKeeper session expiry would: the real [`EmbeddedStore`] underneath, plus a record of the
-//! lease tokens it handed out so that `revoke` can release one from outside.
+//! lease tokens it handed out so that `revoke` can release one from outside, and an optional
+//! delay on stream reads (a ZooKeeper round trip, which the embedded store does not take).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,8 @@ pub struct Revocable {
     pub inner: EmbeddedStore,
     /// stream -> (owner, token) of the lease last handed out.
     tokens: Mutex<HashMap<String, (String, String)>>,
+    /// Added before every `read_stream` answer.
+    pub read_stream_delay: Mutex<std::time::Duration>,
 }
 
 impl Revocable {
@@ -23,6 +26,7 @@ impl Revocable {
         Arc::new(Self {
             inner,
             tokens: Mutex::new(HashMap::new()),
+            read_stream_delay: Mutex::default(),
         })
     }
 
@@ -89,6 +93,10 @@ impl MetadataStore for Revocable {
         self.inner.create_stream(meta).await
     }
     async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>> {
+        let delay = *self.read_stream_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         self.inner.read_stream(name).await
     }
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
