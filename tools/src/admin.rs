@@ -321,6 +321,7 @@ fn ledger_list(args: LedgerListArgs) -> Result<()> {
                     serde_json::json!({
                         "ledger": id.0,
                         "missing_bookies": m.value.missing_bookies,
+                        "gaps_on": m.value.gaps_on,
                         "marked_at_ms": m.value.ctime_ms,
                         "waiting_ms": now.saturating_sub(m.value.ctime_ms),
                     })
@@ -331,11 +332,13 @@ fn ledger_list(args: LedgerListArgs) -> Result<()> {
         }
         let mut out = String::new();
         for (id, m) in &marks {
-            let missing: Vec<&str> = m
+            // A writer's reported gaps are shown as "BOOKIE(gaps)".
+            let missing: Vec<String> = m
                 .value
                 .missing_bookies
                 .iter()
-                .map(|b| b.0.as_str())
+                .map(|b| b.0.clone())
+                .chain(m.value.gaps_on.iter().map(|b| format!("{b}(gaps)")))
                 .collect();
             writeln!(
                 out,

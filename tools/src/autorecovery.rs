@@ -462,9 +462,10 @@ fn is_not_found(e: &quire_ledger::Error) -> bool {
     matches!(e, quire_ledger::Error::Metadata(m) if matches!(**m, quire_metadata::Error::NotFound { .. }))
 }
 
-/// Re-replicates every fragment of `id` that names a bookie of the mark still unregistered
-/// (or being decommissioned), and copies back, in place, the entries a bookie of the mark that
-/// is registered lacks (the periodic check's finding, checked again here).
+/// Re-replicates every fragment of `id` that names a bookie of the mark's `missing_bookies`
+/// still unregistered (or being decommissioned), and copies back, in place, the entries a
+/// registered bookie of the mark lacks (the periodic check's finding or a writer's report),
+/// checking every entry of every fragment that names it.
 async fn replicate_ledger(
     store: &ZkStore,
     bk: &BookKeeper,
@@ -503,8 +504,18 @@ async fn replicate_ledger(
         .value
         .missing_bookies
         .iter()
-        .filter(|b| !lost.contains(*b))
+        .chain(&mark.value.gaps_on)
+        .filter(|b| !lost.contains(*b) && registered.contains(*b))
         .cloned()
+        .collect();
+    // A bookie a writer reported that is not registered now (restarting, or stopped): its
+    // gaps are copied back when it returns; if it never does, the auditor marks it lost.
+    let away: Vec<&BookieId> = mark
+        .value
+        .missing_bookies
+        .iter()
+        .chain(&mark.value.gaps_on)
+        .filter(|b| !lost.contains(*b) && !registered.contains(*b))
         .collect();
     let names_lost = |f: &quire_metadata::Fragment| f.bookies.iter().any(|b| lost.contains(b));
     let mut deferred = None;
@@ -546,18 +557,28 @@ async fn replicate_ledger(
                 .collect::<Vec<_>>()
         })
         .collect();
-    let in_place = if present.is_empty() {
-        Vec::new()
+    // A registered bookie of the mark (a wiped one the periodic check found, or one a writer
+    // reported after adds to it failed) gets every fragment that names it checked entry by
+    // entry and its missing entries copied back in place: a writer's gaps can lie anywhere in
+    // a fragment, where the periodic check's first/last probe does not look. An open ledger
+    // whose last fragment names one is left until its writer closes it (or a recovery does):
+    // that fragment's end is not known yet, and the writer is likely alive.
+    let names_present =
+        |f: &quire_metadata::Fragment| f.bookies.iter().any(|b| present.contains(b));
+    let mut in_place = Vec::new();
+    if meta.state != LedgerState::Closed && meta.fragments.last().is_some_and(names_present) {
+        let retry = Instant::now() + options.open_ledger_grace;
+        deferred = Some(deferred.map_or(retry, |d: Instant| d.min(retry)));
     } else {
-        match bk.bookies_missing_entries(id, &present).await {
-            Ok(found) => found,
-            Err(e) if is_not_found(&e) => {
-                store.clear_under_replicated(id, mark.version).await?;
-                return Ok(Handled::Done);
+        for (i, f) in meta.fragments.iter().enumerate() {
+            if meta.state != LedgerState::Closed && i == last {
+                continue;
             }
-            Err(e) => return Err(e).context("replica check"),
+            for b in f.bookies.iter().filter(|b| present.contains(*b)) {
+                in_place.push((f.first_entry, b.clone()));
+            }
         }
-    };
+    }
     for (first_entry, bookie) in in_place {
         match bk.repair_fragment_in_place(id, first_entry, &bookie).await {
             Ok(done) => {
@@ -605,10 +626,15 @@ async fn replicate_ledger(
             }
         }
     }
+    if !away.is_empty() {
+        tracing::info!(ledger = id.0, bookies = ?away, "reported bookies not registered; their gaps are copied back when they return");
+        let retry = Instant::now() + options.open_ledger_grace;
+        deferred = Some(deferred.map_or(retry, |d| d.min(retry)));
+    }
     if let Some(until) = deferred {
         tracing::info!(
             ledger = id.0,
-            "open ledger's last fragment left to its writer during the grace period"
+            "open ledger's last fragment left to its writer, or a reported bookie away; retried later"
         );
         return Ok(Handled::Deferred(until));
     }
@@ -791,6 +817,7 @@ fn status(args: StatusArgs) -> Result<()> {
                     serde_json::json!({
                         "ledger": id.0,
                         "missing_bookies": m.value.missing_bookies,
+                        "gaps_on": m.value.gaps_on,
                         "marked_at_ms": m.value.ctime_ms,
                         "waiting_ms": now.saturating_sub(m.value.ctime_ms),
                         "worker": state.locks.iter().find(|(l, _)| l == id).map(|(_, w)| w),
@@ -826,11 +853,13 @@ fn status(args: StatusArgs) -> Result<()> {
         }
         writeln!(out, "under-replicated ledgers: {}", marks.len())?;
         for (id, m) in &marks {
-            let missing: Vec<&str> = m
+            // A writer's reported gaps are shown as "BOOKIE(gaps)".
+            let missing: Vec<String> = m
                 .value
                 .missing_bookies
                 .iter()
-                .map(|b| b.0.as_str())
+                .map(|b| b.0.clone())
+                .chain(m.value.gaps_on.iter().map(|b| format!("{b}(gaps)")))
                 .collect();
             writeln!(
                 out,

@@ -189,6 +189,8 @@ impl WriterShared {
         for (pos, _) in failing {
             st.failing.remove(pos);
             st.unreplaceable.insert(*pos, now);
+            // Its pending entries will be confirmed without it.
+            self.report_missing(&mut st, *pos);
         }
         for (pos, bookie, conn) in chosen {
             tracing::info!(ledger = self.id.0, position = pos, from = %st.ensemble[pos].bookie, to = %bookie, first_entry = lac.map_or(0, |l| l.0 + 1), "ensemble change");

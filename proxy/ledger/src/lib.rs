@@ -21,6 +21,9 @@
 //!   replacement, dropping the replaced bookie's acks. Success is held back while the change
 //!   runs, so no entry is confirmed on a write set the metadata does not name. With no
 //!   replacement the writer goes on while every entry can still reach Qa, and fails past that.
+//!   A bookie that misses entries confirmed without it (no replacement, or its add failed after
+//!   the entry reached Qa) is reported once per writer to the metadata store
+//!   (`MetadataStore::report_under_replicated`) for autorecovery to copy them back.
 //!
 //! # Threading
 //! Everything is `Send + Sync` and runs on tokio.

@@ -4,7 +4,7 @@
 //! the LAC watch, and close by compare-and-set. A failed add hands the position to
 //! `ensemble_change`, which shares the writer's state defined here.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -152,6 +152,7 @@ impl BookKeeper {
                     ensemble,
                     failing: BTreeSet::new(),
                     unreplaceable: HashMap::new(),
+                    reported_missing: HashSet::new(),
                     changing: false,
                     ensemble_changes: 0,
                 }),
@@ -197,6 +198,8 @@ pub(crate) struct WriterState {
     pub(crate) failing: BTreeSet<usize>,
     /// Failed positions for which no replacement was found, with the time of the last search.
     pub(crate) unreplaceable: HashMap<usize, Instant>,
+    /// Bookies this writer reported as missing entries of the ledger (once each).
+    pub(crate) reported_missing: HashSet<BookieId>,
     /// An ensemble change is running; success is held back meanwhile.
     pub(crate) changing: bool,
     pub(crate) ensemble_changes: u64,
@@ -402,11 +405,17 @@ impl WriterShared {
         if slot.conn.is_dead() {
             // The bookie closed this connection (its idle timeout, or a restart): the add goes
             // on a new connection from the pool, and fails at this bookie only if none can be
-            // made. Adds sent meanwhile may reach the bookie out of order, which it allows.
+            // made. The new connection then takes the slot's place, so that later adds go out
+            // in order on it again; adds sent before that may reach the bookie out of order,
+            // which it allows.
             let (bookie, bytes) = (slot.bookie.clone(), bytes.clone());
             tokio::spawn(async move {
                 let outcome = match shared.client.conn(&bookie, Lane::Tail).await {
-                    Ok(c) => c.call(timeout, conn::add_request(key, &bytes, false)).await,
+                    Ok(c) => {
+                        let reply = c.call(timeout, conn::add_request(key, &bytes, false));
+                        shared.replace_dead_conn(pos, generation, c);
+                        reply.await
+                    }
                     Err(e) => Err(e),
                 };
                 shared.on_reply(entry, pos, generation, outcome);
@@ -419,6 +428,18 @@ impl WriterShared {
         tokio::spawn(async move {
             shared.on_reply(entry, pos, generation, reply.await);
         });
+    }
+
+    /// Puts `conn` in ensemble position `pos` if that position still holds the same bookie
+    /// (`generation`) and its connection is still the dead one.
+    fn replace_dead_conn(&self, pos: usize, generation: u64, conn: Arc<conn::Conn>) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let slot = &mut st.ensemble[pos];
+        if slot.generation == generation && slot.conn.is_dead() && !conn.is_dead() {
+            slot.conn = conn;
+        }
     }
 
     fn on_reply(
@@ -477,11 +498,43 @@ impl WriterShared {
                     Err(e) => e.to_string(),
                 };
                 tracing::warn!(ledger = self.id.0, entry, bookie = %st.ensemble[pos].bookie, "add failed: {reason}");
+                if st.lac.is_some_and(|l| entry <= l.0) {
+                    // Confirmed without this bookie: no ensemble change re-sends it.
+                    self.report_missing(&mut st, pos);
+                }
                 let lost = matches!(st.tracker.fail(entry, pos), Progress::QuorumLost(_));
                 self.on_bookie_failure(&mut st, pos, lost);
             }
         }
         self.release(&mut st);
+    }
+
+    /// Reports (once per bookie) that the bookie at `pos` misses entries of this ledger that
+    /// were confirmed without it and will not be re-sent, so that autorecovery copies them
+    /// back (issue 13: "entries a bookie missed are re-sent or reported for repair"; BookKeeper
+    /// leaves such gaps to the auditor's ledger checker instead).
+    pub(crate) fn report_missing(self: &Arc<Self>, st: &mut WriterState, pos: usize) {
+        let bookie = st.ensemble[pos].bookie.clone();
+        if !st.reported_missing.insert(bookie.clone()) {
+            return;
+        }
+        let (store, ledger) = (self.client.metadata().clone(), self.id);
+        tokio::spawn(async move {
+            match store
+                .report_under_replicated(ledger, std::slice::from_ref(&bookie))
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(ledger = ledger.0, %bookie, "ledger marked under-replicated: the bookie misses confirmed entries")
+                }
+                Ok(false) => {
+                    tracing::debug!(ledger = ledger.0, %bookie, "the bookie misses confirmed entries; this metadata store keeps no under-replication marks")
+                }
+                Err(e) => {
+                    tracing::warn!(ledger = ledger.0, %bookie, error = %e, "cannot mark the ledger under-replicated")
+                }
+            }
+        });
     }
 
     /// Notes that the bookie at `pos` failed and starts an ensemble change unless one runs

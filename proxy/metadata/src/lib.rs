@@ -100,6 +100,23 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn unregister_bookie(&self, id: &BookieId) -> Result<()>;
     /// Every registered bookie, sorted by id.
     async fn list_bookies(&self) -> Result<Vec<BookieInfo>>;
+    /// Reports that `bookies` miss entries of `ledger` (an add to them failed and was not
+    /// re-sent elsewhere), so that autorecovery copies the entries back: BookKeeper's
+    /// `markLedgerUnderreplicated`, called here by the writer as well as by the auditor.
+    /// Returns `true` when a mark was made or extended, `false` when this store keeps no
+    /// under-replication marks (the default: a store with no autorecovery, such as the
+    /// sandbox's embedded one, where nothing would ever read them).
+    ///
+    /// # Errors
+    /// The store's errors (`ZooKeeper`, `Corrupt` for an unreadable existing mark).
+    async fn report_under_replicated(
+        &self,
+        ledger: quire_wire::LedgerId,
+        bookies: &[BookieId],
+    ) -> Result<bool> {
+        let _ = (ledger, bookies);
+        Ok(false)
+    }
     /// Every registered bookie with its registration's epoch ([`BookieRegistration`]), sorted
     /// by id. The default lists [`MetadataStore::list_bookies`] with no epochs (`None`).
     async fn list_bookie_registrations(&self) -> Result<Vec<BookieRegistration>> {

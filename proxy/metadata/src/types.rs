@@ -300,13 +300,22 @@ pub struct StreamLease {
 }
 
 /// An under-replicated ledger mark (BookKeeper `UnderreplicatedLedgerFormat`): the auditor
-/// found fragments of the ledger on bookies that are gone (or being decommissioned), and a
-/// replication worker is to copy their entries to other bookies. Kept until a worker has
-/// replaced every listed bookie in the ledger's metadata, or the ledger is deleted.
+/// found fragments of the ledger on bookies that are gone (or being decommissioned), or
+/// replicas that lack entries, or a writer reported a bookie that missed entries it confirmed
+/// without it; a replication worker is to copy the entries to other bookies or back in place.
+/// Kept until a worker has done so for every listed bookie, or the ledger is deleted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnderReplication {
-    /// The bookies whose replicas are missing, sorted, without duplicates.
+    /// The bookies whose replicas are missing, sorted, without duplicates (the auditor's: a
+    /// listed bookie that is not registered is treated as lost).
     pub missing_bookies: Vec<BookieId>,
+    /// Bookies a ledger writer reported as missing some entries (adds to them failed and were
+    /// not re-sent elsewhere), sorted, without duplicates. Their entries are copied back in
+    /// place once they are registered; such a report alone never makes a bookie count as lost
+    /// (only the auditor decides that, after `lostBookieRecoveryDelay`). Absent in marks made
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gaps_on: Vec<BookieId>,
     /// When the ledger was first marked, in milliseconds since the Unix epoch (BookKeeper's
     /// `ctime`): how long it has waited, and the start of an open ledger's grace period.
     pub ctime_ms: u64,

@@ -583,6 +583,24 @@ async fn autorecovery_marks_locks_and_auditor_election() {
         a.clear_under_replicated(id, m1.version).await,
         Err(Error::BadVersion { .. })
     ));
+    // A writer's report goes to `gaps_on` (through the trait, as the ledger client calls it),
+    // leaves `missing_bookies` and the ctime alone, and is idempotent.
+    let z = BookieId("z:1".into());
+    assert!(b
+        .report_under_replicated(id, std::slice::from_ref(&z))
+        .await
+        .unwrap());
+    let m3 = a.read_under_replicated(id).await.unwrap();
+    assert_eq!(m3.value.missing_bookies, vec![x.clone(), y.clone()]);
+    assert_eq!(m3.value.gaps_on, vec![z.clone()]);
+    assert_eq!(m3.value.ctime_ms, m1.value.ctime_ms);
+    b.report_under_replicated(id, std::slice::from_ref(&z))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.read_under_replicated(id).await.unwrap().version,
+        m3.version
+    );
     a.mark_under_replicated(LedgerId(7), std::slice::from_ref(&x))
         .await
         .unwrap();
@@ -643,7 +661,7 @@ async fn autorecovery_marks_locks_and_auditor_election() {
     })
     .await
     .unwrap();
-    c.clear_under_replicated(id, m2.version).await.unwrap();
+    c.clear_under_replicated(id, m3.version).await.unwrap();
     c.release_replication_lock(lc).await.unwrap();
     let left: Vec<LedgerId> = c
         .list_under_replicated()

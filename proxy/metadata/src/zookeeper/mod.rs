@@ -174,6 +174,14 @@ impl ZkStore {
 /// Each method is implemented in the module of its concept.
 #[async_trait]
 impl MetadataStore for ZkStore {
+    async fn report_under_replicated(
+        &self,
+        ledger: LedgerId,
+        bookies: &[BookieId],
+    ) -> Result<bool> {
+        self.mark_gaps(ledger, bookies).await?;
+        Ok(true)
+    }
     async fn register_bookie(&self, info: BookieInfo) -> Result<()> {
         registry::register_bookie(self, info).await
     }

@@ -98,17 +98,34 @@ impl ZkStore {
         ledger: LedgerId,
         bookies: &[BookieId],
     ) -> Result<()> {
+        self.extend_mark(ledger, |m| add_sorted(&mut m.missing_bookies, bookies))
+            .await
+    }
+
+    /// Marks `ledger` under-replicated because a writer reported that `bookies` miss entries
+    /// of it ([`UnderReplication::gaps_on`]); otherwise as [`ZkStore::mark_under_replicated`].
+    ///
+    /// # Errors
+    /// `ZooKeeper`; `Corrupt` for an unreadable existing mark.
+    pub async fn mark_gaps(&self, ledger: LedgerId, bookies: &[BookieId]) -> Result<()> {
+        self.extend_mark(ledger, |m| add_sorted(&mut m.gaps_on, bookies))
+            .await
+    }
+
+    /// Creates `ledger`'s mark with `add` applied to an empty one, or applies `add` to the
+    /// existing mark by compare-and-set; `add` returns whether it changed the mark.
+    async fn extend_mark(
+        &self,
+        ledger: LedgerId,
+        add: impl Fn(&mut UnderReplication) -> bool,
+    ) -> Result<()> {
         let c = &self.inner.client;
         let p = self.under_replicated_path(ledger);
         for _ in 0..MARK_ATTEMPTS_MAX {
             match c.get_data(&p).await {
                 Ok((bytes, stat)) => {
                     let mut mark: UnderReplication = from_json(&p, &bytes)?;
-                    let before = mark.missing_bookies.len();
-                    mark.missing_bookies.extend(bookies.iter().cloned());
-                    mark.missing_bookies.sort();
-                    mark.missing_bookies.dedup();
-                    if mark.missing_bookies.len() == before {
+                    if !add(&mut mark) {
                         return Ok(());
                     }
                     let data = to_json("under-replication mark", &mark)?;
@@ -119,13 +136,12 @@ impl ZkStore {
                     }
                 }
                 Err(zk::Error::NoNode) => {
-                    let mut missing = bookies.to_vec();
-                    missing.sort();
-                    missing.dedup();
-                    let mark = UnderReplication {
-                        missing_bookies: missing,
+                    let mut mark = UnderReplication {
+                        missing_bookies: Vec::new(),
+                        gaps_on: Vec::new(),
                         ctime_ms: now_ms(),
                     };
+                    add(&mut mark);
                     let data = to_json("under-replication mark", &mark)?;
                     match c.create(&p, &data, &persistent()).await {
                         Ok(_) => return Ok(()),
@@ -496,4 +512,13 @@ impl AuditorCandidate {
             Err(e) => Err(zk_err("delete", &self.path, e)),
         }
     }
+}
+
+/// Adds `bookies` to the sorted, duplicate-free `list`; whether it grew.
+fn add_sorted(list: &mut Vec<BookieId>, bookies: &[BookieId]) -> bool {
+    let before = list.len();
+    list.extend(bookies.iter().cloned());
+    list.sort();
+    list.dedup();
+    list.len() != before
 }
