@@ -164,6 +164,7 @@ pub(crate) fn status_of(err: &EngineError) -> Status {
         // fenced one it refuses writes for good, and a writer told `Fenced` stops writing.
         EngineError::LedgerDeleted { .. } => Status::Fenced,
         EngineError::Unauthorized { .. } => Status::Unauthorized,
+        EngineError::EntryMismatch { .. } => Status::EntryMismatch,
         EngineError::NoSuchLedger { .. } => Status::NoSuchLedger,
         EngineError::NoSuchEntry { .. } => Status::NoSuchEntry,
         EngineError::TooLarge { .. } => Status::TooLarge,

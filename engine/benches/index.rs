@@ -201,6 +201,7 @@ async fn checkpoint_index_step(n: u64) {
                 StoredLedger {
                     fenced: false,
                     master_key: Some(KEY),
+                    fence_keys: Vec::new(),
                     lac: Some(per_ledger - 2),
                     last_entry: Some(per_ledger - 1),
                 },

@@ -5,6 +5,7 @@
 //! `InterleavedLedgerStorage`/`DbLedgerStorage` and `Journal`, one module each).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::io as stdio;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use crate::io::{DmaStorage, Storage, BLOCK_BYTES};
 use crate::journal::writer::writer_loop;
 use crate::journal::Journal;
 use crate::lac_watch::LacWatchers;
-use crate::ledgers::Ledgers;
+use crate::ledgers::{Admission, Ledgers};
 use crate::open::open_inner;
 use crate::read_ahead::ReadAhead;
 use crate::throttle::Throttle;
@@ -65,6 +66,53 @@ pub(crate) struct Inner<S: Storage> {
     pub background_tq: TaskQueueHandle,
     /// Metrics hook of the journal writer (`Engine::set_journal_observer`).
     pub journal_observer: RefCell<Option<Rc<dyn JournalObserver>>>,
+    /// Adds admitted after a stored-copy check (possible re-adds) and not yet answered, per
+    /// (ledger, entry): how many, and the journal's submitted count once the last was queued.
+    /// Bounded by the adds in flight; new entries never enter it.
+    pub re_adds_in_flight: ReAddsInFlight,
+}
+
+/// Possible re-adds in flight: per (ledger, entry), how many, and the journal's submitted count
+/// once the last of them was queued.
+pub(crate) type ReAddsInFlight = RefCell<HashMap<(u64, u64), (u32, u64)>>;
+
+/// What [`Engine::add_entry`] found of another copy of the entry it adds.
+enum OtherCopy {
+    /// None, or one with the same bytes: admit the add now.
+    None,
+    /// A copy may be in flight: wait until the journal finished `finished` records.
+    InFlight { finished: u64 },
+    /// The index may hold a copy: read and compare it.
+    MaybeOnDisk,
+}
+
+/// Marks one possible re-add in flight in `Inner::re_adds_in_flight` until dropped (answered,
+/// failed or cancelled).
+struct ReAddInFlight<'a> {
+    map: &'a ReAddsInFlight,
+    key: (u64, u64),
+}
+
+impl<'a> ReAddInFlight<'a> {
+    fn new(map: &'a ReAddsInFlight, key: (u64, u64), seq: u64) -> Self {
+        let mut m = map.borrow_mut();
+        let (count, until) = m.entry(key).or_insert((0, 0));
+        *count += 1;
+        *until = (*until).max(seq);
+        Self { map, key }
+    }
+}
+
+impl Drop for ReAddInFlight<'_> {
+    fn drop(&mut self) {
+        let mut m = self.map.borrow_mut();
+        if let Some((count, _)) = m.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl<S: Storage> Inner<S> {
@@ -176,7 +224,14 @@ impl<S: Storage + 'static> Engine<S> {
 
     /// Stores entry `entry` of `ledger` and resolves once it is durable in the journal.
     /// `data` is stored verbatim; `lac` is the LAC piggybacked on the entry (the ledger's LAC
-    /// becomes the max of all stored ones). The first add or fence of a ledger sets its master key.
+    /// becomes the max of all stored ones). The first add of a ledger binds its master key (a
+    /// fence before it does not, see [`Engine::fence`]).
+    ///
+    /// An add of an entry this shard already stores or has in flight is compared byte for byte
+    /// with that copy (the write cache, or the entry logs through the index): the same bytes
+    /// are journaled again (recovery re-adds are idempotent), other bytes are refused, so an
+    /// acknowledged entry is never replaced. Only an entry at or below the ledger's largest
+    /// admitted entry is looked for; a new entry costs one lookup of the ledger table.
     ///
     /// # Durability
     /// Resolves `Ok` only after the journal write and fdatasync covering this add completed.
@@ -185,7 +240,8 @@ impl<S: Storage + 'static> Engine<S> {
     /// # Errors
     /// `TooLarge` if `data.len() > entry_size_bytes_max`; `Unauthorized` if the ledger has a
     /// different master key; `Fenced` if the ledger is fenced and `recovery` is false (recovery
-    /// adds are allowed on fenced ledgers, as in BookKeeper); `WriteCacheFull` if the write
+    /// adds are allowed on fenced ledgers, as in BookKeeper); `EntryMismatch` if this shard
+    /// stores or is storing the entry with other bytes; `LedgerDeleted`; `WriteCacheFull` if the write
     /// cache stayed full for `write_cache_wait_max` behind a running checkpoint; `Io` if the
     /// journal failed; `Closed` after [`Engine::close`].
     /// # Full disk
@@ -220,11 +276,68 @@ impl<S: Storage + 'static> Engine<S> {
             lac != Some(LAC_NONE),
             "LAC u64::MAX is not a valid entry id"
         );
-        // Wait for room before the checks: from the fence check to the submission below there
-        // is no await, so an add is never acknowledged after a fence of its ledger was answered.
-        inner.write_cache.wait_for_room().await?;
-        inner.journal.check_failed()?;
-        inner.ledgers.admit_add(ledger, master_key, recovery)?;
+        let key = (ledger, entry);
+        // Whether the wait for this ledger's adds in flight at the first check is behind us.
+        let mut earlier_adds_settled = false;
+        let mut compared_on_disk = false;
+        let re_add_seq: Option<u64> = loop {
+            // Wait for room before the checks: from the fence and stored-copy checks to the
+            // submission below there is no await, so an add is never acknowledged after a
+            // fence of its ledger was answered, and two different copies of one entry are
+            // never both admitted.
+            inner.write_cache.wait_for_room().await?;
+            if inner.closed.get() {
+                // Closed while this add waited: the journal writer may be gone.
+                return Err(Error::Closed);
+            }
+            inner.journal.check_failed()?;
+            let seq = inner.journal.submitted() + 1;
+            // A new entry (above the ledger's largest admitted one) is admitted here, in one
+            // lookup of the ledger table: nothing to compare it with.
+            let Admission::MaybeStored { in_flight_until } = inner
+                .ledgers
+                .admit_add(ledger, entry, master_key, recovery, seq, false)?
+            else {
+                break None;
+            };
+            let other = self.other_copy(
+                key,
+                &data,
+                in_flight_until,
+                &mut earlier_adds_settled,
+                compared_on_disk,
+            )?;
+            match other {
+                OtherCopy::None => {
+                    let admitted = inner
+                        .ledgers
+                        .admit_add(ledger, entry, master_key, recovery, seq, true)?;
+                    assert_eq!(
+                        admitted,
+                        Admission::Admitted,
+                        "nothing changed since the check"
+                    );
+                    break Some(seq);
+                }
+                OtherCopy::InFlight { finished } => inner.journal.wait_finished(finished).await,
+                OtherCopy::MaybeOnDisk => {
+                    match self.read_entry(ledger, Some(entry)).await {
+                        Ok(stored) if stored != data => {
+                            return Err(Error::EntryMismatch { ledger, entry })
+                        }
+                        Ok(_) => {}
+                        // Not on disk (a gap of this bookie's stripe), or deleted meanwhile.
+                        Err(Error::NoSuchEntry { .. } | Error::NoSuchLedger { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    compared_on_disk = true;
+                }
+            }
+        };
+        // Only a possible re-add is tracked (a new entry's first copy is covered by the
+        // ledger's `admitted_seq`): a later re-add of the same entry waits for it.
+        let _in_flight =
+            re_add_seq.map(|seq| ReAddInFlight::new(&inner.re_adds_in_flight, key, seq));
         let record = Record::Add {
             ledger,
             entry,
@@ -234,6 +347,53 @@ impl<S: Storage + 'static> Engine<S> {
             data,
         };
         inner.journal.submit(record).await
+    }
+
+    /// Looks, with no await, for another copy of entry `key` that an add of `data` (at or
+    /// below its ledger's largest admitted entry) must agree with: in the write cache (other
+    /// bytes: `EntryMismatch`), in flight (the ledger's adds queued before the first look,
+    /// among them the entry's first copy, once; then possible re-adds of it), or in the index
+    /// unless `compared_on_disk`.
+    fn other_copy(
+        &self,
+        key: (u64, u64),
+        data: &[u8],
+        in_flight_until: u64,
+        earlier_adds_settled: &mut bool,
+        compared_on_disk: bool,
+    ) -> Result<OtherCopy, Error> {
+        let inner = &self.inner;
+        if let Some(d) = inner.write_cache.get(&key) {
+            return if d.as_slice() == data {
+                Ok(OtherCopy::None)
+            } else {
+                Err(Error::EntryMismatch {
+                    ledger: key.0,
+                    entry: key.1,
+                })
+            };
+        }
+        // The entry's first copy was admitted as a new entry before the first look (once the
+        // entry is at or below the largest admitted one, no add of it is new again), so one
+        // wait for the ledger's adds queued by then covers it; later copies are re-adds,
+        // tracked per entry.
+        if !*earlier_adds_settled {
+            *earlier_adds_settled = true;
+            if !inner.journal.has_finished(in_flight_until) {
+                return Ok(OtherCopy::InFlight {
+                    finished: in_flight_until,
+                });
+            }
+        }
+        if let Some(&(_, until)) = inner.re_adds_in_flight.borrow().get(&key) {
+            if !inner.journal.has_finished(until) {
+                return Ok(OtherCopy::InFlight { finished: until });
+            }
+        }
+        if !compared_on_disk {
+            return Ok(OtherCopy::MaybeOnDisk);
+        }
+        Ok(OtherCopy::None)
     }
 
     /// Reads entry `entry` of `ledger`, or with `None` the last entry this shard holds for it.
@@ -381,14 +541,22 @@ impl<S: Storage + 'static> Engine<S> {
         self.inner.ledgers.state(ledger)
     }
 
-    /// Fences `ledger` (BookKeeper fencing read): later normal adds get `Fenced`. Fencing an
-    /// unknown ledger creates its state with this master key, as BookKeeper does.
-    /// Returns the ledger's LAC once the fence record is durable.
+    /// Fences `ledger` (BookKeeper fencing read): later normal adds with `master_key` get
+    /// `Fenced`. Returns the ledger's LAC once the fence record is durable.
+    ///
+    /// A ledger whose key no add has bound yet (never seen, or only fenced) is fenced for
+    /// `master_key` only, and the key is not bound (BookKeeper would create the ledger with
+    /// it): the first add binds its own key and finds the ledger fenced if that key was
+    /// fenced; otherwise the recorded fences are dropped. So a stranger who fences ledger ids
+    /// ahead cannot stop the real writer, while a recovery fence (with the key from the ledger
+    /// metadata) still cuts off the old writer (docs/protocol.md §Fence).
     ///
     /// # Durability
-    /// The fence record is journaled; resolves only after it is durable.
+    /// The fence record is journaled; resolves only after it is durable. Fences recorded for a
+    /// key no add bound survive a restart (journal replay, then the index's ledger states).
     /// # Errors
-    /// `Unauthorized` for a different master key; `Io`; `Closed`.
+    /// `Unauthorized` for a key other than the bound one, or, before any add, for a 17th
+    /// distinct key; `LedgerDeleted`; `Io`; `Closed`.
     pub async fn fence(&self, ledger: u64, master_key: [u8; 20]) -> Result<Option<u64>, Error> {
         let inner = &self.inner;
         if inner.closed.get() {

@@ -8,17 +8,50 @@ use std::collections::{HashMap, HashSet};
 use crate::format::StoredLedger;
 use crate::{Error, LedgerState};
 
+/// Most distinct master keys a ledger with no bound key keeps fences for; a fence with one more
+/// key is refused (`Unauthorized`), so that strangers cannot grow a ledger's state without bound.
+pub(crate) const FENCE_KEYS_MAX: usize = 16;
+
 /// In-memory state of one ledger.
-#[derive(Debug, Clone, Copy, Default)]
+///
+/// # Key binding (why a stranger's fence cannot block the real writer)
+/// A ledger's master key is *bound* by its first add (normal or recovery). A fence of a ledger
+/// whose key is not bound yet does not bind it (BookKeeper would create the ledger with the
+/// fencer's key): it records the fencing key in `fence_keys`, "fenced for holders of this
+/// key". The first add binds its own key: if that key is one of `fence_keys`, the ledger is
+/// fenced (a normal add gets `Fenced`); otherwise those fences came from someone without the
+/// ledger's key and are dropped.
+///
+/// This keeps BookKeeper's fencing guarantee (after a bookie answered a fence with key K, it
+/// never acknowledges a normal add with key K): K stays in `fence_keys` until an add binds a
+/// key; binding K keeps the ledger fenced, binding another key refuses every later add or fence
+/// with K (`Unauthorized`). Recovery fences with the key from the ledger metadata, so the
+/// writer it cuts off stays cut off.
+///
+/// `fenced` with no bound key means fenced for every key (a state rebuilt from the entry logs,
+/// docs/format/index.md "Damaged segments"): whatever key binds, the ledger stays fenced.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Ledger {
+    /// The bound key (`None` until the first add).
     pub master_key: Option<[u8; 20]>,
+    /// Fenced for the bound key; with no bound key, fenced for every key.
     pub fenced: bool,
+    /// Keys fenced while no key was bound (empty once `master_key` is set; at most
+    /// [`FENCE_KEYS_MAX`]).
+    pub fence_keys: Vec<[u8; 20]>,
     pub lac: Option<u64>,
     pub last_entry: Option<u64>,
     /// The last entry as of the last checkpoint that stored this ledger's state: no entry
     /// above it is in the index, so a checkpoint looks up a previous location (a rewrite by a
     /// recovery add) only for entries up to it.
     pub indexed_last: Option<u64>,
+    /// The largest entry id admitted since open or stored durably: an add above it cannot be
+    /// a re-add (nothing stored, nothing in flight), so it skips every stored-copy check.
+    pub admitted_last: Option<u64>,
+    /// [`crate::journal::Journal::submitted`] count right after the last add of this ledger
+    /// was queued: once the journal finished that many records, none of its adds is in
+    /// flight.
+    pub admitted_seq: u64,
 }
 
 impl Ledger {
@@ -27,9 +60,16 @@ impl Ledger {
         Self {
             master_key: s.master_key,
             fenced: s.fenced,
+            fence_keys: if s.master_key.is_some() {
+                Vec::new()
+            } else {
+                s.fence_keys
+            },
             lac: s.lac,
             last_entry: s.last_entry,
             indexed_last: s.last_entry,
+            admitted_last: s.last_entry,
+            admitted_seq: 0,
         }
     }
 
@@ -37,10 +77,60 @@ impl Ledger {
         StoredLedger {
             fenced: self.fenced,
             master_key: self.master_key,
+            fence_keys: self.fence_keys.clone(),
             lac: self.lac,
             last_entry: self.last_entry,
         }
     }
+
+    /// Whether an add with `key` finds the ledger fenced; `Unauthorized` if another key is
+    /// bound.
+    fn fenced_for(&self, ledger: u64, key: [u8; 20]) -> Result<bool, Error> {
+        match self.master_key {
+            Some(k) if k != key => Err(Error::Unauthorized { ledger }),
+            Some(_) => Ok(self.fenced),
+            None => Ok(self.fenced || self.fence_keys.contains(&key)),
+        }
+    }
+
+    /// Binds `key` if no key is bound yet; `fenced` is [`Ledger::fenced_for`] of it.
+    fn bind(&mut self, key: [u8; 20], fenced: bool) {
+        if self.master_key.is_none() {
+            self.master_key = Some(key);
+            self.fenced = fenced;
+            self.fence_keys = Vec::new();
+        }
+    }
+
+    /// Records a fence with `key` (its admission or its durable record): fenced for the bound
+    /// key; with none, `key` joins `fence_keys`. `Unauthorized` for another bound key, or for a
+    /// key beyond [`FENCE_KEYS_MAX`].
+    fn fence(&mut self, ledger: u64, key: [u8; 20]) -> Result<(), Error> {
+        match self.master_key {
+            Some(k) if k != key => return Err(Error::Unauthorized { ledger }),
+            Some(_) => self.fenced = true,
+            // Already fenced for every key.
+            None if self.fenced => {}
+            None if self.fence_keys.contains(&key) => {}
+            None if self.fence_keys.len() >= FENCE_KEYS_MAX => {
+                return Err(Error::Unauthorized { ledger })
+            }
+            None => self.fence_keys.push(key),
+        }
+        Ok(())
+    }
+}
+
+/// What [`Ledgers::admit_add`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Admitted: the caller journals the add now, with no await in between.
+    Admitted,
+    /// Not admitted yet: the entry is at or below the ledger's largest admitted entry, so this
+    /// shard may store it or have it in flight. The caller compares with those copies and asks
+    /// again with `stored_checked`. `in_flight_until`: the journal's finished count after which
+    /// none of this ledger's earlier adds is in flight.
+    MaybeStored { in_flight_until: u64 },
 }
 
 /// Every ledger this shard knows, and the ones changed since the last checkpoint snapshot.
@@ -82,73 +172,86 @@ impl Ledgers {
         v
     }
 
-    /// Admits a normal or recovery add before it is journaled: a deleted ledger refuses it
-    /// (`LedgerDeleted`, whatever the master key: an add never re-creates a deleted ledger);
-    /// the first add sets the master key; a different key is `Unauthorized`; a fenced ledger refuses a normal add (`Fenced`),
-    /// while recovery adds pass, as in BookKeeper.
+    /// Admits a normal or recovery add of entry `entry` before it is journaled, in one lookup
+    /// of the table: a deleted ledger refuses it (`LedgerDeleted`, whatever the master key: an
+    /// add never re-creates a deleted ledger); a key other than the bound one is `Unauthorized`;
+    /// a fenced ledger refuses a normal add (`Fenced`), while recovery adds pass, as in
+    /// BookKeeper (fences before the first add: see [`Ledger`]). An entry above the ledger's
+    /// largest admitted entry is admitted: its key is bound if none was, and `seq` (the
+    /// journal's submitted count once this add is queued) recorded. One at or below it is
+    /// [`Admission::MaybeStored`] unless `stored_checked` (the caller found no other copy, or
+    /// the same bytes, with no await since). A refusal changes nothing.
     pub fn admit_add(
         &self,
         ledger: u64,
+        entry: u64,
         master_key: [u8; 20],
         recovery: bool,
-    ) -> Result<(), Error> {
+        seq: u64,
+        stored_checked: bool,
+    ) -> Result<Admission, Error> {
         if self.is_deleted(ledger) {
             return Err(Error::LedgerDeleted { ledger });
         }
         let mut table = self.table.borrow_mut();
         let l = table.entry(ledger).or_default();
-        match l.master_key {
-            Some(k) if k != master_key => return Err(Error::Unauthorized { ledger }),
-            Some(_) => {}
-            None => l.master_key = Some(master_key),
-        }
-        if l.fenced && !recovery {
+        let fenced = l.fenced_for(ledger, master_key)?;
+        if fenced && !recovery {
             return Err(Error::Fenced { ledger });
         }
+        if !stored_checked && l.admitted_last.is_some_and(|last| entry <= last) {
+            return Ok(Admission::MaybeStored {
+                in_flight_until: l.admitted_seq,
+            });
+        }
+        l.bind(master_key, fenced);
+        l.admitted_last = l.admitted_last.max(Some(entry));
+        l.admitted_seq = seq;
         self.dirty.borrow_mut().insert(ledger);
-        Ok(())
+        Ok(Admission::Admitted)
     }
 
     /// Fences `ledger` before its fence record is journaled (BookKeeper fencing: later normal
-    /// adds are refused at once). A deleted ledger is `LedgerDeleted`. An unknown ledger is created with this master key; a
-    /// different key is `Unauthorized`.
+    /// adds with this key are refused at once). A deleted ledger is `LedgerDeleted`; a bound
+    /// key other than `master_key` is `Unauthorized`. A ledger with no bound key records the
+    /// fence for `master_key` only (see [`Ledger`]); one more than [`FENCE_KEYS_MAX`] distinct
+    /// keys is `Unauthorized`.
     pub fn fence(&self, ledger: u64, master_key: [u8; 20]) -> Result<(), Error> {
         if self.is_deleted(ledger) {
             return Err(Error::LedgerDeleted { ledger });
         }
         let mut table = self.table.borrow_mut();
-        let l = table.entry(ledger).or_default();
-        match l.master_key {
-            Some(k) if k != master_key => return Err(Error::Unauthorized { ledger }),
-            Some(_) => {}
-            None => l.master_key = Some(master_key),
-        }
-        l.fenced = true;
+        table.entry(ledger).or_default().fence(ledger, master_key)?;
         self.dirty.borrow_mut().insert(ledger);
         Ok(())
     }
 
-    /// Applies a durable add: the last entry and the LAC become the max of the stored ones.
+    /// Applies a durable add: binds its key if none is bound yet (replay does it here, as
+    /// `admit_add` did before the add was journaled); the last entry and the LAC become the
+    /// max of the stored ones.
     pub fn apply_add(&self, ledger: u64, entry: u64, lac: Option<u64>, master_key: [u8; 20]) {
         let mut table = self.table.borrow_mut();
         let l = table.entry(ledger).or_default();
         if l.master_key.is_none() {
-            l.master_key = Some(master_key);
+            let fenced = l.fenced || l.fence_keys.contains(&master_key);
+            l.bind(master_key, fenced);
         }
         l.last_entry = l.last_entry.max(Some(entry));
+        l.admitted_last = l.admitted_last.max(Some(entry));
         l.lac = l.lac.max(lac);
         self.dirty.borrow_mut().insert(ledger);
     }
 
-    /// Applies a durable fence.
+    /// Applies a durable fence. One whose key is not the key an add bound since (the fence
+    /// was admitted before that add) is moot and changes nothing.
     pub fn apply_fence(&self, ledger: u64, master_key: [u8; 20]) {
         let mut table = self.table.borrow_mut();
         let l = table.entry(ledger).or_default();
-        if l.master_key.is_none() {
-            l.master_key = Some(master_key);
+        // An error here is a moot fence (another key bound since) or, in a replay, a key over
+        // the bound, which admission refused and never journaled.
+        if l.fence(ledger, master_key).is_ok() {
+            self.dirty.borrow_mut().insert(ledger);
         }
-        l.fenced = true;
-        self.dirty.borrow_mut().insert(ledger);
     }
 
     /// Number of ledgers in the table.
@@ -156,7 +259,9 @@ impl Ledgers {
         self.table.borrow().len()
     }
 
-    /// The public state of `ledger`, `None` if never seen.
+    /// The public state of `ledger`, `None` if never seen. `fenced` is for the bound key (or
+    /// every key); fences recorded before any add bound a key are not reported, so that a
+    /// stranger's fence does not make readers of the real ledger think it sealed.
     pub fn state(&self, ledger: u64) -> Option<LedgerState> {
         self.table.borrow().get(&ledger).map(|l| LedgerState {
             fenced: l.fenced,

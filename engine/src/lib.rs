@@ -171,7 +171,10 @@ impl EngineConfig {
 /// What the engine knows about one ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LedgerState {
-    /// Set by [`Engine::fence`]; never cleared. Normal adds are refused once set.
+    /// Set by [`Engine::fence`] with the ledger's bound master key, or when the first add
+    /// binds a key that a fence recorded before it (docs/protocol.md §Fence); never cleared.
+    /// Normal adds are refused once set. A fence recorded for a key no add bound is not shown
+    /// here (it fences only holders of that key).
     pub fenced: bool,
     /// The largest piggybacked LAC among the durable entries of the ledger (BookKeeper keeps
     /// max(LAC field of stored entries)).
@@ -299,9 +302,15 @@ pub enum Error {
     /// The ledger is fenced (recovery started); a normal add must be treated as failed.
     #[error("ledger {ledger} is fenced")]
     Fenced { ledger: u64 },
-    /// The master key differs from the one the ledger was first written or fenced with.
+    /// The master key differs from the one the ledger's first add bound; or a fence of a
+    /// ledger no add bound yet carries one key more than the 16 recorded for it.
     #[error("wrong master key for ledger {ledger}")]
     Unauthorized { ledger: u64 },
+    /// This shard already stores (or is storing) the entry with other bytes. A re-add must
+    /// carry the same bytes (recovery re-adds do), so an acknowledged entry is never replaced
+    /// (BookKeeper would overwrite it). Nothing was stored.
+    #[error("entry {entry} of ledger {ledger} is already stored with other bytes")]
+    EntryMismatch { ledger: u64, entry: u64 },
     /// This shard has no state at all for the ledger (per the index, after replay).
     #[error("no such ledger {ledger}")]
     NoSuchLedger { ledger: u64 },

@@ -211,6 +211,7 @@ pub(crate) async fn open_inner<S: Storage>(
         lac_watchers: LacWatchers::default(),
         checkpointer: Checkpointer::new(mark),
         journal_observer: std::cell::RefCell::new(None),
+        re_adds_in_flight: std::cell::RefCell::new(std::collections::HashMap::new()),
         throttle: Throttle::new(
             cfg.background_write_bytes_per_second,
             cfg.background_sync_bytes,

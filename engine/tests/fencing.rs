@@ -7,7 +7,8 @@ use quire_engine::{Engine, Error};
 fn fenced_ledger_refuses_normal_adds_and_stays_fenced() {
     // Goal: BookKeeper fencing rules. A fenced ledger refuses normal adds with Fenced, accepts
     // recovery adds; fence returns the LAC; a wrong master key gets Unauthorized for adds and
-    // fences; the fence survives a crash (it was journaled before `fence` resolved).
+    // fences; the fence survives a crash (it was journaled before `fence` resolved). A fence
+    // of a ledger no add bound fences the fencer's key only, through a crash and a checkpoint.
     // Method: add, fence, try adds, crash, reopen, try again.
     let dir = tempdir();
     let cfg = config(dir.path());
@@ -40,13 +41,17 @@ fn fenced_ledger_refuses_normal_adds_and_stays_fenced() {
         e.add_entry(1, 2, KEY, Some(1), payload(1, 2, 10), true)
             .await
             .unwrap();
-        // Fencing an unknown ledger creates it, with the fencer's key.
+        // Fencing an unknown ledger fences it for the fencer's key only (docs/protocol.md
+        // §Fence): a normal add with that key is refused, and the key is not bound.
         assert_eq!(e.fence(2, KEY).await.unwrap(), None);
         assert!(matches!(
-            e.add_entry(2, 0, [9; 20], None, payload(2, 0, 10), true)
-                .await,
-            Err(Error::Unauthorized { ledger: 2 })
+            e.add_entry(2, 0, KEY, None, payload(2, 0, 10), false).await,
+            Err(Error::Fenced { ledger: 2 })
         ));
+        assert!(
+            !e.ledger_state(2).unwrap().fenced,
+            "no key bound: not fenced for readers"
+        );
         // Crash without close.
     });
     run(move || async move {
@@ -55,7 +60,11 @@ fn fenced_ledger_refuses_normal_adds_and_stays_fenced() {
         assert!(s.fenced);
         assert_eq!(s.lac, Some(1));
         assert_eq!(s.last_entry, Some(2));
-        assert!(e.ledger_state(2).unwrap().fenced);
+        // Ledger 2's fence for KEY came back from the journal.
+        assert!(matches!(
+            e.add_entry(2, 0, KEY, None, payload(2, 0, 10), false).await,
+            Err(Error::Fenced { ledger: 2 })
+        ));
         assert!(matches!(
             e.add_entry(1, 3, KEY, Some(2), payload(1, 3, 10), false)
                 .await,
@@ -83,6 +92,16 @@ fn fenced_ledger_refuses_normal_adds_and_stays_fenced() {
             Err(Error::Unauthorized { ledger: 1 })
         ));
         assert_eq!(e.read_entry(1, Some(2)).await.unwrap(), payload(1, 2, 10));
+        // Ledger 2's fence for KEY came back from the index, and binds at the first add:
+        // a recovery add with KEY is taken, and the ledger is then fenced for readers too.
+        assert!(matches!(
+            e.add_entry(2, 0, KEY, None, payload(2, 0, 10), false).await,
+            Err(Error::Fenced { ledger: 2 })
+        ));
+        e.add_entry(2, 0, KEY, None, payload(2, 0, 10), true)
+            .await
+            .unwrap();
+        assert!(e.ledger_state(2).unwrap().fenced);
         e.close().await.unwrap();
     });
 }

@@ -72,6 +72,7 @@ async fn legacy_image() -> SimImage {
     let state = |fenced| StoredLedger {
         fenced,
         master_key: Some(KEY),
+        fence_keys: Vec::new(),
         lac: Some(ENTRIES - 2),
         last_entry: Some(ENTRIES - 1),
     };

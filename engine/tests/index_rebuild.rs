@@ -3,8 +3,8 @@
 //!
 //! Every test builds the same history on real O_DIRECT files, with two live index segments:
 //! the oldest (M, a merge of two checkpoints) holds ledgers 1, 2, 3 (fenced), 5 and 6 (entry 5
-//! of ledger 6 rewritten by a recovery add with other bytes, so two copies exist in the entry
-//! log), and ledger 4, deleted (tombstoned) after its entries reached the entry log; the newer
+//! of ledger 6 added again by a recovery add, so two copies exist in the entry logs; the engine
+//! refuses a re-add with other bytes, so both hold the same bytes), and ledger 4, deleted (tombstoned) after its entries reached the entry log; the newer
 //! one (N) holds more entries of ledgers 1 and 2 and ledger 8. Then 4 bytes of M are flipped
 //! (or M is removed) and the engine reopened.
 
@@ -67,13 +67,20 @@ async fn write_history<S: Storage + 'static>(e: &Rc<Engine<S>>) -> Expected {
         }
         e.fence(3, KEY).await.unwrap();
         e.checkpoint().await.unwrap();
-        // A recovery add rewrites entry 5 of ledger 6 with other bytes: the entry log now holds
-        // two copies, the newer one is what the index says.
+        // A recovery add writes entry 5 of ledger 6 again (the same bytes: other bytes are
+        // refused, EntryMismatch): the entry logs now hold two copies, the newer one is what
+        // the index says.
         let (l, i) = REWRITTEN;
-        e.add_entry(l, i, KEY, Some(4), rewritten_bytes(), true)
+        let again = payload(l, i, len_of(l, i));
+        assert!(matches!(
+            e.add_entry(l, i, KEY, Some(4), rewritten_bytes(), true)
+                .await,
+            Err(Error::EntryMismatch { .. })
+        ));
+        e.add_entry(l, i, KEY, Some(4), again.clone(), true)
             .await
             .unwrap();
-        want.insert(REWRITTEN, rewritten_bytes());
+        assert_eq!(want.get(&REWRITTEN), Some(&again));
         e.checkpoint().await.unwrap();
         e.collect_garbage(&[4]).await.unwrap();
         want.retain(|(l, _), _| *l != 4);
@@ -284,7 +291,7 @@ fn damaged_segment_is_rebuilt(what: Damage) {
 #[test]
 fn header_damage_rebuilds_the_segment_and_fences_its_ledgers() {
     // Goal: 4 flipped bytes in the oldest segment's header no longer stop the shard: the engine
-    // opens, every acknowledged entry reads back (the newer copy of a rewritten entry), ledgers
+    // opens, every acknowledged entry reads back (also the entry written twice), ledgers
     // whose state was in the segment come back fenced, the deleted ledger stays deleted, the
     // ledgers of the newer segment go on, and a second open is clean.
     // Method: the history above, flip bytes 40..44 of the oldest segment, reopen twice.

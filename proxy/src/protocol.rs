@@ -366,6 +366,8 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
             creation_time_ms,
             truncated_before,
             retention,
+            // Never sent: only the owning proxy uses the secret.
+            ledger_secret_hex: None,
         },
         owner,
         defaults,
@@ -900,6 +902,7 @@ mod tests {
                             time_secs: Some(60),
                             size_bytes: None,
                         },
+                        ledger_secret_hex: None,
                     },
                     owner: Some("127.0.0.1:4181".into()),
                     defaults: RetentionDefaults {

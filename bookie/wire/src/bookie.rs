@@ -104,6 +104,10 @@ pub enum Status {
     TooManyRequests = 106,
     /// The entry or frame is larger than the bookie accepts.
     TooLarge = 108,
+    /// The bookie already stores (or is storing) this entry with other bytes; nothing was
+    /// stored. A re-add of the same bytes (a recovery add) succeeds. Quire's own status:
+    /// BookKeeper overwrites the entry.
+    EntryMismatch = 109,
 }
 
 impl Status {
@@ -124,6 +128,7 @@ impl Status {
             105 => Self::ReadOnly,
             106 => Self::TooManyRequests,
             108 => Self::TooLarge,
+            109 => Self::EntryMismatch,
             other => return Err(WireError::UnknownStatus(other)),
         })
     }

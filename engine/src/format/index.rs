@@ -21,6 +21,10 @@ pub const FLAG_FENCED: u32 = 1;
 pub const FLAG_HAS_KEY: u32 = 2;
 pub const FLAG_HAS_LAC: u32 = 4;
 pub const FLAG_HAS_LAST: u32 = 8;
+/// Index segment files only (`index_segment.rs`): the record carries in `master_key` one key a
+/// fence recorded while no add had bound the ledger's key (bit 1 clear, bit 0 set). Such a
+/// ledger is stored as one record per fencing key, consecutive. `index.qix` never has it.
+pub const FLAG_FENCE_KEY: u32 = 16;
 
 /// Where an entry lives in the entry logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,10 +36,16 @@ pub struct Location {
 }
 
 /// Durable per-ledger state as stored in the index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+///
+/// `fenced` with `master_key` set: fenced for that key. `fenced` with no key: fenced for every
+/// key (a rebuilt state, docs/format/index.md "Damaged segments"). `fence_keys`: the keys
+/// fences recorded while no add had bound a key (docs/protocol.md §Fence); empty once a key is
+/// bound, at most `FENCE_KEYS_MAX` (16).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StoredLedger {
     pub fenced: bool,
     pub master_key: Option<[u8; 20]>,
+    pub fence_keys: Vec<[u8; 20]>,
     pub lac: Option<u64>,
     pub last_entry: Option<u64>,
 }
@@ -150,6 +160,7 @@ pub fn decode_segment(b: &[u8]) -> Result<Segment, String> {
             StoredLedger {
                 fenced: flags & FLAG_FENCED != 0,
                 master_key: (flags & FLAG_HAS_KEY != 0).then_some(key),
+                fence_keys: Vec::new(),
                 lac: (flags & FLAG_HAS_LAC != 0).then(|| u64_at(b, at + 40)),
                 last_entry: (flags & FLAG_HAS_LAST != 0).then(|| u64_at(b, at + 48)),
             },
@@ -185,6 +196,7 @@ mod tests {
             StoredLedger {
                 fenced: true,
                 master_key: Some([1; 20]),
+                fence_keys: Vec::new(),
                 lac: None,
                 last_entry: Some(2),
             },

@@ -10,7 +10,9 @@
 //! the top blocks; then the ledger-state blocks.
 
 use super::{u16_at, u32_at, u64_at, Location, StoredLedger};
-use super::{FLAG_FENCED, FLAG_HAS_KEY, FLAG_HAS_LAC, FLAG_HAS_LAST, LEDGER_STATE_BYTES};
+use super::{
+    FLAG_FENCED, FLAG_FENCE_KEY, FLAG_HAS_KEY, FLAG_HAS_LAC, FLAG_HAS_LAST, LEDGER_STATE_BYTES,
+};
 use crate::io::BLOCK_BYTES;
 
 /// Magic of an index segment file's file header.
@@ -223,14 +225,91 @@ pub fn block_key(b: &[u8], i: usize) -> Key {
     (u64_at(b, at), u64_at(b, at + 8))
 }
 
-/// Encodes a ledger-state block (at most [`LEDGERS_PER_BLOCK`] states), each state laid out as
-/// in the legacy index segment (56 bytes).
-pub fn encode_ledger_block(states: &[(u64, StoredLedger)]) -> Vec<u8> {
-    debug_assert!(states.len() <= LEDGERS_PER_BLOCK);
-    let mut b = new_block(states.len());
+/// Whether `s` is written as fence-key records (docs/format/index.md, ledger-state block): no
+/// key bound, not fenced for every key, no LAC or last entry, and at least one fence key.
+fn is_fence_only(s: &StoredLedger) -> bool {
+    s.master_key.is_none()
+        && !s.fenced
+        && !s.fence_keys.is_empty()
+        && s.lac.is_none()
+        && s.last_entry.is_none()
+}
+
+/// The 56-byte records of `states` (sorted by ledger), as ledger-state blocks hold them: a
+/// fence-only state becomes one record per fence key (each a `StoredLedger` holding that one
+/// key), consecutive; any other state one record without fence keys. A state with fence keys
+/// that cannot be written so (it also has a LAC or a last entry, which no add-less ledger has)
+/// is written fenced for every key, the safe reading of it.
+pub fn ledger_records(states: &[(u64, StoredLedger)]) -> Vec<(u64, StoredLedger)> {
+    let mut out = Vec::with_capacity(states.len());
+    for (id, s) in states {
+        if is_fence_only(s) {
+            for key in &s.fence_keys {
+                out.push((
+                    *id,
+                    StoredLedger {
+                        fence_keys: vec![*key],
+                        ..StoredLedger::default()
+                    },
+                ));
+            }
+        } else {
+            let unbound_fences = s.master_key.is_none() && !s.fence_keys.is_empty();
+            out.push((
+                *id,
+                StoredLedger {
+                    fenced: s.fenced || unbound_fences,
+                    master_key: s.master_key,
+                    fence_keys: Vec::new(),
+                    lac: s.lac,
+                    last_entry: s.last_entry,
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// Groups records read from ledger-state blocks (in file order) back into one state per
+/// ledger: consecutive fence-key records of one ledger become one state with all their keys.
+/// The inverse of [`ledger_records`].
+pub fn join_ledger_records(records: Vec<(u64, StoredLedger)>) -> Vec<(u64, StoredLedger)> {
+    let mut out: Vec<(u64, StoredLedger)> = Vec::with_capacity(records.len());
+    for (id, r) in records {
+        if is_fence_only(&r) {
+            if let Some((last_id, last)) = out.last_mut() {
+                if *last_id == id && is_fence_only(last) {
+                    for k in r.fence_keys {
+                        if !last.fence_keys.contains(&k) {
+                            last.fence_keys.push(k);
+                        }
+                    }
+                    continue;
+                }
+            }
+        }
+        out.push((id, r));
+    }
+    out
+}
+
+/// Encodes a ledger-state block of `records` (at most [`LEDGERS_PER_BLOCK`], made by
+/// [`ledger_records`]: each with at most one fence key), 56 bytes each as in the legacy index
+/// segment, plus flag bit 4 for a fence-key record.
+pub fn encode_ledger_block(records: &[(u64, StoredLedger)]) -> Vec<u8> {
+    debug_assert!(records.len() <= LEDGERS_PER_BLOCK);
+    let mut b = new_block(records.len());
     let mut at = BLOCK_HEADER_BYTES;
-    for (ledger, s) in states {
+    for (ledger, s) in records {
+        assert!(s.fence_keys.len() <= 1, "one fence key per record");
         let mut flags = 0u32;
+        let mut key = s.master_key.unwrap_or([0u8; 20]);
+        if let Some(k) = s.fence_keys.first() {
+            assert!(is_fence_only(s), "a fence-key record holds nothing else");
+            // Fenced too, so that a reader that predates bit 4 keeps the ledger fenced.
+            flags |= FLAG_FENCED | FLAG_FENCE_KEY;
+            key = *k;
+        }
         if s.fenced {
             flags |= FLAG_FENCED;
         }
@@ -245,7 +324,7 @@ pub fn encode_ledger_block(states: &[(u64, StoredLedger)]) -> Vec<u8> {
         }
         b[at..at + 8].copy_from_slice(&ledger.to_le_bytes());
         b[at + 8..at + 12].copy_from_slice(&flags.to_le_bytes());
-        b[at + 16..at + 36].copy_from_slice(&s.master_key.unwrap_or([0u8; 20]));
+        b[at + 16..at + 36].copy_from_slice(&key);
         b[at + 40..at + 48].copy_from_slice(&s.lac.unwrap_or(0).to_le_bytes());
         b[at + 48..at + 56].copy_from_slice(&s.last_entry.unwrap_or(0).to_le_bytes());
         at += LEDGER_STATE_BYTES;
@@ -254,24 +333,41 @@ pub fn encode_ledger_block(states: &[(u64, StoredLedger)]) -> Vec<u8> {
     b
 }
 
-/// The ledger states of a ledger-state block.
+/// The records of a ledger-state block (group them with [`join_ledger_records`]).
+///
+/// # Errors
+/// A bad CRC32C or count; a fence-key record (bit 4) that also claims a bound key, a LAC or a
+/// last entry (bits 1 to 3).
 pub fn decode_ledger_block(b: &[u8]) -> Result<Vec<(u64, StoredLedger)>, String> {
     let n = check_block(b, LEDGERS_PER_BLOCK)?;
     let mut out = Vec::with_capacity(n);
     let mut at = BLOCK_HEADER_BYTES;
-    for _ in 0..n {
+    for i in 0..n {
+        let ledger = u64_at(b, at);
         let flags = u32_at(b, at + 8);
         let mut key = [0u8; 20];
         key.copy_from_slice(&b[at + 16..at + 36]);
-        out.push((
-            u64_at(b, at),
+        let state = if flags & FLAG_FENCE_KEY != 0 {
+            if flags & (FLAG_HAS_KEY | FLAG_HAS_LAC | FLAG_HAS_LAST) != 0 {
+                return Err(format!(
+                    "ledger-state record {i} (ledger {ledger}): fence-key record with flags \
+                     {flags:#x}"
+                ));
+            }
+            StoredLedger {
+                fence_keys: vec![key],
+                ..StoredLedger::default()
+            }
+        } else {
             StoredLedger {
                 fenced: flags & FLAG_FENCED != 0,
                 master_key: (flags & FLAG_HAS_KEY != 0).then_some(key),
+                fence_keys: Vec::new(),
                 lac: (flags & FLAG_HAS_LAC != 0).then(|| u64_at(b, at + 40)),
                 last_entry: (flags & FLAG_HAS_LAST != 0).then(|| u64_at(b, at + 48)),
-            },
-        ));
+            }
+        };
+        out.push((ledger, state));
         at += LEDGER_STATE_BYTES;
     }
     Ok(out)
@@ -321,6 +417,7 @@ mod tests {
             StoredLedger {
                 fenced: true,
                 master_key: Some([4; 20]),
+                fence_keys: Vec::new(),
                 lac: Some(9),
                 last_entry: None,
             },
@@ -329,6 +426,88 @@ mod tests {
             decode_ledger_block(&encode_ledger_block(&states)),
             Ok(states)
         );
+    }
+
+    #[test]
+    fn fence_only_keys_round_trip_as_one_record_per_key() {
+        // Goal: a ledger fenced before any add bound its key is stored as one record per fence
+        // key (flags fenced | bit 4, key in master_key) and read back as one state with all its
+        // keys, also when its records straddle two blocks; bit 4 with a bound key is refused.
+        // Method: states around a block boundary -> records -> blocks -> records -> states.
+        let bound = |id: u64| {
+            (
+                id,
+                StoredLedger {
+                    fenced: id.is_multiple_of(2),
+                    master_key: Some([id as u8; 20]),
+                    fence_keys: Vec::new(),
+                    lac: Some(id),
+                    last_entry: Some(id + 1),
+                },
+            )
+        };
+        let fence_only = |id: u64, keys: &[u8]| {
+            (
+                id,
+                StoredLedger {
+                    fence_keys: keys.iter().map(|k| [*k; 20]).collect(),
+                    ..StoredLedger::default()
+                },
+            )
+        };
+        let mut states: Vec<(u64, StoredLedger)> =
+            (0..LEDGERS_PER_BLOCK as u64 - 2).map(bound).collect();
+        // Records 71..76: across the boundary between block 0 and block 1.
+        states.push(fence_only(1000, &[1, 2, 3, 4, 5]));
+        // Fenced for every key (a rebuilt state): one ordinary record.
+        states.push((
+            1001,
+            StoredLedger {
+                fenced: true,
+                last_entry: Some(7),
+                ..StoredLedger::default()
+            },
+        ));
+        states.push(fence_only(1002, &[9]));
+        let records = ledger_records(&states);
+        assert_eq!(records.len(), states.len() + 4);
+        let blocks: Vec<Vec<u8>> = records
+            .chunks(LEDGERS_PER_BLOCK)
+            .map(encode_ledger_block)
+            .collect();
+        assert_eq!(blocks.len(), 2);
+        // What a reader that predates bit 4 sees: every fence-key record is fenced, no key.
+        let at = BLOCK_HEADER_BYTES + (LEDGERS_PER_BLOCK - 1) * LEDGER_STATE_BYTES;
+        let flags = u32_at(&blocks[0], at + 8);
+        assert_eq!(flags, FLAG_FENCED | FLAG_FENCE_KEY);
+        assert_eq!(u64_at(&blocks[0], at), 1000);
+        let mut read = Vec::new();
+        for b in &blocks {
+            read.extend(decode_ledger_block(b).unwrap());
+        }
+        assert_eq!(read, records);
+        assert_eq!(join_ledger_records(read), states);
+
+        // A fence-only state that somehow has a last entry is written fenced for every key.
+        let odd = vec![(
+            5,
+            StoredLedger {
+                fence_keys: vec![[1; 20]],
+                last_entry: Some(3),
+                ..StoredLedger::default()
+            },
+        )];
+        let r = ledger_records(&odd);
+        assert_eq!(r.len(), 1);
+        assert!(r[0].1.fenced && r[0].1.master_key.is_none() && r[0].1.fence_keys.is_empty());
+
+        // Bit 4 together with "has master key" is refused (CRC valid: written that way).
+        let mut b = encode_ledger_block(&[fence_only(3, &[1])]);
+        let at = BLOCK_HEADER_BYTES + 8;
+        let f = u32_at(&b, at) | FLAG_HAS_KEY;
+        b[at..at + 4].copy_from_slice(&f.to_le_bytes());
+        seal_block(&mut b);
+        assert!(decode_ledger_block(&b).is_err());
     }
 
     #[test]

@@ -183,8 +183,8 @@ impl<F: StorageFile> Index<F> {
                     Slot::Good(_, states) => states,
                     Slot::Damaged(d) => &d.kept_states,
                 };
-                for &(l, st) in states {
-                    rebuild::merge_surviving(&mut surviving, l, st);
+                for (l, st) in states {
+                    rebuild::merge_surviving(&mut surviving, *l, st.clone());
                 }
             }
             let (reps, mut report) = rebuild::build(

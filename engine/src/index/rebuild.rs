@@ -148,6 +148,25 @@ pub(crate) async fn assess<F: StorageFile>(
         reasons.push("ledger-state count differs from header".into());
         lost = Some((0, u64::MAX));
     }
+    // A fence-only ledger's records (one per key) may continue into a lost neighbouring block:
+    // its readable keys may not be all of them, so it comes back fenced for every key, like a
+    // ledger whose state was lost (the fence must not be forgotten for the lost keys).
+    let mut straddling: HashSet<u64> = HashSet::new();
+    for &i in &bad {
+        if let Some(Some((_, last))) = i.checked_sub(1).map(|p| spans[p]) {
+            straddling.insert(last);
+        }
+        if let Some(Some((first, _))) = spans.get(i + 1) {
+            straddling.insert(*first);
+        }
+    }
+    let mut states = crate::format::join_ledger_records(states);
+    for (id, s) in states.iter_mut() {
+        if straddling.contains(id) && !s.fence_keys.is_empty() {
+            s.fenced = true;
+            s.fence_keys.clear();
+        }
+    }
     if reasons.is_empty() {
         return Ok((states, None));
     }
@@ -355,6 +374,17 @@ pub(crate) fn merge_surviving(
     m.master_key = m.master_key.or(s.master_key);
     m.lac = m.lac.max(s.lac);
     m.last_entry = m.last_entry.max(s.last_entry);
+    // Fence-only keys matter only while no key is bound (a later state that bound one
+    // replaced them); otherwise every key any readable segment recorded still stands.
+    if m.master_key.is_some() {
+        m.fence_keys.clear();
+    } else {
+        for k in s.fence_keys {
+            if !m.fence_keys.contains(&k) {
+                m.fence_keys.push(k);
+            }
+        }
+    }
 }
 
 /// The replacement of one damaged segment.
@@ -418,7 +448,7 @@ pub(crate) async fn build<S: Storage>(
             .kept_states
             .iter()
             .filter(|(l, _)| !is_deleted(*l))
-            .copied()
+            .cloned()
             .collect();
         let mut ledgers_rebuilt = Vec::new();
         if let Some((lo, hi)) = d.lost_states {
@@ -434,7 +464,7 @@ pub(crate) async fn build<S: Storage>(
             for l in candidates {
                 // What is known elsewhere (master key, LAC), with the last entry the entry logs
                 // show; fenced unless the state known elsewhere is exact.
-                let mut rebuilt = surviving.get(&l).copied().unwrap_or_default();
+                let mut rebuilt = surviving.get(&l).cloned().unwrap_or_default();
                 rebuilt.fenced |= fence_rebuilt;
                 rebuilt.last_entry = rebuilt.last_entry.max(scan.last_entries.get(&l).copied());
                 states.insert(l, rebuilt);

@@ -11,8 +11,9 @@ use crate::files::{check_header, corrupt, io_err, parse_id};
 use crate::format::{
     block_key, check_block, data_key, data_location, decode_ledger_block, encode_data_block,
     encode_file_header, encode_key_block, encode_ledger_block, get_segment_header,
-    put_segment_header, Key, Location, SegmentHeader, StoredLedger, DATA_BLOCKS_PER_GROUP,
-    INDEX_SEGMENT_FILE_MAGIC, KEYS_PER_BLOCK, LEDGERS_PER_BLOCK, LOCATIONS_PER_BLOCK,
+    join_ledger_records, ledger_records, put_segment_header, Key, Location, SegmentHeader,
+    StoredLedger, DATA_BLOCKS_PER_GROUP, INDEX_SEGMENT_FILE_MAGIC, KEYS_PER_BLOCK,
+    LEDGERS_PER_BLOCK, LOCATIONS_PER_BLOCK,
 };
 use crate::index::cache::BlockCache;
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
@@ -221,7 +222,8 @@ impl<F: StorageFile> Segment<F> {
         Ok((i < count && data_key(&b, i) == key).then(|| data_location(&b, i)))
     }
 
-    /// Reads the ledger states (not cached: only at open and by merges).
+    /// Reads the ledger states, one per ledger (a fence-only ledger's records joined), sorted
+    /// by ledger (not cached: only at open and by merges).
     pub async fn ledger_states(&self) -> Result<Vec<(u64, StoredLedger)>, Error> {
         let mut out = Vec::with_capacity(self.header.ledger_count as usize);
         for i in 0..self.header.ledger_blocks() {
@@ -235,7 +237,7 @@ impl<F: StorageFile> Segment<F> {
                 "ledger-state count differs from header",
             ));
         }
-        Ok(out)
+        Ok(join_ledger_records(out))
     }
 }
 
@@ -462,10 +464,12 @@ impl<'t, F: StorageFile> SegmentWriter<'t, F> {
         for chunk in self.top.chunks(KEYS_PER_BLOCK) {
             self.out.extend_from_slice(&encode_key_block(chunk));
         }
-        for chunk in ledgers.chunks(LEDGERS_PER_BLOCK) {
+        // A fence-only ledger takes one record per key (docs/format/index.md).
+        let records = ledger_records(ledgers);
+        for chunk in records.chunks(LEDGERS_PER_BLOCK) {
             self.out.extend_from_slice(&encode_ledger_block(chunk));
         }
-        self.header.ledger_count = ledgers.len() as u64;
+        self.header.ledger_count = records.len() as u64;
         self.flush().await?;
         debug_assert_eq!(self.out_block, self.header.total_blocks());
         let mut head = encode_file_header(INDEX_SEGMENT_FILE_MAGIC, self.id);

@@ -16,7 +16,7 @@ use glommio::TaskQueueHandle;
 
 use crate::files::journal_name;
 use crate::format::{Record, ADD_FIXED_BYTES, FENCE_PAYLOAD_BYTES, RECORD_HEADER_BYTES};
-use crate::sync::{Completion, Signal};
+use crate::sync::{Completion, Notify, Signal};
 use crate::Error;
 
 pub(crate) mod files;
@@ -82,6 +82,13 @@ pub(crate) struct Journal<F> {
     precreate: RefCell<Option<Precreate<F>>>,
     /// Task queue of journal pre-creation (the engine's background queue).
     background_tq: TaskQueueHandle,
+    /// Records queued since open.
+    submitted: Cell<u64>,
+    /// Records the writer completed since open, durable or failed; records complete in queue
+    /// order, so every record among the first `finished` queued is complete.
+    finished: Cell<u64>,
+    /// Notified whenever `finished` grows.
+    finished_notify: Notify,
 }
 
 impl<F> Journal<F> {
@@ -100,6 +107,9 @@ impl<F> Journal<F> {
             sync_count: Cell::new(0),
             precreate: RefCell::new(None),
             background_tq,
+            submitted: Cell::new(0),
+            finished: Cell::new(0),
+            finished_notify: Notify::default(),
         }
     }
 
@@ -139,6 +149,40 @@ impl<F> Journal<F> {
         }
     }
 
+    /// Records queued since open (the next one queued is number `submitted() + 1`).
+    pub fn submitted(&self) -> u64 {
+        self.submitted.get()
+    }
+
+    /// Notes that the writer completed `n` more records (in queue order), durable or failed,
+    /// and wakes [`Journal::wait_finished`].
+    pub fn note_finished(&self, n: usize) {
+        self.finished.set(self.finished.get() + n as u64);
+        assert!(
+            self.finished.get() <= self.submitted.get(),
+            "no record completes before it is queued"
+        );
+        self.finished_notify.notify_all();
+    }
+
+    /// Resolves once the writer completed the first `count` records queued since open (each
+    /// durable and applied, or failed). The writer drains its queue even after a close, so
+    /// this always resolves.
+    pub async fn wait_finished(&self, count: u64) {
+        loop {
+            let seen = self.finished_notify.generation();
+            if self.finished.get() >= count {
+                return;
+            }
+            self.finished_notify.changed_since(seen).await;
+        }
+    }
+
+    /// Whether the writer completed the first `count` records queued since open.
+    pub fn has_finished(&self, count: u64) -> bool {
+        self.finished.get() >= count
+    }
+
     /// Queues `record` for the next group commit and resolves once it is durable (or failed).
     pub async fn submit(&self, record: Record) -> Result<(), Error> {
         let bytes = match &record {
@@ -153,6 +197,7 @@ impl<F> Journal<F> {
             done: done.clone(),
         });
         self.queue_bytes.set(self.queue_bytes.get() + bytes);
+        self.submitted.set(self.submitted.get() + 1);
         self.writer_signal.notify();
         done.wait().await
     }

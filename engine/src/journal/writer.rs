@@ -89,6 +89,7 @@ pub(crate) async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
             continue;
         }
         if journal.failed.borrow().is_some() {
+            journal.note_finished(batch.len());
             for p in batch {
                 let e = journal.check_failed().expect_err("journal failed");
                 p.done.complete(Err(e));
@@ -237,6 +238,7 @@ async fn write_batch<S: Storage + 'static>(inner: &Rc<Inner<S>>, batch: Vec<Pend
                 start_precreate(inner, cursor.file_id + 1);
             }
             *journal.cursor.borrow_mut() = Some(cursor);
+            journal.note_finished(dones.len());
             for d in dones {
                 d.complete(Ok(()));
             }
@@ -286,11 +288,13 @@ async fn write_batch<S: Storage + 'static>(inner: &Rc<Inner<S>>, batch: Vec<Pend
                 file_offset_bytes: off,
                 source: stdio::Error::new(kind, msg.clone()),
             };
+            journal.note_finished(batch.len());
             for p in batch {
                 p.done.complete(Err(failure()));
             }
             let rest: Vec<Pending> = journal.queue.borrow_mut().drain(..).collect();
             journal.queue_bytes.set(0);
+            journal.note_finished(rest.len());
             for p in rest {
                 p.done.complete(Err(failure()));
             }

@@ -58,4 +58,7 @@ pub use client::{BookKeeper, ClientConfig};
 pub use error::Error;
 pub use reader::LedgerReader;
 pub use rereplicate::{fragment_range, FragmentReplicated};
-pub use writer::{master_key, AddFuture, LedgerOptions, LedgerWriter};
+pub use writer::{
+    ledger_master_key, master_key, new_ledger_secret, AddFuture, LedgerOptions, LedgerWriter,
+    LEDGER_SECRET_BYTES,
+};

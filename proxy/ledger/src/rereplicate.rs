@@ -500,6 +500,17 @@ impl BookKeeper {
             .await?;
         match reply {
             Reply::Add => Ok(Copied::Written(len)),
+            // The target stores (or was storing) the entry with other bytes, written between
+            // the read above and this add: the same divergent replica, and the bookie refused
+            // to overwrite it (docs/protocol.md §Add).
+            Reply::Failed {
+                status: Status::EntryMismatch,
+                ..
+            } => Err(Error::DivergentReplica {
+                ledger: id.0,
+                entry: entry.0,
+                bookie: target.0.clone(),
+            }),
             Reply::Failed { status, message } => Err(Error::Bookie {
                 bookie: target.0.clone(),
                 status,

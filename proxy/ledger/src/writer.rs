@@ -33,18 +33,47 @@ pub struct LedgerOptions {
     pub write_quorum: u8,
     /// Ack quorum Qa.
     pub ack_quorum: u8,
-    /// Password; the master key is SHA-1("ledger" ‖ password) as in BookKeeper.
+    /// Secret of the ledger's writer, not empty (a stream's ledger secret, see
+    /// [`new_ledger_secret`]). The ledger's master key is [`ledger_master_key`] of it and the
+    /// ledger id, kept in the ledger metadata (`master_key_hex`), where recovery and
+    /// re-replication take it from.
     pub password: Vec<u8>,
     /// Custom metadata stored with the ledger.
     pub custom: BTreeMap<String, String>,
 }
 
-/// Derives the master key from a password (BookKeeper `MacDigestManager.genDigest("ledger", pw)`).
+/// Derives a master key from a password: SHA-1("ledger" ‖ password) (BookKeeper
+/// `MacDigestManager.genDigest("ledger", password)`). Ledgers Quire wrote before per-stream
+/// secrets have `master_key(b"quire")`, kept in their metadata, with which they are still read
+/// and recovered.
 pub fn master_key(password: &[u8]) -> MasterKey {
     let mut h = Sha1::new();
     h.update(b"ledger");
     h.update(password);
     MasterKey(h.finalize().into())
+}
+
+/// The master key of ledger `id` written with `secret`: [`master_key`] of `secret` followed by
+/// the id as u64 big-endian (20 bytes). Every ledger gets its own key, and no key can be
+/// derived without the writer's secret (docs/format/metadata.md, `ledger_secret_hex`).
+pub fn ledger_master_key(secret: &[u8], id: LedgerId) -> MasterKey {
+    let mut password = Vec::with_capacity(secret.len() + 8);
+    password.extend_from_slice(secret);
+    // Big-endian, as the key's definition says (docs/format/metadata.md).
+    password.extend_from_slice(&id.0.to_be_bytes());
+    master_key(&password)
+}
+
+/// Bytes of a ledger secret made by [`new_ledger_secret`].
+pub const LEDGER_SECRET_BYTES: usize = 32;
+
+/// A fresh ledger secret: [`LEDGER_SECRET_BYTES`] random bytes from the thread's CSPRNG
+/// (`rand::thread_rng`, ChaCha seeded from the OS).
+pub fn new_ledger_secret() -> Vec<u8> {
+    use rand::RngCore;
+    let mut secret = vec![0u8; LEDGER_SECRET_BYTES];
+    rand::thread_rng().fill_bytes(&mut secret);
+    secret
 }
 
 fn now_ms() -> u64 {
@@ -58,7 +87,7 @@ impl BookKeeper {
     /// failed lately are tried last; one that cannot be reached is quarantined and skipped).
     ///
     /// # Errors
-    /// `Invalid` unless E >= Qw >= Qa >= 1; `NotEnoughBookies` (fewer than E registered);
+    /// `Invalid` unless E >= Qw >= Qa >= 1, or for an empty password; `NotEnoughBookies` (fewer than E registered);
     /// `BookieUnreachable` (fewer than E reachable: the last connect error); `Metadata`.
     pub async fn create_ledger(&self, opts: LedgerOptions) -> Result<LedgerWriter, Error> {
         let (e, w, a) = (opts.ensemble_size, opts.write_quorum, opts.ack_quorum);
@@ -66,6 +95,11 @@ impl BookKeeper {
             return Err(Error::Invalid(format!(
                 "need E >= Qw >= Qa >= 1, got E={e} Qw={w} Qa={a}"
             )));
+        }
+        if opts.password.is_empty() {
+            return Err(Error::Invalid(
+                "a ledger needs its writer's secret (LedgerOptions::password is empty)".into(),
+            ));
         }
         let mut candidates: Vec<BookieId> = self
             .registered_bookies()
@@ -115,8 +149,8 @@ impl BookKeeper {
             }));
         }
         let candidates: Vec<BookieId> = ensemble.iter().map(|s| s.bookie.clone()).collect();
-        let key = master_key(&opts.password);
         let id = self.inner.metadata.allocate_ledger_id().await?;
+        let key = ledger_master_key(&opts.password, id);
         let meta = LedgerMetadata {
             format_version: LEDGER_METADATA_FORMAT_VERSION,
             ensemble_size: e,
@@ -480,6 +514,18 @@ impl WriterShared {
                     },
                 );
                 return;
+            }
+            Ok(Reply::Failed {
+                status: Status::EntryMismatch,
+                message,
+            }) => {
+                // The bookie holds this entry with other bytes (someone else added it with this
+                // ledger's key) and refused ours. Its copy must not count: the bookie is
+                // replaced like a failed one (ensemble change), so the new fragment, which
+                // starts at or below this entry, reads the entry from the replacement.
+                tracing::warn!(ledger = self.id.0, entry, bookie = %st.ensemble[pos].bookie, "bookie holds this entry with other bytes ({message}); replacing it");
+                let lost = matches!(st.tracker.fail(entry, pos), Progress::QuorumLost(_));
+                self.on_bookie_failure(&mut st, pos, lost);
             }
             Ok(Reply::Failed {
                 status: Status::ReadOnly,

@@ -257,9 +257,10 @@ async fn a_divergent_replica_is_never_overwritten_and_an_identical_one_is_kept()
     let lost2 = meta2.fragments[0].bookies[0].clone();
     let target2: Vec<String> = s.spares(&meta2.fragments[0].bookies);
     assert_eq!(target2.len(), 1);
+    // Each ledger has its own master key (derived from the writer's secret and its id).
     plant(
         &target2[0],
-        key,
+        meta2.master_key().unwrap(),
         &read(&meta2.fragments[0].bookies[1].0, id2, 3).unwrap(),
     );
     s.lose(&lost2).await;

@@ -91,7 +91,9 @@ pub struct LedgerMetadata {
     pub length_bytes: u64,
     /// Digest of every entry.
     pub digest_type: DigestType,
-    /// The master key, SHA-1("ledger" ‖ password), which a recoverer presents to fence.
+    /// The master key, which a recoverer presents to fence and re-add: SHA-1("ledger" ‖
+    /// secret ‖ ledger id big-endian) from the writer's secret (`ledger_secret_hex` of its
+    /// stream), or SHA-1("ledger" ‖ "quire") in ledgers written before secrets existed.
     pub master_key_hex: String,
     /// Milliseconds since the Unix epoch.
     pub creation_time_ms: u64,
@@ -262,6 +264,55 @@ pub struct StreamMetadata {
     /// Per-stream retention overrides.
     #[serde(default)]
     pub retention: RetentionOverride,
+    /// The secret the master keys of the stream's ledgers are derived from, as hex (32 random
+    /// bytes, made when the stream is created; `quire_ledger::ledger_master_key`). Only the
+    /// owning proxy uses it; it is never sent to clients. `None` in a stream made before
+    /// secrets existed, until the owner starts its next segment (which stores one in the same
+    /// compare-and-set); its older ledgers keep their key in their own metadata, which is what
+    /// recovery uses (docs/format/metadata.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_secret_hex: Option<String>,
+}
+
+impl StreamMetadata {
+    /// The stream's ledger secret, decoded; `None` if it has none yet.
+    ///
+    /// # Errors
+    /// `Invalid` when `ledger_secret_hex` is empty or not an even number of hex digits.
+    pub fn ledger_secret(&self) -> Result<Option<Vec<u8>>, Error> {
+        let Some(h) = &self.ledger_secret_hex else {
+            return Ok(None);
+        };
+        match decode_hex(h) {
+            Some(secret) if !secret.is_empty() => Ok(Some(secret)),
+            _ => Err(Error::Invalid {
+                what: "stream ledger secret",
+                reason: format!(
+                    "{} characters, not a non-empty even number of hex digits",
+                    h.len()
+                ),
+            }),
+        }
+    }
+}
+
+/// Encodes bytes as lower-case hex digits, two per byte.
+pub fn encode_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Decodes hex digits (either case) into bytes; `None` unless `s` is an even number of them.
+pub fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    if !b.len().is_multiple_of(2) {
+        return None;
+    }
+    b.chunks(2)
+        .map(|pair| {
+            let digits = std::str::from_utf8(pair).ok()?;
+            u8::from_str_radix(digits, 16).ok()
+        })
+        .collect()
 }
 
 /// A bookie's cookie (BookKeeper `Cookie`): who the bookie is and which directories hold its
@@ -393,6 +444,28 @@ mod tests {
         assert_eq!(m.truncated_before, None);
         assert_eq!(m.retention, RetentionOverride::default());
         assert_eq!(m.segments[0].completion_time_ms, None);
+    }
+
+    #[test]
+    fn ledger_secret_is_optional_and_checked() {
+        // Goal: a stream record without a secret (made before secrets existed) reads as None
+        // and is written without the field; a secret round-trips; a bad one is `Invalid`.
+        // Method: JSON in and out.
+        let old = r#"{"name":"s","segments":[],"max_txid":null,"creation_time_ms":5}"#;
+        let mut m: StreamMetadata = serde_json::from_str(old).unwrap();
+        assert_eq!(m.ledger_secret().unwrap(), None);
+        assert!(!serde_json::to_string(&m)
+            .unwrap()
+            .contains("ledger_secret_hex"));
+        let secret: Vec<u8> = (0..32).collect();
+        m.ledger_secret_hex = Some(encode_hex(&secret));
+        let back: StreamMetadata =
+            serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back.ledger_secret().unwrap(), Some(secret));
+        for bad in ["", "abc", "zz", "é1"] {
+            m.ledger_secret_hex = Some(bad.into());
+            assert!(m.ledger_secret().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ fn stream(name: &str) -> StreamMetadata {
         creation_time_ms: 1,
         truncated_before: None,
         retention: RetentionOverride::default(),
+        ledger_secret_hex: None,
     }
 }
 

@@ -108,8 +108,6 @@ pub struct StreamConfig {
     pub write_quorum: u8,
     /// Ack quorum Qa (2).
     pub ack_quorum: u8,
-    /// Ledger password; its SHA-1 is the master key.
-    pub password: Vec<u8>,
     /// Entry adds outstanding per stream (across appends) before the stream task stops taking
     /// appends and waits for the oldest (DistributedLog's outstanding-writes bound).
     pub adds_in_flight_max: usize,
@@ -178,7 +176,6 @@ impl Default for StreamConfig {
             ensemble_size: 3,
             write_quorum: 3,
             ack_quorum: 2,
-            password: b"quire".to_vec(),
             adds_in_flight_max: 64,
             tail_cache_bytes_max: 8 * 1024 * 1024,
             lac_advance_delay: Some(Duration::from_millis(200)),
@@ -348,6 +345,10 @@ impl StreamManager {
             creation_time_ms: now_ms(),
             truncated_before: None,
             retention: quire_metadata::RetentionOverride::default(),
+            // The master keys of the stream's ledgers are derived from it (`segment.rs`).
+            ledger_secret_hex: Some(quire_metadata::encode_hex(
+                &quire_ledger::new_ledger_secret(),
+            )),
         };
         self.metadata
             .create_stream(&meta)

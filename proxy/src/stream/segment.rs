@@ -257,13 +257,25 @@ impl Writer {
         custom.insert(super::LEDGER_LABEL_STREAM.to_string(), self.name.clone());
         custom.insert(super::LEDGER_LABEL_SEGMENT.to_string(), seq_no.to_string());
         let c = &self.config;
+        // The ledger's master key comes from the stream's secret; a stream made before
+        // secrets existed gets one, stored by this segment's compare-and-set below (if that
+        // fails, the ledger is an orphan the sweep deletes, as for any failed start).
+        let stored_secret = self
+            .meta
+            .value
+            .ledger_secret()
+            .map_err(|e| self.meta_err("read ledger secret", e))?;
+        let secret = match &stored_secret {
+            Some(s) => s.clone(),
+            None => quire_ledger::new_ledger_secret(),
+        };
         let ledger = self
             .bookkeeper
             .create_ledger(LedgerOptions {
                 ensemble_size: c.ensemble_size,
                 write_quorum: c.write_quorum,
                 ack_quorum: c.ack_quorum,
-                password: c.password.clone(),
+                password: secret.clone(),
                 custom,
             })
             .await
@@ -286,6 +298,9 @@ impl Writer {
             length_bytes: 0,
             completion_time_ms: None,
         });
+        if stored_secret.is_none() {
+            meta.ledger_secret_hex = Some(quire_metadata::encode_hex(&secret));
+        }
         let version = self
             .metadata
             .update_stream(&meta, self.meta.version)
