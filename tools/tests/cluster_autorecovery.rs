@@ -6,6 +6,7 @@
 //! byte-identical.
 
 mod common;
+use common::cluster::runtime;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,24 +28,6 @@ const AUTORECOVERY_FLAGS: &[&str] = &[
 ];
 
 const STREAMS: [&str; 4] = ["ar/s0", "ar/s1", "ar/s2", "ar/s3"];
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn store(cluster: &Cluster) -> ZkStore {
-    ZkStore::connect(
-        &cluster.zookeeper(),
-        &cluster.zk_root,
-        Duration::from_millis(SESSION_TIMEOUT_MS),
-    )
-    .await
-    .unwrap()
-}
 
 fn status(cluster: &Cluster) -> serde_json::Value {
     serde_json::from_str(&cluster.admin_ok(&["autorecovery", "status", "--json"])).unwrap()
@@ -266,12 +249,12 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
     // recovered by autorecovery after the grace period (its writer never meets the dead
     // bookie, so no ensemble change moves it away).
     let idle_ledger = rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let meta = store.read_stream(STREAMS[3]).await.unwrap().value;
         LedgerId(meta.segments.last().unwrap().ledger_id)
     });
     let idle_ensemble = rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let meta = store.read_ledger(idle_ledger).await.unwrap().value;
         assert_eq!(meta.state, LedgerState::Open);
         meta.fragments.last().unwrap().bookies.clone()
@@ -304,7 +287,7 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
     }
     let mut live: HashSet<BookieId> = ids.iter().filter(|b| **b != victim).cloned().collect();
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         // A mark for a ledger deleted meanwhile (no metadata): a worker drops it
         // (`wait_replicated` waits for every mark to go).
         store
@@ -382,13 +365,13 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
         "{new_auditor}"
     );
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         wait_replicated(&store, &dead_auditor, Duration::from_secs(120)).await;
         assert!(check_every_ledger(&store, &live).await > 0);
     });
     rt.block_on(write_all(&client, 3000..3100, &mut acked));
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         check_streams(&proxy.addr, &store, &acked).await;
     });
     proxy.stop();
@@ -438,7 +421,7 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
     rt.block_on(write_all(&client, 0..200, &mut acked));
     // The bookie to retire: one in the ensemble of s0's open segment.
     let retired = rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let meta = store.read_stream(STREAMS[0]).await.unwrap().value;
         let ledger = LedgerId(meta.segments.last().unwrap().ledger_id);
         store.read_ledger(ledger).await.unwrap().value.fragments[0].bookies[0].clone()
@@ -491,7 +474,7 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
     assert!(String::from_utf8_lossy(&again.stderr).contains("no cookie"));
 
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         assert!(matches!(
             store.read_cookie(&retired).await,
             Err(quire_metadata::Error::NotFound { .. })
@@ -586,7 +569,7 @@ fn a_wiped_bookie_that_registers_again_gets_its_replicas_back() {
     rt.block_on(write_all(&client, 0..300, &mut acked));
     // The victim: a bookie of s0's first (closed) segment.
     let victim = rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let meta = store.read_stream(STREAMS[0]).await.unwrap().value;
         let first = LedgerId(meta.segments.first().unwrap().ledger_id);
         let ledger = store.read_ledger(first).await.unwrap().value;
@@ -616,7 +599,7 @@ fn a_wiped_bookie_that_registers_again_gets_its_replicas_back() {
 
     let all: HashSet<BookieId> = ids.iter().cloned().collect();
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         wait_marked_then_cleared(&store, &victim, Duration::from_secs(120)).await;
         assert!(check_every_ledger(&store, &all).await > 0);
     });
@@ -624,7 +607,7 @@ fn a_wiped_bookie_that_registers_again_gets_its_replicas_back() {
     // close as the streams roll, and a later periodic check finds them.
     rt.block_on(write_all(&client, 1000..1100, &mut acked));
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let missing = closed_entries_missing_on(&store, &victim).await;
@@ -669,7 +652,7 @@ fn a_worker_killed_mid_copy_changes_nothing_and_the_next_one_copies_it_all() {
             .collect()
     };
     let (ledger, before) = rt.block_on(async {
-        let store: Arc<dyn MetadataStore> = Arc::new(store(&cluster).await);
+        let store: Arc<dyn MetadataStore> = Arc::new(cluster.zk_store().await);
         let bk =
             quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
         let w = bk
@@ -712,7 +695,7 @@ fn a_worker_killed_mid_copy_changes_nothing_and_the_next_one_copies_it_all() {
         .count();
     eprintln!("the first worker was killed with {copied} of {ENTRIES} entries on the target");
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let now = store.read_ledger(ledger).await.unwrap();
         assert_eq!(now.version, before.version, "metadata unchanged");
         assert_eq!(now.value, before.value);
@@ -726,7 +709,7 @@ fn a_worker_killed_mid_copy_changes_nothing_and_the_next_one_copies_it_all() {
     let daemon = cluster.start_autorecovery(AUTORECOVERY_FLAGS);
     let live: HashSet<BookieId> = ids.iter().filter(|b| **b != victim).cloned().collect();
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         wait_replicated(&store, &victim, Duration::from_secs(120)).await;
         let meta = store.read_ledger(ledger).await.unwrap().value;
         assert_eq!(meta.fragments[0].bookies[0], target);
@@ -780,7 +763,7 @@ fn the_auditors_bookie_killed_while_a_recovery_runs_another_auditor_finishes_it(
     let victim = ids.iter().find(|b| **b != first_auditor).unwrap().clone();
     kill(&mut bookies, &ids, &victim);
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let marks = store.list_under_replicated().await.unwrap();
@@ -820,7 +803,7 @@ fn the_auditors_bookie_killed_while_a_recovery_runs_another_auditor_finishes_it(
         .cloned()
         .collect();
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         wait_replicated(&store, &victim, Duration::from_secs(180)).await;
         wait_replicated(&store, &first_auditor, Duration::from_secs(180)).await;
         assert!(check_every_ledger(&store, &live).await > 0);
@@ -829,7 +812,7 @@ fn the_auditors_bookie_killed_while_a_recovery_runs_another_auditor_finishes_it(
     let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
     rt.block_on(write_all(&client, 1000..1100, &mut acked));
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         check_streams(&proxy.addr, &store, &acked).await;
     });
     proxy.stop();

@@ -3,20 +3,13 @@
 //! real O_DIRECT directories, real signals.
 
 mod common;
+use common::cluster::runtime;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::checker::{check_stream, write_records};
 use common::cluster::{Cluster, SESSION_TIMEOUT_MS};
 use quire_metadata::ZkStore;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))

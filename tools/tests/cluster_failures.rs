@@ -4,31 +4,14 @@
 //! byte-identical replicas).
 
 mod common;
+use common::cluster::runtime;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::checker::{check_stream, write_records, Acked};
-use common::cluster::{Cluster, SESSION_TIMEOUT_MS};
-use quire_metadata::{BookieId, MetadataStore, ZkStore};
+use common::cluster::Cluster;
+use quire_metadata::{BookieId, MetadataStore};
 use quire_proxy::{ClientConfig, ProxyClient};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn store(cluster: &Cluster) -> ZkStore {
-    ZkStore::connect(
-        &cluster.zookeeper(),
-        &cluster.zk_root,
-        Duration::from_millis(SESSION_TIMEOUT_MS),
-    )
-    .await
-    .unwrap()
-}
 
 /// A client that reports redirects instead of following them.
 async fn no_redirects(addr: &str) -> Arc<ProxyClient> {
@@ -86,7 +69,7 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
     let killed = BookieId(format!("127.0.0.1:{}", ports[1]));
     let new = BookieId(format!("127.0.0.1:{}", ports[3]));
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let meta = store.read_stream("bk/kill").await.unwrap().value;
         let ledger = store
             .read_ledger(quire_wire::LedgerId(meta.segments[0].ledger_id))
@@ -227,7 +210,7 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
         .contains("ZooKeeper session expired"));
 
     rt.block_on(async {
-        let store = store(&cluster).await;
+        let store = cluster.zk_store().await;
         let report = check_stream(&other.addr, &store, "race", &acked, &[]).await;
         assert_eq!(
             report.records.len(),

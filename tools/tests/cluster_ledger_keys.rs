@@ -15,14 +15,15 @@
 //! `common::wire::Wire`.
 
 mod common;
+use common::cluster::runtime;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::checker::{read_all, write_records};
-use common::cluster::{Cluster, Proc, SESSION_TIMEOUT_MS};
+use common::cluster::{Cluster, Proc};
 use common::wire::{Answer, Wire};
-use quire_metadata::{MetadataStore, ZkStore};
+use quire_metadata::MetadataStore;
 use quire_wire::bookie::{Request, Status};
 use quire_wire::entry::{encode_entry, verify_entry};
 use quire_wire::{LedgerId, MasterKey};
@@ -43,24 +44,6 @@ fn cluster_with_proxy(proxy_flags: &[&str]) -> (Cluster, Vec<(Proc, String)>, Pr
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let proxy = cluster.start_proxy_e3(proxy_flags);
     (cluster, bookies, proxy)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn store(cluster: &Cluster) -> ZkStore {
-    ZkStore::connect(
-        &cluster.zookeeper(),
-        &cluster.zk_root,
-        Duration::from_millis(SESSION_TIMEOUT_MS),
-    )
-    .await
-    .unwrap()
 }
 
 fn add(w: &mut Wire, key: MasterKey, entry: &[u8], recovery: bool) -> Answer {
@@ -86,7 +69,7 @@ fn a_stranger_cannot_forge_an_acknowledged_entry() {
     assert!(err.is_none(), "{err:?}");
     drop(client);
 
-    let zk = rt.block_on(store(&cluster));
+    let zk = rt.block_on(cluster.zk_store());
     let stream = rt.block_on(zk.read_stream("keys/s")).unwrap().value;
     let secret = stream
         .ledger_secret()
@@ -155,7 +138,7 @@ fn pre_fenced_ledger_ids_do_not_stall_new_segments() {
     let (cluster, bookies, proxy) =
         cluster_with_proxy(&["--segment-size-bytes", "2048", "--entry-size-bytes", "512"]);
     let rt = runtime();
-    let zk = rt.block_on(store(&cluster));
+    let zk = rt.block_on(cluster.zk_store());
     // Ledger ids are handed out in order: the next ones are above this one.
     let first = rt.block_on(zk.allocate_ledger_id()).unwrap().0;
     let fenced_ids = first + 1..=first + 30;

@@ -15,33 +15,18 @@
 //! and compares replicas on the live bookies.
 
 mod common;
+use common::cluster::runtime;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::checker::{check_stream, write_records};
-use common::cluster::{Cluster, SESSION_TIMEOUT_MS};
+use common::cluster::Cluster;
 use quire_metadata::{BookieId, LedgerState, MetadataStore, SegmentState, ZkStore};
 use quire_proxy::{ErrorCode, ProxyClient};
 use quire_wire::LedgerId;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 async fn store(cluster: &Cluster) -> Arc<ZkStore> {
-    Arc::new(
-        ZkStore::connect(
-            &cluster.zookeeper(),
-            &cluster.zk_root,
-            Duration::from_millis(SESSION_TIMEOUT_MS),
-        )
-        .await
-        .unwrap(),
-    )
+    Arc::new(cluster.zk_store().await)
 }
 
 const STREAM: &str = "rr/one-down";

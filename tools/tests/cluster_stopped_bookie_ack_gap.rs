@@ -20,8 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::checker::{check_stream, Acked};
-use common::cluster::{Cluster, SESSION_TIMEOUT_MS};
-use quire_metadata::ZkStore;
+use common::cluster::{runtime, Cluster};
 use quire_proxy::{ProxyClient, ReadPosition};
 
 const STREAM: &str = "stop/one";
@@ -45,11 +44,7 @@ fn a_stopped_bookie_costs_at_most_one_add_timeout() {
         .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let proxy = cluster.start_proxy_e3(&[]);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let acks: Arc<Mutex<Vec<(Instant, Acked)>>> = Arc::default();
@@ -148,13 +143,7 @@ fn a_stopped_bookie_costs_at_most_one_add_timeout() {
     // the stopped bookie's included.
     proxy.stop();
     rt.block_on(async {
-        let store = ZkStore::connect(
-            &cluster.zookeeper(),
-            &cluster.zk_root,
-            Duration::from_millis(SESSION_TIMEOUT_MS),
-        )
-        .await
-        .unwrap();
+        let store = cluster.zk_store().await;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let marks = store.list_under_replicated().await.unwrap();
@@ -170,13 +159,7 @@ fn a_stopped_bookie_costs_at_most_one_add_timeout() {
     });
     let reader_proxy = cluster.start_proxy_e3(&[]);
     rt.block_on(async {
-        let store = ZkStore::connect(
-            &cluster.zookeeper(),
-            &cluster.zk_root,
-            Duration::from_millis(SESSION_TIMEOUT_MS),
-        )
-        .await
-        .unwrap();
+        let store = cluster.zk_store().await;
         check_stream(&reader_proxy.addr, &store, STREAM, &acked, &[]).await;
     });
     reader_proxy.stop();

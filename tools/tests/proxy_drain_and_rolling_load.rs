@@ -10,6 +10,7 @@
 //! sequence.
 
 mod common;
+use common::cluster::runtime;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,14 +21,6 @@ use common::checker::{check_stream, Acked};
 use common::cluster::{Cluster, SESSION_TIMEOUT_MS};
 use quire_metadata::ZkStore;
 use quire_proxy::{Dlsn, ErrorCode, ProxyClient, ReadPosition};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Loghub lines to write, cycled: every sample file, split at LF, empty lines left out.
 fn loghub_lines() -> Vec<Vec<u8>> {

@@ -535,6 +535,10 @@ impl WriterShared {
                 // what it holds, but this ledger's writes must go elsewhere: it is replaced like
                 // a failed bookie (ensemble change) and quarantined for new placements.
                 tracing::info!(ledger = self.id.0, entry, bookie = %st.ensemble[pos].bookie, "bookie is read-only; replacing it for writes");
+                if st.lac.is_some_and(|l| entry <= l.0) {
+                    // Confirmed without this bookie: no ensemble change re-sends it.
+                    self.report_missing(&mut st, pos);
+                }
                 let lost = matches!(st.tracker.fail(entry, pos), Progress::QuorumLost(_));
                 self.on_bookie_failure(&mut st, pos, lost);
             }

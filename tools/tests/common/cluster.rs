@@ -14,6 +14,16 @@ use super::{quire_bin, temp_dir};
 /// server allows (2 × tickTime), so that session expiry scenarios stay short.
 pub const SESSION_TIMEOUT_MS: u64 = 4000;
 
+/// The tokio runtime the cluster tests' clients run on (two workers).
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A ZooKeeper server plus a data directory and a root path for one cluster.
 pub struct Cluster {
     pub zk: quire_testkit::ZooKeeperServer,
@@ -22,6 +32,18 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A metadata-store session on this cluster's ZooKeeper and root (call inside a runtime).
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub async fn zk_store(&self) -> quire_metadata::ZkStore {
+        quire_metadata::ZkStore::connect(
+            &self.zookeeper(),
+            &self.zk_root,
+            Duration::from_millis(SESSION_TIMEOUT_MS),
+        )
+        .await
+        .unwrap()
+    }
+
     /// Starts ZooKeeper; no bookie or proxy yet.
     pub fn start() -> Cluster {
         Cluster {
