@@ -243,10 +243,48 @@ pub fn four_letter_word(port: u16, cmd: &str) -> std::io::Result<String> {
     Ok(out)
 }
 
-/// A port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+/// A port on 127.0.0.1 that is free now and that this process has not handed out before.
+///
+/// Ports come from below the kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`,
+/// 32768–60999 by default), never from port 0: a port the kernel picked for a listener is one it
+/// may give, after the listener closes, to any outgoing connection (a ZooKeeper client, a bookie
+/// connecting to another) before the process meant to listen on it starts, and that process then
+/// fails with `EADDRINUSE`. Below the range only explicit binds take ports. A process-wide counter,
+/// started at an offset derived from the pid, keeps tests of one binary (and, mostly, of
+/// concurrent binaries) apart; each candidate is checked by binding it.
+///
+/// # Panics
+/// When no port of the window can be bound.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let (lo, hi) = explicit_port_window();
+    let len = u32::from(hi - lo);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % len,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..len {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed) % len;
+        let port = lo + u16::try_from(i).expect("window below 65536");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 127.0.0.1:{lo}..{hi}");
+}
+
+/// The ports [`free_port`] hands out: 10000 up to the start of the ephemeral range, or from its
+/// end up to 65535 when the range starts too low to leave room below it.
+fn explicit_port_window() -> (u16, u16) {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut it = range.split_whitespace().filter_map(|s| s.parse::<u16>().ok());
+    let (first, last) = (it.next().unwrap_or(32768), it.next().unwrap_or(60999));
+    if first >= 12_000 {
+        (10_000, first)
+    } else {
+        (last.saturating_add(1).max(1025), 65_535)
+    }
 }
