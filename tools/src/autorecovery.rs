@@ -694,6 +694,9 @@ pub struct AutorecoverySettings {
     /// ZooKeeper session timeout in milliseconds (default 10000).
     #[arg(long)]
     pub zk_session_timeout_ms: Option<u64>,
+    /// File holding the ZooKeeper digest identity `user:password` (see `quire bookie`).
+    #[arg(long)]
+    pub zk_auth_file: Option<std::path::PathBuf>,
     /// This daemon's identity in the auditor election and on worker locks (default
     /// `autorecovery-<pid>@<hostname>`).
     #[arg(long)]
@@ -746,6 +749,7 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
         zookeeper: s.zookeeper.or(file.zookeeper),
         zk_root: s.zk_root.or(file.zk_root),
         zk_session_timeout_ms: s.zk_session_timeout_ms.or(file.zk_session_timeout_ms),
+        zk_auth_file: s.zk_auth_file.or(file.zk_auth_file),
     }
     .resolve()?;
     let options = AutorecoveryOptions::resolve(

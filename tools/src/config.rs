@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use quire_metadata::{MetadataStore, ZkStore};
+use quire_metadata::{MetadataStore, ZkDigest, ZkStore};
 use serde::Deserialize;
 
 /// ZooKeeper session timeout used when none is configured, in milliseconds (BookKeeper's
@@ -37,6 +37,9 @@ pub struct MetadataAddress {
     /// ZooKeeper session timeout: after this long without the server hearing from the
     /// process, its ephemeral nodes (bookie registration, stream leases) are deleted.
     pub session_timeout: Duration,
+    /// The digest identity of the session, read from `zk_auth_file`; with one, every znode the
+    /// process creates is readable and writable by that identity only.
+    pub digest: Option<ZkDigest>,
 }
 
 impl MetadataAddress {
@@ -44,6 +47,7 @@ impl MetadataAddress {
         zookeeper: Option<String>,
         zk_root: Option<String>,
         session_timeout_ms: Option<u64>,
+        zk_auth_file: Option<PathBuf>,
     ) -> Result<Self> {
         let zookeeper = zookeeper
             .filter(|s| !s.trim().is_empty())
@@ -69,10 +73,21 @@ impl MetadataAddress {
         if !(1_000..=600_000).contains(&ms) {
             bail!("invalid setting zk_session_timeout_ms = {ms}: expected 1000 to 600000");
         }
+        let digest = match zk_auth_file {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read zk_auth_file {}", path.display()))?;
+                let digest = ZkDigest::parse(&text)
+                    .map_err(|e| anyhow!("invalid zk_auth_file {}: {e}", path.display()))?;
+                Some(digest)
+            }
+        };
         Ok(Self {
             zookeeper,
             zk_root,
             session_timeout: Duration::from_millis(ms),
+            digest,
         })
     }
 
@@ -83,14 +98,19 @@ impl MetadataAddress {
     /// The store's error when ZooKeeper cannot be reached within about the session timeout,
     /// or its layout under the root is unreadable or of another version.
     pub async fn connect_zk(&self) -> Result<Arc<ZkStore>> {
-        let store = ZkStore::connect(&self.zookeeper, &self.zk_root, self.session_timeout)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot connect to ZooKeeper at {} (root {})",
-                    self.zookeeper, self.zk_root
-                )
-            })?;
+        let store = ZkStore::connect_with_auth(
+            &self.zookeeper,
+            &self.zk_root,
+            self.session_timeout,
+            self.digest.as_ref(),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "cannot connect to ZooKeeper at {} (root {})",
+                self.zookeeper, self.zk_root
+            )
+        })?;
         Ok(Arc::new(store))
     }
 
@@ -144,6 +164,10 @@ pub struct MetadataArgs {
     /// ZooKeeper session timeout, in milliseconds.
     #[arg(long, global = true)]
     pub zk_session_timeout_ms: Option<u64>,
+    /// File holding the ZooKeeper digest identity `user:password` of a cluster whose znodes
+    /// carry ACLs.
+    #[arg(long, env = "QUIRE_ZK_AUTH_FILE", global = true)]
+    pub zk_auth_file: Option<PathBuf>,
 }
 
 impl MetadataArgs {
@@ -156,6 +180,7 @@ impl MetadataArgs {
             self.zookeeper.clone(),
             self.zk_root.clone(),
             self.zk_session_timeout_ms,
+            self.zk_auth_file.clone(),
         )
     }
 }
@@ -174,6 +199,11 @@ pub struct BookieSettings {
     /// ZooKeeper session timeout in milliseconds (default 10000).
     #[arg(long)]
     pub zk_session_timeout_ms: Option<u64>,
+    /// File holding the ZooKeeper digest identity `user:password`: the session authenticates
+    /// with it and every znode it creates gets the ACL of that identity only (default: none,
+    /// znodes open to anyone).
+    #[arg(long)]
+    pub zk_auth_file: Option<PathBuf>,
     /// Journal directory (one subdirectory per shard).
     #[arg(long)]
     pub journal_dir: Option<PathBuf>,
@@ -509,6 +539,7 @@ impl BookieSettings {
             zookeeper,
             zk_root,
             zk_session_timeout_ms,
+            zk_auth_file,
             journal_dir,
             ledger_dir,
             listen,
@@ -548,8 +579,12 @@ impl BookieSettings {
     /// # Errors
     /// One line naming the first missing or invalid setting.
     pub fn resolve(self) -> Result<BookieOptions> {
-        let metadata =
-            MetadataAddress::resolve(self.zookeeper, self.zk_root, self.zk_session_timeout_ms)?;
+        let metadata = MetadataAddress::resolve(
+            self.zookeeper,
+            self.zk_root,
+            self.zk_session_timeout_ms,
+            self.zk_auth_file,
+        )?;
         let journal_dir = self
             .journal_dir
             .ok_or_else(|| missing("journal_dir", "--journal-dir"))?;
@@ -673,6 +708,11 @@ pub struct ProxySettings {
     /// ZooKeeper session timeout in milliseconds (default 10000).
     #[arg(long)]
     pub zk_session_timeout_ms: Option<u64>,
+    /// File holding the ZooKeeper digest identity `user:password`: the session authenticates
+    /// with it and every znode it creates gets the ACL of that identity only (default: none,
+    /// znodes open to anyone).
+    #[arg(long)]
+    pub zk_auth_file: Option<PathBuf>,
     /// Address to listen on, with a fixed port.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
@@ -775,6 +815,7 @@ impl ProxySettings {
             zookeeper,
             zk_root,
             zk_session_timeout_ms,
+            zk_auth_file,
             listen,
             advertised,
             ensemble_size,
@@ -797,8 +838,12 @@ impl ProxySettings {
     /// # Errors
     /// One line naming the first missing or invalid setting.
     pub fn resolve(self) -> Result<ProxyOptions> {
-        let metadata =
-            MetadataAddress::resolve(self.zookeeper, self.zk_root, self.zk_session_timeout_ms)?;
+        let metadata = MetadataAddress::resolve(
+            self.zookeeper,
+            self.zk_root,
+            self.zk_session_timeout_ms,
+            self.zk_auth_file,
+        )?;
         let listen = self.listen.ok_or_else(|| missing("listen", "--listen"))?;
         let advertised = check_listen_and_advertised(listen, self.advertised)?;
         let mut streams = quire_proxy::StreamConfig::default();

@@ -22,7 +22,7 @@ mod zookeeper;
 pub use embedded::{EmbeddedStore, EMBEDDED_FILE_NAME};
 pub use types::*;
 pub use zookeeper::{
-    decode_stream_name, encode_stream_name, AuditorCandidate, AutorecoveryState, ZkStore,
+    decode_stream_name, encode_stream_name, AuditorCandidate, AutorecoveryState, ZkDigest, ZkStore,
     ZK_LAYOUT_VERSION,
 };
 

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
 
-use super::records::{from_json, persistent, to_json, zk_err};
+use super::records::{from_json, to_json, zk_err};
 use super::ZkStore;
 use crate::embedded::random_instance_id;
 use crate::{Error, Result};
@@ -27,11 +27,11 @@ impl ZkStore {
         let c = &self.inner.client;
         let root = &self.inner.root;
         if let Some(parent) = root.rfind('/').filter(|&i| i > 0).map(|i| &root[..i]) {
-            c.mkdir(parent, &persistent())
+            c.mkdir(parent, &self.persistent())
                 .await
                 .map_err(|e| zk_err("mkdir", parent, e))?;
         }
-        match c.create(root, b"", &persistent()).await {
+        match c.create(root, b"", &self.persistent()).await {
             Ok(_) | Err(zk::Error::NodeExists) => {}
             Err(e) => return Err(zk_err("create", root, e)),
         }
@@ -52,7 +52,7 @@ impl ZkStore {
             let add = |multi: &mut zk::MultiWriter<'_>, rel: &str, data: &[u8]| {
                 let p = self.path(rel);
                 multi
-                    .add_create(&p, data, &persistent())
+                    .add_create(&p, data, &self.persistent())
                     .map_err(|e| zk_err("create", &p, e))
             };
             add(&mut multi, "LAYOUT", &layout)?;
@@ -116,7 +116,7 @@ pub(super) async fn instance_id(store: &ZkStore) -> Result<String> {
             Err(e) => return Err(zk_err("get", &p, e)),
         }
         let id = random_instance_id();
-        match c.create(&p, id.as_bytes(), &persistent()).await {
+        match c.create(&p, id.as_bytes(), &store.persistent()).await {
             Ok(_) => return Ok(id),
             Err(zk::Error::NodeExists) => continue,
             Err(e) => return Err(zk_err("create", &p, e)),

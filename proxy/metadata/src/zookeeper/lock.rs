@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use super::records::{persistent, zk_err};
+use super::records::zk_err;
 use super::{Inner, ZkStore};
 use crate::{validate_stream_name, Error, Result, StreamLease};
 
@@ -30,10 +30,6 @@ pub(super) fn mark_all_lost(flags: &LeaseFlags) {
     for flag in flags.iter().filter_map(Weak::upgrade) {
         flag.send_replace(true);
     }
-}
-
-fn ephemeral_sequential() -> zk::CreateOptions<'static> {
-    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
 }
 
 impl ZkStore {
@@ -133,12 +129,12 @@ pub(super) async fn try_acquire_stream(
     let prefix = format!("{dir}/{LOCK_CHILD_PREFIX}");
     for _ in 0..LOCK_ATTEMPTS_MAX {
         let seq = match c
-            .create(&prefix, owner.as_bytes(), &ephemeral_sequential())
+            .create(&prefix, owner.as_bytes(), &store.ephemeral_sequential())
             .await
         {
             Ok((_, seq)) => seq,
             Err(zk::Error::NoNode) => {
-                match c.create(&dir, b"", &persistent()).await {
+                match c.create(&dir, b"", &store.persistent()).await {
                     Ok(_) | Err(zk::Error::NodeExists) => {}
                     Err(e) => return Err(zk_err("create", &dir, e)),
                 }

@@ -59,6 +59,9 @@ struct Inner {
     client: zk::Client,
     root: String,
     session_lost: watch::Receiver<bool>,
+    /// The ACL of every node this store creates: `creator_all` with digest authentication,
+    /// `anyone_all` without.
+    acls: zk::Acls<'static>,
     /// Lost-flags of the leases this session holds, flipped by the session watcher *before*
     /// `session_lost`, so that anyone who sees the session lost also sees its leases lost.
     leases: LeaseFlags,
@@ -103,6 +106,25 @@ impl ZkStore {
         root: &str,
         session_timeout: Duration,
     ) -> Result<ZkStore> {
+        Self::connect_with_auth(connect_string, root, session_timeout, None).await
+    }
+
+    /// [`ZkStore::connect`], authenticated with `digest` when given (BookKeeper's
+    /// `zkEnableSecurity`): the session adds the digest identity, and every node it creates
+    /// carries the ACL `auth::cdrwa` (ZooKeeper's CREATOR_ALL_ACL), so that only sessions with
+    /// the same identity can read, change or delete it (the ledger secrets of stream records
+    /// included). Nodes created before, without an identity, keep `world:anyone:cdrwa`.
+    ///
+    /// # Errors
+    /// As [`ZkStore::connect`]; a session whose identity lacks a right on an existing node fails
+    /// that request with `ZooKeeper` (source `NoAuth`), e.g. opening a root created by another
+    /// identity.
+    pub async fn connect_with_auth(
+        connect_string: &str,
+        root: &str,
+        session_timeout: Duration,
+        digest: Option<&ZkDigest>,
+    ) -> Result<ZkStore> {
         if !root.starts_with('/') || root.len() < 2 || root.ends_with('/') || root.contains("//") {
             return Err(Error::Invalid {
                 what: "ZooKeeper root path",
@@ -111,8 +133,13 @@ impl ZkStore {
                 ),
             });
         }
-        let client = zk::Client::connector()
-            .with_session_timeout(session_timeout)
+        let mut connector = zk::Client::connector().with_session_timeout(session_timeout);
+        let mut acls = zk::Acls::anyone_all();
+        if let Some(d) = digest {
+            connector = connector.with_auth("digest", d.credentials().as_bytes());
+            acls = zk::Acls::creator_all();
+        }
+        let client = connector
             .connect(connect_string)
             .await
             .map_err(|e| zk_err("connect", connect_string, e))?;
@@ -143,6 +170,7 @@ impl ZkStore {
                 client,
                 root: root.to_string(),
                 session_lost: lost_rx,
+                acls,
                 leases,
             }),
         };
@@ -168,6 +196,71 @@ impl ZkStore {
     /// The root path of the layout.
     pub fn root(&self) -> &str {
         &self.inner.root
+    }
+
+    fn persistent(&self) -> zk::CreateOptions<'static> {
+        zk::CreateMode::Persistent.with_acls(self.inner.acls)
+    }
+
+    fn ephemeral(&self) -> zk::CreateOptions<'static> {
+        zk::CreateMode::Ephemeral.with_acls(self.inner.acls)
+    }
+
+    fn ephemeral_sequential(&self) -> zk::CreateOptions<'static> {
+        zk::CreateMode::EphemeralSequential.with_acls(self.inner.acls)
+    }
+}
+
+/// A ZooKeeper digest identity, `user:password` (ZooKeeper's `digest` scheme; BookKeeper's
+/// `zkEnableSecurity` with a JAAS digest login). The password is never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ZkDigest {
+    user: String,
+    password: String,
+}
+
+impl ZkDigest {
+    /// Parses `user:password`: the user ends at the first `:`, the password may hold more
+    /// (surrounding whitespace, e.g. a file's final newline, is ignored).
+    ///
+    /// # Errors
+    /// `Invalid` when there is no `:`, or the user or the password is empty.
+    pub fn parse(text: &str) -> Result<ZkDigest> {
+        let invalid = |reason: &str| Error::Invalid {
+            what: "ZooKeeper digest",
+            reason: reason.to_string(),
+        };
+        let (user, password) = text
+            .trim()
+            .split_once(':')
+            .ok_or_else(|| invalid("expected user:password"))?;
+        if user.is_empty() || password.is_empty() {
+            return Err(invalid(
+                "expected a non-empty user and password as user:password",
+            ));
+        }
+        Ok(ZkDigest {
+            user: user.to_string(),
+            password: password.to_string(),
+        })
+    }
+
+    /// The user name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    fn credentials(&self) -> String {
+        format!("{}:{}", self.user, self.password)
+    }
+}
+
+impl std::fmt::Debug for ZkDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkDigest")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
     }
 }
 
@@ -277,5 +370,23 @@ impl MetadataStore for ZkStore {
 
     async fn release_stream(&self, lease: StreamLease) -> Result<()> {
         lock::release_stream(self, lease).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ZkDigest;
+
+    #[test]
+    fn digest_parses_user_and_password_and_never_prints_the_password() {
+        let d = ZkDigest::parse("quire:pa:ss\n").unwrap();
+        assert_eq!(
+            (d.user(), d.credentials().as_str()),
+            ("quire", "quire:pa:ss")
+        );
+        assert!(!format!("{d:?}").contains("pa:ss"));
+        for bad in ["", "quire", "quire:", ":secret", "  \n"] {
+            assert!(ZkDigest::parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

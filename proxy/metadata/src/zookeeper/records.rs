@@ -25,10 +25,6 @@ pub(super) fn zk_err(op: &'static str, path: &str, source: zk::Error) -> Error {
     }
 }
 
-pub(super) fn persistent() -> zk::CreateOptions<'static> {
-    zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())
-}
-
 pub(super) fn to_json<T: Serialize>(what: &str, value: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(value).map_err(|e| Error::Invalid {
         what: "record",
@@ -77,7 +73,12 @@ impl ZkStore {
         path: &str,
         data: &[u8],
     ) -> Result<Version> {
-        match self.inner.client.create(path, data, &persistent()).await {
+        match self
+            .inner
+            .client
+            .create(path, data, &self.persistent())
+            .await
+        {
             Ok((stat, _)) => Ok(version_of(&stat)),
             Err(zk::Error::NodeExists) => Err(Error::AlreadyExists {
                 kind,
@@ -187,7 +188,12 @@ pub(super) async fn create_ledger(
                 ..
             }) => {
                 let bucket = &p[..p.rfind('/').unwrap_or(p.len())];
-                match store.inner.client.create(bucket, b"", &persistent()).await {
+                match store
+                    .inner
+                    .client
+                    .create(bucket, b"", &store.persistent())
+                    .await
+                {
                     Ok(_) | Err(zk::Error::NodeExists) => {}
                     Err(e) => return Err(zk_err("create", bucket, e)),
                 }

@@ -12,10 +12,6 @@ use super::records::{from_json, to_json, zk_err};
 use super::ZkStore;
 use crate::{BookieId, BookieInfo, BookieRegistration, Error, Result};
 
-fn ephemeral() -> zk::CreateOptions<'static> {
-    zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all())
-}
-
 impl ZkStore {
     fn my_session(&self) -> i64 {
         self.inner.client.session_id().0
@@ -66,7 +62,7 @@ pub(super) async fn register_bookie(store: &ZkStore, info: BookieInfo) -> Result
     let data = to_json("bookie info", &info)?;
     let deadline = tokio::time::Instant::now() + c.session_timeout() + Duration::from_secs(1);
     loop {
-        match c.create(&mine, &data, &ephemeral()).await {
+        match c.create(&mine, &data, &store.ephemeral()).await {
             Ok(_) => break,
             Err(zk::Error::NodeExists) => {}
             Err(e) => return Err(zk_err("create", &mine, e)),

@@ -18,7 +18,7 @@ use quire_wire::LedgerId;
 use zookeeper_client as zk;
 
 use super::paths::{ledger_bucket_and_leaf, ledger_id_of, validate_bookie_id};
-use super::records::{from_json, persistent, to_json, zk_err};
+use super::records::{from_json, to_json, zk_err};
 use super::ZkStore;
 use crate::{BookieId, Error, ReplicationLock, Result, UnderReplication, Version, Versioned};
 
@@ -26,14 +26,6 @@ use crate::{BookieId, Error, ReplicationLock, Result, UnderReplication, Version,
 const ELECTION_PREFIX: &str = "V_";
 /// How often a mark update starts over after losing a race.
 const MARK_ATTEMPTS_MAX: usize = 16;
-
-fn ephemeral() -> zk::CreateOptions<'static> {
-    zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all())
-}
-
-fn ephemeral_sequential() -> zk::CreateOptions<'static> {
-    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
-}
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -73,7 +65,7 @@ impl ZkStore {
     async fn ensure_dir(&self, path: &str) -> Result<()> {
         self.inner
             .client
-            .mkdir(path, &persistent())
+            .mkdir(path, &self.persistent())
             .await
             .map_err(|e| zk_err("mkdir", path, e))
     }
@@ -143,7 +135,7 @@ impl ZkStore {
                     };
                     add(&mut mark);
                     let data = to_json("under-replication mark", &mark)?;
-                    match c.create(&p, &data, &persistent()).await {
+                    match c.create(&p, &data, &self.persistent()).await {
                         Ok(_) => return Ok(()),
                         Err(zk::Error::NodeExists) => continue,
                         Err(zk::Error::NoNode) => {
@@ -254,7 +246,7 @@ impl ZkStore {
         let c = &self.inner.client;
         let p = self.replication_lock_path(ledger);
         for _ in 0..2 {
-            match c.create(&p, owner.as_bytes(), &ephemeral()).await {
+            match c.create(&p, owner.as_bytes(), &self.ephemeral()).await {
                 Ok(_) => {
                     return Ok(Some(ReplicationLock { ledger, token: p }));
                 }
@@ -299,7 +291,12 @@ impl ZkStore {
         let p = self.decommission_path(bookie)?;
         let data = to_json("decommission start", &now_ms())?;
         for _ in 0..2 {
-            match self.inner.client.create(&p, &data, &persistent()).await {
+            match self
+                .inner
+                .client
+                .create(&p, &data, &self.persistent())
+                .await
+            {
                 Ok(_) => return Ok(true),
                 Err(zk::Error::NodeExists) => return Ok(false),
                 Err(zk::Error::NoNode) => {
@@ -367,7 +364,7 @@ impl ZkStore {
         let prefix = format!("{dir}/{ELECTION_PREFIX}");
         for _ in 0..2 {
             match c
-                .create(&prefix, name.as_bytes(), &ephemeral_sequential())
+                .create(&prefix, name.as_bytes(), &self.ephemeral_sequential())
                 .await
             {
                 Ok((_, seq)) => {
