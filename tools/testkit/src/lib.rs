@@ -279,8 +279,11 @@ pub fn free_port() -> u16 {
 /// The ports [`free_port`] hands out: 10000 up to the start of the ephemeral range, or from its
 /// end up to 65535 when the range starts too low to leave room below it.
 fn explicit_port_window() -> (u16, u16) {
-    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-    let mut it = range.split_whitespace().filter_map(|s| s.parse::<u16>().ok());
+    let range =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut it = range
+        .split_whitespace()
+        .filter_map(|s| s.parse::<u16>().ok());
     let (first, last) = (it.next().unwrap_or(32768), it.next().unwrap_or(60999));
     if first >= 12_000 {
         (10_000, first)
