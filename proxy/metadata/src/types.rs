@@ -71,7 +71,8 @@ pub struct Fragment {
 }
 
 /// Ledger metadata (BookKeeper `LedgerMetadata`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `Debug` prints `master_key_hex` as `<redacted>`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerMetadata {
     /// Metadata layout version of this record.
     pub format_version: u32,
@@ -99,6 +100,25 @@ pub struct LedgerMetadata {
     pub creation_time_ms: u64,
     /// Free-form labels (e.g. the stream a segment belongs to).
     pub custom: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for LedgerMetadata {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerMetadata")
+            .field("format_version", &self.format_version)
+            .field("ensemble_size", &self.ensemble_size)
+            .field("write_quorum", &self.write_quorum)
+            .field("ack_quorum", &self.ack_quorum)
+            .field("state", &self.state)
+            .field("fragments", &self.fragments)
+            .field("last_entry", &self.last_entry)
+            .field("length_bytes", &self.length_bytes)
+            .field("digest_type", &self.digest_type)
+            .field("master_key_hex", &"<redacted>")
+            .field("creation_time_ms", &self.creation_time_ms)
+            .field("custom", &self.custom)
+            .finish()
+    }
 }
 
 /// Current ledger metadata layout version.
@@ -247,7 +267,8 @@ pub struct RetentionOverride {
 }
 
 /// Stream metadata (DistributedLog log znode with its `ledgers` and `maxtxid` children).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `Debug` prints `ledger_secret_hex` as `<redacted>`: records end up in logs and panics.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamMetadata {
     /// Stream name.
     pub name: String,
@@ -272,6 +293,23 @@ pub struct StreamMetadata {
     /// recovery uses (docs/format/metadata.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger_secret_hex: Option<String>,
+}
+
+impl std::fmt::Debug for StreamMetadata {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamMetadata")
+            .field("name", &self.name)
+            .field("segments", &self.segments)
+            .field("max_txid", &self.max_txid)
+            .field("creation_time_ms", &self.creation_time_ms)
+            .field("truncated_before", &self.truncated_before)
+            .field("retention", &self.retention)
+            .field(
+                "ledger_secret_hex",
+                &self.ledger_secret_hex.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 impl StreamMetadata {
@@ -466,6 +504,27 @@ mod tests {
             m.ledger_secret_hex = Some(bad.into());
             assert!(m.ledger_secret().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn debug_output_never_holds_a_secret_or_a_master_key() {
+        let mut s: StreamMetadata = serde_json::from_str(
+            r#"{"name":"s","segments":[],"max_txid":null,"creation_time_ms":5}"#,
+        )
+        .unwrap();
+        s.ledger_secret_hex = Some("c0ffee".repeat(8));
+        let text = format!("{s:?}");
+        assert!(
+            !text.contains("c0ffee") && text.contains("<redacted>"),
+            "{text}"
+        );
+        let mut l = sample();
+        l.master_key_hex = master_key_hex(&MasterKey([0xab; 20]));
+        let text = format!("{l:?}");
+        assert!(
+            !text.contains("abab") && text.contains("<redacted>"),
+            "{text}"
+        );
     }
 
     #[test]
