@@ -3,7 +3,10 @@
 //! (BookKeeper's `verifyMetadataOnGC`: every candidate is re-read on its own). Only a
 //! definite "no such ledger" counts as deleted: a read that fails, times out, or comes from a
 //! store that failed earlier in the same answer leaves the ledger out, so a metadata outage
-//! can never delete data.
+//! can never delete data. Nor does an id at or above the ledger id counter: it was never
+//! allocated, so its state on a bookie can only come from a fence by someone who is not a
+//! writer (fence-only keys, docs/protocol.md), and tombstoning it would make the bookie refuse
+//! the real ledger that gets the id later.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -56,8 +59,20 @@ pub async fn answer_deleted_ledgers(
 /// The candidates of `q` whose metadata read answered "not found", and whether every read
 /// got an answer.
 async fn deleted_among(store: &dyn MetadataStore, q: &DeletedLedgersQuery) -> (Vec<u64>, bool) {
+    // Read before the candidates: an id at or above it is not yet allocated at this moment.
+    let next_id = match tokio::time::timeout(READ_TIMEOUT, store.next_ledger_id()).await {
+        Ok(Ok(id)) => id.0,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "GC: ledger id counter read failed; no ledger deleted this run");
+            return (Vec::new(), false);
+        }
+        Err(_) => {
+            tracing::warn!("GC: ledger id counter read timed out; no ledger deleted this run");
+            return (Vec::new(), false);
+        }
+    };
     let mut deleted = Vec::new();
-    for &id in &q.candidates {
+    for &id in q.candidates.iter().filter(|&&id| id < next_id) {
         match tokio::time::timeout(READ_TIMEOUT, store.read_ledger(quire_wire::LedgerId(id))).await
         {
             Ok(Ok(_)) => {}
@@ -89,9 +104,10 @@ mod tests {
 
     #[test]
     fn only_ledgers_whose_metadata_is_gone_are_answered_deleted() {
-        // Goal: the answer names exactly the candidates with no metadata. Method: an embedded
-        // store with one ledger created and the next id allocated but never created; ask about
-        // both through the bookie's channel.
+        // Goal: the answer names exactly the allocated candidates with no metadata, never an id
+        // the counter has not reached. Method: an embedded store with one ledger created and
+        // the next id allocated but never created; ask about both and two ids above the counter
+        // through the bookie's channel.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -119,6 +135,9 @@ mod tests {
             };
             store.create_ledger(id, &meta).await.unwrap();
             let missing = store.allocate_ledger_id().await.unwrap();
+            // Never allocated: a stranger's fence could have left a state for these.
+            let next = store.next_ledger_id().await.unwrap().0;
+            assert_eq!(next, missing.0 + 1);
             let store: Arc<dyn MetadataStore> = Arc::new(store);
             let (tx, rx) = quire_bookie::deleted_ledgers_channel();
             let s2 = store.clone();
@@ -130,7 +149,7 @@ mod tests {
                     Box::pin(async move { Ok(s) })
                 }),
             ));
-            let got = tx.query(vec![id.0, missing.0]).await;
+            let got = tx.query(vec![id.0, missing.0, next, next + 30]).await;
             assert_eq!(got, Some(vec![missing.0]));
             drop(tx);
             answerer.await.unwrap();

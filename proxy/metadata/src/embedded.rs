@@ -219,6 +219,10 @@ impl MetadataStore for EmbeddedStore {
         Ok(LedgerId(id))
     }
 
+    async fn next_ledger_id(&self) -> Result<LedgerId> {
+        Ok(LedgerId(self.inner.lock().await.next_ledger_id))
+    }
+
     async fn create_ledger(&self, id: LedgerId, meta: &LedgerMetadata) -> Result<Version> {
         meta.validate()?;
         let mut doc = self.inner.lock().await;

@@ -130,6 +130,11 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Hands out a ledger id never handed out before, even across restarts.
     async fn allocate_ledger_id(&self) -> Result<quire_wire::LedgerId>;
+    /// The id [`MetadataStore::allocate_ledger_id`] tries next, without taking it: every id
+    /// handed out so far is below it. An id at or above it was never allocated, so a ledger of
+    /// that id cannot have been deleted (bookie garbage collection relies on this; ids given
+    /// explicitly to `create_ledger` may lie above it).
+    async fn next_ledger_id(&self) -> Result<quire_wire::LedgerId>;
     /// Stores new ledger metadata; `AlreadyExists` if the id is taken, `Invalid` if the
     /// quorum shape breaks E >= Qw >= Qa >= 1.
     async fn create_ledger(

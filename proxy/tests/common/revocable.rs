@@ -69,6 +69,9 @@ impl MetadataStore for Revocable {
     async fn allocate_ledger_id(&self) -> Result<LedgerId> {
         self.inner.allocate_ledger_id().await
     }
+    async fn next_ledger_id(&self) -> Result<LedgerId> {
+        self.inner.next_ledger_id().await
+    }
     async fn create_ledger(&self, id: LedgerId, meta: &LedgerMetadata) -> Result<Version> {
         self.inner.create_ledger(id, meta).await
     }

@@ -13,6 +13,18 @@ use crate::{Error, Result};
 /// id) are skipped. Ids are never handed out twice, even across processes and restarts, as
 /// long as the layout is not deleted; a lost CAS retries, and an id whose allocation reply
 /// was lost to a connection failure is simply never used.
+/// The counter's value: the id [`allocate_ledger_id`] tries next.
+pub(super) async fn next_ledger_id(store: &ZkStore) -> Result<LedgerId> {
+    let p = store.path("idgen/ledger");
+    let (bytes, _) = store
+        .inner
+        .client
+        .get_data(&p)
+        .await
+        .map_err(|e| zk_err("get", &p, e))?;
+    Ok(LedgerId(from_json(&p, &bytes)?))
+}
+
 pub(super) async fn allocate_ledger_id(store: &ZkStore) -> Result<LedgerId> {
     let c = &store.inner.client;
     let p = store.path("idgen/ledger");

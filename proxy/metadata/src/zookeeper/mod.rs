@@ -299,6 +299,10 @@ impl MetadataStore for ZkStore {
         id_gen::allocate_ledger_id(self).await
     }
 
+    async fn next_ledger_id(&self) -> Result<LedgerId> {
+        id_gen::next_ledger_id(self).await
+    }
+
     async fn create_ledger(&self, id: LedgerId, meta: &LedgerMetadata) -> Result<Version> {
         records::create_ledger(self, id, meta).await
     }
