@@ -24,7 +24,7 @@ use crate::dlsn::Dlsn;
 use crate::dlsn::ReadPosition;
 use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
-    Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN,
+    Opcode, Request, Response, Token, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN,
     TXID_RESERVED, WRITE_RECORD_OVERHEAD_BYTES,
 };
 use crate::types::{ReadBatch, RetentionChange, StreamInfo, TruncateResult, WriteResult};
@@ -41,6 +41,11 @@ pub struct ClientConfig {
     /// Redirects followed for one request before giving up with `RedirectFailed`
     /// (DistributedLog's `maxRedirects`, there unbounded by default).
     pub redirects_max: u32,
+    /// The token sent in every handshake (this client's connections to its home proxy and to
+    /// the proxies it is redirected to), for proxies that require one ([`crate::auth`]);
+    /// `None` (the default): none is sent. A proxy that requires a token refuses the
+    /// connection with `UNAUTHENTICATED` (401) when it is missing or unknown.
+    pub token: Option<Token>,
 }
 
 impl Default for ClientConfig {
@@ -49,6 +54,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             redirects_max: 4,
+            token: None,
         }
     }
 }
@@ -259,6 +265,7 @@ impl Connection {
         Request::Hello {
             version_min: PROXY_PROTOCOL_VERSION_MIN,
             version_max: PROXY_PROTOCOL_VERSION_MAX,
+            token: config.token.clone(),
         }
         .encode(0, &mut out);
         wr.write_all(&out).await.map_err(|source| Error::Io {

@@ -17,6 +17,12 @@ pub enum ErrorCode {
     BadRequest = 400,
     /// A record is larger than [`crate::RECORD_SIZE_BYTES_MAX`] (DL `TOO_LARGE_RECORD`).
     RecordTooLarge = 413,
+    /// The handshake carried no token, or one the proxy does not know, and the proxy requires
+    /// one; the connection is closed. Quire's own code (DistributedLog has none for this).
+    Unauthenticated = 401,
+    /// The token has no right for this request on this stream (DL `REQUEST_DENIED`); nothing
+    /// was done and the connection stays open.
+    RequestDenied = 403,
     /// No protocol version in common with the peer.
     UnsupportedVersion = 426,
     /// An unexpected failure inside the proxy (DL `INTERNAL_SERVER_ERROR`).
@@ -56,10 +62,12 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 18] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
+        Self::Unauthenticated,
+        Self::RequestDenied,
         Self::RecordTooLarge,
         Self::UnsupportedVersion,
         Self::Internal,
@@ -86,6 +94,8 @@ impl ErrorCode {
             Self::Ok => "OK",
             Self::StreamOwnedElsewhere => "STREAM_OWNED_ELSEWHERE",
             Self::BadRequest => "BAD_REQUEST",
+            Self::Unauthenticated => "UNAUTHENTICATED",
+            Self::RequestDenied => "REQUEST_DENIED",
             Self::RecordTooLarge => "RECORD_TOO_LARGE",
             Self::UnsupportedVersion => "UNSUPPORTED_VERSION",
             Self::Internal => "INTERNAL",
@@ -163,6 +173,13 @@ pub enum Error {
         last_txid: u64,
         txid_jump_max: u64,
     },
+    /// The handshake's token is missing or unknown to a proxy that requires one
+    /// ([`crate::auth`]).
+    #[error("not authenticated: {reason}")]
+    Unauthenticated { reason: String },
+    /// The token lacks the right this request needs on its stream ([`crate::auth`]).
+    #[error("request denied: {reason}")]
+    RequestDenied { reason: String },
     /// The request is malformed or out of range.
     #[error("bad request: {reason}")]
     BadRequest { reason: String },
@@ -252,6 +269,8 @@ impl Error {
             Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
             Error::TxidOutOfOrder { .. } => ErrorCode::TxidOutOfOrder,
             Error::TxidTooFarAhead { .. } => ErrorCode::TxidTooFarAhead,
+            Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
+            Error::RequestDenied { .. } => ErrorCode::RequestDenied,
             Error::BadRequest { .. }
             | Error::Protocol(_)
             | Error::ReservedTxid { .. }
@@ -316,7 +335,10 @@ mod tests {
         let numbers: Vec<u16> = ErrorCode::ALL.iter().map(|c| *c as u16).collect();
         assert_eq!(
             numbers,
-            [0, 302, 400, 413, 426, 500, 503, 504, 506, 507, 510, 511, 514, 525, 540, 602]
+            [
+                0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 514, 525, 540,
+                602
+            ]
         );
         for c in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u16(c as u16), Some(c));

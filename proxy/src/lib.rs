@@ -48,6 +48,7 @@
 //! form `1:0:0`. Formats: `docs/proxy-protocol.md` (wire), `docs/format/record-set.md` (entry
 //! payloads).
 
+pub mod auth;
 pub mod client;
 pub mod dlsn;
 pub mod error;

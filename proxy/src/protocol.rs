@@ -87,11 +87,27 @@ impl Opcode {
     }
 }
 
+/// A client's bearer token (see [`crate::auth`]); `Debug` does not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(pub Vec<u8>);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token(<{} bytes>)", self.0.len())
+    }
+}
+
 /// A request from a client to a proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// Handshake. Body: magic u32, version_min u16, version_max u16.
-    Hello { version_min: u16, version_max: u16 },
+    /// Handshake. Body: magic u32, version_min u16, version_max u16, then, only when the
+    /// client has one, its token (u32 length + bytes, at most
+    /// [`crate::auth::TOKEN_BYTES_MAX`]).
+    Hello {
+        version_min: u16,
+        version_max: u16,
+        token: Option<Token>,
+    },
     /// Body: stream name (u32 length + bytes).
     CreateStream { stream: String },
     /// Empty body.
@@ -424,10 +440,14 @@ impl Request {
             Request::Hello {
                 version_min,
                 version_max,
+                token,
             } => {
                 put_u32(&mut body, PROXY_HELLO_MAGIC);
                 body.extend_from_slice(&version_min.to_le_bytes());
                 body.extend_from_slice(&version_max.to_le_bytes());
+                if let Some(t) = token {
+                    put_len_prefixed(&mut body, &t.0);
+                }
             }
             Request::CreateStream { stream } => put_str(&mut body, stream),
             Request::ListStreams => {}
@@ -506,9 +526,21 @@ impl Request {
                 if magic != PROXY_HELLO_MAGIC {
                     return Err(WireError::BadMagic { found: magic });
                 }
+                let version_min = r.u16()?;
+                let version_max = r.u16()?;
+                let rest = r.rest();
+                let token = if rest.is_empty() {
+                    None
+                } else {
+                    let mut t = Reader::new(rest, "proxy handshake token");
+                    let bytes = t.len_prefixed(crate::auth::TOKEN_BYTES_MAX)?.to_vec();
+                    t.finish()?;
+                    Some(Token(bytes))
+                };
                 Request::Hello {
-                    version_min: r.u16()?,
-                    version_max: r.u16()?,
+                    version_min,
+                    version_max,
+                    token,
                 }
             }
             Opcode::CreateStream => Request::CreateStream {
@@ -757,7 +789,25 @@ mod tests {
                 header: frame.header,
                 body: &frame.body[..cut],
             };
-            assert!(Request::decode(&f).is_err(), "{req:?} cut {cut}");
+            match (&req, Request::decode(&f)) {
+                // The token is optional: a handshake cut right before it is one without it.
+                (
+                    Request::Hello {
+                        version_min,
+                        version_max,
+                        token: Some(_),
+                    },
+                    Ok(cut_req),
+                ) if cut == 8 => assert_eq!(
+                    cut_req,
+                    Request::Hello {
+                        version_min: *version_min,
+                        version_max: *version_max,
+                        token: None,
+                    }
+                ),
+                (_, r) => assert!(r.is_err(), "{req:?} cut {cut}"),
+            }
         }
     }
 
@@ -781,6 +831,12 @@ mod tests {
         req_round_trip(Request::Hello {
             version_min: 1,
             version_max: 3,
+            token: None,
+        });
+        req_round_trip(Request::Hello {
+            version_min: 1,
+            version_max: 1,
+            token: Some(Token(b"t0ken".to_vec())),
         });
         req_round_trip(Request::CreateStream {
             stream: "a/b".into(),

@@ -32,6 +32,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::auth::{Authorizer, Grant, Right};
 use crate::error::{Error, ErrorCode, Result};
 use crate::protocol::{
     reserved_txid_index, Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX,
@@ -70,6 +71,10 @@ pub struct ServerConfig {
     /// Where requests are counted and timed ([`ProxyMetrics`]); `None` (the default): nothing
     /// is recorded.
     pub metrics: Option<Arc<ProxyMetrics>>,
+    /// The tokens clients must present in their handshake, with their rights
+    /// ([`crate::auth`]); `None` (the default): no authentication, every client may do
+    /// everything.
+    pub auth: Option<Arc<Authorizer>>,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +88,7 @@ impl Default for ServerConfig {
             connections_max: 4096,
             catch_up_read_runtime: None,
             metrics: None,
+            auth: None,
         }
     }
 }
@@ -709,6 +715,8 @@ async fn connection(
     let mut turns = WriteTurns::default();
     let mut buf: Vec<u8> = Vec::new();
     let mut greeted = false;
+    // The handshake's token's rights, when the proxy requires tokens.
+    let mut grant: Option<Grant> = None;
     'conn: loop {
         // Handle every whole frame in the buffer.
         loop {
@@ -748,6 +756,7 @@ async fn connection(
                 let Request::Hello {
                     version_min,
                     version_max,
+                    token,
                 } = req
                 else {
                     let e = Error::BadRequest {
@@ -771,6 +780,25 @@ async fn connection(
                         .await;
                     break 'conn;
                 }
+                if let Some(auth) = &config.auth {
+                    let known = token.as_ref().and_then(|t| auth.authenticate(&t.0));
+                    let Some(g) = known else {
+                        let reason = if token.is_some() {
+                            "the proxy does not know this token"
+                        } else {
+                            "the proxy requires a token (ProxyClient token, quire --token or QUIRE_TOKEN)"
+                        };
+                        tracing::info!(%peer, reason, "refused a handshake");
+                        let e = Error::Unauthenticated {
+                            reason: reason.into(),
+                        };
+                        let _ = out_tx
+                            .send(encode(&error_response(&e), opcode, request_id))
+                            .await;
+                        break 'conn;
+                    };
+                    grant = Some(g.clone());
+                }
                 let resp = Response::Hello {
                     version,
                     frame_size_bytes_max: config.frame_size_bytes_max,
@@ -784,6 +812,18 @@ async fn connection(
                     break 'conn;
                 }
                 greeted = true;
+                continue;
+            }
+            if let Some(reason) = grant.as_ref().and_then(|g| g.check(&req).err()) {
+                let resp = error_response(&Error::RequestDenied { reason });
+                record(&config.metrics, opcode, received, &resp);
+                if out_tx
+                    .send(encode(&resp, opcode, request_id))
+                    .await
+                    .is_err()
+                {
+                    break 'conn;
+                }
                 continue;
             }
             let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -866,8 +906,19 @@ async fn connection(
                     };
                     let streams = streams.clone();
                     let config = config.clone();
+                    let grant = grant.clone();
                     runtime.spawn(async move {
                         let resp = match handle(other, &streams, &config).await {
+                            Ok(Response::ListStreams { streams }) if grant.is_some() => {
+                                // Only the streams the token may read.
+                                let g = grant.as_ref().expect("checked");
+                                Response::ListStreams {
+                                    streams: streams
+                                        .into_iter()
+                                        .filter(|s| g.allows(Right::Read, s))
+                                        .collect(),
+                                }
+                            }
                             Ok(r) => r,
                             Err(e) => error_response(&e),
                         };

@@ -154,6 +154,7 @@ async fn raw_call(addr: std::net::SocketAddr, req: Request) -> Response {
     Request::Hello {
         version_min: 1,
         version_max: 1,
+        token: None,
     }
     .encode(1, &mut out);
     req.encode(2, &mut out);

@@ -44,6 +44,7 @@ fn hello() -> Vec<u8> {
     Request::Hello {
         version_min: 1,
         version_max: 1,
+        token: None,
     }
     .encode(1, &mut v);
     v

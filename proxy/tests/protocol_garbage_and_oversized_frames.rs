@@ -42,6 +42,7 @@ fn hello() -> Vec<u8> {
     Request::Hello {
         version_min: 1,
         version_max: 1,
+        token: None,
     }
     .encode(1, &mut v);
     v
@@ -103,6 +104,7 @@ async fn garbage_and_oversized_frames_are_refused() {
     Request::Hello {
         version_min: 7,
         version_max: 9,
+        token: None,
     }
     .encode(1, &mut v);
     let (answers, closed) = exchange(addr, &v).await;
@@ -188,6 +190,7 @@ async fn garbage_and_oversized_frames_are_refused() {
     Request::Hello {
         version_min: 1,
         version_max: 1,
+        token: None,
     }
     .encode(14, &mut v);
     Request::ListStreams.encode(15, &mut v);

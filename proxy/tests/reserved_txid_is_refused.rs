@@ -26,6 +26,7 @@ async fn txid_u64_max_is_refused_by_server_and_client() {
     Request::Hello {
         version_min: 1,
         version_max: 1,
+        token: None,
     }
     .encode(1, &mut out);
     Request::Write {

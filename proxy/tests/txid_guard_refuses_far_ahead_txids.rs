@@ -58,6 +58,7 @@ async fn raw_write(
     Request::Hello {
         version_min: 1,
         version_max: 1,
+        token: None,
     }
     .encode(1, &mut out);
     Request::Write {

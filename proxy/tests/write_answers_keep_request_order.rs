@@ -93,6 +93,7 @@ async fn pipelined_write_answers_follow_request_order() {
     Request::Hello {
         version_min: 1,
         version_max: 1,
+        token: None,
     }
     .encode(0, &mut hello);
     sock.write_all(&hello).await.unwrap();

@@ -14,6 +14,10 @@ pub struct ProxyArg {
     /// Proxy address (host:port).
     #[arg(long, env = "QUIRE_PROXY", default_value = crate::PROXY_ADDR_DEFAULT)]
     pub proxy: String,
+    /// Token for a proxy that requires one (`quire token new`); prefer QUIRE_TOKEN, which
+    /// other users cannot see in the process list.
+    #[arg(long, env = "QUIRE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// `quire write` options.
@@ -70,12 +74,21 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub(crate) async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
-    ProxyClient::connect(&proxy.proxy).await.with_context(|| {
-        format!(
-            "cannot reach the proxy at {} (is a sandbox running?)",
-            proxy.proxy
-        )
-    })
+    let config = quire_proxy::ClientConfig {
+        token: proxy
+            .token
+            .as_ref()
+            .map(|t| quire_proxy::protocol::Token(t.trim().as_bytes().to_vec())),
+        ..quire_proxy::ClientConfig::default()
+    };
+    ProxyClient::connect_with(&proxy.proxy, config)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach the proxy at {} (is a sandbox running?)",
+                proxy.proxy
+            )
+        })
 }
 
 fn parse_from(from: &str) -> Result<ReadPosition> {

@@ -768,6 +768,10 @@ pub struct ProxySettings {
     /// off unless set.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Token file (`quire token new` makes its entries): clients must then present one of its
+    /// tokens and get only its rights; off unless set.
+    #[arg(long)]
+    pub auth_tokens_file: Option<PathBuf>,
 }
 
 /// Parses and checks a retention time in seconds (`--retention-time-secs`).
@@ -801,6 +805,8 @@ pub struct ProxyOptions {
     pub drain_timeout: Duration,
     /// Where `/metrics` and `/healthz` are served, if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// The tokens clients must present, if any.
+    pub auth: Option<Arc<quire_proxy::auth::Authorizer>>,
 }
 
 /// SIGTERM drain limit of `quire proxy` when none is configured, in milliseconds.
@@ -829,7 +835,8 @@ impl ProxySettings {
             lifecycle_sweep_secs,
             txid_jump_max,
             drain_timeout_ms,
-            metrics_listen
+            metrics_listen,
+            auth_tokens_file
         )
     }
 
@@ -906,6 +913,12 @@ impl ProxySettings {
             streams,
             drain_timeout: Duration::from_millis(drain_ms),
             metrics_listen: self.metrics_listen,
+            auth: self
+                .auth_tokens_file
+                .as_deref()
+                .map(crate::token::load_authorizer)
+                .transpose()?
+                .map(Arc::new),
         })
     }
 }

@@ -29,6 +29,7 @@ mod gc;
 mod metrics_http;
 mod proxy_cmd;
 mod sandbox;
+mod token;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -75,6 +76,9 @@ enum Command {
     /// Stream admin through a proxy: `list`, `show STREAM`, `truncate STREAM DLSN`,
     /// `delete STREAM`, `retention STREAM [--time-secs N] [--size-bytes N]`.
     Stream(admin::StreamArgs),
+    /// Proxy tokens: `new NAME [--read P] [--write P] [--admin P]` makes a token and its entry
+    /// for the proxies' `auth_tokens_file`.
+    Token(token::TokenArgs),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         Command::Ledger(args) => admin::ledger(args),
         Command::Autorecovery(args) => autorecovery::run(args),
         Command::Stream(args) => admin::stream(args),
+        Command::Token(args) => token::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

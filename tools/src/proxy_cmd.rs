@@ -95,6 +95,7 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
         quire_proxy::ServerConfig {
             catch_up_read_runtime: Some(read_runtime.clone()),
             metrics,
+            auth: options.auth.clone(),
             ..quire_proxy::ServerConfig::default()
         },
     )

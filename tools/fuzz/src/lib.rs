@@ -258,11 +258,17 @@ pub fn check_proxy_frame(data: &[u8]) {
 }
 
 fn seeds_proxy_frame() -> Vec<Vec<u8>> {
-    use proxy_protocol::{Request, Response};
+    use proxy_protocol::{Request, Response, Token};
     let requests = [
         Request::Hello {
             version_min: 1,
             version_max: 1,
+            token: None,
+        },
+        Request::Hello {
+            version_min: 1,
+            version_max: 1,
+            token: Some(Token(b"t0ken".to_vec())),
         },
         Request::Write {
             stream: "s/a".into(),
