@@ -3,9 +3,10 @@
 //!   once never have more than 256 KiB + one add queued (they wait for the writer instead) and
 //!   all succeed; with no wait allowed, adds that find the queue full are refused
 //!   `JournalQueueFull` instead of queued;
-//! - open entry-log files: with `entry_log_readers_max` 2, reads across a dozen entry logs keep
+//! - open entry-log files: with `entry_log_readers_max` 2, reads across more than a dozen entry logs keep
 //!   at most 2 (+ the log being written) open, before and after a restart, and read the right
 //!   bytes.
+//!
 //! Method: a real engine on O_DIRECT files; the queue is sampled by each add's task as it
 //! starts, after the adds before it were queued (a count of bytes, not a timing).
 

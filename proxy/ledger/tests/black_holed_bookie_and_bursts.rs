@@ -7,6 +7,7 @@
 //!   burst of small adds to healthy bookies failed as "bookie unreachable", which makes a writer
 //!   replace a healthy bookie. Here 10,000 adds sent at once all succeed, with no ensemble
 //!   change.
+//!
 //! Method: three real bookies (E=3, Qw=3, Qa=2) on loopback. The black hole is a listener that
 //!   accepts and never answers, named in place of one bookie by a rewrite of a closed ledger's
 //!   metadata; the stall is shown by order (the healthy reads finish while the black-holed read
