@@ -168,7 +168,10 @@ pub(crate) fn status_of(err: &EngineError) -> Status {
         EngineError::NoSuchLedger { .. } => Status::NoSuchLedger,
         EngineError::NoSuchEntry { .. } => Status::NoSuchEntry,
         EngineError::TooLarge { .. } => Status::TooLarge,
-        EngineError::WriteCacheFull { .. } => Status::TooManyRequests,
+        // Back-pressure: the add stored nothing and may be retried later.
+        EngineError::WriteCacheFull { .. } | EngineError::JournalQueueFull { .. } => {
+            Status::TooManyRequests
+        }
         _ => Status::IoError,
     }
 }

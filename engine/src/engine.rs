@@ -242,8 +242,10 @@ impl<S: Storage + 'static> Engine<S> {
     /// different master key; `Fenced` if the ledger is fenced and `recovery` is false (recovery
     /// adds are allowed on fenced ledgers, as in BookKeeper); `EntryMismatch` if this shard
     /// stores or is storing the entry with other bytes; `LedgerDeleted`; `WriteCacheFull` if the write
-    /// cache stayed full for `write_cache_wait_max` behind a running checkpoint; `Io` if the
-    /// journal failed; `Closed` after [`Engine::close`].
+    /// cache stayed full for `write_cache_wait_max` behind a running checkpoint;
+    /// `JournalQueueFull` if more than `journal_queue_bytes_max` bytes stayed queued for the
+    /// journal that long (adds wait for room before their checks, BookKeeper's bounded journal
+    /// queue); `Io` if the journal failed; `Closed` after [`Engine::close`].
     /// # Full disk
     /// When the next journal file cannot be created (e.g. ENOSPC while pre-writing it), the adds
     /// waiting for that roll fail with `Io` naming the file, the operation and the OS error
@@ -286,6 +288,13 @@ impl<S: Storage + 'static> Engine<S> {
             // fence of its ledger was answered, and two different copies of one entry are
             // never both admitted.
             inner.write_cache.wait_for_room().await?;
+            inner
+                .journal
+                .wait_for_room(
+                    inner.cfg.journal_queue_bytes_max,
+                    inner.cfg.write_cache_wait_max,
+                )
+                .await?;
             if inner.closed.get() {
                 // Closed while this add waited: the journal writer may be gone.
                 return Err(Error::Closed);
@@ -748,6 +757,18 @@ impl<S: Storage + 'static> Engine<S> {
     /// Records queued for the journal and not yet written, now.
     pub fn journal_queue_len(&self) -> usize {
         self.inner.journal.queue_len()
+    }
+
+    /// Bytes of the records queued for the journal and not yet written, now (an add is admitted
+    /// while at most `journal_queue_bytes_max` are queued).
+    pub fn journal_queue_bytes(&self) -> usize {
+        self.inner.journal.queue_bytes()
+    }
+
+    /// Entry-log files open for reads now: at most `entry_log_readers_max`, plus the log
+    /// being written.
+    pub fn entry_log_files_open(&self) -> usize {
+        self.inner.entry_logs.open_readers()
     }
 
     /// Sets the hook the journal writer reports every durable batch and add to (replacing an

@@ -36,8 +36,14 @@ pub(crate) struct EntryLogs<F> {
     /// Taken out by the checkpoint while it writes (one checkpoint at a time).
     current: RefCell<Option<EntryLogCursor<F>>>,
     next_id: Cell<u64>,
-    /// Open files by log id, shared by readers and the writer.
-    readers: RefCell<HashMap<u64, Rc<F>>>,
+    /// Open files by log id, shared by readers and the writer, each with the tick of its last
+    /// use: at most `readers_max` besides the log being written, least recently used closed
+    /// first (a read still holding a closed file's `Rc` finishes with it).
+    readers: RefCell<HashMap<u64, (Rc<F>, u64)>>,
+    /// `EngineConfig::entry_log_readers_max`, at least 1.
+    readers_max: usize,
+    /// Use counter stamped on `readers`.
+    tick: Cell<u64>,
     /// Size in bytes of every entry log on disk (its write end), by id: the denominator of a
     /// log's live fraction for garbage collection.
     sizes: RefCell<HashMap<u64, u64>>,
@@ -45,14 +51,18 @@ pub(crate) struct EntryLogs<F> {
 
 impl<F: StorageFile> EntryLogs<F> {
     /// The logs of `dir`; the next one written gets `next_id` (one past the largest there),
-    /// and each rolls past `size_bytes_max` (`EngineConfig::entry_log_size_bytes_max`).
-    pub fn new(dir: PathBuf, next_id: u64, size_bytes_max: u64) -> Self {
+    /// and each rolls past `size_bytes_max` (`EngineConfig::entry_log_size_bytes_max`). At most
+    /// `readers_max` files (at least 1) besides the one being written stay open for reads
+    /// (`EngineConfig::entry_log_readers_max`).
+    pub fn new(dir: PathBuf, next_id: u64, size_bytes_max: u64, readers_max: usize) -> Self {
         Self {
             dir,
             size_bytes_max,
             current: RefCell::new(None),
             next_id: Cell::new(next_id),
             readers: RefCell::new(HashMap::new()),
+            readers_max: readers_max.max(1),
+            tick: Cell::new(0),
             sizes: RefCell::new(HashMap::new()),
         }
     }
@@ -60,7 +70,40 @@ impl<F: StorageFile> EntryLogs<F> {
     /// Records an entry log found on disk at open, of `size_bytes`, opened as `file`.
     pub fn register_existing(&self, id: u64, size_bytes: u64, file: F) {
         self.sizes.borrow_mut().insert(id, size_bytes);
-        self.readers.borrow_mut().insert(id, Rc::new(file));
+        self.keep_open(id, Rc::new(file));
+    }
+
+    /// Files open for reads now, the log being written included.
+    pub fn open_readers(&self) -> usize {
+        self.readers.borrow().len()
+    }
+
+    /// The next use tick.
+    fn next_tick(&self) -> u64 {
+        let tick = self.tick.get() + 1;
+        self.tick.set(tick);
+        tick
+    }
+
+    /// Puts `file` in the table as just used and closes the least recently used files beyond
+    /// `readers_max`, never `id` itself nor the log being written. O(open files) per call, and
+    /// called only when a file is opened, which costs a syscall anyway.
+    fn keep_open(&self, id: u64, file: Rc<F>) {
+        let tick = self.next_tick();
+        let current = self.current_id();
+        let mut readers = self.readers.borrow_mut();
+        readers.insert(id, (file, tick));
+        let bound =
+            self.readers_max + usize::from(current.is_some_and(|c| readers.contains_key(&c)));
+        while readers.len() > bound {
+            let oldest = readers
+                .iter()
+                .filter(|(k, _)| Some(**k) != current && **k != id)
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(k, _)| *k);
+            let Some(k) = oldest else { break };
+            readers.remove(&k);
+        }
     }
 
     /// Every entry log on disk, `(id, size in bytes)`, sorted by id.
@@ -101,7 +144,11 @@ impl<F: StorageFile> EntryLogs<F> {
         id: u64,
         path: &Path,
     ) -> Result<Rc<F>, Error> {
-        let cached = self.readers.borrow().get(&id).cloned();
+        let tick = self.next_tick();
+        let cached = self.readers.borrow_mut().get_mut(&id).map(|(f, t)| {
+            *t = tick;
+            f.clone()
+        });
         match cached {
             Some(f) => Ok(f),
             None => {
@@ -110,7 +157,12 @@ impl<F: StorageFile> EntryLogs<F> {
                     path,
                     0,
                 ))?);
-                self.readers.borrow_mut().insert(id, f.clone());
+                // Another read may have opened it during the await: keep that one.
+                let opened = self.readers.borrow().get(&id).map(|(f, _)| f.clone());
+                if let Some(f) = opened {
+                    return Ok(f);
+                }
+                self.keep_open(id, f.clone());
                 Ok(f)
             }
         }
@@ -234,7 +286,7 @@ impl<F: StorageFile> EntryLogs<F> {
             .await
             .map_err(io_err("sync ledger dir", &self.dir, 0))?;
         let file = Rc::new(file);
-        self.readers.borrow_mut().insert(id, file.clone());
+        self.keep_open(id, file.clone());
         self.sizes.borrow_mut().insert(id, FILE_HEADER_BYTES as u64);
         Ok(EntryLogCursor {
             id,

@@ -93,6 +93,18 @@ pub struct EngineConfig {
     /// `dbStorage_maxThrottleTimeMs`). Default 4 s: below the ledger client's 5 s request
     /// timeout, so the client hears "too many requests" instead of silence.
     pub write_cache_wait_max: Duration,
+    /// Record bytes (headers and entry data) queued for the journal writer beyond which an add
+    /// waits for the writer to take a batch, at most `write_cache_wait_max`, then fails with
+    /// [`Error::JournalQueueFull`]: adds arriving faster than the journal disk writes them
+    /// cannot grow the queue without bound (BookKeeper bounds its journal queue,
+    /// `journalQueueSize`). Fences are never held back (they are small, and recovery must get
+    /// through). An add is admitted while the queue holds at most this many bytes, so the
+    /// queue exceeds it by less than one add. Default 64 MiB.
+    pub journal_queue_bytes_max: usize,
+    /// Entry-log files kept open for reads, besides the log being written; past it the least
+    /// recently used is closed and reopened on its next read (BookKeeper `openFileLimit`).
+    /// Values below 1 count as 1. Default 256.
+    pub entry_log_readers_max: usize,
     /// Time between background checkpoints. Default 10 s (BookKeeper `flushInterval`).
     pub checkpoint_interval: Duration,
     /// An entry log rolls to a new file beyond this size. Default 1 GiB (BookKeeper `logSizeLimit`).
@@ -151,6 +163,8 @@ impl EngineConfig {
             journal_dsync_writes: true,
             write_cache_bytes_max: 64 << 20,
             write_cache_wait_max: Duration::from_secs(4),
+            journal_queue_bytes_max: 64 << 20,
+            entry_log_readers_max: 256,
             checkpoint_interval: Duration::from_secs(10),
             entry_log_size_bytes_max: 1 << 30,
             entry_size_bytes_max: 5 << 20,
@@ -326,6 +340,11 @@ pub enum Error {
     /// bookie answers `TooManyRequests`).
     #[error("write cache full: no room after waiting {waited_ms} ms for a checkpoint")]
     WriteCacheFull { waited_ms: u64 },
+    /// More than `journal_queue_bytes_max` stayed queued for the journal for
+    /// `write_cache_wait_max`: adds arrive faster than the journal disk takes them. Nothing was
+    /// stored. Retry later (the bookie answers `TooManyRequests`).
+    #[error("journal queue full: {queued_bytes} bytes queued after waiting {waited_ms} ms")]
+    JournalQueueFull { queued_bytes: usize, waited_ms: u64 },
     /// The ledger was deleted (its tombstone is durable): adds and fences are refused for
     /// good, so no write can re-create a deleted ledger's state (BookKeeper's fenced-then-deleted
     /// ledger that was written again, bookkeeper.md §failure modes 14).

@@ -144,6 +144,7 @@ pub(crate) async fn open_inner<S: Storage>(
         cfg.ledger_dir.clone(),
         next_entry_log_id,
         cfg.entry_log_size_bytes_max,
+        cfg.entry_log_readers_max,
     );
     for id in ledger_names
         .iter()

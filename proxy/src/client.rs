@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quire_wire::frame::{
-    decode_frame, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT, RESPONSE_BIT,
+    decode_frame, RecvBuffer, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT, RESPONSE_BIT,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -100,17 +100,21 @@ impl Drop for Connection {
     }
 }
 
+/// Capacity a response buffer keeps once it is empty again (one large answer must not pin its
+/// memory for the life of the connection).
+const READ_BUFFER_KEEP_BYTES: usize = 256 * 1024;
+
+/// The next response and its request id, reading more from `rd` as needed. Frames are taken
+/// from the front of `buf`; the bytes handed out are dropped once per read, not once per frame.
 async fn read_one_frame(
     rd: &mut OwnedReadHalf,
-    buf: &mut Vec<u8>,
+    buf: &mut RecvBuffer,
     max: u32,
 ) -> Result<(Response, u64)> {
     loop {
-        if let Some((frame, used)) = decode_frame(buf, max)? {
+        if let Some(frame) = buf.next_frame(max)? {
             let resp = Response::decode(&frame)?;
-            let id = frame.header.request_id;
-            buf.drain(..used);
-            return Ok((resp, id));
+            return Ok((resp, frame.header.request_id));
         }
         let mut chunk = [0u8; 64 * 1024];
         let n = rd.read(&mut chunk).await.map_err(|source| Error::Io {
@@ -126,7 +130,8 @@ async fn read_one_frame(
                 ),
             });
         }
-        buf.extend_from_slice(&chunk[..n]);
+        buf.for_read(READ_BUFFER_KEEP_BYTES)
+            .extend_from_slice(&chunk[..n]);
     }
 }
 
@@ -339,7 +344,8 @@ impl Connection {
         })
     }
 
-    async fn reader_loop(mut rd: OwnedReadHalf, mut buf: Vec<u8>, max: u32, shared: Arc<Shared>) {
+    async fn reader_loop(mut rd: OwnedReadHalf, buf: Vec<u8>, max: u32, shared: Arc<Shared>) {
+        let mut buf = RecvBuffer::from(buf);
         loop {
             match read_one_frame(&mut rd, &mut buf, max).await {
                 Ok((resp, 0)) => {

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use quire_wire::frame::{decode_frame, FRAME_SIZE_BYTES_MAX_DEFAULT};
+use quire_wire::frame::{RecvBuffer, FRAME_SIZE_BYTES_MAX_DEFAULT};
 use quire_wire::WireError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -713,32 +713,30 @@ async fn connection(
     let mut writes = tokio::task::JoinSet::new();
     let permits = Arc::new(Semaphore::new(config.requests_in_flight_max));
     let mut turns = WriteTurns::default();
-    let mut buf: Vec<u8> = Vec::new();
+    // Frames are taken from its front; the bytes handed out are dropped once per read.
+    let mut buf = RecvBuffer::new();
     let mut greeted = false;
     // The handshake's token's rights, when the proxy requires tokens.
     let mut grant: Option<Grant> = None;
     'conn: loop {
         // Handle every whole frame in the buffer.
         loop {
-            let (opcode, request_id, decoded, used) =
-                match decode_frame(&buf, config.frame_size_bytes_max) {
-                    Ok(None) => break,
-                    Ok(Some((frame, used))) => (
-                        frame.header.opcode,
-                        frame.header.request_id,
-                        Request::decode(&frame),
-                        used,
-                    ),
-                    Err(e) => {
-                        // Oversized or undersized length: the stream cannot be resynchronised.
-                        tracing::debug!(%peer, error = %e, "closing connection after a bad frame");
-                        let _ = out_tx
-                            .send(encode(&error_response(&Error::Protocol(e)), 0, 0))
-                            .await;
-                        break 'conn;
-                    }
-                };
-            buf.drain(..used);
+            let (opcode, request_id, decoded) = match buf.next_frame(config.frame_size_bytes_max) {
+                Ok(None) => break,
+                Ok(Some(frame)) => (
+                    frame.header.opcode,
+                    frame.header.request_id,
+                    Request::decode(&frame),
+                ),
+                Err(e) => {
+                    // Oversized or undersized length: the stream cannot be resynchronised.
+                    tracing::debug!(%peer, error = %e, "closing connection after a bad frame");
+                    let _ = out_tx
+                        .send(encode(&error_response(&Error::Protocol(e)), 0, 0))
+                        .await;
+                    break 'conn;
+                }
+            };
             activity.touch();
             let received = Instant::now();
             let req = match decoded {
@@ -931,10 +929,8 @@ async fn connection(
             }
         }
         while writes.try_join_next().is_some() {}
-        if buf.is_empty() && buf.capacity() > READ_BUFFER_KEEP_BYTES {
-            buf = Vec::new();
-        }
-        buf.reserve(READ_RESERVE_BYTES);
+        let read_into = buf.for_read(READ_BUFFER_KEEP_BYTES);
+        read_into.reserve(READ_RESERVE_BYTES);
         // Before the handshake: its deadline. After: the idle deadline, checked again when it
         // passes (requests may have been in flight meanwhile).
         let in_flight = config.requests_in_flight_max - permits.available_permits();
@@ -946,7 +942,7 @@ async fn connection(
             activity.last() + config.idle_timeout
         };
         tokio::select! {
-            n = rd.read_buf(&mut buf) => match n {
+            n = rd.read_buf(read_into) => match n {
                 Ok(0) | Err(_) => break 'conn,
                 Ok(_) => {}
             },

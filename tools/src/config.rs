@@ -287,6 +287,17 @@ pub struct BookieSettings {
     /// least 65536).
     #[arg(long)]
     pub index_cache_bytes_max: Option<u64>,
+    /// Bytes of adds (records) queued for each shard's journal writer beyond which an add waits
+    /// for the writer, up to 4 s, then is refused with `TooManyRequests` (status 106): adds
+    /// arriving faster than the journal disk writes them cannot grow the queue without bound
+    /// (BookKeeper `journalQueueSize`; default 64 MiB, at least 65536).
+    #[arg(long)]
+    pub journal_queue_bytes_max: Option<u64>,
+    /// Entry-log files each shard keeps open for reads besides the one being written; past it
+    /// the least recently used is closed and reopened on its next read (BookKeeper
+    /// `openFileLimit`; default 256, at least 1).
+    #[arg(long)]
+    pub entry_log_readers_max: Option<usize>,
     /// Run an autorecovery daemon (auditor candidate and replication worker) inside this
     /// bookie (BookKeeper `autoRecoveryDaemonEnabled`; default true).
     #[arg(long)]
@@ -325,6 +336,10 @@ pub struct BookieSettings {
     #[arg(long)]
     pub connections_max: Option<usize>,
 }
+
+/// Smallest accepted `journal_queue_bytes_max` (64 KiB): the queue admits an add while it holds
+/// at most this many bytes, so a smaller bound only turns group commit into one add per write.
+pub const JOURNAL_QUEUE_BYTES_MIN: u64 = 64 * 1024;
 
 /// Smallest accepted `index_cache_bytes_max`: sixteen 4 KiB index blocks.
 pub const INDEX_CACHE_BYTES_MIN: u64 = 64 * 1024;
@@ -562,6 +577,8 @@ impl BookieSettings {
             entry_log_size_bytes,
             checkpoint_interval_ms,
             index_cache_bytes_max,
+            journal_queue_bytes_max,
+            entry_log_readers_max,
             autorecovery_enabled,
             lost_bookie_recovery_delay_secs,
             open_ledger_rereplication_grace_period_ms,
@@ -652,6 +669,18 @@ impl BookieSettings {
                 bail!("invalid setting connections_max = 0: expected at least 1");
             }
             bookie.connections_max = n;
+        }
+        if let Some(b) = self.journal_queue_bytes_max {
+            if b < JOURNAL_QUEUE_BYTES_MIN {
+                bail!("invalid setting journal_queue_bytes_max = {b}: expected at least {JOURNAL_QUEUE_BYTES_MIN}");
+            }
+            bookie.engine.journal_queue_bytes_max = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = self.entry_log_readers_max {
+            if n == 0 {
+                bail!("invalid setting entry_log_readers_max = 0: expected at least 1");
+            }
+            bookie.engine.entry_log_readers_max = n;
         }
         let disk = check_disk_usage(
             self.disk_usage_threshold,
@@ -975,6 +1004,38 @@ mod tests {
         assert_eq!(o.bookie.gc_interval, Duration::from_secs(30));
         let o = bookie_from("zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:1\"\n").unwrap();
         assert_eq!(o.bookie.gc_interval, quire_bookie::GC_INTERVAL_DEFAULT);
+    }
+
+    #[test]
+    fn bookie_engine_bounds_are_read_and_checked() {
+        // Goal: `journal_queue_bytes_max` and `entry_log_readers_max` reach the engine
+        // configuration, default to the engine's defaults, and a too small value is one line
+        // naming the setting.
+        let base = "zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:1\"\n";
+        let o = bookie_from(&format!(
+            "{base}journal_queue_bytes_max = 1048576\nentry_log_readers_max = 8"
+        ))
+        .unwrap();
+        assert_eq!(o.bookie.engine.journal_queue_bytes_max, 1 << 20);
+        assert_eq!(o.bookie.engine.entry_log_readers_max, 8);
+        let d = bookie_from(base).unwrap().bookie.engine;
+        assert_eq!(d.journal_queue_bytes_max, 64 << 20);
+        assert_eq!(d.entry_log_readers_max, 256);
+        for (bad, want) in [
+            (
+                "journal_queue_bytes_max = 4096",
+                "invalid setting journal_queue_bytes_max = 4096",
+            ),
+            (
+                "entry_log_readers_max = 0",
+                "invalid setting entry_log_readers_max = 0",
+            ),
+        ] {
+            let e = bookie_from(&format!("{base}{bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want) && e.lines().count() == 1, "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -111,6 +111,97 @@ pub fn decode_frame(
     )))
 }
 
+/// A receive buffer that hands out whole frames from its front and drops the bytes handed out
+/// with one move per read, not one per frame: draining each frame off the front of a `Vec`
+/// moves the rest of the buffer every time, which is quadratic in the frames of one large read.
+///
+/// Use: append what the socket gives to [`RecvBuffer::for_read`], then take frames with
+/// [`RecvBuffer::next_frame`] until it answers `Ok(None)`.
+#[derive(Debug, Default)]
+pub struct RecvBuffer {
+    bytes: Vec<u8>,
+    /// Bytes at the front already handed out as frames.
+    start: usize,
+    /// Bytes moved by [`RecvBuffer::compact`] since creation (the cost of dropping consumed
+    /// bytes, counted so that tests can check it without timing).
+    moved_bytes: u64,
+}
+
+impl From<Vec<u8>> for RecvBuffer {
+    /// A buffer holding `bytes`, received and not handed out yet.
+    fn from(bytes: Vec<u8>) -> Self {
+        Self {
+            bytes,
+            ..Self::default()
+        }
+    }
+}
+
+impl RecvBuffer {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes the next whole frame, as [`decode_frame`] does; `Ok(None)` when more bytes are
+    /// needed. The frame borrows the buffer until the next call.
+    ///
+    /// # Errors
+    /// `FrameTooShort` or `FrameTooLarge` (as [`decode_frame`]); the connection cannot be
+    /// resynchronised after either and should be closed.
+    pub fn next_frame(
+        &mut self,
+        frame_size_bytes_max: u32,
+    ) -> Result<Option<Frame<'_>>, WireError> {
+        match decode_frame(&self.bytes[self.start..], frame_size_bytes_max)? {
+            Some((frame, used)) => {
+                self.start += used;
+                Ok(Some(frame))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Whether every byte received was handed out.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.bytes.len()
+    }
+
+    /// Bytes received and not handed out yet.
+    pub fn pending(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+
+    /// The vector to append newly received bytes to, after dropping the bytes handed out (one
+    /// move of what is left). A buffer that is then empty and holds more than `keep_bytes` of
+    /// capacity gives the memory back, so one large frame does not pin it for the life of a
+    /// connection.
+    pub fn for_read(&mut self, keep_bytes: usize) -> &mut Vec<u8> {
+        self.compact();
+        if self.bytes.is_empty() && self.bytes.capacity() > keep_bytes {
+            self.bytes = Vec::new();
+        }
+        &mut self.bytes
+    }
+
+    /// Drops the bytes handed out, moving the rest (an incomplete frame) to the front once.
+    pub fn compact(&mut self) {
+        if self.start == 0 {
+            return;
+        }
+        let rest = self.bytes.len() - self.start;
+        self.bytes.copy_within(self.start.., 0);
+        self.bytes.truncate(rest);
+        self.moved_bytes += rest as u64;
+        self.start = 0;
+    }
+
+    /// Bytes moved by compaction since the buffer was made.
+    pub fn moved_bytes(&self) -> u64 {
+        self.moved_bytes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::io as stdio;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use glommio::TaskQueueHandle;
 
@@ -75,6 +75,9 @@ pub(crate) struct Journal<F> {
     /// `StorageFull` for ENOSPC) and its message, both repeated in every later error.
     failed: RefCell<Option<(stdio::ErrorKind, String)>>,
     writer_signal: Signal,
+    /// Notified whenever the writer takes records off the queue: adds waiting for room
+    /// ([`Journal::wait_for_room`]) look again.
+    pub(crate) room: Notify,
     writer_done: Signal,
     writer_running: Cell<bool>,
     sync_count: Cell<u64>,
@@ -102,6 +105,7 @@ impl<F> Journal<F> {
             cursor: RefCell::new(Some(cursor)),
             failed: RefCell::new(None),
             writer_signal: Signal::default(),
+            room: Notify::default(),
             writer_done: Signal::default(),
             writer_running: Cell::new(false),
             sync_count: Cell::new(0),
@@ -181,6 +185,40 @@ impl<F> Journal<F> {
     /// Whether the writer completed the first `count` records queued since open.
     pub fn has_finished(&self, count: u64) -> bool {
         self.finished.get() >= count
+    }
+
+    /// Record bytes queued and not yet taken by the writer.
+    pub fn queue_bytes(&self) -> usize {
+        self.queue_bytes.get()
+    }
+
+    /// Back-pressure on adds (`EngineConfig::journal_queue_bytes_max`): resolves once at most
+    /// `bytes_max` record bytes are queued, waiting for the writer to take batches.
+    ///
+    /// # Errors
+    /// `JournalQueueFull` when the queue is still above `bytes_max` after `wait_max`.
+    /// # Cancellation
+    /// Dropping the future only gives up the wait.
+    pub async fn wait_for_room(&self, bytes_max: usize, wait_max: Duration) -> Result<(), Error> {
+        let started = Instant::now();
+        loop {
+            let seen = self.room.generation();
+            let queued = self.queue_bytes.get();
+            if queued <= bytes_max {
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            let Some(left) = wait_max.checked_sub(waited) else {
+                return Err(Error::JournalQueueFull {
+                    queued_bytes: queued,
+                    waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                });
+            };
+            futures_lite::future::or(self.room.changed_since(seen), async {
+                glommio::timer::sleep(left).await;
+            })
+            .await;
+        }
     }
 
     /// Queues `record` for the next group commit and resolves once it is durable (or failed).

@@ -83,6 +83,7 @@ pub(crate) async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
                 batch.push(q.pop_front().expect("front exists"));
             }
             journal.queue_bytes.set(journal.queue_bytes.get() - taken);
+            journal.room.notify_all();
             batch
         };
         if batch.is_empty() {
@@ -294,6 +295,7 @@ async fn write_batch<S: Storage + 'static>(inner: &Rc<Inner<S>>, batch: Vec<Pend
             }
             let rest: Vec<Pending> = journal.queue.borrow_mut().drain(..).collect();
             journal.queue_bytes.set(0);
+            journal.room.notify_all();
             journal.note_finished(rest.len());
             for p in rest {
                 p.done.complete(Err(failure()));

@@ -47,15 +47,16 @@ pub(crate) enum Reply {
 
 type Waiter = oneshot::Sender<Result<Reply, Error>>;
 
-/// Bound on frames queued for one connection's writer task.
-const OUTGOING_QUEUE_DEPTH_MAX: usize = 8192;
 /// Bound on the bytes of frames queued for one connection and not yet handed to its socket
-/// (64 MiB). A bookie that reads more slowly than adds arrive (throttled, stalled, SIGSTOPped)
-/// would otherwise make the client hold every frame it cannot take; past the bound a request is
-/// refused at once as `BookieUnreachable` ("falls behind"), which the writer treats as a failed
-/// add: an ensemble change replaces the bookie, or, with no replacement, the entry counts on the
-/// rest of its write set (BookKeeper bounds the same with Netty's channel write-buffer
-/// watermarks, and `addEntryQuorumTimeout`).
+/// (64 MiB): the only bound of a connection's send queue. A bookie that reads more slowly than
+/// adds arrive (throttled, stalled, SIGSTOPped) would otherwise make the client hold every frame
+/// it cannot take; past the bound a request is refused at once as `BookieUnreachable` ("falls
+/// behind"), which the writer treats as a failed add: an ensemble change replaces the bookie,
+/// or, with no replacement, the entry counts on the rest of its write set (BookKeeper bounds
+/// the same with Netty's channel write-buffer watermarks, and `addEntryQuorumTimeout`).
+/// The queue has no bound on its number of frames: a burst of many small requests to a
+/// healthy bookie (more than 8,192 adds sent at once) is not a bookie that falls behind, and
+/// must not cost an ensemble change.
 pub(crate) const OUTGOING_QUEUE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Bytes gathered into one socket write.
 const WRITE_BATCH_SIZE_BYTES_MAX: usize = 256 * 1024;
@@ -82,7 +83,7 @@ pub(crate) enum Lane {
 /// One live connection to one bookie.
 pub(crate) struct Conn {
     bookie: BookieId,
-    outgoing: mpsc::Sender<Vec<u8>>,
+    outgoing: mpsc::UnboundedSender<Vec<u8>>,
     waiters: Arc<Mutex<HashMap<u64, Waiter>>>,
     next_request_id: AtomicU64,
     dead: Arc<AtomicBool>,
@@ -110,7 +111,8 @@ impl Conn {
             .set_nodelay(true)
             .map_err(|e| unreachable(e.to_string()))?;
         let (mut rd, mut wr) = stream.into_split();
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTGOING_QUEUE_DEPTH_MAX);
+        // Unbounded in frames; `queued_bytes` bounds it (`OUTGOING_QUEUE_BYTES_MAX`).
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
         let queued_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -213,9 +215,10 @@ impl Conn {
                         "the bookie falls behind: {queued} bytes of requests wait for its socket (bound {OUTGOING_QUEUE_BYTES_MAX})"
                     ))
                 } else {
-                    self.outgoing.try_send(frame).map_err(|e| {
+                    // Fails only once the writer task ended (a failed socket write).
+                    self.outgoing.send(frame).map_err(|_| {
                         self.queued_bytes.fetch_sub(len, Ordering::SeqCst);
-                        format!("send queue: {e}")
+                        "connection closed".to_string()
                     })
                 }
             }
