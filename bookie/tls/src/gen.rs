@@ -64,7 +64,9 @@ impl Ca {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        let cert = p.signed_by(&key, &self.cert, &self.key).map_err(gen_error)?;
+        let cert = p
+            .signed_by(&key, &self.cert, &self.key)
+            .map_err(gen_error)?;
         Ok((cert.pem(), key.serialize_pem()))
     }
 }

@@ -120,9 +120,10 @@ impl ServerTls {
                     ));
                 };
                 let roots = read_roots("tls_ca_file", ca_file)?;
-                let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .map_err(|e| Error::Config(e.to_string()))?;
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|e| Error::Config(e.to_string()))?;
                 builder.with_client_cert_verifier(verifier)
             }
         };
@@ -218,6 +219,14 @@ pub fn describe_handshake_error(e: &std::io::Error) -> String {
     }
 }
 
+/// Whether `bytes`, the first a plaintext peer received, start a TLS record (handshake 0x16 or
+/// alert 0x15, version 3.x): a sign the other side speaks TLS. No Quire frame starts so: its
+/// first four bytes are a little-endian length, and these would make it 197 KB or more, which
+/// no handshake response is.
+pub fn looks_like_tls_record(bytes: &[u8]) -> bool {
+    matches!(bytes, [0x15 | 0x16, 0x03, ..])
+}
+
 fn file_error(setting: &'static str, path: &Path, reason: impl fmt::Display) -> Error {
     Error::File {
         setting,
@@ -262,8 +271,14 @@ mod tests {
         assert_eq!(host_of("bookie-1.example:3181"), "bookie-1.example");
         assert_eq!(host_of("::1"), "::1");
         assert_eq!(host_of("localhost"), "localhost");
-        assert!(matches!(server_name("127.0.0.1:1").unwrap(), ServerName::IpAddress(_)));
-        assert!(matches!(server_name("b1:1").unwrap(), ServerName::DnsName(_)));
+        assert!(matches!(
+            server_name("127.0.0.1:1").unwrap(),
+            ServerName::IpAddress(_)
+        ));
+        assert!(matches!(
+            server_name("b1:1").unwrap(),
+            ServerName::DnsName(_)
+        ));
     }
 
     #[test]
@@ -285,7 +300,10 @@ mod tests {
             client_auth: ClientAuth::None,
         };
         let e = server.server_config().unwrap_err().to_string();
-        assert!(e.contains("tls_cert_file") && e.contains("empty.pem"), "{e}");
+        assert!(
+            e.contains("tls_cert_file") && e.contains("empty.pem"),
+            "{e}"
+        );
         let client = ClientTls {
             ca_file: dir.path().join("absent.pem"),
             cert_file: None,
