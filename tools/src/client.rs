@@ -14,6 +14,8 @@ pub struct ProxyArg {
     /// Proxy address (host:port).
     #[arg(long, env = "QUIRE_PROXY", default_value = crate::PROXY_ADDR_DEFAULT)]
     pub proxy: String,
+    #[command(flatten)]
+    pub tls: crate::tls::ProxyTlsArgs,
 }
 
 /// `quire write` options.
@@ -70,7 +72,13 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub(crate) async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
-    ProxyClient::connect(&proxy.proxy).await.with_context(|| {
+    let config = quire_proxy::ClientConfig {
+        tls: proxy.tls.client_config()?,
+        // The certificate must carry the host as given (a name or an IP address).
+        tls_server_name: Some(proxy.proxy.clone()),
+        ..quire_proxy::ClientConfig::default()
+    };
+    ProxyClient::connect_with(&proxy.proxy, config).await.with_context(|| {
         format!(
             "cannot reach the proxy at {} (is a sandbox running?)",
             proxy.proxy

@@ -294,6 +294,21 @@ pub struct BookieSettings {
     /// each shard takes its share).
     #[arg(long)]
     pub connections_max: Option<usize>,
+    /// PEM certificate chain of this server; with `tls_key_file` it turns TLS on for its
+    /// port (BookKeeper `tlsCertificatePath`). Default: plain TCP.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (BookKeeper `tlsKeyStore`).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for peers' certificates: clients' when
+    /// `tls_client_auth = "require"`, and bookies' for this bookie's autorecovery (BookKeeper `tlsTrustStore`).
+    #[arg(long)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// `none` (default) or `require`: whether clients must present a certificate signed by
+    /// `tls_ca_file` (mutual TLS; BookKeeper `tlsClientAuthentication`).
+    #[arg(long)]
+    pub tls_client_auth: Option<String>,
 }
 
 /// Smallest accepted `index_cache_bytes_max`: sixteen 4 KiB index blocks.
@@ -539,7 +554,11 @@ impl BookieSettings {
             replication_rate_bytes,
             handshake_timeout_ms,
             idle_timeout_secs,
-            connections_max
+            connections_max,
+            tls_cert_file,
+            tls_key_file,
+            tls_ca_file,
+            tls_client_auth
         )
     }
 
@@ -618,6 +637,12 @@ impl BookieSettings {
             }
             bookie.connections_max = n;
         }
+        bookie.tls = crate::tls::server_tls(
+            self.tls_cert_file,
+            self.tls_key_file,
+            self.tls_ca_file,
+            self.tls_client_auth.as_deref(),
+        )?;
         let disk = check_disk_usage(
             self.disk_usage_threshold,
             self.disk_usage_lwm_threshold,
@@ -638,23 +663,37 @@ impl BookieSettings {
             index_cache_bytes_max: self.index_cache_bytes_max,
         }
         .apply(&mut bookie.engine)?;
-        let autorecovery = crate::autorecovery::AutorecoveryOptions::resolve(
+        let mut autorecovery = crate::autorecovery::AutorecoveryOptions::resolve(
             self.lost_bookie_recovery_delay_secs,
             self.open_ledger_rereplication_grace_period_ms,
             self.autorecovery_poll_interval_ms,
             self.auditor_periodic_check_interval_secs,
             self.replication_rate_bytes,
         )?;
+        let autorecovery_enabled = self.autorecovery_enabled.unwrap_or(true);
+        if let Some(tls) = &bookie.tls {
+            // The bookie's own autorecovery talks to the other (TLS) bookies as a client: it
+            // trusts tls_ca_file and presents the bookie's certificate (BookKeeper's bookie
+            // uses its keystore for both sides too).
+            if autorecovery_enabled {
+                let Some(ca_file) = tls.ca_file.clone() else {
+                    bail!("missing setting tls_ca_file: TLS is on and this bookie's autorecovery connects to the other bookies, so it needs the CA that signs their certificates (or set autorecovery_enabled = false)");
+                };
+                let client = quire_tls::ClientTls {
+                    ca_file,
+                    cert_file: Some(tls.cert_file.clone()),
+                    key_file: Some(tls.key_file.clone()),
+                };
+                autorecovery.bookie_tls = Some(client.client_config()?);
+            }
+        }
         Ok(BookieOptions {
             metadata,
             advertised,
             rack: self.rack,
             metrics_listen: self.metrics_listen,
             bookie,
-            autorecovery: self
-                .autorecovery_enabled
-                .unwrap_or(true)
-                .then_some(autorecovery),
+            autorecovery: autorecovery_enabled.then_some(autorecovery),
         })
     }
 }
@@ -728,6 +767,30 @@ pub struct ProxySettings {
     /// off unless set.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// PEM certificate chain of this proxy; with `tls_key_file` it turns TLS on for the proxy
+    /// port (BookKeeper `tlsCertificatePath`). Default: plain TCP.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (BookKeeper `tlsKeyStore`).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for clients' certificates when `tls_client_auth =
+    /// "require"` (BookKeeper `tlsTrustStore`).
+    #[arg(long)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// `none` (default) or `require`: whether clients must present a certificate signed by
+    /// `tls_ca_file` (BookKeeper `tlsClientAuthentication`).
+    #[arg(long)]
+    pub tls_client_auth: Option<String>,
+    /// PEM CA certificate that signs the bookies' certificates; turns TLS to bookies on.
+    #[arg(long)]
+    pub bookie_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to bookies that require one (mutual TLS).
+    #[arg(long)]
+    pub bookie_tls_cert_file: Option<PathBuf>,
+    /// PEM key of `bookie_tls_cert_file`.
+    #[arg(long)]
+    pub bookie_tls_key_file: Option<PathBuf>,
 }
 
 /// Parses and checks a retention time in seconds (`--retention-time-secs`).
@@ -761,6 +824,10 @@ pub struct ProxyOptions {
     pub drain_timeout: Duration,
     /// Where `/metrics` and `/healthz` are served, if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// TLS on the proxy port (`None`: plain TCP).
+    pub tls: Option<quire_tls::ServerTls>,
+    /// TLS to bookies (`None`: plain TCP).
+    pub bookie_tls: Option<quire_tls::ClientTls>,
 }
 
 /// SIGTERM drain limit of `quire proxy` when none is configured, in milliseconds.
@@ -788,7 +855,14 @@ impl ProxySettings {
             lifecycle_sweep_secs,
             txid_jump_max,
             drain_timeout_ms,
-            metrics_listen
+            metrics_listen,
+            tls_cert_file,
+            tls_key_file,
+            tls_ca_file,
+            tls_client_auth,
+            bookie_tls_ca_file,
+            bookie_tls_cert_file,
+            bookie_tls_key_file
         )
     }
 
@@ -861,6 +935,18 @@ impl ProxySettings {
             streams,
             drain_timeout: Duration::from_millis(drain_ms),
             metrics_listen: self.metrics_listen,
+            tls: crate::tls::server_tls(
+                self.tls_cert_file,
+                self.tls_key_file,
+                self.tls_ca_file,
+                self.tls_client_auth.as_deref(),
+            )?,
+            bookie_tls: crate::tls::client_tls(
+                "bookie_",
+                self.bookie_tls_ca_file,
+                self.bookie_tls_cert_file,
+                self.bookie_tls_key_file,
+            )?,
         })
     }
 }

@@ -29,6 +29,7 @@ mod gc;
 mod metrics_http;
 mod proxy_cmd;
 mod sandbox;
+mod tls;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -75,6 +76,9 @@ enum Command {
     /// Stream admin through a proxy: `list`, `show STREAM`, `truncate STREAM DLSN`,
     /// `delete STREAM`, `retention STREAM [--time-secs N] [--size-bytes N]`.
     Stream(admin::StreamArgs),
+    /// Make a test or small-cluster CA and one certificate for the given names:
+    /// `--out DIR --san HOST [--san HOST ...]` writes ca.pem, node.pem, node.key.
+    TlsCerts(tls::TlsCertsArgs),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         Command::Ledger(args) => admin::ledger(args),
         Command::Autorecovery(args) => autorecovery::run(args),
         Command::Stream(args) => admin::stream(args),
+        Command::TlsCerts(args) => tls::certs(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
