@@ -78,12 +78,15 @@ pub(crate) async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
         tls_server_name: Some(proxy.proxy.clone()),
         ..quire_proxy::ClientConfig::default()
     };
-    ProxyClient::connect_with(&proxy.proxy, config).await.with_context(|| {
-        format!(
+    match ProxyClient::connect_with(&proxy.proxy, config).await {
+        Ok(client) => Ok(client),
+        // The proxy is there; the TLS settings disagree, and the error says how.
+        Err(e @ quire_proxy::Error::Tls { .. }) => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
             "cannot reach the proxy at {} (is a sandbox running?)",
             proxy.proxy
-        )
-    })
+        ))),
+    }
 }
 
 fn parse_from(from: &str) -> Result<ReadPosition> {
