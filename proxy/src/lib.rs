@@ -58,6 +58,8 @@ pub mod stream;
 pub mod types;
 
 pub use client::{ClientConfig, ProxyClient};
+/// The rustls client configuration [`ClientConfig::tls`] holds.
+pub use quire_tls::rustls::ClientConfig as TlsClientConfig;
 pub use dlsn::{Dlsn, ParseDlsnError, ReadPosition};
 pub use error::{Error, ErrorCode, Result};
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
