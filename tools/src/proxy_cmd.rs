@@ -121,7 +121,11 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
             "quire proxy: {} listening on {}{} (E={} Qw={} Qa={})",
             options.advertised,
             server.local_addr(),
-            if options.tls.is_some() { " with TLS" } else { "" },
+            if options.tls.is_some() {
+                " with TLS"
+            } else {
+                ""
+            },
             s.ensemble_size,
             s.write_quorum,
             s.ack_quorum
