@@ -1123,6 +1123,51 @@ mod tests {
     }
 
     #[test]
+    fn tls_settings_are_read_and_checked() {
+        // Goal: TLS is off by default; the TLS keys reach the bookie's configuration and its
+        // autorecovery's client; incomplete TLS settings are refused by name.
+        let dir = tempfile::tempdir().unwrap();
+        let pki = quire_tls::gen::write_pki(dir.path(), &["127.0.0.1".into()]).unwrap();
+        let base = "zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:3181\"\n";
+        let o = bookie_from(base).unwrap();
+        assert!(o.bookie.tls.is_none(), "plain TCP by default");
+        let (cert, key, ca) = (
+            pki.cert_file.display(),
+            pki.key_file.display(),
+            pki.ca_file.display(),
+        );
+        let full = format!(
+            "{base}tls_cert_file = \"{cert}\"\ntls_key_file = \"{key}\"\ntls_ca_file = \"{ca}\"\ntls_client_auth = \"require\"\n"
+        );
+        let o = bookie_from(&full).unwrap();
+        let tls = o.bookie.tls.expect("TLS on");
+        assert_eq!(tls.client_auth, quire_tls::ClientAuth::Require);
+        assert!(o.autorecovery.expect("on").bookie_tls.is_some());
+        for (text, want) in [
+            (
+                format!("{base}tls_cert_file = \"{cert}\"\n"),
+                "missing setting tls_key_file",
+            ),
+            (
+                format!("{base}tls_client_auth = \"require\"\n"),
+                "TLS is off",
+            ),
+            (full.replace("require", "sometimes"), "tls_client_auth"),
+            (
+                format!("{base}tls_cert_file = \"{cert}\"\ntls_key_file = \"{key}\"\n"),
+                "missing setting tls_ca_file",
+            ),
+            (
+                full.replace(&ca.to_string(), "/nonexistent/ca.pem"),
+                "/nonexistent/ca.pem",
+            ),
+        ] {
+            let e = format!("{:#}", bookie_from(&text).unwrap_err());
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+
+    #[test]
     fn bookie_disk_usage_settings_are_read_and_checked() {
         // Goal: the read-only mode keys reach the bookie's configuration with BookKeeper's
         // defaults, and bad values are refused by name.

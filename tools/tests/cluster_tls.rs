@@ -141,6 +141,29 @@ fn a_cluster_with_mutual_tls_serves_real_clients_and_refuses_strangers() {
     ));
     assert!(err.contains("TLS") && err.contains("certificate"), "{err}");
 
+    // `quire bookie info` asks a bookie directly: with the bookie TLS flags it is answered,
+    // without them refused.
+    let bookie = format!("127.0.0.1:{}", ports[0]);
+    let out = run(&[
+        "bookie".into(),
+        "info".into(),
+        bookie.clone(),
+        "--bookie-tls-ca-file".into(),
+        pki.ca.clone(),
+        "--bookie-tls-cert-file".into(),
+        pki.cert.clone(),
+        "--bookie-tls-key-file".into(),
+        pki.key.clone(),
+    ]);
+    assert!(
+        out.status.success(),
+        "bookie info: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("writable"));
+    let out = run(&["bookie".into(), "info".into(), bookie]);
+    one_line_error(&out);
+
     // Straight to the bookies, as an admin tool's ledger client.
     let runtime = common::cluster::runtime();
     runtime.block_on(async {
