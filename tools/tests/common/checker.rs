@@ -219,7 +219,10 @@ fn tls_from_env(prefix: &str) -> Option<std::sync::Arc<quire_tls::rustls::Client
         cert_file: var("CERT_FILE"),
         key_file: var("KEY_FILE"),
     };
-    Some(tls.client_config().expect("TLS settings from the environment"))
+    Some(
+        tls.client_config()
+            .expect("TLS settings from the environment"),
+    )
 }
 
 /// Connects to a proxy, with TLS when `QUIRE_TLS_CA_FILE` is set.
