@@ -50,6 +50,9 @@ for round in $(seq 1 "$ROUNDS"); do
         rm -rf "$DATA_DIR"
         flags=()
         [ "$mode" = tls ] && flags=(--tls)
+        # Emptied here, not only by the redirection of the background job below, which may run
+        # after the loop has read the previous sandbox's address.
+        : > "$OUT_DIR/sandbox.out"
         "$QUIRE" sandbox --data-dir "$DATA_DIR" --listen 127.0.0.1:0 "${flags[@]}" \
             > "$OUT_DIR/sandbox.out" 2> "$OUT_DIR/sandbox.err" &
         sandbox_pid=$!
