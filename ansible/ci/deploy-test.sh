@@ -7,7 +7,8 @@
 #    (the namespaces share the filesystem).
 # 2. Lints the playbooks, deploys with `ansible-playbook site.yml` over SSH, and runs site.yml
 #    again, which must report changed=0 on every host.
-# 3. Writes every loghub sample through proxy px1 with `quire write` and reads it back through
+# 3. Checks that a client without TLS is refused (TLS with client certificates is on, as in
+#    production), then writes every loghub sample through proxy px1 with `quire write` and reads it back through
 #    px2 with `quire read`; the output must equal the file.
 # 4. Starts the load driver (tools/tests/proxy_drain_and_rolling_load.rs,
 #    deployed_cluster_under_rolling_restart: a writer and a tailing reader over both proxies),
@@ -203,6 +204,20 @@ ansible-playbook -i inventories/ci site.yml > "$ST/site-2.log" || { tail -n 60 "
 grep -B3 -A12 "changed:" "$ST/site-2.log" | head -40 || true
 recap_unchanged "$ST/site-2.log"
 log "second site.yml changed nothing ($(( $(date +%s) - t0 )) s)"
+
+# The cluster speaks TLS with client certificates required on every port (quire_tls, on as in
+# production): the clients below use the CA and certificate site.yml made on this controller,
+# through the variables the quire command reads. A client without them is refused.
+TLS=$ST/tls
+[ -s "$TLS/node.key" ] || { echo "deploy-test: site.yml made no TLS files in $TLS" >&2; exit 1; }
+if "$QUIRE_BIN" stream list --proxy "$NET.31:4181" > /dev/null 2> "$ST/plain.err"; then
+    echo "deploy-test: a plaintext client was served by the TLS proxy" >&2; exit 1
+fi
+grep -q "requires TLS" "$ST/plain.err" || { cat "$ST/plain.err"; echo "deploy-test: unexpected refusal" >&2; exit 1; }
+export QUIRE_TLS_CA_FILE=$TLS/ca.pem QUIRE_TLS_CERT_FILE=$TLS/node.pem QUIRE_TLS_KEY_FILE=$TLS/node.key
+export QUIRE_BOOKIE_TLS_CA_FILE=$TLS/ca.pem QUIRE_BOOKIE_TLS_CERT_FILE=$TLS/node.pem \
+    QUIRE_BOOKIE_TLS_KEY_FILE=$TLS/node.key
+log "TLS on: a plaintext client was refused"
 
 # A real log through the deployed proxies: every loghub sample in through px1, out through px2.
 LOGHUB=${QUIRE_LOGHUB_DIR:-$ROOT/../shared/data/loghub}

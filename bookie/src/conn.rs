@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use futures_lite::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use futures_lite::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
 use quire_wire::bookie::{
@@ -132,19 +132,85 @@ enum ReadEnd {
 /// Not cancelled by the shard; it ends by itself once the shard's stop signal fires and its
 /// in-flight requests are answered.
 pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+    let accepted = Instant::now();
+    let peer = prepare(&shard, &stream);
+    shard.connections.set(shard.connections.get() + 1);
+    serve_stream(&shard, stream, peer, accepted).await;
+    shard.connections.set(shard.connections.get() - 1);
+}
+
+/// [`serve`] on a TLS port: the TLS handshake first, then the bookie protocol inside it.
+///
+/// The TLS handshake and the `Hello` together must finish within the handshake timeout
+/// (`BookieConfig::handshake_timeout`), so a peer that stalls mid-handshake holds nothing for
+/// long. A failed handshake (a plaintext client, a client without a certificate the bookie's
+/// CA signed when client auth is required) closes the connection with one log line.
+pub(crate) async fn serve_tls(
+    shard: Rc<Shard>,
+    acceptor: futures_rustls::TlsAcceptor,
+    stream: TcpStream,
+) {
+    let accepted = Instant::now();
+    let peer = prepare(&shard, &stream);
+    // Counted while handshaking, so that handshakes too stay within the connection limit.
+    shard.connections.set(shard.connections.get() + 1);
+    let handshake = futures_lite::future::or(
+        async { Some(acceptor.accept(stream).await) },
+        futures_lite::future::or(
+            async {
+                glommio::timer::sleep(shard.limits.handshake_timeout).await;
+                None
+            },
+            async {
+                // The stop semaphore never has permits; closing it wakes every connection.
+                let _ = shard.stop.acquire(1).await;
+                None
+            },
+        ),
+    )
+    .await;
+    match handshake {
+        Some(Ok(tls)) => serve_stream(&shard, tls, peer, accepted).await,
+        Some(Err(e)) => tracing::info!(
+            shard = shard.index,
+            ?peer,
+            error = %quire_tls::describe_handshake_error(&e),
+            "TLS handshake failed; connection closed"
+        ),
+        None => tracing::debug!(
+            shard = shard.index,
+            ?peer,
+            "closing a connection that did not complete its TLS handshake in time"
+        ),
+    }
+    shard.connections.set(shard.connections.get() - 1);
+}
+
+fn prepare(shard: &Shard, stream: &TcpStream) -> Option<std::net::SocketAddr> {
     let peer = stream.peer_addr().ok();
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(?peer, error = %e, "set_nodelay failed");
     }
     tracing::debug!(shard = shard.index, ?peer, "connection accepted");
+    peer
+}
+
+/// The bookie protocol on one connection, plain TCP or TLS (generic, so the plain path has no
+/// indirection).
+async fn serve_stream<S>(
+    shard: &Rc<Shard>,
+    stream: S,
+    peer: Option<std::net::SocketAddr>,
+    accepted: Instant,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + 'static,
+{
     let (mut reader, writer) = futures_lite::io::split(stream);
     let outbox = Rc::new(Outbox::default());
     let write_task = glommio::spawn_local(write_loop(writer, outbox.clone()));
     let in_flight = Rc::new(Semaphore::new(IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX));
 
-    shard.connections.set(shard.connections.get() + 1);
-    let end = read_loop(&shard, &mut reader, &outbox, &in_flight).await;
-    shard.connections.set(shard.connections.get() - 1);
+    let end = read_loop(shard, &mut reader, &outbox, &in_flight, accepted).await;
 
     // Every request already read gets its answer before the connection closes.
     if in_flight
@@ -182,10 +248,10 @@ pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream) {
 
 /// Writes batches from `outbox` until it is finished; returns the write half if it is still
 /// healthy.
-async fn write_loop(
-    mut writer: WriteHalf<TcpStream>,
+async fn write_loop<S: AsyncWrite + Unpin>(
+    mut writer: WriteHalf<S>,
     outbox: Rc<Outbox>,
-) -> Option<WriteHalf<TcpStream>> {
+) -> Option<WriteHalf<S>> {
     let mut spare = Vec::new();
     while let Some(mut batch) = outbox.next_batch(&mut spare).await {
         let result = async {
@@ -217,11 +283,12 @@ async fn write_loop(
 }
 
 /// Reads and handles frames until the connection ends.
-async fn read_loop(
+async fn read_loop<S: AsyncRead + Unpin>(
     shard: &Rc<Shard>,
-    reader: &mut ReadHalf<TcpStream>,
+    reader: &mut ReadHalf<S>,
     outbox: &Rc<Outbox>,
     in_flight: &Rc<Semaphore>,
+    accepted: Instant,
 ) -> ReadEnd {
     let frame_max = shard.frame_size_bytes_max;
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
@@ -229,7 +296,6 @@ async fn read_loop(
     let mut start = 0usize;
     let mut filled = 0usize;
     let mut handshaken = false;
-    let accepted = Instant::now();
     let mut last_received = accepted;
     loop {
         // Handle every whole frame already received.
@@ -380,6 +446,14 @@ async fn read_loop(
             Some(Ok(n)) => {
                 filled += n;
                 last_received = Instant::now();
+                if !handshaken && quire_tls::looks_like_tls_record(&buf[..filled]) {
+                    // Would otherwise wait for a "frame" of 66 KB until the handshake timeout.
+                    tracing::info!(
+                        shard = shard.index,
+                        "closing a connection that sent a TLS record: a TLS client on this plaintext port"
+                    );
+                    return ReadEnd::Closed;
+                }
             }
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "connection read failed");

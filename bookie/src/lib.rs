@@ -141,6 +141,12 @@ pub struct BookieConfig {
     /// (`ceil(connections_max / shards)`, the kernel spreads accepts over the shards), and a
     /// connection over it is closed at once. Default 4096.
     pub connections_max: usize,
+    /// TLS on the bookie port (BookKeeper's `tlsProvider`, `tlsCertificatePath`, `tlsKeyStore`,
+    /// `tlsTrustStore`, `tlsClientAuthentication`): with it every connection starts with a TLS
+    /// handshake, bounded by `handshake_timeout`, and with client auth required a peer without
+    /// a certificate signed by `ca_file` is closed before it is read. `None` (the default):
+    /// plain TCP.
+    pub tls: Option<quire_tls::ServerTls>,
 }
 
 /// Default of [`BookieConfig::handshake_timeout`].
@@ -180,6 +186,7 @@ impl BookieConfig {
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
             idle_timeout: IDLE_TIMEOUT_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
+            tls: None,
         }
     }
 
@@ -223,6 +230,9 @@ pub enum Error {
     /// The configuration is invalid or does not match the directories.
     #[error("bad configuration: {0}")]
     Config(String),
+    /// The TLS files could not be read or do not go together.
+    #[error("bookie TLS: {0}")]
+    Tls(#[from] quire_tls::Error),
     /// A shard thread could not start, or exited without reporting.
     #[error("shard {shard}: executor: {message}")]
     Runtime { shard: usize, message: String },
@@ -268,6 +278,11 @@ impl Bookie {
     pub fn start(config: BookieConfig) -> Result<Bookie, Error> {
         validate(&config)?;
         let shard_count = config.shards;
+        // Read once, before anything starts, so that bad TLS files fail the start.
+        let tls = match &config.tls {
+            Some(files) => Some(futures_rustls::TlsAcceptor::from(files.server_config()?)),
+            None => None,
+        };
         check_shard_count(&config.journal_dir, shard_count)?;
         check_shard_count(&config.ledger_dir, shard_count)?;
 
@@ -339,6 +354,7 @@ impl Bookie {
                 read_only: read_only.clone(),
                 metrics: config.metrics.as_ref().map(|m| m.shard(index).clone()),
                 status: status.clone(),
+                tls: tls.clone(),
                 limits: shard::ConnectionLimits {
                     handshake_timeout: config.handshake_timeout,
                     idle_timeout: config.idle_timeout,

@@ -82,6 +82,8 @@ pub(crate) struct ShardArgs {
     /// Shared with every shard and the controller; this shard publishes its entry.
     pub(crate) status: Arc<BookieStatus>,
     pub(crate) limits: ConnectionLimits,
+    /// The TLS acceptor when the bookie port speaks TLS.
+    pub(crate) tls: Option<futures_rustls::TlsAcceptor>,
 }
 
 /// Limits on one shard's client connections (`BookieConfig`).
@@ -114,6 +116,8 @@ pub(crate) struct Shard {
     /// The bookie's shared status (what `GetBookieInfo` answers).
     pub(crate) status: Arc<BookieStatus>,
     pub(crate) limits: ConnectionLimits,
+    /// The TLS acceptor when the bookie port speaks TLS.
+    pub(crate) tls: Option<futures_rustls::TlsAcceptor>,
     /// Client connections open on this shard now.
     pub(crate) connections: std::cell::Cell<usize>,
 }
@@ -299,7 +303,19 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
                     drop(stream);
                     continue;
                 }
-                glommio::spawn_local(crate::conn::serve(shard.clone(), stream)).detach();
+                match &shard.tls {
+                    None => {
+                        glommio::spawn_local(crate::conn::serve(shard.clone(), stream)).detach();
+                    }
+                    Some(acceptor) => {
+                        glommio::spawn_local(crate::conn::serve_tls(
+                            shard.clone(),
+                            acceptor.clone(),
+                            stream,
+                        ))
+                        .detach();
+                    }
+                }
             }
             Err(e) => {
                 if let Some(suppressed) = failed_log.allow(Instant::now()) {
@@ -329,6 +345,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         metrics,
         status,
         limits,
+        tls,
     } = args;
     let engine = match Engine::open(engine).await {
         Ok(e) => e,
@@ -400,6 +417,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         metrics,
         status: status.clone(),
         limits,
+        tls,
         connections: std::cell::Cell::new(0),
     });
     let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));

@@ -652,7 +652,7 @@ impl Target {
     /// If the proxy cannot be reached or refuses the handshake.
     pub async fn connect(proxy: &str, prefix: String, cpu_pids: Vec<u32>) -> Result<Self> {
         let connect = || async {
-            ProxyClient::connect(proxy)
+            crate::client::connect(proxy)
                 .await
                 .with_context(|| format!("cannot connect to the proxy at {proxy}"))
         };

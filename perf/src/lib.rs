@@ -23,6 +23,7 @@
 //! host figures from [`procfs`], one JSON line per mode.
 
 pub mod baseline;
+pub mod client;
 pub mod common_workload;
 pub mod hist;
 pub mod loadgen;

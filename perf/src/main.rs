@@ -149,6 +149,15 @@ struct Args {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
+    /// CA certificate (PEM) that signs the proxy's certificate: connect with TLS.
+    #[arg(long)]
+    tls_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate (PEM), for a proxy that requires one.
+    #[arg(long)]
+    tls_cert_file: Option<std::path::PathBuf>,
+    /// Key of the client certificate (PEM).
+    #[arg(long)]
+    tls_key_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -254,6 +263,13 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<bool> {
+    if let Some(ca) = &args.tls_ca_file {
+        quire_perf::client::set_tls(
+            ca.clone(),
+            args.tls_cert_file.clone(),
+            args.tls_key_file.clone(),
+        )?;
+    }
     let proxy = args
         .proxy
         .clone()

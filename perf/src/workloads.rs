@@ -116,20 +116,20 @@ impl Cluster {
         let mut writers = Vec::new();
         for _ in 0..connections.max(1) {
             writers.push(Arc::new(
-                ProxyClient::connect(addr)
+                crate::client::connect(addr)
                     .await
                     .with_context(|| format!("cannot connect to the proxy at {addr}"))?,
             ));
         }
         let reader = Arc::new(
-            ProxyClient::connect(addr)
+            crate::client::connect(addr)
                 .await
                 .with_context(|| format!("cannot connect to the proxy at {addr}"))?,
         );
         let scan_addr = addr.to_string();
         let scanner = Arc::new(
             scan_runtime
-                .spawn(async move { ProxyClient::connect(&scan_addr).await })
+                .spawn(async move { crate::client::connect(&scan_addr).await })
                 .await
                 .context("scanner connect task")?
                 .with_context(|| format!("cannot connect to the proxy at {addr}"))?,

@@ -15,10 +15,72 @@ use std::time::Duration;
 use quire_wire::frame::{
     decode_frame, RecvBuffer, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT, RESPONSE_BIT,
 };
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::oneshot;
+
+type TlsStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// The read half of a connection, plain or TLS: an enum rather than a box, so the plain path
+/// costs one branch.
+enum ReadSide {
+    Plain(OwnedReadHalf),
+    Tls(tokio::io::ReadHalf<TlsStream>),
+}
+
+/// The write half of a connection, plain or TLS.
+enum WriteSide {
+    Plain(OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<TlsStream>),
+}
+
+impl AsyncRead for ReadSide {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(r) => std::pin::Pin::new(r).poll_read(cx, buf),
+            Self::Tls(r) => std::pin::Pin::new(r).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for WriteSide {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(w) => std::pin::Pin::new(w).poll_write(cx, buf),
+            Self::Tls(w) => std::pin::Pin::new(w).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(w) => std::pin::Pin::new(w).poll_flush(cx),
+            Self::Tls(w) => std::pin::Pin::new(w).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(w) => std::pin::Pin::new(w).poll_shutdown(cx),
+            Self::Tls(w) => std::pin::Pin::new(w).poll_shutdown(cx),
+        }
+    }
+}
 
 use crate::dlsn::Dlsn;
 use crate::dlsn::ReadPosition;
@@ -46,6 +108,14 @@ pub struct ClientConfig {
     /// `None` (the default): none is sent. A proxy that requires a token refuses the
     /// connection with `UNAUTHENTICATED` (401) when it is missing or unknown.
     pub token: Option<Token>,
+    /// TLS to every proxy, from `quire_tls::ClientTls::client_config` (the CA that signs the
+    /// proxies' certificates and, where they require one, this client's certificate); `None`,
+    /// the default, is plain TCP.
+    pub tls: Option<Arc<quire_tls::rustls::ClientConfig>>,
+    /// The name the home proxy's certificate must carry; `None`: the IP address connected to.
+    /// Proxies reached by a redirect are checked against the host of the address they
+    /// advertise.
+    pub tls_server_name: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -55,6 +125,8 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(30),
             redirects_max: 4,
             token: None,
+            tls: None,
+            tls_server_name: None,
         }
     }
 }
@@ -85,7 +157,9 @@ impl Shared {
 struct Connection {
     /// The address as the client knows it (what it connected to).
     addr: String,
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// The name the proxy's certificate was checked against (TLS only).
+    tls_name: Option<quire_tls::rustls::pki_types::ServerName<'static>>,
+    writer: tokio::sync::Mutex<WriteSide>,
     shared: Arc<Shared>,
     next_request_id: AtomicU64,
     frame_size_bytes_max: u32,
@@ -107,7 +181,7 @@ const READ_BUFFER_KEEP_BYTES: usize = 256 * 1024;
 /// The next response and its request id, reading more from `rd` as needed. Frames are taken
 /// from the front of `buf`; the bytes handed out are dropped once per read, not once per frame.
 async fn read_one_frame(
-    rd: &mut OwnedReadHalf,
+    rd: &mut ReadSide,
     buf: &mut RecvBuffer,
     max: u32,
 ) -> Result<(Response, u64)> {
@@ -172,7 +246,7 @@ enum HandshakeAnswer {
 /// frame with opcode `HELLO | 0x80` (or a connection-level error: opcode `0x80`, request id 0)
 /// that decodes as a proxy response is one.
 async fn read_handshake_answer(
-    rd: &mut OwnedReadHalf,
+    rd: &mut ReadSide,
     buf: &mut Vec<u8>,
     addr: &str,
 ) -> Result<HandshakeAnswer> {
@@ -181,6 +255,12 @@ async fn read_handshake_answer(
         answer,
     };
     loop {
+        if matches!(rd, ReadSide::Plain(_)) && quire_tls::looks_like_tls_record(buf) {
+            return Err(Error::Tls {
+                addr: addr.to_string(),
+                reason: "the proxy answered with TLS: its port requires TLS, give this client the TLS CA file".into(),
+            });
+        }
         match decode_frame(buf, FRAME_SIZE_BYTES_MAX_DEFAULT) {
             Err(_) => return Err(not_a_proxy(describe_answer(buf))),
             Ok(Some((frame, used))) => {
@@ -241,7 +321,15 @@ async fn read_handshake_answer(
 impl Connection {
     /// Connects to `addr` (bounded by `connect_timeout`) and performs the handshake (bounded
     /// by `connect_timeout` again).
-    async fn connect(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
+    ///
+    /// With `config.tls`, the TLS handshake comes first (bounded by `connect_timeout` too) and
+    /// the proxy's certificate must carry `name` (`None`: `config.tls_server_name`, else the
+    /// IP address connected to).
+    async fn connect(
+        addr: impl ToSocketAddrs,
+        config: ClientConfig,
+        name: Option<quire_tls::rustls::pki_types::ServerName<'static>>,
+    ) -> Result<Self> {
         let timeout = config.connect_timeout;
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
@@ -265,7 +353,41 @@ impl Connection {
             source,
         })?;
         let addr = peer.to_string();
-        let (mut rd, mut wr) = stream.into_split();
+        let mut tls_name = None;
+        let (mut rd, mut wr) = match &config.tls {
+            None => {
+                let (rd, wr) = stream.into_split();
+                (ReadSide::Plain(rd), WriteSide::Plain(wr))
+            }
+            Some(tls) => {
+                let tls_error = |reason: String| Error::Tls {
+                    addr: addr.clone(),
+                    reason,
+                };
+                let name = match (name, &config.tls_server_name) {
+                    (Some(name), _) => name,
+                    (None, Some(host)) => {
+                        quire_tls::server_name(host).map_err(|e| tls_error(e.to_string()))?
+                    }
+                    (None, None) => {
+                        quire_tls::rustls::pki_types::ServerName::IpAddress(peer.ip().into())
+                    }
+                };
+                tls_name = Some(name.clone());
+                let connector = tokio_rustls::TlsConnector::from(tls.clone());
+                let stream = tokio::time::timeout(timeout, connector.connect(name, stream))
+                    .await
+                    .map_err(|_| tls_error(format!("no TLS handshake within {timeout:?}")))?
+                    .map_err(|e| {
+                        tls_error(format!(
+                            "handshake: {}",
+                            quire_tls::describe_handshake_error(&e)
+                        ))
+                    })?;
+                let (rd, wr) = tokio::io::split(stream);
+                (ReadSide::Tls(rd), WriteSide::Tls(wr))
+            }
+        };
         let mut out = Vec::new();
         Request::Hello {
             version_min: PROXY_PROTOCOL_VERSION_MIN,
@@ -273,7 +395,12 @@ impl Connection {
             token: config.token.clone(),
         }
         .encode(0, &mut out);
-        wr.write_all(&out).await.map_err(|source| Error::Io {
+        // The flush is a no-op on plain TCP; TLS may hold encrypted records until it.
+        let sent = match wr.write_all(&out).await {
+            Ok(()) => wr.flush().await,
+            Err(e) => Err(e),
+        };
+        sent.map_err(|source| Error::Io {
             op: "send handshake",
             source,
         })?;
@@ -282,6 +409,16 @@ impl Connection {
             match tokio::time::timeout(timeout, read_handshake_answer(&mut rd, &mut buf, &addr))
                 .await
             {
+                // With TLS 1.3 a server refuses a client certificate after the client's side of
+                // the handshake is done, so the refusal (an alert) arrives here.
+                Ok(Err(Error::Io { op, source }))
+                    if config.tls.is_some() && source.to_string().contains("alert") =>
+                {
+                    return Err(Error::Tls {
+                        addr,
+                        reason: format!("the proxy ended the connection during {op}: {source} (it requires a client certificate its CA signed)"),
+                    })
+                }
                 Ok(answer) => answer?,
                 Err(_) if buf.is_empty() => {
                     return Err(Error::HandshakeTimeout {
@@ -334,6 +471,7 @@ impl Connection {
         ));
         Ok(Self {
             addr,
+            tls_name,
             writer: tokio::sync::Mutex::new(wr),
             shared,
             next_request_id: AtomicU64::new(1),
@@ -344,7 +482,7 @@ impl Connection {
         })
     }
 
-    async fn reader_loop(mut rd: OwnedReadHalf, buf: Vec<u8>, max: u32, shared: Arc<Shared>) {
+    async fn reader_loop(mut rd: ReadSide, buf: Vec<u8>, max: u32, shared: Arc<Shared>) {
         let mut buf = RecvBuffer::from(buf);
         loop {
             match read_one_frame(&mut rd, &mut buf, max).await {
@@ -409,7 +547,11 @@ impl Connection {
         req.encode(id, &mut out);
         {
             let mut w = self.writer.lock().await;
-            if let Err(source) = w.write_all(&out).await {
+            let sent = match w.write_all(&out).await {
+                Ok(()) => w.flush().await,
+                Err(e) => Err(e),
+            };
+            if let Err(source) = sent {
                 self.forget(id);
                 return Err(Error::Io {
                     op: "send request",
@@ -461,6 +603,8 @@ impl Connection {
 pub struct ProxyClient {
     /// The home proxy's address (as connected to first).
     home_addr: String,
+    /// The name the home proxy's certificate carries (TLS only), checked again on reconnects.
+    home_name: Option<quire_tls::rustls::pki_types::ServerName<'static>>,
     /// The connection to the home proxy; replaced when the proxy closed it (idle timeout,
     /// restart).
     home: Mutex<Arc<Connection>>,
@@ -498,9 +642,10 @@ impl ProxyClient {
     /// # Errors
     /// As [`ProxyClient::connect`].
     pub async fn connect_with(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
-        let home = Connection::connect(addr, config.clone()).await?;
+        let home = Connection::connect(addr, config.clone(), None).await?;
         Ok(Self {
             home_addr: home.addr.clone(),
+            home_name: home.tls_name.clone(),
             home: Mutex::new(Arc::new(home)),
             config,
             others: tokio::sync::Mutex::new(HashMap::new()),
@@ -540,8 +685,14 @@ impl ProxyClient {
             return Ok(current);
         }
         tracing::debug!(proxy = %self.home_addr, "the home proxy closed the connection; connecting again");
-        let fresh =
-            Arc::new(Connection::connect(self.home_addr.as_str(), self.config.clone()).await?);
+        let fresh = Arc::new(
+            Connection::connect(
+                self.home_addr.as_str(),
+                self.config.clone(),
+                self.home_name.clone(),
+            )
+            .await?,
+        );
         *self.home.lock().expect("home lock") = fresh.clone();
         Ok(fresh)
     }
@@ -557,7 +708,14 @@ impl ProxyClient {
                 return Ok(c.clone());
             }
         }
-        let c = Arc::new(Connection::connect(addr, self.config.clone()).await?);
+        let name = match &self.config.tls {
+            Some(_) => Some(quire_tls::server_name(addr).map_err(|e| Error::Tls {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?),
+            None => None,
+        };
+        let c = Arc::new(Connection::connect(addr, self.config.clone(), name).await?);
         others.insert(addr.to_string(), c.clone());
         Ok(c)
     }

@@ -239,6 +239,11 @@ pub enum Error {
     /// describes the bytes received.
     #[error("{addr} is not a Quire proxy (it answered with {answer})")]
     NotAProxy { addr: String, answer: String },
+    /// (client side) TLS to the proxy failed: the handshake (an unknown CA, a refused or
+    /// missing client certificate, a plaintext port), or the proxy answered a plaintext client
+    /// with TLS. `reason` is one line.
+    #[error("TLS with {addr}: {reason}")]
+    Tls { addr: String, reason: String },
     /// (client side) The TCP connection was accepted but no handshake answer arrived in time
     /// (`ClientConfig::connect_timeout`).
     #[error("{addr} accepted the connection but did not answer the handshake within {} s", fmt_secs(*waited))]
@@ -274,7 +279,8 @@ impl Error {
             Error::BadRequest { .. }
             | Error::Protocol(_)
             | Error::ReservedTxid { .. }
-            | Error::NotAProxy { .. } => ErrorCode::BadRequest,
+            | Error::NotAProxy { .. }
+            | Error::Tls { .. } => ErrorCode::BadRequest,
             Error::Storage { .. } => ErrorCode::Storage,
             Error::Metadata { .. } => ErrorCode::Metadata,
             Error::ShuttingDown => ErrorCode::ServiceUnavailable,

@@ -61,6 +61,8 @@ pub mod types;
 pub use client::{ClientConfig, ProxyClient};
 pub use dlsn::{Dlsn, ParseDlsnError, ReadPosition};
 pub use error::{Error, ErrorCode, Result};
+/// The rustls client configuration [`ClientConfig::tls`] holds.
+pub use quire_tls::rustls::ClientConfig as TlsClientConfig;
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
 pub use server::{
     catch_up_read_runtime, serve, ProxyMetrics, ProxyServer, ServerConfig, CATCH_UP_READ_NICE,

@@ -19,7 +19,6 @@ use std::time::Duration;
 use quire_wire::frame::{RecvBuffer, FRAME_SIZE_BYTES_MAX_DEFAULT};
 use quire_wire::WireError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -75,6 +74,10 @@ pub struct ServerConfig {
     /// ([`crate::auth`]); `None` (the default): no authentication, every client may do
     /// everything.
     pub auth: Option<Arc<Authorizer>>,
+    /// TLS on the proxy port, from `quire_tls::ServerTls::server_config` (BookKeeper's
+    /// `tlsCertificatePath`, `tlsKeyStore`, `tlsTrustStore`, `tlsClientAuthentication`); the
+    /// TLS handshake counts against `handshake_timeout`. `None` (the default): plain TCP.
+    pub tls: Option<Arc<quire_tls::rustls::ServerConfig>>,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +92,7 @@ impl Default for ServerConfig {
             catch_up_read_runtime: None,
             metrics: None,
             auth: None,
+            tls: None,
         }
     }
 }
@@ -509,6 +513,7 @@ async fn serve_until(
     stop: watch::Receiver<Stop>,
     connections: Arc<Semaphore>,
 ) {
+    let acceptor = config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let config = Arc::new(config);
     let rejections = Arc::new(Semaphore::new(REJECTIONS_IN_FLIGHT_MAX));
     let mut backoff = AcceptBackoff::new();
@@ -521,15 +526,43 @@ async fn serve_until(
                     Ok(slot) => {
                         let (streams, config, stop) =
                             (streams.clone(), config.clone(), stop.clone());
+                        let acceptor = acceptor.clone();
                         tokio::spawn(async move {
-                            connection(socket, peer, streams, config, stop).await;
+                            let accepted = Instant::now();
+                            match acceptor {
+                                None => {
+                                    let (rd, wr) = socket.into_split();
+                                    connection(rd, wr, peer, accepted, streams, config, stop).await;
+                                }
+                                Some(acceptor) => {
+                                    if let Some(tls) =
+                                        tls_handshake(&acceptor, socket, peer, &config).await
+                                    {
+                                        let (rd, wr) = tokio::io::split(tls);
+                                        connection(rd, wr, peer, accepted, streams, config, stop)
+                                            .await;
+                                    }
+                                }
+                            }
                             drop(slot);
                         });
                     }
                     Err(_) => {
                         tracing::debug!(%peer, limit = config.connections_max, "refusing a connection over the limit");
                         if let Ok(permit) = rejections.clone().try_acquire_owned() {
-                            tokio::spawn(reject(socket, config.connections_max, permit));
+                            let (acceptor, config) = (acceptor.clone(), config.clone());
+                            tokio::spawn(async move {
+                                match acceptor {
+                                    None => reject(socket, config.connections_max, permit).await,
+                                    Some(acceptor) => {
+                                        if let Some(tls) =
+                                            tls_handshake(&acceptor, socket, peer, &config).await
+                                        {
+                                            reject(tls, config.connections_max, permit).await;
+                                        }
+                                    }
+                                }
+                            });
                         }
                     }
                 }
@@ -545,10 +578,35 @@ async fn serve_until(
     }
 }
 
+/// The TLS handshake of an accepted connection, within `config.handshake_timeout`. A failure
+/// (a plaintext client, a client without a certificate the CA signed when one is required) is
+/// logged in one line and the connection closed.
+async fn tls_handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    socket: TcpStream,
+    peer: SocketAddr,
+    config: &ServerConfig,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    match tokio::time::timeout(config.handshake_timeout, acceptor.accept(socket)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %quire_tls::describe_handshake_error(&e), "TLS handshake failed; connection closed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "closing a connection that did not complete its TLS handshake in time");
+            None
+        }
+    }
+}
+
 /// Answers a connection over the limit with `SERVICE_UNAVAILABLE` (request id 0) and closes it.
 /// The write side is shut first and what the client sent is read and dropped, so the close
 /// does not reset the connection and discard the answer before the client reads it.
-async fn reject(socket: TcpStream, limit: usize, _permit: OwnedSemaphorePermit) {
+async fn reject<S>(socket: S, limit: usize, _permit: OwnedSemaphorePermit)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let message = format!(
         "the proxy already has its maximum of {limit} open connections; try later or another proxy"
     );
@@ -560,7 +618,7 @@ async fn reject(socket: TcpStream, limit: usize, _permit: OwnedSemaphorePermit) 
         0,
         0,
     );
-    let (mut rd, mut wr) = socket.into_split();
+    let (mut rd, mut wr) = tokio::io::split(socket);
     let _ = tokio::time::timeout(REJECTION_TIME_MAX, async move {
         if wr.write_all(&answer).await.is_ok() && wr.shutdown().await.is_ok() {
             let mut sink = [0u8; 1024];
@@ -587,8 +645,8 @@ fn error_response(e: &Error) -> Response {
 
 /// Sends the answers queued on `rx` until every sender is gone, or until `flush` fires: then
 /// it sends what is queued at that moment and closes (a draining connection's last answers).
-async fn writer_loop(
-    mut socket: OwnedWriteHalf,
+async fn writer_loop<W: tokio::io::AsyncWrite + Unpin>(
+    mut socket: W,
     mut rx: mpsc::Receiver<Vec<u8>>,
     mut flush: oneshot::Receiver<()>,
 ) {
@@ -622,7 +680,8 @@ async fn writer_loop(
                 Err(_) => break,
             }
         }
-        if socket.write_all(&buf).await.is_err() {
+        // The flush is a no-op on plain TCP; TLS may hold encrypted records until it.
+        if socket.write_all(&buf).await.is_err() || socket.flush().await.is_err() {
             return;
         }
     }
@@ -694,18 +753,24 @@ const READ_RESERVE_BYTES: usize = 16 * 1024;
 /// A read buffer above this capacity is shrunk once it is empty again.
 const READ_BUFFER_KEEP_BYTES: usize = 256 * 1024;
 
-async fn connection(
-    socket: TcpStream,
+/// Serves one connection's two halves, plain TCP or TLS (generic, so that plain TCP has no
+/// indirection). `accepted` starts the handshake deadline.
+async fn connection<R, W>(
+    mut rd: R,
+    wr: W,
     peer: SocketAddr,
+    accepted: Instant,
     streams: Arc<StreamManager>,
     config: Arc<ServerConfig>,
     mut stop: watch::Receiver<Stop>,
-) {
+) where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity {
-        accepted: Instant::now(),
+        accepted,
         last_ms: AtomicU64::new(0),
     });
-    let (mut rd, wr) = socket.into_split();
     let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(config.requests_in_flight_max);
     let (flush_tx, flush_rx) = oneshot::channel();
     let writer = tokio::spawn(writer_loop(wr, out_rx, flush_rx));
@@ -944,7 +1009,14 @@ async fn connection(
         tokio::select! {
             n = rd.read_buf(read_into) => match n {
                 Ok(0) | Err(_) => break 'conn,
-                Ok(_) => {}
+                Ok(_) => {
+                    if !greeted && quire_tls::looks_like_tls_record(buf.pending()) {
+                        // A ClientHello reads as a 66 KB frame header: close now rather than
+                        // wait for it until the handshake timeout.
+                        tracing::info!(%peer, "closing a connection that sent a TLS record: a TLS client on this plaintext port");
+                        break 'conn;
+                    }
+                }
             },
             _ = stop.changed() => break 'conn,
             _ = tokio::time::sleep_until(deadline) => {

@@ -70,6 +70,9 @@ pub struct LedgerIdArgs {
     pub metadata: MetadataArgs,
     #[command(flatten)]
     pub output: OutputArgs,
+    /// TLS to bookies (`recover`).
+    #[command(flatten)]
+    pub bookie_tls: crate::tls::BookieTlsArgs,
 }
 
 /// `quire ledger list` options.
@@ -258,8 +261,11 @@ pub fn ledger(args: LedgerArgs) -> Result<()> {
                 .context("cannot start the tokio runtime")?;
             let result = runtime.block_on(async {
                 let store = address.connect().await?;
-                let bk =
-                    quire_ledger::BookKeeper::new(store, quire_ledger::ClientConfig::default());
+                let config = quire_ledger::ClientConfig {
+                    tls: a.bookie_tls.client_config()?,
+                    ..quire_ledger::ClientConfig::default()
+                };
+                let bk = quire_ledger::BookKeeper::new(store, config);
                 let meta = bk
                     .recover_ledger(LedgerId(a.ledger))
                     .await

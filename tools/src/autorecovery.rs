@@ -75,6 +75,8 @@ pub struct AutorecoveryOptions {
     pub periodic_check_interval: Option<Duration>,
     /// Bytes per second the worker writes to target bookies at most (`None`: unlimited).
     pub replication_rate_bytes: Option<u64>,
+    /// TLS to bookies (`None`: plain TCP).
+    pub bookie_tls: Option<std::sync::Arc<quire_tls::rustls::ClientConfig>>,
 }
 
 impl AutorecoveryOptions {
@@ -104,6 +106,7 @@ impl AutorecoveryOptions {
             poll_interval: Duration::from_millis(poll),
             periodic_check_interval: (periodic > 0).then(|| Duration::from_secs(periodic)),
             replication_rate_bytes: replication_rate_bytes.filter(|&r| r > 0),
+            bookie_tls: None,
         })
     }
 }
@@ -185,6 +188,7 @@ pub async fn run_daemon(
             store.clone(),
             ClientConfig {
                 replication_rate_bytes_per_sec: options.replication_rate_bytes,
+                tls: options.bookie_tls.clone(),
                 ..ClientConfig::default()
             },
         );
@@ -725,6 +729,16 @@ pub struct AutorecoverySettings {
     /// Address of the HTTP endpoint serving `GET /metrics` and `GET /healthz`; off unless set.
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// PEM CA certificate that signs the bookies' certificates; turns TLS to bookies on
+    /// (BookKeeper `tlsTrustStore`).
+    #[arg(long)]
+    pub bookie_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate, for bookies that require one (BookKeeper `tlsCertificatePath`).
+    #[arg(long)]
+    pub bookie_tls_cert_file: Option<PathBuf>,
+    /// PEM key of the client certificate (BookKeeper `tlsKeyStore`).
+    #[arg(long)]
+    pub bookie_tls_key_file: Option<PathBuf>,
 }
 
 fn hostname() -> String {
@@ -752,7 +766,7 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
         zk_auth_file: s.zk_auth_file.or(file.zk_auth_file),
     }
     .resolve()?;
-    let options = AutorecoveryOptions::resolve(
+    let mut options = AutorecoveryOptions::resolve(
         s.lost_bookie_recovery_delay_secs
             .or(file.lost_bookie_recovery_delay_secs),
         s.open_ledger_rereplication_grace_period_ms
@@ -763,6 +777,16 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
             .or(file.auditor_periodic_check_interval_secs),
         s.replication_rate_bytes.or(file.replication_rate_bytes),
     )?;
+    let bookie_tls = crate::tls::client_tls(
+        "bookie_",
+        s.bookie_tls_ca_file.or(file.bookie_tls_ca_file),
+        s.bookie_tls_cert_file.or(file.bookie_tls_cert_file),
+        s.bookie_tls_key_file.or(file.bookie_tls_key_file),
+    )?;
+    options.bookie_tls = match bookie_tls {
+        Some(t) => Some(t.client_config()?),
+        None => None,
+    };
     let name = s
         .name
         .or(file.name)

@@ -72,6 +72,9 @@ pub struct InfoArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// TLS to the bookie.
+    #[command(flatten)]
+    pub bookie_tls: crate::tls::BookieTlsArgs,
 }
 
 /// Runs `quire bookie`.
@@ -221,7 +224,7 @@ const INFO_TIMEOUT: Duration = Duration::from_secs(10);
 /// (docs/protocol.md), printed as text or JSON.
 fn bookie_info(args: InfoArgs) -> Result<()> {
     use quire_wire::bookie::{BookieState, DirKind};
-    let info = fetch_bookie_info(&args.addr)?;
+    let info = fetch_bookie_info(&args.addr, args.bookie_tls.client_config()?)?;
     let addr = &args.addr;
     let state = match info.state {
         BookieState::Writable => "writable",
@@ -307,7 +310,10 @@ fn human_bytes(n: u64) -> String {
 }
 
 /// Connects to `addr`, shakes hands and asks for the bookie info.
-fn fetch_bookie_info(addr: &str) -> Result<quire_wire::bookie::BookieInfo> {
+fn fetch_bookie_info(
+    addr: &str,
+    tls: Option<std::sync::Arc<quire_tls::rustls::ClientConfig>>,
+) -> Result<quire_wire::bookie::BookieInfo> {
     use quire_wire::bookie::{
         decode_bookie_info_response, decode_response, encode_request, BookieInfoReply, Request,
         Response, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
@@ -319,10 +325,19 @@ fn fetch_bookie_info(addr: &str) -> Result<quire_wire::bookie::BookieInfo> {
         .with_context(|| format!("cannot resolve bookie address {addr}"))?
         .next()
         .with_context(|| format!("bookie address {addr} resolves to nothing"))?;
-    let mut stream = std::net::TcpStream::connect_timeout(&sock, INFO_TIMEOUT)
+    let tcp = std::net::TcpStream::connect_timeout(&sock, INFO_TIMEOUT)
         .with_context(|| format!("cannot connect to bookie {addr}"))?;
-    stream.set_read_timeout(Some(INFO_TIMEOUT))?;
-    stream.set_write_timeout(Some(INFO_TIMEOUT))?;
+    tcp.set_read_timeout(Some(INFO_TIMEOUT))?;
+    tcp.set_write_timeout(Some(INFO_TIMEOUT))?;
+    let mut stream: Box<dyn ReadWrite> = match tls {
+        None => Box::new(tcp),
+        Some(config) => {
+            let name = quire_tls::server_name(addr)?;
+            let session = quire_tls::rustls::ClientConnection::new(config, name)
+                .with_context(|| format!("TLS to bookie {addr}"))?;
+            Box::new(quire_tls::rustls::StreamOwned::new(session, tcp))
+        }
+    };
     let mut out = Vec::new();
     encode_request(
         &mut out,
@@ -335,6 +350,7 @@ fn fetch_bookie_info(addr: &str) -> Result<quire_wire::bookie::BookieInfo> {
     encode_request(&mut out, 2, &Request::GetBookieInfo);
     stream
         .write_all(&out)
+        .and_then(|()| stream.flush())
         .with_context(|| format!("cannot send to bookie {addr}"))?;
     let mut buf = Vec::new();
     let hello = read_frame(&mut stream, &mut buf, addr)?;
@@ -366,8 +382,11 @@ fn fetch_bookie_info(addr: &str) -> Result<quire_wire::bookie::BookieInfo> {
 
 /// Reads one whole frame from `stream` (keeping what follows it in `buf`) and returns its
 /// bytes.
-fn read_frame(stream: &mut std::net::TcpStream, buf: &mut Vec<u8>, addr: &str) -> Result<Vec<u8>> {
-    use std::io::Read;
+/// A plain or TLS connection for `quire bookie info`.
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
+fn read_frame(stream: &mut dyn ReadWrite, buf: &mut Vec<u8>, addr: &str) -> Result<Vec<u8>> {
     loop {
         if let Some((_, used)) = quire_wire::frame::decode_frame(buf, u32::MAX)
             .with_context(|| format!("bad frame from bookie {addr}"))?

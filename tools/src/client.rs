@@ -18,6 +18,8 @@ pub struct ProxyArg {
     /// other users cannot see in the process list.
     #[arg(long, env = "QUIRE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::tls::ProxyTlsArgs,
 }
 
 /// `quire write` options.
@@ -79,16 +81,20 @@ pub(crate) async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
             .token
             .as_ref()
             .map(|t| quire_proxy::protocol::Token(t.trim().as_bytes().to_vec())),
+        tls: proxy.tls.client_config()?,
+        // The certificate must carry the host as given (a name or an IP address).
+        tls_server_name: Some(proxy.proxy.clone()),
         ..quire_proxy::ClientConfig::default()
     };
-    ProxyClient::connect_with(&proxy.proxy, config)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot reach the proxy at {} (is a sandbox running?)",
-                proxy.proxy
-            )
-        })
+    match ProxyClient::connect_with(&proxy.proxy, config).await {
+        Ok(client) => Ok(client),
+        // The proxy is there; the TLS settings disagree, and the error says how.
+        Err(e @ quire_proxy::Error::Tls { .. }) => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
+            "cannot reach the proxy at {} (is a sandbox running?)",
+            proxy.proxy
+        ))),
+    }
 }
 
 fn parse_from(from: &str) -> Result<ReadPosition> {

@@ -335,6 +335,21 @@ pub struct BookieSettings {
     /// each shard takes its share).
     #[arg(long)]
     pub connections_max: Option<usize>,
+    /// PEM certificate chain of this server; with `tls_key_file` it turns TLS on for its
+    /// port (BookKeeper `tlsCertificatePath`). Default: plain TCP.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (BookKeeper `tlsKeyStore`).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for peers' certificates: clients' when
+    /// `tls_client_auth = "require"`, and bookies' for this bookie's autorecovery (BookKeeper `tlsTrustStore`).
+    #[arg(long)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// `none` (default) or `require`: whether clients must present a certificate signed by
+    /// `tls_ca_file` (mutual TLS; BookKeeper `tlsClientAuthentication`).
+    #[arg(long)]
+    pub tls_client_auth: Option<String>,
 }
 
 /// Smallest accepted `journal_queue_bytes_max` (64 KiB): the queue admits an add while it holds
@@ -587,7 +602,11 @@ impl BookieSettings {
             replication_rate_bytes,
             handshake_timeout_ms,
             idle_timeout_secs,
-            connections_max
+            connections_max,
+            tls_cert_file,
+            tls_key_file,
+            tls_ca_file,
+            tls_client_auth
         )
     }
 
@@ -682,6 +701,12 @@ impl BookieSettings {
             }
             bookie.engine.entry_log_readers_max = n;
         }
+        bookie.tls = crate::tls::server_tls(
+            self.tls_cert_file,
+            self.tls_key_file,
+            self.tls_ca_file,
+            self.tls_client_auth.as_deref(),
+        )?;
         let disk = check_disk_usage(
             self.disk_usage_threshold,
             self.disk_usage_lwm_threshold,
@@ -702,23 +727,37 @@ impl BookieSettings {
             index_cache_bytes_max: self.index_cache_bytes_max,
         }
         .apply(&mut bookie.engine)?;
-        let autorecovery = crate::autorecovery::AutorecoveryOptions::resolve(
+        let mut autorecovery = crate::autorecovery::AutorecoveryOptions::resolve(
             self.lost_bookie_recovery_delay_secs,
             self.open_ledger_rereplication_grace_period_ms,
             self.autorecovery_poll_interval_ms,
             self.auditor_periodic_check_interval_secs,
             self.replication_rate_bytes,
         )?;
+        let autorecovery_enabled = self.autorecovery_enabled.unwrap_or(true);
+        if let Some(tls) = &bookie.tls {
+            // The bookie's own autorecovery talks to the other (TLS) bookies as a client: it
+            // trusts tls_ca_file and presents the bookie's certificate (BookKeeper's bookie
+            // uses its keystore for both sides too).
+            if autorecovery_enabled {
+                let Some(ca_file) = tls.ca_file.clone() else {
+                    bail!("missing setting tls_ca_file: TLS is on and this bookie's autorecovery connects to the other bookies, so it needs the CA that signs their certificates (or set autorecovery_enabled = false)");
+                };
+                let client = quire_tls::ClientTls {
+                    ca_file,
+                    cert_file: Some(tls.cert_file.clone()),
+                    key_file: Some(tls.key_file.clone()),
+                };
+                autorecovery.bookie_tls = Some(client.client_config()?);
+            }
+        }
         Ok(BookieOptions {
             metadata,
             advertised,
             rack: self.rack,
             metrics_listen: self.metrics_listen,
             bookie,
-            autorecovery: self
-                .autorecovery_enabled
-                .unwrap_or(true)
-                .then_some(autorecovery),
+            autorecovery: autorecovery_enabled.then_some(autorecovery),
         })
     }
 }
@@ -801,6 +840,30 @@ pub struct ProxySettings {
     /// tokens and get only its rights; off unless set.
     #[arg(long)]
     pub auth_tokens_file: Option<PathBuf>,
+    /// PEM certificate chain of this proxy; with `tls_key_file` it turns TLS on for the proxy
+    /// port (BookKeeper `tlsCertificatePath`). Default: plain TCP.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (BookKeeper `tlsKeyStore`).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for clients' certificates when `tls_client_auth =
+    /// "require"` (BookKeeper `tlsTrustStore`).
+    #[arg(long)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// `none` (default) or `require`: whether clients must present a certificate signed by
+    /// `tls_ca_file` (BookKeeper `tlsClientAuthentication`).
+    #[arg(long)]
+    pub tls_client_auth: Option<String>,
+    /// PEM CA certificate that signs the bookies' certificates; turns TLS to bookies on.
+    #[arg(long)]
+    pub bookie_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to bookies that require one (mutual TLS).
+    #[arg(long)]
+    pub bookie_tls_cert_file: Option<PathBuf>,
+    /// PEM key of `bookie_tls_cert_file`.
+    #[arg(long)]
+    pub bookie_tls_key_file: Option<PathBuf>,
 }
 
 /// Parses and checks a retention time in seconds (`--retention-time-secs`).
@@ -836,6 +899,10 @@ pub struct ProxyOptions {
     pub metrics_listen: Option<SocketAddr>,
     /// The tokens clients must present, if any.
     pub auth: Option<Arc<quire_proxy::auth::Authorizer>>,
+    /// TLS on the proxy port (`None`: plain TCP).
+    pub tls: Option<quire_tls::ServerTls>,
+    /// TLS to bookies (`None`: plain TCP).
+    pub bookie_tls: Option<quire_tls::ClientTls>,
 }
 
 /// SIGTERM drain limit of `quire proxy` when none is configured, in milliseconds.
@@ -865,7 +932,14 @@ impl ProxySettings {
             txid_jump_max,
             drain_timeout_ms,
             metrics_listen,
-            auth_tokens_file
+            auth_tokens_file,
+            tls_cert_file,
+            tls_key_file,
+            tls_ca_file,
+            tls_client_auth,
+            bookie_tls_ca_file,
+            bookie_tls_cert_file,
+            bookie_tls_key_file
         )
     }
 
@@ -948,6 +1022,18 @@ impl ProxySettings {
                 .map(crate::token::load_authorizer)
                 .transpose()?
                 .map(Arc::new),
+            tls: crate::tls::server_tls(
+                self.tls_cert_file,
+                self.tls_key_file,
+                self.tls_ca_file,
+                self.tls_client_auth.as_deref(),
+            )?,
+            bookie_tls: crate::tls::client_tls(
+                "bookie_",
+                self.bookie_tls_ca_file,
+                self.bookie_tls_cert_file,
+                self.bookie_tls_key_file,
+            )?,
         })
     }
 }
@@ -1153,6 +1239,51 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("invalid setting shards = 0"), "{e}");
+    }
+
+    #[test]
+    fn tls_settings_are_read_and_checked() {
+        // Goal: TLS is off by default; the TLS keys reach the bookie's configuration and its
+        // autorecovery's client; incomplete TLS settings are refused by name.
+        let dir = tempfile::tempdir().unwrap();
+        let pki = quire_tls::gen::write_pki(dir.path(), &["127.0.0.1".into()]).unwrap();
+        let base = "zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:3181\"\n";
+        let o = bookie_from(base).unwrap();
+        assert!(o.bookie.tls.is_none(), "plain TCP by default");
+        let (cert, key, ca) = (
+            pki.cert_file.display(),
+            pki.key_file.display(),
+            pki.ca_file.display(),
+        );
+        let full = format!(
+            "{base}tls_cert_file = \"{cert}\"\ntls_key_file = \"{key}\"\ntls_ca_file = \"{ca}\"\ntls_client_auth = \"require\"\n"
+        );
+        let o = bookie_from(&full).unwrap();
+        let tls = o.bookie.tls.expect("TLS on");
+        assert_eq!(tls.client_auth, quire_tls::ClientAuth::Require);
+        assert!(o.autorecovery.expect("on").bookie_tls.is_some());
+        for (text, want) in [
+            (
+                format!("{base}tls_cert_file = \"{cert}\"\n"),
+                "missing setting tls_key_file",
+            ),
+            (
+                format!("{base}tls_client_auth = \"require\"\n"),
+                "TLS is off",
+            ),
+            (full.replace("require", "sometimes"), "tls_client_auth"),
+            (
+                format!("{base}tls_cert_file = \"{cert}\"\ntls_key_file = \"{key}\"\n"),
+                "missing setting tls_ca_file",
+            ),
+            (
+                full.replace(&ca.to_string(), "/nonexistent/ca.pem"),
+                "/nonexistent/ca.pem",
+            ),
+        ] {
+            let e = format!("{:#}", bookie_from(&text).unwrap_err());
+            assert!(e.contains(want), "{want}: {e}");
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod gc;
 mod metrics_http;
 mod proxy_cmd;
 mod sandbox;
+mod tls;
 mod token;
 
 #[global_allocator]
@@ -79,6 +80,9 @@ enum Command {
     /// Proxy tokens: `new NAME [--read P] [--write P] [--admin P]` makes a token and its entry
     /// for the proxies' `auth_tokens_file`.
     Token(token::TokenArgs),
+    /// Make a test or small-cluster CA and one certificate for the given names:
+    /// `--out DIR --san HOST [--san HOST ...]` writes ca.pem, node.pem, node.key.
+    TlsCerts(tls::TlsCertsArgs),
 }
 
 fn main() -> ExitCode {
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
         Command::Autorecovery(args) => autorecovery::run(args),
         Command::Stream(args) => admin::stream(args),
         Command::Token(args) => token::run(args),
+        Command::TlsCerts(args) => tls::certs(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -67,9 +67,20 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
     let zk = options.metadata.connect_zk().await?;
     let mut session_lost = zk.session_lost();
     let store: std::sync::Arc<dyn quire_metadata::MetadataStore> = zk;
+    let bookie_tls = match &options.bookie_tls {
+        Some(t) => Some(t.client_config()?),
+        None => None,
+    };
+    let server_tls = match &options.tls {
+        Some(t) => Some(t.server_config()?),
+        None => None,
+    };
     let bk = quire_ledger::BookKeeper::with_read_runtime(
         store.clone(),
-        quire_ledger::ClientConfig::default(),
+        quire_ledger::ClientConfig {
+            tls: bookie_tls,
+            ..quire_ledger::ClientConfig::default()
+        },
         read_runtime.clone(),
     );
     let mut config = options.streams.clone();
@@ -96,6 +107,7 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
             catch_up_read_runtime: Some(read_runtime.clone()),
             metrics,
             auth: options.auth.clone(),
+            tls: server_tls,
             ..quire_proxy::ServerConfig::default()
         },
     )
@@ -107,9 +119,14 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "quire proxy: {} listening on {} (E={} Qw={} Qa={})",
+            "quire proxy: {} listening on {}{} (E={} Qw={} Qa={})",
             options.advertised,
             server.local_addr(),
+            if options.tls.is_some() {
+                " with TLS"
+            } else {
+                ""
+            },
             s.ensemble_size,
             s.write_quorum,
             s.ack_quorum

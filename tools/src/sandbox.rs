@@ -115,6 +115,13 @@ pub struct SandboxArgs {
     /// Time between two disk usage measurements, in milliseconds (default 10000).
     #[arg(long)]
     disk_check_interval_ms: Option<u64>,
+    /// TLS with required client certificates on every bookie port and on the proxy port
+    /// (off by default). The first start makes a CA and one certificate for 127.0.0.1,
+    /// localhost and the listen address in `DATA_DIR/tls` (`ca.pem`, `node.pem`, `node.key`,
+    /// as `quire tls-certs`); clients pass them as `--tls-ca-file`, `--tls-cert-file` and
+    /// `--tls-key-file`.
+    #[arg(long)]
+    tls: bool,
     /// Address of the HTTP endpoint serving `GET /metrics` (every bookie's metrics labelled
     /// `bookie="bookie-N"`, and the proxy's) and `GET /healthz`; off unless set. Port 0 picks
     /// a free port (printed).
@@ -212,7 +219,36 @@ fn bookie_config(
         index_cache_bytes_max: args.index_cache_bytes_max,
     }
     .apply(&mut config.engine)?;
+    if args.tls {
+        let pki = sandbox_pki(args)?;
+        config.tls = Some(quire_tls::ServerTls {
+            cert_file: pki.cert_file,
+            key_file: pki.key_file,
+            ca_file: Some(pki.ca_file),
+            client_auth: quire_tls::ClientAuth::Require,
+        });
+    }
     Ok(config)
+}
+
+/// The sandbox's TLS files in `DATA_DIR/tls`, made at the first start with `--tls`.
+fn sandbox_pki(args: &SandboxArgs) -> Result<quire_tls::gen::PkiFiles> {
+    let dir = args.data_dir.join("tls");
+    let files = quire_tls::gen::PkiFiles {
+        ca_file: dir.join("ca.pem"),
+        cert_file: dir.join("node.pem"),
+        key_file: dir.join("node.key"),
+    };
+    if files.ca_file.exists() && files.cert_file.exists() && files.key_file.exists() {
+        return Ok(files);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    let ip = args.listen.ip();
+    if !ip.is_unspecified() && !ip.is_loopback() {
+        sans.push(ip.to_string());
+    }
+    Ok(quire_tls::gen::write_pki(&dir, &sans)?)
 }
 
 /// Starts the bookies, at their recorded addresses if this directory was used before, each
@@ -465,9 +501,41 @@ async fn serve(
             changes,
         )));
     }
+    // With --tls the proxy presents the sandbox certificate to the bookies (mutual TLS).
+    let pki = if args.tls {
+        Some(sandbox_pki(args)?)
+    } else {
+        None
+    };
+    let bookie_tls = match &pki {
+        Some(p) => Some(
+            quire_tls::ClientTls {
+                ca_file: p.ca_file.clone(),
+                cert_file: Some(p.cert_file.clone()),
+                key_file: Some(p.key_file.clone()),
+            }
+            .client_config()?,
+        ),
+        None => None,
+    };
+    let proxy_tls = match &pki {
+        Some(p) => Some(
+            quire_tls::ServerTls {
+                cert_file: p.cert_file.clone(),
+                key_file: p.key_file.clone(),
+                ca_file: Some(p.ca_file.clone()),
+                client_auth: quire_tls::ClientAuth::Require,
+            }
+            .server_config()?,
+        ),
+        None => None,
+    };
     let bk = quire_ledger::BookKeeper::with_read_runtime(
         store.clone(),
-        quire_ledger::ClientConfig::default(),
+        quire_ledger::ClientConfig {
+            tls: bookie_tls,
+            ..quire_ledger::ClientConfig::default()
+        },
         read_runtime.clone(),
     );
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -514,6 +582,7 @@ async fn serve(
         quire_proxy::ServerConfig {
             catch_up_read_runtime: Some(read_runtime.clone()),
             metrics,
+            tls: proxy_tls,
             ..quire_proxy::ServerConfig::default()
         },
     )
@@ -532,6 +601,15 @@ async fn serve(
             args.write_quorum,
             args.ack_quorum
         )?;
+        if let Some(p) = &pki {
+            writeln!(
+                out,
+                "quire sandbox: TLS on, client certificates required: --tls-ca-file {} --tls-cert-file {} --tls-key-file {}",
+                p.ca_file.display(),
+                p.cert_file.display(),
+                p.key_file.display()
+            )?;
+        }
         writeln!(out, "quire sandbox: proxy listening on {addr}")?;
         out.flush()?;
     }

@@ -106,7 +106,8 @@ impl Clients {
         if let Some(c) = &self.clients[i] {
             return Ok(c.clone());
         }
-        let c = Arc::new(ProxyClient::connect(self.addrs[i].as_str()).await?);
+        // With TLS when QUIRE_TLS_CA_FILE is set (the deployment test's TLS cluster).
+        let c = Arc::new(common::checker::connect_proxy(self.addrs[i].as_str()).await?);
         self.clients[i] = Some(c.clone());
         Ok(c)
     }

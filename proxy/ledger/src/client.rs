@@ -38,6 +38,10 @@ pub struct ClientConfig {
     /// Bytes per second re-replication writes to target bookies at most, over all copies this
     /// client runs (BookKeeper `replicationRateByBytes`); `None`, the default, is unlimited.
     pub replication_rate_bytes_per_sec: Option<u64>,
+    /// TLS to every bookie, from `quire_tls::ClientTls::client_config` (BookKeeper's
+    /// `tlsTrustStore` and, for bookies that require client auth, `tlsCertificatePath` /
+    /// `tlsKeyStore`); `None`, the default, is plain TCP.
+    pub tls: Option<Arc<quire_tls::rustls::ClientConfig>>,
 }
 
 impl Default for ClientConfig {
@@ -48,6 +52,7 @@ impl Default for ClientConfig {
             bookie_quarantine: Duration::from_secs(60),
             replacement_retry_interval: Duration::from_secs(1),
             replication_rate_bytes_per_sec: None,
+            tls: None,
         }
     }
 }
@@ -106,7 +111,7 @@ impl BookKeeper {
         Self {
             inner: Arc::new(Inner {
                 metadata,
-                pool: Pool::new(read_runtime),
+                pool: Pool::new(read_runtime, config.tls.clone()),
                 replication_pace: config
                     .replication_rate_bytes_per_sec
                     .filter(|&r| r > 0)

@@ -87,16 +87,22 @@ pub(crate) struct Conn {
     waiters: Arc<Mutex<HashMap<u64, Waiter>>>,
     next_request_id: AtomicU64,
     dead: Arc<AtomicBool>,
+    /// Why the connection died, once it has (a TLS alert, a reset), for the errors of calls
+    /// made after that.
+    closed_reason: Arc<Mutex<Option<String>>>,
     /// Bytes queued for the writer task and not yet written to the socket.
     queued_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Conn {
-    /// Connects and shakes hands; the connection's reader and writer tasks run on `runtime`.
+    /// Connects (over TLS when `tls` is set: the bookie's certificate must name the host of
+    /// its id, an IP address or DNS name) and shakes hands; the connection's reader and writer
+    /// tasks run on `runtime`.
     async fn connect(
         bookie: &BookieId,
         frame_size_bytes_max: u32,
         timeout: Duration,
+        tls: Option<&Arc<quire_tls::rustls::ClientConfig>>,
         runtime: &tokio::runtime::Handle,
     ) -> Result<Arc<Self>, Error> {
         let unreachable = |reason: String| Error::BookieUnreachable {
@@ -110,57 +116,28 @@ impl Conn {
         stream
             .set_nodelay(true)
             .map_err(|e| unreachable(e.to_string()))?;
-        let (mut rd, mut wr) = stream.into_split();
-        // Unbounded in frames; `queued_bytes` bounds it (`OUTGOING_QUEUE_BYTES_MAX`).
-        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
-        let dead = Arc::new(AtomicBool::new(false));
-        let queued_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-
-        let conn = Arc::new(Self {
-            bookie: bookie.clone(),
-            outgoing: tx,
-            waiters: waiters.clone(),
-            next_request_id: AtomicU64::new(1),
-            dead: dead.clone(),
-            queued_bytes: queued_bytes.clone(),
-        });
-
-        let dead_w = dead.clone();
-        runtime.spawn(async move {
-            let mut batch = Vec::with_capacity(WRITE_BATCH_SIZE_BYTES_MAX);
-            while let Some(frame) = rx.recv().await {
-                batch.extend_from_slice(&frame);
-                while batch.len() < WRITE_BATCH_SIZE_BYTES_MAX {
-                    match rx.try_recv() {
-                        Ok(f) => batch.extend_from_slice(&f),
-                        Err(_) => break,
-                    }
-                }
-                if wr.write_all(&batch).await.is_err() {
-                    dead_w.store(true, Ordering::SeqCst);
-                    break;
-                }
-                queued_bytes.fetch_sub(batch.len(), Ordering::SeqCst);
-                batch.clear();
+        let conn = match tls {
+            None => {
+                let (rd, wr) = stream.into_split();
+                Self::start(bookie, rd, wr, frame_size_bytes_max, false, runtime)
             }
-        });
-
-        let name = bookie.0.clone();
-        runtime.spawn(async move {
-            let reason = read_loop(&mut rd, &waiters, frame_size_bytes_max).await;
-            dead.store(true, Ordering::SeqCst);
-            let drained: Vec<Waiter> = waiters
-                .lock()
-                .map(|mut w| w.drain().map(|(_, v)| v).collect())
-                .unwrap_or_default();
-            for w in drained {
-                let _ = w.send(Err(Error::BookieUnreachable {
-                    bookie: name.clone(),
-                    reason: reason.clone(),
-                }));
+            Some(config) => {
+                let name =
+                    quire_tls::server_name(&bookie.0).map_err(|e| unreachable(e.to_string()))?;
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                let tls = tokio::time::timeout(timeout, connector.connect(name, stream))
+                    .await
+                    .map_err(|_| unreachable("TLS handshake timed out".into()))?
+                    .map_err(|e| {
+                        unreachable(format!(
+                            "TLS handshake: {}",
+                            quire_tls::describe_handshake_error(&e)
+                        ))
+                    })?;
+                let (rd, wr) = tokio::io::split(tls);
+                Self::start(bookie, rd, wr, frame_size_bytes_max, true, runtime)
             }
-        });
+        };
 
         // Handshake before anything else.
         let reply = conn.call(timeout, |out, id| {
@@ -183,6 +160,83 @@ impl Conn {
         }
     }
 
+    /// Spawns the writer and reader tasks over the two halves of a connected stream (generic,
+    /// so that plain TCP has no indirection).
+    fn start<R, W>(
+        bookie: &BookieId,
+        mut rd: R,
+        mut wr: W,
+        frame_size_bytes_max: u32,
+        tls: bool,
+        runtime: &tokio::runtime::Handle,
+    ) -> Arc<Self>
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        // Unbounded in frames; `queued_bytes` bounds it (`OUTGOING_QUEUE_BYTES_MAX`).
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
+        let dead = Arc::new(AtomicBool::new(false));
+        let queued_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let closed_reason: Arc<Mutex<Option<String>>> = Arc::default();
+
+        let conn = Arc::new(Self {
+            bookie: bookie.clone(),
+            outgoing: tx,
+            waiters: waiters.clone(),
+            next_request_id: AtomicU64::new(1),
+            dead: dead.clone(),
+            closed_reason: closed_reason.clone(),
+            queued_bytes: queued_bytes.clone(),
+        });
+
+        let dead_w = dead.clone();
+        let closed_reason_w = closed_reason.clone();
+        runtime.spawn(async move {
+            let mut batch = Vec::with_capacity(WRITE_BATCH_SIZE_BYTES_MAX);
+            while let Some(frame) = rx.recv().await {
+                batch.extend_from_slice(&frame);
+                while batch.len() < WRITE_BATCH_SIZE_BYTES_MAX {
+                    match rx.try_recv() {
+                        Ok(f) => batch.extend_from_slice(&f),
+                        Err(_) => break,
+                    }
+                }
+                // The flush is a no-op on plain TCP; TLS may hold encrypted records until it.
+                let written = match wr.write_all(&batch).await {
+                    Ok(()) => wr.flush().await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = written {
+                    set_reason(&closed_reason_w, format!("write: {e}"));
+                    dead_w.store(true, Ordering::SeqCst);
+                    break;
+                }
+                queued_bytes.fetch_sub(batch.len(), Ordering::SeqCst);
+                batch.clear();
+            }
+        });
+
+        let name = bookie.0.clone();
+        runtime.spawn(async move {
+            let reason = read_loop(&mut rd, &waiters, frame_size_bytes_max, tls).await;
+            set_reason(&closed_reason, reason.clone());
+            dead.store(true, Ordering::SeqCst);
+            let drained: Vec<Waiter> = waiters
+                .lock()
+                .map(|mut w| w.drain().map(|(_, v)| v).collect())
+                .unwrap_or_default();
+            for w in drained {
+                let _ = w.send(Err(Error::BookieUnreachable {
+                    bookie: name.clone(),
+                    reason: reason.clone(),
+                }));
+            }
+        });
+        conn
+    }
+
     /// Sends one request at once and returns a future for its reply. Sending happens before
     /// this returns, so calls made in order reach the bookie in order.
     pub(crate) fn call(
@@ -196,7 +250,7 @@ impl Conn {
         encode(&mut frame, id);
         let bookie = self.bookie.0.clone();
         let sent = if self.dead.load(Ordering::SeqCst) {
-            Err("connection closed".to_string())
+            Err(self.closed_reason())
         } else {
             if let Ok(mut w) = self.waiters.lock() {
                 w.insert(id, tx);
@@ -205,7 +259,7 @@ impl Conn {
             // waiter inserted after that sweep would wait for the timeout, so look again.
             let len = frame.len();
             if self.dead.load(Ordering::SeqCst) {
-                Err("connection closed".to_string())
+                Err(self.closed_reason())
             } else {
                 // One frame always fits an empty queue, however large.
                 let queued = self.queued_bytes.fetch_add(len, Ordering::SeqCst);
@@ -250,24 +304,47 @@ impl Conn {
         }
     }
 
+    fn closed_reason(&self) -> String {
+        self.closed_reason
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+            .map_or_else(
+                || "connection closed".into(),
+                |r| format!("connection closed: {r}"),
+            )
+    }
+
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::SeqCst)
     }
 }
 
-async fn read_loop(
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
+/// Keeps the first reason a connection died for.
+fn set_reason(slot: &Mutex<Option<String>>, reason: String) {
+    if let Ok(mut r) = slot.lock() {
+        r.get_or_insert(reason);
+    }
+}
+
+async fn read_loop<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut R,
     waiters: &Mutex<HashMap<u64, Waiter>>,
     frame_size_bytes_max: u32,
+    tls: bool,
 ) -> String {
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut chunk = vec![0u8; 64 * 1024];
+    let mut first = true;
     loop {
         let n = match rd.read(&mut chunk).await {
             Ok(0) => return "bookie closed the connection".into(),
             Ok(n) => n,
             Err(e) => return e.to_string(),
         };
+        if std::mem::take(&mut first) && !tls && quire_tls::looks_like_tls_record(&chunk[..n]) {
+            return "the bookie answered with TLS: its port requires TLS, configure this client's TLS CA file".into();
+        }
         buf.extend_from_slice(&chunk[..n]);
         let mut used_total = 0;
         loop {
@@ -341,7 +418,6 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
 /// entry of that bookie and lane, never the whole pool: a bookie that accepts connections but
 /// does not answer (SIGSTOPped, its kernel still completing TCP handshakes) delays only the
 /// requests for it, not adds, fences or ensemble changes on the other bookies.
-#[derive(Default)]
 pub(crate) struct Pool {
     conns: Mutex<HashMap<(BookieId, Lane), Slot>>,
     /// Where the read and long-poll lanes' connection tasks run (`None`: the runtime of the
@@ -350,13 +426,19 @@ pub(crate) struct Pool {
     /// Where the tail lane's connection tasks run: the runtime the client was made on, so that
     /// a connection first needed inside a catch-up read does not inherit its low priority.
     tail_runtime: Option<tokio::runtime::Handle>,
+    /// TLS for every connection (`ClientConfig::tls`).
+    tls: Option<Arc<quire_tls::rustls::ClientConfig>>,
 }
 
 impl Pool {
-    pub(crate) fn new(read_runtime: Option<tokio::runtime::Handle>) -> Self {
+    pub(crate) fn new(
+        read_runtime: Option<tokio::runtime::Handle>,
+        tls: Option<Arc<quire_tls::rustls::ClientConfig>>,
+    ) -> Self {
         Self {
             conns: Default::default(),
             read_runtime,
+            tls,
             tail_runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
@@ -406,7 +488,14 @@ impl Pool {
         let runtime = preferred
             .clone()
             .unwrap_or_else(tokio::runtime::Handle::current);
-        let c = Conn::connect(bookie, frame_size_bytes_max, timeout, &runtime).await?;
+        let c = Conn::connect(
+            bookie,
+            frame_size_bytes_max,
+            timeout,
+            self.tls.as_ref(),
+            &runtime,
+        )
+        .await?;
         *entry = Some(c.clone());
         Ok(c)
     }

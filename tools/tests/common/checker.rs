@@ -171,7 +171,7 @@ pub async fn check_stream(
 /// owner is a proxy that died and whose lease has not expired yet (redirect failures), it
 /// retries for up to 60 s.
 pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
-    let client = ProxyClient::connect(proxy)
+    let client = connect_proxy(proxy)
         .await
         .expect("connect to proxy for read-back");
     let mut from = ReadPosition::Head;
@@ -199,17 +199,66 @@ pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
     }
 }
 
+/// TLS to bookies from `QUIRE_BOOKIE_TLS_CA_FILE` (and `_CERT_FILE`, `_KEY_FILE`), the
+/// variables `quire ledger` and `quire autorecovery` read: set by ansible/ci/deploy-test.sh
+/// for its TLS cluster; unset, plain TCP.
+pub fn bookie_tls_from_env() -> Option<std::sync::Arc<quire_tls::rustls::ClientConfig>> {
+    tls_from_env("QUIRE_BOOKIE_TLS")
+}
+
+/// TLS to proxies from `QUIRE_TLS_CA_FILE` (and `_CERT_FILE`, `_KEY_FILE`), the variables of
+/// `quire write` and `read`; unset, plain TCP.
+pub fn proxy_tls_from_env() -> Option<std::sync::Arc<quire_tls::rustls::ClientConfig>> {
+    tls_from_env("QUIRE_TLS")
+}
+
+fn tls_from_env(prefix: &str) -> Option<std::sync::Arc<quire_tls::rustls::ClientConfig>> {
+    let var = |name: &str| std::env::var_os(format!("{prefix}_{name}")).map(Into::into);
+    let tls = quire_tls::ClientTls {
+        ca_file: var("CA_FILE")?,
+        cert_file: var("CERT_FILE"),
+        key_file: var("KEY_FILE"),
+    };
+    Some(
+        tls.client_config()
+            .expect("TLS settings from the environment"),
+    )
+}
+
+/// Connects to a proxy, with TLS when `QUIRE_TLS_CA_FILE` is set.
+pub async fn connect_proxy(addr: &str) -> Result<ProxyClient, quire_proxy::Error> {
+    let config = quire_proxy::ClientConfig {
+        tls: proxy_tls_from_env(),
+        tls_server_name: Some(addr.to_string()),
+        ..quire_proxy::ClientConfig::default()
+    };
+    ProxyClient::connect_with(addr, config).await
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
 /// Reads one entry from one bookie over the bookie wire protocol: `Ok(None)` when the bookie
-/// says it has no such entry or ledger.
+/// says it has no such entry or ledger. With TLS when `QUIRE_BOOKIE_TLS_CA_FILE` is set.
 pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8>>, String> {
-    let mut conn = TcpStream::connect(bookie).map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
+    let tcp = TcpStream::connect(bookie).map_err(|e| format!("connect: {e}"))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
+    let mut conn: Box<dyn ReadWrite> = match bookie_tls_from_env() {
+        None => Box::new(tcp),
+        Some(config) => {
+            let name = quire_tls::server_name(bookie).map_err(|e| e.to_string())?;
+            let session = quire_tls::rustls::ClientConnection::new(config, name)
+                .map_err(|e| format!("TLS: {e}"))?;
+            Box::new(quire_tls::rustls::StreamOwned::new(session, tcp))
+        }
+    };
     let mut buf = Vec::new();
     let mut call = |req: &Request<'_>| -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         encode_request(&mut out, 1, req);
         conn.write_all(&out).map_err(|e| format!("send: {e}"))?;
+        conn.flush().map_err(|e| format!("send: {e}"))?;
         loop {
             if let Some((_, used)) =
                 decode_frame(&buf, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?

@@ -1,0 +1,186 @@
+//! TLS settings of the `quire` command: the server keys of `quire bookie` and `quire proxy`,
+//! the client flags of commands that reach a proxy or bookies, and `quire tls-certs`.
+//!
+//! The keys follow BookKeeper's TLS settings: `tls_cert_file` (`tlsCertificatePath`),
+//! `tls_key_file` (`tlsKeyStore`), `tls_ca_file` (`tlsTrustStore`), `tls_client_auth`
+//! (`tlsClientAuthentication`, `"none"` or `"require"`). Everything is off unless set.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use quire_tls::{ClientAuth, ClientTls, ServerTls};
+
+/// Checks a server's TLS keys: none set is plain TCP; otherwise both `tls_cert_file` and
+/// `tls_key_file`, and `tls_ca_file` when `tls_client_auth = "require"`. Reads the files once,
+/// so that a bad file fails at start with the key's name.
+///
+/// # Errors
+/// One line naming the setting.
+pub fn server_tls(
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+    client_auth: Option<&str>,
+) -> Result<Option<ServerTls>> {
+    let client_auth = match client_auth {
+        Some(s) => ClientAuth::parse(s).context("invalid setting tls_client_auth")?,
+        None => ClientAuth::None,
+    };
+    let (cert_file, key_file) = match (cert_file, key_file) {
+        (None, None) => {
+            if client_auth == ClientAuth::Require {
+                bail!("invalid setting tls_client_auth = \"require\": TLS is off (set tls_cert_file and tls_key_file)");
+            }
+            return Ok(None);
+        }
+        (Some(c), Some(k)) => (c, k),
+        (Some(_), None) => bail!("missing setting tls_key_file: tls_cert_file is set"),
+        (None, Some(_)) => bail!("missing setting tls_cert_file: tls_key_file is set"),
+    };
+    let tls = ServerTls {
+        cert_file,
+        key_file,
+        ca_file,
+        client_auth,
+    };
+    tls.server_config()?;
+    Ok(Some(tls))
+}
+
+/// Checks a client's TLS settings: no CA file is plain TCP; a certificate needs its key and a
+/// CA file.
+///
+/// # Errors
+/// One line naming the setting (`prefix` is the flag or key prefix, such as `bookie_`).
+pub fn client_tls(
+    prefix: &str,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+) -> Result<Option<ClientTls>> {
+    let Some(ca_file) = ca_file else {
+        if cert_file.is_some() || key_file.is_some() {
+            bail!("missing setting {prefix}tls_ca_file: a client certificate is set, but TLS is on only with the CA file that signs the servers' certificates");
+        }
+        return Ok(None);
+    };
+    let tls = ClientTls {
+        ca_file,
+        cert_file,
+        key_file,
+    };
+    tls.client_config()?;
+    Ok(Some(tls))
+}
+
+/// TLS flags of commands that talk to a proxy (`quire write`, `read`, `tail`, `stream`).
+#[derive(Args, Debug, Default, Clone)]
+pub struct ProxyTlsArgs {
+    /// CA certificate (PEM) that signs the proxy's certificate; turns TLS on.
+    #[arg(long, env = "QUIRE_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), for proxies that require one.
+    #[arg(long, env = "QUIRE_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Key of the client certificate (PEM).
+    #[arg(long, env = "QUIRE_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl ProxyTlsArgs {
+    /// The rustls client configuration, or `None` for plain TCP.
+    ///
+    /// # Errors
+    /// One line naming the flag or file.
+    pub fn client_config(&self) -> Result<Option<Arc<quire_tls::rustls::ClientConfig>>> {
+        let tls = client_tls(
+            "",
+            self.tls_ca_file.clone(),
+            self.tls_cert_file.clone(),
+            self.tls_key_file.clone(),
+        )?;
+        Ok(match tls {
+            Some(t) => Some(t.client_config()?),
+            None => None,
+        })
+    }
+}
+
+/// TLS flags of admin commands that talk to bookies (`quire ledger`, `quire autorecovery`).
+#[derive(Args, Debug, Default, Clone)]
+pub struct BookieTlsArgs {
+    /// CA certificate (PEM) that signs the bookies' certificates; turns TLS to bookies on.
+    #[arg(long, env = "QUIRE_BOOKIE_TLS_CA_FILE")]
+    pub bookie_tls_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), for bookies that require one.
+    #[arg(long, env = "QUIRE_BOOKIE_TLS_CERT_FILE")]
+    pub bookie_tls_cert_file: Option<PathBuf>,
+    /// Key of the client certificate (PEM).
+    #[arg(long, env = "QUIRE_BOOKIE_TLS_KEY_FILE")]
+    pub bookie_tls_key_file: Option<PathBuf>,
+}
+
+impl BookieTlsArgs {
+    /// The rustls client configuration, or `None` for plain TCP.
+    ///
+    /// # Errors
+    /// One line naming the flag or file.
+    pub fn client_config(&self) -> Result<Option<Arc<quire_tls::rustls::ClientConfig>>> {
+        let tls = client_tls(
+            "bookie_",
+            self.bookie_tls_ca_file.clone(),
+            self.bookie_tls_cert_file.clone(),
+            self.bookie_tls_key_file.clone(),
+        )?;
+        Ok(match tls {
+            Some(t) => Some(t.client_config()?),
+            None => None,
+        })
+    }
+}
+
+/// `quire tls-certs` options.
+#[derive(Args, Debug)]
+pub struct TlsCertsArgs {
+    /// Directory to write `ca.pem`, `node.pem` and `node.key` into (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A name the certificate must carry: an IP address or DNS name that clients dial
+    /// (repeat for each host).
+    #[arg(long = "san", required = true)]
+    pub sans: Vec<String>,
+}
+
+/// Runs `quire tls-certs`: a new CA and one certificate for every name in `--san`, good for
+/// servers and clients alike, so that one set of files serves a small cluster's bookies,
+/// proxies and their mutual TLS. Existing files are kept (it refuses to overwrite them), so
+/// re-running it (as Ansible does) changes nothing.
+///
+/// # Errors
+/// One line: a file exists already, or cannot be written.
+pub fn certs(args: TlsCertsArgs) -> Result<()> {
+    let existing: Vec<_> = ["ca.pem", "node.pem", "node.key"]
+        .iter()
+        .map(|f| args.out.join(f))
+        .filter(|p| p.exists())
+        .collect();
+    if !existing.is_empty() {
+        bail!(
+            "{} exists already; remove ca.pem, node.pem and node.key to make a new CA",
+            existing[0].display()
+        );
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let files = quire_tls::gen::write_pki(&args.out, &args.sans)?;
+    println!(
+        "wrote {}, {} and {} (for {})",
+        files.ca_file.display(),
+        files.cert_file.display(),
+        files.key_file.display(),
+        args.sans.join(", ")
+    );
+    Ok(())
+}
