@@ -24,9 +24,9 @@
 # on failure (EXIT trap).
 #
 # Needs: ansible-playbook, ansible-lint, sshd (openssh-server), ip (iproute2), unshare
-# (util-linux), java + Debian's zookeeper package (its zkCli.sh too); .ci/run installs them. The quire binary and
-# test binaries must be built (scripts/test does); this script runs the workspace build command
-# again, which is then a no-op, to learn the test binary's path.
+# (util-linux), java + Debian's zookeeper package (zkCli.sh); .ci/run installs them. The quire
+# binary and test binaries must be built (scripts/test does); this script runs the workspace
+# build command again, which is then a no-op, to learn the test binary's path.
 set -eu
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
