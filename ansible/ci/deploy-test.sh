@@ -7,9 +7,13 @@
 #    (the namespaces share the filesystem).
 # 2. Lints the playbooks, deploys with `ansible-playbook site.yml` over SSH, and runs site.yml
 #    again, which must report changed=0 on every host.
-# 3. Checks that a client without TLS is refused (TLS with client certificates is on, as in
-#    production), then writes every loghub sample through proxy px1 with `quire write` and reads it back through
-#    px2 with `quire read`; the output must equal the file.
+# 3. Checks the security that is on as in production: a client without TLS is refused (TLS
+#    with client certificates), a client without a token is refused (UNAUTHENTICATED), the
+#    read-only token the CI inventory declares cannot write (REQUEST_DENIED), and a ZooKeeper
+#    session without the cluster's digest identity gets NoAuth when it tries to change Quire's
+#    znodes (zkCli of Debian's zookeeper package) while one with it can read them. Then writes
+#    every loghub sample through proxy px1 with `quire write` and reads it back through px2
+#    with `quire read` (admin token); the output must equal the file.
 # 4. Starts the load driver (tools/tests/proxy_drain_and_rolling_load.rs,
 #    deployed_cluster_under_rolling_restart: a writer and a tailing reader over both proxies),
 #    runs rolling-restart.yml under it, then lets the driver check with the shared history
@@ -20,9 +24,9 @@
 # on failure (EXIT trap).
 #
 # Needs: ansible-playbook, ansible-lint, sshd (openssh-server), ip (iproute2), unshare
-# (util-linux), java + Debian's zookeeper package; .ci/run installs them. The quire binary and
-# test binaries must be built (scripts/test does); this script runs the workspace build command
-# again, which is then a no-op, to learn the test binary's path.
+# (util-linux), java + Debian's zookeeper package (zkCli.sh); .ci/run installs them. The quire
+# binary and test binaries must be built (scripts/test does); this script runs the workspace
+# build command again, which is then a no-op, to learn the test binary's path.
 set -eu
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -30,7 +34,8 @@ ANSIBLE_DIR=$ROOT/ansible
 START=$(date +%s)
 
 [ "$(id -u)" = 0 ] || { echo "deploy-test: must run as root (namespaces, sshd)" >&2; exit 1; }
-for tool in ansible-playbook ansible-lint ip unshare ssh-keygen /usr/sbin/sshd python3; do
+ZKCLI=/usr/share/zookeeper/bin/zkCli.sh
+for tool in ansible-playbook ansible-lint ip unshare ssh-keygen /usr/sbin/sshd python3 "$ZKCLI"; do
     command -v "$tool" > /dev/null || { echo "deploy-test: $tool not found (see .ci/run)" >&2; exit 1; }
 done
 
@@ -219,7 +224,51 @@ export QUIRE_BOOKIE_TLS_CA_FILE=$TLS/ca.pem QUIRE_BOOKIE_TLS_CERT_FILE=$TLS/node
     QUIRE_BOOKIE_TLS_KEY_FILE=$TLS/node.key
 log "TLS on: a plaintext client was refused"
 
-# A real log through the deployed proxies: every loghub sample in through px1, out through px2.
+# Client tokens (quire_auth_tokens): site.yml made the admin token and the inventory's
+# read-only one on this controller; the proxies hold only their digests. A client without a
+# token is refused at the handshake; the read-only token reads but cannot write.
+SEC=$ST/secrets
+for f in zk-auth token-admin token-reader; do
+    [ -s "$SEC/$f" ] || { echo "deploy-test: site.yml made no $SEC/$f" >&2; exit 1; }
+    [ "$(stat -c %a "$SEC/$f")" = 600 ] || { echo "deploy-test: $SEC/$f is not mode 0600" >&2; exit 1; }
+done
+if env -u QUIRE_TOKEN "$QUIRE_BIN" stream list --proxy "$NET.31:4181" > /dev/null 2> "$ST/notoken.err"; then
+    echo "deploy-test: a client without a token was served" >&2; exit 1
+fi
+grep -q UNAUTHENTICATED "$ST/notoken.err" || { cat "$ST/notoken.err"; echo "deploy-test: unexpected refusal" >&2; exit 1; }
+export QUIRE_TOKEN
+QUIRE_TOKEN=$(cat "$SEC/token-admin")
+echo "one line" | "$QUIRE_BIN" write deploy-token-check --proxy "$NET.31:4181" > /dev/null
+if echo "denied line" | QUIRE_TOKEN=$(cat "$SEC/token-reader") "$QUIRE_BIN" write deploy-token-check \
+    --proxy "$NET.32:4181" > /dev/null 2> "$ST/reader.err"; then
+    echo "deploy-test: the read-only token could write" >&2; exit 1
+fi
+grep -q REQUEST_DENIED "$ST/reader.err" || { cat "$ST/reader.err"; echo "deploy-test: unexpected refusal" >&2; exit 1; }
+[ "$(QUIRE_TOKEN=$(cat "$SEC/token-reader") "$QUIRE_BIN" read deploy-token-check --proxy "$NET.32:4181")" = "one line" ] \
+    || { echo "deploy-test: the read-only token could not read back what the admin token wrote" >&2; exit 1; }
+log "tokens on: a client without one was refused, the read-only token read but could not write"
+
+# ZooKeeper ACLs (quire_zk_acl): every znode under /quire is the digest identity's only. A
+# session without it may not create, change or delete (zkCli prints NoAuth as "Insufficient
+# permission"); one with it reads the layout; the admin command needs the file too.
+printf 'create /quire/deploy-test-noauth x\nset /quire/LAYOUT x\ndelete /quire/INSTANCEID\n' \
+    | "$ZKCLI" -server "$NET.11:2181" > "$ST/zk-noauth.out" 2>&1 || true
+denied=$(grep -c "Insufficient permission" "$ST/zk-noauth.out" || true)
+[ "$denied" = 3 ] || { grep -v SLF4J "$ST/zk-noauth.out"; echo "deploy-test: ZooKeeper allowed a change without the digest identity ($denied of 3 refused)" >&2; exit 1; }
+printf 'addauth digest %s\nget /quire/LAYOUT\n' "$(cat "$SEC/zk-auth")" \
+    | "$ZKCLI" -server "$NET.11:2181" > "$ST/zk-auth.out" 2>&1 || true
+grep -q '"layout_version":1' "$ST/zk-auth.out" || { grep -v SLF4J "$ST/zk-auth.out"; echo "deploy-test: the digest identity cannot read /quire/LAYOUT" >&2; exit 1; }
+if env -u QUIRE_ZK_AUTH_FILE "$QUIRE_BIN" bookie list --zookeeper "$NET.11:2181" > /dev/null 2> "$ST/zk-list.err"; then
+    echo "deploy-test: quire bookie list without --zk-auth-file read the bookies" >&2; exit 1
+fi
+grep -q "not authorized" "$ST/zk-list.err" || { cat "$ST/zk-list.err"; echo "deploy-test: unexpected error" >&2; exit 1; }
+export QUIRE_ZK_AUTH_FILE=$SEC/zk-auth
+[ "$("$QUIRE_BIN" bookie list --json --zookeeper "$NET.11:2181" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 3 ] \
+    || { echo "deploy-test: quire bookie list --zk-auth-file does not list 3 bookies" >&2; exit 1; }
+log "ZooKeeper ACLs on: 3 changes without the identity got NoAuth; with it, reads work"
+
+# A real log through the deployed proxies (admin token): every loghub sample in through px1,
+# out through px2.
 LOGHUB=${QUIRE_LOGHUB_DIR:-$ROOT/../shared/data/loghub}
 n=0
 for f in "$LOGHUB"/*.log; do
@@ -239,7 +288,8 @@ done
 [ "$n" -gt 0 ] || { echo "deploy-test: no loghub samples in $LOGHUB" >&2; exit 1; }
 log "$n loghub files written through px1 and read back identical through px2"
 
-# The rolling restart under a writer and a tailing reader.
+# The rolling restart under a writer and a tailing reader (they take the same QUIRE_TLS_*,
+# QUIRE_TOKEN and QUIRE_ZK_AUTH_FILE as the quire command).
 export QUIRE_LOAD_PROXIES=$NET.31:4181,$NET.32:4181 QUIRE_LOAD_ZOOKEEPER=$NET.11:2181
 export QUIRE_LOAD_ZK_ROOT=/quire QUIRE_LOAD_CONTROL=$ST/control QUIRE_LOGHUB_DIR=$LOGHUB
 "$LOAD_BIN" --ignored --exact deployed_cluster_under_rolling_restart --nocapture --test-threads 1 \

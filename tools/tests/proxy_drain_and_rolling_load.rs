@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::checker::{check_stream, Acked};
 use common::cluster::{Cluster, SESSION_TIMEOUT_MS};
-use quire_metadata::ZkStore;
+use quire_metadata::{ZkDigest, ZkStore};
 use quire_proxy::{Dlsn, ErrorCode, ProxyClient, ReadPosition};
 
 /// Loghub lines to write, cycled: every sample file, split at LF, empty lines left out.
@@ -499,7 +499,8 @@ fn deployed_cluster_under_rolling_restart() {
     // duplicated or reordered; report the writer's p99 and longest gap during the restart.
     // Method: QUIRE_LOAD_PROXIES (comma-separated host:port), QUIRE_LOAD_ZOOKEEPER,
     // QUIRE_LOAD_ZK_ROOT, QUIRE_LOAD_CONTROL (a directory), QUIRE_LOAD_RATE (writes per
-    // second, default 200). The writer starts; after 200
+    // second, default 200); the cluster's secrets as the quire CLI takes them: QUIRE_TLS_*,
+    // QUIRE_BOOKIE_TLS_*, QUIRE_TOKEN, QUIRE_ZK_AUTH_FILE. The writer starts; after 200
     // acknowledgements this test creates CONTROL/ready; the deploy script then runs the
     // rolling restart and creates CONTROL/stop; the window measured is ready..stop. Then the
     // shared checker and the reader check run as in the drain test.
@@ -547,10 +548,20 @@ fn deployed_cluster_under_rolling_restart() {
     stop.store(true, Ordering::SeqCst);
     let wr = rt.block_on(w).unwrap();
     let (read, reader_errors) = rt.block_on(r).unwrap();
+    // A cluster with ZooKeeper ACLs: its digest identity, where `quire` admin commands find it.
+    let digest = std::env::var_os("QUIRE_ZK_AUTH_FILE").map(|path| {
+        let text = std::fs::read_to_string(&path).expect("read QUIRE_ZK_AUTH_FILE");
+        ZkDigest::parse(&text).expect("QUIRE_ZK_AUTH_FILE holds user:password")
+    });
     let store = rt.block_on(async {
-        ZkStore::connect(&zookeeper, &zk_root, Duration::from_secs(10))
-            .await
-            .unwrap()
+        ZkStore::connect_with_auth(
+            &zookeeper,
+            &zk_root,
+            Duration::from_secs(10),
+            digest.as_ref(),
+        )
+        .await
+        .unwrap()
     });
     rt.block_on(check_and_report(
         "rolling-restart",

@@ -225,11 +225,15 @@ fn tls_from_env(prefix: &str) -> Option<std::sync::Arc<quire_tls::rustls::Client
     )
 }
 
-/// Connects to a proxy, with TLS when `QUIRE_TLS_CA_FILE` is set.
+/// Connects to a proxy, with TLS when `QUIRE_TLS_CA_FILE` is set and presenting the token in
+/// `QUIRE_TOKEN` when set (the variables of `quire write` and `read`; ansible/ci/deploy-test.sh
+/// sets them for its cluster, which requires both).
 pub async fn connect_proxy(addr: &str) -> Result<ProxyClient, quire_proxy::Error> {
     let config = quire_proxy::ClientConfig {
         tls: proxy_tls_from_env(),
         tls_server_name: Some(addr.to_string()),
+        token: std::env::var_os("QUIRE_TOKEN")
+            .map(|t| quire_proxy::protocol::Token(t.into_encoded_bytes())),
         ..quire_proxy::ClientConfig::default()
     };
     ProxyClient::connect_with(addr, config).await
