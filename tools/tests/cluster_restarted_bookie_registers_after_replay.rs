@@ -33,6 +33,9 @@ const PAD: usize = 1000;
 const REPLAY_MIN: Duration = Duration::from_millis(50);
 const BOOKIE_FLAGS: &[&str] = &["--checkpoint-interval-ms", "3600000"];
 
+/// When the registry first named the bookie (µs since the epoch), and the registration's epoch.
+type Sighting = (u64, Option<u64>);
+
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -117,7 +120,7 @@ fn a_restarted_bookie_registers_only_after_its_journal_replay() {
     // Watchers: the first time the registry names the bookie, and the first time its port
     // accepts a connection.
     let done = Arc::new(AtomicBool::new(false));
-    let registered_us: Arc<Mutex<Option<(u64, Option<u64>)>>> = Arc::default();
+    let registered_us: Arc<Mutex<Option<Sighting>>> = Arc::default();
     let registry_watch = {
         let (done, seen, store, id) = (
             done.clone(),
