@@ -83,7 +83,8 @@ pub(crate) enum Lane {
 /// One live connection to one bookie.
 pub(crate) struct Conn {
     bookie: BookieId,
-    outgoing: mpsc::UnboundedSender<Vec<u8>>,
+    /// Frames for the writer task, with their request ids.
+    outgoing: mpsc::UnboundedSender<(u64, Vec<u8>)>,
     waiters: Arc<Mutex<HashMap<u64, Waiter>>>,
     next_request_id: AtomicU64,
     dead: Arc<AtomicBool>,
@@ -175,7 +176,7 @@ impl Conn {
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         // Unbounded in frames; `queued_bytes` bounds it (`OUTGOING_QUEUE_BYTES_MAX`).
-        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(u64, Vec<u8>)>();
         let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
         let queued_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -193,15 +194,34 @@ impl Conn {
 
         let dead_w = dead.clone();
         let closed_reason_w = closed_reason.clone();
+        let waiters_w = waiters.clone();
         runtime.spawn(async move {
             let mut batch = Vec::with_capacity(WRITE_BATCH_SIZE_BYTES_MAX);
-            while let Some(frame) = rx.recv().await {
-                batch.extend_from_slice(&frame);
+            // A frame whose caller gave up (timed out) is dropped unsent: behind a bookie that
+            // stalled (SIGSTOP, a long pause) the queue fills with requests nobody awaits any
+            // more, and sending them when it resumes would make it journal megabytes of adds
+            // already counted as failed (and reported for repair) before it sees the requests
+            // of the ledgers placed on it since, which it would deny as NoSuchLedger meanwhile.
+            let awaited = |id: u64| waiters_w.lock().map_or(true, |w| w.contains_key(&id));
+            let mut stale = 0usize;
+            while let Some((id, frame)) = rx.recv().await {
+                let mut take = |id: u64, frame: Vec<u8>, batch: &mut Vec<u8>| {
+                    if awaited(id) {
+                        batch.extend_from_slice(&frame);
+                    } else {
+                        stale += frame.len();
+                    }
+                };
+                take(id, frame, &mut batch);
                 while batch.len() < WRITE_BATCH_SIZE_BYTES_MAX {
                     match rx.try_recv() {
-                        Ok(f) => batch.extend_from_slice(&f),
+                        Ok((id, f)) => take(id, f, &mut batch),
                         Err(_) => break,
                     }
+                }
+                queued_bytes.fetch_sub(std::mem::take(&mut stale), Ordering::SeqCst);
+                if batch.is_empty() {
+                    continue;
                 }
                 // The flush is a no-op on plain TCP; TLS may hold encrypted records until it.
                 let written = match wr.write_all(&batch).await {
@@ -238,7 +258,9 @@ impl Conn {
     }
 
     /// Sends one request at once and returns a future for its reply. Sending happens before
-    /// this returns, so calls made in order reach the bookie in order.
+    /// this returns, so calls made in order reach the bookie in order. A request still queued
+    /// for the socket when its `timeout` passes is never sent (the bookie stalled; see the
+    /// writer task in `start`).
     pub(crate) fn call(
         self: &Arc<Self>,
         timeout: Duration,
@@ -270,7 +292,7 @@ impl Conn {
                     ))
                 } else {
                     // Fails only once the writer task ended (a failed socket write).
-                    self.outgoing.send(frame).map_err(|_| {
+                    self.outgoing.send((id, frame)).map_err(|_| {
                         self.queued_bytes.fetch_sub(len, Ordering::SeqCst);
                         "connection closed".to_string()
                     })
@@ -537,5 +559,122 @@ pub(crate) fn read_request(
                 fence,
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quire_testkit::TcpRelay;
+    use quire_wire::entry::{encode_entry, EntryHeader};
+
+    /// Goal: requests that timed out while queued behind a stalled bookie are dropped, not sent
+    /// when it resumes, so a request made after the stall reaches it behind at most what the
+    /// socket buffers already held (issue 13 item 1: a bookie that re-registered after a
+    /// SIGSTOP denied new ledgers as NoSuchLedger while it journalled the old backlog first).
+    /// Method: a real bookie (one shard, O_DIRECT journal) behind a testkit relay; once
+    /// connected, the relay is throttled to 20 bytes/s (the bookie stalls for this client) and
+    /// 3,000 adds of 16 KiB (47 MiB) to ledger 1 are sent with a 300 ms timeout; once they all
+    /// failed, the throttle is lifted and one more add is sent and must succeed. Then every
+    /// stalled add is read back from the bookie: fewer than half of them may be there (only
+    /// what the socket buffers held; without the drop, all of them are).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adds_that_timed_out_in_the_queue_are_not_sent() {
+        let dir = tempfile::Builder::new()
+            .prefix("quire-conn-")
+            .tempdir_in(std::env::temp_dir())
+            .unwrap();
+        let config = quire_testkit::bookies::small_bookie_config(
+            dir.path(),
+            0,
+            "127.0.0.1:0".parse().unwrap(),
+        );
+        let server = tokio::task::spawn_blocking(move || quire_bookie::Bookie::start(config))
+            .await
+            .unwrap()
+            .unwrap();
+        let relay = TcpRelay::start(server.addr());
+        let bookie = BookieId(relay.connect_string());
+        let conn = Conn::connect(
+            &bookie,
+            quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT,
+            Duration::from_secs(10),
+            None,
+            &tokio::runtime::Handle::current(),
+        )
+        .await
+        .unwrap();
+        let ledger = LedgerId(1);
+        let entry = |e: u64| {
+            encode_entry(
+                EntryHeader {
+                    ledger,
+                    entry: EntryId(e),
+                    lac: None,
+                    length_bytes: 16 * 1024 * (e + 1),
+                },
+                &[b'x'; 16 * 1024],
+            )
+        };
+        let key = quire_wire::MasterKey([7; 20]);
+        const STALLED: u64 = 3000;
+
+        relay.throttle(Some(20));
+        let mut stalled = Vec::new();
+        for e in 0..STALLED {
+            let bytes = entry(e);
+            // Spawned, so that every timeout runs from now (a call's future starts its clock
+            // when first polled).
+            stalled.push(tokio::spawn(
+                conn.call(Duration::from_millis(300), add_request(key, &bytes, false)),
+            ));
+        }
+        // The first few may pass before the relay applies the throttle.
+        let mut failed = 0;
+        for r in stalled {
+            match r.await.unwrap() {
+                Ok(_) => {}
+                Err(Error::Timeout { .. } | Error::BookieUnreachable { .. }) => failed += 1,
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        assert!(failed > STALLED * 9 / 10, "only {failed} adds failed");
+        relay.throttle(None);
+        let last = entry(STALLED);
+        let reply = conn
+            .call(Duration::from_secs(60), add_request(key, &last, false))
+            .await;
+        assert!(matches!(reply, Ok(Reply::Add)), "{reply:?}");
+
+        let mut held = 0;
+        for e in 0..STALLED {
+            match conn
+                .call(
+                    Duration::from_secs(60),
+                    read_request(ledger, Some(EntryId(e)), None),
+                )
+                .await
+                .unwrap()
+            {
+                Reply::Read { .. } => held += 1,
+                Reply::Failed {
+                    status: Status::NoSuchEntry,
+                    ..
+                } => {}
+                other => panic!("unexpected answer {other:?}"),
+            }
+        }
+        eprintln!(
+            "the bookie holds {held} of {STALLED} adds sent while it stalled ({failed} failed)"
+        );
+        assert!(
+            held < STALLED / 2,
+            "the bookie holds {held} of {STALLED} adds sent while it stalled, {failed} of which timed out before they were sent"
+        );
+        drop(conn);
+        drop(relay);
+        tokio::task::spawn_blocking(move || server.shutdown().unwrap())
+            .await
+            .unwrap();
     }
 }

@@ -102,13 +102,25 @@ impl Cluster {
     /// Like [`Cluster::start_bookie`], with `extra` flags after the usual ones (and after
     /// [`super::HOST_DISK_FLAGS`] unless `extra` sets a disk usage threshold).
     pub fn start_bookie_with(&self, i: usize, port: u16, extra: &[&str]) -> Proc {
+        self.start_bookie_logging(i, port, extra, None)
+    }
+
+    /// Like [`Cluster::start_bookie_with`], with `log` as the bookie's `QUIRE_LOG` filter
+    /// (`None`: the test's own `QUIRE_LOG`, else `warn`).
+    pub fn start_bookie_logging(
+        &self,
+        i: usize,
+        port: u16,
+        extra: &[&str],
+        log: Option<&str>,
+    ) -> Proc {
         let mut args = self.bookie_args(i, port);
         args.extend(
             super::with_host_disk_flags(extra)
                 .iter()
                 .map(|s| s.to_string()),
         );
-        Proc::start(&args, "quire bookie: ", &format!("bookie {i}"))
+        Proc::start_logging(&args, "quire bookie: ", &format!("bookie {i}"), log)
     }
 
     /// Runs bookie `i` expecting it to refuse to start; returns its output.
@@ -250,12 +262,17 @@ pub struct Proc {
 
 impl Proc {
     fn start(args: &[String], ready_prefix: &str, name: &str) -> Proc {
+        Self::start_logging(args, ready_prefix, name, None)
+    }
+
+    fn start_logging(args: &[String], ready_prefix: &str, name: &str, log: Option<&str>) -> Proc {
+        let log = log.map_or_else(
+            || std::env::var("QUIRE_LOG").unwrap_or_else(|_| "warn".into()),
+            str::to_string,
+        );
         let mut child = Command::new(quire_bin())
             .args(args)
-            .env(
-                "QUIRE_LOG",
-                std::env::var("QUIRE_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("QUIRE_LOG", log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
