@@ -451,7 +451,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
         // connection that never completes its handshake, or sits idle with nothing in flight,
         // is closed. While requests are in flight the idle check is only postponed.
         let limits = shard.limits;
-        let idle = in_flight.available() == IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX as u64;
+        let idle = in_flight.available() == IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX;
         let deadline = if !handshaken {
             accepted + limits.handshake_timeout
         } else if idle {
