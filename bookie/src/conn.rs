@@ -419,6 +419,11 @@ async fn read_loop<S: AsyncRead + Unpin>(
             }
             if need > buf.len() {
                 buf.resize(need, 0);
+            } else if need <= READ_BUFFER_BYTES && buf.len() > READ_BUFFER_BYTES {
+                // A small frame behind a large one: give the large buffer back, which no
+                // reservation covers any more (`filled < need`, the frame is not whole).
+                buf.truncate(READ_BUFFER_BYTES);
+                buf.shrink_to(READ_BUFFER_BYTES);
             }
         } else if buf.len() > READ_BUFFER_BYTES {
             buf.truncate(READ_BUFFER_BYTES);

@@ -9,6 +9,10 @@
 //! Connections are bounded (see [`ServerConfig`]): a handshake timeout, an idle timeout for
 //! connections with nothing in flight, and a maximum number of open connections beyond which
 //! new ones are answered `SERVICE_UNAVAILABLE` and closed. Failed accepts (`EMFILE`) back off.
+//! Memory is bounded too: frames above [`FRAME_ALLOWANCE_BYTES`] are reserved from a
+//! process-wide pool before their body is read and must arrive within a frame timeout, and
+//! requests with large answers reserve them from per-connection and process-wide response
+//! budgets until the answer is written (docs/proxy-protocol.md, "Memory bounds").
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
