@@ -76,6 +76,11 @@ impl Outbox {
         }
     }
 
+    /// Whether fewer than `OUTBOX_BYTES_MAX` bytes are queued (or writing failed).
+    fn has_room(&self) -> bool {
+        self.broken.get() || self.buf.borrow().len() < OUTBOX_BYTES_MAX
+    }
+
     /// Waits until fewer than `OUTBOX_BYTES_MAX` bytes are queued (or writing failed).
     async fn wait_for_room(&self) {
         poll_fn(|cx| {
@@ -297,13 +302,28 @@ async fn read_loop<S: AsyncRead + Unpin>(
     let mut filled = 0usize;
     let mut handshaken = false;
     let mut last_received = accepted;
+    // The shard's request pool bytes reserved for the large frame at the front of `buf`.
+    let mut frame_permit: Option<glommio::sync::StaticPermit> = None;
+    // When the incomplete frame at the front of `buf` started to arrive (or the pool gave
+    // its bytes): `frame_timeout` counts from it.
+    let mut partial_since: Option<Instant> = None;
     loop {
+        let mut consumed = false;
         // Handle every whole frame already received.
         loop {
+            // A client that does not read its responses is not served more requests.
+            if filled > start && !outbox.has_room() {
+                match wait_for_room_or_stop(shard, outbox).await {
+                    Room::Stopped => return ReadEnd::Stopped,
+                    Room::Broken => return ReadEnd::Closed,
+                    Room::Ready => {}
+                }
+            }
             match decode_frame(&buf[start..filled], frame_max) {
                 Ok(None) => break,
                 Ok(Some((frame, used))) => {
                     start += used;
+                    consumed = true;
                     assert!(start <= filled, "decoder consumed more than was received");
                     let header = frame.header;
                     match decode_request(&frame) {
@@ -332,6 +352,8 @@ async fn read_loop<S: AsyncRead + Unpin>(
                                 Flow::Fatal => return ReadEnd::Fatal,
                                 Flow::Stopped => return ReadEnd::Stopped,
                             }
+                            // The request holds its own copy of what it needs.
+                            frame_permit = None;
                         }
                     }
                 }
@@ -356,11 +378,52 @@ async fn read_loop<S: AsyncRead + Unpin>(
             filled -= start;
             start = 0;
         }
+        if filled == 0 {
+            partial_since = None;
+        } else if consumed || partial_since.is_none() {
+            partial_since = Some(Instant::now());
+        }
         if filled >= 4 {
             let frame_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
             let need = 4 + frame_len;
+            if need > READ_BUFFER_BYTES && frame_permit.is_none() {
+                if !handshaken {
+                    tracing::info!(
+                        shard = shard.index,
+                        frame_bytes = need,
+                        "closing a connection whose first frame is too large for a handshake"
+                    );
+                    return ReadEnd::Closed;
+                }
+                // Reserve the whole frame before buffering its body; until the shard's pool
+                // can give it, this connection is not read (TCP back-pressure).
+                let permit = futures_lite::future::or(
+                    async {
+                        shard
+                            .request_pool
+                            .acquire_static_permit(need as u64)
+                            .await
+                            .ok()
+                    },
+                    async {
+                        let _ = shard.stop.acquire(1).await;
+                        None
+                    },
+                )
+                .await;
+                let Some(permit) = permit else {
+                    return ReadEnd::Stopped;
+                };
+                frame_permit = Some(permit);
+                partial_since = Some(Instant::now());
+            }
             if need > buf.len() {
                 buf.resize(need, 0);
+            } else if need <= READ_BUFFER_BYTES && buf.len() > READ_BUFFER_BYTES {
+                // A small frame behind a large one: give the large buffer back, which no
+                // reservation covers any more (`filled < need`, the frame is not whole).
+                buf.truncate(READ_BUFFER_BYTES);
+                buf.shrink_to(READ_BUFFER_BYTES);
             }
         } else if buf.len() > READ_BUFFER_BYTES {
             buf.truncate(READ_BUFFER_BYTES);
@@ -393,7 +456,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
         // connection that never completes its handshake, or sits idle with nothing in flight,
         // is closed. While requests are in flight the idle check is only postponed.
         let limits = shard.limits;
-        let idle = in_flight.available() == IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX as u64;
+        let idle = in_flight.available() == IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX;
         let deadline = if !handshaken {
             accepted + limits.handshake_timeout
         } else if idle {
@@ -401,6 +464,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
         } else {
             Instant::now() + limits.idle_timeout
         };
+        let deadline = partial_since.map_or(deadline, |t| deadline.min(t + limits.frame_timeout));
         let read = futures_lite::future::or(
             async { Some(Some(reader.read(&mut buf[filled..]).await)) },
             futures_lite::future::or(
@@ -420,7 +484,18 @@ async fn read_loop<S: AsyncRead + Unpin>(
             None => None,
             Some(Some(r)) => Some(r),
             Some(None) => {
-                if !handshaken {
+                if let Some(since) =
+                    partial_since.filter(|t| Instant::now() >= *t + limits.frame_timeout)
+                {
+                    tracing::info!(
+                        shard = shard.index,
+                        received_bytes = filled,
+                        waited_ms = since.elapsed().as_millis() as u64,
+                        "closing a connection whose frame did not arrive whole within the frame timeout"
+                    );
+                    return ReadEnd::Closed;
+                }
+                if !handshaken && Instant::now() >= accepted + limits.handshake_timeout {
                     tracing::debug!(
                         shard = shard.index,
                         bytes = filled,
@@ -460,6 +535,33 @@ async fn read_loop<S: AsyncRead + Unpin>(
                 return ReadEnd::Closed;
             }
         }
+    }
+}
+
+/// What [`wait_for_room_or_stop`] saw.
+enum Room {
+    Ready,
+    Broken,
+    Stopped,
+}
+
+/// Waits until the outbox has room (or writing failed), or the shard stops.
+async fn wait_for_room_or_stop(shard: &Shard, outbox: &Outbox) -> Room {
+    let room = futures_lite::future::or(
+        async {
+            outbox.wait_for_room().await;
+            true
+        },
+        async {
+            let _ = shard.stop.acquire(1).await;
+            false
+        },
+    )
+    .await;
+    match (room, outbox.broken.get()) {
+        (false, _) => Room::Stopped,
+        (true, true) => Room::Broken,
+        (true, false) => Room::Ready,
     }
 }
 

@@ -141,6 +141,21 @@ pub struct BookieConfig {
     /// (`ceil(connections_max / shards)`, the kernel spreads accepts over the shards), and a
     /// connection over it is closed at once. Default 4096.
     pub connections_max: usize,
+    /// Open client connections per client IP address (Kafka's `max.connections.per.ip`); each
+    /// shard takes its share (`ceil(connections_per_ip_max / shards)`) and a connection over
+    /// it is closed at once, so that one address holding connections cannot take every slot
+    /// of `connections_max` from the proxies on other addresses. Default 1024.
+    pub connections_per_ip_max: usize,
+    /// Bytes of partial request frames larger than 64 KiB the bookie buffers at once (Kafka's
+    /// `queued.max.request.bytes` memory pool); each shard takes its share
+    /// (`ceil(request_pool_bytes / shards)`, at least one maximal frame). A connection
+    /// reserves a large frame's size from its shard's share before reading the body and is
+    /// not read while the share cannot give it. Default 256 MiB.
+    pub request_pool_bytes: usize,
+    /// A frame must arrive whole within this of its first bytes (time spent waiting for the
+    /// pool excluded), or its connection is closed: a client trickling a frame cannot hold pool
+    /// bytes. Default 60 s.
+    pub frame_timeout: std::time::Duration,
     /// TLS on the bookie port (BookKeeper's `tlsProvider`, `tlsCertificatePath`, `tlsKeyStore`,
     /// `tlsTrustStore`, `tlsClientAuthentication`): with it every connection starts with a TLS
     /// handshake, bounded by `handshake_timeout`, and with client auth required a peer without
@@ -155,6 +170,12 @@ pub const HANDSHAKE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::
 pub const IDLE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 /// Default of [`BookieConfig::connections_max`].
 pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
+/// Default of [`BookieConfig::connections_per_ip_max`].
+pub const CONNECTIONS_PER_IP_MAX_DEFAULT: usize = 1024;
+/// Default of [`BookieConfig::request_pool_bytes`]: 256 MiB.
+pub const REQUEST_POOL_BYTES_DEFAULT: usize = 256 * 1024 * 1024;
+/// Default of [`BookieConfig::frame_timeout`].
+pub const FRAME_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl BookieConfig {
     /// A configuration with defaults for everything but the address and directories.
@@ -186,6 +207,9 @@ impl BookieConfig {
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
             idle_timeout: IDLE_TIMEOUT_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
+            connections_per_ip_max: CONNECTIONS_PER_IP_MAX_DEFAULT,
+            request_pool_bytes: REQUEST_POOL_BYTES_DEFAULT,
+            frame_timeout: FRAME_TIMEOUT_DEFAULT,
             tls: None,
         }
     }
@@ -359,6 +383,15 @@ impl Bookie {
                     handshake_timeout: config.handshake_timeout,
                     idle_timeout: config.idle_timeout,
                     connections_max: config.connections_max.div_ceil(shard_count).max(1),
+                    connections_per_ip_max: config
+                        .connections_per_ip_max
+                        .div_ceil(shard_count)
+                        .max(1),
+                    frame_timeout: config.frame_timeout,
+                    request_pool_bytes: config
+                        .request_pool_bytes
+                        .div_ceil(shard_count)
+                        .max(config.frame_size_bytes_max as usize + 4),
                 },
             };
             // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the

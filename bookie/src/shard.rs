@@ -93,6 +93,29 @@ pub(crate) struct ConnectionLimits {
     pub(crate) idle_timeout: Duration,
     /// This shard's share of `BookieConfig::connections_max`.
     pub(crate) connections_max: usize,
+    /// This shard's share of `BookieConfig::connections_per_ip_max`.
+    pub(crate) connections_per_ip_max: usize,
+    pub(crate) frame_timeout: Duration,
+    /// This shard's share of `BookieConfig::request_pool_bytes`.
+    pub(crate) request_pool_bytes: usize,
+}
+
+/// One open connection's count in [`Shard::connections_per_ip`], given back when dropped.
+struct IpSlot {
+    shard: Rc<Shard>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut map = self.shard.connections_per_ip.borrow_mut();
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// The serving state of one shard. Shard-local (`!Send`): lives on its executor thread.
@@ -120,6 +143,11 @@ pub(crate) struct Shard {
     pub(crate) tls: Option<futures_rustls::TlsAcceptor>,
     /// Client connections open on this shard now.
     pub(crate) connections: std::cell::Cell<usize>,
+    /// Client connections open on this shard now, per client address.
+    pub(crate) connections_per_ip:
+        std::cell::RefCell<std::collections::HashMap<std::net::IpAddr, usize>>,
+    /// This shard's share of `BookieConfig::request_pool_bytes`, one permit a byte.
+    pub(crate) request_pool: Rc<Semaphore>,
 }
 
 impl Shard {
@@ -287,6 +315,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
     let mut pause = ACCEPT_BACKOFF_START;
     let mut failed_log = LogLimit::default();
     let mut refused_log = LogLimit::default();
+    let mut refused_ip_log = LogLimit::default();
     loop {
         match listener.accept().await {
             Ok(stream) => {
@@ -303,16 +332,46 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
                     drop(stream);
                     continue;
                 }
+                let slot = match stream.peer_addr() {
+                    Ok(peer) => {
+                        let ip = peer.ip();
+                        let open = shard.connections_per_ip.borrow().get(&ip).copied();
+                        if open.unwrap_or(0) >= shard.limits.connections_per_ip_max {
+                            if let Some(suppressed) = refused_ip_log.allow(Instant::now()) {
+                                tracing::warn!(
+                                    shard = shard.index,
+                                    %ip,
+                                    limit = shard.limits.connections_per_ip_max,
+                                    suppressed,
+                                    "refusing a connection over the shard's per-address connection limit"
+                                );
+                            }
+                            drop(stream);
+                            continue;
+                        }
+                        *shard.connections_per_ip.borrow_mut().entry(ip).or_insert(0) += 1;
+                        Some(IpSlot {
+                            shard: shard.clone(),
+                            ip,
+                        })
+                    }
+                    Err(_) => None,
+                };
                 match &shard.tls {
                     None => {
-                        glommio::spawn_local(crate::conn::serve(shard.clone(), stream)).detach();
+                        let serve = crate::conn::serve(shard.clone(), stream);
+                        glommio::spawn_local(async move {
+                            serve.await;
+                            drop(slot);
+                        })
+                        .detach();
                     }
                     Some(acceptor) => {
-                        glommio::spawn_local(crate::conn::serve_tls(
-                            shard.clone(),
-                            acceptor.clone(),
-                            stream,
-                        ))
+                        let serve = crate::conn::serve_tls(shard.clone(), acceptor.clone(), stream);
+                        glommio::spawn_local(async move {
+                            serve.await;
+                            drop(slot);
+                        })
                         .detach();
                     }
                 }
@@ -419,6 +478,8 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         limits,
         tls,
         connections: std::cell::Cell::new(0),
+        connections_per_ip: Default::default(),
+        request_pool: Rc::new(Semaphore::new(limits.request_pool_bytes as u64)),
     });
     let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
     // A background checkpoint that found no space turns the bookie read-only at once.

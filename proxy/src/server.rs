@@ -9,10 +9,14 @@
 //! Connections are bounded (see [`ServerConfig`]): a handshake timeout, an idle timeout for
 //! connections with nothing in flight, and a maximum number of open connections beyond which
 //! new ones are answered `SERVICE_UNAVAILABLE` and closed. Failed accepts (`EMFILE`) back off.
+//! Memory is bounded too: frames above [`FRAME_ALLOWANCE_BYTES`] are reserved from a
+//! process-wide pool before their body is read and must arrive within a frame timeout, and
+//! requests with large answers reserve them from per-connection and process-wide response
+//! budgets until the answer is written (docs/proxy-protocol.md, "Memory bounds").
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +82,30 @@ pub struct ServerConfig {
     /// `tlsCertificatePath`, `tlsKeyStore`, `tlsTrustStore`, `tlsClientAuthentication`); the
     /// TLS handshake counts against `handshake_timeout`. `None` (the default): plain TCP.
     pub tls: Option<Arc<quire_tls::rustls::ServerConfig>>,
+    /// Process-wide pool of bytes for request frames larger than [`FRAME_ALLOWANCE_BYTES`]
+    /// (Kafka's `queued.max.request.bytes` memory pool; default 256 MiB, raised to the frame
+    /// limit if below it). When a frame header announces such a frame, the connection takes
+    /// its size from the pool before it buffers the body, and gives it back when the request
+    /// has been answered; while the pool cannot give it, the connection is not read (TCP
+    /// back-pressure on the client).
+    pub request_pool_bytes: usize,
+    /// A frame must arrive whole within this of its first bytes (time spent waiting for the
+    /// pool excluded), or the connection gets `BAD_REQUEST` (request id 0) and is closed: a
+    /// client trickling a frame (slowloris) cannot hold pool bytes. Default 60 s.
+    pub frame_timeout: Duration,
+    /// Most response bytes one connection may have being built or queued for its socket
+    /// (default 16 MiB, raised to the frame limit if below it). A read counts for the largest
+    /// answer it may get (its `max_bytes`, capped, plus one maximal record) from when it is
+    /// taken until its answer is written to the socket; when a new request would go over,
+    /// the connection takes no further request until the client has read its answers.
+    pub connection_response_bytes_max: usize,
+    /// Process-wide bound on the bytes of read, describe and list answers queued and not yet
+    /// written to their sockets (default 256 MiB): while it is reached, no connection starts
+    /// such a request.
+    pub response_bytes_max: usize,
+    /// A connection whose answers cannot be written for this long (the client does not read
+    /// them) is closed, which frees its share of the response bounds. Default 60 s.
+    pub send_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -93,8 +121,150 @@ impl Default for ServerConfig {
             metrics: None,
             auth: None,
             tls: None,
+            request_pool_bytes: REQUEST_POOL_BYTES_DEFAULT,
+            frame_timeout: Duration::from_secs(60),
+            connection_response_bytes_max: CONNECTION_RESPONSE_BYTES_MAX_DEFAULT,
+            response_bytes_max: RESPONSE_BYTES_MAX_DEFAULT,
+            send_timeout: Duration::from_secs(60),
         }
     }
+}
+
+/// Frames up to this size (header included) are buffered without a reservation from
+/// [`ServerConfig::request_pool_bytes`]; bigger ones are reserved in full first. It is also
+/// the largest frame taken before the handshake.
+pub const FRAME_ALLOWANCE_BYTES: usize = 64 * 1024;
+/// Default [`ServerConfig::request_pool_bytes`]: 256 MiB.
+pub const REQUEST_POOL_BYTES_DEFAULT: usize = 256 * 1024 * 1024;
+/// Default [`ServerConfig::connection_response_bytes_max`]: 16 MiB.
+pub const CONNECTION_RESPONSE_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
+/// Default [`ServerConfig::response_bytes_max`]: 256 MiB.
+pub const RESPONSE_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+
+/// The memory bounds shared by every connection of one server.
+#[derive(Debug)]
+struct Shared {
+    /// [`ServerConfig::request_pool_bytes`], one permit per byte.
+    request_pool: Arc<Semaphore>,
+    /// [`ServerConfig::response_bytes_max`].
+    queued: Arc<QueuedResponses>,
+}
+
+impl Shared {
+    fn new(config: &ServerConfig) -> Self {
+        let frame_total = config.frame_size_bytes_max as usize + 4;
+        Self {
+            request_pool: Arc::new(Semaphore::new(config.request_pool_bytes.max(frame_total))),
+            queued: Arc::new(QueuedResponses {
+                bytes: AtomicUsize::new(0),
+                max: config.response_bytes_max,
+                drained: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+}
+
+/// Bytes of bounded answers queued for sockets, process-wide.
+#[derive(Debug)]
+struct QueuedResponses {
+    bytes: AtomicUsize,
+    max: usize,
+    /// Woken when `bytes` goes below `max`.
+    drained: tokio::sync::Notify,
+}
+
+impl QueuedResponses {
+    /// Returns once the queued bytes are below the bound.
+    async fn wait_below_max(&self) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.bytes.load(Ordering::Acquire) < self.max {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    fn release(&self, n: usize) {
+        let before = self.bytes.fetch_sub(n, Ordering::AcqRel);
+        if before >= self.max && before - n < self.max {
+            self.drained.notify_waiters();
+        }
+    }
+}
+
+/// A bounded answer's share of its connection's response budget, taken before the request
+/// runs.
+struct ResponseReservation {
+    _conn: OwnedSemaphorePermit,
+    queued: Arc<QueuedResponses>,
+}
+
+/// What an answer queued for the socket holds until it has been written.
+struct ResponseHold {
+    _conn: OwnedSemaphorePermit,
+    queued: Arc<QueuedResponses>,
+    counted: usize,
+}
+
+impl Drop for ResponseHold {
+    fn drop(&mut self) {
+        self.queued.release(self.counted);
+    }
+}
+
+/// One encoded answer on its way to the socket.
+struct Out {
+    bytes: Vec<u8>,
+    hold: Option<ResponseHold>,
+}
+
+impl Out {
+    /// This answer holds `r` (and counts in the process-wide queued bytes) until written.
+    fn holding(mut self, r: Option<ResponseReservation>) -> Self {
+        if let Some(r) = r {
+            let counted = self.bytes.len();
+            r.queued.bytes.fetch_add(counted, Ordering::AcqRel);
+            self.hold = Some(ResponseHold {
+                _conn: r._conn,
+                queued: r.queued,
+                counted,
+            });
+        }
+        self
+    }
+}
+
+/// The largest payload byte budget a read may use: room for one maximal record past it and for
+/// the headers within one frame.
+fn read_bytes_cap(config: &ServerConfig) -> usize {
+    config.frame_size_bytes_max as usize - RECORD_SIZE_BYTES_MAX - READ_RECORD_OVERHEAD_BYTES - 4096
+}
+
+/// An upper bound of the answer to `req` for the response budget, or `None` for requests whose
+/// answers are small (writes, admin requests), which `requests_in_flight_max` bounds.
+fn response_bytes_bound(req: &Request, config: &ServerConfig) -> Option<usize> {
+    match req {
+        Request::Read { max_bytes, .. } => Some(
+            (*max_bytes as usize).min(read_bytes_cap(config))
+                + RECORD_SIZE_BYTES_MAX
+                + READ_RECORD_OVERHEAD_BYTES
+                + 4096,
+        ),
+        Request::ListStreams | Request::DescribeStream { .. } => {
+            Some(config.frame_size_bytes_max as usize + 4)
+        }
+        _ => None,
+    }
+}
+
+/// The whole size (length field included) of the frame at the front of `pending`, once its
+/// length field has arrived.
+fn pending_frame_bytes(pending: &[u8]) -> Option<usize> {
+    let len: [u8; 4] = pending.get(..4)?.try_into().ok()?;
+    Some(4 + u32::from_le_bytes(len) as usize)
 }
 
 /// How much lower than the server's own threads the catch-up read threads run: nice +10
@@ -514,6 +684,7 @@ async fn serve_until(
     connections: Arc<Semaphore>,
 ) {
     let acceptor = config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+    let shared = Arc::new(Shared::new(&config));
     let config = Arc::new(config);
     let rejections = Arc::new(Semaphore::new(REJECTIONS_IN_FLIGHT_MAX));
     let mut backoff = AcceptBackoff::new();
@@ -524,23 +695,40 @@ async fn serve_until(
                 let _ = socket.set_nodelay(true);
                 match connections.clone().try_acquire_owned() {
                     Ok(slot) => {
-                        let (streams, config, stop) =
-                            (streams.clone(), config.clone(), stop.clone());
+                        let (streams, config, stop, shared) = (
+                            streams.clone(),
+                            config.clone(),
+                            stop.clone(),
+                            shared.clone(),
+                        );
                         let acceptor = acceptor.clone();
                         tokio::spawn(async move {
                             let accepted = Instant::now();
                             match acceptor {
                                 None => {
                                     let (rd, wr) = socket.into_split();
-                                    connection(rd, wr, peer, accepted, streams, config, stop).await;
+                                    let conn = Conn {
+                                        peer,
+                                        accepted,
+                                        streams,
+                                        config,
+                                        shared,
+                                    };
+                                    connection(rd, wr, conn, stop).await;
                                 }
                                 Some(acceptor) => {
                                     if let Some(tls) =
                                         tls_handshake(&acceptor, socket, peer, &config).await
                                     {
                                         let (rd, wr) = tokio::io::split(tls);
-                                        connection(rd, wr, peer, accepted, streams, config, stop)
-                                            .await;
+                                        let conn = Conn {
+                                            peer,
+                                            accepted,
+                                            streams,
+                                            config,
+                                            shared,
+                                        };
+                                        connection(rd, wr, conn, stop).await;
                                     }
                                 }
                             }
@@ -620,7 +808,7 @@ where
     );
     let (mut rd, mut wr) = tokio::io::split(socket);
     let _ = tokio::time::timeout(REJECTION_TIME_MAX, async move {
-        if wr.write_all(&answer).await.is_ok() && wr.shutdown().await.is_ok() {
+        if wr.write_all(&answer.bytes).await.is_ok() && wr.shutdown().await.is_ok() {
             let mut sink = [0u8; 1024];
             while let Ok(1..) = rd.read(&mut sink).await {}
         }
@@ -645,17 +833,25 @@ fn error_response(e: &Error) -> Response {
 
 /// Sends the answers queued on `rx` until every sender is gone, or until `flush` fires: then
 /// it sends what is queued at that moment and closes (a draining connection's last answers).
+/// An answer is dropped, with the response budget it holds, once written. A write that makes
+/// no headway for `send_timeout` (the client does not read) ends the connection.
 async fn writer_loop<W: tokio::io::AsyncWrite + Unpin>(
     mut socket: W,
-    mut rx: mpsc::Receiver<Vec<u8>>,
+    mut rx: mpsc::Receiver<Out>,
     mut flush: oneshot::Receiver<()>,
+    peer: SocketAddr,
+    send_timeout: Duration,
 ) {
     // A flush sender dropped without firing means no drain: serve until the senders are gone.
     let mut flush_armed = true;
     loop {
+        let mut held = Vec::new();
         let mut buf = tokio::select! {
             next = rx.recv() => match next {
-                Some(buf) => buf,
+                Some(out) => {
+                    held.push(out.hold);
+                    out.bytes
+                }
                 None => break,
             },
             fired = &mut flush, if flush_armed => {
@@ -665,9 +861,10 @@ async fn writer_loop<W: tokio::io::AsyncWrite + Unpin>(
                 }
                 let mut rest = Vec::new();
                 while let Ok(more) = rx.try_recv() {
-                    rest.extend_from_slice(&more);
+                    rest.extend_from_slice(&more.bytes);
+                    held.push(more.hold);
                 }
-                if !rest.is_empty() && socket.write_all(&rest).await.is_err() {
+                if !rest.is_empty() && !send(&mut socket, &rest, peer, send_timeout).await {
                     return;
                 }
                 break;
@@ -676,22 +873,47 @@ async fn writer_loop<W: tokio::io::AsyncWrite + Unpin>(
         // Coalesce whatever else is ready into one write.
         while buf.len() < 256 * 1024 {
             match rx.try_recv() {
-                Ok(more) => buf.extend_from_slice(&more),
+                Ok(more) => {
+                    buf.extend_from_slice(&more.bytes);
+                    held.push(more.hold);
+                }
                 Err(_) => break,
             }
         }
-        // The flush is a no-op on plain TCP; TLS may hold encrypted records until it.
-        if socket.write_all(&buf).await.is_err() || socket.flush().await.is_err() {
+        if !send(&mut socket, &buf, peer, send_timeout).await {
             return;
         }
+        drop(held);
     }
     let _ = socket.shutdown().await;
 }
 
-fn encode(resp: &Response, opcode: u8, request_id: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    resp.encode(opcode, request_id, &mut out);
-    out
+/// Writes and flushes `buf` (the flush is a no-op on plain TCP; TLS may hold encrypted records
+/// until it); false if the socket failed or the write did not finish within `send_timeout`.
+async fn send<W: tokio::io::AsyncWrite + Unpin>(
+    socket: &mut W,
+    buf: &[u8],
+    peer: SocketAddr,
+    send_timeout: Duration,
+) -> bool {
+    let write = async {
+        socket.write_all(buf).await?;
+        socket.flush().await
+    };
+    match tokio::time::timeout(send_timeout, write).await {
+        Ok(Ok(())) => true,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            tracing::info!(%peer, bytes = buf.len(), timeout_ms = send_timeout.as_millis() as u64, "closing a connection that did not read its answers within the send timeout");
+            false
+        }
+    }
+}
+
+fn encode(resp: &Response, opcode: u8, request_id: u64) -> Out {
+    let mut bytes = Vec::new();
+    resp.encode(opcode, request_id, &mut bytes);
+    Out { bytes, hold: None }
 }
 
 /// When a connection last showed activity: a complete frame received or an answer queued.
@@ -753,27 +975,47 @@ const READ_RESERVE_BYTES: usize = 16 * 1024;
 /// A read buffer above this capacity is shrunk once it is empty again.
 const READ_BUFFER_KEEP_BYTES: usize = 256 * 1024;
 
-/// Serves one connection's two halves, plain TCP or TLS (generic, so that plain TCP has no
-/// indirection). `accepted` starts the handshake deadline.
-async fn connection<R, W>(
-    mut rd: R,
-    wr: W,
+/// What a connection task is given besides its socket.
+struct Conn {
     peer: SocketAddr,
+    /// Starts the handshake deadline.
     accepted: Instant,
     streams: Arc<StreamManager>,
     config: Arc<ServerConfig>,
-    mut stop: watch::Receiver<Stop>,
-) where
+    shared: Arc<Shared>,
+}
+
+/// Serves one connection's two halves, plain TCP or TLS (generic, so that plain TCP has no
+/// indirection).
+async fn connection<R, W>(mut rd: R, wr: W, conn: Conn, mut stop: watch::Receiver<Stop>)
+where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let Conn {
+        peer,
+        accepted,
+        streams,
+        config,
+        shared,
+    } = conn;
     let activity = Arc::new(Activity {
         accepted,
         last_ms: AtomicU64::new(0),
     });
-    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(config.requests_in_flight_max);
+    let (out_tx, out_rx) = mpsc::channel::<Out>(config.requests_in_flight_max);
     let (flush_tx, flush_rx) = oneshot::channel();
-    let writer = tokio::spawn(writer_loop(wr, out_rx, flush_rx));
+    let writer = tokio::spawn(writer_loop(wr, out_rx, flush_rx, peer, config.send_timeout));
+    // This connection's response budget (`connection_response_bytes_max`), one permit a byte.
+    let frame_total_max = config.frame_size_bytes_max as usize + 4;
+    let responses = Arc::new(Semaphore::new(
+        config.connection_response_bytes_max.max(frame_total_max),
+    ));
+    // The pool bytes reserved for the frame at the front of the buffer, if it is large.
+    let mut frame_permit: Option<OwnedSemaphorePermit> = None;
+    // When the incomplete frame at the front of the buffer started to arrive (or the pool
+    // gave its bytes): the frame timeout counts from it.
+    let mut partial_since: Option<Instant> = None;
     // The answer tasks of writes in flight, which a drain waits for.
     let mut writes = tokio::task::JoinSet::new();
     let permits = Arc::new(Semaphore::new(config.requests_in_flight_max));
@@ -784,6 +1026,7 @@ async fn connection<R, W>(
     // The handshake's token's rights, when the proxy requires tokens.
     let mut grant: Option<Grant> = None;
     'conn: loop {
+        let mut consumed = false;
         // Handle every whole frame in the buffer.
         loop {
             let (opcode, request_id, decoded) = match buf.next_frame(config.frame_size_bytes_max) {
@@ -803,6 +1046,10 @@ async fn connection<R, W>(
                 }
             };
             activity.touch();
+            consumed = true;
+            // Held until the request has been answered (Kafka's memory pool frees a request's
+            // bytes once it is handled).
+            let frame_hold = frame_permit.take();
             let received = Instant::now();
             let req = match decoded {
                 Ok(r) => r,
@@ -889,6 +1136,30 @@ async fn connection<R, W>(
                 }
                 continue;
             }
+            // A request with a large answer first takes its share of the response budgets:
+            // a client that does not read its answers stops being served here.
+            let reservation = match response_bytes_bound(&req, &config) {
+                None => None,
+                Some(n) => {
+                    let reserve = async {
+                        let conn = responses
+                            .clone()
+                            .acquire_many_owned(n.min(frame_total_max) as u32)
+                            .await
+                            .expect("the response budget is never closed");
+                        shared.queued.wait_below_max().await;
+                        ResponseReservation {
+                            _conn: conn,
+                            queued: shared.queued.clone(),
+                        }
+                    };
+                    tokio::select! {
+                        r = reserve => Some(r),
+                        _ = stop.changed() => break 'conn,
+                        _ = out_tx.closed() => break 'conn,
+                    }
+                }
+            };
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break 'conn;
             };
@@ -955,6 +1226,7 @@ async fn connection<R, W>(
                         let _ = tx.send(encode(&resp, opcode, request_id)).await;
                         let _ = done.send(());
                         activity.touch();
+                        drop(frame_hold);
                         drop(permit);
                     });
                 }
@@ -986,16 +1258,60 @@ async fn connection<R, W>(
                             Err(e) => error_response(&e),
                         };
                         record(&config.metrics, opcode, received, &resp);
-                        let _ = tx.send(encode(&resp, opcode, request_id)).await;
+                        let out = encode(&resp, opcode, request_id).holding(reservation);
+                        let _ = tx.send(out).await;
                         activity.touch();
+                        drop(frame_hold);
                         drop(permit);
                     });
                 }
             }
         }
         while writes.try_join_next().is_some() {}
+        if buf.pending().is_empty() {
+            partial_since = None;
+        } else if consumed || partial_since.is_none() {
+            partial_since = Some(Instant::now());
+        }
+        let frame_bytes = pending_frame_bytes(buf.pending());
+        if let Some(total) = frame_bytes.filter(|&t| t > FRAME_ALLOWANCE_BYTES) {
+            if !greeted {
+                tracing::info!(%peer, frame_bytes = total, "closing a connection whose first frame is too large for a handshake");
+                let e = Error::BadRequest {
+                    reason: format!("a frame of {total} bytes before the handshake (at most {FRAME_ALLOWANCE_BYTES})"),
+                };
+                let _ = out_tx.send(encode(&error_response(&e), 0, 0)).await;
+                break 'conn;
+            }
+            if frame_permit.is_none() {
+                // Reserve the whole frame before buffering its body; until the pool can give
+                // it, this connection is not read.
+                let pool = shared.request_pool.clone();
+                let permit = match pool.clone().try_acquire_many_owned(total as u32) {
+                    Ok(p) => p,
+                    Err(_) => {
+                        tracing::debug!(%peer, frame_bytes = total, "request pool exhausted; not reading the connection until it has room");
+                        tokio::select! {
+                            p = pool.acquire_many_owned(total as u32) => p.expect("the request pool is never closed"),
+                            _ = stop.changed() => break 'conn,
+                            _ = out_tx.closed() => break 'conn,
+                        }
+                    }
+                };
+                frame_permit = Some(permit);
+                partial_since = Some(Instant::now());
+            }
+        }
         let read_into = buf.for_read(READ_BUFFER_KEEP_BYTES);
-        read_into.reserve(READ_RESERVE_BYTES);
+        match frame_bytes {
+            // A reserved frame: room for the rest of it at once, no doubling beyond it.
+            Some(total) if frame_permit.is_some() => read_into.reserve_exact(
+                total
+                    .saturating_sub(read_into.len())
+                    .max(READ_RESERVE_BYTES),
+            ),
+            _ => read_into.reserve(READ_RESERVE_BYTES),
+        }
         // Before the handshake: its deadline. After: the idle deadline, checked again when it
         // passes (requests may have been in flight meanwhile).
         let in_flight = config.requests_in_flight_max - permits.available_permits();
@@ -1006,6 +1322,7 @@ async fn connection<R, W>(
         } else {
             activity.last() + config.idle_timeout
         };
+        let deadline = partial_since.map_or(deadline, |t| deadline.min(t + config.frame_timeout));
         tokio::select! {
             n = rd.read_buf(read_into) => match n {
                 Ok(0) | Err(_) => break 'conn,
@@ -1019,8 +1336,17 @@ async fn connection<R, W>(
                 }
             },
             _ = stop.changed() => break 'conn,
+            _ = out_tx.closed() => break 'conn,
             _ = tokio::time::sleep_until(deadline) => {
-                if !greeted {
+                if let Some(since) = partial_since.filter(|t| Instant::now() >= *t + config.frame_timeout) {
+                    tracing::info!(%peer, frame_bytes = frame_bytes.unwrap_or(0), received_bytes = buf.pending().len(), waited_ms = since.elapsed().as_millis() as u64, "closing a connection whose frame did not arrive whole within the frame timeout");
+                    let e = Error::BadRequest {
+                        reason: format!("no whole frame within {} ms of its first bytes", config.frame_timeout.as_millis()),
+                    };
+                    let _ = out_tx.send(encode(&error_response(&e), 0, 0)).await;
+                    break 'conn;
+                }
+                if !greeted && Instant::now() >= activity.accepted + config.handshake_timeout {
                     tracing::debug!(%peer, "closing a connection that did not complete its handshake in time");
                     let e = Error::BadRequest {
                         reason: format!("no complete handshake within {} ms of connecting", config.handshake_timeout.as_millis()),
@@ -1091,11 +1417,7 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
         } => {
             let wait = Duration::from_millis(u64::from(wait_ms)).min(config.read_wait_max);
             // Leave room for one maximal record past the byte budget and for the headers.
-            let bytes_cap = config.frame_size_bytes_max as usize
-                - RECORD_SIZE_BYTES_MAX
-                - READ_RECORD_OVERHEAD_BYTES
-                - 4096;
-            let max_bytes = (max_bytes as usize).min(bytes_cap) as u32;
+            let max_bytes = (max_bytes as usize).min(read_bytes_cap(config)) as u32;
             let batch = streams
                 .read(&stream, from, max_records, max_bytes, wait)
                 .await?;

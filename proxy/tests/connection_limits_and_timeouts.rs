@@ -2,7 +2,8 @@
 //! its handshake is answered and closed after `handshake_timeout`, a handshaken connection with
 //! nothing in flight is closed after `idle_timeout` (but a waiting tail read keeps it open, and
 //! the client reconnects afterwards), and connections beyond `connections_max` get
-//! SERVICE_UNAVAILABLE and are closed.
+//! SERVICE_UNAVAILABLE and are closed; a connection that does not read its answers stops
+//! being served and is closed after `send_timeout`.
 //! Method: a real cluster (three bookies, embedded metadata store) behind a proxy with small
 //! limits; raw TCP connections observe what the server sends and when it closes (every wait is
 //! bounded so a broken server fails the test instead of hanging it); `ProxyClient` checks the
@@ -251,4 +252,53 @@ async fn connections_over_the_limit_get_service_unavailable() {
         .write("limit", vec![(1, b"x".to_vec())], true)
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_its_answers_is_not_served_then_closed() {
+    // Goal: pipelined reads whose answers are never read stop being served once the
+    // connection's response budget (`connection_response_bytes_max`) and the socket buffers
+    // are full, and the connection is closed after `send_timeout`; without the bounds all 200
+    // reads (800 MB of answers) are served and the connection stays open.
+    let c = common::cluster().await;
+    let config = ServerConfig {
+        send_timeout: Duration::from_secs(2),
+        ..ServerConfig::default()
+    };
+    let (_streams, server) = proxy_with(&c, config).await;
+    let addr = server.local_addr();
+    let client = ProxyClient::connect(addr).await.unwrap();
+    for i in 0..6u64 {
+        client
+            .write("unread", vec![(i + 1, vec![b'u'; 900_000])], true)
+            .await
+            .unwrap();
+    }
+    let mut s = greeted(addr).await;
+    let mut reads = Vec::new();
+    for id in 0..200u64 {
+        Request::Read {
+            stream: "unread".into(),
+            from: ReadPosition::Head,
+            max_records: 100,
+            max_bytes: 4 << 20,
+            wait_ms: 0,
+        }
+        .encode(10 + id, &mut reads);
+    }
+    s.write_all(&reads).await.unwrap();
+    // The send timeout is what is checked: let it pass without reading.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let frames = frames_until_closed(&mut s).await;
+    assert!(
+        frames.len() < 50,
+        "{} of 200 unread reads were answered",
+        frames.len()
+    );
+    // Other clients are still served.
+    let batch = client
+        .read("unread", ReadPosition::Head, 1, 1 << 20, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(batch.records.len(), 1);
 }

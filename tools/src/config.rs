@@ -335,6 +335,20 @@ pub struct BookieSettings {
     /// each shard takes its share).
     #[arg(long)]
     pub connections_max: Option<usize>,
+    /// Open client connections per client IP address (Kafka's `max.connections.per.ip`); more
+    /// from that address are closed at once (default 1024, at least 1; each shard takes its
+    /// share).
+    #[arg(long)]
+    pub connections_per_ip_max: Option<usize>,
+    /// Bytes of request frames above 64 KiB buffered at once (Kafka's
+    /// `queued.max.request.bytes`); a connection waits, unread, for its frame's share (default
+    /// 268435456 = 256 MiB; each shard takes its share, at least one 5 MiB frame).
+    #[arg(long)]
+    pub request_pool_bytes: Option<usize>,
+    /// A frame must arrive whole within this many milliseconds of its first bytes, or its
+    /// connection is closed (default 60000, 100 to 3600000).
+    #[arg(long)]
+    pub frame_timeout_ms: Option<u64>,
     /// PEM certificate chain of this server; with `tls_key_file` it turns TLS on for its
     /// port (BookKeeper `tlsCertificatePath`). Default: plain TCP.
     #[arg(long)]
@@ -603,6 +617,9 @@ impl BookieSettings {
             handshake_timeout_ms,
             idle_timeout_secs,
             connections_max,
+            connections_per_ip_max,
+            request_pool_bytes,
+            frame_timeout_ms,
             tls_cert_file,
             tls_key_file,
             tls_ca_file,
@@ -688,6 +705,25 @@ impl BookieSettings {
                 bail!("invalid setting connections_max = 0: expected at least 1");
             }
             bookie.connections_max = n;
+        }
+        if let Some(n) = self.connections_per_ip_max {
+            if n == 0 {
+                bail!("invalid setting connections_per_ip_max = 0: expected at least 1");
+            }
+            bookie.connections_per_ip_max = n;
+        }
+        if let Some(n) = self.request_pool_bytes {
+            let frame = bookie.frame_size_bytes_max as usize;
+            if n < frame {
+                bail!("invalid setting request_pool_bytes = {n}: expected at least the frame limit, {frame}");
+            }
+            bookie.request_pool_bytes = n;
+        }
+        if let Some(ms) = self.frame_timeout_ms {
+            if !(100..=3_600_000).contains(&ms) {
+                bail!("invalid setting frame_timeout_ms = {ms}: expected 100 to 3600000");
+            }
+            bookie.frame_timeout = Duration::from_millis(ms);
         }
         if let Some(b) = self.journal_queue_bytes_max {
             if b < JOURNAL_QUEUE_BYTES_MIN {
@@ -864,6 +900,29 @@ pub struct ProxySettings {
     /// PEM key of `bookie_tls_cert_file`.
     #[arg(long)]
     pub bookie_tls_key_file: Option<PathBuf>,
+    /// Process-wide pool of bytes for request frames above 64 KiB (Kafka's
+    /// `queued.max.request.bytes`): a connection reserves a large frame's size before reading
+    /// its body and waits, unread, while the pool is empty (default 268435456 = 256 MiB; at
+    /// least the 5 MiB frame limit).
+    #[arg(long)]
+    pub request_pool_bytes: Option<usize>,
+    /// A frame must arrive whole within this many milliseconds of its first bytes, or its
+    /// connection is closed (default 60000).
+    #[arg(long)]
+    pub frame_timeout_ms: Option<u64>,
+    /// Most bytes of read answers one connection may have being built or queued; beyond it the
+    /// connection takes no new request until the client reads its answers (default 16777216 =
+    /// 16 MiB; at least the 5 MiB frame limit).
+    #[arg(long)]
+    pub connection_response_bytes_max: Option<usize>,
+    /// Process-wide bound on read answers queued and not yet written to their sockets; while
+    /// it is reached no connection starts a read (default 268435456 = 256 MiB).
+    #[arg(long)]
+    pub response_bytes_max: Option<usize>,
+    /// A connection whose answers cannot be written for this many milliseconds (its client
+    /// does not read them) is closed (default 60000).
+    #[arg(long)]
+    pub send_timeout_ms: Option<u64>,
 }
 
 /// Parses and checks a retention time in seconds (`--retention-time-secs`).
@@ -903,6 +962,10 @@ pub struct ProxyOptions {
     pub tls: Option<quire_tls::ServerTls>,
     /// TLS to bookies (`None`: plain TCP).
     pub bookie_tls: Option<quire_tls::ClientTls>,
+    /// The proxy port's memory bounds (`request_pool_bytes`, `frame_timeout`,
+    /// `connection_response_bytes_max`, `response_bytes_max`, `send_timeout`); its other fields
+    /// are the defaults.
+    pub server: quire_proxy::ServerConfig,
 }
 
 /// SIGTERM drain limit of `quire proxy` when none is configured, in milliseconds.
@@ -939,8 +1002,50 @@ impl ProxySettings {
             tls_client_auth,
             bookie_tls_ca_file,
             bookie_tls_cert_file,
-            bookie_tls_key_file
+            bookie_tls_key_file,
+            request_pool_bytes,
+            frame_timeout_ms,
+            connection_response_bytes_max,
+            response_bytes_max,
+            send_timeout_ms
         )
+    }
+
+    /// The proxy port's memory bounds, checked.
+    fn server_limits(&self) -> Result<quire_proxy::ServerConfig> {
+        let mut server = quire_proxy::ServerConfig::default();
+        let frame = server.frame_size_bytes_max as usize;
+        if let Some(n) = self.request_pool_bytes {
+            if n < frame {
+                bail!("invalid setting request_pool_bytes = {n}: expected at least the frame limit, {frame}");
+            }
+            server.request_pool_bytes = n;
+        }
+        if let Some(n) = self.connection_response_bytes_max {
+            if n < frame {
+                bail!("invalid setting connection_response_bytes_max = {n}: expected at least the frame limit, {frame}");
+            }
+            server.connection_response_bytes_max = n;
+        }
+        if let Some(n) = self.response_bytes_max {
+            if n < frame {
+                bail!("invalid setting response_bytes_max = {n}: expected at least the frame limit, {frame}");
+            }
+            server.response_bytes_max = n;
+        }
+        if let Some(ms) = self.frame_timeout_ms {
+            if !(100..=3_600_000).contains(&ms) {
+                bail!("invalid setting frame_timeout_ms = {ms}: expected 100 to 3600000");
+            }
+            server.frame_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.send_timeout_ms {
+            if !(100..=3_600_000).contains(&ms) {
+                bail!("invalid setting send_timeout_ms = {ms}: expected 100 to 3600000");
+            }
+            server.send_timeout = Duration::from_millis(ms);
+        }
+        Ok(server)
     }
 
     /// Applies defaults and checks every value.
@@ -948,6 +1053,7 @@ impl ProxySettings {
     /// # Errors
     /// One line naming the first missing or invalid setting.
     pub fn resolve(self) -> Result<ProxyOptions> {
+        let server = self.server_limits()?;
         let metadata = MetadataAddress::resolve(
             self.zookeeper,
             self.zk_root,
@@ -1010,6 +1116,7 @@ impl ProxySettings {
             bail!("invalid setting drain_timeout_ms = {drain_ms}: expected 100 to 3600000");
         }
         Ok(ProxyOptions {
+            server,
             metadata,
             listen,
             advertised,
@@ -1444,6 +1551,46 @@ mod tests {
         let o = flags.merged(file("txid_jump_max = 0")).resolve().unwrap();
         assert_eq!(o.streams.txid_jump_max, Some(5));
         assert!(toml::from_str::<ProxySettings>("txid_jump_max = -1").is_err());
+    }
+
+    #[test]
+    fn proxy_memory_bounds_are_read_and_checked() {
+        // Goal: the proxy port's memory bounds have their defaults unless configured, are read
+        // from the file, and values below the frame limit or out of range are refused.
+        let base = "zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\n";
+        let resolve = |extra: &str| {
+            let f: ProxySettings = toml::from_str(&format!("{base}{extra}")).unwrap();
+            ProxySettings::default().merged(f).resolve()
+        };
+        let d = resolve("").unwrap().server;
+        assert_eq!(d.request_pool_bytes, 256 << 20);
+        assert_eq!(d.connection_response_bytes_max, 16 << 20);
+        assert_eq!(d.response_bytes_max, 256 << 20);
+        assert_eq!(d.frame_timeout, Duration::from_secs(60));
+        assert_eq!(d.send_timeout, Duration::from_secs(60));
+        let o = resolve(
+            "request_pool_bytes = 67108864\nframe_timeout_ms = 2000\n\
+             connection_response_bytes_max = 8388608\nresponse_bytes_max = 33554432\n\
+             send_timeout_ms = 5000\n",
+        )
+        .unwrap()
+        .server;
+        assert_eq!(o.request_pool_bytes, 64 << 20);
+        assert_eq!(o.frame_timeout, Duration::from_secs(2));
+        assert_eq!(o.connection_response_bytes_max, 8 << 20);
+        assert_eq!(o.response_bytes_max, 32 << 20);
+        assert_eq!(o.send_timeout, Duration::from_secs(5));
+        for bad in [
+            "request_pool_bytes = 1024",
+            "connection_response_bytes_max = 1024",
+            "response_bytes_max = 1024",
+            "frame_timeout_ms = 10",
+            "send_timeout_ms = 0",
+        ] {
+            let e = resolve(bad).unwrap_err().to_string();
+            let key = bad.split(' ').next().unwrap();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -108,7 +108,7 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
             metrics,
             auth: options.auth.clone(),
             tls: server_tls,
-            ..quire_proxy::ServerConfig::default()
+            ..options.server.clone()
         },
     )
     .context("proxy server")?;

@@ -173,13 +173,17 @@ impl RecvBuffer {
     }
 
     /// The vector to append newly received bytes to, after dropping the bytes handed out (one
-    /// move of what is left). A buffer that is then empty and holds more than `keep_bytes` of
-    /// capacity gives the memory back, so one large frame does not pin it for the life of a
-    /// connection.
+    /// move of what is left). A buffer that then holds at most half of `keep_bytes` and more
+    /// than `keep_bytes` of capacity gives the memory back, so one large frame does not pin it
+    /// for the life of a connection (nor while the next frame's first bytes sit behind it).
     pub fn for_read(&mut self, keep_bytes: usize) -> &mut Vec<u8> {
         self.compact();
-        if self.bytes.is_empty() && self.bytes.capacity() > keep_bytes {
-            self.bytes = Vec::new();
+        if self.bytes.capacity() > keep_bytes && self.bytes.len() <= keep_bytes / 2 {
+            if self.bytes.is_empty() {
+                self.bytes = Vec::new();
+            } else {
+                self.bytes.shrink_to(keep_bytes);
+            }
         }
         &mut self.bytes
     }
