@@ -463,9 +463,13 @@ async fn recovery_of_a_two_fragment_ledger_whose_writer_died() {
     let meta = bk2.recover_ledger(writer.id()).await.unwrap();
     assert_eq!(meta.state, LedgerState::Closed);
     assert_eq!(meta.fragments.len(), 2, "{meta:?}");
+    // The change starts at the writer's LAC + 1 when it sees the failure (BookKeeper's
+    // ensemble change). Entries 0..99 were confirmed before the shutdown; adds of 100.. that
+    // the two live bookies (Qa=2) confirm before the victim's connection is seen closed stay
+    // in the first fragment, under-replicated, so the boundary lies anywhere in 100..=200.
     assert!(
-        meta.fragments[1].first_entry <= 100,
-        "the change happened at LAC + 1 <= 100: {meta:?}"
+        (100..=200).contains(&meta.fragments[1].first_entry),
+        "the change happened at LAC + 1, in 100..=200: {meta:?}"
     );
     let last = meta.last_entry.unwrap();
     assert!(
