@@ -435,22 +435,10 @@ async fn read_loop<S: AsyncRead + Unpin>(
         );
 
         // Back-pressure: a client that does not read its responses is not read either.
-        let room = futures_lite::future::or(
-            async {
-                outbox.wait_for_room().await;
-                true
-            },
-            async {
-                let _ = shard.stop.acquire(1).await;
-                false
-            },
-        )
-        .await;
-        if !room {
-            return ReadEnd::Stopped;
-        }
-        if outbox.broken.get() {
-            return ReadEnd::Closed;
+        match wait_for_room_or_stop(shard, outbox).await {
+            Room::Ready => {}
+            Room::Broken => return ReadEnd::Closed,
+            Room::Stopped => return ReadEnd::Stopped,
         }
         // Handshake and idle timeouts (`BookieConfig::handshake_timeout`, `idle_timeout`): a
         // connection that never completes its handshake, or sits idle with nothing in flight,
