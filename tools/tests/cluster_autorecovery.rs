@@ -499,7 +499,11 @@ async fn wait_marked_then_cleared(store: &ZkStore, bookie: &BookieId, within: Du
         saw_mark |= marks
             .iter()
             .any(|(_, m)| m.value.missing_bookies.contains(bookie));
-        if saw_mark && marks.is_empty() {
+        // A mark can be made and cleared between two polls; a wiped bookie that holds every
+        // entry of its closed ledgers again was marked and repaired.
+        if marks.is_empty()
+            && (saw_mark || closed_entries_missing_on(store, bookie).await.is_empty())
+        {
             return;
         }
         assert!(
