@@ -43,6 +43,9 @@ fn warn_if_slow(step: &str, journal_id: u64, started: Instant) {
 /// drained.
 pub(crate) async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
     let journal = &inner.journal;
+    // One buffer for every batch: its pages stay mapped, so a batch costs neither fresh
+    // allocations nor page faults (a new one was zero-filled by the kernel per batch).
+    let mut buf = Vec::new();
     loop {
         // Wait for work, or exit once closed and drained.
         loop {
@@ -97,13 +100,18 @@ pub(crate) async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
             }
             continue;
         }
-        write_batch(&inner, batch).await;
+        write_batch(&inner, batch, &mut buf).await;
     }
 }
 
 /// Journals one group-commit batch: roll to the next file if it does not fit, write,
-/// fdatasync, then complete every add of the batch.
-async fn write_batch<S: Storage + 'static>(inner: &Rc<Inner<S>>, batch: Vec<Pending>) {
+/// fdatasync, then complete every add of the batch. `buf` is the writer's scratch buffer
+/// (its contents are replaced).
+async fn write_batch<S: Storage + 'static>(
+    inner: &Rc<Inner<S>>,
+    batch: Vec<Pending>,
+    buf: &mut Vec<u8>,
+) {
     let journal = &inner.journal;
     let mut cursor = journal
         .cursor
@@ -111,24 +119,32 @@ async fn write_batch<S: Storage + 'static>(inner: &Rc<Inner<S>>, batch: Vec<Pend
         .take()
         .expect("journal cursor is present while the writer runs");
     let first_seq = cursor.next_seq;
-    let mut body = Vec::new();
-    for (i, p) in batch.iter().enumerate() {
-        encode_record(&mut body, first_seq + 1 + i as u64, &p.record);
-    }
-    let mut buf = Vec::with_capacity(body.len() + BLOCK_BYTES);
-    let batch_bytes = u32::try_from(RECORD_HEADER_BYTES + BATCH_HEADER_PAYLOAD_BYTES + body.len())
-        .expect("a batch fits u32 bytes");
+    // `Pending::bytes` is each record's encoded size, so the header (which states the batch's
+    // size) is written first and the records straight behind it: one copy of each record.
+    let body_bytes: usize = batch.iter().map(|p| p.bytes).sum();
+    let header_bytes = RECORD_HEADER_BYTES + BATCH_HEADER_PAYLOAD_BYTES;
+    let batch_bytes =
+        u32::try_from(header_bytes + body_bytes).expect("a batch fits u32 bytes");
+    buf.clear();
+    buf.reserve(header_bytes + body_bytes + BLOCK_BYTES);
     encode_record(
-        &mut buf,
+        buf,
         first_seq,
         &Record::BatchHeader {
             record_count: batch.len() as u32,
             batch_bytes,
         },
     );
-    buf.extend_from_slice(&body);
-    drop(body);
-    pad_to_block(&mut buf);
+    for (i, p) in batch.iter().enumerate() {
+        encode_record(buf, first_seq + 1 + i as u64, &p.record);
+    }
+    assert_eq!(
+        buf.len(),
+        batch_bytes as usize,
+        "journal records encode to the sizes they were queued with"
+    );
+    pad_to_block(buf);
+    let buf = &buf[..];
 
     // Set once this batch's bytes start going to the journal: a failure after that leaves the
     // journal in an unknown state, one before (in the roll) leaves it as it was.
