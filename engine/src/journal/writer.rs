@@ -123,8 +123,7 @@ async fn write_batch<S: Storage + 'static>(
     // size) is written first and the records straight behind it: one copy of each record.
     let body_bytes: usize = batch.iter().map(|p| p.bytes).sum();
     let header_bytes = RECORD_HEADER_BYTES + BATCH_HEADER_PAYLOAD_BYTES;
-    let batch_bytes =
-        u32::try_from(header_bytes + body_bytes).expect("a batch fits u32 bytes");
+    let batch_bytes = u32::try_from(header_bytes + body_bytes).expect("a batch fits u32 bytes");
     buf.clear();
     buf.reserve(header_bytes + body_bytes + BLOCK_BYTES);
     encode_record(
@@ -175,18 +174,18 @@ async fn write_batch<S: Storage + 'static>(
                 // time (what the batch waited for durability); the write time stays zero.
                 let r = cursor
                     .file
-                    .write_durable_at(cursor.pos, &buf)
+                    .write_durable_at(cursor.pos, buf)
                     .await
                     .map_err(io_err("journal durable write", &path, cursor.pos));
                 warn_if_slow("journal durable write", cursor.file_id, started);
                 sync_took.set(started.elapsed());
                 return r;
             }
-            cursor
-                .file
-                .write_at(cursor.pos, &buf)
-                .await
-                .map_err(io_err("journal write", &path, cursor.pos))?;
+            cursor.file.write_at(cursor.pos, buf).await.map_err(io_err(
+                "journal write",
+                &path,
+                cursor.pos,
+            ))?;
             warn_if_slow("journal write", cursor.file_id, started);
             let synced = Instant::now();
             write_took.set(synced - started);
