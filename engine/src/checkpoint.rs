@@ -18,7 +18,7 @@ use crate::format::{
 };
 use crate::index::segment::Segment;
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
-use crate::journal::files::remove_old_journals;
+use crate::journal::files::retire_journals;
 use crate::journal::JournalPos;
 use crate::sync::Signal;
 use crate::write_cache::Cache;
@@ -158,6 +158,7 @@ pub(crate) async fn checkpoint_loop<S: Storage>(inner: Rc<Inner<S>>) {
 pub(crate) async fn checkpoint<S: Storage>(inner: &Inner<S>) -> Result<(), Error> {
     let cp = &inner.checkpointer;
     let _permit = cp.lock.acquire_permit(1).await.map_err(|_| Error::Closed)?;
+    let previous_mark_file = cp.mark().journal_file_id;
     // Snapshot, synchronously: the cache holds exactly the records durable up to `durable`.
     let snapshot = inner.write_cache.begin_flush();
     let ledgers = inner.ledgers.take_dirty();
@@ -189,7 +190,7 @@ pub(crate) async fn checkpoint<S: Storage>(inner: &Inner<S>) -> Result<(), Error
             return Err(e);
         }
     };
-    remove_old_journals(&inner.storage, &inner.cfg.journal_dir, mark.journal_file_id).await;
+    retire_journals(inner, previous_mark_file, mark.journal_file_id).await;
     Ok(())
 }
 

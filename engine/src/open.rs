@@ -173,14 +173,22 @@ pub(crate) async fn open_inner<S: Storage>(
     }
     let write_cache = WriteCache::new(cfg.write_cache_bytes_max, cfg.write_cache_wait_max);
 
-    // Journal files wholly before the mark are garbage a crash left behind.
-    for id in journal_ids.iter().filter(|id| **id < mark.journal_file_id) {
+    // Journal files wholly before the mark are checkpointed: the newest are kept for reuse, the
+    // rest (more than a close or crash left to retire) are removed.
+    let retired: Vec<u64> = journal_ids
+        .iter()
+        .copied()
+        .filter(|id| *id < mark.journal_file_id)
+        .collect();
+    let surplus = retired.len().saturating_sub(cfg.journal_reuse_files);
+    for id in &retired[..surplus] {
         let p = cfg.journal_dir.join(journal_name(*id));
         storage
             .remove(&p)
             .await
             .map_err(io_err("remove old journal", &p, 0))?;
     }
+    let reusable = retired[surplus..].to_vec();
     journal_ids.retain(|id| *id >= mark.journal_file_id);
     if journal_ids.first() != Some(&mark.journal_file_id) {
         return Err(corrupt(
@@ -195,7 +203,7 @@ pub(crate) async fn open_inner<S: Storage>(
     .await?;
 
     Ok(Inner {
-        journal: Journal::new(cfg.journal_dir.clone(), cursor, background_tq),
+        journal: Journal::new(cfg.journal_dir.clone(), cursor, background_tq, reusable),
         usage,
         tombstones,
         gc: GcState::new(),

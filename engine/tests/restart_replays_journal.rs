@@ -36,12 +36,14 @@ fn crash_without_checkpoint_replays_every_add() {
 fn crash_across_checkpoint_and_journal_roll() {
     // Goal: replay is correct when part of the data is behind the checkpoint mark (entry logs
     // and index) and the rest spans several rolled journal files; journals wholly before the
-    // mark are deleted. Method: 1 MiB journals and 16 KiB entries; add 150 entries (several
-    // rolls), checkpoint, add 150 more (more rolls), crash, reopen, read all 300; then add more
-    // and crash again to check the writer resumes correctly after replay.
+    // mark are deleted when reuse is off (tests/journal_reuse.rs covers reuse). Method: 1 MiB
+    // journals and 16 KiB entries; add 150 entries (several rolls), checkpoint, add 150 more
+    // (more rolls), crash, reopen, read all 300; then add more and crash again to check the
+    // writer resumes correctly after replay.
     let dir = tempdir();
     let path = dir.path().to_path_buf();
-    let cfg = config(dir.path());
+    let mut cfg = config(dir.path());
+    cfg.journal_reuse_files = 0;
     let (cfg2, cfg3) = (cfg.clone(), cfg.clone());
     run(move || async move {
         let e = Engine::open(cfg).await.unwrap();

@@ -233,6 +233,10 @@ pub struct BookieSettings {
     /// Size of each pre-written journal file, in bytes (default 64 MiB).
     #[arg(long)]
     pub journal_file_size_bytes: Option<u64>,
+    /// Checkpointed journal files kept per shard for reuse by later rolls instead of
+    /// pre-writing new files with zeros (BookKeeper `journalReuseFiles`; default 4, 0 disables).
+    #[arg(long)]
+    pub journal_reuse_files: Option<usize>,
     /// Longest wait of the oldest queued add before its journal group is written, in
     /// microseconds (BookKeeper `journalMaxGroupWaitMSec`; default 2000).
     #[arg(long)]
@@ -593,6 +597,7 @@ impl BookieSettings {
             io_memory_bytes,
             cpu_set,
             journal_file_size_bytes,
+            journal_reuse_files,
             group_commit_wait_us,
             gc_interval_secs,
             disk_usage_threshold,
@@ -678,6 +683,9 @@ impl BookieSettings {
                 bail!("invalid setting journal_file_size_bytes = {b}: expected at least 8192");
             }
             bookie.engine.journal_file_size_bytes = b;
+        }
+        if let Some(n) = self.journal_reuse_files {
+            bookie.engine.journal_reuse_files = n;
         }
         if let Some(us) = self.group_commit_wait_us {
             if us > 1_000_000 {

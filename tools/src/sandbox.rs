@@ -80,6 +80,10 @@ pub struct SandboxArgs {
     /// Size of each pre-written journal file, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     journal_file_size_bytes: u64,
+    /// Checkpointed journal files each shard keeps for reuse by later rolls (0: pre-write every
+    /// new journal file with zeros, as before reuse).
+    #[arg(long, default_value_t = 4)]
+    journal_reuse_files: usize,
     /// CPUs to pin the bookies' shards to, e.g. `0,1`: the shards of all bookies, numbered
     /// bookie by bookie, take the listed CPUs in turn (shard g on the (g mod n)-th). Default:
     /// unpinned, which measured better on a 2-core host (perf/README.md, "CPU per record").
@@ -201,6 +205,7 @@ fn bookie_config(
     }
     config.io_memory_bytes = 1 << 20;
     config.engine.journal_file_size_bytes = args.journal_file_size_bytes;
+    config.engine.journal_reuse_files = args.journal_reuse_files;
     config.engine.journal_dsync_writes = !args.journal_separate_fdatasync;
     config.gc_interval = Duration::from_secs(args.gc_interval_secs);
     config.gc_deleted_ledgers = Some(gc.clone());

@@ -1,6 +1,8 @@
 //! Journal files: creation pre-written with zeros (temp name, sync, rename: BookKeeper's journal
-//! pre-allocation), the background pre-creation of the next file, listing on open and removal
-//! of files wholly before the checkpoint mark (BookKeeper's journal garbage collection after a
+//! pre-allocation), reuse of a fully checkpointed file under the next id (BookKeeper's
+//! `journalReuseFiles`), the background pre-creation of the next file, listing on open, and
+//! retiring files wholly before the checkpoint mark: kept for reuse up to
+//! `journal_reuse_files`, removed beyond (BookKeeper's journal garbage collection after a
 //! checkpoint).
 
 use std::io as stdio;
@@ -8,7 +10,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use crate::engine::Inner;
-use crate::files::{io_err, parse_id};
+use crate::files::{io_err, journal_name, parse_id};
 use crate::format::{encode_file_header, round_up_block, FILE_HEADER_BYTES, JOURNAL_MAGIC};
 use crate::io::{Storage, StorageFile};
 use crate::throttle::{bulk_write, Throttle};
@@ -77,9 +79,91 @@ pub(crate) async fn create_journal_file<S: Storage>(
     Ok(f)
 }
 
-/// Creates journal file `id` for the running engine (throttled like every bulk write).
+/// Turns the checkpointed journal file `old_id` into journal file `id`: renamed to
+/// `<id>.qj.tmp`, its header rewritten for `id` and synced, renamed to its final name, the
+/// directory synced. Its old batches stay: their seqs are all below the checkpoint mark's
+/// `next_seq`, which replay reads as the end of the journal (docs/format/journal.md §Recovery).
+/// A crash at any step leaves either the old name (still a retired file, below the mark) or the
+/// temp name (deleted at open), never a final name with a foreign header.
+///
+/// # Errors
+/// `Io` from any step; `NotFound` if `old_id` is gone, `InvalidData` if its size is not the
+/// configured journal file size (a file a giant batch grew, or one from another setting); the
+/// temp file is then removed.
+async fn reuse_journal_file<S: Storage>(
+    storage: &S,
+    cfg: &EngineConfig,
+    old_id: u64,
+    path: &Path,
+    id: u64,
+) -> Result<S::File, Error> {
+    let old = cfg.journal_dir.join(journal_name(old_id));
+    let tmp = path.with_extension("qj.tmp");
+    storage
+        .rename(&old, &tmp)
+        .await
+        .map_err(io_err("rename journal for reuse", &old, 0))?;
+    let prepared: Result<S::File, Error> = async {
+        let f =
+            storage
+                .open(&tmp, false)
+                .await
+                .map_err(io_err("open journal for reuse", &tmp, 0))?;
+        let size = f.size().await.map_err(io_err("stat journal", &tmp, 0))?;
+        let want = round_up_block(cfg.journal_file_size_bytes);
+        if size != want {
+            return Err(io_err("reuse journal", &tmp, 0)(stdio::Error::new(
+                stdio::ErrorKind::InvalidData,
+                format!("file has {size} bytes, journal files have {want}"),
+            )));
+        }
+        f.write_at(0, &encode_file_header(JOURNAL_MAGIC, id))
+            .await
+            .map_err(io_err("journal header write", &tmp, 0))?;
+        f.fdatasync()
+            .await
+            .map_err(io_err("journal fdatasync", &tmp, 0))?;
+        Ok(f)
+    }
+    .await;
+    let f = match prepared {
+        Ok(f) => f,
+        Err(e) => {
+            if let Err(re) = storage.remove(&tmp).await {
+                tracing::warn!("removing {} after a failed reuse: {re}", tmp.display());
+            }
+            return Err(e);
+        }
+    };
+    storage
+        .rename(&tmp, path)
+        .await
+        .map_err(io_err("journal rename", path, 0))?;
+    storage.sync_dir(&cfg.journal_dir).await.map_err(io_err(
+        "sync journal dir",
+        &cfg.journal_dir,
+        0,
+    ))?;
+    Ok(f)
+}
+
+/// Creates journal file `id` for the running engine: a reused checkpointed file when one is
+/// kept, else a new one pre-written with zeros (throttled like every bulk write).
 async fn create_for_roll<S: Storage>(inner: &Inner<S>, id: u64) -> Result<S::File, Error> {
     let path = inner.journal.path(id);
+    loop {
+        // Taken out synchronously: from here on this file is ours alone.
+        let Some(old_id) = inner.journal.reusable.borrow_mut().pop_front() else {
+            break;
+        };
+        match reuse_journal_file(&inner.storage, &inner.cfg, old_id, &path, id).await {
+            Ok(f) => {
+                tracing::debug!("journal {id} reuses checkpointed journal {old_id}");
+                return Ok(f);
+            }
+            Err(e) => tracing::warn!("cannot reuse journal {old_id} as journal {id}: {e}"),
+        }
+    }
     create_journal_file(&inner.storage, &inner.cfg, &path, id, Some(&inner.throttle)).await
 }
 
@@ -152,28 +236,28 @@ pub(crate) async fn list_journals<S: Storage>(
     Ok(ids)
 }
 
-/// Deletes journal files wholly before the mark's file. Failures are logged, not returned: the
-/// files are only garbage now and the next checkpoint retries.
-pub(crate) async fn remove_old_journals<S: Storage>(
-    storage: &S,
-    journal_dir: &Path,
-    mark_file_id: u64,
-) {
-    let names = match storage.list(journal_dir).await {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::warn!("listing {} failed: {e}", journal_dir.display());
-            return;
-        }
+/// Retires the journal files `from..to` (wholly before the new checkpoint mark's file `to`;
+/// `from` is the previous mark's file): they join the files kept for reuse, and the oldest kept
+/// ones beyond `journal_reuse_files` are deleted. Failures are logged, not returned: the files
+/// are only garbage now (a file left behind is deleted at the next open).
+pub(crate) async fn retire_journals<S: Storage>(inner: &Inner<S>, from: u64, to: u64) {
+    let surplus: Vec<u64> = {
+        let mut kept = inner.journal.reusable.borrow_mut();
+        kept.extend(from..to);
+        let n = kept.len().saturating_sub(inner.cfg.journal_reuse_files);
+        kept.drain(..n).collect()
     };
-    for name in names {
-        if let Some(id) = parse_id(&name, "journal-", ".qj") {
-            if id < mark_file_id {
-                let path = journal_dir.join(&name);
-                if let Err(e) = storage.remove(&path).await {
-                    tracing::warn!("removing {} failed: {e}", path.display());
-                }
-            }
+    remove_journals(&inner.storage, &inner.cfg.journal_dir, &surplus).await;
+}
+
+/// Deletes the journal files `ids`, logging failures.
+pub(crate) async fn remove_journals<S: Storage>(storage: &S, journal_dir: &Path, ids: &[u64]) {
+    for &id in ids {
+        let path = journal_dir.join(journal_name(id));
+        match storage.remove(&path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == stdio::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("removing {} failed: {e}", path.display()),
         }
     }
 }

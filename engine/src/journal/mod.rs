@@ -85,6 +85,10 @@ pub(crate) struct Journal<F> {
     precreate: RefCell<Option<Precreate<F>>>,
     /// Task queue of journal pre-creation (the engine's background queue).
     background_tq: TaskQueueHandle,
+    /// Ids of fully checkpointed journal files kept for reuse, oldest first (at most
+    /// `EngineConfig::journal_reuse_files`). An id taken out of it belongs to whoever took it,
+    /// so a reuse and a removal never race for one file.
+    pub(crate) reusable: RefCell<VecDeque<u64>>,
     /// Records queued since open.
     submitted: Cell<u64>,
     /// Records the writer completed since open, durable or failed; records complete in queue
@@ -95,8 +99,14 @@ pub(crate) struct Journal<F> {
 }
 
 impl<F> Journal<F> {
-    /// The journal in `dir`, continuing at `cursor` (where replay ended).
-    pub fn new(dir: PathBuf, cursor: JournalCursor<F>, background_tq: TaskQueueHandle) -> Self {
+    /// The journal in `dir`, continuing at `cursor` (where replay ended), with the checkpointed
+    /// files `reusable` (ascending ids) kept for reuse.
+    pub fn new(
+        dir: PathBuf,
+        cursor: JournalCursor<F>,
+        background_tq: TaskQueueHandle,
+        reusable: Vec<u64>,
+    ) -> Self {
         Self {
             dir,
             queue: RefCell::new(VecDeque::new()),
@@ -111,6 +121,7 @@ impl<F> Journal<F> {
             sync_count: Cell::new(0),
             precreate: RefCell::new(None),
             background_tq,
+            reusable: RefCell::new(reusable.into()),
             submitted: Cell::new(0),
             finished: Cell::new(0),
             finished_notify: Notify::default(),

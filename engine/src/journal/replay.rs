@@ -1,6 +1,7 @@
 //! Journal replay on open (docs/format/journal.md §Recovery; BookKeeper's journal replay from
-//! the last mark): scans the files from the checkpoint mark, applies every complete batch, drops
-//! a torn tail (zeroing it), and refuses to open when a bad record is followed by durable data.
+//! the last mark): scans the files from the checkpoint mark, applies every complete batch, finds
+//! where the journal ends (zeros, a reused file's older batches, or a torn tail, which is
+//! dropped), and refuses to open when durable data follows a bad record.
 
 use std::path::Path;
 use std::rc::Rc;
@@ -8,16 +9,17 @@ use std::rc::Rc;
 use super::JournalCursor;
 use crate::files::{check_header, corrupt, io_err, journal_name};
 use crate::format::{
-    decode_record, round_up_block, Mark, Record, RecordDecode, BATCH_HEADER_PAYLOAD_BYTES,
-    FILE_HEADER_BYTES, JOURNAL_MAGIC, RECORD_HEADER_BYTES,
+    decode_record, round_up_block, Mark, Record, RecordDecode, RecordKind,
+    BATCH_HEADER_PAYLOAD_BYTES, FILE_HEADER_BYTES, JOURNAL_MAGIC, RECORD_HEADER_BYTES,
 };
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
 use crate::{EngineConfig, Error};
 
 /// Why replay stopped inside a file.
 enum Stop {
-    /// Zeros or end of file at a batch boundary: clean end of this file.
-    Clean(u64),
+    /// No batch starts at this batch boundary: zeros, end of file, or a batch header with a seq
+    /// below the expected one (a reused file's older contents).
+    End(u64),
     /// A bad record at `bad_at`; `resume` is where writing would continue (block aligned).
     Bad {
         bad_at: u64,
@@ -36,7 +38,7 @@ fn scan_file(
     let mut pos = start as usize;
     loop {
         if pos >= img.len() {
-            return Stop::Clean(pos as u64);
+            return Stop::End(pos as u64);
         }
         let bad = |at: usize, resume: usize, reason: String| Stop::Bad {
             bad_at: at as u64,
@@ -44,7 +46,7 @@ fn scan_file(
             reason,
         };
         let (batch_bytes, count) = match decode_record(&img[pos..]) {
-            RecordDecode::Zeros => return Stop::Clean(pos as u64),
+            RecordDecode::Zeros => return Stop::End(pos as u64),
             RecordDecode::Short => {
                 return bad(
                     pos,
@@ -62,6 +64,9 @@ fn scan_file(
                     },
                 ..
             } => {
+                if seq < *expected_seq {
+                    return Stop::End(pos as u64);
+                }
                 if seq != *expected_seq {
                     return bad(
                         pos,
@@ -135,12 +140,7 @@ fn scan_file(
 pub(crate) fn find_later_batch(img: &[u8], from: u64, min_seq: u64) -> Option<(u64, u64)> {
     let mut at = round_up_block(from) as usize;
     while at < img.len() {
-        if let RecordDecode::Ok {
-            seq,
-            record: Record::BatchHeader { .. },
-            ..
-        } = decode_record(&img[at..])
-        {
+        if let Some(seq) = batch_header_at(img, at) {
             if seq >= min_seq {
                 return Some((at as u64, seq));
             }
@@ -148,6 +148,26 @@ pub(crate) fn find_later_batch(img: &[u8], from: u64, min_seq: u64) -> Option<(u
         at += BLOCK_BYTES;
     }
     None
+}
+
+/// The seq of the valid batch header record at `at`, if one is there. Checks the length and
+/// kind fields before the CRC, so that scanning a reused file's old payload bytes stays cheap.
+fn batch_header_at(img: &[u8], at: usize) -> Option<u64> {
+    let h = img.get(at..at + RECORD_HEADER_BYTES)?;
+    let payload_len = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
+    let kind = u16::from_le_bytes(h[16..18].try_into().expect("2 bytes"));
+    if payload_len as usize != BATCH_HEADER_PAYLOAD_BYTES || kind != RecordKind::BatchHeader as u16
+    {
+        return None;
+    }
+    match decode_record(&img[at..]) {
+        RecordDecode::Ok {
+            seq,
+            record: Record::BatchHeader { .. },
+            ..
+        } => Some(seq),
+        _ => None,
+    }
 }
 
 pub(crate) async fn read_journal<S: Storage>(
@@ -170,7 +190,7 @@ pub(crate) async fn read_journal<S: Storage>(
 
 /// Replays the journal files `ids` (the first is the mark's) from `mark`, handing every record
 /// of every complete batch to `apply` in order; returns the writer's cursor (the durable end).
-/// Implements the torn-tail vs. corruption rule of journal.md §Recovery.
+/// Implements the end-of-journal, torn-tail and corruption rules of journal.md §Recovery.
 pub(crate) async fn replay<S: Storage>(
     storage: &S,
     cfg: &EngineConfig,
@@ -179,92 +199,101 @@ pub(crate) async fn replay<S: Storage>(
     apply: &mut impl FnMut(Record),
 ) -> Result<JournalCursor<S::File>, Error> {
     let mut expected_seq = mark.next_seq;
+    let path_of = |id: u64| cfg.journal_dir.join(journal_name(id));
+    let mut loaded = None;
     for (i, &id) in ids.iter().enumerate() {
-        let path = cfg.journal_dir.join(journal_name(id));
-        let (file, img) = read_journal(storage, &path, id).await?;
+        let path = path_of(id);
+        let (file, img) = match loaded.take() {
+            Some(l) => l,
+            None => read_journal(storage, &path, id).await?,
+        };
         let start = if i == 0 {
             mark.journal_offset
         } else {
             FILE_HEADER_BYTES as u64
         };
-        match scan_file(&img, start, &mut expected_seq, apply) {
-            Stop::Clean(end) => {
-                if i + 1 == ids.len() {
-                    return Ok(JournalCursor {
-                        file_id: id,
-                        file: Rc::new(file),
-                        pos: end,
-                        next_seq: expected_seq,
-                    });
-                }
-            }
+        let stop = scan_file(&img, start, &mut expected_seq, apply);
+        let (stopped_at, resume, reason) = match stop {
+            Stop::End(at) => (at, at, None),
             Stop::Bad {
                 bad_at,
                 resume,
                 reason,
-            } => {
-                // Durable data after the bad record means it is not a torn tail.
-                let mut later = find_later_batch(&img, bad_at + 1, expected_seq)
-                    .map(|(at, seq)| (path.clone(), at, seq));
-                if later.is_none() {
-                    for &lid in &ids[i + 1..] {
-                        let lpath = cfg.journal_dir.join(journal_name(lid));
-                        let (_, limg) = read_journal(storage, &lpath, lid).await?;
-                        if let Some((at, seq)) =
-                            find_later_batch(&limg, FILE_HEADER_BYTES as u64, expected_seq)
-                        {
-                            later = Some((lpath, at, seq));
-                            break;
-                        }
-                    }
+            } => (bad_at, resume, Some(reason)),
+        };
+        let describe = || match &reason {
+            Some(r) => r.clone(),
+            None => "no batch here (zeros or older batches)".to_string(),
+        };
+        // Batches are written in order, one at a time: after this file's last batch nothing in
+        // it has a seq this high, so finding one means damage, not a crash.
+        if let Some((at, seq)) = find_later_batch(&img, stopped_at + 1, expected_seq) {
+            return Err(corrupt(
+                &path,
+                stopped_at,
+                format!(
+                    "{}; not the end of the journal: a durable batch with seq {seq} follows at byte offset {at}",
+                    describe()
+                ),
+            ));
+        }
+        // A later file continues the journal only if its first batch carries the expected seq:
+        // the writer rolled there after this file's last batch. (A dropped batch in between
+        // would make that seq higher.)
+        if let Some(&next_id) = ids.get(i + 1) {
+            let next = read_journal(storage, &path_of(next_id), next_id).await?;
+            if batch_header_at(&next.1, FILE_HEADER_BYTES) == Some(expected_seq) {
+                loaded = Some(next);
+                continue;
+            }
+            let mut later = find_later_batch(&next.1, FILE_HEADER_BYTES as u64, expected_seq)
+                .map(|(at, seq)| (next_id, at, seq));
+            for &lid in &ids[i + 2..] {
+                if later.is_some() {
+                    break;
                 }
-                if let Some((lpath, at, seq)) = later {
-                    return Err(corrupt(
-                        &path,
-                        bad_at,
-                        format!(
-                            "{reason}; not a torn tail: a durable batch with seq {seq} follows at {}:{at}",
-                            lpath.display()
-                        ),
-                    ));
-                }
-                tracing::warn!(
-                    "journal {}: dropping torn tail at byte offset {bad_at}: {reason}",
-                    path.display()
-                );
-                // Zero the torn bytes so that no stale record can be mistaken for data later.
-                let last_nonzero = img
-                    .iter()
-                    .rposition(|&b| b != 0)
-                    .map_or(0, |p| p as u64 + 1);
-                let zero_end = round_up_block(last_nonzero.max(resume));
-                if zero_end > resume {
-                    let zeros = vec![0u8; (zero_end - resume) as usize];
-                    file.write_at(resume, &zeros).await.map_err(io_err(
-                        "journal zero torn tail",
-                        &path,
-                        resume,
-                    ))?;
-                    file.fdatasync()
-                        .await
-                        .map_err(io_err("journal fdatasync", &path, resume))?;
-                }
-                for &lid in &ids[i + 1..] {
-                    let lpath = cfg.journal_dir.join(journal_name(lid));
-                    storage.remove(&lpath).await.map_err(io_err(
-                        "remove journal after torn tail",
-                        &lpath,
-                        0,
-                    ))?;
-                }
-                return Ok(JournalCursor {
-                    file_id: id,
-                    file: Rc::new(file),
-                    pos: resume,
-                    next_seq: expected_seq,
-                });
+                let (_, limg) = read_journal(storage, &path_of(lid), lid).await?;
+                later = find_later_batch(&limg, FILE_HEADER_BYTES as u64, expected_seq)
+                    .map(|(at, seq)| (lid, at, seq));
+            }
+            if let Some((lid, at, seq)) = later {
+                return Err(corrupt(
+                    &path,
+                    stopped_at,
+                    format!(
+                        "{}; not the end of the journal: a durable batch with seq {seq} follows at {}:{at}",
+                        describe(),
+                        path_of(lid).display()
+                    ),
+                ));
             }
         }
+        // This file holds the end of the journal. A bad batch here is the tail of the one write
+        // in flight at a crash (never acknowledged): it is dropped and the next batch overwrites
+        // its first block, the only place its header can be. Its other bytes may stay: replay
+        // only ever starts a batch at a header with the expected seq.
+        if let Some(r) = &reason {
+            tracing::info!(
+                "journal {}: the journal ends at byte offset {resume}; dropping what follows \
+                 (a write cut by a crash, or a reused file's older bytes): {r}",
+                path.display()
+            );
+        }
+        // Later files hold no batch of this journal: pre-created or reused files, empty.
+        for &lid in &ids[i + 1..] {
+            let lpath = path_of(lid);
+            storage.remove(&lpath).await.map_err(io_err(
+                "remove journal after the end of the journal",
+                &lpath,
+                0,
+            ))?;
+        }
+        return Ok(JournalCursor {
+            file_id: id,
+            file: Rc::new(file),
+            pos: resume,
+            next_seq: expected_seq,
+        });
     }
     unreachable!("ids is non-empty and the last file returns")
 }
