@@ -67,8 +67,9 @@ pub struct EngineConfig {
     pub journal_dir: PathBuf,
     /// Directory of the entry logs, the index and the checkpoint mark. Created if missing.
     pub ledger_dir: PathBuf,
-    /// A journal file rolls to the next one once a batch would not fit; files are pre-written
-    /// with zeros to this size. Default 64 MiB. Must be at least 8 KiB.
+    /// A journal file rolls to the next one once a batch would not fit; new files are
+    /// pre-written with zeros to this size (reused ones already have it). Default 64 MiB. Must
+    /// be at least 8 KiB.
     pub journal_file_size_bytes: u64,
     /// How many fully checkpointed journal files are kept for reuse (BookKeeper
     /// `journalReuseFiles` with `journalMaxBackups`). A roll renames the oldest of them to the
