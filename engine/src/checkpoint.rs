@@ -1,7 +1,7 @@
 //! The checkpoint: moves a snapshot of the write cache into the entry logs, writes an index
 //! segment file with the new locations and the changed ledger states, then moves the checkpoint
-//! mark forward (naming the new segment among the live ones) and removes the journal files
-//! wholly before it (BookKeeper's `SyncThread` checkpoint
+//! mark forward (naming the new segment among the live ones) and retires the journal files
+//! wholly before it, kept for reuse or removed (BookKeeper's `SyncThread` checkpoint
 //! with `flushInterval`, the `lastMark` written only after entry logs and index are durable).
 
 use std::cell::RefCell;

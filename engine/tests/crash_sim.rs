@@ -59,6 +59,8 @@ fn sim_config() -> EngineConfig {
     c.background_write_bytes_per_second = 0;
     c.background_sync_bytes = 8 << 10;
     c.read_cache_bytes_max = 64 << 10;
+    // Reuse is off by default; the crashes must cover its renames and reused files too.
+    c.journal_reuse_files = 4;
     c
 }
 

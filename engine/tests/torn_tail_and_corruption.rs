@@ -190,3 +190,91 @@ fn garbled_batch_header_before_a_later_journal_file_is_corruption() {
         }
     });
 }
+
+/// Offset of the batch header with `record_count` records, searching 4 KiB block starts.
+fn find_batch_with(img: &[u8], record_count: u32) -> Option<usize> {
+    (BLOCK as usize..img.len())
+        .step_by(BLOCK as usize)
+        .find(|&at| {
+            let h = &img[at..at + 32];
+            u32::from_le_bytes(h[4..8].try_into().unwrap()) == 8
+                && u16::from_le_bytes(h[16..18].try_into().unwrap()) == 1
+                && u32::from_le_bytes(h[24..28].try_into().unwrap()) == record_count
+                && u32::from_le_bytes(h[0..4].try_into().unwrap()) == crc32c::crc32c(&h[4..32])
+        })
+}
+
+/// Adds entries `0..n` of `ledger` concurrently (one group commit: the test config waits 1 ms
+/// for the oldest add), then crashes.
+fn add_one_batch(cfg: quire_engine::EngineConfig, ledger: u64, n: u64, len: usize) {
+    run(move || async move {
+        let e = Engine::open(cfg).await.unwrap();
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let e = e.clone();
+                glommio::spawn_local(async move {
+                    e.add_entry(ledger, i, KEY, None, payload(ledger, i, len), false)
+                        .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_dropped_torn_batch_cannot_complete_a_later_torn_batch() {
+    // Goal: the records of a torn batch that replay dropped never become part of a later batch
+    // written at the same offset with the same seq (journal.md §Recovery rule 4: the dropped
+    // bytes are zeroed). Method: records of 480 bytes (408-byte entries), so that the first
+    // record after a 32-byte batch header ends at 512. Batch B (16 adds of ledger 1) is torn
+    // after its first 4 KiB, the engine reopens (B dropped) and writes batch B' (5 adds of
+    // ledger 2) at the same offset with the same seq; B' is torn after 512 bytes, i.e. the
+    // bytes after it are what the file held before B' was written. Without the zeroing, B's
+    // records 2-5 complete B' (right seqs, valid CRCs, ending at B''s length).
+    const LEN: usize = 408;
+    let dir = tempdir();
+    let cfg = config(dir.path());
+    add_one_batch(cfg.clone(), 1, 16, LEN);
+    let path = journal_files(dir.path()).last().unwrap().clone();
+    let img = std::fs::read(&path).unwrap();
+    let x = find_batch_with(&img, 16).expect("the 16 adds formed one batch");
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&vec![0u8; 2 * BLOCK as usize], x as u64 + BLOCK)
+        .unwrap();
+    drop(f);
+
+    // An open that drops B (and, with the fix, zeroes it), then a crash: the bytes B' will be
+    // written over, as they are before B' is.
+    let c = cfg.clone();
+    run(move || async move {
+        drop(Engine::open(c).await.unwrap());
+    });
+    let before = std::fs::read(&path).unwrap()[x..x + BLOCK as usize].to_vec();
+    add_one_batch(cfg.clone(), 2, 5, LEN);
+    let img2 = std::fs::read(&path).unwrap();
+    assert_eq!(
+        find_batch_with(&img2, 5),
+        Some(x),
+        "B' (5 adds) was written where B was"
+    );
+    // Tear B' after 512 bytes: the rest of its block holds what was there before it.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&before[512..], x as u64 + 512).unwrap();
+    drop(f);
+
+    run(move || async move {
+        let e = Engine::open(cfg).await.unwrap();
+        for ledger in [1, 2] {
+            assert!(
+                e.ledger_state(ledger)
+                    .is_none_or(|s| s.last_entry.is_none()),
+                "ledger {ledger} has entries from a torn batch: {:?}",
+                e.ledger_state(ledger).map(|s| s.last_entry)
+            );
+        }
+        e.close().await.unwrap();
+    });
+}

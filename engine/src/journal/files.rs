@@ -82,9 +82,11 @@ pub(crate) async fn create_journal_file<S: Storage>(
 /// Turns the checkpointed journal file `old_id` into journal file `id`: renamed to
 /// `<id>.qj.tmp`, its header rewritten for `id` and synced, renamed to its final name, the
 /// directory synced. Its old batches stay: their seqs are all below the checkpoint mark's
-/// `next_seq`, which replay reads as the end of the journal (docs/format/journal.md §Recovery).
-/// A crash at any step leaves either the old name (still a retired file, below the mark) or the
-/// temp name (deleted at open), never a final name with a foreign header.
+/// `next_seq` (up to it for a dropped batch's header if a crash cut replay's zeroing of it), so
+/// replay reads them as the end of the file (docs/format/journal.md §Recovery).
+/// A crash at any step leaves either the old name (still a retired file, below the mark, maybe
+/// already with the new header, which only a first open without a mark would read) or the temp
+/// name (deleted at open), never a final name with a foreign header.
 ///
 /// # Errors
 /// `Io` from any step; `NotFound` if `old_id` is gone, `InvalidData` if its size is not the

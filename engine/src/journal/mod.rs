@@ -1,9 +1,9 @@
 //! The journal: the queue of adds and fences waiting for group commit, the writer's cursor, the
 //! durable end, the failure latch and the journal files (docs/format/journal.md; BookKeeper's
 //! `Journal` with `journalMaxGroupWaitMSec` / `journalBufferedWritesThreshold` group commit,
-//! file rolls with pre-allocation, and replay from the last mark); `writer` runs the group
-//! commit, `files` creates, pre-creates, lists and removes journal files, `replay` rebuilds the
-//! in-memory state from the files on open.
+//! file rolls with pre-allocation or reuse, and replay from the last mark); `writer` runs the
+//! group commit, `files` creates, reuses, pre-creates, lists and retires journal files, `replay`
+//! rebuilds the in-memory state from the files on open.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;

@@ -269,17 +269,35 @@ pub(crate) async fn replay<S: Storage>(
             }
         }
         // This file holds the end of the journal. A bad batch here is the tail of the one write
-        // in flight at a crash (never acknowledged): it is dropped and the next batch overwrites
-        // its first block, the only place its header can be. Its other bytes may stay: replay
-        // only ever starts a batch at a header with the expected seq.
+        // in flight at a crash (never acknowledged): it is dropped, and its bytes are zeroed up
+        // to the file's last non-zero byte before anything is written again. Left in place, its
+        // records (seqs from the expected one on) could complete a later batch that starts at
+        // the same offset with the same seq and is torn after a record boundary.
         if let Some(r) = &reason {
-            tracing::info!(
-                "journal {}: the journal ends at byte offset {resume}; dropping what follows \
-                 (a write cut by a crash, or a reused file's older bytes): {r}",
+            tracing::warn!(
+                "journal {}: the journal ends at byte offset {resume}; dropping the bytes after \
+                 it (a write cut by a crash, or a reused file's older bytes): {r}",
                 path.display()
             );
+            let last_nonzero = img
+                .iter()
+                .rposition(|&b| b != 0)
+                .map_or(0, |p| p as u64 + 1);
+            let zero_end = round_up_block(last_nonzero.max(resume));
+            if zero_end > resume {
+                let zeros = vec![0u8; (zero_end - resume) as usize];
+                file.write_at(resume, &zeros).await.map_err(io_err(
+                    "journal zero torn tail",
+                    &path,
+                    resume,
+                ))?;
+                file.fdatasync()
+                    .await
+                    .map_err(io_err("journal fdatasync", &path, resume))?;
+            }
         }
-        // Later files hold no batch of this journal: pre-created or reused files, empty.
+        // Later files hold no batch of this journal (pre-created ones: zeros, or a reused file's
+        // older batches).
         for &lid in &ids[i + 1..] {
             let lpath = path_of(lid);
             storage.remove(&lpath).await.map_err(io_err(
