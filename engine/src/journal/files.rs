@@ -58,17 +58,35 @@ pub(crate) async fn create_journal_file<S: Storage>(
             .map_err(io_err("journal fdatasync", &tmp, 0))
     }
     .await;
-    if let Err(e) = filled {
-        // A half-written temp file would keep the space it got (typically the last free space
-        // of a full disk, which checkpoints then lack); give it back.
-        drop(f);
-        if let Err(re) = storage.remove(&tmp).await {
-            tracing::warn!("removing {} after a failed creation: {re}", tmp.display());
+    // On failure the closure (and with it the file) is dropped before the removal.
+    publish(storage, cfg, &tmp, path, filled.map(|()| f)).await
+}
+
+/// Gives a prepared temp journal file its name: renames `tmp` to `path` and syncs the journal
+/// directory. If `prepared` failed, removes `tmp` instead (a half-written temp file would keep
+/// the space it got, typically the last free space of a full disk, which checkpoints then lack)
+/// and returns the error.
+async fn publish<S: Storage>(
+    storage: &S,
+    cfg: &EngineConfig,
+    tmp: &Path,
+    path: &Path,
+    prepared: Result<S::File, Error>,
+) -> Result<S::File, Error> {
+    let f = match prepared {
+        Ok(f) => f,
+        Err(e) => {
+            if let Err(re) = storage.remove(tmp).await {
+                tracing::warn!(
+                    "removing {} after a failed preparation: {re}",
+                    tmp.display()
+                );
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
+    };
     storage
-        .rename(&tmp, path)
+        .rename(tmp, path)
         .await
         .map_err(io_err("journal rename", path, 0))?;
     storage.sync_dir(&cfg.journal_dir).await.map_err(io_err(
@@ -128,25 +146,7 @@ async fn reuse_journal_file<S: Storage>(
         Ok(f)
     }
     .await;
-    let f = match prepared {
-        Ok(f) => f,
-        Err(e) => {
-            if let Err(re) = storage.remove(&tmp).await {
-                tracing::warn!("removing {} after a failed reuse: {re}", tmp.display());
-            }
-            return Err(e);
-        }
-    };
-    storage
-        .rename(&tmp, path)
-        .await
-        .map_err(io_err("journal rename", path, 0))?;
-    storage.sync_dir(&cfg.journal_dir).await.map_err(io_err(
-        "sync journal dir",
-        &cfg.journal_dir,
-        0,
-    ))?;
-    Ok(f)
+    publish(storage, cfg, &tmp, path, prepared).await
 }
 
 /// Creates journal file `id` for the running engine: a reused checkpointed file when one is
