@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use common::{entry, Client, Resp, KEY};
 use quire_bookie::{Bookie, Error};
-use quire_wire::bookie::Request;
+use quire_wire::bookie::{Request, Status};
 
 #[test]
 fn shutdown_answers_in_flight_requests_and_acknowledged_adds_survive() {
@@ -34,18 +34,34 @@ fn shutdown_answers_in_flight_requests_and_acknowledged_adds_survive() {
         .shutdown()
         .expect("clean shutdown with open connections");
 
+    // A request the reader admitted before the shard's in-flight gate closed succeeds. One
+    // whose frame was still being handled when the gate closed (frames received in one socket
+    // read are handled one by one, and shutdown can come between them) is refused with the
+    // shutdown error (conn.rs); the client cannot tell which side of the gate a request was,
+    // so both answers are accepted, and nothing else.
     let mut acked = Vec::new();
+    let mut refused = 0;
     while let Some((h, resp)) = c.recv() {
         let (ledger, e) = sent
             .remove(&h.request_id)
             .expect("each request answered at most once");
-        assert_eq!(
-            resp,
-            Resp::Add { ledger, entry: e },
-            "a request read before shutdown succeeds"
-        );
-        acked.push((ledger, e));
+        match resp {
+            Resp::Add { .. } => {
+                assert_eq!(resp, Resp::Add { ledger, entry: e });
+                acked.push((ledger, e));
+            }
+            Resp::Failed {
+                status: Status::IoError,
+                ref message,
+                ..
+            } if message == "bookie is shutting down" => refused += 1,
+            other => panic!("request for entry {e} of ledger {ledger} got {other:?}"),
+        }
     }
+    assert!(
+        !acked.is_empty(),
+        "shutdown answered none of the adds in flight with success ({refused} refused)"
+    );
 
     let bookie = common::start(dir.path(), 2);
     let (mut c, _) = Client::handshake(bookie.addr());
