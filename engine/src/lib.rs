@@ -74,11 +74,12 @@ pub struct EngineConfig {
     /// How many fully checkpointed journal files are kept for reuse (BookKeeper
     /// `journalReuseFiles` with `journalMaxBackups`). A roll renames the oldest of them to the
     /// next id and rewrites its header instead of pre-writing a new file with zeros, so a
-    /// shard's journal disk writes each journal byte once rather than twice. Default 0 (off:
-    /// files are deleted once checkpointed and every new one is pre-written): replay reads a
-    /// reused file's older bytes, entry data included, and a client could place a forged batch
-    /// header there that makes a later open fail with `Corrupt` (docs/format/journal.md §Files).
-    /// Measured with 4 in perf/README.md, "Journal file reuse".
+    /// shard's journal disk writes each journal byte once rather than twice. Default 4 (256 MiB
+    /// per shard at the default file size); 0 deletes files once checkpointed and pre-writes
+    /// every new one. Each use of a file gets a new random salt in its header that seals its
+    /// records, so a reused file's older bytes, entry data included, never read as records
+    /// (docs/format/journal.md §Files, §Header). Measured in perf/README.md, "Journal file
+    /// reuse".
     pub journal_reuse_files: usize,
     /// Longest time the oldest queued add waits before its group is written
     /// (BookKeeper `journalMaxGroupWaitMSec`, whose default is 2 ms). Default 0: an idle journal
@@ -168,7 +169,7 @@ impl EngineConfig {
             journal_dir,
             ledger_dir,
             journal_file_size_bytes: 64 << 20,
-            journal_reuse_files: 0,
+            journal_reuse_files: 4,
             group_commit_wait_max: Duration::ZERO,
             group_commit_bytes_max: 512 << 10,
             journal_dsync_writes: true,

@@ -245,8 +245,8 @@ async fn start_fresh<S: Storage>(
     let index_path = cfg.ledger_dir.join(INDEX_FILE);
     for id in std::mem::take(journal_ids) {
         let p = cfg.journal_dir.join(journal_name(id));
-        let (_, img) = read_journal(storage, &p, id).await?;
-        if let Some((at, _)) = find_later_batch(&img, FILE_HEADER_BYTES as u64, 0) {
+        let j = read_journal(storage, &p, id).await?;
+        if let Some((at, _)) = find_later_batch(&j.img, &j.salt, FILE_HEADER_BYTES as u64, 0) {
             return Err(corrupt(
                 &mark_path,
                 0,

@@ -15,7 +15,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::time::SystemTime;
 
-use common::{config, journal_files, payload, run, tempdir, KEY};
+use common::{batch_headers, config, journal_files, payload, run, tempdir, BatchAt, KEY};
+use quire_engine::format::{self as f, JournalSalt};
 use quire_engine::{Engine, EngineConfig};
 
 const ENTRY_BYTES: usize = 20_000;
@@ -163,29 +164,21 @@ fn torn_last_batch_in_a_reused_file_is_dropped() {
         add_range(&engine, &d, 0, 400, 30, &mut seen).await;
         *seen_in.lock().unwrap() = seen;
     });
-    // Find the journal's last batch: the highest-seq batch header in any file (the last file
-    // by name may be a pre-created one holding only an earlier use's batches, and the blocks
-    // after the durable end hold older batches too). Damage its entry data: the bytes stay,
-    // the CRC fails.
-    let mut best: Option<(std::path::PathBuf, u64, u64)> = None;
+    // Find the journal's last batch: the highest-seq batch header of any file's current use
+    // (the last file by name may be a pre-created one with no batch yet). Damage its entry
+    // data: the bytes stay, the CRC fails.
+    let mut best: Option<(std::path::PathBuf, BatchAt)> = None;
     for path in journal_files(dir.path()) {
         let img = std::fs::read(&path).unwrap();
-        for at in (4096..img.len()).step_by(4096) {
-            let h = &img[at..at + 24];
-            let len = u32::from_le_bytes(h[4..8].try_into().unwrap());
-            let kind = u16::from_le_bytes(h[16..18].try_into().unwrap());
-            let seq = u64::from_le_bytes(h[8..16].try_into().unwrap());
-            let crc = u32::from_le_bytes(h[0..4].try_into().unwrap());
-            if len == 8
-                && kind == 1
-                && crc == crc32c::crc32c(&img[at + 4..at + 32])
-                && best.as_ref().is_none_or(|b| seq > b.2)
-            {
-                best = Some((path.clone(), at as u64, seq));
+        for b in batch_headers(&img) {
+            if best.as_ref().is_none_or(|(_, x)| b.seq > x.seq) {
+                best = Some((path.clone(), b));
             }
         }
     }
-    let (last, at, _) = best.expect("a batch header in the journal");
+    let (last, batch) = best.expect("a batch header in the journal");
+    let at = batch.offset as u64;
+    let data_at = at + batch.header_bytes as u64 + 24 + 48 + 100;
     let name = last.file_name().unwrap().to_string_lossy().into_owned();
     let id = journal_inodes(dir.path())[&name];
     assert!(
@@ -198,12 +191,9 @@ fn torn_last_batch_in_a_reused_file_is_dropped() {
     );
     let img = std::fs::read(&last).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
-    // The add record after the 32-byte batch header: flip a byte of its entry data.
-    f.write_all_at(
-        &[0xa5 ^ img[at as usize + 32 + 24 + 48 + 100]],
-        at + 32 + 24 + 48 + 100,
-    )
-    .unwrap();
+    // The add record after the batch header: flip a byte of its entry data.
+    f.write_all_at(&[0xa5 ^ img[data_at as usize]], data_at)
+        .unwrap();
     drop(f);
     run(move || async move {
         let engine = Engine::open(cfg).await.unwrap();
@@ -233,6 +223,131 @@ fn without_reuse_checkpointed_files_are_deleted() {
         let left = journal_files(&d);
         assert!(left.len() <= 2, "{left:?}");
         check_entries(&engine, 300, "").await;
+        engine.close().await.unwrap();
+    });
+}
+
+/// The salt in the header of each journal file now on disk, by id (files a roll is renaming
+/// at this moment are skipped).
+fn journal_salts(dir: &Path) -> Vec<(u64, JournalSalt)> {
+    let mut out = Vec::new();
+    for p in journal_files(dir) {
+        let Ok(img) = std::fs::read(&p) else { continue };
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let id =
+            u64::from_str_radix(&name["journal-".len()..name.len() - ".qj".len()], 16).unwrap();
+        if let f::JournalHeader::Ok { salt, .. } = f::decode_journal_header(&img) {
+            out.push((id, salt));
+        }
+    }
+    out.sort_by_key(|(id, _)| *id);
+    out
+}
+
+/// Seq of the forged batch headers: above every seq the test's journal reaches.
+const FORGED_SEQ: u64 = 1 << 60;
+
+fn forged_header(salt: &JournalSalt) -> Vec<u8> {
+    let mut b = Vec::new();
+    f::encode_record(
+        &mut b,
+        FORGED_SEQ,
+        &f::Record::BatchHeader {
+            record_count: 1,
+            batch_bytes: 4096,
+        },
+        salt,
+    );
+    b
+}
+
+#[test]
+fn forged_batch_headers_in_entry_data_do_not_survive_reuse() {
+    // Goal: entry data that holds a batch header valid for the journal file it is written to
+    // (the strongest client: it knows that file use's salt) cannot make a later open fail once
+    // the file is reused: the reuse gives the file a new salt, under which the old bytes are no
+    // record (journal.md §Reuse). Without a new salt per use, replay would find the forged
+    // header past the new use's last batch with a seq above the expected one and refuse to
+    // open with `Corrupt` (rule 4).
+    // Method: 1 MiB files, 2 kept for reuse, 8 KiB entries added one per batch, so an entry's
+    // data starts 112 bytes into a block (40-byte batch header, 24-byte record header, 48-byte
+    // add fields) and its bytes 3984 and 8080 fall on block starts. There, each entry carries a
+    // forged batch header (seq 2^60) sealed with the salt of the newest and the second newest
+    // journal file before the add (one of them is the file the add goes to). A checkpoint
+    // every 30 adds retires files, which later rolls reuse; then a crash and a reopen.
+    const LEN: usize = 8192;
+    const SLOTS: [usize; 2] = [4096 - 112, 2 * 4096 - 112];
+    let dir = tempdir();
+    let cfg = reuse_config(dir.path(), 2);
+    let d = dir.path().to_path_buf();
+    let c = cfg.clone();
+    let salts_out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let salts_in = salts_out.clone();
+    let entry = |e: u64, salts: &[(u64, JournalSalt)]| {
+        let mut data = payload(1, e, LEN);
+        for (slot, (_, salt)) in SLOTS.iter().zip(salts.iter().rev()) {
+            let h = forged_header(salt);
+            data[*slot..*slot + h.len()].copy_from_slice(&h);
+        }
+        data
+    };
+    run(move || async move {
+        let engine = Engine::open(c).await.unwrap();
+        let mut all = Vec::new();
+        for e in 0..400u64 {
+            let salts = journal_salts(&d);
+            all.extend(salts.iter().map(|(_, s)| *s));
+            engine
+                .add_entry(1, e, KEY, e.checked_sub(1), entry(e, &salts), false)
+                .await
+                .unwrap();
+            if (e + 1) % 30 == 0 {
+                engine.checkpoint().await.unwrap();
+            }
+        }
+        *salts_in.lock().unwrap() = all;
+        // Crash.
+    });
+    // Precondition: some file on disk holds, in a block past its current use's last batch, a
+    // forged header that was valid under the salt of a use at the time it was written.
+    let salts = salts_out.lock().unwrap().clone();
+    let mut found = 0;
+    for p in journal_files(dir.path()) {
+        let img = std::fs::read(&p).unwrap();
+        let end = batch_headers(&img)
+            .iter()
+            .filter(|b| b.seq != FORGED_SEQ)
+            .max_by_key(|b| b.seq)
+            .map_or(4096, |b| b.offset + 4096);
+        found += (end..img.len())
+            .step_by(4096)
+            .filter(|&at| {
+                salts.iter().any(|s| {
+                    matches!(
+                        f::decode_record(&img[at..], s),
+                        f::RecordDecode::Ok {
+                            seq: FORGED_SEQ,
+                            ..
+                        }
+                    )
+                })
+            })
+            .count();
+    }
+    assert!(
+        found > 0,
+        "no forged header past the end of a file's batches: the test did not set up what it \
+         checks"
+    );
+    run(move || async move {
+        let engine = Engine::open(cfg).await.unwrap();
+        for e in 0..400u64 {
+            assert_eq!(
+                engine.read_entry(1, Some(e)).await.unwrap().len(),
+                LEN,
+                "entry {e}"
+            );
+        }
         engine.close().await.unwrap();
     });
 }

@@ -2,12 +2,12 @@ mod common;
 
 use std::os::unix::fs::FileExt;
 
-use common::{config, journal_files, payload, run, tempdir, KEY};
+use common::{batch_headers, config, journal_files, payload, run, tempdir, KEY};
 use quire_engine::{Engine, Error};
 
 const BLOCK: u64 = 4096;
-/// Where the add record of a one-add batch starts inside its block: batch header 24 + 8 bytes.
-const ADD_RECORD_IN_BLOCK: u64 = 32;
+/// Where the add record of a one-add batch starts inside its block: batch header 24 + 16 bytes.
+const ADD_RECORD_IN_BLOCK: u64 = 40;
 
 /// Adds entries 0..n of ledger 1 one at a time (one batch per add, one block each for small
 /// entries) and crashes.
@@ -193,15 +193,10 @@ fn garbled_batch_header_before_a_later_journal_file_is_corruption() {
 
 /// Offset of the batch header with `record_count` records, searching 4 KiB block starts.
 fn find_batch_with(img: &[u8], record_count: u32) -> Option<usize> {
-    (BLOCK as usize..img.len())
-        .step_by(BLOCK as usize)
-        .find(|&at| {
-            let h = &img[at..at + 32];
-            u32::from_le_bytes(h[4..8].try_into().unwrap()) == 8
-                && u16::from_le_bytes(h[16..18].try_into().unwrap()) == 1
-                && u32::from_le_bytes(h[24..28].try_into().unwrap()) == record_count
-                && u32::from_le_bytes(h[0..4].try_into().unwrap()) == crc32c::crc32c(&h[4..32])
-        })
+    batch_headers(img)
+        .into_iter()
+        .find(|b| b.record_count == record_count)
+        .map(|b| b.offset)
 }
 
 /// Adds entries `0..n` of `ledger` concurrently (one group commit: the test config waits 1 ms
@@ -227,42 +222,45 @@ fn add_one_batch(cfg: quire_engine::EngineConfig, ledger: u64, n: u64, len: usiz
 #[test]
 fn a_dropped_torn_batch_cannot_complete_a_later_torn_batch() {
     // Goal: the records of a torn batch that replay dropped never become part of a later batch
-    // written at the same offset with the same seq (journal.md §Recovery rule 4: the dropped
-    // bytes are zeroed). Method: records of 480 bytes (408-byte entries), so that the first
-    // record after a 32-byte batch header ends at 512. Batch B (16 adds of ledger 1) is torn
-    // after its first 4 KiB, the engine reopens (B dropped) and writes batch B' (5 adds of
-    // ledger 2) at the same offset with the same seq; B' is torn after 512 bytes, i.e. the
-    // bytes after it are what the file held before B' was written. Without the zeroing, B's
-    // records 2-5 complete B' (right seqs, valid CRCs, ending at B''s length).
-    const LEN: usize = 408;
+    // (journal.md §Recovery rule 4: the file holding the dropped batch is sealed, the next
+    // batch goes to a new file). Method: records of 472 bytes (400-byte entries), so that the
+    // first record after a 40-byte batch header ends at 512. Batch B (16 adds of ledger 1) is
+    // torn after its first 4 KiB; the engine reopens (B dropped) and writes batch B' (5 adds of
+    // ledger 2), which must land at the start of the next file, B's file staying byte for byte
+    // as it was. Were B' written at B's offset with B's seq (as before sealing, unless B was
+    // zeroed, and a crash could cut that zeroing), a tear of B' after 512 bytes would leave B's
+    // records 2-5 to complete it (right seqs, valid CRCs, ending at B''s length). B' is then
+    // torn after 512 bytes and neither ledger may have an entry.
+    const LEN: usize = 400;
     let dir = tempdir();
     let cfg = config(dir.path());
     add_one_batch(cfg.clone(), 1, 16, LEN);
-    let path = journal_files(dir.path()).last().unwrap().clone();
+    let files = journal_files(dir.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let path = files[0].clone();
     let img = std::fs::read(&path).unwrap();
     let x = find_batch_with(&img, 16).expect("the 16 adds formed one batch");
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all_at(&vec![0u8; 2 * BLOCK as usize], x as u64 + BLOCK)
         .unwrap();
     drop(f);
+    let torn = std::fs::read(&path).unwrap();
 
-    // An open that drops B (and, with the fix, zeroes it), then a crash: the bytes B' will be
-    // written over, as they are before B' is.
-    let c = cfg.clone();
-    run(move || async move {
-        drop(Engine::open(c).await.unwrap());
-    });
-    let before = std::fs::read(&path).unwrap()[x..x + BLOCK as usize].to_vec();
     add_one_batch(cfg.clone(), 2, 5, LEN);
-    let img2 = std::fs::read(&path).unwrap();
-    assert_eq!(
-        find_batch_with(&img2, 5),
-        Some(x),
-        "B' (5 adds) was written where B was"
+    assert!(
+        std::fs::read(&path).unwrap() == torn,
+        "the file holding the dropped batch was written again"
     );
-    // Tear B' after 512 bytes: the rest of its block holds what was there before it.
-    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.write_all_at(&before[512..], x as u64 + 512).unwrap();
+    let files = journal_files(dir.path());
+    assert_eq!(files.len(), 2, "{files:?}");
+    let next = files[1].clone();
+    let img2 = std::fs::read(&next).unwrap();
+    let y = find_batch_with(&img2, 5).expect("B' (5 adds) is in the next file");
+    assert_eq!(y, BLOCK as usize, "B' starts the next file");
+    // Tear B' after 512 bytes.
+    let f = std::fs::OpenOptions::new().write(true).open(&next).unwrap();
+    f.write_all_at(&vec![0u8; 2 * BLOCK as usize - 512], y as u64 + 512)
+        .unwrap();
     drop(f);
 
     run(move || async move {

@@ -234,8 +234,8 @@ pub struct BookieSettings {
     #[arg(long)]
     pub journal_file_size_bytes: Option<u64>,
     /// Checkpointed journal files kept per shard for reuse by later rolls instead of
-    /// pre-writing new files with zeros (BookKeeper `journalReuseFiles`; default 0: off, see
-    /// the engine's `EngineConfig::journal_reuse_files` for why).
+    /// pre-writing new files with zeros (BookKeeper `journalReuseFiles`; default 4, 0 turns
+    /// reuse off; the engine's `EngineConfig::journal_reuse_files`).
     #[arg(long)]
     pub journal_reuse_files: Option<usize>,
     /// Longest wait of the oldest queued add before its journal group is written, in

@@ -81,8 +81,8 @@ pub struct SandboxArgs {
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     journal_file_size_bytes: u64,
     /// Checkpointed journal files each shard keeps for reuse by later rolls (the bookie setting
-    /// `journal_reuse_files`; 0, the default: pre-write every new journal file with zeros).
-    #[arg(long, default_value_t = 0)]
+    /// `journal_reuse_files`; 0 pre-writes every new journal file with zeros).
+    #[arg(long, default_value_t = 4)]
     journal_reuse_files: usize,
     /// CPUs to pin the bookies' shards to, e.g. `0,1`: the shards of all bookies, numbered
     /// bookie by bookie, take the listed CPUs in turn (shard g on the (g mod n)-th). Default:

@@ -1,16 +1,24 @@
 //! Journal records (docs/format/journal.md): the batch header, add and fence records that the
 //! journal writer appends and replay decodes (BookKeeper's journal entries, one CRC32C each).
 
-use super::{u16_at, u32_at, u64_at};
+use super::{u16_at, u32_at, u64_at, FILE_HEADER_BYTES, FORMAT_V1};
 use crate::io::BLOCK_BYTES;
 
 /// Magic of a journal file header (`journal-{id:016x}.qj`).
 pub const JOURNAL_MAGIC: [u8; 8] = *b"QUIREJNL";
+/// Journal format version 2: a salt per file use in the header, mixed into every record CRC and
+/// carried in every batch header (journal.md §Version history). Version 1 files are still read.
+pub const JOURNAL_FORMAT_SALTED: u16 = 2;
+/// Bytes of a version 2 journal header covered by its CRC: magic(8) version(2) zero(6)
+/// file_id(8) salt(8).
+const JOURNAL_HEADER_CRC_COVERED: usize = 32;
 
 /// Bytes of a journal record header: crc(4) payload_len(4) seq(8) kind(2) zero(2) zero(4).
 pub const RECORD_HEADER_BYTES: usize = 24;
-/// Payload of a batch header: record_count(4) batch_bytes(4).
-pub const BATCH_HEADER_PAYLOAD_BYTES: usize = 8;
+/// Payload of a batch header: record_count(4) batch_bytes(4) salt(8).
+pub const BATCH_HEADER_PAYLOAD_BYTES: usize = 16;
+/// Payload of a version 1 batch header: record_count(4) batch_bytes(4).
+pub const BATCH_HEADER_PAYLOAD_BYTES_V1: usize = 8;
 /// Fixed part of an add payload: ledger(8) entry(8) lac(8) flags(4) master_key(20).
 pub const ADD_FIXED_BYTES: usize = 48;
 /// Payload of a fence record: ledger(8) master_key(20) zero(4).
@@ -23,6 +31,110 @@ const _: () = {
     assert!(ADD_FIXED_BYTES == 8 + 8 + 8 + 4 + 20);
     assert!(FENCE_PAYLOAD_BYTES == 8 + 20 + 4);
 };
+
+/// How the records of one use of a journal file are sealed. A version 2 file carries a random
+/// salt in its header: every record's CRC32C covers the salt before the record's bytes, and
+/// every batch header repeats the salt in full. So bytes from an earlier use of a reused file,
+/// or bytes a client put into entry data, do not decode as this use's records (a forged batch
+/// header must guess all 64 bits). A version 1 file has no salt: plain CRC32C, 8-byte batch
+/// header payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalSalt {
+    salt: Option<u64>,
+    /// CRC32C of the salt's 8 bytes: where every record CRC of this file starts.
+    seed: u32,
+}
+
+impl JournalSalt {
+    /// Records of a version 1 file.
+    pub const V1: Self = Self {
+        salt: None,
+        seed: 0,
+    };
+
+    /// Records of a version 2 file whose header holds `salt`.
+    pub fn new(salt: u64) -> Self {
+        Self {
+            salt: Some(salt),
+            seed: crc32c::crc32c(&salt.to_le_bytes()),
+        }
+    }
+
+    /// The salt, `None` for a version 1 file.
+    pub fn value(&self) -> Option<u64> {
+        self.salt
+    }
+
+    /// The CRC32C a record with these bytes (everything after its CRC field) carries.
+    pub fn crc(&self, bytes: &[u8]) -> u32 {
+        match self.salt {
+            None => crc32c::crc32c(bytes),
+            Some(_) => crc32c::crc32c_append(self.seed, bytes),
+        }
+    }
+
+    /// Payload bytes of a batch header in this file.
+    pub fn batch_header_payload_bytes(&self) -> usize {
+        match self.salt {
+            None => BATCH_HEADER_PAYLOAD_BYTES_V1,
+            Some(_) => BATCH_HEADER_PAYLOAD_BYTES,
+        }
+    }
+}
+
+/// Builds a version 2 journal file header (one block): magic, version 2, file id, salt, and
+/// the CRC32C of bytes 0..32 at 32..36.
+pub fn encode_journal_header(file_id: u64, salt: u64) -> Vec<u8> {
+    let mut b = vec![0u8; FILE_HEADER_BYTES];
+    b[0..8].copy_from_slice(&JOURNAL_MAGIC);
+    b[8..10].copy_from_slice(&JOURNAL_FORMAT_SALTED.to_le_bytes());
+    b[16..24].copy_from_slice(&file_id.to_le_bytes());
+    b[24..32].copy_from_slice(&salt.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..JOURNAL_HEADER_CRC_COVERED]);
+    b[32..36].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// A decoded journal file header.
+#[derive(Debug, PartialEq, Eq)]
+pub enum JournalHeader {
+    Ok {
+        file_id: u64,
+        salt: JournalSalt,
+    },
+    /// A version this build does not read (outside 1..=2).
+    Unsupported(u16),
+    Bad(String),
+}
+
+/// Decodes a journal file header of version 1 (the shared file header: CRC32C of bytes 0..24 at
+/// 24..28) or 2 (salt at 24..32, CRC32C of bytes 0..32 at 32..36).
+pub fn decode_journal_header(b: &[u8]) -> JournalHeader {
+    if b.len() < JOURNAL_HEADER_CRC_COVERED + 4 {
+        return JournalHeader::Bad(format!("file header cut short at {} bytes", b.len()));
+    }
+    if b[0..8] != JOURNAL_MAGIC {
+        return JournalHeader::Bad(format!("bad magic {:02x?}", &b[0..8]));
+    }
+    let version = u16_at(b, 8);
+    let (covered, salt) = match version {
+        FORMAT_V1 => (24, JournalSalt::V1),
+        JOURNAL_FORMAT_SALTED => (JOURNAL_HEADER_CRC_COVERED, JournalSalt::new(u64_at(b, 24))),
+        // The CRC's place depends on the version, so an unknown one cannot be checked first.
+        v => return JournalHeader::Unsupported(v),
+    };
+    let stored = u32_at(b, covered);
+    let computed = crc32c::crc32c(&b[..covered]);
+    if stored != computed {
+        return JournalHeader::Bad(format!(
+            "file header CRC32C mismatch: stored {stored:#010x}, computed {computed:#010x}"
+        ));
+    }
+    JournalHeader::Ok {
+        file_id: u64_at(b, 16),
+        salt,
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u16)]
@@ -64,8 +176,8 @@ pub enum Record {
     },
 }
 
-/// Appends one record (header + payload) to `out`.
-pub fn encode_record(out: &mut Vec<u8>, seq: u64, record: &Record) {
+/// Appends one record (header + payload) to `out`, sealed with `salt` (the file's).
+pub fn encode_record(out: &mut Vec<u8>, seq: u64, record: &Record, salt: &JournalSalt) {
     let start = out.len();
     out.resize(start + RECORD_HEADER_BYTES, 0);
     let kind = match record {
@@ -75,6 +187,9 @@ pub fn encode_record(out: &mut Vec<u8>, seq: u64, record: &Record) {
         } => {
             out.extend_from_slice(&record_count.to_le_bytes());
             out.extend_from_slice(&batch_bytes.to_le_bytes());
+            if let Some(v) = salt.salt {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
             RecordKind::BatchHeader
         }
         Record::Add {
@@ -113,7 +228,7 @@ pub fn encode_record(out: &mut Vec<u8>, seq: u64, record: &Record) {
     out[start + 4..start + 8].copy_from_slice(&payload_len.to_le_bytes());
     out[start + 8..start + 16].copy_from_slice(&seq.to_le_bytes());
     out[start + 16..start + 18].copy_from_slice(&(kind as u16).to_le_bytes());
-    let crc = crc32c::crc32c(&out[start + 4..]);
+    let crc = salt.crc(&out[start + 4..]);
     out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -133,8 +248,8 @@ pub enum RecordDecode {
     },
 }
 
-/// Decodes the record at the start of `b`.
-pub fn decode_record(b: &[u8]) -> RecordDecode {
+/// Decodes the record at the start of `b`, a record of a file sealed with `salt`.
+pub fn decode_record(b: &[u8], salt: &JournalSalt) -> RecordDecode {
     if b.len() < RECORD_HEADER_BYTES {
         if b.iter().all(|&x| x == 0) {
             return RecordDecode::Zeros;
@@ -152,7 +267,7 @@ pub fn decode_record(b: &[u8]) -> RecordDecode {
         return RecordDecode::Short;
     }
     let stored = u32_at(h, 0);
-    let computed = crc32c::crc32c(&b[4..total]);
+    let computed = salt.crc(&b[4..total]);
     if stored != computed {
         return RecordDecode::Bad(format!(
             "record CRC32C mismatch: stored {stored:#010x}, computed {computed:#010x}"
@@ -165,8 +280,14 @@ pub fn decode_record(b: &[u8]) -> RecordDecode {
     let p = &b[RECORD_HEADER_BYTES..total];
     let record = match kind {
         RecordKind::BatchHeader => {
-            if p.len() != BATCH_HEADER_PAYLOAD_BYTES {
+            if p.len() != salt.batch_header_payload_bytes() {
                 return RecordDecode::Bad(format!("batch header payload of {} bytes", p.len()));
+            }
+            if let Some(v) = salt.salt {
+                if u64_at(p, 8) != v {
+                    // Only reachable with a CRC collision: the salt is in the CRC too.
+                    return RecordDecode::Bad("batch header of another file use".into());
+                }
             }
             Record::BatchHeader {
                 record_count: u32_at(p, 0),
@@ -212,31 +333,90 @@ pub fn decode_record(b: &[u8]) -> RecordDecode {
 mod tests {
     use super::*;
 
-    #[test]
-    fn record_round_trip_and_crc() {
-        // Goal: an encoded record decodes to itself, and one flipped bit is caught.
-        // Method: encode an add, decode it, flip a payload byte, decode again.
-        let mut b = Vec::new();
-        let rec = Record::Add {
+    fn add() -> Record {
+        Record::Add {
             ledger: 7,
             entry: 3,
             lac: Some(2),
             recovery: true,
             master_key: [9; 20],
             data: b"hello".to_vec(),
-        };
-        encode_record(&mut b, 42, &rec);
-        match decode_record(&b) {
-            RecordDecode::Ok { seq, record, len } => {
-                assert_eq!(seq, 42);
-                assert_eq!(record, rec);
-                assert_eq!(len, b.len());
-            }
-            other => panic!("decode failed: {other:?}"),
         }
-        let n = b.len();
-        b[n - 1] ^= 1;
-        assert!(matches!(decode_record(&b), RecordDecode::Bad(_)));
-        assert!(matches!(decode_record(&[0u8; 64]), RecordDecode::Zeros));
+    }
+
+    #[test]
+    fn record_round_trip_and_crc() {
+        // Goal: an encoded record decodes to itself, in both versions, and one flipped bit is
+        // caught. Method: encode an add, decode it, flip a payload byte, decode again.
+        for salt in [JournalSalt::V1, JournalSalt::new(0x1234_5678_9abc_def0)] {
+            let mut b = Vec::new();
+            encode_record(&mut b, 42, &add(), &salt);
+            match decode_record(&b, &salt) {
+                RecordDecode::Ok { seq, record, len } => {
+                    assert_eq!(seq, 42);
+                    assert_eq!(record, add());
+                    assert_eq!(len, b.len());
+                }
+                other => panic!("decode failed: {other:?}"),
+            }
+            let n = b.len();
+            b[n - 1] ^= 1;
+            assert!(matches!(decode_record(&b, &salt), RecordDecode::Bad(_)));
+            assert!(matches!(
+                decode_record(&[0u8; 64], &salt),
+                RecordDecode::Zeros
+            ));
+        }
+    }
+
+    #[test]
+    fn records_of_another_salt_or_version_do_not_decode() {
+        // Goal: a record or batch header sealed for one file use never decodes in another
+        // (what makes reuse safe: journal.md §Reuse). Method: encode under one salt (and
+        // version 1), decode under another.
+        let a = JournalSalt::new(1);
+        let b = JournalSalt::new(2);
+        let header = Record::BatchHeader {
+            record_count: 1,
+            batch_bytes: 100,
+        };
+        for rec in [add(), header] {
+            for (enc, dec) in [(a, b), (JournalSalt::V1, a), (a, JournalSalt::V1)] {
+                let mut buf = Vec::new();
+                encode_record(&mut buf, 5, &rec, &enc);
+                assert!(
+                    matches!(decode_record(&buf, &dec), RecordDecode::Bad(_)),
+                    "{rec:?} sealed {enc:?} decoded under {dec:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn journal_header_versions() {
+        // Goal: version 2 headers round-trip with their salt, version 1 headers read with no
+        // salt, damage and unknown versions are refused.
+        let h = encode_journal_header(9, 77);
+        assert_eq!(
+            decode_journal_header(&h),
+            JournalHeader::Ok {
+                file_id: 9,
+                salt: JournalSalt::new(77)
+            }
+        );
+        let v1 = super::super::encode_file_header(JOURNAL_MAGIC, 9);
+        assert_eq!(
+            decode_journal_header(&v1),
+            JournalHeader::Ok {
+                file_id: 9,
+                salt: JournalSalt::V1
+            }
+        );
+        let mut bad = h.clone();
+        bad[27] ^= 1;
+        assert!(matches!(decode_journal_header(&bad), JournalHeader::Bad(_)));
+        let mut v3 = h;
+        v3[8] = 3;
+        assert_eq!(decode_journal_header(&v3), JournalHeader::Unsupported(3));
     }
 }

@@ -9,9 +9,10 @@ use std::io as stdio;
 use std::path::Path;
 use std::rc::Rc;
 
+use super::NewJournalFile;
 use crate::engine::Inner;
 use crate::files::{io_err, journal_name, parse_id};
-use crate::format::{encode_file_header, round_up_block, FILE_HEADER_BYTES, JOURNAL_MAGIC};
+use crate::format::{encode_journal_header, round_up_block, JournalSalt, FILE_HEADER_BYTES};
 use crate::io::{Storage, StorageFile};
 use crate::throttle::{bulk_write, Throttle};
 use crate::{EngineConfig, Error};
@@ -19,15 +20,27 @@ use crate::{EngineConfig, Error};
 /// Bytes of zeros written per request while pre-writing a journal file.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 
-/// Creates a journal file pre-written with zeros: written as `<name>.tmp`, synced, then renamed,
-/// so a crash never leaves a half-written file under a journal name.
+/// A fresh random salt for one use of a journal file (docs/format/journal.md §Header).
+///
+/// # Errors
+/// `Io` if the operating system's random source fails (`getrandom(2)`).
+fn new_salt(path: &Path) -> Result<u64, Error> {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b).map_err(|e| {
+        io_err("journal salt from getrandom", path, 0)(stdio::Error::other(e.to_string()))
+    })?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Creates a journal file pre-written with zeros, under a new salt: written as `<name>.tmp`,
+/// synced, then renamed, so a crash never leaves a half-written file under a journal name.
 pub(crate) async fn create_journal_file<S: Storage>(
     storage: &S,
     cfg: &EngineConfig,
     path: &Path,
     id: u64,
     throttle: Option<&Throttle>,
-) -> Result<S::File, Error> {
+) -> Result<NewJournalFile<S::File>, Error> {
     let tmp = path.with_extension("qj.tmp");
     match storage.remove(&tmp).await {
         Ok(()) => {}
@@ -39,8 +52,9 @@ pub(crate) async fn create_journal_file<S: Storage>(
         .await
         .map_err(io_err("create journal", &tmp, 0))?;
     let size = round_up_block(cfg.journal_file_size_bytes);
+    let salt = new_salt(path)?;
     let filled: Result<(), Error> = async {
-        let header = encode_file_header(JOURNAL_MAGIC, id);
+        let header = encode_journal_header(id, salt);
         f.write_at(0, &header)
             .await
             .map_err(io_err("journal header write", &tmp, 0))?;
@@ -59,7 +73,11 @@ pub(crate) async fn create_journal_file<S: Storage>(
     }
     .await;
     // On failure the closure (and with it the file) is dropped before the removal.
-    publish(storage, cfg, &tmp, path, filled.map(|()| f)).await
+    let file = publish(storage, cfg, &tmp, path, filled.map(|()| f)).await?;
+    Ok(NewJournalFile {
+        file,
+        salt: JournalSalt::new(salt),
+    })
 }
 
 /// Gives a prepared temp journal file its name: renames `tmp` to `path` and syncs the journal
@@ -98,10 +116,10 @@ async fn publish<S: Storage>(
 }
 
 /// Turns the checkpointed journal file `old_id` into journal file `id`: renamed to
-/// `<id>.qj.tmp`, its header rewritten for `id` and synced, renamed to its final name, the
-/// directory synced. Its old batches stay: their seqs are all below the checkpoint mark's
-/// `next_seq` (up to it for a dropped batch's header if a crash cut replay's zeroing of it), so
-/// replay reads them as the end of the file (docs/format/journal.md §Recovery).
+/// `<id>.qj.tmp`, its header rewritten for `id` with a new salt and synced, renamed to its final
+/// name, the directory synced. Its old bytes stay: sealed with another salt (or none), they
+/// decode as no record of the new use, so replay reads them as the end of the file
+/// (docs/format/journal.md §Reuse, §Recovery).
 /// A crash at any step leaves either the old name (still a retired file, below the mark, maybe
 /// already with the new header, which only a first open without a mark would read) or the temp
 /// name (deleted at open), never a final name with a foreign header.
@@ -116,9 +134,10 @@ async fn reuse_journal_file<S: Storage>(
     old_id: u64,
     path: &Path,
     id: u64,
-) -> Result<S::File, Error> {
+) -> Result<NewJournalFile<S::File>, Error> {
     let old = cfg.journal_dir.join(journal_name(old_id));
     let tmp = path.with_extension("qj.tmp");
+    let salt = new_salt(path)?;
     storage
         .rename(&old, &tmp)
         .await
@@ -137,7 +156,7 @@ async fn reuse_journal_file<S: Storage>(
                 format!("file has {size} bytes, journal files have {want}"),
             )));
         }
-        f.write_at(0, &encode_file_header(JOURNAL_MAGIC, id))
+        f.write_at(0, &encode_journal_header(id, salt))
             .await
             .map_err(io_err("journal header write", &tmp, 0))?;
         f.fdatasync()
@@ -146,12 +165,19 @@ async fn reuse_journal_file<S: Storage>(
         Ok(f)
     }
     .await;
-    publish(storage, cfg, &tmp, path, prepared).await
+    let file = publish(storage, cfg, &tmp, path, prepared).await?;
+    Ok(NewJournalFile {
+        file,
+        salt: JournalSalt::new(salt),
+    })
 }
 
 /// Creates journal file `id` for the running engine: a reused checkpointed file when one is
 /// kept, else a new one pre-written with zeros (throttled like every bulk write).
-async fn create_for_roll<S: Storage>(inner: &Inner<S>, id: u64) -> Result<S::File, Error> {
+async fn create_for_roll<S: Storage>(
+    inner: &Inner<S>,
+    id: u64,
+) -> Result<NewJournalFile<S::File>, Error> {
     let path = inner.journal.path(id);
     loop {
         // Taken out synchronously: from here on this file is ours alone.
@@ -196,7 +222,7 @@ pub(crate) fn start_precreate<S: Storage + 'static>(inner: &Rc<Inner<S>>, id: u6
 pub(crate) async fn next_journal_file<S: Storage>(
     inner: &Inner<S>,
     id: u64,
-) -> Result<S::File, Error> {
+) -> Result<NewJournalFile<S::File>, Error> {
     let pre = inner.journal.precreate.borrow_mut().take();
     if let Some((pid, task)) = pre {
         if pid == id {

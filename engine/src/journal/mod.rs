@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use glommio::TaskQueueHandle;
 
 use crate::files::journal_name;
-use crate::format::{Record, ADD_FIXED_BYTES, FENCE_PAYLOAD_BYTES, RECORD_HEADER_BYTES};
+use crate::format::{
+    JournalSalt, Record, ADD_FIXED_BYTES, FENCE_PAYLOAD_BYTES, RECORD_HEADER_BYTES,
+};
 use crate::sync::{Completion, Notify, Signal};
 use crate::Error;
 
@@ -35,8 +37,20 @@ pub(crate) struct JournalPos {
 pub(crate) struct JournalCursor<F> {
     pub file_id: u64,
     pub file: Rc<F>,
+    /// The salt of this use of the file (from its header): what its records are sealed with.
+    pub salt: JournalSalt,
     pub pos: u64,
     pub next_seq: u64,
+    /// No batch is written to this file again: the next batch rolls to a new file. Set by
+    /// replay when the file's end holds a dropped batch (so no later batch can be completed
+    /// by its records) or the file is version 1 (unsalted).
+    pub sealed: bool,
+}
+
+/// A journal file ready for its first batch, and the salt its header holds.
+pub(crate) struct NewJournalFile<F> {
+    pub file: F,
+    pub salt: JournalSalt,
 }
 
 impl<F> JournalCursor<F> {
@@ -58,7 +72,7 @@ pub(crate) struct Pending {
 }
 
 /// A journal file being created in the background: its id and the task creating it.
-type Precreate<F> = (u64, glommio::Task<Result<F, Error>>);
+type Precreate<F> = (u64, glommio::Task<Result<NewJournalFile<F>, Error>>);
 
 /// The journal of one shard.
 pub(crate) struct Journal<F> {

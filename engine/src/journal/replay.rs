@@ -1,16 +1,17 @@
 //! Journal replay on open (docs/format/journal.md §Recovery; BookKeeper's journal replay from
 //! the last mark): scans the files from the checkpoint mark, applies every complete batch, finds
-//! where the journal ends (zeros, a reused file's older batches, or a torn tail, which is
-//! dropped), and refuses to open when durable data follows a bad record.
+//! where the journal ends (zeros, a reused file's older bytes, or a torn tail, which is dropped
+//! and its file sealed), and refuses to open when durable data follows a bad record.
 
 use std::path::Path;
 use std::rc::Rc;
 
 use super::JournalCursor;
-use crate::files::{check_header, corrupt, io_err, journal_name};
+use crate::files::{corrupt, io_err, journal_name};
 use crate::format::{
-    decode_record, round_up_block, Mark, Record, RecordDecode, RecordKind,
-    BATCH_HEADER_PAYLOAD_BYTES, FILE_HEADER_BYTES, JOURNAL_MAGIC, RECORD_HEADER_BYTES,
+    decode_journal_header, decode_record, round_up_block, JournalHeader, JournalSalt, Mark, Record,
+    RecordDecode, RecordKind, FILE_HEADER_BYTES, FORMAT_V1, JOURNAL_FORMAT_SALTED,
+    RECORD_HEADER_BYTES,
 };
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
 use crate::{EngineConfig, Error};
@@ -31,6 +32,7 @@ enum Stop {
 /// Scans one journal file image from `start`, applying good records. Returns where it stopped.
 fn scan_file(
     img: &[u8],
+    salt: &JournalSalt,
     start: u64,
     expected_seq: &mut u64,
     apply: &mut impl FnMut(Record),
@@ -45,7 +47,7 @@ fn scan_file(
             resume: resume as u64,
             reason,
         };
-        let (batch_bytes, count) = match decode_record(&img[pos..]) {
+        let (batch_bytes, count) = match decode_record(&img[pos..], salt) {
             RecordDecode::Zeros => return Stop::End(pos as u64),
             RecordDecode::Short => {
                 return bad(
@@ -86,11 +88,11 @@ fn scan_file(
         };
         let mut seq = *expected_seq + 1;
         let mut records = Vec::with_capacity(count.min(1 << 16) as usize);
-        let mut q = pos + RECORD_HEADER_BYTES + BATCH_HEADER_PAYLOAD_BYTES;
+        let mut q = pos + RECORD_HEADER_BYTES + salt.batch_header_payload_bytes();
         // A batch is applied only once all of it checks out: a torn batch was never acknowledged,
         // so none of it is kept and writing resumes at its first block.
         for _ in 0..count {
-            match decode_record(&img[q..]) {
+            match decode_record(&img[q..], salt) {
                 RecordDecode::Ok {
                     seq: got,
                     record,
@@ -137,10 +139,15 @@ fn scan_file(
 
 /// The first block-aligned offset at or after `from` holding a valid batch header with
 /// `seq >= min_seq`, if any.
-pub(crate) fn find_later_batch(img: &[u8], from: u64, min_seq: u64) -> Option<(u64, u64)> {
+pub(crate) fn find_later_batch(
+    img: &[u8],
+    salt: &JournalSalt,
+    from: u64,
+    min_seq: u64,
+) -> Option<(u64, u64)> {
     let mut at = round_up_block(from) as usize;
     while at < img.len() {
-        if let Some(seq) = batch_header_at(img, at) {
+        if let Some(seq) = batch_header_at(img, salt, at) {
             if seq >= min_seq {
                 return Some((at as u64, seq));
             }
@@ -152,15 +159,16 @@ pub(crate) fn find_later_batch(img: &[u8], from: u64, min_seq: u64) -> Option<(u
 
 /// The seq of the valid batch header record at `at`, if one is there. Checks the length and
 /// kind fields before the CRC, so that scanning a reused file's old payload bytes stays cheap.
-fn batch_header_at(img: &[u8], at: usize) -> Option<u64> {
+fn batch_header_at(img: &[u8], salt: &JournalSalt, at: usize) -> Option<u64> {
     let h = img.get(at..at + RECORD_HEADER_BYTES)?;
     let payload_len = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
     let kind = u16::from_le_bytes(h[16..18].try_into().expect("2 bytes"));
-    if payload_len as usize != BATCH_HEADER_PAYLOAD_BYTES || kind != RecordKind::BatchHeader as u16
+    if payload_len as usize != salt.batch_header_payload_bytes()
+        || kind != RecordKind::BatchHeader as u16
     {
         return None;
     }
-    match decode_record(&img[at..]) {
+    match decode_record(&img[at..], salt) {
         RecordDecode::Ok {
             seq,
             record: Record::BatchHeader { .. },
@@ -170,11 +178,37 @@ fn batch_header_at(img: &[u8], at: usize) -> Option<u64> {
     }
 }
 
+/// A journal file read whole: the open file, its bytes, and the salt of its header.
+pub(crate) struct JournalImage<F> {
+    pub file: F,
+    pub img: Vec<u8>,
+    pub salt: JournalSalt,
+}
+
+/// Checks a journal file header (version 1 or 2, file id `id`) and returns its salt.
+fn check_journal_header(path: &Path, b: &[u8], id: u64) -> Result<JournalSalt, Error> {
+    match decode_journal_header(b) {
+        JournalHeader::Ok { file_id, salt } if file_id == id => Ok(salt),
+        JournalHeader::Ok { file_id, .. } => Err(corrupt(
+            path,
+            0,
+            format!("file header names id {file_id:#x}, file name says {id:#x}"),
+        )),
+        JournalHeader::Unsupported(found) => Err(Error::UnsupportedFormat {
+            path: path.to_path_buf(),
+            found,
+            oldest: FORMAT_V1,
+            newest: JOURNAL_FORMAT_SALTED,
+        }),
+        JournalHeader::Bad(reason) => Err(corrupt(path, 0, reason)),
+    }
+}
+
 pub(crate) async fn read_journal<S: Storage>(
     storage: &S,
     path: &Path,
     id: u64,
-) -> Result<(S::File, Vec<u8>), Error> {
+) -> Result<JournalImage<S::File>, Error> {
     let f = storage
         .open(path, false)
         .await
@@ -184,8 +218,8 @@ pub(crate) async fn read_journal<S: Storage>(
         .read_at(0, size as usize)
         .await
         .map_err(io_err("read journal", path, 0))?;
-    check_header(path, JOURNAL_MAGIC, &img, id)?;
-    Ok((f, img))
+    let salt = check_journal_header(path, &img, id)?;
+    Ok(JournalImage { file: f, img, salt })
 }
 
 /// Replays the journal files `ids` (the first is the mark's) from `mark`, handing every record
@@ -203,7 +237,7 @@ pub(crate) async fn replay<S: Storage>(
     let mut loaded = None;
     for (i, &id) in ids.iter().enumerate() {
         let path = path_of(id);
-        let (file, img) = match loaded.take() {
+        let JournalImage { file, img, salt } = match loaded.take() {
             Some(l) => l,
             None => read_journal(storage, &path, id).await?,
         };
@@ -212,7 +246,7 @@ pub(crate) async fn replay<S: Storage>(
         } else {
             FILE_HEADER_BYTES as u64
         };
-        let stop = scan_file(&img, start, &mut expected_seq, apply);
+        let stop = scan_file(&img, &salt, start, &mut expected_seq, apply);
         let (stopped_at, resume, reason) = match stop {
             Stop::End(at) => (at, at, None),
             Stop::Bad {
@@ -227,7 +261,7 @@ pub(crate) async fn replay<S: Storage>(
         };
         // Batches are written in order, one at a time: after this file's last batch nothing in
         // it has a seq this high, so finding one means damage, not a crash.
-        if let Some((at, seq)) = find_later_batch(&img, stopped_at + 1, expected_seq) {
+        if let Some((at, seq)) = find_later_batch(&img, &salt, stopped_at + 1, expected_seq) {
             return Err(corrupt(
                 &path,
                 stopped_at,
@@ -242,18 +276,23 @@ pub(crate) async fn replay<S: Storage>(
         // would make that seq higher.)
         if let Some(&next_id) = ids.get(i + 1) {
             let next = read_journal(storage, &path_of(next_id), next_id).await?;
-            if batch_header_at(&next.1, FILE_HEADER_BYTES) == Some(expected_seq) {
+            if batch_header_at(&next.img, &next.salt, FILE_HEADER_BYTES) == Some(expected_seq) {
                 loaded = Some(next);
                 continue;
             }
-            let mut later = find_later_batch(&next.1, FILE_HEADER_BYTES as u64, expected_seq)
-                .map(|(at, seq)| (next_id, at, seq));
+            let mut later = find_later_batch(
+                &next.img,
+                &next.salt,
+                FILE_HEADER_BYTES as u64,
+                expected_seq,
+            )
+            .map(|(at, seq)| (next_id, at, seq));
             for &lid in &ids[i + 2..] {
                 if later.is_some() {
                     break;
                 }
-                let (_, limg) = read_journal(storage, &path_of(lid), lid).await?;
-                later = find_later_batch(&limg, FILE_HEADER_BYTES as u64, expected_seq)
+                let l = read_journal(storage, &path_of(lid), lid).await?;
+                later = find_later_batch(&l.img, &l.salt, FILE_HEADER_BYTES as u64, expected_seq)
                     .map(|(at, seq)| (lid, at, seq));
             }
             if let Some((lid, at, seq)) = later {
@@ -269,33 +308,19 @@ pub(crate) async fn replay<S: Storage>(
             }
         }
         // This file holds the end of the journal. A bad batch here is the tail of the one write
-        // in flight at a crash (never acknowledged): it is dropped, and its bytes are zeroed up
-        // to the file's last non-zero byte before anything is written again. Left in place, its
-        // records (seqs from the expected one on) could complete a later batch that starts at
-        // the same offset with the same seq and is torn after a record boundary.
+        // in flight at a crash (never acknowledged): it is dropped, and the file is sealed: the
+        // next batch goes to a new file, so no later batch is ever written over the dropped
+        // one's bytes (whose records, seqs from the expected one on, could otherwise complete a
+        // later batch at the same offset with the same seq torn after a record boundary).
+        // A version 1 file is sealed too, so the writer only writes salted records.
         if let Some(r) = &reason {
             tracing::warn!(
-                "journal {}: the journal ends at byte offset {resume}; dropping the bytes after \
-                 it (a write cut by a crash, or a reused file's older bytes): {r}",
+                "journal {}: the journal ends at byte offset {resume}; the bytes after it are \
+                 dropped (a write cut by a crash) and the file gets no more batches: {r}",
                 path.display()
             );
-            let last_nonzero = img
-                .iter()
-                .rposition(|&b| b != 0)
-                .map_or(0, |p| p as u64 + 1);
-            let zero_end = round_up_block(last_nonzero.max(resume));
-            if zero_end > resume {
-                let zeros = vec![0u8; (zero_end - resume) as usize];
-                file.write_at(resume, &zeros).await.map_err(io_err(
-                    "journal zero torn tail",
-                    &path,
-                    resume,
-                ))?;
-                file.fdatasync()
-                    .await
-                    .map_err(io_err("journal fdatasync", &path, resume))?;
-            }
         }
+        let sealed = reason.is_some() || salt.value().is_none();
         // Later files hold no batch of this journal (pre-created ones: zeros, or a reused file's
         // older batches).
         for &lid in &ids[i + 1..] {
@@ -309,8 +334,10 @@ pub(crate) async fn replay<S: Storage>(
         return Ok(JournalCursor {
             file_id: id,
             file: Rc::new(file),
+            salt,
             pos: resume,
             next_seq: expected_seq,
+            sealed,
         });
     }
     unreachable!("ids is non-empty and the last file returns")

@@ -14,10 +14,10 @@ use super::{JournalCursor, JournalPos, Pending};
 use crate::engine::Inner;
 use crate::files::io_err;
 use crate::format::{
-    encode_record, pad_to_block, Record, BATCH_HEADER_PAYLOAD_BYTES, FILE_HEADER_BYTES,
-    RECORD_HEADER_BYTES,
+    encode_record, pad_to_block, round_up_block, Record, BATCH_HEADER_PAYLOAD_BYTES,
+    FILE_HEADER_BYTES, RECORD_HEADER_BYTES,
 };
-use crate::io::{Storage, StorageFile, BLOCK_BYTES};
+use crate::io::{Storage, StorageFile};
 use crate::Error;
 
 /// The next journal file is created in the background once the current one is this full
@@ -46,6 +46,17 @@ pub(crate) async fn writer_loop<S: Storage + 'static>(inner: Rc<Inner<S>>) {
     // One buffer for every batch: its pages stay mapped, so a batch costs neither fresh
     // allocations nor page faults (a new one was zero-filled by the kernel per batch).
     let mut buf = Vec::new();
+    // A file replay sealed is never written again: its successor is prepared now, so the first
+    // batch does not wait for it.
+    let sealed = journal
+        .cursor
+        .borrow()
+        .as_ref()
+        .filter(|c| c.sealed)
+        .map(|c| c.file_id);
+    if let Some(id) = sealed {
+        start_precreate(&inner, id + 1);
+    }
     loop {
         // Wait for work, or exit once closed and drained.
         loop {
@@ -124,46 +135,52 @@ async fn write_batch<S: Storage + 'static>(
     let body_bytes: usize = batch.iter().map(|p| p.bytes).sum();
     let header_bytes = RECORD_HEADER_BYTES + BATCH_HEADER_PAYLOAD_BYTES;
     let batch_bytes = u32::try_from(header_bytes + body_bytes).expect("a batch fits u32 bytes");
-    buf.clear();
-    buf.reserve(header_bytes + body_bytes + BLOCK_BYTES);
-    encode_record(
-        buf,
-        first_seq,
-        &Record::BatchHeader {
-            record_count: batch.len() as u32,
-            batch_bytes,
-        },
-    );
-    for (i, p) in batch.iter().enumerate() {
-        encode_record(buf, first_seq + 1 + i as u64, &p.record);
-    }
-    assert_eq!(
-        buf.len(),
-        batch_bytes as usize,
-        "journal records encode to the sizes they were queued with"
-    );
-    pad_to_block(buf);
-    let buf = &buf[..];
+    let padded = round_up_block(u64::from(batch_bytes));
 
     // Set once this batch's bytes start going to the journal: a failure after that leaves the
     // journal in an unknown state, one before (in the roll) leaves it as it was.
     let journal_touched = Cell::new(false);
     let (write_took, sync_took) = (Cell::new(Duration::ZERO), Cell::new(Duration::ZERO));
     let result: Result<(), Error> = async {
-        if cursor.pos + buf.len() as u64 > inner.cfg.journal_file_size_bytes
-            && cursor.pos > FILE_HEADER_BYTES as u64
+        if cursor.sealed
+            || (cursor.pos + padded > inner.cfg.journal_file_size_bytes
+                && cursor.pos > FILE_HEADER_BYTES as u64)
         {
             let id = cursor.file_id + 1;
             let started = Instant::now();
-            let file = next_journal_file(inner, id).await?;
+            let next = next_journal_file(inner, id).await?;
             warn_if_slow("journal roll (waiting for the next file)", id, started);
             cursor = JournalCursor {
                 file_id: id,
-                file: Rc::new(file),
+                file: Rc::new(next.file),
+                salt: next.salt,
                 pos: FILE_HEADER_BYTES as u64,
                 next_seq: cursor.next_seq,
+                sealed: false,
             };
         }
+        // Encoded once the file is known: records are sealed with its salt.
+        buf.clear();
+        buf.reserve(padded as usize);
+        encode_record(
+            buf,
+            first_seq,
+            &Record::BatchHeader {
+                record_count: batch.len() as u32,
+                batch_bytes,
+            },
+            &cursor.salt,
+        );
+        for (i, p) in batch.iter().enumerate() {
+            encode_record(buf, first_seq + 1 + i as u64, &p.record, &cursor.salt);
+        }
+        assert_eq!(
+            buf.len(),
+            batch_bytes as usize,
+            "journal records encode to the sizes they were queued with"
+        );
+        pad_to_block(buf);
+        let buf = &buf[..];
         let path = journal.path(cursor.file_id);
         journal_touched.set(true);
         inner.throttle.journal_busy(true);

@@ -97,3 +97,38 @@ pub fn journal_files(dir: &Path) -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// A batch header found in a journal file image: its byte offset, seq and record count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchAt {
+    pub offset: usize,
+    pub seq: u64,
+    pub record_count: u32,
+    /// Bytes from the batch header's start to its first record.
+    pub header_bytes: usize,
+}
+
+/// Every valid batch header of this use of a journal file, at 4 KiB block starts, decoded with
+/// the salt of the file's header (docs/format/journal.md §Header, §Records).
+pub fn batch_headers(img: &[u8]) -> Vec<BatchAt> {
+    use quire_engine::format as f;
+    let f::JournalHeader::Ok { salt, .. } = f::decode_journal_header(img) else {
+        panic!("not a journal file header");
+    };
+    (4096..img.len())
+        .step_by(4096)
+        .filter_map(|at| match f::decode_record(&img[at..], &salt) {
+            f::RecordDecode::Ok {
+                seq,
+                record: f::Record::BatchHeader { record_count, .. },
+                len,
+            } => Some(BatchAt {
+                offset: at,
+                seq,
+                record_count,
+                header_bytes: len,
+            }),
+            _ => None,
+        })
+        .collect()
+}

@@ -333,20 +333,29 @@ fn seeds_record_set() -> Vec<Vec<u8>> {
     ]
 }
 
-/// Journal records (docs/format/journal.md), as replay reads them one after another; a
-/// record that decodes is encoded again and must decode the same.
+/// The salt journal inputs are sealed with (a version 2 file's header would hold it).
+pub const JOURNAL_SALT: u64 = 0x5153_4a4e_4c5f_5632;
+
+/// Journal records (docs/format/journal.md), as replay reads them one after another, both as
+/// a version 1 file's (no salt) and as a version 2 file's with [`JOURNAL_SALT`]; a record that
+/// decodes is encoded again and must decode the same.
 pub fn check_journal_record(data: &[u8]) {
+    check_journal_records(data, &f::JournalSalt::V1);
+    check_journal_records(data, &f::JournalSalt::new(JOURNAL_SALT));
+}
+
+fn check_journal_records(data: &[u8], salt: &f::JournalSalt) {
     let mut at = 0;
     while at < data.len() {
-        match f::decode_record(&data[at..]) {
+        match f::decode_record(&data[at..], salt) {
             f::RecordDecode::Ok { seq, record, len } => {
                 assert!(
                     len > 0 && at + len <= data.len(),
                     "record length {len} at {at}"
                 );
                 let mut out = Vec::new();
-                f::encode_record(&mut out, seq, &record);
-                match f::decode_record(&out) {
+                f::encode_record(&mut out, seq, &record, salt);
+                match f::decode_record(&out, salt) {
                     f::RecordDecode::Ok {
                         seq: s, record: r, ..
                     } => assert!(s == seq && r == record, "journal record round trip"),
@@ -361,6 +370,7 @@ pub fn check_journal_record(data: &[u8]) {
 
 fn seeds_journal_record() -> Vec<Vec<u8>> {
     use f::Record;
+    let salt = f::JournalSalt::new(JOURNAL_SALT);
     let mut b = Vec::new();
     f::encode_record(
         &mut b,
@@ -369,6 +379,7 @@ fn seeds_journal_record() -> Vec<Vec<u8>> {
             record_count: 2,
             batch_bytes: 200,
         },
+        &salt,
     );
     f::encode_record(
         &mut b,
@@ -381,6 +392,7 @@ fn seeds_journal_record() -> Vec<Vec<u8>> {
             master_key: [1; 20],
             data: b"entry bytes".to_vec(),
         },
+        &salt,
     );
     f::encode_record(
         &mut b,
@@ -389,6 +401,7 @@ fn seeds_journal_record() -> Vec<Vec<u8>> {
             ledger: 3,
             master_key: [1; 20],
         },
+        &salt,
     );
     vec![b]
 }
@@ -400,7 +413,8 @@ fn reseal_journal_record(b: &mut [u8]) {
         if at + total > b.len() {
             return;
         }
-        put_crc(b, at, at + 4..at + total);
+        let crc = f::JournalSalt::new(JOURNAL_SALT).crc(&b[at + 4..at + total]);
+        b[at..at + 4].copy_from_slice(&crc.to_le_bytes());
         at += total;
     }
 }
