@@ -19,7 +19,8 @@
 //! from now: write, fdatasync, rename, remove, sync_dir, or an open that creates a file;
 //! [`SimStorage::crash_at_matching_op`] counts only the operations a filter accepts) takes the
 //! durable image and, if asked, tears the last unsynced write: a prefix of whole 512-byte sectors
-//! of it is made durable as well (the part a power cut let reach the medium);
+//! of it, or (when bit 63 of the tear value is set) a suffix, is made durable as well (the part
+//! a power cut let reach the medium; a device may store a write's sectors in any order);
 //! [`SimStorage::keep_unsynced_writes`] also keeps a seeded subset of the earlier unsynced
 //! writes (a device may store any completed write before a flush). The crashed operation and
 //! every later call on this storage or its files fail with an `io::Error` whose message starts
@@ -275,7 +276,8 @@ impl Disk {
                 reachable.insert(ino, (dpath.clone(), name.clone()));
             }
         }
-        let keep_bytes = |image: &mut SimImage, w: &UnsyncedWrite, kept: usize| {
+        // Makes bytes `from..to` of write `w` durable.
+        let keep_bytes = |image: &mut SimImage, w: &UnsyncedWrite, from: usize, to: usize| {
             if let Some((dpath, name)) = reachable.get(&w.inode) {
                 let f = image
                     .dirs
@@ -283,10 +285,10 @@ impl Disk {
                     .and_then(|d| d.get_mut(name))
                     .expect("a reachable inode has an image");
                 let pos = w.pos as usize;
-                if f.len() < pos + kept {
-                    f.resize(pos + kept, 0);
+                if f.len() < pos + to {
+                    f.resize(pos + to, 0);
                 }
-                f[pos..pos + kept].copy_from_slice(&w.data[..kept]);
+                f[pos + from..pos + to].copy_from_slice(&w.data[from..to]);
             }
         };
         let mut dropped = self.unsynced.len();
@@ -296,7 +298,7 @@ impl Disk {
         if let Some(mut coin) = keep_unsynced {
             for w in &self.unsynced[..earlier] {
                 if next_random(&mut coin) % 2 == 0 {
-                    keep_bytes(&mut image, w, w.data.len());
+                    keep_bytes(&mut image, w, 0, w.data.len());
                     dropped -= 1;
                 }
             }
@@ -304,12 +306,18 @@ impl Disk {
         let mut torn = None;
         if let (Some(r), Some(w)) = (tear, self.unsynced.last()) {
             let sectors = w.data.len().div_ceil(SECTOR_BYTES);
-            let kept = ((r % (sectors as u64 + 1)) as usize * SECTOR_BYTES).min(w.data.len());
-            keep_bytes(&mut image, w, kept);
-            if kept == w.data.len() {
+            let n = ((r & !(1 << 63)) % (sectors as u64 + 1)) as usize;
+            let (from, to) = if r >> 63 == 0 {
+                (0, (n * SECTOR_BYTES).min(w.data.len()))
+            } else {
+                // The last `n` sectors (the write's end may be a short sector).
+                ((sectors - n) * SECTOR_BYTES, w.data.len())
+            };
+            keep_bytes(&mut image, w, from, to);
+            if to - from == w.data.len() {
                 dropped -= 1;
             }
-            torn = Some((w.path.clone(), w.pos, w.data.len(), kept));
+            torn = Some((w.path.clone(), w.pos, w.data.len(), to - from));
         }
         (image, torn, dropped)
     }
@@ -746,6 +754,27 @@ mod tests {
             let img = r.image.file(&p("/d/a")).unwrap();
             assert!(img[..3 * SECTOR_BYTES].iter().all(|&b| b == 2));
             assert!(img[3 * SECTOR_BYTES..].iter().all(|&b| b == 1));
+            assert_eq!(r.torn, Some((p("/d/a"), 0, 4096, 3 * SECTOR_BYTES)));
+        });
+    }
+
+    #[test]
+    fn a_tear_with_bit_63_keeps_the_last_sectors() {
+        // Goal: the other half of the tear model: the write's first sectors are lost and its
+        // last ones reach the medium (journal.md's media assumptions allow any part).
+        block_on(async {
+            let s = SimStorage::new(3);
+            s.prepare_dir(&p("/d")).await.unwrap();
+            let f = s.open(&p("/d/a"), true).await.unwrap();
+            f.write_at(0, &[1u8; 4096]).await.unwrap();
+            f.fdatasync().await.unwrap();
+            s.sync_dir(&p("/d")).await.unwrap();
+            s.crash_at_op(1, Some(3 | 1 << 63));
+            assert!(f.write_at(0, &[2u8; 4096]).await.is_err());
+            let r = s.crash_report().expect("crashed");
+            let img = r.image.file(&p("/d/a")).unwrap();
+            assert!(img[..5 * SECTOR_BYTES].iter().all(|&b| b == 1));
+            assert!(img[5 * SECTOR_BYTES..].iter().all(|&b| b == 2));
             assert_eq!(r.torn, Some((p("/d/a"), 0, 4096, 3 * SECTOR_BYTES)));
         });
     }

@@ -59,7 +59,8 @@ fn sim_config() -> EngineConfig {
     c.background_write_bytes_per_second = 0;
     c.background_sync_bytes = 8 << 10;
     c.read_cache_bytes_max = 64 << 10;
-    // Reuse is off by default; the crashes must cover its renames and reused files too.
+    // The default, set here so that the crashes cover reuse's renames and reused files even if
+    // the default changes.
     c.journal_reuse_files = 4;
     c
 }
@@ -403,8 +404,8 @@ async fn crash_round(
     let chaos_seed: u64 = rng.gen();
     let idle_before_crash = Duration::from_micros(rng.gen_range(0..5000));
     let filter: OpFilter = match target {
-        // Journal files under their final name: batch writes and syncs, the zeroing of a torn
-        // tail, removals (pre-creation writes `.qj.tmp`).
+        // Journal files under their final name: batch writes and syncs, reuse's header
+        // rewrite and renames, removals (pre-creation writes `.qj.tmp`).
         "journal" => Box::new(|_, p: &Path| p.extension().is_some_and(|e| e == "qj")),
         "ledger-dir" => Box::new(|_, p: &Path| p.starts_with("/sim/ledgers")),
         // Index segment files, the mark (`checkpoint.qcp.tmp` and its rename) and the

@@ -221,11 +221,30 @@ fn add_one_batch(cfg: quire_engine::EngineConfig, ledger: u64, n: u64, len: usiz
 
 #[test]
 fn a_dropped_torn_batch_cannot_complete_a_later_torn_batch() {
+    dropped_batch_case(Tear::KeepFirstBlock);
+}
+
+#[test]
+fn a_torn_batch_that_lost_its_header_cannot_complete_a_later_torn_batch() {
+    // The torn write kept its later sectors but lost the first block, header included: at the
+    // batch's offset replay finds zeros, a clean-looking end, yet the batch's records follow.
+    dropped_batch_case(Tear::LoseFirstBlock);
+}
+
+/// Which part of batch B the crash kept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tear {
+    KeepFirstBlock,
+    LoseFirstBlock,
+}
+
+fn dropped_batch_case(tear: Tear) {
     // Goal: the records of a torn batch that replay dropped never become part of a later batch
     // (journal.md §Recovery rule 4: the file holding the dropped batch is sealed, the next
     // batch goes to a new file). Method: records of 472 bytes (400-byte entries), so that the
     // first record after a 40-byte batch header ends at 512. Batch B (16 adds of ledger 1) is
-    // torn after its first 4 KiB; the engine reopens (B dropped) and writes batch B' (5 adds of
+    // torn after its first 4 KiB (or loses its first 4 KiB and keeps the rest: `tear`); the
+    // engine reopens (B dropped) and writes batch B' (5 adds of
     // ledger 2), which must land at the start of the next file, B's file staying byte for byte
     // as it was. Were B' written at B's offset with B's seq (as before sealing, unless B was
     // zeroed, and a crash could cut that zeroing), a tear of B' after 512 bytes would leave B's
@@ -241,8 +260,11 @@ fn a_dropped_torn_batch_cannot_complete_a_later_torn_batch() {
     let img = std::fs::read(&path).unwrap();
     let x = find_batch_with(&img, 16).expect("the 16 adds formed one batch");
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.write_all_at(&vec![0u8; 2 * BLOCK as usize], x as u64 + BLOCK)
-        .unwrap();
+    match tear {
+        Tear::KeepFirstBlock => f.write_all_at(&vec![0u8; 2 * BLOCK as usize], x as u64 + BLOCK),
+        Tear::LoseFirstBlock => f.write_all_at(&vec![0u8; BLOCK as usize], x as u64),
+    }
+    .unwrap();
     drop(f);
     let torn = std::fs::read(&path).unwrap();
 

@@ -116,20 +116,21 @@ pub fn decode_journal_header(b: &[u8]) -> JournalHeader {
     if b[0..8] != JOURNAL_MAGIC {
         return JournalHeader::Bad(format!("bad magic {:02x?}", &b[0..8]));
     }
-    let version = u16_at(b, 8);
-    let (covered, salt) = match version {
-        FORMAT_V1 => (24, JournalSalt::V1),
-        JOURNAL_FORMAT_SALTED => (JOURNAL_HEADER_CRC_COVERED, JournalSalt::new(u64_at(b, 24))),
-        // The CRC's place depends on the version, so an unknown one cannot be checked first.
-        v => return JournalHeader::Unsupported(v),
+    // The CRC's place depends on the version, so both places are checked before the version
+    // is believed: a damaged version field is corruption, not an unknown format.
+    let crc_ok = |covered: usize| u32_at(b, covered) == crc32c::crc32c(&b[..covered]);
+    let (v1_ok, v2_ok) = (crc_ok(24), crc_ok(JOURNAL_HEADER_CRC_COVERED));
+    let salt = match u16_at(b, 8) {
+        FORMAT_V1 if v1_ok => JournalSalt::V1,
+        JOURNAL_FORMAT_SALTED if v2_ok => JournalSalt::new(u64_at(b, 24)),
+        v if v1_ok || v2_ok => {
+            if v == FORMAT_V1 || v == JOURNAL_FORMAT_SALTED {
+                return JournalHeader::Bad(format!("file header CRC32C mismatch (version {v})"));
+            }
+            return JournalHeader::Unsupported(v);
+        }
+        _ => return JournalHeader::Bad("file header CRC32C mismatch".into()),
     };
-    let stored = u32_at(b, covered);
-    let computed = crc32c::crc32c(&b[..covered]);
-    if stored != computed {
-        return JournalHeader::Bad(format!(
-            "file header CRC32C mismatch: stored {stored:#010x}, computed {computed:#010x}"
-        ));
-    }
     JournalHeader::Ok {
         file_id: u64_at(b, 16),
         salt,
@@ -415,8 +416,17 @@ mod tests {
         let mut bad = h.clone();
         bad[27] ^= 1;
         assert!(matches!(decode_journal_header(&bad), JournalHeader::Bad(_)));
+        // A flipped version bit is damage; a newer version with its own valid CRC is not.
+        let mut flipped = h.clone();
+        flipped[8] ^= 1;
+        assert!(matches!(
+            decode_journal_header(&flipped),
+            JournalHeader::Bad(_)
+        ));
         let mut v3 = h;
         v3[8] = 3;
+        let crc = crc32c::crc32c(&v3[..32]);
+        v3[32..36].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(decode_journal_header(&v3), JournalHeader::Unsupported(3));
     }
 }

@@ -1,7 +1,8 @@
 //! Journal replay on open (docs/format/journal.md §Recovery; BookKeeper's journal replay from
 //! the last mark): scans the files from the checkpoint mark, applies every complete batch, finds
-//! where the journal ends (zeros, a reused file's older bytes, or a torn tail, which is dropped
-//! and its file sealed), and refuses to open when durable data follows a bad record.
+//! where the journal ends (zeros, a torn tail, which is dropped, or a reused file's older bytes;
+//! a file with anything but zeros after its end is sealed), and refuses to open when durable
+//! data follows a bad record.
 
 use std::path::Path;
 use std::rc::Rc;
@@ -18,8 +19,8 @@ use crate::{EngineConfig, Error};
 
 /// Why replay stopped inside a file.
 enum Stop {
-    /// No batch starts at this batch boundary: zeros, end of file, or a batch header with a seq
-    /// below the expected one (a reused file's older contents).
+    /// No batch starts at this batch boundary: zeros, end of file, or a batch header of this
+    /// file use with a seq below the expected one.
     End(u64),
     /// A bad record at `bad_at`; `resume` is where writing would continue (block aligned).
     Bad {
@@ -257,7 +258,7 @@ pub(crate) async fn replay<S: Storage>(
         };
         let describe = || match &reason {
             Some(r) => r.clone(),
-            None => "no batch here (zeros or older batches)".to_string(),
+            None => "no batch here (zeros)".to_string(),
         };
         // Batches are written in order, one at a time: after this file's last batch nothing in
         // it has a seq this high, so finding one means damage, not a crash.
@@ -308,19 +309,24 @@ pub(crate) async fn replay<S: Storage>(
             }
         }
         // This file holds the end of the journal. A bad batch here is the tail of the one write
-        // in flight at a crash (never acknowledged): it is dropped, and the file is sealed: the
-        // next batch goes to a new file, so no later batch is ever written over the dropped
-        // one's bytes (whose records, seqs from the expected one on, could otherwise complete a
-        // later batch at the same offset with the same seq torn after a record boundary).
-        // A version 1 file is sealed too, so the writer only writes salted records.
+        // in flight at a crash (never acknowledged), or a reused file's older bytes: dropped.
+        // The file is sealed (the next batch goes to a new file) whenever any byte after the
+        // end is not zero: a dropped batch's records (seqs from the expected one on) could
+        // otherwise complete a later batch written at the same offset with the same seq and
+        // torn after a record boundary. That holds also where the end looks clean because the
+        // torn write lost its first sectors but kept later ones. A version 1 file is sealed
+        // too, so the writer only writes salted records.
+        let residue = img
+            .get(resume as usize..)
+            .is_some_and(|rest| rest.iter().any(|&b| b != 0));
         if let Some(r) = &reason {
-            tracing::warn!(
-                "journal {}: the journal ends at byte offset {resume}; the bytes after it are \
-                 dropped (a write cut by a crash) and the file gets no more batches: {r}",
+            tracing::info!(
+                "journal {}: the journal ends at byte offset {resume}; the bytes after it (a \
+                 write cut by a crash, or a reused file's older use) are dropped: {r}",
                 path.display()
             );
         }
-        let sealed = reason.is_some() || salt.value().is_none();
+        let sealed = residue || salt.value().is_none();
         // Later files hold no batch of this journal (pre-created ones: zeros, or a reused file's
         // older batches).
         for &lid in &ids[i + 1..] {
