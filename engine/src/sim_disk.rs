@@ -734,11 +734,9 @@ mod tests {
         });
     }
 
-    #[test]
-    fn an_armed_crash_tears_the_write_it_happens_in_at_a_sector_boundary() {
-        // Goal: crash_at_op counts operations and tears the last unsynced write to a prefix of
-        // whole sectors over the durable bytes. Method: overwrite a synced block of 1s with 2s
-        // and crash in that write keeping 3 sectors.
+    /// Syncs a block of 1s at /d/a, then crashes in the write of a block of 2s over it with
+    /// `tear`; returns the crash report.
+    fn crash_overwriting_a_synced_block(tear: u64) -> CrashReport {
         block_on(async {
             let s = SimStorage::new(3);
             s.prepare_dir(&p("/d")).await.unwrap();
@@ -747,35 +745,33 @@ mod tests {
             f.fdatasync().await.unwrap();
             s.sync_dir(&p("/d")).await.unwrap();
             assert_eq!(s.ops(), 4);
-            s.crash_at_op(1, Some(3));
+            s.crash_at_op(1, Some(tear));
             assert!(f.write_at(0, &[2u8; 4096]).await.is_err());
-            let r = s.crash_report().expect("crashed");
-            assert_eq!(r.op_number, 5);
-            let img = r.image.file(&p("/d/a")).unwrap();
-            assert!(img[..3 * SECTOR_BYTES].iter().all(|&b| b == 2));
-            assert!(img[3 * SECTOR_BYTES..].iter().all(|&b| b == 1));
-            assert_eq!(r.torn, Some((p("/d/a"), 0, 4096, 3 * SECTOR_BYTES)));
-        });
+            s.crash_report().expect("crashed")
+        })
+    }
+
+    #[test]
+    fn an_armed_crash_tears_the_write_it_happens_in_at_a_sector_boundary() {
+        // Goal: crash_at_op counts operations and tears the last unsynced write to a prefix of
+        // whole sectors over the durable bytes. Method: overwrite a synced block of 1s with 2s
+        // and crash in that write keeping 3 sectors.
+        let r = crash_overwriting_a_synced_block(3);
+        assert_eq!(r.op_number, 5);
+        let img = r.image.file(&p("/d/a")).unwrap();
+        assert!(img[..3 * SECTOR_BYTES].iter().all(|&b| b == 2));
+        assert!(img[3 * SECTOR_BYTES..].iter().all(|&b| b == 1));
+        assert_eq!(r.torn, Some((p("/d/a"), 0, 4096, 3 * SECTOR_BYTES)));
     }
 
     #[test]
     fn a_tear_with_bit_63_keeps_the_last_sectors() {
         // Goal: the other half of the tear model: the write's first sectors are lost and its
         // last ones reach the medium (journal.md's media assumptions allow any part).
-        block_on(async {
-            let s = SimStorage::new(3);
-            s.prepare_dir(&p("/d")).await.unwrap();
-            let f = s.open(&p("/d/a"), true).await.unwrap();
-            f.write_at(0, &[1u8; 4096]).await.unwrap();
-            f.fdatasync().await.unwrap();
-            s.sync_dir(&p("/d")).await.unwrap();
-            s.crash_at_op(1, Some(3 | 1 << 63));
-            assert!(f.write_at(0, &[2u8; 4096]).await.is_err());
-            let r = s.crash_report().expect("crashed");
-            let img = r.image.file(&p("/d/a")).unwrap();
-            assert!(img[..5 * SECTOR_BYTES].iter().all(|&b| b == 1));
-            assert!(img[5 * SECTOR_BYTES..].iter().all(|&b| b == 2));
-            assert_eq!(r.torn, Some((p("/d/a"), 0, 4096, 3 * SECTOR_BYTES)));
-        });
+        let r = crash_overwriting_a_synced_block(3 | 1 << 63);
+        let img = r.image.file(&p("/d/a")).unwrap();
+        assert!(img[..5 * SECTOR_BYTES].iter().all(|&b| b == 1));
+        assert!(img[5 * SECTOR_BYTES..].iter().all(|&b| b == 2));
+        assert_eq!(r.torn, Some((p("/d/a"), 0, 4096, 3 * SECTOR_BYTES)));
     }
 }
