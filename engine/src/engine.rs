@@ -62,6 +62,8 @@ pub(crate) struct Inner<S: Storage> {
     pub tombstones: Tombstones<S::File>,
     /// Garbage-collection runs: one at a time, and their figures.
     pub gc: GcState,
+    /// Room kept for garbage collection's own writes on a full disk.
+    pub reserve: crate::reserve::Reserve,
     /// The engine's background task queue (checkpoints, journal pre-creation, GC).
     pub background_tq: TaskQueueHandle,
     /// Metrics hook of the journal writer (`Engine::set_journal_observer`).
@@ -712,6 +714,7 @@ impl<S: Storage + 'static> Engine<S> {
         s.entry_logs = sizes.len() as u64;
         s.entry_log_bytes = sizes.iter().map(|(_, b)| b).sum();
         s.live_bytes = inner.usage.total_live();
+        s.reserve_bytes = inner.reserve.held();
         s
     }
 

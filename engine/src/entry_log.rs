@@ -127,8 +127,12 @@ impl<F: StorageFile> EntryLogs<F> {
             .remove(&path)
             .await
             .map_err(io_err("remove entry log", &path, 0))?;
-        // A read holding the open file goes on reading the removed inode.
-        self.readers.borrow_mut().remove(&id);
+        // A read holding the open file goes on reading the removed inode (and closes it when
+        // done); otherwise close it now, so that its blocks are free when this returns.
+        let open = self.readers.borrow_mut().remove(&id);
+        if let Some(f) = open.and_then(|(f, _)| Rc::try_unwrap(f).ok()) {
+            f.close().await;
+        }
         Ok(self.sizes.borrow_mut().remove(&id).unwrap_or(0))
     }
 

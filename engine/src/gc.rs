@@ -210,6 +210,13 @@ pub(crate) async fn run<S: Storage>(
         .map_err(|_| Error::Closed)?;
     let mut out = GcRun::default();
     let r = run_locked(inner, deleted, compaction, &mut out).await;
+    // Take back the reserve a step gave up, as far as the run freed room (also after a failed
+    // run: what it deleted stays deleted).
+    if !inner.closed.get() {
+        if let Err(e) = inner.reserve.take(&inner.storage).await {
+            tracing::warn!("taking the space reserve again: {e}");
+        }
+    }
     let gc = &inner.gc;
     gc.count(|s| {
         s.ledgers_deleted += out.ledgers_deleted;
@@ -289,7 +296,14 @@ async fn delete_ledgers<S: Storage>(
     // Under the checkpoint lock no snapshot of the write cache is being written, so no
     // checkpoint can publish locations of these ledgers after they are dropped.
     let _cp = inner.checkpointer.lock().await?;
-    inner.tombstones.append(&inner.storage, &fresh).await?;
+    match inner.tombstones.append(&inner.storage, &fresh).await {
+        // The disk is full: the group goes into the room the reserve kept for it.
+        Err(e) if e.is_storage_full() && inner.reserve.release(&inner.storage).await? => {
+            tracing::warn!("tombstones: {e}; retrying in the space reserve");
+            inner.tombstones.append(&inner.storage, &fresh).await?
+        }
+        r => r?,
+    }
     for &ledger in &fresh {
         inner.ledgers.delete(ledger);
         inner.write_cache.remove_ledger(ledger);
@@ -369,7 +383,17 @@ async fn compact<S: Storage>(
         if inner.closed.get() {
             return Err(Error::Closed);
         }
-        compact_log(inner, id, &mut output, out).await?;
+        match compact_log(inner, id, &mut output, out).await {
+            // The disk is full: copy again into a new log, in the room the reserve kept (the
+            // bytes the failed copy wrote are unreferenced; a later run deletes or compacts
+            // them).
+            Err(e) if e.is_storage_full() && inner.reserve.release(&inner.storage).await? => {
+                tracing::warn!("compaction of entry log {id}: {e}; retrying in the space reserve");
+                output.take();
+                compact_log(inner, id, &mut output, out).await?
+            }
+            r => r?,
+        }
     }
     Ok(())
 }

@@ -44,6 +44,14 @@ pub trait StorageFile {
     }
     /// Current file size in bytes.
     async fn size(&self) -> io::Result<u64>;
+    /// Closes the file now. Dropping it closes it too, but later (glommio closes a dropped
+    /// file in the background): a removed file's blocks are freed only at its last close, so
+    /// whoever removes a file to free space closes it first.
+    async fn close(self)
+    where
+        Self: Sized,
+    {
+    }
 }
 
 /// A directory tree of files. Shard-local.
@@ -171,6 +179,12 @@ impl StorageFile for DmaStorageFile {
 
     async fn size(&self) -> io::Result<u64> {
         self.file.file_size().await.map_err(Into::into)
+    }
+
+    async fn close(self) {
+        if let Err(e) = self.file.close().await {
+            tracing::warn!("closing a file: {e}");
+        }
     }
 }
 

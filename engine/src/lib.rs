@@ -22,6 +22,7 @@ mod ledgers;
 mod open;
 mod read_ahead;
 mod read_cache;
+mod reserve;
 pub mod sim_disk;
 mod sync;
 mod throttle;
@@ -160,6 +161,15 @@ pub struct EngineConfig {
     /// few hundred per live segment (BookKeeper `dbStorage_rocksDB_blockCacheSize`).
     /// Default 16 MiB.
     pub index_cache_bytes_max: usize,
+    /// Bytes of the space reserve kept in the ledger directory (`space-reserve.qrs`, written
+    /// with zeros at open and after every garbage-collection run, as far as there is room):
+    /// when a write of garbage collection itself (tombstones, compaction, its index segment
+    /// and mark) finds the disk full, the reserve is given back and the write retried once, so
+    /// a full disk never blocks the work that frees it (docs/format/tombstones.md, "Space
+    /// reserve"; BookKeeper keeps room for index files and replay on a full disk,
+    /// `minUsableSizeForIndexFileCreation`). Rounded down to 4 KiB; 0 turns it off. Default
+    /// 4 MiB.
+    pub space_reserve_bytes: u64,
 }
 
 impl EngineConfig {
@@ -190,6 +200,7 @@ impl EngineConfig {
             major_compaction_threshold: 0.8,
             major_compaction_interval: Duration::from_secs(86400),
             index_cache_bytes_max: 16 << 20,
+            space_reserve_bytes: 4 << 20,
         }
     }
 }
@@ -265,6 +276,9 @@ pub struct GcStats {
     pub entry_logs: u64,
     pub entry_log_bytes: u64,
     pub live_bytes: u64,
+    /// Bytes the space reserve holds now (`EngineConfig::space_reserve_bytes` unless a full
+    /// disk made garbage collection give it back and there was no room to take it again yet).
+    pub reserve_bytes: u64,
 }
 
 /// Figures of the index ([`Engine::index_stats`]).

@@ -21,6 +21,7 @@ use crate::journal::Journal;
 use crate::lac_watch::LacWatchers;
 use crate::ledgers::Ledgers;
 use crate::read_ahead::ReadAhead;
+use crate::reserve::Reserve;
 use crate::throttle::Throttle;
 use crate::tombstones::Tombstones;
 use crate::write_cache::WriteCache;
@@ -68,6 +69,10 @@ pub(crate) async fn open_inner<S: Storage>(
     // through a rebuild of a damaged index segment.
     let (tombstones, deleted) = Tombstones::load(&storage, &cfg.ledger_dir, &ledger_names).await?;
     let is_deleted = |l: u64| deleted.contains(&l);
+
+    // The space reserve, taken while there is room (on a full disk it keeps what it holds).
+    let reserve = Reserve::new(&cfg.ledger_dir, cfg.space_reserve_bytes);
+    reserve.take(&storage).await?;
 
     // Index segments and ledger states; a damaged segment is rebuilt from the entry logs.
     let (index, ledgers, mut mark) = Index::open(
@@ -207,6 +212,7 @@ pub(crate) async fn open_inner<S: Storage>(
         usage,
         tombstones,
         gc: GcState::new(),
+        reserve,
         background_tq,
         write_cache,
         ledgers,

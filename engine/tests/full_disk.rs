@@ -109,7 +109,7 @@ impl LoopMount {
     /// Closes this process's descriptors of files on the image. An engine "crashed" by ending
     /// its executor (common::run) never closes its files, as a killed process would not; the
     /// kernel would close them at exit, this does it now so that the image can be unmounted.
-    /// The test binary runs this one test only, so no other thread uses these descriptors.
+    /// Only descriptors of files under this mount point are closed: each test has its own.
     fn close_leaked_fds(&self) {
         let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
             return;
@@ -456,6 +456,127 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
         drop(engine);
         settle().await;
         drop(root2);
+    });
+    drop(mount);
+}
+
+/// Bytes this process may still write on the filesystem holding `path` (statvfs `f_bavail`).
+fn free_bytes(path: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value to be overwritten.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `s` a valid statvfs the kernel writes into.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
+    s.f_bavail as u64 * s.f_frsize as u64
+}
+
+/// Ledger kept alive through the deletions of the issue-23 item-1 test.
+const KEPT_LEDGER: u64 = 100;
+const KEPT_ENTRIES: u64 = 20;
+const RESERVE_BYTES: u64 = 1 << 20;
+
+/// Goal (issue 23 item 1): a ledger disk that entry logs filled to 100 % can always free
+/// space: after a restart on the full disk, garbage collection of deleted ledgers succeeds (its
+/// tombstone write goes into the space reserve, `EngineConfig::space_reserve_bytes`), deletes
+/// their entry logs, gives the filesystem room back, takes the reserve again, and the shard
+/// takes adds again with nobody removing a file by hand (BookKeeper #1316, Redpanda #2166).
+/// The kept ledger still reads back, the deleted ones answer `NoSuchLedger`.
+/// Method: the 64 MiB loop-mounted ext4 image of the test above, 24 MiB taken by a filler that
+/// stays; 256 KiB entry logs so that each holds few ledgers. Ledger 100 gets 20 entries and a
+/// checkpoint; four writers then add 16 KiB entries until the disk is full, the last free
+/// blocks are topped off, the engine crashes. Reopen on the 100 % full disk, delete ledgers
+/// 1-4 through `collect_garbage`, and measure the free space with statvfs.
+#[test]
+fn full_disk_gc_frees_space_and_adds_resume() {
+    let mount = LoopMount::new();
+    let root = mount.path().to_path_buf();
+    std::fs::write(root.join("filler"), vec![0xf1u8; FILLER_BYTES]).expect("write filler");
+    let mut cfg = engine_config(&root);
+    cfg.entry_log_size_bytes_max = 256 << 10;
+    cfg.space_reserve_bytes = RESERVE_BYTES;
+
+    // Fill the disk with entries of ledgers 1-4, after ledger 100's.
+    {
+        let (c, root) = (cfg.clone(), root.clone());
+        run(move || async move {
+            let engine = Engine::open(c).await.expect("open on the fresh filesystem");
+            for e in 0..KEPT_ENTRIES {
+                add(&engine, "add", KEPT_LEDGER, e).await.expect("add");
+            }
+            engine.checkpoint().await.expect("checkpoint");
+            let mut writers = Vec::new();
+            for ledger in 1..=WRITERS {
+                let engine = engine.clone();
+                writers.push(glommio::spawn_local(async move {
+                    for e in 0..ADDS_MAX_PER_WRITER {
+                        if let Err(err) = add(&engine, "add", ledger, e).await {
+                            return err;
+                        }
+                    }
+                    panic!("ledger {ledger}: {ADDS_MAX_PER_WRITER} adds and the disk is not full");
+                }));
+            }
+            for w in writers {
+                let err = w.await;
+                assert!(is_clear_enospc(&err, &root), "not a clear ENOSPC: {err:?}");
+            }
+            top_off(&root.join("filler-2"));
+            let _ = guarded("checkpoint", engine.checkpoint()).await;
+            // Dropped without close: a crash on the full disk.
+            drop(engine);
+            settle().await;
+        });
+    }
+    // What a crashed process's exit does: close its files (removed ones free their blocks).
+    mount.close_leaked_fds();
+    let full = free_bytes(&root);
+    eprintln!("free bytes on the full disk: {full}");
+    assert!(full < 64 << 10, "the disk is full ({full} bytes free)");
+
+    // Restart on the full disk; the GC of the deleted ledgers frees their entry logs.
+    let (c, root2) = (cfg.clone(), root.clone());
+    run(move || async move {
+        let engine = guarded("open on the full disk", Engine::open(c))
+            .await
+            .unwrap_or_else(|err| panic!("open on the full disk: {err}"));
+        let before = engine.gc_stats();
+        eprintln!("before GC: {before:?}");
+        let deleted: Vec<u64> = (1..=WRITERS).collect();
+        let run = guarded("garbage collection", engine.collect_garbage(&deleted))
+            .await
+            .unwrap_or_else(|err| panic!("garbage collection on the full disk: {err}"));
+        let after = engine.gc_stats();
+        let free = free_bytes(&root2);
+        eprintln!("GC run: {run:?}; after: {after:?}; free bytes now {free}");
+        assert_eq!(run.ledgers_deleted, WRITERS);
+        assert!(run.entry_logs_deleted > 0, "no entry log deleted: {run:?}");
+        assert!(
+            free > 8 << 20,
+            "only {free} bytes free after deleting the ledgers that filled the disk"
+        );
+        assert_eq!(after.reserve_bytes, RESERVE_BYTES, "reserve taken again");
+        for e in 0..KEPT_ENTRIES {
+            let got = engine.read_entry(KEPT_LEDGER, Some(e)).await.expect("read");
+            assert!(
+                got == payload(KEPT_LEDGER, e, ENTRY_BYTES),
+                "kept entry {e}"
+            );
+        }
+        assert!(matches!(
+            engine.read_entry(1, Some(0)).await,
+            Err(Error::NoSuchLedger { ledger: 1 })
+        ));
+        // Adds and checkpoints work again, with no file removed by hand.
+        for e in 0..20 {
+            add(&engine, "add after GC", KEPT_LEDGER + 1, e)
+                .await
+                .unwrap_or_else(|err| panic!("add {e} after GC freed space: {err}"));
+        }
+        engine.checkpoint().await.expect("checkpoint after GC");
+        engine.close().await.expect("close after GC");
+        drop(engine);
+        settle().await;
     });
     drop(mount);
 }
