@@ -292,6 +292,11 @@ pub struct BookieSettings {
     /// least 65536).
     #[arg(long)]
     pub index_cache_bytes_max: Option<u64>,
+    /// Bytes of zeros each shard keeps in its ledger directory (`space-reserve.qrs`) and gives
+    /// back when garbage collection finds the disk full, so that a full disk never blocks the
+    /// work that frees it (default 4194304; 0 turns it off; rounded down to 4 KiB).
+    #[arg(long)]
+    pub space_reserve_bytes: Option<u64>,
     /// Bytes of adds (records) queued for each shard's journal writer beyond which an add waits
     /// for the writer, up to 4 s, then is refused with `TooManyRequests` (status 106): adds
     /// arriving faster than the journal disk writes them cannot grow the queue without bound
@@ -400,6 +405,8 @@ pub struct CompactionSettings {
     pub checkpoint_interval_ms: Option<u64>,
     /// `index_cache_bytes_max`.
     pub index_cache_bytes_max: Option<u64>,
+    /// `space_reserve_bytes`.
+    pub space_reserve_bytes: Option<u64>,
 }
 
 impl CompactionSettings {
@@ -455,6 +462,9 @@ impl CompactionSettings {
                 bail!("invalid setting index_cache_bytes_max = {b}: expected at least {INDEX_CACHE_BYTES_MIN}");
             }
             engine.index_cache_bytes_max = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        if let Some(b) = self.space_reserve_bytes {
+            engine.space_reserve_bytes = b;
         }
         Ok(())
     }
@@ -612,6 +622,7 @@ impl BookieSettings {
             entry_log_size_bytes,
             checkpoint_interval_ms,
             index_cache_bytes_max,
+            space_reserve_bytes,
             journal_queue_bytes_max,
             entry_log_readers_max,
             autorecovery_enabled,
@@ -770,6 +781,7 @@ impl BookieSettings {
             entry_log_size_bytes: self.entry_log_size_bytes,
             checkpoint_interval_ms: self.checkpoint_interval_ms,
             index_cache_bytes_max: self.index_cache_bytes_max,
+            space_reserve_bytes: self.space_reserve_bytes,
         }
         .apply(&mut bookie.engine)?;
         let mut autorecovery = crate::autorecovery::AutorecoveryOptions::resolve(

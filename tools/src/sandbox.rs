@@ -158,6 +158,10 @@ pub struct SandboxArgs {
     /// `dbStorage_rocksDB_blockCacheSize`; default 16 MiB, at least 65536).
     #[arg(long)]
     index_cache_bytes_max: Option<u64>,
+    /// Bytes of zeros each bookie shard keeps in its ledger directory and gives back when
+    /// garbage collection finds the disk full (default 4 MiB; 0 turns it off).
+    #[arg(long)]
+    space_reserve_bytes: Option<u64>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -222,6 +226,7 @@ fn bookie_config(
         entry_log_size_bytes: args.entry_log_size_bytes,
         checkpoint_interval_ms: args.checkpoint_interval_ms,
         index_cache_bytes_max: args.index_cache_bytes_max,
+        space_reserve_bytes: args.space_reserve_bytes,
     }
     .apply(&mut config.engine)?;
     if args.tls {

@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::wire::{entry_bytes, Answer, Wire, KEY};
+use quire_metadata::MetadataStore;
 use quire_testkit::loop_mount::{fill_file, LoopMount};
 use quire_wire::bookie::{Request, Status};
-use quire_wire::LedgerId;
+use quire_wire::entry::{encode_entry, EntryHeader};
+use quire_wire::{EntryId, LedgerId};
 
 /// A guard against a hang, not a timing check.
 const WAIT_MAX: Duration = Duration::from_secs(60);
@@ -137,6 +139,129 @@ fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
         Answer::Failed(Status::Fenced),
         "the fence survived the crash"
     );
+    drop(w);
+    bookie.stop();
+    drop(mount);
+}
+
+/// Entry `entry` of `ledger` with a 60 KiB payload, so that few adds fill a small disk.
+fn big_entry(ledger: u64, entry: u64) -> Vec<u8> {
+    let payload = vec![(ledger * 31 + entry) as u8 | 1; 60 << 10];
+    encode_entry(
+        EntryHeader {
+            ledger: LedgerId(ledger),
+            entry: EntryId(entry),
+            lac: entry.checked_sub(1).map(EntryId),
+            length_bytes: payload.len() as u64 * (entry + 1),
+        },
+        &payload,
+    )
+}
+
+/// Ledgers written over the wire in the item-1 test: ids allocated from the metadata store's
+/// counter but with no metadata, so once the bookie's GC has seen them in two runs the metadata
+/// side answers "deleted", as for the ledgers of deleted or truncated streams.
+const FILLING_LEDGERS: u64 = 8;
+
+/// Goal (issue 23 item 1): a bookie whose ledger disk its own entries filled to 100 %, and
+/// which restarted on that full disk, frees the space of deleted ledgers by itself and becomes
+/// writable again (registration back under `available/`, adds taken) once usage is below the
+/// low-water mark: no file removed by hand (BookKeeper #1316, Redpanda #2166).
+/// Method: one `quire bookie` (real ZooKeeper) with a 32 MiB loop-mounted ledger disk, 256 KiB
+/// entry logs and 200 ms checkpoints; adds of 60 KiB entries to 8 ledgers until it answers
+/// `ReadOnly` (threshold 0.99), then a filler takes the last free blocks (100 %). Crash, restart
+/// on the full disk with a 1 s GC interval: it comes up read-only, and its GC finds the 8
+/// ledgers gone from the metadata store (they never had metadata).
+#[test]
+fn full_bookie_frees_space_of_deleted_ledgers_and_turns_writable() {
+    let cluster = Cluster::start();
+    let mount = LoopMount::new_at(32 << 20, &cluster.ledger_dir(0));
+    let _journal_mount = LoopMount::new_at(64 << 20, &cluster.journal_dir(0));
+    let port = quire_testkit::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let flags = [
+        "--disk-check-interval-ms",
+        "200",
+        "--disk-usage-threshold",
+        "0.99",
+        "--disk-usage-lwm-threshold",
+        "0.98",
+        "--entry-log-size-bytes",
+        "262144",
+        "--checkpoint-interval-ms",
+        "200",
+    ];
+    let rt = common::cluster::runtime();
+    let ids: Vec<u64> = rt.block_on(async {
+        let store = cluster.zk_store().await;
+        let mut ids = Vec::new();
+        for _ in 0..=FILLING_LEDGERS {
+            ids.push(store.allocate_ledger_id().await.expect("allocate").0);
+        }
+        ids
+    });
+    assert_eq!(ids, (1..=FILLING_LEDGERS + 1).collect::<Vec<u64>>());
+    let bookie = cluster.start_bookie_with(0, port, &flags);
+    wait_for("the bookie registered writable", || {
+        registered_read_only(&cluster) == Some(false)
+    });
+
+    // The bookie's own entries fill its ledger disk.
+    let mut w = Wire::connect(&addr);
+    let mut added = 0u64;
+    'fill: for entry in 0.. {
+        for ledger in 1..=FILLING_LEDGERS {
+            let data = big_entry(ledger, entry);
+            let answer = w.call(&Request::Add {
+                recovery: false,
+                master_key: KEY,
+                entry: &data,
+            });
+            match answer {
+                Answer::Ok => added += 1,
+                Answer::Failed(Status::ReadOnly) => break 'fill,
+                other => panic!("add {ledger}/{entry}: {other:?}"),
+            }
+            assert!(added < 10_000, "the 32 MiB disk never filled");
+        }
+    }
+    eprintln!("{added} adds of 60 KiB before the bookie turned read-only");
+    assert!(added > 100, "the disk filled before the bookie got going");
+    fill_file(&mount.path().join("filler"));
+    drop(w);
+
+    // A crash, and a restart on the 100 % full disk.
+    bookie.kill();
+    wait_for("the killed bookie's registration expired", || {
+        registered_read_only(&cluster).is_none()
+    });
+    let mut gc_flags = flags.to_vec();
+    gc_flags.extend(["--gc-interval-secs", "1"]);
+    let bookie = cluster.start_bookie_with(0, port, &gc_flags);
+    wait_for("the restarted bookie registered read-only", || {
+        registered_read_only(&cluster) == Some(true)
+    });
+    let mut w = Wire::connect(&addr);
+    assert_eq!(
+        w.read(1, 0),
+        Answer::Data(big_entry(1, 0)),
+        "read on the full disk"
+    );
+
+    // Its GC deletes the ledgers and frees their entry logs: writable again.
+    wait_for("the GC deleted the ledgers that filled the disk", || {
+        w.read(1, 0) == Answer::Failed(Status::NoSuchLedger)
+    });
+    wait_for("the registration moved back to available/", || {
+        registered_read_only(&cluster) == Some(false)
+    });
+    for e in 0..10 {
+        assert_eq!(
+            w.add(FILLING_LEDGERS + 1, e, false),
+            Answer::Ok,
+            "add {e} after the GC freed space"
+        );
+    }
     drop(w);
     bookie.stop();
     drop(mount);
