@@ -168,10 +168,12 @@ pub(crate) fn status_of(err: &EngineError) -> Status {
         EngineError::NoSuchLedger { .. } => Status::NoSuchLedger,
         EngineError::NoSuchEntry { .. } => Status::NoSuchEntry,
         EngineError::TooLarge { .. } => Status::TooLarge,
-        // Back-pressure: the add stored nothing and may be retried later.
-        EngineError::WriteCacheFull { .. } | EngineError::JournalQueueFull { .. } => {
-            Status::TooManyRequests
-        }
+        // Back-pressure: the add stored nothing and may be retried later. A ledger whose
+        // damaged index segment is still being rebuilt is answered so too: never a negative
+        // answer, and the client retries or reads another replica.
+        EngineError::WriteCacheFull { .. }
+        | EngineError::JournalQueueFull { .. }
+        | EngineError::IndexRebuilding { .. } => Status::TooManyRequests,
         _ => Status::IoError,
     }
 }

@@ -161,7 +161,14 @@ pub(crate) async fn checkpoint<S: Storage>(inner: &Inner<S>) -> Result<(), Error
     let previous_mark_file = cp.mark().journal_file_id;
     // Snapshot, synchronously: the cache holds exactly the records durable up to `durable`.
     let snapshot = inner.write_cache.begin_flush();
-    let ledgers = inner.ledgers.take_dirty();
+    // A ledger whose state a damaged index segment lost waits for its rebuild: a state stored
+    // now (what the replay applied to an incomplete one) would override the rebuilt one.
+    let (ledgers, held): (Vec<_>, Vec<_>) = inner
+        .ledgers
+        .take_dirty()
+        .into_iter()
+        .partition(|(l, _)| !inner.index.state_pending(*l));
+    inner.ledgers.mark_dirty(held.into_iter().map(|(l, _)| l));
     let durable = inner.journal.durable();
     let result = checkpoint_write(inner, &snapshot, durable, &ledgers).await;
     inner.write_cache.end_flush();

@@ -329,6 +329,27 @@ impl Ledgers {
             .collect()
     }
 
+    /// Takes the rebuilt states of ledgers whose state a damaged index segment lost at open,
+    /// each merged with what the table holds for it (older segments' state and the journal
+    /// replay: fences stay, the largest LAC and last entry win, a bound key stays bound), and
+    /// marks them changed so that the next checkpoint stores them.
+    pub fn restore_rebuilt(&self, states: Vec<(u64, StoredLedger)>) {
+        for (id, rebuilt) in states {
+            if self.is_deleted(id) {
+                continue;
+            }
+            let mut merged = std::collections::BTreeMap::new();
+            crate::index::rebuild::merge_surviving(&mut merged, id, rebuilt);
+            let now = self.table.borrow().get(&id).map(|l| l.stored());
+            if let Some(now) = now {
+                crate::index::rebuild::merge_surviving(&mut merged, id, now);
+            }
+            let st = merged.remove(&id).expect("merged above");
+            self.table.borrow_mut().insert(id, Ledger::from_stored(st));
+            self.dirty.borrow_mut().insert(id);
+        }
+    }
+
     /// Marks `ids` changed again (a checkpoint that took them failed).
     pub fn mark_dirty(&self, ids: impl IntoIterator<Item = u64>) {
         self.dirty.borrow_mut().extend(ids);

@@ -376,6 +376,13 @@ pub enum Error {
     /// ledger that was written again, bookkeeper.md §failure modes 14).
     #[error("ledger {ledger} was deleted")]
     LedgerDeleted { ledger: u64 },
+    /// A damaged index segment that covers this ledger (its key range holds the entry asked
+    /// for, or its lost ledger-state block may have held the ledger's state) is being rebuilt
+    /// from the entry logs in the background: not a negative answer (DESIGN.md §2, "negative
+    /// answers are safety-critical"); retry later (the bookie answers `TooManyRequests`).
+    /// `None`: a whole-shard operation (verification) that waits for every rebuild.
+    #[error("the index of {} is being rebuilt; retry later", .ledger.map_or("this shard".to_string(), |l| format!("ledger {l}")))]
+    IndexRebuilding { ledger: Option<u64> },
     /// The engine was closed.
     #[error("engine is closed")]
     Closed,

@@ -75,7 +75,7 @@ pub(crate) async fn open_inner<S: Storage>(
     reserve.take(&storage).await?;
 
     // Index segments and ledger states; a damaged segment is rebuilt from the entry logs.
-    let (index, ledgers, mut mark) = Index::open(
+    let (index, ledgers, mark) = Index::open(
         &storage,
         &cfg.ledger_dir,
         &mark,
@@ -103,7 +103,9 @@ pub(crate) async fn open_inner<S: Storage>(
     // corruption (garbage collection deletes a log only once no committed index entry points
     // into it).
     // This pass reads every data block: one that fails its check has its segment rebuilt from
-    // the entry logs (same states, locations from the logs), and the pass starts over.
+    // the entry logs in the background (same states, locations from the logs), and the pass
+    // starts over without it and its key range; until the rebuild recounts them, garbage
+    // collection waits (these figures lack the damaged segment's keys).
     let mut rebuilds_left = mark.segments.len();
     let (usage, deleted_left) = loop {
         let usage = LogUsage::default();
@@ -129,16 +131,7 @@ pub(crate) async fn open_inner<S: Storage>(
             return Err(err);
         };
         rebuilds_left -= 1;
-        mark = index
-            .rebuild_live(
-                &storage,
-                &mark,
-                id,
-                err.to_string(),
-                &is_deleted,
-                cfg.entry_size_bytes_max,
-            )
-            .await?;
+        index.defer_rebuild(id, err.to_string());
     };
     if deleted_left {
         // A crash (or close) came before the merge that drops them: merge everything soon.

@@ -237,6 +237,19 @@ async fn check_after_damage<S: Storage + 'static>(
     }
 }
 
+/// Waits until a damaged segment was rebuilt (at open, or in the background); its figures.
+async fn wait_rebuilt<S: Storage + 'static>(e: &Engine<S>) -> quire_engine::IndexStats {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while e.index_stats().segments_rebuilt == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no rebuild of the damaged segment"
+        );
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
+    e.index_stats()
+}
+
 /// Builds the history, damages the oldest segment, reopens twice.
 fn damaged_segment_is_rebuilt(what: Damage) {
     let dir = tempdir();
@@ -251,7 +264,8 @@ fn damaged_segment_is_rebuilt(what: Damage) {
     let (cfg2, want2) = (cfg.clone(), want.clone());
     run(move || async move {
         let e = Engine::open(cfg2).await.expect("opens despite the damage");
-        let st = e.index_stats();
+        // A segment whose header is readable is rebuilt in the background.
+        let st = wait_rebuilt(&e).await;
         assert_eq!(st.segments_rebuilt, 1);
         assert_eq!(st.ledgers_rebuilt, if states_lost { 3 } else { 0 });
         assert!(st.entries_rebuilt >= 5 * FIRST - FIRST, "{st:?}");
@@ -373,6 +387,95 @@ fn block_damaged_after_open_is_rebuilt_in_the_background() {
     });
 }
 
+/// Whether `r` is the retryable "being rebuilt" answer (never a negative one).
+fn is_rebuilding<T>(r: &Result<T, Error>) -> bool {
+    matches!(r, Err(Error::IndexRebuilding { .. }))
+}
+
+#[test]
+fn damaged_segment_delays_only_its_ledgers() {
+    // Goal (issue 23 item 7): a damaged index segment whose header is readable no longer
+    // makes the open scan every entry log: the engine opens at once, serves the ledgers the
+    // segment does not cover (reads and adds), answers "being rebuilt" (retryable, never "no
+    // such entry" or "no such ledger") for the keys in its range and the ledgers whose state
+    // its bad ledger-state block may have held, rebuilds it in the background, and then serves
+    // everything as a rebuild at open did (ledgers whose state was lost come back fenced).
+    // Method: the history above (M: ledgers 1, 2, 3, 5, 6; N: more of 1 and 2, and 8); flip 4
+    // bytes in M's ledger-state block; open; check the answers before the first await lets the
+    // background rebuild run; wait for it; check everything; reopen clean.
+    let dir = tempdir();
+    let cfg = config(dir.path());
+    let want = build_history(cfg.clone());
+    damage_oldest(dir.path(), Damage::LedgerStateBlock);
+    let (cfg2, want2) = (cfg.clone(), want.clone());
+    run(move || async move {
+        let e = Engine::open(cfg2).await.expect("opens despite the damage");
+        let st = e.index_stats();
+        assert!(
+            st.segments_rebuilt == 0 && st.rebuild_entry_log_bytes == 0,
+            "the open rebuilt the damaged segment before returning: {st:?}"
+        );
+        // Covered: a key in M's range (ledger 1 entry 0), a ledger whose state M lost (5).
+        assert!(is_rebuilding(&e.read_entry(1, Some(0)).await));
+        assert!(is_rebuilding(&e.read_entry(5, Some(0)).await));
+        assert!(is_rebuilding(&e.read_entry(5, None).await));
+        assert!(is_rebuilding(
+            &e.add_entry(5, FIRST, KEY, None, payload(5, FIRST, 50), false)
+                .await
+        ));
+        assert!(is_rebuilding(&e.fence(6, KEY).await));
+        // Not covered: ledger 8 (its keys are past M's range, its state is in N).
+        for i in 0..MORE {
+            assert_eq!(
+                e.read_entry(8, Some(i)).await.unwrap(),
+                payload(8, i, len_of(8, i)),
+                "ledger 8 entry {i} while M is rebuilt"
+            );
+        }
+        e.add_entry(8, MORE, KEY, None, payload(8, MORE, 50), false)
+            .await
+            .expect("an add of ledger 8 while M is rebuilt");
+        let st = wait_rebuilt(&e).await;
+        assert_eq!(st.segments_rebuilt, 1);
+        assert_eq!(st.ledgers_rebuilt, 3, "{st:?}");
+        check_reads(&e, &want2).await;
+        assert_eq!(
+            e.read_entry(8, Some(MORE)).await.unwrap(),
+            payload(8, MORE, 50)
+        );
+        for l in [5u64, 6] {
+            let s = e.ledger_state(l).expect("ledger known");
+            assert!(
+                s.fenced,
+                "ledger {l}: its state was lost, so it comes back fenced"
+            );
+            assert_eq!(s.last_entry, Some(FIRST - 1), "ledger {l}");
+        }
+        assert!(matches!(
+            e.add_entry(5, FIRST, KEY, None, payload(5, FIRST, 50), false)
+                .await,
+            Err(Error::Fenced { ledger: 5 })
+        ));
+        assert!(matches!(
+            e.add_entry(3, FIRST, KEY, None, vec![1; 10], false).await,
+            Err(Error::Fenced { ledger: 3 })
+        ));
+        assert!(matches!(
+            e.read_entry(4, Some(0)).await,
+            Err(Error::NoSuchLedger { ledger: 4 })
+        ));
+        assert!(e.verify_index().await.unwrap().locations > 0);
+        e.close().await.unwrap();
+    });
+    run(move || async move {
+        let e = Engine::open(cfg).await.unwrap();
+        assert_eq!(e.index_stats().segments_rebuilt, 0);
+        check_reads(&e, &want).await;
+        assert!(e.ledger_state(5).unwrap().fenced);
+        e.close().await.unwrap();
+    });
+}
+
 fn sim_config() -> EngineConfig {
     let mut c = EngineConfig::new("/sim/journal".into(), "/sim/ledgers".into());
     c.journal_file_size_bytes = 256 << 10;
@@ -405,6 +508,11 @@ fn open_with_crash(
         });
         storage.crash_at_matching_op(op.unwrap_or(u64::MAX), filter, tear);
         let opened = Engine::open_with(sim_config(), storage.clone()).await;
+        if let Ok(e) = &opened {
+            // A segment whose header is readable is rebuilt after the open returned: its
+            // operations are crash points too.
+            let _ = e.rebuild_damaged_index().await;
+        }
         let n = counted.get();
         let report = storage.crash(tear);
         drop(opened);
@@ -468,6 +576,9 @@ fn every_operation_of_a_rebuild_is_a_safe_crash_point() {
                     let e = Engine::open_with(sim_config(), storage.clone())
                         .await
                         .unwrap_or_else(|err| panic!("{ctx}: reopen: {err}"));
+                    e.rebuild_damaged_index()
+                        .await
+                        .unwrap_or_else(|err| panic!("{ctx}: rebuild: {err}"));
                     check_after_damage(&e, &want, states_lost, false).await;
                     e.verify_index()
                         .await

@@ -95,6 +95,10 @@ pub(crate) async fn merge_once<S: Storage>(inner: &Inner<S>) -> Result<bool, Err
         .acquire_permit(1)
         .await
         .map_err(|_| Error::Closed)?;
+    if index.rebuild_pending() {
+        // A damaged segment is rebuilt before any merge takes it as input (`merge_loop`).
+        return Ok(false);
+    }
     let full = index.full_merge_wanted.replace(false);
     let live = index.segments.borrow().clone();
     let sizes: Vec<u64> = live.iter().map(|s| weight(s)).collect();

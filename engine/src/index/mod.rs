@@ -48,8 +48,23 @@ type LiveWithStates<F> = (Rc<Segment<F>>, Vec<(u64, StoredLedger)>);
 enum Slot<F> {
     /// Every check passed; its ledger states.
     Good(Rc<Segment<F>>, Vec<(u64, StoredLedger)>),
-    /// To be rebuilt.
+    /// To be rebuilt now (missing, or header or top keys unreadable: the keys and ledgers it
+    /// covers are unknown, so every ledger waits for it).
     Damaged(Damage),
+    /// Readable header, a bad index or ledger-state block: live with its readable states,
+    /// rebuilt in the background while every ledger outside what it covers is served.
+    Deferred(Rc<Segment<F>>, Damage),
+}
+
+/// A live segment found damaged and not yet rebuilt (`Index::damaged`).
+#[derive(Clone)]
+pub(crate) struct Pending {
+    /// What the check found (one line).
+    pub reason: String,
+    /// Found by the open, with the ledger states it lost: their ledgers are refused until the
+    /// rebuild gives them a state (the ledger table cannot vouch for them). `None`: found
+    /// after open (the ledger table is exact then) or a data block only (no state lost).
+    pub open_damage: Option<Damage>,
 }
 
 /// The live index segments and the block cache.
@@ -67,9 +82,10 @@ pub(crate) struct Index<F> {
     /// One merge at a time (the background merger, `Engine::merge_index`).
     pub(crate) merge_lock: glommio::sync::Semaphore,
     stats: Cell<IndexStats>,
-    /// Live segments a read found damaged after open, with the error: rebuilt in the
-    /// background (`rebuild::repair`).
-    damaged: RefCell<BTreeMap<u64, String>>,
+    /// Live segments found damaged and not yet rebuilt (by the open, or by a read after it):
+    /// rebuilt in the background (`rebuild::repair`), meanwhile keys in their range and
+    /// ledgers whose state they lost answer `IndexRebuilding`.
+    damaged: RefCell<BTreeMap<u64, Pending>>,
 }
 
 impl<F: StorageFile> Index<F> {
@@ -140,7 +156,7 @@ impl<F: StorageFile> Index<F> {
             match Segment::open(storage, dir, id).await {
                 Ok(seg) => match rebuild::assess(&seg).await? {
                     (states, None) => slots.push(Slot::Good(Rc::new(seg), states)),
-                    (_, Some(d)) => slots.push(Slot::Damaged(d)),
+                    (_, Some(d)) => slots.push(Slot::Deferred(Rc::new(seg), d)),
                 },
                 Err(e) => slots.push(Slot::Damaged(Damage::whole(
                     id,
@@ -163,13 +179,17 @@ impl<F: StorageFile> Index<F> {
         // Each damaged segment, with the ledgers whose state a newer readable segment holds.
         let mut damaged: Vec<Damage> = Vec::new();
         let mut newer: HashSet<u64> = HashSet::new();
-        for slot in slots.iter().rev() {
+        for slot in slots.iter_mut().rev() {
             match slot {
                 Slot::Good(_, states) => newer.extend(states.iter().map(|(l, _)| *l)),
                 Slot::Damaged(d) => {
                     let mut d = d.clone();
                     d.superseded = newer.clone();
                     damaged.push(d);
+                }
+                Slot::Deferred(_, d) => {
+                    d.superseded = newer.clone();
+                    newer.extend(d.kept_states.iter().map(|(l, _)| *l));
                 }
             }
         }
@@ -181,7 +201,7 @@ impl<F: StorageFile> Index<F> {
             for slot in &slots {
                 let states = match slot {
                     Slot::Good(_, states) => states,
-                    Slot::Damaged(d) => &d.kept_states,
+                    Slot::Damaged(d) | Slot::Deferred(_, d) => &d.kept_states,
                 };
                 for (l, st) in states {
                     rebuild::merge_surviving(&mut surviving, *l, st.clone());
@@ -213,6 +233,22 @@ impl<F: StorageFile> Index<F> {
                 Slot::Damaged(d) => replacements
                     .remove(&d.id)
                     .expect("every damaged segment has a replacement"),
+                Slot::Deferred(seg, d) => {
+                    tracing::error!(
+                        "index segment {} is damaged ({}): rebuilding it from the entry logs in \
+                         the background; until then its keys and the ledgers whose state it lost \
+                         answer 'being rebuilt'",
+                        d.path.display(),
+                        d.reason
+                    );
+                    let states = d.kept_states.clone();
+                    let pending = Pending {
+                        reason: d.reason.clone(),
+                        open_damage: d.lost_states.is_some().then_some(d),
+                    };
+                    index.damaged.borrow_mut().insert(seg.id, pending);
+                    (seg, states)
+                }
             };
             for (ledger, s) in states {
                 ledgers.insert(ledger, Ledger::from_stored(s));
@@ -223,63 +259,23 @@ impl<F: StorageFile> Index<F> {
         Ok((index, ledgers, mark))
     }
 
-    /// Rebuilds live segment `id`, whose data block failed its check (`reason`) while open read
-    /// every location, from the entry logs: its key range gets the newest copies found there
-    /// and it keeps its ledger states (which were read and checked). Returns the new mark,
-    /// which is durable; the ledger states in force do not change.
-    ///
-    /// # Errors
-    /// `Io`; `Corrupt` if `id` is not live.
-    pub async fn rebuild_live<S: Storage<File = F>>(
-        &self,
-        storage: &S,
-        mark: &Mark,
-        id: u64,
-        reason: String,
-        is_deleted: &dyn Fn(u64) -> bool,
-        entry_size_max: usize,
-    ) -> Result<Mark, Error> {
-        let seg = self
-            .segments
-            .borrow()
-            .iter()
-            .find(|s| s.id == id)
-            .cloned()
-            .ok_or_else(|| {
-                crate::files::corrupt(&self.dir.join(segment::segment_name(id)), 0, reason.clone())
-            })?;
-        let (kept, found) = rebuild::assess(&seg).await?;
-        let damage = Damage {
+    /// Notes live segment `id`, a data block of which the open's pass over every location found
+    /// bad (`reason`), for a rebuild in the background: its ledger states were read and checked,
+    /// so only its keys wait.
+    pub fn defer_rebuild(&self, id: u64, reason: String) {
+        tracing::error!(
+            "index segment {}: {reason}: rebuilding it from the entry logs in the background; \
+             until then its keys answer 'being rebuilt'",
+            self.dir.join(segment::segment_name(id)).display()
+        );
+        self.damaged.borrow_mut().insert(
             id,
-            path: seg.path.clone(),
-            reason,
-            keys: (seg.header.entry_count > 0).then_some((seg.header.min_key, seg.header.max_key)),
-            lost_states: found.and_then(|d| d.lost_states),
-            kept_states: kept,
-            superseded: HashSet::new(),
-        };
-        let mut surviving = BTreeMap::new();
-        for s in self.newest_first() {
-            if s.id != id && damage.lost_states.is_some() {
-                for (l, st) in s.ledger_states().await? {
-                    rebuild::merge_surviving(&mut surviving, l, st);
-                }
-            }
-        }
-        let (reps, mut report) = rebuild::build(
-            storage,
-            &self.dir,
-            vec![damage],
-            &surviving,
-            true,
-            is_deleted,
-            entry_size_max,
-            &|| self.take_id(),
-        )
-        .await?;
-        let new_mark = rebuild::commit(storage, &self.dir, mark, &reps, &mut report).await?;
-        self.replace_segments(reps, &report);
-        Ok(new_mark)
+            Pending {
+                reason,
+                open_damage: None,
+            },
+        );
+        self.merge_signal.notify();
     }
 
     /// Puts committed replacements in their damaged segments' places and counts the rebuild.
@@ -304,12 +300,12 @@ impl<F: StorageFile> Index<F> {
     pub(crate) fn notice(&self, err: &Error) {
         if let Error::Corrupt { path, .. } = err {
             if let Some(id) = self.live_segment_at(path) {
-                if self
-                    .damaged
-                    .borrow_mut()
-                    .insert(id, err.to_string())
-                    .is_none()
-                {
+                let mut damaged = self.damaged.borrow_mut();
+                if let std::collections::btree_map::Entry::Vacant(v) = damaged.entry(id) {
+                    v.insert(Pending {
+                        reason: err.to_string(),
+                        open_damage: None,
+                    });
                     tracing::error!("index segment {} is damaged: {err}", path.display());
                     self.merge_signal.notify();
                 }
@@ -317,12 +313,53 @@ impl<F: StorageFile> Index<F> {
         }
     }
 
-    /// A live segment noted as damaged since open, with what was found, if any.
-    pub(crate) fn first_damaged(&self) -> Option<(u64, String)> {
+    /// A live segment noted as damaged and not yet rebuilt, with what was found, if any.
+    pub(crate) fn first_damaged(&self) -> Option<(u64, Pending)> {
         let live = self.ids();
         let mut d = self.damaged.borrow_mut();
         d.retain(|id, _| live.contains(id));
-        d.iter().next().map(|(id, r)| (*id, r.clone()))
+        d.iter().next().map(|(id, p)| (*id, p.clone()))
+    }
+
+    /// Whether a damaged segment is waiting for its rebuild.
+    pub(crate) fn rebuild_pending(&self) -> bool {
+        self.first_damaged().is_some()
+    }
+
+    /// Whether `ledger`'s state may be in a lost ledger-state block of a segment the open found
+    /// damaged: then the ledger table cannot answer for it until the rebuild.
+    pub(crate) fn state_pending(&self, ledger: u64) -> bool {
+        self.damaged.borrow().values().any(|p| {
+            p.open_damage.as_ref().is_some_and(|d| {
+                d.lost_states
+                    .is_some_and(|(lo, hi)| ledger >= lo && ledger <= hi)
+                    && !d.superseded.contains(&ledger)
+            })
+        })
+    }
+
+    /// Whether `key` lies in the key range of a damaged segment not yet rebuilt.
+    fn in_damaged_range(&self, key: Key) -> bool {
+        let damaged = self.damaged.borrow();
+        if damaged.is_empty() {
+            return false;
+        }
+        self.segments
+            .borrow()
+            .iter()
+            .any(|s| damaged.contains_key(&s.id) && s.covers(key))
+    }
+
+    /// Live segments, newest first, without the damaged ones.
+    fn intact_newest_first(&self) -> Vec<Rc<Segment<F>>> {
+        let damaged = self.damaged.borrow();
+        self.segments
+            .borrow()
+            .iter()
+            .rev()
+            .filter(|s| !damaged.contains_key(&s.id))
+            .cloned()
+            .collect()
     }
 
     /// Passes a read's result through, noting a damaged segment.
@@ -362,6 +399,11 @@ impl<F: StorageFile> Index<F> {
         self.segments.borrow().iter().map(|s| s.id).collect()
     }
 
+    /// Live segments, newest first.
+    pub(crate) fn live_newest_first(&self) -> Vec<Rc<Segment<F>>> {
+        self.newest_first()
+    }
+
     fn newest_first(&self) -> Vec<Rc<Segment<F>>> {
         self.segments.borrow().iter().rev().cloned().collect()
     }
@@ -372,8 +414,15 @@ impl<F: StorageFile> Index<F> {
     /// # Errors
     /// `Corrupt` if a block read fails its check; `Io`.
     pub async fn location(&self, ledger: u64, entry: u64) -> Result<Option<Location>, Error> {
+        // A damaged segment not yet rebuilt may hold this key (its blocks cannot be trusted):
+        // not "no such entry", and not an older segment's stale copy.
+        if self.in_damaged_range((ledger, entry)) {
+            return Err(Error::IndexRebuilding {
+                ledger: Some(ledger),
+            });
+        }
         let r: Result<_, Error> = async {
-            for seg in self.newest_first() {
+            for seg in self.intact_newest_first() {
                 if let Some(loc) = seg.find(&self.cache, (ledger, entry)).await? {
                     return Ok(Some(loc));
                 }
@@ -397,10 +446,19 @@ impl<F: StorageFile> Index<F> {
             return Ok(out);
         }
         let r: Result<_, Error> = async {
-            let mut scan = MergedScan::start(self, (ledger, entry + 1), true).await?;
+            let mut scan = MergedScan::over(
+                self.intact_newest_first(),
+                &self.cache,
+                (ledger, entry + 1),
+                true,
+            )
+            .await?;
             while out.len() < max {
                 match scan.next(&self.cache).await? {
-                    Some(((l, e), loc)) if l == ledger => out.push((e, loc)),
+                    // Read-ahead stops where a damaged segment's keys begin.
+                    Some(((l, e), loc)) if l == ledger && !self.in_damaged_range((l, e)) => {
+                        out.push((e, loc))
+                    }
                     _ => break,
                 }
             }
@@ -435,15 +493,20 @@ impl<F: StorageFile> Index<F> {
     }
 
     /// Calls `f` with the current location of every indexed entry, in (ledger, entry) order,
-    /// reading every live segment once past the block cache (open and `verify_index` only).
+    /// reading every live segment once past the block cache (open, `verify_index`, a rebuild's
+    /// recount). Damaged segments not yet rebuilt are left out, and so are the keys in their
+    /// ranges (an older segment's copy of such a key may be stale).
     pub async fn for_each_location(
         &self,
         mut f: impl FnMut(u64, u64, Location),
     ) -> Result<(), Error> {
         let r: Result<_, Error> = async {
-            let mut scan = MergedScan::start(self, (0, 0), false).await?;
+            let mut scan =
+                MergedScan::over(self.intact_newest_first(), &self.cache, (0, 0), false).await?;
             while let Some(((l, e), loc)) = scan.next(&self.cache).await? {
-                f(l, e, loc);
+                if !self.in_damaged_range((l, e)) {
+                    f(l, e, loc);
+                }
             }
             Ok(())
         }

@@ -605,33 +605,54 @@ pub(crate) async fn repair<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> 
         .acquire_permit(1)
         .await
         .map_err(|_| Error::Closed)?;
-    let Some((id, reason)) = index.first_damaged() else {
+    let Some((id, pending)) = index.first_damaged() else {
         return Ok(false);
     };
     let Some(seg) = index.live(id) else {
         return Ok(false);
     };
-    let (kept, found) = assess(&seg).await?;
-    let damage = Damage {
-        id,
-        path: seg.path.clone(),
-        reason,
-        keys: (seg.header.entry_count > 0).then_some((seg.header.min_key, seg.header.max_key)),
-        lost_states: found.and_then(|d| d.lost_states),
-        kept_states: kept,
-        superseded: HashSet::new(),
-    };
-    let surviving = if damage.lost_states.is_some() {
-        inner.ledgers.stored_states()
-    } else {
-        BTreeMap::new()
+    // Lost ledger states found by the open: the ledger table does not know them (those ledgers
+    // were refused meanwhile), so they come back as a rebuild at open makes them: what the
+    // readable segments hold, fenced. Found after open: the ledger table is exact.
+    let at_open = pending.open_damage.is_some();
+    let (damage, surviving) = match pending.open_damage {
+        Some(d) => {
+            let mut surviving = BTreeMap::new();
+            for s in index.live_newest_first() {
+                if s.id != id {
+                    for (l, st) in s.ledger_states().await? {
+                        merge_surviving(&mut surviving, l, st);
+                    }
+                }
+            }
+            (d, surviving)
+        }
+        None => {
+            let (kept, found) = assess(&seg).await?;
+            let damage = Damage {
+                id,
+                path: seg.path.clone(),
+                reason: pending.reason,
+                keys: (seg.header.entry_count > 0)
+                    .then_some((seg.header.min_key, seg.header.max_key)),
+                lost_states: found.and_then(|d| d.lost_states),
+                kept_states: kept,
+                superseded: HashSet::new(),
+            };
+            let surviving = if damage.lost_states.is_some() {
+                inner.ledgers.stored_states()
+            } else {
+                BTreeMap::new()
+            };
+            (damage, surviving)
+        }
     };
     let (reps, mut report) = build(
         &inner.storage,
         index.dir(),
         vec![damage],
         &surviving,
-        false,
+        at_open,
         &|l: u64| inner.ledgers.is_deleted(l),
         inner.cfg.entry_size_bytes_max,
         &|| index.take_id(),
@@ -653,7 +674,22 @@ pub(crate) async fn repair<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> 
     )
     .await?;
     inner.checkpointer.set_mark(mark);
+    // The rebuilt states of ledgers refused until now, with what the journal replay added to
+    // them (adds, fences), become the table's; the next checkpoint stores them.
+    let mut rebuilt: Vec<(u64, crate::format::StoredLedger)> = Vec::new();
+    for r in &reps {
+        for (l, st) in &r.states {
+            if r.ledgers_rebuilt.contains(l) {
+                rebuilt.push((*l, st.clone()));
+            }
+        }
+    }
     index.replace_segments(reps, &report);
+    inner.ledgers.restore_rebuilt(rebuilt);
+    if index.rebuild_pending() {
+        // Another damaged segment still waits; its rebuild recounts the live bytes.
+        return Ok(true);
+    }
     let usage = LogUsage::default();
     index
         .for_each_location(|ledger, _, loc| {

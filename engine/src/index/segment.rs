@@ -154,7 +154,7 @@ impl<F: StorageFile> Segment<F> {
     }
 
     /// Whether `key` is inside the segment's key range.
-    fn covers(&self, key: Key) -> bool {
+    pub(crate) fn covers(&self, key: Key) -> bool {
         self.header.entry_count > 0 && key >= self.header.min_key && key <= self.header.max_key
     }
 
