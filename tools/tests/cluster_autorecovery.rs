@@ -886,7 +886,8 @@ fn issue23_item6_damaged_replicas_a_read_finds_are_marked_and_repaired_in_place(
     let rt = runtime();
     let store = Arc::new(rt.block_on(cluster.zk_store()));
     let bk = quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
-    let payload = |i: u64| format!("entry {i} of the ledger whose replicas get damaged").into_bytes();
+    let payload =
+        |i: u64| format!("entry {i} of the ledger whose replicas get damaged").into_bytes();
     let id = rt.block_on(async {
         let w = bk
             .create_ledger(quire_ledger::LedgerOptions {

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quire_metadata::{BookieId, BookieInfo, MetadataStore};
-use quire_wire::{EntryId, LedgerId};
 use quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT;
+use quire_wire::{EntryId, LedgerId};
 
 use crate::conn::{self, Lane, Pool};
 use crate::Error;

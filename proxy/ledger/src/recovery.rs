@@ -171,11 +171,12 @@ impl BookKeeper {
         loop {
             let entry = EntryId(next);
             let found = self.read_replicas(meta, id, entry, key).await;
-            let chosen = choose_copy(&found.copies, found.unknown.len(), meta.ack_quorum)
-                .map_err(|reason| Error::Recovery {
+            let chosen = choose_copy(&found.copies, found.unknown.len(), meta.ack_quorum).map_err(
+                |reason| Error::Recovery {
                     ledger: id.0,
                     reason: format!("entry {entry}: {reason}"),
-                })?;
+                },
+            )?;
             let Some(i) = chosen else {
                 if found.denials >= usize::from(meta.write_quorum - meta.ack_quorum + 1) {
                     break;

@@ -495,7 +495,9 @@ async fn recovery_repairs_a_divergent_replica(p_at_position_0: bool) {
         "replicas of entry 5 differ after recovery: {:?}",
         replicas
             .iter()
-            .map(|r| r.as_ref().map(|b| String::from_utf8_lossy(&b[36..]).into_owned()))
+            .map(|r| r
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(&b[36..]).into_owned()))
             .collect::<Vec<_>>()
     );
     let header = quire_wire::entry::peek_header(at0).unwrap();
