@@ -659,16 +659,7 @@ fn a_worker_killed_mid_copy_changes_nothing_and_the_next_one_copies_it_all() {
         let store: Arc<dyn MetadataStore> = Arc::new(cluster.zk_store().await);
         let bk =
             quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
-        let w = bk
-            .create_ledger(quire_ledger::LedgerOptions {
-                ensemble_size: 3,
-                write_quorum: 3,
-                ack_quorum: 2,
-                password: b"pw".to_vec(),
-                custom: Default::default(),
-            })
-            .await
-            .unwrap();
+        let w = bk.create_ledger(e3_options()).await.unwrap();
         let mut adds = Vec::new();
         for e in 0..ENTRIES {
             adds.push(w.add(payload(e)));
@@ -825,6 +816,17 @@ fn the_auditors_bookie_killed_while_a_recovery_runs_another_auditor_finishes_it(
     }
 }
 
+/// A ledger of E=3 Qw=3 Qa=2.
+fn e3_options() -> quire_ledger::LedgerOptions {
+    quire_ledger::LedgerOptions {
+        ensemble_size: 3,
+        write_quorum: 3,
+        ack_quorum: 2,
+        password: b"pw".to_vec(),
+        custom: Default::default(),
+    }
+}
+
 /// Overwrites every stored copy of `entry` found in the entry logs (`*.qel`) under `dir` with
 /// random bytes, synced (a damaged medium); returns how many it found.
 fn damage_entry_log_copies(dir: &std::path::Path, entry: &[u8]) -> usize {
@@ -889,16 +891,7 @@ fn issue23_item6_damaged_replicas_a_read_finds_are_marked_and_repaired_in_place(
     let payload =
         |i: u64| format!("entry {i} of the ledger whose replicas get damaged").into_bytes();
     let id = rt.block_on(async {
-        let w = bk
-            .create_ledger(quire_ledger::LedgerOptions {
-                ensemble_size: 3,
-                write_quorum: 3,
-                ack_quorum: 2,
-                password: b"pw".to_vec(),
-                custom: Default::default(),
-            })
-            .await
-            .unwrap();
+        let w = bk.create_ledger(e3_options()).await.unwrap();
         let adds: Vec<_> = (0..ENTRIES).map(|i| w.add(payload(i))).collect();
         for a in adds {
             a.await.unwrap();
