@@ -80,12 +80,25 @@ pub(crate) type ReAddsInFlight = RefCell<HashMap<(u64, u64), (u32, u64)>>;
 
 /// What [`Engine::add_entry`] found of another copy of the entry it adds.
 enum OtherCopy {
-    /// None, or one with the same bytes: admit the add now.
+    /// None besides what the entry logs held (if they were compared): decide now.
     None,
+    /// A copy in the write cache, with the same bytes or not: decide now.
+    Cached { same: bool },
     /// A copy may be in flight: wait until the journal finished `finished` records.
     InFlight { finished: u64 },
     /// The index may hold a copy: read and compare it.
     MaybeOnDisk,
+}
+
+/// What an add of an entry the shard may already hold found, decided at its admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// No other copy, or one with the same bytes.
+    Nothing,
+    /// A readable copy with other bytes.
+    Other,
+    /// A copy that cannot be read back (fails its record check, or an I/O error).
+    Damaged,
 }
 
 /// Marks one possible re-add in flight in `Inner::re_adds_in_flight` until dropped (answered,
@@ -251,6 +264,14 @@ impl<S: Storage + 'static> Engine<S> {
     /// are journaled again (recovery re-adds are idempotent), other bytes are refused, so an
     /// acknowledged entry is never replaced. Only an entry at or below the ledger's largest
     /// admitted entry is looked for; a new entry costs one lookup of the ledger table.
+    /// Two exceptions, for recovery adds only (docs/protocol.md §Add, "Replacing a stored
+    /// entry"): a copy that cannot be read back (its entry-log record fails its check, or the
+    /// read fails with an I/O error) is replaced, since nobody can read it; and a readable copy
+    /// with other bytes is replaced when the ledger is fenced for its key and `entry` is above
+    /// this shard's LAC of it, so never an entry this shard knows confirmed (ledger recovery
+    /// repairing a divergent replica of an unconfirmed entry). The new bytes win from the next
+    /// read on, and after a restart (the journal replays in order; the checkpoint points the
+    /// index at the newest copy).
     ///
     /// # Durability
     /// Resolves `Ok` only after the journal write and fdatasync covering this add completed.
@@ -260,7 +281,9 @@ impl<S: Storage + 'static> Engine<S> {
     /// `TooLarge` if `data.len() > entry_size_bytes_max`; `Unauthorized` if the ledger has a
     /// different master key; `Fenced` if the ledger is fenced and `recovery` is false (recovery
     /// adds are allowed on fenced ledgers, as in BookKeeper); `EntryMismatch` if this shard
-    /// stores or is storing the entry with other bytes; `LedgerDeleted`; `WriteCacheFull` if the write
+    /// stores or is storing the entry with other bytes (but for the two recovery-add
+    /// exceptions above); `Corrupt` or `Io` for a normal add whose stored copy cannot be read;
+    /// `LedgerDeleted`; `WriteCacheFull` if the write
     /// cache stayed full for `write_cache_wait_max` behind a running checkpoint;
     /// `JournalQueueFull` if more than `journal_queue_bytes_max` bytes stayed queued for the
     /// journal that long (adds wait for room before their checks, BookKeeper's bounded journal
@@ -302,6 +325,8 @@ impl<S: Storage + 'static> Engine<S> {
         // Whether the wait for this ledger's adds in flight at the first check is behind us.
         let mut earlier_adds_settled = false;
         let mut compared_on_disk = false;
+        // What the comparison with the entry logs found (once `compared_on_disk`).
+        let mut on_disk = Found::Nothing;
         let re_add_seq: Option<u64> = loop {
             // Wait for room before the checks: from the fence and stored-copy checks to the
             // submission below there is no await, so an add is never acknowledged after a
@@ -335,33 +360,61 @@ impl<S: Storage + 'static> Engine<S> {
                 in_flight_until,
                 &mut earlier_adds_settled,
                 compared_on_disk,
-            )?;
-            match other {
-                OtherCopy::None => {
-                    let admitted = inner
-                        .ledgers
-                        .admit_add(ledger, entry, master_key, recovery, seq, true)?;
-                    assert_eq!(
-                        admitted,
-                        Admission::Admitted,
-                        "nothing changed since the check"
-                    );
-                    break Some(seq);
+            );
+            let found = match other {
+                OtherCopy::Cached { same: true } => Found::Nothing,
+                OtherCopy::Cached { same: false } => Found::Other,
+                OtherCopy::None => on_disk,
+                OtherCopy::InFlight { finished } => {
+                    inner.journal.wait_finished(finished).await;
+                    continue;
                 }
-                OtherCopy::InFlight { finished } => inner.journal.wait_finished(finished).await,
                 OtherCopy::MaybeOnDisk => {
                     match self.read_entry(ledger, Some(entry)).await {
                         Ok(stored) if stored != data => {
-                            return Err(Error::EntryMismatch { ledger, entry })
+                            if !(recovery && inner.ledgers.may_replace(ledger, entry)) {
+                                return Err(Error::EntryMismatch { ledger, entry });
+                            }
+                            on_disk = Found::Other;
                         }
                         Ok(_) => {}
                         // Not on disk (a gap of this bookie's stripe), or deleted meanwhile.
                         Err(Error::NoSuchEntry { .. } | Error::NoSuchLedger { .. }) => {}
+                        // A damaged copy: a recovery add (a repair) may take its place.
+                        Err(e @ (Error::Corrupt { .. } | Error::Io { .. })) if recovery => {
+                            tracing::warn!(ledger, entry, error = %e, "stored copy unreadable; a recovery add replaces it");
+                            on_disk = Found::Damaged;
+                        }
                         Err(e) => return Err(e),
                     }
                     compared_on_disk = true;
+                    continue;
+                }
+            };
+            // No await since the ledger table was consulted above.
+            match found {
+                Found::Nothing => {}
+                Found::Damaged if recovery => {}
+                Found::Other if recovery && inner.ledgers.may_replace(ledger, entry) => {
+                    tracing::warn!(
+                        ledger,
+                        entry,
+                        "a recovery add replaces an unconfirmed copy with other bytes"
+                    );
+                }
+                Found::Damaged | Found::Other => {
+                    return Err(Error::EntryMismatch { ledger, entry })
                 }
             }
+            let admitted = inner
+                .ledgers
+                .admit_add(ledger, entry, master_key, recovery, seq, true)?;
+            assert_eq!(
+                admitted,
+                Admission::Admitted,
+                "nothing changed since the check"
+            );
+            break Some(seq);
         };
         // Only a possible re-add is tracked (a new entry's first copy is covered by the
         // ledger's `admitted_seq`): a later re-add of the same entry waits for it.
@@ -379,8 +432,8 @@ impl<S: Storage + 'static> Engine<S> {
     }
 
     /// Looks, with no await, for another copy of entry `key` that an add of `data` (at or
-    /// below its ledger's largest admitted entry) must agree with: in the write cache (other
-    /// bytes: `EntryMismatch`), in flight (the ledger's adds queued before the first look,
+    /// below its ledger's largest admitted entry) must agree with: in the write cache (with
+    /// the same bytes or not), in flight (the ledger's adds queued before the first look,
     /// among them the entry's first copy, once; then possible re-adds of it), or in the index
     /// unless `compared_on_disk`.
     fn other_copy(
@@ -390,16 +443,11 @@ impl<S: Storage + 'static> Engine<S> {
         in_flight_until: u64,
         earlier_adds_settled: &mut bool,
         compared_on_disk: bool,
-    ) -> Result<OtherCopy, Error> {
+    ) -> OtherCopy {
         let inner = &self.inner;
         if let Some(d) = inner.write_cache.get(&key) {
-            return if d.as_slice() == data {
-                Ok(OtherCopy::None)
-            } else {
-                Err(Error::EntryMismatch {
-                    ledger: key.0,
-                    entry: key.1,
-                })
+            return OtherCopy::Cached {
+                same: d.as_slice() == data,
             };
         }
         // The entry's first copy was admitted as a new entry before the first look (once the
@@ -409,20 +457,20 @@ impl<S: Storage + 'static> Engine<S> {
         if !*earlier_adds_settled {
             *earlier_adds_settled = true;
             if !inner.journal.has_finished(in_flight_until) {
-                return Ok(OtherCopy::InFlight {
+                return OtherCopy::InFlight {
                     finished: in_flight_until,
-                });
+                };
             }
         }
         if let Some(&(_, until)) = inner.re_adds_in_flight.borrow().get(&key) {
             if !inner.journal.has_finished(until) {
-                return Ok(OtherCopy::InFlight { finished: until });
+                return OtherCopy::InFlight { finished: until };
             }
         }
         if !compared_on_disk {
-            return Ok(OtherCopy::MaybeOnDisk);
+            return OtherCopy::MaybeOnDisk;
         }
-        Ok(OtherCopy::None)
+        OtherCopy::None
     }
 
     /// Reads entry `entry` of `ledger`, or with `None` the last entry this shard holds for it.

@@ -254,6 +254,17 @@ impl Ledgers {
         }
     }
 
+    /// Whether a recovery add may replace this shard's readable copy of entry `entry` of
+    /// `ledger` with other bytes (docs/protocol.md §Add, "Replacing a stored entry"): only on
+    /// a ledger fenced for its bound key (a recoverer fenced it, so no normal add is
+    /// acknowledged here any more) and only above the LAC this shard holds (an entry at or
+    /// below a LAC was confirmed and is never replaced). The caller checked the key.
+    pub fn may_replace(&self, ledger: u64, entry: u64) -> bool {
+        self.table.borrow().get(&ledger).is_some_and(|l| {
+            l.master_key.is_some() && l.fenced && l.lac.is_none_or(|lac| entry > lac)
+        })
+    }
+
     /// Number of ledgers in the table.
     pub fn len(&self) -> usize {
         self.table.borrow().len()

@@ -318,3 +318,135 @@ fn fence_only_keys_survive_a_restart_through_the_index_segments() {
         e.close().await.unwrap();
     });
 }
+
+/// Overwrites, in every entry log under `ledger_dir`, the stored bytes `entry` with
+/// pseudo-random ones (a damaged medium), synced; returns how many copies it found.
+fn damage_entry_log_copies(ledger_dir: &std::path::Path, entry: &[u8]) -> usize {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut found = 0;
+    for f in std::fs::read_dir(ledger_dir).unwrap() {
+        let path = f.unwrap().path();
+        if path.extension().is_none_or(|x| x != "qel") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let Some(at) = bytes.windows(entry.len()).position(|w| w == entry) else {
+            continue;
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..entry.len())
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.seek(SeekFrom::Start(at as u64)).unwrap();
+        file.write_all(&noise).unwrap();
+        file.sync_all().unwrap();
+        found += 1;
+    }
+    found
+}
+
+#[test]
+fn issue23_recovery_adds_replace_only_unconfirmed_copies_of_a_fenced_ledger_or_damaged_ones() {
+    // Goal (issue 23 items 2 and 6, docs/protocol.md §Add "Replacing a stored entry"): a
+    // recovery add replaces a readable copy with other bytes only once the ledger is fenced
+    // and only above the shard's LAC, never a confirmed entry, never for a normal add; it
+    // replaces a copy that cannot be read back (damaged entry-log record) whether fenced or
+    // not. The new bytes are read back at once, after a checkpoint, after a clean reopen and
+    // after a crash (journal replay).
+    // Method: a real engine on O_DIRECT files; entry-log records overwritten in place with
+    // the engine closed; a crash by ending the executor.
+    let dir = tempdir();
+    let cfg = config(dir.path());
+    let (cfg2, cfg3) = (cfg.clone(), cfg.clone());
+    let ledger_dir = cfg.ledger_dir.clone();
+    let other = |n: u8| {
+        let mut v = payload(7, 5, 100);
+        v[60] ^= n;
+        v
+    };
+    run(move || async move {
+        let e = Engine::open(cfg).await.unwrap();
+        // Entries 0..=5, each with the LAC before it: the shard's LAC is 4.
+        for n in 0..6 {
+            e.add_entry(7, n, KEY, n.checked_sub(1), payload(7, n, 100), false)
+                .await
+                .unwrap();
+        }
+        for n in 0..4 {
+            e.add_entry(8, n, KEY, n.checked_sub(1), payload(8, n, 100), false)
+                .await
+                .unwrap();
+        }
+        // Not fenced: no replacement, even above the LAC.
+        let r = e.add_entry(7, 5, KEY, Some(4), other(1), true).await;
+        assert!(is_mismatch(&r, 7, 5), "{r:?}");
+        e.fence(7, KEY).await.unwrap();
+        // Fenced, but at or below the LAC: confirmed, never replaced.
+        let mut below = payload(7, 4, 100);
+        below[60] ^= 1;
+        let r = e.add_entry(7, 4, KEY, Some(3), below, true).await;
+        assert!(is_mismatch(&r, 7, 4), "{r:?}");
+        // A normal add is refused by the fence before any comparison.
+        let r = e.add_entry(7, 5, KEY, Some(4), other(1), false).await;
+        assert!(matches!(r, Err(Error::Fenced { ledger: 7 })), "{r:?}");
+        // Fenced and above the LAC: the copy in the write cache is replaced.
+        e.add_entry(7, 5, KEY, Some(4), other(1), true)
+            .await
+            .expect("replaces an unconfirmed copy in the write cache");
+        assert_eq!(e.read_entry(7, Some(5)).await.unwrap(), other(1));
+        // The same, with the copy in the entry log.
+        e.checkpoint().await.unwrap();
+        e.add_entry(7, 5, KEY, Some(4), other(2), true)
+            .await
+            .expect("replaces an unconfirmed copy in the entry log");
+        assert_eq!(e.read_entry(7, Some(5)).await.unwrap(), other(2));
+        e.add_entry(7, 5, KEY, Some(4), other(2), true)
+            .await
+            .expect("an identical re-add");
+        e.checkpoint().await.unwrap();
+        assert_eq!(e.ledger_state(7).unwrap().lac, Some(4));
+        e.close().await.unwrap();
+    });
+    assert_eq!(damage_entry_log_copies(&ledger_dir, &payload(8, 1, 100)), 1);
+    run(move || async move {
+        let e = Engine::open(cfg2).await.unwrap();
+        assert_eq!(e.read_entry(7, Some(5)).await.unwrap(), other(2));
+        let r = e.read_entry(8, Some(1)).await;
+        assert!(matches!(r, Err(Error::Corrupt { .. })), "{r:?}");
+        // A normal add finds the copy unreadable and stores nothing.
+        let r = e
+            .add_entry(8, 1, KEY, Some(0), payload(8, 1, 100), false)
+            .await;
+        assert!(
+            matches!(r, Err(Error::Corrupt { .. } | Error::Io { .. })),
+            "{r:?}"
+        );
+        // A recovery add (re-replication's repair) takes the damaged copy's place; the ledger
+        // is not fenced.
+        e.add_entry(8, 1, KEY, Some(0), payload(8, 1, 100), true)
+            .await
+            .expect("a recovery add replaces a damaged copy");
+        assert_eq!(e.read_entry(8, Some(1)).await.unwrap(), payload(8, 1, 100));
+        e.checkpoint().await.unwrap();
+        assert_eq!(e.read_entry(8, Some(1)).await.unwrap(), payload(8, 1, 100));
+        // One more replacement, left in the journal only: a crash.
+        e.add_entry(7, 5, KEY, Some(4), other(3), true)
+            .await
+            .unwrap();
+    });
+    run(move || async move {
+        let e = Engine::open(cfg3).await.unwrap();
+        assert_eq!(e.read_entry(7, Some(5)).await.unwrap(), other(3));
+        assert_eq!(e.read_entry(8, Some(1)).await.unwrap(), payload(8, 1, 100));
+        for n in [0, 2, 3] {
+            assert_eq!(e.read_entry(8, Some(n)).await.unwrap(), payload(8, n, 100));
+        }
+        e.close().await.unwrap();
+    });
+}

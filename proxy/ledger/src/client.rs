@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use quire_metadata::{BookieId, BookieInfo, MetadataStore};
 use quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT;
+use quire_wire::{EntryId, LedgerId};
 
 use crate::conn::{self, Lane, Pool};
 use crate::Error;
@@ -74,7 +75,13 @@ pub(crate) struct Inner {
     pub(crate) registrations: Mutex<Option<HashMap<BookieId, Option<u64>>>>,
     /// Paces re-replication writes (`config.replication_rate_bytes_per_sec`).
     pub(crate) replication_pace: Option<crate::rereplicate::BytePace>,
+    /// When each (ledger, bookie) was last reported for a damaged replica, so that a read
+    /// of many damaged entries makes one report per [`DAMAGE_REPORT_INTERVAL`].
+    pub(crate) damage_reported: Mutex<HashMap<(LedgerId, BookieId), Instant>>,
 }
+
+/// How often one client reports the same bookie's damaged replicas of one ledger at most.
+pub(crate) const DAMAGE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The client: a metadata store handle plus a pool of bookie connections.
 ///
@@ -119,6 +126,7 @@ impl BookKeeper {
                 config,
                 quarantine: Mutex::default(),
                 registrations: Mutex::default(),
+                damage_reported: Mutex::default(),
             }),
         }
     }
@@ -172,6 +180,60 @@ impl BookKeeper {
             }
         }
         Ok(listed.into_iter().map(|b| b.info).collect())
+    }
+
+    /// Reports, in the background, that `bookie` misses or holds damaged copies of entries of
+    /// `ledger` (BookKeeper's `markLedgerUnderreplicated`, through
+    /// `MetadataStore::report_under_replicated`), so that autorecovery copies them back in
+    /// place; `what` says why, for the log.
+    pub(crate) fn report_under_replicated(
+        &self,
+        ledger: LedgerId,
+        bookie: BookieId,
+        what: &'static str,
+    ) {
+        let store = self.inner.metadata.clone();
+        tokio::spawn(async move {
+            match store
+                .report_under_replicated(ledger, std::slice::from_ref(&bookie))
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(ledger = ledger.0, %bookie, "ledger marked under-replicated: {what}")
+                }
+                Ok(false) => {
+                    tracing::debug!(ledger = ledger.0, %bookie, "{what}; this metadata store keeps no under-replication marks")
+                }
+                Err(e) => {
+                    tracing::warn!(ledger = ledger.0, %bookie, error = %e, "cannot mark the ledger under-replicated ({what})")
+                }
+            }
+        });
+    }
+
+    /// A read found `bookie`'s copy of `entry` damaged (it failed its digest or named another
+    /// position, or the bookie answered `IoError`): reports the ledger under-replicated with
+    /// the bookie named, at most once per [`DAMAGE_REPORT_INTERVAL`] per (ledger, bookie),
+    /// so that autorecovery's in-place repair replaces the copy (issue 23 item 6).
+    pub(crate) fn damaged_replica(
+        &self,
+        ledger: LedgerId,
+        entry: EntryId,
+        bookie: &BookieId,
+        reason: &str,
+    ) {
+        tracing::warn!(ledger = ledger.0, entry = entry.0, %bookie, "damaged replica: {reason}");
+        {
+            let Ok(mut reported) = self.inner.damage_reported.lock() else {
+                return;
+            };
+            reported.retain(|_, at| at.elapsed() < DAMAGE_REPORT_INTERVAL);
+            if reported.contains_key(&(ledger, bookie.clone())) {
+                return;
+            }
+            reported.insert((ledger, bookie.clone()), Instant::now());
+        }
+        self.report_under_replicated(ledger, bookie.clone(), "a read found a damaged replica");
     }
 
     pub(crate) fn quarantined(&self) -> HashSet<BookieId> {

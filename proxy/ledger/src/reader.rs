@@ -50,7 +50,11 @@ impl LedgerReader {
     }
 
     /// Reads one entry's payload, digest verified, trying each replica of its write set in
-    /// turn (BookKeeper reads from the write set, any replica suffices).
+    /// turn (BookKeeper reads from the write set, any replica suffices). A replica found
+    /// damaged on the way (a digest or position mismatch, or an `IoError` answer) is reported:
+    /// the ledger is marked under-replicated with that bookie named
+    /// (`MetadataStore::report_under_replicated`), so that autorecovery copies the entry back
+    /// in place (issue 23 item 6; BookKeeper leaves this to its auditor's periodic check).
     ///
     /// # Errors
     /// `NoSuchEntry` when enough replicas deny it that it cannot have been acknowledged;
@@ -104,11 +108,13 @@ impl LedgerReader {
                 Ok(Reply::Read { data }) => match verify_expected(&data, self.id, entry) {
                     Ok(_) => return Ok(ReadOutcome::Found(data)),
                     Err(e) => {
+                        let reason = e.to_string();
+                        self.client.damaged_replica(self.id, entry, b, &reason);
                         last_err = Some(Error::Corrupt {
                             ledger: self.id.0,
                             entry: entry.0,
                             bookie: b.0.clone(),
-                            reason: e.to_string(),
+                            reason,
                         })
                     }
                 },
@@ -117,6 +123,12 @@ impl LedgerReader {
                     ..
                 }) => denials += 1,
                 Ok(Reply::Failed { status, message }) => {
+                    if status == Status::IoError {
+                        // The bookie could not read its copy back ("no such entry" comes only
+                        // from its index): a damaged replica, or a bookie going down; either
+                        // way autorecovery checks the bookie's copies and repairs what it must.
+                        self.client.damaged_replica(self.id, entry, b, &message);
+                    }
                     last_err = Some(Error::Bookie {
                         bookie: b.0.clone(),
                         status,

@@ -14,7 +14,7 @@ use quire_wire::bookie::{self, Request, Status};
 use quire_wire::entry::{verify_expected, EntryHeader};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 
-use crate::conn::{Lane, Reply};
+use crate::conn::{self, Lane, Reply};
 use crate::reader::ReadOutcome;
 use crate::{placement, quorum, BookKeeper, Error, LedgerReader};
 
@@ -165,26 +165,123 @@ impl BookKeeper {
                 }
             }
         }
-        // 3. Read forward with fencing reads, re-adding what is found, until proven missing.
+        // 3. Read forward with fencing reads from every replica, re-adding what is found (and
+        // repairing replicas that hold other bytes), until proven missing.
         let mut next = lac.map_or(fragment.first_entry, |l| l.0 + 1);
         loop {
-            match reader.read_raw(EntryId(next), Some(key)).await? {
-                ReadOutcome::Missing => break,
-                ReadOutcome::Found(bytes) => {
-                    length_bytes = header_of(&bytes, id, EntryId(next))?.length_bytes;
-                    self.recovery_add(meta, version, id, key, EntryId(next), bytes)
-                        .await?;
-                    last = Some(EntryId(next));
-                    next += 1;
+            let entry = EntryId(next);
+            let found = self.read_replicas(meta, id, entry, key).await;
+            let chosen = choose_copy(&found.copies, found.unknown.len(), meta.ack_quorum).map_err(
+                |reason| Error::Recovery {
+                    ledger: id.0,
+                    reason: format!("entry {entry}: {reason}"),
+                },
+            )?;
+            let Some(i) = chosen else {
+                if found.denials >= usize::from(meta.write_quorum - meta.ack_quorum + 1) {
+                    break;
                 }
+                return Err(Error::Recovery {
+                    ledger: id.0,
+                    reason: format!(
+                        "entry {entry}: no replica returned it and {} denied it, too few to prove it missing: {}",
+                        found.denials,
+                        found.unknown.join("; ")
+                    ),
+                });
+            };
+            let (bytes, _) = found.copies[i].clone();
+            let divergent: Vec<usize> = found
+                .copies
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .flat_map(|(_, (_, holders))| holders.iter().copied())
+                .collect();
+            if !divergent.is_empty() {
+                tracing::warn!(ledger = id.0, entry = next, positions = ?divergent, "replicas hold other bytes for an unconfirmed entry; recovery repairs them");
             }
+            length_bytes = header_of(&bytes, id, entry)?.length_bytes;
+            self.recovery_add(meta, version, id, key, entry, bytes, &divergent)
+                .await?;
+            last = Some(entry);
+            next += 1;
         }
         Ok((last, length_bytes))
     }
 
+    /// Reads `entry` with fencing reads from every bookie of its write set at once: each
+    /// distinct verified copy with the positions holding it (in write-set order of their first
+    /// holder), the denials, and why the other positions gave neither. A copy that fails its
+    /// digest, or an `IoError` answer, is reported as a damaged replica.
+    async fn read_replicas(
+        &self,
+        meta: &LedgerMetadata,
+        id: LedgerId,
+        entry: EntryId,
+        key: MasterKey,
+    ) -> Replicas {
+        let fragment = meta.fragment_for(entry).clone();
+        let timeout = self.inner.config.request_timeout;
+        let positions = quorum::write_set(entry.0, meta.ensemble_size, meta.write_quorum);
+        let mut calls = Vec::new();
+        for &pos in &positions {
+            let client = self.clone();
+            let b = fragment.bookies[pos].clone();
+            calls.push(tokio::spawn(async move {
+                let c = client.conn(&b, Lane::Tail).await?;
+                c.call(timeout, conn::read_request(id, Some(entry), Some(key)))
+                    .await
+            }));
+        }
+        let mut found = Replicas::default();
+        for (pos, call) in positions.into_iter().zip(calls) {
+            let b = &fragment.bookies[pos];
+            let reply = call
+                .await
+                .map_err(|j| Error::Invalid(j.to_string()))
+                .and_then(|r| r);
+            match reply {
+                Ok(Reply::Read { data }) => match verify_expected(&data, id, entry) {
+                    Ok(_) => match found.copies.iter_mut().find(|(c, _)| *c == data) {
+                        Some((_, holders)) => holders.push(pos),
+                        None => found.copies.push((data, vec![pos])),
+                    },
+                    Err(e) => {
+                        self.damaged_replica(id, entry, b, &e.to_string());
+                        found.unknown.push(format!("{b}: corrupt copy: {e}"));
+                    }
+                },
+                Ok(Reply::Failed {
+                    status: Status::NoSuchEntry | Status::NoSuchLedger,
+                    ..
+                }) => found.denials += 1,
+                Ok(Reply::Failed { status, message }) => {
+                    if status == Status::IoError {
+                        self.damaged_replica(id, entry, b, &message);
+                    }
+                    found.unknown.push(format!("{b}: {status:?} {message}"));
+                }
+                Ok(other) => found.unknown.push(format!("{b}: unexpected {other:?}")),
+                Err(e) => {
+                    if matches!(e, Error::Timeout { .. } | Error::BookieUnreachable { .. }) {
+                        self.quarantine(b);
+                    }
+                    found.unknown.push(e.to_string());
+                }
+            }
+        }
+        found
+    }
+
     /// Re-adds `entry` to its whole write set as a recovery add; a bookie that fails it is
     /// replaced (see [`BookKeeper::recover_ledger`]) and the entry re-added there. Succeeds once
-    /// Qa bookies of the (possibly new) write set hold it.
+    /// Qa bookies of the (possibly new) write set hold it and no bookie left in the write set
+    /// holds other bytes for it: `divergent` names the positions the reads found holding other
+    /// bytes, to which the re-add is a repair (the bookie replaces an unconfirmed copy of a
+    /// fenced ledger, docs/protocol.md §Add); one that still refuses it (`EntryMismatch`) or
+    /// does not answer must be replaced, or recovery fails (the ledger stays IN_RECOVERY).
+    #[allow(clippy::too_many_arguments)]
     async fn recovery_add(
         &self,
         meta: &mut LedgerMetadata,
@@ -193,6 +290,7 @@ impl BookKeeper {
         key: MasterKey,
         entry: EntryId,
         bytes: Vec<u8>,
+        divergent: &[usize],
     ) -> Result<(), Error> {
         let bytes = Arc::new(bytes);
         let mut acked: Vec<usize> = Vec::new();
@@ -201,6 +299,8 @@ impl BookKeeper {
         let mut reasons = Vec::new();
         // Bookies that failed this entry, never chosen again as its replacement.
         let mut failed: HashSet<BookieId> = HashSet::new();
+        // Positions known to hold other bytes, neither repaired nor replaced yet.
+        let mut divergent: HashSet<usize> = divergent.iter().copied().collect();
         // Each pass re-adds to the positions still missing; at most one pass per position
         // replaced, bounded by the bookies registered.
         loop {
@@ -209,8 +309,20 @@ impl BookKeeper {
             let mut failing = Vec::new();
             for (pos, outcome) in todo.iter().copied().zip(outcomes) {
                 match outcome {
-                    Ok(Reply::Add) => acked.push(pos),
+                    Ok(Reply::Add) => {
+                        acked.push(pos);
+                        divergent.remove(&pos);
+                    }
                     other => {
+                        if matches!(
+                            other,
+                            Ok(Reply::Failed {
+                                status: Status::EntryMismatch,
+                                ..
+                            })
+                        ) {
+                            divergent.insert(pos);
+                        }
                         let reason = match other {
                             Ok(r) => format!("{r:?}"),
                             Err(e) => e.to_string(),
@@ -224,14 +336,37 @@ impl BookKeeper {
                     }
                 }
             }
-            if failing.is_empty() {
+            if failing.is_empty() && divergent.is_empty() {
                 return Ok(());
             }
-            match self
-                .recovery_replace(meta, version, id, entry, &failing, &failed)
-                .await?
-            {
-                Some(replaced) => todo = replaced,
+            let replaced = if failing.is_empty() {
+                None
+            } else {
+                self.recovery_replace(meta, version, id, entry, &failing, &failed)
+                    .await?
+            };
+            match replaced {
+                Some(replaced) => {
+                    for pos in &replaced {
+                        divergent.remove(pos);
+                    }
+                    todo = replaced;
+                }
+                None if !divergent.is_empty() => {
+                    let fragment = meta.fragment_for(entry);
+                    let names: Vec<&str> = divergent
+                        .iter()
+                        .map(|&p| fragment.bookies[p].0.as_str())
+                        .collect();
+                    return Err(Error::Recovery {
+                        ledger: id.0,
+                        reason: format!(
+                            "bookie(s) {} hold other bytes for entry {entry}, could not be repaired and no bookie can replace them; not closing over a divergent replica: {}",
+                            names.join(", "),
+                            reasons.join("; ")
+                        ),
+                    });
+                }
                 None if acked.len() >= usize::from(meta.ack_quorum) => return Ok(()),
                 None => {
                     return Err(Error::Recovery {
@@ -388,6 +523,47 @@ impl BookKeeper {
     }
 }
 
+/// What the fencing reads of one entry found on its write set ([`BookKeeper::read_replicas`]).
+#[derive(Default)]
+struct Replicas {
+    /// Each distinct verified copy and the write-set positions holding it.
+    copies: Vec<(Vec<u8>, Vec<usize>)>,
+    /// Bookies that answered "no such entry" or "no such ledger".
+    denials: usize,
+    /// Why each remaining bookie gave neither a copy nor a denial.
+    unknown: Vec<String>,
+}
+
+/// Which of an unconfirmed entry's distinct `copies` (each with its holders) recovery re-adds,
+/// when `unknown` bookies of the write set gave no answer; `None` when there is no copy.
+///
+/// A copy could have been confirmed only if Qa bookies stored it: if its holders plus the
+/// unknown bookies reach Qa. Exactly one such copy is chosen (it may be the confirmed one, and
+/// the others cannot be); with none, the copy most bookies hold, the first in write-set order
+/// among equals, so that concurrent recoverers that read the same replicas choose alike.
+///
+/// # Errors
+/// Two or more copies could each have been confirmed (only with Qw ≥ 2·Qa, or with bookies
+/// that did not answer): recovery cannot tell which, and must not choose.
+fn choose_copy(
+    copies: &[(Vec<u8>, Vec<usize>)],
+    unknown: usize,
+    ack_quorum: u8,
+) -> Result<Option<usize>, String> {
+    let could_be_confirmed: Vec<usize> = (0..copies.len())
+        .filter(|&i| copies[i].1.len() + unknown >= usize::from(ack_quorum))
+        .collect();
+    match could_be_confirmed.as_slice() {
+        [] => Ok((0..copies.len()).min_by_key(|&i| std::cmp::Reverse(copies[i].1.len()))),
+        [one] => Ok(Some(*one)),
+        many => Err(format!(
+            "{} different copies (held at positions {:?}) could each have been confirmed with {unknown} bookie(s) unanswered; not choosing",
+            many.len(),
+            many.iter().map(|&i| &copies[i].1).collect::<Vec<_>>()
+        )),
+    }
+}
+
 fn header_of(bytes: &[u8], ledger: LedgerId, entry: EntryId) -> Result<EntryHeader, Error> {
     verify_expected(bytes, ledger, entry)
         .map(|(h, _)| h)
@@ -397,4 +573,30 @@ fn header_of(bytes: &[u8], ledger: LedgerId, entry: EntryId) -> Result<EntryHead
             bookie: "(verified after read)".into(),
             reason: e.to_string(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose_copy;
+
+    #[test]
+    fn the_copy_that_could_have_been_confirmed_is_chosen_and_two_such_copies_fail() {
+        let (p, q) = (b"P".to_vec(), b"Q".to_vec());
+        // E=W=3, A=2: P on one bookie, Q on another, the third denies: neither was confirmed;
+        // the first in write-set order wins a tie.
+        assert_eq!(
+            choose_copy(&[(p.clone(), vec![2]), (q.clone(), vec![0])], 0, 2),
+            Ok(Some(0))
+        );
+        // P on two bookies may have been confirmed, Q on one cannot have been.
+        assert_eq!(
+            choose_copy(&[(q.clone(), vec![0]), (p.clone(), vec![1, 2])], 0, 2),
+            Ok(Some(1))
+        );
+        // With a bookie unanswered, both could have been: no choice.
+        assert!(choose_copy(&[(p.clone(), vec![0]), (q.clone(), vec![1])], 1, 2).is_err());
+        // W=4, A=2: two copies on two bookies each.
+        assert!(choose_copy(&[(p, vec![0, 1]), (q, vec![2, 3])], 0, 2).is_err());
+        assert_eq!(choose_copy(&[], 3, 2), Ok(None));
+    }
 }

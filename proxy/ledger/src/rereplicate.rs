@@ -8,7 +8,9 @@
 //!
 //! A replica already on the replacement (from an interrupted earlier attempt) is kept when it
 //! is byte-identical to the source and reported as a divergent replica otherwise: a copy
-//! never overwrites a replica that differs from its source.
+//! never overwrites a readable replica that differs from its source. A replica the target
+//! cannot read back (it answers `IoError`: a damaged entry-log record) is written again, and
+//! the bookie lets the recovery add take its place (docs/protocol.md §Add).
 //!
 //! A bookie that is still in the ensemble but lacks entries (wiped, then registered again with
 //! a new cookie) is found by [`BookKeeper::bookies_missing_entries`] (BookKeeper's
@@ -388,10 +390,11 @@ impl BookKeeper {
 
     /// Copies back to `bookie`, which is still in the fragment of ledger `id` starting at
     /// `first_entry`, every entry of that fragment it should hold and lacks (a wiped bookie
-    /// that registered again with a new cookie): each read from the other replicas of its
-    /// write set, digest-verified and written as a recovery add, as
-    /// [`BookKeeper::replicate_fragment`] does; an entry it holds identically is kept. The
-    /// metadata is not changed: the bookie keeps its place in the ensemble.
+    /// that registered again with a new cookie) or cannot read back (a damaged copy, answered
+    /// `IoError`): each read from the other replicas of its write set, digest-verified and
+    /// written as a recovery add, as [`BookKeeper::replicate_fragment`] does; an entry it
+    /// holds identically is kept. The metadata is not changed: the bookie keeps its place in
+    /// the ensemble.
     ///
     /// # Errors
     /// `Metadata` (`NotFound` when the ledger was deleted); `Invalid` when no fragment starts
@@ -479,16 +482,26 @@ impl BookKeeper {
                 entry: entry.0,
             });
         };
-        match self.read_from(target, id, entry, timeout).await? {
-            Some(there) if there == source => return Ok(Copied::AlreadyThere),
-            Some(_) => {
+        match self.read_from(target, id, entry, timeout).await {
+            Ok(Some(there)) if there == source => return Ok(Copied::AlreadyThere),
+            Ok(Some(_)) => {
                 return Err(Error::DivergentReplica {
                     ledger: id.0,
                     entry: entry.0,
                     bookie: target.0.clone(),
                 })
             }
-            None => {}
+            Ok(None) => {}
+            // The target cannot read its copy back (a damaged entry-log record): the recovery
+            // add below takes its place (docs/protocol.md §Add, "Replacing a stored entry").
+            Err(Error::Bookie {
+                status: Status::IoError,
+                message,
+                ..
+            }) => {
+                tracing::warn!(ledger = id.0, entry = entry.0, bookie = %target, "copy unreadable on the target ({message}); writing it again");
+            }
+            Err(e) => return Err(e),
         }
         let len = source.len() as u64;
         if let Some(pace) = &self.inner.replication_pace {

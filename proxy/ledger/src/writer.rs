@@ -568,23 +568,8 @@ impl WriterShared {
         if !st.reported_missing.insert(bookie.clone()) {
             return;
         }
-        let (store, ledger) = (self.client.metadata().clone(), self.id);
-        tokio::spawn(async move {
-            match store
-                .report_under_replicated(ledger, std::slice::from_ref(&bookie))
-                .await
-            {
-                Ok(true) => {
-                    tracing::info!(ledger = ledger.0, %bookie, "ledger marked under-replicated: the bookie misses confirmed entries")
-                }
-                Ok(false) => {
-                    tracing::debug!(ledger = ledger.0, %bookie, "the bookie misses confirmed entries; this metadata store keeps no under-replication marks")
-                }
-                Err(e) => {
-                    tracing::warn!(ledger = ledger.0, %bookie, error = %e, "cannot mark the ledger under-replicated")
-                }
-            }
-        });
+        self.client
+            .report_under_replicated(self.id, bookie, "the bookie misses confirmed entries");
     }
 
     /// Notes that the bookie at `pos` failed and starts an ensemble change unless one runs

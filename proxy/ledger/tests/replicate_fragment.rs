@@ -438,3 +438,87 @@ async fn re_replication_racing_the_writers_ensemble_change_and_close_leaves_ever
         assert!(check_fragments(&meta, id, &dead, &payloads).is_empty());
     }
 }
+
+/// Issue 23 item 2: entry 5 of an open ledger (E=W=3, Qa=2) is stored by two bookies with
+/// different bytes, P and Q, neither acknowledged, and the third lacks it (a buggy second
+/// writer with the ledger's key: raw normal adds). Recovery (fencing reads in write-set order
+/// 2, 0, 1, so position 0's copy is met first) must not close the ledger while a bookie holds
+/// other bytes: it re-adds one copy and the bookie holding the other replaces it, so that
+/// every replica reads back byte-identical. `first` is the copy at position 0.
+async fn recovery_repairs_a_divergent_replica(p_at_position_0: bool) {
+    // Three bookies, so that no bookie outside the ensemble can replace the divergent one.
+    let s = setup(3).await;
+    let w = s.bk.create_ledger(options()).await.unwrap();
+    for i in 0..5u64 {
+        w.add(format!("acked-{i}").into_bytes()).await.unwrap();
+    }
+    let id = w.id();
+    let meta = s.store.read_ledger(id).await.unwrap().value;
+    let ensemble = meta.fragments[0].bookies.clone();
+    let key = meta.master_key().unwrap();
+    // Entry 4 reached Qa; the third bookie may not hold it yet.
+    let entry_4 = ensemble.iter().find_map(|b| read(&b.0, id, 4)).unwrap();
+    let before = quire_wire::entry::peek_header(&entry_4).unwrap();
+    let copy = |payload: &[u8]| {
+        encode_entry(
+            EntryHeader {
+                ledger: id,
+                entry: EntryId(5),
+                lac: Some(EntryId(4)),
+                length_bytes: before.length_bytes + payload.len() as u64,
+            },
+            payload,
+        )
+    };
+    let (p, q) = (copy(b"P: one writer's entry 5"), copy(b"Q: the other's"));
+    let (at0, at1) = if p_at_position_0 { (&p, &q) } else { (&q, &p) };
+    for (pos, bytes) in [(0, at0), (1, at1)] {
+        call(
+            &ensemble[pos].0,
+            &Request::Add {
+                recovery: false,
+                master_key: key,
+                entry: bytes,
+            },
+        )
+        .unwrap();
+    }
+    assert_eq!(read(&ensemble[2].0, id, 5), None);
+
+    let closed = s.bk.recover_ledger(id).await.unwrap();
+    assert_eq!(closed.state, LedgerState::Closed);
+    assert_eq!(closed.last_entry, Some(5));
+    let replicas: Vec<Option<Vec<u8>>> = ensemble.iter().map(|b| read(&b.0, id, 5)).collect();
+    // Neither copy was confirmed (one bookie each): the first met in write-set order wins.
+    assert!(
+        replicas.iter().all(|r| r.as_ref() == Some(at0)),
+        "replicas of entry 5 differ after recovery: {:?}",
+        replicas
+            .iter()
+            .map(|r| r
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(&b[36..]).into_owned()))
+            .collect::<Vec<_>>()
+    );
+    let header = quire_wire::entry::peek_header(at0).unwrap();
+    assert_eq!(closed.length_bytes, header.length_bytes);
+    let reader = s.bk.open_ledger(id).await.unwrap();
+    assert_eq!(reader.read(EntryId(5)).await.unwrap(), at0[36..].to_vec());
+    for i in 0..5u64 {
+        assert_eq!(
+            reader.read(EntryId(i)).await.unwrap(),
+            format!("acked-{i}").into_bytes()
+        );
+    }
+    drop(w);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue23_item2_recovery_repairs_a_divergent_replica_reading_p_first() {
+    recovery_repairs_a_divergent_replica(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue23_item2_recovery_repairs_a_divergent_replica_reading_q_first() {
+    recovery_repairs_a_divergent_replica(false).await;
+}
