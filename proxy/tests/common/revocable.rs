@@ -105,6 +105,13 @@ impl MetadataStore for Revocable {
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
         self.inner.update_stream(meta, expected).await
     }
+    async fn update_stream_stamped(
+        &self,
+        meta: &StreamMetadata,
+        expected: Version,
+    ) -> Result<quire_metadata::Stamped> {
+        self.inner.update_stream_stamped(meta, expected).await
+    }
     async fn delete_stream(&self, name: &str, expected: Version) -> Result<()> {
         self.inner.delete_stream(name, expected).await
     }

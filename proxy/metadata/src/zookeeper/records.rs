@@ -13,8 +13,8 @@ use super::paths::{
 };
 use super::ZkStore;
 use crate::{
-    validate_stream_name, BookieId, Cookie, Error, LedgerMetadata, Result, StreamMetadata, Version,
-    Versioned,
+    validate_stream_name, BookieId, Cookie, Error, LedgerMetadata, Result, Stamped, StreamMetadata,
+    Version, Versioned,
 };
 
 pub(super) fn zk_err(op: &'static str, path: &str, source: zk::Error) -> Error {
@@ -129,6 +129,20 @@ impl ZkStore {
         data: &[u8],
         expected: Version,
     ) -> Result<Version> {
+        self.cas_stat(kind, key, path, data, expected)
+            .await
+            .map(|stat| version_of(&stat))
+    }
+
+    /// [`ZkStore::cas`], returning the node's new `Stat` (its version and `mtime`).
+    pub(super) async fn cas_stat(
+        &self,
+        kind: &'static str,
+        key: &str,
+        path: &str,
+        data: &[u8],
+        expected: Version,
+    ) -> Result<zk::Stat> {
         let Ok(v) = i32::try_from(expected.0) else {
             return Err(Error::BadVersion {
                 kind,
@@ -138,7 +152,7 @@ impl ZkStore {
             });
         };
         match self.inner.client.set_data(path, data, Some(v)).await {
-            Ok(stat) => Ok(version_of(&stat)),
+            Ok(stat) => Ok(stat),
             Err(e) => Err(self
                 .versioned_write_error("set", kind, key, path, expected, e)
                 .await),
@@ -303,22 +317,28 @@ pub(super) async fn read_stream(store: &ZkStore, name: &str) -> Result<Versioned
     store.get("stream", name, &store.stream_path(name)).await
 }
 
+/// The stream record's compare-and-set; the stamp is the znode's new `mtime`, the ZooKeeper
+/// leader's clock when it applied the write.
 pub(super) async fn update_stream(
     store: &ZkStore,
     meta: &StreamMetadata,
     expected: Version,
-) -> Result<Version> {
+) -> Result<Stamped> {
     validate_stream_name(&meta.name)?;
     let data = to_json("stream metadata", meta)?;
-    store
-        .cas(
+    let stat = store
+        .cas_stat(
             "stream",
             &meta.name,
             &store.stream_path(&meta.name),
             &data,
             expected,
         )
-        .await
+        .await?;
+    Ok(Stamped {
+        version: version_of(&stat),
+        store_time_ms: u64::try_from(stat.mtime).ok(),
+    })
 }
 
 /// Deletes the stream's node and, if no one holds or contends for its lock, its lock node.
