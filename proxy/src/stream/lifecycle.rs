@@ -583,6 +583,30 @@ mod tests {
     }
 
     #[test]
+    fn without_the_store_clock_no_segment_is_aged_by_wall_clock() {
+        // Goal: a segment another proxy completed is not deleted by age while the store's
+        // clock is unknown (no proxy's own clock alone decides), but size retention and
+        // monotonic ages still apply.
+        let limits = RetentionLimits {
+            time: Some(Duration::from_secs(60)),
+            size_bytes: None,
+        };
+        let segs = vec![
+            seg(1, true, 10, Some(0)),
+            seg(2, true, 10, Some(0)),
+            seg(3, false, 0, None),
+        ];
+        assert_eq!(retention_prefix(&segs, 0, limits, None, |_| None), 0);
+        let mono = |seq| (seq == 1).then(|| Duration::from_secs(61));
+        assert_eq!(retention_prefix(&segs, 0, limits, None, mono), 1);
+        let size = RetentionLimits {
+            time: None,
+            size_bytes: Some(10),
+        };
+        assert_eq!(retention_prefix(&segs, 0, size, None, |_| None), 1);
+    }
+
+    #[test]
     fn overrides_win_over_defaults_field_by_field() {
         let o = RetentionOverride {
             time_secs: Some(5),
