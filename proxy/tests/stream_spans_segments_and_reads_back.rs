@@ -188,7 +188,10 @@ async fn roll_without_a_new_ensemble_keeps_writing_to_the_segment() {
         match r {
             Ok(w) => {
                 assert!(refused.is_none(), "a write was taken after one was refused");
-                assert_eq!(w.first_dlsn.segment_seq_no, 1, "no roll without a new ensemble");
+                assert_eq!(
+                    w.first_dlsn.segment_seq_no, 1,
+                    "no roll without a new ensemble"
+                );
                 acked.extend(recs);
             }
             Err(e) => {
@@ -216,8 +219,14 @@ async fn roll_without_a_new_ensemble_keeps_writing_to_the_segment() {
     );
     assert_eq!(seg.record_count, acked.len() as u64);
     let m = metrics_text(&p.streams);
-    assert!(m.contains("quire_proxy_segment_roll_deferred_total 1\n"), "{m}");
-    assert!(m.contains("quire_proxy_segments_past_roll_point 1\n"), "{m}");
+    assert!(
+        m.contains("quire_proxy_segment_roll_deferred_total 1\n"),
+        "{m}"
+    );
+    assert!(
+        m.contains("quire_proxy_segments_past_roll_point 1\n"),
+        "{m}"
+    );
 
     // The bookie registers again: the segment rolls without waiting for a write.
     c.store.register_bookie(away).await.unwrap();
@@ -227,16 +236,22 @@ async fn roll_without_a_new_ensemble_keeps_writing_to_the_segment() {
         if info.metadata.segments[0].state == SegmentState::Completed {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "no roll within 15 s of the bookie's return");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no roll within 15 s of the bookie's return"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let m = metrics_text(&p.streams);
-    assert!(m.contains("quire_proxy_segments_past_roll_point 0\n"), "{m}");
+    assert!(
+        m.contains("quire_proxy_segments_past_roll_point 0\n"),
+        "{m}"
+    );
     let (recs, r) = write_next(&client, &mut next, 40).await;
     let w = r.unwrap();
     assert_eq!(w.first_dlsn.segment_seq_no, 2);
     acked.extend(recs);
-    let got = read_all_from_head(&client, "e3").await;
+    let got = common::read_all(&client, "e3").await;
     assert_eq!(got.len(), acked.len());
     for (g, a) in got.iter().zip(&acked) {
         assert_eq!((g.1, &g.2), (a.0, &a.1));
@@ -249,24 +264,13 @@ async fn write_next(
     client: &ProxyClient,
     next: &mut u64,
     n: u64,
-) -> (Vec<(u64, Vec<u8>)>, quire_proxy::Result<quire_proxy::WriteResult>) {
-    let records: Vec<(u64, Vec<u8>)> = (*next..*next + n).map(|i| (i, common::payload(i))).collect();
+) -> (
+    Vec<(u64, Vec<u8>)>,
+    quire_proxy::Result<quire_proxy::WriteResult>,
+) {
+    let records: Vec<(u64, Vec<u8>)> = (*next..*next + n)
+        .map(|i| (i, common::payload(i)))
+        .collect();
     *next += n;
     (records.clone(), client.write("e3", records, false).await)
-}
-
-async fn read_all_from_head(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut pos = ReadPosition::Head;
-    loop {
-        let b = client
-            .read(stream, pos, 500, 1 << 20, Duration::ZERO)
-            .await
-            .unwrap();
-        if b.records.is_empty() {
-            return out;
-        }
-        out.extend(b.records);
-        pos = b.next;
-    }
 }

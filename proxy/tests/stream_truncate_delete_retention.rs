@@ -541,6 +541,31 @@ async fn a_proxy_with_a_stale_view_deletes_nothing() {
     p.streams.shutdown().await.unwrap();
 }
 
+/// `count` writers on their own connections, each with one single-record write to `stream`
+/// in flight until `stop()`; each returns how many writes it made.
+fn spawn_writers(
+    addr: std::net::SocketAddr,
+    stream: &'static str,
+    count: u64,
+    stop: impl Fn() -> bool + Clone + Send + 'static,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    (0..count)
+        .map(|w| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let client = ProxyClient::connect(addr).await.unwrap();
+                let mut n = 0u64;
+                while !stop() {
+                    let recs = vec![(1, common::payload(w * 1_000_000 + n))];
+                    client.write(stream, recs, false).await.unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_acts_while_writes_keep_coming() {
     // Goal: retention runs while the stream takes a steady flow of writes, and what stays
@@ -559,19 +584,7 @@ async fn retention_acts_while_writes_keep_coming() {
     let client = ProxyClient::connect(addr).await.unwrap();
     client.create_stream("busy").await.unwrap();
     let stop = Instant::now() + Duration::from_secs(4);
-    let mut writers = Vec::new();
-    for w in 0..8u64 {
-        writers.push(tokio::spawn(async move {
-            let client = ProxyClient::connect(addr).await.unwrap();
-            let mut n = 0u64;
-            while Instant::now() < stop {
-                let recs = vec![(1, common::payload(w * 1_000_000 + n))];
-                client.write("busy", recs, false).await.unwrap();
-                n += 1;
-            }
-            n
-        }));
-    }
+    let writers = spawn_writers(addr, "busy", 8, move || Instant::now() >= stop);
     let mut moved_while_writing = false;
     while Instant::now() < stop {
         let m = c.store.read_stream("busy").await.unwrap().value;
@@ -625,19 +638,10 @@ async fn describe_during_a_roll_shows_the_in_progress_segment_counts() {
         .await
         .unwrap();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut writers = Vec::new();
-    for w in 0..4u64 {
-        let done = done.clone();
-        writers.push(tokio::spawn(async move {
-            let client = ProxyClient::connect(addr).await.unwrap();
-            let mut n = 0u64;
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                let recs = vec![(1, common::payload(w * 1_000_000 + n))];
-                client.write("mon", recs, false).await.unwrap();
-                n += 1;
-            }
-        }));
-    }
+    let stop = done.clone();
+    let writers = spawn_writers(addr, "mon", 4, move || {
+        stop.load(std::sync::atomic::Ordering::SeqCst)
+    });
     // seq no -> most records any describe showed for it so far.
     let mut seen: std::collections::HashMap<u64, u64> = Default::default();
     let mut snapshots = 0u64;

@@ -1517,7 +1517,8 @@ mod tests {
         assert_eq!(o.streams.retention_size_bytes, Some(1000));
         let o = parse("segment_roll_secs = 0").unwrap();
         assert_eq!(o.streams.segment_roll_interval, None);
-        let o = parse("segment_roll_overshoot_bytes = 4096\nsegment_roll_overshoot_secs = 5").unwrap();
+        let o =
+            parse("segment_roll_overshoot_bytes = 4096\nsegment_roll_overshoot_secs = 5").unwrap();
         assert_eq!(o.streams.segment_roll_overshoot_bytes_max, 4096);
         assert_eq!(
             o.streams.segment_roll_overshoot_time_max,

@@ -237,9 +237,7 @@ fn e3_stream_keeps_taking_writes_while_a_bookie_is_away() {
     // bookie's replicas of the entries it missed are not compared).
     let cluster = Cluster::start();
     let ports: Vec<u16> = (0..3).map(|_| quire_testkit::free_port()).collect();
-    let bookies: Vec<_> = (0..3)
-        .map(|i| cluster.start_bookie(i, ports[i]))
-        .collect();
+    let bookies: Vec<_> = (0..3).map(|i| cluster.start_bookie(i, ports[i])).collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let metrics_addr = format!("127.0.0.1:{}", quire_testkit::free_port());
     let proxy = cluster.start_proxy_e3(&[
@@ -297,7 +295,10 @@ fn e3_stream_keeps_taking_writes_while_a_bookie_is_away() {
         let (more, err) = rt.block_on(write_padded_records(&client, stream, "c", i..i + 10, 100));
         i += 10;
         acked.extend(more);
-        assert!(err.is_none(), "a write failed after the bookie came back: {err:?}");
+        assert!(
+            err.is_none(),
+            "a write failed after the bookie came back: {err:?}"
+        );
         let info = rt.block_on(client.describe_stream(stream)).unwrap();
         if info
             .metadata
@@ -307,7 +308,10 @@ fn e3_stream_keeps_taking_writes_while_a_bookie_is_away() {
         {
             break;
         }
-        assert!(Instant::now() < deadline, "the deferred segment never rolled");
+        assert!(
+            Instant::now() < deadline,
+            "the deferred segment never rolled"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let (_, text) = common::http_get(&metrics_addr, "/metrics");

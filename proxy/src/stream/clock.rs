@@ -98,7 +98,9 @@ impl StoreClock {
     /// Now on the store's clock, at the earliest the last sample allows (ages measured from it
     /// are never too large); `None` without a fresh sample.
     pub(super) fn store_now_earliest_ms(&self, own_now_ms: u64) -> Option<u64> {
-        let s = self.sample().filter(|s| s.taken.elapsed() < SAMPLE_MAX_AGE)?;
+        let s = self
+            .sample()
+            .filter(|s| s.taken.elapsed() < SAMPLE_MAX_AGE)?;
         Some(shift(own_now_ms, s.skew_hi_ms))
     }
 

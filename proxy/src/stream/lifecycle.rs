@@ -15,9 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use quire_metadata::{
-    RetentionOverride, SegmentMetadata, SegmentState, TruncationPoint,
-};
+use quire_metadata::{RetentionOverride, SegmentMetadata, SegmentState, TruncationPoint};
 use quire_wire::LedgerId;
 
 use super::writer::Writer;
@@ -86,10 +84,11 @@ pub(super) fn retention_prefix(
         if s.state != SegmentState::Completed {
             break;
         }
-        let age = monotonic_age(s.seq_no).unwrap_or_else(|| match (store_now_ms, s.completion_time_ms) {
-            (Some(now), Some(t)) => Duration::from_millis(now.saturating_sub(t)),
-            _ => Duration::ZERO,
-        });
+        let age =
+            monotonic_age(s.seq_no).unwrap_or_else(|| match (store_now_ms, s.completion_time_ms) {
+                (Some(now), Some(t)) => Duration::from_millis(now.saturating_sub(t)),
+                _ => Duration::ZERO,
+            });
         let too_old = limits.time.is_some_and(|t| age >= t);
         let too_big = limits.size_bytes.is_some_and(|max| remaining > max);
         if !(too_old || too_big) {
@@ -520,7 +519,10 @@ mod tests {
         assert_eq!(retention_prefix(&segs, 0, limits, Some(now), |_| None), 2);
         // The segment being written is never deleted, however old the rest.
         let all_old = vec![seg(1, true, 10, Some(0)), seg(2, false, 0, None)];
-        assert_eq!(retention_prefix(&all_old, 0, limits, Some(now), |_| None), 1);
+        assert_eq!(
+            retention_prefix(&all_old, 0, limits, Some(now), |_| None),
+            1
+        );
     }
 
     #[test]

@@ -939,9 +939,10 @@ impl Writer {
         let time_over = due_at.map(|t| t.elapsed());
         let over_bytes = bytes_over >= c.segment_roll_overshoot_bytes_max;
         let over_time = time_over.is_some_and(|t| t >= c.segment_roll_overshoot_time_max)
-            || self.roll_deferred.as_ref().is_some_and(|d| {
-                d.since.elapsed() >= c.segment_roll_overshoot_time_max
-            });
+            || self
+                .roll_deferred
+                .as_ref()
+                .is_some_and(|d| d.since.elapsed() >= c.segment_roll_overshoot_time_max);
         if !(over_bytes || over_time) || self.roll().await? {
             return Ok(None);
         }

@@ -120,22 +120,8 @@ impl ZkStore {
         }
     }
 
-    /// `setData` with the expected version.
+    /// `setData` with the expected version; the node's new `Stat` (its version and `mtime`).
     pub(super) async fn cas(
-        &self,
-        kind: &'static str,
-        key: &str,
-        path: &str,
-        data: &[u8],
-        expected: Version,
-    ) -> Result<Version> {
-        self.cas_stat(kind, key, path, data, expected)
-            .await
-            .map(|stat| version_of(&stat))
-    }
-
-    /// [`ZkStore::cas`], returning the node's new `Stat` (its version and `mtime`).
-    pub(super) async fn cas_stat(
         &self,
         kind: &'static str,
         key: &str,
@@ -244,6 +230,7 @@ pub(super) async fn update_ledger(
             expected,
         )
         .await
+        .map(|stat| version_of(&stat))
 }
 
 /// Deletes a ledger's node, then its bucket when that is empty and wholly below the id
@@ -327,7 +314,7 @@ pub(super) async fn update_stream(
     validate_stream_name(&meta.name)?;
     let data = to_json("stream metadata", meta)?;
     let stat = store
-        .cas_stat(
+        .cas(
             "stream",
             &meta.name,
             &store.stream_path(&meta.name),
@@ -400,6 +387,9 @@ pub(super) async fn write_cookie(
                 .create_record("cookie", &cookie.bookie.0, &p, &data)
                 .await
         }
-        Some(v) => store.cas("cookie", &cookie.bookie.0, &p, &data, v).await,
+        Some(v) => store
+            .cas("cookie", &cookie.bookie.0, &p, &data, v)
+            .await
+            .map(|stat| version_of(&stat)),
     }
 }
