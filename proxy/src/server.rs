@@ -379,6 +379,7 @@ impl ProxyMetrics {
             "Record payload bytes sent in read answers",
             self.bytes_out.clone(),
         );
+        registry.register_collector(streams.metrics_collector());
         registry.register_collector(Box::new(StreamsOwned(streams)));
     }
 

@@ -4,7 +4,9 @@
 //! beyond the end; deleting a stream while it is written removes it and every segment's ledger
 //! metadata and frees the name; retention by size and by age deletes the oldest completed
 //! segments only, without holes; time rolling rolls only segments that hold a record; and a
-//! proxy whose view of the stream is stale (another writer changed the record) deletes nothing.
+//! proxy whose view of the stream is stale (another writer changed the record) deletes nothing;
+//! describing a size-retained stream while it rolls always shows the segment being written
+//! with its counts (issue 23, item 5).
 //! Method: three real bookies in-process, the embedded store, a proxy server on 127.0.0.1 and
 //! `ProxyClient` over TCP; every check reads the records back and compares them with the
 //! acknowledged ones by DLSN.
@@ -539,6 +541,31 @@ async fn a_proxy_with_a_stale_view_deletes_nothing() {
     p.streams.shutdown().await.unwrap();
 }
 
+/// `count` writers on their own connections, each with one single-record write to `stream`
+/// in flight until `stop()`; each returns how many writes it made.
+fn spawn_writers(
+    addr: std::net::SocketAddr,
+    stream: &'static str,
+    count: u64,
+    stop: impl Fn() -> bool + Clone + Send + 'static,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    (0..count)
+        .map(|w| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let client = ProxyClient::connect(addr).await.unwrap();
+                let mut n = 0u64;
+                while !stop() {
+                    let recs = vec![(1, common::payload(w * 1_000_000 + n))];
+                    client.write(stream, recs, false).await.unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_acts_while_writes_keep_coming() {
     // Goal: retention runs while the stream takes a steady flow of writes, and what stays
@@ -557,19 +584,7 @@ async fn retention_acts_while_writes_keep_coming() {
     let client = ProxyClient::connect(addr).await.unwrap();
     client.create_stream("busy").await.unwrap();
     let stop = Instant::now() + Duration::from_secs(4);
-    let mut writers = Vec::new();
-    for w in 0..8u64 {
-        writers.push(tokio::spawn(async move {
-            let client = ProxyClient::connect(addr).await.unwrap();
-            let mut n = 0u64;
-            while Instant::now() < stop {
-                let recs = vec![(1, common::payload(w * 1_000_000 + n))];
-                client.write("busy", recs, false).await.unwrap();
-                n += 1;
-            }
-            n
-        }));
-    }
+    let writers = spawn_writers(addr, "busy", 8, move || Instant::now() >= stop);
     let mut moved_while_writing = false;
     while Instant::now() < stop {
         let m = c.store.read_stream("busy").await.unwrap().value;
@@ -594,5 +609,71 @@ async fn retention_acts_while_writes_keep_coming() {
         .unwrap();
     assert!(got.iter().all(|r| r.0.segment_seq_no >= first));
     assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
+    p.streams.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_during_a_roll_shows_the_in_progress_segment_counts() {
+    // Goal (issue 23, item 5): a describe of a size-retained stream taken while it rolls never
+    // shows the segment being written with fewer records than an earlier describe showed for
+    // it (the field report: the in-progress segment with 0 records and 0 bytes, so that a
+    // monitor summing retained bytes saw the stream empty for a moment). Method: a store whose
+    // owner reads take 5 ms (a ZooKeeper round trip; a describe reads the record, then the
+    // owner), 64 KiB segments under a 100 KiB size limit, 4 writers rolling the stream over
+    // and over while describes run back to back; for every segment seq no, the record count
+    // shown must never go down from one describe to a later one.
+    let (c, store) = common::cluster_revocable().await;
+    *store.stream_owner_delay.lock().unwrap() = Duration::from_millis(5);
+    let config = StreamConfig {
+        lifecycle_check_interval: Duration::from_millis(100),
+        retention_size_bytes: Some(100 * 1024),
+        ..common::small_config()
+    };
+    let p = common::proxy(&c, config).await;
+    let addr = p.server.local_addr();
+    let client = ProxyClient::connect(addr).await.unwrap();
+    client.create_stream("mon").await.unwrap();
+    client
+        .write("mon", vec![(0, common::payload(0))], false)
+        .await
+        .unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    let writers = spawn_writers(addr, "mon", 4, move || {
+        stop.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    // seq no -> most records any describe showed for it so far.
+    let mut seen: std::collections::HashMap<u64, u64> = Default::default();
+    let mut snapshots = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last_seq = 0;
+    // Twenty rolls while describing.
+    while last_seq < 21 {
+        assert!(
+            Instant::now() < deadline,
+            "the stream rolled only to {last_seq} in 60 s"
+        );
+        let info = client.describe_stream("mon").await.unwrap();
+        snapshots += 1;
+        for s in &info.metadata.segments {
+            let most = seen.entry(s.seq_no).or_default();
+            assert!(
+                s.record_count >= *most,
+                "describe {snapshots} shows segment {} ({:?}) with {} records ({} bytes) after an earlier describe showed {}: {:?}",
+                s.seq_no,
+                s.state,
+                s.record_count,
+                s.length_bytes,
+                *most,
+                info.metadata.segments
+            );
+            *most = s.record_count;
+            last_seq = last_seq.max(s.seq_no);
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    for w in writers {
+        w.await.unwrap();
+    }
     p.streams.shutdown().await.unwrap();
 }

@@ -864,6 +864,17 @@ pub struct ProxySettings {
     /// (default 7200, DistributedLog's 2 h); 0 turns time rolling off.
     #[arg(long)]
     pub segment_roll_secs: Option<u64>,
+    /// When a segment cannot roll because no new segment can be started (fewer writable
+    /// bookies than the ensemble size), it keeps taking writes up to this many bytes past
+    /// `segment_size_bytes`; beyond, writes are refused (`STORAGE_ERROR`, nothing written)
+    /// until a roll succeeds (default 268435456 = 256 MiB).
+    #[arg(long)]
+    pub segment_roll_overshoot_bytes: Option<u64>,
+    /// The same bound in time: seconds past the roll point (size reached, or
+    /// `segment_roll_secs` elapsed) a segment may keep taking writes while its roll is
+    /// deferred (default 3600).
+    #[arg(long)]
+    pub segment_roll_overshoot_secs: Option<u64>,
     /// Default retention time of every stream, in seconds (1 to 100 years); unset: kept
     /// forever. Streams override it (`quire stream retention`).
     #[arg(long)]
@@ -1010,6 +1021,8 @@ impl ProxySettings {
             segment_size_bytes,
             entry_size_bytes,
             segment_roll_secs,
+            segment_roll_overshoot_bytes,
+            segment_roll_overshoot_secs,
             retention_time_secs,
             retention_size_bytes,
             lifecycle_sweep_secs,
@@ -1112,6 +1125,12 @@ impl ProxySettings {
         }
         if let Some(secs) = self.segment_roll_secs {
             streams.segment_roll_interval = (secs > 0).then(|| Duration::from_secs(secs));
+        }
+        if let Some(b) = self.segment_roll_overshoot_bytes {
+            streams.segment_roll_overshoot_bytes_max = b;
+        }
+        if let Some(secs) = self.segment_roll_overshoot_secs {
+            streams.segment_roll_overshoot_time_max = Duration::from_secs(secs);
         }
         if let Some(v) = self.retention_time_secs {
             let v = quire_proxy::check_retention_time_secs(v)
@@ -1510,6 +1529,13 @@ mod tests {
         assert_eq!(o.streams.retention_size_bytes, Some(1000));
         let o = parse("segment_roll_secs = 0").unwrap();
         assert_eq!(o.streams.segment_roll_interval, None);
+        let o =
+            parse("segment_roll_overshoot_bytes = 4096\nsegment_roll_overshoot_secs = 5").unwrap();
+        assert_eq!(o.streams.segment_roll_overshoot_bytes_max, 4096);
+        assert_eq!(
+            o.streams.segment_roll_overshoot_time_max,
+            Duration::from_secs(5)
+        );
         let o = parse("lifecycle_sweep_secs = 30").unwrap();
         assert_eq!(
             o.streams.lifecycle_sweep_interval,

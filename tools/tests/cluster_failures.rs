@@ -1,14 +1,15 @@
 //! Multi-process failure scenarios of issue 3: a bookie SIGKILLed under writes, two proxies
-//! racing for a stream, an owning proxy frozen past its ZooKeeper session. Every scenario ends
-//! with the shared checker (acknowledged records exactly once and in order, growing DLSNs,
-//! byte-identical replicas).
+//! racing for a stream, an owning proxy frozen past its ZooKeeper session; and of issue 23
+//! (item 3): an E=3 stream on three bookies while one is frozen past its registration. Every
+//! scenario ends with the shared checker (acknowledged records exactly once and in order,
+//! growing DLSNs, byte-identical replicas).
 
 mod common;
 use common::cluster::runtime;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::checker::{check_stream, write_records, Acked};
+use common::checker::{check_stream, write_padded_records, write_records, Acked};
 use common::cluster::Cluster;
 use quire_metadata::{BookieId, MetadataStore};
 use quire_proxy::{ClientConfig, ProxyClient};
@@ -219,6 +220,113 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
         );
     });
     other.stop();
+    for b in bookies {
+        b.stop();
+    }
+}
+
+#[test]
+fn e3_stream_keeps_taking_writes_while_a_bookie_is_away() {
+    // Goal (issue 23, item 3): with E=3 Qw=3 Qa=2 on exactly three bookies, one bookie frozen
+    // (SIGSTOP) until its registration expired does not stop the stream: no new ledger can be
+    // made (BookKeeper refuses one with 2 writable bookies for E=3), so the open segment keeps
+    // taking writes past its roll point, the deferral shows in the metrics, and once the
+    // bookie is back (SIGCONT, it registers again) the segment rolls. Method: three `quire
+    // bookie` processes and a proxy with 8 KiB segments; writes before, during and after the
+    // freeze must all be acknowledged; the shared checker reads everything back (the frozen
+    // bookie's replicas of the entries it missed are not compared).
+    let cluster = Cluster::start();
+    let ports: Vec<u16> = (0..3).map(|_| quire_testkit::free_port()).collect();
+    let bookies: Vec<_> = (0..3).map(|i| cluster.start_bookie(i, ports[i])).collect();
+    cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
+    let metrics_addr = format!("127.0.0.1:{}", quire_testkit::free_port());
+    let proxy = cluster.start_proxy_e3(&[
+        "--segment-size-bytes",
+        "8192",
+        "--entry-size-bytes",
+        "1024",
+        "--metrics-listen",
+        &metrics_addr,
+    ]);
+    let rt = runtime();
+    let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
+    let stream = "bk/away";
+    let (mut acked, err) = rt.block_on(write_padded_records(&client, stream, "a", 0..100, 100));
+    assert!(err.is_none(), "{err:?}");
+
+    bookies[2].pause();
+    cluster.wait_bookies("2 bookies", |l| l.contains("2 bookies registered"));
+    // About 5 segments' worth while the bookie is away.
+    let (more, err) = rt.block_on(write_padded_records(&client, stream, "b", 100..500, 100));
+    acked.extend(more);
+    assert!(
+        err.is_none(),
+        "a write failed while one of three bookies was away: {err:?}"
+    );
+    let segments = rt.block_on(async {
+        let store = cluster.zk_store().await;
+        store.read_stream(stream).await.unwrap().value.segments
+    });
+    let open = segments.last().unwrap();
+    assert!(
+        open.state == quire_metadata::SegmentState::InProgress,
+        "{segments:?}"
+    );
+    let info = rt.block_on(client.describe_stream(stream)).unwrap();
+    let live = info.metadata.segments.last().unwrap();
+    assert!(
+        live.seq_no == open.seq_no && live.length_bytes > 2 * 8192,
+        "the open segment grew past its roll point: {live:?}"
+    );
+    let (_, text) = common::http_get(&metrics_addr, "/metrics");
+    assert_eq!(
+        common::metric_sum(&text, "quire_proxy_segments_past_roll_point", &[]),
+        1.0,
+        "{text}"
+    );
+    assert!(common::metric_sum(&text, "quire_proxy_segment_roll_deferred_total", &[]) >= 1.0);
+
+    bookies[2].resume();
+    cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
+    // It rolls once a ledger can be made again (the next write or lifecycle check).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut i = 500;
+    loop {
+        let (more, err) = rt.block_on(write_padded_records(&client, stream, "c", i..i + 10, 100));
+        i += 10;
+        acked.extend(more);
+        assert!(
+            err.is_none(),
+            "a write failed after the bookie came back: {err:?}"
+        );
+        let info = rt.block_on(client.describe_stream(stream)).unwrap();
+        if info
+            .metadata
+            .segments
+            .iter()
+            .any(|s| s.seq_no == open.seq_no && s.state == quire_metadata::SegmentState::Completed)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the deferred segment never rolled"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, text) = common::http_get(&metrics_addr, "/metrics");
+    assert_eq!(
+        common::metric_sum(&text, "quire_proxy_segments_past_roll_point", &[]),
+        0.0,
+        "{text}"
+    );
+    let away = BookieId(format!("127.0.0.1:{}", ports[2]));
+    rt.block_on(async {
+        let store = cluster.zk_store().await;
+        let report = check_stream(&proxy.addr, &store, stream, &acked, &[away]).await;
+        assert_eq!(report.records.len(), acked.len());
+    });
+    proxy.stop();
     for b in bookies {
         b.stop();
     }

@@ -12,6 +12,9 @@
 //! Method: real ZooKeeper (quire-testkit), three `quire bookie` and two `quire proxy` children,
 //! records written with `ProxyClient`, admin commands as `quire` child processes, ledger
 //! metadata read back from ZooKeeper with `ZkStore`.
+//! A proxy whose wall clock runs an hour ahead (libfaketime on a real `quire proxy`) and takes
+//! a stream over deletes by time retention only the segments old by the metadata store's
+//! clock, not the ones another proxy completed seconds ago (issue 23, item 4).
 
 mod common;
 use std::collections::BTreeSet;
@@ -339,4 +342,136 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     // Kept streams are untouched.
     assert_eq!(rt.block_on(read_all(&a.addr, "zk/t")).len(), 5);
     assert_eq!(rt.block_on(read_all(&a.addr, "zk/filler")).len(), 6000);
+}
+
+/// libfaketime, which the clock-skew test runs a proxy under (Debian package `libfaketime`,
+/// installed by `.ci/run`).
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+#[test]
+fn a_proxy_an_hour_ahead_deletes_no_young_segment() {
+    // Goal (issue 23, item 4): retention ages segments on the metadata store's clock, so a
+    // proxy whose clock is an hour ahead that takes over a stream with 600 s time retention
+    // deletes the segment that is really older than that and none of the segments another
+    // proxy completed seconds ago; it detects the skew (a warning, and
+    // `quire_proxy_metadata_clock_skew_seconds` near 3600). Method: proxy A (true clock)
+    // writes several 4 KiB segments and stops cleanly; the test moves the first segment's
+    // completion time two hours back (by ZooKeeper's clock, through `ZkStore`); proxy B runs
+    // under libfaketime at +1 h (monotonic clock untouched) and takes the stream with a write.
+    // B must delete segment 1, keep every other one, and serve their records.
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} is missing: apt-get install libfaketime (.ci/run installs it)"
+    );
+    let cluster = Cluster::start();
+    let _bookies: Vec<_> = (0..3)
+        .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
+        .collect();
+    cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
+    let flags = [
+        "--segment-size-bytes",
+        "4096",
+        "--entry-size-bytes",
+        "1024",
+        "--retention-time-secs",
+        "600",
+    ];
+    let a = cluster.start_proxy(quire_testkit::free_port(), &flags);
+    let rt = common::cluster::runtime();
+    let client =
+        rt.block_on(async { Arc::new(quire_proxy::ProxyClient::connect(&a.addr).await.unwrap()) });
+    let (acked, err) = rt.block_on(common::checker::write_padded_records(
+        &client,
+        "skew/s",
+        "s",
+        0..150,
+        200,
+    ));
+    assert!(err.is_none(), "{err:?}");
+    drop(client);
+    a.stop();
+    let store = rt.block_on(cluster.zk_store());
+    let seqs = rt.block_on(async {
+        let v = store.read_stream("skew/s").await.unwrap();
+        let mut meta = v.value;
+        assert!(
+            meta.segments.len() >= 4
+                && meta
+                    .segments
+                    .iter()
+                    .all(|s| s.state == quire_metadata::SegmentState::Completed),
+            "A completed several segments: {:?}",
+            meta.segments
+        );
+        let two_hours_ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            - 2 * 3600 * 1000;
+        meta.segments[0].completion_time_ms = Some(two_hours_ago);
+        store.update_stream(&meta, v.version).await.unwrap();
+        meta.segments.iter().map(|s| s.seq_no).collect::<Vec<_>>()
+    });
+
+    let metrics_port = quire_testkit::free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut b_flags = flags.to_vec();
+    b_flags.extend(["--metrics-listen", &metrics_addr]);
+    let b = cluster.start_proxy_env(
+        quire_testkit::free_port(),
+        &b_flags,
+        &[
+            ("LD_PRELOAD", LIBFAKETIME),
+            ("FAKETIME", "+1h"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    let client =
+        rt.block_on(async { Arc::new(quire_proxy::ProxyClient::connect(&b.addr).await.unwrap()) });
+    let (more, err) = rt.block_on(write_records(&client, "skew/s", "b", 0..1));
+    assert!(err.is_none(), "{err:?}");
+    // Segment 1 is two hours old by ZooKeeper's clock: B deletes it (its lifecycle check runs
+    // every second). On its own clock every segment of A's is an hour old.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        let m = rt.block_on(store.read_stream("skew/s")).unwrap().value;
+        if m.segments[0].seq_no != seqs[0] {
+            break m.segments[0].seq_no;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B never deleted the segment that is old by the store's clock: {:?}",
+            m.segments
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        first, seqs[1],
+        "B deleted segments A completed seconds ago (ages taken on B's clock, an hour ahead)"
+    );
+    let (_, text) = common::http_get(&metrics_addr, "/metrics");
+    let skew = common::metric_sum(&text, "quire_proxy_metadata_clock_skew_seconds", &[]);
+    assert!((3590.0..3610.0).contains(&skew), "skew {skew}: {text}");
+    assert!(
+        b.stderr
+            .lock()
+            .unwrap()
+            .contains("wall clock disagrees with the metadata store"),
+        "B logs the skew"
+    );
+    // A few more lifecycle checks (one a second) must not delete more: a negative check, so
+    // it can only wait.
+    std::thread::sleep(Duration::from_millis(3500));
+    let m = rt.block_on(store.read_stream("skew/s")).unwrap().value;
+    assert_eq!(m.segments[0].seq_no, seqs[1], "{:?}", m.segments);
+    let got = rt.block_on(read_all(&b.addr, "skew/s"));
+    let mut expected: Vec<_> = acked
+        .iter()
+        .chain(&more)
+        .filter(|(d, _)| d.segment_seq_no >= seqs[1])
+        .cloned()
+        .collect();
+    expected.sort();
+    assert!(got == expected, "the kept segments' records read back");
+    b.stop();
 }

@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use crate::{
     validate_stream_name, BookieId, BookieInfo, BookieRegistration, Cookie, Error, LedgerMetadata,
-    MetadataStore, Result, StreamLease, StreamMetadata, Version, Versioned,
+    MetadataStore, Result, Stamped, StreamLease, StreamMetadata, Version, Versioned,
 };
 
 /// Layout version of the persisted document. Readers accept exactly this one so far.
@@ -311,6 +311,16 @@ impl MetadataStore for EmbeddedStore {
     }
 
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
+        Ok(self.update_stream_stamped(meta, expected).await?.version)
+    }
+
+    /// The stamp is this process's wall clock after the update: the embedded store lives in
+    /// the process that writes through it (the sandbox), so its clock is the writer's.
+    async fn update_stream_stamped(
+        &self,
+        meta: &StreamMetadata,
+        expected: Version,
+    ) -> Result<Stamped> {
         let mut doc = self.inner.lock().await;
         let slot = doc.streams.get_mut(&meta.name).ok_or(Error::NotFound {
             kind: "stream",
@@ -320,7 +330,13 @@ impl MetadataStore for EmbeddedStore {
         let next = Version(slot.1 .0 + 1);
         *slot = (meta.clone(), next);
         self.persist(&doc).await?;
-        Ok(next)
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Ok(Stamped {
+            version: next,
+            store_time_ms: Some(now),
+        })
     }
 
     async fn delete_stream(&self, name: &str, expected: Version) -> Result<()> {

@@ -43,6 +43,17 @@ pub struct Versioned<T> {
     pub version: Version,
 }
 
+/// A successful update together with when the store applied it by the store's own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamped {
+    /// The record's new version.
+    pub version: Version,
+    /// Milliseconds since the Unix epoch at which the store applied the update, by the store's
+    /// clock: ZooKeeper's `Stat.mtime` (the leader's wall clock when it processed the write),
+    /// the embedded store's process clock. `None` from a store that keeps no time.
+    pub store_time_ms: Option<u64>,
+}
+
 /// Metadata store failures.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -164,6 +175,20 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>>;
     /// Compare-and-set of stream metadata; `NotFound`, `BadVersion`.
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version>;
+    /// [`MetadataStore::update_stream`], also returning when the store applied the update by
+    /// its own clock ([`Stamped`]), so that a writer can compare its clock with the store's
+    /// (the stream layer ages segments by the store's clock). The default keeps no time
+    /// (`store_time_ms: None`).
+    async fn update_stream_stamped(
+        &self,
+        meta: &StreamMetadata,
+        expected: Version,
+    ) -> Result<Stamped> {
+        Ok(Stamped {
+            version: self.update_stream(meta, expected).await?,
+            store_time_ms: None,
+        })
+    }
     /// Deletes a stream; `NotFound`, `BadVersion`.
     async fn delete_stream(&self, name: &str, expected: Version) -> Result<()>;
     /// Names of every stream, sorted.

@@ -15,12 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use quire_metadata::{
-    RetentionOverride, SegmentMetadata, SegmentState, TruncationPoint, Versioned,
-};
+use quire_metadata::{RetentionOverride, SegmentMetadata, SegmentState, TruncationPoint};
 use quire_wire::LedgerId;
 
-use super::now_ms;
 use super::writer::Writer;
 use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
@@ -62,14 +59,15 @@ impl RetentionLimits {
 /// completed segments each of which is too old or is needed to bring the stream's bytes
 /// (`open_segment_bytes` counts the segment being written) within the size limit. A
 /// segment's age is `monotonic_age(seq_no)` when the caller knows it (it completed the segment
-/// itself), else wall-clock now minus its recorded completion time, 0 if that lies in the
-/// future (a clock that jumped backwards) or is unknown. Stops at the first segment that stays,
-/// so no hole is ever left.
+/// itself), else `store_now_ms` (now on the metadata store's clock, `clock.rs`; `None`: not
+/// known) minus its recorded completion time (on the store's clock too), 0 if that lies in the
+/// future (a clock that jumped backwards), if either is unknown. Stops at the first segment
+/// that stays, so no hole is ever left.
 pub(super) fn retention_prefix(
     segments: &[SegmentMetadata],
     open_segment_bytes: u64,
     limits: RetentionLimits,
-    now_wall_ms: u64,
+    store_now_ms: Option<u64>,
     monotonic_age: impl Fn(u64) -> Option<Duration>,
 ) -> usize {
     if limits.time.is_none() && limits.size_bytes.is_none() {
@@ -86,12 +84,11 @@ pub(super) fn retention_prefix(
         if s.state != SegmentState::Completed {
             break;
         }
-        let age = monotonic_age(s.seq_no).unwrap_or_else(|| {
-            Duration::from_millis(
-                s.completion_time_ms
-                    .map_or(0, |t| now_wall_ms.saturating_sub(t)),
-            )
-        });
+        let age =
+            monotonic_age(s.seq_no).unwrap_or_else(|| match (store_now_ms, s.completion_time_ms) {
+                (Some(now), Some(t)) => Duration::from_millis(now.saturating_sub(t)),
+                _ => Duration::ZERO,
+            });
         let too_old = limits.time.is_some_and(|t| age >= t);
         let too_big = limits.size_bytes.is_some_and(|max| remaining > max);
         if !(too_old || too_big) {
@@ -105,19 +102,12 @@ pub(super) fn retention_prefix(
 
 impl Writer {
     /// The lifecycle check, every `lifecycle_check_interval`: roll the open segment if it holds
-    /// a record and is older than `segment_roll_interval`, then apply retention. Returns false
-    /// once the stream was given up.
+    /// a record and is older than `segment_roll_interval`, or retry a deferred roll, then apply
+    /// retention. Returns false once the stream was given up.
     pub(super) async fn on_tick(&mut self) -> bool {
-        if let (Some(interval), Some(seg)) = (self.config.segment_roll_interval, &self.current) {
-            if seg.record_count > 0 && seg.opened_at.elapsed() >= interval {
-                if !self.drain().await {
-                    return false;
-                }
-                if self.current.is_some() {
-                    if let Err(e) = self.complete_current().await {
-                        return self.lifecycle_failure(e).await;
-                    }
-                }
+        if self.healthy && (self.roll_due() || self.roll_deferred.is_some()) {
+            if let Err(e) = self.roll().await {
+                return self.on_write_failure(e).await;
             }
         }
         // A segment whose recovery failed is retried when due, without waiting for an append,
@@ -143,12 +133,26 @@ impl Writer {
             self.config.retention_size_bytes,
         );
         let open_bytes = self.current.as_ref().map_or(0, |c| c.size_bytes);
+        // Segments this owner did not complete are aged on the metadata store's clock, never
+        // on this proxy's alone (`clock.rs`): take a sample of it first when there is none.
+        let wall_aged = limits.time.is_some()
+            && self.meta.value.segments.iter().any(|s| {
+                s.state == SegmentState::Completed && !self.completed_at.contains_key(&s.seq_no)
+            });
+        if wall_aged {
+            if let Err(e) = self.sample_store_clock().await {
+                if !self.lifecycle_failure_keep(&e).await {
+                    return false;
+                }
+            }
+        }
+        let store_now = self.layer.clock.store_now_earliest_ms(super::now_ms());
         let now = Instant::now();
         let n = retention_prefix(
             &self.meta.value.segments,
             open_bytes,
             limits,
-            now_ms(),
+            store_now,
             |seq| self.completed_at.get(&seq).map(|t| now - *t),
         );
         if n == 0 {
@@ -190,15 +194,9 @@ impl Writer {
         );
         let point = to_point(point);
         meta.truncated_before = Some(meta.truncated_before.map_or(point, |t| t.max(point)));
-        let version = self
-            .metadata
-            .update_stream(&meta, self.meta.version)
+        self.cas_stream(meta)
             .await
             .map_err(|e| self.stream_update_err("truncate stream", e))?;
-        self.meta = Versioned {
-            value: meta,
-            version,
-        };
         self.publish();
         {
             let mut readers = self.shared.readers.lock().expect("readers lock");
@@ -390,15 +388,9 @@ impl Writer {
             let go_on = self.lifecycle_failure_keep(&e).await;
             return (Err(e), go_on);
         }
-        match self.metadata.update_stream(&meta, self.meta.version).await {
-            Ok(version) => {
-                let r = meta.retention;
-                self.meta = Versioned {
-                    value: meta,
-                    version,
-                };
-                (Ok(r), true)
-            }
+        let r = meta.retention;
+        match self.cas_stream(meta).await {
+            Ok(()) => (Ok(r), true),
             Err(e) => {
                 let e = self.stream_update_err("set retention", e);
                 let go_on = self.lifecycle_failure_keep(&e).await;
@@ -449,6 +441,7 @@ impl Writer {
         }
         // The open segment's ledger writer goes without a close: its ledger is deleted next.
         self.current = None;
+        self.discard_spare().await;
         let segments = std::mem::take(&mut self.meta.value.segments);
         for s in &segments {
             self.delete_ledger_metadata(s.ledger_id).await;
@@ -465,7 +458,7 @@ impl Writer {
         self.healthy = false;
         *self.shared.cache.lock().expect("cache lock") = Default::default();
         self.shared.readers.lock().expect("readers lock").clear();
-        *self.shared.live.lock().expect("live lock") = None;
+        *self.shared.view.lock().expect("view lock") = Default::default();
         self.shared
             .deleted
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -523,10 +516,13 @@ mod tests {
             seg(4, true, 10, Some(now - 4 * HOUR_MS)),
             seg(5, false, 0, None),
         ];
-        assert_eq!(retention_prefix(&segs, 0, limits, now, |_| None), 2);
+        assert_eq!(retention_prefix(&segs, 0, limits, Some(now), |_| None), 2);
         // The segment being written is never deleted, however old the rest.
         let all_old = vec![seg(1, true, 10, Some(0)), seg(2, false, 0, None)];
-        assert_eq!(retention_prefix(&all_old, 0, limits, now, |_| None), 1);
+        assert_eq!(
+            retention_prefix(&all_old, 0, limits, Some(now), |_| None),
+            1
+        );
     }
 
     #[test]
@@ -544,16 +540,16 @@ mod tests {
             seg(4, false, 0, None),
         ];
         // 30 bytes completed: dropping segment 1 leaves 20 <= 25.
-        assert_eq!(retention_prefix(&segs, 0, limits, 0, |_| None), 1);
+        assert_eq!(retention_prefix(&segs, 0, limits, Some(0), |_| None), 1);
         // With 12 bytes in the open segment: 42 -> 32 -> 22.
-        assert_eq!(retention_prefix(&segs, 12, limits, 0, |_| None), 2);
+        assert_eq!(retention_prefix(&segs, 12, limits, Some(0), |_| None), 2);
         // Never the open segment, even when it alone is above the limit.
-        assert_eq!(retention_prefix(&segs, 100, limits, 0, |_| None), 3);
+        assert_eq!(retention_prefix(&segs, 100, limits, Some(0), |_| None), 3);
         let none = RetentionLimits {
             time: None,
             size_bytes: None,
         };
-        assert_eq!(retention_prefix(&segs, 100, none, 0, |_| None), 0);
+        assert_eq!(retention_prefix(&segs, 100, none, Some(0), |_| None), 0);
     }
 
     #[test]
@@ -576,16 +572,40 @@ mod tests {
         // segment 2 (no monotonic age, completion in the future) is kept, not wrapped to huge.
         let mono = |seq| (seq == 1).then(|| Duration::from_secs(2 * 3600));
         assert_eq!(
-            retention_prefix(&segs, 0, limits, t - 87_600 * HOUR_MS, mono),
+            retention_prefix(&segs, 0, limits, Some(t - 87_600 * HOUR_MS), mono),
             1
         );
-        assert_eq!(retention_prefix(&segs, 0, limits, 0, |_| None), 0);
+        assert_eq!(retention_prefix(&segs, 0, limits, Some(0), |_| None), 0);
         // Clock jumped 10 years ahead: segments this owner completed a minute ago stay.
         let recent = |_| Some(Duration::from_secs(60));
         assert_eq!(
-            retention_prefix(&segs, 0, limits, t + 87_600 * HOUR_MS, recent),
+            retention_prefix(&segs, 0, limits, Some(t + 87_600 * HOUR_MS), recent),
             0
         );
+    }
+
+    #[test]
+    fn without_the_store_clock_no_segment_is_aged_by_wall_clock() {
+        // Goal: a segment another proxy completed is not deleted by age while the store's
+        // clock is unknown (no proxy's own clock alone decides), but size retention and
+        // monotonic ages still apply.
+        let limits = RetentionLimits {
+            time: Some(Duration::from_secs(60)),
+            size_bytes: None,
+        };
+        let segs = vec![
+            seg(1, true, 10, Some(0)),
+            seg(2, true, 10, Some(0)),
+            seg(3, false, 0, None),
+        ];
+        assert_eq!(retention_prefix(&segs, 0, limits, None, |_| None), 0);
+        let mono = |seq| (seq == 1).then(|| Duration::from_secs(61));
+        assert_eq!(retention_prefix(&segs, 0, limits, None, mono), 1);
+        let size = RetentionLimits {
+            time: None,
+            size_bytes: Some(10),
+        };
+        assert_eq!(retention_prefix(&segs, 0, size, None, |_| None), 1);
     }
 
     #[test]

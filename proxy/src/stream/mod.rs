@@ -22,9 +22,15 @@
 //!   not yet answered that has records in flight, with the same kind of error; nothing after
 //!   the failure point is acknowledged (the ledger writer fails every later add too).
 //! * A segment rolls once its entries add up to [`StreamConfig::segment_size_bytes_max`]:
+//!   the next segment's ledger is created first (DistributedLog's ledger allocator), then
 //!   every outstanding add is awaited (appends arriving meanwhile wait in the queue), the ledger
 //!   is closed, the segment is marked `Completed` (last entry, last txid, record count, bytes)
 //!   by compare-and-set, and the next entry opens a new segment with the next sequence number.
+//!   When the new ledger cannot be created (fewer writable bookies than the ensemble needs:
+//!   BookKeeper refuses such a ledger too), the roll is deferred and the segment keeps taking
+//!   writes, up to [`StreamConfig::segment_roll_overshoot_bytes_max`] and
+//!   [`StreamConfig::segment_roll_overshoot_time_max`] past its roll point; the roll is retried
+//!   every second and happens as soon as a ledger can be created.
 //! * The first time a stream is touched (read or write), or for all streams at once with
 //!   [`StreamManager::recover_all`], any `InProgress` segment left by an
 //!   earlier owner is recovered: its ledger is fenced and closed (`recover_ledger`), its last
@@ -63,6 +69,7 @@
 //! completes and recovers log segments; `reader` serves reads; `tail_cache` holds the readers'
 //! view of the segments and the recently acknowledged entries.
 
+mod clock;
 mod lifecycle;
 mod ownership;
 mod reader;
@@ -141,6 +148,15 @@ pub struct StreamConfig {
     /// Cluster default of size-based retention: while a stream's segments hold more payload
     /// bytes than this, its oldest completed segment is deleted. `None`: no limit.
     pub retention_size_bytes: Option<u64>,
+    /// How far past [`StreamConfig::segment_size_bytes_max`] a segment may grow while its roll
+    /// is deferred because no new segment can be started (fewer writable bookies than the
+    /// ensemble size). Past it, writes are refused with `STORAGE_ERROR` (nothing written;
+    /// retry) until a roll succeeds. Default 256 MiB (one more default segment).
+    pub segment_roll_overshoot_bytes_max: u64,
+    /// How long past its roll point (size reached, or [`StreamConfig::segment_roll_interval`]
+    /// elapsed) a segment may keep taking writes while its roll is deferred; then writes are
+    /// refused as for the byte bound. Default 1 h.
+    pub segment_roll_overshoot_time_max: Duration,
     /// How often each stream task checks the time roll and retention (default 1 s).
     pub lifecycle_check_interval: Duration,
     /// How often the proxy sweeps every stream in the metadata store
@@ -184,6 +200,8 @@ impl Default for StreamConfig {
             segment_roll_interval: Some(Duration::from_secs(2 * 3600)),
             retention_time: None,
             retention_size_bytes: None,
+            segment_roll_overshoot_bytes_max: 256 * 1024 * 1024,
+            segment_roll_overshoot_time_max: Duration::from_secs(3600),
             lifecycle_check_interval: Duration::from_secs(1),
             lifecycle_sweep_interval: Some(Duration::from_secs(300)),
             txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
@@ -230,9 +248,9 @@ struct StreamShared {
     /// True once the stream was deleted by this acquisition (then `lost` is set too): later
     /// requests find no stream, or create a new one, instead of hearing `OwnershipLost`.
     deleted: AtomicBool,
-    /// The segment being written as far as acknowledged: (seq no, last acknowledged entry,
-    /// records, payload bytes), for `describe`.
-    live: Mutex<Option<(u64, u64, u64, u64)>>,
+    /// The owner's view of the stream for `describe`: the record it last wrote and the
+    /// acknowledged progress of the segment being written, changed together under one lock.
+    view: Mutex<OwnerView>,
     /// The stream task's last txid (acknowledged or in flight: what the order rule and the
     /// txid guard compare with), for `describe`; the stored `max_txid` lags behind it until
     /// the open segment completes. Written only through `Writer::set_last_txid`.
@@ -243,6 +261,35 @@ struct StreamShared {
     /// True once this acquisition was given back after a sweep (then `lost` is set too):
     /// commands that find the task gone acquire the stream afresh.
     released: AtomicBool,
+}
+
+/// The owner's view of a stream (see `StreamShared::view`). A describe takes both parts at
+/// once, so that a roll (the segment completed in the record, the next one started) is never
+/// seen half done: the segment being written always shows its acknowledged counts.
+#[derive(Default)]
+struct OwnerView {
+    /// The stream record as the owner last wrote or read it.
+    meta: Option<Arc<quire_metadata::Versioned<StreamMetadata>>>,
+    /// The in-progress segment's (seq no, last acknowledged entry, records, payload bytes).
+    live: Option<(u64, u64, u64, u64)>,
+}
+
+impl OwnerView {
+    /// `meta` with the segment being written filled in from `live`.
+    fn describe(meta: &mut StreamMetadata, live: Option<(u64, u64, u64, u64)>) {
+        let Some((seq, entry, records, bytes)) = live else {
+            return;
+        };
+        if let Some(s) = meta
+            .segments
+            .iter_mut()
+            .find(|s| s.seq_no == seq && s.state == quire_metadata::SegmentState::InProgress)
+        {
+            s.last_entry = Some(entry);
+            s.record_count = records;
+            s.length_bytes = bytes;
+        }
+    }
 }
 
 /// The streams this proxy owns.
@@ -259,6 +306,8 @@ pub struct StreamManager {
     /// The runtime the manager was made on: stream tasks run there even when an acquisition
     /// happens inside a catch-up read on the lower-priority read runtime.
     runtime: Option<tokio::runtime::Handle>,
+    /// The metadata store's clock as seen from here, and counts across streams (metrics).
+    layer: Arc<clock::LayerStats>,
 }
 
 impl std::fmt::Debug for StreamManager {
@@ -304,6 +353,7 @@ impl StreamManager {
             streams: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::try_current().ok(),
+            layer: Arc::default(),
         });
         if let (Some(interval), Some(rt)) = (sweep_interval, &manager.runtime) {
             drop(rt.spawn(sweep::sweep_loop(Arc::downgrade(&manager), interval)));
@@ -329,6 +379,21 @@ impl StreamManager {
             .values()
             .filter(|cell| cell.get().is_some_and(|h| h.lost_reason().is_none()))
             .count()
+    }
+
+    /// The stream layer's metrics for a Prometheus registry, read at scrape time:
+    /// `quire_proxy_metadata_clock_skew_seconds` (gauge: this proxy's wall clock minus the
+    /// metadata store's, measured at each stream record update), `quire_proxy_segment_roll_deferred_total`
+    /// (counter: segment rolls deferred because no new segment could be started) and
+    /// `quire_proxy_segments_past_roll_point` (gauge: streams writing past their roll point now).
+    pub fn metrics_collector(&self) -> Box<dyn prometheus_client::collector::Collector> {
+        Box::new(clock::LayerMetrics(self.layer.clone()))
+    }
+
+    /// This proxy's wall clock minus the metadata store's, in milliseconds, as last measured
+    /// (at a stream record update); `None` before the first.
+    pub fn metadata_clock_skew_ms(&self) -> Option<i64> {
+        self.layer.clock.skew_ms()
     }
 
     /// Creates an empty stream.
@@ -513,8 +578,9 @@ impl StreamManager {
     }
 
     /// The stream's record, owner and this proxy's retention defaults. Any proxy answers
-    /// (from the metadata store); when this proxy owns the stream, the segment being written
-    /// shows its acknowledged entries, records and bytes so far, and `max_txid` is the owner's
+    /// (from the metadata store); when this proxy owns the stream, the record is the owner's
+    /// (the newer of it and the store's), whose segment being written shows its acknowledged
+    /// entries, records and bytes so far, also in the middle of a roll, and `max_txid` is the owner's
     /// last txid (acknowledged or in flight, the one the txid guard compares with). From a
     /// proxy that does not own the stream, `max_txid` is the stored one: the last txid of the
     /// segments completed so far, which lags while another proxy has a segment open.
@@ -523,12 +589,12 @@ impl StreamManager {
     /// `NoSuchStream`, `InvalidStreamName`, `Metadata`.
     pub async fn describe(&self, name: &str) -> Result<StreamInfo> {
         validate_stream_name(name).map_err(|e| Error::from_metadata(name, "describe stream", e))?;
-        let mut meta = self
+        let stored = self
             .metadata
             .read_stream(name)
             .await
-            .map_err(|e| Error::from_metadata(name, "read stream", e))?
-            .value;
+            .map_err(|e| Error::from_metadata(name, "read stream", e))?;
+        let mut meta = stored.value.clone();
         let owner = self
             .metadata
             .stream_owner(name)
@@ -543,17 +609,18 @@ impl StreamManager {
         if let Some(h) = handle.filter(|h| h.lost_reason().is_none()) {
             // The owner's last txid is ahead of the stored one while a segment is open.
             let last_txid = *h.shared.last_txid.lock().expect("last txid lock");
-            meta.max_txid = meta.max_txid.max(last_txid);
-            let live = *h.shared.live.lock().expect("live lock");
-            if let Some((seq, entry, records, bytes)) = live {
-                if let Some(s) = meta.segments.iter_mut().find(|s| {
-                    s.seq_no == seq && s.state == quire_metadata::SegmentState::InProgress
-                }) {
-                    s.last_entry = Some(entry);
-                    s.record_count = records;
-                    s.length_bytes = bytes;
-                }
+            // The record read above may predate a roll the owner made since (the segment it
+            // shows in progress is completed, and the progress counted now is the next
+            // segment's): take the owner's record and progress, which change together.
+            let (owned, live) = {
+                let view = h.shared.view.lock().expect("view lock");
+                (view.meta.clone(), view.live)
+            };
+            if let Some(owned) = owned.filter(|o| o.version >= stored.version) {
+                meta = owned.value.clone();
             }
+            meta.max_txid = meta.max_txid.max(last_txid);
+            OwnerView::describe(&mut meta, live);
         }
         Ok(StreamInfo {
             metadata: meta,

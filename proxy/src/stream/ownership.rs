@@ -196,6 +196,9 @@ impl StreamManager {
             acked: None,
             completed_at: std::collections::HashMap::new(),
             unrecovered: None,
+            spare: None,
+            roll_deferred: None,
+            layer: self.layer.clone(),
         };
         // Published for `describe` also while a failed recovery leaves it at the stored value.
         writer.set_last_txid(writer.last_txid);
@@ -254,6 +257,7 @@ impl Writer {
         tracing::warn!(stream = %self.name, %reason, "giving up stream ownership");
         self.current = None;
         self.healthy = false;
+        self.roll_deferred = None;
         *self.shared.cache.lock().expect("cache lock") = TailCache::default();
         self.shared.readers.lock().expect("readers lock").clear();
         self.release_lease().await;

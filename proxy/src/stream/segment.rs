@@ -6,8 +6,10 @@
 
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
 use quire_ledger::{LedgerOptions, LedgerWriter};
-use quire_metadata::{SegmentMetadata, SegmentState, Versioned};
+use quire_metadata::{SegmentMetadata, SegmentState, StreamMetadata, Versioned};
 use quire_wire::{EntryId, LedgerId};
 
 use super::tail_cache::TailState;
@@ -40,6 +42,18 @@ pub(super) struct OpenSegment {
     pub(super) last_ack_at: tokio::time::Instant,
 }
 
+/// The next segment's ledger, created before the open segment is completed (DistributedLog's
+/// ledger allocator), so that a segment is never completed before its successor can be
+/// started. Labelled for its stream like every segment ledger: if the writer dies before the
+/// ledger enters the stream record, the lifecycle sweep deletes it as an orphan.
+pub(super) struct SpareLedger {
+    pub(super) ledger: LedgerWriter,
+    /// The segment sequence number it is labelled with.
+    pub(super) seq_no: u64,
+    /// The stream secret its master key derives from (new when the stream had none yet).
+    pub(super) secret: Vec<u8>,
+}
+
 /// The sequence number of a stream's next segment: one past its last segment, and never below
 /// the truncation point (whose segments may all have been deleted), so that DLSNs only grow
 /// (DistributedLog keeps the max sequence number in the `ledgers` znode for the same reason).
@@ -58,6 +72,67 @@ pub(super) fn next_seq_no(meta: &quire_metadata::StreamMetadata) -> u64 {
 impl Writer {
     pub(super) fn meta_err(&self, op: &'static str, e: quire_metadata::Error) -> Error {
         Error::from_metadata(&self.name, op, e)
+    }
+
+    /// Takes `meta` as the stream record and shows it to `describe` together with the open
+    /// segment's progress, dropping that progress once the record no longer has its segment
+    /// in progress (one lock: a describe never sees a roll half done).
+    pub(super) fn set_meta(&mut self, meta: Versioned<StreamMetadata>) {
+        let mut view = self.shared.view.lock().expect("view lock");
+        if let Some((seq, ..)) = view.live {
+            if !meta
+                .value
+                .segments
+                .iter()
+                .any(|s| s.seq_no == seq && s.state == SegmentState::InProgress)
+            {
+                view.live = None;
+            }
+        }
+        view.meta = Some(Arc::new(meta.clone()));
+        self.meta = meta;
+    }
+
+    /// Compare-and-set of the stream record against the version this writer holds; on success
+    /// `meta` becomes the writer's record. The store's stamp of the update is compared with
+    /// this proxy's clock (`clock.rs`). Errors are the store's.
+    pub(super) async fn cas_stream(
+        &mut self,
+        meta: StreamMetadata,
+    ) -> std::result::Result<(), quire_metadata::Error> {
+        let before = super::now_ms();
+        let stamped = self
+            .metadata
+            .update_stream_stamped(&meta, self.meta.version)
+            .await?;
+        self.layer
+            .clock
+            .record(before, super::now_ms(), stamped.store_time_ms);
+        self.set_meta(Versioned {
+            value: meta,
+            version: stamped.version,
+        });
+        Ok(())
+    }
+
+    /// Makes sure the store's clock was sampled lately (`clock::SAMPLE_MAX_AGE`), by rewriting
+    /// the stream record unchanged when it was not (the sweep's rewrite does the same).
+    pub(super) async fn sample_store_clock(&mut self) -> Result<()> {
+        if self.layer.clock.fresh() {
+            return Ok(());
+        }
+        self.check_ownership()?;
+        let same = self.meta.value.clone();
+        self.cas_stream(same)
+            .await
+            .map_err(|e| self.stream_update_err("sample the metadata store's clock", e))
+    }
+
+    /// A completion time for the stream record: now on the metadata store's clock, at the
+    /// latest the last sample allows (`clock.rs`), so that no proxy's clock makes a segment
+    /// look older than it is.
+    pub(super) fn completion_time_ms(&self) -> u64 {
+        self.layer.clock.store_now_latest_ms(super::now_ms())
     }
 
     pub(super) fn publish(&self) {
@@ -107,7 +182,7 @@ impl Writer {
             .read_stream(&self.name)
             .await
             .map_err(|e| self.meta_err("read stream", e))?;
-        self.meta = fresh;
+        self.set_meta(fresh);
         let mut changed = false;
         let mut meta = self.meta.value.clone();
         for seg in meta
@@ -156,7 +231,7 @@ impl Writer {
             seg.last_txid = last_txid.or(seg.first_txid);
             seg.record_count = record_count;
             seg.length_bytes = lm.length_bytes;
-            seg.completion_time_ms = Some(super::now_ms());
+            seg.completion_time_ms = None; // stamped below, on the store's clock
             if let Some(t) = last_txid {
                 meta.max_txid = Some(meta.max_txid.map_or(t, |m| m.max(t)));
             }
@@ -164,24 +239,27 @@ impl Writer {
         }
         // Completed segments recorded before completion times existed count from now, so that
         // one of them cannot hold time-based retention back forever.
-        for seg in meta
+        let unstamped = meta
             .segments
-            .iter_mut()
-            .filter(|s| s.state == SegmentState::Completed && s.completion_time_ms.is_none())
-        {
-            seg.completion_time_ms = Some(super::now_ms());
+            .iter()
+            .any(|s| s.state == SegmentState::Completed && s.completion_time_ms.is_none());
+        if unstamped {
+            // Completion times are taken on the store's clock: sample it first if need be.
+            self.sample_store_clock().await?;
+            let now = self.completion_time_ms();
+            for seg in meta
+                .segments
+                .iter_mut()
+                .filter(|s| s.state == SegmentState::Completed && s.completion_time_ms.is_none())
+            {
+                seg.completion_time_ms = Some(now);
+            }
             changed = true;
         }
         if changed {
-            let version = self
-                .metadata
-                .update_stream(&meta, self.meta.version)
+            self.cas_stream(meta)
                 .await
                 .map_err(|e| self.stream_update_err("complete recovered segment", e))?;
-            self.meta = Versioned {
-                value: meta,
-                version,
-            };
         }
         self.set_last_txid(self.meta.value.max_txid);
         self.healthy = true;
@@ -247,10 +325,15 @@ impl Writer {
         err
     }
 
-    /// Starts a new segment with a fresh ledger; its first record has `first_txid`.
-    pub(super) async fn open_segment(&mut self, first_txid: u64) -> Result<()> {
-        assert!(self.current.is_none(), "one open segment at a time");
+    /// Creates the ledger of the stream's next segment (labelled with its stream and sequence
+    /// number, keyed by the stream's secret).
+    ///
+    /// # Errors
+    /// `OwnershipLost`; `Metadata` for an unreadable secret; `Storage` (op "create ledger")
+    /// when the ledger cannot be created, e.g. fewer writable bookies than the ensemble size.
+    pub(super) async fn create_segment_ledger(&mut self) -> Result<SpareLedger> {
         self.check_ownership()?;
+        // While a segment is open it is the record's last, so this is the one after it.
         let seq_no = next_seq_no(&self.meta.value);
         let mut custom = BTreeMap::new();
         // The labels the lifecycle sweep finds orphan ledgers by (`sweep.rs`).
@@ -258,8 +341,8 @@ impl Writer {
         custom.insert(super::LEDGER_LABEL_SEGMENT.to_string(), seq_no.to_string());
         let c = &self.config;
         // The ledger's master key comes from the stream's secret; a stream made before
-        // secrets existed gets one, stored by this segment's compare-and-set below (if that
-        // fails, the ledger is an orphan the sweep deletes, as for any failed start).
+        // secrets existed gets one, stored by the compare-and-set that starts the segment
+        // (if that fails, the ledger is an orphan the sweep deletes, as for any failed start).
         let stored_secret = self
             .meta
             .value
@@ -280,6 +363,39 @@ impl Writer {
             })
             .await
             .map_err(|e| storage(&self.name, "create ledger", e))?;
+        Ok(SpareLedger {
+            ledger,
+            seq_no,
+            secret,
+        })
+    }
+
+    /// Starts a new segment on the spare ledger a roll made ready, else on a new one; its
+    /// first record has `first_txid`.
+    pub(super) async fn open_segment(&mut self, first_txid: u64) -> Result<()> {
+        assert!(self.current.is_none(), "one open segment at a time");
+        self.check_ownership()?;
+        let seq_no = next_seq_no(&self.meta.value);
+        let stored_secret = self
+            .meta
+            .value
+            .ledger_secret()
+            .map_err(|e| self.meta_err("read ledger secret", e))?;
+        let spare = match self.spare.take() {
+            Some(s)
+                if s.seq_no == seq_no && stored_secret.as_ref().is_none_or(|k| *k == s.secret) =>
+            {
+                s
+            }
+            other => {
+                if let Some(s) = other {
+                    // Not for this segment after all: an orphan the sweep deletes.
+                    tracing::debug!(stream = %self.name, ledger = s.ledger.id().0, "spare ledger not used");
+                }
+                self.create_segment_ledger().await?
+            }
+        };
+        let SpareLedger { ledger, secret, .. } = spare;
         let mut meta = self.meta.value.clone();
         assert!(
             meta.segments
@@ -301,15 +417,9 @@ impl Writer {
         if stored_secret.is_none() {
             meta.ledger_secret_hex = Some(quire_metadata::encode_hex(&secret));
         }
-        let version = self
-            .metadata
-            .update_stream(&meta, self.meta.version)
+        self.cas_stream(meta)
             .await
             .map_err(|e| self.stream_update_err("start segment", e))?;
-        self.meta = Versioned {
-            value: meta,
-            version,
-        };
         tracing::debug!(stream = %self.name, seq_no, ledger = ledger.id().0, "started segment");
         self.current = Some(OpenSegment {
             seq_no,
@@ -369,27 +479,23 @@ impl Writer {
         s.last_txid = Some(seg.last_txid);
         s.record_count = seg.record_count;
         s.length_bytes = lm.length_bytes;
-        s.completion_time_ms = Some(super::now_ms());
+        s.completion_time_ms = Some(self.completion_time_ms());
         if seg.record_count > 0 {
             meta.max_txid = Some(
                 meta.max_txid
                     .map_or(seg.last_txid, |m| m.max(seg.last_txid)),
             );
         }
-        let version = self
-            .metadata
-            .update_stream(&meta, self.meta.version)
+        let (seq_no, records) = (seg.seq_no, seg.record_count);
+        // The record shows the segment completed and `describe` stops adding its progress in
+        // one step (`set_meta`).
+        self.cas_stream(meta)
             .await
             .map_err(|e| self.stream_update_err("complete segment", e))?;
-        tracing::debug!(stream = %self.name, seq_no = seg.seq_no, records = seg.record_count, "completed segment");
-        self.completed_at
-            .insert(seg.seq_no, std::time::Instant::now());
-        *self.shared.live.lock().expect("live lock") = None;
-        self.meta = Versioned {
-            value: meta,
-            version,
-        };
+        tracing::debug!(stream = %self.name, seq_no, records, "completed segment");
+        self.completed_at.insert(seq_no, std::time::Instant::now());
         self.current = None;
+        self.roll_deferred = None;
         self.publish();
         Ok(())
     }

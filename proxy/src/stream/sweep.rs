@@ -40,7 +40,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 
-use quire_metadata::Versioned;
 use quire_wire::LedgerId;
 use tokio::sync::oneshot;
 
@@ -312,12 +311,14 @@ impl Writer {
                 false,
             );
         }
+        // The spare ledger a roll made ready is this writer's own, not an orphan.
         let listed: BTreeSet<u64> = self
             .meta
             .value
             .segments
             .iter()
             .map(|s| s.ledger_id)
+            .chain(self.spare.as_ref().map(|s| s.ledger.id().0))
             .collect();
         let orphans: Vec<u64> = candidates
             .into_iter()
@@ -337,17 +338,9 @@ impl Writer {
         }
         // Rewrite the record (same content, new version): an earlier owner that created one of
         // these ledgers and has not yet added it to the record now fails its compare-and-set.
-        match self
-            .metadata
-            .update_stream(&self.meta.value, self.meta.version)
-            .await
-        {
-            Ok(version) => {
-                self.meta = Versioned {
-                    value: self.meta.value.clone(),
-                    version,
-                }
-            }
+        let same = self.meta.value.clone();
+        match self.cas_stream(same).await {
+            Ok(()) => {}
             Err(e) => {
                 let e = self.stream_update_err("sweep orphan ledgers", e);
                 let go_on = self.lifecycle_failure_keep(&e).await;

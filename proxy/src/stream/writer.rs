@@ -13,8 +13,9 @@ use quire_metadata::{MetadataStore, StreamLease, StreamMetadata, Versioned};
 use quire_wire::EntryId;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::clock::{LayerStats, PastRollPoint};
 use super::ownership::lease_lost;
-use super::segment::OpenSegment;
+use super::segment::{OpenSegment, SpareLedger};
 use super::tail_cache::TailState;
 use super::{writer_storage, StreamConfig, StreamShared};
 use crate::dlsn::Dlsn;
@@ -227,7 +228,31 @@ pub(super) struct Writer {
     /// An in-progress segment of an earlier writer that could not be recovered yet: reads are
     /// served up to the LAC its live bookies report, appends fail until a retry succeeds.
     pub(super) unrecovered: Option<Unrecovered>,
+    /// The next segment's ledger, made ready by a roll (`SpareLedger`).
+    pub(super) spare: Option<SpareLedger>,
+    /// Set while the open segment is past its roll point because no new segment could be
+    /// started.
+    pub(super) roll_deferred: Option<RollDeferred>,
+    /// The proxy-wide clock sample and counters.
+    pub(super) layer: Arc<LayerStats>,
 }
+
+/// A roll that could not happen: the next segment's ledger could not be created (fewer
+/// writable bookies than the ensemble needs). The open segment keeps taking writes up to the
+/// configured overshoot past its roll point; the roll is retried every [`ROLL_RETRY`].
+pub(super) struct RollDeferred {
+    /// When the roll was first due and could not happen.
+    since: std::time::Instant,
+    /// The last attempt's error.
+    error: String,
+    attempts: u32,
+    retry_at: std::time::Instant,
+    /// Counts the stream in `quire_proxy_segments_past_roll_point` while this lives.
+    _counted: PastRollPoint,
+}
+
+/// How often a deferred roll is tried again.
+const ROLL_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A segment left in progress by an earlier writer whose ledger recovery failed (a bookie of
 /// its write quorum down with no replacement, a bookie too slow to answer). The ledger stays
@@ -322,6 +347,7 @@ impl Writer {
                     } else {
                         Ok(())
                     };
+                    self.discard_spare().await;
                     if r.is_err() {
                         self.fail();
                     }
@@ -535,7 +561,7 @@ impl Writer {
     /// answered that was written fails with the same kind of error, nothing after the failure
     /// point is acknowledged. Then the writer is dead (recovered before the next append) or,
     /// for `OwnershipLost`, the stream is given up. Returns false in the latter case.
-    async fn on_write_failure(&mut self, e: Error) -> bool {
+    pub(super) async fn on_write_failure(&mut self, e: Error) -> bool {
         // Dropping the futures abandons the adds; a failed ledger writer fails them all anyway.
         self.entries.clear();
         let lost = match &e {
@@ -618,7 +644,7 @@ impl Writer {
             }
         });
         self.acked = Some((seq, f.entry));
-        *self.shared.live.lock().expect("live lock") =
+        self.shared.view.lock().expect("view lock").live =
             Some((seq, f.entry, f.records_through, f.bytes_through));
         self.answer_ready();
         Ok(())
@@ -666,6 +692,31 @@ impl Writer {
                     return false;
                 }
                 return true;
+            }
+        }
+        // A segment past its roll point by the most allowed takes nothing more until it rolls.
+        match self.past_roll_bound().await {
+            Ok(None) => {}
+            Ok(Some(refusal)) => {
+                for (records, reply) in batch {
+                    self.appends.push_back(PendingAppend::new(
+                        reply,
+                        records.len() as u64,
+                        Some(same_kind(&refusal)),
+                    ));
+                }
+                self.answer_ready();
+                return true;
+            }
+            Err(e) => {
+                for (records, reply) in batch {
+                    self.appends.push_back(PendingAppend::new(
+                        reply,
+                        records.len() as u64,
+                        Some(same_kind(&e)),
+                    ));
+                }
+                return self.on_write_failure(e).await;
             }
         }
         // Check every append's txids before writing anything; refused appends are answered in
@@ -747,13 +798,6 @@ impl Writer {
         seg.size_bytes += payload.len() as u64;
         seg.last_txid = records[records.len() - 1].1;
         let seq_no = seg.seq_no;
-        // The size rule, and the time rule checked here too so that a busy stream rolls on
-        // time (the lifecycle tick covers idle ones).
-        let roll = seg.size_bytes >= self.config.segment_size_bytes_max
-            || self
-                .config
-                .segment_roll_interval
-                .is_some_and(|i| seg.opened_at.elapsed() >= i);
         self.entries.push_back(InFlight {
             future,
             seq_no,
@@ -771,15 +815,165 @@ impl Writer {
             a.last = Some(dlsn);
             a.issued |= *last_of_append;
         }
-        while self.entries.len() >= self.config.adds_in_flight_max
-            || (roll && !self.entries.is_empty())
-        {
+        while self.entries.len() >= self.config.adds_in_flight_max {
             self.complete_oldest().await?;
         }
-        if roll {
-            self.complete_current().await?;
+        // The size rule, and the time rule checked here too so that a busy stream rolls on
+        // time (the lifecycle tick covers idle ones).
+        if self.roll_due() {
+            self.roll().await?;
         }
         Ok(())
+    }
+
+    /// True when the open segment is at its roll point: its size reached, or (holding a
+    /// record) its age.
+    pub(super) fn roll_due(&self) -> bool {
+        self.current.as_ref().is_some_and(|seg| {
+            seg.size_bytes >= self.config.segment_size_bytes_max
+                || (seg.record_count > 0
+                    && self
+                        .config
+                        .segment_roll_interval
+                        .is_some_and(|i| seg.opened_at.elapsed() >= i))
+        })
+    }
+
+    /// Rolls the open segment if the next one can be started: its ledger is created first
+    /// (kept as the spare the next segment starts on), then every add in flight is awaited and
+    /// the segment completed. When the ledger cannot be created (BookKeeper refuses a ledger
+    /// with fewer writable bookies than its ensemble), the roll is deferred: the segment stays
+    /// open and keeps taking writes, the attempt is repeated after [`ROLL_RETRY`] (here or at
+    /// the lifecycle tick), and `quire_proxy_segment_roll_deferred_total` /
+    /// `quire_proxy_segments_past_roll_point` count it. Returns whether the segment rolled.
+    ///
+    /// # Errors
+    /// A failed add or completion (`Storage`, `Metadata`, `OwnershipLost`), for
+    /// `on_write_failure`.
+    pub(super) async fn roll(&mut self) -> Result<bool> {
+        if self.spare.is_none() {
+            if self
+                .roll_deferred
+                .as_ref()
+                .is_some_and(|d| std::time::Instant::now() < d.retry_at)
+            {
+                return Ok(false);
+            }
+            match self.create_segment_ledger().await {
+                Ok(spare) => self.spare = Some(spare),
+                Err(e @ Error::Storage { .. }) => {
+                    self.defer_roll(&e);
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        while !self.entries.is_empty() {
+            self.complete_oldest().await?;
+        }
+        let (seq_no, bytes) = self
+            .current
+            .as_ref()
+            .map_or((0, 0), |c| (c.seq_no, c.size_bytes));
+        let deferred = self.roll_deferred.take();
+        self.complete_current().await?;
+        if let Some(d) = deferred {
+            tracing::info!(
+                stream = %self.name,
+                seq_no,
+                size_bytes = bytes,
+                deferred_ms = d.since.elapsed().as_millis() as u64,
+                attempts = d.attempts,
+                "segment rolled after its roll was deferred"
+            );
+        }
+        Ok(true)
+    }
+
+    /// Notes a roll that could not happen (see [`Writer::roll`]).
+    fn defer_roll(&mut self, e: &Error) {
+        let now = std::time::Instant::now();
+        let retry_at = now + ROLL_RETRY;
+        match &mut self.roll_deferred {
+            Some(d) => {
+                d.attempts += 1;
+                d.retry_at = retry_at;
+                d.error = e.to_string();
+                tracing::debug!(stream = %self.name, error = %e, attempts = d.attempts, "segment roll still deferred");
+            }
+            None => {
+                let seg = self.current.as_ref().expect("a roll needs an open segment");
+                tracing::warn!(
+                    stream = %self.name,
+                    seq_no = seg.seq_no,
+                    size_bytes = seg.size_bytes,
+                    error = %e,
+                    "cannot start the next segment; the roll is deferred and the segment keeps taking writes (up to segment_roll_overshoot_bytes / _secs past its roll point)"
+                );
+                self.roll_deferred = Some(RollDeferred {
+                    since: now,
+                    error: e.to_string(),
+                    attempts: 1,
+                    retry_at,
+                    _counted: PastRollPoint::new(self.layer.clone()),
+                });
+            }
+        }
+    }
+
+    /// Before a write: when the open segment's roll is deferred and the segment is past its
+    /// roll point by [`super::StreamConfig::segment_roll_overshoot_bytes_max`] or
+    /// [`super::StreamConfig::segment_roll_overshoot_time_max`], the roll is tried once more
+    /// (when due) and, if it still cannot happen, the refusal for the write is returned
+    /// (`Storage`: nothing written, retry later).
+    ///
+    /// # Errors
+    /// What [`Writer::roll`] fails with.
+    async fn past_roll_bound(&mut self) -> Result<Option<Error>> {
+        let (Some(seg), Some(_)) = (&self.current, &self.roll_deferred) else {
+            return Ok(None);
+        };
+        let c = &self.config;
+        let bytes_over = seg.size_bytes.saturating_sub(c.segment_size_bytes_max);
+        let due_at = c.segment_roll_interval.map(|i| seg.opened_at + i);
+        let time_over = due_at.map(|t| t.elapsed());
+        let over_bytes = bytes_over >= c.segment_roll_overshoot_bytes_max;
+        let over_time = time_over.is_some_and(|t| t >= c.segment_roll_overshoot_time_max)
+            || self
+                .roll_deferred
+                .as_ref()
+                .is_some_and(|d| d.since.elapsed() >= c.segment_roll_overshoot_time_max);
+        if !(over_bytes || over_time) || self.roll().await? {
+            return Ok(None);
+        }
+        let (seg, d) = (
+            self.current.as_ref().expect("still open"),
+            self.roll_deferred.as_ref().expect("still deferred"),
+        );
+        Ok(Some(Error::Storage {
+            stream: self.name.clone(),
+            op: "write past a deferred segment roll",
+            source: format!(
+                "segment {} holds {} bytes and has waited {} s for its roll, at the bound (segment_roll_overshoot_bytes {}, segment_roll_overshoot_secs {}), and no new segment can be started: {}; nothing of this write was written, retry once enough bookies are writable",
+                seg.seq_no,
+                seg.size_bytes,
+                d.since.elapsed().as_secs(),
+                self.config.segment_roll_overshoot_bytes_max,
+                self.config.segment_roll_overshoot_time_max.as_secs(),
+                d.error
+            )
+            .into(),
+        }))
+    }
+
+    /// Gives a spare ledger that will not be used back: its metadata is deleted (it was never
+    /// written). Failures leave an orphan for the sweep.
+    pub(super) async fn discard_spare(&mut self) {
+        if let Some(s) = self.spare.take() {
+            let id = s.ledger.id().0;
+            drop(s);
+            super::sweep::delete_labelled_ledger(&*self.metadata, &self.name, id).await;
+        }
     }
 
     /// When the open segment's last data entry, acknowledged but not yet covered by a LAC that
@@ -832,5 +1026,6 @@ impl Writer {
         // in the metadata and is recovered (fenced and closed) before the next append.
         self.current = None;
         self.healthy = false;
+        self.roll_deferred = None;
     }
 }

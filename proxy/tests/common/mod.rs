@@ -87,6 +87,26 @@ pub fn payload(i: u64) -> Vec<u8> {
     (0..len).map(|k| (i as usize * 31 + k) as u8).collect()
 }
 
+/// Every record of `stream` from its head, `(dlsn, txid, payload)`, in pages of 500.
+pub async fn read_all(
+    client: &quire_proxy::ProxyClient,
+    stream: &str,
+) -> Vec<(quire_proxy::Dlsn, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut pos = quire_proxy::ReadPosition::Head;
+    loop {
+        let b = client
+            .read(stream, pos, 500, 1 << 20, Duration::ZERO)
+            .await
+            .unwrap();
+        if b.records.is_empty() {
+            return out;
+        }
+        out.extend(b.records);
+        pos = b.next;
+    }
+}
+
 /// Waits (bounded, 10 s) until nobody owns `stream`, e.g. after a dropped proxy's stream task
 /// gave its lease up.
 pub async fn wait_unowned(store: &Arc<dyn MetadataStore>, stream: &str) {

@@ -1,7 +1,8 @@
 //! A metadata store for tests that can take a stream lease away from its holder, as a
 //! ZooKeeper session expiry would: the real [`EmbeddedStore`] underneath, plus a record of the
-//! lease tokens it handed out so that `revoke` can release one from outside, and an optional
-//! delay on stream reads (a ZooKeeper round trip, which the embedded store does not take).
+//! lease tokens it handed out so that `revoke` can release one from outside, and optional
+//! delays on stream and owner reads (a ZooKeeper round trip, which the embedded store does not
+//! take).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,8 @@ pub struct Revocable {
     tokens: Mutex<HashMap<String, (String, String)>>,
     /// Added before every `read_stream` answer.
     pub read_stream_delay: Mutex<std::time::Duration>,
+    /// Added before every `stream_owner` answer.
+    pub stream_owner_delay: Mutex<std::time::Duration>,
 }
 
 impl Revocable {
@@ -27,6 +30,7 @@ impl Revocable {
             inner,
             tokens: Mutex::new(HashMap::new()),
             read_stream_delay: Mutex::default(),
+            stream_owner_delay: Mutex::default(),
         })
     }
 
@@ -105,6 +109,13 @@ impl MetadataStore for Revocable {
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
         self.inner.update_stream(meta, expected).await
     }
+    async fn update_stream_stamped(
+        &self,
+        meta: &StreamMetadata,
+        expected: Version,
+    ) -> Result<quire_metadata::Stamped> {
+        self.inner.update_stream_stamped(meta, expected).await
+    }
     async fn delete_stream(&self, name: &str, expected: Version) -> Result<()> {
         self.inner.delete_stream(name, expected).await
     }
@@ -135,6 +146,10 @@ impl MetadataStore for Revocable {
         Ok(r)
     }
     async fn stream_owner(&self, stream: &str) -> Result<Option<String>> {
+        let delay = *self.stream_owner_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         self.inner.stream_owner(stream).await
     }
     async fn release_stream(&self, lease: StreamLease) -> Result<()> {

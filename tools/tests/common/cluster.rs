@@ -135,6 +135,12 @@ impl Cluster {
 
     /// Starts a proxy on `port` with `extra` flags and waits for its listening line.
     pub fn start_proxy(&self, port: u16, extra: &[&str]) -> Proc {
+        self.start_proxy_env(port, extra, &[])
+    }
+
+    /// [`Cluster::start_proxy`] with `env` added to the process's environment (for example
+    /// libfaketime's `LD_PRELOAD` and `FAKETIME`).
+    pub fn start_proxy_env(&self, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut args: Vec<String> = vec![
             "proxy".into(),
             "--zookeeper".into(),
@@ -147,7 +153,7 @@ impl Cluster {
             format!("127.0.0.1:{port}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut p = Proc::start(&args, "quire proxy: ", &format!("proxy :{port}"));
+        let mut p = Proc::start_env(&args, "quire proxy: ", &format!("proxy :{port}"), None, env);
         p.addr = format!("127.0.0.1:{port}");
         p
     }
@@ -266,6 +272,16 @@ impl Proc {
     }
 
     fn start_logging(args: &[String], ready_prefix: &str, name: &str, log: Option<&str>) -> Proc {
+        Self::start_env(args, ready_prefix, name, log, &[])
+    }
+
+    fn start_env(
+        args: &[String],
+        ready_prefix: &str,
+        name: &str,
+        log: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Proc {
         let log = log.map_or_else(
             || std::env::var("QUIRE_LOG").unwrap_or_else(|_| "warn".into()),
             str::to_string,
@@ -273,6 +289,7 @@ impl Proc {
         let mut child = Command::new(quire_bin())
             .args(args)
             .env("QUIRE_LOG", log)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

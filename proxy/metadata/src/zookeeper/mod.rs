@@ -45,7 +45,7 @@ use zookeeper_client as zk;
 
 use crate::{
     BookieId, BookieInfo, BookieRegistration, Cookie, Error, LedgerMetadata, MetadataStore, Result,
-    StreamLease, StreamMetadata, Version, Versioned,
+    Stamped, StreamLease, StreamMetadata, Version, Versioned,
 };
 
 pub use layout::ZK_LAYOUT_VERSION;
@@ -337,6 +337,14 @@ impl MetadataStore for ZkStore {
     }
 
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
+        Ok(records::update_stream(self, meta, expected).await?.version)
+    }
+
+    async fn update_stream_stamped(
+        &self,
+        meta: &StreamMetadata,
+        expected: Version,
+    ) -> Result<Stamped> {
         records::update_stream(self, meta, expected).await
     }
 

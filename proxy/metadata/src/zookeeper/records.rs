@@ -13,8 +13,8 @@ use super::paths::{
 };
 use super::ZkStore;
 use crate::{
-    validate_stream_name, BookieId, Cookie, Error, LedgerMetadata, Result, StreamMetadata, Version,
-    Versioned,
+    validate_stream_name, BookieId, Cookie, Error, LedgerMetadata, Result, Stamped, StreamMetadata,
+    Version, Versioned,
 };
 
 pub(super) fn zk_err(op: &'static str, path: &str, source: zk::Error) -> Error {
@@ -120,7 +120,7 @@ impl ZkStore {
         }
     }
 
-    /// `setData` with the expected version.
+    /// `setData` with the expected version; the node's new `Stat` (its version and `mtime`).
     pub(super) async fn cas(
         &self,
         kind: &'static str,
@@ -128,7 +128,7 @@ impl ZkStore {
         path: &str,
         data: &[u8],
         expected: Version,
-    ) -> Result<Version> {
+    ) -> Result<zk::Stat> {
         let Ok(v) = i32::try_from(expected.0) else {
             return Err(Error::BadVersion {
                 kind,
@@ -138,7 +138,7 @@ impl ZkStore {
             });
         };
         match self.inner.client.set_data(path, data, Some(v)).await {
-            Ok(stat) => Ok(version_of(&stat)),
+            Ok(stat) => Ok(stat),
             Err(e) => Err(self
                 .versioned_write_error("set", kind, key, path, expected, e)
                 .await),
@@ -230,6 +230,7 @@ pub(super) async fn update_ledger(
             expected,
         )
         .await
+        .map(|stat| version_of(&stat))
 }
 
 /// Deletes a ledger's node, then its bucket when that is empty and wholly below the id
@@ -303,14 +304,16 @@ pub(super) async fn read_stream(store: &ZkStore, name: &str) -> Result<Versioned
     store.get("stream", name, &store.stream_path(name)).await
 }
 
+/// The stream record's compare-and-set; the stamp is the znode's new `mtime`, the ZooKeeper
+/// leader's clock when it applied the write.
 pub(super) async fn update_stream(
     store: &ZkStore,
     meta: &StreamMetadata,
     expected: Version,
-) -> Result<Version> {
+) -> Result<Stamped> {
     validate_stream_name(&meta.name)?;
     let data = to_json("stream metadata", meta)?;
-    store
+    let stat = store
         .cas(
             "stream",
             &meta.name,
@@ -318,7 +321,11 @@ pub(super) async fn update_stream(
             &data,
             expected,
         )
-        .await
+        .await?;
+    Ok(Stamped {
+        version: version_of(&stat),
+        store_time_ms: u64::try_from(stat.mtime).ok(),
+    })
 }
 
 /// Deletes the stream's node and, if no one holds or contends for its lock, its lock node.
@@ -380,6 +387,9 @@ pub(super) async fn write_cookie(
                 .create_record("cookie", &cookie.bookie.0, &p, &data)
                 .await
         }
-        Some(v) => store.cas("cookie", &cookie.bookie.0, &p, &data, v).await,
+        Some(v) => store
+            .cas("cookie", &cookie.bookie.0, &p, &data, v)
+            .await
+            .map(|stat| version_of(&stat)),
     }
 }
