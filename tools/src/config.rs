@@ -76,6 +76,7 @@ impl MetadataAddress {
         let digest = match zk_auth_file {
             None => None,
             Some(path) => {
+                crate::secret_file::warn_if_exposed(&path, "zk_auth_file");
                 let text = std::fs::read_to_string(&path)
                     .with_context(|| format!("cannot read zk_auth_file {}", path.display()))?;
                 let digest = ZkDigest::parse(&text)
