@@ -12,8 +12,11 @@ within 2 s) and, when --pid is given, the proxy's peak VmRSS.
                  records, never reading the answers
   metrics        50 idle connections and one slow-loris on the metrics port; /healthz is asked
                  every 0.5 s and must answer within 1 s
-  badtoken       handshakes with a wrong token as fast as one connection at a time allows;
-                 prints attempts per second
+  badtoken       handshakes with a wrong token from 16 connections at a time; prints attempts
+                 per second
+  legit          no attack: only the legitimate client (run it as a second process beside an
+                 attack started with --no-legit, so that the attacker's event loop cannot
+                 delay it)
 
 Usage: proxy-attacks.py SCENARIO [N] --proxy HOST:PORT [--metrics HOST:PORT] [--pid PID]
        [--secs S] [--legit-ip 127.0.0.2] [--tls-ca CA --tls-cert CERT --tls-key KEY]
@@ -295,6 +298,7 @@ async def main():
     p.add_argument("--tls-ca")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
+    p.add_argument("--no-legit", action="store_true")
     args = p.parse_args()
     ssl_ctx = None
     if args.tls_ca:
@@ -318,9 +322,15 @@ async def main():
         attack = metrics(args, deadline, stats)
     elif args.scenario == "badtoken":
         attack = badtoken(args, deadline)
+    elif args.scenario == "legit":
+        async def nothing():
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            return "no attack"
+        attack = nothing()
     else:
         raise SystemExit(f"unknown scenario {args.scenario}")
-    if args.scenario in ("metrics", "badtoken"):
+    if args.scenario in ("metrics", "badtoken") or args.no_legit:
         results = await asyncio.gather(attack, *side)
     else:
         async def legit_later():

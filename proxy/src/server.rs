@@ -1043,8 +1043,7 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(
         let pressure = limits.pool.pressure.notified();
         tokio::pin!(pressure);
         pressure.as_mut().enable();
-        let pressed =
-            limits.pool.under_pressure() && limits.held.load(Ordering::Acquire) > 0;
+        let pressed = limits.pool.under_pressure() && limits.held.load(Ordering::Acquire) > 0;
         let patience = if pressed {
             limits.pressure_timeout
         } else {
@@ -1295,8 +1294,12 @@ where
                         }
                         let verdict = shared.auth_failures.failed(peer.ip(), Instant::now());
                         match verdict.warn {
-                            Some(not_warned) => tracing::warn!(%peer, reason, failures = verdict.count, not_warned, delay_ms = verdict.delay.as_millis() as u64, "refused a handshake: bad token"),
-                            None => tracing::debug!(%peer, reason, failures = verdict.count, "refused a handshake: bad token"),
+                            Some(not_warned) => {
+                                tracing::warn!(%peer, reason, failures = verdict.count, not_warned, delay_ms = verdict.delay.as_millis() as u64, "refused a handshake: bad token")
+                            }
+                            None => {
+                                tracing::debug!(%peer, reason, failures = verdict.count, "refused a handshake: bad token")
+                            }
                         }
                         // Repeated failures from one address are answered later and later (a
                         // guesser's rate falls), holding the connection meanwhile: its address's

@@ -628,7 +628,10 @@ async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
         records: vec![(txid, common::payload(txid))],
     };
     w(6, true).encode(2, &mut out);
-    Request::DeleteStream { stream: "wd".into() }.encode(3, &mut out);
+    Request::DeleteStream {
+        stream: "wd".into(),
+    }
+    .encode(3, &mut out);
     w(7, false).encode(4, &mut out);
     w(8, true).encode(5, &mut out);
     w(9, true).encode(6, &mut out);
@@ -639,10 +642,11 @@ async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
     let deadline = Instant::now() + Duration::from_secs(20);
     while answers.len() < 6 {
         let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), s.read(&mut chunk))
-            .await
-            .expect("answers within 20 s")
-            .unwrap();
+        let n =
+            tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), s.read(&mut chunk))
+                .await
+                .expect("answers within 20 s")
+                .unwrap();
         assert!(n > 0, "closed early; answers so far: {answers:?}");
         buf.extend_from_slice(&chunk[..n]);
         while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
@@ -669,7 +673,13 @@ async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
         );
     }
     assert!(
-        matches!(answer(4), Response::Error { code: ErrorCode::NoSuchStream, .. }),
+        matches!(
+            answer(4),
+            Response::Error {
+                code: ErrorCode::NoSuchStream,
+                ..
+            }
+        ),
         "a write without the create flag queued behind the delete: {:?}",
         answer(4)
     );

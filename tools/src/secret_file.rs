@@ -10,6 +10,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Mode of a secret file: read and write by its owner only.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const SECRET_FILE_MODE: u32 = 0o600;
 /// Mode of a directory holding secret files: its owner only.
 pub const SECRET_DIR_MODE: u32 = 0o700;
@@ -37,6 +38,7 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 ///
 /// # Errors
 /// The directory or the file cannot be written.
+#[cfg_attr(not(test), allow(dead_code))] // for secrets the sandbox writes (cluster secret)
 pub fn write_private(path: &Path, bytes: &[u8], overwrite: bool) -> std::io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     if let Some(dir) = dir {
