@@ -69,7 +69,7 @@ enum Command {
     // Boxed: its many optional settings make it much larger than the other commands.
     Bookie(Box<bookie_cmd::BookieArgs>),
     /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM.
-    Proxy(proxy_cmd::ProxyArgs),
+    Proxy(Box<proxy_cmd::ProxyArgs>),
     /// Ledger admin: `list [--under-replicated]`, `show LEDGER`, `recover LEDGER`.
     Ledger(admin::LedgerArgs),
     /// Run a standalone autorecovery daemon (auditor candidate and replication worker) until
@@ -101,7 +101,7 @@ fn main() -> ExitCode {
         Command::Read(args) => client::read(args),
         Command::Tail(args) => client::tail(args),
         Command::Bookie(args) => bookie_cmd::run(*args),
-        Command::Proxy(args) => proxy_cmd::run(args),
+        Command::Proxy(args) => proxy_cmd::run(*args),
         Command::Ledger(args) => admin::ledger(args),
         Command::Autorecovery(args) => autorecovery::run(args),
         Command::Stream(args) => admin::stream(args),
