@@ -327,6 +327,34 @@ impl ResponsePool {
     }
 }
 
+/// At most one warning per this interval about connections refused at accept (per-address
+/// limit, refused address), and per address about its failed handshakes; the others are
+/// counted in the next one.
+pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Rate limit of a warning: at most one per [`REFUSAL_LOG_INTERVAL`].
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LogThrottle {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogThrottle {
+    /// `Some(n)`: log now, `n` events were not logged since the last time.
+    pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < REFUSAL_LOG_INTERVAL => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
 /// First failures from one address within [`AUTH_FAILURE_WINDOW`] answered at once.
 pub(crate) const AUTH_FAILURES_FREE: u32 = 5;
 /// The refusal of each failure after the free ones is delayed by this, doubled per further
@@ -339,9 +367,6 @@ pub(crate) const AUTH_FAILURE_DELAY_MAX: Duration = Duration::from_secs(2);
 pub(crate) const AUTH_FAILURES_REFUSE: u32 = 10;
 /// Failures are counted over a window that ends this long after the last one.
 pub(crate) const AUTH_FAILURE_WINDOW: Duration = Duration::from_secs(60);
-/// At most one warning per address per this interval; the failures in between are counted in
-/// the next one.
-pub(crate) const AUTH_FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Addresses tracked at once; beyond it the ones whose window has ended are forgotten first,
 /// then the oldest, so that a flood of addresses cannot grow the table without bound.
 const AUTH_FAILURE_ADDRESSES_MAX: usize = 4096;
@@ -356,8 +381,7 @@ pub(crate) struct AuthFailures {
 struct FailureRecord {
     count: u32,
     last: Instant,
-    last_warned: Option<Instant>,
-    not_warned: u64,
+    log: LogThrottle,
 }
 
 /// What to do about one failed handshake.
@@ -386,24 +410,14 @@ impl AuthFailures {
         let r = s.entry(ip).or_insert(FailureRecord {
             count: 0,
             last: now,
-            last_warned: None,
-            not_warned: 0,
+            log: LogThrottle::default(),
         });
         if now.saturating_duration_since(r.last) >= AUTH_FAILURE_WINDOW {
             r.count = 0;
         }
         r.count = r.count.saturating_add(1);
         r.last = now;
-        let warn = match r.last_warned {
-            Some(t) if now.saturating_duration_since(t) < AUTH_FAILURE_LOG_INTERVAL => {
-                r.not_warned += 1;
-                None
-            }
-            _ => {
-                r.last_warned = Some(now);
-                Some(std::mem::take(&mut r.not_warned))
-            }
-        };
+        let warn = r.log.allow(now);
         let delay = match r.count.checked_sub(AUTH_FAILURES_FREE + 1) {
             None => Duration::ZERO,
             Some(k) => AUTH_FAILURE_DELAY_START
@@ -556,7 +570,7 @@ mod tests {
         assert_eq!(warned, 1, "one warning within the log interval");
         assert!(f.refused_until(x, now).is_some());
         assert!(f.refused_until(ip("127.0.0.2"), now).is_none());
-        let later = now + AUTH_FAILURE_LOG_INTERVAL;
+        let later = now + REFUSAL_LOG_INTERVAL;
         let v = f.failed(x, later);
         assert_eq!(v.warn, Some(19));
         assert!(f.refused_until(x, later + AUTH_FAILURE_WINDOW).is_none());

@@ -42,7 +42,9 @@ use prometheus_client::registry::Registry;
 
 use crate::auth::{Authorizer, Grant, Right};
 use crate::error::{Error, ErrorCode, Result};
-use crate::limits::{Admission, AuthFailures, Handshake, IpSlot, PoolGrant, ResponsePool};
+use crate::limits::{
+    Admission, AuthFailures, Handshake, IpSlot, LogThrottle, PoolGrant, ResponsePool,
+};
 use crate::protocol::{
     reserved_txid_index, Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX,
     PROXY_PROTOCOL_VERSION_MIN, READ_RECORD_OVERHEAD_BYTES,
@@ -699,33 +701,6 @@ impl AcceptBackoff {
     }
 }
 
-/// At most one warning per this interval about connections refused at accept (per-address
-/// limit, refused address); the others are counted in the next one.
-const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Rate limit of a warning: at most one per [`REFUSAL_LOG_INTERVAL`].
-#[derive(Debug, Default)]
-struct LogThrottle {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl LogThrottle {
-    /// `Some(n)`: log now, `n` events were not logged since the last time.
-    fn allow(&mut self, now: Instant) -> Option<u64> {
-        match self.last {
-            Some(t) if now.saturating_duration_since(t) < REFUSAL_LOG_INTERVAL => {
-                self.suppressed += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.suppressed))
-            }
-        }
-    }
-}
-
 async fn serve_until(
     listener: TcpListener,
     streams: Arc<StreamManager>,
@@ -817,36 +792,31 @@ async fn serve_until(
                             }
                         }
                     };
-                    let mut handshake = Some(handshake);
+                    let mut conn = Conn {
+                        peer,
+                        accepted,
+                        streams,
+                        config,
+                        shared,
+                        handshake: Some(handshake),
+                        _ip_slot: ip_slot,
+                    };
                     match acceptor {
                         None => {
                             let (rd, wr) = socket.into_split();
-                            let conn = Conn {
-                                peer,
-                                accepted,
-                                streams,
-                                config,
-                                shared,
-                                handshake,
-                                _ip_slot: ip_slot,
-                            };
                             connection(rd, wr, conn, stop).await;
                         }
                         Some(acceptor) => {
-                            let tls =
-                                tls_handshake(&acceptor, socket, peer, &config, &mut handshake)
-                                    .await;
+                            let tls = tls_handshake(
+                                &acceptor,
+                                socket,
+                                peer,
+                                &conn.config,
+                                &mut conn.handshake,
+                            )
+                            .await;
                             if let Some(tls) = tls {
                                 let (rd, wr) = tokio::io::split(tls);
-                                let conn = Conn {
-                                    peer,
-                                    accepted,
-                                    streams,
-                                    config,
-                                    shared,
-                                    handshake,
-                                    _ip_slot: ip_slot,
-                                };
                                 connection(rd, wr, conn, stop).await;
                             }
                         }

@@ -67,6 +67,22 @@ async fn read_frame(sock: &mut (impl AsyncReadExt + Unpin)) -> Option<Vec<u8>> {
     Some(rest)
 }
 
+/// `n` requests to read 4 MiB from the head of stream `big`, one after the other.
+fn pipelined_reads(n: u64) -> Vec<u8> {
+    let mut reads = Vec::new();
+    for id in 0..n {
+        let read = Request::Read {
+            stream: "big".into(),
+            from: ReadPosition::Head,
+            max_records: 1000,
+            max_bytes: 4 << 20,
+            wait_ms: 0,
+        };
+        reads.extend_from_slice(&frame(&read, 10 + id));
+    }
+    reads
+}
+
 /// A raw connection that has done its handshake.
 async fn handshaken(addr: &str) -> TcpStream {
     let mut sock = TcpStream::connect(addr).await.unwrap();
@@ -172,17 +188,7 @@ fn partial_frames_and_unread_answers_keep_proxy_rss_bounded() {
         let mut readers = Vec::new();
         for _ in 0..UNREAD_READERS {
             let mut sock = handshaken(&addr).await;
-            let mut reads = Vec::new();
-            for id in 0..READS_PER_READER {
-                let read = Request::Read {
-                    stream: "big".into(),
-                    from: ReadPosition::Head,
-                    max_records: 1000,
-                    max_bytes: 4 << 20,
-                    wait_ms: 0,
-                };
-                reads.extend_from_slice(&frame(&read, 10 + id));
-            }
+            let reads = pipelined_reads(READS_PER_READER);
             readers.push(tokio::spawn(async move {
                 let _ = sock.write_all(&reads).await;
                 std::future::pending::<()>().await;
@@ -342,17 +348,7 @@ fn unread_reads_on_256_connections_leave_a_reader_on_another_address_served() {
         let mut hostile = Vec::new();
         for _ in 0..CONNECTIONS {
             let mut sock = handshaken(&addr).await;
-            let mut reads = Vec::new();
-            for id in 0..100 {
-                let read = Request::Read {
-                    stream: "big".into(),
-                    from: ReadPosition::Head,
-                    max_records: 1000,
-                    max_bytes: 4 << 20,
-                    wait_ms: 0,
-                };
-                reads.extend_from_slice(&frame(&read, 10 + id));
-            }
+            let reads = pipelined_reads(100);
             hostile.push(tokio::spawn(async move {
                 let _ = sock.write_all(&reads).await;
                 std::future::pending::<()>().await;
