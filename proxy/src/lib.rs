@@ -52,6 +52,7 @@ pub mod auth;
 pub mod client;
 pub mod dlsn;
 pub mod error;
+mod limits;
 pub mod protocol;
 pub mod record_set;
 pub mod server;

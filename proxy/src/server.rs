@@ -7,12 +7,17 @@
 //! stream keep their order, and their answers leave in that order too (`WriteTurns`).
 //!
 //! Connections are bounded (see [`ServerConfig`]): a handshake timeout, an idle timeout for
-//! connections with nothing in flight, and a maximum number of open connections beyond which
-//! new ones are answered `SERVICE_UNAVAILABLE` and closed. Failed accepts (`EMFILE`) back off.
-//! Memory is bounded too: frames above [`FRAME_ALLOWANCE_BYTES`] are reserved from a
-//! process-wide pool before their body is read and must arrive within a frame timeout, and
-//! requests with large answers reserve them from per-connection and process-wide response
-//! budgets until the answer is written (docs/proxy-protocol.md, "Memory bounds").
+//! connections with nothing in flight, a maximum of open connections per client address, a
+//! maximum of connections in their handshake (the oldest is closed to make room), and a
+//! maximum number of open connections beyond which new ones are answered
+//! `SERVICE_UNAVAILABLE` and closed. Failed accepts (`EMFILE`) back off. Memory is bounded
+//! too: frames above [`FRAME_ALLOWANCE_BYTES`] are reserved from a process-wide pool before
+//! their body is read and must arrive within a frame timeout, and requests with large answers
+//! reserve them from per-connection and process-wide response budgets until the answer is
+//! written; while requests wait for the process-wide budget, connections that do not read
+//! their answers are closed (docs/proxy-protocol.md, "Memory bounds"). Failed token checks
+//! are counted, logged per address at a bounded rate, answered later and later, and an
+//! address that keeps failing is refused for a while ([`crate::limits`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -37,6 +42,9 @@ use prometheus_client::registry::Registry;
 
 use crate::auth::{Authorizer, Grant, Right};
 use crate::error::{Error, ErrorCode, Result};
+use crate::limits::{
+    Admission, AuthFailures, Handshake, IpSlot, LogThrottle, PoolGrant, ResponsePool,
+};
 use crate::protocol::{
     reserved_txid_index, Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX,
     PROXY_PROTOCOL_VERSION_MIN, READ_RECORD_OVERHEAD_BYTES,
@@ -54,17 +62,29 @@ pub struct ServerConfig {
     pub requests_in_flight_max: usize,
     /// Longest tail wait a read may ask for.
     pub read_wait_max: Duration,
-    /// A connection that has not completed its handshake (a whole `HELLO` frame) this long
-    /// after it was accepted gets `BAD_REQUEST` (request id 0) and is closed (default 10 s).
+    /// A connection that has not completed its handshake (the TLS handshake if any, then a
+    /// whole `HELLO` frame) this long after it was accepted gets `BAD_REQUEST` (request id 0)
+    /// and is closed, which frees its slot (default 5 s).
     pub handshake_timeout: Duration,
     /// A handshaken connection with no request in flight (a waiting tail read counts as in
     /// flight) and no complete request frame received for this long is closed, without an
     /// answer (default 10 min). Clients reconnect on their next request.
     pub idle_timeout: Duration,
-    /// Most connections open at once (default 4096). A connection beyond it gets
-    /// `SERVICE_UNAVAILABLE` (request id 0) at once and is closed, as DistributedLog's proxy
-    /// answers when it cannot serve, so that clients try another proxy.
+    /// Most connections open at once (default 4096). When a connection arrives beyond it, the
+    /// connection longest in its handshake, if any, is closed to make room; otherwise the new
+    /// one gets `SERVICE_UNAVAILABLE` (request id 0) at once and is closed, as
+    /// DistributedLog's proxy answers when it cannot serve, so that clients try another proxy.
     pub connections_max: usize,
+    /// Most connections open at once from one client IP address (Kafka's
+    /// `max.connections.per.ip`, the bookie's `connections_per_ip_max`; default 1024). A
+    /// connection beyond it is closed at once, unanswered, so that one address cannot take
+    /// every slot of `connections_max` from the others.
+    pub connections_per_ip_max: usize,
+    /// Most connections in their handshake at once (accepted, handshake not yet answered;
+    /// default 1024). A connection arriving beyond it closes the one longest in its handshake:
+    /// strangers who never finish a handshake cannot keep others out, since a real client's
+    /// handshake takes milliseconds.
+    pub handshakes_max: usize,
     /// Where catch-up reads (reads whose first entry is not in the tail cache, see
     /// [`StreamManager::is_catch_up_read`]) run, decoding included; `None` (the default): on the
     /// server's own runtime. Give it a runtime of lower OS priority ([`catch_up_read_runtime`])
@@ -99,13 +119,19 @@ pub struct ServerConfig {
     /// taken until its answer is written to the socket; when a new request would go over,
     /// the connection takes no further request until the client has read its answers.
     pub connection_response_bytes_max: usize,
-    /// Process-wide bound on the bytes of read, describe and list answers queued and not yet
-    /// written to their sockets (default 256 MiB): while it is reached, no connection starts
-    /// such a request.
+    /// Process-wide bound on the bytes of read, describe and list answers being built or
+    /// queued for their sockets, counted like `connection_response_bytes_max` (default 256
+    /// MiB). A request that would go over waits; bytes that come free go to the waiting
+    /// request whose client address holds the fewest, so one address cannot keep the others
+    /// waiting. This bounds the proxy's memory for answers whatever the number of connections.
     pub response_bytes_max: usize,
     /// A connection whose answers cannot be written for this long (the client does not read
     /// them) is closed, which frees its share of the response bounds. Default 60 s.
     pub send_timeout: Duration,
+    /// While a request waits for the process-wide response budget, a connection that holds
+    /// some of it and whose socket has taken none of its answer bytes for this long is
+    /// closed (default 1 s): a client that does not read cannot stall the others' reads.
+    pub pressure_send_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -114,9 +140,11 @@ impl Default for ServerConfig {
             frame_size_bytes_max: FRAME_SIZE_BYTES_MAX_DEFAULT,
             requests_in_flight_max: 1024,
             read_wait_max: Duration::from_secs(60),
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
             idle_timeout: Duration::from_secs(600),
             connections_max: 4096,
+            connections_per_ip_max: CONNECTIONS_PER_IP_MAX_DEFAULT,
+            handshakes_max: HANDSHAKES_MAX_DEFAULT,
             catch_up_read_runtime: None,
             metrics: None,
             auth: None,
@@ -126,6 +154,7 @@ impl Default for ServerConfig {
             connection_response_bytes_max: CONNECTION_RESPONSE_BYTES_MAX_DEFAULT,
             response_bytes_max: RESPONSE_BYTES_MAX_DEFAULT,
             send_timeout: Duration::from_secs(60),
+            pressure_send_timeout: PRESSURE_SEND_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -140,14 +169,26 @@ pub const REQUEST_POOL_BYTES_DEFAULT: usize = 256 * 1024 * 1024;
 pub const CONNECTION_RESPONSE_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 /// Default [`ServerConfig::response_bytes_max`]: 256 MiB.
 pub const RESPONSE_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// Default [`ServerConfig::handshake_timeout`]: 5 s.
+pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default [`ServerConfig::connections_per_ip_max`] (the bookie's).
+pub const CONNECTIONS_PER_IP_MAX_DEFAULT: usize = 1024;
+/// Default [`ServerConfig::handshakes_max`].
+pub const HANDSHAKES_MAX_DEFAULT: usize = 1024;
+/// Default [`ServerConfig::pressure_send_timeout`]: 1 s.
+pub const PRESSURE_SEND_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
 
-/// The memory bounds shared by every connection of one server.
+/// The bounds shared by every connection of one server.
 #[derive(Debug)]
 struct Shared {
     /// [`ServerConfig::request_pool_bytes`], one permit per byte.
     request_pool: Arc<Semaphore>,
     /// [`ServerConfig::response_bytes_max`].
-    queued: Arc<QueuedResponses>,
+    responses: Arc<ResponsePool>,
+    /// [`ServerConfig::connections_per_ip_max`] and [`ServerConfig::handshakes_max`].
+    admission: Arc<Admission>,
+    /// Failed token checks per client address.
+    auth_failures: AuthFailures,
 }
 
 impl Shared {
@@ -155,64 +196,18 @@ impl Shared {
         let frame_total = config.frame_size_bytes_max as usize + 4;
         Self {
             request_pool: Arc::new(Semaphore::new(config.request_pool_bytes.max(frame_total))),
-            queued: Arc::new(QueuedResponses {
-                bytes: AtomicUsize::new(0),
-                max: config.response_bytes_max,
-                drained: tokio::sync::Notify::new(),
-            }),
+            responses: ResponsePool::new(config.response_bytes_max.max(frame_total)),
+            admission: Admission::new(config.connections_per_ip_max, config.handshakes_max),
+            auth_failures: AuthFailures::default(),
         }
     }
 }
 
-/// Bytes of bounded answers queued for sockets, process-wide.
-#[derive(Debug)]
-struct QueuedResponses {
-    bytes: AtomicUsize,
-    max: usize,
-    /// Woken when `bytes` goes below `max`.
-    drained: tokio::sync::Notify,
-}
-
-impl QueuedResponses {
-    /// Returns once the queued bytes are below the bound.
-    async fn wait_below_max(&self) {
-        loop {
-            let drained = self.drained.notified();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            if self.bytes.load(Ordering::Acquire) < self.max {
-                return;
-            }
-            drained.await;
-        }
-    }
-
-    fn release(&self, n: usize) {
-        let before = self.bytes.fetch_sub(n, Ordering::AcqRel);
-        if before >= self.max && before - n < self.max {
-            self.drained.notify_waiters();
-        }
-    }
-}
-
-/// A bounded answer's share of its connection's response budget, taken before the request
-/// runs.
-struct ResponseReservation {
-    _conn: OwnedSemaphorePermit,
-    queued: Arc<QueuedResponses>,
-}
-
-/// What an answer queued for the socket holds until it has been written.
+/// A bounded answer's share of its connection's and the process's response budgets, taken
+/// before the request runs and held until its answer has been written.
 struct ResponseHold {
     _conn: OwnedSemaphorePermit,
-    queued: Arc<QueuedResponses>,
-    counted: usize,
-}
-
-impl Drop for ResponseHold {
-    fn drop(&mut self) {
-        self.queued.release(self.counted);
-    }
+    _process: PoolGrant,
 }
 
 /// One encoded answer on its way to the socket.
@@ -222,17 +217,9 @@ struct Out {
 }
 
 impl Out {
-    /// This answer holds `r` (and counts in the process-wide queued bytes) until written.
-    fn holding(mut self, r: Option<ResponseReservation>) -> Self {
-        if let Some(r) = r {
-            let counted = self.bytes.len();
-            r.queued.bytes.fetch_add(counted, Ordering::AcqRel);
-            self.hold = Some(ResponseHold {
-                _conn: r._conn,
-                queued: r.queued,
-                counted,
-            });
-        }
+    /// This answer holds `r` until written.
+    fn holding(mut self, r: Option<ResponseHold>) -> Self {
+        self.hold = r;
         self
     }
 }
@@ -281,7 +268,11 @@ pub const CATCH_UP_READ_NICE: i32 = 10;
 /// `quire_proxy_write_latency` and `quire_proxy_read_latency` (histograms, seconds, from the
 /// request frame read to its answer queued for the connection), `quire_proxy_bytes_in` (record
 /// payload bytes of writes), `quire_proxy_bytes_out` (record payload bytes of read answers),
-/// `quire_proxy_streams_owned` (sampled at scrape time from the [`StreamManager`]).
+/// `quire_proxy_streams_owned` (sampled at scrape time from the [`StreamManager`]),
+/// `quire_proxy_auth_failures{reason}` (handshakes refused for their token: `missing_token`,
+/// `unknown_token`), `quire_proxy_connections_refused{reason}` (connections closed by the
+/// bounds: `per_address_limit`, `auth_failures` (an address refused after repeated failed
+/// handshakes), `connection_limit`, `handshake_evicted`, `not_reading`).
 ///
 /// Adding a metric: a field here, made and registered in [`ProxyMetrics::new`] and
 /// [`ProxyMetrics::register`], recorded where its event happens in this file.
@@ -296,6 +287,14 @@ pub struct ProxyMetrics {
     read_latency: Histogram,
     bytes_in: Counter,
     bytes_out: Counter,
+    auth_failures: Family<ReasonLabels, Counter>,
+    connections_refused: Family<ReasonLabels, Counter>,
+}
+
+/// The `reason` label of refusals.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 /// The `op` label: the request's opcode name in lower case.
@@ -343,6 +342,8 @@ impl ProxyMetrics {
             read_latency: Histogram::new(LATENCY_BUCKETS_SECONDS),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
+            auth_failures: Family::default(),
+            connections_refused: Family::default(),
         })
     }
 
@@ -380,7 +381,24 @@ impl ProxyMetrics {
             self.bytes_out.clone(),
         );
         registry.register_collector(streams.metrics_collector());
+        registry.register(
+            "quire_proxy_auth_failures",
+            "Handshakes refused for their token, by reason (missing_token, unknown_token)",
+            self.auth_failures.clone(),
+        );
+        registry.register(
+            "quire_proxy_connections_refused",
+            "Connections closed by the connection bounds, by reason",
+            self.connections_refused.clone(),
+        );
         registry.register_collector(Box::new(StreamsOwned(streams)));
+    }
+
+    /// Counts a connection closed by a bound.
+    fn refused(&self, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// Records one answered request.
@@ -420,6 +438,13 @@ impl Collector for StreamsOwned {
             None,
             g.metric_type(),
         )?)
+    }
+}
+
+/// Counts a connection closed by a bound, if there are metrics.
+fn refused(metrics: &Option<Arc<ProxyMetrics>>, reason: &'static str) {
+    if let Some(m) = metrics {
+        m.refused(reason);
     }
 }
 
@@ -689,54 +714,35 @@ async fn serve_until(
     let config = Arc::new(config);
     let rejections = Arc::new(Semaphore::new(REJECTIONS_IN_FLIGHT_MAX));
     let mut backoff = AcceptBackoff::new();
+    let mut per_ip_log = LogThrottle::default();
+    let mut refused_log = LogThrottle::default();
     loop {
         match listener.accept().await {
             Ok((socket, peer)) => {
                 backoff.on_success();
-                let _ = socket.set_nodelay(true);
-                match connections.clone().try_acquire_owned() {
-                    Ok(slot) => {
-                        let (streams, config, stop, shared) = (
-                            streams.clone(),
-                            config.clone(),
-                            stop.clone(),
-                            shared.clone(),
-                        );
-                        let acceptor = acceptor.clone();
-                        tokio::spawn(async move {
-                            let accepted = Instant::now();
-                            match acceptor {
-                                None => {
-                                    let (rd, wr) = socket.into_split();
-                                    let conn = Conn {
-                                        peer,
-                                        accepted,
-                                        streams,
-                                        config,
-                                        shared,
-                                    };
-                                    connection(rd, wr, conn, stop).await;
-                                }
-                                Some(acceptor) => {
-                                    if let Some(tls) =
-                                        tls_handshake(&acceptor, socket, peer, &config).await
-                                    {
-                                        let (rd, wr) = tokio::io::split(tls);
-                                        let conn = Conn {
-                                            peer,
-                                            accepted,
-                                            streams,
-                                            config,
-                                            shared,
-                                        };
-                                        connection(rd, wr, conn, stop).await;
-                                    }
-                                }
-                            }
-                            drop(slot);
-                        });
+                let now = Instant::now();
+                if let Some(until) = shared.auth_failures.refused_until(peer.ip(), now) {
+                    refused(&config.metrics, "auth_failures");
+                    if let Some(suppressed) = refused_log.allow(now) {
+                        tracing::warn!(ip = %peer.ip(), suppressed, refused_for_ms = until.saturating_duration_since(now).as_millis() as u64, "refusing connections from an address after repeated failed handshakes (bad tokens)");
                     }
+                    continue;
+                }
+                let Some(ip_slot) = shared.admission.admit(peer.ip()) else {
+                    refused(&config.metrics, "per_address_limit");
+                    if let Some(suppressed) = per_ip_log.allow(now) {
+                        tracing::warn!(ip = %peer.ip(), limit = config.connections_per_ip_max, suppressed, "refusing a connection over the per-address connection limit");
+                    }
+                    continue;
+                };
+                let _ = socket.set_nodelay(true);
+                let slot = match connections.clone().try_acquire_owned() {
+                    Ok(slot) => Some(slot),
+                    // Full: the connection longest in its handshake makes room, if there is
+                    // one; its slot comes free as soon as its task ends.
+                    Err(_) if shared.admission.evict_oldest_handshake() => None,
                     Err(_) => {
+                        refused(&config.metrics, "connection_limit");
                         tracing::debug!(%peer, limit = config.connections_max, "refusing a connection over the limit");
                         if let Ok(permit) = rejections.clone().try_acquire_owned() {
                             let (acceptor, config) = (acceptor.clone(), config.clone());
@@ -744,8 +750,15 @@ async fn serve_until(
                                 match acceptor {
                                     None => reject(socket, config.connections_max, permit).await,
                                     Some(acceptor) => {
-                                        if let Some(tls) =
-                                            tls_handshake(&acceptor, socket, peer, &config).await
+                                        let mut handshake = None;
+                                        if let Some(tls) = tls_handshake(
+                                            &acceptor,
+                                            socket,
+                                            peer,
+                                            &config,
+                                            &mut handshake,
+                                        )
+                                        .await
                                         {
                                             reject(tls, config.connections_max, permit).await;
                                         }
@@ -753,8 +766,64 @@ async fn serve_until(
                                 }
                             });
                         }
+                        continue;
                     }
-                }
+                };
+                let handshake = shared.admission.start_handshake();
+                let (streams, config, stop, shared, connections) = (
+                    streams.clone(),
+                    config.clone(),
+                    stop.clone(),
+                    shared.clone(),
+                    connections.clone(),
+                );
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let accepted = Instant::now();
+                    let slot = match slot {
+                        Some(slot) => slot,
+                        None => {
+                            let wait = connections.acquire_owned();
+                            match tokio::time::timeout(REJECTION_TIME_MAX, wait).await {
+                                Ok(Ok(slot)) => slot,
+                                _ => {
+                                    refused(&config.metrics, "connection_limit");
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    let mut conn = Conn {
+                        peer,
+                        accepted,
+                        streams,
+                        config,
+                        shared,
+                        handshake: Some(handshake),
+                        _ip_slot: ip_slot,
+                    };
+                    match acceptor {
+                        None => {
+                            let (rd, wr) = socket.into_split();
+                            connection(rd, wr, conn, stop).await;
+                        }
+                        Some(acceptor) => {
+                            let tls = tls_handshake(
+                                &acceptor,
+                                socket,
+                                peer,
+                                &conn.config,
+                                &mut conn.handshake,
+                            )
+                            .await;
+                            if let Some(tls) = tls {
+                                let (rd, wr) = tokio::io::split(tls);
+                                connection(rd, wr, conn, stop).await;
+                            }
+                        }
+                    }
+                    drop(slot);
+                });
             }
             Err(e) => {
                 let (pause, log) = backoff.on_error(Instant::now());
@@ -767,16 +836,40 @@ async fn serve_until(
     }
 }
 
+/// Fires when the connection in `handshake` is to close to make room for others
+/// ([`ServerConfig::handshakes_max`]); never without one.
+async fn evicted(handshake: &mut Option<Handshake>) {
+    match handshake {
+        Some(h) => {
+            if (&mut h.evicted).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// The TLS handshake of an accepted connection, within `config.handshake_timeout`. A failure
 /// (a plaintext client, a client without a certificate the CA signed when one is required) is
-/// logged in one line and the connection closed.
+/// logged in one line and the connection closed; so is a connection told to make room for
+/// others while in its handshake (`handshake`).
 async fn tls_handshake(
     acceptor: &tokio_rustls::TlsAcceptor,
     socket: TcpStream,
     peer: SocketAddr,
     config: &ServerConfig,
+    handshake: &mut Option<Handshake>,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-    match tokio::time::timeout(config.handshake_timeout, acceptor.accept(socket)).await {
+    let accept = tokio::time::timeout(config.handshake_timeout, acceptor.accept(socket));
+    let done = tokio::select! {
+        done = accept => done,
+        _ = evicted(handshake) => {
+            refused(&config.metrics, "handshake_evicted");
+            tracing::debug!(%peer, "closing a connection in its TLS handshake to make room for new ones");
+            return None;
+        }
+    };
+    match done {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
             tracing::info!(%peer, error = %quire_tls::describe_handshake_error(&e), "TLS handshake failed; connection closed");
@@ -835,13 +928,15 @@ fn error_response(e: &Error) -> Response {
 /// Sends the answers queued on `rx` until every sender is gone, or until `flush` fires: then
 /// it sends what is queued at that moment and closes (a draining connection's last answers).
 /// An answer is dropped, with the response budget it holds, once written. A write that makes
-/// no headway for `send_timeout` (the client does not read) ends the connection.
+/// no headway for `send_timeout` (the client does not read) ends the connection, and so does
+/// one that makes none for `pressure_send_timeout` while the connection holds process-wide
+/// response budget that other requests wait for.
 async fn writer_loop<W: tokio::io::AsyncWrite + Unpin>(
     mut socket: W,
     mut rx: mpsc::Receiver<Out>,
     mut flush: oneshot::Receiver<()>,
     peer: SocketAddr,
-    send_timeout: Duration,
+    send_timeout: SendLimits,
 ) {
     // A flush sender dropped without firing means no drain: serve until the senders are gone.
     let mut flush_armed = true;
@@ -865,7 +960,7 @@ async fn writer_loop<W: tokio::io::AsyncWrite + Unpin>(
                     rest.extend_from_slice(&more.bytes);
                     held.push(more.hold);
                 }
-                if !rest.is_empty() && !send(&mut socket, &rest, peer, send_timeout).await {
+                if !rest.is_empty() && !send(&mut socket, &rest, peer, &send_timeout).await {
                     return;
                 }
                 break;
@@ -881,7 +976,7 @@ async fn writer_loop<W: tokio::io::AsyncWrite + Unpin>(
                 Err(_) => break,
             }
         }
-        if !send(&mut socket, &buf, peer, send_timeout).await {
+        if !send(&mut socket, &buf, peer, &send_timeout).await {
             return;
         }
         drop(held);
@@ -889,26 +984,72 @@ async fn writer_loop<W: tokio::io::AsyncWrite + Unpin>(
     let _ = socket.shutdown().await;
 }
 
+/// How long a connection's writer waits for its socket to take bytes.
+struct SendLimits {
+    /// [`ServerConfig::send_timeout`].
+    timeout: Duration,
+    /// [`ServerConfig::pressure_send_timeout`].
+    pressure_timeout: Duration,
+    /// The process-wide response budget, to know when others wait for it.
+    pool: Arc<ResponsePool>,
+    /// Bytes of it this connection holds.
+    held: Arc<AtomicUsize>,
+    metrics: Option<Arc<ProxyMetrics>>,
+}
+
 /// Writes and flushes `buf` (the flush is a no-op on plain TCP; TLS may hold encrypted records
-/// until it); false if the socket failed or the write did not finish within `send_timeout`.
+/// until it); false if the socket failed or took no byte for `limits.timeout`, or for
+/// `limits.pressure_timeout` while this connection holds response budget others wait for.
 async fn send<W: tokio::io::AsyncWrite + Unpin>(
     socket: &mut W,
     buf: &[u8],
     peer: SocketAddr,
-    send_timeout: Duration,
+    limits: &SendLimits,
 ) -> bool {
-    let write = async {
-        socket.write_all(buf).await?;
-        socket.flush().await
-    };
-    match tokio::time::timeout(send_timeout, write).await {
-        Ok(Ok(())) => true,
-        Ok(Err(_)) => false,
-        Err(_) => {
-            tracing::info!(%peer, bytes = buf.len(), timeout_ms = send_timeout.as_millis() as u64, "closing a connection that did not read its answers within the send timeout");
-            false
+    let mut written = 0;
+    let mut flushed = false;
+    let mut progress = Instant::now();
+    while !flushed {
+        // Registered before the check, so that pressure arriving in between is not missed.
+        let pressure = limits.pool.pressure.notified();
+        tokio::pin!(pressure);
+        pressure.as_mut().enable();
+        let pressed = limits.pool.under_pressure() && limits.held.load(Ordering::Acquire) > 0;
+        let patience = if pressed {
+            limits.pressure_timeout
+        } else {
+            limits.timeout
+        };
+        let step = async {
+            if written < buf.len() {
+                socket.write(&buf[written..]).await.map(Some)
+            } else {
+                socket.flush().await.map(|()| None)
+            }
+        };
+        tokio::select! {
+            r = step => match r {
+                Ok(Some(0)) | Err(_) => return false,
+                Ok(Some(n)) => {
+                    written += n;
+                    progress = Instant::now();
+                }
+                Ok(None) => flushed = true,
+            },
+            _ = tokio::time::sleep_until(progress + patience) => {
+                if pressed {
+                    refused(&limits.metrics, "not_reading");
+                    tracing::info!(%peer, unwritten_bytes = buf.len() - written, held_bytes = limits.held.load(Ordering::Acquire), timeout_ms = patience.as_millis() as u64, "closing a connection that does not read its answers while other requests wait for the response budget");
+                } else {
+                    tracing::info!(%peer, bytes = buf.len(), timeout_ms = patience.as_millis() as u64, "closing a connection that did not read its answers within the send timeout");
+                }
+                return false;
+            }
+            // Others started waiting: look again with the shorter patience.
+            _ = pressure, if !pressed => {}
         }
     }
+    true
 }
 
 fn encode(resp: &Response, opcode: u8, request_id: u64) -> Out {
@@ -984,6 +1125,10 @@ struct Conn {
     streams: Arc<StreamManager>,
     config: Arc<ServerConfig>,
     shared: Arc<Shared>,
+    /// Its place among the connections in their handshake, until the handshake is answered.
+    handshake: Option<Handshake>,
+    /// Its count in its address's connections, for as long as it is open.
+    _ip_slot: IpSlot,
 }
 
 /// Serves one connection's two halves, plain TCP or TLS (generic, so that plain TCP has no
@@ -999,6 +1144,8 @@ where
         streams,
         config,
         shared,
+        mut handshake,
+        _ip_slot,
     } = conn;
     let activity = Arc::new(Activity {
         accepted,
@@ -1006,7 +1153,16 @@ where
     });
     let (out_tx, out_rx) = mpsc::channel::<Out>(config.requests_in_flight_max);
     let (flush_tx, flush_rx) = oneshot::channel();
-    let writer = tokio::spawn(writer_loop(wr, out_rx, flush_rx, peer, config.send_timeout));
+    // Bytes of the process-wide response budget this connection holds.
+    let held = Arc::new(AtomicUsize::new(0));
+    let limits = SendLimits {
+        timeout: config.send_timeout,
+        pressure_timeout: config.pressure_send_timeout,
+        pool: shared.responses.clone(),
+        held: held.clone(),
+        metrics: config.metrics.clone(),
+    };
+    let writer = tokio::spawn(writer_loop(wr, out_rx, flush_rx, peer, limits));
     // This connection's response budget (`connection_response_bytes_max`), one permit a byte.
     let frame_total_max = config.frame_size_bytes_max as usize + 4;
     let responses = Arc::new(Semaphore::new(
@@ -1094,12 +1250,37 @@ where
                 if let Some(auth) = &config.auth {
                     let known = token.as_ref().and_then(|t| auth.authenticate(&t.0));
                     let Some(g) = known else {
-                        let reason = if token.is_some() {
-                            "the proxy does not know this token"
+                        let (reason, label) = if token.is_some() {
+                            ("the proxy does not know this token", "unknown_token")
                         } else {
-                            "the proxy requires a token (ProxyClient token, quire --token or QUIRE_TOKEN)"
+                            (
+                                "the proxy requires a token (ProxyClient token, quire --token or QUIRE_TOKEN)",
+                                "missing_token",
+                            )
                         };
-                        tracing::info!(%peer, reason, "refused a handshake");
+                        if let Some(m) = &config.metrics {
+                            m.auth_failures
+                                .get_or_create(&ReasonLabels { reason: label })
+                                .inc();
+                        }
+                        let verdict = shared.auth_failures.failed(peer.ip(), Instant::now());
+                        match verdict.warn {
+                            Some(not_warned) => {
+                                tracing::warn!(%peer, reason, failures = verdict.count, not_warned, delay_ms = verdict.delay.as_millis() as u64, "refused a handshake: bad token")
+                            }
+                            None => {
+                                tracing::debug!(%peer, reason, failures = verdict.count, "refused a handshake: bad token")
+                            }
+                        }
+                        // Repeated failures from one address are answered later and later (a
+                        // guesser's rate falls), holding the connection meanwhile: its address's
+                        // connection limit bounds how many it can have waiting.
+                        if !verdict.delay.is_zero() {
+                            tokio::select! {
+                                _ = tokio::time::sleep(verdict.delay) => {}
+                                _ = stop.changed() => break 'conn,
+                            }
+                        }
                         let e = Error::Unauthenticated {
                             reason: reason.into(),
                         };
@@ -1109,6 +1290,7 @@ where
                         break 'conn;
                     };
                     grant = Some(g.clone());
+                    shared.auth_failures.succeeded(peer.ip());
                 }
                 let resp = Response::Hello {
                     version,
@@ -1123,6 +1305,9 @@ where
                     break 'conn;
                 }
                 greeted = true;
+                if let Some(h) = handshake.take() {
+                    h.done();
+                }
                 continue;
             }
             if let Some(reason) = grant.as_ref().and_then(|g| g.check(&req).err()) {
@@ -1142,16 +1327,17 @@ where
             let reservation = match response_bytes_bound(&req, &config) {
                 None => None,
                 Some(n) => {
+                    let n = n.min(frame_total_max);
                     let reserve = async {
                         let conn = responses
                             .clone()
-                            .acquire_many_owned(n.min(frame_total_max) as u32)
+                            .acquire_many_owned(n as u32)
                             .await
                             .expect("the response budget is never closed");
-                        shared.queued.wait_below_max().await;
-                        ResponseReservation {
+                        let process = shared.responses.acquire(peer.ip(), n, &held).await;
+                        ResponseHold {
                             _conn: conn,
-                            queued: shared.queued.clone(),
+                            _process: process,
                         }
                     };
                     tokio::select! {
@@ -1243,7 +1429,8 @@ where
                     let streams = streams.clone();
                     let config = config.clone();
                     let grant = grant.clone();
-                    runtime.spawn(async move {
+                    let is_delete = matches!(other, Request::DeleteStream { .. });
+                    let task = runtime.spawn(async move {
                         let resp = match handle(other, &streams, &config).await {
                             Ok(Response::ListStreams { streams }) if grant.is_some() => {
                                 // Only the streams the token may read.
@@ -1265,6 +1452,17 @@ where
                         drop(frame_hold);
                         drop(permit);
                     });
+                    if is_delete {
+                        // What this connection sent after a delete is applied after it
+                        // (docs/proxy-protocol.md, "Delete stream"): the next frame is taken
+                        // once the delete is done and answered, so writes pipelined behind it
+                        // find the stream gone rather than being acknowledged and then deleted
+                        // with it. Deletes are rare; only this connection waits.
+                        tokio::select! {
+                            _ = task => {}
+                            _ = stop.changed() => break 'conn,
+                        }
+                    }
                 }
             }
         }
@@ -1338,6 +1536,11 @@ where
             },
             _ = stop.changed() => break 'conn,
             _ = out_tx.closed() => break 'conn,
+            _ = evicted(&mut handshake) => {
+                refused(&config.metrics, "handshake_evicted");
+                tracing::debug!(%peer, "closing a connection in its handshake to make room for new ones");
+                break 'conn;
+            }
             _ = tokio::time::sleep_until(deadline) => {
                 if let Some(since) = partial_since.filter(|t| Instant::now() >= *t + config.frame_timeout) {
                     tracing::info!(%peer, frame_bytes = frame_bytes.unwrap_or(0), received_bytes = buf.pending().len(), waited_ms = since.elapsed().as_millis() as u64, "closing a connection whose frame did not arrive whole within the frame timeout");

@@ -677,3 +677,113 @@ async fn describe_during_a_roll_shows_the_in_progress_segment_counts() {
     }
     p.streams.shutdown().await.unwrap();
 }
+
+/// Issue 24 item 8: on one connection, requests pipelined after a `DELETE_STREAM` are applied
+/// after the delete (docs/proxy-protocol.md, "Delete stream"): write, delete, write, write,
+/// write sent in one go get their answers with the delete's first, the write without the create
+/// flag gets `NO_SUCH_STREAM`, and the writes with it make a new stream that starts at 1:0:0;
+/// the record written before the delete is gone with the old stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
+    use quire_proxy::protocol::{Request, Response};
+    use quire_wire::frame::decode_frame;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let c = common::cluster().await;
+    let p = common::proxy(&c, common::small_config()).await;
+    let addr = p.server.local_addr();
+    let client = ProxyClient::connect(addr).await.unwrap();
+    write(&client, "wd", 1, 5).await;
+
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut out = Vec::new();
+    Request::Hello {
+        version_min: 1,
+        version_max: 1,
+        token: None,
+    }
+    .encode(1, &mut out);
+    let w = |txid: u64, create: bool| Request::Write {
+        stream: "wd".into(),
+        create_if_missing: create,
+        records: vec![(txid, common::payload(txid))],
+    };
+    w(6, true).encode(2, &mut out);
+    Request::DeleteStream {
+        stream: "wd".into(),
+    }
+    .encode(3, &mut out);
+    w(7, false).encode(4, &mut out);
+    w(8, true).encode(5, &mut out);
+    w(9, true).encode(6, &mut out);
+    // One write to the socket: the proxy reads every request before any is answered.
+    s.write_all(&out).await.unwrap();
+    let mut answers: Vec<(u64, Response)> = Vec::new();
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while answers.len() < 6 {
+        let mut chunk = [0u8; 4096];
+        let n =
+            tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), s.read(&mut chunk))
+                .await
+                .expect("answers within 20 s")
+                .unwrap();
+        assert!(n > 0, "closed early; answers so far: {answers:?}");
+        buf.extend_from_slice(&chunk[..n]);
+        while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
+            answers.push((f.header.request_id, Response::decode(&f).unwrap()));
+            buf.drain(..used);
+        }
+    }
+    let at = |id: u64| answers.iter().position(|(i, _)| *i == id).unwrap();
+    let answer = |id: u64| &answers[at(id)].1;
+    assert!(
+        matches!(answer(2), Response::Write { .. }),
+        "{:?}",
+        answer(2)
+    );
+    assert!(
+        matches!(answer(3), Response::DeleteStream { segments_deleted } if *segments_deleted >= 1),
+        "{:?}",
+        answer(3)
+    );
+    for later in [4, 5, 6] {
+        assert!(
+            at(3) < at(later),
+            "request {later} was answered before the delete: {answers:?}"
+        );
+    }
+    assert!(
+        matches!(
+            answer(4),
+            Response::Error {
+                code: ErrorCode::NoSuchStream,
+                ..
+            }
+        ),
+        "a write without the create flag queued behind the delete: {:?}",
+        answer(4)
+    );
+    match (answer(5), answer(6)) {
+        (
+            Response::Write {
+                first_dlsn: a,
+                last_dlsn: _,
+                ..
+            },
+            Response::Write { first_dlsn: b, .. },
+        ) => {
+            assert_eq!(*a, Dlsn::new(1, 0, 0), "a new stream");
+            assert!(b > a);
+        }
+        other => panic!("writes with the create flag after the delete: {other:?}"),
+    }
+    let left: Vec<u64> = read_from(&client, "wd", ReadPosition::Head)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, t, _)| t)
+        .collect();
+    assert_eq!(left, vec![8, 9], "only the writes made after the delete");
+    p.streams.shutdown().await.unwrap();
+}

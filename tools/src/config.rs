@@ -76,6 +76,7 @@ impl MetadataAddress {
         let digest = match zk_auth_file {
             None => None,
             Some(path) => {
+                crate::secret_file::warn_if_exposed(&path, "zk_auth_file");
                 let text = std::fs::read_to_string(&path)
                     .with_context(|| format!("cannot read zk_auth_file {}", path.display()))?;
                 let digest = ZkDigest::parse(&text)
@@ -955,6 +956,17 @@ pub struct ProxySettings {
     /// does not read them) is closed (default 60000).
     #[arg(long)]
     pub send_timeout_ms: Option<u64>,
+    /// While requests wait for `response_bytes_max`, a connection holding some of it whose
+    /// answers make no headway for this many milliseconds is closed (default 1000).
+    #[arg(long)]
+    pub pressure_send_timeout_ms: Option<u64>,
+    /// Open connections from one client IP address; more are closed at once (default 1024).
+    #[arg(long)]
+    pub connections_per_ip_max: Option<usize>,
+    /// Connections in their handshake at once; beyond it the one longest in its handshake is
+    /// closed (default 1024).
+    #[arg(long)]
+    pub handshakes_max: Option<usize>,
 }
 
 /// Parses and checks a retention time in seconds (`--retention-time-secs`).
@@ -994,8 +1006,9 @@ pub struct ProxyOptions {
     pub tls: Option<quire_tls::ServerTls>,
     /// TLS to bookies (`None`: plain TCP).
     pub bookie_tls: Option<quire_tls::ClientTls>,
-    /// The proxy port's memory bounds (`request_pool_bytes`, `frame_timeout`,
-    /// `connection_response_bytes_max`, `response_bytes_max`, `send_timeout`); its other fields
+    /// The proxy port's bounds (`request_pool_bytes`, `frame_timeout`,
+    /// `connection_response_bytes_max`, `response_bytes_max`, `send_timeout`,
+    /// `pressure_send_timeout`, `connections_per_ip_max`, `handshakes_max`); its other fields
     /// are the defaults.
     pub server: quire_proxy::ServerConfig,
 }
@@ -1041,7 +1054,10 @@ impl ProxySettings {
             frame_timeout_ms,
             connection_response_bytes_max,
             response_bytes_max,
-            send_timeout_ms
+            send_timeout_ms,
+            pressure_send_timeout_ms,
+            connections_per_ip_max,
+            handshakes_max
         )
     }
 
@@ -1078,6 +1094,24 @@ impl ProxySettings {
                 bail!("invalid setting send_timeout_ms = {ms}: expected 100 to 3600000");
             }
             server.send_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.pressure_send_timeout_ms {
+            if !(100..=3_600_000).contains(&ms) {
+                bail!("invalid setting pressure_send_timeout_ms = {ms}: expected 100 to 3600000");
+            }
+            server.pressure_send_timeout = Duration::from_millis(ms);
+        }
+        if let Some(n) = self.connections_per_ip_max {
+            if n == 0 {
+                bail!("invalid setting connections_per_ip_max = 0: expected at least 1");
+            }
+            server.connections_per_ip_max = n;
+        }
+        if let Some(n) = self.handshakes_max {
+            if n == 0 {
+                bail!("invalid setting handshakes_max = 0: expected at least 1");
+            }
+            server.handshakes_max = n;
         }
         Ok(server)
     }

@@ -29,6 +29,7 @@ mod gc;
 mod metrics_http;
 mod proxy_cmd;
 mod sandbox;
+mod secret_file;
 mod tls;
 mod token;
 

@@ -3,23 +3,34 @@
 //! scrapes), encoded by `prometheus-client`; `GET /healthz` answers `200 ok` while the process
 //! serves and `503` before it serves (replay, registration) and once it is stopping.
 //!
-//! Two GET paths need no HTTP framework: one std thread accepts and answers each connection in
-//! turn (scrapes are rare and small), reading at most [`REQUEST_HEAD_BYTES_MAX`] bytes of
-//! request head with a timeout, then closes the connection (`Connection: close`).
+//! It runs beside the data path, not in it: hyper's HTTP/1.1 server on a one-thread tokio
+//! runtime of its own, serving connections concurrently, so that one slow or idle client
+//! cannot keep health checks waiting (issue 24). Each connection must send a whole request head
+//! within [`HEADER_READ_TIMEOUT`] (also the longest a kept-alive connection may sit idle), may
+//! stay at most [`CONNECTION_LIFETIME_MAX`] in all, and at most [`CONNECTIONS_MAX`] are open
+//! at once (beyond that a new one is closed at once).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
 
 /// Longest request head (request line and headers) read; a longer one gets `431`.
 pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
-/// A client that does not send its whole request head within this time is dropped.
-const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection that does not send a whole request head within this (from its start, or from
+/// its previous answer when kept alive) is closed.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a connection stays open, whatever it does (a client that does not read its answer).
+pub const CONNECTION_LIFETIME_MAX: Duration = Duration::from_secs(60);
+/// Most connections open at once; more are closed as they are accepted.
+pub const CONNECTIONS_MAX: usize = 256;
 /// Content type of `/metrics` (what `prometheus-client`'s text encoder writes).
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -46,85 +57,95 @@ impl Exposition {
     }
 }
 
-/// Binds `listen` and serves `exposition` from a background thread for the life of the
-/// process. Returns the bound address (port 0 picks a free one).
+/// Binds `listen` and serves `exposition` from a background thread (its own one-thread tokio
+/// runtime) for the life of the process. Returns the bound address (port 0 picks a free one).
 ///
 /// # Errors
-/// The address cannot be bound.
+/// The address cannot be bound, or the thread cannot start.
 pub fn start(listen: SocketAddr, exposition: Exposition) -> Result<SocketAddr> {
     let listener = TcpListener::bind(listen)
         .with_context(|| format!("cannot listen for metrics on {listen}"))?;
     let addr = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the metrics runtime")?;
     std::thread::Builder::new()
         .name("quire-metrics-http".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                match conn {
-                    Ok(stream) => {
-                        if let Err(e) = answer(stream, &exposition) {
-                            tracing::debug!(error = %e, "metrics request failed");
-                        }
-                    }
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(error = %e, "metrics accept failed");
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                }
-            }
-        })
+        .spawn(move || runtime.block_on(serve(listener, exposition)))
         .context("cannot start the metrics thread")?;
     Ok(addr)
 }
 
-/// Reads one request head and answers it.
-fn answer(mut stream: TcpStream, exposition: &Exposition) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(REQUEST_READ_TIMEOUT))?;
-    stream.set_write_timeout(Some(REQUEST_READ_TIMEOUT))?;
-    let mut head = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    let complete = loop {
-        if head.windows(4).any(|w| w == b"\r\n\r\n") {
-            break true;
+/// Accepts connections and serves each in its own task.
+async fn serve(listener: TcpListener, exposition: Exposition) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "metrics endpoint cannot use its socket");
+            return;
         }
-        if head.len() > REQUEST_HEAD_BYTES_MAX {
-            break false;
-        }
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&chunk[..n]);
     };
-    let (status, content_type, body) = if !complete {
-        (
-            "431 Request Header Fields Too Large",
-            "text/plain",
-            "request head too large\n".to_string(),
-        )
-    } else {
-        route(&head, exposition)
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(response.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_header_size(REQUEST_HEAD_BYTES_MAX)
+        .keep_alive(true);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, limit = CONNECTIONS_MAX, "metrics endpoint: closing a connection over the limit");
+            continue;
+        };
+        let exposition = exposition.clone();
+        let conn = http.serve_connection(
+            hyper_util::rt::TokioIo::new(stream),
+            hyper::service::service_fn(move |req| {
+                let answer = answer(&req, &exposition);
+                async move { Ok::<_, Infallible>(answer) }
+            }),
+        );
+        tokio::spawn(async move {
+            match tokio::time::timeout(CONNECTION_LIFETIME_MAX, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics connection failed"),
+                Err(_) => tracing::debug!(%peer, "metrics connection closed at its lifetime limit"),
+            }
+            drop(slot);
+        });
+    }
 }
 
-/// The answer to a complete request head: (status line, content type, body).
-fn route(head: &[u8], exposition: &Exposition) -> (&'static str, &'static str, String) {
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    // The query string (Prometheus may add one) does not select anything here.
-    let path = target.split('?').next().unwrap_or("");
-    if method != "GET" {
+/// The answer to one request.
+fn answer(req: &Request<Incoming>, exposition: &Exposition) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = route(req.method(), req.uri().path(), exposition);
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, content_type)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// (status, content type, body) of a request for `path` (the query string does not select
+/// anything: Prometheus may add one).
+fn route(
+    method: &Method,
+    path: &str,
+    exposition: &Exposition,
+) -> (StatusCode, &'static str, String) {
+    if method != Method::GET {
         return (
-            "405 Method Not Allowed",
+            StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             "only GET is served\n".into(),
         );
@@ -137,9 +158,9 @@ fn route(head: &[u8], exposition: &Exposition) -> (&'static str, &'static str, S
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             match prometheus_client::encoding::text::encode(&mut out, &registry) {
-                Ok(()) => ("200 OK", OPENMETRICS_CONTENT_TYPE, out),
+                Ok(()) => (StatusCode::OK, OPENMETRICS_CONTENT_TYPE, out),
                 Err(e) => (
-                    "500 Internal Server Error",
+                    StatusCode::INTERNAL_SERVER_ERROR,
                     "text/plain",
                     format!("encoding failed: {e}\n"),
                 ),
@@ -147,17 +168,17 @@ fn route(head: &[u8], exposition: &Exposition) -> (&'static str, &'static str, S
         }
         "/healthz" => {
             if exposition.serving.load(Ordering::Acquire) {
-                ("200 OK", "text/plain", "ok\n".into())
+                (StatusCode::OK, "text/plain", "ok\n".into())
             } else {
                 (
-                    "503 Service Unavailable",
+                    StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
                     "not serving\n".into(),
                 )
             }
         }
         _ => (
-            "404 Not Found",
+            StatusCode::NOT_FOUND,
             "text/plain",
             "try /metrics or /healthz\n".into(),
         ),
@@ -172,13 +193,37 @@ mod tests {
 
     use super::*;
     use prometheus_client::metrics::counter::Counter;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
 
+    /// Sends `request` and reads the answer: its head, then `Content-Length` bytes of body.
     fn get(addr: SocketAddr, request: &[u8]) -> String {
         let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(request).unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&out).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(|v| v.trim().parse::<usize>().unwrap())
+                    })
+                    .unwrap_or(0);
+                if out.len() >= end + 4 + len {
+                    return text;
+                }
+            }
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return String::from_utf8_lossy(&out).to_string(),
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
     }
 
     #[test]
@@ -209,5 +254,46 @@ mod tests {
         assert!(get(addr, &huge).starts_with("HTTP/1.1 431 "));
         exposition.set_serving(false);
         assert!(get(addr, b"GET /healthz HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 503 "));
+    }
+
+    #[test]
+    fn healthz_answers_beside_idle_and_slow_loris_connections() {
+        // Issue 24 item 6. Goal: 50 connections that send nothing and one that trickles its
+        // request head a byte at a time do not delay a health check: each of 5 checks is
+        // answered within 1 s; the idle ones are closed after the header timeout.
+        let exposition = Exposition::default();
+        exposition.set_serving(true);
+        let addr = start("127.0.0.1:0".parse().unwrap(), exposition).unwrap();
+        let idle: Vec<TcpStream> = (0..50).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /met").unwrap();
+        let loris = std::thread::spawn(move || {
+            for b in b"rics HTTP/1.1\r\n".iter().take(3) {
+                std::thread::sleep(Duration::from_millis(300));
+                if slow.write_all(&[*b]).is_err() {
+                    break;
+                }
+            }
+            slow
+        });
+        for _ in 0..5 {
+            let asked = Instant::now();
+            let health = get(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+            let took = asked.elapsed();
+            assert!(health.starts_with("HTTP/1.1 200 OK"), "{health}");
+            assert!(
+                took < Duration::from_secs(1),
+                "/healthz took {took:?} beside idle and slow connections"
+            );
+        }
+        let _slow = loris.join().unwrap();
+        // The idle connections are closed by the header timeout, not held for ever.
+        let mut first = idle.into_iter().next().unwrap();
+        first
+            .set_read_timeout(Some(HEADER_READ_TIMEOUT + Duration::from_secs(5)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        let closed = matches!(first.read(&mut byte), Ok(0) | Err(_));
+        assert!(closed, "an idle connection outlived the header timeout");
     }
 }

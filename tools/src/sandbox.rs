@@ -252,7 +252,9 @@ fn sandbox_pki(args: &SandboxArgs) -> Result<quire_tls::gen::PkiFiles> {
     if files.ca_file.exists() && files.cert_file.exists() && files.key_file.exists() {
         return Ok(files);
     }
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // The key is private: the directory is the owner's only (the key is written 0600 in it).
+    crate::secret_file::create_private_dir(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
     let mut sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
     let ip = args.listen.ip();
     if !ip.is_unspecified() && !ip.is_loopback() {

@@ -39,6 +39,7 @@ pub fn server_tls(
         (Some(_), None) => bail!("missing setting tls_key_file: tls_cert_file is set"),
         (None, Some(_)) => bail!("missing setting tls_cert_file: tls_key_file is set"),
     };
+    crate::secret_file::warn_if_exposed(&key_file, "tls_key_file");
     let tls = ServerTls {
         cert_file,
         key_file,
@@ -66,6 +67,9 @@ pub fn client_tls(
         }
         return Ok(None);
     };
+    if let Some(key) = &key_file {
+        crate::secret_file::warn_if_exposed(key, &format!("{prefix}tls_key_file"));
+    }
     let tls = ClientTls {
         ca_file,
         cert_file,
@@ -172,7 +176,8 @@ pub fn certs(args: TlsCertsArgs) -> Result<()> {
             existing[0].display()
         );
     }
-    std::fs::create_dir_all(&args.out)
+    // The key is private: the directory is the owner's only (it is written 0600 in it).
+    crate::secret_file::create_private_dir(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let files = quire_tls::gen::write_pki(&args.out, &args.sans)?;
     println!(

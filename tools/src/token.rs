@@ -106,6 +106,8 @@ struct TokenEntry {
 /// One line: the file cannot be read or parsed, it holds no token, or a digest is malformed
 /// or repeated.
 pub fn load_authorizer(path: &Path) -> Result<Authorizer> {
+    // Digests only, but a readable list of names and rights still helps an attacker.
+    crate::secret_file::warn_if_exposed(path, "auth_tokens_file");
     let file: TokenFile = crate::config::read_toml(path)?;
     if file.token.is_empty() {
         return Err(anyhow!(

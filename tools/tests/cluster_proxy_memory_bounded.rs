@@ -67,6 +67,22 @@ async fn read_frame(sock: &mut (impl AsyncReadExt + Unpin)) -> Option<Vec<u8>> {
     Some(rest)
 }
 
+/// `n` requests to read 4 MiB from the head of stream `big`, one after the other.
+fn pipelined_reads(n: u64) -> Vec<u8> {
+    let mut reads = Vec::new();
+    for id in 0..n {
+        let read = Request::Read {
+            stream: "big".into(),
+            from: ReadPosition::Head,
+            max_records: 1000,
+            max_bytes: 4 << 20,
+            wait_ms: 0,
+        };
+        reads.extend_from_slice(&frame(&read, 10 + id));
+    }
+    reads
+}
+
 /// A raw connection that has done its handshake.
 async fn handshaken(addr: &str) -> TcpStream {
     let mut sock = TcpStream::connect(addr).await.unwrap();
@@ -172,17 +188,7 @@ fn partial_frames_and_unread_answers_keep_proxy_rss_bounded() {
         let mut readers = Vec::new();
         for _ in 0..UNREAD_READERS {
             let mut sock = handshaken(&addr).await;
-            let mut reads = Vec::new();
-            for id in 0..READS_PER_READER {
-                let read = Request::Read {
-                    stream: "big".into(),
-                    from: ReadPosition::Head,
-                    max_records: 1000,
-                    max_bytes: 4 << 20,
-                    wait_ms: 0,
-                };
-                reads.extend_from_slice(&frame(&read, 10 + id));
-            }
+            let reads = pipelined_reads(READS_PER_READER);
             readers.push(tokio::spawn(async move {
                 let _ = sock.write_all(&reads).await;
                 std::future::pending::<()>().await;
@@ -253,6 +259,144 @@ fn partial_frames_and_unread_answers_keep_proxy_rss_bounded() {
         );
         assert!(closed > 0, "no held frame was closed by the frame timeout");
         for h in held.into_iter().chain(readers) {
+            h.abort();
+        }
+    });
+    proxy.stop();
+}
+
+/// Connects from loopback address `from`, handshakes, reads up to 1 MiB from the head of
+/// `stream` and returns the number of records, or the error.
+async fn read_from_address(addr: &str, from: &str, stream: &str) -> Result<usize, String> {
+    let sock = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
+    sock.bind(format!("{from}:0").parse().unwrap())
+        .map_err(|e| e.to_string())?;
+    let mut s = sock
+        .connect(addr.parse().unwrap())
+        .await
+        .map_err(|e| e.to_string())?;
+    let hello = Request::Hello {
+        version_min: PROXY_PROTOCOL_VERSION_MIN,
+        version_max: PROXY_PROTOCOL_VERSION_MAX,
+        token: None,
+    };
+    let read = Request::Read {
+        stream: stream.into(),
+        from: ReadPosition::Head,
+        max_records: 1000,
+        max_bytes: 1 << 20,
+        wait_ms: 0,
+    };
+    let mut out = frame(&hello, 1);
+    out.extend(frame(&read, 2));
+    s.write_all(&out).await.map_err(|e| e.to_string())?;
+    for _ in 0..2 {
+        let answer = read_frame(&mut s).await.ok_or("closed")?;
+        let status = u16::from_le_bytes([answer[2], answer[3]]);
+        if status != 0 {
+            return Err(format!("status {status}"));
+        }
+        if answer[0] == 0x85 {
+            // Read answer: the 12-byte header rest, `next` (21 bytes), the record count.
+            let n = u32::from_le_bytes(answer[33..37].try_into().unwrap());
+            return Ok(n as usize);
+        }
+    }
+    Err("no read answer".into())
+}
+
+#[test]
+fn unread_reads_on_256_connections_leave_a_reader_on_another_address_served() {
+    // Issue 24 item 5. Goal: 256 connections pipelining 4 MiB reads without reading the
+    // answers neither stall a reader on another address (each of its reads answered within
+    // 2 s) nor grow the proxy past its idle size plus `response_bytes_max` (256 MiB) plus a
+    // 96 MiB margin. Before the process-wide budget was reserved up front and shared by
+    // address, the peak was over 1 GiB above idle and the reader waited for the 60 s send
+    // timeout. Method: real ZooKeeper, bookie and proxy processes (defaults, E=Qw=Qa=1); the
+    // hostile connections come from 127.0.0.1, the reader from 127.0.0.2; VmRSS sampled every
+    // 100 ms.
+    const CONNECTIONS: usize = 256;
+    const RESPONSE_BYTES_MAX: u64 = 256 * MIB;
+    let cluster = Cluster::start();
+    let _bookie = cluster.start_bookie(0, quire_testkit::free_port());
+    cluster.wait_bookies("1 bookie", |l| l.contains("1 bookies registered"));
+    let proxy = cluster.start_proxy(
+        quire_testkit::free_port(),
+        &[
+            "--ensemble-size",
+            "1",
+            "--write-quorum",
+            "1",
+            "--ack-quorum",
+            "1",
+        ],
+    );
+    let addr = proxy.addr.clone();
+    let pid = proxy.pid();
+    let rt = runtime();
+    rt.block_on(async {
+        let client = ProxyClient::connect(&addr).await.unwrap();
+        for i in 0..8u64 {
+            client
+                .write("big", vec![(i + 1, vec![b'r'; 1_000_000])], true)
+                .await
+                .unwrap();
+        }
+        assert!(read_from_address(&addr, "127.0.0.2", "big").await.unwrap() > 0);
+        let idle = rss_bytes(pid);
+        let bound = idle + RESPONSE_BYTES_MAX + MARGIN_BYTES;
+        let mut hostile = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let mut sock = handshaken(&addr).await;
+            let reads = pipelined_reads(100);
+            hostile.push(tokio::spawn(async move {
+                let _ = sock.write_all(&reads).await;
+                std::future::pending::<()>().await;
+                drop(sock);
+            }));
+        }
+        let start = Instant::now();
+        let mut peak = 0u64;
+        let mut worst = Duration::ZERO;
+        for round in 0..20 {
+            peak = peak.max(rss_bytes(pid));
+            let asked = Instant::now();
+            let got = tokio::time::timeout(
+                Duration::from_secs(2),
+                read_from_address(&addr, "127.0.0.2", "big"),
+            )
+            .await;
+            match got {
+                Ok(Ok(n)) => assert!(n > 0),
+                Ok(Err(e)) => panic!("read {round} from 127.0.0.2 failed: {e}"),
+                Err(_) => panic!(
+                    "read {round} from 127.0.0.2 not answered within 2 s beside {CONNECTIONS} \
+                     connections that do not read (VmRSS {} MiB)",
+                    rss_bytes(pid) / MIB
+                ),
+            }
+            worst = worst.max(asked.elapsed());
+            for _ in 0..3 {
+                peak = peak.max(rss_bytes(pid));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        eprintln!(
+            "{CONNECTIONS} unread-read connections: proxy peak VmRSS {} MiB (idle {} MiB, \
+             bound {} MiB); 20 reads from 127.0.0.2 served, slowest {worst:?}, in {:?}",
+            peak / MIB,
+            idle / MIB,
+            bound / MIB,
+            start.elapsed()
+        );
+        assert!(
+            peak <= bound,
+            "proxy VmRSS peaked at {} MiB, above the bound of {} MiB (idle {} MiB)",
+            peak / MIB,
+            bound / MIB,
+            idle / MIB
+        );
+        for h in hostile {
             h.abort();
         }
     });

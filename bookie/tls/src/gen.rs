@@ -105,10 +105,23 @@ pub fn write_file(path: &Path, text: &str, private: bool) -> Result<(), Error> {
         path: path.to_path_buf(),
         reason: e.to_string(),
     };
-    std::fs::write(path, text).map_err(err)?;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A private key is created 0600, never readable by others even for a moment.
+    let mode = if private { 0o600 } else { 0o644 };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .map_err(err)?;
     if private {
+        // An existing file keeps its mode on open: narrow it before writing the key.
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(err)?;
     }
+    f.write_all(text.as_bytes()).map_err(err)?;
     Ok(())
 }

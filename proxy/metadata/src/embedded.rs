@@ -2,9 +2,14 @@
 //! replaced atomically (write to a temporary file, fdatasync, rename, fsync the directory) before
 //! any update returns. Meant for the single-machine sandbox, where update rates are low (one
 //! update per segment roll, not per entry). Format: `docs/format/metadata.md`.
+//!
+//! The document holds every stream's ledger secret and every ledger's master key, so it is
+//! written mode 0600 in a directory of mode 0700; a store opened on a file or directory that
+//! others can read warns and narrows them.
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -78,8 +83,17 @@ impl EmbeddedStore {
             path: dir.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(io)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(PRIVATE_DIR_MODE)
+            .create(dir)
+            .map_err(io)?;
         let path = dir.join(EMBEDDED_FILE_NAME);
+        make_private(dir, PRIVATE_DIR_MODE).map_err(io)?;
+        make_private(&path, PRIVATE_FILE_MODE).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
         let mut doc = match std::fs::read(&path) {
             Ok(bytes) => {
                 let doc: Document = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
@@ -140,13 +154,46 @@ impl EmbeddedStore {
     }
 }
 
+/// Mode of the metadata document: its owner only (it holds ledger secrets).
+const PRIVATE_FILE_MODE: u32 = 0o600;
+/// Mode of the store's directory.
+const PRIVATE_DIR_MODE: u32 = 0o700;
+
+/// Narrows `path` to `mode` when others have any access to it, with a warning (a store written
+/// before modes were set, or a file copied in). A missing file is fine.
+fn make_private(path: &Path, mode: u32) -> std::io::Result<()> {
+    let found = match std::fs::metadata(path) {
+        Ok(m) => m.permissions().mode() & 0o777,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if found & 0o077 != 0 {
+        tracing::warn!(
+            path = %path.display(),
+            "{} was mode {found:o}, readable by other users, and holds ledger secrets: set to {mode:o}",
+            path.display()
+        );
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let io = |source| Error::Io {
         path: path.display().to_string(),
         source,
     };
     let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    // Created 0600 (truncated if a crash left one): the secrets are never readable by others.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(PRIVATE_FILE_MODE)
+        .open(&tmp)
+        .map_err(io)?;
+    f.set_permissions(std::fs::Permissions::from_mode(PRIVATE_FILE_MODE))
+        .map_err(io)?;
     f.write_all(bytes).map_err(io)?;
     f.sync_data().map_err(io)?;
     drop(f);

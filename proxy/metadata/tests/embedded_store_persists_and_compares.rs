@@ -132,3 +132,29 @@ async fn cookies_instance_id_and_stream_leases() {
         "leases end with the process"
     );
 }
+
+/// Issue 24 item 3: the document holds every stream's ledger secret, so it is mode 0600 in a
+/// directory of mode 0700, from its first write; a store left with looser modes (written before
+/// this rule, or copied in) is narrowed when it is opened.
+#[tokio::test]
+async fn metadata_file_holding_ledger_secrets_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("metadata");
+    let store = EmbeddedStore::open(&dir).unwrap();
+    let mut m = stream("secret");
+    m.ledger_secret_hex = Some("00".repeat(32));
+    store.create_stream(&m).await.unwrap();
+    let file = dir.join(EMBEDDED_FILE_NAME);
+    assert_eq!(mode(&file), 0o600, "metadata.json");
+    assert_eq!(mode(&dir), 0o700, "metadata directory");
+    drop(store);
+
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let store = EmbeddedStore::open(&dir).unwrap();
+    assert_eq!(mode(&file), 0o600, "narrowed at open");
+    assert_eq!(mode(&dir), 0o700, "narrowed at open");
+    assert!(store.read_stream("secret").await.is_ok());
+}
