@@ -197,6 +197,18 @@ async fn check_reads<S: Storage + 'static>(e: &Engine<S>, want: &Expected) {
     }
 }
 
+/// Ledger 3 (fenced) refuses the old writer's add; ledger 4 (deleted) stays deleted.
+async fn check_fenced_and_deleted<S: Storage + 'static>(e: &Engine<S>) {
+    assert!(matches!(
+        e.add_entry(3, FIRST, KEY, None, vec![1; 10], false).await,
+        Err(Error::Fenced { ledger: 3 })
+    ));
+    assert!(matches!(
+        e.read_entry(4, Some(0)).await,
+        Err(Error::NoSuchLedger { ledger: 4 })
+    ));
+}
+
 /// The checks every damage shares: everything acknowledged reads back, the fenced ledger
 /// refuses the old writer's add, the deleted ledger stays deleted, and ledgers whose state is in
 /// the newer segment go on as before. `states_lost`: ledgers 5 and 6 had their state only in
@@ -209,14 +221,7 @@ async fn check_after_damage<S: Storage + 'static>(
     added: bool,
 ) {
     check_reads(e, want).await;
-    assert!(matches!(
-        e.add_entry(3, FIRST, KEY, None, vec![1; 10], false).await,
-        Err(Error::Fenced { ledger: 3 })
-    ));
-    assert!(matches!(
-        e.read_entry(4, Some(0)).await,
-        Err(Error::NoSuchLedger { ledger: 4 })
-    ));
+    check_fenced_and_deleted(e).await;
     assert!(matches!(
         e.add_entry(4, FIRST, KEY, None, vec![1; 10], false).await,
         Err(Error::LedgerDeleted { ledger: 4 })
@@ -456,14 +461,7 @@ fn damaged_segment_delays_only_its_ledgers() {
                 .await,
             Err(Error::Fenced { ledger: 5 })
         ));
-        assert!(matches!(
-            e.add_entry(3, FIRST, KEY, None, vec![1; 10], false).await,
-            Err(Error::Fenced { ledger: 3 })
-        ));
-        assert!(matches!(
-            e.read_entry(4, Some(0)).await,
-            Err(Error::NoSuchLedger { ledger: 4 })
-        ));
+        check_fenced_and_deleted(&e).await;
         assert!(e.verify_index().await.unwrap().locations > 0);
         e.close().await.unwrap();
     });

@@ -16,12 +16,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::wire::{entry_bytes, Answer, Wire, KEY};
+use common::wire::{entry_bytes, entry_with_payload, Answer, Wire, KEY};
 use quire_metadata::MetadataStore;
 use quire_testkit::loop_mount::{fill_file, LoopMount};
 use quire_wire::bookie::{Request, Status};
-use quire_wire::entry::{encode_entry, EntryHeader};
-use quire_wire::{EntryId, LedgerId};
+use quire_wire::LedgerId;
 
 /// A guard against a hang, not a timing check.
 const WAIT_MAX: Duration = Duration::from_secs(60);
@@ -41,24 +40,31 @@ fn wait_for(what: &str, mut pred: impl FnMut() -> bool) {
     }
 }
 
+/// Thresholds: the filled loop disk reaches 100 %; the journal's holds a few 4 MiB files.
+const DISK_FLAGS: [&str; 6] = [
+    "--disk-check-interval-ms",
+    "200",
+    "--disk-usage-threshold",
+    "0.99",
+    "--disk-usage-lwm-threshold",
+    "0.98",
+];
+
+/// Bookie 0's disks: a 32 MiB ledger disk and a 64 MiB journal disk of its own, so that the
+/// host disk's usage (shared, not this test's to control) never decides the bookie's mode;
+/// and a free port with its address.
+fn small_disks(cluster: &Cluster) -> (LoopMount, LoopMount, u16, String) {
+    let mount = LoopMount::new_at(32 << 20, &cluster.ledger_dir(0));
+    let journal_mount = LoopMount::new_at(64 << 20, &cluster.journal_dir(0));
+    let port = quire_testkit::free_port();
+    (mount, journal_mount, port, format!("127.0.0.1:{port}"))
+}
+
 #[test]
 fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
     let cluster = Cluster::start();
-    let mount = LoopMount::new_at(32 << 20, &cluster.ledger_dir(0));
-    // The journal gets a disk of its own too, so that the host disk's usage (shared, not this
-    // test's to control) never decides the bookie's mode.
-    let _journal_mount = LoopMount::new_at(64 << 20, &cluster.journal_dir(0));
-    let port = quire_testkit::free_port();
-    let addr = format!("127.0.0.1:{port}");
-    // Thresholds: the filled loop disk reaches 100 %; the journal's holds a few 4 MiB files.
-    let flags = [
-        "--disk-check-interval-ms",
-        "200",
-        "--disk-usage-threshold",
-        "0.99",
-        "--disk-usage-lwm-threshold",
-        "0.98",
-    ];
+    let (mount, _journal_mount, port, addr) = small_disks(&cluster);
+    let flags = DISK_FLAGS;
     let bookie = cluster.start_bookie_with(0, port, &flags);
     wait_for("the bookie registered writable", || {
         registered_read_only(&cluster) == Some(false)
@@ -146,15 +152,10 @@ fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
 
 /// Entry `entry` of `ledger` with a 60 KiB payload, so that few adds fill a small disk.
 fn big_entry(ledger: u64, entry: u64) -> Vec<u8> {
-    let payload = vec![(ledger * 31 + entry) as u8 | 1; 60 << 10];
-    encode_entry(
-        EntryHeader {
-            ledger: LedgerId(ledger),
-            entry: EntryId(entry),
-            lac: entry.checked_sub(1).map(EntryId),
-            length_bytes: payload.len() as u64 * (entry + 1),
-        },
-        &payload,
+    entry_with_payload(
+        ledger,
+        entry,
+        &vec![(ledger * 31 + entry) as u8 | 1; 60 << 10],
     )
 }
 
@@ -175,22 +176,14 @@ const FILLING_LEDGERS: u64 = 8;
 #[test]
 fn full_bookie_frees_space_of_deleted_ledgers_and_turns_writable() {
     let cluster = Cluster::start();
-    let mount = LoopMount::new_at(32 << 20, &cluster.ledger_dir(0));
-    let _journal_mount = LoopMount::new_at(64 << 20, &cluster.journal_dir(0));
-    let port = quire_testkit::free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let flags = [
-        "--disk-check-interval-ms",
-        "200",
-        "--disk-usage-threshold",
-        "0.99",
-        "--disk-usage-lwm-threshold",
-        "0.98",
+    let (mount, _journal_mount, port, addr) = small_disks(&cluster);
+    let mut flags = DISK_FLAGS.to_vec();
+    flags.extend([
         "--entry-log-size-bytes",
         "262144",
         "--checkpoint-interval-ms",
         "200",
-    ];
+    ]);
     let rt = common::cluster::runtime();
     let ids: Vec<u64> = rt.block_on(async {
         let store = cluster.zk_store().await;
@@ -235,7 +228,7 @@ fn full_bookie_frees_space_of_deleted_ledgers_and_turns_writable() {
     wait_for("the killed bookie's registration expired", || {
         registered_read_only(&cluster).is_none()
     });
-    let mut gc_flags = flags.to_vec();
+    let mut gc_flags = flags.clone();
     gc_flags.extend(["--gc-interval-secs", "1"]);
     let bookie = cluster.start_bookie_with(0, port, &gc_flags);
     wait_for("the restarted bookie registered read-only", || {

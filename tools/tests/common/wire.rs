@@ -92,6 +92,13 @@ pub fn entry_bytes(ledger: u64, entry: u64) -> Vec<u8> {
     let payload = format!("ledger {ledger} entry {entry} ")
         .repeat(100)
         .into_bytes();
+    entry_with_payload(ledger, entry, &payload)
+}
+
+/// Entry `entry` of `ledger` holding `payload`, with LAC `entry - 1` and the length field
+/// `payload.len() × (entry + 1)` (as if every entry had this size).
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn entry_with_payload(ledger: u64, entry: u64, payload: &[u8]) -> Vec<u8> {
     encode_entry(
         EntryHeader {
             ledger: LedgerId(ledger),
@@ -99,6 +106,6 @@ pub fn entry_bytes(ledger: u64, entry: u64) -> Vec<u8> {
             lac: entry.checked_sub(1).map(EntryId),
             length_bytes: payload.len() as u64 * (entry + 1),
         },
-        &payload,
+        payload,
     )
 }
