@@ -7,9 +7,10 @@
 //! * [`LedgerWriter::close`] seals the ledger by compare-and-set at its LAC.
 //! * [`BookKeeper::open_ledger`] reads entries from any replica of their write set.
 //! * [`BookKeeper::recover_ledger`] is BookKeeper's open-with-recovery: mark IN_RECOVERY, fence
-//!   the last ensemble until the answers cover it, read forward from the LAC with fencing reads,
-//!   re-add each recovered entry to its whole write set, stop at the first entry proven missing,
-//!   and close. Only the last fragment's ensemble is fenced; reads and re-adds go to each
+//!   the last ensemble until the answers cover it, read forward from the LAC with fencing reads
+//!   of every replica, re-add each recovered entry to its whole write set (repairing replicas
+//!   that hold other bytes, or failing rather than close over one), stop at the first entry
+//!   proven missing, and close. Only the last fragment's ensemble is fenced; reads and re-adds go to each
 //!   entry's own fragment ([`quire_metadata::LedgerMetadata::fragment_for`]).
 //! * Ensemble change (BookKeeper `LedgerHandle.ensembleChangeLoop`, changing immediately as
 //!   BookKeeper does without `delayEnsembleChange`): when a bookie of the current ensemble fails

@@ -28,6 +28,13 @@ impl BookKeeper {
     /// ledger by compare-and-set. Concurrent recoverers converge: they find the same end, and
     /// whoever loses the final compare-and-set adopts the winner's identical result.
     ///
+    /// Each entry past the LAC is read from every bookie of its write set. When replicas
+    /// hold different copies (neither confirmed: a buggy second writer with the ledger's key),
+    /// the copy that could have been confirmed is re-added, or with none the one most bookies
+    /// hold (the first in write-set order among equals); the re-add repairs the bookies holding
+    /// another copy (docs/protocol.md §Add, "Replacing a stored entry"), so that the ledger is
+    /// never closed while a replica recovery read holds other bytes (DESIGN.md §9 invariant 4).
+    ///
     /// A bookie of the last ensemble that fails a re-add (down, timed out, refusing) is
     /// replaced: a writable bookie outside the ensemble and not quarantined takes its position
     /// in a fragment starting at the entry being re-added (written by compare-and-set while the
@@ -36,8 +43,10 @@ impl BookKeeper {
     ///
     /// # Errors
     /// `Recovery` if too few bookies answer to decide, or a re-add cannot reach Qa and no
-    /// replacement bookie exists (the message names the bookies and why; the ledger stays
-    /// IN_RECOVERY and a later call starts over); `Metadata`; or the close found a different
+    /// replacement bookie exists, or two different copies of an entry could each have been
+    /// confirmed, or a bookie found holding other bytes refuses the repair and no bookie can
+    /// replace it (the message names the bookies and why; the ledger stays IN_RECOVERY and a
+    /// later call starts over); `Metadata`; or the close found a different
     /// end written by someone else.
     pub async fn recover_ledger(&self, id: LedgerId) -> Result<LedgerMetadata, Error> {
         loop {
