@@ -110,6 +110,9 @@ impl Writer {
                 return self.on_write_failure(e).await;
             }
         }
+        if self.current.is_none() {
+            self.discard_spare().await;
+        }
         // A segment whose recovery failed is retried when due, without waiting for an append,
         // so that it does not stay IN_RECOVERY once its bookies are back or replaceable.
         if self

@@ -44,8 +44,10 @@ pub(super) struct OpenSegment {
 
 /// The next segment's ledger, created before the open segment is completed (DistributedLog's
 /// ledger allocator), so that a segment is never completed before its successor can be
-/// started. Labelled for its stream like every segment ledger: if the writer dies before the
-/// ledger enters the stream record, the lifecycle sweep deletes it as an orphan.
+/// started. The rest of the batch that rolled starts the next segment on it; when no record
+/// follows, it is given back (`Writer::discard_spare`). Labelled for its stream like every
+/// segment ledger: if the writer dies before the ledger enters the stream record or is given
+/// back, the lifecycle sweep deletes it as an orphan.
 pub(super) struct SpareLedger {
     pub(super) ledger: LedgerWriter,
     /// The segment sequence number it is labelled with.

@@ -746,6 +746,11 @@ impl Writer {
         match self.write_records(&records_of).await {
             Ok(()) => {
                 self.answer_ready();
+                // A roll at the batch's last entry leaves its spare unused: give it back
+                // rather than hold a ledger no segment lists while the stream may stay idle.
+                if self.current.is_none() {
+                    self.discard_spare().await;
+                }
                 true
             }
             Err(e) => self.on_write_failure(e).await,
@@ -966,8 +971,10 @@ impl Writer {
         }))
     }
 
-    /// Gives a spare ledger that will not be used back: its metadata is deleted (it was never
-    /// written). Failures leave an orphan for the sweep.
+    /// Gives a spare ledger back: its metadata is deleted (it was never written). Done when
+    /// no segment is open after a batch or a lifecycle check (the next segment creates its
+    /// own ledger then), so that no ledger outlives the roll that made it unlisted. Failures
+    /// leave an orphan for the sweep.
     pub(super) async fn discard_spare(&mut self) {
         if let Some(s) = self.spare.take() {
             let id = s.ledger.id().0;
