@@ -33,11 +33,24 @@ async fn outsider(connect: &str, digest: Option<&str>) -> zk::Client {
 #[test]
 fn znodes_of_a_secured_cluster_are_closed_to_other_identities() {
     let cluster = Cluster::start();
+    // Identity files are written 0600, as the README tells operators (`umask 077`): a file
+    // others can read makes every process log a warning, which the one-line checks below
+    // would count.
+    let private = |path: &std::path::Path, text: &str| {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+    };
     let auth = cluster.dir.path().join("zk-auth");
-    std::fs::write(&auth, "quire:s3cret-of-the-cluster\n").unwrap();
+    private(&auth, "quire:s3cret-of-the-cluster\n");
     let auth = auth.to_str().unwrap();
     let wrong = cluster.dir.path().join("zk-auth-wrong");
-    std::fs::write(&wrong, "quire:a-guess\n").unwrap();
+    private(&wrong, "quire:a-guess\n");
     let wrong = wrong.to_str().unwrap();
 
     let _bookies: Vec<_> = (0..3)
