@@ -297,7 +297,7 @@ impl Disk {
         let earlier = self.unsynced.len().saturating_sub(torn_one);
         if let Some(mut coin) = keep_unsynced {
             for w in &self.unsynced[..earlier] {
-                if next_random(&mut coin) % 2 == 0 {
+                if next_random(&mut coin).is_multiple_of(2) {
                     keep_bytes(&mut image, w, 0, w.data.len());
                     dropped -= 1;
                 }

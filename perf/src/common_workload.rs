@@ -1,4 +1,4 @@
-//! The common replicated-log workload (/work/shared/reference/workload.md, v1) against a Quire
+//! The common replicated-log workload (the team's shared reference workload.md, v1) against a Quire
 //! proxy, so that Quire's figures tabulate one to one with those ../shared/bench measures for
 //! other systems (`quire-perf workload`, see perf/README.md "The common workload").
 //!

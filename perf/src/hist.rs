@@ -7,7 +7,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// Lowest value the histogram tells apart from zero: 1 ns (the common workload's bounds, see
-/// /work/shared/reference/workload.md: 1 ns to 1 h, 3 significant digits).
+/// the shared reference workload.md: 1 ns to 1 h, 3 significant digits).
 pub const LOWEST_DISCERNIBLE_NS: u64 = 1;
 /// Highest value recorded exactly: one hour, in nanoseconds. Larger values are clamped to it.
 pub const HIGHEST_TRACKABLE_NS: u64 = 3_600 * 1_000_000_000;

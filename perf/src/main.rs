@@ -164,7 +164,7 @@ struct Args {
 enum Command {
     /// The common replicated-log workload of ../shared/bench: one JSON line per mode.
     ///
-    /// The workload of /work/shared/reference/workload.md, as ../shared/bench runs it against
+    /// The workload of the shared reference workload.md, as ../shared/bench runs it against
     /// other systems: latency, latency-open, throughput and tail, each on a new stream, one
     /// JSON line per mode on stdout (and appended to --out), a table on stderr. Exit status 0 when every mode is clean (no failed or unacknowledged
     /// append, nothing missing, duplicated or out of order), 1 otherwise, 2 on a harness error.

@@ -1,4 +1,4 @@
-//! The record of the common replicated-log workload (/work/shared/reference/workload.md,
+//! The record of the common replicated-log workload (the team's shared reference workload.md,
 //! "Record"): the same bytes every load generator of that comparison writes.
 //!
 //! Layout (little-endian), `size` bytes in all (1024 by default, not counting framing):
