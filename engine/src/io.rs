@@ -2,8 +2,8 @@
 //!
 //! Every byte the engine reads or writes goes through [`Storage`] and [`StorageFile`]. The real
 //! implementation, [`DmaStorage`], uses glommio `DmaFile`s (O_DIRECT, io_uring); the
-//! crash-simulating one, [`crate::sim_disk::SimStorage`] (drops unsynced writes, tears the last
-//! one), stands in for it in tests. No other module of this crate touches `std::fs` or glommio
+//! crash-simulating one, `sim_disk::SimStorage` (drops unsynced writes, tears the last one;
+//! built only with the test feature `sim-disk`), stands in for it in tests. No other module of this crate touches `std::fs` or glommio
 //! files.
 //!
 //! All writes are 4 KiB aligned in position and length ([`BLOCK_BYTES`]): that is what O_DIRECT

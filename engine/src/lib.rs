@@ -23,6 +23,7 @@ mod open;
 mod read_ahead;
 mod read_cache;
 mod reserve;
+#[cfg(feature = "sim-disk")]
 pub mod sim_disk;
 mod sync;
 mod throttle;
