@@ -87,7 +87,22 @@ enum Command {
     TlsCerts(tls::TlsCertsArgs),
 }
 
+/// Makes every panic, on any thread, end the process after the default report (the message and
+/// location on stderr): fail-stop, as BookKeeper's bookie exits on an unexpected error, so that a
+/// shard, journal or proxy task that panicked never leaves a half-working process behind; a
+/// restart replays the journal. This replaces `panic = "abort"` in the release profile, which
+/// made cargo build every library twice when binaries and tests are built together (the test
+/// harness needs unwinding), and catches panics that a runtime would otherwise contain in a task.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
+}
+
 fn main() -> ExitCode {
+    abort_on_panic();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
