@@ -602,7 +602,7 @@ impl StorageFile for SimFile {
     /// Same alignment rule as the real disk; a misaligned write fails with `InvalidInput`.
     async fn write_at(&self, pos: u64, data: &[u8]) -> io::Result<()> {
         self.pause().await;
-        if pos % BLOCK_BYTES as u64 != 0 || data.len() % BLOCK_BYTES != 0 {
+        if !pos.is_multiple_of(BLOCK_BYTES as u64) || !data.len().is_multiple_of(BLOCK_BYTES) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("write @{pos} +{} not block aligned", data.len()),

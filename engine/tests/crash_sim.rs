@@ -339,34 +339,38 @@ async fn verify(
                 (_, false) => em.expect = Expect::Absent,
             }
         }
-        let mut mm = m.borrow_mut();
-        let lm = mm.ledgers.get_mut(&ledger).expect("ledger");
-        let fenced = state.is_some_and(|s| s.fenced);
-        match (lm.fenced, fenced) {
-            (Expect::Present, false) => {
-                return Err(format!("acknowledged fence of ledger {ledger} is lost"))
+        // The model's borrow ends before the read below: other tasks of the executor use it.
+        let want_last = {
+            let mut mm = m.borrow_mut();
+            let lm = mm.ledgers.get_mut(&ledger).expect("ledger");
+            let fenced = state.is_some_and(|s| s.fenced);
+            match (lm.fenced, fenced) {
+                (Expect::Present, false) => {
+                    return Err(format!("acknowledged fence of ledger {ledger} is lost"))
+                }
+                (Expect::Absent, true) => {
+                    return Err(format!(
+                        "ledger {ledger} is fenced but was never (durably) fenced"
+                    ))
+                }
+                (_, f) => lm.fenced = if f { Expect::Present } else { Expect::Absent },
             }
-            (Expect::Absent, true) => {
+            let (last, lac) = (state.and_then(|s| s.last_entry), state.and_then(|s| s.lac));
+            if last != present_max {
                 return Err(format!(
-                    "ledger {ledger} is fenced but was never (durably) fenced"
-                ))
+                    "ledger {ledger}: last entry {last:?}, entries present end at {present_max:?}"
+                ));
             }
-            (_, f) => lm.fenced = if f { Expect::Present } else { Expect::Absent },
-        }
-        let (last, lac) = (state.and_then(|s| s.last_entry), state.and_then(|s| s.lac));
-        if last != present_max {
-            return Err(format!(
-                "ledger {ledger}: last entry {last:?}, entries present end at {present_max:?}"
-            ));
-        }
-        if lac != lac_max {
-            return Err(format!(
-                "ledger {ledger}: LAC {lac:?}, but the entries present carry at most {lac_max:?}"
-            ));
-        }
-        if let Some(last) = last {
+            if lac != lac_max {
+                return Err(format!(
+                    "ledger {ledger}: LAC {lac:?}, but the entries present carry at most {lac_max:?}"
+                ));
+            }
+            last.map(|last| lm.entries[&last].data.clone())
+        };
+        if let Some(want_last) = want_last {
             match engine.read_entry(ledger, None).await {
-                Ok(got) if got == lm.entries[&last].data => {}
+                Ok(got) if got == want_last => {}
                 Ok(_) => return Err(format!("ledger {ledger}: last entry reads other bytes")),
                 Err(e) if crash_explains(storage, &e) => return Ok(()),
                 Err(e) => {

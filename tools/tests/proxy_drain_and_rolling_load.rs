@@ -261,8 +261,7 @@ async fn check_and_report(
     store: &ZkStore,
     stream: &str,
     w: &WriterReport,
-    read: &[(Dlsn, Vec<u8>)],
-    reader_errors: usize,
+    (read, reader_errors): (&[(Dlsn, Vec<u8>)], usize),
     window_start: Instant,
 ) {
     // One write in flight at a time: acknowledgement order is the stream's order.
@@ -449,8 +448,7 @@ fn sigterm_drain_hands_streams_to_the_other_proxy() {
         &store,
         &stream,
         &wr,
-        &read,
-        reader_errors,
+        (&read, reader_errors),
         window_start,
     ));
     // P1's records all lie in the first segment; P2 wrote into a later one.
@@ -569,8 +567,7 @@ fn deployed_cluster_under_rolling_restart() {
         &store,
         &stream,
         &wr,
-        &read,
-        reader_errors,
+        (&read, reader_errors),
         window_start,
     ));
 }
