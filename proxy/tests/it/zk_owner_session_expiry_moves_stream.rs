@@ -8,7 +8,7 @@
 //! (`TcpRelay`) that the test cuts, so A's session expires: the server deletes its ephemeral
 //! nodes after the session timeout, and A's client gives up reconnecting after 1.4 × that.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! garbage, a frame length above the limit, a too-short length, malformed bodies and an
 //! unknown opcode after a good handshake; after each, a normal client still works.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! Method: three real bookies, the embedded store, 64 KiB segments; the older stream is made
 //! by writing its record straight into the store without a secret.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

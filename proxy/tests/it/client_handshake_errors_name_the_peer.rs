@@ -6,7 +6,7 @@
 //! test (the HTTP-like one writes a status line after reading the hello); check the error
 //! variant and its one-line message.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

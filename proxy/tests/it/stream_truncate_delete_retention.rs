@@ -11,7 +11,7 @@
 //! `ProxyClient` over TCP; every check reads the records back and compares them with the
 //! acknowledged ones by DLSN.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -10,7 +10,7 @@
 //! crashed step would have left it (the record updated without the ledger deletes, a labelled
 //! ledger created and written but never added, a stream record deleted without its ledgers).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;

@@ -7,7 +7,7 @@
 //! records (about 900 KiB) in bulk writes through `ProxyClient`, then paged reads served by
 //! the bookies (tail cache off).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

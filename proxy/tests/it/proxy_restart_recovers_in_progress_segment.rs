@@ -7,7 +7,7 @@
 //! bookies can tell), start proxy B, read everything, write more, read everything again; then
 //! a clean shutdown of B leaves no segment in progress.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! bounded so a broken server fails the test instead of hanging it); `ProxyClient` checks the
 //! client-side view.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

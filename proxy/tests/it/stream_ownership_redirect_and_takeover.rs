@@ -7,7 +7,7 @@
 //! Method: real bookies in-process, one embedded metadata store, proxies A, B, C with their own
 //! `StreamManager` and server on their own ports (owner identity = server address).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

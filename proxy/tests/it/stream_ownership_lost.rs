@@ -10,7 +10,7 @@
 //! outside (as a ZooKeeper session expiry would); (2) `recover_ledger` from a second
 //! BookKeeper client on the open segment's ledger.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

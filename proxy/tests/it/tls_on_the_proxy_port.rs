@@ -6,7 +6,7 @@
 //! Method: a real cluster (three plain bookies, embedded store) behind a `ProxyServer` with a
 //! test CA from rcgen (IP SAN 127.0.0.1). No timing assertions.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

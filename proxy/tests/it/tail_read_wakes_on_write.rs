@@ -3,7 +3,7 @@
 //! Method: real bookies behind a proxy; one client blocks in `read` with a 20 s wait at the
 //! tail while another writes after 300 ms; measure the wake-up; then a short wait times out.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

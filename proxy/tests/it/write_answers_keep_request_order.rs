@@ -10,7 +10,7 @@
 //! every answer whose request id is below one already answered counts as out of order. Then
 //! every acknowledged record is read back once, in order, where its answer said.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

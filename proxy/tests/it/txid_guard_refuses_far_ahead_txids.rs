@@ -10,7 +10,7 @@
 //! Method: real bookies and the embedded metadata store behind a proxy; writes through
 //! `ProxyClient` and a raw request frame, then a read-back of each stream.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

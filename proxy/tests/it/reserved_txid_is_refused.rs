@@ -5,7 +5,7 @@
 //! has txid u64::MAX (the client would not send it), then `ProxyClient::write` is tried with it;
 //! afterwards the stream takes writes with the largest usable txid, twice.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

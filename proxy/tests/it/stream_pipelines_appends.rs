@@ -8,7 +8,7 @@
 //! Method: three real bookies in-process, the stream manager called from 50 tokio tasks at once;
 //! (2) `recover_ledger` from a second BookKeeper client on the open segment's ledger.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -4,7 +4,7 @@
 //! Method: real bookies behind a proxy; one write of 8 maximal records (about 8.3 MB, above the
 //! 5 MiB frame limit), read back; then 24 concurrent writes and reads from one shared client.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,7 +13,7 @@
 //! started a second acquisition, which found the first one's lease and reported it as another
 //! owner.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

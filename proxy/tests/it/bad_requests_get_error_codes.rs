@@ -5,7 +5,7 @@
 //! client checks locally first, also through the `StreamManager` and a raw request, then a
 //! read-back showing the stream holds exactly the good records.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! Method: three real bookies (E=3, Qw=3, Qa=2); shut down two of them, write (fails), restart
 //! them on the same addresses and directories, write again, read everything back.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

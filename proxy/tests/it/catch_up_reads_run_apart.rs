@@ -8,7 +8,7 @@
 //! the server from the head and compare; check the runtime's thread runs at the lowered
 //! priority (the nice value in /proc).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
