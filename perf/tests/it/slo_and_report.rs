@@ -172,7 +172,7 @@ fn ratios_without_a_denominator_are_absent() {
 // file and look its bounds up by metric.
 #[test]
 fn the_default_slo_file_holds_the_issue_targets() {
-    let f = parse(include_str!("../slo.toml")).unwrap();
+    let f = parse(include_str!("../../slo.toml")).unwrap();
     let by_metric: BTreeMap<&str, &Slo> = f.slos.iter().map(|s| (s.metric.as_str(), s)).collect();
     assert_eq!(
         by_metric["tail_write.p99_ratio_to_raw_append_p99"].max,
@@ -197,7 +197,7 @@ fn the_default_slo_file_holds_the_issue_targets() {
 // file or on the command line wins.
 #[test]
 fn throughput_search_bound_precedence() {
-    let mut f = parse(include_str!("../slo.toml")).unwrap();
+    let mut f = parse(include_str!("../../slo.toml")).unwrap();
     assert_eq!(throughput_p99_bound_ms(&f, None, Some(6.0), 10.0), 12.0);
     assert_eq!(throughput_p99_bound_ms(&f, None, None, 10.0), 10.0);
     assert_eq!(throughput_p99_bound_ms(&f, Some(3.0), Some(6.0), 10.0), 3.0);
@@ -229,7 +229,7 @@ fn verdicts_follow_inclusive_bounds() {
 // 0.2 <= 0.25, 1.5 <= 2); raising the with-scan p99 to 4 ms (+33%) fails isolation only.
 #[test]
 fn evaluation_over_a_run() {
-    let f = parse(include_str!("../slo.toml")).unwrap();
+    let f = parse(include_str!("../../slo.toml")).unwrap();
     let outcomes = evaluate(&f, &derive_metrics(&full_results()), &BTreeSet::new());
     assert!(
         outcomes.iter().all(|o| o.verdict == Verdict::Pass),
@@ -258,7 +258,7 @@ fn evaluation_over_a_run() {
 // SLOs still pass.
 #[test]
 fn overloaded_runs_fail_their_slos() {
-    let f = parse(include_str!("../slo.toml")).unwrap();
+    let f = parse(include_str!("../../slo.toml")).unwrap();
     let mut r = full_results();
     r.isolation.as_mut().unwrap().with_scan.censored = 5;
     let over = overloaded_metrics(&r);
@@ -319,7 +319,7 @@ fn bad_slo_files_are_refused_clearly() {
 fn json_report_shape() {
     let results = full_results();
     let metrics = derive_metrics(&results);
-    let f = parse(include_str!("../slo.toml")).unwrap();
+    let f = parse(include_str!("../../slo.toml")).unwrap();
     let slo = evaluate(&f, &metrics, &BTreeSet::new());
     let report = Report {
         format: REPORT_FORMAT.into(),

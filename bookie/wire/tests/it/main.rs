@@ -1,0 +1,6 @@
+//! The bookie wire codec's tests, linked into one test binary.
+
+mod bookie_info_codec;
+mod decoder_rejects_bad_frames;
+mod long_poll_response_codec;
+mod recv_buffer_moves_each_byte_once;

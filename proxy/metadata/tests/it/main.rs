@@ -1,0 +1,5 @@
+//! The metadata store's integration tests (embedded store, ZooKeeper store), linked into one test
+//! binary.
+
+mod embedded_store_persists_and_compares;
+mod zookeeper_store;
