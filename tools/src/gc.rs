@@ -183,6 +183,72 @@ mod tests {
     };
 
     #[test]
+    fn key_questions_get_the_metadata_key_or_a_definite_no() {
+        // Goal: a ledger with metadata is answered with its key, one without with
+        // NoSuchLedger, one whose key is not 40 hex digits with Unavailable (never a refusal
+        // that could be wrong). Method: an embedded store with two ledgers, one of them with a
+        // broken key, asked through the bookie's channel.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir_in("/tmp").unwrap();
+            let store = EmbeddedStore::open(&dir.path().join("m")).unwrap();
+            let key = quire_wire::MasterKey([0x3c; 20]);
+            let mut meta = LedgerMetadata {
+                format_version: LEDGER_METADATA_FORMAT_VERSION,
+                ensemble_size: 1,
+                write_quorum: 1,
+                ack_quorum: 1,
+                state: LedgerState::Open,
+                fragments: vec![Fragment {
+                    first_entry: 0,
+                    bookies: vec![BookieId("127.0.0.1:1".into())],
+                }],
+                last_entry: None,
+                length_bytes: 0,
+                digest_type: DigestType::Crc32c,
+                master_key_hex: quire_metadata::master_key_hex(&key),
+                creation_time_ms: 0,
+                custom: Default::default(),
+            };
+            let good = store.allocate_ledger_id().await.unwrap();
+            store.create_ledger(good, &meta).await.unwrap();
+            let broken = store.allocate_ledger_id().await.unwrap();
+            meta.master_key_hex = "not a key".into();
+            store.create_ledger(broken, &meta).await.unwrap();
+            let store: Arc<dyn MetadataStore> = Arc::new(store);
+            let (tx, rx) = quire_bookie::ledger_keys_channel();
+            let s2 = store.clone();
+            let answerer = tokio::spawn(answer_ledger_keys(
+                rx,
+                store.clone(),
+                Box::new(move || {
+                    let s = s2.clone();
+                    Box::pin(async move { Ok(s) })
+                }),
+            ));
+            use quire_bookie::LedgerKeyAnswer;
+            assert_eq!(
+                tx.query(good.0).await,
+                Some(LedgerKeyAnswer::Exists { master_key: key.0 })
+            );
+            assert_eq!(
+                tx.query(broken.0 + 1).await,
+                Some(LedgerKeyAnswer::NoSuchLedger)
+            );
+            assert_eq!(tx.query(1 << 62).await, Some(LedgerKeyAnswer::NoSuchLedger));
+            assert!(matches!(
+                tx.query(broken.0).await,
+                Some(LedgerKeyAnswer::Unavailable(_))
+            ));
+            drop(tx);
+            answerer.await.unwrap();
+        });
+    }
+
+    #[test]
     fn only_ledgers_whose_metadata_is_gone_are_answered_deleted() {
         // Goal: the answer names exactly the allocated candidates with no metadata, never an id
         // the counter has not reached. Method: an embedded store with one ledger created and
