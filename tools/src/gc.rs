@@ -108,9 +108,9 @@ const KEY_READS_IN_FLIGHT_MAX: usize = 64;
 /// Answers the shards' "does ledger L exist, and with which master key?"
 /// ([`quire_bookie::LedgerKeyQuery`], asked before a key binds on a bookie) until every bookie
 /// holding the sending end stopped, each question on a task of its own (at most
-/// [`KEY_READS_IN_FLIGHT_MAX`] at once). "No such ledger" is said only after a synced read
-/// ([`MetadataStore::read_ledger_synced`]: a ZooKeeper follower behind the leader cannot deny
-/// a ledger another session just created); a failed or timed-out read, or a key that is not
+/// [`KEY_READS_IN_FLIGHT_MAX`] at once). "No such ledger" is said only after a "not found"
+/// read again after a sync ([`MetadataStore::read_ledger_synced`]: a ZooKeeper follower behind
+/// the leader cannot deny a ledger another session just created); a failed or timed-out read, or a key that is not
 /// 40 hex digits, is `Unavailable` (the bookie answers `TooManyRequests` and binds nothing).
 /// `store` is used until a read fails other than with "not found"; the next question then
 /// connects anew.
@@ -145,7 +145,16 @@ pub async fn answer_ledger_keys(
         let current = current.clone();
         tokio::spawn(async move {
             let id = quire_wire::LedgerId(q.ledger);
-            let answer = match tokio::time::timeout(READ_TIMEOUT, s.read_ledger_synced(id)).await {
+            // A plain read first (the writer's ledger is there: one read, no sync); only a
+            // "not found" is checked again after a sync, as it may come from a follower
+            // behind the leader.
+            let read = async {
+                match s.read_ledger(id).await {
+                    Err(quire_metadata::Error::NotFound { .. }) => s.read_ledger_synced(id).await,
+                    other => other,
+                }
+            };
+            let answer = match tokio::time::timeout(READ_TIMEOUT, read).await {
                 Ok(Ok(meta)) => match meta.value.master_key() {
                     Ok(k) => LedgerKeyAnswer::Exists { master_key: k.0 },
                     Err(e) => {
