@@ -25,6 +25,7 @@ mod conn;
 pub mod disk;
 mod gc;
 mod host;
+mod keys;
 pub mod metrics;
 mod ops;
 mod shard;
@@ -47,6 +48,10 @@ pub use crate::gc::{
     GC_ANSWER_WAIT_MAX, GC_INTERVAL_DEFAULT,
 };
 pub use crate::host::ShardHost;
+pub use crate::keys::{
+    ledger_keys_channel, LedgerKeyAnswer, LedgerKeyQueries, LedgerKeyQuery, LedgerKeys,
+    KEY_ANSWER_WAIT_MAX,
+};
 
 /// Default glommio `io_memory` per executor: 2 MiB, small enough for an 8 MiB memlock limit.
 pub const IO_MEMORY_BYTES_DEFAULT: usize = 2 * 1024 * 1024;
@@ -125,6 +130,13 @@ pub struct BookieConfig {
     /// [`deleted_ledgers_channel`]). `None`: no ledger is ever deleted, while entry logs
     /// without live entries are still removed and compaction still runs.
     pub gc_deleted_ledgers: Option<DeletedLedgers>,
+    /// Where shards ask the metadata store whether a ledger exists and with which master key
+    /// (see [`ledger_keys_channel`]), before an add or fence of a ledger on which no key is
+    /// bound yet: a key binds only for a ledger the store holds with that key, so no ledger id
+    /// can be squatted or filled by someone without its key (docs/protocol.md §Add, "When a
+    /// key binds"). `None` (the default, for tests of the bookie alone): the first add binds
+    /// any key, BookKeeper's rule. `quire bookie` and the sandbox always set it.
+    pub ledger_keys: Option<LedgerKeys>,
     /// Where the shards record their metrics ([`metrics::BookieMetrics::for_bookie`], made
     /// for `shards` shards); `None` (the default): nothing is recorded.
     pub metrics: Option<Arc<metrics::BookieShardMetrics>>,
@@ -202,6 +214,7 @@ impl BookieConfig {
             engine,
             gc_interval: GC_INTERVAL_DEFAULT,
             gc_deleted_ledgers: None,
+            ledger_keys: None,
             metrics: None,
             host: None,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
@@ -375,6 +388,7 @@ impl Bookie {
                 peers: forward_txs.clone(),
                 gc_interval: config.gc_interval,
                 gc_deleted_ledgers: config.gc_deleted_ledgers.clone(),
+                ledger_keys: config.ledger_keys.clone(),
                 read_only: read_only.clone(),
                 metrics: config.metrics.as_ref().map(|m| m.shard(index).clone()),
                 status: status.clone(),

@@ -75,6 +75,7 @@ pub(crate) struct ShardArgs {
     pub(crate) peers: Vec<flume::Sender<Forwarded>>,
     pub(crate) gc_interval: Duration,
     pub(crate) gc_deleted_ledgers: Option<crate::gc::DeletedLedgers>,
+    pub(crate) ledger_keys: Option<crate::keys::LedgerKeys>,
     /// The bookie's read-only state (shared by every shard and the disk monitor).
     pub(crate) read_only: ReadOnlyState,
     /// This shard's metric handles, when the bookie records metrics.
@@ -124,6 +125,8 @@ pub(crate) struct Shard {
     pub(crate) shard_count: usize,
     pub(crate) frame_size_bytes_max: u32,
     engine: Rc<Engine>,
+    /// Asks the metadata store before a key binds (`BookieConfig::ledger_keys`).
+    key_check: Option<crate::keys::KeyCheck>,
     peers: Vec<flume::Sender<Forwarded>>,
     read_only: ReadOnlyState,
     /// Every request read on this shard's connections holds a pass until it is answered,
@@ -180,6 +183,9 @@ impl Shard {
     }
 
     async fn execute_owned_inner(&self, op: Op) -> Outcome {
+        if let Some(check) = &self.key_check {
+            self.check_ledger_key(check, &op).await?;
+        }
         if let Op::LongPoll {
             ledger, previous, ..
         } = op
@@ -199,6 +205,56 @@ impl Shard {
             .await;
         }
         execute(&self.engine, op).await
+    }
+
+    /// Admits an add or fence of a ledger on which the engine has no bound key only if the
+    /// metadata store holds the ledger with the request's key (crate::keys, docs/protocol.md
+    /// §Add "When a key binds"). Other operations, ledgers with a bound key (the engine checks
+    /// the key itself) and deleted ledgers (the engine refuses them) pass unasked.
+    async fn check_ledger_key(
+        &self,
+        check: &crate::keys::KeyCheck,
+        op: &Op,
+    ) -> Result<(), Failure> {
+        use crate::keys::LedgerKeyAnswer;
+        let (ledger, key, fence) = match *op {
+            Op::Add {
+                ledger, master_key, ..
+            } => (ledger, master_key, false),
+            Op::Fence { ledger, master_key }
+            | Op::Read {
+                ledger,
+                fence: Some(master_key),
+                ..
+            } => (ledger, master_key, true),
+            _ => return Ok(()),
+        };
+        if self.engine.bound_master_key(ledger).is_some() || self.engine.is_deleted(ledger) {
+            return Ok(());
+        }
+        let what = if fence { "fence" } else { "add" };
+        match check.ledger_key(ledger).await {
+            LedgerKeyAnswer::Exists { master_key } if master_key == key => Ok(()),
+            LedgerKeyAnswer::Exists { .. } => Err(Failure::new(
+                Status::Unauthorized,
+                format!("{what} of ledger {ledger}: the master key is not the one in the ledger's metadata"),
+            )),
+            LedgerKeyAnswer::NoSuchLedger if fence => Err(Failure::new(
+                Status::NoSuchLedger,
+                format!("fence of ledger {ledger}: the metadata store has no such ledger"),
+            )),
+            LedgerKeyAnswer::NoSuchLedger => Err(Failure::new(
+                Status::Unauthorized,
+                format!("add to ledger {ledger}: the metadata store has no such ledger, so no key binds"),
+            )),
+            LedgerKeyAnswer::Unavailable(reason) => {
+                tracing::warn!(ledger, %reason, "no answer about a ledger's key: {what} answered TooManyRequests");
+                Err(Failure::new(
+                    Status::TooManyRequests,
+                    format!("{what} of ledger {ledger}: its metadata cannot be read now ({reason}); retry"),
+                ))
+            }
+        }
     }
 
     /// Runs `op` here if this shard owns its ledger, else on the owning shard: at most one
@@ -400,6 +456,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         peers,
         gc_interval,
         gc_deleted_ledgers,
+        ledger_keys,
         read_only,
         metrics,
         status,
@@ -454,6 +511,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         shard_count,
         frame_size_bytes_max,
         engine: engine.clone(),
+        key_check: ledger_keys.map(crate::keys::KeyCheck::new),
         peers,
         read_only,
         in_flight: Gate::new(),

@@ -620,6 +620,20 @@ impl<S: Storage + 'static> Engine<S> {
         self.inner.ledgers.state(ledger)
     }
 
+    /// The master key bound to `ledger` by its first add (normal or recovery), or `None` when
+    /// no add bound one yet (never seen, only fenced, or deleted). A bookie that admits keys
+    /// only for ledgers the metadata store holds checks a request against the metadata exactly
+    /// when this is `None`: once a key is bound, the engine itself refuses every other key.
+    pub fn bound_master_key(&self, ledger: u64) -> Option<[u8; 20]> {
+        self.inner.ledgers.bound_key(ledger)
+    }
+
+    /// Whether `ledger` was deleted by garbage collection (its tombstone is durable): its adds
+    /// and fences are refused with `LedgerDeleted` whatever their key.
+    pub fn is_deleted(&self, ledger: u64) -> bool {
+        self.inner.ledgers.is_deleted(ledger)
+    }
+
     /// Fences `ledger` (BookKeeper fencing read): later normal adds with `master_key` get
     /// `Fenced`. Returns the ledger's LAC once the fence record is durable.
     ///

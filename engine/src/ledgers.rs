@@ -281,6 +281,12 @@ impl Ledgers {
         })
     }
 
+    /// The master key bound to `ledger` by its first add, if any (none for a ledger never
+    /// seen, only fenced, or rebuilt fenced with no key).
+    pub fn bound_key(&self, ledger: u64) -> Option<[u8; 20]> {
+        self.table.borrow().get(&ledger).and_then(|l| l.master_key)
+    }
+
     /// Whether the shard knows `ledger`, and its last entry.
     pub fn last_entry(&self, ledger: u64) -> Option<Option<u64>> {
         self.table.borrow().get(&ledger).map(|l| l.last_entry)

@@ -132,6 +132,24 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
             })
         }),
     ));
+    // Before a key binds, shards ask whether the ledger exists with that key (issue 24), on
+    // the same session (ZooKeeper pipelines its requests, so GC's sweep does not hold up a
+    // first add) and on a new one after a failed read.
+    let (keys, key_queries) = quire_bookie::ledger_keys_channel();
+    bookie_config.ledger_keys = Some(keys);
+    let keys_address = options.metadata.clone();
+    let keys_store: Arc<dyn MetadataStore> = store.clone();
+    runtime.spawn(crate::gc::answer_ledger_keys(
+        key_queries,
+        keys_store,
+        Box::new(move || {
+            let address = keys_address.clone();
+            Box::pin(async move {
+                let s: Arc<dyn MetadataStore> = address.connect_zk().await?;
+                Ok(s)
+            })
+        }),
+    ));
     // The endpoint comes up before the bookie so that /healthz says 503 during replay.
     let exposition = crate::metrics_http::Exposition::default();
     let autorecovery_metrics = crate::autorecovery::AutorecoveryMetrics::default();

@@ -1,12 +1,18 @@
-//! The metadata side of bookie garbage collection: answers the shards' "which of these ledgers
-//! are deleted?" ([`quire_bookie::DeletedLedgersQuery`]) by reading each candidate's metadata
+//! The metadata side of the bookie.
+//!
+//! [`answer_ledger_keys`] tells the shards whether a ledger exists and with which master key,
+//! before a key binds on a bookie (docs/protocol.md §Add, "When a key binds").
+//!
+//! [`answer_deleted_ledgers`] answers garbage collection's "which of these ledgers are
+//! deleted?" ([`quire_bookie::DeletedLedgersQuery`]) by reading each candidate's metadata
 //! (BookKeeper's `verifyMetadataOnGC`: every candidate is re-read on its own). Only a
 //! definite "no such ledger" counts as deleted: a read that fails, times out, or comes from a
 //! store that failed earlier in the same answer leaves the ledger out, so a metadata outage
 //! can never delete data. Nor does an id at or above the ledger id counter: it was never
-//! allocated, so its state on a bookie can only come from a fence by someone who is not a
-//! writer (fence-only keys, docs/protocol.md), and tombstoning it would make the bookie refuse
-//! the real ledger that gets the id later.
+//! allocated, and tombstoning it would make the bookie refuse the real ledger that gets the id
+//! later. Since keys bind only for ledgers the store holds, no new state arises for such ids;
+//! only state left by a version before that rule can be there (ARCHITECTURE.md, "Ledger ids
+//! nobody can squat or fill").
 
 use std::future::Future;
 use std::pin::Pin;
@@ -94,6 +100,89 @@ async fn deleted_among(store: &dyn MetadataStore, q: &DeletedLedgersQuery) -> (V
     (deleted, true)
 }
 
+/// Metadata reads of [`answer_ledger_keys`] in flight at most: a client that adds to many
+/// unknown ledger ids at once costs the metadata store this many reads at a time, and its
+/// requests wait (then `TooManyRequests`) rather than the store.
+const KEY_READS_IN_FLIGHT_MAX: usize = 64;
+
+/// Answers the shards' "does ledger L exist, and with which master key?"
+/// ([`quire_bookie::LedgerKeyQuery`], asked before a key binds on a bookie) until every bookie
+/// holding the sending end stopped, each question on a task of its own (at most
+/// [`KEY_READS_IN_FLIGHT_MAX`] at once). "No such ledger" is said only after a "not found"
+/// read again after a sync ([`MetadataStore::read_ledger_synced`]: a ZooKeeper follower behind
+/// the leader cannot deny a ledger another session just created); a failed or timed-out read, or a key that is not
+/// 40 hex digits, is `Unavailable` (the bookie answers `TooManyRequests` and binds nothing).
+/// `store` is used until a read fails other than with "not found"; the next question then
+/// connects anew.
+pub async fn answer_ledger_keys(
+    queries: quire_bookie::LedgerKeyQueries,
+    store: Arc<dyn MetadataStore>,
+    connect: Connect,
+) {
+    use quire_bookie::LedgerKeyAnswer;
+    let current = Arc::new(tokio::sync::Mutex::new(Some(store)));
+    let reads = Arc::new(tokio::sync::Semaphore::new(KEY_READS_IN_FLIGHT_MAX));
+    while let Some(q) = queries.next().await {
+        let Ok(permit) = reads.clone().acquire_owned().await else {
+            return;
+        };
+        let s = {
+            let mut current = current.lock().await;
+            if current.is_none() {
+                match connect().await {
+                    Ok(s) => *current = Some(s),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ledger keys: metadata store unreachable");
+                        q.answer(LedgerKeyAnswer::Unavailable(format!(
+                            "metadata store unreachable: {e}"
+                        )));
+                        continue;
+                    }
+                }
+            }
+            current.clone().expect("connected above")
+        };
+        let current = current.clone();
+        tokio::spawn(async move {
+            let id = quire_wire::LedgerId(q.ledger);
+            // A plain read first (the writer's ledger is there: one read, no sync); only a
+            // "not found" is checked again after a sync, as it may come from a follower
+            // behind the leader.
+            let read = async {
+                match s.read_ledger(id).await {
+                    Err(quire_metadata::Error::NotFound { .. }) => s.read_ledger_synced(id).await,
+                    other => other,
+                }
+            };
+            let answer = match tokio::time::timeout(READ_TIMEOUT, read).await {
+                Ok(Ok(meta)) => match meta.value.master_key() {
+                    Ok(k) => LedgerKeyAnswer::Exists { master_key: k.0 },
+                    Err(e) => {
+                        tracing::warn!(ledger = q.ledger, error = %e, "ledger keys: the ledger's metadata holds no readable master key");
+                        LedgerKeyAnswer::Unavailable(e.to_string())
+                    }
+                },
+                Ok(Err(quire_metadata::Error::NotFound { .. })) => LedgerKeyAnswer::NoSuchLedger,
+                Ok(Err(e)) => {
+                    tracing::warn!(ledger = q.ledger, error = %e, "ledger keys: metadata read failed");
+                    // A new connection for the next question (e.g. an expired session),
+                    // unless another task replaced this one already.
+                    let mut c = current.lock().await;
+                    if c.as_ref().is_some_and(|c| Arc::ptr_eq(c, &s)) {
+                        *c = None;
+                    }
+                    LedgerKeyAnswer::Unavailable(e.to_string())
+                }
+                Err(_) => LedgerKeyAnswer::Unavailable(format!(
+                    "metadata read timed out after {READ_TIMEOUT:?}"
+                )),
+            };
+            q.answer(answer);
+            drop(permit);
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +190,72 @@ mod tests {
         BookieId, DigestType, EmbeddedStore, Fragment, LedgerMetadata, LedgerState,
         LEDGER_METADATA_FORMAT_VERSION,
     };
+
+    #[test]
+    fn key_questions_get_the_metadata_key_or_a_definite_no() {
+        // Goal: a ledger with metadata is answered with its key, one without with
+        // NoSuchLedger, one whose key is not 40 hex digits with Unavailable (never a refusal
+        // that could be wrong). Method: an embedded store with two ledgers, one of them with a
+        // broken key, asked through the bookie's channel.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir_in("/tmp").unwrap();
+            let store = EmbeddedStore::open(&dir.path().join("m")).unwrap();
+            let key = quire_wire::MasterKey([0x3c; 20]);
+            let mut meta = LedgerMetadata {
+                format_version: LEDGER_METADATA_FORMAT_VERSION,
+                ensemble_size: 1,
+                write_quorum: 1,
+                ack_quorum: 1,
+                state: LedgerState::Open,
+                fragments: vec![Fragment {
+                    first_entry: 0,
+                    bookies: vec![BookieId("127.0.0.1:1".into())],
+                }],
+                last_entry: None,
+                length_bytes: 0,
+                digest_type: DigestType::Crc32c,
+                master_key_hex: quire_metadata::master_key_hex(&key),
+                creation_time_ms: 0,
+                custom: Default::default(),
+            };
+            let good = store.allocate_ledger_id().await.unwrap();
+            store.create_ledger(good, &meta).await.unwrap();
+            let broken = store.allocate_ledger_id().await.unwrap();
+            meta.master_key_hex = "not a key".into();
+            store.create_ledger(broken, &meta).await.unwrap();
+            let store: Arc<dyn MetadataStore> = Arc::new(store);
+            let (tx, rx) = quire_bookie::ledger_keys_channel();
+            let s2 = store.clone();
+            let answerer = tokio::spawn(answer_ledger_keys(
+                rx,
+                store.clone(),
+                Box::new(move || {
+                    let s = s2.clone();
+                    Box::pin(async move { Ok(s) })
+                }),
+            ));
+            use quire_bookie::LedgerKeyAnswer;
+            assert_eq!(
+                tx.query(good.0).await,
+                Some(LedgerKeyAnswer::Exists { master_key: key.0 })
+            );
+            assert_eq!(
+                tx.query(broken.0 + 1).await,
+                Some(LedgerKeyAnswer::NoSuchLedger)
+            );
+            assert_eq!(tx.query(1 << 62).await, Some(LedgerKeyAnswer::NoSuchLedger));
+            assert!(matches!(
+                tx.query(broken.0).await,
+                Some(LedgerKeyAnswer::Unavailable(_))
+            ));
+            drop(tx);
+            answerer.await.unwrap();
+        });
+    }
 
     #[test]
     fn only_ledgers_whose_metadata_is_gone_are_answered_deleted() {

@@ -196,7 +196,7 @@ fn bookie_config(
     disk: (f64, f64, Duration),
     index: usize,
     listen: SocketAddr,
-    gc: &DeletedLedgers,
+    gc: &MetadataChannels,
 ) -> Result<BookieConfig> {
     let root = args.data_dir.join(format!("bookie-{index}"));
     let mut config = BookieConfig::new(listen, root.join("journal"), root.join("ledgers"));
@@ -212,7 +212,9 @@ fn bookie_config(
     config.engine.journal_reuse_files = args.journal_reuse_files;
     config.engine.journal_dsync_writes = !args.journal_separate_fdatasync;
     config.gc_interval = Duration::from_secs(args.gc_interval_secs);
-    config.gc_deleted_ledgers = Some(gc.clone());
+    config.gc_deleted_ledgers = Some(gc.deleted.clone());
+    // A key binds only for a ledger the metadata store holds with that key (issue 24).
+    config.ledger_keys = Some(gc.keys.clone());
     (
         config.disk_usage_threshold,
         config.disk_usage_lwm_threshold,
@@ -263,12 +265,20 @@ fn sandbox_pki(args: &SandboxArgs) -> Result<quire_tls::gen::PkiFiles> {
     Ok(quire_tls::gen::write_pki(&dir, &sans)?)
 }
 
+/// The bookies' channels to the metadata side (answered in [`serve`]).
+struct MetadataChannels {
+    /// Garbage collection: which ledgers are deleted.
+    deleted: DeletedLedgers,
+    /// Key binding: does a ledger exist, with which master key.
+    keys: quire_bookie::LedgerKeys,
+}
+
 /// Starts the bookies, at their recorded addresses if this directory was used before, each
 /// recording into `metrics` (labelled `bookie="bookie-{i}"`, its directory's name: the
 /// address of a first start is only known once it is bound) when given.
 fn start_bookies(
     args: &SandboxArgs,
-    gc: &DeletedLedgers,
+    gc: &MetadataChannels,
     metrics: Option<&quire_bookie::metrics::BookieMetrics>,
 ) -> Result<Vec<Bookie>> {
     let record = args.data_dir.join("sandbox.json");
@@ -405,7 +415,10 @@ pub fn run(args: SandboxArgs) -> Result<()> {
         .block_on(store.instance_id())
         .context("metadata store")?;
     // The bookies' garbage collection asks the metadata store which ledgers are deleted.
-    let (gc, gc_queries) = quire_bookie::deleted_ledgers_channel();
+    let (deleted, gc_queries) = quire_bookie::deleted_ledgers_channel();
+    // And, before a key binds, whether the ledger exists with that key.
+    let (keys, key_queries) = quire_bookie::ledger_keys_channel();
+    let gc = MetadataChannels { deleted, keys };
     // Up before the bookies, so that /healthz says 503 until everything serves.
     let exposition = crate::metrics_http::Exposition::default();
     if let Some(listen) = args.metrics_listen {
@@ -427,7 +440,7 @@ pub fn run(args: SandboxArgs) -> Result<()> {
         store,
         &bookies,
         read_runtime.handle(),
-        gc_queries,
+        (gc_queries, key_queries),
         &exposition,
     ));
     runtime.shutdown_timeout(Duration::from_secs(5));
@@ -481,10 +494,19 @@ async fn serve(
     store: EmbeddedStore,
     bookies: &[Bookie],
     read_runtime: &tokio::runtime::Handle,
-    gc_queries: DeletedLedgersQueries,
+    (gc_queries, key_queries): (DeletedLedgersQueries, quire_bookie::LedgerKeyQueries),
     exposition: &crate::metrics_http::Exposition,
 ) -> Result<()> {
     let store: Arc<dyn MetadataStore> = Arc::new(store);
+    let keys_store = store.clone();
+    tokio::spawn(crate::gc::answer_ledger_keys(
+        key_queries,
+        store.clone(),
+        Box::new(move || {
+            let s = keys_store.clone();
+            Box::pin(async move { Ok(s) })
+        }),
+    ));
     let gc_store = store.clone();
     tokio::spawn(crate::gc::answer_deleted_ledgers(
         gc_queries,

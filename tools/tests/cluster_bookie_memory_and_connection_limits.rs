@@ -19,7 +19,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::{runtime, Cluster};
-use common::wire::{Answer, Wire};
+use common::wire::{create_ledger_metadata, Answer, Wire};
 use quire_wire::bookie::{encode_request, Opcode, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -151,6 +151,13 @@ fn partial_frames_and_held_connections_leave_the_bookie_bounded_and_serving() {
     cluster.wait_bookies("1 bookie", |l| l.contains("1 bookies registered"));
     let pid = bookie.pid();
     let listen = format!("127.0.0.1:{port}");
+    // The bookie binds keys only for ledgers the metadata store holds.
+    runtime().block_on(async {
+        let store = cluster.zk_store().await;
+        for id in [9, 10] {
+            create_ledger_metadata(&store, id, &[listen.clone()]).await;
+        }
+    });
     // Warm up: an add and a read on a working connection.
     let mut good = Wire::connect(&listen);
     assert_eq!(good.add(9, 0, false), Answer::Ok);

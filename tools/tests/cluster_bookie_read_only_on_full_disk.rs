@@ -16,7 +16,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::wire::{entry_bytes, entry_with_payload, Answer, Wire, KEY};
+use common::wire::{create_ledger_metadata, entry_bytes, entry_with_payload, Answer, Wire, KEY};
 use quire_metadata::MetadataStore;
 use quire_testkit::loop_mount::{fill_file, LoopMount};
 use quire_wire::bookie::{Request, Status};
@@ -68,6 +68,14 @@ fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
     let bookie = cluster.start_bookie_with(0, port, &flags);
     wait_for("the bookie registered writable", || {
         registered_read_only(&cluster) == Some(false)
+    });
+    // The bookie binds keys only for ledgers the metadata store holds.
+    let rt = common::cluster::runtime();
+    rt.block_on(async {
+        let store = cluster.zk_store().await;
+        for id in [1, 2] {
+            create_ledger_metadata(&store, id, &[addr.clone()]).await;
+        }
     });
 
     let mut w = Wire::connect(&addr);
@@ -160,8 +168,10 @@ fn big_entry(ledger: u64, entry: u64) -> Vec<u8> {
 }
 
 /// Ledgers written over the wire in the item-1 test: ids allocated from the metadata store's
-/// counter but with no metadata, so once the bookie's GC has seen them in two runs the metadata
-/// side answers "deleted", as for the ledgers of deleted or truncated streams.
+/// counter, with metadata while they are written (the bookie binds keys only for ledgers the
+/// metadata store holds) that is deleted after, so once the bookie's GC has seen them in two
+/// runs the metadata side answers "deleted", as for the ledgers of deleted or truncated
+/// streams.
 const FILLING_LEDGERS: u64 = 8;
 
 /// Goal (issue 23 item 1): a bookie whose ledger disk its own entries filled to 100 %, and
@@ -172,7 +182,7 @@ const FILLING_LEDGERS: u64 = 8;
 /// entry logs and 200 ms checkpoints; adds of 60 KiB entries to 8 ledgers until it answers
 /// `ReadOnly` (threshold 0.99), then a filler takes the last free blocks (100 %). Crash, restart
 /// on the full disk with a 1 s GC interval: it comes up read-only, and its GC finds the 8
-/// ledgers gone from the metadata store (they never had metadata).
+/// ledgers gone from the metadata store (their metadata was deleted after the fill).
 #[test]
 fn full_bookie_frees_space_of_deleted_ledgers_and_turns_writable() {
     let cluster = Cluster::start();
@@ -189,7 +199,9 @@ fn full_bookie_frees_space_of_deleted_ledgers_and_turns_writable() {
         let store = cluster.zk_store().await;
         let mut ids = Vec::new();
         for _ in 0..=FILLING_LEDGERS {
-            ids.push(store.allocate_ledger_id().await.expect("allocate").0);
+            let id = store.allocate_ledger_id().await.expect("allocate").0;
+            create_ledger_metadata(&store, id, &[addr.clone()]).await;
+            ids.push(id);
         }
         ids
     });
@@ -226,6 +238,14 @@ fn full_bookie_frees_space_of_deleted_ledgers_and_turns_writable() {
     assert!(added > 100, "the disk filled before the bookie got going");
     fill_file(&mount.path().join("filler"));
     drop(w);
+    // The filling ledgers are deleted from the metadata store (as a deleted stream's are).
+    rt.block_on(async {
+        let store = cluster.zk_store().await;
+        for id in 1..=FILLING_LEDGERS {
+            let v = store.read_ledger(LedgerId(id)).await.expect("read").version;
+            store.delete_ledger(LedgerId(id), v).await.expect("delete");
+        }
+    });
 
     // A crash, and a restart on the 100 % full disk.
     bookie.kill();

@@ -7,7 +7,8 @@
 //!   after a proxy restart (which recovers the open segment, re-adding its entries with the
 //!   same bytes) every acknowledged record reads back as written;
 //! - fencing the next 30 ledger ids on every bookie with a stranger's key does not stall the
-//!   new segments that get those ids.
+//!   new segments that get those ids (the bookies answer `NoSuchLedger`: they fence only
+//!   ledgers the metadata store holds, docs/protocol.md §Add "When a key binds").
 //!
 //! Method: real ZooKeeper (quire-testkit), three `quire bookie` and one `quire proxy` child
 //! (E = Qw = 3, so every bookie holds every entry), records written and read with
@@ -151,8 +152,8 @@ fn pre_fenced_ledger_ids_do_not_stall_new_segments() {
                     ledger: LedgerId(id),
                     master_key: stranger,
                 }),
-                Answer::Ok,
-                "pre-fence ledger {id} on {addr}"
+                Answer::Failed(Status::NoSuchLedger),
+                "pre-fence ledger {id} on {addr}: no key binds for a ledger the metadata store lacks"
             );
         }
     }

@@ -155,6 +155,17 @@ pub trait MetadataStore: Send + Sync + 'static {
     ) -> Result<Version>;
     /// Reads ledger metadata; `NotFound`.
     async fn read_ledger(&self, id: quire_wire::LedgerId) -> Result<Versioned<LedgerMetadata>>;
+    /// [`MetadataStore::read_ledger`] that does not answer `NotFound` from a stale replica:
+    /// ZooKeeper syncs the session's server with the leader first (`sync`, as BookKeeper's
+    /// `ZkLedgerUnderreplicationManager` and readers after another client's write do), so a
+    /// ledger created by another session before this call began is seen. The default (a store
+    /// with one copy, such as the embedded one) is `read_ledger`. `NotFound`.
+    async fn read_ledger_synced(
+        &self,
+        id: quire_wire::LedgerId,
+    ) -> Result<Versioned<LedgerMetadata>> {
+        self.read_ledger(id).await
+    }
     /// Compare-and-set of ledger metadata; `NotFound`, `BadVersion`.
     async fn update_ledger(
         &self,

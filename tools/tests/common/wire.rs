@@ -70,6 +70,42 @@ impl Wire {
         }
     }
 
+    /// Sends every request of `reqs` at once (one write, request ids in order), then reads
+    /// their answers, returned in request order (the bookie may answer in any order).
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn call_pipelined(&mut self, reqs: &[Request<'_>]) -> Vec<Answer> {
+        let mut out = Vec::new();
+        let first = self.next_id;
+        for r in reqs {
+            encode_request(&mut out, self.next_id, r);
+            self.next_id += 1;
+        }
+        self.conn.write_all(&out).expect("send");
+        let mut answers: Vec<Option<Answer>> = (0..reqs.len()).map(|_| None).collect();
+        let mut left = reqs.len();
+        while left > 0 {
+            if let Some((frame, used)) =
+                decode_frame(&self.buf, FRAME_SIZE_BYTES_MAX_DEFAULT).expect("frame")
+            {
+                let slot = (frame.header.request_id - first) as usize;
+                let answer = match decode_response(&frame).expect("response") {
+                    Response::Read { data, .. } => Answer::Data(data.to_vec()),
+                    Response::Failed { status, .. } => Answer::Failed(status),
+                    _ => Answer::Ok,
+                };
+                self.buf.drain(..used);
+                assert!(answers[slot].replace(answer).is_none(), "answered twice");
+                left -= 1;
+                continue;
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = self.conn.read(&mut chunk).expect("receive");
+            assert!(n > 0, "bookie closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        answers.into_iter().map(|a| a.expect("answered")).collect()
+    }
+
     pub fn add(&mut self, ledger: u64, entry: u64, recovery: bool) -> Answer {
         let data = entry_bytes(ledger, entry);
         self.call(&Request::Add {
@@ -108,4 +144,40 @@ pub fn entry_with_payload(ledger: u64, entry: u64, payload: &[u8]) -> Vec<u8> {
         },
         payload,
     )
+}
+
+/// Creates the metadata of ledger `ledger` (E = Qw = Qa = `bookies.len()`, open, master key
+/// [`KEY`]) in `store`, so that bookies that bind keys only for ledgers the metadata store
+/// holds (docs/protocol.md §Add, "When a key binds") accept [`Wire::add`] to it.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub async fn create_ledger_metadata(
+    store: &dyn quire_metadata::MetadataStore,
+    ledger: u64,
+    bookies: &[String],
+) {
+    let n = bookies.len() as u8;
+    let meta = quire_metadata::LedgerMetadata {
+        format_version: quire_metadata::LEDGER_METADATA_FORMAT_VERSION,
+        ensemble_size: n,
+        write_quorum: n,
+        ack_quorum: n,
+        state: quire_metadata::LedgerState::Open,
+        fragments: vec![quire_metadata::Fragment {
+            first_entry: 0,
+            bookies: bookies
+                .iter()
+                .map(|b| quire_metadata::BookieId(b.clone()))
+                .collect(),
+        }],
+        last_entry: None,
+        length_bytes: 0,
+        digest_type: quire_metadata::DigestType::Crc32c,
+        master_key_hex: quire_metadata::master_key_hex(&KEY),
+        creation_time_ms: 0,
+        custom: Default::default(),
+    };
+    store
+        .create_ledger(LedgerId(ledger), &meta)
+        .await
+        .expect("create ledger metadata");
 }

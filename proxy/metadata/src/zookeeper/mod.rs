@@ -311,6 +311,10 @@ impl MetadataStore for ZkStore {
         records::read_ledger(self, id).await
     }
 
+    async fn read_ledger_synced(&self, id: LedgerId) -> Result<Versioned<LedgerMetadata>> {
+        records::read_ledger_synced(self, id).await
+    }
+
     async fn update_ledger(
         &self,
         id: LedgerId,

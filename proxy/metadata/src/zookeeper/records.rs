@@ -213,6 +213,22 @@ pub(super) async fn read_ledger(
         .await
 }
 
+/// Syncs this session's server with the leader, then reads (`sync` is path-agnostic in
+/// ZooKeeper; the ledgers root always exists once the layout is open).
+pub(super) async fn read_ledger_synced(
+    store: &ZkStore,
+    id: LedgerId,
+) -> Result<Versioned<LedgerMetadata>> {
+    let root = store.path("ledgers");
+    store
+        .inner
+        .client
+        .sync(&root)
+        .await
+        .map_err(|e| zk_err("sync", &root, e))?;
+    read_ledger(store, id).await
+}
+
 pub(super) async fn update_ledger(
     store: &ZkStore,
     id: LedgerId,
