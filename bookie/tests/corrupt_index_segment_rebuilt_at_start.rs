@@ -102,7 +102,10 @@ fn bookie_with_a_corrupt_index_segment_starts_and_serves_every_ledger() {
                     break r;
                 }
                 waited += 1;
-                assert!(Instant::now() < deadline, "ledger {l} entry {e}: still rebuilding");
+                assert!(
+                    Instant::now() < deadline,
+                    "ledger {l} entry {e}: still rebuilding"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             };
             assert_eq!(

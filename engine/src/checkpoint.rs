@@ -320,10 +320,10 @@ pub(crate) async fn read_mark<S: Storage>(storage: &S, dir: &Path) -> Result<Mar
         .open(&path, false)
         .await
         .map_err(io_err("open checkpoint mark", &path, 0))?;
-    let mut b = f
-        .read_at(0, BLOCK_BYTES)
-        .await
-        .map_err(io_err("read checkpoint mark", &path, 0))?;
+    let mut b =
+        f.read_at(0, BLOCK_BYTES)
+            .await
+            .map_err(io_err("read checkpoint mark", &path, 0))?;
     // A version 3 mark of many segments takes more than one block.
     let len = mark_len(&b);
     if len > b.len() {

@@ -533,7 +533,9 @@ fn unreadable_segment_delays_only_its_ledgers(what: Damage) {
         // 6): "being rebuilt", never "no such entry" or "no such ledger", and no add or fence
         // accepted against a state not known yet (ledger 3 was fenced).
         assert!(is_rebuilding(&e.read_entry(1, Some(0)).await));
-        assert!(is_rebuilding(&e.read_entry(REWRITTEN.0, Some(REWRITTEN.1)).await));
+        assert!(is_rebuilding(
+            &e.read_entry(REWRITTEN.0, Some(REWRITTEN.1)).await
+        ));
         assert!(is_rebuilding(&e.read_entry(5, Some(0)).await));
         assert!(is_rebuilding(&e.read_entry(5, None).await));
         assert!(is_rebuilding(
@@ -572,7 +574,10 @@ fn unreadable_segment_delays_only_its_ledgers(what: Damage) {
         );
         for l in [5u64, 6] {
             let s = e.ledger_state(l).expect("ledger known");
-            assert!(s.fenced, "ledger {l}: its state was lost, it comes back fenced");
+            assert!(
+                s.fenced,
+                "ledger {l}: its state was lost, it comes back fenced"
+            );
             assert_eq!(s.last_entry, Some(FIRST - 1), "ledger {l}");
         }
         check_fenced_and_deleted(&e).await;
@@ -647,7 +652,10 @@ fn version_2_mark_without_summaries_still_opens() {
     let (version, mark) = read_mark();
     assert_eq!(version, 3);
     for id in &mark.segments {
-        let s = mark.summaries.get(id).expect("every live segment is described");
+        let s = mark
+            .summaries
+            .get(id)
+            .expect("every live segment is described");
         assert!(s.entry_count > 0 && s.ledgers.is_some(), "{s:?}");
     }
 }
@@ -780,7 +788,12 @@ fn every_operation_of_a_rebuild_is_a_safe_crash_point() {
         assert_eq!(during.len() as u64, n, "{what:?}: {during:?}");
         let steps: &[&str] = match what {
             // Nothing to rename to `.corrupt`.
-            Damage::Missing => &["qis @", "checkpoint.qcp.tmp @", "checkpoint.qcp", "sync_dir"],
+            Damage::Missing => &[
+                "qis @",
+                "checkpoint.qcp.tmp @",
+                "checkpoint.qcp",
+                "sync_dir",
+            ],
             _ => &[
                 "qis @",
                 "checkpoint.qcp.tmp @",

@@ -332,10 +332,7 @@ mod tests {
         let b = encode_mark(&big);
         assert_eq!(b.len(), 11 * BLOCK_BYTES);
         assert_eq!(mark_len(&b[..BLOCK_BYTES]), b.len());
-        assert!(matches!(
-            decode_mark(&b[..BLOCK_BYTES]),
-            MarkDecode::Bad(_)
-        ));
+        assert!(matches!(decode_mark(&b[..BLOCK_BYTES]), MarkDecode::Bad(_)));
         let MarkDecode::Ok(d3) = decode_mark(&b) else {
             panic!("a mark of 11 blocks does not decode");
         };

@@ -233,6 +233,14 @@ impl<F: StorageFile> Index<F> {
                 }
             }
         }
+        // What the open learnt of the readable segments, for the mark a rebuild now writes.
+        let mark = mark.with_segments(
+            mark.segments.clone(),
+            slots.iter().filter_map(|s| match s {
+                Slot::Good(seg, _) | Slot::Deferred(seg, _) => seg.described(),
+                Slot::Damaged(_) => None,
+            }),
+        );
         let mut replacements: HashMap<u64, LiveWithStates<F>> = HashMap::new();
         let mark = if damaged.is_empty() {
             mark.clone()
@@ -258,7 +266,7 @@ impl<F: StorageFile> Index<F> {
                 &|| index.take_id(),
             )
             .await?;
-            let new_mark = rebuild::commit(storage, dir, mark, &reps, &mut report).await?;
+            let new_mark = rebuild::commit(storage, dir, &mark, &reps, &mut report).await?;
             index.note_rebuild(&report);
             for r in reps {
                 replacements.insert(r.damage.id, (Rc::new(r.segment), r.states));

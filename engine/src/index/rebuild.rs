@@ -39,8 +39,7 @@ use crate::engine::Inner;
 use crate::files::{io_err, parse_id};
 use crate::format::{
     round_up_block, u32_at, u64_at, Key, Location, Mark, SegmentSummary, StoredLedger,
-    ENTRY_RECORD_HEADER_BYTES,
-    FILE_HEADER_BYTES, KEYS_PER_BLOCK, LEDGERS_PER_BLOCK,
+    ENTRY_RECORD_HEADER_BYTES, FILE_HEADER_BYTES, KEYS_PER_BLOCK, LEDGERS_PER_BLOCK,
 };
 use crate::gc::LogUsage;
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
@@ -716,7 +715,10 @@ pub(crate) async fn repair<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> 
         // have entries elsewhere (compaction moved them, or a later checkpoint added them).
         // The intact segments index them; its last entry is the largest any of them holds.
         if let Some((lo, hi)) = damage.lost_states {
-            for (l, last) in index.last_entries_in(lo, hi, &|l| inner.ledgers.is_deleted(l)).await? {
+            for (l, last) in index
+                .last_entries_in(lo, hi, &|l| inner.ledgers.is_deleted(l))
+                .await?
+            {
                 let s = surviving.entry(l).or_default();
                 s.last_entry = s.last_entry.max(Some(last));
             }

@@ -470,12 +470,9 @@ impl<'t, F: StorageFile> SegmentWriter<'t, F> {
         }
         h.max_key = key;
         h.entry_count += 1;
-        self.logs = Some(
-            self.logs
-                .map_or((loc.log_id, loc.log_id), |(lo, hi)| {
-                    (lo.min(loc.log_id), hi.max(loc.log_id))
-                }),
-        );
+        self.logs = Some(self.logs.map_or((loc.log_id, loc.log_id), |(lo, hi)| {
+            (lo.min(loc.log_id), hi.max(loc.log_id))
+        }));
         self.pending.push((ledger, entry, loc));
         if self.pending.len() == LOCATIONS_PER_BLOCK {
             self.end_data_block();
