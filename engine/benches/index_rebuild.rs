@@ -8,10 +8,13 @@
 //! An engine on the real disk (O_DIRECT files in /tmp) gets that much entry data in 100
 //! ledgers, checkpointed as it goes (256 MiB entry logs), then its index is merged into one
 //! segment and it is closed. Then, alternately: a clean open (and close) of the directories,
-//! and an open after 4 bytes of the oldest index segment's header were flipped, which rebuilds
-//! that segment from every entry log (all keys, all ledger states: the worst case). Reported:
-//! both open times per round, their medians and the median ratio, the rebuild's own figures
-//! (`Engine::index_stats`), and the entry-log bytes it read per second.
+//! and an open after 4 bytes of the oldest index segment's header were flipped, after which that
+//! segment is rebuilt from every entry log it points into (here all of them: all keys, all
+//! ledger states, the worst case). Since issue 23 item 7 the checkpoint mark describes the
+//! segment, so the open returns first and the rebuild runs after it (the bench waits for it
+//! before taking the figures; a version 2 mark would rebuild during the open). Reported: both
+//! open times per round, their medians and the median ratio, the rebuild's own figures
+//! (`Engine::index_stats`, `rebuild_ms`), and the entry-log bytes it read per second.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -106,6 +109,12 @@ async fn open_once(cfg: EngineConfig) -> (Duration, quire_engine::IndexStats) {
     let t = Instant::now();
     let engine = Engine::open(cfg).await.expect("open");
     let took = t.elapsed();
+    // A damaged segment the mark describes is rebuilt after the open returned (issue 23 item
+    // 7): wait for it, so its figures are counted (rebuild_ms is its own time).
+    engine
+        .rebuild_damaged_index()
+        .await
+        .expect("background rebuild");
     let st = engine.index_stats();
     engine.close().await.expect("close");
     (took, st)
@@ -134,7 +143,7 @@ fn main() {
                 let (d, st) = open_once(cfg.clone()).await;
                 assert_eq!(st.segments_rebuilt, 1, "the damaged segment was rebuilt");
                 println!(
-                    "round {r}: clean open {:.3} s, open with rebuild {:.3} s ({} entries, {} ledgers rebuilt, {:.0} MiB of entry logs read at {:.0} MiB/s)",
+                    "round {r}: clean open {:.3} s, open of the damaged index {:.3} s (rebuild after it: {} entries, {} ledgers rebuilt, {:.0} MiB of entry logs read at {:.0} MiB/s)",
                     c.as_secs_f64(),
                     d.as_secs_f64(),
                     st.entries_rebuilt,
@@ -149,7 +158,7 @@ fn main() {
                 ratios.push(d.as_secs_f64() / c.as_secs_f64());
             }
             println!(
-                "median: clean open {:.3} s, open with rebuild {:.3} s, ratio {:.1}",
+                "median: clean open {:.3} s, open of the damaged index {:.3} s, ratio {:.1}",
                 median(clean),
                 median(rebuilt),
                 median(ratios)

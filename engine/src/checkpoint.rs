@@ -13,8 +13,8 @@ use futures_lite::future;
 use crate::engine::Inner;
 use crate::files::{corrupt, io_err};
 use crate::format::{
-    decode_mark, encode_mark, Location, Mark, MarkDecode, StoredLedger, FORMAT_OLDEST_READABLE,
-    FORMAT_V2, MARK_SEGMENTS_MAX,
+    decode_mark, encode_mark, mark_len, Location, Mark, MarkDecode, StoredLedger,
+    FORMAT_OLDEST_READABLE, FORMAT_V3, MARK_SEGMENTS_MAX,
 };
 use crate::index::segment::Segment;
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
@@ -96,10 +96,9 @@ pub(crate) async fn commit_relocations<S: Storage>(
         .write_segment(&inner.storage, &inner.throttle, &locations, &[])
         .await?;
     let cp = &inner.checkpointer;
-    let mark = Mark {
-        segments: segments_with(inner, &seg)?,
-        ..cp.mark()
-    };
+    let mark = cp
+        .mark()
+        .with_segments(segments_with(inner, &seg)?, seg.described());
     // On failure the segment stays: a failed mark write may still have replaced the mark on
     // disk, so only the next open (which knows the mark in force) removes unnamed segments.
     write_mark(&inner.storage, &inner.cfg.ledger_dir, &mark).await?;
@@ -253,9 +252,10 @@ async fn checkpoint_write<S: Storage>(
                 .await?,
         )
     };
-    let segments = match &seg {
-        Some(s) => segments_with(inner, s)?,
-        None => old_mark.segments.clone(),
+    // The live segments with the new one, each described (SegmentSummary).
+    let named = match &seg {
+        Some(s) => old_mark.with_segments(segments_with(inner, s)?, s.described()),
+        None => old_mark.clone(),
     };
 
     // 3. The mark: only forward, and only now that entry logs and index are durable.
@@ -264,7 +264,7 @@ async fn checkpoint_write<S: Storage>(
         journal_offset: durable.offset,
         next_seq: durable.next_seq,
         legacy_index_bytes: None,
-        segments,
+        ..named
     };
     assert!(
         (mark.journal_file_id, mark.journal_offset)
@@ -320,17 +320,25 @@ pub(crate) async fn read_mark<S: Storage>(storage: &S, dir: &Path) -> Result<Mar
         .open(&path, false)
         .await
         .map_err(io_err("open checkpoint mark", &path, 0))?;
-    let b = f
-        .read_at(0, BLOCK_BYTES)
-        .await
-        .map_err(io_err("read checkpoint mark", &path, 0))?;
+    let mut b =
+        f.read_at(0, BLOCK_BYTES)
+            .await
+            .map_err(io_err("read checkpoint mark", &path, 0))?;
+    // A version 3 mark of many segments takes more than one block.
+    let len = mark_len(&b);
+    if len > b.len() {
+        b = f
+            .read_at(0, len)
+            .await
+            .map_err(io_err("read checkpoint mark", &path, 0))?;
+    }
     match decode_mark(&b) {
         MarkDecode::Ok(m) => Ok(m),
         MarkDecode::Unsupported(found) => Err(Error::UnsupportedFormat {
             path,
             found,
             oldest: FORMAT_OLDEST_READABLE,
-            newest: FORMAT_V2,
+            newest: FORMAT_V3,
         }),
         MarkDecode::Bad(reason) => Err(corrupt(&path, 0, reason)),
     }

@@ -196,10 +196,12 @@ impl Engine<DmaStorage> {
     /// # Errors
     /// `Error::Corrupt` naming the file and byte offset if a journal record that is followed by
     /// durable data is damaged, or if a file header or the mark fails its checksum (a damaged
-    /// or missing index segment is not an error: it is rebuilt from the entry logs, during open
-    /// if it is missing or its header is unreadable, otherwise in the background while the keys
-    /// and ledgers it covers answer `IndexRebuilding`; the ledgers whose state it held come back
-    /// fenced, see `Engine::index_stats` and docs/format/index.md, "Damaged segments");
+    /// or missing index segment is not an error: it is rebuilt from the entry logs in the
+    /// background while the keys and ledgers it covers answer `IndexRebuilding` (also when it is
+    /// missing or its header is unreadable: the version 3 checkpoint mark records its ranges and
+    /// entry logs; only when a version 2 mark of an older build names it is it rebuilt during
+    /// open, from every entry log); the ledgers whose state it held come back fenced, see
+    /// `Engine::index_stats` and docs/format/index.md, "Damaged segments");
     /// `Error::UnsupportedFormat` for a file version this build does not read; `Error::Io`.
     /// A torn journal tail (the last, never acknowledged batch) is dropped silently.
     pub async fn open(config: EngineConfig) -> Result<Rc<Engine>, Error> {

@@ -308,6 +308,9 @@ pub struct IndexStats {
     pub entries_rebuilt: u64,
     /// Entry-log bytes read by the rebuilds, and their time in milliseconds.
     pub rebuild_entry_log_bytes: u64,
+    /// Entry-log files read by the rebuilds (a described segment's rebuild reads only those it
+    /// pointed into).
+    pub rebuild_entry_logs: u64,
     pub rebuild_ms: u64,
     /// Background rebuilds that failed (retried when a read finds the segment damaged again).
     pub rebuild_failures: u64,

@@ -284,6 +284,7 @@ async fn start_fresh<S: Storage>(
         next_seq: 1,
         legacy_index_bytes: None,
         segments: Vec::new(),
+        summaries: Default::default(),
     };
     write_mark(storage, &cfg.ledger_dir, &m).await?;
     Ok(m)

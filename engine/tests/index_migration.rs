@@ -102,6 +102,7 @@ async fn legacy_image() -> SimImage {
         next_seq: 1,
         legacy_index_bytes: Some(index.len() as u64),
         segments: Vec::new(),
+        summaries: Default::default(),
     };
     write_file(
         &s,

@@ -29,6 +29,10 @@ pub const FORMAT_V1: u16 = 1;
 /// Version 2 of the checkpoint mark only: it names the live index segment files
 /// (`index-{id}.qis`, version 1 of their own format), which replace the append-only `index.qix`.
 pub const FORMAT_V2: u16 = 2;
+/// Version 3 of the checkpoint mark only: each named segment with its summary (key range,
+/// ledger-state range, entry logs), so that a missing or unreadable segment is rebuilt in the
+/// background (docs/format/index.md).
+pub const FORMAT_V3: u16 = 3;
 /// Version of the shared file header written by this build (journal, entry log, index
 /// segment, tombstone files).
 pub const FORMAT_CURRENT: u16 = FORMAT_V1;

@@ -21,7 +21,7 @@ use std::rc::Rc;
 
 use crate::checkpoint::write_mark;
 use crate::engine::Inner;
-use crate::format::{Mark, StoredLedger};
+use crate::format::StoredLedger;
 use crate::index::segment::{Segment, SegmentWriter};
 use crate::index::MergedScan;
 use crate::io::Storage;
@@ -134,10 +134,10 @@ pub(crate) async fn merge_once<S: Storage>(inner: &Inner<S>) -> Result<bool, Err
             "a merged run stays contiguous"
         );
         ids.splice(at..at + run_ids.len(), [out.id]);
-        let mark = Mark {
-            segments: ids,
-            ..inner.checkpointer.mark()
-        };
+        let mark = inner
+            .checkpointer
+            .mark()
+            .with_segments(ids, out.described());
         // On failure the output stays: the mark on disk may name it (see checkpoint.rs).
         write_mark(&inner.storage, &inner.cfg.ledger_dir, &mark).await?;
         inner.checkpointer.set_mark(mark);

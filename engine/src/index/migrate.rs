@@ -53,8 +53,7 @@ pub(crate) async fn migrate<S: Storage>(
         .map_err(io_err("sync ledger dir", dir, 0))?;
     let new_mark = Mark {
         legacy_index_bytes: None,
-        segments: vec![seg.id],
-        ..mark.clone()
+        ..mark.with_segments(vec![seg.id], seg.described())
     };
     write_mark(storage, dir, &new_mark).await?;
     tracing::info!(

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use crate::files::{io_err, parse_id};
-use crate::format::{Key, Location, Mark, StoredLedger};
+use crate::format::{Key, Location, Mark, SegmentSummary, StoredLedger};
 use crate::io::{Storage, StorageFile};
 use crate::ledgers::Ledger;
 use crate::sync::Signal;
@@ -48,11 +48,14 @@ type LiveWithStates<F> = (Rc<Segment<F>>, Vec<(u64, StoredLedger)>);
 enum Slot<F> {
     /// Every check passed; its ledger states.
     Good(Rc<Segment<F>>, Vec<(u64, StoredLedger)>),
-    /// To be rebuilt now (missing, or header or top keys unreadable: the keys and ledgers it
-    /// covers are unknown, so every ledger waits for it).
+    /// To be rebuilt now: missing, or header or top keys unreadable, and the mark holds no
+    /// summary of it (a version 2 mark): the keys and ledgers it covers are unknown, so every
+    /// ledger waits for it.
     Damaged(Damage),
-    /// Readable header, a bad index or ledger-state block: live with its readable states,
-    /// rebuilt in the background while every ledger outside what it covers is served.
+    /// Rebuilt in the background while every ledger outside what it covers is served: a
+    /// readable header with a bad index or ledger-state block (live with its readable states),
+    /// or a missing or unreadable segment the mark describes (a hollow stand-in,
+    /// `Segment::hollow`, covering the key range the mark records).
     Deferred(Rc<Segment<F>>, Damage),
 }
 
@@ -94,9 +97,15 @@ impl<F: StorageFile> Index<F> {
     /// mark does not name are what a crash left (an unfinished checkpoint, merge or rebuild, a
     /// merge's inputs) and are removed, as is a legacy `index.qix` a finished migration left.
     ///
-    /// A named segment that is missing, or whose header, top, index or ledger-state blocks fail
-    /// their check, is rebuilt from the entry logs (`rebuild.rs`) and replaced in a new mark,
-    /// which is returned; deleted ledgers (`is_deleted`) are left out of the replacement.
+    /// A named segment whose index or ledger-state blocks fail their check, or that is missing
+    /// or whose header or top blocks fail it while the mark holds its summary (version 3), is
+    /// left for the background rebuild (`rebuild::repair`); meanwhile what it covers answers
+    /// `IndexRebuilding`. One that is missing or unreadable without a summary (a version 2 mark
+    /// written by an older build) is rebuilt now from every entry log (`rebuild.rs`) and
+    /// replaced in a new mark; deleted ledgers (`is_deleted`) are left out of a replacement.
+    /// The mark returned describes every segment whose summary is known (the open learns those
+    /// a version 2 mark lacked from their headers and ledger states), so the next mark written
+    /// records them.
     ///
     /// # Errors
     /// `UnsupportedFormat`; `Io`.
@@ -145,24 +154,55 @@ impl<F: StorageFile> Index<F> {
         for &id in &mark.segments {
             let name = segment::segment_name(id);
             let path = dir.join(&name);
-            if !names.contains(&name) {
-                slots.push(Slot::Damaged(Damage::whole(
-                    id,
-                    path,
-                    "the checkpoint mark names this index segment, which is missing".into(),
-                )));
-                continue;
-            }
-            match Segment::open(storage, dir, id).await {
-                Ok(seg) => match rebuild::assess(&seg).await? {
-                    (states, None) => slots.push(Slot::Good(Rc::new(seg), states)),
-                    (_, Some(d)) => slots.push(Slot::Deferred(Rc::new(seg), d)),
-                },
-                Err(e) => slots.push(Slot::Damaged(Damage::whole(
-                    id,
-                    path,
-                    rebuild::corrupt_reason(e)?,
-                ))),
+            let known = mark.summaries.get(&id).copied();
+            let unreadable = if !names.contains(&name) {
+                "the checkpoint mark names this index segment, which is missing".to_string()
+            } else {
+                match Segment::open(storage, dir, id).await {
+                    Ok(seg) => {
+                        let (states, damage) = rebuild::assess(&seg).await?;
+                        let found = summary_of(&seg, &states, damage.as_ref());
+                        match (known, found) {
+                            // The mark's summary adds the entry logs the header does not name.
+                            (Some(k), Some(f)) if same_reach(&k, &f) => seg.describe(k),
+                            (Some(k), _) if damage.is_some() && same_keys(&k, &seg) => {
+                                seg.describe(k)
+                            }
+                            (k, f) => {
+                                if k.is_some() {
+                                    tracing::warn!(
+                                        "index segment {}: the checkpoint mark's summary {k:?} \
+                                         differs from the segment's own {f:?}; using the \
+                                         segment's",
+                                        seg.path.display()
+                                    );
+                                }
+                                if let Some(f) = f {
+                                    seg.describe(f);
+                                }
+                            }
+                        }
+                        let mut damage = damage;
+                        if let Some(d) = &mut damage {
+                            d.logs = rebuild::logs_to_scan(seg.summary());
+                        }
+                        match damage {
+                            None => slots.push(Slot::Good(Rc::new(seg), states)),
+                            Some(d) => slots.push(Slot::Deferred(Rc::new(seg), d)),
+                        }
+                        continue;
+                    }
+                    Err(e) => rebuild::corrupt_reason(e)?,
+                }
+            };
+            match known {
+                // Its reach is in the mark: rebuilt in the background, only it waits.
+                Some(k) => slots.push(Slot::Deferred(
+                    Rc::new(Segment::hollow(id, path.clone(), k)),
+                    Damage::described(id, path, unreadable, k),
+                )),
+                // A version 2 mark: nothing says what it covered.
+                None => slots.push(Slot::Damaged(Damage::whole(id, path, unreadable))),
             }
         }
         let index = Index {
@@ -193,6 +233,14 @@ impl<F: StorageFile> Index<F> {
                 }
             }
         }
+        // What the open learnt of the readable segments, for the mark a rebuild now writes.
+        let mark = mark.with_segments(
+            mark.segments.clone(),
+            slots.iter().filter_map(|s| match s {
+                Slot::Good(seg, _) | Slot::Deferred(seg, _) => seg.described(),
+                Slot::Damaged(_) => None,
+            }),
+        );
         let mut replacements: HashMap<u64, LiveWithStates<F>> = HashMap::new();
         let mark = if damaged.is_empty() {
             mark.clone()
@@ -218,7 +266,7 @@ impl<F: StorageFile> Index<F> {
                 &|| index.take_id(),
             )
             .await?;
-            let new_mark = rebuild::commit(storage, dir, mark, &reps, &mut report).await?;
+            let new_mark = rebuild::commit(storage, dir, &mark, &reps, &mut report).await?;
             index.note_rebuild(&report);
             for r in reps {
                 replacements.insert(r.damage.id, (Rc::new(r.segment), r.states));
@@ -244,7 +292,8 @@ impl<F: StorageFile> Index<F> {
                     let states = d.kept_states.clone();
                     let pending = Pending {
                         reason: d.reason.clone(),
-                        open_damage: d.lost_states.is_some().then_some(d),
+                        // A stand-in has no blocks to assess again: its damage is kept.
+                        open_damage: (d.lost_states.is_some() || seg.is_hollow()).then_some(d),
                     };
                     index.damaged.borrow_mut().insert(seg.id, pending);
                     (seg, states)
@@ -255,6 +304,12 @@ impl<F: StorageFile> Index<F> {
             }
             segments.push(seg);
         }
+        // Segments a version 2 mark named without summary are described now (the next mark
+        // written records them).
+        let mark = mark.with_segments(
+            mark.segments.clone(),
+            segments.iter().filter_map(|s| s.described()),
+        );
         *index.segments.borrow_mut() = segments;
         Ok((index, ledgers, mark))
     }
@@ -319,6 +374,48 @@ impl<F: StorageFile> Index<F> {
         let mut d = self.damaged.borrow_mut();
         d.retain(|id, _| live.contains(id));
         d.iter().next().map(|(id, p)| (*id, p.clone()))
+    }
+
+    /// The damage the open found in live segment `id`, if it is still waiting for its rebuild.
+    pub(crate) fn open_damage_of(&self, id: u64) -> Option<Damage> {
+        self.damaged
+            .borrow()
+            .get(&id)
+            .and_then(|p| p.open_damage.clone())
+    }
+
+    /// The largest entry the intact segments index for each ledger in `lo..=hi` that is not
+    /// deleted, in ledger order (one pass over those keys, past the block cache): what a
+    /// rebuild that reads only a damaged segment's entry logs learns of entries elsewhere.
+    ///
+    /// # Errors
+    /// `Corrupt` from a bad block (the segment is noted); `Io`.
+    pub(crate) async fn last_entries_in(
+        &self,
+        lo: u64,
+        hi: u64,
+        is_deleted: &dyn Fn(u64) -> bool,
+    ) -> Result<Vec<(u64, u64)>, Error> {
+        let r: Result<_, Error> = async {
+            let mut out: Vec<(u64, u64)> = Vec::new();
+            let mut scan =
+                MergedScan::over(self.intact_newest_first(), &self.cache, (lo, 0), false).await?;
+            while let Some(((l, e), _)) = scan.next(&self.cache).await? {
+                if l > hi {
+                    break;
+                }
+                if is_deleted(l) {
+                    continue;
+                }
+                match out.last_mut() {
+                    Some(last) if last.0 == l => last.1 = last.1.max(e),
+                    _ => out.push((l, e)),
+                }
+            }
+            Ok(out)
+        }
+        .await;
+        self.checked(r)
     }
 
     /// Whether a damaged segment is waiting for its rebuild.
@@ -390,6 +487,7 @@ impl<F: StorageFile> Index<F> {
             s.ledgers_rebuilt += r.ledgers;
             s.entries_rebuilt += r.entries;
             s.rebuild_entry_log_bytes += r.entry_log_bytes;
+            s.rebuild_entry_logs += r.entry_logs;
             s.rebuild_ms += r.millis;
         });
     }
@@ -601,6 +699,45 @@ impl<F: StorageFile> Index<F> {
         s.cache_misses = cs.misses;
         s
     }
+}
+
+/// What a mark records of `seg`, from its header and the ledger states read by `assess`
+/// (entry logs unknown); `None` when a bad ledger-state block hides which ledgers it holds.
+fn summary_of<F: StorageFile>(
+    seg: &Segment<F>,
+    states: &[(u64, StoredLedger)],
+    damage: Option<&Damage>,
+) -> Option<SegmentSummary> {
+    if damage.is_some_and(|d| d.lost_states.is_some()) {
+        return None;
+    }
+    let h = seg.header;
+    Some(SegmentSummary {
+        entry_count: h.entry_count,
+        min_key: h.min_key,
+        max_key: h.max_key,
+        ledgers: states
+            .iter()
+            .map(|x| x.0)
+            .min()
+            .zip(states.iter().map(|x| x.0).max()),
+        logs: None,
+    })
+}
+
+/// Whether two summaries of a segment agree on its keys and ledgers (the mark's may also know
+/// its entry logs).
+fn same_reach(a: &SegmentSummary, b: &SegmentSummary) -> bool {
+    a.entry_count == b.entry_count
+        && a.min_key == b.min_key
+        && a.max_key == b.max_key
+        && a.ledgers == b.ledgers
+}
+
+/// Whether the mark's summary agrees with the segment's header on its keys.
+fn same_keys<F>(a: &SegmentSummary, seg: &Segment<F>) -> bool {
+    let h = seg.header;
+    a.entry_count == h.entry_count && a.min_key == h.min_key && a.max_key == h.max_key
 }
 
 /// A scan over the live segments in key order from a start key that yields each key once,

@@ -4,11 +4,14 @@
 //! entry). BookKeeper's offline tools `LocationsIndexRebuildOp` (every entry log scanned in id
 //! order, a later copy of an entry overriding an earlier one) and `LedgersIndexRebuildOp`
 //! (every ledger found is marked fenced, its master key left empty for the next add or fence
-//! to set) are the model; here it runs at open and only for the damaged segment's ranges.
+//! to set) are the model; here it runs only for the damaged segment's ranges, in the
+//! background after the open (at open only for a missing or unreadable segment a version 2
+//! mark names, whose ranges are unknown), and reads only the entry logs the segment points into
+//! when the checkpoint mark records them (version 3).
 //!
 //! What a replacement holds, for a damaged segment D at its place in the mark:
-//! - locations: for every key in D's key range (all keys when D's header is unreadable), the
-//!   newest copy found in the entry logs (largest (log id, offset): logs are written in id
+//! - locations: for every key in D's key range (the mark's summary of D when its header is
+//!   unreadable; all keys without one), the newest copy found in the entry logs read (largest (log id, offset): logs are written in id
 //!   order and appended to), deleted ledgers left out. Keys outside what D held are harmless:
 //!   a newer segment still overrides them, and an older one never held a newer copy.
 //! - ledger states: those of D's readable ledger-state blocks as they were; for the ledgers
@@ -35,8 +38,8 @@ use crate::checkpoint::write_mark;
 use crate::engine::Inner;
 use crate::files::{io_err, parse_id};
 use crate::format::{
-    round_up_block, u32_at, u64_at, Key, Location, Mark, StoredLedger, ENTRY_RECORD_HEADER_BYTES,
-    FILE_HEADER_BYTES, KEYS_PER_BLOCK, LEDGERS_PER_BLOCK,
+    round_up_block, u32_at, u64_at, Key, Location, Mark, SegmentSummary, StoredLedger,
+    ENTRY_RECORD_HEADER_BYTES, FILE_HEADER_BYTES, KEYS_PER_BLOCK, LEDGERS_PER_BLOCK,
 };
 use crate::gc::LogUsage;
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
@@ -72,6 +75,9 @@ pub(crate) struct Damage {
     /// Ledgers whose state a newer readable segment holds: that state overrides whatever the
     /// replacement would say, so they get none.
     pub superseded: HashSet<u64>,
+    /// The entry logs (inclusive id ranges) that can hold its entries; `None`: not known, every
+    /// entry log is read.
+    pub logs: Option<Vec<(u64, u64)>>,
 }
 
 impl Damage {
@@ -86,8 +92,35 @@ impl Damage {
             lost_states: Some((0, u64::MAX)),
             kept_states: Vec::new(),
             superseded: HashSet::new(),
+            logs: None,
         }
     }
+
+    /// A segment that is missing or whose header or top blocks fail their check, whose reach
+    /// the checkpoint mark records (`s`): its key range and the ledgers it held states for are
+    /// rebuilt, from the entry logs it pointed into when the mark knows them.
+    pub fn described(id: u64, path: PathBuf, reason: String, s: SegmentSummary) -> Self {
+        Self {
+            id,
+            path,
+            reason,
+            keys: (s.entry_count > 0).then_some((s.min_key, s.max_key)),
+            lost_states: s.ledgers,
+            kept_states: Vec::new(),
+            superseded: HashSet::new(),
+            logs: logs_to_scan(Some(s)),
+        }
+    }
+}
+
+/// The entry logs a rebuild of a segment described by `s` reads: none if it holds no
+/// location, its entry-log range if known, otherwise (`None`) every one.
+pub(crate) fn logs_to_scan(s: Option<SegmentSummary>) -> Option<Vec<(u64, u64)>> {
+    let s = s?;
+    if s.entry_count == 0 {
+        return Some(Vec::new());
+    }
+    s.logs.map(|r| vec![r])
 }
 
 /// Checks what the open of a segment did not: its index blocks and its ledger-state blocks.
@@ -178,6 +211,7 @@ pub(crate) async fn assess<F: StorageFile>(
         lost_states: lost,
         kept_states: states.clone(),
         superseded: HashSet::new(),
+        logs: None,
     };
     Ok((states, Some(damage)))
 }
@@ -204,8 +238,9 @@ pub(crate) struct Scan {
     pub unreadable_bytes: u64,
 }
 
-/// Reads every entry log of `dir` (in id order, front to back) and collects the records whose
-/// key lies in one of `keys` or whose ledger lies in one of `ledgers`. Deleted ledgers are
+/// Reads the entry logs of `dir` (in id order, front to back; only those whose id lies in one of
+/// `logs` if given) and collects the records whose key lies in one of `keys` or whose ledger
+/// lies in one of `ledgers`. Deleted ledgers are
 /// skipped. A record is accepted only if its CRC32C holds and its length is at most
 /// `entry_size_max` (or 16 MiB if more); a bad record is skipped by its length field when a
 /// record or padding follows it, otherwise the scan resumes at the next 4 KiB boundary (where
@@ -218,6 +253,7 @@ pub(crate) async fn scan_entry_logs<S: Storage>(
     dir: &Path,
     keys: &[(Key, Key)],
     ledgers: &[(u64, u64)],
+    logs: Option<&[(u64, u64)]>,
     is_deleted: &dyn Fn(u64) -> bool,
     entry_size_max: usize,
 ) -> Result<Scan, Error> {
@@ -228,6 +264,7 @@ pub(crate) async fn scan_entry_logs<S: Storage>(
     let mut ids: Vec<u64> = names
         .iter()
         .filter_map(|n| parse_id(n, "entrylog-", ".qel"))
+        .filter(|id| logs.is_none_or(|r| r.iter().any(|(lo, hi)| id >= lo && id <= hi)))
         .collect();
     ids.sort_unstable();
     let mut scan = Scan::default();
@@ -404,6 +441,7 @@ pub(crate) struct RebuildReport {
     pub ledgers: u64,
     pub entries: u64,
     pub entry_log_bytes: u64,
+    pub entry_logs: u64,
     pub unreadable_bytes: u64,
     pub millis: u64,
     started: Option<Instant>,
@@ -432,7 +470,25 @@ pub(crate) async fn build<S: Storage>(
     let started = Instant::now();
     let keys: Vec<(Key, Key)> = damaged.iter().filter_map(|d| d.keys).collect();
     let lost: Vec<(u64, u64)> = damaged.iter().filter_map(|d| d.lost_states).collect();
-    let scan = scan_entry_logs(storage, dir, &keys, &lost, is_deleted, entry_size_max).await?;
+    // Only the entry logs the damaged segments point into, when every one of them is described
+    // (a segment is written after the entries it indexes, so its keys' copies there are the
+    // newest it can have named; the ledgers whose state was lost get their last entry from the
+    // rest of the index too, `surviving`).
+    let logs: Option<Vec<(u64, u64)>> = damaged
+        .iter()
+        .map(|d| d.logs.clone())
+        .collect::<Option<Vec<_>>>()
+        .map(|v| v.concat());
+    let scan = scan_entry_logs(
+        storage,
+        dir,
+        &keys,
+        &lost,
+        logs.as_deref(),
+        is_deleted,
+        entry_size_max,
+    )
+    .await?;
     let mut out = Vec::with_capacity(damaged.len());
     for d in damaged {
         let locations: Vec<(u64, u64, Location)> = match d.keys {
@@ -495,6 +551,7 @@ pub(crate) async fn build<S: Storage>(
         ledgers: out.iter().map(|r| r.ledgers_rebuilt.len() as u64).sum(),
         entries: out.iter().map(|r| r.entries).sum(),
         entry_log_bytes: scan.bytes,
+        entry_logs: scan.logs,
         unreadable_bytes: scan.unreadable_bytes,
         millis: 0,
         started: Some(started),
@@ -527,10 +584,7 @@ pub(crate) async fn commit<S: Storage>(
         };
         segments[at] = r.segment.id;
     }
-    let new_mark = Mark {
-        segments,
-        ..mark.clone()
-    };
+    let new_mark = mark.with_segments(segments, reps.iter().filter_map(|r| r.segment.described()));
     // On failure the replacements stay: the mark on disk may name them (see checkpoint.rs).
     write_mark(storage, dir, &new_mark).await?;
     for r in reps {
@@ -559,6 +613,7 @@ pub(crate) async fn commit<S: Storage>(
             ledgers = %ledger_list(&r.ledgers_rebuilt),
             kept_states = r.damage.kept_states.len(),
             entry_log_bytes = report.entry_log_bytes,
+            entry_logs = report.entry_logs,
             unreadable_entry_log_bytes = report.unreadable_bytes,
             elapsed_ms = report.millis,
             "index segment damaged ({}): its key range was rebuilt from the entry logs, the \
@@ -615,14 +670,21 @@ pub(crate) async fn repair<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> 
     // were refused meanwhile), so they come back as a rebuild at open makes them: what the
     // readable segments hold, fenced. Found after open: the ledger table is exact.
     let at_open = pending.open_damage.is_some();
-    let (damage, surviving) = match pending.open_damage {
+    let (damage, mut surviving) = match pending.open_damage {
         Some(d) => {
             let mut surviving = BTreeMap::new();
             for s in index.live_newest_first() {
-                if s.id != id {
-                    for (l, st) in s.ledger_states().await? {
-                        merge_surviving(&mut surviving, l, st);
-                    }
+                if s.id == id {
+                    continue;
+                }
+                // Another damaged segment the open found: its readable states only (a stand-in
+                // has none; its own rebuild gives its ledgers theirs).
+                let states = match index.open_damage_of(s.id) {
+                    Some(other) => other.kept_states,
+                    None => s.ledger_states().await?,
+                };
+                for (l, st) in states {
+                    merge_surviving(&mut surviving, l, st);
                 }
             }
             (d, surviving)
@@ -638,6 +700,7 @@ pub(crate) async fn repair<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> 
                 lost_states: found.and_then(|d| d.lost_states),
                 kept_states: kept,
                 superseded: HashSet::new(),
+                logs: logs_to_scan(seg.summary()),
             };
             let surviving = if damage.lost_states.is_some() {
                 inner.ledgers.stored_states()
@@ -647,6 +710,20 @@ pub(crate) async fn repair<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> 
             (damage, surviving)
         }
     };
+    if damage.logs.is_some() {
+        // Only the damaged segment's entry logs are read: a ledger whose state was lost may
+        // have entries elsewhere (compaction moved them, or a later checkpoint added them).
+        // The intact segments index them; its last entry is the largest any of them holds.
+        if let Some((lo, hi)) = damage.lost_states {
+            for (l, last) in index
+                .last_entries_in(lo, hi, &|l| inner.ledgers.is_deleted(l))
+                .await?
+            {
+                let s = surviving.entry(l).or_default();
+                s.last_entry = s.last_entry.max(Some(last));
+            }
+        }
+    }
     let (reps, mut report) = build(
         &inner.storage,
         index.dir(),

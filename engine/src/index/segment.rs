@@ -3,7 +3,7 @@
 //! in the in-memory top keys, then in one index block, then in one data block, both through the
 //! block cache ([`Segment::find`]); sequential reads go through a [`SegCursor`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -12,7 +12,7 @@ use crate::format::{
     block_key, check_block, data_key, data_location, decode_ledger_block, encode_data_block,
     encode_file_header, encode_key_block, encode_ledger_block, get_segment_header,
     join_ledger_records, ledger_records, put_segment_header, Key, Location, SegmentHeader,
-    StoredLedger, DATA_BLOCKS_PER_GROUP, INDEX_SEGMENT_FILE_MAGIC, KEYS_PER_BLOCK,
+    SegmentSummary, StoredLedger, DATA_BLOCKS_PER_GROUP, INDEX_SEGMENT_FILE_MAGIC, KEYS_PER_BLOCK,
     LEDGERS_PER_BLOCK, LOCATIONS_PER_BLOCK,
 };
 use crate::index::cache::BlockCache;
@@ -39,10 +39,14 @@ const CURSOR_CHUNK_BLOCKS: u64 = 16;
 pub(crate) struct Segment<F> {
     pub id: u64,
     pub path: PathBuf,
-    file: Rc<F>,
+    /// `None` for a stand-in ([`Segment::hollow`]): every read of it fails with `Corrupt`.
+    file: Option<Rc<F>>,
     pub header: SegmentHeader,
     /// First key of every group (its first data block).
     top: Vec<Key>,
+    /// What the checkpoint mark records of it, once known (from the writer, the mark, or the
+    /// open's reading of its header and ledger states).
+    summary: Cell<Option<SegmentSummary>>,
 }
 
 impl<F: StorageFile> Segment<F> {
@@ -86,9 +90,10 @@ impl<F: StorageFile> Segment<F> {
         let mut seg = Segment {
             id,
             path,
-            file: Rc::new(file),
+            file: Some(Rc::new(file)),
             header,
             top: Vec::new(),
+            summary: Cell::new(None),
         };
         let groups = header.groups() as usize;
         let mut top = Vec::with_capacity(groups);
@@ -110,6 +115,58 @@ impl<F: StorageFile> Segment<F> {
         Ok(seg)
     }
 
+    /// A stand-in for live segment `id` at `path` that is missing or whose header or top
+    /// blocks are unreadable, known only from the summary the checkpoint mark holds for it:
+    /// it covers the summary's key range (so lookups there wait for its rebuild) and every read
+    /// of it fails with `Corrupt`. Its replacement takes its place once rebuilt.
+    pub(crate) fn hollow(id: u64, path: PathBuf, s: SegmentSummary) -> Self {
+        Segment {
+            id,
+            path,
+            file: None,
+            header: SegmentHeader {
+                entry_count: s.entry_count,
+                data_blocks: 0,
+                ledger_count: 0,
+                min_key: s.min_key,
+                max_key: s.max_key,
+            },
+            top: Vec::new(),
+            summary: Cell::new(Some(s)),
+        }
+    }
+
+    /// Whether this is a stand-in without a readable file ([`Segment::hollow`]).
+    pub(crate) fn is_hollow(&self) -> bool {
+        self.file.is_none()
+    }
+
+    /// The file, or `Corrupt` for a stand-in.
+    fn file(&self) -> Result<&F, Error> {
+        self.file.as_deref().ok_or_else(|| {
+            corrupt(
+                &self.path,
+                0,
+                "index segment is missing or its header is unreadable; it is being rebuilt",
+            )
+        })
+    }
+
+    /// The summary the checkpoint mark records for it, with its id, if known.
+    pub(crate) fn described(&self) -> Option<(u64, SegmentSummary)> {
+        self.summary.get().map(|s| (self.id, s))
+    }
+
+    /// The summary, if known.
+    pub(crate) fn summary(&self) -> Option<SegmentSummary> {
+        self.summary.get()
+    }
+
+    /// Records the summary found for it (at open).
+    pub(crate) fn describe(&self, s: SegmentSummary) {
+        self.summary.set(Some(s));
+    }
+
     pub(crate) fn bad(&self, block: u64, reason: impl Into<String>) -> Error {
         corrupt(&self.path, block * BLOCK_BYTES as u64, reason)
     }
@@ -121,7 +178,7 @@ impl<F: StorageFile> Segment<F> {
         per_block: usize,
     ) -> Result<(Vec<u8>, usize), Error> {
         let at = n * BLOCK_BYTES as u64;
-        let b = self.file.read_at(at, BLOCK_BYTES).await.map_err(io_err(
+        let b = self.file()?.read_at(at, BLOCK_BYTES).await.map_err(io_err(
             "read index segment",
             &self.path,
             at,
@@ -225,6 +282,7 @@ impl<F: StorageFile> Segment<F> {
     /// Reads the ledger states, one per ledger (a fence-only ledger's records joined), sorted
     /// by ledger (not cached: only at open and by merges).
     pub async fn ledger_states(&self) -> Result<Vec<(u64, StoredLedger)>, Error> {
+        self.file()?;
         let mut out = Vec::with_capacity(self.header.ledger_count as usize);
         for i in 0..self.header.ledger_blocks() {
             let n = self.header.ledgers_at() + i;
@@ -261,6 +319,8 @@ impl<F: StorageFile> SegCursor<F> {
         from: Key,
         cached: bool,
     ) -> Result<Self, Error> {
+        // A stand-in has no blocks to read: its keys must not look absent.
+        seg.file()?;
         let mut c = SegCursor {
             next_block: 0,
             seg,
@@ -304,7 +364,7 @@ impl<F: StorageFile> SegCursor<F> {
             let first = h.data_block_at(d);
             let at = first * BLOCK_BYTES as u64;
             let len = (end - d) as usize * BLOCK_BYTES;
-            let b = self.seg.file.read_at(at, len).await.map_err(io_err(
+            let b = self.seg.file()?.read_at(at, len).await.map_err(io_err(
                 "read index segment",
                 &self.seg.path,
                 at,
@@ -364,6 +424,8 @@ pub(crate) struct SegmentWriter<'t, F> {
     out: Vec<u8>,
     /// Block number where `out` starts.
     out_block: u64,
+    /// Smallest and largest entry-log id of the locations pushed.
+    logs: Option<(u64, u64)>,
 }
 
 impl<'t, F: StorageFile> SegmentWriter<'t, F> {
@@ -391,6 +453,7 @@ impl<'t, F: StorageFile> SegmentWriter<'t, F> {
             top: Vec::new(),
             out: Vec::new(),
             out_block: 1,
+            logs: None,
         })
     }
 
@@ -407,6 +470,9 @@ impl<'t, F: StorageFile> SegmentWriter<'t, F> {
         }
         h.max_key = key;
         h.entry_count += 1;
+        self.logs = Some(self.logs.map_or((loc.log_id, loc.log_id), |(lo, hi)| {
+            (lo.min(loc.log_id), hi.max(loc.log_id))
+        }));
         self.pending.push((ledger, entry, loc));
         if self.pending.len() == LOCATIONS_PER_BLOCK {
             self.end_data_block();
@@ -484,12 +550,24 @@ impl<'t, F: StorageFile> SegmentWriter<'t, F> {
             .fdatasync()
             .await
             .map_err(io_err("index segment fdatasync", &self.path, 0))?;
+        let summary = SegmentSummary {
+            entry_count: self.header.entry_count,
+            min_key: self.header.min_key,
+            max_key: self.header.max_key,
+            ledgers: ledgers
+                .iter()
+                .map(|x| x.0)
+                .min()
+                .zip(ledgers.iter().map(|x| x.0).max()),
+            logs: self.logs,
+        };
         Ok(Segment {
             id: self.id,
             path: self.path,
-            file: Rc::new(self.file),
+            file: Some(Rc::new(self.file)),
             header: self.header,
             top: self.top,
+            summary: Cell::new(Some(summary)),
         })
     }
 }

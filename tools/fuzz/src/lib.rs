@@ -470,10 +470,12 @@ fn seeds_mark() -> Vec<Vec<u8>> {
         next_seq: 77,
         legacy_index_bytes: None,
         segments: vec![1, 2, 5],
+        summaries: Default::default(),
     };
     let v1 = f::Mark {
         legacy_index_bytes: Some(4096),
         segments: Vec::new(),
+        summaries: Default::default(),
         ..m.clone()
     };
     vec![f::encode_mark(&m), f::encode_mark_v1(&v1)]
