@@ -1,5 +1,5 @@
 //! A crash-simulating disk: an in-memory [`Storage`] that knows which of its bytes and directory
-//! entries are durable, for crash tests of the engine (engine/tests/crash_sim.rs).
+//! entries are durable, for crash tests of the engine (engine/tests/it/crash_sim.rs).
 //!
 //! # Model
 //! Every file is an inode with two images: the live one (what reads see: every completed write,

@@ -6,7 +6,7 @@
 //! serves reads; once space is freed it is writable again, registered under `available/`, and
 //! takes adds.
 //! Method: real ZooKeeper (quire-testkit), one `quire bookie` child on 127.0.0.1 whose ledger
-//! directory is a 32 MiB loop-mounted ext4 image (needs root, as engine/tests/full_disk.rs) and
+//! directory is a 32 MiB loop-mounted ext4 image (needs root, as engine/tests/it/full_disk.rs) and
 //! whose disk monitor measures every 200 ms; its journal is on a 64 MiB image of its own. The image is filled to
 //! 100 % by a filler file, and the filler removed later. Requests go over the bookie wire
 //! protocol; the registration is read with `quire bookie list --json`.

@@ -8,7 +8,7 @@
 //! adds.
 //! Method: `quire sandbox` with 4 bookies (E=3, Qw=3, Qa=2), 2 KiB segments so that they roll
 //! often, and a 200 ms disk check; bookie 1's ledger directory is a 32 MiB loop-mounted ext4
-//! image (needs root, as engine/tests/full_disk.rs), filled to 100 % mid-test. Records go
+//! image (needs root, as engine/tests/it/full_disk.rs), filled to 100 % mid-test. Records go
 //! through `ProxyClient`; the transition is seen as an add answered `ReadOnly` on bookie 1's
 //! wire protocol (a probe ledger no segment uses); ensembles are read from the sandbox's
 //! `metadata.json` (docs/format/metadata.md).

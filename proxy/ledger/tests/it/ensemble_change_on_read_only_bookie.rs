@@ -6,7 +6,7 @@
 //! writable again, registered as such, and a new ledger that needs it writes to it.
 //! Method: four real one-shard bookies on 127.0.0.1 with O_DIRECT journals under /tmp and the
 //! embedded metadata store. Bookie 0's ledger directory is a 32 MiB loop-mounted ext4 image
-//! (needs root, as engine/tests/full_disk.rs); its disk monitor measures every 100 ms. The
+//! (needs root, as engine/tests/it/full_disk.rs); its disk monitor measures every 100 ms. The
 //! ledger (E=3, Qw=3, Qa=2) is created while only bookies 0..2 are registered, so bookie 0 is in
 //! its ensemble; bookie 3 registers afterwards as the spare. After 100 acknowledged adds the
 //! image is filled to 100 % while the writer keeps adding. Registrations follow each bookie's

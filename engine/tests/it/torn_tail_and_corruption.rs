@@ -1,8 +1,8 @@
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 
-use common::{batch_headers, config, journal_files, payload, run, tempdir, KEY};
+use crate::common::{batch_headers, config, journal_files, payload, run, tempdir, KEY};
 use quire_engine::{Engine, Error};
 
 const BLOCK: u64 = 4096;

@@ -13,7 +13,7 @@
 //! `QUIRE_CRASH_REPEAT` times (default 20: the interval checkpoints are timer driven, so a
 //! replay reproduces the workload and the crash point but not always the interleaving).
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use common::{payload, KEY};
+use crate::common::{payload, KEY};
 use futures_lite::future;
 use glommio::{LocalExecutorBuilder, Placement};
 use quire_engine::sim_disk::{CrashReport, OpFilter, SimImage, SimStorage};
@@ -628,7 +628,7 @@ fn acknowledged_adds_and_fences_survive_crashes_at_seeded_points() {
                     eprintln!(
                         "crash_sim seed {seed} FAILED (attempt {attempt}): {e}\n\
                          replay: QUIRE_CRASH_SEED={seed} cargo test --release -p quire-engine \
-                         --test crash_sim"
+                         --test it crash_sim"
                     );
                     failed.push(seed);
                     break;

@@ -1,6 +1,6 @@
-mod common;
+use crate::common;
 
-use common::{config, payload, run, tempdir, KEY};
+use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::{Engine, Error};
 
 #[test]

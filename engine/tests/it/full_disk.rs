@@ -19,14 +19,14 @@
 //! The image is unmounted and its loop device detached by a drop guard, also when the test
 //! fails; if it cannot be loop-mounted the test fails saying why.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{add_payload, config, payload, run, KEY};
+use crate::common::{add_payload, config, payload, run, KEY};
 use quire_engine::{Engine, EngineConfig, Error};
 
 const IMAGE_BYTES: u64 = 64 << 20;

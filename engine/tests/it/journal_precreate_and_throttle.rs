@@ -7,12 +7,12 @@
 //! executor without `close` (every background task is dropped mid-flight); the directory is
 //! inspected with std::fs; waits for background work are bounded loops on the file system.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::{config, payload, run, tempdir, KEY};
+use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::Engine;
 
 fn journal_names(dir: &Path) -> Vec<String> {

@@ -9,12 +9,12 @@
 //! cache room (`write_cache_waits() > 0`); then the ledger is fenced (fences do not wait for
 //! cache room). The parked add's outcome is checked once the checkpoint lets it go on.
 
-mod common;
+use crate::common;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use common::{add_payload, run, slow_checkpoint_config, tempdir, KEY};
+use crate::common::{add_payload, run, slow_checkpoint_config, tempdir, KEY};
 use quire_engine::Engine;
 
 const ENTRY_BYTES: usize = 16 << 10;

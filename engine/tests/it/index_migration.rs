@@ -2,11 +2,11 @@
 //! version 1 checkpoint mark) migrates its index into a version 2 segment file, also when the
 //! open crashes at any step of the migration.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::{payload, KEY};
+use crate::common::{payload, KEY};
 use glommio::{LocalExecutorBuilder, Placement};
 use quire_engine::format::{
     encode_entry_record, encode_file_header, encode_mark_v1, encode_segment, pad_to_block,

@@ -7,9 +7,9 @@
 //! a checkpoint, a reopen (so the write cache is empty), then reads 0..300 in order and the
 //! `read_stats` counters.
 
-mod common;
+use crate::common;
 
-use common::{config, payload, run, tempdir, KEY};
+use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::{Engine, ReadStats};
 
 const N: u64 = 300;

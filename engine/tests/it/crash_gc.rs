@@ -18,7 +18,7 @@
 //!
 //! `QUIRE_GC_CRASH_SEEDS=N` runs seeds 0..N (default 300); `QUIRE_GC_CRASH_SEED=S` replays one.
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,7 +26,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::{payload, KEY};
+use crate::common::{payload, KEY};
 use glommio::{LocalExecutorBuilder, Placement};
 use quire_engine::sim_disk::{CrashReport, OpFilter, SimImage, SimStorage};
 use quire_engine::{Engine, EngineConfig, Error};
@@ -590,7 +590,7 @@ fn gc_and_compaction_lose_nothing_at_any_crash_point() {
             Err(e) => {
                 eprintln!(
                     "crash_gc seed {seed} FAILED: {e}\nreplay: QUIRE_GC_CRASH_SEED={seed} cargo test \
-                     --release -p quire-engine --test crash_gc"
+                     --release -p quire-engine --test it crash_gc"
                 );
                 failed.push(seed);
             }

@@ -8,14 +8,14 @@
 //! can be handed to a new file once the old one is deleted); a "crash" is the end of the
 //! executor without `close`; a torn tail is made by damaging the last batch with std::fs.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::time::SystemTime;
 
-use common::{batch_headers, config, journal_files, payload, run, tempdir, BatchAt, KEY};
+use crate::common::{batch_headers, config, journal_files, payload, run, tempdir, BatchAt, KEY};
 use quire_engine::format::{self as f, JournalSalt};
 use quire_engine::{Engine, EngineConfig};
 

@@ -4,11 +4,11 @@
 //! in the ledger directory must take under half their bytes, the survivor must read back byte
 //! for byte, also after a restart, and the deleted ones must stay deleted.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::{add_payload, config, payload, run, tempdir, KEY};
+use crate::common::{add_payload, config, payload, run, tempdir, KEY};
 use quire_engine::{Engine, Error};
 
 fn entry_log_bytes(ledger_dir: &Path) -> u64 {

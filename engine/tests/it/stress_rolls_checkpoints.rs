@@ -6,14 +6,14 @@
 //! eight writers adding 32 KiB entries back to back for a few seconds; a watchdog on a plain
 //! thread fails the test when no add completes for 20 s.
 
-mod common;
+use crate::common;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{add_payload, config, run, tempdir};
+use crate::common::{add_payload, config, run, tempdir};
 use quire_engine::{Engine, Error};
 
 #[test]

@@ -1,8 +1,8 @@
-mod common;
+use crate::common;
 
 use std::rc::Rc;
 
-use common::{config, payload, run, tempdir, KEY};
+use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::Engine;
 
 #[test]

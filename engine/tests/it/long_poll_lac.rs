@@ -7,12 +7,12 @@
 //! observed through `lac_waiters` and their results; adds carry piggybacked LACs as a ledger
 //! client would send them.
 
-mod common;
+use crate::common;
 
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::{config, payload, run, tempdir, KEY};
+use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::{Engine, Error, LacUpdate};
 
 const LONG: Duration = Duration::from_secs(30);

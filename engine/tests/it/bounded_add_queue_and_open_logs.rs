@@ -10,13 +10,13 @@
 //! Method: a real engine on O_DIRECT files; the queue is sampled by each add's task as it
 //! starts, after the adds before it were queued (a count of bytes, not a timing).
 
-mod common;
+use crate::common;
 
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::{config, payload, run, tempdir, KEY};
+use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::{Engine, Error};
 
 /// Bytes one journal record of an 8 KiB add takes in the queue, at most (header and fixed

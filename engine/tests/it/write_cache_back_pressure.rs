@@ -8,14 +8,14 @@
 //! is sampled after every add. Then the same with a 20 ms wait bound, which must fail some add;
 //! finally every acknowledged entry is read back after a reopen.
 
-mod common;
+use crate::common;
 
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{add_payload, payload, run, slow_checkpoint_config, tempdir};
+use crate::common::{add_payload, payload, run, slow_checkpoint_config, tempdir};
 use quire_engine::{Engine, Error};
 
 const ENTRY_BYTES: usize = 16 << 10;

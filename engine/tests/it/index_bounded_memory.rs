@@ -1,12 +1,12 @@
 //! The index's memory stays bounded however many entries it holds, every entry still reads
 //! back, and deleted ledgers' and moved entries' index entries leave the disk at merges.
 
-mod common;
+use crate::common;
 
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::{payload, KEY};
+use crate::common::{payload, KEY};
 use glommio::{LocalExecutorBuilder, Placement};
 use quire_engine::sim_disk::SimStorage;
 use quire_engine::{Engine, EngineConfig};

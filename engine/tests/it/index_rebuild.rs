@@ -8,7 +8,7 @@
 //! one (N) holds more entries of ledgers 1 and 2 and ledger 8. Then 4 bytes of M are flipped
 //! (or M is removed) and the engine reopened.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use common::{config, payload, run, tempdir, KEY};
+use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::io::Storage;
 use quire_engine::sim_disk::{OpFilter, SimImage, SimStorage};
 use quire_engine::{Engine, EngineConfig, Error};

@@ -12,11 +12,11 @@
 //!
 //! Method: a real engine on O_DIRECT files; crashes by ending the executor.
 
-mod common;
+use crate::common;
 
 use std::rc::Rc;
 
-use common::{config, payload, run, tempdir, KEY};
+use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::{Engine, Error};
 
 const STRANGER: [u8; 20] = [0x5a; 20];

@@ -1,0 +1,26 @@
+//! The engine's integration tests (real O_DIRECT files and the crash-simulating disk of the
+//! `sim-disk` feature), one module per behaviour, linked into one test binary. `common` holds the
+//! shared executor and payload helpers.
+
+mod common;
+mod add_and_read;
+mod bounded_add_queue_and_open_logs;
+mod crash_gc;
+mod crash_sim;
+mod fence_during_write_cache_wait;
+mod fencing;
+mod full_disk;
+mod gc_on_disk;
+mod group_commit;
+mod index_bounded_memory;
+mod index_migration;
+mod index_rebuild;
+mod journal_precreate_and_throttle;
+mod journal_reuse;
+mod ledger_keys_and_re_adds;
+mod long_poll_lac;
+mod read_ahead_cache;
+mod restart_replays_journal;
+mod stress_rolls_checkpoints;
+mod torn_tail_and_corruption;
+mod write_cache_back_pressure;
