@@ -12,6 +12,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The cluster secret of every test cluster of this test process ([`cluster::Cluster::start`]
+/// writes it to the cluster's directory), which the raw wire clients ([`wire::Wire`],
+/// [`checker::read_entry`]) prove to bookies.
+pub fn test_cluster_secret() -> &'static quire_wire::auth::ClusterSecret {
+    static SECRET: std::sync::OnceLock<quire_wire::auth::ClusterSecret> =
+        std::sync::OnceLock::new();
+    SECRET.get_or_init(|| quire_wire::auth::ClusterSecret::generate().expect("random secret"))
+}
+
+/// The cluster secret a sandbox made in `data_dir` (`DATA_DIR/secrets/cluster-secret`).
+pub fn sandbox_cluster_secret(data_dir: &Path) -> quire_wire::auth::ClusterSecret {
+    let path = data_dir.join("secrets").join("cluster-secret");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    quire_wire::auth::ClusterSecret::from_hex(&text).expect("a cluster secret")
+}
+
 /// The `quire` binary built for this test run.
 pub fn quire_bin() -> &'static str {
     env!("CARGO_BIN_EXE_quire")
