@@ -276,7 +276,7 @@ fn strangers_on_a_cluster_bookie_port_can_neither_add_read_nor_fence() {
         "{err}"
     );
 
-    // A legitimate writer (the secret, E=3 Qw=3 Qa=2): ledger L with entry 0.
+    // A legitimate writer (the secret, E=3 Qw=3 Qa=3): ledger L with entry 0.
     let rt = common::cluster::runtime();
     let store: std::sync::Arc<dyn quire_metadata::MetadataStore> =
         std::sync::Arc::new(rt.block_on(cluster.zk_store()));
@@ -290,12 +290,15 @@ fn strangers_on_a_cluster_bookie_port_can_neither_add_read_nor_fence() {
     let options = quire_ledger::LedgerOptions {
         ensemble_size: 3,
         write_quorum: 3,
-        ack_quorum: 2,
-        ..quire_ledger::LedgerOptions::default()
+        // Qa = 3: entry 0 is on every bookie once the add returns (the test reads it there).
+        ack_quorum: 3,
+        password: b"pw".to_vec(),
+        custom: Default::default(),
     };
     let payload = b"the writer's entry 0";
     let writer = rt.block_on(bk.create_ledger(options.clone())).unwrap();
-    rt.block_on(writer.add(payload.to_vec())).unwrap();
+    rt.block_on(async { writer.add(payload.to_vec()).await })
+        .unwrap();
     let ledger = writer.id().0;
     let next_ledger = ledger + 1;
 
@@ -311,10 +314,12 @@ fn strangers_on_a_cluster_bookie_port_can_neither_add_read_nor_fence() {
     }
     // Not fenced: the writer goes on. And the next ledger id, which the stranger tried to
     // claim with its key, serves the next writer.
-    rt.block_on(writer.add(b"entry 1".to_vec())).unwrap();
+    rt.block_on(async { writer.add(b"entry 1".to_vec()).await })
+        .unwrap();
     rt.block_on(writer.close()).unwrap();
     let next = rt.block_on(bk.create_ledger(options)).unwrap();
-    rt.block_on(next.add(b"the next ledger".to_vec())).unwrap();
+    rt.block_on(async { next.add(b"the next ledger".to_vec()).await })
+        .unwrap();
     eprintln!("ledgers {ledger} and {} written", next.id().0);
 
     // A client with another secret is refused by the bookies, with a message naming the
