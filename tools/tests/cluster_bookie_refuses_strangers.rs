@@ -254,10 +254,18 @@ fn state_unchanged(
 fn strangers_on_a_cluster_bookie_port_can_neither_add_read_nor_fence() {
     let cluster = Cluster::start();
     let ports: Vec<u16> = (0..3).map(|_| quire_testkit::free_port()).collect();
+    // Bookie 0 serves its metrics, to count the refusals.
+    let metrics = format!("127.0.0.1:{}", quire_testkit::free_port());
     let bookies: Vec<_> = ports
         .iter()
         .enumerate()
-        .map(|(i, &p)| cluster.start_bookie(i, p))
+        .map(|(i, &p)| {
+            if i == 0 {
+                cluster.start_bookie_with(i, p, &["--metrics-listen", &metrics])
+            } else {
+                cluster.start_bookie(i, p)
+            }
+        })
         .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -356,6 +364,17 @@ fn strangers_on_a_cluster_bookie_port_can_neither_add_read_nor_fence() {
             "bookie info with {what}: {err}"
         );
     }
+
+    // Bookie 0 counted each refusal: per request (read, add, fence) a version-1 Hello, no
+    // Hello and no Auth, then a wrong proof; and `bookie info` without the secret and with
+    // another one.
+    let (status, text) = common::http_get(&metrics, "/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(
+        common::metric_sum(&text, "bookie_AUTH_FAILURES_total", &[]),
+        12.0,
+        "{text}"
+    );
 
     // The bookies logged the refusals with the stranger's address.
     std::thread::sleep(Duration::from_millis(200));
