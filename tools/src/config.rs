@@ -1766,8 +1766,11 @@ mod tests {
         // Goal: the shipped example files are valid.
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
         let b: BookieSettings = read_toml(&dir.join("bookie.toml")).unwrap();
-        b.resolve().unwrap();
+        // Each names the cluster secret file; the test's own stands in for it (flags win).
+        assert!(b.cluster_secret_file.is_some());
+        bookie_flags().merged(b).resolve().unwrap();
         let p: ProxySettings = read_toml(&dir.join("proxy.toml")).unwrap();
-        p.resolve().unwrap();
+        assert!(p.cluster_secret_file.is_some());
+        proxy_flags().merged(p).resolve().unwrap();
     }
 }
