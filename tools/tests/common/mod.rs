@@ -14,11 +14,19 @@ use std::time::{Duration, Instant};
 
 /// The cluster secret of every test cluster of this test process ([`cluster::Cluster::start`]
 /// writes it to the cluster's directory), which the raw wire clients ([`wire::Wire`],
-/// [`checker::read_entry`]) prove to bookies.
+/// [`checker::read_entry`]) prove to bookies: the one in `QUIRE_CLUSTER_SECRET_FILE` when set
+/// (a deployed cluster's, as ansible/ci/deploy-test.sh sets it), else a random one.
 pub fn test_cluster_secret() -> &'static quire_wire::auth::ClusterSecret {
     static SECRET: std::sync::OnceLock<quire_wire::auth::ClusterSecret> =
         std::sync::OnceLock::new();
-    SECRET.get_or_init(|| quire_wire::auth::ClusterSecret::generate().expect("random secret"))
+    SECRET.get_or_init(|| match std::env::var_os("QUIRE_CLUSTER_SECRET_FILE") {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("read QUIRE_CLUSTER_SECRET_FILE {path:?}: {e}"));
+            quire_wire::auth::ClusterSecret::from_hex(&text).expect("a cluster secret")
+        }
+        None => quire_wire::auth::ClusterSecret::generate().expect("random secret"),
+    })
 }
 
 /// The cluster secret a sandbox made in `data_dir` (`DATA_DIR/secrets/cluster-secret`).
