@@ -267,6 +267,19 @@ export QUIRE_ZK_AUTH_FILE=$SEC/zk-auth
     || { echo "deploy-test: quire bookie list --zk-auth-file does not list 3 bookies" >&2; exit 1; }
 log "ZooKeeper ACLs on: 3 changes without the identity got NoAuth; with it, reads work"
 
+# The cluster secret (docs/protocol.md §2): made once on the controller, 0600; a bookie answers
+# `quire bookie info` only with it (with TLS and a CA-signed certificate, still not without it).
+[ "$(stat -c %a "$SEC/cluster-secret")" = 600 ] || { echo "deploy-test: $SEC/cluster-secret is missing or not mode 0600" >&2; exit 1; }
+if env -u QUIRE_CLUSTER_SECRET_FILE "$QUIRE_BIN" bookie info "$NET.21:3181" > /dev/null 2> "$ST/nosecret.err"; then
+    echo "deploy-test: a bookie answered a client without the cluster secret" >&2; exit 1
+fi
+grep -q "cluster secret" "$ST/nosecret.err" || { cat "$ST/nosecret.err"; echo "deploy-test: unexpected refusal" >&2; exit 1; }
+# The load driver's checker below reads replicas from the bookies with it too.
+export QUIRE_CLUSTER_SECRET_FILE=$SEC/cluster-secret
+"$QUIRE_BIN" bookie info "$NET.21:3181" > /dev/null \
+    || { echo "deploy-test: quire bookie info with the cluster secret failed" >&2; exit 1; }
+log "cluster secret on: a bookie refused a client without it and answered one with it"
+
 # A real log through the deployed proxies (admin token): every loghub sample in through px1,
 # out through px2.
 LOGHUB=${QUIRE_LOGHUB_DIR:-$ROOT/../shared/data/loghub}

@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use futures_lite::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
+use quire_wire::auth::AuthNonce;
 use quire_wire::bookie::{
-    decode_request, encode_response, negotiate_version, Opcode, Request, Response, Status,
-    LONG_POLL_TIMEOUT_MS_MAX,
+    decode_request, encode_response, negotiate_version_in, Opcode, Request, Response, Status,
+    LONG_POLL_TIMEOUT_MS_MAX, PROTOCOL_VERSION_AUTH,
 };
 use quire_wire::frame::{decode_frame, FRAME_HEADER_SIZE_BYTES};
 use quire_wire::WireError;
@@ -42,6 +43,55 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 const LINGER_AFTER_ERROR: Duration = Duration::from_millis(200);
 /// Bytes discarded at most while lingering after a fatal protocol error.
 const LINGER_BYTES_MAX: usize = 1024 * 1024;
+/// Shortest time between two warnings about refused authentications on one shard; the
+/// refusals in between are counted in the next warning (and always in the metric).
+const AUTH_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Where a connection is in its handshake.
+#[derive(Debug, Clone, Copy)]
+enum Handshake {
+    /// Nothing but `Hello` is accepted.
+    AwaitHello,
+    /// Version 2: `Hello` answered with `server_nonce`; nothing but `Auth` is accepted.
+    AwaitAuth { server_nonce: AuthNonce },
+    /// Requests are served.
+    Done,
+}
+
+impl Handshake {
+    fn done(&self) -> bool {
+        matches!(self, Self::Done)
+    }
+}
+
+thread_local! {
+    /// Per shard (one thread each): when the last authentication warning was logged, and the
+    /// refusals since.
+    static AUTH_WARNINGS: Cell<(Option<Instant>, u64)> = const { Cell::new((None, 0)) };
+}
+
+/// Counts a refused authentication (wrong proof, or a request before `Auth`) and logs it,
+/// at most once per [`AUTH_WARNING_INTERVAL`] per shard.
+fn auth_refused(shard: &Shard, peer: Option<std::net::SocketAddr>, why: &str) {
+    if let Some(m) = &shard.metrics {
+        m.auth_failures.inc();
+    }
+    AUTH_WARNINGS.with(|w| {
+        let (last, suppressed) = w.get();
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < AUTH_WARNING_INTERVAL) {
+            w.set((last, suppressed + 1));
+            return;
+        }
+        w.set((Some(now), 0));
+        tracing::warn!(
+            shard = shard.index,
+            ?peer,
+            refused_since_last_warning = suppressed,
+            "refused a connection without the cluster secret: {why}; connection closed"
+        );
+    });
+}
 
 /// Encoded responses waiting to be written to one connection. Shard-local.
 #[derive(Default)]
@@ -215,7 +265,7 @@ async fn serve_stream<S>(
     let write_task = glommio::spawn_local(write_loop(writer, outbox.clone()));
     let in_flight = Rc::new(Semaphore::new(IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX));
 
-    let end = read_loop(shard, &mut reader, &outbox, &in_flight, accepted).await;
+    let end = read_loop(shard, &mut reader, &outbox, &in_flight, accepted, peer).await;
 
     // Every request already read gets its answer before the connection closes.
     if in_flight
@@ -294,13 +344,14 @@ async fn read_loop<S: AsyncRead + Unpin>(
     outbox: &Rc<Outbox>,
     in_flight: &Rc<Semaphore>,
     accepted: Instant,
+    peer: Option<std::net::SocketAddr>,
 ) -> ReadEnd {
     let frame_max = shard.frame_size_bytes_max;
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
     // Bytes buf[start..filled] are received and not yet decoded.
     let mut start = 0usize;
     let mut filled = 0usize;
-    let mut handshaken = false;
+    let mut handshake = Handshake::AwaitHello;
     let mut last_received = accepted;
     // The shard's request pool bytes reserved for the large frame at the front of `buf`.
     let mut frame_permit: Option<glommio::sync::StaticPermit> = None;
@@ -344,7 +395,8 @@ async fn read_loop<S: AsyncRead + Unpin>(
                                 in_flight,
                                 header.request_id,
                                 request,
-                                &mut handshaken,
+                                &mut handshake,
+                                peer,
                             )
                             .await
                             {
@@ -387,7 +439,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
             let frame_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
             let need = 4 + frame_len;
             if need > READ_BUFFER_BYTES && frame_permit.is_none() {
-                if !handshaken {
+                if !handshake.done() {
                     tracing::info!(
                         shard = shard.index,
                         frame_bytes = need,
@@ -445,7 +497,8 @@ async fn read_loop<S: AsyncRead + Unpin>(
         // is closed. While requests are in flight the idle check is only postponed.
         let limits = shard.limits;
         let idle = in_flight.available() == IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX;
-        let deadline = if !handshaken {
+        // The handshake timeout covers Hello and, in version 2, Auth.
+        let deadline = if !handshake.done() {
             accepted + limits.handshake_timeout
         } else if idle {
             last_received + limits.idle_timeout
@@ -483,7 +536,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
                     );
                     return ReadEnd::Closed;
                 }
-                if !handshaken && Instant::now() >= accepted + limits.handshake_timeout {
+                if !handshake.done() && Instant::now() >= accepted + limits.handshake_timeout {
                     tracing::debug!(
                         shard = shard.index,
                         bytes = filled,
@@ -509,7 +562,7 @@ async fn read_loop<S: AsyncRead + Unpin>(
             Some(Ok(n)) => {
                 filled += n;
                 last_received = Instant::now();
-                if !handshaken && quire_tls::looks_like_tls_record(&buf[..filled]) {
+                if !handshake.done() && quire_tls::looks_like_tls_record(&buf[..filled]) {
                     // Would otherwise wait for a "frame" of 66 KB until the handshake timeout.
                     tracing::info!(
                         shard = shard.index,
@@ -596,7 +649,8 @@ async fn handle_request(
     in_flight: &Rc<Semaphore>,
     request_id: u64,
     request: Request<'_>,
-    handshaken: &mut bool,
+    handshake: &mut Handshake,
+    peer: Option<std::net::SocketAddr>,
 ) -> Flow {
     // BookKeeper's request latencies run from the request read to the response written out;
     // here to the response queued for the connection's writer.
@@ -619,7 +673,7 @@ async fn handle_request(
             version_min,
             version_max,
         } => {
-            if *handshaken {
+            if !matches!(*handshake, Handshake::AwaitHello) {
                 fail(
                     Opcode::Hello,
                     Status::BadRequest,
@@ -627,24 +681,121 @@ async fn handle_request(
                 );
                 return Flow::Continue;
             }
-            return match negotiate_version(version_min, version_max) {
+            let secret = shard.limits.cluster_secret;
+            // A bookie with a cluster secret speaks only the authenticated version, one
+            // without only version 1 (it could not prove anything in version 2).
+            let ours = if secret.is_some() {
+                (PROTOCOL_VERSION_AUTH, PROTOCOL_VERSION_AUTH)
+            } else {
+                (1, 1)
+            };
+            return match negotiate_version_in(version_min, version_max, ours.0, ours.1) {
                 Ok(version) => {
-                    *handshaken = true;
+                    let auth_nonce = match secret.map(|_| quire_wire::auth::new_nonce()) {
+                        None => None,
+                        Some(Ok(n)) => Some(n),
+                        Some(Err(e)) => {
+                            fail(Opcode::Hello, Status::IoError, e.to_string());
+                            return Flow::Fatal;
+                        }
+                    };
+                    *handshake = match auth_nonce {
+                        Some(server_nonce) => Handshake::AwaitAuth { server_nonce },
+                        None => Handshake::Done,
+                    };
                     let response = Response::Hello {
                         version,
                         shard_count: shard.shard_count_wire(),
                         frame_size_bytes_max: shard.frame_size_bytes_max,
+                        auth_nonce,
                     };
                     outbox.push(|out| encode_response(out, request_id, &response));
                     Flow::Continue
                 }
                 Err(e) => {
-                    fail(Opcode::Hello, Status::BadVersion, e.to_string());
+                    let message = if secret.is_some() {
+                        format!("{e}: this bookie admits only its cluster's processes, which need the cluster secret (setting cluster_secret_file) and protocol version {PROTOCOL_VERSION_AUTH}")
+                    } else {
+                        format!(
+                            "{e}: this bookie has no cluster secret, so it speaks only version 1"
+                        )
+                    };
+                    if secret.is_some() {
+                        auth_refused(
+                            shard,
+                            peer,
+                            "a Hello without the version of the cluster-secret handshake",
+                        );
+                    }
+                    fail(Opcode::Hello, Status::BadVersion, message);
                     Flow::Fatal
                 }
             };
         }
-        _ if !*handshaken => {
+        Request::Auth {
+            client_nonce,
+            proof,
+        } => {
+            return match (*handshake, shard.limits.cluster_secret) {
+                (Handshake::AwaitAuth { server_nonce }, Some(secret)) => {
+                    if secret.verify_client_proof(&server_nonce, &client_nonce, &proof) {
+                        *handshake = Handshake::Done;
+                        let response = Response::Auth {
+                            proof: secret.bookie_proof(&server_nonce, &client_nonce),
+                        };
+                        outbox.push(|out| encode_response(out, request_id, &response));
+                        Flow::Continue
+                    } else {
+                        auth_refused(shard, peer, "a wrong proof of the cluster secret");
+                        fail(
+                            Opcode::Auth,
+                            Status::Unauthorized,
+                            "the proof of the cluster secret does not match: this bookie belongs to another cluster, or the secret file differs".into(),
+                        );
+                        Flow::Fatal
+                    }
+                }
+                (Handshake::Done, Some(_)) => {
+                    fail(
+                        Opcode::Auth,
+                        Status::BadRequest,
+                        "already authenticated on this connection".into(),
+                    );
+                    Flow::Continue
+                }
+                (Handshake::AwaitHello, Some(_)) => {
+                    auth_refused(shard, peer, "an Auth before Hello");
+                    fail(
+                        Opcode::Auth,
+                        Status::Unauthorized,
+                        "the first request on a connection must be Hello".into(),
+                    );
+                    Flow::Fatal
+                }
+                (_, None) => {
+                    fail(
+                        Opcode::Auth,
+                        Status::BadRequest,
+                        "this bookie has no cluster secret: Auth belongs to protocol version 2"
+                            .into(),
+                    );
+                    Flow::Fatal
+                }
+            };
+        }
+        _ if !handshake.done() && shard.limits.cluster_secret.is_some() => {
+            // Refused before the request touches any state: a stranger on the bookie port
+            // can neither add, read nor fence.
+            let opcode = opcode_of(&request);
+            auth_refused(shard, peer, "a request before the cluster-secret handshake");
+            fail(
+                opcode,
+                Status::Unauthorized,
+                "this bookie admits only its cluster's processes: complete Hello and Auth with the cluster secret first".into(),
+            );
+            return Flow::Fatal;
+        }
+        _ if !handshake.done() => {
             let opcode = opcode_of(&request);
             fail(
                 opcode,
@@ -810,5 +961,6 @@ fn opcode_of(request: &Request<'_>) -> Opcode {
         Request::Fence { .. } => Opcode::Fence,
         Request::ReadLacLongPoll { .. } => Opcode::ReadLacLongPoll,
         Request::GetBookieInfo => Opcode::GetBookieInfo,
+        Request::Auth { .. } => Opcode::Auth,
     }
 }

@@ -174,6 +174,13 @@ pub struct BookieConfig {
     /// a certificate signed by `ca_file` is closed before it is read. `None` (the default):
     /// plain TCP.
     pub tls: Option<quire_tls::ServerTls>,
+    /// The secret every process of the cluster holds (`docs/protocol.md` §2, the role of
+    /// BookKeeper's SASL/digest bookie authentication). With it the bookie speaks only
+    /// protocol version 2: a connection must prove the secret (`Auth`, HMAC-SHA256 over both
+    /// sides' nonces) within `handshake_timeout`, and any other request before that is refused
+    /// with `Unauthorized` and closed before it touches any state. `None` (the default, for
+    /// tests of this crate): version 1, no authentication. `quire bookie` always sets one.
+    pub cluster_secret: Option<quire_wire::auth::ClusterSecret>,
 }
 
 /// Default of [`BookieConfig::handshake_timeout`].
@@ -224,6 +231,7 @@ impl BookieConfig {
             request_pool_bytes: REQUEST_POOL_BYTES_DEFAULT,
             frame_timeout: FRAME_TIMEOUT_DEFAULT,
             tls: None,
+            cluster_secret: None,
         }
     }
 
@@ -406,6 +414,7 @@ impl Bookie {
                         .request_pool_bytes
                         .div_ceil(shard_count)
                         .max(config.frame_size_bytes_max as usize + 4),
+                    cluster_secret: config.cluster_secret,
                 },
             };
             // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the

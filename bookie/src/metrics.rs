@@ -169,6 +169,9 @@ shard_metrics! {
         add_bytes: Counter = "bookie_BOOKIE_ADD_ENTRY_BYTES";
         /// Bytes of entries sent in successful reads.
         read_bytes: Counter = "bookie_BOOKIE_READ_ENTRY_BYTES";
+        /// Connections refused for want of the cluster secret: a wrong proof, a request before
+        /// the handshake, or a Hello without its version.
+        auth_failures: Counter = "bookie_AUTH_FAILURES";
     }
     outcome {
         /// Seconds from an add request read off the connection to its response queued for writing.

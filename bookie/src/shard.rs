@@ -99,6 +99,8 @@ pub(crate) struct ConnectionLimits {
     pub(crate) frame_timeout: Duration,
     /// This shard's share of `BookieConfig::request_pool_bytes`.
     pub(crate) request_pool_bytes: usize,
+    /// `BookieConfig::cluster_secret`: with it, connections must pass the version-2 handshake.
+    pub(crate) cluster_secret: Option<quire_wire::auth::ClusterSecret>,
 }
 
 /// One open connection's count in [`Shard::connections_per_ip`], given back when dropped.

@@ -62,7 +62,7 @@ struct BookieProc {
 }
 
 impl BookieProc {
-    fn start(bin: &str, zk: &str, dir: &Path, name: &str) -> BookieProc {
+    fn start(bin: &str, zk: &str, dir: &Path, secret_file: &Path, name: &str) -> BookieProc {
         let port = free_port();
         let root = dir.join(name);
         let mut child = Command::new(bin)
@@ -74,6 +74,8 @@ impl BookieProc {
             .arg(root.join("ledgers"))
             .args(["--listen", &format!("127.0.0.1:{port}"), "--shards", "1"])
             .args(["--autorecovery-enabled", "false"])
+            .arg("--cluster-secret-file")
+            .arg(secret_file)
             // The bench's disk is shared with other work; only a full one may stop it.
             .args(["--disk-usage-threshold", "1.0"])
             .env("QUIRE_LOG", "warn")
@@ -236,18 +238,22 @@ fn main() {
         .expect("bench dir");
     let zk_server = ZooKeeperServer::start();
     let zk = zk_server.connect_string();
+    // Bookies admit only holders of the cluster secret; the clients below hold it.
+    let secret = quire_testkit::cluster_secret::ClusterSecret::generate().expect("secret");
+    let secret_file = quire_testkit::cluster_secret::write_cluster_secret(dir.path(), &secret);
     let copy_rt = runtime();
     let tail_rt = runtime();
     // The first bookie initializes the cluster's znodes; clients connect after.
-    let mut a = BookieProc::start(&bin, &zk, dir.path(), "a");
-    let b = BookieProc::start(&bin, &zk, dir.path(), "b");
-    let c = BookieProc::start(&bin, &zk, dir.path(), "c");
+    let mut a = BookieProc::start(&bin, &zk, dir.path(), &secret_file, "a");
+    let b = BookieProc::start(&bin, &zk, dir.path(), &secret_file, "b");
+    let c = BookieProc::start(&bin, &zk, dir.path(), &secret_file, "c");
     // The copier paces its writes like a worker with `replication_rate_bytes` set.
     let rate = env_u64("QUIRE_REREP_BENCH_RATE_BYTES", 0);
     let (store, copier) = copy_rt.block_on(client(
         &zk,
         ClientConfig {
             replication_rate_bytes_per_sec: (rate > 0).then_some(rate),
+            cluster_secret: Some(secret),
             ..ClientConfig::default()
         },
     ));
@@ -259,13 +265,19 @@ fn main() {
     let ledgers: Vec<_> = (0..rounds)
         .map(|_| copy_rt.block_on(big_ledger(&copier, mib << 20, entry_bytes)))
         .collect();
-    let d = BookieProc::start(&bin, &zk, dir.path(), "d");
+    let d = BookieProc::start(&bin, &zk, dir.path(), &secret_file, "d");
     a.kill();
     let lost = a.id.clone();
     copy_rt.block_on(wait_registered(&*store, |ids| {
         ids.len() == 3 && !ids.contains(&lost)
     }));
-    let (_, writer_bk) = tail_rt.block_on(client(&zk, ClientConfig::default()));
+    let (_, writer_bk) = tail_rt.block_on(client(
+        &zk,
+        ClientConfig {
+            cluster_secret: Some(secret),
+            ..ClientConfig::default()
+        },
+    ));
     println!(
         "bookie a ({lost}) lost; copies go from b ({}) and c ({}) to d ({})",
         b.id, c.id, d.id

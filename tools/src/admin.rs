@@ -263,6 +263,7 @@ pub fn ledger(args: LedgerArgs) -> Result<()> {
                 let store = address.connect().await?;
                 let config = quire_ledger::ClientConfig {
                     tls: a.bookie_tls.client_config()?,
+                    cluster_secret: a.bookie_tls.cluster_secret()?,
                     ..quire_ledger::ClientConfig::default()
                 };
                 let bk = quire_ledger::BookKeeper::new(store, config);

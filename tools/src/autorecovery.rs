@@ -77,6 +77,9 @@ pub struct AutorecoveryOptions {
     pub replication_rate_bytes: Option<u64>,
     /// TLS to bookies (`None`: plain TCP).
     pub bookie_tls: Option<std::sync::Arc<quire_tls::rustls::ClientConfig>>,
+    /// The cluster secret proved to every bookie (`None` only in tests of bookies without
+    /// one; `quire autorecovery` and `quire bookie` always set it).
+    pub cluster_secret: Option<quire_wire::auth::ClusterSecret>,
 }
 
 impl AutorecoveryOptions {
@@ -107,6 +110,7 @@ impl AutorecoveryOptions {
             periodic_check_interval: (periodic > 0).then(|| Duration::from_secs(periodic)),
             replication_rate_bytes: replication_rate_bytes.filter(|&r| r > 0),
             bookie_tls: None,
+            cluster_secret: None,
         })
     }
 }
@@ -189,6 +193,7 @@ pub async fn run_daemon(
             ClientConfig {
                 replication_rate_bytes_per_sec: options.replication_rate_bytes,
                 tls: options.bookie_tls.clone(),
+                cluster_secret: options.cluster_secret,
                 ..ClientConfig::default()
             },
         );
@@ -739,6 +744,10 @@ pub struct AutorecoverySettings {
     /// PEM key of the client certificate (BookKeeper `tlsKeyStore`).
     #[arg(long)]
     pub bookie_tls_key_file: Option<PathBuf>,
+    /// File holding the cluster secret (see `quire bookie`); required: bookies admit only
+    /// their cluster's processes.
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
 }
 
 fn hostname() -> String {
@@ -787,6 +796,16 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
         Some(t) => Some(t.client_config()?),
         None => None,
     };
+    let secret_file = s
+        .cluster_secret_file
+        .or(file.cluster_secret_file)
+        .ok_or_else(|| {
+            anyhow::anyhow!("missing setting cluster_secret_file: set it in the config file or with --cluster-secret-file")
+        })?;
+    options.cluster_secret = Some(crate::secret_file::read_cluster_secret(
+        &secret_file,
+        "cluster_secret_file",
+    )?);
     let name = s
         .name
         .or(file.name)

@@ -242,7 +242,11 @@ const INFO_TIMEOUT: Duration = Duration::from_secs(10);
 /// (docs/protocol.md), printed as text or JSON.
 fn bookie_info(args: InfoArgs) -> Result<()> {
     use quire_wire::bookie::{BookieState, DirKind};
-    let info = fetch_bookie_info(&args.addr, args.bookie_tls.client_config()?)?;
+    let info = fetch_bookie_info(
+        &args.addr,
+        args.bookie_tls.client_config()?,
+        args.bookie_tls.cluster_secret()?,
+    )?;
     let addr = &args.addr;
     let state = match info.state {
         BookieState::Writable => "writable",
@@ -327,14 +331,16 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// Connects to `addr`, shakes hands and asks for the bookie info.
+/// Connects to `addr`, shakes hands (version 2 with the cluster secret, checking the
+/// bookie's proof; version 1 without) and asks for the bookie info.
 fn fetch_bookie_info(
     addr: &str,
     tls: Option<std::sync::Arc<quire_tls::rustls::ClientConfig>>,
+    secret: Option<quire_wire::auth::ClusterSecret>,
 ) -> Result<quire_wire::bookie::BookieInfo> {
     use quire_wire::bookie::{
         decode_bookie_info_response, decode_response, encode_request, BookieInfoReply, Request,
-        Response, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
+        Response, PROTOCOL_VERSION_AUTH,
     };
     use std::io::Write;
     use std::net::ToSocketAddrs;
@@ -356,33 +362,83 @@ fn fetch_bookie_info(
             Box::new(quire_tls::rustls::StreamOwned::new(session, tcp))
         }
     };
+    let version = if secret.is_some() {
+        PROTOCOL_VERSION_AUTH
+    } else {
+        1
+    };
     let mut out = Vec::new();
     encode_request(
         &mut out,
         1,
         &Request::Hello {
-            version_min: PROTOCOL_VERSION_MIN,
-            version_max: PROTOCOL_VERSION_MAX,
+            version_min: version,
+            version_max: version,
         },
     );
-    encode_request(&mut out, 2, &Request::GetBookieInfo);
-    stream
-        .write_all(&out)
-        .and_then(|()| stream.flush())
-        .with_context(|| format!("cannot send to bookie {addr}"))?;
+    let send = |stream: &mut Box<dyn ReadWrite>, out: &[u8]| {
+        stream
+            .write_all(out)
+            .and_then(|()| stream.flush())
+            .with_context(|| format!("cannot send to bookie {addr}"))
+    };
     let mut buf = Vec::new();
-    let hello = read_frame(&mut stream, &mut buf, addr)?;
-    {
+    let mut answer = |stream: &mut Box<dyn ReadWrite>, what: &str| -> Result<Response<'static>> {
+        let bytes = read_frame(stream.as_mut(), &mut buf, addr)?;
         let (frame, _) =
-            quire_wire::frame::decode_frame(&hello, u32::MAX)?.context("a whole frame was read")?;
+            quire_wire::frame::decode_frame(&bytes, u32::MAX)?.context("a whole frame was read")?;
         match decode_response(&frame)
-            .with_context(|| format!("bad handshake answer from bookie {addr}"))?
+            .with_context(|| format!("bad {what} answer from bookie {addr}"))?
         {
-            Response::Hello { .. } => {}
             Response::Failed {
                 status, message, ..
-            } => bail!("bookie {addr} refused the handshake ({status:?}): {message}"),
-            other => bail!("bookie {addr} answered the handshake with {other:?}"),
+            } => bail!("bookie {addr} refused the {what} ({status:?}): {message}"),
+            Response::Hello { auth_nonce, .. } => Ok(Response::Hello {
+                version: 0,
+                shard_count: 0,
+                frame_size_bytes_max: 0,
+                auth_nonce,
+            }),
+            Response::Auth { proof } => Ok(Response::Auth { proof }),
+            other => bail!("bookie {addr} answered the {what} with {other:?}"),
+        }
+    };
+    match secret {
+        None => {
+            // Hello and the request in one write.
+            encode_request(&mut out, 2, &Request::GetBookieInfo);
+            send(&mut stream, &out)?;
+            answer(&mut stream, "handshake")?;
+        }
+        Some(secret) => {
+            send(&mut stream, &out)?;
+            let Response::Hello {
+                auth_nonce: Some(server_nonce),
+                ..
+            } = answer(&mut stream, "handshake")?
+            else {
+                bail!("bookie {addr} answered Hello without the nonce of the cluster-secret handshake");
+            };
+            let client_nonce = quire_wire::auth::new_nonce()?;
+            out.clear();
+            encode_request(
+                &mut out,
+                2,
+                &Request::Auth {
+                    client_nonce,
+                    proof: secret.client_proof(&server_nonce, &client_nonce),
+                },
+            );
+            send(&mut stream, &out)?;
+            let Response::Auth { proof } = answer(&mut stream, "authentication")? else {
+                bail!("bookie {addr} answered Auth with another response");
+            };
+            if !secret.verify_bookie_proof(&server_nonce, &client_nonce, &proof) {
+                bail!("bookie {addr}: its proof of the cluster secret does not match ours: it is not a bookie of this cluster");
+            }
+            out.clear();
+            encode_request(&mut out, 3, &Request::GetBookieInfo);
+            send(&mut stream, &out)?;
         }
     }
     let answer = read_frame(&mut stream, &mut buf, addr)?;

@@ -375,6 +375,11 @@ pub struct BookieSettings {
     /// `tls_ca_file` (mutual TLS; BookKeeper `tlsClientAuthentication`).
     #[arg(long)]
     pub tls_client_auth: Option<String>,
+    /// File holding the cluster secret (64 hexadecimal digits; `quire sandbox` makes one,
+    /// Ansible distributes one): every connection to a bookie proves it (protocol version 2,
+    /// docs/protocol.md §2; the role of BookKeeper's SASL/digest authentication). Required.
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
 }
 
 /// Smallest accepted `journal_queue_bytes_max` (64 KiB): the queue admits an add while it holds
@@ -641,7 +646,8 @@ impl BookieSettings {
             tls_cert_file,
             tls_key_file,
             tls_ca_file,
-            tls_client_auth
+            tls_client_auth,
+            cluster_secret_file
         )
     }
 
@@ -758,6 +764,12 @@ impl BookieSettings {
             }
             bookie.engine.entry_log_readers_max = n;
         }
+        // Every real bookie admits only its cluster's processes (issue 24): no secret, no start.
+        let secret_file = self
+            .cluster_secret_file
+            .ok_or_else(|| missing("cluster_secret_file", "--cluster-secret-file"))?;
+        let secret = crate::secret_file::read_cluster_secret(&secret_file, "cluster_secret_file")?;
+        bookie.cluster_secret = Some(secret);
         bookie.tls = crate::tls::server_tls(
             self.tls_cert_file,
             self.tls_key_file,
@@ -792,6 +804,7 @@ impl BookieSettings {
             self.auditor_periodic_check_interval_secs,
             self.replication_rate_bytes,
         )?;
+        autorecovery.cluster_secret = Some(secret);
         let autorecovery_enabled = self.autorecovery_enabled.unwrap_or(true);
         if let Some(tls) = &bookie.tls {
             // The bookie's own autorecovery talks to the other (TLS) bookies as a client: it
@@ -967,6 +980,11 @@ pub struct ProxySettings {
     /// closed (default 1024).
     #[arg(long)]
     pub handshakes_max: Option<usize>,
+    /// File holding the cluster secret (64 hexadecimal digits; `quire sandbox` makes one,
+    /// Ansible distributes one): every connection to a bookie proves it (protocol version 2,
+    /// docs/protocol.md §2; the role of BookKeeper's SASL/digest authentication). Required.
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
 }
 
 /// Parses and checks a retention time in seconds (`--retention-time-secs`).
@@ -1006,6 +1024,8 @@ pub struct ProxyOptions {
     pub tls: Option<quire_tls::ServerTls>,
     /// TLS to bookies (`None`: plain TCP).
     pub bookie_tls: Option<quire_tls::ClientTls>,
+    /// The cluster secret proved to every bookie.
+    pub cluster_secret: quire_wire::auth::ClusterSecret,
     /// The proxy port's bounds (`request_pool_bytes`, `frame_timeout`,
     /// `connection_response_bytes_max`, `response_bytes_max`, `send_timeout`,
     /// `pressure_send_timeout`, `connections_per_ip_max`, `handshakes_max`); its other fields
@@ -1057,7 +1077,8 @@ impl ProxySettings {
             send_timeout_ms,
             pressure_send_timeout_ms,
             connections_per_ip_max,
-            handshakes_max
+            handshakes_max,
+            cluster_secret_file
         )
     }
 
@@ -1130,6 +1151,13 @@ impl ProxySettings {
         )?;
         let listen = self.listen.ok_or_else(|| missing("listen", "--listen"))?;
         let advertised = check_listen_and_advertised(listen, self.advertised)?;
+        // Bookies admit only their cluster's processes: without the secret every add fails.
+        let secret_file = self
+            .cluster_secret_file
+            .clone()
+            .ok_or_else(|| missing("cluster_secret_file", "--cluster-secret-file"))?;
+        let cluster_secret =
+            crate::secret_file::read_cluster_secret(&secret_file, "cluster_secret_file")?;
         let mut streams = quire_proxy::StreamConfig::default();
         streams.ensemble_size = self.ensemble_size.unwrap_or(streams.ensemble_size);
         streams.write_quorum = self.write_quorum.unwrap_or(streams.write_quorum);
@@ -1215,6 +1243,7 @@ impl ProxySettings {
                 self.bookie_tls_cert_file,
                 self.bookie_tls_key_file,
             )?,
+            cluster_secret,
         })
     }
 }
@@ -1234,9 +1263,67 @@ pub fn load<T: for<'de> Deserialize<'de> + Default>(config: Option<&Path>) -> Re
 mod tests {
     use super::*;
 
+    /// A cluster secret file for the tests' settings (every bookie and proxy needs one).
+    fn test_secret_file() -> PathBuf {
+        static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        FILE.get_or_init(|| {
+            let path = std::env::temp_dir()
+                .join(format!("quire-config-test-{}", std::process::id()))
+                .join("cluster-secret");
+            let secret = quire_wire::auth::ClusterSecret::generate().unwrap();
+            crate::secret_file::write_private(&path, secret.to_hex().as_bytes(), true).unwrap();
+            path
+        })
+        .clone()
+    }
+
+    /// Flags with only `cluster_secret_file` set.
+    fn bookie_flags() -> BookieSettings {
+        BookieSettings {
+            cluster_secret_file: Some(test_secret_file()),
+            ..Default::default()
+        }
+    }
+
+    /// Flags with only `cluster_secret_file` set.
+    fn proxy_flags() -> ProxySettings {
+        ProxySettings {
+            cluster_secret_file: Some(test_secret_file()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn bookie_and_proxy_refuse_to_start_without_a_cluster_secret() {
+        // Goal: every real bookie and proxy admits only its cluster (issue 24): without
+        // `cluster_secret_file` neither starts, and the error names the setting.
+        let base = "zookeeper = \"h:1\"\njournal_dir = \"/j\"\nledger_dir = \"/l\"\nlisten = \"127.0.0.1:1\"\n";
+        let file: BookieSettings = toml::from_str(base).unwrap();
+        let e = BookieSettings::default()
+            .merged(file)
+            .resolve()
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("missing setting cluster_secret_file"),
+            "{e}"
+        );
+        let file: ProxySettings =
+            toml::from_str("zookeeper = \"h:1\"\nlisten = \"127.0.0.1:1\"\n").unwrap();
+        let e = ProxySettings::default().merged(file).resolve().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("missing setting cluster_secret_file"),
+            "{e}"
+        );
+        let o = bookie_from(base).unwrap();
+        assert!(o.bookie.cluster_secret.is_some());
+        assert!(o.autorecovery.unwrap().cluster_secret.is_some());
+    }
+
     fn bookie_from(text: &str) -> Result<BookieOptions> {
         let file: BookieSettings = toml::from_str(text).map_err(|e| anyhow!("{}", e.message()))?;
-        BookieSettings::default().merged(file).resolve()
+        bookie_flags().merged(file).resolve()
     }
 
     #[test]
@@ -1256,7 +1343,7 @@ mod tests {
         let flags = BookieSettings {
             shards: Some(3),
             rack: Some("r1".into()),
-            ..Default::default()
+            ..bookie_flags()
         };
         let o = flags.merged(file).resolve().unwrap();
         assert_eq!(o.bookie.shards, 3);
@@ -1521,7 +1608,7 @@ mod tests {
         let file: ProxySettings =
             toml::from_str("zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\nensemble_size = 2")
                 .unwrap();
-        let e = ProxySettings::default()
+        let e = proxy_flags()
             .merged(file.clone())
             .resolve()
             .unwrap_err()
@@ -1529,7 +1616,7 @@ mod tests {
         assert!(e.contains("need E >= Qw >= Qa >= 1"), "{e}");
         let flags = ProxySettings {
             write_quorum: Some(2),
-            ..Default::default()
+            ..proxy_flags()
         };
         let o = flags.merged(file).resolve().unwrap();
         assert_eq!(
@@ -1549,7 +1636,7 @@ mod tests {
         let base = "zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\n";
         let parse = |extra: &str| {
             let file: ProxySettings = toml::from_str(&format!("{base}{extra}")).unwrap();
-            ProxySettings::default().merged(file).resolve()
+            proxy_flags().merged(file).resolve()
         };
         let o = parse(
             "segment_roll_secs = 60\nretention_time_secs = 3600\nretention_size_bytes = 1000",
@@ -1611,7 +1698,7 @@ mod tests {
         let base = "zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\n";
         let file =
             |extra: &str| -> ProxySettings { toml::from_str(&format!("{base}{extra}")).unwrap() };
-        let resolve = |f: ProxySettings| ProxySettings::default().merged(f).resolve().unwrap();
+        let resolve = |f: ProxySettings| proxy_flags().merged(f).resolve().unwrap();
         assert_eq!(
             resolve(file("")).streams.txid_jump_max,
             Some(1 << 40),
@@ -1627,7 +1714,7 @@ mod tests {
         );
         let flags = ProxySettings {
             txid_jump_max: Some(5),
-            ..Default::default()
+            ..proxy_flags()
         };
         let o = flags.merged(file("txid_jump_max = 0")).resolve().unwrap();
         assert_eq!(o.streams.txid_jump_max, Some(5));
@@ -1641,7 +1728,7 @@ mod tests {
         let base = "zookeeper = \"h:1\"\nlisten = \"127.0.0.1:4181\"\n";
         let resolve = |extra: &str| {
             let f: ProxySettings = toml::from_str(&format!("{base}{extra}")).unwrap();
-            ProxySettings::default().merged(f).resolve()
+            proxy_flags().merged(f).resolve()
         };
         let d = resolve("").unwrap().server;
         assert_eq!(d.request_pool_bytes, 256 << 20);
@@ -1679,8 +1766,11 @@ mod tests {
         // Goal: the shipped example files are valid.
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
         let b: BookieSettings = read_toml(&dir.join("bookie.toml")).unwrap();
-        b.resolve().unwrap();
+        // Each names the cluster secret file; the test's own stands in for it (flags win).
+        assert!(b.cluster_secret_file.is_some());
+        bookie_flags().merged(b).resolve().unwrap();
         let p: ProxySettings = read_toml(&dir.join("proxy.toml")).unwrap();
-        p.resolve().unwrap();
+        assert!(p.cluster_secret_file.is_some());
+        proxy_flags().merged(p).resolve().unwrap();
     }
 }

@@ -79,6 +79,7 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
         store.clone(),
         quire_ledger::ClientConfig {
             tls: bookie_tls,
+            cluster_secret: Some(options.cluster_secret),
             ..quire_ledger::ClientConfig::default()
         },
         read_runtime.clone(),

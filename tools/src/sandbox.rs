@@ -240,7 +240,21 @@ fn bookie_config(
             client_auth: quire_tls::ClientAuth::Require,
         });
     }
+    config.cluster_secret = Some(sandbox_cluster_secret(args)?);
     Ok(config)
+}
+
+/// Where the sandbox keeps its cluster secret: `DATA_DIR/secrets/cluster-secret`.
+pub fn sandbox_cluster_secret_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("secrets").join("cluster-secret")
+}
+
+/// The sandbox's cluster secret, made (0600, in a 0700 directory) at the first start: its
+/// bookies admit only connections that prove it, so a stranger on a bookie port can neither
+/// add, read nor fence (issue 24).
+fn sandbox_cluster_secret(args: &SandboxArgs) -> Result<quire_wire::auth::ClusterSecret> {
+    let path = sandbox_cluster_secret_file(&args.data_dir);
+    Ok(crate::secret_file::create_cluster_secret(&path, "the sandbox's cluster secret")?.0)
 }
 
 /// The sandbox's TLS files in `DATA_DIR/tls`, made at the first start with `--tls`.
@@ -568,6 +582,7 @@ async fn serve(
         store.clone(),
         quire_ledger::ClientConfig {
             tls: bookie_tls,
+            cluster_secret: Some(sandbox_cluster_secret(args)?),
             ..quire_ledger::ClientConfig::default()
         },
         read_runtime.clone(),
@@ -634,6 +649,11 @@ async fn serve(
             args.ensemble_size,
             args.write_quorum,
             args.ack_quorum
+        )?;
+        writeln!(
+            out,
+            "quire sandbox: bookies admit only holders of the cluster secret in {} (--cluster-secret-file)",
+            sandbox_cluster_secret_file(&args.data_dir).display()
         )?;
         if let Some(p) = &pki {
             writeln!(

@@ -9,8 +9,9 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
+use quire_wire::auth::ClusterSecret;
+
 /// Mode of a secret file: read and write by its owner only.
-#[cfg_attr(not(test), allow(dead_code))]
 pub const SECRET_FILE_MODE: u32 = 0o600;
 /// Mode of a directory holding secret files: its owner only.
 pub const SECRET_DIR_MODE: u32 = 0o700;
@@ -38,7 +39,6 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 ///
 /// # Errors
 /// The directory or the file cannot be written.
-#[cfg_attr(not(test), allow(dead_code))] // for secrets the sandbox writes (cluster secret)
 pub fn write_private(path: &Path, bytes: &[u8], overwrite: bool) -> std::io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     if let Some(dir) = dir {
@@ -91,6 +91,42 @@ pub fn warn_if_exposed(path: &Path, what: &str) -> bool {
     }
 }
 
+/// Reads the cluster secret (64 hexadecimal digits, `docs/protocol.md` §2) from `path`,
+/// named in errors and warnings by its setting `what` (e.g. `cluster_secret_file`); warns
+/// when other users can read it ([`warn_if_exposed`]).
+///
+/// # Errors
+/// One line naming the setting and the file: it cannot be read, or does not hold a secret.
+pub fn read_cluster_secret(path: &Path, what: &str) -> anyhow::Result<ClusterSecret> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("invalid setting {what}: cannot read {}", path.display()))?;
+    warn_if_exposed(path, what);
+    ClusterSecret::from_hex(&text)
+        .with_context(|| format!("invalid setting {what}: {}", path.display()))
+}
+
+/// The cluster secret at `path`, made there first (32 random bytes as hex, mode 0600 in a
+/// 0700 directory) when the file does not exist; returns it and whether it was made.
+///
+/// # Errors
+/// The file cannot be written, or an existing one cannot be read or parsed.
+pub fn create_cluster_secret(path: &Path, what: &str) -> anyhow::Result<(ClusterSecret, bool)> {
+    use anyhow::Context;
+    if path.exists() {
+        return Ok((read_cluster_secret(path, what)?, false));
+    }
+    let secret = ClusterSecret::generate()?;
+    match write_private(path, secret.to_hex().as_bytes(), false) {
+        Ok(()) => Ok((secret, true)),
+        // Made by a concurrent start: use that one.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Ok((read_cluster_secret(path, what)?, false))
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot write {}", path.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! Goal: secret files are created 0600 in 0700 directories from the start, loose modes
@@ -129,5 +165,27 @@ mod tests {
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
         create_private_dir(&open).unwrap();
         assert_eq!(mode(&open), 0o700);
+    }
+
+    #[test]
+    fn cluster_secret_is_made_once_private_and_read_back() {
+        // Goal: the sandbox's secret is made 0600 on first start and kept after; a file that
+        // holds no secret is an error naming the setting.
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("private/cluster-secret");
+        let (s, made) = create_cluster_secret(&path, "cluster_secret_file").unwrap();
+        assert!(made);
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&path.parent().unwrap()), 0o700);
+        let (again, made) = create_cluster_secret(&path, "cluster_secret_file").unwrap();
+        assert!(!made);
+        assert_eq!(again, s);
+        assert_eq!(read_cluster_secret(&path, "x").unwrap(), s);
+        std::fs::write(&path, "not hex").unwrap();
+        let e = format!(
+            "{:#}",
+            read_cluster_secret(&path, "cluster_secret_file").unwrap_err()
+        );
+        assert!(e.contains("cluster_secret_file"), "{e}");
     }
 }

@@ -124,9 +124,24 @@ pub struct BookieTlsArgs {
     /// Key of the client certificate (PEM).
     #[arg(long, env = "QUIRE_BOOKIE_TLS_KEY_FILE")]
     pub bookie_tls_key_file: Option<PathBuf>,
+    /// File holding the cluster secret (the bookies' `cluster_secret_file`): bookies admit
+    /// only their cluster's processes.
+    #[arg(long, env = "QUIRE_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
 }
 
 impl BookieTlsArgs {
+    /// The cluster secret from `--cluster-secret-file`, if given.
+    ///
+    /// # Errors
+    /// One line naming the flag and file.
+    pub fn cluster_secret(&self) -> Result<Option<quire_wire::auth::ClusterSecret>> {
+        self.cluster_secret_file
+            .as_deref()
+            .map(|p| crate::secret_file::read_cluster_secret(p, "--cluster-secret-file"))
+            .transpose()
+    }
+
     /// The rustls client configuration, or `None` for plain TCP.
     ///
     /// # Errors

@@ -10,9 +10,15 @@ use common::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn info(addr: &str, json: bool) -> std::process::Output {
+/// `quire bookie info ADDR`, with the cluster secret a sandbox made in `data_dir` if given (its
+/// bookies admit only holders of it).
+fn info(addr: &str, json: bool, data_dir: Option<&std::path::Path>) -> std::process::Output {
     let mut cmd = Command::new(quire_bin());
     cmd.args(["bookie", "info", addr]);
+    if let Some(dir) = data_dir {
+        cmd.arg("--cluster-secret-file")
+            .arg(dir.join("secrets/cluster-secret"));
+    }
     if json {
         cmd.arg("--json");
     }
@@ -32,7 +38,7 @@ fn bookie_info_reports_a_real_bookie() {
     // Shards publish their ledger counts every 500 ms.
     let deadline = Instant::now() + Duration::from_secs(10);
     let v = loop {
-        let out = info(&addr, true);
+        let out = info(&addr, true, Some(dir.path()));
         assert!(
             out.status.success(),
             "{}",
@@ -69,7 +75,7 @@ fn bookie_info_reports_a_real_bookie() {
         dirs[0]
     );
 
-    let out = info(&addr, false);
+    let out = info(&addr, false, Some(dir.path()));
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
@@ -90,7 +96,7 @@ fn bookie_info_reports_a_real_bookie() {
 #[test]
 fn unreachable_bookie_is_one_line_error() {
     let port = quire_testkit::free_port();
-    let out = info(&format!("127.0.0.1:{port}"), false);
+    let out = info(&format!("127.0.0.1:{port}"), false, None);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");

@@ -657,8 +657,13 @@ fn a_worker_killed_mid_copy_changes_nothing_and_the_next_one_copies_it_all() {
     };
     let (ledger, before) = rt.block_on(async {
         let store: Arc<dyn MetadataStore> = Arc::new(cluster.zk_store().await);
-        let bk =
-            quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
+        let bk = quire_ledger::BookKeeper::new(
+            store.clone(),
+            quire_ledger::ClientConfig {
+                cluster_secret: Some(cluster.secret),
+                ..quire_ledger::ClientConfig::default()
+            },
+        );
         let w = bk.create_ledger(e3_options()).await.unwrap();
         let mut adds = Vec::new();
         for e in 0..ENTRIES {
@@ -887,7 +892,13 @@ fn issue23_item6_damaged_replicas_a_read_finds_are_marked_and_repaired_in_place(
     });
     let rt = runtime();
     let store = Arc::new(rt.block_on(cluster.zk_store()));
-    let bk = quire_ledger::BookKeeper::new(store.clone(), quire_ledger::ClientConfig::default());
+    let bk = quire_ledger::BookKeeper::new(
+        store.clone(),
+        quire_ledger::ClientConfig {
+            cluster_secret: Some(cluster.secret),
+            ..quire_ledger::ClientConfig::default()
+        },
+    );
     let payload =
         |i: u64| format!("entry {i} of the ledger whose replicas get damaged").into_bytes();
     let id = rt.block_on(async {

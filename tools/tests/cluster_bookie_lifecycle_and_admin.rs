@@ -188,6 +188,7 @@ fn concurrent_ledger_recovers_agree_and_admin_shows_the_stream() {
     let spawn = || {
         std::process::Command::new(common::quire_bin())
             .args(&args)
+            .env("QUIRE_CLUSTER_SECRET_FILE", &cluster.secret_file)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -120,23 +120,55 @@ fn hold_connections_helper() {
     drop(held);
 }
 
-async fn handshaken(addr: &str) -> TcpStream {
-    let mut sock = TcpStream::connect(addr).await.unwrap();
-    let mut hello = Vec::new();
-    encode_request(
-        &mut hello,
-        1,
-        &Request::Hello {
-            version_min: 1,
-            version_max: 1,
-        },
-    );
-    sock.write_all(&hello).await.unwrap();
+/// One request and its answer's whole frame (length field included).
+async fn exchange(sock: &mut TcpStream, request: &Request<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(&mut out, 1, request);
+    sock.write_all(&out).await.unwrap();
     let mut len = [0u8; 4];
     sock.read_exact(&mut len).await.unwrap();
-    let mut rest = vec![0u8; u32::from_le_bytes(len) as usize];
-    sock.read_exact(&mut rest).await.unwrap();
-    assert_eq!(u16::from_le_bytes([rest[2], rest[3]]), 0, "hello refused");
+    let mut frame = len.to_vec();
+    frame.resize(4 + u32::from_le_bytes(len) as usize, 0);
+    sock.read_exact(&mut frame[4..]).await.unwrap();
+    frame
+}
+
+/// A connection that passed the handshake with the cluster secret (a legitimate client).
+async fn handshaken(addr: &str) -> TcpStream {
+    use quire_wire::bookie::{decode_response, Response};
+    use quire_wire::frame::decode_frame;
+    let secret = common::test_cluster_secret();
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    let hello = exchange(
+        &mut sock,
+        &Request::Hello {
+            version_min: 2,
+            version_max: 2,
+        },
+    )
+    .await;
+    let (frame, _) = decode_frame(&hello, u32::MAX).unwrap().unwrap();
+    let Ok(Response::Hello {
+        auth_nonce: Some(server_nonce),
+        ..
+    }) = decode_response(&frame)
+    else {
+        panic!("hello refused: {:?}", decode_response(&frame));
+    };
+    let client_nonce = quire_wire::auth::new_nonce().unwrap();
+    let auth = exchange(
+        &mut sock,
+        &Request::Auth {
+            client_nonce,
+            proof: secret.client_proof(&server_nonce, &client_nonce),
+        },
+    )
+    .await;
+    let (frame, _) = decode_frame(&auth, u32::MAX).unwrap().unwrap();
+    assert!(
+        matches!(decode_response(&frame), Ok(Response::Auth { .. })),
+        "auth refused"
+    );
     sock
 }
 

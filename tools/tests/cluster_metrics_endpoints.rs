@@ -69,6 +69,7 @@ fn bookie_and_proxy_processes_serve_metrics_and_health() {
     loop {
         let out = std::process::Command::new(quire_bin())
             .args(["bookie", "info", &id, "--json"])
+            .args(cluster.secret_flags())
             .output()
             .unwrap();
         assert!(

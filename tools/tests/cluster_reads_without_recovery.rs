@@ -64,7 +64,13 @@ fn stream_stays_readable_with_one_of_three_bookies_down() {
         let seg = meta.segments.last().unwrap().clone();
         assert_eq!(seg.seq_no, last_acked.segment_seq_no);
         assert_eq!(seg.state, SegmentState::InProgress);
-        let bk = quire_ledger::BookKeeper::new(store.clone(), Default::default());
+        let bk = quire_ledger::BookKeeper::new(
+            store.clone(),
+            quire_ledger::ClientConfig {
+                cluster_secret: Some(cluster.secret),
+                ..Default::default()
+            },
+        );
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let reader = bk.open_ledger(LedgerId(seg.ledger_id)).await.unwrap();

@@ -154,6 +154,8 @@ fn a_cluster_with_mutual_tls_serves_real_clients_and_refuses_strangers() {
         pki.cert.clone(),
         "--bookie-tls-key-file".into(),
         pki.key.clone(),
+        "--cluster-secret-file".into(),
+        cluster.secret_file.display().to_string(),
     ]);
     assert!(
         out.status.success(),
@@ -174,6 +176,7 @@ fn a_cluster_with_mutual_tls_serves_real_clients_and_refuses_strangers() {
                 ClientConfig {
                     request_timeout: Duration::from_secs(30),
                     tls: tls.map(|t| t.client_config().unwrap()),
+                    cluster_secret: Some(cluster.secret),
                     ..ClientConfig::default()
                 },
             )

@@ -94,7 +94,7 @@ fn stream_writes_go_around_a_bookie_whose_disk_fills() {
     acked.extend(a);
 
     fill_file(&mount.path().join("filler"));
-    let mut probe = Wire::connect(&bookie1);
+    let mut probe = Wire::connect_with(&bookie1, &common::sandbox_cluster_secret(&data));
     let deadline = Instant::now() + WAIT_MAX;
     let mut entry = 0;
     loop {

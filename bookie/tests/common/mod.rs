@@ -56,6 +56,14 @@ pub enum Resp {
         shard_count: u16,
         frame_size_bytes_max: u32,
     },
+    /// A version-2 Hello answer: the bookie's nonce for `Auth`.
+    HelloV2 {
+        version: u16,
+        nonce: [u8; 32],
+    },
+    Auth {
+        proof: [u8; 32],
+    },
     Add {
         ledger: u64,
         entry: u64,
@@ -101,13 +109,20 @@ fn own(r: Response<'_>) -> Resp {
     match r {
         Response::Hello {
             version,
+            auth_nonce: Some(nonce),
+            ..
+        } => Resp::HelloV2 { version, nonce },
+        Response::Hello {
+            version,
             shard_count,
             frame_size_bytes_max,
+            auth_nonce: None,
         } => Resp::Hello {
             version,
             shard_count,
             frame_size_bytes_max,
         },
+        Response::Auth { proof } => Resp::Auth { proof },
         Response::Add { ledger, entry } => Resp::Add {
             ledger: ledger.0,
             entry: entry.0,
@@ -176,6 +191,32 @@ impl Client {
         });
         assert!(matches!(hello, Resp::Hello { version: 1, .. }), "{hello:?}");
         (c, hello)
+    }
+
+    /// Connects and passes the version-2 handshake with `secret` (Hello, then Auth), checking
+    /// the bookie's proof.
+    pub fn handshake_with_secret(
+        addr: SocketAddr,
+        secret: &quire_wire::auth::ClusterSecret,
+    ) -> Client {
+        let mut c = Client::connect(addr);
+        let hello = c.call(&Request::Hello {
+            version_min: 2,
+            version_max: 2,
+        });
+        let Resp::HelloV2 { version: 2, nonce } = hello else {
+            panic!("expected a version-2 Hello answer, got {hello:?}");
+        };
+        let client_nonce = quire_wire::auth::new_nonce().unwrap();
+        let auth = c.call(&Request::Auth {
+            client_nonce,
+            proof: secret.client_proof(&nonce, &client_nonce),
+        });
+        let Resp::Auth { proof } = auth else {
+            panic!("expected an Auth answer, got {auth:?}");
+        };
+        assert!(secret.verify_bookie_proof(&nonce, &client_nonce, &proof));
+        c
     }
 
     /// Sends a request with a fresh request id and returns that id.

@@ -2,8 +2,12 @@
 //!
 //! The layouts are listed byte by byte in `docs/protocol.md`. A connection starts with
 //! [`Request::Hello`]; until the bookie has answered it, any other request is refused with
-//! [`Status::BadRequest`] and the connection is closed.
+//! [`Status::BadRequest`] and the connection is closed. In version 2 ([`PROTOCOL_VERSION_AUTH`])
+//! the Hello answer carries a nonce and the client must then pass [`Request::Auth`] with a
+//! proof of the cluster secret ([`crate::auth`]); until it has, any other request is refused
+//! with [`Status::Unauthorized`] and the connection is closed.
 
+use crate::auth::{AuthNonce, AuthProof, AUTH_NONCE_SIZE_BYTES, AUTH_PROOF_SIZE_BYTES};
 use crate::entry::{lac_from_wire, lac_to_wire};
 use crate::frame::{encode_frame, Frame, FrameHeader, RESPONSE_BIT};
 use crate::{
@@ -15,7 +19,11 @@ pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"QBK1");
 /// Oldest bookie protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 /// Newest bookie protocol version this build speaks.
-pub const PROTOCOL_VERSION_MAX: u16 = 1;
+pub const PROTOCOL_VERSION_MAX: u16 = 2;
+/// The version with the cluster-secret handshake: its Hello answer carries the bookie's
+/// nonce and [`Request::Auth`] must follow. Version 1 has no authentication; a bookie with a
+/// cluster secret speaks only version 2, one without speaks only version 1.
+pub const PROTOCOL_VERSION_AUTH: u16 = 2;
 /// Longest error message a bookie sends, in bytes; longer ones are cut.
 pub const ERROR_MESSAGE_SIZE_BYTES_MAX: usize = 1024;
 
@@ -41,6 +49,10 @@ pub enum Opcode {
     /// `GET_BOOKIE_INFO`). Its success response has its own layout: [`BookieInfo`], decoded
     /// with [`decode_bookie_info_response`].
     GetBookieInfo = 0x07,
+    /// Version 2 handshake, after Hello: the client's nonce and its proof of the cluster
+    /// secret; the bookie answers with its own proof ([`crate::auth`]). BookKeeper's
+    /// `AUTH` request, with a fixed challenge-response instead of a SASL exchange.
+    Auth = 0x08,
 }
 
 impl Opcode {
@@ -57,6 +69,7 @@ impl Opcode {
             0x05 => Self::Fence,
             0x06 => Self::ReadLacLongPoll,
             0x07 => Self::GetBookieInfo,
+            0x08 => Self::Auth,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -170,6 +183,12 @@ pub enum Request<'a> {
     /// Ask for the bookie's [`BookieInfo`]. Empty body. Like every request but `Hello`, only
     /// after the handshake.
     GetBookieInfo,
+    /// Prove the cluster secret (version 2, after Hello). Body: client_nonce (32 bytes),
+    /// proof (32 bytes) = HMAC-SHA256(secret, client label ‖ server nonce ‖ client nonce).
+    Auth {
+        client_nonce: AuthNonce,
+        proof: AuthProof,
+    },
 }
 
 /// The success response to [`Request::ReadLacLongPoll`]. Body: ledger u64, lac_plus_one u64
@@ -273,12 +292,17 @@ pub fn decode_long_poll_response<'a>(frame: &Frame<'a>) -> Result<LongPollReply<
 /// A successful response body, or the error a bookie answered with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response<'a> {
-    /// Body: version u16, shard_count u16, frame_size_bytes_max u32.
+    /// Body: version u16, shard_count u16, frame_size_bytes_max u32, then in version 2 the
+    /// bookie's nonce (32 bytes) for [`Request::Auth`].
     Hello {
         version: u16,
         shard_count: u16,
         frame_size_bytes_max: u32,
+        auth_nonce: Option<AuthNonce>,
     },
+    /// Body: the bookie's proof (32 bytes) = HMAC-SHA256(secret, bookie label ‖ server nonce
+    /// ‖ client nonce). Sent only after the client's proof checked.
+    Auth { proof: AuthProof },
     /// Body: ledger u64, entry u64. Sent only once the entry is durable on this bookie.
     Add { ledger: LedgerId, entry: EntryId },
     /// Body: ledger u64, entry u64, then the stored entry bytes verbatim.
@@ -305,6 +329,13 @@ pub enum Response<'a> {
         status: Status,
         message: &'a str,
     },
+}
+
+fn array32(r: &mut Reader<'_>) -> Result<[u8; 32], WireError> {
+    const _: () = assert!(AUTH_NONCE_SIZE_BYTES == 32 && AUTH_PROOF_SIZE_BYTES == 32);
+    let mut a = [0u8; 32];
+    a.copy_from_slice(r.bytes(32)?);
+    Ok(a)
 }
 
 fn key(r: &mut Reader<'_>) -> Result<MasterKey, WireError> {
@@ -370,6 +401,14 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u64, request: &Request<'_>)
             (Opcode::ReadLacLongPoll, 0)
         }
         Request::GetBookieInfo => (Opcode::GetBookieInfo, 0),
+        Request::Auth {
+            client_nonce,
+            proof,
+        } => {
+            body.extend_from_slice(&client_nonce);
+            body.extend_from_slice(&proof);
+            (Opcode::Auth, 0)
+        }
     };
     encode_frame(
         out,
@@ -449,6 +488,10 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, WireError> {
             timeout_ms: r.u32()?,
         },
         Opcode::GetBookieInfo => Request::GetBookieInfo,
+        Opcode::Auth => Request::Auth {
+            client_nonce: array32(&mut r)?,
+            proof: array32(&mut r)?,
+        },
     };
     r.finish()?;
     Ok(req)
@@ -462,11 +505,19 @@ pub fn encode_response(out: &mut Vec<u8>, request_id: u64, response: &Response<'
             version,
             shard_count,
             frame_size_bytes_max,
+            auth_nonce,
         } => {
             body.extend_from_slice(&version.to_le_bytes());
             body.extend_from_slice(&shard_count.to_le_bytes());
             body.extend_from_slice(&frame_size_bytes_max.to_le_bytes());
+            if let Some(n) = auth_nonce {
+                body.extend_from_slice(&n);
+            }
             (Opcode::Hello, Status::Ok)
+        }
+        Response::Auth { proof } => {
+            body.extend_from_slice(&proof);
+            (Opcode::Auth, Status::Ok)
         }
         Response::Add { ledger, entry } => {
             body.extend_from_slice(&ledger.0.to_le_bytes());
@@ -548,10 +599,25 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError>
         }
     } else {
         match opcode {
-            Opcode::Hello => Response::Hello {
-                version: r.u16()?,
-                shard_count: r.u16()?,
-                frame_size_bytes_max: r.u32()?,
+            Opcode::Hello => {
+                let version = r.u16()?;
+                let shard_count = r.u16()?;
+                let frame_size_bytes_max = r.u32()?;
+                // The version decides the layout: a version-2 answer carries the nonce.
+                let auth_nonce = if version >= PROTOCOL_VERSION_AUTH {
+                    Some(array32(&mut r)?)
+                } else {
+                    None
+                };
+                Response::Hello {
+                    version,
+                    shard_count,
+                    frame_size_bytes_max,
+                    auth_nonce,
+                }
+            }
+            Opcode::Auth => Response::Auth {
+                proof: array32(&mut r)?,
             },
             Opcode::Add => Response::Add {
                 ledger: LedgerId(r.u64()?),
@@ -594,13 +660,32 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, WireError>
 /// # Errors
 /// `NoCommonVersion` when the ranges do not overlap.
 pub fn negotiate_version(peer_min: u16, peer_max: u16) -> Result<u16, WireError> {
-    let v = peer_max.min(PROTOCOL_VERSION_MAX);
-    if v < peer_min.max(PROTOCOL_VERSION_MIN) {
+    negotiate_version_in(
+        peer_min,
+        peer_max,
+        PROTOCOL_VERSION_MIN,
+        PROTOCOL_VERSION_MAX,
+    )
+}
+
+/// [`negotiate_version`] against our range `ours_min..=ours_max` (a bookie with a cluster
+/// secret speaks only [`PROTOCOL_VERSION_AUTH`], one without only version 1).
+///
+/// # Errors
+/// `NoCommonVersion` when the ranges do not overlap.
+pub fn negotiate_version_in(
+    peer_min: u16,
+    peer_max: u16,
+    ours_min: u16,
+    ours_max: u16,
+) -> Result<u16, WireError> {
+    let v = peer_max.min(ours_max);
+    if v < peer_min.max(ours_min) {
         return Err(WireError::NoCommonVersion {
             peer_min,
             peer_max,
-            ours_min: PROTOCOL_VERSION_MIN,
-            ours_max: PROTOCOL_VERSION_MAX,
+            ours_min,
+            ours_max,
         });
     }
     Ok(v)

@@ -7,9 +7,11 @@
 //!   with an incremental decoder that never panics on hostile input.
 //! * [`bookie`]: bookie requests and responses (handshake, add, read, read LAC, fence, long-poll
 //!   read of the LAC).
+//! * [`auth`]: the cluster secret and the HMAC-SHA256 proofs of the version-2 handshake.
 //! * [`entry`]: the BookKeeper entry layout (ledger id, entry id, LAC, cumulative length,
 //!   CRC32C digest, payload) that clients build and bookies store verbatim.
 
+pub mod auth;
 pub mod bookie;
 pub mod entry;
 pub mod frame;

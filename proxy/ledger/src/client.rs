@@ -43,6 +43,11 @@ pub struct ClientConfig {
     /// `tlsTrustStore` and, for bookies that require client auth, `tlsCertificatePath` /
     /// `tlsKeyStore`); `None`, the default, is plain TCP.
     pub tls: Option<Arc<quire_tls::rustls::ClientConfig>>,
+    /// The cluster secret proved to every bookie, and checked in its answer (protocol version
+    /// 2, `docs/protocol.md` §2; the role of BookKeeper's `clientAuthProviderFactoryClass`
+    /// with digest authentication). `None`, the default, speaks version 1, which a bookie
+    /// with a secret refuses.
+    pub cluster_secret: Option<quire_wire::auth::ClusterSecret>,
 }
 
 impl Default for ClientConfig {
@@ -54,6 +59,7 @@ impl Default for ClientConfig {
             replacement_retry_interval: Duration::from_secs(1),
             replication_rate_bytes_per_sec: None,
             tls: None,
+            cluster_secret: None,
         }
     }
 }
@@ -118,7 +124,7 @@ impl BookKeeper {
         Self {
             inner: Arc::new(Inner {
                 metadata,
-                pool: Pool::new(read_runtime, config.tls.clone()),
+                pool: Pool::new(read_runtime, config.tls.clone(), config.cluster_secret),
                 replication_pace: config
                     .replication_rate_bytes_per_sec
                     .filter(|&r| r > 0)

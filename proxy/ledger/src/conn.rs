@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quire_metadata::BookieId;
-use quire_wire::bookie::{
-    self, Request, Response, Status, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
-};
+use quire_wire::auth::ClusterSecret;
+use quire_wire::bookie::{self, Request, Response, Status, PROTOCOL_VERSION_AUTH};
 use quire_wire::frame::decode_frame;
 use quire_wire::{EntryId, LedgerId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,6 +21,14 @@ use crate::Error;
 /// A bookie's answer, owned.
 #[derive(Debug, Clone)]
 pub(crate) enum Reply {
+    /// The handshake's answer; the bookie's nonce in version 2.
+    Hello {
+        auth_nonce: Option<quire_wire::auth::AuthNonce>,
+    },
+    /// The bookie's proof of the cluster secret.
+    Auth {
+        proof: quire_wire::auth::AuthProof,
+    },
     Add,
     Read {
         data: Vec<u8>,
@@ -98,12 +105,15 @@ pub(crate) struct Conn {
 impl Conn {
     /// Connects (over TLS when `tls` is set: the bookie's certificate must name the host of
     /// its id, an IP address or DNS name) and shakes hands; the connection's reader and writer
-    /// tasks run on `runtime`.
+    /// tasks run on `runtime`. With `secret`, the handshake is version 2: the client proves
+    /// the cluster secret and checks the bookie's proof (`docs/protocol.md` §2), so a bookie
+    /// of another cluster, or a process posing as a bookie, is an error naming it.
     async fn connect(
         bookie: &BookieId,
         frame_size_bytes_max: u32,
         timeout: Duration,
         tls: Option<&Arc<quire_tls::rustls::ClientConfig>>,
+        secret: Option<&ClusterSecret>,
         runtime: &tokio::runtime::Handle,
     ) -> Result<Arc<Self>, Error> {
         let unreachable = |reason: String| Error::BookieUnreachable {
@@ -140,24 +150,69 @@ impl Conn {
             }
         };
 
-        // Handshake before anything else.
+        // Handshake before anything else: version 1 without a secret, version 2 (Hello, then
+        // Auth) with one.
+        let version = if secret.is_some() {
+            PROTOCOL_VERSION_AUTH
+        } else {
+            1
+        };
         let reply = conn.call(timeout, |out, id| {
             bookie::encode_request(
                 out,
                 id,
                 &Request::Hello {
-                    version_min: PROTOCOL_VERSION_MIN,
-                    version_max: PROTOCOL_VERSION_MAX,
+                    version_min: version,
+                    version_max: version,
+                },
+            )
+        });
+        let refused = |status, message| Error::Bookie {
+            bookie: bookie.0.clone(),
+            status,
+            message,
+        };
+        let server_nonce = match reply.await? {
+            Reply::Failed { status, message } => return Err(refused(status, message)),
+            Reply::Hello { auth_nonce } => auth_nonce,
+            other => {
+                return Err(unreachable(format!(
+                    "unexpected answer to Hello: {other:?}"
+                )))
+            }
+        };
+        let Some(secret) = secret else {
+            return Ok(conn);
+        };
+        let Some(server_nonce) = server_nonce else {
+            return Err(unreachable(
+                "the bookie answered Hello without a nonce for the cluster-secret handshake".into(),
+            ));
+        };
+        let client_nonce = quire_wire::auth::new_nonce().map_err(|e| unreachable(e.to_string()))?;
+        let proof = secret.client_proof(&server_nonce, &client_nonce);
+        let reply = conn.call(timeout, |out, id| {
+            bookie::encode_request(
+                out,
+                id,
+                &Request::Auth {
+                    client_nonce,
+                    proof,
                 },
             )
         });
         match reply.await? {
-            Reply::Failed { status, message } => Err(Error::Bookie {
-                bookie: bookie.0.clone(),
-                status,
-                message,
-            }),
-            _ => Ok(conn),
+            Reply::Failed { status, message } => Err(refused(status, message)),
+            Reply::Auth { proof } => {
+                if secret.verify_bookie_proof(&server_nonce, &client_nonce, &proof) {
+                    Ok(conn)
+                } else {
+                    Err(unreachable(
+                        "its proof of the cluster secret does not match ours: it is not a bookie of this cluster (another cluster_secret_file)".into(),
+                    ))
+                }
+            }
+            other => Err(unreachable(format!("unexpected answer to Auth: {other:?}"))),
         }
     }
 
@@ -401,7 +456,9 @@ async fn read_loop<R: tokio::io::AsyncRead + Unpin>(
 
 fn owned(r: Response<'_>) -> Reply {
     match r {
-        Response::Hello { .. } | Response::Add { .. } => Reply::Add,
+        Response::Hello { auth_nonce, .. } => Reply::Hello { auth_nonce },
+        Response::Auth { proof } => Reply::Auth { proof },
+        Response::Add { .. } => Reply::Add,
         Response::Read { data, .. } => Reply::Read {
             data: data.to_vec(),
         },
@@ -450,17 +507,21 @@ pub(crate) struct Pool {
     tail_runtime: Option<tokio::runtime::Handle>,
     /// TLS for every connection (`ClientConfig::tls`).
     tls: Option<Arc<quire_tls::rustls::ClientConfig>>,
+    /// The cluster secret every connection proves (`ClientConfig::cluster_secret`).
+    secret: Option<ClusterSecret>,
 }
 
 impl Pool {
     pub(crate) fn new(
         read_runtime: Option<tokio::runtime::Handle>,
         tls: Option<Arc<quire_tls::rustls::ClientConfig>>,
+        secret: Option<ClusterSecret>,
     ) -> Self {
         Self {
             conns: Default::default(),
             read_runtime,
             tls,
+            secret,
             tail_runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
@@ -515,6 +576,7 @@ impl Pool {
             frame_size_bytes_max,
             timeout,
             self.tls.as_ref(),
+            self.secret.as_ref(),
             &runtime,
         )
         .await?;
@@ -599,6 +661,7 @@ mod tests {
             &bookie,
             quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT,
             Duration::from_secs(10),
+            None,
             None,
             &tokio::runtime::Handle::current(),
         )

@@ -23,6 +23,7 @@
 
 #[cfg(feature = "bookies")]
 pub mod bookies;
+pub mod cluster_secret;
 pub mod loop_mount;
 pub mod reclaim;
 mod relay;

@@ -258,6 +258,7 @@ pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8
         }
     };
     let mut buf = Vec::new();
+    super::wire::authenticate(conn.as_mut(), &mut buf, super::test_cluster_secret())?;
     let mut call = |req: &Request<'_>| -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         encode_request(&mut out, 1, req);
@@ -278,17 +279,6 @@ pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8
             buf.extend_from_slice(&chunk[..n]);
         }
     };
-    let hello = call(&Request::Hello {
-        version_min: 1,
-        version_max: 1,
-    })?;
-    let (frame, _) = decode_frame(&hello, FRAME_SIZE_BYTES_MAX_DEFAULT)
-        .map_err(|e| e.to_string())?
-        .ok_or("short hello")?;
-    match decode_response(&frame).map_err(|e| e.to_string())? {
-        Response::Hello { .. } => {}
-        other => return Err(format!("unexpected hello answer {other:?}")),
-    }
     let reply = call(&Request::Read {
         ledger: LedgerId(ledger),
         entry: Some(EntryId(entry)),

@@ -29,6 +29,11 @@ pub struct Cluster {
     pub zk: quire_testkit::ZooKeeperServer,
     pub zk_root: String,
     pub dir: tempfile::TempDir,
+    /// The cluster secret file every bookie, proxy, autorecovery daemon and admin command of
+    /// this cluster is given (`--cluster-secret-file`).
+    pub secret_file: PathBuf,
+    /// Its value, for ledger clients made in the test.
+    pub secret: quire_testkit::cluster_secret::ClusterSecret,
 }
 
 impl Cluster {
@@ -46,11 +51,21 @@ impl Cluster {
 
     /// Starts ZooKeeper; no bookie or proxy yet.
     pub fn start() -> Cluster {
+        let dir = temp_dir();
+        let secret = *super::test_cluster_secret();
+        let secret_file = quire_testkit::cluster_secret::write_cluster_secret(dir.path(), &secret);
         Cluster {
             zk: quire_testkit::ZooKeeperServer::start(),
             zk_root: "/quire-test".into(),
-            dir: temp_dir(),
+            dir,
+            secret_file,
+            secret,
         }
+    }
+
+    /// `--cluster-secret-file` and this cluster's secret file.
+    pub fn secret_flags(&self) -> Vec<String> {
+        quire_testkit::cluster_secret::cluster_secret_flags(&self.secret_file).to_vec()
     }
 
     /// The ZooKeeper connect string.
@@ -90,6 +105,8 @@ impl Cluster {
             "1048576".into(),
             "--journal-file-size-bytes".into(),
             "4194304".into(),
+            "--cluster-secret-file".into(),
+            self.secret_file.display().to_string(),
         ]
     }
 
@@ -151,6 +168,8 @@ impl Cluster {
             SESSION_TIMEOUT_MS.to_string(),
             "--listen".into(),
             format!("127.0.0.1:{port}"),
+            "--cluster-secret-file".into(),
+            self.secret_file.display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut p = Proc::start_env(&args, "quire proxy: ", &format!("proxy :{port}"), None, env);
@@ -186,6 +205,8 @@ impl Cluster {
             self.zk_root.clone(),
             "--zk-session-timeout-ms".into(),
             SESSION_TIMEOUT_MS.to_string(),
+            "--cluster-secret-file".into(),
+            self.secret_file.display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         Proc::start(&args, "quire autorecovery: ", "autorecovery")
@@ -200,7 +221,14 @@ impl Cluster {
             "--zk-root".into(),
             self.zk_root.clone(),
         ]);
-        run(&all)
+        // Admin commands that talk to bookies (`ledger recover`) read the secret from here.
+        run_env(
+            &all,
+            &[(
+                "QUIRE_CLUSTER_SECRET_FILE",
+                &self.secret_file.display().to_string(),
+            )],
+        )
     }
 
     /// Like [`Cluster::admin`], asserting success and returning stdout as text.
@@ -245,10 +273,17 @@ impl Cluster {
 
 /// Runs the `quire` binary to completion.
 pub fn run(args: &[String]) -> Output {
+    run_env(args, &[])
+}
+
+/// [`run`] with `env` added to the process's environment.
+pub fn run_env(args: &[String], env: &[(&str, &str)]) -> Output {
     Command::new(quire_bin())
         .args(args)
         .env_remove("QUIRE_ZOOKEEPER")
         .env_remove("QUIRE_ZK_ROOT")
+        .env_remove("QUIRE_CLUSTER_SECRET_FILE")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run quire")

@@ -12,6 +12,31 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The cluster secret of every test cluster of this test process ([`cluster::Cluster::start`]
+/// writes it to the cluster's directory), which the raw wire clients ([`wire::Wire`],
+/// [`checker::read_entry`]) prove to bookies: the one in `QUIRE_CLUSTER_SECRET_FILE` when set
+/// (a deployed cluster's, as ansible/ci/deploy-test.sh sets it), else a random one.
+pub fn test_cluster_secret() -> &'static quire_wire::auth::ClusterSecret {
+    static SECRET: std::sync::OnceLock<quire_wire::auth::ClusterSecret> =
+        std::sync::OnceLock::new();
+    SECRET.get_or_init(|| match std::env::var_os("QUIRE_CLUSTER_SECRET_FILE") {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("read QUIRE_CLUSTER_SECRET_FILE {path:?}: {e}"));
+            quire_wire::auth::ClusterSecret::from_hex(&text).expect("a cluster secret")
+        }
+        None => quire_wire::auth::ClusterSecret::generate().expect("random secret"),
+    })
+}
+
+/// The cluster secret a sandbox made in `data_dir` (`DATA_DIR/secrets/cluster-secret`).
+pub fn sandbox_cluster_secret(data_dir: &Path) -> quire_wire::auth::ClusterSecret {
+    let path = data_dir.join("secrets").join("cluster-secret");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    quire_wire::auth::ClusterSecret::from_hex(&text).expect("a cluster secret")
+}
+
 /// The `quire` binary built for this test run.
 pub fn quire_bin() -> &'static str {
     env!("CARGO_BIN_EXE_quire")

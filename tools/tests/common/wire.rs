@@ -1,10 +1,12 @@
 //! A minimal synchronous client of the bookie wire protocol (`docs/protocol.md`) for tests
-//! that talk to one bookie directly: one handshaken connection, one request at a time.
+//! that talk to one bookie directly: one handshaken connection, one request at a time. It
+//! plays a legitimate client: the handshake proves the cluster secret (version 2).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use quire_wire::auth::ClusterSecret;
 use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
 use quire_wire::entry::{encode_entry, EntryHeader};
 use quire_wire::frame::{decode_frame, FRAME_SIZE_BYTES_MAX_DEFAULT};
@@ -28,22 +30,92 @@ pub struct Wire {
     next_id: u64,
 }
 
+/// Passes the version-2 handshake on `conn` (Hello, then Auth with `secret`) and checks the
+/// bookie's proof; `buf` keeps bytes received past the answers.
+pub fn authenticate<S: Read + Write + ?Sized>(
+    conn: &mut S,
+    buf: &mut Vec<u8>,
+    secret: &ClusterSecret,
+) -> Result<(), String> {
+    let mut call = |req: &Request<'_>, id: u64| -> Result<Response<'static>, String> {
+        let mut out = Vec::new();
+        encode_request(&mut out, id, req);
+        conn.write_all(&out).map_err(|e| format!("send: {e}"))?;
+        conn.flush().map_err(|e| format!("send: {e}"))?;
+        loop {
+            if let Some((frame, used)) =
+                decode_frame(buf, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?
+            {
+                let r = match decode_response(&frame).map_err(|e| e.to_string())? {
+                    Response::Hello { auth_nonce, .. } => Response::Hello {
+                        version: 2,
+                        shard_count: 0,
+                        frame_size_bytes_max: 0,
+                        auth_nonce,
+                    },
+                    Response::Auth { proof } => Response::Auth { proof },
+                    other => return Err(format!("handshake answered with {other:?}")),
+                };
+                buf.drain(..used);
+                return Ok(r);
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = conn.read(&mut chunk).map_err(|e| format!("receive: {e}"))?;
+            if n == 0 {
+                return Err("bookie closed the connection during the handshake".into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let Response::Hello {
+        auth_nonce: Some(server_nonce),
+        ..
+    } = call(
+        &Request::Hello {
+            version_min: 2,
+            version_max: 2,
+        },
+        u64::MAX - 1,
+    )?
+    else {
+        return Err("Hello answer without a nonce".into());
+    };
+    let client_nonce = quire_wire::auth::new_nonce().map_err(|e| e.to_string())?;
+    let Response::Auth { proof } = call(
+        &Request::Auth {
+            client_nonce,
+            proof: secret.client_proof(&server_nonce, &client_nonce),
+        },
+        u64::MAX,
+    )?
+    else {
+        return Err("no Auth answer".into());
+    };
+    if !secret.verify_bookie_proof(&server_nonce, &client_nonce, &proof) {
+        return Err("the bookie's proof of the cluster secret does not match".into());
+    }
+    Ok(())
+}
+
 impl Wire {
+    /// Connects and authenticates with the test clusters' secret
+    /// ([`super::test_cluster_secret`]).
     pub fn connect(addr: &str) -> Wire {
-        let conn = TcpStream::connect(addr).expect("connect to the bookie");
+        Self::connect_with(addr, super::test_cluster_secret())
+    }
+
+    /// Connects and authenticates with `secret` (a sandbox's, say).
+    pub fn connect_with(addr: &str, secret: &ClusterSecret) -> Wire {
+        let mut conn = TcpStream::connect(addr).expect("connect to the bookie");
         conn.set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
-        let mut w = Wire {
+        let mut buf = Vec::new();
+        authenticate(&mut conn, &mut buf, secret).expect("handshake");
+        Wire {
             conn,
-            buf: Vec::new(),
+            buf,
             next_id: 1,
-        };
-        let hello = w.call(&Request::Hello {
-            version_min: 1,
-            version_max: 1,
-        });
-        assert_eq!(hello, Answer::Ok, "handshake");
-        w
+        }
     }
 
     pub fn call(&mut self, req: &Request<'_>) -> Answer {

@@ -18,6 +18,14 @@ fn sample_requests(entry: &[u8]) -> Vec<Request<'_>> {
             version_min: 1,
             version_max: 1,
         },
+        Request::Hello {
+            version_min: 2,
+            version_max: 2,
+        },
+        Request::Auth {
+            client_nonce: [3; 32],
+            proof: [4; 32],
+        },
         Request::Add {
             recovery: false,
             master_key: k,
@@ -64,7 +72,15 @@ fn sample_responses(entry: &[u8]) -> Vec<Response<'_>> {
             version: 1,
             shard_count: 2,
             frame_size_bytes_max: 1 << 20,
+            auth_nonce: None,
         },
+        Response::Hello {
+            version: 2,
+            shard_count: 2,
+            frame_size_bytes_max: 1 << 20,
+            auth_nonce: Some([5; 32]),
+        },
+        Response::Auth { proof: [6; 32] },
         Response::Add {
             ledger: LedgerId(1),
             entry: EntryId(2),
