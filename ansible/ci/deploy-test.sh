@@ -14,7 +14,7 @@
 #    znodes (zkCli of Debian's zookeeper package) while one with it can read them. Then writes
 #    every loghub sample through proxy px1 with `quire write` and reads it back through px2
 #    with `quire read` (admin token); the output must equal the file.
-# 4. Starts the load driver (tools/tests/proxy_drain_and_rolling_load.rs,
+# 4. Starts the load driver (tools/tests/it/proxy_drain_and_rolling_load.rs,
 #    deployed_cluster_under_rolling_restart: a writer and a tailing reader over both proxies),
 #    runs rolling-restart.yml under it, then lets the driver check with the shared history
 #    checker that every acknowledged record is there exactly once and in order, and print the
@@ -128,7 +128,9 @@ for line in open(sys.argv[1]):
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "proxy_drain_and_rolling_load" and m.get("executable"):
+    # The quire command's one integration-test binary (tools/tests/it) holds the load driver.
+    if (m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "it"
+            and m.get("manifest_path", "").endswith("tools/Cargo.toml") and m.get("executable")):
         print(m["executable"])
 PY
 )
@@ -305,7 +307,7 @@ log "$n loghub files written through px1 and read back identical through px2"
 # QUIRE_TOKEN and QUIRE_ZK_AUTH_FILE as the quire command).
 export QUIRE_LOAD_PROXIES=$NET.31:4181,$NET.32:4181 QUIRE_LOAD_ZOOKEEPER=$NET.11:2181
 export QUIRE_LOAD_ZK_ROOT=/quire QUIRE_LOAD_CONTROL=$ST/control QUIRE_LOGHUB_DIR=$LOGHUB
-"$LOAD_BIN" --ignored --exact deployed_cluster_under_rolling_restart --nocapture --test-threads 1 \
+"$LOAD_BIN" --ignored --exact proxy_drain_and_rolling_load::deployed_cluster_under_rolling_restart --nocapture --test-threads 1 \
     > "$ST/load.log" 2>&1 &
 LOAD_PID=$!
 for i in $(seq 1 1200); do

@@ -1,0 +1,33 @@
+//! The `quire` command's integration tests: real ZooKeeper, `quire bookie`, `quire proxy` and
+//! `quire sandbox` processes on loopback, loop-mounted small disks, libfaketime. One module per
+//! behaviour, linked into one test binary. `common` holds the cluster harness, the raw bookie wire
+//! client and the history checker.
+
+mod common;
+mod bookie_info_command;
+mod cluster_autorecovery;
+mod cluster_bookie_lifecycle_and_admin;
+mod cluster_bookie_memory_and_connection_limits;
+mod cluster_bookie_read_only_on_full_disk;
+mod cluster_bookie_refuses_strangers;
+mod cluster_failures;
+mod cluster_ledger_id_squatting;
+mod cluster_ledger_keys;
+mod cluster_metrics_endpoints;
+mod cluster_proxy_memory_bounded;
+mod cluster_proxy_tokens;
+mod cluster_reads_without_recovery;
+mod cluster_restarted_bookie_registers_after_replay;
+mod cluster_slow_bookie;
+mod cluster_stalled_bookie_reregisters;
+mod cluster_stopped_bookie_ack_gap;
+mod cluster_stream_lifecycle;
+mod cluster_tls;
+mod cluster_zk_acls;
+mod proxy_drain_and_rolling_load;
+mod sandbox_bookie_read_only_on_full_disk;
+mod sandbox_loghub_round_trip;
+mod sandbox_metrics;
+mod sandbox_refuses_inconsistent_data_dir;
+mod sandbox_stream_lifecycle;
+mod sandbox_survives_sigkill;
