@@ -1,10 +1,10 @@
 //! The bookie's integration tests (real bookies on loopback, raw wire clients), one module per
 //! behaviour, linked into one test binary. `common` holds the shared wire helpers.
 
-mod common;
 mod bad_input_gets_error_or_close;
 mod bookies_on_a_shared_host;
 mod cluster_secret_handshake;
+mod common;
 mod corrupt_index_segment_rebuilt_at_start;
 mod cross_executor_wakes;
 mod entries_survive_shutdown_and_restart;

@@ -2,9 +2,9 @@
 //! `sim-disk` feature), one module per behaviour, linked into one test binary. `common` holds the
 //! shared executor and payload helpers.
 
-mod common;
 mod add_and_read;
 mod bounded_add_queue_and_open_logs;
+mod common;
 mod crash_gc;
 mod crash_sim;
 mod fence_during_write_cache_wait;

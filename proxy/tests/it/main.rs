@@ -1,11 +1,11 @@
 //! The proxy's integration tests, one module per behaviour, linked into one test binary (a
 //! binary per file cost a release link each). `common` holds the shared cluster harness.
 
-mod common;
 mod bad_requests_get_error_codes;
 mod catch_up_reads_run_apart;
 mod client_handshake_errors_name_the_peer;
 mod client_splits_large_writes_and_pipelines;
+mod common;
 mod connection_limits_and_timeouts;
 mod first_requests_race_to_acquire;
 mod lifecycle_sweep;

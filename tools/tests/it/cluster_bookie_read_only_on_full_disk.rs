@@ -16,7 +16,9 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use crate::common::cluster::Cluster;
-use crate::common::wire::{create_ledger_metadata, entry_bytes, entry_with_payload, Answer, Wire, KEY};
+use crate::common::wire::{
+    create_ledger_metadata, entry_bytes, entry_with_payload, Answer, Wire, KEY,
+};
 use quire_metadata::MetadataStore;
 use quire_testkit::loop_mount::{fill_file, LoopMount};
 use quire_wire::bookie::{Request, Status};

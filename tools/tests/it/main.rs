@@ -3,7 +3,6 @@
 //! behaviour, linked into one test binary. `common` holds the cluster harness, the raw bookie wire
 //! client and the history checker.
 
-mod common;
 mod bookie_info_command;
 mod cluster_autorecovery;
 mod cluster_bookie_lifecycle_and_admin;
@@ -24,6 +23,7 @@ mod cluster_stopped_bookie_ack_gap;
 mod cluster_stream_lifecycle;
 mod cluster_tls;
 mod cluster_zk_acls;
+mod common;
 mod proxy_drain_and_rolling_load;
 mod sandbox_bookie_read_only_on_full_disk;
 mod sandbox_loghub_round_trip;
