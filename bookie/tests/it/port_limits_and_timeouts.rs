@@ -6,8 +6,6 @@
 //! Method: a real one-shard bookie on loopback with short limits; raw TCP clients. A closed
 //! connection is seen as EOF (or a reset) on read; the waits are bounded guards, not timings.
 
-use crate::common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

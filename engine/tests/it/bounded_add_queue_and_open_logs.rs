@@ -10,8 +10,6 @@
 //! Method: a real engine on O_DIRECT files; the queue is sampled by each add's task as it
 //! starts, after the adds before it were queued (a count of bytes, not a timing).
 
-use crate::common;
-
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;

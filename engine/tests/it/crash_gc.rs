@@ -18,8 +18,6 @@
 //!
 //! `QUIRE_GC_CRASH_SEEDS=N` runs seeds 0..N (default 300); `QUIRE_GC_CRASH_SEED=S` replays one.
 
-use crate::common;
-
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -13,8 +13,6 @@
 //! `QUIRE_CRASH_REPEAT` times (default 20: the interval checkpoints are timer driven, so a
 //! replay reproduces the workload and the crash point but not always the interleaving).
 
-use crate::common;
-
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

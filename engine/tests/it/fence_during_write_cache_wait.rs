@@ -9,8 +9,6 @@
 //! cache room (`write_cache_waits() > 0`); then the ledger is fenced (fences do not wait for
 //! cache room). The parked add's outcome is checked once the checkpoint lets it go on.
 
-use crate::common;
-
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 

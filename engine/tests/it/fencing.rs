@@ -1,5 +1,3 @@
-use crate::common;
-
 use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::{Engine, Error};
 

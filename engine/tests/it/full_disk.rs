@@ -19,8 +19,6 @@
 //! The image is unmounted and its loop device detached by a drop guard, also when the test
 //! fails; if it cannot be loop-mounted the test fails saying why.
 
-use crate::common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};

@@ -4,8 +4,6 @@
 //! in the ledger directory must take under half their bytes, the survivor must read back byte
 //! for byte, also after a restart, and the deleted ones must stay deleted.
 
-use crate::common;
-
 use std::path::Path;
 
 use crate::common::{add_payload, config, payload, run, tempdir, KEY};

@@ -1,5 +1,3 @@
-use crate::common;
-
 use std::rc::Rc;
 
 use crate::common::{config, payload, run, tempdir, KEY};

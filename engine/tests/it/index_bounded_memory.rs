@@ -1,8 +1,6 @@
 //! The index's memory stays bounded however many entries it holds, every entry still reads
 //! back, and deleted ledgers' and moved entries' index entries leave the disk at merges.
 
-use crate::common;
-
 use std::rc::Rc;
 use std::time::Duration;
 

@@ -2,8 +2,6 @@
 //! version 1 checkpoint mark) migrates its index into a version 2 segment file, also when the
 //! open crashes at any step of the migration.
 
-use crate::common;
-
 use std::path::Path;
 
 use crate::common::{payload, KEY};

@@ -8,8 +8,6 @@
 //! one (N) holds more entries of ledgers 1 and 2 and ledger 8. Then 4 bytes of M are flipped
 //! (or M is removed) and the engine reopened.
 
-use crate::common;
-
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

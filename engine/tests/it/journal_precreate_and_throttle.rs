@@ -7,8 +7,6 @@
 //! executor without `close` (every background task is dropped mid-flight); the directory is
 //! inspected with std::fs; waits for background work are bounded loops on the file system.
 
-use crate::common;
-
 use std::path::Path;
 use std::time::Duration;
 

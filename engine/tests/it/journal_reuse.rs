@@ -8,8 +8,6 @@
 //! can be handed to a new file once the old one is deleted); a "crash" is the end of the
 //! executor without `close`; a torn tail is made by damaging the last batch with std::fs.
 
-use crate::common;
-
 use std::collections::HashMap;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;

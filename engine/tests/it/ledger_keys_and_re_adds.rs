@@ -12,8 +12,6 @@
 //!
 //! Method: a real engine on O_DIRECT files; crashes by ending the executor.
 
-use crate::common;
-
 use std::rc::Rc;
 
 use crate::common::{config, payload, run, tempdir, KEY};

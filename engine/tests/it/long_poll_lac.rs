@@ -7,8 +7,6 @@
 //! observed through `lac_waiters` and their results; adds carry piggybacked LACs as a ledger
 //! client would send them.
 
-use crate::common;
-
 use std::rc::Rc;
 use std::time::Duration;
 

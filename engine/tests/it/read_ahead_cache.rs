@@ -7,8 +7,6 @@
 //! a checkpoint, a reopen (so the write cache is empty), then reads 0..300 in order and the
 //! `read_stats` counters.
 
-use crate::common;
-
 use crate::common::{config, payload, run, tempdir, KEY};
 use quire_engine::{Engine, ReadStats};
 

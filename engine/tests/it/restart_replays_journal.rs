@@ -1,5 +1,3 @@
-use crate::common;
-
 use crate::common::{config, journal_files, payload, run, tempdir, KEY};
 use quire_engine::Engine;
 

@@ -6,8 +6,6 @@
 //! eight writers adding 32 KiB entries back to back for a few seconds; a watchdog on a plain
 //! thread fails the test when no add completes for 20 s.
 
-use crate::common;
-
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,3 @@
-use crate::common;
-
 use std::os::unix::fs::FileExt;
 
 use crate::common::{batch_headers, config, journal_files, payload, run, tempdir, KEY};

@@ -8,8 +8,6 @@
 //! is sampled after every add. Then the same with a 20 ms wait bound, which must fail some add;
 //! finally every acknowledged entry is read back after a reopen.
 
-use crate::common;
-
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};

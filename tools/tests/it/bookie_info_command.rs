@@ -4,7 +4,6 @@
 //! one record written so that every bookie holds one ledger, then the command against the
 //! first bookie, whose directories the sandbox layout names.
 
-use crate::common;
 use crate::common::*;
 
 use std::process::Command;

@@ -15,7 +15,6 @@
 //! `ProxyClient`, metadata read with `ZkStore`, the stranger's requests sent with
 //! `common::wire::Wire`.
 
-use crate::common;
 use crate::common::cluster::runtime;
 
 use std::sync::Arc;

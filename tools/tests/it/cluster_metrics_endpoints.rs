@@ -4,7 +4,6 @@
 //! `quire proxy` child process on free 127.0.0.1 ports (E=Qw=Qa=1), one record written through
 //! the proxy; scrape both endpoints; stop both with SIGTERM.
 
-use crate::common;
 use crate::common::cluster::Cluster;
 use crate::common::*;
 

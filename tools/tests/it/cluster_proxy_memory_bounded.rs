@@ -13,8 +13,6 @@
 //! compared with the bound. Without the bounds the proxy buffers every partial frame (200 ×
 //! 5 MiB) and every read answer, and the peak is over 1 GiB above idle (see perf/README.md).
 
-use crate::common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

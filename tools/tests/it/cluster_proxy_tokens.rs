@@ -8,8 +8,6 @@
 //! Method: real ZooKeeper, three `quire bookie` and one `quire proxy` child process; tokens made
 //! with `quire token new`; requests sent with `ProxyClient` and with `quire write`/`read`.
 
-use crate::common;
-
 use std::process::Command;
 use std::time::Duration;
 

@@ -14,7 +14,6 @@
 //! carried its LAC to the bookies (the control entry); the shared checker reads everything back
 //! and compares replicas on the live bookies.
 
-use crate::common;
 use crate::common::cluster::runtime;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -14,7 +14,6 @@
 //! the wall-clock time of its first success; these must not precede the timestamp of the
 //! process's own "engine open" line (logged when replay ended, before the port is bound).
 
-use crate::common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -13,7 +13,6 @@
 //! a testkit relay in front of it (`--advertised`), a `quire proxy`; the slow link is the
 //! relay's throttle. The proxy's RSS is read from /proc every write batch.
 
-use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -28,7 +28,6 @@
 //! task. A monitor polls the streams' metadata and, for each new ledger naming the bookie,
 //! reads entry 0 from it every 50 ms until it is there. The two cases run one after the other.
 
-use crate::common;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

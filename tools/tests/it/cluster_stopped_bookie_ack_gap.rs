@@ -15,7 +15,6 @@
 //! Segments do not roll during the stop: the stopped bookie's registration expires with its
 //! ZooKeeper session, and a new E=3 ledger needs three registered bookies.
 
-use crate::common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -9,8 +9,6 @@
 //! process, records written and read with `ProxyClient`, the outsiders' requests sent with the
 //! `zookeeper-client` crate directly.
 
-use crate::common;
-
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,7 +4,6 @@
 //! into its own stream, `quire read` it back and compare bytes; the last DLSN's segment number
 //! shows how many segments the stream spans. A clean SIGTERM stop ends the test.
 
-use crate::common;
 use crate::common::*;
 
 #[test]

@@ -18,7 +18,6 @@
 //!   1 <= `bookie_journal_JOURNAL_SYNC_count` <= adds, per bookie;
 //! * the proxy counts N write requests, N write latencies and the payload bytes sent.
 
-use crate::common;
 use crate::common::*;
 
 use std::collections::BTreeSet;

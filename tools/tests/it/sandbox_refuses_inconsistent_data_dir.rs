@@ -4,7 +4,6 @@
 //! Method: real `quire sandbox` child; write, stop cleanly, move metadata.json or sandbox.json
 //! aside, start (must fail with the reason), move it back, start and read.
 
-use crate::common;
 use crate::common::*;
 use std::process::Command;
 

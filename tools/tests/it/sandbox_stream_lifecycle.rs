@@ -15,8 +15,6 @@
 //! default size retention too large to matter), `quire write` / `quire read` / `quire stream`
 //! child processes, and the sandbox's `metadata.json` read between steps.
 
-use crate::common;
-
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
