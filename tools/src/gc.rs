@@ -112,74 +112,110 @@ const KEY_READS_IN_FLIGHT_MAX: usize = 64;
 /// read again after a sync ([`MetadataStore::read_ledger_synced`]: a ZooKeeper follower behind
 /// the leader cannot deny a ledger another session just created); a failed or timed-out read, or a key that is not
 /// 40 hex digits, is `Unavailable` (the bookie answers `TooManyRequests` and binds nothing).
-/// `store` is used until a read fails other than with "not found"; the next question then
-/// connects anew.
+/// `store` is used until a read fails other than with "not found" (an expired ZooKeeper
+/// session, say, after the process was stopped longer than its session timeout): the question
+/// is then asked once more on a new connection, which the next questions share, and only a
+/// second failure is `Unavailable`. Answering the first failure would turn the first add of
+/// every new ledger on a bookie that just came back into `TooManyRequests`, which the writer
+/// takes as a failed bookie (an ensemble change away from a healthy one).
 pub async fn answer_ledger_keys(
     queries: quire_bookie::LedgerKeyQueries,
     store: Arc<dyn MetadataStore>,
     connect: Connect,
 ) {
-    use quire_bookie::LedgerKeyAnswer;
-    let current = Arc::new(tokio::sync::Mutex::new(Some(store)));
+    let connection = Arc::new(KeyStore {
+        current: tokio::sync::Mutex::new(Some(store)),
+        connect,
+    });
     let reads = Arc::new(tokio::sync::Semaphore::new(KEY_READS_IN_FLIGHT_MAX));
     while let Some(q) = queries.next().await {
         let Ok(permit) = reads.clone().acquire_owned().await else {
             return;
         };
-        let s = {
-            let mut current = current.lock().await;
-            if current.is_none() {
-                match connect().await {
-                    Ok(s) => *current = Some(s),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "ledger keys: metadata store unreachable");
-                        q.answer(LedgerKeyAnswer::Unavailable(format!(
-                            "metadata store unreachable: {e}"
-                        )));
-                        continue;
-                    }
-                }
-            }
-            current.clone().expect("connected above")
-        };
-        let current = current.clone();
+        let connection = connection.clone();
         tokio::spawn(async move {
             let id = quire_wire::LedgerId(q.ledger);
-            // A plain read first (the writer's ledger is there: one read, no sync); only a
-            // "not found" is checked again after a sync, as it may come from a follower
-            // behind the leader.
-            let read = async {
-                match s.read_ledger(id).await {
-                    Err(quire_metadata::Error::NotFound { .. }) => s.read_ledger_synced(id).await,
-                    other => other,
-                }
-            };
-            let answer = match tokio::time::timeout(READ_TIMEOUT, read).await {
-                Ok(Ok(meta)) => match meta.value.master_key() {
-                    Ok(k) => LedgerKeyAnswer::Exists { master_key: k.0 },
+            let answer = match connection.store(None).await {
+                Err(e) => Err(e),
+                Ok(s) => match key_of(&*s, id).await {
                     Err(e) => {
-                        tracing::warn!(ledger = q.ledger, error = %e, "ledger keys: the ledger's metadata holds no readable master key");
-                        LedgerKeyAnswer::Unavailable(e.to_string())
+                        tracing::warn!(ledger = q.ledger, error = %e, "ledger keys: metadata read failed; asking again on a new connection");
+                        match connection.store(Some(&s)).await {
+                            Ok(fresh) => key_of(&*fresh, id).await,
+                            Err(e) => Err(e),
+                        }
                     }
+                    answer => answer,
                 },
-                Ok(Err(quire_metadata::Error::NotFound { .. })) => LedgerKeyAnswer::NoSuchLedger,
-                Ok(Err(e)) => {
-                    tracing::warn!(ledger = q.ledger, error = %e, "ledger keys: metadata read failed");
-                    // A new connection for the next question (e.g. an expired session),
-                    // unless another task replaced this one already.
-                    let mut c = current.lock().await;
-                    if c.as_ref().is_some_and(|c| Arc::ptr_eq(c, &s)) {
-                        *c = None;
-                    }
-                    LedgerKeyAnswer::Unavailable(e.to_string())
-                }
-                Err(_) => LedgerKeyAnswer::Unavailable(format!(
-                    "metadata read timed out after {READ_TIMEOUT:?}"
-                )),
             };
+            let answer = answer.unwrap_or_else(|e| {
+                tracing::warn!(ledger = q.ledger, error = %e, "ledger keys: no answer");
+                quire_bookie::LedgerKeyAnswer::Unavailable(e)
+            });
             q.answer(answer);
             drop(permit);
         });
+    }
+}
+
+/// The metadata-store connection [`answer_ledger_keys`] shares between its questions.
+struct KeyStore {
+    current: tokio::sync::Mutex<Option<Arc<dyn MetadataStore>>>,
+    connect: Connect,
+}
+
+impl KeyStore {
+    /// The connection to ask on; with `failed`, one that is not `failed` (a new connection,
+    /// unless another question replaced it already). `Err` when connecting fails.
+    async fn store(
+        &self,
+        failed: Option<&Arc<dyn MetadataStore>>,
+    ) -> Result<Arc<dyn MetadataStore>, String> {
+        let mut current = self.current.lock().await;
+        let stale = match (current.as_ref(), failed) {
+            (None, _) => true,
+            (Some(c), Some(f)) => Arc::ptr_eq(c, f),
+            (Some(_), None) => false,
+        };
+        if stale {
+            *current = None;
+            match (self.connect)().await {
+                Ok(s) => *current = Some(s),
+                Err(e) => return Err(format!("metadata store unreachable: {e}")),
+            }
+        }
+        Ok(current.clone().expect("connected above"))
+    }
+}
+
+/// One ledger's key as the metadata store holds it. A plain read first (the writer's ledger is
+/// there: one read, no sync); only a "not found" is checked again after a sync, as it may come
+/// from a follower behind the leader. `Err` when the store failed (worth a new connection);
+/// a timeout or a key that is not 40 hex digits is `Ok(Unavailable)`.
+async fn key_of(
+    store: &dyn MetadataStore,
+    id: quire_wire::LedgerId,
+) -> Result<quire_bookie::LedgerKeyAnswer, String> {
+    use quire_bookie::LedgerKeyAnswer;
+    let read = async {
+        match store.read_ledger(id).await {
+            Err(quire_metadata::Error::NotFound { .. }) => store.read_ledger_synced(id).await,
+            other => other,
+        }
+    };
+    match tokio::time::timeout(READ_TIMEOUT, read).await {
+        Ok(Ok(meta)) => Ok(match meta.value.master_key() {
+            Ok(k) => LedgerKeyAnswer::Exists { master_key: k.0 },
+            Err(e) => {
+                tracing::warn!(ledger = id.0, error = %e, "ledger keys: the ledger's metadata holds no readable master key");
+                LedgerKeyAnswer::Unavailable(e.to_string())
+            }
+        }),
+        Ok(Err(quire_metadata::Error::NotFound { .. })) => Ok(LedgerKeyAnswer::NoSuchLedger),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Ok(LedgerKeyAnswer::Unavailable(format!(
+            "metadata read timed out after {READ_TIMEOUT:?}"
+        ))),
     }
 }
 

@@ -32,6 +32,14 @@ const FRAME_BYTES: usize = 4 << 20;
 const HELD_CONNECTIONS: usize = 20_000;
 const CONNECTIONS_PER_IP_MAX: usize = 1024;
 
+/// The helper test's name as the test harness knows it: its path in the test binary, without
+/// the binary's own crate name (`cluster_bookie_memory_and_connection_limits::hold_connections_helper`).
+fn helper_test_name() -> String {
+    let module = module_path!();
+    let module = module.split_once("::").map_or(module, |(_, m)| m);
+    format!("{module}::hold_connections_helper")
+}
+
 /// VmRSS of process `pid`, in bytes.
 fn rss_bytes(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
@@ -242,7 +250,7 @@ fn partial_frames_and_held_connections_leave_the_bookie_bounded_and_serving() {
         let fds_before = open_fds(pid);
         let started = Instant::now();
         let mut helper = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "hold_connections_helper", "--nocapture"])
+            .args(["--ignored", "--exact", &helper_test_name(), "--nocapture"])
             .env("QUIRE_HOLD_TARGET", &listen)
             .env("QUIRE_HOLD_COUNT", (HELD_CONNECTIONS - HELD_HERE).to_string())
             .stdin(std::process::Stdio::piped())

@@ -63,11 +63,13 @@ fn disk_bytes(dir: &Path) -> u64 {
     total
 }
 
-/// `quire bookie info ADDR --json`'s ledger count, once the shards published it (500 ms).
-fn ledger_count(addr: &str) -> u64 {
+/// `quire bookie info ADDR --json`'s ledger count, once the shards published it (500 ms);
+/// `secret_file` is the cluster's secret, which the command proves to the bookie.
+fn ledger_count(addr: &str, secret_file: &std::path::Path) -> u64 {
     std::thread::sleep(Duration::from_millis(1200));
     let out = std::process::Command::new(common::quire_bin())
         .args(["bookie", "info", addr, "--json"])
+        .env("QUIRE_CLUSTER_SECRET_FILE", secret_file)
         .output()
         .unwrap();
     assert!(
@@ -261,7 +263,11 @@ fn unallocated_ledger_ids_cannot_fill_a_bookie() {
         after <= before + (1 << 20),
         "bookie disk use grew from {before} to {after} bytes"
     );
-    assert_eq!(ledger_count(&addr), 0, "ledgers on the bookie");
+    assert_eq!(
+        ledger_count(&addr, &cluster.secret_file),
+        0,
+        "ledgers on the bookie"
+    );
 
     // Nothing comes back after a restart either (the journal holds no record of them).
     for b in bookie {
@@ -283,7 +289,11 @@ fn unallocated_ledger_ids_cannot_fill_a_bookie() {
             "LAC of {id}"
         );
     }
-    assert_eq!(ledger_count(&addr), 0, "ledgers on the restarted bookie");
+    assert_eq!(
+        ledger_count(&addr, &cluster.secret_file),
+        0,
+        "ledgers on the restarted bookie"
+    );
 }
 
 #[test]
