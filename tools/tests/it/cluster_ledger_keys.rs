@@ -54,6 +54,21 @@ fn add(w: &mut Wire, key: MasterKey, entry: &[u8], recovery: bool) -> Answer {
     })
 }
 
+/// Entry `entry` of `ledger` as `w`'s bookie answers it, asked again for up to 10 s while the
+/// answer is not the entry: with Qa < Qw a record is acknowledged once Qa bookies stored it, and
+/// the last bookie of the write set may still be storing it (its first add of a ledger also
+/// waits for the metadata store to confirm the ledger's key).
+fn read_when_stored(w: &mut Wire, ledger: u64, entry: u64) -> Answer {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = w.read(ledger, entry);
+        if matches!(answer, Answer::Data(_)) || std::time::Instant::now() >= deadline {
+            return answer;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_stranger_cannot_forge_an_acknowledged_entry() {
     let (cluster, _bookies, proxy) = cluster_with_proxy(&[]);
@@ -90,8 +105,13 @@ fn a_stranger_cannot_forge_an_acknowledged_entry() {
     for bookie in &meta.fragments[0].bookies {
         let mut w = Wire::connect(&bookie.0);
         for entry in [0, 1] {
-            let Answer::Data(original) = w.read(id, entry) else {
-                panic!("bookie {} lacks entry {entry} of ledger {id}", bookie.0)
+            let original = match read_when_stored(&mut w, id, entry) {
+                Answer::Data(original) => original,
+                other => panic!(
+                    "bookie {} lacks entry {entry} of ledger {id} after 10 s: {other:?}; \
+                     fragments {:?}",
+                    bookie.0, meta.fragments
+                ),
             };
             let (header, payload) = verify_entry(&original).unwrap();
             let mut other = payload.to_vec();
