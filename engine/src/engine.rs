@@ -4,7 +4,7 @@
 //! `ledgers`, `read_ahead` and `lac_watch` (the parts of a BookKeeper bookie's
 //! `InterleavedLedgerStorage`/`DbLedgerStorage` and `Journal`, one module each).
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io as stdio;
 use std::rc::Rc;
@@ -12,21 +12,23 @@ use std::time::{Duration, Instant};
 
 use glommio::{Latency, Shares, TaskQueueHandle};
 
-use crate::checkpoint::{checkpoint, checkpoint_loop, Checkpointer};
+use crate::checkpoint::{Checkpointer, MarkKeeper};
 use crate::entry_log::EntryLogs;
 use crate::format::{Record, LAC_NONE};
-use crate::gc::{Compaction, GcRun, GcState, IndexCheck, LogUsage};
-use crate::index::merge::merge_loop;
+use crate::gc::{Compaction, Gc, GcRun, GcState, IndexCheck};
+use crate::index::merge::IndexMerger;
+use crate::index::rebuild::IndexRebuilder;
 use crate::index::Index;
 use crate::io::{DmaStorage, Storage, BLOCK_BYTES};
-use crate::journal::writer::writer_loop;
+use crate::journal::files::JournalFiles;
+use crate::journal::writer::{DurableBatch, JournalWriter};
 use crate::journal::Journal;
 use crate::lac_watch::LacWatchers;
-use crate::ledgers::{Admission, Ledgers};
-use crate::open::open_inner;
+use crate::ledgers::{apply_durable, Admission, Ledgers};
+use crate::open::{open_state, Opened};
 use crate::read_ahead::ReadAhead;
+use crate::sync::Closed;
 use crate::throttle::Throttle;
-use crate::tombstones::Tombstones;
 use crate::write_cache::WriteCache;
 use crate::{
     EngineConfig, Error, GcStats, IndexStats, JournalObserver, LacUpdate, LedgerState, ReadStats,
@@ -39,44 +41,99 @@ const JOURNAL_QUEUE_LATENCY: Duration = Duration::from_millis(1);
 /// glommio shares of the engine's background queue (checkpoint, journal pre-creation).
 const BACKGROUND_QUEUE_SHARES: usize = 50;
 
-/// The state of one engine, one field per concept, shared by the facade and the background
-/// tasks (shard-local: `Rc`, never `Send`).
-pub(crate) struct Inner<S: Storage> {
-    pub cfg: EngineConfig,
-    pub storage: S,
-    pub closed: Cell<bool>,
-    pub journal: Journal<S::File>,
-    pub write_cache: WriteCache,
-    pub ledgers: Ledgers,
-    pub index: Index<S::File>,
-    pub entry_logs: EntryLogs<S::File>,
-    pub read_ahead: ReadAhead,
-    pub lac_watchers: LacWatchers,
-    pub checkpointer: Checkpointer,
+/// The facade's handles: the shared pieces it reads and writes on the request path, and the
+/// subsystem contexts it delegates to (each of which holds its own handles; see
+/// ARCHITECTURE.md, "Engine: who owns what"). Shard-local: `Rc`, never `Send`.
+struct Inner<S: Storage> {
+    cfg: Rc<EngineConfig>,
+    storage: Rc<S>,
+    closed: Closed,
+    journal: Rc<Journal<S::File>>,
+    write_cache: Rc<WriteCache>,
+    ledgers: Rc<Ledgers>,
+    index: Rc<Index<S::File>>,
+    entry_logs: Rc<EntryLogs<S::File>>,
+    read_ahead: Rc<ReadAhead>,
+    lac_watchers: Rc<LacWatchers>,
     /// Pacing of bulk writes against the journal (checkpoints, journal pre-creation,
-    /// compaction).
-    pub throttle: Throttle,
-    /// Live bytes per entry log (entry-log metadata for garbage collection).
-    pub usage: LogUsage,
-    /// The durable list of deleted ledgers.
-    pub tombstones: Tombstones<S::File>,
-    /// Garbage-collection runs: one at a time, and their figures.
-    pub gc: GcState,
-    /// Room kept for garbage collection's own writes on a full disk.
-    pub reserve: crate::reserve::Reserve,
+    /// compaction); the facade only reads its figures.
+    throttle: Rc<Throttle>,
+    /// The durable mark, the checkpoint lock and the checkpointer's signals.
+    marks: Rc<MarkKeeper>,
+    checkpointer: Checkpointer<S>,
+    gc: Rc<Gc<S>>,
+    merger: Rc<IndexMerger<S>>,
+    rebuilder: IndexRebuilder<S>,
     /// The engine's background task queue (checkpoints, journal pre-creation, GC).
-    pub background_tq: TaskQueueHandle,
-    /// Metrics hook of the journal writer (`Engine::set_journal_observer`).
-    pub journal_observer: RefCell<Option<Rc<dyn JournalObserver>>>,
+    background_tq: TaskQueueHandle,
     /// Adds admitted after a stored-copy check (possible re-adds) and not yet answered, per
     /// (ledger, entry): how many, and the journal's submitted count once the last was queued.
     /// Bounded by the adds in flight; new entries never enter it.
-    pub re_adds_in_flight: ReAddsInFlight,
+    re_adds_in_flight: ReAddsInFlight,
 }
 
 /// Possible re-adds in flight: per (ledger, entry), how many, and the journal's submitted count
 /// once the last of them was queued.
-pub(crate) type ReAddsInFlight = RefCell<HashMap<(u64, u64), (u32, u64)>>;
+type ReAddsInFlight = RefCell<HashMap<(u64, u64), (u32, u64)>>;
+
+/// What a durable journal batch makes visible, applied by the facade's journal task: the
+/// journal's durable end, the ledger table and the write cache (one record at a time, in
+/// journal order), a checkpoint request when the write cache is over its bound, the adds'
+/// completions, and the LAC watchers of the ledgers touched (BookKeeper acknowledges an add
+/// and advances the LAC only once its journal entry is durable).
+struct DurableSink<F> {
+    journal: Rc<Journal<F>>,
+    ledgers: Rc<Ledgers>,
+    write_cache: Rc<WriteCache>,
+    lac_watchers: Rc<LacWatchers>,
+    marks: Rc<MarkKeeper>,
+}
+
+impl<F> DurableSink<F> {
+    /// Applies `batch`, with no await: a checkpoint snapshots the write cache and reads the
+    /// durable end in one synchronous step, and must find them agreeing.
+    fn apply(&self, batch: DurableBatch) {
+        let mut dones = Vec::with_capacity(batch.records.len());
+        let mut touched: Vec<u64> = Vec::new();
+        self.journal.set_durable(batch.pos);
+        for p in batch.records {
+            let ledger = match &p.record {
+                Record::Add { ledger, .. } | Record::Fence { ledger, .. } => *ledger,
+                Record::BatchHeader { .. } => unreachable!("batch headers are not queued"),
+            };
+            if touched.last() != Some(&ledger) {
+                touched.push(ledger);
+            }
+            apply_durable(&self.ledgers, &self.write_cache, p.record);
+            dones.push(p.done);
+        }
+        if self.write_cache.over_bound() {
+            self.marks.request();
+        }
+        self.journal.note_finished(dones.len());
+        for d in dones {
+            d.complete(Ok(()));
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        if !self.lac_watchers.is_empty() {
+            for ledger in touched {
+                self.lac_watchers.wake(ledger);
+            }
+        }
+    }
+}
+
+/// The facade's journal task: runs the writer and applies each batch it reports durable, until
+/// the engine is closed and the journal queue drained.
+async fn journal_task<S: Storage + 'static>(
+    mut writer: JournalWriter<S>,
+    sink: DurableSink<S::File>,
+) {
+    while let Some(batch) = writer.next_durable().await {
+        sink.apply(batch);
+    }
+}
 
 /// What [`Engine::add_entry`] found of another copy of the entry it adds.
 enum OtherCopy {
@@ -134,47 +191,13 @@ impl<S: Storage> Inner<S> {
     /// `IndexRebuilding` while `ledger`'s state may be in a lost block of a damaged index
     /// segment not yet rebuilt: the ledger table cannot answer for it (not even "no such
     /// ledger"), nor admit an add or fence against a state it does not know.
-    pub fn check_state_known(&self, ledger: u64) -> Result<(), Error> {
+    fn check_state_known(&self, ledger: u64) -> Result<(), Error> {
         if self.index.state_pending(ledger) {
             return Err(Error::IndexRebuilding {
                 ledger: Some(ledger),
             });
         }
         Ok(())
-    }
-
-    /// Applies a record the journal made durable.
-    pub fn apply_durable(&self, record: Record) {
-        apply_durable(&self.ledgers, &self.write_cache, record);
-    }
-}
-
-/// Applies a durable journal record to the ledger table and the write cache (the writer after
-/// each sync, and replay on open).
-pub(crate) fn apply_durable(ledgers: &Ledgers, write_cache: &WriteCache, record: Record) {
-    // An add or fence journaled before its ledger was deleted (in flight at the deletion, or
-    // replayed from before it) must not bring the ledger back.
-    let ledger = match &record {
-        Record::Add { ledger, .. } | Record::Fence { ledger, .. } => *ledger,
-        Record::BatchHeader { .. } => unreachable!("batch headers are not applied"),
-    };
-    if ledgers.is_deleted(ledger) {
-        return;
-    }
-    match record {
-        Record::Add {
-            ledger,
-            entry,
-            lac,
-            master_key,
-            data,
-            ..
-        } => {
-            ledgers.apply_add(ledger, entry, lac, master_key);
-            write_cache.insert(ledger, entry, data);
-        }
-        Record::Fence { ledger, master_key } => ledgers.apply_fence(ledger, master_key),
-        Record::BatchHeader { .. } => unreachable!("batch headers are not applied"),
     }
 }
 
@@ -186,7 +209,7 @@ pub(crate) fn apply_durable(ledgers: &Ledgers, write_cache: &WriteCache, record:
 /// journal writer, and `quire-engine-background` (not latency sensitive, low shares) for the
 /// checkpointer and the background pre-creation of the next journal file.
 pub struct Engine<S: Storage = DmaStorage> {
-    inner: Rc<Inner<S>>,
+    inner: Inner<S>,
 }
 
 impl Engine<DmaStorage> {
@@ -232,7 +255,10 @@ impl<S: Storage + 'static> Engine<S> {
             Latency::NotImportant,
             "quire-engine-background",
         );
-        let inner = Rc::new(open_inner(config, storage, background_tq).await?);
+        let cfg = Rc::new(config);
+        let storage = Rc::new(storage);
+        let opened = open_state(&cfg, &*storage).await?;
+        let (inner, writer, sink) = assemble(cfg, storage, opened, background_tq);
         inner.journal.writer_started();
         let spawn_err = |e: glommio::GlommioError<()>| Error::Io {
             op: "spawn engine task",
@@ -240,13 +266,14 @@ impl<S: Storage + 'static> Engine<S> {
             file_offset_bytes: 0,
             source: stdio::Error::other(e.to_string()),
         };
-        glommio::spawn_local_into(writer_loop(inner.clone()), journal_tq)
+        glommio::spawn_local_into(journal_task(writer, sink), journal_tq)
             .map_err(spawn_err)?
             .detach();
-        glommio::spawn_local_into(checkpoint_loop(inner.clone()), background_tq)
+        glommio::spawn_local_into(inner.checkpointer.clone().run_loop(), background_tq)
             .map_err(spawn_err)?
             .detach();
-        glommio::spawn_local_into(merge_loop(inner.clone()), background_tq)
+        let merger = inner.merger.clone();
+        glommio::spawn_local_into(async move { merger.run_loop().await }, background_tq)
             .map_err(spawn_err)?
             .detach();
         if inner.index.rebuild_pending() {
@@ -521,7 +548,14 @@ impl<S: Storage + 'static> Engine<S> {
         let (loc, plan) = lookup().await?;
         let r = inner
             .read_ahead
-            .read(&inner.storage, &inner.entry_logs, ledger, entry, loc, &plan)
+            .read(
+                &*inner.storage,
+                &inner.entry_logs,
+                ledger,
+                entry,
+                loc,
+                &plan,
+            )
             .await;
         match r {
             // Compaction may have moved the entry and deleted its old log between the lookup
@@ -532,7 +566,14 @@ impl<S: Storage + 'static> Engine<S> {
                 let (loc, plan) = lookup().await?;
                 inner
                     .read_ahead
-                    .read(&inner.storage, &inner.entry_logs, ledger, entry, loc, &plan)
+                    .read(
+                        &*inner.storage,
+                        &inner.entry_logs,
+                        ledger,
+                        entry,
+                        loc,
+                        &plan,
+                    )
                     .await
             }
             r => r,
@@ -677,21 +718,21 @@ impl<S: Storage + 'static> Engine<S> {
         if self.inner.closed.get() {
             return Err(Error::Closed);
         }
-        checkpoint(&self.inner).await
+        self.inner.checkpointer.checkpoint().await
     }
 
     /// Waits for queued adds to become durable, runs a final checkpoint and stops the
     /// background tasks. Later calls of any method return `Closed`.
     pub async fn close(&self) -> Result<(), Error> {
         let inner = &self.inner;
-        if inner.closed.replace(true) {
+        if inner.closed.close() {
             return Err(Error::Closed);
         }
         inner.journal.wake_writer();
         inner.lac_watchers.wake_all();
         inner.journal.stop().await;
-        let r = checkpoint(inner).await;
-        inner.checkpointer.request();
+        let r = inner.checkpointer.checkpoint().await;
+        inner.marks.request();
         inner.index.merge_signal.notify();
         r
     }
@@ -736,14 +777,13 @@ impl<S: Storage + 'static> Engine<S> {
     }
 
     async fn gc_task(&self, deleted: Vec<u64>, compaction: Compaction) -> Result<GcRun, Error> {
-        let inner = self.inner.clone();
-        if inner.closed.get() {
+        if self.inner.closed.get() {
             return Err(Error::Closed);
         }
-        let tq = inner.background_tq;
+        let gc = self.inner.gc.clone();
         let task = glommio::spawn_local_into(
-            async move { crate::gc::run(&inner, &deleted, compaction).await },
-            tq,
+            async move { gc.run(&deleted, compaction).await },
+            self.inner.background_tq,
         )
         .map_err(|e| Error::Io {
             op: "spawn garbage collection",
@@ -785,7 +825,7 @@ impl<S: Storage + 'static> Engine<S> {
     pub async fn merge_index(&self) -> Result<u64, Error> {
         self.inner.index.full_merge_wanted.set(true);
         let mut n = 0;
-        while crate::index::merge::merge_once(&self.inner).await? {
+        while self.inner.merger.merge_once().await? {
             n += 1;
         }
         Ok(n)
@@ -799,7 +839,7 @@ impl<S: Storage + 'static> Engine<S> {
     /// `Io`, `Corrupt` (another segment is damaged too); `Closed`.
     pub async fn rebuild_damaged_index(&self) -> Result<u64, Error> {
         let mut n = 0;
-        while crate::index::rebuild::repair(&self.inner).await? {
+        while self.inner.rebuilder.repair().await? {
             n += 1;
         }
         Ok(n)
@@ -807,14 +847,7 @@ impl<S: Storage + 'static> Engine<S> {
 
     /// Garbage-collection figures since open, with the entry logs' size and live bytes now.
     pub fn gc_stats(&self) -> GcStats {
-        let inner = &self.inner;
-        let mut s = inner.gc.stats();
-        let sizes = inner.entry_logs.sizes();
-        s.entry_logs = sizes.len() as u64;
-        s.entry_log_bytes = sizes.iter().map(|(_, b)| b).sum();
-        s.live_bytes = inner.usage.total_live();
-        s.reserve_bytes = inner.reserve.held();
-        s
+        self.inner.gc.stats()
     }
 
     /// Reads back every entry the index points to and checks its record (CRC32C, ledger, entry,
@@ -824,7 +857,7 @@ impl<S: Storage + 'static> Engine<S> {
     /// # Errors
     /// `Corrupt` naming the first bad or missing record; `Io`.
     pub async fn verify_index(&self) -> Result<IndexCheck, Error> {
-        crate::gc::verify_index(&self.inner).await
+        self.inner.gc.verify_index().await
     }
 
     /// Resolves when a background checkpoint failed for lack of space (`Error::is_storage_full`)
@@ -832,7 +865,7 @@ impl<S: Storage + 'static> Engine<S> {
     /// read-only at once instead of at its next measurement (BookKeeper turns a bookie
     /// read-only on `NoWritableLedgerDirException`). One waiter at a time.
     pub async fn wait_for_storage_full(&self) {
-        self.inner.checkpointer.storage_full.wait().await
+        self.inner.marks.storage_full.wait().await
     }
 
     /// Number of journal fdatasyncs issued since open (group-commit observability).
@@ -876,6 +909,133 @@ impl<S: Storage + 'static> Engine<S> {
     /// Sets the hook the journal writer reports every durable batch and add to (replacing an
     /// earlier one). Without one, the writer reports nothing.
     pub fn set_journal_observer(&self, observer: Rc<dyn JournalObserver>) {
-        *self.inner.journal_observer.borrow_mut() = Some(observer);
+        self.inner.journal.set_observer(observer);
     }
+}
+
+/// Hands what the open loaded to the subsystems that own it, and builds their contexts: the
+/// facade's handles, the journal writer and the sink that applies its durable batches.
+fn assemble<S: Storage + 'static>(
+    cfg: Rc<EngineConfig>,
+    storage: Rc<S>,
+    opened: Opened<S>,
+    background_tq: TaskQueueHandle,
+) -> (Inner<S>, JournalWriter<S>, DurableSink<S::File>) {
+    let closed = Closed::default();
+    let journal = Rc::new(Journal::new(
+        cfg.journal_dir.clone(),
+        opened.journal_cursor,
+        background_tq,
+        opened.reusable_journals,
+    ));
+    let throttle = Rc::new(Throttle::new(
+        cfg.background_write_bytes_per_second,
+        cfg.background_sync_bytes,
+    ));
+    let write_cache = Rc::new(opened.write_cache);
+    let ledgers = Rc::new(opened.ledgers);
+    let index = Rc::new(opened.index);
+    let entry_logs = Rc::new(opened.entry_logs);
+    let usage = Rc::new(opened.usage);
+    let read_ahead = Rc::new(ReadAhead::new(
+        cfg.read_cache_bytes_max,
+        cfg.read_ahead_entries,
+        cfg.read_ahead_bytes_max,
+    ));
+    let lac_watchers = Rc::new(LacWatchers::default());
+    let marks = Rc::new(MarkKeeper::new(opened.mark));
+    let journal_files = JournalFiles::new(
+        storage.clone(),
+        cfg.clone(),
+        journal.clone(),
+        throttle.clone(),
+        closed.clone(),
+    );
+    let checkpointer = Checkpointer {
+        marks: marks.clone(),
+        storage: storage.clone(),
+        cfg: cfg.clone(),
+        closed: closed.clone(),
+        journal: journal.clone(),
+        journal_files: journal_files.clone(),
+        write_cache: write_cache.clone(),
+        ledgers: ledgers.clone(),
+        index: index.clone(),
+        entry_logs: entry_logs.clone(),
+        read_ahead: read_ahead.clone(),
+        usage: usage.clone(),
+        throttle: throttle.clone(),
+    };
+    let rebuilder = IndexRebuilder {
+        index: index.clone(),
+        storage: storage.clone(),
+        cfg: cfg.clone(),
+        closed: closed.clone(),
+        marks: marks.clone(),
+        ledgers: ledgers.clone(),
+        usage: usage.clone(),
+    };
+    let merger = Rc::new(IndexMerger {
+        index: index.clone(),
+        storage: storage.clone(),
+        cfg: cfg.clone(),
+        closed: closed.clone(),
+        marks: marks.clone(),
+        ledgers: ledgers.clone(),
+        throttle: throttle.clone(),
+        rebuilder: rebuilder.clone(),
+    });
+    let gc = Rc::new(Gc {
+        state: GcState::new(),
+        tombstones: opened.tombstones,
+        reserve: opened.reserve,
+        storage: storage.clone(),
+        cfg: cfg.clone(),
+        closed: closed.clone(),
+        marks: marks.clone(),
+        checkpointer: checkpointer.clone(),
+        ledgers: ledgers.clone(),
+        write_cache: write_cache.clone(),
+        read_ahead: read_ahead.clone(),
+        lac_watchers: lac_watchers.clone(),
+        entry_logs: entry_logs.clone(),
+        index: index.clone(),
+        usage,
+        throttle: throttle.clone(),
+    });
+    let writer = JournalWriter::new(
+        journal.clone(),
+        journal_files,
+        throttle.clone(),
+        closed.clone(),
+        cfg.clone(),
+    );
+    let sink = DurableSink {
+        journal: journal.clone(),
+        ledgers: ledgers.clone(),
+        write_cache: write_cache.clone(),
+        lac_watchers: lac_watchers.clone(),
+        marks: marks.clone(),
+    };
+    let inner = Inner {
+        cfg,
+        storage,
+        closed,
+        journal,
+        write_cache,
+        ledgers,
+        index,
+        entry_logs,
+        read_ahead,
+        lac_watchers,
+        throttle,
+        marks,
+        checkpointer,
+        gc,
+        merger,
+        rebuilder,
+        background_tq,
+        re_adds_in_flight: RefCell::new(HashMap::new()),
+    };
+    (inner, writer, sink)
 }

@@ -18,17 +18,26 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use crate::checkpoint::commit_relocations;
-use crate::engine::Inner;
-use crate::entry_log::EntryLogCursor;
+use std::rc::Rc;
+
+use crate::checkpoint::{Checkpointer, MarkKeeper};
+use crate::entry_log::{EntryLogCursor, EntryLogs};
 use crate::files::{corrupt, io_err};
 use crate::format::{
     decode_entry_record, encode_entry_record, Location, ENTRY_RECORD_HEADER_BYTES,
     FILE_HEADER_BYTES,
 };
+use crate::index::Index;
 use crate::io::{Storage, StorageFile};
-use crate::throttle::BULK_CHUNK_BYTES;
-use crate::{Error, GcStats};
+use crate::lac_watch::LacWatchers;
+use crate::ledgers::Ledgers;
+use crate::read_ahead::ReadAhead;
+use crate::reserve::Reserve;
+use crate::sync::Closed;
+use crate::throttle::{Throttle, BULK_CHUNK_BYTES};
+use crate::tombstones::Tombstones;
+use crate::write_cache::WriteCache;
+use crate::{EngineConfig, Error, GcStats};
 
 /// Largest span of an old entry log read at once by compaction, in bytes.
 const COMPACTION_READ_BYTES_MAX: u64 = 1 << 20;
@@ -194,393 +203,417 @@ impl GcState {
     }
 }
 
-/// One run: tombstone `deleted`, delete entry logs with no live entry, compact as `compaction`
-/// says. On error nothing is lost (each step commits before the next starts) and the run
-/// counts as failed; the next run retries.
-pub(crate) async fn run<S: Storage>(
-    inner: &Inner<S>,
-    deleted: &[u64],
-    compaction: Compaction,
-) -> Result<GcRun, Error> {
-    let _run = inner
-        .gc
-        .lock
-        .acquire_permit(1)
-        .await
-        .map_err(|_| Error::Closed)?;
-    let mut out = GcRun::default();
-    if inner.index.rebuild_pending() {
-        // The live bytes per entry log lack the damaged segment's keys until its rebuild
-        // recounts them: a log could look empty that is not. The next run does the work.
-        tracing::info!("garbage collection waits for the rebuild of a damaged index segment");
-        return Ok(out);
+/// Garbage collection's context: its own state (run lock, figures, compaction schedule), the
+/// tombstone file and the space reserve it alone writes, and handles on what it changes:
+/// ledger table, write cache, read-ahead cache, LAC watchers (deletion), entry logs, index and
+/// live bytes (compaction), the mark keeper and the checkpointer (to commit relocations under
+/// the checkpoint lock). Built by the engine facade.
+pub(crate) struct Gc<S: Storage> {
+    pub(crate) state: GcState,
+    pub(crate) tombstones: Tombstones<S::File>,
+    pub(crate) reserve: Reserve,
+    pub(crate) storage: Rc<S>,
+    pub(crate) cfg: Rc<EngineConfig>,
+    pub(crate) closed: Closed,
+    pub(crate) marks: Rc<MarkKeeper>,
+    pub(crate) checkpointer: Checkpointer<S>,
+    pub(crate) ledgers: Rc<Ledgers>,
+    pub(crate) write_cache: Rc<WriteCache>,
+    pub(crate) read_ahead: Rc<ReadAhead>,
+    pub(crate) lac_watchers: Rc<LacWatchers>,
+    pub(crate) entry_logs: Rc<EntryLogs<S::File>>,
+    pub(crate) index: Rc<Index<S::File>>,
+    pub(crate) usage: Rc<LogUsage>,
+    pub(crate) throttle: Rc<Throttle>,
+}
+
+impl<S: Storage + 'static> Gc<S> {
+    /// Figures since open, with the entry logs' size, the live bytes and the reserve now.
+    pub fn stats(&self) -> GcStats {
+        let mut s = self.state.stats();
+        let sizes = self.entry_logs.sizes();
+        s.entry_logs = sizes.len() as u64;
+        s.entry_log_bytes = sizes.iter().map(|(_, b)| b).sum();
+        s.live_bytes = self.usage.total_live();
+        s.reserve_bytes = self.reserve.held();
+        s
     }
-    let r = run_locked(inner, deleted, compaction, &mut out).await;
-    // Take back the reserve a step gave up, as far as the run freed room (also after a failed
-    // run: what it deleted stays deleted).
-    if !inner.closed.get() {
-        if let Err(e) = inner.reserve.take(&inner.storage).await {
-            tracing::warn!("taking the space reserve again: {e}");
+
+    /// One run: tombstone `deleted`, delete entry logs with no live entry, compact as `compaction`
+    /// says. On error nothing is lost (each step commits before the next starts) and the run
+    /// counts as failed; the next run retries.
+    pub async fn run(&self, deleted: &[u64], compaction: Compaction) -> Result<GcRun, Error> {
+        let _run = self
+            .state
+            .lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| Error::Closed)?;
+        let mut out = GcRun::default();
+        if self.index.rebuild_pending() {
+            // The live bytes per entry log lack the damaged segment's keys until its rebuild
+            // recounts them: a log could look empty that is not. The next run does the work.
+            tracing::info!("garbage collection waits for the rebuild of a damaged index segment");
+            return Ok(out);
+        }
+        let r = self.run_locked(deleted, compaction, &mut out).await;
+        // Take back the reserve a step gave up, as far as the run freed room (also after a failed
+        // run: what it deleted stays deleted).
+        if !self.closed.get() {
+            if let Err(e) = self.reserve.take(&*self.storage).await {
+                tracing::warn!("taking the space reserve again: {e}");
+            }
+        }
+        let gc = &self.state;
+        gc.count(|s| {
+            s.ledgers_deleted += out.ledgers_deleted;
+            s.entry_logs_deleted += out.entry_logs_deleted;
+            s.entry_logs_compacted += out.entry_logs_compacted;
+            s.entries_relocated += out.entries_relocated;
+            match r {
+                Ok(()) => s.runs += 1,
+                Err(_) => s.failed_runs += 1,
+            }
+        });
+        r.map(|()| out)
+    }
+
+    async fn run_locked(
+        &self,
+        deleted: &[u64],
+        compaction: Compaction,
+        out: &mut GcRun,
+    ) -> Result<(), Error> {
+        self.delete_ledgers(deleted, out).await?;
+        self.delete_empty_logs(out).await?;
+        let threshold = match compaction {
+            Compaction::Threshold(t) => Some(t),
+            Compaction::Scheduled => self.scheduled_threshold(),
+        };
+        let Some(threshold) = threshold else {
+            return Ok(());
+        };
+        out.compaction_threshold = Some(threshold);
+        if threshold >= self.cfg.major_compaction_threshold {
+            self.state.count(|s| s.major_compactions += 1);
+        } else {
+            self.state.count(|s| s.minor_compactions += 1);
+        }
+        self.compact(threshold, out).await
+    }
+
+    /// The threshold of the compaction due now, if any: major when its interval passed (which also
+    /// restarts the minor interval, as in BookKeeper), else minor when its interval passed.
+    fn scheduled_threshold(&self) -> Option<f64> {
+        let cfg = &*self.cfg;
+        let gc = &self.state;
+        let now = Instant::now();
+        let due = |last: &Cell<Instant>, every: std::time::Duration| {
+            !every.is_zero() && now.duration_since(last.get()) >= every
+        };
+        if due(&gc.last_major, cfg.major_compaction_interval) {
+            gc.last_major.set(now);
+            gc.last_minor.set(now);
+            Some(cfg.major_compaction_threshold)
+        } else if due(&gc.last_minor, cfg.minor_compaction_interval) {
+            gc.last_minor.set(now);
+            Some(cfg.minor_compaction_threshold)
+        } else {
+            None
         }
     }
-    let gc = &inner.gc;
-    gc.count(|s| {
-        s.ledgers_deleted += out.ledgers_deleted;
-        s.entry_logs_deleted += out.entry_logs_deleted;
-        s.entry_logs_compacted += out.entry_logs_compacted;
-        s.entries_relocated += out.entries_relocated;
-        match r {
-            Ok(()) => s.runs += 1,
-            Err(_) => s.failed_runs += 1,
-        }
-    });
-    r.map(|()| out)
-}
 
-async fn run_locked<S: Storage>(
-    inner: &Inner<S>,
-    deleted: &[u64],
-    compaction: Compaction,
-    out: &mut GcRun,
-) -> Result<(), Error> {
-    delete_ledgers(inner, deleted, out).await?;
-    delete_empty_logs(inner, out).await?;
-    let threshold = match compaction {
-        Compaction::Threshold(t) => Some(t),
-        Compaction::Scheduled => scheduled_threshold(inner),
-    };
-    let Some(threshold) = threshold else {
-        return Ok(());
-    };
-    out.compaction_threshold = Some(threshold);
-    if threshold >= inner.cfg.major_compaction_threshold {
-        inner.gc.count(|s| s.major_compactions += 1);
-    } else {
-        inner.gc.count(|s| s.minor_compactions += 1);
-    }
-    compact(inner, threshold, out).await
-}
-
-/// The threshold of the compaction due now, if any: major when its interval passed (which also
-/// restarts the minor interval, as in BookKeeper), else minor when its interval passed.
-fn scheduled_threshold<S: Storage>(inner: &Inner<S>) -> Option<f64> {
-    let cfg = &inner.cfg;
-    let gc = &inner.gc;
-    let now = Instant::now();
-    let due = |last: &Cell<Instant>, every: std::time::Duration| {
-        !every.is_zero() && now.duration_since(last.get()) >= every
-    };
-    if due(&gc.last_major, cfg.major_compaction_interval) {
-        gc.last_major.set(now);
-        gc.last_minor.set(now);
-        Some(cfg.major_compaction_threshold)
-    } else if due(&gc.last_minor, cfg.minor_compaction_interval) {
-        gc.last_minor.set(now);
-        Some(cfg.minor_compaction_threshold)
-    } else {
-        None
-    }
-}
-
-/// Tombstones the ledgers of `ids` not already deleted (durably, first), then drops their
-/// state, cached entries, index entries and live bytes.
-async fn delete_ledgers<S: Storage>(
-    inner: &Inner<S>,
-    ids: &[u64],
-    out: &mut GcRun,
-) -> Result<(), Error> {
-    let mut fresh: Vec<u64> = ids
-        .iter()
-        .copied()
-        .filter(|id| !inner.ledgers.is_deleted(*id))
-        .collect();
-    fresh.sort_unstable();
-    fresh.dedup();
-    if fresh.is_empty() {
-        return Ok(());
-    }
-    // Under the checkpoint lock no snapshot of the write cache is being written, so no
-    // checkpoint can publish locations of these ledgers after they are dropped.
-    let _cp = inner.checkpointer.lock().await?;
-    match inner.tombstones.append(&inner.storage, &fresh).await {
-        // The disk is full: the group goes into the room the reserve kept for it.
-        Err(e) if e.is_storage_full() && inner.reserve.release(&inner.storage).await? => {
-            tracing::warn!("tombstones: {e}; retrying in the space reserve");
-            inner.tombstones.append(&inner.storage, &fresh).await?
-        }
-        r => r?,
-    }
-    for &ledger in &fresh {
-        inner.ledgers.delete(ledger);
-        inner.write_cache.remove_ledger(ledger);
-        inner.read_ahead.remove_ledger(ledger);
-        inner.usage.remove_ledger(ledger);
-    }
-    // Their index entries leave the disk at the next merge; reads stop at the ledger table.
-    inner.index.ledgers_deleted();
-    inner.lac_watchers.wake_all();
-    out.ledgers_deleted += fresh.len() as u64;
-    Ok(())
-}
-
-/// Deletes every entry log no index entry points into, except the one checkpoints append to.
-/// Such a log holds only dead entries, or the unreferenced bytes of a checkpoint or compaction
-/// that crashed before its mark (their entries are in the journal, or still in the old log).
-async fn delete_empty_logs<S: Storage>(inner: &Inner<S>, out: &mut GcRun) -> Result<(), Error> {
-    let _cp = inner.checkpointer.lock().await?;
-    let current = inner.entry_logs.current_id();
-    let mut removed = 0u64;
-    for (id, _) in inner.entry_logs.sizes() {
-        if Some(id) == current || inner.usage.live(id) > 0 {
-            continue;
-        }
-        let size = inner.entry_logs.remove(&inner.storage, id).await?;
-        inner.usage.forget_log(id);
-        removed += 1;
-        out.entry_logs_deleted += 1;
-        out.bytes_reclaimed += size;
-        inner.gc.count(|s| s.bytes_reclaimed_by_deletion += size);
-    }
-    if removed > 0 {
-        sync_ledger_dir(inner).await?;
-    }
-    Ok(())
-}
-
-async fn sync_ledger_dir<S: Storage>(inner: &Inner<S>) -> Result<(), Error> {
-    let dir = &inner.cfg.ledger_dir;
-    inner
-        .storage
-        .sync_dir(dir)
-        .await
-        .map_err(io_err("sync ledger dir", dir, 0))
-}
-
-/// Compacts every entry log (but the current one) whose live fraction is below `threshold`,
-/// emptiest first, into new logs.
-async fn compact<S: Storage>(
-    inner: &Inner<S>,
-    threshold: f64,
-    out: &mut GcRun,
-) -> Result<(), Error> {
-    let candidates: Vec<u64> = {
-        let _cp = inner.checkpointer.lock().await?;
-        let current = inner.entry_logs.current_id();
-        let mut c: Vec<(f64, u64)> = inner
-            .entry_logs
-            .sizes()
-            .into_iter()
-            .filter(|(id, _)| Some(*id) != current)
-            .filter_map(|(id, size)| {
-                let capacity = size.saturating_sub(FILE_HEADER_BYTES as u64);
-                let live = inner.usage.live(id);
-                if capacity == 0 || live == 0 {
-                    return None;
-                }
-                let fraction = live as f64 / capacity as f64;
-                (fraction < threshold).then_some((fraction, id))
-            })
+    /// Tombstones the ledgers of `ids` not already deleted (durably, first), then drops their
+    /// state, cached entries, index entries and live bytes.
+    async fn delete_ledgers(&self, ids: &[u64], out: &mut GcRun) -> Result<(), Error> {
+        let mut fresh: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !self.ledgers.is_deleted(*id))
             .collect();
-        c.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        c.into_iter().map(|(_, id)| id).collect()
-    };
-    let mut output: Option<EntryLogCursor<S::File>> = None;
-    for id in candidates {
-        if inner.closed.get() {
-            return Err(Error::Closed);
+        fresh.sort_unstable();
+        fresh.dedup();
+        if fresh.is_empty() {
+            return Ok(());
         }
-        match compact_log(inner, id, &mut output, out).await {
-            // The disk is full: copy again into a new log, in the room the reserve kept (the
-            // bytes the failed copy wrote are unreferenced; a later run deletes or compacts
-            // them).
-            Err(e) if e.is_storage_full() && inner.reserve.release(&inner.storage).await? => {
-                tracing::warn!("compaction of entry log {id}: {e}; retrying in the space reserve");
-                output.take();
-                compact_log(inner, id, &mut output, out).await?
+        // Under the checkpoint lock no snapshot of the write cache is being written, so no
+        // checkpoint can publish locations of these ledgers after they are dropped.
+        let _cp = self.marks.lock().await?;
+        match self.tombstones.append(&*self.storage, &fresh).await {
+            // The disk is full: the group goes into the room the reserve kept for it.
+            Err(e) if e.is_storage_full() && self.reserve.release(&*self.storage).await? => {
+                tracing::warn!("tombstones: {e}; retrying in the space reserve");
+                self.tombstones.append(&*self.storage, &fresh).await?
             }
             r => r?,
         }
+        for &ledger in &fresh {
+            self.ledgers.delete(ledger);
+            self.write_cache.remove_ledger(ledger);
+            self.read_ahead.remove_ledger(ledger);
+            self.usage.remove_ledger(ledger);
+        }
+        // Their index entries leave the disk at the next merge; reads stop at the ledger table.
+        self.index.ledgers_deleted();
+        self.lac_watchers.wake_all();
+        out.ledgers_deleted += fresh.len() as u64;
+        Ok(())
     }
-    Ok(())
-}
 
-/// Copies the live entries of log `id` into `output` (created or rolled as needed), syncs it,
-/// commits the new locations, then deletes log `id`.
-async fn compact_log<S: Storage>(
-    inner: &Inner<S>,
-    id: u64,
-    output: &mut Option<EntryLogCursor<S::File>>,
-    out: &mut GcRun,
-) -> Result<(), Error> {
-    let logs = &inner.entry_logs;
-    let mut live: Vec<(u64, u64, Location)> = Vec::new();
-    for ledger in inner.usage.ledgers_in(id) {
-        for (entry, loc) in inner.index.ledger_locations_in_log(ledger, id).await? {
-            live.push((ledger, entry, loc));
+    /// Deletes every entry log no index entry points into, except the one checkpoints append to.
+    /// Such a log holds only dead entries, or the unreferenced bytes of a checkpoint or compaction
+    /// that crashed before its mark (their entries are in the journal, or still in the old log).
+    async fn delete_empty_logs(&self, out: &mut GcRun) -> Result<(), Error> {
+        let _cp = self.marks.lock().await?;
+        let current = self.entry_logs.current_id();
+        let mut removed = 0u64;
+        for (id, _) in self.entry_logs.sizes() {
+            if Some(id) == current || self.usage.live(id) > 0 {
+                continue;
+            }
+            let size = self.entry_logs.remove(&*self.storage, id).await?;
+            self.usage.forget_log(id);
+            removed += 1;
+            out.entry_logs_deleted += 1;
+            out.bytes_reclaimed += size;
+            self.state.count(|s| s.bytes_reclaimed_by_deletion += size);
         }
+        if removed > 0 {
+            self.sync_ledger_dir().await?;
+        }
+        Ok(())
     }
-    live.sort_by_key(|(_, _, l)| l.offset);
-    let path = logs.path(id);
-    let file = logs.reader(&inner.storage, id, &path).await?;
-    let mut moved: Vec<(u64, u64, Location, Location)> = Vec::with_capacity(live.len());
-    let mut buf: Vec<u8> = Vec::new();
-    let mut copied_bytes = 0u64;
-    let mut i = 0;
-    while i < live.len() {
-        if inner.closed.get() {
-            return Err(Error::Closed);
-        }
-        let start = live[i].2.offset;
-        let mut end = start + record_bytes(live[i].2);
-        let mut j = i + 1;
-        while j < live.len() {
-            let e = live[j].2.offset + record_bytes(live[j].2);
-            if e - start > COMPACTION_READ_BYTES_MAX {
-                break;
-            }
-            end = end.max(e);
-            j += 1;
-        }
-        let span = (end - start) as usize;
-        // Reads are admitted like bulk writes: rate-limited, never during a journal write/sync.
-        let mut admitted = 0;
-        while admitted < span {
-            let n = (span - admitted).min(BULK_CHUNK_BYTES);
-            inner.throttle.admit(n).await;
-            admitted += n;
-        }
-        let b = file.read_at(start, span).await.map_err(io_err(
-            "read entry log for compaction",
-            &path,
-            start,
-        ))?;
-        for &(ledger, entry, loc) in &live[i..j] {
-            let at = (loc.offset - start) as usize;
-            let rec = b.get(at..).unwrap_or(&[]);
-            let data = decode_entry_record(rec, ledger, entry, loc.data_len)
-                .map_err(|r| corrupt(&path, loc.offset, r))?;
-            let rec_len = record_bytes(loc);
-            let roll = match output.as_ref() {
-                None => true,
-                Some(c) => {
-                    let at = c.pos + buf.len() as u64;
-                    at + rec_len > inner.cfg.entry_log_size_bytes_max
-                        && at > FILE_HEADER_BYTES as u64
-                }
-            };
-            if roll {
-                if let Some(mut c) = output.take() {
-                    let n = logs.flush_buf(&c, &mut buf, &inner.throttle).await?;
-                    c.pos += n;
-                    drop(logs.sync(c).await?);
-                }
-                *output = Some(logs.create(&inner.storage).await?);
-            }
-            let c = output.as_mut().expect("compaction output is open");
-            let offset = c.pos + buf.len() as u64;
-            encode_entry_record(&mut buf, ledger, entry, &data);
-            copied_bytes += rec_len;
-            moved.push((
-                ledger,
-                entry,
-                loc,
-                Location {
-                    log_id: c.id,
-                    offset,
-                    data_len: loc.data_len,
-                },
-            ));
-            if buf.len() >= COMPACTION_WRITE_BYTES_MAX {
-                let n = logs.flush_buf(c, &mut buf, &inner.throttle).await?;
-                c.pos += n;
-            }
-        }
-        i = j;
-    }
-    if let Some(c) = output.as_mut() {
-        let n = logs.flush_buf(c, &mut buf, &inner.throttle).await?;
-        c.pos += n;
-        let opath = logs.path(c.id);
-        inner.throttle.admit(0).await;
-        c.file
-            .fdatasync()
+
+    async fn sync_ledger_dir(&self) -> Result<(), Error> {
+        let dir = &self.cfg.ledger_dir;
+        self.storage
+            .sync_dir(dir)
             .await
-            .map_err(io_err("entry log fdatasync", &opath, c.pos))?;
+            .map_err(io_err("sync ledger dir", dir, 0))
     }
 
-    let cp = inner.checkpointer.lock().await?;
-    // Only entries still where they were copied from move: a recovery add may have rewritten
-    // one meanwhile, or its ledger may have been deleted.
-    let mut still: Vec<(u64, u64, Location, Location)> = Vec::with_capacity(moved.len());
-    for &(l, e, old, new) in &moved {
-        if !inner.ledgers.is_deleted(l) && inner.index.location(l, e).await? == Some(old) {
-            still.push((l, e, old, new));
-        }
-    }
-    commit_relocations(inner, &cp, &still).await?;
-    let left = inner.usage.live(id);
-    if left > 0 {
-        // Cannot happen (nothing is appended to a log that is not current); keep the log.
-        tracing::error!("entry log {id}: {left} live bytes left after compaction; not deleted");
-        return Ok(());
-    }
-    let size = logs.remove(&inner.storage, id).await?;
-    inner.usage.forget_log(id);
-    sync_ledger_dir(inner).await?;
-    drop(cp);
-    let reclaimed = size.saturating_sub(copied_bytes);
-    out.entry_logs_compacted += 1;
-    out.entries_relocated += still.len() as u64;
-    out.bytes_reclaimed += reclaimed;
-    inner
-        .gc
-        .count(|s| s.bytes_reclaimed_by_compaction += reclaimed);
-    Ok(())
-}
-
-/// Reads back every indexed entry and checks it (see [`crate::Engine::verify_index`]).
-pub(crate) async fn verify_index<S: Storage>(inner: &Inner<S>) -> Result<IndexCheck, Error> {
-    let _cp = inner.checkpointer.lock().await?;
-    if inner.index.rebuild_pending() {
-        return Err(Error::IndexRebuilding { ledger: None });
-    }
-    let mut all: Vec<(u64, u64, Location)> = Vec::new();
-    inner
-        .index
-        .for_each_location(|l, e, loc| {
-            if !inner.ledgers.is_deleted(l) {
-                all.push((l, e, loc))
+    /// Compacts every entry log (but the current one) whose live fraction is below `threshold`,
+    /// emptiest first, into new logs.
+    async fn compact(&self, threshold: f64, out: &mut GcRun) -> Result<(), Error> {
+        let candidates: Vec<u64> = {
+            let _cp = self.marks.lock().await?;
+            let current = self.entry_logs.current_id();
+            let mut c: Vec<(f64, u64)> = self
+                .entry_logs
+                .sizes()
+                .into_iter()
+                .filter(|(id, _)| Some(*id) != current)
+                .filter_map(|(id, size)| {
+                    let capacity = size.saturating_sub(FILE_HEADER_BYTES as u64);
+                    let live = self.usage.live(id);
+                    if capacity == 0 || live == 0 {
+                        return None;
+                    }
+                    let fraction = live as f64 / capacity as f64;
+                    (fraction < threshold).then_some((fraction, id))
+                })
+                .collect();
+            c.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            c.into_iter().map(|(_, id)| id).collect()
+        };
+        let mut output: Option<EntryLogCursor<S::File>> = None;
+        for id in candidates {
+            if self.closed.get() {
+                return Err(Error::Closed);
             }
-        })
-        .await?;
-    all.sort_by_key(|(_, _, l)| (l.log_id, l.offset));
-    let on_disk: HashMap<u64, u64> = inner.entry_logs.sizes().into_iter().collect();
-    let mut check = IndexCheck::default();
-    let mut last_log = None;
-    for (ledger, entry, loc) in all {
-        let path = inner.entry_logs.path(loc.log_id);
-        if !on_disk.contains_key(&loc.log_id) {
-            return Err(corrupt(
+            match self.compact_log(id, &mut output, out).await {
+                // The disk is full: copy again into a new log, in the room the reserve kept (the
+                // bytes the failed copy wrote are unreferenced; a later run deletes or compacts
+                // them).
+                Err(e) if e.is_storage_full() && self.reserve.release(&*self.storage).await? => {
+                    tracing::warn!(
+                        "compaction of entry log {id}: {e}; retrying in the space reserve"
+                    );
+                    output.take();
+                    self.compact_log(id, &mut output, out).await?
+                }
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the live entries of log `id` into `output` (created or rolled as needed), syncs it,
+    /// commits the new locations, then deletes log `id`.
+    async fn compact_log(
+        &self,
+        id: u64,
+        output: &mut Option<EntryLogCursor<S::File>>,
+        out: &mut GcRun,
+    ) -> Result<(), Error> {
+        let logs = &self.entry_logs;
+        let mut live: Vec<(u64, u64, Location)> = Vec::new();
+        for ledger in self.usage.ledgers_in(id) {
+            for (entry, loc) in self.index.ledger_locations_in_log(ledger, id).await? {
+                live.push((ledger, entry, loc));
+            }
+        }
+        live.sort_by_key(|(_, _, l)| l.offset);
+        let path = logs.path(id);
+        let file = logs.reader(&*self.storage, id, &path).await?;
+        let mut moved: Vec<(u64, u64, Location, Location)> = Vec::with_capacity(live.len());
+        let mut buf: Vec<u8> = Vec::new();
+        let mut copied_bytes = 0u64;
+        let mut i = 0;
+        while i < live.len() {
+            if self.closed.get() {
+                return Err(Error::Closed);
+            }
+            let start = live[i].2.offset;
+            let mut end = start + record_bytes(live[i].2);
+            let mut j = i + 1;
+            while j < live.len() {
+                let e = live[j].2.offset + record_bytes(live[j].2);
+                if e - start > COMPACTION_READ_BYTES_MAX {
+                    break;
+                }
+                end = end.max(e);
+                j += 1;
+            }
+            let span = (end - start) as usize;
+            // Reads are admitted like bulk writes: rate-limited, never during a journal write/sync.
+            let mut admitted = 0;
+            while admitted < span {
+                let n = (span - admitted).min(BULK_CHUNK_BYTES);
+                self.throttle.admit(n).await;
+                admitted += n;
+            }
+            let b = file.read_at(start, span).await.map_err(io_err(
+                "read entry log for compaction",
                 &path,
-                loc.offset,
-                format!("index entry {ledger}/{entry} points into a missing entry log"),
-            ));
+                start,
+            ))?;
+            for &(ledger, entry, loc) in &live[i..j] {
+                let at = (loc.offset - start) as usize;
+                let rec = b.get(at..).unwrap_or(&[]);
+                let data = decode_entry_record(rec, ledger, entry, loc.data_len)
+                    .map_err(|r| corrupt(&path, loc.offset, r))?;
+                let rec_len = record_bytes(loc);
+                let roll = match output.as_ref() {
+                    None => true,
+                    Some(c) => {
+                        let at = c.pos + buf.len() as u64;
+                        at + rec_len > self.cfg.entry_log_size_bytes_max
+                            && at > FILE_HEADER_BYTES as u64
+                    }
+                };
+                if roll {
+                    if let Some(mut c) = output.take() {
+                        let n = logs.flush_buf(&c, &mut buf, &self.throttle).await?;
+                        c.pos += n;
+                        drop(logs.sync(c).await?);
+                    }
+                    *output = Some(logs.create(&*self.storage).await?);
+                }
+                let c = output.as_mut().expect("compaction output is open");
+                let offset = c.pos + buf.len() as u64;
+                encode_entry_record(&mut buf, ledger, entry, &data);
+                copied_bytes += rec_len;
+                moved.push((
+                    ledger,
+                    entry,
+                    loc,
+                    Location {
+                        log_id: c.id,
+                        offset,
+                        data_len: loc.data_len,
+                    },
+                ));
+                if buf.len() >= COMPACTION_WRITE_BYTES_MAX {
+                    let n = logs.flush_buf(c, &mut buf, &self.throttle).await?;
+                    c.pos += n;
+                }
+            }
+            i = j;
         }
-        let f = inner
-            .entry_logs
-            .reader(&inner.storage, loc.log_id, &path)
-            .await?;
-        let b = f
-            .read_at(loc.offset, record_bytes(loc) as usize)
-            .await
-            .map_err(io_err("read entry log", &path, loc.offset))?;
-        decode_entry_record(&b, ledger, entry, loc.data_len)
-            .map_err(|r| corrupt(&path, loc.offset, r))?;
-        check.locations += 1;
-        if last_log != Some(loc.log_id) {
-            check.entry_logs += 1;
-            last_log = Some(loc.log_id);
+        if let Some(c) = output.as_mut() {
+            let n = logs.flush_buf(c, &mut buf, &self.throttle).await?;
+            c.pos += n;
+            let opath = logs.path(c.id);
+            self.throttle.admit(0).await;
+            c.file
+                .fdatasync()
+                .await
+                .map_err(io_err("entry log fdatasync", &opath, c.pos))?;
         }
+
+        let cp = self.marks.lock().await?;
+        // Only entries still where they were copied from move: a recovery add may have rewritten
+        // one meanwhile, or its ledger may have been deleted.
+        let mut still: Vec<(u64, u64, Location, Location)> = Vec::with_capacity(moved.len());
+        for &(l, e, old, new) in &moved {
+            if !self.ledgers.is_deleted(l) && self.index.location(l, e).await? == Some(old) {
+                still.push((l, e, old, new));
+            }
+        }
+        self.checkpointer.commit_relocations(&cp, &still).await?;
+        let left = self.usage.live(id);
+        if left > 0 {
+            // Cannot happen (nothing is appended to a log that is not current); keep the log.
+            tracing::error!("entry log {id}: {left} live bytes left after compaction; not deleted");
+            return Ok(());
+        }
+        let size = logs.remove(&*self.storage, id).await?;
+        self.usage.forget_log(id);
+        self.sync_ledger_dir().await?;
+        drop(cp);
+        let reclaimed = size.saturating_sub(copied_bytes);
+        out.entry_logs_compacted += 1;
+        out.entries_relocated += still.len() as u64;
+        out.bytes_reclaimed += reclaimed;
+        self.state
+            .count(|s| s.bytes_reclaimed_by_compaction += reclaimed);
+        Ok(())
     }
-    Ok(check)
+
+    /// Reads back every indexed entry and checks it (see [`crate::Engine::verify_index`]).
+    pub async fn verify_index(&self) -> Result<IndexCheck, Error> {
+        let _cp = self.marks.lock().await?;
+        if self.index.rebuild_pending() {
+            return Err(Error::IndexRebuilding { ledger: None });
+        }
+        let mut all: Vec<(u64, u64, Location)> = Vec::new();
+        self.index
+            .for_each_location(|l, e, loc| {
+                if !self.ledgers.is_deleted(l) {
+                    all.push((l, e, loc))
+                }
+            })
+            .await?;
+        all.sort_by_key(|(_, _, l)| (l.log_id, l.offset));
+        let on_disk: HashMap<u64, u64> = self.entry_logs.sizes().into_iter().collect();
+        let mut check = IndexCheck::default();
+        let mut last_log = None;
+        for (ledger, entry, loc) in all {
+            let path = self.entry_logs.path(loc.log_id);
+            if !on_disk.contains_key(&loc.log_id) {
+                return Err(corrupt(
+                    &path,
+                    loc.offset,
+                    format!("index entry {ledger}/{entry} points into a missing entry log"),
+                ));
+            }
+            let f = self
+                .entry_logs
+                .reader(&*self.storage, loc.log_id, &path)
+                .await?;
+            let b = f
+                .read_at(loc.offset, record_bytes(loc) as usize)
+                .await
+                .map_err(io_err("read entry log", &path, loc.offset))?;
+            decode_entry_record(&b, ledger, entry, loc.data_len)
+                .map_err(|r| corrupt(&path, loc.offset, r))?;
+            check.locations += 1;
+            if last_log != Some(loc.log_id) {
+                check.entry_logs += 1;
+                last_log = Some(loc.log_id);
+            }
+        }
+        Ok(check)
+    }
 }

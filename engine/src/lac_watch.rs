@@ -1,15 +1,15 @@
-//! Long-poll LAC watchers: per ledger, a wake-up that the journal writer fires when an add or
+//! Long-poll LAC watchers: per ledger, a wake-up that the facade's journal task fires when an add or
 //! fence of that ledger becomes durable (BookKeeper's long-poll `READ_ENTRY` with `previousLAC`,
 //! bookkeeper.md §1.3, where the bookie parks the read on a per-ledger watcher).
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Instant;
 
 use futures_lite::future;
 
-use crate::sync::Notify;
+use crate::sync::{Closed, Notify};
 use crate::Error;
 
 /// The parked long polls of a shard; an item exists only while someone waits on its ledger.
@@ -27,7 +27,7 @@ impl LacWatchers {
         ledger: u64,
         previous: Option<u64>,
         deadline: Instant,
-        closed: &Cell<bool>,
+        closed: &Closed,
         state: impl Fn() -> (Option<u64>, bool),
     ) -> Result<(Option<u64>, bool), Error> {
         let notify = self

@@ -5,7 +5,8 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
-use crate::format::StoredLedger;
+use crate::format::{Record, StoredLedger};
+use crate::write_cache::WriteCache;
 use crate::{Error, LedgerState};
 
 /// Most distinct master keys a ledger with no bound key keeps fences for; a fence with one more
@@ -370,5 +371,35 @@ impl Ledgers {
     /// Marks `ids` changed again (a checkpoint that took them failed).
     pub fn mark_dirty(&self, ids: impl IntoIterator<Item = u64>) {
         self.dirty.borrow_mut().extend(ids);
+    }
+}
+
+/// Applies a durable journal record to the ledger table and the write cache: the facade's
+/// journal task after each sync, and replay on open (BookKeeper makes an entry visible to
+/// reads and advances the LAC only once its journal write is durable).
+pub(crate) fn apply_durable(ledgers: &Ledgers, write_cache: &WriteCache, record: Record) {
+    // An add or fence journaled before its ledger was deleted (in flight at the deletion, or
+    // replayed from before it) must not bring the ledger back.
+    let ledger = match &record {
+        Record::Add { ledger, .. } | Record::Fence { ledger, .. } => *ledger,
+        Record::BatchHeader { .. } => unreachable!("batch headers are not applied"),
+    };
+    if ledgers.is_deleted(ledger) {
+        return;
+    }
+    match record {
+        Record::Add {
+            ledger,
+            entry,
+            lac,
+            master_key,
+            data,
+            ..
+        } => {
+            ledgers.apply_add(ledger, entry, lac, master_key);
+            write_cache.insert(ledger, entry, data);
+        }
+        Record::Fence { ledger, master_key } => ledgers.apply_fence(ledger, master_key),
+        Record::BatchHeader { .. } => unreachable!("batch headers are not applied"),
     }
 }

@@ -1,4 +1,4 @@
-//! Two tiny single-threaded synchronisation helpers (shard-local, `!Send`).
+//! Tiny single-threaded synchronisation helpers (shard-local, `!Send`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::hash_map::Entry;
@@ -6,6 +6,24 @@ use std::collections::HashMap;
 use std::future::poll_fn;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
+
+/// The engine's closed flag, one shared copy per engine: set once by `Engine::close`, read by
+/// every background task (journal writer, checkpointer, merger, garbage collection) to stop at
+/// its next step.
+#[derive(Clone, Default)]
+pub(crate) struct Closed(Rc<Cell<bool>>);
+
+impl Closed {
+    /// Whether the engine is closed.
+    pub fn get(&self) -> bool {
+        self.0.get()
+    }
+
+    /// Marks the engine closed; returns whether it already was.
+    pub fn close(&self) -> bool {
+        self.0.replace(true)
+    }
+}
 
 /// A level-triggered wake-up flag with one waiter: `notify` sets it, `wait` resolves once it is
 /// set and clears it.

@@ -19,13 +19,16 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use crate::checkpoint::write_mark;
-use crate::engine::Inner;
+use crate::checkpoint::{write_mark, MarkKeeper};
 use crate::format::StoredLedger;
+use crate::index::rebuild::IndexRebuilder;
 use crate::index::segment::{Segment, SegmentWriter};
-use crate::index::MergedScan;
+use crate::index::{Index, MergedScan};
 use crate::io::Storage;
-use crate::Error;
+use crate::ledgers::Ledgers;
+use crate::sync::Closed;
+use crate::throttle::Throttle;
+use crate::{EngineConfig, Error};
 
 /// A run grows to the next older segment while that one holds at most this many times the
 /// run's entries.
@@ -56,141 +59,152 @@ pub(crate) fn pick_run(sizes: &[u64], full: bool) -> Option<std::ops::Range<usiz
     (n - start >= RUN_MIN).then_some(start..n)
 }
 
-/// The background merger: runs merges while one is due, waiting for the index's signal in
-/// between, until the engine closes.
-pub(crate) async fn merge_loop<S: Storage>(inner: Rc<Inner<S>>) {
-    loop {
-        inner.index.merge_signal.wait().await;
+/// The index merger's context: the index, the ledger table (deleted ledgers are dropped), the
+/// mark keeper (a merge names its output in the mark under the checkpoint lock), the bulk
+/// throttle its writes go through, the closed flag, and the rebuilder (a damaged segment is
+/// rebuilt before any merge takes it as input). Built by the engine facade.
+pub(crate) struct IndexMerger<S: Storage> {
+    pub(crate) index: Rc<Index<S::File>>,
+    pub(crate) storage: Rc<S>,
+    pub(crate) cfg: Rc<EngineConfig>,
+    pub(crate) closed: Closed,
+    pub(crate) marks: Rc<MarkKeeper>,
+    pub(crate) ledgers: Rc<Ledgers>,
+    pub(crate) throttle: Rc<Throttle>,
+    pub(crate) rebuilder: IndexRebuilder<S>,
+}
+
+impl<S: Storage + 'static> IndexMerger<S> {
+    /// The background merger: runs merges while one is due, waiting for the index's signal in
+    /// between, until the engine closes.
+    pub async fn run_loop(&self) {
         loop {
-            if inner.closed.get() {
-                return;
-            }
-            // A segment a read found damaged is rebuilt before any merge takes it as input.
-            if inner.index.first_damaged().is_some() {
-                if let Err(e) = crate::index::rebuild::repair(&inner).await {
-                    inner.index.count(|s| s.rebuild_failures += 1);
-                    tracing::error!("rebuilding a damaged index segment failed: {e}");
-                    break;
+            self.index.merge_signal.wait().await;
+            loop {
+                if self.closed.get() {
+                    return;
                 }
+                // A segment a read found damaged is rebuilt before any merge takes it as input.
+                if self.index.first_damaged().is_some() {
+                    if let Err(e) = self.rebuilder.repair().await {
+                        self.index.count(|s| s.rebuild_failures += 1);
+                        tracing::error!("rebuilding a damaged index segment failed: {e}");
+                        break;
+                    }
+                    continue;
+                }
+                match self.merge_once().await {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        self.index.count(|s| s.merge_failures += 1);
+                        tracing::error!("index merge failed: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One merge if one is due; `Ok(false)` if none is.
+    pub async fn merge_once(&self) -> Result<bool, Error> {
+        let index = &self.index;
+        let _one = index
+            .merge_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| Error::Closed)?;
+        if index.rebuild_pending() {
+            // A damaged segment is rebuilt before any merge takes it as input (`merge_loop`).
+            return Ok(false);
+        }
+        let full = index.full_merge_wanted.replace(false);
+        let live = index.segments.borrow().clone();
+        let sizes: Vec<u64> = live.iter().map(|s| weight(s)).collect();
+        let Some(range) = pick_run(&sizes, full) else {
+            return Ok(false);
+        };
+        let run: Vec<Rc<Segment<S::File>>> = live[range].to_vec();
+        let out = match self.write_merged(&run).await {
+            Ok(o) => o,
+            Err(e) => {
+                index.notice(&e);
+                if full {
+                    index.full_merge_wanted.set(true);
+                }
+                return Err(e);
+            }
+        };
+        if self.closed.get() {
+            index.discard(&*self.storage, &out).await;
+            return Ok(false);
+        }
+        {
+            let _cp = self.marks.lock().await?;
+            let run_ids: Vec<u64> = run.iter().map(|s| s.id).collect();
+            let mut ids = index.ids();
+            let at = ids
+                .iter()
+                .position(|id| *id == run_ids[0])
+                .expect("only merges remove live segments");
+            assert_eq!(
+                ids[at..at + run_ids.len()],
+                run_ids[..],
+                "a merged run stays contiguous"
+            );
+            ids.splice(at..at + run_ids.len(), [out.id]);
+            let mark = self.marks.mark().with_segments(ids, out.described());
+            // On failure the output stays: the mark on disk may name it (see checkpoint.rs).
+            write_mark(&*self.storage, &self.cfg.ledger_dir, &mark).await?;
+            self.marks.set_mark(mark);
+            index
+                .segments
+                .borrow_mut()
+                .splice(at..at + run_ids.len(), [Rc::new(out)]);
+        }
+        // Inputs are unnamed now; removing them is tidying (the next open removes leftovers).
+        for s in &run {
+            index.cache.borrow_mut().forget_segment(s.id);
+            if let Err(e) = self.storage.remove(&s.path).await {
+                tracing::warn!("removing merged index segment {}: {e}", s.path.display());
+            }
+        }
+        index.sync_dir(&*self.storage).await?;
+        index.count(|s| s.merges += 1);
+        Ok(true)
+    }
+
+    /// Writes the merge of `run` (oldest first) into a new segment, synced, directory synced.
+    async fn write_merged(&self, run: &[Rc<Segment<S::File>>]) -> Result<Segment<S::File>, Error> {
+        let index = &self.index;
+        let mut states: BTreeMap<u64, StoredLedger> = BTreeMap::new();
+        for s in run {
+            for (ledger, st) in s.ledger_states().await? {
+                states.insert(ledger, st);
+            }
+        }
+        states.retain(|l, _| !self.ledgers.is_deleted(*l));
+        let id = index.take_id();
+        let mut w =
+            SegmentWriter::create(&*self.storage, index.dir(), id, Some(&self.throttle)).await?;
+        let newest_first: Vec<_> = run.iter().rev().cloned().collect();
+        let mut scan = MergedScan::over(newest_first, &index.cache, (0, 0), false).await?;
+        let mut n = 0u64;
+        while let Some(((ledger, entry), loc)) = scan.next(&index.cache).await? {
+            if self.ledgers.is_deleted(ledger) {
                 continue;
             }
-            match merge_once(&inner).await {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => {
-                    inner.index.count(|s| s.merge_failures += 1);
-                    tracing::error!("index merge failed: {e}");
-                    break;
-                }
+            w.push(ledger, entry, loc).await?;
+            n += 1;
+            if n.is_multiple_of(4096) && self.closed.get() {
+                return Err(Error::Closed);
             }
         }
+        let states: Vec<(u64, StoredLedger)> = states.into_iter().collect();
+        let seg = w.finish(&states).await?;
+        index.sync_dir(&*self.storage).await?;
+        Ok(seg)
     }
-}
-
-/// One merge if one is due; `Ok(false)` if none is.
-pub(crate) async fn merge_once<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> {
-    let index = &inner.index;
-    let _one = index
-        .merge_lock
-        .acquire_permit(1)
-        .await
-        .map_err(|_| Error::Closed)?;
-    if index.rebuild_pending() {
-        // A damaged segment is rebuilt before any merge takes it as input (`merge_loop`).
-        return Ok(false);
-    }
-    let full = index.full_merge_wanted.replace(false);
-    let live = index.segments.borrow().clone();
-    let sizes: Vec<u64> = live.iter().map(|s| weight(s)).collect();
-    let Some(range) = pick_run(&sizes, full) else {
-        return Ok(false);
-    };
-    let run: Vec<Rc<Segment<S::File>>> = live[range].to_vec();
-    let out = match write_merged(inner, &run).await {
-        Ok(o) => o,
-        Err(e) => {
-            index.notice(&e);
-            if full {
-                index.full_merge_wanted.set(true);
-            }
-            return Err(e);
-        }
-    };
-    if inner.closed.get() {
-        index.discard(&inner.storage, &out).await;
-        return Ok(false);
-    }
-    {
-        let _cp = inner.checkpointer.lock().await?;
-        let run_ids: Vec<u64> = run.iter().map(|s| s.id).collect();
-        let mut ids = index.ids();
-        let at = ids
-            .iter()
-            .position(|id| *id == run_ids[0])
-            .expect("only merges remove live segments");
-        assert_eq!(
-            ids[at..at + run_ids.len()],
-            run_ids[..],
-            "a merged run stays contiguous"
-        );
-        ids.splice(at..at + run_ids.len(), [out.id]);
-        let mark = inner
-            .checkpointer
-            .mark()
-            .with_segments(ids, out.described());
-        // On failure the output stays: the mark on disk may name it (see checkpoint.rs).
-        write_mark(&inner.storage, &inner.cfg.ledger_dir, &mark).await?;
-        inner.checkpointer.set_mark(mark);
-        index
-            .segments
-            .borrow_mut()
-            .splice(at..at + run_ids.len(), [Rc::new(out)]);
-    }
-    // Inputs are unnamed now; removing them is tidying (the next open removes leftovers).
-    for s in &run {
-        index.cache.borrow_mut().forget_segment(s.id);
-        if let Err(e) = inner.storage.remove(&s.path).await {
-            tracing::warn!("removing merged index segment {}: {e}", s.path.display());
-        }
-    }
-    index.sync_dir(&inner.storage).await?;
-    index.count(|s| s.merges += 1);
-    Ok(true)
-}
-
-/// Writes the merge of `run` (oldest first) into a new segment, synced, directory synced.
-async fn write_merged<S: Storage>(
-    inner: &Inner<S>,
-    run: &[Rc<Segment<S::File>>],
-) -> Result<Segment<S::File>, Error> {
-    let index = &inner.index;
-    let mut states: BTreeMap<u64, StoredLedger> = BTreeMap::new();
-    for s in run {
-        for (ledger, st) in s.ledger_states().await? {
-            states.insert(ledger, st);
-        }
-    }
-    states.retain(|l, _| !inner.ledgers.is_deleted(*l));
-    let id = index.take_id();
-    let mut w =
-        SegmentWriter::create(&inner.storage, index.dir(), id, Some(&inner.throttle)).await?;
-    let newest_first: Vec<_> = run.iter().rev().cloned().collect();
-    let mut scan = MergedScan::over(newest_first, &index.cache, (0, 0), false).await?;
-    let mut n = 0u64;
-    while let Some(((ledger, entry), loc)) = scan.next(&index.cache).await? {
-        if inner.ledgers.is_deleted(ledger) {
-            continue;
-        }
-        w.push(ledger, entry, loc).await?;
-        n += 1;
-        if n.is_multiple_of(4096) && inner.closed.get() {
-            return Err(Error::Closed);
-        }
-    }
-    let states: Vec<(u64, StoredLedger)> = states.into_iter().collect();
-    let seg = w.finish(&states).await?;
-    index.sync_dir(&inner.storage).await?;
-    Ok(seg)
 }
 
 #[cfg(test)]

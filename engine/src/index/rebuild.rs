@@ -34,8 +34,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::checkpoint::write_mark;
-use crate::engine::Inner;
+use std::rc::Rc;
+
+use crate::checkpoint::{write_mark, MarkKeeper};
 use crate::files::{io_err, parse_id};
 use crate::format::{
     round_up_block, u32_at, u64_at, Key, Location, Mark, SegmentSummary, StoredLedger,
@@ -43,9 +44,12 @@ use crate::format::{
 };
 use crate::gc::LogUsage;
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
-use crate::Error;
+use crate::ledgers::Ledgers;
+use crate::sync::Closed;
+use crate::{EngineConfig, Error};
 
 use super::segment::{Segment, SegmentWriter};
+use super::Index;
 
 /// Bytes of an entry log read at once by the scan.
 const SCAN_READ_BYTES: usize = 4 << 20;
@@ -642,139 +646,169 @@ fn ledger_list(ids: &[u64]) -> String {
     }
 }
 
-/// Rebuilds one live segment a read found damaged after open ([`super::Index::notice`]), on
-/// the background queue with the merge lock held (no merge takes it meanwhile): its key range
-/// from the entry logs, its readable ledger states kept, and for ledgers whose state block was
-/// unreadable their state from the ledger table (exact at run time, so not fenced); then, with
-/// the checkpoint lock, the mark, the swap, and the live bytes per entry log counted again from
-/// the index (the replacement may point at a newer copy of an entry than the damaged segment
-/// did). Until it is done, reads that reach the damaged blocks fail with `Corrupt`; other
-/// ledgers are served. Returns whether a segment was rebuilt.
-///
-/// # Errors
-/// `Io`, `Corrupt` from another damaged segment, `Closed`; nothing is committed before the mark.
-pub(crate) async fn repair<S: Storage>(inner: &Inner<S>) -> Result<bool, Error> {
-    let index = &inner.index;
-    let _one = index
-        .merge_lock
-        .acquire_permit(1)
-        .await
-        .map_err(|_| Error::Closed)?;
-    let Some((id, pending)) = index.first_damaged() else {
-        return Ok(false);
-    };
-    let Some(seg) = index.live(id) else {
-        return Ok(false);
-    };
-    // Lost ledger states found by the open: the ledger table does not know them (those ledgers
-    // were refused meanwhile), so they come back as a rebuild at open makes them: what the
-    // readable segments hold, fenced. Found after open: the ledger table is exact.
-    let at_open = pending.open_damage.is_some();
-    let (damage, mut surviving) = match pending.open_damage {
-        Some(d) => {
-            let mut surviving = BTreeMap::new();
-            for s in index.live_newest_first() {
-                if s.id == id {
-                    continue;
+/// The index rebuilder's context: the index, the ledger table (states of rebuilt ledgers,
+/// deleted ledgers), the live bytes per entry log (counted again after a rebuild), the mark
+/// keeper (the replacement is named under the checkpoint lock), the closed flag. Built by the
+/// engine facade; the merger holds one (it rebuilds before it merges).
+pub(crate) struct IndexRebuilder<S: Storage> {
+    pub(crate) index: Rc<Index<S::File>>,
+    pub(crate) storage: Rc<S>,
+    pub(crate) cfg: Rc<EngineConfig>,
+    pub(crate) closed: Closed,
+    pub(crate) marks: Rc<MarkKeeper>,
+    pub(crate) ledgers: Rc<Ledgers>,
+    pub(crate) usage: Rc<LogUsage>,
+}
+
+impl<S: Storage> Clone for IndexRebuilder<S> {
+    fn clone(&self) -> Self {
+        Self {
+            index: self.index.clone(),
+            storage: self.storage.clone(),
+            cfg: self.cfg.clone(),
+            closed: self.closed.clone(),
+            marks: self.marks.clone(),
+            ledgers: self.ledgers.clone(),
+            usage: self.usage.clone(),
+        }
+    }
+}
+
+impl<S: Storage> IndexRebuilder<S> {
+    /// Rebuilds one live segment a read found damaged after open ([`super::Index::notice`]), on
+    /// the background queue with the merge lock held (no merge takes it meanwhile): its key range
+    /// from the entry logs, its readable ledger states kept, and for ledgers whose state block was
+    /// unreadable their state from the ledger table (exact at run time, so not fenced); then, with
+    /// the checkpoint lock, the mark, the swap, and the live bytes per entry log counted again from
+    /// the index (the replacement may point at a newer copy of an entry than the damaged segment
+    /// did). Until it is done, reads that reach the damaged blocks fail with `Corrupt`; other
+    /// ledgers are served. Returns whether a segment was rebuilt.
+    ///
+    /// # Errors
+    /// `Io`, `Corrupt` from another damaged segment, `Closed`; nothing is committed before the mark.
+    pub async fn repair(&self) -> Result<bool, Error> {
+        let index = &self.index;
+        let _one = index
+            .merge_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| Error::Closed)?;
+        let Some((id, pending)) = index.first_damaged() else {
+            return Ok(false);
+        };
+        let Some(seg) = index.live(id) else {
+            return Ok(false);
+        };
+        // Lost ledger states found by the open: the ledger table does not know them (those ledgers
+        // were refused meanwhile), so they come back as a rebuild at open makes them: what the
+        // readable segments hold, fenced. Found after open: the ledger table is exact.
+        let at_open = pending.open_damage.is_some();
+        let (damage, mut surviving) = match pending.open_damage {
+            Some(d) => {
+                let mut surviving = BTreeMap::new();
+                for s in index.live_newest_first() {
+                    if s.id == id {
+                        continue;
+                    }
+                    // Another damaged segment the open found: its readable states only (a stand-in
+                    // has none; its own rebuild gives its ledgers theirs).
+                    let states = match index.open_damage_of(s.id) {
+                        Some(other) => other.kept_states,
+                        None => s.ledger_states().await?,
+                    };
+                    for (l, st) in states {
+                        merge_surviving(&mut surviving, l, st);
+                    }
                 }
-                // Another damaged segment the open found: its readable states only (a stand-in
-                // has none; its own rebuild gives its ledgers theirs).
-                let states = match index.open_damage_of(s.id) {
-                    Some(other) => other.kept_states,
-                    None => s.ledger_states().await?,
+                (d, surviving)
+            }
+            None => {
+                let (kept, found) = assess(&seg).await?;
+                let damage = Damage {
+                    id,
+                    path: seg.path.clone(),
+                    reason: pending.reason,
+                    keys: (seg.header.entry_count > 0)
+                        .then_some((seg.header.min_key, seg.header.max_key)),
+                    lost_states: found.and_then(|d| d.lost_states),
+                    kept_states: kept,
+                    superseded: HashSet::new(),
+                    logs: logs_to_scan(seg.summary()),
                 };
-                for (l, st) in states {
-                    merge_surviving(&mut surviving, l, st);
+                let surviving = if damage.lost_states.is_some() {
+                    self.ledgers.stored_states()
+                } else {
+                    BTreeMap::new()
+                };
+                (damage, surviving)
+            }
+        };
+        if damage.logs.is_some() {
+            // Only the damaged segment's entry logs are read: a ledger whose state was lost may
+            // have entries elsewhere (compaction moved them, or a later checkpoint added them).
+            // The intact segments index them; its last entry is the largest any of them holds.
+            if let Some((lo, hi)) = damage.lost_states {
+                for (l, last) in index
+                    .last_entries_in(lo, hi, &|l| self.ledgers.is_deleted(l))
+                    .await?
+                {
+                    let s = surviving.entry(l).or_default();
+                    s.last_entry = s.last_entry.max(Some(last));
                 }
             }
-            (d, surviving)
         }
-        None => {
-            let (kept, found) = assess(&seg).await?;
-            let damage = Damage {
-                id,
-                path: seg.path.clone(),
-                reason: pending.reason,
-                keys: (seg.header.entry_count > 0)
-                    .then_some((seg.header.min_key, seg.header.max_key)),
-                lost_states: found.and_then(|d| d.lost_states),
-                kept_states: kept,
-                superseded: HashSet::new(),
-                logs: logs_to_scan(seg.summary()),
-            };
-            let surviving = if damage.lost_states.is_some() {
-                inner.ledgers.stored_states()
-            } else {
-                BTreeMap::new()
-            };
-            (damage, surviving)
-        }
-    };
-    if damage.logs.is_some() {
-        // Only the damaged segment's entry logs are read: a ledger whose state was lost may
-        // have entries elsewhere (compaction moved them, or a later checkpoint added them).
-        // The intact segments index them; its last entry is the largest any of them holds.
-        if let Some((lo, hi)) = damage.lost_states {
-            for (l, last) in index
-                .last_entries_in(lo, hi, &|l| inner.ledgers.is_deleted(l))
-                .await?
-            {
-                let s = surviving.entry(l).or_default();
-                s.last_entry = s.last_entry.max(Some(last));
-            }
-        }
-    }
-    let (reps, mut report) = build(
-        &inner.storage,
-        index.dir(),
-        vec![damage],
-        &surviving,
-        at_open,
-        &|l: u64| inner.ledgers.is_deleted(l),
-        inner.cfg.entry_size_bytes_max,
-        &|| index.take_id(),
-    )
-    .await?;
-    if inner.closed.get() {
-        for r in &reps {
-            index.discard(&inner.storage, &r.segment).await;
-        }
-        return Err(Error::Closed);
-    }
-    let _cp = inner.checkpointer.lock().await?;
-    let mark = commit(
-        &inner.storage,
-        index.dir(),
-        &inner.checkpointer.mark(),
-        &reps,
-        &mut report,
-    )
-    .await?;
-    inner.checkpointer.set_mark(mark);
-    // The rebuilt states of ledgers refused until now, with what the journal replay added to
-    // them (adds, fences), become the table's; the next checkpoint stores them.
-    let mut rebuilt: Vec<(u64, crate::format::StoredLedger)> = Vec::new();
-    for r in &reps {
-        for (l, st) in &r.states {
-            if r.ledgers_rebuilt.contains(l) {
-                rebuilt.push((*l, st.clone()));
-            }
-        }
-    }
-    index.replace_segments(reps, &report);
-    inner.ledgers.restore_rebuilt(rebuilt);
-    if index.rebuild_pending() {
-        // Another damaged segment still waits; its rebuild recounts the live bytes.
-        return Ok(true);
-    }
-    let usage = LogUsage::default();
-    index
-        .for_each_location(|ledger, _, loc| {
-            if !inner.ledgers.is_deleted(ledger) {
-                usage.add(ledger, loc);
-            }
-        })
+        let (reps, mut report) = build(
+            &*self.storage,
+            index.dir(),
+            vec![damage],
+            &surviving,
+            at_open,
+            &|l: u64| self.ledgers.is_deleted(l),
+            self.cfg.entry_size_bytes_max,
+            &|| index.take_id(),
+        )
         .await?;
-    inner.usage.replace(usage);
-    Ok(true)
+        if self.closed.get() {
+            for r in &reps {
+                index.discard(&*self.storage, &r.segment).await;
+            }
+            return Err(Error::Closed);
+        }
+        let _cp = self.marks.lock().await?;
+        let mark = commit(
+            &*self.storage,
+            index.dir(),
+            &self.marks.mark(),
+            &reps,
+            &mut report,
+        )
+        .await?;
+        self.marks.set_mark(mark);
+        // The rebuilt states of ledgers refused until now, with what the journal replay added to
+        // them (adds, fences), become the table's; the next checkpoint stores them.
+        let mut rebuilt: Vec<(u64, crate::format::StoredLedger)> = Vec::new();
+        for r in &reps {
+            for (l, st) in &r.states {
+                if r.ledgers_rebuilt.contains(l) {
+                    rebuilt.push((*l, st.clone()));
+                }
+            }
+        }
+        index.replace_segments(reps, &report);
+        self.ledgers.restore_rebuilt(rebuilt);
+        if index.rebuild_pending() {
+            // Another damaged segment still waits; its rebuild recounts the live bytes.
+            return Ok(true);
+        }
+        let usage = LogUsage::default();
+        index
+            .for_each_location(|ledger, _, loc| {
+                if !self.ledgers.is_deleted(ledger) {
+                    usage.add(ledger, loc);
+                }
+            })
+            .await?;
+        self.usage.replace(usage);
+        Ok(true)
+    }
 }

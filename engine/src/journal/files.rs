@@ -9,11 +9,11 @@ use std::io as stdio;
 use std::path::Path;
 use std::rc::Rc;
 
-use super::NewJournalFile;
-use crate::engine::Inner;
+use super::{Journal, NewJournalFile};
 use crate::files::{io_err, journal_name, parse_id};
 use crate::format::{encode_journal_header, round_up_block, JournalSalt, FILE_HEADER_BYTES};
 use crate::io::{Storage, StorageFile};
+use crate::sync::Closed;
 use crate::throttle::{bulk_write, Throttle};
 use crate::{EngineConfig, Error};
 
@@ -172,69 +172,121 @@ async fn reuse_journal_file<S: Storage>(
     })
 }
 
-/// Creates journal file `id` for the running engine: a reused checkpointed file when one is
-/// kept, else a new one pre-written with zeros (throttled like every bulk write).
-async fn create_for_roll<S: Storage>(
-    inner: &Inner<S>,
-    id: u64,
-) -> Result<NewJournalFile<S::File>, Error> {
-    let path = inner.journal.path(id);
-    loop {
-        // Taken out synchronously: from here on this file is ours alone.
-        let Some(old_id) = inner.journal.reusable.borrow_mut().pop_front() else {
-            break;
+/// The running engine's handle on its journal files: rolls (reuse or creation, pre-created in
+/// the background) and retirement after a checkpoint. Owns nothing but shared handles; the
+/// journal writer and the checkpointer each hold one.
+pub(crate) struct JournalFiles<S: Storage> {
+    storage: Rc<S>,
+    cfg: Rc<EngineConfig>,
+    journal: Rc<Journal<S::File>>,
+    /// Bulk-write pacing of file creation (pre-writing zeros).
+    throttle: Rc<Throttle>,
+    closed: Closed,
+}
+
+impl<S: Storage> Clone for JournalFiles<S> {
+    fn clone(&self) -> Self {
+        Self {
+            storage: self.storage.clone(),
+            cfg: self.cfg.clone(),
+            journal: self.journal.clone(),
+            throttle: self.throttle.clone(),
+            closed: self.closed.clone(),
+        }
+    }
+}
+
+impl<S: Storage + 'static> JournalFiles<S> {
+    /// The journal files of `journal` on `storage` (directory and sizes from `cfg`).
+    pub fn new(
+        storage: Rc<S>,
+        cfg: Rc<EngineConfig>,
+        journal: Rc<Journal<S::File>>,
+        throttle: Rc<Throttle>,
+        closed: Closed,
+    ) -> Self {
+        Self {
+            storage,
+            cfg,
+            journal,
+            throttle,
+            closed,
+        }
+    }
+
+    /// Creates journal file `id` for the running engine: a reused checkpointed file when one
+    /// is kept, else a new one pre-written with zeros (throttled like every bulk write).
+    async fn create_for_roll(&self, id: u64) -> Result<NewJournalFile<S::File>, Error> {
+        let path = self.journal.path(id);
+        loop {
+            // Taken out synchronously: from here on this file is ours alone.
+            let Some(old_id) = self.journal.reusable.borrow_mut().pop_front() else {
+                break;
+            };
+            match reuse_journal_file(&*self.storage, &self.cfg, old_id, &path, id).await {
+                Ok(f) => {
+                    tracing::debug!("journal {id} reuses checkpointed journal {old_id}");
+                    return Ok(f);
+                }
+                Err(e) => tracing::warn!("cannot reuse journal {old_id} as journal {id}: {e}"),
+            }
+        }
+        create_journal_file(&*self.storage, &self.cfg, &path, id, Some(&self.throttle)).await
+    }
+
+    /// Starts creating journal file `id` on the background queue unless that is under way.
+    pub fn start_precreate(&self, id: u64) {
+        let journal = &self.journal;
+        if journal
+            .precreate
+            .borrow()
+            .as_ref()
+            .is_some_and(|(pid, _)| *pid == id)
+            || self.closed.get()
+        {
+            return;
+        }
+        let files = self.clone();
+        match glommio::spawn_local_into(
+            async move { files.create_for_roll(id).await },
+            journal.background_tq,
+        ) {
+            Ok(task) => *journal.precreate.borrow_mut() = Some((id, task)),
+            Err(e) => tracing::warn!("cannot start the background creation of journal {id}: {e}"),
+        }
+    }
+
+    /// The journal file `id` for a roll: the pre-created one when it was started (waiting for
+    /// it if it is still being written), else created here.
+    pub async fn next_journal_file(&self, id: u64) -> Result<NewJournalFile<S::File>, Error> {
+        let pre = self.journal.precreate.borrow_mut().take();
+        if let Some((pid, task)) = pre {
+            if pid == id {
+                match task.await {
+                    Ok(f) => return Ok(f),
+                    Err(e) => tracing::warn!(
+                        "background creation of journal {id} failed, creating it now: {e}"
+                    ),
+                }
+            }
+        }
+        self.create_for_roll(id).await
+    }
+
+    /// Retires the journal files `from..to` (wholly before the new checkpoint mark's file
+    /// `to`; `from` is the previous mark's file): they join the files kept for reuse, and the
+    /// oldest kept ones beyond `journal_reuse_files` are deleted. Failures are logged, not
+    /// returned: the files are only garbage now (a file left behind is deleted at the next
+    /// open).
+    pub async fn retire(&self, from: u64, to: u64) {
+        let surplus: Vec<u64> = {
+            let mut kept = self.journal.reusable.borrow_mut();
+            kept.extend(from..to);
+            let n = kept.len().saturating_sub(self.cfg.journal_reuse_files);
+            kept.drain(..n).collect()
         };
-        match reuse_journal_file(&inner.storage, &inner.cfg, old_id, &path, id).await {
-            Ok(f) => {
-                tracing::debug!("journal {id} reuses checkpointed journal {old_id}");
-                return Ok(f);
-            }
-            Err(e) => tracing::warn!("cannot reuse journal {old_id} as journal {id}: {e}"),
-        }
+        remove_journals(&*self.storage, &self.cfg.journal_dir, &surplus).await;
     }
-    create_journal_file(&inner.storage, &inner.cfg, &path, id, Some(&inner.throttle)).await
-}
-
-/// Starts creating journal file `id` on the background queue unless that is under way.
-pub(crate) fn start_precreate<S: Storage + 'static>(inner: &Rc<Inner<S>>, id: u64) {
-    let journal = &inner.journal;
-    if journal
-        .precreate
-        .borrow()
-        .as_ref()
-        .is_some_and(|(pid, _)| *pid == id)
-        || inner.closed.get()
-    {
-        return;
-    }
-    let task_inner = inner.clone();
-    match glommio::spawn_local_into(
-        async move { create_for_roll(&task_inner, id).await },
-        journal.background_tq,
-    ) {
-        Ok(task) => *journal.precreate.borrow_mut() = Some((id, task)),
-        Err(e) => tracing::warn!("cannot start the background creation of journal {id}: {e}"),
-    }
-}
-
-/// The journal file `id` for a roll: the pre-created one when it was started (waiting for it
-/// if it is still being written), else created here.
-pub(crate) async fn next_journal_file<S: Storage>(
-    inner: &Inner<S>,
-    id: u64,
-) -> Result<NewJournalFile<S::File>, Error> {
-    let pre = inner.journal.precreate.borrow_mut().take();
-    if let Some((pid, task)) = pre {
-        if pid == id {
-            match task.await {
-                Ok(f) => return Ok(f),
-                Err(e) => tracing::warn!(
-                    "background creation of journal {id} failed, creating it now: {e}"
-                ),
-            }
-        }
-    }
-    create_for_roll(inner, id).await
 }
 
 /// The ids of the journal files in `cfg.journal_dir`, ascending; temp files a crash left
@@ -262,20 +314,6 @@ pub(crate) async fn list_journals<S: Storage>(
     }
     ids.sort_unstable();
     Ok(ids)
-}
-
-/// Retires the journal files `from..to` (wholly before the new checkpoint mark's file `to`;
-/// `from` is the previous mark's file): they join the files kept for reuse, and the oldest kept
-/// ones beyond `journal_reuse_files` are deleted. Failures are logged, not returned: the files
-/// are only garbage now (a file left behind is deleted at the next open).
-pub(crate) async fn retire_journals<S: Storage>(inner: &Inner<S>, from: u64, to: u64) {
-    let surplus: Vec<u64> = {
-        let mut kept = inner.journal.reusable.borrow_mut();
-        kept.extend(from..to);
-        let n = kept.len().saturating_sub(inner.cfg.journal_reuse_files);
-        kept.drain(..n).collect()
-    };
-    remove_journals(&inner.storage, &inner.cfg.journal_dir, &surplus).await;
 }
 
 /// Deletes the journal files `ids`, logging failures.

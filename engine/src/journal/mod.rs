@@ -19,7 +19,7 @@ use crate::format::{
     JournalSalt, Record, ADD_FIXED_BYTES, FENCE_PAYLOAD_BYTES, RECORD_HEADER_BYTES,
 };
 use crate::sync::{Completion, Notify, Signal};
-use crate::Error;
+use crate::{Error, JournalObserver};
 
 pub(crate) mod files;
 pub(crate) mod replay;
@@ -110,6 +110,9 @@ pub(crate) struct Journal<F> {
     finished: Cell<u64>,
     /// Notified whenever `finished` grows.
     finished_notify: Notify,
+    /// Metrics hook the writer reports every durable batch and add to
+    /// (`Engine::set_journal_observer`).
+    observer: RefCell<Option<Rc<dyn JournalObserver>>>,
 }
 
 impl<F> Journal<F> {
@@ -139,7 +142,19 @@ impl<F> Journal<F> {
             submitted: Cell::new(0),
             finished: Cell::new(0),
             finished_notify: Notify::default(),
+            observer: RefCell::new(None),
         }
+    }
+
+    /// Sets the hook the writer reports durable batches and adds to (replacing an earlier one).
+    pub fn set_observer(&self, observer: Rc<dyn JournalObserver>) {
+        *self.observer.borrow_mut() = Some(observer);
+    }
+
+    /// Moves the durable end to `pos`, which a sync just reached (the facade, as it applies
+    /// the batch: the write cache holds exactly the records up to the durable end).
+    pub fn set_durable(&self, pos: JournalPos) {
+        self.durable.set(pos);
     }
 
     /// Path of journal file `id`.
