@@ -351,16 +351,46 @@ impl<S: Storage + 'static> Engine<S> {
         );
         inner.check_state_known(ledger)?;
         let key = (ledger, entry);
+        let re_add_seq = self.admit(key, master_key, recovery, &data).await?;
+        // Only a possible re-add is tracked (a new entry's first copy is covered by the
+        // ledger's `admitted_seq`): a later re-add of the same entry waits for it.
+        let _in_flight =
+            re_add_seq.map(|seq| ReAddInFlight::new(&inner.re_adds_in_flight, key, seq));
+        let record = Record::Add {
+            ledger,
+            entry,
+            lac,
+            recovery,
+            master_key,
+            data,
+        };
+        inner.journal.submit(record).await
+    }
+
+    /// Admits the add of `data` as entry `key`: waits for room in the write cache and the
+    /// journal queue, then checks it against the ledger table and any other copy of the entry
+    /// (see [`Engine::add_entry`]) until it is admitted, with no await between the last check
+    /// and the return, so the caller queues it before anything else runs. Returns the
+    /// journal's submitted count it will have when it is a possible re-add (else `None`).
+    async fn admit(
+        &self,
+        key: (u64, u64),
+        master_key: [u8; 20],
+        recovery: bool,
+        data: &[u8],
+    ) -> Result<Option<u64>, Error> {
+        let inner = &self.inner;
+        let (ledger, entry) = key;
         // Whether the wait for this ledger's adds in flight at the first check is behind us.
         let mut earlier_adds_settled = false;
         let mut compared_on_disk = false;
         // What the comparison with the entry logs found (once `compared_on_disk`).
         let mut on_disk = Found::Nothing;
-        let re_add_seq: Option<u64> = loop {
+        loop {
             // Wait for room before the checks: from the fence and stored-copy checks to the
-            // submission below there is no await, so an add is never acknowledged after a
-            // fence of its ledger was answered, and two different copies of one entry are
-            // never both admitted.
+            // submission there is no await, so an add is never acknowledged after a fence of
+            // its ledger was answered, and two different copies of one entry are never both
+            // admitted.
             inner.write_cache.wait_for_room().await?;
             inner
                 .journal
@@ -381,11 +411,11 @@ impl<S: Storage + 'static> Engine<S> {
                 .ledgers
                 .admit_add(ledger, entry, master_key, recovery, seq, false)?
             else {
-                break None;
+                return Ok(None);
             };
             let other = self.other_copy(
                 key,
-                &data,
+                data,
                 in_flight_until,
                 &mut earlier_adds_settled,
                 compared_on_disk,
@@ -399,42 +429,13 @@ impl<S: Storage + 'static> Engine<S> {
                     continue;
                 }
                 OtherCopy::MaybeOnDisk => {
-                    match self.read_entry(ledger, Some(entry)).await {
-                        Ok(stored) if stored != data => {
-                            if !(recovery && inner.ledgers.may_replace(ledger, entry)) {
-                                return Err(Error::EntryMismatch { ledger, entry });
-                            }
-                            on_disk = Found::Other;
-                        }
-                        Ok(_) => {}
-                        // Not on disk (a gap of this bookie's stripe), or deleted meanwhile.
-                        Err(Error::NoSuchEntry { .. } | Error::NoSuchLedger { .. }) => {}
-                        // A damaged copy: a recovery add (a repair) may take its place.
-                        Err(e @ (Error::Corrupt { .. } | Error::Io { .. })) if recovery => {
-                            tracing::warn!(ledger, entry, error = %e, "stored copy unreadable; a recovery add replaces it");
-                            on_disk = Found::Damaged;
-                        }
-                        Err(e) => return Err(e),
-                    }
+                    on_disk = self.compare_on_disk(key, data, recovery).await?;
                     compared_on_disk = true;
                     continue;
                 }
             };
             // No await since the ledger table was consulted above.
-            match found {
-                Found::Nothing => {}
-                Found::Damaged if recovery => {}
-                Found::Other if recovery && inner.ledgers.may_replace(ledger, entry) => {
-                    tracing::warn!(
-                        ledger,
-                        entry,
-                        "a recovery add replaces an unconfirmed copy with other bytes"
-                    );
-                }
-                Found::Damaged | Found::Other => {
-                    return Err(Error::EntryMismatch { ledger, entry })
-                }
-            }
+            self.decide(key, found, recovery)?;
             let admitted = inner
                 .ledgers
                 .admit_add(ledger, entry, master_key, recovery, seq, true)?;
@@ -443,21 +444,63 @@ impl<S: Storage + 'static> Engine<S> {
                 Admission::Admitted,
                 "nothing changed since the check"
             );
-            break Some(seq);
-        };
-        // Only a possible re-add is tracked (a new entry's first copy is covered by the
-        // ledger's `admitted_seq`): a later re-add of the same entry waits for it.
-        let _in_flight =
-            re_add_seq.map(|seq| ReAddInFlight::new(&inner.re_adds_in_flight, key, seq));
-        let record = Record::Add {
-            ledger,
-            entry,
-            lac,
-            recovery,
-            master_key,
-            data,
-        };
-        inner.journal.submit(record).await
+            return Ok(Some(seq));
+        }
+    }
+
+    /// Compares the copy of entry `key` the entry logs may hold with `data`: `Nothing` when
+    /// there is none or it has the same bytes; `Other` for other bytes a recovery add may
+    /// replace; `Damaged` for an unreadable copy a recovery add may replace.
+    ///
+    /// # Errors
+    /// `EntryMismatch` for other bytes no add may replace; the read's `Corrupt` or `Io` for a
+    /// normal add.
+    async fn compare_on_disk(
+        &self,
+        key: (u64, u64),
+        data: &[u8],
+        recovery: bool,
+    ) -> Result<Found, Error> {
+        let (ledger, entry) = key;
+        match self.read_entry(ledger, Some(entry)).await {
+            Ok(stored) if stored != data => {
+                if !(recovery && self.inner.ledgers.may_replace(ledger, entry)) {
+                    return Err(Error::EntryMismatch { ledger, entry });
+                }
+                Ok(Found::Other)
+            }
+            Ok(_) => Ok(Found::Nothing),
+            // Not on disk (a gap of this bookie's stripe), or deleted meanwhile.
+            Err(Error::NoSuchEntry { .. } | Error::NoSuchLedger { .. }) => Ok(Found::Nothing),
+            // A damaged copy: a recovery add (a repair) may take its place.
+            Err(e @ (Error::Corrupt { .. } | Error::Io { .. })) if recovery => {
+                tracing::warn!(ledger, entry, error = %e, "stored copy unreadable; a recovery add replaces it");
+                Ok(Found::Damaged)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether an add of entry `key` that found `found` may go on: no other copy, or a copy a
+    /// recovery add may replace (docs/protocol.md §Add, "Replacing a stored entry").
+    ///
+    /// # Errors
+    /// `EntryMismatch` otherwise.
+    fn decide(&self, key: (u64, u64), found: Found, recovery: bool) -> Result<(), Error> {
+        let (ledger, entry) = key;
+        match found {
+            Found::Nothing => Ok(()),
+            Found::Damaged if recovery => Ok(()),
+            Found::Other if recovery && self.inner.ledgers.may_replace(ledger, entry) => {
+                tracing::warn!(
+                    ledger,
+                    entry,
+                    "a recovery add replaces an unconfirmed copy with other bytes"
+                );
+                Ok(())
+            }
+            Found::Damaged | Found::Other => Err(Error::EntryMismatch { ledger, entry }),
+        }
     }
 
     /// Looks, with no await, for another copy of entry `key` that an add of `data` (at or
@@ -921,29 +964,34 @@ fn assemble<S: Storage + 'static>(
     opened: Opened<S>,
     background_tq: TaskQueueHandle,
 ) -> (Inner<S>, JournalWriter<S>, DurableSink<S::File>) {
+    let Opened {
+        journal_cursor,
+        reusable_journals,
+        mark,
+        write_cache,
+        ledgers,
+        index,
+        entry_logs,
+        usage,
+        tombstones,
+        reserve,
+    } = opened;
     let closed = Closed::default();
     let journal = Rc::new(Journal::new(
         cfg.journal_dir.clone(),
-        opened.journal_cursor,
+        journal_cursor,
         background_tq,
-        opened.reusable_journals,
+        reusable_journals,
     ));
     let throttle = Rc::new(Throttle::new(
         cfg.background_write_bytes_per_second,
         cfg.background_sync_bytes,
     ));
-    let write_cache = Rc::new(opened.write_cache);
-    let ledgers = Rc::new(opened.ledgers);
-    let index = Rc::new(opened.index);
-    let entry_logs = Rc::new(opened.entry_logs);
-    let usage = Rc::new(opened.usage);
     let read_ahead = Rc::new(ReadAhead::new(
         cfg.read_cache_bytes_max,
         cfg.read_ahead_entries,
         cfg.read_ahead_bytes_max,
     ));
-    let lac_watchers = Rc::new(LacWatchers::default());
-    let marks = Rc::new(MarkKeeper::new(opened.mark));
     let journal_files = JournalFiles::new(
         storage.clone(),
         cfg.clone(),
@@ -951,85 +999,41 @@ fn assemble<S: Storage + 'static>(
         throttle.clone(),
         closed.clone(),
     );
-    let checkpointer = Checkpointer {
-        marks: marks.clone(),
-        storage: storage.clone(),
-        cfg: cfg.clone(),
-        closed: closed.clone(),
-        journal: journal.clone(),
-        journal_files: journal_files.clone(),
-        write_cache: write_cache.clone(),
-        ledgers: ledgers.clone(),
-        index: index.clone(),
-        entry_logs: entry_logs.clone(),
-        read_ahead: read_ahead.clone(),
-        usage: usage.clone(),
-        throttle: throttle.clone(),
-    };
-    let rebuilder = IndexRebuilder {
-        index: index.clone(),
-        storage: storage.clone(),
-        cfg: cfg.clone(),
-        closed: closed.clone(),
-        marks: marks.clone(),
-        ledgers: ledgers.clone(),
-        usage: usage.clone(),
-    };
-    let merger = Rc::new(IndexMerger {
-        index: index.clone(),
-        storage: storage.clone(),
-        cfg: cfg.clone(),
-        closed: closed.clone(),
-        marks: marks.clone(),
-        ledgers: ledgers.clone(),
-        throttle: throttle.clone(),
-        rebuilder: rebuilder.clone(),
-    });
-    let gc = Rc::new(Gc {
-        state: GcState::new(),
-        tombstones: opened.tombstones,
-        reserve: opened.reserve,
-        storage: storage.clone(),
-        cfg: cfg.clone(),
-        closed: closed.clone(),
-        marks: marks.clone(),
-        checkpointer: checkpointer.clone(),
-        ledgers: ledgers.clone(),
-        write_cache: write_cache.clone(),
-        read_ahead: read_ahead.clone(),
-        lac_watchers: lac_watchers.clone(),
-        entry_logs: entry_logs.clone(),
-        index: index.clone(),
-        usage,
-        throttle: throttle.clone(),
-    });
-    let writer = JournalWriter::new(
-        journal.clone(),
-        journal_files,
-        throttle.clone(),
-        closed.clone(),
-        cfg.clone(),
-    );
-    let sink = DurableSink {
-        journal: journal.clone(),
-        ledgers: ledgers.clone(),
-        write_cache: write_cache.clone(),
-        lac_watchers: lac_watchers.clone(),
-        marks: marks.clone(),
-    };
-    let inner = Inner {
+    let sh = Shared {
         cfg,
         storage,
         closed,
         journal,
-        write_cache,
-        ledgers,
-        index,
-        entry_logs,
-        read_ahead,
-        lac_watchers,
+        journal_files,
         throttle,
-        marks,
+        write_cache: Rc::new(write_cache),
+        ledgers: Rc::new(ledgers),
+        index: Rc::new(index),
+        entry_logs: Rc::new(entry_logs),
+        usage: Rc::new(usage),
+        read_ahead,
+        lac_watchers: Rc::new(LacWatchers::default()),
+        marks: Rc::new(MarkKeeper::new(mark)),
+    };
+    let checkpointer = sh.checkpointer();
+    let rebuilder = sh.rebuilder();
+    let merger = Rc::new(sh.merger(rebuilder.clone()));
+    let gc = Rc::new(sh.gc(checkpointer.clone(), tombstones, reserve));
+    let writer = sh.writer();
+    let sink = sh.sink();
+    let inner = Inner {
+        cfg: sh.cfg,
+        storage: sh.storage,
+        closed: sh.closed,
+        journal: sh.journal,
+        write_cache: sh.write_cache,
+        ledgers: sh.ledgers,
+        index: sh.index,
+        entry_logs: sh.entry_logs,
+        read_ahead: sh.read_ahead,
+        lac_watchers: sh.lac_watchers,
+        throttle: sh.throttle,
+        marks: sh.marks,
         checkpointer,
         gc,
         merger,
@@ -1038,4 +1042,120 @@ fn assemble<S: Storage + 'static>(
         re_adds_in_flight: RefCell::new(HashMap::new()),
     };
     (inner, writer, sink)
+}
+
+/// The shared pieces while the engine is assembled: each subsystem context takes the handles
+/// it needs from here (and only those).
+struct Shared<S: Storage> {
+    cfg: Rc<EngineConfig>,
+    storage: Rc<S>,
+    closed: Closed,
+    journal: Rc<Journal<S::File>>,
+    journal_files: JournalFiles<S>,
+    throttle: Rc<Throttle>,
+    write_cache: Rc<WriteCache>,
+    ledgers: Rc<Ledgers>,
+    index: Rc<Index<S::File>>,
+    entry_logs: Rc<EntryLogs<S::File>>,
+    usage: Rc<crate::gc::LogUsage>,
+    read_ahead: Rc<ReadAhead>,
+    lac_watchers: Rc<LacWatchers>,
+    marks: Rc<MarkKeeper>,
+}
+
+impl<S: Storage + 'static> Shared<S> {
+    /// The checkpointer's context.
+    fn checkpointer(&self) -> Checkpointer<S> {
+        Checkpointer {
+            marks: self.marks.clone(),
+            storage: self.storage.clone(),
+            cfg: self.cfg.clone(),
+            closed: self.closed.clone(),
+            journal: self.journal.clone(),
+            journal_files: self.journal_files.clone(),
+            write_cache: self.write_cache.clone(),
+            ledgers: self.ledgers.clone(),
+            index: self.index.clone(),
+            entry_logs: self.entry_logs.clone(),
+            read_ahead: self.read_ahead.clone(),
+            usage: self.usage.clone(),
+            throttle: self.throttle.clone(),
+        }
+    }
+
+    /// The index rebuilder's context.
+    fn rebuilder(&self) -> IndexRebuilder<S> {
+        IndexRebuilder {
+            index: self.index.clone(),
+            storage: self.storage.clone(),
+            cfg: self.cfg.clone(),
+            closed: self.closed.clone(),
+            marks: self.marks.clone(),
+            ledgers: self.ledgers.clone(),
+            usage: self.usage.clone(),
+        }
+    }
+
+    /// The index merger's context (it rebuilds damaged segments with `rebuilder` first).
+    fn merger(&self, rebuilder: IndexRebuilder<S>) -> IndexMerger<S> {
+        IndexMerger {
+            index: self.index.clone(),
+            storage: self.storage.clone(),
+            cfg: self.cfg.clone(),
+            closed: self.closed.clone(),
+            marks: self.marks.clone(),
+            ledgers: self.ledgers.clone(),
+            throttle: self.throttle.clone(),
+            rebuilder,
+        }
+    }
+
+    /// Garbage collection's context, owning the tombstones and the space reserve.
+    fn gc(
+        &self,
+        checkpointer: Checkpointer<S>,
+        tombstones: crate::tombstones::Tombstones<S::File>,
+        reserve: crate::reserve::Reserve,
+    ) -> Gc<S> {
+        Gc {
+            state: GcState::new(),
+            tombstones,
+            reserve,
+            storage: self.storage.clone(),
+            cfg: self.cfg.clone(),
+            closed: self.closed.clone(),
+            marks: self.marks.clone(),
+            checkpointer,
+            ledgers: self.ledgers.clone(),
+            write_cache: self.write_cache.clone(),
+            read_ahead: self.read_ahead.clone(),
+            lac_watchers: self.lac_watchers.clone(),
+            entry_logs: self.entry_logs.clone(),
+            index: self.index.clone(),
+            usage: self.usage.clone(),
+            throttle: self.throttle.clone(),
+        }
+    }
+
+    /// The journal writer's context.
+    fn writer(&self) -> JournalWriter<S> {
+        JournalWriter::new(
+            self.journal.clone(),
+            self.journal_files.clone(),
+            self.throttle.clone(),
+            self.closed.clone(),
+            self.cfg.clone(),
+        )
+    }
+
+    /// The sink the facade's journal task applies durable batches with.
+    fn sink(&self) -> DurableSink<S::File> {
+        DurableSink {
+            journal: self.journal.clone(),
+            ledgers: self.ledgers.clone(),
+            write_cache: self.write_cache.clone(),
+            lac_watchers: self.lac_watchers.clone(),
+            marks: self.marks.clone(),
+        }
+    }
 }

@@ -163,6 +163,31 @@ pub struct IndexCheck {
     pub entry_logs: u64,
 }
 
+/// Compaction's output while it copies one entry log: the output log (created or rolled as
+/// needed), the bytes buffered for it, the moves so far `(ledger, entry, old, new)` and the
+/// bytes copied.
+struct Copying<'a, F> {
+    output: &'a mut Option<EntryLogCursor<F>>,
+    buf: Vec<u8>,
+    moved: Vec<(u64, u64, Location, Location)>,
+    copied_bytes: u64,
+}
+
+/// The end (exclusive) of the run of live entries from `i` read at once: entries whose
+/// records end within `COMPACTION_READ_BYTES_MAX` of the first one's start.
+fn span_end(live: &[(u64, u64, Location)], i: usize) -> usize {
+    let start = live[i].2.offset;
+    let mut j = i + 1;
+    while j < live.len() {
+        let e = live[j].2.offset + record_bytes(live[j].2);
+        if e - start > COMPACTION_READ_BYTES_MAX {
+            break;
+        }
+        j += 1;
+    }
+    j
+}
+
 /// Which compaction a run does.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Compaction {
@@ -438,15 +463,47 @@ impl<S: Storage + 'static> Gc<S> {
         Ok(())
     }
 
-    /// Copies the live entries of log `id` into `output` (created or rolled as needed), syncs it,
-    /// commits the new locations, then deletes log `id`.
+    /// Copies the live entries of log `id` into `output` (created or rolled as needed), syncs
+    /// it, commits the new locations, then deletes log `id`.
     async fn compact_log(
         &self,
         id: u64,
         output: &mut Option<EntryLogCursor<S::File>>,
         out: &mut GcRun,
     ) -> Result<(), Error> {
-        let logs = &self.entry_logs;
+        let live = self.live_in_log(id).await?;
+        let path = self.entry_logs.path(id);
+        let file = self.entry_logs.reader(&*self.storage, id, &path).await?;
+        let mut copy = Copying {
+            output,
+            buf: Vec::new(),
+            moved: Vec::with_capacity(live.len()),
+            copied_bytes: 0,
+        };
+        let mut i = 0;
+        while i < live.len() {
+            if self.closed.get() {
+                return Err(Error::Closed);
+            }
+            let j = span_end(&live, i);
+            let start = live[i].2.offset;
+            let b = self.read_for_compaction(&file, &path, &live[i..j]).await?;
+            for &(ledger, entry, loc) in &live[i..j] {
+                let rec = b.get((loc.offset - start) as usize..).unwrap_or(&[]);
+                let data = decode_entry_record(rec, ledger, entry, loc.data_len)
+                    .map_err(|r| corrupt(&path, loc.offset, r))?;
+                self.copy_entry(&mut copy, ledger, entry, loc, &data)
+                    .await?;
+            }
+            i = j;
+        }
+        self.sync_output(&mut copy).await?;
+        self.commit_compaction(id, &copy.moved, copy.copied_bytes, out)
+            .await
+    }
+
+    /// Compaction, step 1: the live entries of log `id` (from the index), in log order.
+    async fn live_in_log(&self, id: u64) -> Result<Vec<(u64, u64, Location)>, Error> {
         let mut live: Vec<(u64, u64, Location)> = Vec::new();
         for ledger in self.usage.ledgers_in(id) {
             for (entry, loc) in self.index.ledger_locations_in_log(ledger, id).await? {
@@ -454,85 +511,91 @@ impl<S: Storage + 'static> Gc<S> {
             }
         }
         live.sort_by_key(|(_, _, l)| l.offset);
-        let path = logs.path(id);
-        let file = logs.reader(&*self.storage, id, &path).await?;
-        let mut moved: Vec<(u64, u64, Location, Location)> = Vec::with_capacity(live.len());
-        let mut buf: Vec<u8> = Vec::new();
-        let mut copied_bytes = 0u64;
-        let mut i = 0;
-        while i < live.len() {
-            if self.closed.get() {
-                return Err(Error::Closed);
-            }
-            let start = live[i].2.offset;
-            let mut end = start + record_bytes(live[i].2);
-            let mut j = i + 1;
-            while j < live.len() {
-                let e = live[j].2.offset + record_bytes(live[j].2);
-                if e - start > COMPACTION_READ_BYTES_MAX {
-                    break;
-                }
-                end = end.max(e);
-                j += 1;
-            }
-            let span = (end - start) as usize;
-            // Reads are admitted like bulk writes: rate-limited, never during a journal write/sync.
-            let mut admitted = 0;
-            while admitted < span {
-                let n = (span - admitted).min(BULK_CHUNK_BYTES);
-                self.throttle.admit(n).await;
-                admitted += n;
-            }
-            let b = file.read_at(start, span).await.map_err(io_err(
-                "read entry log for compaction",
-                &path,
-                start,
-            ))?;
-            for &(ledger, entry, loc) in &live[i..j] {
-                let at = (loc.offset - start) as usize;
-                let rec = b.get(at..).unwrap_or(&[]);
-                let data = decode_entry_record(rec, ledger, entry, loc.data_len)
-                    .map_err(|r| corrupt(&path, loc.offset, r))?;
-                let rec_len = record_bytes(loc);
-                let roll = match output.as_ref() {
-                    None => true,
-                    Some(c) => {
-                        let at = c.pos + buf.len() as u64;
-                        at + rec_len > self.cfg.entry_log_size_bytes_max
-                            && at > FILE_HEADER_BYTES as u64
-                    }
-                };
-                if roll {
-                    if let Some(mut c) = output.take() {
-                        let n = logs.flush_buf(&c, &mut buf, &self.throttle).await?;
-                        c.pos += n;
-                        drop(logs.sync(c).await?);
-                    }
-                    *output = Some(logs.create(&*self.storage).await?);
-                }
-                let c = output.as_mut().expect("compaction output is open");
-                let offset = c.pos + buf.len() as u64;
-                encode_entry_record(&mut buf, ledger, entry, &data);
-                copied_bytes += rec_len;
-                moved.push((
-                    ledger,
-                    entry,
-                    loc,
-                    Location {
-                        log_id: c.id,
-                        offset,
-                        data_len: loc.data_len,
-                    },
-                ));
-                if buf.len() >= COMPACTION_WRITE_BYTES_MAX {
-                    let n = logs.flush_buf(c, &mut buf, &self.throttle).await?;
-                    c.pos += n;
-                }
-            }
-            i = j;
+        Ok(live)
+    }
+
+    /// Compaction, step 2: reads the span of the old log that holds `run` (consecutive live
+    /// entries), admitted like bulk writes: rate-limited, never during a journal write/sync.
+    async fn read_for_compaction(
+        &self,
+        file: &S::File,
+        path: &std::path::Path,
+        run: &[(u64, u64, Location)],
+    ) -> Result<Vec<u8>, Error> {
+        let start = run[0].2.offset;
+        let end = run
+            .iter()
+            .map(|(_, _, l)| l.offset + record_bytes(*l))
+            .max()
+            .expect("a run holds an entry");
+        let span = (end - start) as usize;
+        let mut admitted = 0;
+        while admitted < span {
+            let n = (span - admitted).min(BULK_CHUNK_BYTES);
+            self.throttle.admit(n).await;
+            admitted += n;
         }
-        if let Some(c) = output.as_mut() {
-            let n = logs.flush_buf(c, &mut buf, &self.throttle).await?;
+        file.read_at(start, span).await.map_err(io_err(
+            "read entry log for compaction",
+            path,
+            start,
+        ))
+    }
+
+    /// Compaction, step 3: appends entry `entry` of `ledger` (now at `loc`) to the output,
+    /// rolling to a new log when it would outgrow `entry_log_size_bytes_max`, and writing the
+    /// buffer out once it holds `COMPACTION_WRITE_BYTES_MAX`.
+    async fn copy_entry(
+        &self,
+        copy: &mut Copying<'_, S::File>,
+        ledger: u64,
+        entry: u64,
+        loc: Location,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let logs = &self.entry_logs;
+        let rec_len = record_bytes(loc);
+        let roll = match copy.output.as_ref() {
+            None => true,
+            Some(c) => {
+                let at = c.pos + copy.buf.len() as u64;
+                at + rec_len > self.cfg.entry_log_size_bytes_max && at > FILE_HEADER_BYTES as u64
+            }
+        };
+        if roll {
+            if let Some(mut c) = copy.output.take() {
+                let n = logs.flush_buf(&c, &mut copy.buf, &self.throttle).await?;
+                c.pos += n;
+                drop(logs.sync(c).await?);
+            }
+            *copy.output = Some(logs.create(&*self.storage).await?);
+        }
+        let c = copy.output.as_mut().expect("compaction output is open");
+        let offset = c.pos + copy.buf.len() as u64;
+        encode_entry_record(&mut copy.buf, ledger, entry, data);
+        copy.copied_bytes += rec_len;
+        copy.moved.push((
+            ledger,
+            entry,
+            loc,
+            Location {
+                log_id: c.id,
+                offset,
+                data_len: loc.data_len,
+            },
+        ));
+        if copy.buf.len() >= COMPACTION_WRITE_BYTES_MAX {
+            let n = logs.flush_buf(c, &mut copy.buf, &self.throttle).await?;
+            c.pos += n;
+        }
+        Ok(())
+    }
+
+    /// Compaction, step 4: writes out the buffer and fdatasyncs the output log.
+    async fn sync_output(&self, copy: &mut Copying<'_, S::File>) -> Result<(), Error> {
+        let logs = &self.entry_logs;
+        if let Some(c) = copy.output.as_mut() {
+            let n = logs.flush_buf(c, &mut copy.buf, &self.throttle).await?;
             c.pos += n;
             let opath = logs.path(c.id);
             self.throttle.admit(0).await;
@@ -541,12 +604,23 @@ impl<S: Storage + 'static> Gc<S> {
                 .await
                 .map_err(io_err("entry log fdatasync", &opath, c.pos))?;
         }
+        Ok(())
+    }
 
+    /// Compaction, step 5: with the checkpoint lock, commits the moves of entries still where
+    /// they were copied from, then deletes log `id` (`copied_bytes` went into the copies).
+    async fn commit_compaction(
+        &self,
+        id: u64,
+        moved: &[(u64, u64, Location, Location)],
+        copied_bytes: u64,
+        out: &mut GcRun,
+    ) -> Result<(), Error> {
         let cp = self.marks.lock().await?;
-        // Only entries still where they were copied from move: a recovery add may have rewritten
-        // one meanwhile, or its ledger may have been deleted.
+        // Only entries still where they were copied from move: a recovery add may have
+        // rewritten one meanwhile, or its ledger may have been deleted.
         let mut still: Vec<(u64, u64, Location, Location)> = Vec::with_capacity(moved.len());
-        for &(l, e, old, new) in &moved {
+        for &(l, e, old, new) in moved {
             if !self.ledgers.is_deleted(l) && self.index.location(l, e).await? == Some(old) {
                 still.push((l, e, old, new));
             }
@@ -558,7 +632,7 @@ impl<S: Storage + 'static> Gc<S> {
             tracing::error!("entry log {id}: {left} live bytes left after compaction; not deleted");
             return Ok(());
         }
-        let size = logs.remove(&*self.storage, id).await?;
+        let size = self.entry_logs.remove(&*self.storage, id).await?;
         self.usage.forget_log(id);
         self.sync_ledger_dir().await?;
         drop(cp);

@@ -91,6 +91,135 @@ pub(crate) struct Index<F> {
     damaged: RefCell<BTreeMap<u64, Pending>>,
 }
 
+/// Open, step 1: removes the segment files the mark does not name (what a crash left: an
+/// unfinished checkpoint, merge or rebuild, a merge's inputs) and a legacy `index.qix` a
+/// finished migration left; returns the largest segment id seen (kept damaged files
+/// included: an id is never given again).
+async fn remove_stale_files<S: Storage>(
+    storage: &S,
+    dir: &Path,
+    names: &[String],
+    mark: &Mark,
+) -> Result<u64, Error> {
+    let mut removed = false;
+    let mut max_id = 0;
+    for name in names {
+        // A kept damaged segment's id is never given again.
+        if let Some(id) = parse_id(name, "index-", ".qis.corrupt") {
+            max_id = max_id.max(id);
+        }
+        let stale = match parse_segment_name(name) {
+            Some(id) => {
+                max_id = max_id.max(id);
+                !mark.segments.contains(&id)
+            }
+            None => name == legacy::INDEX_FILE,
+        };
+        if stale {
+            let p = dir.join(name);
+            storage
+                .remove(&p)
+                .await
+                .map_err(io_err("remove stale index file", &p, 0))?;
+            removed = true;
+        }
+    }
+    if removed {
+        storage
+            .sync_dir(dir)
+            .await
+            .map_err(io_err("sync ledger dir", dir, 0))?;
+    }
+    Ok(max_id)
+}
+
+/// Open, step 2: opens and checks segment `id` the mark names (`known`: the mark's summary of
+/// it, if any): good, deferred to the background rebuild (damaged blocks, or missing or
+/// unreadable with a summary), or damaged with no summary (rebuilt now).
+async fn open_slot<S: Storage>(
+    storage: &S,
+    dir: &Path,
+    id: u64,
+    names: &[String],
+    known: Option<SegmentSummary>,
+) -> Result<Slot<S::File>, Error> {
+    let name = segment::segment_name(id);
+    let path = dir.join(&name);
+    let unreadable = if !names.contains(&name) {
+        "the checkpoint mark names this index segment, which is missing".to_string()
+    } else {
+        match Segment::open(storage, dir, id).await {
+            Ok(seg) => return assess_slot(seg, known).await,
+            Err(e) => rebuild::corrupt_reason(e)?,
+        }
+    };
+    Ok(match known {
+        // Its reach is in the mark: rebuilt in the background, only it waits.
+        Some(k) => Slot::Deferred(
+            Rc::new(Segment::hollow(id, path.clone(), k)),
+            Damage::described(id, path, unreadable, k),
+        ),
+        // A version 2 mark: nothing says what it covered.
+        None => Slot::Damaged(Damage::whole(id, path, unreadable)),
+    })
+}
+
+/// Checks every block of a readable segment and describes it (its own summary, or the mark's
+/// `known` one, which adds the entry logs the header does not name).
+async fn assess_slot<F: StorageFile>(
+    seg: Segment<F>,
+    known: Option<SegmentSummary>,
+) -> Result<Slot<F>, Error> {
+    let (states, damage) = rebuild::assess(&seg).await?;
+    let found = summary_of(&seg, &states, damage.as_ref());
+    match (known, found) {
+        (Some(k), Some(f)) if same_reach(&k, &f) => seg.describe(k),
+        (Some(k), _) if damage.is_some() && same_keys(&k, &seg) => seg.describe(k),
+        (k, f) => {
+            if k.is_some() {
+                tracing::warn!(
+                    "index segment {}: the checkpoint mark's summary {k:?} differs from the \
+                     segment's own {f:?}; using the segment's",
+                    seg.path.display()
+                );
+            }
+            if let Some(f) = f {
+                seg.describe(f);
+            }
+        }
+    }
+    let mut damage = damage;
+    if let Some(d) = &mut damage {
+        d.logs = rebuild::logs_to_scan(seg.summary());
+    }
+    Ok(match damage {
+        None => Slot::Good(Rc::new(seg), states),
+        Some(d) => Slot::Deferred(Rc::new(seg), d),
+    })
+}
+
+/// Open, step 3: gives each damaged or deferred slot the ledgers whose state a newer readable
+/// segment holds (their states were not lost); returns the damaged ones to rebuild now.
+fn note_superseded<F>(slots: &mut [Slot<F>]) -> Vec<Damage> {
+    let mut damaged: Vec<Damage> = Vec::new();
+    let mut newer: HashSet<u64> = HashSet::new();
+    for slot in slots.iter_mut().rev() {
+        match slot {
+            Slot::Good(_, states) => newer.extend(states.iter().map(|(l, _)| *l)),
+            Slot::Damaged(d) => {
+                let mut d = d.clone();
+                d.superseded = newer.clone();
+                damaged.push(d);
+            }
+            Slot::Deferred(_, d) => {
+                d.superseded = newer.clone();
+                newer.extend(d.kept_states.iter().map(|(l, _)| *l));
+            }
+        }
+    }
+    damaged
+}
+
 impl<F: StorageFile> Index<F> {
     /// Opens the segments `mark` names in `dir` and returns them with the ledger states they
     /// hold (later segments override earlier ones), and the mark in force. Segment files the
@@ -121,89 +250,11 @@ impl<F: StorageFile> Index<F> {
             .list(dir)
             .await
             .map_err(io_err("list ledger dir", dir, 0))?;
-        let mut removed = false;
-        let mut max_id = 0;
-        for name in &names {
-            // A kept damaged segment's id is never given again.
-            if let Some(id) = parse_id(name, "index-", ".qis.corrupt") {
-                max_id = max_id.max(id);
-            }
-            let stale = match parse_segment_name(name) {
-                Some(id) => {
-                    max_id = max_id.max(id);
-                    !mark.segments.contains(&id)
-                }
-                None => name == legacy::INDEX_FILE,
-            };
-            if stale {
-                let p = dir.join(name);
-                storage
-                    .remove(&p)
-                    .await
-                    .map_err(io_err("remove stale index file", &p, 0))?;
-                removed = true;
-            }
-        }
-        if removed {
-            storage
-                .sync_dir(dir)
-                .await
-                .map_err(io_err("sync ledger dir", dir, 0))?;
-        }
+        let max_id = remove_stale_files(storage, dir, &names, mark).await?;
         let mut slots: Vec<Slot<F>> = Vec::with_capacity(mark.segments.len());
         for &id in &mark.segments {
-            let name = segment::segment_name(id);
-            let path = dir.join(&name);
             let known = mark.summaries.get(&id).copied();
-            let unreadable = if !names.contains(&name) {
-                "the checkpoint mark names this index segment, which is missing".to_string()
-            } else {
-                match Segment::open(storage, dir, id).await {
-                    Ok(seg) => {
-                        let (states, damage) = rebuild::assess(&seg).await?;
-                        let found = summary_of(&seg, &states, damage.as_ref());
-                        match (known, found) {
-                            // The mark's summary adds the entry logs the header does not name.
-                            (Some(k), Some(f)) if same_reach(&k, &f) => seg.describe(k),
-                            (Some(k), _) if damage.is_some() && same_keys(&k, &seg) => {
-                                seg.describe(k)
-                            }
-                            (k, f) => {
-                                if k.is_some() {
-                                    tracing::warn!(
-                                        "index segment {}: the checkpoint mark's summary {k:?} \
-                                         differs from the segment's own {f:?}; using the \
-                                         segment's",
-                                        seg.path.display()
-                                    );
-                                }
-                                if let Some(f) = f {
-                                    seg.describe(f);
-                                }
-                            }
-                        }
-                        let mut damage = damage;
-                        if let Some(d) = &mut damage {
-                            d.logs = rebuild::logs_to_scan(seg.summary());
-                        }
-                        match damage {
-                            None => slots.push(Slot::Good(Rc::new(seg), states)),
-                            Some(d) => slots.push(Slot::Deferred(Rc::new(seg), d)),
-                        }
-                        continue;
-                    }
-                    Err(e) => rebuild::corrupt_reason(e)?,
-                }
-            };
-            match known {
-                // Its reach is in the mark: rebuilt in the background, only it waits.
-                Some(k) => slots.push(Slot::Deferred(
-                    Rc::new(Segment::hollow(id, path.clone(), k)),
-                    Damage::described(id, path, unreadable, k),
-                )),
-                // A version 2 mark: nothing says what it covered.
-                None => slots.push(Slot::Damaged(Damage::whole(id, path, unreadable))),
-            }
+            slots.push(open_slot(storage, dir, id, &names, known).await?);
         }
         let index = Index {
             dir: dir.to_path_buf(),
@@ -216,23 +267,7 @@ impl<F: StorageFile> Index<F> {
             stats: Cell::new(IndexStats::default()),
             damaged: RefCell::new(BTreeMap::new()),
         };
-        // Each damaged segment, with the ledgers whose state a newer readable segment holds.
-        let mut damaged: Vec<Damage> = Vec::new();
-        let mut newer: HashSet<u64> = HashSet::new();
-        for slot in slots.iter_mut().rev() {
-            match slot {
-                Slot::Good(_, states) => newer.extend(states.iter().map(|(l, _)| *l)),
-                Slot::Damaged(d) => {
-                    let mut d = d.clone();
-                    d.superseded = newer.clone();
-                    damaged.push(d);
-                }
-                Slot::Deferred(_, d) => {
-                    d.superseded = newer.clone();
-                    newer.extend(d.kept_states.iter().map(|(l, _)| *l));
-                }
-            }
-        }
+        let damaged = note_superseded(&mut slots);
         // What the open learnt of the readable segments, for the mark a rebuild now writes.
         let mark = mark.with_segments(
             mark.segments.clone(),
@@ -241,38 +276,75 @@ impl<F: StorageFile> Index<F> {
                 Slot::Damaged(_) => None,
             }),
         );
-        let mut replacements: HashMap<u64, LiveWithStates<F>> = HashMap::new();
-        let mark = if damaged.is_empty() {
-            mark.clone()
+        let (mark, replacements) = if damaged.is_empty() {
+            (mark, HashMap::new())
         } else {
-            let mut surviving = BTreeMap::new();
-            for slot in &slots {
-                let states = match slot {
-                    Slot::Good(_, states) => states,
-                    Slot::Damaged(d) | Slot::Deferred(_, d) => &d.kept_states,
-                };
-                for (l, st) in states {
-                    rebuild::merge_surviving(&mut surviving, *l, st.clone());
-                }
-            }
-            let (reps, mut report) = rebuild::build(
-                storage,
-                dir,
-                damaged,
-                &surviving,
-                true,
-                is_deleted,
-                entry_size_max,
-                &|| index.take_id(),
-            )
-            .await?;
-            let new_mark = rebuild::commit(storage, dir, &mark, &reps, &mut report).await?;
-            index.note_rebuild(&report);
-            for r in reps {
-                replacements.insert(r.damage.id, (Rc::new(r.segment), r.states));
-            }
-            new_mark
+            index
+                .rebuild_at_open(storage, &slots, damaged, &mark, is_deleted, entry_size_max)
+                .await?
         };
+        let (segments, ledgers) = index.install(slots, replacements);
+        // Segments a version 2 mark named without summary are described now (the next mark
+        // written records them).
+        let mark = mark.with_segments(
+            mark.segments.clone(),
+            segments.iter().filter_map(|s| s.described()),
+        );
+        *index.segments.borrow_mut() = segments;
+        Ok((index, ledgers, mark))
+    }
+
+    /// Open, step 4: rebuilds now, from every entry log, the segments a version 2 mark names
+    /// that are missing or unreadable (`damaged`), with the ledger states every slot kept, and
+    /// writes the mark naming the replacements; returns that mark and the replacements by
+    /// damaged segment id.
+    async fn rebuild_at_open<S: Storage<File = F>>(
+        &self,
+        storage: &S,
+        slots: &[Slot<F>],
+        damaged: Vec<Damage>,
+        mark: &Mark,
+        is_deleted: &dyn Fn(u64) -> bool,
+        entry_size_max: usize,
+    ) -> Result<(Mark, HashMap<u64, LiveWithStates<F>>), Error> {
+        let mut surviving = BTreeMap::new();
+        for slot in slots {
+            let states = match slot {
+                Slot::Good(_, states) => states,
+                Slot::Damaged(d) | Slot::Deferred(_, d) => &d.kept_states,
+            };
+            for (l, st) in states {
+                rebuild::merge_surviving(&mut surviving, *l, st.clone());
+            }
+        }
+        let (reps, mut report) = rebuild::build(
+            storage,
+            &self.dir,
+            damaged,
+            &surviving,
+            true,
+            is_deleted,
+            entry_size_max,
+            &|| self.take_id(),
+        )
+        .await?;
+        let new_mark = rebuild::commit(storage, &self.dir, mark, &reps, &mut report).await?;
+        self.note_rebuild(&report);
+        let mut replacements = HashMap::new();
+        for r in reps {
+            replacements.insert(r.damage.id, (Rc::new(r.segment), r.states));
+        }
+        Ok((new_mark, replacements))
+    }
+
+    /// Open, step 5: the live segments in the mark's order (replacements in their damaged
+    /// segments' places, deferred ones noted for the background rebuild) and the ledger table
+    /// their states make (later segments override earlier ones).
+    fn install(
+        &self,
+        slots: Vec<Slot<F>>,
+        mut replacements: HashMap<u64, LiveWithStates<F>>,
+    ) -> (Vec<Rc<Segment<F>>>, HashMap<u64, Ledger>) {
         let mut segments = Vec::with_capacity(slots.len());
         let mut ledgers: HashMap<u64, Ledger> = HashMap::new();
         for slot in slots {
@@ -295,7 +367,7 @@ impl<F: StorageFile> Index<F> {
                         // A stand-in has no blocks to assess again: its damage is kept.
                         open_damage: (d.lost_states.is_some() || seg.is_hollow()).then_some(d),
                     };
-                    index.damaged.borrow_mut().insert(seg.id, pending);
+                    self.damaged.borrow_mut().insert(seg.id, pending);
                     (seg, states)
                 }
             };
@@ -304,14 +376,7 @@ impl<F: StorageFile> Index<F> {
             }
             segments.push(seg);
         }
-        // Segments a version 2 mark named without summary are described now (the next mark
-        // written records them).
-        let mark = mark.with_segments(
-            mark.segments.clone(),
-            segments.iter().filter_map(|s| s.described()),
-        );
-        *index.segments.borrow_mut() = segments;
-        Ok((index, ledgers, mark))
+        (segments, ledgers)
     }
 
     /// Notes live segment `id`, a data block of which the open's pass over every location found

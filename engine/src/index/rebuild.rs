@@ -272,11 +272,14 @@ pub(crate) async fn scan_entry_logs<S: Storage>(
         .collect();
     ids.sort_unstable();
     let mut scan = Scan::default();
-    // A bound on a record's length that garbage must pass before it is read; it does not
-    // follow a lowered `entry_size_bytes_max` below what older entries may hold.
-    let len_max = entry_size_max.max(LEN_FLOOR);
-    let in_keys = |k: Key| keys.iter().any(|(lo, hi)| k >= *lo && k <= *hi);
-    let in_ledgers = |l: u64| ledgers.iter().any(|(lo, hi)| l >= *lo && l <= *hi);
+    let want = Wanted {
+        keys,
+        ledgers,
+        is_deleted,
+        // A bound on a record's length that garbage must pass before it is read; it does not
+        // follow a lowered `entry_size_bytes_max` below what older entries may hold.
+        len_max: entry_size_max.max(LEN_FLOOR),
+    };
     for id in ids {
         let path = dir.join(crate::files::entry_log_name(id));
         let file = match storage.open(&path, false).await {
@@ -292,111 +295,164 @@ pub(crate) async fn scan_entry_logs<S: Storage>(
             .map_err(io_err("stat entry log", &path, 0))?;
         scan.logs += 1;
         scan.bytes += size;
-        let mut buf: Vec<u8> = Vec::new();
-        let mut buf_at = 0u64;
-        let mut pos = FILE_HEADER_BYTES as u64;
-        // A bad record skipped on the strength of its length field: (offset, bytes).
-        let mut after_bad: Option<(u64, u64)> = None;
-        while pos + ENTRY_RECORD_HEADER_BYTES as u64 <= size {
-            let need = ENTRY_RECORD_HEADER_BYTES;
+        scan_log(&file, &path, id, size, &want, &mut scan).await?;
+    }
+    scan.locations = newest_copies(std::mem::take(&mut scan.locations));
+    Ok(scan)
+}
+
+/// What a scan collects: records whose key lies in one of `keys` (locations) or whose ledger
+/// lies in one of `ledgers` (last entries), of ledgers not deleted, at most `len_max` long.
+struct Wanted<'a> {
+    keys: &'a [(Key, Key)],
+    ledgers: &'a [(u64, u64)],
+    is_deleted: &'a dyn Fn(u64) -> bool,
+    len_max: usize,
+}
+
+impl Wanted<'_> {
+    /// Collects the sound record of entry `entry` of `ledger` at `pos` of log `id` into `scan`
+    /// if it is wanted.
+    fn collect(&self, scan: &mut Scan, id: u64, pos: u64, key: Key, data_len: usize) {
+        let (ledger, entry) = key;
+        if (self.is_deleted)(ledger) {
+            return;
+        }
+        if self.keys.iter().any(|(lo, hi)| key >= *lo && key <= *hi) {
+            scan.locations.push((
+                ledger,
+                entry,
+                Location {
+                    log_id: id,
+                    offset: pos,
+                    data_len: data_len as u32,
+                },
+            ));
+        }
+        if self
+            .ledgers
+            .iter()
+            .any(|(lo, hi)| ledger >= *lo && ledger <= *hi)
+        {
+            let last = scan.last_entries.entry(ledger).or_insert(entry);
+            *last = (*last).max(entry);
+        }
+    }
+}
+
+/// Reads `len` bytes of the entry log at `path` from `at`.
+async fn read_span<F: StorageFile>(
+    file: &F,
+    path: &Path,
+    at: u64,
+    len: usize,
+) -> Result<Vec<u8>, Error> {
+    file.read_at(at, len)
+        .await
+        .map_err(io_err("read entry log", path, at))
+}
+
+/// Scans entry log `id` (`size` bytes) front to back into `scan` (see [`scan_entry_logs`]).
+async fn scan_log<F: StorageFile>(
+    file: &F,
+    path: &Path,
+    id: u64,
+    size: u64,
+    want: &Wanted<'_>,
+    scan: &mut Scan,
+) -> Result<(), Error> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut buf_at = 0u64;
+    let mut pos = FILE_HEADER_BYTES as u64;
+    // A bad record skipped on the strength of its length field: (offset, bytes).
+    let mut after_bad: Option<(u64, u64)> = None;
+    while pos + ENTRY_RECORD_HEADER_BYTES as u64 <= size {
+        let need = ENTRY_RECORD_HEADER_BYTES;
+        if !covers(buf_at, &buf, pos, need) {
+            buf_at = pos - pos % BLOCK_BYTES as u64;
+            let len = SCAN_READ_BYTES.min((size - buf_at) as usize);
+            buf = read_span(file, path, buf_at, len).await?;
             if !covers(buf_at, &buf, pos, need) {
-                buf_at = pos - pos % BLOCK_BYTES as u64;
-                let len = SCAN_READ_BYTES.min((size - buf_at) as usize);
-                buf = file.read_at(buf_at, len).await.map_err(io_err(
-                    "read entry log",
-                    &path,
-                    buf_at,
-                ))?;
-                if !covers(buf_at, &buf, pos, need) {
-                    break;
-                }
+                break;
             }
-            let at = (pos - buf_at) as usize;
-            let head = &buf[at..at + need];
-            if head.iter().all(|b| *b == 0) {
-                // Padding to the end of a write (which also confirms a skipped bad record).
-                if let Some((_, n)) = after_bad.take() {
-                    scan.unreadable_bytes += n;
-                }
-                pos = round_up_block(pos + 1);
-                continue;
-            }
-            let data_len = u32_at(head, 4) as usize;
-            let total = need + data_len;
-            let fits = data_len <= len_max && pos + total as u64 <= size;
-            if fits && !covers(buf_at, &buf, pos, total) {
-                buf_at = pos - pos % BLOCK_BYTES as u64;
-                let len = SCAN_READ_BYTES
-                    .max(total + BLOCK_BYTES)
-                    .min((size - buf_at) as usize);
-                buf = file.read_at(buf_at, len).await.map_err(io_err(
-                    "read entry log",
-                    &path,
-                    buf_at,
-                ))?;
-            }
-            let at = (pos - buf_at) as usize;
-            let ok = fits
-                && covers(buf_at, &buf, pos, total)
-                && u32_at(&buf, at) == crc32c::crc32c(&buf[at + 4..at + total]);
-            if !ok {
-                match after_bad.take() {
-                    // One bad record whose length looks sound (its data rotted): skip it, if
-                    // what follows it is a record or padding.
-                    None if fits => {
-                        after_bad = Some((pos, total as u64));
-                        pos += total as u64;
-                    }
-                    // Its length cannot be trusted either: resume at the next boundary.
-                    bad => {
-                        let from = bad.map_or(pos, |(b, _)| b);
-                        let next = round_up_block(from + 1);
-                        scan.unreadable_bytes += next - from;
-                        pos = next;
-                    }
-                }
-                continue;
-            }
+        }
+        let at = (pos - buf_at) as usize;
+        let head = &buf[at..at + need];
+        if head.iter().all(|b| *b == 0) {
+            // Padding to the end of a write (which also confirms a skipped bad record).
             if let Some((_, n)) = after_bad.take() {
                 scan.unreadable_bytes += n;
             }
-            let ledger = u64_at(&buf, at + 8);
-            let entry = u64_at(&buf, at + 16);
-            if !is_deleted(ledger) {
-                if in_keys((ledger, entry)) {
-                    scan.locations.push((
-                        ledger,
-                        entry,
-                        Location {
-                            log_id: id,
-                            offset: pos,
-                            data_len: data_len as u32,
-                        },
-                    ));
-                }
-                if in_ledgers(ledger) {
-                    let last = scan.last_entries.entry(ledger).or_insert(entry);
-                    *last = (*last).max(entry);
-                }
-            }
-            pos += total as u64;
+            pos = round_up_block(pos + 1);
+            continue;
         }
-        if let Some((_, n)) = after_bad {
+        let data_len = u32_at(head, 4) as usize;
+        let total = need + data_len;
+        let fits = data_len <= want.len_max && pos + total as u64 <= size;
+        if fits && !covers(buf_at, &buf, pos, total) {
+            buf_at = pos - pos % BLOCK_BYTES as u64;
+            let len = SCAN_READ_BYTES
+                .max(total + BLOCK_BYTES)
+                .min((size - buf_at) as usize);
+            buf = read_span(file, path, buf_at, len).await?;
+        }
+        let at = (pos - buf_at) as usize;
+        let ok = fits
+            && covers(buf_at, &buf, pos, total)
+            && u32_at(&buf, at) == crc32c::crc32c(&buf[at + 4..at + total]);
+        if !ok {
+            pos = skip_bad(&mut after_bad, fits, pos, total as u64, scan);
+            continue;
+        }
+        if let Some((_, n)) = after_bad.take() {
             scan.unreadable_bytes += n;
         }
+        let key = (u64_at(&buf, at + 8), u64_at(&buf, at + 16));
+        want.collect(scan, id, pos, key, data_len);
+        pos += total as u64;
     }
-    // Newest copy wins: later log, then later offset in it.
-    scan.locations
-        .sort_unstable_by_key(|&(l, e, loc)| (l, e, loc.log_id, loc.offset));
-    let mut newest: Vec<(u64, u64, Location)> = Vec::with_capacity(scan.locations.len());
-    for x in scan.locations.drain(..) {
+    if let Some((_, n)) = after_bad {
+        scan.unreadable_bytes += n;
+    }
+    Ok(())
+}
+
+/// Where the scan goes on after a record at `pos` (`total` bytes by its length field) failed
+/// its check: past it, if its length looks sound and no bad record precedes it (its data
+/// rotted; confirmed once a sound record or padding follows), else to the next 4 KiB boundary
+/// after the first bad one (its length cannot be trusted either), counting what is skipped.
+fn skip_bad(
+    after_bad: &mut Option<(u64, u64)>,
+    fits: bool,
+    pos: u64,
+    total: u64,
+    scan: &mut Scan,
+) -> u64 {
+    match after_bad.take() {
+        None if fits => {
+            *after_bad = Some((pos, total));
+            pos + total
+        }
+        bad => {
+            let from = bad.map_or(pos, |(b, _)| b);
+            let next = round_up_block(from + 1);
+            scan.unreadable_bytes += next - from;
+            next
+        }
+    }
+}
+
+/// The newest copy of each key among `locations`: later log, then later offset in it.
+fn newest_copies(mut locations: Vec<(u64, u64, Location)>) -> Vec<(u64, u64, Location)> {
+    locations.sort_unstable_by_key(|&(l, e, loc)| (l, e, loc.log_id, loc.offset));
+    let mut newest: Vec<(u64, u64, Location)> = Vec::with_capacity(locations.len());
+    for x in locations {
         match newest.last_mut() {
             Some(last) if (last.0, last.1) == (x.0, x.1) => *last = x,
             _ => newest.push(x),
         }
     }
-    scan.locations = newest;
-    Ok(scan)
+    newest
 }
 
 fn covers(buf_at: u64, buf: &[u8], pos: u64, len: usize) -> bool {
@@ -504,34 +560,8 @@ pub(crate) async fn build<S: Storage>(
                 .collect(),
             None => Vec::new(),
         };
-        let mut states: BTreeMap<u64, StoredLedger> = d
-            .kept_states
-            .iter()
-            .filter(|(l, _)| !is_deleted(*l))
-            .cloned()
-            .collect();
-        let mut ledgers_rebuilt = Vec::new();
-        if let Some((lo, hi)) = d.lost_states {
-            let candidates: HashSet<u64> = scan
-                .last_entries
-                .range(lo..=hi)
-                .map(|(l, _)| *l)
-                .chain(surviving.range(lo..=hi).map(|(l, _)| *l))
-                .filter(|l| !is_deleted(*l) && !states.contains_key(l) && !d.superseded.contains(l))
-                .collect();
-            let mut candidates: Vec<u64> = candidates.into_iter().collect();
-            candidates.sort_unstable();
-            for l in candidates {
-                // What is known elsewhere (master key, LAC), with the last entry the entry logs
-                // show; fenced unless the state known elsewhere is exact.
-                let mut rebuilt = surviving.get(&l).cloned().unwrap_or_default();
-                rebuilt.fenced |= fence_rebuilt;
-                rebuilt.last_entry = rebuilt.last_entry.max(scan.last_entries.get(&l).copied());
-                states.insert(l, rebuilt);
-                ledgers_rebuilt.push(l);
-            }
-        }
-        let states: Vec<(u64, StoredLedger)> = states.into_iter().collect();
+        let (states, ledgers_rebuilt) =
+            replacement_states(&d, &scan, surviving, fence_rebuilt, is_deleted);
         let id = take_id();
         let mut w = SegmentWriter::create(storage, dir, id, None).await?;
         for &(l, e, loc) in &locations {
@@ -561,6 +591,48 @@ pub(crate) async fn build<S: Storage>(
         started: Some(started),
     };
     Ok((out, report))
+}
+
+/// The ledger states of damaged segment `d`'s replacement: its readable states (deleted
+/// ledgers left out) and, for each ledger of its lost range that the scan or `surviving`
+/// knows (and no newer segment holds), a rebuilt state: what is known elsewhere (master key,
+/// LAC) with the last entry the entry logs show, fenced when `fence_rebuilt`. Returns the
+/// states and the ledgers rebuilt.
+fn replacement_states(
+    d: &Damage,
+    scan: &Scan,
+    surviving: &BTreeMap<u64, StoredLedger>,
+    fence_rebuilt: bool,
+    is_deleted: &dyn Fn(u64) -> bool,
+) -> (Vec<(u64, StoredLedger)>, Vec<u64>) {
+    let mut states: BTreeMap<u64, StoredLedger> = d
+        .kept_states
+        .iter()
+        .filter(|(l, _)| !is_deleted(*l))
+        .cloned()
+        .collect();
+    let mut ledgers_rebuilt = Vec::new();
+    if let Some((lo, hi)) = d.lost_states {
+        let candidates: HashSet<u64> = scan
+            .last_entries
+            .range(lo..=hi)
+            .map(|(l, _)| *l)
+            .chain(surviving.range(lo..=hi).map(|(l, _)| *l))
+            .filter(|l| !is_deleted(*l) && !states.contains_key(l) && !d.superseded.contains(l))
+            .collect();
+        let mut candidates: Vec<u64> = candidates.into_iter().collect();
+        candidates.sort_unstable();
+        for l in candidates {
+            // What is known elsewhere (master key, LAC), with the last entry the entry logs
+            // show; fenced unless the state known elsewhere is exact.
+            let mut rebuilt = surviving.get(&l).cloned().unwrap_or_default();
+            rebuilt.fenced |= fence_rebuilt;
+            rebuilt.last_entry = rebuilt.last_entry.max(scan.last_entries.get(&l).copied());
+            states.insert(l, rebuilt);
+            ledgers_rebuilt.push(l);
+        }
+    }
+    (states.into_iter().collect(), ledgers_rebuilt)
 }
 
 /// Commits written replacements: the mark (`mark` is the one in force; the caller holds the
@@ -699,10 +771,42 @@ impl<S: Storage> IndexRebuilder<S> {
         let Some(seg) = index.live(id) else {
             return Ok(false);
         };
-        // Lost ledger states found by the open: the ledger table does not know them (those ledgers
-        // were refused meanwhile), so they come back as a rebuild at open makes them: what the
-        // readable segments hold, fenced. Found after open: the ledger table is exact.
         let at_open = pending.open_damage.is_some();
+        let (damage, surviving) = self.damage_of(&seg, pending).await?;
+        let (reps, report) = build(
+            &*self.storage,
+            index.dir(),
+            vec![damage],
+            &surviving,
+            at_open,
+            &|l: u64| self.ledgers.is_deleted(l),
+            self.cfg.entry_size_bytes_max,
+            &|| index.take_id(),
+        )
+        .await?;
+        if self.closed.get() {
+            for r in &reps {
+                index.discard(&*self.storage, &r.segment).await;
+            }
+            return Err(Error::Closed);
+        }
+        self.commit_repair(reps, report).await?;
+        Ok(true)
+    }
+
+    /// Repair, step 1: what live segment `seg` lost (`pending`: as the open or a read found
+    /// it), and the states its lost ledgers are rebuilt from.
+    ///
+    /// Lost ledger states found by the open: the ledger table does not know them (those
+    /// ledgers were refused meanwhile), so they come back as a rebuild at open makes them:
+    /// what the readable segments hold, fenced. Found after open: the ledger table is exact.
+    async fn damage_of(
+        &self,
+        seg: &Segment<S::File>,
+        pending: super::Pending,
+    ) -> Result<(Damage, BTreeMap<u64, StoredLedger>), Error> {
+        let index = &self.index;
+        let id = seg.id;
         let (damage, mut surviving) = match pending.open_damage {
             Some(d) => {
                 let mut surviving = BTreeMap::new();
@@ -710,8 +814,8 @@ impl<S: Storage> IndexRebuilder<S> {
                     if s.id == id {
                         continue;
                     }
-                    // Another damaged segment the open found: its readable states only (a stand-in
-                    // has none; its own rebuild gives its ledgers theirs).
+                    // Another damaged segment the open found: its readable states only (a
+                    // stand-in has none; its own rebuild gives its ledgers theirs).
                     let states = match index.open_damage_of(s.id) {
                         Some(other) => other.kept_states,
                         None => s.ledger_states().await?,
@@ -723,7 +827,7 @@ impl<S: Storage> IndexRebuilder<S> {
                 (d, surviving)
             }
             None => {
-                let (kept, found) = assess(&seg).await?;
+                let (kept, found) = assess(seg).await?;
                 let damage = Damage {
                     id,
                     path: seg.path.clone(),
@@ -757,23 +861,18 @@ impl<S: Storage> IndexRebuilder<S> {
                 }
             }
         }
-        let (reps, mut report) = build(
-            &*self.storage,
-            index.dir(),
-            vec![damage],
-            &surviving,
-            at_open,
-            &|l: u64| self.ledgers.is_deleted(l),
-            self.cfg.entry_size_bytes_max,
-            &|| index.take_id(),
-        )
-        .await?;
-        if self.closed.get() {
-            for r in &reps {
-                index.discard(&*self.storage, &r.segment).await;
-            }
-            return Err(Error::Closed);
-        }
+        Ok((damage, surviving))
+    }
+
+    /// Repair, step 2: with the checkpoint lock, the mark naming the replacements, the swap,
+    /// the rebuilt states into the ledger table, and the live bytes per entry log counted
+    /// again from the index once no damaged segment is left.
+    async fn commit_repair(
+        &self,
+        reps: Vec<Replacement<S::File>>,
+        mut report: RebuildReport,
+    ) -> Result<(), Error> {
+        let index = &self.index;
         let _cp = self.marks.lock().await?;
         let mark = commit(
             &*self.storage,
@@ -784,8 +883,8 @@ impl<S: Storage> IndexRebuilder<S> {
         )
         .await?;
         self.marks.set_mark(mark);
-        // The rebuilt states of ledgers refused until now, with what the journal replay added to
-        // them (adds, fences), become the table's; the next checkpoint stores them.
+        // The rebuilt states of ledgers refused until now, with what the journal replay added
+        // to them (adds, fences), become the table's; the next checkpoint stores them.
         let mut rebuilt: Vec<(u64, crate::format::StoredLedger)> = Vec::new();
         for r in &reps {
             for (l, st) in &r.states {
@@ -798,7 +897,7 @@ impl<S: Storage> IndexRebuilder<S> {
         self.ledgers.restore_rebuilt(rebuilt);
         if index.rebuild_pending() {
             // Another damaged segment still waits; its rebuild recounts the live bytes.
-            return Ok(true);
+            return Ok(());
         }
         let usage = LogUsage::default();
         index
@@ -809,6 +908,6 @@ impl<S: Storage> IndexRebuilder<S> {
             })
             .await?;
         self.usage.replace(usage);
-        Ok(true)
+        Ok(())
     }
 }

@@ -43,99 +43,130 @@ fn scan_file(
         if pos >= img.len() {
             return Stop::End(pos as u64);
         }
-        let bad = |at: usize, resume: usize, reason: String| Stop::Bad {
-            bad_at: at as u64,
-            resume: resume as u64,
-            reason,
+        let (batch_bytes, count) = match batch_header(img, salt, pos, *expected_seq) {
+            Ok(h) => h,
+            Err(stop) => return stop,
         };
-        let (batch_bytes, count) = match decode_record(&img[pos..], salt) {
-            RecordDecode::Zeros => return Stop::End(pos as u64),
-            RecordDecode::Short => {
-                return bad(
-                    pos,
-                    pos,
-                    "record cut short (file ends inside it or its length is garbled)".into(),
-                )
-            }
-            RecordDecode::Bad(r) => return bad(pos, pos, r),
-            RecordDecode::Ok {
-                seq,
-                record:
-                    Record::BatchHeader {
-                        record_count,
-                        batch_bytes,
-                    },
-                ..
-            } => {
-                if seq < *expected_seq {
-                    return Stop::End(pos as u64);
-                }
-                if seq != *expected_seq {
-                    return bad(
-                        pos,
-                        pos,
-                        format!("batch header has seq {seq}, expected {}", *expected_seq),
-                    );
-                }
-                (batch_bytes as usize, record_count)
-            }
-            RecordDecode::Ok { seq, .. } => {
-                return bad(
-                    pos,
-                    pos,
-                    format!("record with seq {seq} where a batch header was expected"),
-                );
-            }
+        let (records, end) = match batch_records(img, salt, pos, *expected_seq, count, batch_bytes)
+        {
+            Ok(r) => r,
+            Err(stop) => return stop,
         };
-        let mut seq = *expected_seq + 1;
-        let mut records = Vec::with_capacity(count.min(1 << 16) as usize);
-        let mut q = pos + RECORD_HEADER_BYTES + salt.batch_header_payload_bytes();
-        // A batch is applied only once all of it checks out: a torn batch was never acknowledged,
-        // so none of it is kept and writing resumes at its first block.
-        for _ in 0..count {
-            match decode_record(&img[q..], salt) {
-                RecordDecode::Ok {
-                    seq: got,
-                    record,
-                    len,
-                } => {
-                    if got != seq {
-                        return bad(q, pos, format!("record has seq {got}, expected {seq}"));
-                    }
-                    if matches!(record, Record::BatchHeader { .. }) {
-                        return bad(q, pos, "batch header inside a batch".into());
-                    }
-                    records.push(record);
-                    seq += 1;
-                    q += len;
-                }
-                RecordDecode::Zeros => return bad(q, pos, "zeros inside a batch".into()),
-                RecordDecode::Short => {
-                    return bad(
-                        q,
-                        pos,
-                        "record cut short (file ends inside it or its length is garbled)".into(),
-                    )
-                }
-                RecordDecode::Bad(r) => return bad(q, pos, r),
-            }
-        }
-        if q != pos + batch_bytes {
-            return bad(
-                q,
-                pos,
-                format!(
-                    "batch header says {batch_bytes} bytes, records end at {}",
-                    q - pos
-                ),
-            );
-        }
+        *expected_seq += records.len() as u64 + 1;
         for r in records {
             apply(r);
         }
-        *expected_seq = seq;
-        pos = round_up_block(q as u64) as usize;
+        pos = round_up_block(end as u64) as usize;
     }
+}
+
+/// A stop at a bad record at `at`, writing resuming at `resume`.
+fn bad(at: usize, resume: usize, reason: String) -> Stop {
+    Stop::Bad {
+        bad_at: at as u64,
+        resume: resume as u64,
+        reason,
+    }
+}
+
+/// Scan step 1: the batch header at `pos` (its batch's bytes and record count), or where the
+/// scan stops: the end (zeros, or an older batch of this file's use) or a bad record.
+fn batch_header(
+    img: &[u8],
+    salt: &JournalSalt,
+    pos: usize,
+    expected_seq: u64,
+) -> Result<(usize, u32), Stop> {
+    match decode_record(&img[pos..], salt) {
+        RecordDecode::Zeros => Err(Stop::End(pos as u64)),
+        RecordDecode::Short => Err(bad(
+            pos,
+            pos,
+            "record cut short (file ends inside it or its length is garbled)".into(),
+        )),
+        RecordDecode::Bad(r) => Err(bad(pos, pos, r)),
+        RecordDecode::Ok {
+            seq,
+            record:
+                Record::BatchHeader {
+                    record_count,
+                    batch_bytes,
+                },
+            ..
+        } => {
+            if seq < expected_seq {
+                return Err(Stop::End(pos as u64));
+            }
+            if seq != expected_seq {
+                return Err(bad(
+                    pos,
+                    pos,
+                    format!("batch header has seq {seq}, expected {expected_seq}"),
+                ));
+            }
+            Ok((batch_bytes as usize, record_count))
+        }
+        RecordDecode::Ok { seq, .. } => Err(bad(
+            pos,
+            pos,
+            format!("record with seq {seq} where a batch header was expected"),
+        )),
+    }
+}
+
+/// Scan step 2: the `count` records of the batch whose header (seq `header_seq`) is at `pos`,
+/// and where the batch ends, once all of it checks out (a torn batch was never acknowledged,
+/// so none of it is kept and writing resumes at its first block).
+fn batch_records(
+    img: &[u8],
+    salt: &JournalSalt,
+    pos: usize,
+    header_seq: u64,
+    count: u32,
+    batch_bytes: usize,
+) -> Result<(Vec<Record>, usize), Stop> {
+    let mut seq = header_seq + 1;
+    let mut records = Vec::with_capacity(count.min(1 << 16) as usize);
+    let mut q = pos + RECORD_HEADER_BYTES + salt.batch_header_payload_bytes();
+    for _ in 0..count {
+        match decode_record(&img[q..], salt) {
+            RecordDecode::Ok {
+                seq: got,
+                record,
+                len,
+            } => {
+                if got != seq {
+                    return Err(bad(q, pos, format!("record has seq {got}, expected {seq}")));
+                }
+                if matches!(record, Record::BatchHeader { .. }) {
+                    return Err(bad(q, pos, "batch header inside a batch".into()));
+                }
+                records.push(record);
+                seq += 1;
+                q += len;
+            }
+            RecordDecode::Zeros => return Err(bad(q, pos, "zeros inside a batch".into())),
+            RecordDecode::Short => {
+                return Err(bad(
+                    q,
+                    pos,
+                    "record cut short (file ends inside it or its length is garbled)".into(),
+                ))
+            }
+            RecordDecode::Bad(r) => return Err(bad(q, pos, r)),
+        }
+    }
+    if q != pos + batch_bytes {
+        return Err(bad(
+            q,
+            pos,
+            format!(
+                "batch header says {batch_bytes} bytes, records end at {}",
+                q - pos
+            ),
+        ));
+    }
+    Ok((records, q))
 }
 
 /// The first block-aligned offset at or after `from` holding a valid batch header with
@@ -238,7 +269,7 @@ pub(crate) async fn replay<S: Storage>(
     let mut loaded = None;
     for (i, &id) in ids.iter().enumerate() {
         let path = path_of(id);
-        let JournalImage { file, img, salt } = match loaded.take() {
+        let image = match loaded.take() {
             Some(l) => l,
             None => read_journal(storage, &path, id).await?,
         };
@@ -247,104 +278,177 @@ pub(crate) async fn replay<S: Storage>(
         } else {
             FILE_HEADER_BYTES as u64
         };
-        let stop = scan_file(&img, &salt, start, &mut expected_seq, apply);
-        let (stopped_at, resume, reason) = match stop {
-            Stop::End(at) => (at, at, None),
+        let stop = scan_file(&image.img, &image.salt, start, &mut expected_seq, apply);
+        let end = match stop {
+            Stop::End(at) => FileEnd {
+                stopped_at: at,
+                resume: at,
+                reason: None,
+            },
             Stop::Bad {
                 bad_at,
                 resume,
                 reason,
-            } => (bad_at, resume, Some(reason)),
-        };
-        let describe = || match &reason {
-            Some(r) => r.clone(),
-            None => "no batch here (zeros)".to_string(),
+            } => FileEnd {
+                stopped_at: bad_at,
+                resume,
+                reason: Some(reason),
+            },
         };
         // Batches are written in order, one at a time: after this file's last batch nothing in
         // it has a seq this high, so finding one means damage, not a crash.
-        if let Some((at, seq)) = find_later_batch(&img, &salt, stopped_at + 1, expected_seq) {
+        if let Some((at, seq)) =
+            find_later_batch(&image.img, &image.salt, end.stopped_at + 1, expected_seq)
+        {
             return Err(corrupt(
                 &path,
-                stopped_at,
+                end.stopped_at,
                 format!(
                     "{}; not the end of the journal: a durable batch with seq {seq} follows at byte offset {at}",
-                    describe()
+                    end.describe()
                 ),
             ));
         }
-        // A later file continues the journal only if its first batch carries the expected seq:
-        // the writer rolled there after this file's last batch. (A dropped batch in between
-        // would make that seq higher.)
-        if let Some(&next_id) = ids.get(i + 1) {
-            let next = read_journal(storage, &path_of(next_id), next_id).await?;
-            if batch_header_at(&next.img, &next.salt, FILE_HEADER_BYTES) == Some(expected_seq) {
+        if ids.len() > i + 1 {
+            let next = next_file(storage, &path_of, &ids[i + 1..], expected_seq).await;
+            if let Some(next) = next.map_err(|e| e.in_file(&path, &end))? {
                 loaded = Some(next);
                 continue;
             }
-            let mut later = find_later_batch(
-                &next.img,
-                &next.salt,
-                FILE_HEADER_BYTES as u64,
-                expected_seq,
-            )
-            .map(|(at, seq)| (next_id, at, seq));
-            for &lid in &ids[i + 2..] {
-                if later.is_some() {
-                    break;
-                }
-                let l = read_journal(storage, &path_of(lid), lid).await?;
-                later = find_later_batch(&l.img, &l.salt, FILE_HEADER_BYTES as u64, expected_seq)
-                    .map(|(at, seq)| (lid, at, seq));
-            }
-            if let Some((lid, at, seq)) = later {
-                return Err(corrupt(
-                    &path,
-                    stopped_at,
-                    format!(
-                        "{}; not the end of the journal: a durable batch with seq {seq} follows at {}:{at}",
-                        describe(),
-                        path_of(lid).display()
-                    ),
-                ));
-            }
         }
-        // This file holds the end of the journal. A bad batch here is the tail of the one write
-        // in flight at a crash (never acknowledged), or a reused file's older bytes: dropped.
-        // The file is sealed (the next batch goes to a new file) whenever any byte after the
-        // end is not zero: a dropped batch's records (seqs from the expected one on) could
-        // otherwise complete a later batch written at the same offset with the same seq and
-        // torn after a record boundary. That holds also where the end looks clean because the
-        // torn write lost its first sectors but kept later ones. A version 1 file is sealed
-        // too, so the writer only writes salted records.
-        let residue = img
-            .get(resume as usize..)
-            .is_some_and(|rest| rest.iter().any(|&b| b != 0));
-        if let Some(r) = &reason {
-            tracing::info!(
-                "journal {}: the journal ends at byte offset {resume}; the bytes after it (a \
-                 write cut by a crash, or a reused file's older use) are dropped: {r}",
-                path.display()
-            );
-        }
-        let sealed = residue || salt.value().is_none();
-        // Later files hold no batch of this journal (pre-created ones: zeros, or a reused file's
-        // older batches).
-        for &lid in &ids[i + 1..] {
-            let lpath = path_of(lid);
-            storage.remove(&lpath).await.map_err(io_err(
-                "remove journal after the end of the journal",
-                &lpath,
-                0,
-            ))?;
-        }
-        return Ok(JournalCursor {
-            file_id: id,
-            file: Rc::new(file),
-            salt,
-            pos: resume,
-            next_seq: expected_seq,
-            sealed,
-        });
+        return end_here(
+            storage,
+            &path_of,
+            id,
+            image,
+            &end,
+            expected_seq,
+            &ids[i + 1..],
+        )
+        .await;
     }
     unreachable!("ids is non-empty and the last file returns")
+}
+
+/// Where replay stopped in one file: the offset of the end or of the bad record, where writing
+/// would resume, and what was bad (`None`: zeros).
+struct FileEnd {
+    stopped_at: u64,
+    resume: u64,
+    reason: Option<String>,
+}
+
+impl FileEnd {
+    fn describe(&self) -> String {
+        match &self.reason {
+            Some(r) => r.clone(),
+            None => "no batch here (zeros)".to_string(),
+        }
+    }
+}
+
+/// Why the journal cannot end in the current file.
+enum NotTheEnd {
+    Io(Error),
+    /// A durable batch with the expected seq or later is in file `.0` at `.1`, seq `.2`.
+    LaterBatch(u64, u64, u64),
+}
+
+impl NotTheEnd {
+    /// The error, for the file `path` that stopped at `end`.
+    fn in_file(self, path: &Path, end: &FileEnd) -> Error {
+        match self {
+            NotTheEnd::Io(e) => e,
+            NotTheEnd::LaterBatch(lid, at, seq) => corrupt(
+                path,
+                end.stopped_at,
+                format!(
+                    "{}; not the end of the journal: a durable batch with seq {seq} follows at {}:{at}",
+                    end.describe(),
+                    path.with_file_name(journal_name(lid)).display()
+                ),
+            ),
+        }
+    }
+}
+
+/// Replay step 2: whether the journal continues in the next file `later[0]`: it does only if
+/// its first batch carries `expected_seq` (the writer rolled there after this file's last
+/// batch; a dropped batch in between would make that seq higher), and then the file is
+/// returned. Otherwise no later file may hold a batch with `expected_seq` or later.
+async fn next_file<S: Storage>(
+    storage: &S,
+    path_of: &impl Fn(u64) -> std::path::PathBuf,
+    later: &[u64],
+    expected_seq: u64,
+) -> Result<Option<JournalImage<S::File>>, NotTheEnd> {
+    let next_id = later[0];
+    let next = read_journal(storage, &path_of(next_id), next_id)
+        .await
+        .map_err(NotTheEnd::Io)?;
+    if batch_header_at(&next.img, &next.salt, FILE_HEADER_BYTES) == Some(expected_seq) {
+        return Ok(Some(next));
+    }
+    let first = FILE_HEADER_BYTES as u64;
+    if let Some((at, seq)) = find_later_batch(&next.img, &next.salt, first, expected_seq) {
+        return Err(NotTheEnd::LaterBatch(next_id, at, seq));
+    }
+    for &lid in &later[1..] {
+        let l = read_journal(storage, &path_of(lid), lid)
+            .await
+            .map_err(NotTheEnd::Io)?;
+        if let Some((at, seq)) = find_later_batch(&l.img, &l.salt, first, expected_seq) {
+            return Err(NotTheEnd::LaterBatch(lid, at, seq));
+        }
+    }
+    Ok(None)
+}
+
+/// Replay step 3: journal file `id` holds the end of the journal. A bad batch here is the
+/// tail of the one write in flight at a crash (never acknowledged), or a reused file's older
+/// bytes: dropped. The file is sealed (the next batch goes to a new file) whenever any byte
+/// after the end is not zero: a dropped batch's records (seqs from the expected one on) could
+/// otherwise complete a later batch written at the same offset with the same seq and torn after
+/// a record boundary. That holds also where the end looks clean because the torn write lost its
+/// first sectors but kept later ones. A version 1 file is sealed too, so the writer only writes
+/// salted records. The files `later` hold no batch of this journal (pre-created ones: zeros,
+/// or a reused file's older batches) and are removed.
+async fn end_here<S: Storage>(
+    storage: &S,
+    path_of: &impl Fn(u64) -> std::path::PathBuf,
+    id: u64,
+    image: JournalImage<S::File>,
+    end: &FileEnd,
+    expected_seq: u64,
+    later: &[u64],
+) -> Result<JournalCursor<S::File>, Error> {
+    let JournalImage { file, img, salt } = image;
+    let resume = end.resume;
+    let residue = img
+        .get(resume as usize..)
+        .is_some_and(|rest| rest.iter().any(|&b| b != 0));
+    if let Some(r) = &end.reason {
+        tracing::info!(
+            "journal {}: the journal ends at byte offset {resume}; the bytes after it (a \
+             write cut by a crash, or a reused file's older use) are dropped: {r}",
+            path_of(id).display()
+        );
+    }
+    let sealed = residue || salt.value().is_none();
+    for &lid in later {
+        let lpath = path_of(lid);
+        storage.remove(&lpath).await.map_err(io_err(
+            "remove journal after the end of the journal",
+            &lpath,
+            0,
+        ))?;
+    }
+    Ok(JournalCursor {
+        file_id: id,
+        file: Rc::new(file),
+        salt,
+        pos: resume,
+        next_seq: expected_seq,
+        sealed,
+    })
 }
