@@ -644,9 +644,9 @@ impl<S: Storage + 'static> Engine<S> {
     /// whichever comes first; then answers with the LAC and, when it passed `previous`, entry
     /// `previous + 1` (entry 0 for `None`) if this shard holds it.
     ///
-    /// The waiter is woken by the journal writer when an add or fence of this ledger becomes
-    /// durable (a per-ledger watcher; no polling). A ledger this shard has never seen is waited
-    /// on like any other (its first add may be on its way), where BookKeeper would answer
+    /// The waiter is woken by the engine's journal task when an add or fence of this ledger
+    /// becomes durable (a per-ledger watcher; no polling). A ledger this shard has never seen is
+    /// waited on like any other (its first add may be on its way), where BookKeeper would answer
     /// `NoSuchLedger`.
     ///
     /// # Errors

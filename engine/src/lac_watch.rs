@@ -1,6 +1,6 @@
-//! Long-poll LAC watchers: per ledger, a wake-up that the facade's journal task fires when an add or
-//! fence of that ledger becomes durable (BookKeeper's long-poll `READ_ENTRY` with `previousLAC`,
-//! bookkeeper.md §1.3, where the bookie parks the read on a per-ledger watcher).
+//! Long-poll LAC watchers: per ledger, a wake-up that the facade's journal task fires when an
+//! add or fence of that ledger becomes durable (BookKeeper's long-poll `READ_ENTRY` with
+//! `previousLAC`, bookkeeper.md §1.3, where the bookie parks the read on a per-ledger watcher).
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -115,7 +115,7 @@ impl<S: Storage + 'static> IndexMerger<S> {
             .await
             .map_err(|_| Error::Closed)?;
         if index.rebuild_pending() {
-            // A damaged segment is rebuilt before any merge takes it as input (`merge_loop`).
+            // A damaged segment is rebuilt before any merge takes it as input (`IndexMerger::run_loop`).
             return Ok(false);
         }
         let full = index.full_merge_wanted.replace(false);

@@ -86,7 +86,7 @@ pub(crate) struct Index<F> {
     pub(crate) merge_lock: glommio::sync::Semaphore,
     stats: Cell<IndexStats>,
     /// Live segments found damaged and not yet rebuilt (by the open, or by a read after it):
-    /// rebuilt in the background (`rebuild::repair`), meanwhile keys in their range and
+    /// rebuilt in the background (`IndexRebuilder::repair`), meanwhile keys in their range and
     /// ledgers whose state they lost answer `IndexRebuilding`.
     damaged: RefCell<BTreeMap<u64, Pending>>,
 }
@@ -228,7 +228,7 @@ impl<F: StorageFile> Index<F> {
     ///
     /// A named segment whose index or ledger-state blocks fail their check, or that is missing
     /// or whose header or top blocks fail it while the mark holds its summary (version 3), is
-    /// left for the background rebuild (`rebuild::repair`); meanwhile what it covers answers
+    /// left for the background rebuild (`IndexRebuilder::repair`); meanwhile what it covers answers
     /// `IndexRebuilding`. One that is missing or unreadable without a summary (a version 2 mark
     /// written by an older build) is rebuilt now from every entry log (`rebuild.rs`) and
     /// replaced in a new mark; deleted ledgers (`is_deleted`) are left out of a replacement.
@@ -416,7 +416,7 @@ impl<F: StorageFile> Index<F> {
     }
 
     /// Notes a live segment that failed a check after open (`err` names its path): the
-    /// background merger rebuilds it (`rebuild::repair`). Other errors are ignored.
+    /// background merger rebuilds it (`IndexRebuilder::repair`). Other errors are ignored.
     pub(crate) fn notice(&self, err: &Error) {
         if let Error::Corrupt { path, .. } = err {
             if let Some(id) = self.live_segment_at(path) {
