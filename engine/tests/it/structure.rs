@@ -37,20 +37,21 @@ fn code_only(text: &str) -> String {
     let blank = |ch: char| if ch == '\n' { '\n' } else { ' ' };
     let mut i = 0;
     while i < c.len() {
-        let rest = |k: usize| c.get(i + k).copied();
-        if c[i] == '/' && rest(1) == Some('/') {
+        if c[i] == '/' && c.get(i + 1).copied() == Some('/') {
             while i < c.len() && c[i] != '\n' {
                 out.push(' ');
                 i += 1;
             }
-        } else if c[i] == '/' && rest(1) == Some('*') {
-            while i < c.len() && !(c[i] == '*' && rest(1) == Some('/')) {
+        } else if c[i] == '/' && c.get(i + 1).copied() == Some('*') {
+            while i < c.len() && !(c[i] == '*' && c.get(i + 1).copied() == Some('/')) {
                 out.push(blank(c[i]));
                 i += 1;
             }
             out.push_str("  ");
             i += 2;
-        } else if c[i] == 'r' && (rest(1) == Some('"') || rest(1) == Some('#')) {
+        } else if c[i] == 'r'
+            && (c.get(i + 1).copied() == Some('"') || c.get(i + 1).copied() == Some('#'))
+        {
             // A raw string r"..." or r#"..."#.
             let mut hashes = 0;
             let mut j = i + 1;
@@ -87,7 +88,9 @@ fn code_only(text: &str) -> String {
             }
             out.push(' ');
             i += 1;
-        } else if c[i] == '\'' && (rest(1) == Some('\\') || rest(2) == Some('\'')) {
+        } else if c[i] == '\''
+            && (c.get(i + 1).copied() == Some('\\') || c.get(i + 2).copied() == Some('\''))
+        {
             // A char literal ('x', '\n', '\u{..}'); a lifetime ('a) has no closing quote.
             let mut j = i + 1;
             if c[j] == '\\' {
