@@ -211,7 +211,11 @@ pub(super) async fn delete_ledger_metadata(rec: &StreamRecord, ledger: u64) {
                 return;
             }
         };
-        match rec.metadata.delete_ledger(LedgerId(ledger), v.version).await {
+        match rec
+            .metadata
+            .delete_ledger(LedgerId(ledger), v.version)
+            .await
+        {
             Ok(()) | Err(quire_metadata::Error::NotFound { .. }) => return,
             // Changed since read (e.g. a late close): read again.
             Err(quire_metadata::Error::BadVersion { .. }) => continue,
@@ -323,7 +327,11 @@ pub(super) async fn set_retention(
 /// `OwnershipLost` (lease gone or another writer's version: nothing deleted), `Metadata`.
 pub(super) async fn delete_record(rec: &StreamRecord, own: &Ownership) -> Result<bool> {
     own.check()?;
-    match rec.metadata.delete_stream(&rec.name, rec.meta.version).await {
+    match rec
+        .metadata
+        .delete_stream(&rec.name, rec.meta.version)
+        .await
+    {
         Ok(()) => Ok(true),
         Err(quire_metadata::Error::NotFound { .. }) => Ok(false),
         Err(e) => Err(own.update_err("delete stream", e)),

@@ -63,11 +63,27 @@
 //! [`StreamManager`] is shared (`Send + Sync`); use it from any tokio task.
 //!
 //! # Modules
-//! This module has the settings and [`StreamManager`]'s stream creation, append submission,
-//! recovery of every stream and shutdown. `ownership` takes and gives up the stream's lease
-//! (acquisition, loss); `writer` is the stream task and its append pipeline; `segment` starts,
-//! completes and recovers log segments; `reader` serves reads; `tail_cache` holds the readers'
-//! view of the segments and the recently acknowledged entries.
+//! Each concept is a type with its own fields; the `use` graph between the modules has no
+//! cycle (the facade here uses them, they use only modules listed before them, and
+//! [`StreamConfig`] from here).
+//!
+//! * Leaves: `clock` (the metadata store's clock, layer metrics), `tail_cache` (the readers'
+//!   view of the segments, recently acknowledged entries), `shared` (`StreamShared`, state a
+//!   stream task shares with readers and `describe`; error helpers), `command` (the task's
+//!   commands), `labels` (ledger labels, orphan deletion).
+//! * `ownership`: [`ownership::Ownership`], the lease a stream task holds (check, release,
+//!   give up), and the handle of one acquisition.
+//! * `record`: [`record::StreamRecord`], the stream record, its compare-and-set updates and
+//!   their publication to readers and `describe`.
+//! * `segment`: [`segment::Segments`], the open segment, the spare ledger, a deferred roll and
+//!   an unrecovered segment: start, complete and recover log segments.
+//! * `lifecycle`: truncation, retention and deletion over a record and its segments.
+//! * `writer`: [`writer::Writer`], the stream task: it holds a `StreamRecord`, an `Ownership`
+//!   and a `Segments` plus the append pipeline, and runs the commands.
+//! * `registry`: [`registry::Registry`], the streams this proxy acquired: acquisition (lease,
+//!   recovery, task) and sending commands.
+//! * `reader` (reads) and `sweep` (the lifecycle sweep) work through the registry.
+//! * This module: the settings and [`StreamManager`], a facade over the registry.
 
 mod clock;
 mod command;
@@ -261,8 +277,7 @@ impl StreamManager {
         if let (Some(interval), Some(rt)) = (sweep_interval, &registry.runtime) {
             drop(rt.spawn(sweep::sweep_loop(Arc::downgrade(&registry), interval)));
         }
-        let manager = Arc::new(Self { registry });
-        manager
+        Arc::new(Self { registry })
     }
 
     /// The settings in force.
@@ -367,12 +382,12 @@ impl StreamManager {
         let (reply, rx) = oneshot::channel();
         self.registry
             .send_to_stream(
-            name,
-            create_if_missing,
-            true,
-            Command::Append { records, reply },
-        )
-        .await?;
+                name,
+                create_if_missing,
+                true,
+                Command::Append { records, reply },
+            )
+            .await?;
         Ok(rx)
     }
 
@@ -486,7 +501,8 @@ impl StreamManager {
     /// `InvalidStreamName`, `OwnedElsewhere` (redirect), `OwnershipLost` (another proxy took
     /// the stream: nothing was changed or deleted), `Metadata`.
     pub async fn truncate(&self, name: &str, before: Dlsn) -> Result<TruncateResult> {
-        self.registry.owner_command(name, |reply| Command::Truncate { before, reply })
+        self.registry
+            .owner_command(name, |reply| Command::Truncate { before, reply })
             .await
     }
 
@@ -533,12 +549,13 @@ impl StreamManager {
             crate::types::check_retention_size_bytes(v)
                 .map_err(|reason| Error::BadRequest { reason })?;
         }
-        self.registry.owner_command(name, |reply| Command::SetRetention {
-            time_secs,
-            size_bytes,
-            reply,
-        })
-        .await
+        self.registry
+            .owner_command(name, |reply| Command::SetRetention {
+                time_secs,
+                size_bytes,
+                reply,
+            })
+            .await
     }
 
     /// Acquires every stream in the metadata store that no other proxy owns now, recovering

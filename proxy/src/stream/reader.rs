@@ -72,21 +72,19 @@ pub(super) async fn read(
         match plan {
             Some((seg, start)) => {
                 let read = read_segment(
-                        registry,
-                        &handle,
-                        &seg,
-                        start,
-                        max_records as usize,
-                        max_bytes as usize,
-                    )
-                    .await;
+                    registry,
+                    &handle,
+                    &seg,
+                    start,
+                    max_records as usize,
+                    max_bytes as usize,
+                )
+                .await;
                 let (records, next) = match read {
                     Ok(r) => r,
                     // The segment was deleted under the read (truncation or retention):
                     // start over, which answers TRUNCATED or moves a head read on.
-                    Err(_) if tail.borrow().truncated_before.is_some_and(|t| pos < t) => {
-                        continue
-                    }
+                    Err(_) if tail.borrow().truncated_before.is_some_and(|t| pos < t) => continue,
                     Err(e) => return Err(e),
                 };
                 if !records.is_empty() {

@@ -160,7 +160,6 @@ impl Registry {
             .map_err(|e| Error::from_metadata("", "list streams", e))
     }
 
-
     /// The handle of `name`, acquiring the stream (taking its lease, recovering its
     /// in-progress segments and starting its task) the first time, and again after ownership
     /// was lost. With `report_loss`, a loss no request has been told about yet is returned as

@@ -134,7 +134,9 @@ impl Segments {
     /// unrecovered segment's readable end (see [`StreamRecord::publish`]).
     pub(super) fn publish(&self, rec: &StreamRecord) {
         rec.publish(
-            self.current.as_ref().map(|c| (c.seq_no, c.last_acked_entry)),
+            self.current
+                .as_ref()
+                .map(|c| (c.seq_no, c.last_acked_entry)),
             self.unrecovered
                 .as_ref()
                 .map(|u| (u.seq_no, u.readable_last_entry)),
@@ -168,13 +170,13 @@ impl Segments {
             .iter_mut()
             .filter(|s| s.state == SegmentState::InProgress)
         {
-            let lm = match rec
-                .bookkeeper
-                .recover_ledger(LedgerId(seg.ledger_id))
-                .await
-            {
+            let lm = match rec.bookkeeper.recover_ledger(LedgerId(seg.ledger_id)).await {
                 Ok(lm) => lm,
-                Err(e) => return Err(self.recovery_failed(rec, seg.seq_no, seg.ledger_id, e).await),
+                Err(e) => {
+                    return Err(self
+                        .recovery_failed(rec, seg.seq_no, seg.ledger_id, e)
+                        .await)
+                }
             };
             let (last_txid, record_count) = match lm.last_entry {
                 None => (None, 0),

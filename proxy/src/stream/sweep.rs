@@ -47,7 +47,6 @@ use super::labels::{delete_labelled_ledger, LEDGER_LABEL_STREAM};
 use super::registry::Registry;
 use crate::error::{Error, Result};
 
-
 /// What one [`StreamManager::sweep`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SweepReport {
@@ -61,13 +60,8 @@ pub struct SweepReport {
     pub orphan_ledgers_deleted: Vec<u64>,
 }
 
-/// One lifecycle sweep over every stream in the metadata store (see the module docs of
-/// `stream::sweep`): retention and time rolls on streams this proxy owns or that nobody
-/// owns, and deletion of orphan ledger metadata (ledgers labelled with a stream whose
-/// record does not list them, or with a stream that no longer exists). Runs by itself
-/// every [`super::StreamConfig::lifecycle_sweep_interval`]; callable at any time.
-///
-/// One lifecycle sweep over every stream (see [`super::StreamManager::sweep`]).
+/// One lifecycle sweep over every stream in the metadata store (see the module docs and
+/// [`super::StreamManager::sweep`]).
 pub(super) async fn sweep(registry: &Registry) -> Result<SweepReport> {
     registry.check_running()?;
     let names: BTreeSet<String> = registry.list_streams().await?.into_iter().collect();
@@ -83,8 +77,7 @@ pub(super) async fn sweep(registry: &Registry) -> Result<SweepReport> {
         let r = if names.contains(name) {
             sweep_stream(registry, name, candidates, &mut report).await
         } else {
-            sweep_deleted_stream(registry, name, candidates, &mut report)
-                .await
+            sweep_deleted_stream(registry, name, candidates, &mut report).await
         };
         if let Err(e) = r {
             tracing::warn!(stream = %name, error = %e, "lifecycle sweep of the stream failed");
@@ -158,21 +151,21 @@ async fn sweep_stream(
     };
     // Requests counted so far, this sweep's own acquisition included: a later request
     // keeps the stream owned.
-    let release_unless_used =
-        (!owned_here).then(|| handle.shared.requests.load(Ordering::SeqCst));
+    let release_unless_used = (!owned_here).then(|| handle.shared.requests.load(Ordering::SeqCst));
     if !owned_here {
         report.streams_acquired += 1;
     }
     let (reply, rx) = oneshot::channel();
-    registry.send_command(
-        &handle,
-        Command::Sweep {
-            orphan_candidates: candidates,
-            release_unless_used,
-            reply,
-        },
-    )
-    .await?;
+    registry
+        .send_command(
+            &handle,
+            Command::Sweep {
+                orphan_candidates: candidates,
+                release_unless_used,
+                reply,
+            },
+        )
+        .await?;
     let done = rx.await.map_err(|_| Error::OwnershipLost {
         stream: name.to_string(),
         reason: handle
@@ -195,7 +188,11 @@ async fn sweep_deleted_stream(
     if candidates.is_empty() || quire_metadata::validate_stream_name(name).is_err() {
         return Ok(());
     }
-    let lease = match registry.metadata.try_acquire_stream(name, &registry.identity).await {
+    let lease = match registry
+        .metadata
+        .try_acquire_stream(name, &registry.identity)
+        .await
+    {
         Ok(Ok(lease)) => lease,
         Ok(Err(_owner)) => {
             report.streams_owned_elsewhere += 1;

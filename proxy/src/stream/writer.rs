@@ -383,7 +383,12 @@ impl Writer {
                     let _ = reply.send(Err(Error::ShuttingDown));
                     return true;
                 }
-                let batch = take_batch(records, reply, inputs, self.rec.config.entry_size_bytes_target);
+                let batch = take_batch(
+                    records,
+                    reply,
+                    inputs,
+                    self.rec.config.entry_size_bytes_target,
+                );
                 self.append_batch(batch).await
             }
         }
@@ -604,7 +609,8 @@ impl Writer {
         let acked = r.map_err(|e| writer_storage(&self.rec.name, "add entry", e))?;
         assert_eq!(acked.0, f.entry, "adds are acknowledged in entry order");
         let seg = self
-            .segments.current
+            .segments
+            .current
             .as_mut()
             .expect("an add in flight has an open segment");
         assert_eq!(
@@ -771,7 +777,9 @@ impl Writer {
     /// outstanding, and for all of them before a segment roll.
     async fn send_entry(&mut self, records: &[Packed<'_>]) -> Result<()> {
         if self.segments.current.is_none() {
-            self.segments.open_segment(&mut self.rec, &self.ownership, records[0].1).await?;
+            self.segments
+                .open_segment(&mut self.rec, &self.ownership, records[0].1)
+                .await?;
         }
         let seg = self.segments.current.as_mut().expect("opened above");
         let payload = Arc::new(record_set::encode(
@@ -891,7 +899,8 @@ impl Writer {
     /// record for the same reason).
     fn send_control_entry(&mut self) -> Result<()> {
         let seg = self
-            .segments.current
+            .segments
+            .current
             .as_mut()
             .expect("a control entry is due only with an open segment");
         let payload = Arc::new(record_set::encode_control(seg.record_count, seg.last_txid));
@@ -930,8 +939,8 @@ impl Writer {
     /// failed recovery when due, then apply retention. Returns false once the stream was given
     /// up.
     pub(super) async fn on_tick(&mut self) -> bool {
-        let roll_wanted = self.segments.roll_due(&self.rec.config)
-            || self.segments.roll_deferred.is_some();
+        let roll_wanted =
+            self.segments.roll_due(&self.rec.config) || self.segments.roll_deferred.is_some();
         if self.segments.healthy && roll_wanted {
             if let Err(e) = self.roll().await {
                 return self.on_write_failure(e).await;
@@ -971,14 +980,9 @@ impl Writer {
         let Some((n, point)) = lifecycle::retention_due(&self.rec, &self.segments) else {
             return true;
         };
-        let r = lifecycle::delete_prefix(
-            &mut self.rec,
-            &mut self.segments,
-            &self.ownership,
-            n,
-            point,
-        )
-        .await;
+        let r =
+            lifecycle::delete_prefix(&mut self.rec, &mut self.segments, &self.ownership, n, point)
+                .await;
         match r {
             Ok(_) => true,
             Err(e) => self.lifecycle_failure(e).await,
@@ -1044,8 +1048,8 @@ impl Writer {
                 return self.lifecycle_answer(Err(e)).await;
             }
         }
-        let r = lifecycle::truncate(&mut self.rec, &mut self.segments, &self.ownership, before)
-            .await;
+        let r =
+            lifecycle::truncate(&mut self.rec, &mut self.segments, &self.ownership, before).await;
         self.lifecycle_answer(r).await
     }
 
