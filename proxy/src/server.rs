@@ -1305,6 +1305,9 @@ impl ConnState {
             };
             self.activity.touch();
             consumed = true;
+            // Held until the request has been answered (Kafka's memory pool frees a request's
+            // bytes once it is handled); a frame that does not decode gives them back at once.
+            let frame_hold = self.frame_permit.take();
             let req = match decoded {
                 Ok(r) => r,
                 Err(e) => {
@@ -1316,7 +1319,8 @@ impl ConnState {
                     continue;
                 }
             };
-            self.handle_request(opcode, request_id, req).await?;
+            self.handle_request(opcode, request_id, req, frame_hold)
+                .await?;
         }
     }
 
@@ -1327,10 +1331,8 @@ impl ConnState {
         opcode: u8,
         request_id: u64,
         req: Request,
+        frame_hold: Option<OwnedSemaphorePermit>,
     ) -> Result<(), Close> {
-        // Held until the request has been answered (Kafka's memory pool frees a request's
-        // bytes once it is handled).
-        let frame_hold = self.frame_permit.take();
         let received = Instant::now();
         if !self.greeted {
             return self.hello(opcode, request_id, req).await;
