@@ -337,7 +337,33 @@ async fn write_loop<S: AsyncWrite + Unpin>(
     Some(writer)
 }
 
-/// Reads and handles frames until the connection ends.
+/// The read side's state: the receive buffer and where the connection stands.
+struct ReadState {
+    buf: Vec<u8>,
+    /// Bytes `buf[start..filled]` are received and not yet decoded.
+    start: usize,
+    filled: usize,
+    handshake: Handshake,
+    accepted: Instant,
+    last_received: Instant,
+    /// The shard's request pool bytes reserved for the large frame at the front of `buf`.
+    frame_permit: Option<glommio::sync::StaticPermit>,
+    /// When the incomplete frame at the front of `buf` started to arrive (or the pool gave
+    /// its bytes): `frame_timeout` counts from it.
+    partial_since: Option<Instant>,
+}
+
+/// Everything a connection's reader hands to the requests it reads.
+struct ConnCtx<'a> {
+    shard: &'a Rc<Shard>,
+    outbox: &'a Rc<Outbox>,
+    in_flight: &'a Rc<Semaphore>,
+    peer: Option<std::net::SocketAddr>,
+}
+
+/// Reads and handles frames until the connection ends: handle every whole frame received,
+/// make room for the next one, then read more (within the handshake, idle and frame
+/// timeouts).
 async fn read_loop<S: AsyncRead + Unpin>(
     shard: &Rc<Shard>,
     reader: &mut ReadHalf<S>,
@@ -346,237 +372,274 @@ async fn read_loop<S: AsyncRead + Unpin>(
     accepted: Instant,
     peer: Option<std::net::SocketAddr>,
 ) -> ReadEnd {
-    let frame_max = shard.frame_size_bytes_max;
-    let mut buf = vec![0u8; READ_BUFFER_BYTES];
-    // Bytes buf[start..filled] are received and not yet decoded.
-    let mut start = 0usize;
-    let mut filled = 0usize;
-    let mut handshake = Handshake::AwaitHello;
-    let mut last_received = accepted;
-    // The shard's request pool bytes reserved for the large frame at the front of `buf`.
-    let mut frame_permit: Option<glommio::sync::StaticPermit> = None;
-    // When the incomplete frame at the front of `buf` started to arrive (or the pool gave
-    // its bytes): `frame_timeout` counts from it.
-    let mut partial_since: Option<Instant> = None;
+    let ctx = ConnCtx {
+        shard,
+        outbox,
+        in_flight,
+        peer,
+    };
+    let mut st = ReadState {
+        buf: vec![0u8; READ_BUFFER_BYTES],
+        start: 0,
+        filled: 0,
+        handshake: Handshake::AwaitHello,
+        accepted,
+        last_received: accepted,
+        frame_permit: None,
+        partial_since: None,
+    };
     loop {
-        let mut consumed = false;
-        // Handle every whole frame already received.
-        loop {
-            // A client that does not read its responses is not served more requests.
-            if filled > start && !outbox.has_room() {
-                match wait_for_room_or_stop(shard, outbox).await {
-                    Room::Stopped => return ReadEnd::Stopped,
-                    Room::Broken => return ReadEnd::Closed,
-                    Room::Ready => {}
-                }
+        let step = async {
+            let consumed = handle_frames(&ctx, &mut st).await?;
+            make_room(&ctx, &mut st, consumed).await?;
+            // Back-pressure: a client that does not read its responses is not read either.
+            match wait_for_room_or_stop(shard, outbox).await {
+                Room::Ready => {}
+                Room::Broken => return Err(ReadEnd::Closed),
+                Room::Stopped => return Err(ReadEnd::Stopped),
             }
-            match decode_frame(&buf[start..filled], frame_max) {
-                Ok(None) => break,
-                Ok(Some((frame, used))) => {
-                    start += used;
-                    consumed = true;
-                    assert!(start <= filled, "decoder consumed more than was received");
-                    let header = frame.header;
-                    match decode_request(&frame) {
-                        Err(e) => {
-                            reject_frame(
-                                outbox,
-                                header.opcode,
-                                header.request_id,
-                                Status::BadRequest,
-                                &e,
-                            );
-                            return ReadEnd::Fatal;
-                        }
-                        Ok(request) => {
-                            match handle_request(
-                                shard,
-                                outbox,
-                                in_flight,
-                                header.request_id,
-                                request,
-                                &mut handshake,
-                                peer,
-                            )
-                            .await
-                            {
-                                Flow::Continue => {}
-                                Flow::Fatal => return ReadEnd::Fatal,
-                                Flow::Stopped => return ReadEnd::Stopped,
-                            }
-                            // The request holds its own copy of what it needs.
-                            frame_permit = None;
-                        }
+            read_more(&ctx, &mut st, reader).await
+        };
+        if let Err(end) = step.await {
+            return end;
+        }
+    }
+}
+
+/// Handles every whole frame already received; returns whether any was.
+async fn handle_frames(ctx: &ConnCtx<'_>, st: &mut ReadState) -> Result<bool, ReadEnd> {
+    let frame_max = ctx.shard.frame_size_bytes_max;
+    let mut consumed = false;
+    loop {
+        // A client that does not read its responses is not served more requests.
+        if st.filled > st.start && !ctx.outbox.has_room() {
+            match wait_for_room_or_stop(ctx.shard, ctx.outbox).await {
+                Room::Stopped => return Err(ReadEnd::Stopped),
+                Room::Broken => return Err(ReadEnd::Closed),
+                Room::Ready => {}
+            }
+        }
+        match decode_frame(&st.buf[st.start..st.filled], frame_max) {
+            Ok(None) => return Ok(consumed),
+            Ok(Some((frame, used))) => {
+                st.start += used;
+                consumed = true;
+                assert!(
+                    st.start <= st.filled,
+                    "decoder consumed more than was received"
+                );
+                let header = frame.header;
+                let request = match decode_request(&frame) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        reject_frame(
+                            ctx.outbox,
+                            header.opcode,
+                            header.request_id,
+                            Status::BadRequest,
+                            &e,
+                        );
+                        return Err(ReadEnd::Fatal);
                     }
-                }
-                Err(e) => {
-                    let pending = &buf[start..filled];
-                    let opcode = pending.get(4).copied().unwrap_or(Opcode::Hello as u8);
-                    let request_id = request_id_of(pending);
-                    let status = match e {
-                        WireError::FrameTooLarge { .. } => Status::TooLarge,
-                        _ => Status::BadRequest,
-                    };
-                    reject_frame(outbox, opcode, request_id, status, &e);
-                    return ReadEnd::Fatal;
-                }
-            }
-        }
-
-        // Make room: move the undecoded tail to the front, then grow to fit a large frame
-        // whose length is known (decode_frame already checked it against the limit).
-        if start > 0 {
-            buf.copy_within(start..filled, 0);
-            filled -= start;
-            start = 0;
-        }
-        if filled == 0 {
-            partial_since = None;
-        } else if consumed || partial_since.is_none() {
-            partial_since = Some(Instant::now());
-        }
-        if filled >= 4 {
-            let frame_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-            let need = 4 + frame_len;
-            if need > READ_BUFFER_BYTES && frame_permit.is_none() {
-                if !handshake.done() {
-                    tracing::info!(
-                        shard = shard.index,
-                        frame_bytes = need,
-                        "closing a connection whose first frame is too large for a handshake"
-                    );
-                    return ReadEnd::Closed;
-                }
-                // Reserve the whole frame before buffering its body; until the shard's pool
-                // can give it, this connection is not read (TCP back-pressure).
-                let permit = futures_lite::future::or(
-                    async {
-                        shard
-                            .request_pool
-                            .acquire_static_permit(need as u64)
-                            .await
-                            .ok()
-                    },
-                    async {
-                        let _ = shard.stop.acquire(1).await;
-                        None
-                    },
-                )
-                .await;
-                let Some(permit) = permit else {
-                    return ReadEnd::Stopped;
                 };
-                frame_permit = Some(permit);
-                partial_since = Some(Instant::now());
-            }
-            if need > buf.len() {
-                buf.resize(need, 0);
-            } else if need <= READ_BUFFER_BYTES && buf.len() > READ_BUFFER_BYTES {
-                // A small frame behind a large one: give the large buffer back, which no
-                // reservation covers any more (`filled < need`, the frame is not whole).
-                buf.truncate(READ_BUFFER_BYTES);
-                buf.shrink_to(READ_BUFFER_BYTES);
-            }
-        } else if buf.len() > READ_BUFFER_BYTES {
-            buf.truncate(READ_BUFFER_BYTES);
-            buf.shrink_to(READ_BUFFER_BYTES);
-        }
-        assert!(
-            filled < buf.len(),
-            "receive buffer full without a whole frame"
-        );
-
-        // Back-pressure: a client that does not read its responses is not read either.
-        match wait_for_room_or_stop(shard, outbox).await {
-            Room::Ready => {}
-            Room::Broken => return ReadEnd::Closed,
-            Room::Stopped => return ReadEnd::Stopped,
-        }
-        // Handshake and idle timeouts (`BookieConfig::handshake_timeout`, `idle_timeout`): a
-        // connection that never completes its handshake, or sits idle with nothing in flight,
-        // is closed. While requests are in flight the idle check is only postponed.
-        let limits = shard.limits;
-        let idle = in_flight.available() == IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX;
-        // The handshake timeout covers Hello and, in version 2, Auth.
-        let deadline = if !handshake.done() {
-            accepted + limits.handshake_timeout
-        } else if idle {
-            last_received + limits.idle_timeout
-        } else {
-            Instant::now() + limits.idle_timeout
-        };
-        let deadline = partial_since.map_or(deadline, |t| deadline.min(t + limits.frame_timeout));
-        let read = futures_lite::future::or(
-            async { Some(Some(reader.read(&mut buf[filled..]).await)) },
-            futures_lite::future::or(
-                async {
-                    // The stop semaphore never has permits; closing it wakes every connection.
-                    let _ = shard.stop.acquire(1).await;
-                    None
-                },
-                async {
-                    glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
-                    Some(None)
-                },
-            ),
-        )
-        .await;
-        let read = match read {
-            None => None,
-            Some(Some(r)) => Some(r),
-            Some(None) => {
-                if let Some(since) =
-                    partial_since.filter(|t| Instant::now() >= *t + limits.frame_timeout)
-                {
-                    tracing::info!(
-                        shard = shard.index,
-                        received_bytes = filled,
-                        waited_ms = since.elapsed().as_millis() as u64,
-                        "closing a connection whose frame did not arrive whole within the frame timeout"
-                    );
-                    return ReadEnd::Closed;
+                match handle_request(ctx, header.request_id, request, &mut st.handshake).await {
+                    Flow::Continue => {}
+                    Flow::Fatal => return Err(ReadEnd::Fatal),
+                    Flow::Stopped => return Err(ReadEnd::Stopped),
                 }
-                if !handshake.done() && Instant::now() >= accepted + limits.handshake_timeout {
-                    tracing::debug!(
-                        shard = shard.index,
-                        bytes = filled,
-                        "closing a connection that did not complete its handshake in time"
-                    );
-                    return ReadEnd::Closed;
-                }
-                if idle && Instant::now() >= last_received + limits.idle_timeout {
-                    tracing::debug!(shard = shard.index, "closing an idle connection");
-                    return ReadEnd::Closed;
-                }
-                continue;
+                // The request holds its own copy of what it needs.
+                st.frame_permit = None;
             }
-        };
-        match read {
-            None => return ReadEnd::Stopped,
-            Some(Ok(0)) => {
-                if filled > 0 {
-                    tracing::debug!(bytes = filled, "client closed mid-frame");
-                }
-                return ReadEnd::Closed;
-            }
-            Some(Ok(n)) => {
-                filled += n;
-                last_received = Instant::now();
-                if !handshake.done() && quire_tls::looks_like_tls_record(&buf[..filled]) {
-                    // Would otherwise wait for a "frame" of 66 KB until the handshake timeout.
-                    tracing::info!(
-                        shard = shard.index,
-                        "closing a connection that sent a TLS record: a TLS client on this plaintext port"
-                    );
-                    return ReadEnd::Closed;
-                }
-            }
-            Some(Err(e)) => {
-                tracing::debug!(error = %e, "connection read failed");
-                return ReadEnd::Closed;
+            Err(e) => {
+                let pending = &st.buf[st.start..st.filled];
+                let opcode = pending.get(4).copied().unwrap_or(Opcode::Hello as u8);
+                let request_id = request_id_of(pending);
+                let status = match e {
+                    WireError::FrameTooLarge { .. } => Status::TooLarge,
+                    _ => Status::BadRequest,
+                };
+                reject_frame(ctx.outbox, opcode, request_id, status, &e);
+                return Err(ReadEnd::Fatal);
             }
         }
     }
+}
+
+/// Makes room for the next frame: moves the undecoded tail to the front, then grows the
+/// buffer to fit a large frame whose length is known (`decode_frame` already checked it
+/// against the limit), reserving its bytes in the shard's request pool first.
+async fn make_room(ctx: &ConnCtx<'_>, st: &mut ReadState, consumed: bool) -> Result<(), ReadEnd> {
+    if st.start > 0 {
+        st.buf.copy_within(st.start..st.filled, 0);
+        st.filled -= st.start;
+        st.start = 0;
+    }
+    if st.filled == 0 {
+        st.partial_since = None;
+    } else if consumed || st.partial_since.is_none() {
+        st.partial_since = Some(Instant::now());
+    }
+    if st.filled >= 4 {
+        let b = &st.buf;
+        let frame_len = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let need = 4 + frame_len;
+        if need > READ_BUFFER_BYTES && st.frame_permit.is_none() {
+            reserve_large_frame(ctx.shard, st, need).await?;
+        }
+        if need > st.buf.len() {
+            st.buf.resize(need, 0);
+        } else if need <= READ_BUFFER_BYTES && st.buf.len() > READ_BUFFER_BYTES {
+            // A small frame behind a large one: give the large buffer back, which no
+            // reservation covers any more (`filled < need`, the frame is not whole).
+            st.buf.truncate(READ_BUFFER_BYTES);
+            st.buf.shrink_to(READ_BUFFER_BYTES);
+        }
+    } else if st.buf.len() > READ_BUFFER_BYTES {
+        st.buf.truncate(READ_BUFFER_BYTES);
+        st.buf.shrink_to(READ_BUFFER_BYTES);
+    }
+    assert!(
+        st.filled < st.buf.len(),
+        "receive buffer full without a whole frame"
+    );
+    Ok(())
+}
+
+/// Reserves a large frame's `need` bytes in the shard's request pool before its body is
+/// buffered; until the pool can give them, this connection is not read (TCP back-pressure).
+/// A connection whose first frame is that large is closed (no handshake is that long).
+async fn reserve_large_frame(
+    shard: &Shard,
+    st: &mut ReadState,
+    need: usize,
+) -> Result<(), ReadEnd> {
+    if !st.handshake.done() {
+        tracing::info!(
+            shard = shard.index,
+            frame_bytes = need,
+            "closing a connection whose first frame is too large for a handshake"
+        );
+        return Err(ReadEnd::Closed);
+    }
+    let permit = futures_lite::future::or(
+        async {
+            shard
+                .request_pool
+                .acquire_static_permit(need as u64)
+                .await
+                .ok()
+        },
+        async {
+            let _ = shard.stop.acquire(1).await;
+            None
+        },
+    )
+    .await;
+    let Some(permit) = permit else {
+        return Err(ReadEnd::Stopped);
+    };
+    st.frame_permit = Some(permit);
+    st.partial_since = Some(Instant::now());
+    Ok(())
+}
+
+/// Reads more bytes, waiting at most until the handshake, idle or frame deadline
+/// (`BookieConfig::handshake_timeout`, `idle_timeout`, `frame_timeout`): a connection that
+/// never completes its handshake, sits idle with nothing in flight, or sends a frame too
+/// slowly is closed. While requests are in flight the idle check is only postponed.
+async fn read_more<S: AsyncRead + Unpin>(
+    ctx: &ConnCtx<'_>,
+    st: &mut ReadState,
+    reader: &mut ReadHalf<S>,
+) -> Result<(), ReadEnd> {
+    let shard = ctx.shard;
+    let limits = shard.limits;
+    let idle = ctx.in_flight.available() == IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX;
+    // The handshake timeout covers Hello and, in version 2, Auth.
+    let deadline = if !st.handshake.done() {
+        st.accepted + limits.handshake_timeout
+    } else if idle {
+        st.last_received + limits.idle_timeout
+    } else {
+        Instant::now() + limits.idle_timeout
+    };
+    let deadline = st
+        .partial_since
+        .map_or(deadline, |t| deadline.min(t + limits.frame_timeout));
+    let filled = st.filled;
+    let read = futures_lite::future::or(
+        async { Some(Some(reader.read(&mut st.buf[filled..]).await)) },
+        futures_lite::future::or(
+            async {
+                // The stop semaphore never has permits; closing it wakes every connection.
+                let _ = shard.stop.acquire(1).await;
+                None
+            },
+            async {
+                glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+                Some(None)
+            },
+        ),
+    )
+    .await;
+    match read {
+        None => Err(ReadEnd::Stopped),
+        Some(None) => check_deadlines(shard, st, idle),
+        Some(Some(Ok(0))) => {
+            if st.filled > 0 {
+                tracing::debug!(bytes = st.filled, "client closed mid-frame");
+            }
+            Err(ReadEnd::Closed)
+        }
+        Some(Some(Ok(n))) => {
+            st.filled += n;
+            st.last_received = Instant::now();
+            if !st.handshake.done() && quire_tls::looks_like_tls_record(&st.buf[..st.filled]) {
+                // Would otherwise wait for a "frame" of 66 KB until the handshake timeout.
+                tracing::info!(
+                    shard = shard.index,
+                    "closing a connection that sent a TLS record: a TLS client on this plaintext port"
+                );
+                return Err(ReadEnd::Closed);
+            }
+            Ok(())
+        }
+        Some(Some(Err(e))) => {
+            tracing::debug!(error = %e, "connection read failed");
+            Err(ReadEnd::Closed)
+        }
+    }
+}
+
+/// After a read wait timed out: closes the connection whose frame, handshake or idle
+/// deadline has passed; otherwise (requests in flight postponed it) reading goes on.
+fn check_deadlines(shard: &Shard, st: &ReadState, idle: bool) -> Result<(), ReadEnd> {
+    let limits = shard.limits;
+    if let Some(since) = st
+        .partial_since
+        .filter(|t| Instant::now() >= *t + limits.frame_timeout)
+    {
+        tracing::info!(
+            shard = shard.index,
+            received_bytes = st.filled,
+            waited_ms = since.elapsed().as_millis() as u64,
+            "closing a connection whose frame did not arrive whole within the frame timeout"
+        );
+        return Err(ReadEnd::Closed);
+    }
+    if !st.handshake.done() && Instant::now() >= st.accepted + limits.handshake_timeout {
+        tracing::debug!(
+            shard = shard.index,
+            bytes = st.filled,
+            "closing a connection that did not complete its handshake in time"
+        );
+        return Err(ReadEnd::Closed);
+    }
+    if idle && Instant::now() >= st.last_received + limits.idle_timeout {
+        tracing::debug!(shard = shard.index, "closing an idle connection");
+        return Err(ReadEnd::Closed);
+    }
+    Ok(())
 }
 
 /// What [`wait_for_room_or_stop`] saw.
@@ -637,186 +700,288 @@ fn reject_frame(outbox: &Outbox, opcode: u8, request_id: u64, status: Status, er
     });
 }
 
+/// What the reader does after a request.
 enum Flow {
     Continue,
     Fatal,
     Stopped,
 }
 
+/// Queues a failure response to request `request_id`.
+fn fail(outbox: &Outbox, request_id: u64, opcode: Opcode, status: Status, message: String) {
+    outbox.push(|out| {
+        encode_response(
+            out,
+            request_id,
+            &Response::Failed {
+                opcode,
+                status,
+                message: &message,
+            },
+        )
+    });
+}
+
+/// Handles one decoded request: the handshake (`Hello`, `Auth`) here, anything before it is
+/// refused, `GetBookieInfo` is answered here, and every other request becomes an [`Op`] run
+/// as its own task in its class's queue.
 async fn handle_request(
-    shard: &Rc<Shard>,
-    outbox: &Rc<Outbox>,
-    in_flight: &Rc<Semaphore>,
+    ctx: &ConnCtx<'_>,
     request_id: u64,
     request: Request<'_>,
     handshake: &mut Handshake,
-    peer: Option<std::net::SocketAddr>,
 ) -> Flow {
     // BookKeeper's request latencies run from the request read to the response written out;
     // here to the response queued for the connection's writer.
     let received = Instant::now();
-    let fail = |opcode: Opcode, status: Status, message: String| {
-        outbox.push(|out| {
-            encode_response(
-                out,
-                request_id,
-                &Response::Failed {
-                    opcode,
-                    status,
-                    message: &message,
-                },
-            )
-        });
-    };
-    let op = match request {
+    let (shard, outbox) = (ctx.shard, ctx.outbox);
+    match request {
         Request::Hello {
             version_min,
             version_max,
-        } => {
-            if !matches!(*handshake, Handshake::AwaitHello) {
-                fail(
-                    Opcode::Hello,
-                    Status::BadRequest,
-                    "handshake already done on this connection".into(),
-                );
-                return Flow::Continue;
-            }
-            let secret = shard.limits.cluster_secret;
-            // A bookie with a cluster secret speaks only the authenticated version, one
-            // without only version 1 (it could not prove anything in version 2).
-            let ours = if secret.is_some() {
-                (PROTOCOL_VERSION_AUTH, PROTOCOL_VERSION_AUTH)
-            } else {
-                (1, 1)
-            };
-            return match negotiate_version_in(version_min, version_max, ours.0, ours.1) {
-                Ok(version) => {
-                    let auth_nonce = match secret.map(|_| quire_wire::auth::new_nonce()) {
-                        None => None,
-                        Some(Ok(n)) => Some(n),
-                        Some(Err(e)) => {
-                            fail(Opcode::Hello, Status::IoError, e.to_string());
-                            return Flow::Fatal;
-                        }
-                    };
-                    *handshake = match auth_nonce {
-                        Some(server_nonce) => Handshake::AwaitAuth { server_nonce },
-                        None => Handshake::Done,
-                    };
-                    let response = Response::Hello {
-                        version,
-                        shard_count: shard.shard_count_wire(),
-                        frame_size_bytes_max: shard.frame_size_bytes_max,
-                        auth_nonce,
-                    };
-                    outbox.push(|out| encode_response(out, request_id, &response));
-                    Flow::Continue
-                }
-                Err(e) => {
-                    let message = if secret.is_some() {
-                        format!("{e}: this bookie admits only its cluster's processes, which need the cluster secret (setting cluster_secret_file) and protocol version {PROTOCOL_VERSION_AUTH}")
-                    } else {
-                        format!(
-                            "{e}: this bookie has no cluster secret, so it speaks only version 1"
-                        )
-                    };
-                    if secret.is_some() {
-                        auth_refused(
-                            shard,
-                            peer,
-                            "a Hello without the version of the cluster-secret handshake",
-                        );
-                    }
-                    fail(Opcode::Hello, Status::BadVersion, message);
-                    Flow::Fatal
-                }
-            };
-        }
+        } => return handle_hello(ctx, request_id, version_min, version_max, handshake),
         Request::Auth {
             client_nonce,
             proof,
-        } => {
-            return match (*handshake, shard.limits.cluster_secret) {
-                (Handshake::AwaitAuth { server_nonce }, Some(secret)) => {
-                    if secret.verify_client_proof(&server_nonce, &client_nonce, &proof) {
-                        *handshake = Handshake::Done;
-                        let response = Response::Auth {
-                            proof: secret.bookie_proof(&server_nonce, &client_nonce),
-                        };
-                        outbox.push(|out| encode_response(out, request_id, &response));
-                        Flow::Continue
-                    } else {
-                        auth_refused(shard, peer, "a wrong proof of the cluster secret");
-                        fail(
-                            Opcode::Auth,
-                            Status::Unauthorized,
-                            "the proof of the cluster secret does not match: this bookie belongs to another cluster, or the secret file differs".into(),
-                        );
-                        Flow::Fatal
-                    }
-                }
-                (Handshake::Done, Some(_)) => {
+        } => return handle_auth(ctx, request_id, &client_nonce, &proof, handshake),
+        _ if !handshake.done() => return refuse_before_handshake(ctx, request_id, &request),
+        Request::GetBookieInfo => return answer_bookie_info(shard, outbox, request_id).await,
+        _ => {}
+    }
+    match op_of(request) {
+        Ok(op) => spawn_op(ctx, request_id, op, received).await,
+        Err((status, message, flow)) => {
+            fail(outbox, request_id, Opcode::Add, status, message);
+            flow
+        }
+    }
+}
+
+/// `Hello`: negotiates the protocol version (only the authenticated one with a cluster
+/// secret, only version 1 without) and, with a secret, sends the nonce `Auth` must prove.
+fn handle_hello(
+    ctx: &ConnCtx<'_>,
+    request_id: u64,
+    version_min: u16,
+    version_max: u16,
+    handshake: &mut Handshake,
+) -> Flow {
+    let (shard, outbox) = (ctx.shard, ctx.outbox);
+    if !matches!(*handshake, Handshake::AwaitHello) {
+        fail(
+            outbox,
+            request_id,
+            Opcode::Hello,
+            Status::BadRequest,
+            "handshake already done on this connection".into(),
+        );
+        return Flow::Continue;
+    }
+    let secret = shard.limits.cluster_secret;
+    // A bookie with a cluster secret speaks only the authenticated version, one
+    // without only version 1 (it could not prove anything in version 2).
+    let ours = if secret.is_some() {
+        (PROTOCOL_VERSION_AUTH, PROTOCOL_VERSION_AUTH)
+    } else {
+        (1, 1)
+    };
+    match negotiate_version_in(version_min, version_max, ours.0, ours.1) {
+        Ok(version) => {
+            let auth_nonce = match secret.map(|_| quire_wire::auth::new_nonce()) {
+                None => None,
+                Some(Ok(n)) => Some(n),
+                Some(Err(e)) => {
                     fail(
-                        Opcode::Auth,
-                        Status::BadRequest,
-                        "already authenticated on this connection".into(),
+                        outbox,
+                        request_id,
+                        Opcode::Hello,
+                        Status::IoError,
+                        e.to_string(),
                     );
-                    Flow::Continue
-                }
-                (Handshake::AwaitHello, Some(_)) => {
-                    auth_refused(shard, peer, "an Auth before Hello");
-                    fail(
-                        Opcode::Auth,
-                        Status::Unauthorized,
-                        "the first request on a connection must be Hello".into(),
-                    );
-                    Flow::Fatal
-                }
-                (_, None) => {
-                    fail(
-                        Opcode::Auth,
-                        Status::BadRequest,
-                        "this bookie has no cluster secret: Auth belongs to protocol version 2"
-                            .into(),
-                    );
-                    Flow::Fatal
+                    return Flow::Fatal;
                 }
             };
+            *handshake = match auth_nonce {
+                Some(server_nonce) => Handshake::AwaitAuth { server_nonce },
+                None => Handshake::Done,
+            };
+            let response = Response::Hello {
+                version,
+                shard_count: shard.shard_count_wire(),
+                frame_size_bytes_max: shard.frame_size_bytes_max,
+                auth_nonce,
+            };
+            outbox.push(|out| encode_response(out, request_id, &response));
+            Flow::Continue
         }
-        _ if !handshake.done() && shard.limits.cluster_secret.is_some() => {
-            // Refused before the request touches any state: a stranger on the bookie port
-            // can neither add, read nor fence.
-            let opcode = opcode_of(&request);
-            auth_refused(shard, peer, "a request before the cluster-secret handshake");
+        Err(e) => {
+            let message = if secret.is_some() {
+                format!("{e}: this bookie admits only its cluster's processes, which need the cluster secret (setting cluster_secret_file) and protocol version {PROTOCOL_VERSION_AUTH}")
+            } else {
+                format!("{e}: this bookie has no cluster secret, so it speaks only version 1")
+            };
+            if secret.is_some() {
+                auth_refused(
+                    shard,
+                    ctx.peer,
+                    "a Hello without the version of the cluster-secret handshake",
+                );
+            }
             fail(
-                opcode,
-                Status::Unauthorized,
-                "this bookie admits only its cluster's processes: complete Hello and Auth with the cluster secret first".into(),
+                outbox,
+                request_id,
+                Opcode::Hello,
+                Status::BadVersion,
+                message,
             );
-            return Flow::Fatal;
+            Flow::Fatal
         }
-        _ if !handshake.done() => {
-            let opcode = opcode_of(&request);
+    }
+}
+
+/// `Auth` (version 2): checks the client's proof of the cluster secret against the nonce
+/// `Hello` sent and answers with the bookie's own proof; anything else closes the connection.
+fn handle_auth(
+    ctx: &ConnCtx<'_>,
+    request_id: u64,
+    client_nonce: &AuthNonce,
+    proof: &quire_wire::auth::AuthProof,
+    handshake: &mut Handshake,
+) -> Flow {
+    let (shard, outbox) = (ctx.shard, ctx.outbox);
+    match (*handshake, shard.limits.cluster_secret) {
+        (Handshake::AwaitAuth { server_nonce }, Some(secret)) => {
+            if secret.verify_client_proof(&server_nonce, client_nonce, proof) {
+                *handshake = Handshake::Done;
+                let response = Response::Auth {
+                    proof: secret.bookie_proof(&server_nonce, client_nonce),
+                };
+                outbox.push(|out| encode_response(out, request_id, &response));
+                Flow::Continue
+            } else {
+                auth_refused(shard, ctx.peer, "a wrong proof of the cluster secret");
+                fail(
+                    outbox,
+                    request_id,
+                    Opcode::Auth,
+                    Status::Unauthorized,
+                    "the proof of the cluster secret does not match: this bookie belongs to another cluster, or the secret file differs".into(),
+                );
+                Flow::Fatal
+            }
+        }
+        (Handshake::Done, Some(_)) => {
             fail(
-                opcode,
+                outbox,
+                request_id,
+                Opcode::Auth,
                 Status::BadRequest,
+                "already authenticated on this connection".into(),
+            );
+            Flow::Continue
+        }
+        (Handshake::AwaitHello, Some(_)) => {
+            auth_refused(shard, ctx.peer, "an Auth before Hello");
+            fail(
+                outbox,
+                request_id,
+                Opcode::Auth,
+                Status::Unauthorized,
                 "the first request on a connection must be Hello".into(),
             );
-            return Flow::Fatal;
+            Flow::Fatal
         }
+        (_, None) => {
+            fail(
+                outbox,
+                request_id,
+                Opcode::Auth,
+                Status::BadRequest,
+                "this bookie has no cluster secret: Auth belongs to protocol version 2".into(),
+            );
+            Flow::Fatal
+        }
+    }
+}
+
+/// Any request but `Hello` or `Auth` before the handshake is done: refused before it touches
+/// any state (a stranger on the bookie port can neither add, read nor fence), and the
+/// connection closes.
+fn refuse_before_handshake(ctx: &ConnCtx<'_>, request_id: u64, request: &Request<'_>) -> Flow {
+    let opcode = opcode_of(request);
+    if ctx.shard.limits.cluster_secret.is_some() {
+        auth_refused(
+            ctx.shard,
+            ctx.peer,
+            "a request before the cluster-secret handshake",
+        );
+        fail(
+            ctx.outbox,
+            request_id,
+            opcode,
+            Status::Unauthorized,
+            "this bookie admits only its cluster's processes: complete Hello and Auth with the cluster secret first".into(),
+        );
+    } else {
+        fail(
+            ctx.outbox,
+            request_id,
+            opcode,
+            Status::BadRequest,
+            "the first request on a connection must be Hello".into(),
+        );
+    }
+    Flow::Fatal
+}
+
+/// `GetBookieInfo`: statvfs(2) and the walk of the journal and ledger directories block, so
+/// they run on the executor's blocking-thread pool, never on the shard's thread. Shutdown
+/// waits for the answer like any request in flight.
+async fn answer_bookie_info(shard: &Rc<Shard>, outbox: &Rc<Outbox>, request_id: u64) -> Flow {
+    let opcode = Opcode::GetBookieInfo;
+    let Ok(pass) = shard.in_flight.enter() else {
+        fail(
+            outbox,
+            request_id,
+            opcode,
+            Status::IoError,
+            "bookie is shutting down".into(),
+        );
+        return Flow::Stopped;
+    };
+    let status = shard.status.clone();
+    let measured = glommio::executor()
+        .spawn_blocking(move || crate::metrics::bookie_info(&status))
+        .await;
+    match measured {
+        Ok(info) => outbox
+            .push(|out| quire_wire::bookie::encode_bookie_info_response(out, request_id, &info)),
+        Err(e) => fail(outbox, request_id, opcode, Status::IoError, e.to_string()),
+    }
+    drop(pass);
+    Flow::Continue
+}
+
+/// The shard operation of a data request (after the handshake). An `Add` whose entry id is
+/// reserved (`u64::MAX`, which cannot travel as a LAC or last entry) is refused, and the
+/// connection goes on; an unreadable entry header (already checked by `decode_request`)
+/// closes it.
+///
+/// # Errors
+/// The `Add` failure's status, message and what the reader does next.
+fn op_of(request: Request<'_>) -> Result<Op, (Status, String, Flow)> {
+    Ok(match request {
         Request::Add {
             recovery,
             master_key,
             entry,
         } => match quire_wire::entry::peek_header(entry) {
-            // u64::MAX cannot be a LAC or last entry on the wire (they travel as id + 1).
             Ok(h) if h.entry.0 == u64::MAX => {
-                fail(
-                    Opcode::Add,
+                return Err((
                     Status::BadRequest,
                     format!("entry id {} is reserved", u64::MAX),
-                );
-                return Flow::Continue;
+                    Flow::Continue,
+                ))
             }
             Ok(h) => Op::Add {
                 ledger: h.ledger.0,
@@ -826,11 +991,7 @@ async fn handle_request(
                 data: entry.to_vec(),
                 recovery,
             },
-            Err(e) => {
-                // decode_request already checked the header; keep the answer anyway.
-                fail(Opcode::Add, Status::BadRequest, e.to_string());
-                return Flow::Fatal;
-            }
+            Err(e) => return Err((Status::BadRequest, e.to_string(), Flow::Fatal)),
         },
         Request::Read {
             ledger,
@@ -846,28 +1007,6 @@ async fn handle_request(
             ledger: ledger.0,
             master_key: master_key.0,
         },
-        Request::GetBookieInfo => {
-            let opcode = Opcode::GetBookieInfo;
-            // statvfs(2) and the walk of the journal and ledger directories block: they run on
-            // the executor's blocking-thread pool, never on the shard's thread. Shutdown waits
-            // for the answer like any request in flight.
-            let Ok(pass) = shard.in_flight.enter() else {
-                fail(opcode, Status::IoError, "bookie is shutting down".into());
-                return Flow::Stopped;
-            };
-            let status = shard.status.clone();
-            let measured = glommio::executor()
-                .spawn_blocking(move || crate::metrics::bookie_info(&status))
-                .await;
-            match measured {
-                Ok(info) => outbox.push(|out| {
-                    quire_wire::bookie::encode_bookie_info_response(out, request_id, &info)
-                }),
-                Err(e) => fail(opcode, Status::IoError, e.to_string()),
-            }
-            drop(pass);
-            return Flow::Continue;
-        }
         Request::ReadLacLongPoll {
             ledger,
             previous_lac,
@@ -877,29 +1016,35 @@ async fn handle_request(
             previous: previous_lac.map(|e| e.0),
             timeout: Duration::from_millis(u64::from(timeout_ms.min(LONG_POLL_TIMEOUT_MS_MAX))),
         },
-    };
+        Request::Hello { .. } | Request::Auth { .. } | Request::GetBookieInfo => {
+            unreachable!("answered by handle_request")
+        }
+    })
+}
 
-    // Bound the requests in flight on this connection, then on the shard (the gate is what
-    // shutdown waits on). Either failing means the bookie is stopping.
-    let permit = match in_flight.acquire_static_permit(1).await {
+/// Runs `op` as its own task in the queue of its class (tail write, tail read, catch-up
+/// read), so that a parked long-poll or a disk read never holds up the requests behind it.
+/// The requests in flight are bounded on the connection, then on the shard (the gate is what
+/// shutdown waits on); either failing means the bookie is stopping.
+async fn spawn_op(ctx: &ConnCtx<'_>, request_id: u64, op: Op, received: Instant) -> Flow {
+    let permit = match ctx.in_flight.acquire_static_permit(1).await {
         Ok(p) => p,
         Err(_) => return Flow::Stopped,
     };
-    let pass = match shard.in_flight.enter() {
+    let pass = match ctx.shard.in_flight.enter() {
         Ok(p) => p,
         Err(_) => {
             drop(permit);
             let failure = Failure::new(Status::IoError, "bookie is shutting down".into());
             let opcode = op.opcode();
-            outbox.push(|out| encode_outcome(out, request_id, opcode, &Err(failure)));
+            ctx.outbox
+                .push(|out| encode_outcome(out, request_id, opcode, &Err(failure)));
             return Flow::Stopped;
         }
     };
-    // Each request is its own task in the queue of its class (tail write, tail read, catch-up
-    // read), so a parked long-poll or a disk read never holds up the requests behind it.
-    let queue = shard.queue_for(&op);
-    let shard = shard.clone();
-    let outbox = outbox.clone();
+    let queue = ctx.shard.queue_for(&op);
+    let shard = ctx.shard.clone();
+    let outbox = ctx.outbox.clone();
     let task = async move {
         let opcode = op.opcode();
         let add_bytes = match &op {

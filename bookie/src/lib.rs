@@ -330,46 +330,12 @@ impl Bookie {
         };
         check_shard_count(&config.journal_dir, shard_count)?;
         check_shard_count(&config.ledger_dir, shard_count)?;
-
-        let mut forward_txs = Vec::with_capacity(shard_count);
-        let mut forward_rxs = Vec::with_capacity(shard_count);
-        for _ in 0..shard_count {
-            let (tx, rx) = flume::bounded(FORWARD_QUEUE_MAX);
-            forward_txs.push(tx);
-            forward_rxs.push(rx);
-        }
-
         let status = Arc::new(metrics::BookieStatus::new(
             shard_count,
             config.journal_dir.clone(),
             config.ledger_dir.clone(),
         ));
-        // Every shard directory exists before the first measurement, so that a bookie that
-        // starts on a full disk is read-only before it serves anything.
-        let mut monitored = Vec::with_capacity(2 * shard_count);
-        for index in 0..shard_count {
-            for dir in [
-                config.shard_journal_dir(index),
-                config.shard_ledger_dir(index),
-            ] {
-                fs::create_dir_all(&dir).map_err(|source| Error::Io {
-                    op: "create directory",
-                    path: dir.clone(),
-                    source,
-                })?;
-                monitored.push(dir);
-            }
-        }
-        let monitor = disk::DiskMonitor::start(
-            monitored,
-            config.disk_usage_threshold,
-            config.disk_usage_lwm_threshold,
-            config.disk_check_interval,
-        )
-        .map_err(|e| Error::Runtime {
-            shard: 0,
-            message: format!("cannot start the disk monitor thread: {e}"),
-        })?;
+        let monitor = start_disk_monitor(&config)?;
         let read_only = monitor.state().clone();
         status.attach_read_only(read_only.clone());
         let mut bookie = Bookie {
@@ -379,90 +345,79 @@ impl Bookie {
             status: status.clone(),
             _host: config.host.clone(),
         };
+        let shared = ShardShared {
+            tls,
+            read_only,
+            status,
+        };
+        let started = bookie
+            .spawn_shards(&config, &shared)
+            .and_then(|()| bookie.wait_opened())
+            .and_then(|()| bookie.bind_all(config.listen));
+        if let Err(err) = started {
+            bookie.abort();
+            return Err(err);
+        }
+        tracing::info!(
+            addr = %bookie.addr,
+            shards = shard_count,
+            read_only = bookie.is_read_only(),
+            "bookie serving"
+        );
+        Ok(bookie)
+    }
+
+    /// Starts one executor thread per shard (each opens its engine at once); the shards can
+    /// forward requests to each other over bounded queues.
+    ///
+    /// # Errors
+    /// `Runtime` naming the first shard whose executor cannot start (the caller aborts the
+    /// shards already started).
+    fn spawn_shards(&mut self, config: &BookieConfig, shared: &ShardShared) -> Result<(), Error> {
+        let shard_count = config.shards;
+        let mut forward_txs = Vec::with_capacity(shard_count);
+        let mut forward_rxs = Vec::with_capacity(shard_count);
+        for _ in 0..shard_count {
+            let (tx, rx) = flume::bounded(FORWARD_QUEUE_MAX);
+            forward_txs.push(tx);
+            forward_rxs.push(rx);
+        }
         for (index, forward_rx) in forward_rxs.into_iter().enumerate() {
-            let mut engine = config.engine.clone();
-            engine.journal_dir = config.shard_journal_dir(index);
-            engine.ledger_dir = config.shard_ledger_dir(index);
             let (control_tx, control_rx) = flume::bounded(4);
             let (events_tx, events_rx) = flume::bounded(8);
-            let args = ShardArgs {
+            let args = shard_args(
+                config,
+                shared,
                 index,
-                shard_count,
-                frame_size_bytes_max: config.frame_size_bytes_max,
-                engine,
-                control: control_rx,
-                events: events_tx,
-                forward_rx,
-                peers: forward_txs.clone(),
-                gc_interval: config.gc_interval,
-                gc_deleted_ledgers: config.gc_deleted_ledgers.clone(),
-                ledger_keys: config.ledger_keys.clone(),
-                read_only: read_only.clone(),
-                metrics: config.metrics.as_ref().map(|m| m.shard(index).clone()),
-                status: status.clone(),
-                tls: tls.clone(),
-                limits: shard::ConnectionLimits {
-                    handshake_timeout: config.handshake_timeout,
-                    idle_timeout: config.idle_timeout,
-                    connections_max: config.connections_max.div_ceil(shard_count).max(1),
-                    connections_per_ip_max: config
-                        .connections_per_ip_max
-                        .div_ceil(shard_count)
-                        .max(1),
-                    frame_timeout: config.frame_timeout,
-                    request_pool_bytes: config
-                        .request_pool_bytes
-                        .div_ceil(shard_count)
-                        .max(config.frame_size_bytes_max as usize + 4),
-                    cluster_secret: config.cluster_secret,
+                ShardChannels {
+                    control: control_rx,
+                    events: events_tx,
+                    forward_rx,
+                    peers: forward_txs.clone(),
                 },
-            };
-            // Unbound unless asked: on a 2-core machine pinning shards next to the proxy and the
-            // test harness hurts more than it helps (reference/infra.md §2).
-            let spawned = match &config.host {
-                Some(host) => host
-                    .place(Box::new(move || {
-                        Box::pin(
-                            shard::shard_main(args).instrument(tracing::info_span!("shard", index)),
-                        )
-                    }))
-                    .map(|()| None),
-                None => {
-                    let placement = match config.cpu_set.as_slice() {
-                        [] => Placement::Unbound,
-                        cpus => Placement::Fixed(cpus[index % cpus.len()]),
-                    };
-                    LocalExecutorBuilder::new(placement)
-                        .name(&format!("quire-shard-{index}"))
-                        .io_memory(config.io_memory_bytes)
-                        .spawn(move || {
-                            shard::shard_main(args).instrument(tracing::info_span!("shard", index))
-                        })
-                        .map(Some)
-                        .map_err(|e| e.to_string())
-                }
-            };
-            match spawned {
-                Ok(thread) => bookie.shards.push(ShardHandle {
-                    control: control_tx,
-                    events: events_rx,
-                    thread,
-                }),
-                Err(message) => {
-                    let err = Error::Runtime {
-                        shard: index,
-                        message,
-                    };
-                    bookie.abort();
-                    return Err(err);
-                }
-            }
+            );
+            let thread = spawn_shard(config, index, args).map_err(|message| Error::Runtime {
+                shard: index,
+                message,
+            })?;
+            self.shards.push(ShardHandle {
+                control: control_tx,
+                events: events_rx,
+                thread,
+            });
         }
-        drop(forward_txs);
+        Ok(())
+    }
 
-        // Every engine replays in parallel; wait for all of them before binding anything.
+    /// Waits until every shard's engine has opened: every engine replays in parallel, and
+    /// nothing is bound before all of them have.
+    ///
+    /// # Errors
+    /// `Engine` for the first shard whose engine failed to open; `Runtime` if a shard
+    /// reported something else or exited.
+    fn wait_opened(&self) -> Result<(), Error> {
         let mut first_error = None;
-        for (index, s) in bookie.shards.iter().enumerate() {
+        for (index, s) in self.shards.iter().enumerate() {
             match s.events.recv() {
                 Ok(Event::Opened) => {}
                 Ok(Event::OpenFailed(source)) => {
@@ -476,35 +431,24 @@ impl Bookie {
                 }
             }
         }
-        if let Some(err) = first_error {
-            bookie.abort();
-            return Err(err);
-        }
+        first_error.map_or(Ok(()), Err)
+    }
 
-        // Shard 0 binds first so that port 0 resolves to one port that the others share.
-        let mut addr = config.listen;
-        for index in 0..shard_count {
-            let bound = bookie.bind_shard(index, addr);
-            match bound {
-                Ok(a) => {
-                    if index == 0 {
-                        addr = a;
-                    }
-                }
-                Err(err) => {
-                    bookie.abort();
-                    return Err(err);
-                }
+    /// Binds every shard to `listen`. Shard 0 binds first so that port 0 resolves to one port
+    /// that the others share; `self.addr` becomes the bound address.
+    ///
+    /// # Errors
+    /// `Bind` if the address is taken; `Runtime` if a shard does not answer.
+    fn bind_all(&mut self, listen: SocketAddr) -> Result<(), Error> {
+        let mut addr = listen;
+        for index in 0..self.shards.len() {
+            let a = self.bind_shard(index, addr)?;
+            if index == 0 {
+                addr = a;
             }
         }
-        bookie.addr = addr;
-        tracing::info!(
-            %addr,
-            shards = shard_count,
-            read_only = bookie.is_read_only(),
-            "bookie serving"
-        );
-        Ok(bookie)
+        self.addr = addr;
+        Ok(())
     }
 
     /// The address the bookie listens on (with the real port when started with port 0).
@@ -636,6 +580,134 @@ impl Drop for Bookie {
             if let Err(e) = self.stop_all() {
                 tracing::error!(error = %e, "bookie shutdown on drop failed");
             }
+        }
+    }
+}
+
+/// What every shard gets a handle of: the TLS acceptor, the read-only state of the disk
+/// monitor and the bookie's status for `GetBookieInfo` and metrics.
+struct ShardShared {
+    tls: Option<futures_rustls::TlsAcceptor>,
+    read_only: disk::ReadOnlyState,
+    status: Arc<metrics::BookieStatus>,
+}
+
+/// A shard's channels: control and events with the starting thread, forwarding with the
+/// other shards.
+struct ShardChannels {
+    control: flume::Receiver<Control>,
+    events: flume::Sender<Event>,
+    forward_rx: flume::Receiver<shard::Forwarded>,
+    peers: Vec<flume::Sender<shard::Forwarded>>,
+}
+
+/// Creates every shard's journal and ledger directory (so that a bookie that starts on a full
+/// disk is read-only before it serves anything) and starts the disk monitor over them.
+///
+/// # Errors
+/// `Io` if a directory cannot be created; `Runtime` if the monitor thread cannot start.
+fn start_disk_monitor(config: &BookieConfig) -> Result<disk::DiskMonitor, Error> {
+    let mut monitored = Vec::with_capacity(2 * config.shards);
+    for index in 0..config.shards {
+        for dir in [
+            config.shard_journal_dir(index),
+            config.shard_ledger_dir(index),
+        ] {
+            fs::create_dir_all(&dir).map_err(|source| Error::Io {
+                op: "create directory",
+                path: dir.clone(),
+                source,
+            })?;
+            monitored.push(dir);
+        }
+    }
+    disk::DiskMonitor::start(
+        monitored,
+        config.disk_usage_threshold,
+        config.disk_usage_lwm_threshold,
+        config.disk_check_interval,
+    )
+    .map_err(|e| Error::Runtime {
+        shard: 0,
+        message: format!("cannot start the disk monitor thread: {e}"),
+    })
+}
+
+/// The arguments of shard `index`: its engine directories, its share of the connection and
+/// request-pool limits (the bookie-wide ones divided by the shard count, rounded up), and
+/// the handles every shard gets.
+fn shard_args(
+    config: &BookieConfig,
+    shared: &ShardShared,
+    index: usize,
+    channels: ShardChannels,
+) -> ShardArgs {
+    let shard_count = config.shards;
+    let mut engine = config.engine.clone();
+    engine.journal_dir = config.shard_journal_dir(index);
+    engine.ledger_dir = config.shard_ledger_dir(index);
+    ShardArgs {
+        index,
+        shard_count,
+        frame_size_bytes_max: config.frame_size_bytes_max,
+        engine,
+        control: channels.control,
+        events: channels.events,
+        forward_rx: channels.forward_rx,
+        peers: channels.peers,
+        gc_interval: config.gc_interval,
+        gc_deleted_ledgers: config.gc_deleted_ledgers.clone(),
+        ledger_keys: config.ledger_keys.clone(),
+        read_only: shared.read_only.clone(),
+        metrics: config.metrics.as_ref().map(|m| m.shard(index).clone()),
+        status: shared.status.clone(),
+        tls: shared.tls.clone(),
+        limits: shard::ConnectionLimits {
+            handshake_timeout: config.handshake_timeout,
+            idle_timeout: config.idle_timeout,
+            connections_max: config.connections_max.div_ceil(shard_count).max(1),
+            connections_per_ip_max: config.connections_per_ip_max.div_ceil(shard_count).max(1),
+            frame_timeout: config.frame_timeout,
+            request_pool_bytes: config
+                .request_pool_bytes
+                .div_ceil(shard_count)
+                .max(config.frame_size_bytes_max as usize + 4),
+            cluster_secret: config.cluster_secret,
+        },
+    }
+}
+
+/// Starts shard `index`'s executor: on the host's threads when one is configured, else on a
+/// thread of its own, unbound unless `cpu_set` asks (on a 2-core machine pinning shards next
+/// to the proxy and the test harness hurts more than it helps, reference/infra.md §2).
+/// Returns the thread's join handle (`None` on a host).
+///
+/// # Errors
+/// Why the executor could not start.
+fn spawn_shard(
+    config: &BookieConfig,
+    index: usize,
+    args: ShardArgs,
+) -> Result<Option<glommio::ExecutorJoinHandle<()>>, String> {
+    match &config.host {
+        Some(host) => host
+            .place(Box::new(move || {
+                Box::pin(shard::shard_main(args).instrument(tracing::info_span!("shard", index)))
+            }))
+            .map(|()| None),
+        None => {
+            let placement = match config.cpu_set.as_slice() {
+                [] => Placement::Unbound,
+                cpus => Placement::Fixed(cpus[index % cpus.len()]),
+            };
+            LocalExecutorBuilder::new(placement)
+                .name(&format!("quire-shard-{index}"))
+                .io_memory(config.io_memory_bytes)
+                .spawn(move || {
+                    shard::shard_main(args).instrument(tracing::info_span!("shard", index))
+                })
+                .map(Some)
+                .map_err(|e| e.to_string())
         }
     }
 }

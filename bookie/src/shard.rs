@@ -465,41 +465,10 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         limits,
         tls,
     } = args;
-    let engine = match Engine::open(engine).await {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::error!(error = %e, "engine failed to open");
-            let _ = events.send(Event::OpenFailed(e));
-            return;
-        }
+    let Some(engine) = open_engine(engine, &events, metrics.as_ref(), &status, index).await else {
+        return;
     };
-    tracing::info!("engine open");
-    if let Some(m) = &metrics {
-        engine.set_journal_observer(Rc::new(m.clone()));
-    }
-    publish_state(&engine, &status, index);
-    let _ = events.send(Event::Opened);
-
-    let bound = match control.recv_async().await {
-        Ok(Control::Bind(addr)) => {
-            match TcpListener::bind(addr).and_then(|l| Ok((l.local_addr()?, l))) {
-                Ok(pair) => Some(pair),
-                Err(e) => {
-                    let _ = events.send(Event::BindFailed(e.into()));
-                    // The controller answers a failed bind with Close.
-                    wait_for_close(&control).await;
-                    None
-                }
-            }
-        }
-        // Close (start failed on another shard), or the controller vanished.
-        Ok(other) => {
-            tracing::debug!(?other, "start aborted before bind");
-            None
-        }
-        Err(_) => None,
-    };
-    let Some((addr, listener)) = bound else {
+    let Some((addr, listener)) = await_bind(&control, &events).await else {
         let result = engine.close().await;
         let _ = events.send(Event::Closed(result));
         return;
@@ -541,73 +510,177 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         connections_per_ip: Default::default(),
         request_pool: Rc::new(Semaphore::new(limits.request_pool_bytes as u64)),
     });
-    let forward_task = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
-    // A background checkpoint that found no space turns the bookie read-only at once.
-    let storage_full_task = glommio::spawn_local({
-        let (engine, read_only) = (engine.clone(), shard.read_only.clone());
-        async move {
-            loop {
-                engine.wait_for_storage_full().await;
-                read_only.report_storage_full();
-            }
-        }
-    });
-    let accept_task = glommio::spawn_local(accept_loop(shard.clone(), listener));
-    let gc_task = (!gc_interval.is_zero()).then(|| {
-        glommio::spawn_local(crate::gc::gc_loop(
-            engine.clone(),
-            index,
-            gc_interval,
-            gc_deleted_ledgers,
-        ))
-    });
-    let publish_task = glommio::spawn_local({
-        let (engine, status) = (engine.clone(), status.clone());
-        async move {
-            loop {
-                glommio::timer::sleep(STATE_PUBLISH_INTERVAL).await;
-                publish_state(&engine, &status, index);
-            }
-        }
-    });
+    let tasks = Background::spawn(
+        &shard,
+        listener,
+        forward_rx,
+        gc_interval,
+        gc_deleted_ledgers,
+    );
+    let close_now = serve_until_stop(&control).await;
+    stop_and_close(&shard, tasks, &control, &events, close_now).await;
+}
 
-    // Serve until told to stop (or until the controller vanished).
-    let mut close_now = false;
+/// Opens the shard's engine (replaying its journal) and reports the outcome to the starting
+/// thread; `None` when it failed (reported as `OpenFailed`).
+async fn open_engine(
+    config: EngineConfig,
+    events: &flume::Sender<Event>,
+    metrics: Option<&ShardMetrics>,
+    status: &BookieStatus,
+    index: usize,
+) -> Option<Rc<Engine>> {
+    let engine = match Engine::open(config).await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "engine failed to open");
+            let _ = events.send(Event::OpenFailed(e));
+            return None;
+        }
+    };
+    tracing::info!("engine open");
+    if let Some(m) = metrics {
+        engine.set_journal_observer(Rc::new(m.clone()));
+    }
+    publish_state(&engine, status, index);
+    let _ = events.send(Event::Opened);
+    Some(engine)
+}
+
+/// Waits for the starting thread's `Bind` and binds; `None` when the start was aborted
+/// (`Close`, the controller vanished) or the bind failed (reported as `BindFailed`, then the
+/// controller's `Close` is awaited).
+async fn await_bind(
+    control: &flume::Receiver<Control>,
+    events: &flume::Sender<Event>,
+) -> Option<(SocketAddr, TcpListener)> {
+    match control.recv_async().await {
+        Ok(Control::Bind(addr)) => {
+            match TcpListener::bind(addr).and_then(|l| Ok((l.local_addr()?, l))) {
+                Ok(pair) => Some(pair),
+                Err(e) => {
+                    let _ = events.send(Event::BindFailed(e.into()));
+                    // The controller answers a failed bind with Close.
+                    wait_for_close(control).await;
+                    None
+                }
+            }
+        }
+        // Close (start failed on another shard), or the controller vanished.
+        Ok(other) => {
+            tracing::debug!(?other, "start aborted before bind");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// The tasks a serving shard runs besides its connections.
+struct Background {
+    /// Requests other shards forward to this one.
+    forward: glommio::Task<()>,
+    /// A background checkpoint that found no space turns the bookie read-only at once.
+    storage_full: glommio::Task<()>,
+    accept: glommio::Task<()>,
+    gc: Option<glommio::Task<()>>,
+    /// Copies the engine's figures into the shared status.
+    publish: glommio::Task<()>,
+}
+
+impl Background {
+    /// Spawns the forward, storage-full, accept, GC (unless `gc_interval` is zero) and
+    /// status-publishing loops of `shard`.
+    fn spawn(
+        shard: &Rc<Shard>,
+        listener: TcpListener,
+        forward_rx: flume::Receiver<Forwarded>,
+        gc_interval: Duration,
+        gc_deleted_ledgers: Option<crate::gc::DeletedLedgers>,
+    ) -> Self {
+        let (engine, index) = (shard.engine.clone(), shard.index);
+        let forward = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
+        let storage_full = glommio::spawn_local({
+            let (engine, read_only) = (engine.clone(), shard.read_only.clone());
+            async move {
+                loop {
+                    engine.wait_for_storage_full().await;
+                    read_only.report_storage_full();
+                }
+            }
+        });
+        let accept = glommio::spawn_local(accept_loop(shard.clone(), listener));
+        let gc = (!gc_interval.is_zero()).then(|| {
+            glommio::spawn_local(crate::gc::gc_loop(
+                engine.clone(),
+                index,
+                gc_interval,
+                gc_deleted_ledgers,
+            ))
+        });
+        let publish = glommio::spawn_local({
+            let status = shard.status.clone();
+            async move {
+                loop {
+                    glommio::timer::sleep(STATE_PUBLISH_INTERVAL).await;
+                    publish_state(&engine, &status, index);
+                }
+            }
+        });
+        Self {
+            forward,
+            storage_full,
+            accept,
+            gc,
+            publish,
+        }
+    }
+}
+
+/// Serves until told to stop; returns true when told to close at once (`Close`, or the
+/// controller vanished) rather than to stop and drain first.
+async fn serve_until_stop(control: &flume::Receiver<Control>) -> bool {
     loop {
         match control.recv_async().await {
-            Ok(Control::Stop) => break,
-            Ok(Control::Close) | Err(_) => {
-                close_now = true;
-                break;
-            }
+            Ok(Control::Stop) => return false,
+            Ok(Control::Close) | Err(_) => return true,
             Ok(Control::Bind(_)) => tracing::error!("Bind received while serving; ignored"),
         }
     }
+}
+
+/// Stops the shard: no new connections or requests, waits for the requests in flight
+/// (reported as `Drained`), keeps serving forwarded requests until the controller says
+/// close (other shards may still forward requests read before they stopped), then stops the
+/// background loops and closes the engine (reported as `Closed`).
+async fn stop_and_close(
+    shard: &Rc<Shard>,
+    tasks: Background,
+    control: &flume::Receiver<Control>,
+    events: &flume::Sender<Event>,
+    mut close_now: bool,
+) {
     tracing::info!("stopping: no new connections or requests");
-    accept_task.cancel().await;
+    tasks.accept.cancel().await;
     shard.stop.close();
     if shard.in_flight.close().await.is_err() {
         tracing::error!("in-flight gate was already closed");
     }
     let _ = events.send(Event::Drained);
-
-    // Other shards may still forward requests that were read before they stopped; keep
-    // serving them until every shard has drained and the controller says close.
     while !close_now {
         match control.recv_async().await {
             Ok(Control::Close) | Err(_) => close_now = true,
             Ok(other) => tracing::debug!(?other, "ignored while draining"),
         }
     }
-    forward_task.cancel().await;
+    tasks.forward.cancel().await;
     // Only the loop stops here: a run it started goes on detached and stops at its next step
     // once the engine is closed.
-    if let Some(t) = gc_task {
+    if let Some(t) = tasks.gc {
         t.cancel().await;
     }
-    storage_full_task.cancel().await;
-    publish_task.cancel().await;
-    let result = engine.close().await;
+    tasks.storage_full.cancel().await;
+    tasks.publish.cancel().await;
+    let result = shard.engine.close().await;
     match &result {
         Ok(()) => tracing::info!("engine closed"),
         Err(e) => tracing::error!(error = %e, "engine close failed"),

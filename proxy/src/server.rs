@@ -702,6 +702,69 @@ impl AcceptBackoff {
     }
 }
 
+/// Answers a connection over the limit with an error (after the TLS handshake on a TLS
+/// port) and closes it; `permit` bounds how many such answers are in flight.
+async fn reject_over_limit(
+    socket: TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    config: Arc<ServerConfig>,
+    permit: OwnedSemaphorePermit,
+) {
+    match acceptor {
+        None => reject(socket, config.connections_max, permit).await,
+        Some(acceptor) => {
+            let mut handshake = None;
+            if let Some(tls) = tls_handshake(&acceptor, socket, peer, &config, &mut handshake).await
+            {
+                reject(tls, config.connections_max, permit).await;
+            }
+        }
+    }
+}
+
+/// The task of an admitted connection: takes its connection slot (waiting up to
+/// `REJECTION_TIME_MAX` for the one an evicted handshake frees, when `slot` is `None`), does
+/// the TLS handshake on a TLS port, and serves it.
+async fn serve_accepted(
+    socket: TcpStream,
+    mut conn: Conn,
+    slot: Option<OwnedSemaphorePermit>,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    stop: watch::Receiver<Stop>,
+    connections: Arc<Semaphore>,
+) {
+    let slot = match slot {
+        Some(slot) => slot,
+        None => {
+            let wait = connections.acquire_owned();
+            match tokio::time::timeout(REJECTION_TIME_MAX, wait).await {
+                Ok(Ok(slot)) => slot,
+                _ => {
+                    refused(&conn.config.metrics, "connection_limit");
+                    return;
+                }
+            }
+        }
+    };
+    match acceptor {
+        None => {
+            let (rd, wr) = socket.into_split();
+            connection(rd, wr, conn, stop).await;
+        }
+        Some(acceptor) => {
+            let peer = conn.peer;
+            let tls =
+                tls_handshake(&acceptor, socket, peer, &conn.config, &mut conn.handshake).await;
+            if let Some(tls) = tls {
+                let (rd, wr) = tokio::io::split(tls);
+                connection(rd, wr, conn, stop).await;
+            }
+        }
+    }
+    drop(slot);
+}
+
 async fn serve_until(
     listener: TcpListener,
     streams: Arc<StreamManager>,
@@ -746,25 +809,7 @@ async fn serve_until(
                         tracing::debug!(%peer, limit = config.connections_max, "refusing a connection over the limit");
                         if let Ok(permit) = rejections.clone().try_acquire_owned() {
                             let (acceptor, config) = (acceptor.clone(), config.clone());
-                            tokio::spawn(async move {
-                                match acceptor {
-                                    None => reject(socket, config.connections_max, permit).await,
-                                    Some(acceptor) => {
-                                        let mut handshake = None;
-                                        if let Some(tls) = tls_handshake(
-                                            &acceptor,
-                                            socket,
-                                            peer,
-                                            &config,
-                                            &mut handshake,
-                                        )
-                                        .await
-                                        {
-                                            reject(tls, config.connections_max, permit).await;
-                                        }
-                                    }
-                                }
-                            });
+                            tokio::spawn(reject_over_limit(socket, peer, acceptor, config, permit));
                         }
                         continue;
                     }
@@ -777,53 +822,23 @@ async fn serve_until(
                     shared.clone(),
                     connections.clone(),
                 );
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    let accepted = Instant::now();
-                    let slot = match slot {
-                        Some(slot) => slot,
-                        None => {
-                            let wait = connections.acquire_owned();
-                            match tokio::time::timeout(REJECTION_TIME_MAX, wait).await {
-                                Ok(Ok(slot)) => slot,
-                                _ => {
-                                    refused(&config.metrics, "connection_limit");
-                                    return;
-                                }
-                            }
-                        }
-                    };
-                    let mut conn = Conn {
-                        peer,
-                        accepted,
-                        streams,
-                        config,
-                        shared,
-                        handshake: Some(handshake),
-                        _ip_slot: ip_slot,
-                    };
-                    match acceptor {
-                        None => {
-                            let (rd, wr) = socket.into_split();
-                            connection(rd, wr, conn, stop).await;
-                        }
-                        Some(acceptor) => {
-                            let tls = tls_handshake(
-                                &acceptor,
-                                socket,
-                                peer,
-                                &conn.config,
-                                &mut conn.handshake,
-                            )
-                            .await;
-                            if let Some(tls) = tls {
-                                let (rd, wr) = tokio::io::split(tls);
-                                connection(rd, wr, conn, stop).await;
-                            }
-                        }
-                    }
-                    drop(slot);
-                });
+                let conn = Conn {
+                    peer,
+                    accepted: Instant::now(),
+                    streams,
+                    config,
+                    shared,
+                    handshake: Some(handshake),
+                    _ip_slot: ip_slot,
+                };
+                tokio::spawn(serve_accepted(
+                    socket,
+                    conn,
+                    slot,
+                    acceptor.clone(),
+                    stop,
+                    connections,
+                ));
             }
             Err(e) => {
                 let (pause, log) = backoff.on_error(Instant::now());
@@ -1131,63 +1146,151 @@ struct Conn {
     _ip_slot: IpSlot,
 }
 
+/// The connection is to be closed (what `break 'conn` was in one long loop).
+struct Close;
+
+/// One connection's state while its frames are read and its requests handled: what it was
+/// given ([`Conn`]), its answer queue, its budgets and the receive buffer.
+struct ConnState {
+    peer: SocketAddr,
+    streams: Arc<StreamManager>,
+    config: Arc<ServerConfig>,
+    shared: Arc<Shared>,
+    /// Its place among the connections in their handshake, until the handshake is answered.
+    handshake: Option<Handshake>,
+    stop: watch::Receiver<Stop>,
+    activity: Arc<Activity>,
+    /// Encoded answers for the writer task.
+    out_tx: mpsc::Sender<Out>,
+    /// Bytes of the process-wide response budget this connection holds.
+    held: Arc<AtomicUsize>,
+    /// This connection's response budget (`connection_response_bytes_max`), one permit a byte.
+    responses: Arc<Semaphore>,
+    frame_total_max: usize,
+    /// The pool bytes reserved for the frame at the front of the buffer, if it is large.
+    frame_permit: Option<OwnedSemaphorePermit>,
+    /// When the incomplete frame at the front of the buffer started to arrive (or the pool
+    /// gave its bytes): the frame timeout counts from it.
+    partial_since: Option<Instant>,
+    /// The answer tasks of writes in flight, which a drain waits for.
+    writes: tokio::task::JoinSet<()>,
+    permits: Arc<Semaphore>,
+    turns: WriteTurns,
+    /// Frames are taken from its front; the bytes handed out are dropped once per read.
+    buf: RecvBuffer,
+    greeted: bool,
+    /// The handshake's token's rights, when the proxy requires tokens.
+    grant: Option<Grant>,
+    /// Its count in its address's connections, for as long as it is open.
+    _ip_slot: IpSlot,
+}
+
+/// What a request task holds until its answer is queued: the frame's request-pool bytes, its
+/// in-flight permit, and what it needs to answer.
+struct Answer {
+    tx: mpsc::Sender<Out>,
+    activity: Arc<Activity>,
+    opcode: u8,
+    request_id: u64,
+    received: Instant,
+    frame_hold: Option<OwnedSemaphorePermit>,
+    permit: OwnedSemaphorePermit,
+}
+
 /// Serves one connection's two halves, plain TCP or TLS (generic, so that plain TCP has no
-/// indirection).
-async fn connection<R, W>(mut rd: R, wr: W, conn: Conn, mut stop: watch::Receiver<Stop>)
+/// indirection): frames are read and their requests handled until the client leaves, a
+/// protocol error, a timeout or a stop; then the answers still due go out as the stop mode
+/// allows.
+async fn connection<R, W>(mut rd: R, wr: W, conn: Conn, stop: watch::Receiver<Stop>)
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let Conn {
-        peer,
-        accepted,
-        streams,
-        config,
-        shared,
-        mut handshake,
-        _ip_slot,
-    } = conn;
-    let activity = Arc::new(Activity {
-        accepted,
-        last_ms: AtomicU64::new(0),
-    });
-    let (out_tx, out_rx) = mpsc::channel::<Out>(config.requests_in_flight_max);
+    let (mut st, out_rx) = ConnState::new(conn, stop);
     let (flush_tx, flush_rx) = oneshot::channel();
-    // Bytes of the process-wide response budget this connection holds.
-    let held = Arc::new(AtomicUsize::new(0));
     let limits = SendLimits {
-        timeout: config.send_timeout,
-        pressure_timeout: config.pressure_send_timeout,
-        pool: shared.responses.clone(),
-        held: held.clone(),
-        metrics: config.metrics.clone(),
+        timeout: st.config.send_timeout,
+        pressure_timeout: st.config.pressure_send_timeout,
+        pool: st.shared.responses.clone(),
+        held: st.held.clone(),
+        metrics: st.config.metrics.clone(),
     };
-    let writer = tokio::spawn(writer_loop(wr, out_rx, flush_rx, peer, limits));
-    // This connection's response budget (`connection_response_bytes_max`), one permit a byte.
-    let frame_total_max = config.frame_size_bytes_max as usize + 4;
-    let responses = Arc::new(Semaphore::new(
-        config.connection_response_bytes_max.max(frame_total_max),
-    ));
-    // The pool bytes reserved for the frame at the front of the buffer, if it is large.
-    let mut frame_permit: Option<OwnedSemaphorePermit> = None;
-    // When the incomplete frame at the front of the buffer started to arrive (or the pool
-    // gave its bytes): the frame timeout counts from it.
-    let mut partial_since: Option<Instant> = None;
-    // The answer tasks of writes in flight, which a drain waits for.
-    let mut writes = tokio::task::JoinSet::new();
-    let permits = Arc::new(Semaphore::new(config.requests_in_flight_max));
-    let mut turns = WriteTurns::default();
-    // Frames are taken from its front; the bytes handed out are dropped once per read.
-    let mut buf = RecvBuffer::new();
-    let mut greeted = false;
-    // The handshake's token's rights, when the proxy requires tokens.
-    let mut grant: Option<Grant> = None;
-    'conn: loop {
+    let writer = tokio::spawn(writer_loop(wr, out_rx, flush_rx, st.peer, limits));
+    loop {
+        let step = async {
+            let consumed = st.handle_frames().await?;
+            while st.writes.try_join_next().is_some() {}
+            let frame_bytes = st.prepare_read(consumed).await?;
+            st.read_more(&mut rd, frame_bytes).await
+        };
+        if step.await.is_err() {
+            break;
+        }
+    }
+    st.finish(writer, flush_tx).await;
+}
+
+impl ConnState {
+    /// The state of a connection just accepted, and the receiving end of its answer queue.
+    fn new(conn: Conn, stop: watch::Receiver<Stop>) -> (Self, mpsc::Receiver<Out>) {
+        let Conn {
+            peer,
+            accepted,
+            streams,
+            config,
+            shared,
+            handshake,
+            _ip_slot,
+        } = conn;
+        let (out_tx, out_rx) = mpsc::channel::<Out>(config.requests_in_flight_max);
+        let frame_total_max = config.frame_size_bytes_max as usize + 4;
+        let st = Self {
+            peer,
+            activity: Arc::new(Activity {
+                accepted,
+                last_ms: AtomicU64::new(0),
+            }),
+            out_tx,
+            held: Arc::new(AtomicUsize::new(0)),
+            responses: Arc::new(Semaphore::new(
+                config.connection_response_bytes_max.max(frame_total_max),
+            )),
+            frame_total_max,
+            frame_permit: None,
+            partial_since: None,
+            writes: tokio::task::JoinSet::new(),
+            permits: Arc::new(Semaphore::new(config.requests_in_flight_max)),
+            turns: WriteTurns::default(),
+            buf: RecvBuffer::new(),
+            greeted: false,
+            grant: None,
+            streams,
+            config,
+            shared,
+            handshake,
+            stop,
+            _ip_slot,
+        };
+        (st, out_rx)
+    }
+
+    /// Queues an error answer (best effort: the connection may be closing).
+    async fn send_error(&self, e: &Error, opcode: u8, request_id: u64) {
+        let _ = self
+            .out_tx
+            .send(encode(&error_response(e), opcode, request_id))
+            .await;
+    }
+
+    /// Handles every whole frame in the buffer; returns whether there was any.
+    async fn handle_frames(&mut self) -> Result<bool, Close> {
         let mut consumed = false;
-        // Handle every whole frame in the buffer.
         loop {
-            let (opcode, request_id, decoded) = match buf.next_frame(config.frame_size_bytes_max) {
-                Ok(None) => break,
+            let (opcode, request_id, decoded) = match self
+                .buf
+                .next_frame(self.config.frame_size_bytes_max)
+            {
+                Ok(None) => return Ok(consumed),
                 Ok(Some(frame)) => (
                     frame.header.opcode,
                     frame.header.request_id,
@@ -1195,402 +1298,500 @@ where
                 ),
                 Err(e) => {
                     // Oversized or undersized length: the stream cannot be resynchronised.
-                    tracing::debug!(%peer, error = %e, "closing connection after a bad frame");
-                    let _ = out_tx
-                        .send(encode(&error_response(&Error::Protocol(e)), 0, 0))
-                        .await;
-                    break 'conn;
+                    tracing::debug!(peer = %self.peer, error = %e, "closing connection after a bad frame");
+                    self.send_error(&Error::Protocol(e), 0, 0).await;
+                    return Err(Close);
                 }
             };
-            activity.touch();
+            self.activity.touch();
             consumed = true;
             // Held until the request has been answered (Kafka's memory pool frees a request's
-            // bytes once it is handled).
-            let frame_hold = frame_permit.take();
-            let received = Instant::now();
+            // bytes once it is handled); a frame that does not decode gives them back at once.
+            let frame_hold = self.frame_permit.take();
             let req = match decoded {
                 Ok(r) => r,
                 Err(e) => {
-                    let resp = error_response(&Error::Protocol(e.clone()));
-                    let _ = out_tx.send(encode(&resp, opcode, request_id)).await;
-                    if !greeted || matches!(e, WireError::BadMagic { .. }) {
-                        break 'conn;
+                    self.send_error(&Error::Protocol(e.clone()), opcode, request_id)
+                        .await;
+                    if !self.greeted || matches!(e, WireError::BadMagic { .. }) {
+                        return Err(Close);
                     }
                     continue;
                 }
             };
-            if !greeted {
-                let Request::Hello {
-                    version_min,
-                    version_max,
-                    token,
-                } = req
-                else {
-                    let e = Error::BadRequest {
-                        reason: "the first request must be a handshake".into(),
-                    };
-                    let _ = out_tx
-                        .send(encode(&error_response(&e), opcode, request_id))
-                        .await;
-                    break 'conn;
-                };
-                let version = version_max.min(PROXY_PROTOCOL_VERSION_MAX);
-                if version < version_min.max(PROXY_PROTOCOL_VERSION_MIN) {
-                    let e = Error::UnsupportedVersion {
-                        peer_min: version_min,
-                        peer_max: version_max,
-                        ours_min: PROXY_PROTOCOL_VERSION_MIN,
-                        ours_max: PROXY_PROTOCOL_VERSION_MAX,
-                    };
-                    let _ = out_tx
-                        .send(encode(&error_response(&e), opcode, request_id))
-                        .await;
-                    break 'conn;
-                }
-                if let Some(auth) = &config.auth {
-                    let known = token.as_ref().and_then(|t| auth.authenticate(&t.0));
-                    let Some(g) = known else {
-                        let (reason, label) = if token.is_some() {
-                            ("the proxy does not know this token", "unknown_token")
-                        } else {
-                            (
-                                "the proxy requires a token (ProxyClient token, quire --token or QUIRE_TOKEN)",
-                                "missing_token",
-                            )
-                        };
-                        if let Some(m) = &config.metrics {
-                            m.auth_failures
-                                .get_or_create(&ReasonLabels { reason: label })
-                                .inc();
-                        }
-                        let verdict = shared.auth_failures.failed(peer.ip(), Instant::now());
-                        match verdict.warn {
-                            Some(not_warned) => {
-                                tracing::warn!(%peer, reason, failures = verdict.count, not_warned, delay_ms = verdict.delay.as_millis() as u64, "refused a handshake: bad token")
-                            }
-                            None => {
-                                tracing::debug!(%peer, reason, failures = verdict.count, "refused a handshake: bad token")
-                            }
-                        }
-                        // Repeated failures from one address are answered later and later (a
-                        // guesser's rate falls), holding the connection meanwhile: its address's
-                        // connection limit bounds how many it can have waiting.
-                        if !verdict.delay.is_zero() {
-                            tokio::select! {
-                                _ = tokio::time::sleep(verdict.delay) => {}
-                                _ = stop.changed() => break 'conn,
-                            }
-                        }
-                        let e = Error::Unauthenticated {
-                            reason: reason.into(),
-                        };
-                        let _ = out_tx
-                            .send(encode(&error_response(&e), opcode, request_id))
-                            .await;
-                        break 'conn;
-                    };
-                    grant = Some(g.clone());
-                    shared.auth_failures.succeeded(peer.ip());
-                }
-                let resp = Response::Hello {
-                    version,
-                    frame_size_bytes_max: config.frame_size_bytes_max,
-                    record_size_bytes_max: RECORD_SIZE_BYTES_MAX as u32,
-                };
-                if out_tx
-                    .send(encode(&resp, opcode, request_id))
-                    .await
-                    .is_err()
-                {
-                    break 'conn;
-                }
-                greeted = true;
-                if let Some(h) = handshake.take() {
-                    h.done();
-                }
-                continue;
-            }
-            if let Some(reason) = grant.as_ref().and_then(|g| g.check(&req).err()) {
-                let resp = error_response(&Error::RequestDenied { reason });
-                record(&config.metrics, opcode, received, &resp);
-                if out_tx
-                    .send(encode(&resp, opcode, request_id))
-                    .await
-                    .is_err()
-                {
-                    break 'conn;
-                }
-                continue;
-            }
-            // A request with a large answer first takes its share of the response budgets:
-            // a client that does not read its answers stops being served here.
-            let reservation = match response_bytes_bound(&req, &config) {
-                None => None,
-                Some(n) => {
-                    let n = n.min(frame_total_max);
-                    let reserve = async {
-                        let conn = responses
-                            .clone()
-                            .acquire_many_owned(n as u32)
-                            .await
-                            .expect("the response budget is never closed");
-                        let process = shared.responses.acquire(peer.ip(), n, &held).await;
-                        ResponseHold {
-                            _conn: conn,
-                            _process: process,
-                        }
-                    };
-                    tokio::select! {
-                        r = reserve => Some(r),
-                        _ = stop.changed() => break 'conn,
-                        _ = out_tx.closed() => break 'conn,
-                    }
-                }
+            self.handle_request(opcode, request_id, req, frame_hold)
+                .await?;
+        }
+    }
+
+    /// Handles one decoded request: the handshake first, then the token's rights, the
+    /// response budget and an in-flight permit, then the request itself.
+    async fn handle_request(
+        &mut self,
+        opcode: u8,
+        request_id: u64,
+        req: Request,
+        frame_hold: Option<OwnedSemaphorePermit>,
+    ) -> Result<(), Close> {
+        let received = Instant::now();
+        if !self.greeted {
+            return self.hello(opcode, request_id, req).await;
+        }
+        if let Some(reason) = self.grant.as_ref().and_then(|g| g.check(&req).err()) {
+            let resp = error_response(&Error::RequestDenied { reason });
+            record(&self.config.metrics, opcode, received, &resp);
+            return match self.out_tx.send(encode(&resp, opcode, request_id)).await {
+                Ok(()) => Ok(()),
+                Err(_) => Err(Close),
             };
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                break 'conn;
+        }
+        let reservation = self.reserve_response(&req).await?;
+        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            return Err(Close);
+        };
+        let answer = Answer {
+            tx: self.out_tx.clone(),
+            activity: self.activity.clone(),
+            opcode,
+            request_id,
+            received,
+            frame_hold,
+            permit,
+        };
+        match req {
+            Request::Hello { .. } => {
+                let e = Error::BadRequest {
+                    reason: "handshake already done".into(),
+                };
+                let resp = error_response(&e);
+                record(&self.config.metrics, opcode, received, &resp);
+                let _ = answer.tx.send(encode(&resp, opcode, request_id)).await;
+                Ok(())
+            }
+            Request::Write {
+                stream,
+                create_if_missing,
+                records,
+            } => {
+                self.write(stream, create_if_missing, records, answer).await;
+                Ok(())
+            }
+            other => self.spawn_request(other, answer, reservation).await,
+        }
+    }
+
+    /// The handshake: the first request must be `Hello` with a protocol version this proxy
+    /// speaks and, when the proxy requires tokens, a token it knows.
+    async fn hello(&mut self, opcode: u8, request_id: u64, req: Request) -> Result<(), Close> {
+        let Request::Hello {
+            version_min,
+            version_max,
+            token,
+        } = req
+        else {
+            let e = Error::BadRequest {
+                reason: "the first request must be a handshake".into(),
             };
-            let tx = out_tx.clone();
-            let activity = activity.clone();
-            match req {
-                Request::Hello { .. } => {
-                    let e = Error::BadRequest {
-                        reason: "handshake already done".into(),
-                    };
-                    let resp = error_response(&e);
-                    record(&config.metrics, opcode, received, &resp);
-                    let _ = tx.send(encode(&resp, opcode, request_id)).await;
-                }
-                Request::Write {
-                    stream,
-                    create_if_missing,
-                    records,
-                } => {
-                    // The answer waits for its turn: after the answer of the previous write to
-                    // the same stream on this connection has been queued (see `WriteTurns`).
-                    let (previous, done) = turns.next(&stream);
-                    let count = records.len();
-                    let submitted = if let Some(record_index) = reserved_txid_index(&records) {
-                        // Checked here rather than in the stream layer so that no stream is
-                        // created or acquired for a request that cannot be written.
-                        Err(Error::ReservedTxid {
-                            record_index,
-                            txid: records[record_index].0,
-                        })
-                    } else {
-                        if let Some(m) = &config.metrics {
-                            let bytes: usize = records.iter().map(|(_, p)| p.len()).sum();
-                            m.bytes_in.inc_by(bytes as u64);
-                        }
-                        // Submitted here, in frame order; awaited in its own task.
-                        streams
-                            .submit_append(&stream, records, create_if_missing)
-                            .await
-                    };
-                    let metrics = config.metrics.clone();
-                    writes.spawn(async move {
-                        let result = match submitted {
-                            Ok(rx) => rx.await.unwrap_or(Err(Error::ShuttingDown)),
-                            Err(e) => Err(e),
-                        };
-                        let resp = match result {
-                            Ok(w) => {
-                                assert_eq!(w.count as usize, count);
-                                Response::Write {
-                                    count: count as u32,
-                                    first_dlsn: w.first_dlsn,
-                                    last_dlsn: w.last_dlsn,
-                                }
-                            }
-                            Err(e) => error_response(&e),
-                        };
-                        // A predecessor whose task ended without queuing its answer (the
-                        // connection is closing) no longer holds the turn.
-                        if let Some(previous) = previous {
-                            let _ = previous.await;
-                        }
-                        record(&metrics, opcode, received, &resp);
-                        let _ = tx.send(encode(&resp, opcode, request_id)).await;
-                        let _ = done.send(());
-                        activity.touch();
-                        drop(frame_hold);
-                        drop(permit);
-                    });
-                }
-                other => {
-                    let runtime = match (&other, &config.catch_up_read_runtime) {
-                        (Request::Read { stream, from, .. }, Some(rt))
-                            if streams.is_catch_up_read(stream, *from) =>
-                        {
-                            rt.clone()
-                        }
-                        _ => tokio::runtime::Handle::current(),
-                    };
-                    let streams = streams.clone();
-                    let config = config.clone();
-                    let grant = grant.clone();
-                    let is_delete = matches!(other, Request::DeleteStream { .. });
-                    let task = runtime.spawn(async move {
-                        let resp = match handle(other, &streams, &config).await {
-                            Ok(Response::ListStreams { streams }) if grant.is_some() => {
-                                // Only the streams the token may read.
-                                let g = grant.as_ref().expect("checked");
-                                Response::ListStreams {
-                                    streams: streams
-                                        .into_iter()
-                                        .filter(|s| g.allows(Right::Read, s))
-                                        .collect(),
-                                }
-                            }
-                            Ok(r) => r,
-                            Err(e) => error_response(&e),
-                        };
-                        record(&config.metrics, opcode, received, &resp);
-                        let out = encode(&resp, opcode, request_id).holding(reservation);
-                        let _ = tx.send(out).await;
-                        activity.touch();
-                        drop(frame_hold);
-                        drop(permit);
-                    });
-                    if is_delete {
-                        // What this connection sent after a delete is applied after it
-                        // (docs/proxy-protocol.md, "Delete stream"): the next frame is taken
-                        // once the delete is done and answered, so writes pipelined behind it
-                        // find the stream gone rather than being acknowledged and then deleted
-                        // with it. Deletes are rare; only this connection waits.
-                        tokio::select! {
-                            _ = task => {}
-                            _ = stop.changed() => break 'conn,
-                        }
-                    }
-                }
+            self.send_error(&e, opcode, request_id).await;
+            return Err(Close);
+        };
+        let version = version_max.min(PROXY_PROTOCOL_VERSION_MAX);
+        if version < version_min.max(PROXY_PROTOCOL_VERSION_MIN) {
+            let e = Error::UnsupportedVersion {
+                peer_min: version_min,
+                peer_max: version_max,
+                ours_min: PROXY_PROTOCOL_VERSION_MIN,
+                ours_max: PROXY_PROTOCOL_VERSION_MAX,
+            };
+            self.send_error(&e, opcode, request_id).await;
+            return Err(Close);
+        }
+        let config = self.config.clone();
+        if let Some(auth) = &config.auth {
+            let known = token.as_ref().and_then(|t| auth.authenticate(&t.0));
+            let Some(g) = known else {
+                return self.refuse_token(token.is_some(), opcode, request_id).await;
+            };
+            self.grant = Some(g.clone());
+            self.shared.auth_failures.succeeded(self.peer.ip());
+        }
+        let resp = Response::Hello {
+            version,
+            frame_size_bytes_max: self.config.frame_size_bytes_max,
+            record_size_bytes_max: RECORD_SIZE_BYTES_MAX as u32,
+        };
+        if self
+            .out_tx
+            .send(encode(&resp, opcode, request_id))
+            .await
+            .is_err()
+        {
+            return Err(Close);
+        }
+        self.greeted = true;
+        if let Some(h) = self.handshake.take() {
+            h.done();
+        }
+        Ok(())
+    }
+
+    /// Refuses a handshake with a missing or unknown token (`UNAUTHENTICATED`), counted and
+    /// logged. Repeated failures from one address are answered later and later (a guesser's
+    /// rate falls), holding the connection meanwhile: its address's connection limit bounds
+    /// how many it can have waiting. Always closes the connection.
+    async fn refuse_token(
+        &mut self,
+        had_token: bool,
+        opcode: u8,
+        request_id: u64,
+    ) -> Result<(), Close> {
+        let peer = self.peer;
+        let (reason, label) = if had_token {
+            ("the proxy does not know this token", "unknown_token")
+        } else {
+            (
+                "the proxy requires a token (ProxyClient token, quire --token or QUIRE_TOKEN)",
+                "missing_token",
+            )
+        };
+        if let Some(m) = &self.config.metrics {
+            m.auth_failures
+                .get_or_create(&ReasonLabels { reason: label })
+                .inc();
+        }
+        let verdict = self.shared.auth_failures.failed(peer.ip(), Instant::now());
+        match verdict.warn {
+            Some(not_warned) => {
+                tracing::warn!(%peer, reason, failures = verdict.count, not_warned, delay_ms = verdict.delay.as_millis() as u64, "refused a handshake: bad token")
+            }
+            None => {
+                tracing::debug!(%peer, reason, failures = verdict.count, "refused a handshake: bad token")
             }
         }
-        while writes.try_join_next().is_some() {}
-        if buf.pending().is_empty() {
-            partial_since = None;
-        } else if consumed || partial_since.is_none() {
-            partial_since = Some(Instant::now());
+        if !verdict.delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(verdict.delay) => {}
+                _ = self.stop.changed() => return Err(Close),
+            }
         }
-        let frame_bytes = pending_frame_bytes(buf.pending());
+        let e = Error::Unauthenticated {
+            reason: reason.into(),
+        };
+        self.send_error(&e, opcode, request_id).await;
+        Err(Close)
+    }
+
+    /// A request with a large answer first takes its share of the response budgets (this
+    /// connection's, then the process's): a client that does not read its answers stops
+    /// being served here. `None` for requests with small answers.
+    async fn reserve_response(&mut self, req: &Request) -> Result<Option<ResponseHold>, Close> {
+        let Some(n) = response_bytes_bound(req, &self.config) else {
+            return Ok(None);
+        };
+        let n = n.min(self.frame_total_max);
+        let reserve = async {
+            let conn = self
+                .responses
+                .clone()
+                .acquire_many_owned(n as u32)
+                .await
+                .expect("the response budget is never closed");
+            let process = self
+                .shared
+                .responses
+                .acquire(self.peer.ip(), n, &self.held)
+                .await;
+            ResponseHold {
+                _conn: conn,
+                _process: process,
+            }
+        };
+        tokio::select! {
+            r = reserve => Ok(Some(r)),
+            _ = self.stop.changed() => Err(Close),
+            _ = self.out_tx.closed() => Err(Close),
+        }
+    }
+
+    /// A write: submitted to its stream here, in frame order, and answered by its own task
+    /// once the stream task acknowledged it and the previous write to the same stream on this
+    /// connection had its answer queued (see `WriteTurns`).
+    async fn write(
+        &mut self,
+        stream: String,
+        create_if_missing: bool,
+        records: Vec<(u64, Vec<u8>)>,
+        answer: Answer,
+    ) {
+        let (previous, done) = self.turns.next(&stream);
+        let count = records.len();
+        let submitted = if let Some(record_index) = reserved_txid_index(&records) {
+            // Checked here rather than in the stream layer so that no stream is
+            // created or acquired for a request that cannot be written.
+            Err(Error::ReservedTxid {
+                record_index,
+                txid: records[record_index].0,
+            })
+        } else {
+            if let Some(m) = &self.config.metrics {
+                let bytes: usize = records.iter().map(|(_, p)| p.len()).sum();
+                m.bytes_in.inc_by(bytes as u64);
+            }
+            self.streams
+                .submit_append(&stream, records, create_if_missing)
+                .await
+        };
+        let metrics = self.config.metrics.clone();
+        self.writes.spawn(async move {
+            let result = match submitted {
+                Ok(rx) => rx.await.unwrap_or(Err(Error::ShuttingDown)),
+                Err(e) => Err(e),
+            };
+            let resp = match result {
+                Ok(w) => {
+                    assert_eq!(w.count as usize, count);
+                    Response::Write {
+                        count: count as u32,
+                        first_dlsn: w.first_dlsn,
+                        last_dlsn: w.last_dlsn,
+                    }
+                }
+                Err(e) => error_response(&e),
+            };
+            // A predecessor whose task ended without queuing its answer (the
+            // connection is closing) no longer holds the turn.
+            if let Some(previous) = previous {
+                let _ = previous.await;
+            }
+            record(&metrics, answer.opcode, answer.received, &resp);
+            let _ = answer
+                .tx
+                .send(encode(&resp, answer.opcode, answer.request_id))
+                .await;
+            let _ = done.send(());
+            answer.activity.touch();
+            drop(answer.frame_hold);
+            drop(answer.permit);
+        });
+    }
+
+    /// Any other request runs as its own task: a catch-up read on the lower-priority read
+    /// runtime when there is one, the rest here. After a delete the next frame is taken once
+    /// the delete is done and answered (docs/proxy-protocol.md, "Delete stream"), so writes
+    /// pipelined behind it find the stream gone rather than being acknowledged and then
+    /// deleted with it. Deletes are rare; only this connection waits.
+    async fn spawn_request(
+        &mut self,
+        req: Request,
+        answer: Answer,
+        reservation: Option<ResponseHold>,
+    ) -> Result<(), Close> {
+        let runtime = match (&req, &self.config.catch_up_read_runtime) {
+            (Request::Read { stream, from, .. }, Some(rt))
+                if self.streams.is_catch_up_read(stream, *from) =>
+            {
+                rt.clone()
+            }
+            _ => tokio::runtime::Handle::current(),
+        };
+        let streams = self.streams.clone();
+        let config = self.config.clone();
+        let grant = self.grant.clone();
+        let is_delete = matches!(req, Request::DeleteStream { .. });
+        let task = runtime.spawn(async move {
+            let resp = match handle(req, &streams, &config).await {
+                Ok(Response::ListStreams { streams }) if grant.is_some() => {
+                    // Only the streams the token may read.
+                    let g = grant.as_ref().expect("checked");
+                    Response::ListStreams {
+                        streams: streams
+                            .into_iter()
+                            .filter(|s| g.allows(Right::Read, s))
+                            .collect(),
+                    }
+                }
+                Ok(r) => r,
+                Err(e) => error_response(&e),
+            };
+            record(&config.metrics, answer.opcode, answer.received, &resp);
+            let out = encode(&resp, answer.opcode, answer.request_id).holding(reservation);
+            let _ = answer.tx.send(out).await;
+            answer.activity.touch();
+            drop(answer.frame_hold);
+            drop(answer.permit);
+        });
+        if is_delete {
+            tokio::select! {
+                _ = task => {}
+                _ = self.stop.changed() => return Err(Close),
+            }
+        }
+        Ok(())
+    }
+
+    /// Before reading: notes when an incomplete frame started to arrive, reserves a large
+    /// frame's bytes in the request pool (until the pool can give them this connection is not
+    /// read; before the handshake such a frame closes it), and makes room in the buffer.
+    /// Returns the length of the frame at the front of the buffer, when known.
+    async fn prepare_read(&mut self, consumed: bool) -> Result<Option<usize>, Close> {
+        if self.buf.pending().is_empty() {
+            self.partial_since = None;
+        } else if consumed || self.partial_since.is_none() {
+            self.partial_since = Some(Instant::now());
+        }
+        let frame_bytes = pending_frame_bytes(self.buf.pending());
         if let Some(total) = frame_bytes.filter(|&t| t > FRAME_ALLOWANCE_BYTES) {
-            if !greeted {
-                tracing::info!(%peer, frame_bytes = total, "closing a connection whose first frame is too large for a handshake");
+            if !self.greeted {
+                tracing::info!(peer = %self.peer, frame_bytes = total, "closing a connection whose first frame is too large for a handshake");
                 let e = Error::BadRequest {
                     reason: format!("a frame of {total} bytes before the handshake (at most {FRAME_ALLOWANCE_BYTES})"),
                 };
-                let _ = out_tx.send(encode(&error_response(&e), 0, 0)).await;
-                break 'conn;
+                self.send_error(&e, 0, 0).await;
+                return Err(Close);
             }
-            if frame_permit.is_none() {
-                // Reserve the whole frame before buffering its body; until the pool can give
-                // it, this connection is not read.
-                let pool = shared.request_pool.clone();
-                let permit = match pool.clone().try_acquire_many_owned(total as u32) {
-                    Ok(p) => p,
-                    Err(_) => {
-                        tracing::debug!(%peer, frame_bytes = total, "request pool exhausted; not reading the connection until it has room");
-                        tokio::select! {
-                            p = pool.acquire_many_owned(total as u32) => p.expect("the request pool is never closed"),
-                            _ = stop.changed() => break 'conn,
-                            _ = out_tx.closed() => break 'conn,
-                        }
-                    }
-                };
-                frame_permit = Some(permit);
-                partial_since = Some(Instant::now());
+            if self.frame_permit.is_none() {
+                self.frame_permit = Some(self.reserve_frame(total).await?);
+                self.partial_since = Some(Instant::now());
             }
         }
-        let read_into = buf.for_read(READ_BUFFER_KEEP_BYTES);
+        let read_into = self.buf.for_read(READ_BUFFER_KEEP_BYTES);
         match frame_bytes {
             // A reserved frame: room for the rest of it at once, no doubling beyond it.
-            Some(total) if frame_permit.is_some() => read_into.reserve_exact(
+            Some(total) if self.frame_permit.is_some() => read_into.reserve_exact(
                 total
                     .saturating_sub(read_into.len())
                     .max(READ_RESERVE_BYTES),
             ),
             _ => read_into.reserve(READ_RESERVE_BYTES),
         }
-        // Before the handshake: its deadline. After: the idle deadline, checked again when it
-        // passes (requests may have been in flight meanwhile).
-        let in_flight = config.requests_in_flight_max - permits.available_permits();
-        let deadline = if !greeted {
-            activity.accepted + config.handshake_timeout
+        Ok(frame_bytes)
+    }
+
+    /// Takes a large frame's `total` bytes from the process-wide request pool, waiting (not
+    /// reading this connection) while the pool has no room.
+    async fn reserve_frame(&mut self, total: usize) -> Result<OwnedSemaphorePermit, Close> {
+        let pool = self.shared.request_pool.clone();
+        if let Ok(p) = pool.clone().try_acquire_many_owned(total as u32) {
+            return Ok(p);
+        }
+        tracing::debug!(peer = %self.peer, frame_bytes = total, "request pool exhausted; not reading the connection until it has room");
+        tokio::select! {
+            p = pool.acquire_many_owned(total as u32) => Ok(p.expect("the request pool is never closed")),
+            _ = self.stop.changed() => Err(Close),
+            _ = self.out_tx.closed() => Err(Close),
+        }
+    }
+
+    /// Reads more bytes, until the handshake deadline before the handshake, else the idle
+    /// deadline (checked again when it passes: requests may have been in flight meanwhile),
+    /// and the frame deadline while a frame is incomplete.
+    async fn read_more<R>(&mut self, rd: &mut R, frame_bytes: Option<usize>) -> Result<(), Close>
+    where
+        R: tokio::io::AsyncRead + Unpin,
+    {
+        let config = &self.config;
+        let in_flight = config.requests_in_flight_max - self.permits.available_permits();
+        let deadline = if !self.greeted {
+            self.activity.accepted + config.handshake_timeout
         } else if in_flight > 0 {
             Instant::now() + config.idle_timeout
         } else {
-            activity.last() + config.idle_timeout
+            self.activity.last() + config.idle_timeout
         };
-        let deadline = partial_since.map_or(deadline, |t| deadline.min(t + config.frame_timeout));
+        let deadline = self
+            .partial_since
+            .map_or(deadline, |t| deadline.min(t + config.frame_timeout));
+        let read_into = self.buf.for_read(READ_BUFFER_KEEP_BYTES);
         tokio::select! {
             n = rd.read_buf(read_into) => match n {
-                Ok(0) | Err(_) => break 'conn,
+                Ok(0) | Err(_) => Err(Close),
                 Ok(_) => {
-                    if !greeted && quire_tls::looks_like_tls_record(buf.pending()) {
+                    if !self.greeted && quire_tls::looks_like_tls_record(self.buf.pending()) {
                         // A ClientHello reads as a 66 KB frame header: close now rather than
                         // wait for it until the handshake timeout.
-                        tracing::info!(%peer, "closing a connection that sent a TLS record: a TLS client on this plaintext port");
-                        break 'conn;
+                        tracing::info!(peer = %self.peer, "closing a connection that sent a TLS record: a TLS client on this plaintext port");
+                        return Err(Close);
                     }
+                    Ok(())
                 }
             },
-            _ = stop.changed() => break 'conn,
-            _ = out_tx.closed() => break 'conn,
-            _ = evicted(&mut handshake) => {
-                refused(&config.metrics, "handshake_evicted");
-                tracing::debug!(%peer, "closing a connection in its handshake to make room for new ones");
-                break 'conn;
+            _ = self.stop.changed() => Err(Close),
+            _ = self.out_tx.closed() => Err(Close),
+            _ = evicted(&mut self.handshake) => {
+                refused(&self.config.metrics, "handshake_evicted");
+                tracing::debug!(peer = %self.peer, "closing a connection in its handshake to make room for new ones");
+                Err(Close)
             }
-            _ = tokio::time::sleep_until(deadline) => {
-                if let Some(since) = partial_since.filter(|t| Instant::now() >= *t + config.frame_timeout) {
-                    tracing::info!(%peer, frame_bytes = frame_bytes.unwrap_or(0), received_bytes = buf.pending().len(), waited_ms = since.elapsed().as_millis() as u64, "closing a connection whose frame did not arrive whole within the frame timeout");
-                    let e = Error::BadRequest {
-                        reason: format!("no whole frame within {} ms of its first bytes", config.frame_timeout.as_millis()),
-                    };
-                    let _ = out_tx.send(encode(&error_response(&e), 0, 0)).await;
-                    break 'conn;
-                }
-                if !greeted && Instant::now() >= activity.accepted + config.handshake_timeout {
-                    tracing::debug!(%peer, "closing a connection that did not complete its handshake in time");
-                    let e = Error::BadRequest {
-                        reason: format!("no complete handshake within {} ms of connecting", config.handshake_timeout.as_millis()),
-                    };
-                    let _ = out_tx.send(encode(&error_response(&e), 0, 0)).await;
-                    break 'conn;
-                }
-                let idle = config.requests_in_flight_max == permits.available_permits();
-                if idle && Instant::now() >= activity.last() + config.idle_timeout {
-                    tracing::debug!(%peer, "closing an idle connection");
-                    break 'conn;
-                }
-            }
+            _ = tokio::time::sleep_until(deadline) => self.check_deadlines(frame_bytes).await,
         }
     }
-    drop(out_tx);
-    // Let queued answers (such as the error that closes the connection) go out, but never wait
-    // on requests still running once the server stops.
-    let mode = *stop.borrow();
-    match mode {
-        Stop::Now => writer.abort(),
-        Stop::Drain => {
-            // Every write read from this connection has been handed to its stream; wait for
-            // their answers (the stream manager has completed or refused them all, or will
-            // shortly), then send what is queued and close. Tail reads are not waited for.
-            tokio::select! {
-                _ = async { while writes.join_next().await.is_some() {} } => {}
-                _ = stop.wait_for(|s| *s == Stop::Now) => {
-                    writer.abort();
-                    return;
+
+    /// After a read wait timed out: closes the connection whose frame, handshake or idle
+    /// deadline has passed (with an error answer for the first two); otherwise reading goes
+    /// on.
+    async fn check_deadlines(&mut self, frame_bytes: Option<usize>) -> Result<(), Close> {
+        let (peer, config) = (self.peer, self.config.clone());
+        if let Some(since) = self
+            .partial_since
+            .filter(|t| Instant::now() >= *t + config.frame_timeout)
+        {
+            tracing::info!(%peer, frame_bytes = frame_bytes.unwrap_or(0), received_bytes = self.buf.pending().len(), waited_ms = since.elapsed().as_millis() as u64, "closing a connection whose frame did not arrive whole within the frame timeout");
+            let e = Error::BadRequest {
+                reason: format!(
+                    "no whole frame within {} ms of its first bytes",
+                    config.frame_timeout.as_millis()
+                ),
+            };
+            self.send_error(&e, 0, 0).await;
+            return Err(Close);
+        }
+        if !self.greeted && Instant::now() >= self.activity.accepted + config.handshake_timeout {
+            tracing::debug!(%peer, "closing a connection that did not complete its handshake in time");
+            let e = Error::BadRequest {
+                reason: format!(
+                    "no complete handshake within {} ms of connecting",
+                    config.handshake_timeout.as_millis()
+                ),
+            };
+            self.send_error(&e, 0, 0).await;
+            return Err(Close);
+        }
+        let idle = config.requests_in_flight_max == self.permits.available_permits();
+        if idle && Instant::now() >= self.activity.last() + config.idle_timeout {
+            tracing::debug!(%peer, "closing an idle connection");
+            return Err(Close);
+        }
+        Ok(())
+    }
+
+    /// After the connection's reading ended: let queued answers (such as the error that
+    /// closes the connection) go out, but never wait on requests still running once the
+    /// server stops. On a drain, every write read from this connection has been handed to
+    /// its stream: their answers are awaited (the stream manager has completed or refused
+    /// them all, or will shortly), then what is queued is sent. Tail reads are not waited
+    /// for.
+    async fn finish(mut self, writer: tokio::task::JoinHandle<()>, flush_tx: oneshot::Sender<()>) {
+        drop(self.out_tx);
+        let mode = *self.stop.borrow();
+        match mode {
+            Stop::Now => writer.abort(),
+            Stop::Drain => {
+                tokio::select! {
+                    _ = async { while self.writes.join_next().await.is_some() {} } => {}
+                    _ = self.stop.wait_for(|s| *s == Stop::Now) => {
+                        writer.abort();
+                        return;
+                    }
+                }
+                let _ = flush_tx.send(());
+                tokio::select! {
+                    _ = writer => {}
+                    _ = self.stop.wait_for(|s| *s == Stop::Now) => {}
                 }
             }
-            let _ = flush_tx.send(());
-            tokio::select! {
-                _ = writer => {}
-                _ = stop.wait_for(|s| *s == Stop::Now) => {}
+            Stop::Running => {
+                let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
             }
-        }
-        Stop::Running => {
-            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
         }
     }
 }

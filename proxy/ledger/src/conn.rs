@@ -150,14 +150,33 @@ impl Conn {
             }
         };
 
-        // Handshake before anything else: version 1 without a secret, version 2 (Hello, then
-        // Auth) with one.
+        conn.handshake(bookie, timeout, secret).await?;
+        Ok(conn)
+    }
+
+    /// The handshake, before anything else: version 1 without a secret, version 2 (`Hello`,
+    /// then `Auth` proving the cluster secret and checking the bookie's proof) with one
+    /// (`docs/protocol.md` §2).
+    ///
+    /// # Errors
+    /// `Bookie` when the bookie refuses; `BookieUnreachable` for an unexpected answer, a
+    /// missing nonce or a bookie proof that does not match.
+    async fn handshake(
+        self: &Arc<Self>,
+        bookie: &BookieId,
+        timeout: Duration,
+        secret: Option<&ClusterSecret>,
+    ) -> Result<(), Error> {
+        let unreachable = |reason: String| Error::BookieUnreachable {
+            bookie: bookie.0.clone(),
+            reason,
+        };
         let version = if secret.is_some() {
             PROTOCOL_VERSION_AUTH
         } else {
             1
         };
-        let reply = conn.call(timeout, |out, id| {
+        let reply = self.call(timeout, |out, id| {
             bookie::encode_request(
                 out,
                 id,
@@ -182,7 +201,7 @@ impl Conn {
             }
         };
         let Some(secret) = secret else {
-            return Ok(conn);
+            return Ok(());
         };
         let Some(server_nonce) = server_nonce else {
             return Err(unreachable(
@@ -191,7 +210,7 @@ impl Conn {
         };
         let client_nonce = quire_wire::auth::new_nonce().map_err(|e| unreachable(e.to_string()))?;
         let proof = secret.client_proof(&server_nonce, &client_nonce);
-        let reply = conn.call(timeout, |out, id| {
+        let reply = self.call(timeout, |out, id| {
             bookie::encode_request(
                 out,
                 id,
@@ -205,7 +224,7 @@ impl Conn {
             Reply::Failed { status, message } => Err(refused(status, message)),
             Reply::Auth { proof } => {
                 if secret.verify_bookie_proof(&server_nonce, &client_nonce, &proof) {
-                    Ok(conn)
+                    Ok(())
                 } else {
                     Err(unreachable(
                         "its proof of the cluster secret does not match ours: it is not a bookie of this cluster (another cluster_secret_file)".into(),

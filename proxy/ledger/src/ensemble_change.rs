@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use quire_metadata::{BookieId, Fragment, LedgerState};
+use quire_metadata::{BookieId, BookieInfo, Fragment, LedgerMetadata, LedgerState, Version};
+use quire_wire::EntryId;
 
 use crate::conn::{self, Lane};
 use crate::writer::WriterShared;
@@ -51,9 +52,7 @@ impl WriterShared {
     /// One pass: choose replacements for `failing` (position, bookie), connect to them, update
     /// the metadata by compare-and-set, then swap them in and re-send the pending adds.
     async fn change_pass(self: &Arc<Self>, failing: &[(usize, BookieId)]) -> Result<(), Error> {
-        let client = &self.client;
-        let (e, w, _) = self.quorum;
-        let (ensemble, lac, mut meta, mut version) = {
+        let (ensemble, lac, meta, version) = {
             let st = self
                 .state
                 .lock()
@@ -68,8 +67,35 @@ impl WriterShared {
                 st.meta.1,
             )
         };
-        // 1. Placement.
-        let registered = client.registered_bookies().await?;
+        let registered = self.client.registered_bookies().await?;
+        let chosen = self
+            .choose_replacements(&registered, &ensemble, failing)
+            .await;
+        // A fragment from LAC + 1 (success is held back, so the LAC cannot move during the
+        // pass).
+        let first = lac.map_or(0, |l| l.0 + 1);
+        let updated = if chosen.is_empty() {
+            None
+        } else {
+            Some(
+                self.write_fragment(meta, version, first, failing, &chosen)
+                    .await?,
+            )
+        };
+        self.swap_in(&registered, failing, chosen, updated, lac)
+    }
+
+    /// Placement: a reachable replacement for each failed position (BookKeeper's placement
+    /// policy via [`placement::choose_replacement`]), none of the ensemble's bookies nor a
+    /// quarantined one; an unreachable candidate is quarantined and the next one tried. The
+    /// failed bookies are quarantined too. A position with no candidate left gets none.
+    async fn choose_replacements(
+        &self,
+        registered: &[BookieInfo],
+        ensemble: &[BookieId],
+        failing: &[(usize, BookieId)],
+    ) -> Vec<Replacement> {
+        let client = &self.client;
         let mut exclude: HashSet<BookieId> = ensemble.iter().cloned().collect();
         exclude.extend(client.quarantined());
         let mut keep: Vec<BookieId> = ensemble
@@ -78,11 +104,11 @@ impl WriterShared {
             .filter(|(p, _)| !failing.iter().any(|(f, _)| f == p))
             .map(|(_, b)| b.clone())
             .collect();
-        let mut chosen: Vec<(usize, BookieId, Arc<conn::Conn>)> = Vec::new();
+        let mut chosen: Vec<Replacement> = Vec::new();
         for (pos, _) in failing {
             loop {
                 let pick = placement::choose_replacement(
-                    &registered,
+                    registered,
                     &keep,
                     &exclude,
                     &mut rand::thread_rng(),
@@ -105,78 +131,118 @@ impl WriterShared {
         for (_, b) in failing {
             client.quarantine(b);
         }
-        // 2. Metadata: a fragment from LAC + 1 (success is held back, so the LAC cannot move
-        //    during the pass), only while the ledger is OPEN and the failed bookies are still in
-        //    the last fragment.
-        if !chosen.is_empty() {
-            let first = lac.map_or(0, |l| l.0 + 1);
-            loop {
-                match meta.state {
-                    LedgerState::Open => {}
-                    LedgerState::InRecovery => return Err(Error::Fenced { ledger: self.id.0 }),
-                    LedgerState::Closed => return Err(Error::Closed { ledger: self.id.0 }),
+        chosen
+    }
+
+    /// The metadata step: the last fragment gets the replacements from entry `first` (a new
+    /// fragment, or the last one rewritten when it starts there), by compare-and-set, read
+    /// again after a `BadVersion`; only while the ledger is OPEN and the failed bookies are
+    /// still in the last fragment. Returns the new metadata and its version.
+    ///
+    /// # Errors
+    /// `Fenced` (IN_RECOVERY), `Closed`, `WriterFailed` (the fragments moved under the
+    /// writer), `Invalid`, the store's errors.
+    async fn write_fragment(
+        &self,
+        mut meta: LedgerMetadata,
+        mut version: Version,
+        first: u64,
+        failing: &[(usize, BookieId)],
+        chosen: &[Replacement],
+    ) -> Result<(LedgerMetadata, Version), Error> {
+        let metadata = &self.client.inner.metadata;
+        loop {
+            let next = self.next_fragments(&meta, first, failing, chosen)?;
+            match metadata.update_ledger(self.id, &next, version).await {
+                Ok(v) => return Ok((next, v)),
+                Err(quire_metadata::Error::BadVersion { .. }) => {
+                    let now = metadata.read_ledger(self.id).await?;
+                    (meta, version) = (now.value, now.version);
                 }
-                let last = meta
-                    .fragments
-                    .last()
-                    .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
-                if last.first_entry > first {
-                    return Err(Error::WriterFailed {
-                        ledger: self.id.0,
-                        entry: first,
-                        reason: format!(
-                            "last fragment starts at {} beyond LAC + 1 = {first}",
-                            last.first_entry
-                        ),
-                    });
-                }
-                for (pos, old) in failing {
-                    if last.bookies.get(*pos) != Some(old) {
-                        return Err(Error::WriterFailed {
-                            ledger: self.id.0,
-                            entry: first,
-                            reason: format!("ensemble changed under the writer: position {pos} no longer holds {old}"),
-                        });
-                    }
-                }
-                let mut bookies = last.bookies.clone();
-                for (pos, b, _) in &chosen {
-                    bookies[*pos] = b.clone();
-                }
-                let mut next = meta.clone();
-                if last.first_entry == first {
-                    next.fragments.last_mut().expect("checked above").bookies = bookies;
-                } else {
-                    next.fragments.push(Fragment {
-                        first_entry: first,
-                        bookies,
-                    });
-                }
-                match client
-                    .inner
-                    .metadata
-                    .update_ledger(self.id, &next, version)
-                    .await
-                {
-                    Ok(v) => {
-                        (meta, version) = (next, v);
-                        break;
-                    }
-                    Err(quire_metadata::Error::BadVersion { .. }) => {
-                        let now = client.inner.metadata.read_ledger(self.id).await?;
-                        (meta, version) = (now.value, now.version);
-                    }
-                    Err(err) => return Err(err.into()),
-                }
+                Err(err) => return Err(err.into()),
             }
         }
-        // 3. Swap in the replacements and re-send every pending add they now hold.
+    }
+
+    /// `meta` with the replacements in its last fragment from entry `first`, after checking
+    /// that the ledger is OPEN and the last fragment still holds the failed bookies.
+    ///
+    /// # Errors
+    /// As [`WriterShared::write_fragment`], but the store's.
+    fn next_fragments(
+        &self,
+        meta: &LedgerMetadata,
+        first: u64,
+        failing: &[(usize, BookieId)],
+        chosen: &[Replacement],
+    ) -> Result<LedgerMetadata, Error> {
+        match meta.state {
+            LedgerState::Open => {}
+            LedgerState::InRecovery => return Err(Error::Fenced { ledger: self.id.0 }),
+            LedgerState::Closed => return Err(Error::Closed { ledger: self.id.0 }),
+        }
+        let last = meta
+            .fragments
+            .last()
+            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?;
+        if last.first_entry > first {
+            return Err(Error::WriterFailed {
+                ledger: self.id.0,
+                entry: first,
+                reason: format!(
+                    "last fragment starts at {} beyond LAC + 1 = {first}",
+                    last.first_entry
+                ),
+            });
+        }
+        for (pos, old) in failing {
+            if last.bookies.get(*pos) != Some(old) {
+                return Err(Error::WriterFailed {
+                    ledger: self.id.0,
+                    entry: first,
+                    reason: format!(
+                        "ensemble changed under the writer: position {pos} no longer holds {old}"
+                    ),
+                });
+            }
+        }
+        let mut bookies = last.bookies.clone();
+        for (pos, b, _) in chosen {
+            bookies[*pos] = b.clone();
+        }
+        let mut next = meta.clone();
+        if last.first_entry == first {
+            next.fragments.last_mut().expect("checked above").bookies = bookies;
+        } else {
+            next.fragments.push(Fragment {
+                first_entry: first,
+                bookies,
+            });
+        }
+        Ok(next)
+    }
+
+    /// Swaps the replacements in and re-sends every pending add they now hold; the failed
+    /// positions left without one are marked unreplaceable (their pending entries are
+    /// confirmed without them).
+    ///
+    /// # Errors
+    /// `WriterFailed` when an entry can no longer reach the ack quorum.
+    fn swap_in(
+        self: &Arc<Self>,
+        registered: &[BookieInfo],
+        failing: &[(usize, BookieId)],
+        chosen: Vec<Replacement>,
+        updated: Option<(LedgerMetadata, Version)>,
+        lac: Option<EntryId>,
+    ) -> Result<(), Error> {
+        let (e, w, _) = self.quorum;
         let mut st = self
             .state
             .lock()
             .map_err(|_| Error::Invalid("writer state poisoned".into()))?;
-        if !chosen.is_empty() {
-            st.meta = (meta, version);
+        if let Some(m) = updated {
+            st.meta = m;
         }
         if st.failed.is_some() {
             return Ok(());
@@ -230,3 +296,6 @@ impl WriterShared {
         Ok(())
     }
 }
+
+/// A failed position's replacement: (position, bookie, its connection).
+type Replacement = (usize, BookieId, Arc<conn::Conn>);

@@ -89,6 +89,14 @@ impl BookKeeper {
         }
     }
 
+    /// Finds the end of a ledger under recovery (BookKeeper `LedgerRecoveryOp`): fences the
+    /// last ensemble, takes the length at the highest LAC the bookies report, then reads
+    /// forward, re-adding each entry found, until one is proven missing. Returns the last
+    /// entry and the ledger's length in bytes.
+    ///
+    /// # Errors
+    /// `Recovery` when fencing does not cover the ensemble or an entry can be neither found
+    /// nor proven missing; the errors of reads and re-adds.
     async fn recover_end(
         &self,
         id: LedgerId,
@@ -96,14 +104,33 @@ impl BookKeeper {
         version: &mut Version,
     ) -> Result<(Option<EntryId>, u64), Error> {
         let key = meta.master_key()?;
-        let (e, w, a) = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum);
-        let timeout = self.inner.config.request_timeout;
         let fragment = meta
             .fragments
             .last()
             .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?
             .clone();
-        // 1. Fence every bookie of the last ensemble.
+        let lac = self.fence_last_ensemble(id, key, meta, &fragment).await?;
+        let length_bytes = self.length_at(id, key, meta, lac).await?;
+        let first = lac.map_or(fragment.first_entry, |l| l.0 + 1);
+        self.read_forward(id, key, meta, version, first, lac, length_bytes)
+            .await
+    }
+
+    /// Fences the ledger on every bookie of its last ensemble; returns the highest LAC they
+    /// report (at least the entry before the fragment).
+    ///
+    /// # Errors
+    /// `Recovery` when the bookies that answered do not cover every write set's
+    /// `Qw - Qa + 1` (BookKeeper's fencing quorum).
+    async fn fence_last_ensemble(
+        &self,
+        id: LedgerId,
+        key: MasterKey,
+        meta: &LedgerMetadata,
+        fragment: &Fragment,
+    ) -> Result<Option<EntryId>, Error> {
+        let (e, w, a) = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum);
+        let timeout = self.inner.config.request_timeout;
         let mut calls = Vec::new();
         for b in &fragment.bookies {
             let client = self.clone();
@@ -153,30 +180,57 @@ impl BookKeeper {
                 reason: format!("fencing did not cover the ensemble: {}", reasons.join("; ")),
             });
         }
-        // 2. Length so far: the header of the LAC entry (if any) carries the cumulative length.
+        Ok(lac)
+    }
+
+    /// The ledger's length up to the LAC: the header of the LAC entry (if any) carries the
+    /// cumulative length.
+    ///
+    /// # Errors
+    /// `Recovery` when the LAC entry is missing on every replica; read errors.
+    async fn length_at(
+        &self,
+        id: LedgerId,
+        key: MasterKey,
+        meta: &LedgerMetadata,
+        lac: Option<EntryId>,
+    ) -> Result<u64, Error> {
+        let Some(l) = lac else {
+            return Ok(0);
+        };
         let reader = LedgerReader {
             client: self.clone(),
             id,
             meta: meta.clone(),
         };
-        let mut length_bytes = 0;
-        let mut last = lac;
-        if let Some(l) = lac {
-            match reader.read_raw(l, Some(key)).await? {
-                ReadOutcome::Found(bytes) => {
-                    length_bytes = header_of(&bytes, id, l)?.length_bytes;
-                }
-                ReadOutcome::Missing => {
-                    return Err(Error::Recovery {
-                        ledger: id.0,
-                        reason: format!("LAC entry {l} is missing on every replica"),
-                    });
-                }
-            }
+        match reader.read_raw(l, Some(key)).await? {
+            ReadOutcome::Found(bytes) => Ok(header_of(&bytes, id, l)?.length_bytes),
+            ReadOutcome::Missing => Err(Error::Recovery {
+                ledger: id.0,
+                reason: format!("LAC entry {l} is missing on every replica"),
+            }),
         }
-        // 3. Read forward with fencing reads from every replica, re-adding what is found (and
-        // repairing replicas that hold other bytes), until proven missing.
-        let mut next = lac.map_or(fragment.first_entry, |l| l.0 + 1);
+    }
+
+    /// Reads forward from entry `first` with fencing reads from every replica, re-adding what
+    /// is found (and repairing replicas that hold other bytes), until an entry is proven
+    /// missing (denied by `Qw - Qa + 1` replicas). Returns the last entry and the length.
+    ///
+    /// # Errors
+    /// `Recovery` when an entry can be neither found nor proven missing, or its copies
+    /// disagree beyond repair; re-add errors.
+    #[allow(clippy::too_many_arguments)]
+    async fn read_forward(
+        &self,
+        id: LedgerId,
+        key: MasterKey,
+        meta: &mut LedgerMetadata,
+        version: &mut Version,
+        first: u64,
+        mut last: Option<EntryId>,
+        mut length_bytes: u64,
+    ) -> Result<(Option<EntryId>, u64), Error> {
+        let mut next = first;
         loop {
             let entry = EntryId(next);
             let found = self.read_replicas(meta, id, entry, key).await;

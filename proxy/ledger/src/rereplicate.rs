@@ -151,7 +151,52 @@ impl BookKeeper {
         avoid: &HashSet<BookieId>,
     ) -> Result<FragmentReplicated, Error> {
         let (meta, fragment, range, position) = self.locate(id, first_entry, lost).await?;
-        // 1. The replacement.
+        let target = self
+            .choose_target(id, &meta, &fragment, lost, avoid)
+            .await?;
+        // The copy, a bounded number of entries at a time.
+        let mut done = FragmentReplicated {
+            ledger: id,
+            first_entry,
+            last_entry: range.map(|(_, last)| last),
+            position,
+            from: lost.clone(),
+            to: target.clone(),
+            entries_copied: 0,
+            entries_present: 0,
+            bytes_copied: 0,
+        };
+        self.copy_position(&meta, &fragment, range, position, &target, &mut done)
+            .await?;
+        self.swap_fragment_bookie(id, first_entry, range, position, lost, &target)
+            .await?;
+        tracing::info!(
+            ledger = id.0,
+            first_entry,
+            position,
+            from = %lost,
+            to = %target,
+            entries = done.entries_copied,
+            bytes = done.bytes_copied,
+            "fragment re-replicated"
+        );
+        Ok(done)
+    }
+
+    /// The replacement for `lost` in `fragment` (BookKeeper's placement policy via
+    /// [`placement::choose_replacement`]): reachable, not in the fragment, not quarantined,
+    /// not in `avoid`; an unreachable candidate is quarantined and the next one tried.
+    ///
+    /// # Errors
+    /// `NotEnoughBookies` when no candidate is left; the registration listing's errors.
+    async fn choose_target(
+        &self,
+        id: LedgerId,
+        meta: &LedgerMetadata,
+        fragment: &Fragment,
+        lost: &BookieId,
+        avoid: &HashSet<BookieId>,
+    ) -> Result<BookieId, Error> {
         let registered = self.registered_bookies().await?;
         let keep: Vec<BookieId> = fragment
             .bookies
@@ -162,7 +207,7 @@ impl BookKeeper {
         let mut exclude: HashSet<BookieId> = fragment.bookies.iter().cloned().collect();
         exclude.extend(self.quarantined());
         exclude.extend(avoid.iter().cloned());
-        let target = loop {
+        loop {
             let pick = placement::choose_replacement(
                 &registered,
                 &keep,
@@ -177,30 +222,30 @@ impl BookKeeper {
             };
             exclude.insert(b.clone());
             match self.conn(&b, Lane::Tail).await {
-                Ok(_) => break b,
+                Ok(_) => return Ok(b),
                 Err(err) => {
                     tracing::warn!(ledger = id.0, bookie = %b, "re-replication target unreachable: {err}");
                     self.quarantine(&b);
                 }
             }
-        };
+        }
+    }
 
-        // 2. The copy, a bounded number of entries at a time.
-        let mut done = FragmentReplicated {
-            ledger: id,
-            first_entry,
-            last_entry: range.map(|(_, last)| last),
-            position,
-            from: lost.clone(),
-            to: target.clone(),
-            entries_copied: 0,
-            entries_present: 0,
-            bytes_copied: 0,
-        };
-        self.copy_position(&meta, &fragment, range, position, &target, &mut done)
-            .await?;
-
-        // 3. The metadata, by compare-and-set, while the fragment is still the one copied.
+    /// The metadata step: position `position` of the fragment from `first_entry` becomes
+    /// `target`, by compare-and-set (read again after a `BadVersion`), while the fragment is
+    /// still the one copied (same entries, still holding `lost` there, not holding `target`).
+    ///
+    /// # Errors
+    /// `Recovery` when the fragment changed; the store's errors.
+    async fn swap_fragment_bookie(
+        &self,
+        id: LedgerId,
+        first_entry: u64,
+        range: Option<(u64, u64)>,
+        position: usize,
+        lost: &BookieId,
+        target: &BookieId,
+    ) -> Result<(), Error> {
         loop {
             let current = self.inner.metadata.read_ledger(id).await?;
             let now = &current.value;
@@ -220,7 +265,7 @@ impl BookKeeper {
                     f.bookies.get(position).map(|b| b.0.as_str())
                 )));
             }
-            if f.bookies.contains(&target) {
+            if f.bookies.contains(target) {
                 return Err(conflict(format!("{target} joined its ensemble")));
             }
             match fragment_range(now, i) {
@@ -239,22 +284,11 @@ impl BookKeeper {
                 .update_ledger(id, &next, current.version)
                 .await
             {
-                Ok(_) => break,
+                Ok(_) => return Ok(()),
                 Err(quire_metadata::Error::BadVersion { .. }) => continue,
                 Err(err) => return Err(err.into()),
             }
         }
-        tracing::info!(
-            ledger = id.0,
-            first_entry,
-            position,
-            from = %lost,
-            to = %target,
-            entries = done.entries_copied,
-            bytes = done.bytes_copied,
-            "fragment re-replicated"
-        );
-        Ok(done)
     }
 
     /// Ledger `id`'s metadata, its fragment starting at `first_entry`, that fragment's entries

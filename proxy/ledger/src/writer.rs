@@ -101,53 +101,7 @@ impl BookKeeper {
                 "a ledger needs its writer's secret (LedgerOptions::password is empty)".into(),
             ));
         }
-        let mut candidates: Vec<BookieId> = self
-            .registered_bookies()
-            .await?
-            .into_iter()
-            .filter(|b| !b.read_only)
-            .map(|b| b.id)
-            .collect();
-        if candidates.len() < usize::from(e) {
-            return Err(Error::NotEnoughBookies {
-                needed: usize::from(e),
-                available: candidates.len(),
-            });
-        }
-        {
-            use rand::seq::SliceRandom;
-            candidates.shuffle(&mut rand::thread_rng());
-        }
-        // Bookies that failed lately go last; a registered bookie that cannot be connected to
-        // (dead, its registration not yet expired) is quarantined and the next one is tried, so
-        // a new ledger does not wait for the registry to notice a crash.
-        let quarantined = self.quarantined();
-        candidates.sort_by_key(|b| quarantined.contains(b));
-        let mut ensemble = Vec::with_capacity(usize::from(e));
-        let mut last_err = None;
-        for b in &candidates {
-            if ensemble.len() == usize::from(e) {
-                break;
-            }
-            match self.conn(b, Lane::Tail).await {
-                Ok(conn) => ensemble.push(Slot {
-                    bookie: b.clone(),
-                    conn,
-                    generation: 0,
-                }),
-                Err(err) => {
-                    tracing::warn!(bookie = %b.0, error = %err, "skipping an unreachable bookie for a new ledger");
-                    self.quarantine(b);
-                    last_err = Some(err);
-                }
-            }
-        }
-        if ensemble.len() < usize::from(e) {
-            return Err(last_err.unwrap_or(Error::NotEnoughBookies {
-                needed: usize::from(e),
-                available: ensemble.len(),
-            }));
-        }
+        let ensemble = self.connect_ensemble(e).await?;
         let candidates: Vec<BookieId> = ensemble.iter().map(|s| s.bookie.clone()).collect();
         let id = self.inner.metadata.allocate_ledger_id().await?;
         let key = ledger_master_key(&opts.password, id);
@@ -193,6 +147,63 @@ impl BookKeeper {
                 lac_tx: watch::channel(None).0,
             }),
         })
+    }
+
+    /// Connects to `e` randomly chosen writable registered bookies (BookKeeper's default
+    /// ensemble placement, without racks). Bookies that failed lately go last; a registered
+    /// bookie that cannot be connected to (dead, its registration not yet expired) is
+    /// quarantined and the next one is tried, so a new ledger does not wait for the registry
+    /// to notice a crash.
+    ///
+    /// # Errors
+    /// `NotEnoughBookies` (fewer than `e` registered writable ones); the last connect error
+    /// when fewer than `e` are reachable; `Metadata`.
+    async fn connect_ensemble(&self, e: u8) -> Result<Vec<Slot>, Error> {
+        let mut candidates: Vec<BookieId> = self
+            .registered_bookies()
+            .await?
+            .into_iter()
+            .filter(|b| !b.read_only)
+            .map(|b| b.id)
+            .collect();
+        if candidates.len() < usize::from(e) {
+            return Err(Error::NotEnoughBookies {
+                needed: usize::from(e),
+                available: candidates.len(),
+            });
+        }
+        {
+            use rand::seq::SliceRandom;
+            candidates.shuffle(&mut rand::thread_rng());
+        }
+        let quarantined = self.quarantined();
+        candidates.sort_by_key(|b| quarantined.contains(b));
+        let mut ensemble = Vec::with_capacity(usize::from(e));
+        let mut last_err = None;
+        for b in &candidates {
+            if ensemble.len() == usize::from(e) {
+                break;
+            }
+            match self.conn(b, Lane::Tail).await {
+                Ok(conn) => ensemble.push(Slot {
+                    bookie: b.clone(),
+                    conn,
+                    generation: 0,
+                }),
+                Err(err) => {
+                    tracing::warn!(bookie = %b.0, error = %err, "skipping an unreachable bookie for a new ledger");
+                    self.quarantine(b);
+                    last_err = Some(err);
+                }
+            }
+        }
+        if ensemble.len() < usize::from(e) {
+            return Err(last_err.unwrap_or(Error::NotEnoughBookies {
+                needed: usize::from(e),
+                available: ensemble.len(),
+            }));
+        }
+        Ok(ensemble)
     }
 }
 

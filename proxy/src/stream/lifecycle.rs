@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 use quire_metadata::{RetentionOverride, SegmentMetadata, SegmentState, TruncationPoint};
 use quire_wire::LedgerId;
 
-use super::writer::Writer;
+use super::ownership::Ownership;
+use super::record::StreamRecord;
+use super::segment::Segments;
+use super::shared::now_ms;
 use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
 use crate::types::{RetentionChange, TruncateResult};
@@ -100,376 +103,253 @@ pub(super) fn retention_prefix(
     n
 }
 
-impl Writer {
-    /// The lifecycle check, every `lifecycle_check_interval`: roll the open segment if it holds
-    /// a record and is older than `segment_roll_interval`, or retry a deferred roll, then apply
-    /// retention. Returns false once the stream was given up.
-    pub(super) async fn on_tick(&mut self) -> bool {
-        if self.healthy && (self.roll_due() || self.roll_deferred.is_some()) {
-            if let Err(e) = self.roll().await {
-                return self.on_write_failure(e).await;
+/// Whether retention needs the metadata store's clock: a time limit applies and some completed
+/// segment was not completed by this writer (its age comes from its stored completion time,
+/// taken on the store's clock, `clock.rs`).
+pub(super) fn retention_needs_store_clock(rec: &StreamRecord, segs: &Segments) -> bool {
+    let limits = limits_of(rec);
+    limits.time.is_some()
+        && rec.meta.value.segments.iter().any(|s| {
+            s.state == SegmentState::Completed && !segs.completed_at.contains_key(&s.seq_no)
+        })
+}
+
+/// The retention limits in force for the stream: its overrides over the proxy's defaults.
+fn limits_of(rec: &StreamRecord) -> RetentionLimits {
+    RetentionLimits::resolve(
+        &rec.meta.value.retention,
+        rec.config.retention_time,
+        rec.config.retention_size_bytes,
+    )
+}
+
+/// The oldest segments retention deletes now, as (how many, the truncation point past them);
+/// `None` when nothing is due.
+pub(super) fn retention_due(rec: &StreamRecord, segs: &Segments) -> Option<(usize, Dlsn)> {
+    let open_bytes = segs.current.as_ref().map_or(0, |c| c.size_bytes);
+    let store_now = rec.layer.clock.store_now_earliest_ms(now_ms());
+    let now = Instant::now();
+    let n = retention_prefix(
+        &rec.meta.value.segments,
+        open_bytes,
+        limits_of(rec),
+        store_now,
+        |seq| segs.completed_at.get(&seq).map(|t| now - *t),
+    );
+    if n == 0 {
+        return None;
+    }
+    let last = rec.meta.value.segments[n - 1].seq_no;
+    Some((n, Dlsn::new(last + 1, 0, 0)))
+}
+
+/// Removes the first `n` segments from the stream record and moves the truncation point
+/// up to at least `point` (one compare-and-set), then deletes their ledgers' metadata.
+/// Returns how many segments were removed.
+///
+/// # Errors
+/// `OwnershipLost` (lease gone or another writer's version: nothing deleted), `Metadata`.
+pub(super) async fn delete_prefix(
+    rec: &mut StreamRecord,
+    segs: &mut Segments,
+    own: &Ownership,
+    n: usize,
+    point: Dlsn,
+) -> Result<u32> {
+    own.check()?;
+    let mut meta = rec.meta.value.clone();
+    let removed: Vec<SegmentMetadata> = meta.segments.drain(..n).collect();
+    assert!(
+        removed.iter().all(|s| s.state == SegmentState::Completed),
+        "only completed segments are deleted"
+    );
+    let point = to_point(point);
+    meta.truncated_before = Some(meta.truncated_before.map_or(point, |t| t.max(point)));
+    rec.cas_stream(meta)
+        .await
+        .map_err(|e| own.update_err("truncate stream", e))?;
+    segs.publish(rec);
+    forget_cached(rec, segs, &removed);
+    for s in &removed {
+        delete_ledger_metadata(rec, s.ledger_id).await;
+    }
+    tracing::info!(stream = %rec.name, segments = removed.len(), truncated_before = %from_point(rec.meta.value.truncated_before.expect("set above")), "deleted segments");
+    Ok(removed.len() as u32)
+}
+
+/// Drops what readers and retention keep of deleted segments: their ledger readers, their
+/// cached entries and their completion times.
+fn forget_cached(rec: &StreamRecord, segs: &mut Segments, removed: &[SegmentMetadata]) {
+    let mut readers = rec.shared.readers.lock().expect("readers lock");
+    let mut cache = rec.shared.cache.lock().expect("cache lock");
+    for s in removed {
+        readers.remove(&s.ledger_id);
+        segs.completed_at.remove(&s.seq_no);
+        let keys: Vec<_> = cache
+            .entries
+            .range((s.ledger_id, 0)..=(s.ledger_id, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            if let Some(p) = cache.entries.remove(&k) {
+                cache.size_bytes -= p.len();
             }
-        }
-        if self.current.is_none() {
-            self.discard_spare().await;
-        }
-        // A segment whose recovery failed is retried when due, without waiting for an append,
-        // so that it does not stay IN_RECOVERY once its bookies are back or replaceable.
-        if self
-            .unrecovered
-            .as_ref()
-            .is_some_and(|u| Instant::now() >= u.retry_at)
-        {
-            if let Err(e) = self.recover().await {
-                if !self.lifecycle_failure_keep(&e).await {
-                    return false;
-                }
-            }
-        }
-        if !self.healthy {
-            // A dead writer's view of the metadata may be stale; the next append recovers it.
-            return true;
-        }
-        let limits = RetentionLimits::resolve(
-            &self.meta.value.retention,
-            self.config.retention_time,
-            self.config.retention_size_bytes,
-        );
-        let open_bytes = self.current.as_ref().map_or(0, |c| c.size_bytes);
-        // Segments this owner did not complete are aged on the metadata store's clock, never
-        // on this proxy's alone (`clock.rs`): take a sample of it first when there is none.
-        let wall_aged = limits.time.is_some()
-            && self.meta.value.segments.iter().any(|s| {
-                s.state == SegmentState::Completed && !self.completed_at.contains_key(&s.seq_no)
-            });
-        if wall_aged {
-            if let Err(e) = self.sample_store_clock().await {
-                if !self.lifecycle_failure_keep(&e).await {
-                    return false;
-                }
-            }
-        }
-        let store_now = self.layer.clock.store_now_earliest_ms(super::now_ms());
-        let now = Instant::now();
-        let n = retention_prefix(
-            &self.meta.value.segments,
-            open_bytes,
-            limits,
-            store_now,
-            |seq| self.completed_at.get(&seq).map(|t| now - *t),
-        );
-        if n == 0 {
-            return true;
-        }
-        let last = self.meta.value.segments[n - 1].seq_no;
-        match self.delete_prefix(n, Dlsn::new(last + 1, 0, 0)).await {
-            Ok(_) => true,
-            Err(e) => self.lifecycle_failure(e).await,
         }
     }
+}
 
-    /// A lifecycle step failed: `OwnershipLost` gives the stream up (returns false); any other
-    /// error is logged and the writer recovers before its next append.
-    async fn lifecycle_failure(&mut self, e: Error) -> bool {
-        match e {
-            Error::OwnershipLost { reason, .. } => {
-                self.lose(reason).await;
-                false
-            }
-            other => {
-                tracing::warn!(stream = %self.name, error = %other, "stream lifecycle step failed");
-                self.fail();
-                true
-            }
-        }
-    }
-
-    /// Removes the first `n` segments from the stream record and moves the truncation point
-    /// up to at least `point` (one compare-and-set), then deletes their ledgers' metadata.
-    /// Returns how many segments were removed.
-    async fn delete_prefix(&mut self, n: usize, point: Dlsn) -> Result<u32> {
-        self.check_ownership()?;
-        let mut meta = self.meta.value.clone();
-        let removed: Vec<SegmentMetadata> = meta.segments.drain(..n).collect();
-        assert!(
-            removed.iter().all(|s| s.state == SegmentState::Completed),
-            "only completed segments are deleted"
-        );
-        let point = to_point(point);
-        meta.truncated_before = Some(meta.truncated_before.map_or(point, |t| t.max(point)));
-        self.cas_stream(meta)
-            .await
-            .map_err(|e| self.stream_update_err("truncate stream", e))?;
-        self.publish();
-        {
-            let mut readers = self.shared.readers.lock().expect("readers lock");
-            let mut cache = self.shared.cache.lock().expect("cache lock");
-            for s in &removed {
-                readers.remove(&s.ledger_id);
-                self.completed_at.remove(&s.seq_no);
-                let keys: Vec<_> = cache
-                    .entries
-                    .range((s.ledger_id, 0)..=(s.ledger_id, u64::MAX))
-                    .map(|(k, _)| *k)
-                    .collect();
-                for k in keys {
-                    if let Some(p) = cache.entries.remove(&k) {
-                        cache.size_bytes -= p.len();
-                    }
-                }
-            }
-        }
-        for s in &removed {
-            self.delete_ledger_metadata(s.ledger_id).await;
-        }
-        tracing::info!(stream = %self.name, segments = removed.len(), truncated_before = %from_point(self.meta.value.truncated_before.expect("set above")), "deleted segments");
-        Ok(removed.len() as u32)
-    }
-
-    /// Deletes one ledger's metadata (BookKeeper `deleteLedger`); bookies reclaim its space in
-    /// their garbage collection. Failures are logged, not returned: the stream record no longer
-    /// refers to the ledger, so what is left is unreclaimed space, not a hole.
-    async fn delete_ledger_metadata(&mut self, ledger: u64) {
-        for _ in 0..3 {
-            let v = match self.metadata.read_ledger(LedgerId(ledger)).await {
-                Ok(v) => v,
-                Err(quire_metadata::Error::NotFound { .. }) => return,
-                Err(e) => {
-                    tracing::warn!(stream = %self.name, ledger, error = %e, "cannot read the metadata of a deleted segment's ledger; it stays");
-                    return;
-                }
-            };
-            match self
-                .metadata
-                .delete_ledger(LedgerId(ledger), v.version)
-                .await
-            {
-                Ok(()) | Err(quire_metadata::Error::NotFound { .. }) => return,
-                // Changed since read (e.g. a late close): read again.
-                Err(quire_metadata::Error::BadVersion { .. }) => continue,
-                Err(e) => {
-                    tracing::warn!(stream = %self.name, ledger, error = %e, "cannot delete the metadata of a deleted segment's ledger; it stays");
-                    return;
-                }
-            }
-        }
-        tracing::warn!(stream = %self.name, ledger, "the metadata of a deleted segment's ledger kept changing; it stays");
-    }
-
-    /// The position just past the last acknowledged entry of the stream (where the next record
-    /// will be readable from at the latest), or `None` if the stream holds no entry.
-    fn end_position(&self) -> Option<Dlsn> {
-        for s in self.meta.value.segments.iter().rev() {
-            let last = match &self.current {
-                Some(c) if c.seq_no == s.seq_no => c.last_acked_entry,
-                _ if s.state == SegmentState::Completed => s.last_entry,
-                _ => None,
-            };
-            if let Some(last) = last {
-                return Some(Dlsn::new(s.seq_no, last + 1, 0));
-            }
-        }
-        None
-    }
-
-    /// See `StreamManager::truncate`. Returns the answer and whether the task goes on.
-    pub(super) async fn truncate(&mut self, before: Dlsn) -> (Result<TruncateResult>, bool) {
-        if let Err(e) = self.check_ownership() {
-            let go_on = self.lifecycle_failure_keep(&e).await;
-            return (Err(e), go_on);
-        }
-        if !self.healthy {
-            if let Err(e) = self.recover().await {
-                let go_on = self.lifecycle_failure_keep(&e).await;
-                return (Err(e), go_on);
-            }
-        }
-        let current = self.meta.value.truncated_before.map(from_point);
-        if let Some(t) = current.filter(|t| before <= *t) {
-            return (
-                Ok(TruncateResult {
-                    truncated_before: t,
-                    segments_deleted: 0,
-                }),
-                true,
-            );
-        }
-        let Some(end) = self.end_position() else {
-            return (
-                Err(Error::BadRequest {
-                    reason: format!(
-                        "cannot truncate stream {:?} before {before}: it holds no record",
-                        self.name
-                    ),
-                }),
-                true,
-            );
-        };
-        if before > end {
-            return (
-                Err(Error::BadRequest {
-                    reason: format!(
-                        "cannot truncate stream {:?} before {before}: beyond its end {end} (the position after its last acknowledged entry)",
-                        self.name
-                    ),
-                }),
-                true,
-            );
-        }
-        // Whole segments before the point: completed ones with no entry at or after it.
-        let n = self
-            .meta
-            .value
-            .segments
-            .iter()
-            .take_while(|s| {
-                s.state == SegmentState::Completed
-                    && (s.seq_no < before.segment_seq_no
-                        || (s.seq_no == before.segment_seq_no
-                            && s.last_entry.is_none_or(|l| l < before.entry_id)))
-            })
-            .count();
-        let r = self.delete_prefix(n, before).await;
-        match r {
-            Ok(deleted) => (
-                Ok(TruncateResult {
-                    truncated_before: from_point(
-                        self.meta
-                            .value
-                            .truncated_before
-                            .expect("set by delete_prefix"),
-                    ),
-                    segments_deleted: deleted,
-                }),
-                true,
-            ),
+/// Deletes one ledger's metadata (BookKeeper `deleteLedger`); bookies reclaim its space in
+/// their garbage collection. Failures are logged, not returned: the stream record no longer
+/// refers to the ledger, so what is left is unreclaimed space, not a hole.
+pub(super) async fn delete_ledger_metadata(rec: &StreamRecord, ledger: u64) {
+    for _ in 0..3 {
+        let v = match rec.metadata.read_ledger(LedgerId(ledger)).await {
+            Ok(v) => v,
+            Err(quire_metadata::Error::NotFound { .. }) => return,
             Err(e) => {
-                let go_on = self.lifecycle_failure_keep(&e).await;
-                (Err(e), go_on)
+                tracing::warn!(stream = %rec.name, ledger, error = %e, "cannot read the metadata of a deleted segment's ledger; it stays");
+                return;
             }
-        }
-    }
-
-    /// As `lifecycle_failure`, for an error that is also returned to the caller.
-    pub(super) async fn lifecycle_failure_keep(&mut self, e: &Error) -> bool {
-        match e {
-            Error::OwnershipLost { reason, .. } => {
-                // Adds already sent finish first (their outcome is the bookies' to decide).
-                if self.drain().await {
-                    self.lose(reason.clone()).await;
-                }
-                false
-            }
-            Error::Metadata { .. } | Error::Storage { .. } => {
-                tracing::warn!(stream = %self.name, error = %e, "stream lifecycle step failed");
-                true
-            }
-            _ => true,
-        }
-    }
-
-    /// See `StreamManager::set_retention`.
-    pub(super) async fn set_retention(
-        &mut self,
-        time_secs: RetentionChange,
-        size_bytes: RetentionChange,
-    ) -> (Result<RetentionOverride>, bool) {
-        let apply = |v: Option<u64>, c: RetentionChange| match c {
-            RetentionChange::Keep => v,
-            RetentionChange::Set(x) => Some(x),
-            RetentionChange::Default => None,
         };
-        let mut meta = self.meta.value.clone();
-        meta.retention = RetentionOverride {
-            time_secs: apply(meta.retention.time_secs, time_secs),
-            size_bytes: apply(meta.retention.size_bytes, size_bytes),
-        };
-        if meta.retention == self.meta.value.retention {
-            return (Ok(meta.retention), true);
-        }
-        if let Err(e) = self.check_ownership() {
-            let go_on = self.lifecycle_failure_keep(&e).await;
-            return (Err(e), go_on);
-        }
-        let r = meta.retention;
-        match self.cas_stream(meta).await {
-            Ok(()) => (Ok(r), true),
-            Err(e) => {
-                let e = self.stream_update_err("set retention", e);
-                let go_on = self.lifecycle_failure_keep(&e).await;
-                (Err(e), go_on)
-            }
-        }
-    }
-
-    /// See `StreamManager::delete_stream`. Returns the answer and whether the task goes on
-    /// (never, once the stream is deleted).
-    pub(super) async fn delete_stream(&mut self) -> (Result<u32>, bool) {
-        if !self.drain().await {
-            let reason = self
-                .shared
-                .lost
-                .lock()
-                .expect("lost lock")
-                .clone()
-                .unwrap_or_default();
-            return (
-                Err(Error::OwnershipLost {
-                    stream: self.name.clone(),
-                    reason,
-                }),
-                false,
-            );
-        }
-        if let Err(e) = self.check_ownership() {
-            let go_on = self.lifecycle_failure_keep(&e).await;
-            return (Err(e), go_on);
-        }
-        match self
+        match rec
             .metadata
-            .delete_stream(&self.name, self.meta.version)
+            .delete_ledger(LedgerId(ledger), v.version)
             .await
         {
-            Ok(()) => {}
-            Err(quire_metadata::Error::NotFound { .. }) => {
-                // Someone else deleted it: this acquisition is over too.
-                self.mark_deleted().await;
-                return (Err(self.gone()), false);
-            }
+            Ok(()) | Err(quire_metadata::Error::NotFound { .. }) => return,
+            // Changed since read (e.g. a late close): read again.
+            Err(quire_metadata::Error::BadVersion { .. }) => continue,
             Err(e) => {
-                let e = self.stream_update_err("delete stream", e);
-                let go_on = self.lifecycle_failure_keep(&e).await;
-                return (Err(e), go_on);
+                tracing::warn!(stream = %rec.name, ledger, error = %e, "cannot delete the metadata of a deleted segment's ledger; it stays");
+                return;
             }
         }
-        // The open segment's ledger writer goes without a close: its ledger is deleted next.
-        self.current = None;
-        self.discard_spare().await;
-        let segments = std::mem::take(&mut self.meta.value.segments);
-        for s in &segments {
-            self.delete_ledger_metadata(s.ledger_id).await;
-        }
-        tracing::info!(stream = %self.name, segments = segments.len(), "deleted stream");
-        self.mark_deleted().await;
-        (Ok(segments.len() as u32), false)
     }
+    tracing::warn!(stream = %rec.name, ledger, "the metadata of a deleted segment's ledger kept changing; it stays");
+}
 
-    /// The stream is gone: drop cached state, give the lease up, and end this acquisition so
-    /// that later requests find no stream (or create a new one).
-    async fn mark_deleted(&mut self) {
-        self.current = None;
-        self.healthy = false;
-        *self.shared.cache.lock().expect("cache lock") = Default::default();
-        self.shared.readers.lock().expect("readers lock").clear();
-        *self.shared.view.lock().expect("view lock") = Default::default();
-        self.shared
-            .deleted
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.release_lease().await;
-        *self.shared.lost.lock().expect("lost lock") = Some("the stream was deleted".into());
-        // Readers waiting at the tail wake up and find nothing.
-        self.tail.send_replace(Default::default());
+/// Truncation before `before` on a healthy writer (see `StreamManager::truncate`): nothing
+/// when the point in force is at or past it, else the whole segments before it are deleted
+/// and the point moves.
+///
+/// # Errors
+/// `BadRequest` (no record, or `before` beyond the end); what [`delete_prefix`] fails with.
+pub(super) async fn truncate(
+    rec: &mut StreamRecord,
+    segs: &mut Segments,
+    own: &Ownership,
+    before: Dlsn,
+) -> Result<TruncateResult> {
+    let current = rec.meta.value.truncated_before.map(from_point);
+    if let Some(t) = current.filter(|t| before <= *t) {
+        return Ok(TruncateResult {
+            truncated_before: t,
+            segments_deleted: 0,
+        });
     }
+    let Some(end) = segs.end_position(rec) else {
+        return Err(Error::BadRequest {
+            reason: format!(
+                "cannot truncate stream {:?} before {before}: it holds no record",
+                rec.name
+            ),
+        });
+    };
+    if before > end {
+        return Err(Error::BadRequest {
+            reason: format!(
+                "cannot truncate stream {:?} before {before}: beyond its end {end} (the position after its last acknowledged entry)",
+                rec.name
+            ),
+        });
+    }
+    // Whole segments before the point: completed ones with no entry at or after it.
+    let n = rec
+        .meta
+        .value
+        .segments
+        .iter()
+        .take_while(|s| {
+            s.state == SegmentState::Completed
+                && (s.seq_no < before.segment_seq_no
+                    || (s.seq_no == before.segment_seq_no
+                        && s.last_entry.is_none_or(|l| l < before.entry_id)))
+        })
+        .count();
+    let deleted = delete_prefix(rec, segs, own, n, before).await?;
+    Ok(TruncateResult {
+        truncated_before: from_point(
+            rec.meta
+                .value
+                .truncated_before
+                .expect("set by delete_prefix"),
+        ),
+        segments_deleted: deleted,
+    })
+}
+
+/// Applies retention overrides (see `StreamManager::set_retention`) by compare-and-set;
+/// returns the overrides in force. An unchanged value writes nothing.
+///
+/// # Errors
+/// `OwnershipLost`, `Metadata`.
+pub(super) async fn set_retention(
+    rec: &mut StreamRecord,
+    own: &Ownership,
+    time_secs: RetentionChange,
+    size_bytes: RetentionChange,
+) -> Result<RetentionOverride> {
+    let apply = |v: Option<u64>, c: RetentionChange| match c {
+        RetentionChange::Keep => v,
+        RetentionChange::Set(x) => Some(x),
+        RetentionChange::Default => None,
+    };
+    let mut meta = rec.meta.value.clone();
+    meta.retention = RetentionOverride {
+        time_secs: apply(meta.retention.time_secs, time_secs),
+        size_bytes: apply(meta.retention.size_bytes, size_bytes),
+    };
+    if meta.retention == rec.meta.value.retention {
+        return Ok(meta.retention);
+    }
+    own.check()?;
+    let r = meta.retention;
+    rec.cas_stream(meta)
+        .await
+        .map_err(|e| own.update_err("set retention", e))?;
+    Ok(r)
+}
+
+/// Deletes the stream record by compare-and-set (DistributedLog `delete`: the record first).
+/// Returns false when someone else already deleted it.
+///
+/// # Errors
+/// `OwnershipLost` (lease gone or another writer's version: nothing deleted), `Metadata`.
+pub(super) async fn delete_record(rec: &StreamRecord, own: &Ownership) -> Result<bool> {
+    own.check()?;
+    match rec
+        .metadata
+        .delete_stream(&rec.name, rec.meta.version)
+        .await
+    {
+        Ok(()) => Ok(true),
+        Err(quire_metadata::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(own.update_err("delete stream", e)),
+    }
+}
+
+/// After the record is deleted: the segments' ledgers' metadata (the open segment's ledger
+/// writer goes without a close, its ledger is deleted here too) and the spare. Returns how
+/// many segments there were.
+pub(super) async fn delete_segments(rec: &mut StreamRecord, segs: &mut Segments) -> u32 {
+    segs.current = None;
+    segs.discard_spare(rec).await;
+    let segments = std::mem::take(&mut rec.meta.value.segments);
+    for s in &segments {
+        delete_ledger_metadata(rec, s.ledger_id).await;
+    }
+    tracing::info!(stream = %rec.name, segments = segments.len(), "deleted stream");
+    segments.len() as u32
 }
 
 #[cfg(test)]

@@ -63,42 +63,63 @@
 //! [`StreamManager`] is shared (`Send + Sync`); use it from any tokio task.
 //!
 //! # Modules
-//! This module has the settings and [`StreamManager`]'s stream creation, append submission,
-//! recovery of every stream and shutdown. `ownership` takes and gives up the stream's lease
-//! (acquisition, loss); `writer` is the stream task and its append pipeline; `segment` starts,
-//! completes and recovers log segments; `reader` serves reads; `tail_cache` holds the readers'
-//! view of the segments and the recently acknowledged entries.
+//! Each concept is a type with its own fields; the `use` graph between the modules has no
+//! cycle (the facade here uses them, they use only modules listed before them, and
+//! [`StreamConfig`] from here).
+//!
+//! * Leaves: `clock` (the metadata store's clock, layer metrics), `tail_cache` (the readers'
+//!   view of the segments, recently acknowledged entries), `shared` (`StreamShared`, state a
+//!   stream task shares with readers and `describe`; error helpers), `command` (the task's
+//!   commands), `labels` (ledger labels, orphan deletion).
+//! * `ownership`: [`ownership::Ownership`], the lease a stream task holds (check, release,
+//!   give up), and the handle of one acquisition.
+//! * `record`: [`record::StreamRecord`], the stream record, its compare-and-set updates and
+//!   their publication to readers and `describe`.
+//! * `segment`: [`segment::Segments`], the open segment, the spare ledger, a deferred roll and
+//!   an unrecovered segment: start, complete and recover log segments.
+//! * `lifecycle`: truncation, retention and deletion over a record and its segments.
+//! * `writer`: [`writer::Writer`], the stream task: it holds a `StreamRecord`, an `Ownership`
+//!   and a `Segments` plus the append pipeline, and runs the commands.
+//! * `registry`: [`registry::Registry`], the streams this proxy acquired: acquisition (lease,
+//!   recovery, task) and sending commands.
+//! * `reader` (reads) and `sweep` (the lifecycle sweep) work through the registry.
+//! * This module: the settings and [`StreamManager`], a facade over the registry.
 
 mod clock;
+mod command;
+mod labels;
 mod lifecycle;
 mod ownership;
 mod reader;
+mod record;
+mod registry;
 mod segment;
+mod shared;
 mod sweep;
 mod tail_cache;
 mod writer;
 
-pub use sweep::{SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM};
+pub use labels::{LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM};
+pub use sweep::SweepReport;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
-use quire_ledger::{BookKeeper, LedgerReader};
-use quire_metadata::{validate_stream_name, MetadataStore, StreamMetadata};
-use tokio::sync::{oneshot, OnceCell};
+use quire_ledger::BookKeeper;
+use quire_metadata::{validate_stream_name, MetadataStore};
+use tokio::sync::oneshot;
 
-use crate::dlsn::Dlsn;
+use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::{Error, Result};
 use crate::record_set::{
     ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };
-use crate::types::{RetentionChange, RetentionDefaults, StreamInfo, TruncateResult, WriteResult};
+use crate::types::{
+    ReadBatch, RetentionChange, RetentionDefaults, StreamInfo, TruncateResult, WriteResult,
+};
 
-use ownership::StreamHandle;
-use tail_cache::TailCache;
-use writer::Command;
+use command::Command;
+use shared::OwnerView;
 
 /// Stream layer settings.
 #[derive(Debug, Clone)]
@@ -209,112 +230,20 @@ impl Default for StreamConfig {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-fn storage(stream: &str, op: &'static str, e: quire_ledger::Error) -> Error {
-    Error::Storage {
-        stream: stream.to_string(),
-        op,
-        source: Box::new(e),
-    }
-}
-
-/// A ledger error of the writer: `Fenced` means another writer recovered the segment under
-/// this one (BookKeeper `LedgerFencedException`), i.e. ownership is lost.
-fn writer_storage(stream: &str, op: &'static str, e: quire_ledger::Error) -> Error {
-    match e {
-        quire_ledger::Error::Fenced { ledger } => Error::OwnershipLost {
-            stream: stream.to_string(),
-            reason: format!("{op}: ledger {ledger} was fenced, another writer recovered the segment under this one"),
-        },
-        other => storage(stream, op, other),
-    }
-}
-
-/// State shared between a stream's task and its readers.
-#[derive(Default)]
-struct StreamShared {
-    cache: Mutex<TailCache>,
-    /// Open ledger readers by ledger id, bounded by `READERS_CACHED_MAX`.
-    readers: Mutex<HashMap<u64, LedgerReader>>,
-    /// Set (with the reason) once the stream task lost ownership and gave the stream up.
-    lost: Mutex<Option<String>>,
-    /// True once some request was answered with `OwnershipLost` for this acquisition.
-    loss_reported: AtomicBool,
-    /// True once the stream was deleted by this acquisition (then `lost` is set too): later
-    /// requests find no stream, or create a new one, instead of hearing `OwnershipLost`.
-    deleted: AtomicBool,
-    /// The owner's view of the stream for `describe`: the record it last wrote and the
-    /// acknowledged progress of the segment being written, changed together under one lock.
-    view: Mutex<OwnerView>,
-    /// The stream task's last txid (acknowledged or in flight: what the order rule and the
-    /// txid guard compare with), for `describe`; the stored `max_txid` lags behind it until
-    /// the open segment completes. Written only through `Writer::set_last_txid`.
-    last_txid: Mutex<Option<u64>>,
-    /// Requests that obtained this acquisition (reads, writes, lifecycle commands, sweeps):
-    /// a stream acquired for a sweep is given back only if no request came after it.
-    requests: AtomicU64,
-    /// True once this acquisition was given back after a sweep (then `lost` is set too):
-    /// commands that find the task gone acquire the stream afresh.
-    released: AtomicBool,
-}
-
-/// The owner's view of a stream (see `StreamShared::view`). A describe takes both parts at
-/// once, so that a roll (the segment completed in the record, the next one started) is never
-/// seen half done: the segment being written always shows its acknowledged counts.
-#[derive(Default)]
-struct OwnerView {
-    /// The stream record as the owner last wrote or read it.
-    meta: Option<Arc<quire_metadata::Versioned<StreamMetadata>>>,
-    /// The in-progress segment's (seq no, last acknowledged entry, records, payload bytes).
-    live: Option<(u64, u64, u64, u64)>,
-}
-
-impl OwnerView {
-    /// `meta` with the segment being written filled in from `live`.
-    fn describe(meta: &mut StreamMetadata, live: Option<(u64, u64, u64, u64)>) {
-        let Some((seq, entry, records, bytes)) = live else {
-            return;
-        };
-        if let Some(s) = meta
-            .segments
-            .iter_mut()
-            .find(|s| s.seq_no == seq && s.state == quire_metadata::SegmentState::InProgress)
-        {
-            s.last_entry = Some(entry);
-            s.record_count = records;
-            s.length_bytes = bytes;
-        }
-    }
-}
-
 /// The streams this proxy owns.
 ///
 /// # Threading
 /// Shared (`Send + Sync`).
 pub struct StreamManager {
-    metadata: Arc<dyn MetadataStore>,
-    bookkeeper: BookKeeper,
-    config: Arc<StreamConfig>,
-    identity: String,
-    streams: Mutex<HashMap<String, Arc<OnceCell<Arc<StreamHandle>>>>>,
-    shutting_down: AtomicBool,
-    /// The runtime the manager was made on: stream tasks run there even when an acquisition
-    /// happens inside a catch-up read on the lower-priority read runtime.
-    runtime: Option<tokio::runtime::Handle>,
-    /// The metadata store's clock as seen from here, and counts across streams (metrics).
-    layer: Arc<clock::LayerStats>,
+    /// The acquired streams and what acquiring one needs; shared with the sweep loop.
+    registry: Arc<registry::Registry>,
 }
 
 impl std::fmt::Debug for StreamManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StreamManager")
-            .field("identity", &self.identity)
-            .field("config", &self.config)
+            .field("identity", &self.registry.identity)
+            .field("config", &self.registry.config)
             .finish()
     }
 }
@@ -343,42 +272,28 @@ impl StreamManager {
             "entry target too small"
         );
         assert!(config.adds_in_flight_max >= 1 && config.append_queue_max >= 1);
-        let identity = ownership::owner_identity(&config.owner_address);
         let sweep_interval = config.lifecycle_sweep_interval;
-        let manager = Arc::new(Self {
-            metadata,
-            bookkeeper,
-            identity,
-            config: Arc::new(config),
-            streams: Mutex::new(HashMap::new()),
-            shutting_down: AtomicBool::new(false),
-            runtime: tokio::runtime::Handle::try_current().ok(),
-            layer: Arc::default(),
-        });
-        if let (Some(interval), Some(rt)) = (sweep_interval, &manager.runtime) {
-            drop(rt.spawn(sweep::sweep_loop(Arc::downgrade(&manager), interval)));
+        let registry = Arc::new(registry::Registry::new(metadata, bookkeeper, config));
+        if let (Some(interval), Some(rt)) = (sweep_interval, &registry.runtime) {
+            drop(rt.spawn(sweep::sweep_loop(Arc::downgrade(&registry), interval)));
         }
-        manager
+        Arc::new(Self { registry })
     }
 
     /// The settings in force.
     pub fn config(&self) -> &StreamConfig {
-        &self.config
+        &self.registry.config
     }
 
     /// The identity this manager takes stream leases under (its advertised address).
     pub fn identity(&self) -> &str {
-        &self.identity
+        &self.registry.identity
     }
 
     /// Streams this manager holds now: acquired (lease taken, task started) and not lost.
     /// For metrics (`quire_proxy_streams_owned`).
     pub fn owned_stream_count(&self) -> usize {
-        let streams = self.streams.lock().expect("streams lock");
-        streams
-            .values()
-            .filter(|cell| cell.get().is_some_and(|h| h.lost_reason().is_none()))
-            .count()
+        self.registry.owned_count()
     }
 
     /// The stream layer's metrics for a Prometheus registry, read at scrape time:
@@ -387,13 +302,13 @@ impl StreamManager {
     /// (counter: segment rolls deferred because no new segment could be started) and
     /// `quire_proxy_segments_past_roll_point` (gauge: streams writing past their roll point now).
     pub fn metrics_collector(&self) -> Box<dyn prometheus_client::collector::Collector> {
-        Box::new(clock::LayerMetrics(self.layer.clone()))
+        Box::new(clock::LayerMetrics(self.registry.layer.clone()))
     }
 
     /// This proxy's wall clock minus the metadata store's, in milliseconds, as last measured
     /// (at a stream record update); `None` before the first.
     pub fn metadata_clock_skew_ms(&self) -> Option<i64> {
-        self.layer.clock.skew_ms()
+        self.registry.layer.clock.skew_ms()
     }
 
     /// Creates an empty stream.
@@ -401,25 +316,7 @@ impl StreamManager {
     /// # Errors
     /// `InvalidStreamName`, `StreamExists`, `Metadata`, `ShuttingDown`.
     pub async fn create_stream(&self, name: &str) -> Result<()> {
-        self.check_running()?;
-        validate_stream_name(name).map_err(|e| Error::from_metadata(name, "create stream", e))?;
-        let meta = StreamMetadata {
-            name: name.to_string(),
-            segments: Vec::new(),
-            max_txid: None,
-            creation_time_ms: now_ms(),
-            truncated_before: None,
-            retention: quire_metadata::RetentionOverride::default(),
-            // The master keys of the stream's ledgers are derived from it (`segment.rs`).
-            ledger_secret_hex: Some(quire_metadata::encode_hex(
-                &quire_ledger::new_ledger_secret(),
-            )),
-        };
-        self.metadata
-            .create_stream(&meta)
-            .await
-            .map_err(|e| Error::from_metadata(name, "create stream", e))?;
-        Ok(())
+        self.registry.create_stream(name).await
     }
 
     /// Names of every stream, sorted.
@@ -427,10 +324,7 @@ impl StreamManager {
     /// # Errors
     /// `Metadata`.
     pub async fn list_streams(&self) -> Result<Vec<String>> {
-        self.metadata
-            .list_streams()
-            .await
-            .map_err(|e| Error::from_metadata("", "list streams", e))
+        self.registry.list_streams().await
     }
 
     /// Appends `records` (`(txid, payload)`) to `name` and returns once all are durable on the
@@ -484,97 +378,58 @@ impl StreamManager {
         // The txid rules between the request's own records need no stream state: checked here,
         // a refused write does not create its stream even with `create_if_missing`. The stream
         // task checks them again together with the stream's last txid.
-        writer::check_txids(&records, None, self.config.txid_jump_max)?;
+        writer::check_txids(&records, None, self.registry.config.txid_jump_max)?;
         let (reply, rx) = oneshot::channel();
-        self.send_to_stream(
-            name,
-            create_if_missing,
-            true,
-            Command::Append { records, reply },
-        )
-        .await?;
+        self.registry
+            .send_to_stream(
+                name,
+                create_if_missing,
+                true,
+                Command::Append { records, reply },
+            )
+            .await?;
         Ok(rx)
     }
 
-    /// Sends a command to the task of stream `name` (acquiring it, see `stream`), acquiring
-    /// again when the acquisition found was just given back after a sweep. Returns the handle
-    /// the command went to.
-    async fn send_to_stream(
+    /// Reads up to `max_records` records (and about `max_bytes` payload bytes, but at least one
+    /// record when one is readable) from `from`, across segment boundaries; in the segment being
+    /// written only entries up to the writer's LAC are visible. When nothing is readable at
+    /// `from`, waits up to `wait` for a write to make something readable (see `reader.rs`).
+    ///
+    /// # Errors
+    /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`,
+    /// `OwnedElsewhere` (reads are served by the stream's owner only), `Truncated`.
+    pub async fn read(
         &self,
         name: &str,
-        create_if_missing: bool,
-        report_loss: bool,
-        mut cmd: Command,
-    ) -> Result<Arc<StreamHandle>> {
-        for _ in 0..3 {
-            let handle = self.stream(name, create_if_missing, report_loss).await?;
-            match handle.commands.send(cmd).await {
-                Ok(()) => return Ok(handle),
-                Err(tokio::sync::mpsc::error::SendError(back))
-                    if handle.shared.released.load(Ordering::SeqCst) =>
-                {
-                    cmd = back;
-                }
-                Err(_) => return Err(self.ended_error(&handle)),
-            }
-        }
-        Err(Error::OwnershipLost {
-            stream: name.to_string(),
-            reason: "the stream was given back after a sweep again right after each acquisition"
-                .into(),
-        })
+        from: ReadPosition,
+        max_records: u32,
+        max_bytes: u32,
+        wait: Duration,
+    ) -> Result<ReadBatch> {
+        reader::read(&self.registry, name, from, max_records, max_bytes, wait).await
     }
 
-    /// Sends a command to a stream's task; when the task has ended, the reason: the stream was
-    /// lost, deleted, or the manager is stopping.
-    async fn send_command(&self, handle: &StreamHandle, cmd: Command) -> Result<()> {
-        if handle.commands.send(cmd).await.is_ok() {
-            return Ok(());
-        }
-        Err(self.ended_error(handle))
+    /// Whether a read of `name` from `from` would fetch its first entry from the bookies (a
+    /// catch-up read) rather than take it from the tail cache or wait at the tail. `false` when
+    /// the stream is not acquired by this proxy, or its acquisition is over (the read itself then
+    /// acquires it or answers with a redirect). The server runs catch-up reads on its
+    /// lower-priority read runtime.
+    pub fn is_catch_up_read(&self, name: &str, from: ReadPosition) -> bool {
+        reader::is_catch_up_read(&self.registry, name, from)
     }
 
-    /// Why a stream task no longer takes commands.
-    fn ended_error(&self, handle: &StreamHandle) -> Error {
-        if handle.shared.deleted.load(Ordering::SeqCst) {
-            Error::NoSuchStream {
-                stream: handle.name.clone(),
-            }
-        } else {
-            match handle.lost_reason() {
-                Some(reason) => {
-                    handle.shared.loss_reported.store(true, Ordering::SeqCst);
-                    Error::OwnershipLost {
-                        stream: handle.name.clone(),
-                        reason,
-                    }
-                }
-                None => Error::ShuttingDown,
-            }
-        }
-    }
-
-    /// Runs one lifecycle command on the stream's owner task (acquiring the stream if nobody
-    /// owns it) and waits for its answer.
-    async fn owner_command<T>(
-        &self,
-        name: &str,
-        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command,
-    ) -> Result<T> {
-        self.check_running()?;
-        let (reply, rx) = oneshot::channel();
-        let handle = self.send_to_stream(name, false, false, make(reply)).await?;
-        match rx.await {
-            Ok(r) => r,
-            // The task ended without answering: it lost the stream or stopped.
-            Err(_) => Err(match handle.lost_reason() {
-                Some(reason) => Error::OwnershipLost {
-                    stream: name.to_string(),
-                    reason,
-                },
-                None => Error::ShuttingDown,
-            }),
-        }
+    /// One lifecycle sweep over every stream in the metadata store (see `sweep.rs`): retention
+    /// and time rolls on streams this proxy owns or that nobody owns, and deletion of orphan
+    /// ledger metadata (ledgers labelled with a stream whose record does not list them, or
+    /// with a stream that no longer exists). Runs by itself every
+    /// [`StreamConfig::lifecycle_sweep_interval`]; callable at any time.
+    ///
+    /// # Errors
+    /// `Metadata` when the streams or ledgers cannot be listed; `ShuttingDown`. A failure on
+    /// one stream is logged and the sweep goes on with the next.
+    pub async fn sweep(&self) -> Result<SweepReport> {
+        sweep::sweep(&self.registry).await
     }
 
     /// The stream's record, owner and this proxy's retention defaults. Any proxy answers
@@ -590,23 +445,19 @@ impl StreamManager {
     pub async fn describe(&self, name: &str) -> Result<StreamInfo> {
         validate_stream_name(name).map_err(|e| Error::from_metadata(name, "describe stream", e))?;
         let stored = self
+            .registry
             .metadata
             .read_stream(name)
             .await
             .map_err(|e| Error::from_metadata(name, "read stream", e))?;
         let mut meta = stored.value.clone();
         let owner = self
+            .registry
             .metadata
             .stream_owner(name)
             .await
             .map_err(|e| Error::from_metadata(name, "read stream owner", e))?;
-        let handle = self
-            .streams
-            .lock()
-            .expect("streams lock")
-            .get(name)
-            .and_then(|c| c.get().cloned());
-        if let Some(h) = handle.filter(|h| h.lost_reason().is_none()) {
+        if let Some(h) = self.registry.owned(name) {
             // The owner's last txid is ahead of the stored one while a segment is open.
             let last_txid = *h.shared.last_txid.lock().expect("last txid lock");
             // The record read above may predate a roll the owner made since (the segment it
@@ -632,8 +483,8 @@ impl StreamManager {
     /// This proxy's cluster-wide retention defaults.
     pub fn retention_defaults(&self) -> RetentionDefaults {
         RetentionDefaults {
-            time_secs: self.config.retention_time.map(|d| d.as_secs()),
-            size_bytes: self.config.retention_size_bytes,
+            time_secs: self.registry.config.retention_time.map(|d| d.as_secs()),
+            size_bytes: self.registry.config.retention_size_bytes,
         }
     }
 
@@ -650,7 +501,8 @@ impl StreamManager {
     /// `InvalidStreamName`, `OwnedElsewhere` (redirect), `OwnershipLost` (another proxy took
     /// the stream: nothing was changed or deleted), `Metadata`.
     pub async fn truncate(&self, name: &str, before: Dlsn) -> Result<TruncateResult> {
-        self.owner_command(name, |reply| Command::Truncate { before, reply })
+        self.registry
+            .owner_command(name, |reply| Command::Truncate { before, reply })
             .await
     }
 
@@ -665,18 +517,12 @@ impl StreamManager {
     /// (nothing deleted), `Metadata`.
     pub async fn delete_stream(&self, name: &str) -> Result<u32> {
         let r = self
+            .registry
             .owner_command(name, |reply| Command::Delete { reply })
             .await;
         if r.is_ok() {
             // Forget the ended acquisition so the name can be used again at once.
-            let mut streams = self.streams.lock().expect("streams lock");
-            if streams
-                .get(name)
-                .and_then(|c| c.get())
-                .is_some_and(|h| h.shared.deleted.load(Ordering::SeqCst))
-            {
-                streams.remove(name);
-            }
+            self.registry.forget_deleted(name);
         }
         r
     }
@@ -703,12 +549,13 @@ impl StreamManager {
             crate::types::check_retention_size_bytes(v)
                 .map_err(|reason| Error::BadRequest { reason })?;
         }
-        self.owner_command(name, |reply| Command::SetRetention {
-            time_secs,
-            size_bytes,
-            reply,
-        })
-        .await
+        self.registry
+            .owner_command(name, |reply| Command::SetRetention {
+                time_secs,
+                size_bytes,
+                reply,
+            })
+            .await
     }
 
     /// Acquires every stream in the metadata store that no other proxy owns now, recovering
@@ -722,7 +569,7 @@ impl StreamManager {
         let names = self.list_streams().await?;
         let mut acquired = 0;
         for name in &names {
-            match self.stream(name, false, false).await {
+            match self.registry.stream(name, false, false).await {
                 Ok(_) => acquired += 1,
                 Err(Error::OwnedElsewhere { .. } | Error::NoSuchStream { .. }) => {}
                 Err(e) => return Err(e),
@@ -738,14 +585,7 @@ impl StreamManager {
     /// # Errors
     /// The first `Storage` or `Metadata` error met; the other streams are still closed.
     pub async fn shutdown(&self) -> Result<()> {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        let cells: Vec<_> = self
-            .streams
-            .lock()
-            .expect("streams lock")
-            .values()
-            .cloned()
-            .collect();
+        let cells = self.registry.begin_shutdown();
         let mut first_err = None;
         for cell in cells {
             let Some(handle) = cell.get() else { continue };
@@ -757,13 +597,5 @@ impl StreamManager {
             }
         }
         first_err.map_or(Ok(()), Err)
-    }
-
-    fn check_running(&self) -> Result<()> {
-        if self.shutting_down.load(Ordering::SeqCst) {
-            Err(Error::ShuttingDown)
-        } else {
-            Ok(())
-        }
     }
 }

@@ -1,17 +1,17 @@
 //! Stream ownership (DistributedLog's per-stream write lock, taken without waiting as its proxy
-//! does with `lockTimeoutSeconds=0`): acquiring a stream (lease, recovery, stream task), the
+//! does with `lockTimeoutSeconds=0`): the lease a stream task holds ([`Ownership`]), the
 //! handle of one acquisition, noticing that the lease is lost, and giving the stream up.
+//! Acquiring a stream is `registry.rs`'s.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use quire_metadata::validate_stream_name;
+use quire_metadata::{MetadataStore, StreamLease};
 use tokio::sync::{mpsc, watch};
 
+use super::command::Command;
+use super::shared::StreamShared;
 use super::tail_cache::{TailCache, TailState};
-use super::writer::{Command, Writer};
-use super::{StreamManager, StreamShared};
 use crate::error::{Error, Result};
 
 /// Why the lease says ownership is gone, if it does.
@@ -72,166 +72,40 @@ impl StreamHandle {
     }
 }
 
-impl StreamManager {
-    /// The handle of `name`, acquiring the stream (taking its lease, recovering its
-    /// in-progress segments and starting its task) the first time, and again after ownership
-    /// was lost. With `report_loss`, a loss no request has been told about yet is returned as
-    /// `OwnershipLost` once (so a writer learns that its stream moved) before acquiring again.
-    pub(super) async fn stream(
-        &self,
-        name: &str,
-        create_if_missing: bool,
-        report_loss: bool,
-    ) -> Result<Arc<StreamHandle>> {
-        for _ in 0..3 {
-            self.check_running()?;
-            let cell = self
-                .streams
-                .lock()
-                .expect("streams lock")
-                .entry(name.to_string())
-                .or_default()
-                .clone();
-            let result = cell
-                .get_or_try_init(|| self.acquire(name, create_if_missing))
-                .await
-                .cloned();
-            let handle = match result {
-                Ok(h) => h,
-                Err(e) => {
-                    // Do not keep entries for names that failed (unknown or invalid streams,
-                    // streams owned elsewhere), but only when no other request holds the entry:
-                    // one waiting on it may be initialising it right now (a write creating the
-                    // stream this read did not find), and a request arriving after a removal
-                    // would start a second acquisition that finds the first one's lease and
-                    // answers with a redirect to this same proxy. Clones are made only under
-                    // the table's lock, so with ours dropped under it the count is exact.
-                    let mut streams = self.streams.lock().expect("streams lock");
-                    drop(cell);
-                    if streams
-                        .get(name)
-                        .is_some_and(|c| c.get().is_none() && Arc::strong_count(c) == 1)
-                    {
-                        streams.remove(name);
-                    }
-                    return Err(e);
-                }
-            };
-            let Some(reason) = handle.lost_reason() else {
-                handle.shared.requests.fetch_add(1, Ordering::SeqCst);
-                return Ok(handle);
-            };
-            // This acquisition is over: forget it, so the next attempt acquires afresh.
-            {
-                let mut streams = self.streams.lock().expect("streams lock");
-                if streams.get(name).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                    streams.remove(name);
-                }
-            }
-            // A deleted stream is not a lost one: acquire afresh (finding no stream, or
-            // creating a new one); nor is one given back after a sweep.
-            if report_loss
-                && !handle.shared.deleted.load(Ordering::SeqCst)
-                && !handle.shared.released.load(Ordering::SeqCst)
-                && !handle.shared.loss_reported.swap(true, Ordering::SeqCst)
-            {
-                return Err(Error::OwnershipLost {
-                    stream: name.to_string(),
-                    reason,
-                });
-            }
-        }
-        Err(Error::OwnershipLost {
-            stream: name.to_string(),
-            reason: "ownership was lost again right after each acquisition".into(),
-        })
-    }
-
-    async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
-        validate_stream_name(name).map_err(|e| Error::from_metadata(name, "acquire stream", e))?;
-        let meta = match self.metadata.read_stream(name).await {
-            Ok(m) => m,
-            Err(quire_metadata::Error::NotFound { .. }) if create_if_missing => {
-                match self.create_stream(name).await {
-                    Ok(()) | Err(Error::StreamExists { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-                self.metadata
-                    .read_stream(name)
-                    .await
-                    .map_err(|e| Error::from_metadata(name, "read stream", e))?
-            }
-            Err(e) => return Err(Error::from_metadata(name, "read stream", e)),
-        };
-        // The write lock, without waiting (DistributedLog proxy: lockTimeoutSeconds=0).
-        let lease = match self.metadata.try_acquire_stream(name, &self.identity).await {
-            Ok(Ok(lease)) => lease,
-            Ok(Err(owner)) => {
-                return Err(Error::OwnedElsewhere {
-                    stream: name.to_string(),
-                    owner,
-                })
-            }
-            Err(e) => return Err(Error::from_metadata(name, "acquire stream lease", e)),
-        };
-        let lease_lost = lease.lost.clone();
-        let (tail_tx, tail_rx) = watch::channel(TailState::from_metadata(&meta.value));
-        let shared = Arc::new(StreamShared::default());
-        let mut writer = Writer {
-            name: name.to_string(),
-            metadata: self.metadata.clone(),
-            bookkeeper: self.bookkeeper.clone(),
-            config: self.config.clone(),
-            last_txid: meta.value.max_txid,
-            meta,
-            current: None,
-            healthy: true,
-            closed: false,
-            tail: tail_tx,
-            shared: shared.clone(),
-            lease: Some(lease),
-            entries: VecDeque::new(),
-            appends: VecDeque::new(),
-            appends_base: 0,
-            acked: None,
-            completed_at: std::collections::HashMap::new(),
-            unrecovered: None,
-            spare: None,
-            roll_deferred: None,
-            layer: self.layer.clone(),
-        };
-        // Published for `describe` also while a failed recovery leaves it at the stored value.
-        writer.set_last_txid(writer.last_txid);
-        if let Err(e) = writer.recover().await {
-            // A segment whose ledger cannot be recovered now (a bookie of its write quorum down
-            // with no replacement) does not keep the stream from being served: its entries up
-            // to the LAC the live bookies hold are readable, appends are answered with the
-            // recovery's error, and the task retries recovery (see `Unrecovered`).
-            if writer.unrecovered.is_none() {
-                writer.release_lease().await;
-                return Err(e);
-            }
-            tracing::warn!(stream = name, error = %e, "serving the stream without recovering its in-progress segment");
-        }
-        let (tx, rx) = mpsc::channel(self.config.append_queue_max);
-        match &self.runtime {
-            Some(rt) => drop(rt.spawn(writer.run(rx))),
-            None => drop(tokio::spawn(writer.run(rx))),
-        }
-        tracing::info!(stream = name, owner = %self.identity, "acquired stream");
-        Ok(Arc::new(StreamHandle {
-            name: name.to_string(),
-            commands: tx,
-            tail: tail_rx,
-            shared,
-            lease_lost,
-        }))
-    }
+/// The stream's lease while this proxy's task holds it (DistributedLog's write lock), owned
+/// by the stream task: checked before every append and segment start, watched while idle,
+/// given back on close, after a sweep-only acquisition, or when ownership is lost.
+pub(super) struct Ownership {
+    name: String,
+    metadata: Arc<dyn MetadataStore>,
+    shared: Arc<StreamShared>,
+    /// `None` once given back or lost.
+    lease: Option<StreamLease>,
 }
 
-impl Writer {
+impl Ownership {
+    /// The ownership of `name` under `lease`, just taken.
+    pub(super) fn new(
+        name: &str,
+        metadata: Arc<dyn MetadataStore>,
+        shared: Arc<StreamShared>,
+        lease: StreamLease,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            metadata,
+            shared,
+            lease: Some(lease),
+        }
+    }
+
+    /// The lease's `lost` flag to watch (see [`lease_lost`]); `None` without a lease.
+    pub(super) fn lost_watch(&self) -> Option<watch::Receiver<bool>> {
+        self.lease.as_ref().map(|l| l.lost.clone())
+    }
+
     /// Gives the lease back to the metadata store (a no-op if it was already lost).
-    pub(super) async fn release_lease(&mut self) {
+    pub(super) async fn release(&mut self) {
         if let Some(lease) = self.lease.take() {
             if let Err(e) = self.metadata.release_stream(lease).await {
                 tracing::warn!(stream = %self.name, error = %e, "releasing the stream lease failed");
@@ -243,7 +117,7 @@ impl Writer {
     /// the lease is released and this acquisition ends without a loss to report; the next
     /// request acquires the stream afresh.
     pub(super) async fn release_after_sweep(&mut self) {
-        self.release_lease().await;
+        self.release().await;
         self.shared.released.store(true, Ordering::SeqCst);
         self.shared.loss_reported.store(true, Ordering::SeqCst);
         *self.shared.lost.lock().expect("lost lock") =
@@ -251,22 +125,47 @@ impl Writer {
         tracing::debug!(stream = %self.name, "released the stream after a lifecycle sweep");
     }
 
-    /// Ownership is gone: drop the ledger writer and cached state without completing the
-    /// segment (the next owner recovers it), give the lease up and mark the stream lost.
-    pub(super) async fn lose(&mut self, reason: String) {
+    /// Ownership is gone: drop the readers' cached state, give the lease up and mark this
+    /// acquisition lost with `reason` (the caller dropped its ledger writer first, without
+    /// completing the segment: the next owner recovers it).
+    pub(super) async fn give_up(&mut self, reason: String) {
         tracing::warn!(stream = %self.name, %reason, "giving up stream ownership");
-        self.current = None;
-        self.healthy = false;
-        self.roll_deferred = None;
         *self.shared.cache.lock().expect("cache lock") = TailCache::default();
         self.shared.readers.lock().expect("readers lock").clear();
-        self.release_lease().await;
+        self.release().await;
         *self.shared.lost.lock().expect("lost lock") = Some(reason);
+    }
+
+    /// The stream was deleted: drop the readers' cached state and `describe`'s view, give the
+    /// lease up and end this acquisition, so that later requests find no stream (or create a
+    /// new one).
+    pub(super) async fn end_deleted(&mut self) {
+        *self.shared.cache.lock().expect("cache lock") = Default::default();
+        self.shared.readers.lock().expect("readers lock").clear();
+        *self.shared.view.lock().expect("view lock") = Default::default();
+        self.shared.deleted.store(true, Ordering::SeqCst);
+        self.release().await;
+        *self.shared.lost.lock().expect("lost lock") = Some("the stream was deleted".into());
+    }
+
+    /// Why this acquisition ended (`OwnershipLost` with the recorded reason).
+    pub(super) fn lost_error(&self) -> Error {
+        let reason = self
+            .shared
+            .lost
+            .lock()
+            .expect("lost lock")
+            .clone()
+            .unwrap_or_default();
+        Error::OwnershipLost {
+            stream: self.name.clone(),
+            reason,
+        }
     }
 
     /// `OwnershipLost` if the lease says ownership is gone (DistributedLog
     /// `checkOwnershipAndReacquire` before every transmit and segment start).
-    pub(super) fn check_ownership(&self) -> Result<()> {
+    pub(super) fn check(&self) -> Result<()> {
         let reason = match &self.lease {
             None => Some("this proxy holds no lease for the stream".to_string()),
             Some(l) => lease_lost_reason(&l.lost),
@@ -280,14 +179,15 @@ impl Writer {
         }
     }
 
-    /// A failed compare-and-set of the stream's metadata: another writer changed it.
-    pub(super) fn stream_update_err(&self, op: &'static str, e: quire_metadata::Error) -> Error {
+    /// A failed compare-and-set of the stream's metadata: `BadVersion` means another writer
+    /// changed it (`OwnershipLost`); anything else is the store's error for `op`.
+    pub(super) fn update_err(&self, op: &'static str, e: quire_metadata::Error) -> Error {
         match e {
             quire_metadata::Error::BadVersion { expected, found, .. } => Error::OwnershipLost {
                 stream: self.name.clone(),
                 reason: format!("{op}: the stream's metadata was changed by another writer (version {found}, expected {expected})"),
             },
-            other => self.meta_err(op, other),
+            other => Error::from_metadata(&self.name, op, other),
         }
     }
 }

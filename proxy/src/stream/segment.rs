@@ -4,19 +4,77 @@
 //! and recovers any segment an earlier writer left in progress (fence and close its ledger,
 //! read its last entry for the last txid and record count).
 
-use std::collections::BTreeMap;
-
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use quire_ledger::{LedgerOptions, LedgerWriter};
-use quire_metadata::{SegmentMetadata, SegmentState, StreamMetadata, Versioned};
+use quire_metadata::{SegmentMetadata, SegmentState};
 use quire_wire::{EntryId, LedgerId};
 
-use super::tail_cache::TailState;
-use super::writer::Writer;
-use super::{storage, writer_storage};
+use super::clock::PastRollPoint;
+use super::labels::{delete_labelled_ledger, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM};
+use super::ownership::Ownership;
+use super::record::StreamRecord;
+use super::shared::{same_kind, storage, writer_storage};
+use super::StreamConfig;
 use crate::error::{Error, Result};
 use crate::record_set;
+
+/// The segments a stream task holds state for: the one being written, the next one's ledger
+/// made ready by a roll, a deferred roll, an earlier writer's segment not yet recovered, and
+/// when this writer completed each segment. Owned by the stream task (`writer::Writer`).
+pub(super) struct Segments {
+    pub(super) current: Option<OpenSegment>,
+    /// False after a storage or metadata error: recover before the next append.
+    pub(super) healthy: bool,
+    /// When (monotonic clock) this writer completed each segment, by seq no: time-based
+    /// retention goes by it rather than the stored wall-clock completion time where known, so
+    /// that a wall-clock jump does not age them.
+    pub(super) completed_at: HashMap<u64, Instant>,
+    /// An in-progress segment of an earlier writer that could not be recovered yet: reads are
+    /// served up to the LAC its live bookies report, appends fail until a retry succeeds.
+    pub(super) unrecovered: Option<Unrecovered>,
+    /// The next segment's ledger, made ready by a roll (`SpareLedger`).
+    pub(super) spare: Option<SpareLedger>,
+    /// Set while the open segment is past its roll point because no new segment could be
+    /// started.
+    pub(super) roll_deferred: Option<RollDeferred>,
+}
+
+/// A roll that could not happen: the next segment's ledger could not be created (fewer
+/// writable bookies than the ensemble needs). The open segment keeps taking writes up to the
+/// configured overshoot past its roll point; the roll is retried every [`ROLL_RETRY`].
+pub(super) struct RollDeferred {
+    /// When the roll was first due and could not happen.
+    since: Instant,
+    /// The last attempt's error.
+    error: String,
+    attempts: u32,
+    retry_at: Instant,
+    /// Counts the stream in `quire_proxy_segments_past_roll_point` while this lives.
+    _counted: PastRollPoint,
+}
+
+/// How often a deferred roll is tried again.
+const ROLL_RETRY: Duration = Duration::from_secs(1);
+
+/// A segment left in progress by an earlier writer whose ledger recovery failed (a bookie of
+/// its write quorum down with no replacement, a bookie too slow to answer). The ledger stays
+/// IN_RECOVERY; the stream task retries with a growing interval, and until then serves reads
+/// of the segment up to the LAC the live bookies hold (BookKeeper's read-only open without
+/// recovery) and answers appends with the recovery's error.
+pub(super) struct Unrecovered {
+    pub(super) seq_no: u64,
+    pub(super) ledger_id: u64,
+    /// The LAC its live bookies reported (BookKeeper `readLastAddConfirmed`): readable end.
+    pub(super) readable_last_entry: Option<u64>,
+    /// Why the last attempt failed (answered to appends until the next attempt).
+    pub(super) error: Error,
+    /// When the next attempt may run, and the wait after that one if it fails too.
+    pub(super) retry_at: Instant,
+    pub(super) retry_interval: Duration,
+    pub(super) attempts: u32,
+}
 
 /// The segment being written.
 pub(super) struct OpenSegment {
@@ -71,98 +129,18 @@ pub(super) fn next_seq_no(meta: &quire_metadata::StreamMetadata) -> u64 {
     after_last.max(after_point).max(1)
 }
 
-impl Writer {
-    pub(super) fn meta_err(&self, op: &'static str, e: quire_metadata::Error) -> Error {
-        Error::from_metadata(&self.name, op, e)
-    }
-
-    /// Takes `meta` as the stream record and shows it to `describe` together with the open
-    /// segment's progress, dropping that progress once the record no longer has its segment
-    /// in progress (one lock: a describe never sees a roll half done).
-    pub(super) fn set_meta(&mut self, meta: Versioned<StreamMetadata>) {
-        let mut view = self.shared.view.lock().expect("view lock");
-        if let Some((seq, ..)) = view.live {
-            if !meta
-                .value
-                .segments
-                .iter()
-                .any(|s| s.seq_no == seq && s.state == SegmentState::InProgress)
-            {
-                view.live = None;
-            }
-        }
-        view.meta = Some(Arc::new(meta.clone()));
-        self.meta = meta;
-    }
-
-    /// Compare-and-set of the stream record against the version this writer holds; on success
-    /// `meta` becomes the writer's record. The store's stamp of the update is compared with
-    /// this proxy's clock (`clock.rs`). Errors are the store's.
-    pub(super) async fn cas_stream(
-        &mut self,
-        meta: StreamMetadata,
-    ) -> std::result::Result<(), quire_metadata::Error> {
-        let before = super::now_ms();
-        let stamped = self
-            .metadata
-            .update_stream_stamped(&meta, self.meta.version)
-            .await?;
-        self.layer
-            .clock
-            .record(before, super::now_ms(), stamped.store_time_ms);
-        self.set_meta(Versioned {
-            value: meta,
-            version: stamped.version,
-        });
-        Ok(())
-    }
-
-    /// Makes sure the store's clock was sampled lately (`clock::SAMPLE_MAX_AGE`), by rewriting
-    /// the stream record unchanged when it was not (the sweep's rewrite does the same).
-    pub(super) async fn sample_store_clock(&mut self) -> Result<()> {
-        if self.layer.clock.fresh() {
-            return Ok(());
-        }
-        self.check_ownership()?;
-        let same = self.meta.value.clone();
-        self.cas_stream(same)
-            .await
-            .map_err(|e| self.stream_update_err("sample the metadata store's clock", e))
-    }
-
-    /// A completion time for the stream record: now on the metadata store's clock, at the
-    /// latest the last sample allows (`clock.rs`), so that no proxy's clock makes a segment
-    /// look older than it is.
-    pub(super) fn completion_time_ms(&self) -> u64 {
-        self.layer.clock.store_now_latest_ms(super::now_ms())
-    }
-
-    pub(super) fn publish(&self) {
-        self.tail
-            .send_replace(TailState::from_metadata(&self.meta.value));
-        // Keep the in-progress segment's readable end: it is the LAC, not in the metadata.
-        if let Some(cur) = &self.current {
-            let lac = cur.last_acked_entry;
-            let seq = cur.seq_no;
-            self.tail.send_modify(|t| {
-                if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
-                    s.readable_last_entry = lac;
-                }
-            });
-        }
-        // A segment left unrecovered is readable up to the LAC its live bookies hold.
-        if let Some(u) = &self.unrecovered {
-            let (seq, lac) = (u.seq_no, u.readable_last_entry);
-            self.tail.send_modify(|t| {
-                if let Some(s) = t
-                    .segments
-                    .iter_mut()
-                    .find(|s| s.seq_no == seq && !s.completed)
-                {
-                    s.readable_last_entry = lac;
-                }
-            });
-        }
+impl Segments {
+    /// Publishes the record's segments to readers with the open segment's LAC and an
+    /// unrecovered segment's readable end (see [`StreamRecord::publish`]).
+    pub(super) fn publish(&self, rec: &StreamRecord) {
+        rec.publish(
+            self.current
+                .as_ref()
+                .map(|c| (c.seq_no, c.last_acked_entry)),
+            self.unrecovered
+                .as_ref()
+                .map(|u| (u.seq_no, u.readable_last_entry)),
+        );
     }
 
     /// Recovers every `InProgress` segment: fence and close its ledger, learn its end from the
@@ -172,48 +150,48 @@ impl Writer {
     /// the failure is logged, kept in `self.unrecovered` with the LAC the live bookies report
     /// (readers are served up to it) and the time of the next attempt, which grows from 1 s
     /// to 30 s; until then this method fails at once with the same error.
-    pub(super) async fn recover(&mut self) -> Result<()> {
+    pub(super) async fn recover(&mut self, rec: &mut StreamRecord, own: &Ownership) -> Result<()> {
         if let Some(u) = &self.unrecovered {
             if std::time::Instant::now() < u.retry_at {
-                return Err(super::writer::same_kind(&u.error));
+                return Err(same_kind(&u.error));
             }
         }
         self.current = None;
-        let fresh = self
+        let fresh = rec
             .metadata
-            .read_stream(&self.name)
+            .read_stream(&rec.name)
             .await
-            .map_err(|e| self.meta_err("read stream", e))?;
-        self.set_meta(fresh);
+            .map_err(|e| rec.meta_err("read stream", e))?;
+        rec.set_meta(fresh);
         let mut changed = false;
-        let mut meta = self.meta.value.clone();
+        let mut meta = rec.meta.value.clone();
         for seg in meta
             .segments
             .iter_mut()
             .filter(|s| s.state == SegmentState::InProgress)
         {
-            let lm = match self
-                .bookkeeper
-                .recover_ledger(LedgerId(seg.ledger_id))
-                .await
-            {
+            let lm = match rec.bookkeeper.recover_ledger(LedgerId(seg.ledger_id)).await {
                 Ok(lm) => lm,
-                Err(e) => return Err(self.recovery_failed(seg.seq_no, seg.ledger_id, e).await),
+                Err(e) => {
+                    return Err(self
+                        .recovery_failed(rec, seg.seq_no, seg.ledger_id, e)
+                        .await)
+                }
             };
             let (last_txid, record_count) = match lm.last_entry {
                 None => (None, 0),
                 Some(last) => {
-                    let reader = self
+                    let reader = rec
                         .bookkeeper
                         .open_ledger(LedgerId(seg.ledger_id))
                         .await
-                        .map_err(|e| storage(&self.name, "open ledger", e))?;
+                        .map_err(|e| storage(&rec.name, "open ledger", e))?;
                     let payload = reader
                         .read(EntryId(last))
                         .await
-                        .map_err(|e| storage(&self.name, "read last entry", e))?;
+                        .map_err(|e| storage(&rec.name, "read last entry", e))?;
                     let set = record_set::decode(&payload).map_err(|e| Error::Storage {
-                        stream: self.name.clone(),
+                        stream: rec.name.clone(),
                         op: "decode last entry",
                         source: format!("ledger {} entry {last}: {e}", seg.ledger_id).into(),
                     })?;
@@ -224,9 +202,9 @@ impl Writer {
                     )
                 }
             };
-            tracing::info!(stream = %self.name, seq_no = seg.seq_no, ledger = seg.ledger_id, last_entry = ?lm.last_entry, record_count, "recovered in-progress segment");
+            tracing::info!(stream = %rec.name, seq_no = seg.seq_no, ledger = seg.ledger_id, last_entry = ?lm.last_entry, record_count, "recovered in-progress segment");
             if let Some(u) = self.unrecovered.take() {
-                tracing::info!(stream = %self.name, seq_no = u.seq_no, ledger = u.ledger_id, attempts = u.attempts + 1, "segment recovered after failed attempts");
+                tracing::info!(stream = %rec.name, seq_no = u.seq_no, ledger = u.ledger_id, attempts = u.attempts + 1, "segment recovered after failed attempts");
             }
             seg.state = SegmentState::Completed;
             seg.last_entry = lm.last_entry;
@@ -247,8 +225,8 @@ impl Writer {
             .any(|s| s.state == SegmentState::Completed && s.completion_time_ms.is_none());
         if unstamped {
             // Completion times are taken on the store's clock: sample it first if need be.
-            self.sample_store_clock().await?;
-            let now = self.completion_time_ms();
+            rec.sample_store_clock(own).await?;
+            let now = rec.completion_time_ms();
             for seg in meta
                 .segments
                 .iter_mut()
@@ -259,14 +237,13 @@ impl Writer {
             changed = true;
         }
         if changed {
-            self.cas_stream(meta)
+            rec.cas_stream(meta)
                 .await
-                .map_err(|e| self.stream_update_err("complete recovered segment", e))?;
+                .map_err(|e| own.update_err("complete recovered segment", e))?;
         }
-        self.set_last_txid(self.meta.value.max_txid);
         self.healthy = true;
         self.unrecovered = None;
-        self.publish();
+        self.publish(rec);
         Ok(())
     }
 
@@ -275,6 +252,7 @@ impl Writer {
     /// caller.
     async fn recovery_failed(
         &mut self,
+        rec: &StreamRecord,
         seq_no: u64,
         ledger_id: u64,
         e: quire_ledger::Error,
@@ -283,14 +261,14 @@ impl Writer {
         const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
         let previous = self.unrecovered.take().filter(|u| u.seq_no == seq_no);
         // BookKeeper's read-only open without recovery: any LAC a bookie reports was confirmed.
-        let lac = match self.bookkeeper.open_ledger(LedgerId(ledger_id)).await {
+        let lac = match rec.bookkeeper.open_ledger(LedgerId(ledger_id)).await {
             Ok(reader) => reader.read_lac().await.map(|l| l.map(|e| e.0)),
             Err(err) => Err(err),
         };
         let readable_last_entry = match lac {
             Ok(l) => l.max(previous.as_ref().and_then(|u| u.readable_last_entry)),
             Err(err) => {
-                tracing::warn!(stream = %self.name, seq_no, ledger = ledger_id, error = %err, "cannot read the LAC of an unrecovered segment");
+                tracing::warn!(stream = %rec.name, seq_no, ledger = ledger_id, error = %err, "cannot read the LAC of an unrecovered segment");
                 previous.as_ref().and_then(|u| u.readable_last_entry)
             }
         };
@@ -299,7 +277,7 @@ impl Writer {
             None => (1, RETRY_FIRST),
         };
         tracing::warn!(
-            stream = %self.name,
+            stream = %rec.name,
             seq_no,
             ledger = ledger_id,
             error = %e,
@@ -309,21 +287,21 @@ impl Writer {
             "cannot recover the in-progress segment now; its ledger stays IN_RECOVERY, reads are served up to the LAC the live bookies hold, recovery is retried"
         );
         let err = Error::Storage {
-            stream: self.name.clone(),
+            stream: rec.name.clone(),
             op: "recover in-progress segment (retried later; readable up to the bookies' LAC)",
             source: Box::new(e),
         };
-        self.unrecovered = Some(super::writer::Unrecovered {
+        self.unrecovered = Some(Unrecovered {
             seq_no,
             ledger_id,
             readable_last_entry,
-            error: super::writer::same_kind(&err),
+            error: same_kind(&err),
             retry_at: std::time::Instant::now() + retry_interval,
             retry_interval,
             attempts,
         });
         self.healthy = false;
-        self.publish();
+        self.publish(rec);
         err
     }
 
@@ -333,28 +311,32 @@ impl Writer {
     /// # Errors
     /// `OwnershipLost`; `Metadata` for an unreadable secret; `Storage` (op "create ledger")
     /// when the ledger cannot be created, e.g. fewer writable bookies than the ensemble size.
-    pub(super) async fn create_segment_ledger(&mut self) -> Result<SpareLedger> {
-        self.check_ownership()?;
+    pub(super) async fn create_segment_ledger(
+        &self,
+        rec: &StreamRecord,
+        own: &Ownership,
+    ) -> Result<SpareLedger> {
+        own.check()?;
         // While a segment is open it is the record's last, so this is the one after it.
-        let seq_no = next_seq_no(&self.meta.value);
+        let seq_no = next_seq_no(&rec.meta.value);
         let mut custom = BTreeMap::new();
         // The labels the lifecycle sweep finds orphan ledgers by (`sweep.rs`).
-        custom.insert(super::LEDGER_LABEL_STREAM.to_string(), self.name.clone());
-        custom.insert(super::LEDGER_LABEL_SEGMENT.to_string(), seq_no.to_string());
-        let c = &self.config;
+        custom.insert(LEDGER_LABEL_STREAM.to_string(), rec.name.clone());
+        custom.insert(LEDGER_LABEL_SEGMENT.to_string(), seq_no.to_string());
+        let c = &rec.config;
         // The ledger's master key comes from the stream's secret; a stream made before
         // secrets existed gets one, stored by the compare-and-set that starts the segment
         // (if that fails, the ledger is an orphan the sweep deletes, as for any failed start).
-        let stored_secret = self
+        let stored_secret = rec
             .meta
             .value
             .ledger_secret()
-            .map_err(|e| self.meta_err("read ledger secret", e))?;
+            .map_err(|e| rec.meta_err("read ledger secret", e))?;
         let secret = match &stored_secret {
             Some(s) => s.clone(),
             None => quire_ledger::new_ledger_secret(),
         };
-        let ledger = self
+        let ledger = rec
             .bookkeeper
             .create_ledger(LedgerOptions {
                 ensemble_size: c.ensemble_size,
@@ -364,7 +346,7 @@ impl Writer {
                 custom,
             })
             .await
-            .map_err(|e| storage(&self.name, "create ledger", e))?;
+            .map_err(|e| storage(&rec.name, "create ledger", e))?;
         Ok(SpareLedger {
             ledger,
             seq_no,
@@ -374,15 +356,20 @@ impl Writer {
 
     /// Starts a new segment on the spare ledger a roll made ready, else on a new one; its
     /// first record has `first_txid`.
-    pub(super) async fn open_segment(&mut self, first_txid: u64) -> Result<()> {
+    pub(super) async fn open_segment(
+        &mut self,
+        rec: &mut StreamRecord,
+        own: &Ownership,
+        first_txid: u64,
+    ) -> Result<()> {
         assert!(self.current.is_none(), "one open segment at a time");
-        self.check_ownership()?;
-        let seq_no = next_seq_no(&self.meta.value);
-        let stored_secret = self
+        own.check()?;
+        let seq_no = next_seq_no(&rec.meta.value);
+        let stored_secret = rec
             .meta
             .value
             .ledger_secret()
-            .map_err(|e| self.meta_err("read ledger secret", e))?;
+            .map_err(|e| rec.meta_err("read ledger secret", e))?;
         let spare = match self.spare.take() {
             Some(s)
                 if s.seq_no == seq_no && stored_secret.as_ref().is_none_or(|k| *k == s.secret) =>
@@ -392,13 +379,13 @@ impl Writer {
             other => {
                 if let Some(s) = other {
                     // Not for this segment after all: an orphan the sweep deletes.
-                    tracing::debug!(stream = %self.name, ledger = s.ledger.id().0, "spare ledger not used");
+                    tracing::debug!(stream = %rec.name, ledger = s.ledger.id().0, "spare ledger not used");
                 }
-                self.create_segment_ledger().await?
+                self.create_segment_ledger(rec, own).await?
             }
         };
         let SpareLedger { ledger, secret, .. } = spare;
-        let mut meta = self.meta.value.clone();
+        let mut meta = rec.meta.value.clone();
         assert!(
             meta.segments
                 .iter()
@@ -419,10 +406,10 @@ impl Writer {
         if stored_secret.is_none() {
             meta.ledger_secret_hex = Some(quire_metadata::encode_hex(&secret));
         }
-        self.cas_stream(meta)
+        rec.cas_stream(meta)
             .await
-            .map_err(|e| self.stream_update_err("start segment", e))?;
-        tracing::debug!(stream = %self.name, seq_no, ledger = ledger.id().0, "started segment");
+            .map_err(|e| own.update_err("start segment", e))?;
+        tracing::debug!(stream = %rec.name, seq_no, ledger = ledger.id().0, "started segment");
         self.current = Some(OpenSegment {
             seq_no,
             ledger,
@@ -436,13 +423,17 @@ impl Writer {
             lac_carried: None,
             last_ack_at: tokio::time::Instant::now(),
         });
-        self.publish();
+        self.publish(rec);
         Ok(())
     }
 
     /// Closes the open segment's ledger and marks the segment `Completed`. Every add must have
     /// been acknowledged.
-    pub(super) async fn complete_current(&mut self) -> Result<()> {
+    pub(super) async fn complete_current(
+        &mut self,
+        rec: &mut StreamRecord,
+        own: &Ownership,
+    ) -> Result<()> {
         let Some(seg) = self.current.as_ref() else {
             return Ok(());
         };
@@ -455,10 +446,10 @@ impl Writer {
             .ledger
             .close()
             .await
-            .map_err(|e| writer_storage(&self.name, "close ledger", e))?;
+            .map_err(|e| writer_storage(&rec.name, "close ledger", e))?;
         if lm.last_entry != expected_last {
             return Err(Error::Storage {
-                stream: self.name.clone(),
+                stream: rec.name.clone(),
                 op: "close ledger",
                 source: format!(
                     "ledger {} closed at {:?}, expected {:?}",
@@ -469,7 +460,7 @@ impl Writer {
                 .into(),
             });
         }
-        let mut meta = self.meta.value.clone();
+        let mut meta = rec.meta.value.clone();
         let s = meta
             .segments
             .last_mut()
@@ -481,7 +472,7 @@ impl Writer {
         s.last_txid = Some(seg.last_txid);
         s.record_count = seg.record_count;
         s.length_bytes = lm.length_bytes;
-        s.completion_time_ms = Some(self.completion_time_ms());
+        s.completion_time_ms = Some(rec.completion_time_ms());
         if seg.record_count > 0 {
             meta.max_txid = Some(
                 meta.max_txid
@@ -491,14 +482,196 @@ impl Writer {
         let (seq_no, records) = (seg.seq_no, seg.record_count);
         // The record shows the segment completed and `describe` stops adding its progress in
         // one step (`set_meta`).
-        self.cas_stream(meta)
+        rec.cas_stream(meta)
             .await
-            .map_err(|e| self.stream_update_err("complete segment", e))?;
-        tracing::debug!(stream = %self.name, seq_no, records, "completed segment");
+            .map_err(|e| own.update_err("complete segment", e))?;
+        tracing::debug!(stream = %rec.name, seq_no, records, "completed segment");
         self.completed_at.insert(seq_no, std::time::Instant::now());
         self.current = None;
         self.roll_deferred = None;
-        self.publish();
+        self.publish(rec);
         Ok(())
+    }
+
+    /// A writer with nothing open, healthy until a failure.
+    pub(super) fn new() -> Self {
+        Self {
+            current: None,
+            healthy: true,
+            completed_at: HashMap::new(),
+            unrecovered: None,
+            spare: None,
+            roll_deferred: None,
+        }
+    }
+
+    /// True when a segment left in progress by an earlier writer could not be recovered yet
+    /// (the stream is served anyway: see [`Unrecovered`]).
+    pub(super) fn serves_unrecovered(&self) -> bool {
+        self.unrecovered.is_some()
+    }
+
+    /// True when an unrecovered segment's next recovery attempt is due.
+    pub(super) fn recovery_retry_due(&self) -> bool {
+        self.unrecovered
+            .as_ref()
+            .is_some_and(|u| Instant::now() >= u.retry_at)
+    }
+
+    /// The writer is dead after a storage or metadata error: dropping the ledger writer
+    /// abandons its pending adds; the segment stays InProgress in the metadata and is
+    /// recovered (fenced and closed) before the next append.
+    pub(super) fn fail(&mut self) {
+        self.current = None;
+        self.healthy = false;
+        self.roll_deferred = None;
+    }
+
+    /// True when the open segment is at its roll point: its size reached, or (holding a
+    /// record) its age.
+    pub(super) fn roll_due(&self, config: &StreamConfig) -> bool {
+        self.current.as_ref().is_some_and(|seg| {
+            seg.size_bytes >= config.segment_size_bytes_max
+                || (seg.record_count > 0
+                    && config
+                        .segment_roll_interval
+                        .is_some_and(|i| seg.opened_at.elapsed() >= i))
+        })
+    }
+
+    /// True while a deferred roll waits for its next attempt ([`ROLL_RETRY`]).
+    pub(super) fn roll_waits(&self) -> bool {
+        self.roll_deferred
+            .as_ref()
+            .is_some_and(|d| Instant::now() < d.retry_at)
+    }
+
+    /// Notes a roll that could not happen because the next segment's ledger could not be
+    /// created (see `Writer::roll`); counted in `quire_proxy_segment_roll_deferred_total` and,
+    /// while it lasts, `quire_proxy_segments_past_roll_point`.
+    pub(super) fn defer_roll(&mut self, rec: &StreamRecord, e: &Error) {
+        let now = Instant::now();
+        let retry_at = now + ROLL_RETRY;
+        match &mut self.roll_deferred {
+            Some(d) => {
+                d.attempts += 1;
+                d.retry_at = retry_at;
+                d.error = e.to_string();
+                tracing::debug!(stream = %rec.name, error = %e, attempts = d.attempts, "segment roll still deferred");
+            }
+            None => {
+                let seg = self.current.as_ref().expect("a roll needs an open segment");
+                tracing::warn!(
+                    stream = %rec.name,
+                    seq_no = seg.seq_no,
+                    size_bytes = seg.size_bytes,
+                    error = %e,
+                    "cannot start the next segment; the roll is deferred and the segment keeps taking writes (up to segment_roll_overshoot_bytes / _secs past its roll point)"
+                );
+                self.roll_deferred = Some(RollDeferred {
+                    since: now,
+                    error: e.to_string(),
+                    attempts: 1,
+                    retry_at,
+                    _counted: PastRollPoint::new(rec.layer.clone()),
+                });
+            }
+        }
+    }
+
+    /// Completes the open segment at a roll (every add acknowledged) and logs how long a
+    /// deferred roll waited.
+    ///
+    /// # Errors
+    /// What [`Segments::complete_current`] fails with.
+    pub(super) async fn complete_at_roll(
+        &mut self,
+        rec: &mut StreamRecord,
+        own: &Ownership,
+    ) -> Result<()> {
+        let (seq_no, bytes) = self
+            .current
+            .as_ref()
+            .map_or((0, 0), |c| (c.seq_no, c.size_bytes));
+        let deferred = self.roll_deferred.take();
+        self.complete_current(rec, own).await?;
+        if let Some(d) = deferred {
+            tracing::info!(
+                stream = %rec.name,
+                seq_no,
+                size_bytes = bytes,
+                deferred_ms = d.since.elapsed().as_millis() as u64,
+                attempts = d.attempts,
+                "segment rolled after its roll was deferred"
+            );
+        }
+        Ok(())
+    }
+
+    /// True when the open segment's roll is deferred and the segment is past its roll point
+    /// by [`StreamConfig::segment_roll_overshoot_bytes_max`] or
+    /// [`StreamConfig::segment_roll_overshoot_time_max`]: it takes nothing more until it rolls.
+    pub(super) fn past_overshoot(&self, c: &StreamConfig) -> bool {
+        let (Some(seg), Some(d)) = (&self.current, &self.roll_deferred) else {
+            return false;
+        };
+        let bytes_over = seg.size_bytes.saturating_sub(c.segment_size_bytes_max);
+        let due_at = c.segment_roll_interval.map(|i| seg.opened_at + i);
+        let time_over = due_at.map(|t| t.elapsed());
+        let over_bytes = bytes_over >= c.segment_roll_overshoot_bytes_max;
+        let over_time = time_over.is_some_and(|t| t >= c.segment_roll_overshoot_time_max)
+            || d.since.elapsed() >= c.segment_roll_overshoot_time_max;
+        over_bytes || over_time
+    }
+
+    /// The refusal of a write while [`Segments::past_overshoot`] holds (`Storage`: nothing
+    /// written, retry later).
+    pub(super) fn overshoot_refusal(&self, rec: &StreamRecord) -> Error {
+        let (seg, d) = (
+            self.current.as_ref().expect("still open"),
+            self.roll_deferred.as_ref().expect("still deferred"),
+        );
+        Error::Storage {
+            stream: rec.name.clone(),
+            op: "write past a deferred segment roll",
+            source: format!(
+                "segment {} holds {} bytes and has waited {} s for its roll, at the bound (segment_roll_overshoot_bytes {}, segment_roll_overshoot_secs {}), and no new segment can be started: {}; nothing of this write was written, retry once enough bookies are writable",
+                seg.seq_no,
+                seg.size_bytes,
+                d.since.elapsed().as_secs(),
+                rec.config.segment_roll_overshoot_bytes_max,
+                rec.config.segment_roll_overshoot_time_max.as_secs(),
+                d.error
+            )
+            .into(),
+        }
+    }
+
+    /// Gives a spare ledger back: its metadata is deleted (it was never written). Done when
+    /// no segment is open after a batch or a lifecycle check (the next segment creates its
+    /// own ledger then), so that no ledger outlives the roll that made it unlisted. Failures
+    /// leave an orphan for the sweep.
+    pub(super) async fn discard_spare(&mut self, rec: &StreamRecord) {
+        if let Some(s) = self.spare.take() {
+            let id = s.ledger.id().0;
+            drop(s);
+            delete_labelled_ledger(&*rec.metadata, &rec.name, id).await;
+        }
+    }
+
+    /// The position just past the last acknowledged entry of the stream (where the next record
+    /// will be readable from at the latest), or `None` if the stream holds no entry.
+    pub(super) fn end_position(&self, rec: &StreamRecord) -> Option<crate::dlsn::Dlsn> {
+        for s in rec.meta.value.segments.iter().rev() {
+            let last = match &self.current {
+                Some(c) if c.seq_no == s.seq_no => c.last_acked_entry,
+                _ if s.state == SegmentState::Completed => s.last_entry,
+                _ => None,
+            };
+            if let Some(last) = last {
+                return Some(crate::dlsn::Dlsn::new(s.seq_no, last + 1, 0));
+            }
+        }
+        None
     }
 }

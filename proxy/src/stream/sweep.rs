@@ -40,17 +40,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 
-use quire_wire::LedgerId;
 use tokio::sync::oneshot;
 
-use super::writer::{Command, Writer};
-use super::StreamManager;
+use super::command::Command;
+use super::labels::{delete_labelled_ledger, LEDGER_LABEL_STREAM};
+use super::registry::Registry;
 use crate::error::{Error, Result};
-
-/// The `custom` key of a segment's ledger metadata that names its stream.
-pub const LEDGER_LABEL_STREAM: &str = "quire.stream";
-/// The `custom` key of a segment's ledger metadata that holds its segment sequence number.
-pub const LEDGER_LABEL_SEGMENT: &str = "quire.segment_seq_no";
 
 /// What one [`StreamManager::sweep`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -65,123 +60,104 @@ pub struct SweepReport {
     pub orphan_ledgers_deleted: Vec<u64>,
 }
 
-/// What the stream task reports for its part of a sweep.
-pub(super) struct StreamSweep {
-    pub(super) orphans_deleted: Vec<u64>,
+/// One lifecycle sweep over every stream in the metadata store (see the module docs and
+/// [`super::StreamManager::sweep`]).
+pub(super) async fn sweep(registry: &Registry) -> Result<SweepReport> {
+    registry.check_running()?;
+    let names: BTreeSet<String> = registry.list_streams().await?.into_iter().collect();
+    let labelled = labelled_ledgers(registry).await?;
+    let mut report = SweepReport::default();
+    let mut all = names.clone();
+    all.extend(labelled.keys().cloned());
+    for name in &all {
+        if registry.is_shutting_down() {
+            break;
+        }
+        let candidates = labelled.get(name).cloned().unwrap_or_default();
+        let r = if names.contains(name) {
+            sweep_stream(registry, name, candidates, &mut report).await
+        } else {
+            sweep_deleted_stream(registry, name, candidates, &mut report).await
+        };
+        if let Err(e) = r {
+            tracing::warn!(stream = %name, error = %e, "lifecycle sweep of the stream failed");
+        }
+    }
+    report.orphan_ledgers_deleted.sort_unstable();
+    if !report.orphan_ledgers_deleted.is_empty() || report.streams_acquired > 0 {
+        tracing::info!(
+            checked = report.streams_checked,
+            acquired = report.streams_acquired,
+            orphans_deleted = ?report.orphan_ledgers_deleted,
+            "lifecycle sweep"
+        );
+    }
+    Ok(report)
 }
 
-impl StreamManager {
-    /// One lifecycle sweep over every stream in the metadata store (see the module docs of
-    /// `stream::sweep`): retention and time rolls on streams this proxy owns or that nobody
-    /// owns, and deletion of orphan ledger metadata (ledgers labelled with a stream whose
-    /// record does not list them, or with a stream that no longer exists). Runs by itself
-    /// every [`super::StreamConfig::lifecycle_sweep_interval`]; callable at any time.
-    ///
-    /// # Errors
-    /// `Metadata` when the streams or ledgers cannot be listed; `ShuttingDown`. A failure on
-    /// one stream is logged and the sweep goes on with the next.
-    pub async fn sweep(&self) -> Result<SweepReport> {
-        self.check_running()?;
-        let names: BTreeSet<String> = self.list_streams().await?.into_iter().collect();
-        let labelled = self.labelled_ledgers().await?;
-        let mut report = SweepReport::default();
-        let mut all = names.clone();
-        all.extend(labelled.keys().cloned());
-        for name in &all {
-            if self.shutting_down.load(Ordering::SeqCst) {
-                break;
+/// Ledger ids by the stream named in their label; unlabelled ledgers and ledgers whose
+/// metadata cannot be read (deleted meanwhile, or a failed read) are left out.
+async fn labelled_ledgers(registry: &Registry) -> Result<BTreeMap<String, Vec<u64>>> {
+    let ids = registry
+        .metadata
+        .list_ledgers()
+        .await
+        .map_err(|e| Error::from_metadata("", "list ledgers", e))?;
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for id in ids {
+        match registry.metadata.read_ledger(id).await {
+            Ok(v) => {
+                if let Some(stream) = v.value.custom.get(LEDGER_LABEL_STREAM) {
+                    out.entry(stream.clone()).or_default().push(id.0);
+                }
             }
-            let candidates = labelled.get(name).cloned().unwrap_or_default();
-            let r = if names.contains(name) {
-                self.sweep_stream(name, candidates, &mut report).await
-            } else {
-                self.sweep_deleted_stream(name, candidates, &mut report)
-                    .await
-            };
-            if let Err(e) = r {
-                tracing::warn!(stream = %name, error = %e, "lifecycle sweep of the stream failed");
+            Err(quire_metadata::Error::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(ledger = id.0, error = %e, "lifecycle sweep: cannot read ledger metadata; skipped");
             }
         }
-        report.orphan_ledgers_deleted.sort_unstable();
-        if !report.orphan_ledgers_deleted.is_empty() || report.streams_acquired > 0 {
-            tracing::info!(
-                checked = report.streams_checked,
-                acquired = report.streams_acquired,
-                orphans_deleted = ?report.orphan_ledgers_deleted,
-                "lifecycle sweep"
-            );
-        }
-        Ok(report)
     }
+    Ok(out)
+}
 
-    /// Ledger ids by the stream named in their label; unlabelled ledgers and ledgers whose
-    /// metadata cannot be read (deleted meanwhile, or a failed read) are left out.
-    async fn labelled_ledgers(&self) -> Result<BTreeMap<String, Vec<u64>>> {
-        let ids = self
+/// The sweep of one stream that exists: through its owner task if nobody else owns it.
+async fn sweep_stream(
+    registry: &Registry,
+    name: &str,
+    candidates: Vec<u64>,
+    report: &mut SweepReport,
+) -> Result<()> {
+    let owned_here = registry.owned(name).is_some();
+    if !owned_here {
+        let owner = registry
             .metadata
-            .list_ledgers()
+            .stream_owner(name)
             .await
-            .map_err(|e| Error::from_metadata("", "list ledgers", e))?;
-        let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for id in ids {
-            match self.metadata.read_ledger(id).await {
-                Ok(v) => {
-                    if let Some(stream) = v.value.custom.get(LEDGER_LABEL_STREAM) {
-                        out.entry(stream.clone()).or_default().push(id.0);
-                    }
-                }
-                Err(quire_metadata::Error::NotFound { .. }) => {}
-                Err(e) => {
-                    tracing::warn!(ledger = id.0, error = %e, "lifecycle sweep: cannot read ledger metadata; skipped");
-                }
-            }
+            .map_err(|e| Error::from_metadata(name, "read stream owner", e))?;
+        if owner.is_some() {
+            report.streams_owned_elsewhere += 1;
+            return Ok(());
         }
-        Ok(out)
     }
-
-    async fn sweep_stream(
-        &self,
-        name: &str,
-        candidates: Vec<u64>,
-        report: &mut SweepReport,
-    ) -> Result<()> {
-        let owned_here = self
-            .streams
-            .lock()
-            .expect("streams lock")
-            .get(name)
-            .and_then(|c| c.get().cloned())
-            .is_some_and(|h| h.lost_reason().is_none());
-        if !owned_here {
-            let owner = self
-                .metadata
-                .stream_owner(name)
-                .await
-                .map_err(|e| Error::from_metadata(name, "read stream owner", e))?;
-            if owner.is_some() {
-                report.streams_owned_elsewhere += 1;
-                return Ok(());
-            }
+    let handle = match registry.stream(name, false, false).await {
+        Ok(h) => h,
+        Err(Error::OwnedElsewhere { .. }) => {
+            report.streams_owned_elsewhere += 1;
+            return Ok(());
         }
-        let handle = match self.stream(name, false, false).await {
-            Ok(h) => h,
-            Err(Error::OwnedElsewhere { .. }) => {
-                report.streams_owned_elsewhere += 1;
-                return Ok(());
-            }
-            // Deleted meanwhile: its labelled ledgers are handled by the next sweep.
-            Err(Error::NoSuchStream { .. }) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        // Requests counted so far, this sweep's own acquisition included: a later request
-        // keeps the stream owned.
-        let release_unless_used =
-            (!owned_here).then(|| handle.shared.requests.load(Ordering::SeqCst));
-        if !owned_here {
-            report.streams_acquired += 1;
-        }
-        let (reply, rx) = oneshot::channel();
-        self.send_command(
+        // Deleted meanwhile: its labelled ledgers are handled by the next sweep.
+        Err(Error::NoSuchStream { .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    // Requests counted so far, this sweep's own acquisition included: a later request
+    // keeps the stream owned.
+    let release_unless_used = (!owned_here).then(|| handle.shared.requests.load(Ordering::SeqCst));
+    if !owned_here {
+        report.streams_acquired += 1;
+    }
+    let (reply, rx) = oneshot::channel();
+    registry
+        .send_command(
             &handle,
             Command::Sweep {
                 orphan_candidates: candidates,
@@ -190,174 +166,70 @@ impl StreamManager {
             },
         )
         .await?;
-        let done = rx.await.map_err(|_| Error::OwnershipLost {
-            stream: name.to_string(),
-            reason: handle
-                .lost_reason()
-                .unwrap_or_else(|| "the stream task ended".into()),
-        })??;
-        report.streams_checked += 1;
-        report.orphan_ledgers_deleted.extend(done.orphans_deleted);
-        Ok(())
-    }
+    let done = rx.await.map_err(|_| Error::OwnershipLost {
+        stream: name.to_string(),
+        reason: handle
+            .lost_reason()
+            .unwrap_or_else(|| "the stream task ended".into()),
+    })??;
+    report.streams_checked += 1;
+    report.orphan_ledgers_deleted.extend(done.orphans_deleted);
+    Ok(())
+}
 
-    /// Ledgers labelled with a stream that does not exist: deleted under the stream's lock,
-    /// once the stream is confirmed absent with the lock held.
-    async fn sweep_deleted_stream(
-        &self,
-        name: &str,
-        candidates: Vec<u64>,
-        report: &mut SweepReport,
-    ) -> Result<()> {
-        if candidates.is_empty() || quire_metadata::validate_stream_name(name).is_err() {
+/// Ledgers labelled with a stream that does not exist: deleted under the stream's lock,
+/// once the stream is confirmed absent with the lock held.
+async fn sweep_deleted_stream(
+    registry: &Registry,
+    name: &str,
+    candidates: Vec<u64>,
+    report: &mut SweepReport,
+) -> Result<()> {
+    if candidates.is_empty() || quire_metadata::validate_stream_name(name).is_err() {
+        return Ok(());
+    }
+    let lease = match registry
+        .metadata
+        .try_acquire_stream(name, &registry.identity)
+        .await
+    {
+        Ok(Ok(lease)) => lease,
+        Ok(Err(_owner)) => {
+            report.streams_owned_elsewhere += 1;
             return Ok(());
         }
-        let lease = match self.metadata.try_acquire_stream(name, &self.identity).await {
-            Ok(Ok(lease)) => lease,
-            Ok(Err(_owner)) => {
-                report.streams_owned_elsewhere += 1;
-                return Ok(());
+        Err(e) => return Err(Error::from_metadata(name, "acquire stream lease", e)),
+    };
+    let absent = matches!(
+        registry.metadata.read_stream(name).await,
+        Err(quire_metadata::Error::NotFound { .. })
+    );
+    if absent {
+        for id in candidates {
+            if *lease.lost.borrow() {
+                break;
             }
-            Err(e) => return Err(Error::from_metadata(name, "acquire stream lease", e)),
-        };
-        let absent = matches!(
-            self.metadata.read_stream(name).await,
-            Err(quire_metadata::Error::NotFound { .. })
-        );
-        if absent {
-            for id in candidates {
-                if *lease.lost.borrow() {
-                    break;
-                }
-                if delete_labelled_ledger(&*self.metadata, name, id).await {
-                    report.orphan_ledgers_deleted.push(id);
-                }
-            }
-        }
-        if let Err(e) = self.metadata.release_stream(lease).await {
-            tracing::warn!(stream = %name, error = %e, "releasing the stream lease after a sweep failed");
-        }
-        Ok(())
-    }
-}
-
-/// Deletes ledger `id`'s metadata if it is still labelled with `stream`; true once it is gone
-/// (also when someone else deleted it). A failed read or delete leaves it (logged).
-pub(super) async fn delete_labelled_ledger(
-    metadata: &dyn quire_metadata::MetadataStore,
-    stream: &str,
-    id: u64,
-) -> bool {
-    for _ in 0..3 {
-        let v = match metadata.read_ledger(LedgerId(id)).await {
-            Ok(v) => v,
-            Err(quire_metadata::Error::NotFound { .. }) => return true,
-            Err(e) => {
-                tracing::warn!(stream, ledger = id, error = %e, "cannot read an orphan ledger's metadata; it stays");
-                return false;
-            }
-        };
-        if v.value.custom.get(LEDGER_LABEL_STREAM).map(String::as_str) != Some(stream) {
-            return false;
-        }
-        match metadata.delete_ledger(LedgerId(id), v.version).await {
-            Ok(()) | Err(quire_metadata::Error::NotFound { .. }) => {
-                tracing::info!(stream, ledger = id, "deleted orphan ledger metadata");
-                return true;
-            }
-            Err(quire_metadata::Error::BadVersion { .. }) => continue,
-            Err(e) => {
-                tracing::warn!(stream, ledger = id, error = %e, "cannot delete an orphan ledger's metadata; it stays");
-                return false;
+            if delete_labelled_ledger(&*registry.metadata, name, id).await {
+                report.orphan_ledgers_deleted.push(id);
             }
         }
     }
-    false
+    if let Err(e) = registry.metadata.release_stream(lease).await {
+        tracing::warn!(stream = %name, error = %e, "releasing the stream lease after a sweep failed");
+    }
+    Ok(())
 }
 
-/// Runs [`StreamManager::sweep`] every `interval` until the manager is dropped or shuts down.
+/// Runs [`sweep`] every `interval` until the manager is dropped or shuts down.
 /// The first sweep comes one interval after the start.
-pub(super) async fn sweep_loop(manager: Weak<StreamManager>, interval: Duration) {
+pub(super) async fn sweep_loop(registry: Weak<Registry>, interval: Duration) {
     loop {
         tokio::time::sleep(interval).await;
-        let Some(m) = manager.upgrade() else { return };
-        match m.sweep().await {
+        let Some(r) = registry.upgrade() else { return };
+        match sweep(&r).await {
             Ok(_) => {}
             Err(Error::ShuttingDown) => return,
             Err(e) => tracing::warn!(error = %e, "lifecycle sweep failed"),
         }
-    }
-}
-
-impl Writer {
-    /// The stream task's part of a sweep: the lifecycle tick (time roll, retention), then the
-    /// orphan ledgers among `candidates` (labelled with this stream, unlisted in its record)
-    /// are deleted after the record is rewritten by compare-and-set. Returns the answer and
-    /// whether the task goes on.
-    pub(super) async fn sweep(&mut self, candidates: Vec<u64>) -> (Result<StreamSweep>, bool) {
-        if !self.on_tick().await {
-            let reason = self
-                .shared
-                .lost
-                .lock()
-                .expect("lost lock")
-                .clone()
-                .unwrap_or_default();
-            return (
-                Err(Error::OwnershipLost {
-                    stream: self.name.clone(),
-                    reason,
-                }),
-                false,
-            );
-        }
-        // The spare ledger a roll made ready is this writer's own, not an orphan.
-        let listed: BTreeSet<u64> = self
-            .meta
-            .value
-            .segments
-            .iter()
-            .map(|s| s.ledger_id)
-            .chain(self.spare.as_ref().map(|s| s.ledger.id().0))
-            .collect();
-        let orphans: Vec<u64> = candidates
-            .into_iter()
-            .filter(|id| !listed.contains(id))
-            .collect();
-        if orphans.is_empty() || !self.healthy {
-            return (
-                Ok(StreamSweep {
-                    orphans_deleted: Vec::new(),
-                }),
-                true,
-            );
-        }
-        if let Err(e) = self.check_ownership() {
-            let go_on = self.lifecycle_failure_keep(&e).await;
-            return (Err(e), go_on);
-        }
-        // Rewrite the record (same content, new version): an earlier owner that created one of
-        // these ledgers and has not yet added it to the record now fails its compare-and-set.
-        let same = self.meta.value.clone();
-        match self.cas_stream(same).await {
-            Ok(()) => {}
-            Err(e) => {
-                let e = self.stream_update_err("sweep orphan ledgers", e);
-                let go_on = self.lifecycle_failure_keep(&e).await;
-                return (Err(e), go_on);
-            }
-        }
-        let mut deleted = Vec::new();
-        for id in orphans {
-            if delete_labelled_ledger(&*self.metadata, &self.name, id).await {
-                deleted.push(id);
-            }
-        }
-        (
-            Ok(StreamSweep {
-                orphans_deleted: deleted,
-            }),
-            true,
-        )
     }
 }

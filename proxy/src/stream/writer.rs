@@ -8,16 +8,17 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use quire_ledger::{AddFuture, BookKeeper};
-use quire_metadata::{MetadataStore, StreamLease, StreamMetadata, Versioned};
+use quire_ledger::AddFuture;
 use quire_wire::EntryId;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::clock::{LayerStats, PastRollPoint};
-use super::ownership::lease_lost;
-use super::segment::{OpenSegment, SpareLedger};
-use super::tail_cache::TailState;
-use super::{writer_storage, StreamConfig, StreamShared};
+use super::command::{Command, StreamSweep};
+use super::labels;
+use super::lifecycle;
+use super::ownership::{lease_lost, Ownership};
+use super::record::StreamRecord;
+use super::segment::Segments;
+use super::shared::{same_kind, writer_storage};
 use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
 use crate::record_set::{
@@ -25,39 +26,6 @@ use crate::record_set::{
 };
 use crate::types::{RetentionChange, TruncateResult, WriteResult};
 use quire_metadata::RetentionOverride;
-
-pub(super) enum Command {
-    Append {
-        records: Vec<(u64, Vec<u8>)>,
-        reply: oneshot::Sender<Result<WriteResult>>,
-    },
-    Close {
-        reply: oneshot::Sender<Result<()>>,
-    },
-    /// See [`super::StreamManager::truncate`].
-    Truncate {
-        before: Dlsn,
-        reply: oneshot::Sender<Result<TruncateResult>>,
-    },
-    /// See [`super::StreamManager::delete_stream`].
-    Delete {
-        reply: oneshot::Sender<Result<u32>>,
-    },
-    /// See [`super::StreamManager::sweep`]: the lifecycle tick, then the orphan ledgers among
-    /// the candidates; with `release_unless_used`, the stream is given up afterwards unless
-    /// requests beyond that count used it.
-    Sweep {
-        orphan_candidates: Vec<u64>,
-        release_unless_used: Option<u64>,
-        reply: oneshot::Sender<Result<super::sweep::StreamSweep>>,
-    },
-    /// See [`super::StreamManager::set_retention`].
-    SetRetention {
-        time_secs: RetentionChange,
-        size_bytes: RetentionChange,
-        reply: oneshot::Sender<Result<RetentionOverride>>,
-    },
-}
 
 /// One entry add in flight.
 pub(super) struct InFlight {
@@ -152,29 +120,36 @@ pub(super) fn check_txids(
     Ok(prev)
 }
 
-/// The same kind of error as `e`, for every later append that fails with it.
-pub(super) fn same_kind(e: &Error) -> Error {
-    match e {
-        Error::Storage { stream, op, source } => Error::Storage {
-            stream: stream.clone(),
-            op,
-            source: source.to_string().into(),
-        },
-        Error::Metadata { stream, op, source } => Error::Metadata {
-            stream: stream.clone(),
-            op,
-            source: source.to_string().into(),
-        },
-        Error::OwnershipLost { stream, reason } => Error::OwnershipLost {
-            stream: stream.clone(),
-            reason: reason.clone(),
-        },
-        Error::NoSuchStream { stream } => Error::NoSuchStream {
-            stream: stream.clone(),
-        },
-        Error::ShuttingDown => Error::ShuttingDown,
-        other => Error::Internal(other.to_string()),
+/// The appends queued right now after `records`, grouped up to about one entry's worth
+/// (`target` bytes); a command other than an append is held back in `inputs.stashed`.
+fn take_batch(
+    records: Records,
+    reply: oneshot::Sender<Result<WriteResult>>,
+    inputs: &mut Inputs,
+    target: usize,
+) -> Vec<QueuedAppend> {
+    let mut size: usize = records
+        .iter()
+        .map(|(_, p)| encoded_record_size_bytes(p.len()))
+        .sum();
+    let mut batch = vec![(records, reply)];
+    while size < target {
+        match inputs.commands.try_recv() {
+            Ok(Command::Append { records, reply }) => {
+                size += records
+                    .iter()
+                    .map(|(_, p)| encoded_record_size_bytes(p.len()))
+                    .sum::<usize>();
+                batch.push((records, reply));
+            }
+            Ok(other) => {
+                inputs.stashed = Some(other);
+                break;
+            }
+            Err(_) => break,
+        }
     }
+    batch
 }
 
 /// Waits for the oldest add in flight; never resolves when none is.
@@ -195,84 +170,97 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// A stream's writer state, owned by its task.
+/// A stream's writer state, owned by its task: the stream record, the lease, the segments,
+/// and the append pipeline (appends taken and not yet answered, entry adds in flight).
 pub(super) struct Writer {
-    pub(super) name: String,
-    pub(super) metadata: Arc<dyn MetadataStore>,
-    pub(super) bookkeeper: BookKeeper,
-    pub(super) config: Arc<StreamConfig>,
-    pub(super) meta: Versioned<StreamMetadata>,
-    pub(super) current: Option<OpenSegment>,
+    /// The stream record and the handles to read and update it.
+    rec: StreamRecord,
+    /// The lease this task holds.
+    ownership: Ownership,
+    /// The open segment, the spare ledger, a deferred roll, an unrecovered segment.
+    segments: Segments,
     /// Highest txid acknowledged or in flight (the order rule and the txid guard are checked
     /// against it). Set only through [`Writer::set_last_txid`], which publishes it.
-    pub(super) last_txid: Option<u64>,
-    /// False after a storage or metadata error: recover before the next append.
-    pub(super) healthy: bool,
-    pub(super) closed: bool,
-    pub(super) tail: watch::Sender<TailState>,
-    pub(super) shared: Arc<StreamShared>,
-    /// The stream's lease while this writer holds it.
-    pub(super) lease: Option<StreamLease>,
+    last_txid: Option<u64>,
+    /// True once closed by a shutdown: later appends get `ShuttingDown`.
+    closed: bool,
     /// Entry adds sent and not yet acknowledged, in entry order (all in the open segment).
-    pub(super) entries: VecDeque<InFlight>,
+    entries: VecDeque<InFlight>,
     /// Appends taken from the queue and not yet answered, in submission order.
-    pub(super) appends: VecDeque<PendingAppend>,
+    appends: VecDeque<PendingAppend>,
     /// Id of `appends.front()`; ids count every append this writer took.
-    pub(super) appends_base: u64,
+    appends_base: u64,
     /// (segment seq no, entry id) of the last entry acknowledged.
-    pub(super) acked: Option<(u64, u64)>,
-    /// When (monotonic clock) this writer completed each segment, by seq no: time-based
-    /// retention goes by it rather than the stored wall-clock completion time where known, so
-    /// that a wall-clock jump does not age them.
-    pub(super) completed_at: std::collections::HashMap<u64, std::time::Instant>,
-    /// An in-progress segment of an earlier writer that could not be recovered yet: reads are
-    /// served up to the LAC its live bookies report, appends fail until a retry succeeds.
-    pub(super) unrecovered: Option<Unrecovered>,
-    /// The next segment's ledger, made ready by a roll (`SpareLedger`).
-    pub(super) spare: Option<SpareLedger>,
-    /// Set while the open segment is past its roll point because no new segment could be
-    /// started.
-    pub(super) roll_deferred: Option<RollDeferred>,
-    /// The proxy-wide clock sample and counters.
-    pub(super) layer: Arc<LayerStats>,
+    acked: Option<(u64, u64)>,
 }
 
-/// A roll that could not happen: the next segment's ledger could not be created (fewer
-/// writable bookies than the ensemble needs). The open segment keeps taking writes up to the
-/// configured overshoot past its roll point; the roll is retried every [`ROLL_RETRY`].
-pub(super) struct RollDeferred {
-    /// When the roll was first due and could not happen.
-    since: std::time::Instant,
-    /// The last attempt's error.
-    error: String,
-    attempts: u32,
-    retry_at: std::time::Instant,
-    /// Counts the stream in `quire_proxy_segments_past_roll_point` while this lives.
-    _counted: PastRollPoint,
+/// What woke the stream task.
+enum Event {
+    /// The oldest add in flight finished.
+    Acked(std::result::Result<EntryId, quire_ledger::Error>),
+    /// The lease says ownership is gone.
+    Lost(String),
+    /// A command, or `None` once the manager dropped the queue.
+    Command(Option<Command>),
+    /// The lifecycle check is due.
+    Tick,
+    /// A control entry is due to carry the LAC.
+    AdvanceLac,
 }
 
-/// How often a deferred roll is tried again.
-const ROLL_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// A segment left in progress by an earlier writer whose ledger recovery failed (a bookie of
-/// its write quorum down with no replacement, a bookie too slow to answer). The ledger stays
-/// IN_RECOVERY; the stream task retries with a growing interval, and until then serves reads
-/// of the segment up to the LAC the live bookies hold (BookKeeper's read-only open without
-/// recovery) and answers appends with the recovery's error.
-pub(super) struct Unrecovered {
-    pub(super) seq_no: u64,
-    pub(super) ledger_id: u64,
-    /// The LAC its live bookies reported (BookKeeper `readLastAddConfirmed`): readable end.
-    pub(super) readable_last_entry: Option<u64>,
-    /// Why the last attempt failed (answered to appends until the next attempt).
-    pub(super) error: Error,
-    /// When the next attempt may run, and the wait after that one if it fails too.
-    pub(super) retry_at: std::time::Instant,
-    pub(super) retry_interval: std::time::Duration,
-    pub(super) attempts: u32,
+/// The stream task's inputs: its command queue (with a command taken from it early and held
+/// back while the pipeline is full), the lease's `lost` flag and the lifecycle tick.
+struct Inputs {
+    commands: mpsc::Receiver<Command>,
+    stashed: Option<Command>,
+    lost: Option<watch::Receiver<bool>>,
+    tick: tokio::time::Interval,
 }
 
 impl Writer {
+    /// A writer for a stream just acquired, over its record and lease; nothing is recovered
+    /// yet (see [`Writer::recover`]). Its last txid is the stored one, published for
+    /// `describe` also while a failed recovery leaves it there.
+    pub(super) fn new(rec: StreamRecord, ownership: Ownership) -> Self {
+        let mut writer = Self {
+            last_txid: None,
+            rec,
+            ownership,
+            segments: Segments::new(),
+            closed: false,
+            entries: VecDeque::new(),
+            appends: VecDeque::new(),
+            appends_base: 0,
+            acked: None,
+        };
+        writer.set_last_txid(writer.rec.meta.value.max_txid);
+        writer
+    }
+
+    /// True when a segment left in progress by an earlier writer could not be recovered (see
+    /// [`Segments::serves_unrecovered`]).
+    pub(super) fn serves_unrecovered(&self) -> bool {
+        self.segments.serves_unrecovered()
+    }
+
+    /// Gives the lease back (a no-op if it was already lost).
+    pub(super) async fn release_lease(&mut self) {
+        self.ownership.release().await;
+    }
+
+    /// Recovers every `InProgress` segment (see [`Segments::recover`]); afterwards the writer
+    /// is healthy with no open segment and its last txid is the record's.
+    ///
+    /// # Errors
+    /// What [`Segments::recover`] fails with.
+    pub(super) async fn recover(&mut self) -> Result<()> {
+        self.segments
+            .recover(&mut self.rec, &self.ownership)
+            .await?;
+        self.set_last_txid(self.rec.meta.value.max_txid);
+        Ok(())
+    }
+
     /// The stream task. It takes appends from the queue while fewer than
     /// `adds_in_flight_max` entry adds are outstanding, packs each (with the appends queued
     /// behind it, up to `entry_size_bytes_target`) into entries, sends them at once and takes
@@ -280,243 +268,245 @@ impl Writer {
     /// order, and each append is answered once the entry holding its last record is
     /// acknowledged (DistributedLog `BKAsyncLogWriter`: many outstanding writes per stream,
     /// transmitted in entries, acknowledged in order).
-    pub(super) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
-        let mut lost_rx = self.lease.as_ref().map(|l| l.lost.clone());
-        let mut stashed: Option<Command> = None;
-        enum Event {
-            Acked(std::result::Result<EntryId, quire_ledger::Error>),
-            Lost(String),
-            Command(Option<Command>),
-            Tick,
-            AdvanceLac,
-        }
-        let mut tick = tokio::time::interval(self.config.lifecycle_check_interval);
+    pub(super) async fn run(mut self, commands: mpsc::Receiver<Command>) {
+        let mut tick = tokio::time::interval(self.rec.config.lifecycle_check_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut inputs = Inputs {
+            commands,
+            stashed: None,
+            lost: self.ownership.lost_watch(),
+            tick,
+        };
         loop {
-            let accepting = self.entries.len() < self.config.adds_in_flight_max;
-            let event = match stashed.take() {
-                Some(cmd) if accepting => Event::Command(Some(cmd)),
-                held => {
-                    stashed = held;
-                    let take = accepting && stashed.is_none();
-                    let advance_at = self.lac_advance_due();
-                    // The lifecycle tick goes first: it is ready once per interval, and after
-                    // the commands it would starve under a steady stream of appends.
-                    tokio::select! {
-                        biased;
-                        _ = tick.tick() => Event::Tick,
-                        r = oldest_add(&mut self.entries) => Event::Acked(r),
-                        reason = lease_lost(&mut lost_rx) => Event::Lost(reason),
-                        cmd = commands.recv(), if take => Event::Command(cmd),
-                        _ = sleep_until_opt(advance_at) => Event::AdvanceLac,
-                    }
-                }
-            };
-            match event {
-                Event::Acked(r) => {
-                    let f = self.entries.pop_front().expect("an add was awaited");
-                    if let Err(e) = self.on_acked(f, r) {
-                        if !self.on_write_failure(e).await {
-                            break;
-                        }
-                    }
-                }
-                Event::Lost(reason) => {
-                    tracing::warn!(stream = %self.name, %reason, "stream ownership lost");
-                    // Adds already sent finish first (their outcome is the bookies' to decide).
-                    if self.drain().await {
-                        self.lose(reason).await;
-                    }
-                    break;
-                }
-                Event::Command(None) => {
-                    // The manager is gone without a shutdown: give the lease up so another proxy
-                    // can take over; the segment stays in progress for it to recover, as after a
-                    // crash.
-                    self.drain().await;
-                    self.release_lease().await;
-                    break;
-                }
-                Event::Command(Some(Command::Close { reply })) => {
-                    if !self.drain().await {
-                        let _ = reply.send(Ok(()));
-                        break;
-                    }
-                    let r = if self.healthy {
-                        self.complete_current().await
-                    } else {
-                        Ok(())
-                    };
-                    self.discard_spare().await;
-                    if r.is_err() {
-                        self.fail();
-                    }
-                    self.closed = true;
-                    lost_rx = None;
-                    self.release_lease().await;
-                    let _ = reply.send(r);
-                }
-                Event::Tick => {
-                    if !self.closed && !self.on_tick().await {
-                        break;
-                    }
-                }
-                Event::AdvanceLac => {
-                    if let Err(e) = self.send_control_entry() {
-                        if !self.on_write_failure(e).await {
-                            break;
-                        }
-                    }
-                }
-                Event::Command(Some(Command::Truncate { before, reply })) => {
-                    let (r, go_on) = self.truncate(before).await;
-                    let _ = reply.send(r);
-                    if !go_on {
-                        break;
-                    }
-                }
-                Event::Command(Some(Command::SetRetention {
-                    time_secs,
-                    size_bytes,
-                    reply,
-                })) => {
-                    let (r, go_on) = self.set_retention(time_secs, size_bytes).await;
-                    let _ = reply.send(r);
-                    if !go_on {
-                        break;
-                    }
-                }
-                Event::Command(Some(Command::Delete { reply })) => {
-                    let (r, go_on) = self.delete_stream().await;
-                    let _ = reply.send(r);
-                    if !go_on {
-                        break;
-                    }
-                }
-                Event::Command(Some(Command::Sweep {
-                    orphan_candidates,
-                    release_unless_used,
-                    reply,
-                })) => {
-                    let (r, go_on) = if self.closed {
-                        (Err(Error::ShuttingDown), true)
-                    } else {
-                        self.sweep(orphan_candidates).await
-                    };
-                    let ok = r.is_ok();
-                    // Give back a stream acquired only for the sweep: nothing queued, nothing
-                    // in flight, no segment open and no request since the acquisition. Done
-                    // before the sweep is answered, so its caller sees the stream given back.
-                    let unused = release_unless_used
-                        .is_some_and(|n| self.shared.requests.load(Ordering::SeqCst) == n);
-                    if go_on
-                        && ok
-                        && unused
-                        && stashed.is_none()
-                        && commands.is_empty()
-                        && self.entries.is_empty()
-                        && self.appends.is_empty()
-                        && self.current.is_none()
-                    {
-                        self.release_after_sweep().await;
-                        let _ = reply.send(r);
-                        break;
-                    }
-                    let _ = reply.send(r);
-                    if !go_on {
-                        break;
-                    }
-                }
-                Event::Command(Some(Command::Append { records, reply })) => {
-                    if self.closed {
-                        let _ = reply.send(Err(Error::ShuttingDown));
-                        continue;
-                    }
-                    // Group the appends queued right now, up to about one entry's worth.
-                    let target = self.config.entry_size_bytes_target;
-                    let mut size: usize = records
-                        .iter()
-                        .map(|(_, p)| encoded_record_size_bytes(p.len()))
-                        .sum();
-                    let mut batch = vec![(records, reply)];
-                    while size < target {
-                        match commands.try_recv() {
-                            Ok(Command::Append { records, reply }) => {
-                                size += records
-                                    .iter()
-                                    .map(|(_, p)| encoded_record_size_bytes(p.len()))
-                                    .sum::<usize>();
-                                batch.push((records, reply));
-                            }
-                            Ok(other) => {
-                                stashed = Some(other);
-                                break;
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    if !self.append_batch(batch).await {
-                        break;
-                    }
-                }
+            let event = self.next_event(&mut inputs).await;
+            if !self.handle(event, &mut inputs).await {
+                break;
             }
         }
-        // After a loss: answer what is queued, then end (dropping the readers' view).
-        let reason = self.shared.lost.lock().expect("lost lock").clone();
-        if let Some(reason) = reason {
-            let deleted = self.shared.deleted.load(Ordering::SeqCst);
-            commands.close();
-            let mut rest: Vec<Command> = stashed.into_iter().collect();
-            while let Some(cmd) = commands.recv().await {
-                rest.push(cmd);
-            }
-            for cmd in rest {
-                match cmd {
-                    Command::Append { reply, .. } if deleted => {
-                        let _ = reply.send(Err(self.gone()));
-                    }
-                    Command::Append { reply, .. } => {
-                        self.shared.loss_reported.store(true, Ordering::SeqCst);
-                        let _ = reply.send(Err(Error::OwnershipLost {
-                            stream: self.name.clone(),
-                            reason: reason.clone(),
-                        }));
-                    }
-                    Command::Close { reply } => {
-                        let _ = reply.send(Ok(()));
-                    }
-                    Command::Truncate { reply, .. } => {
-                        let _ = reply.send(Err(self.ended(deleted, &reason)));
-                    }
-                    Command::SetRetention { reply, .. } => {
-                        let _ = reply.send(Err(self.ended(deleted, &reason)));
-                    }
-                    Command::Delete { reply } => {
-                        let _ = reply.send(Err(self.ended(deleted, &reason)));
-                    }
-                    Command::Sweep { reply, .. } => {
-                        let _ = reply.send(Err(self.ended(deleted, &reason)));
-                    }
-                }
-            }
-        }
-        tracing::debug!(stream = %self.name, "stream task ends");
+        self.answer_after_loss(inputs).await;
+        tracing::debug!(stream = %self.rec.name, "stream task ends");
     }
 
-    /// `NoSuchStream` for this stream.
-    pub(super) fn gone(&self) -> Error {
-        Error::NoSuchStream {
-            stream: self.name.clone(),
+    /// Waits for the next event: a held-back command once the pipeline has room, else the
+    /// first of the tick, the oldest add, a lease loss, a command (while there is room) and a
+    /// due LAC advance.
+    async fn next_event(&mut self, inputs: &mut Inputs) -> Event {
+        let accepting = self.entries.len() < self.rec.config.adds_in_flight_max;
+        match inputs.stashed.take() {
+            Some(cmd) if accepting => Event::Command(Some(cmd)),
+            held => {
+                inputs.stashed = held;
+                let take = accepting && inputs.stashed.is_none();
+                let advance_at = self.lac_advance_due();
+                // The lifecycle tick goes first: it is ready once per interval, and after
+                // the commands it would starve under a steady stream of appends.
+                tokio::select! {
+                    biased;
+                    _ = inputs.tick.tick() => Event::Tick,
+                    r = oldest_add(&mut self.entries) => Event::Acked(r),
+                    reason = lease_lost(&mut inputs.lost) => Event::Lost(reason),
+                    cmd = inputs.commands.recv(), if take => Event::Command(cmd),
+                    _ = sleep_until_opt(advance_at) => Event::AdvanceLac,
+                }
+            }
+        }
+    }
+
+    /// Handles one event; returns false once the task ends.
+    async fn handle(&mut self, event: Event, inputs: &mut Inputs) -> bool {
+        match event {
+            Event::Acked(r) => {
+                let f = self.entries.pop_front().expect("an add was awaited");
+                match self.on_acked(f, r) {
+                    Ok(()) => true,
+                    Err(e) => self.on_write_failure(e).await,
+                }
+            }
+            Event::Lost(reason) => {
+                tracing::warn!(stream = %self.rec.name, %reason, "stream ownership lost");
+                // Adds already sent finish first (their outcome is the bookies' to decide).
+                if self.drain().await {
+                    self.lose(reason).await;
+                }
+                false
+            }
+            Event::Command(None) => {
+                // The manager is gone without a shutdown: give the lease up so another proxy
+                // can take over; the segment stays in progress for it to recover, as after a
+                // crash.
+                self.drain().await;
+                self.ownership.release().await;
+                false
+            }
+            Event::Tick => self.closed || self.on_tick().await,
+            Event::AdvanceLac => match self.send_control_entry() {
+                Ok(()) => true,
+                Err(e) => self.on_write_failure(e).await,
+            },
+            Event::Command(Some(cmd)) => self.handle_command(cmd, inputs).await,
+        }
+    }
+
+    /// Handles one command from the queue; returns false once the task ends.
+    async fn handle_command(&mut self, cmd: Command, inputs: &mut Inputs) -> bool {
+        match cmd {
+            Command::Close { reply } => self.close(reply, inputs).await,
+            Command::Truncate { before, reply } => {
+                let (r, go_on) = self.truncate(before).await;
+                let _ = reply.send(r);
+                go_on
+            }
+            Command::SetRetention {
+                time_secs,
+                size_bytes,
+                reply,
+            } => {
+                let (r, go_on) = self.set_retention(time_secs, size_bytes).await;
+                let _ = reply.send(r);
+                go_on
+            }
+            Command::Delete { reply } => {
+                let (r, go_on) = self.delete_stream().await;
+                let _ = reply.send(r);
+                go_on
+            }
+            Command::Sweep {
+                orphan_candidates,
+                release_unless_used,
+                reply,
+            } => {
+                self.sweep_command(orphan_candidates, release_unless_used, reply, inputs)
+                    .await
+            }
+            Command::Append { records, reply } => {
+                if self.closed {
+                    let _ = reply.send(Err(Error::ShuttingDown));
+                    return true;
+                }
+                let batch = take_batch(
+                    records,
+                    reply,
+                    inputs,
+                    self.rec.config.entry_size_bytes_target,
+                );
+                self.append_batch(batch).await
+            }
+        }
+    }
+
+    /// A shutdown's close: every add in flight is awaited, the open segment completed, the
+    /// spare given back and the lease released; the task then answers `ShuttingDown`.
+    /// Returns false once the task ends (ownership was lost while draining).
+    async fn close(&mut self, reply: oneshot::Sender<Result<()>>, inputs: &mut Inputs) -> bool {
+        if !self.drain().await {
+            let _ = reply.send(Ok(()));
+            return false;
+        }
+        let r = if self.segments.healthy {
+            self.segments
+                .complete_current(&mut self.rec, &self.ownership)
+                .await
+        } else {
+            Ok(())
+        };
+        self.segments.discard_spare(&self.rec).await;
+        if r.is_err() {
+            self.fail();
+        }
+        self.closed = true;
+        inputs.lost = None;
+        self.ownership.release().await;
+        let _ = reply.send(r);
+        true
+    }
+
+    /// A sweep command: the stream task's part of the sweep, then, for a stream acquired only
+    /// for it, the stream is given back when nothing is queued, in flight or open and no
+    /// request came since the acquisition (before the sweep is answered, so that its caller
+    /// sees the stream given back). Returns false once the task ends.
+    async fn sweep_command(
+        &mut self,
+        candidates: Vec<u64>,
+        release_unless_used: Option<u64>,
+        reply: oneshot::Sender<Result<StreamSweep>>,
+        inputs: &Inputs,
+    ) -> bool {
+        let (r, go_on) = if self.closed {
+            (Err(Error::ShuttingDown), true)
+        } else {
+            self.sweep(candidates).await
+        };
+        let ok = r.is_ok();
+        let unused = release_unless_used
+            .is_some_and(|n| self.rec.shared.requests.load(Ordering::SeqCst) == n);
+        if go_on
+            && ok
+            && unused
+            && inputs.stashed.is_none()
+            && inputs.commands.is_empty()
+            && self.entries.is_empty()
+            && self.appends.is_empty()
+            && self.segments.current.is_none()
+        {
+            self.ownership.release_after_sweep().await;
+            let _ = reply.send(r);
+            return false;
+        }
+        let _ = reply.send(r);
+        go_on
+    }
+
+    /// After a loss: answers what is queued (the stream moved, or was deleted), then the task
+    /// ends (dropping the readers' view).
+    async fn answer_after_loss(&mut self, mut inputs: Inputs) {
+        let reason = self.rec.shared.lost.lock().expect("lost lock").clone();
+        let Some(reason) = reason else {
+            return;
+        };
+        let deleted = self.rec.shared.deleted.load(Ordering::SeqCst);
+        inputs.commands.close();
+        let mut rest: Vec<Command> = inputs.stashed.into_iter().collect();
+        while let Some(cmd) = inputs.commands.recv().await {
+            rest.push(cmd);
+        }
+        for cmd in rest {
+            match cmd {
+                Command::Append { reply, .. } if deleted => {
+                    let _ = reply.send(Err(self.rec.gone()));
+                }
+                Command::Append { reply, .. } => {
+                    self.rec.shared.loss_reported.store(true, Ordering::SeqCst);
+                    let _ = reply.send(Err(Error::OwnershipLost {
+                        stream: self.rec.name.clone(),
+                        reason: reason.clone(),
+                    }));
+                }
+                Command::Close { reply } => {
+                    let _ = reply.send(Ok(()));
+                }
+                Command::Truncate { reply, .. } => {
+                    let _ = reply.send(Err(self.ended(deleted, &reason)));
+                }
+                Command::SetRetention { reply, .. } => {
+                    let _ = reply.send(Err(self.ended(deleted, &reason)));
+                }
+                Command::Delete { reply } => {
+                    let _ = reply.send(Err(self.ended(deleted, &reason)));
+                }
+                Command::Sweep { reply, .. } => {
+                    let _ = reply.send(Err(self.ended(deleted, &reason)));
+                }
+            }
         }
     }
 
     /// The answer to a command that arrived after the task gave the stream up.
     fn ended(&self, deleted: bool, reason: &str) -> Error {
         if deleted {
-            self.gone()
+            self.rec.gone()
         } else {
             Error::OwnershipLost {
-                stream: self.name.clone(),
+                stream: self.rec.name.clone(),
                 reason: reason.to_string(),
             }
         }
@@ -525,7 +515,7 @@ impl Writer {
     /// Sends one answer; an `OwnershipLost` answer counts as the loss being reported.
     fn answer(&self, reply: oneshot::Sender<Result<WriteResult>>, r: Result<WriteResult>) {
         if matches!(r, Err(Error::OwnershipLost { .. })) {
-            self.shared.loss_reported.store(true, Ordering::SeqCst);
+            self.rec.shared.loss_reported.store(true, Ordering::SeqCst);
         }
         let _ = reply.send(r);
     }
@@ -569,7 +559,7 @@ impl Writer {
             _ => None,
         };
         if lost.is_none() {
-            tracing::warn!(stream = %self.name, error = %e, pending = self.appends.len(), "write failed; the writer will recover before the next append");
+            tracing::warn!(stream = %self.rec.name, error = %e, pending = self.appends.len(), "write failed; the writer will recover before the next append");
         }
         while let Some(a) = self.appends.pop_front() {
             self.appends_base += 1;
@@ -616,9 +606,10 @@ impl Writer {
         f: InFlight,
         r: std::result::Result<EntryId, quire_ledger::Error>,
     ) -> Result<()> {
-        let acked = r.map_err(|e| writer_storage(&self.name, "add entry", e))?;
+        let acked = r.map_err(|e| writer_storage(&self.rec.name, "add entry", e))?;
         assert_eq!(acked.0, f.entry, "adds are acknowledged in entry order");
         let seg = self
+            .segments
             .current
             .as_mut()
             .expect("an add in flight has an open segment");
@@ -633,18 +624,18 @@ impl Writer {
         seg.last_acked_entry = Some(f.entry);
         seg.last_ack_at = tokio::time::Instant::now();
         let seq = seg.seq_no;
-        self.shared.cache.lock().expect("cache lock").insert(
+        self.rec.shared.cache.lock().expect("cache lock").insert(
             (f.ledger_id, f.entry),
             f.payload,
-            self.config.tail_cache_bytes_max,
+            self.rec.config.tail_cache_bytes_max,
         );
-        self.tail.send_modify(|t| {
+        self.rec.tail.send_modify(|t| {
             if let Some(s) = t.segments.iter_mut().find(|s| s.seq_no == seq) {
                 s.readable_last_entry = Some(f.entry);
             }
         });
         self.acked = Some((seq, f.entry));
-        self.shared.view.lock().expect("view lock").live =
+        self.rec.shared.view.lock().expect("view lock").live =
             Some((seq, f.entry, f.records_through, f.bytes_through));
         self.answer_ready();
         Ok(())
@@ -654,7 +645,7 @@ impl Writer {
     /// publishes it for `describe`.
     pub(super) fn set_last_txid(&mut self, last_txid: Option<u64>) {
         self.last_txid = last_txid;
-        *self.shared.last_txid.lock().expect("last txid lock") = last_txid;
+        *self.rec.shared.last_txid.lock().expect("last txid lock") = last_txid;
     }
 
     /// Takes a group of appends queued together: checks ownership, recovers a dead writer,
@@ -662,7 +653,7 @@ impl Writer {
     /// (except to stay within `adds_in_flight_max` and at a segment roll). Returns false once the
     /// stream was given up.
     async fn append_batch(&mut self, batch: Vec<QueuedAppend>) -> bool {
-        if let Err(e) = self.check_ownership() {
+        if let Err(e) = self.ownership.check() {
             // Adds already sent finish first; then the stream is given up.
             if self.drain().await {
                 if let Error::OwnershipLost { reason, .. } = &e {
@@ -674,7 +665,7 @@ impl Writer {
             }
             return false;
         }
-        if !self.healthy {
+        if !self.segments.healthy {
             assert!(
                 self.entries.is_empty() && self.appends.is_empty(),
                 "a dead writer has nothing in flight"
@@ -731,7 +722,7 @@ impl Writer {
                 "sizes are checked at submission"
             );
             let (refused, last) =
-                match check_txids(&records, self.last_txid, self.config.txid_jump_max) {
+                match check_txids(&records, self.last_txid, self.rec.config.txid_jump_max) {
                     Ok(last) => (None, last),
                     Err(e) => (Some(e), self.last_txid),
                 };
@@ -748,8 +739,8 @@ impl Writer {
                 self.answer_ready();
                 // A roll at the batch's last entry leaves its spare unused: give it back
                 // rather than hold a ledger no segment lists while the stream may stay idle.
-                if self.current.is_none() {
-                    self.discard_spare().await;
+                if self.segments.current.is_none() {
+                    self.segments.discard_spare(&self.rec).await;
                 }
                 true
             }
@@ -760,7 +751,7 @@ impl Writer {
     /// Packs the records of the given appends (by append id) into entries of up to
     /// `entry_size_bytes_target` bytes and sends them.
     async fn write_records(&mut self, records_of: &[(u64, Records)]) -> Result<()> {
-        let target = self.config.entry_size_bytes_target;
+        let target = self.rec.config.entry_size_bytes_target;
         let mut entry: Vec<Packed<'_>> = Vec::new();
         let mut size = RECORD_SET_HEADER_SIZE_BYTES;
         for (id, records) in records_of {
@@ -785,10 +776,12 @@ impl Writer {
     /// DLSNs, then waits as needed: for the oldest add while `adds_in_flight_max` are
     /// outstanding, and for all of them before a segment roll.
     async fn send_entry(&mut self, records: &[Packed<'_>]) -> Result<()> {
-        if self.current.is_none() {
-            self.open_segment(records[0].1).await?;
+        if self.segments.current.is_none() {
+            self.segments
+                .open_segment(&mut self.rec, &self.ownership, records[0].1)
+                .await?;
         }
-        let seg = self.current.as_mut().expect("opened above");
+        let seg = self.segments.current.as_mut().expect("opened above");
         let payload = Arc::new(record_set::encode(
             seg.record_count,
             records.iter().map(|(_, t, p, _)| (*t, *p)),
@@ -820,54 +813,41 @@ impl Writer {
             a.last = Some(dlsn);
             a.issued |= *last_of_append;
         }
-        while self.entries.len() >= self.config.adds_in_flight_max {
+        while self.entries.len() >= self.rec.config.adds_in_flight_max {
             self.complete_oldest().await?;
         }
         // The size rule, and the time rule checked here too so that a busy stream rolls on
         // time (the lifecycle tick covers idle ones).
-        if self.roll_due() {
+        if self.segments.roll_due(&self.rec.config) {
             self.roll().await?;
         }
         Ok(())
-    }
-
-    /// True when the open segment is at its roll point: its size reached, or (holding a
-    /// record) its age.
-    pub(super) fn roll_due(&self) -> bool {
-        self.current.as_ref().is_some_and(|seg| {
-            seg.size_bytes >= self.config.segment_size_bytes_max
-                || (seg.record_count > 0
-                    && self
-                        .config
-                        .segment_roll_interval
-                        .is_some_and(|i| seg.opened_at.elapsed() >= i))
-        })
     }
 
     /// Rolls the open segment if the next one can be started: its ledger is created first
     /// (kept as the spare the next segment starts on), then every add in flight is awaited and
     /// the segment completed. When the ledger cannot be created (BookKeeper refuses a ledger
     /// with fewer writable bookies than its ensemble), the roll is deferred: the segment stays
-    /// open and keeps taking writes, the attempt is repeated after [`ROLL_RETRY`] (here or at
-    /// the lifecycle tick), and `quire_proxy_segment_roll_deferred_total` /
+    /// open and keeps taking writes, the attempt is repeated after `segment::ROLL_RETRY` (here
+    /// or at the lifecycle tick), and `quire_proxy_segment_roll_deferred_total` /
     /// `quire_proxy_segments_past_roll_point` count it. Returns whether the segment rolled.
     ///
     /// # Errors
     /// A failed add or completion (`Storage`, `Metadata`, `OwnershipLost`), for
     /// `on_write_failure`.
     pub(super) async fn roll(&mut self) -> Result<bool> {
-        if self.spare.is_none() {
-            if self
-                .roll_deferred
-                .as_ref()
-                .is_some_and(|d| std::time::Instant::now() < d.retry_at)
-            {
+        if self.segments.spare.is_none() {
+            if self.segments.roll_waits() {
                 return Ok(false);
             }
-            match self.create_segment_ledger().await {
-                Ok(spare) => self.spare = Some(spare),
+            match self
+                .segments
+                .create_segment_ledger(&self.rec, &self.ownership)
+                .await
+            {
+                Ok(spare) => self.segments.spare = Some(spare),
                 Err(e @ Error::Storage { .. }) => {
-                    self.defer_roll(&e);
+                    self.segments.defer_roll(&self.rec, &e);
                     return Ok(false);
                 }
                 Err(e) => return Err(e),
@@ -876,120 +856,33 @@ impl Writer {
         while !self.entries.is_empty() {
             self.complete_oldest().await?;
         }
-        let (seq_no, bytes) = self
-            .current
-            .as_ref()
-            .map_or((0, 0), |c| (c.seq_no, c.size_bytes));
-        let deferred = self.roll_deferred.take();
-        self.complete_current().await?;
-        if let Some(d) = deferred {
-            tracing::info!(
-                stream = %self.name,
-                seq_no,
-                size_bytes = bytes,
-                deferred_ms = d.since.elapsed().as_millis() as u64,
-                attempts = d.attempts,
-                "segment rolled after its roll was deferred"
-            );
-        }
+        self.segments
+            .complete_at_roll(&mut self.rec, &self.ownership)
+            .await?;
         Ok(true)
     }
 
-    /// Notes a roll that could not happen (see [`Writer::roll`]).
-    fn defer_roll(&mut self, e: &Error) {
-        let now = std::time::Instant::now();
-        let retry_at = now + ROLL_RETRY;
-        match &mut self.roll_deferred {
-            Some(d) => {
-                d.attempts += 1;
-                d.retry_at = retry_at;
-                d.error = e.to_string();
-                tracing::debug!(stream = %self.name, error = %e, attempts = d.attempts, "segment roll still deferred");
-            }
-            None => {
-                let seg = self.current.as_ref().expect("a roll needs an open segment");
-                tracing::warn!(
-                    stream = %self.name,
-                    seq_no = seg.seq_no,
-                    size_bytes = seg.size_bytes,
-                    error = %e,
-                    "cannot start the next segment; the roll is deferred and the segment keeps taking writes (up to segment_roll_overshoot_bytes / _secs past its roll point)"
-                );
-                self.roll_deferred = Some(RollDeferred {
-                    since: now,
-                    error: e.to_string(),
-                    attempts: 1,
-                    retry_at,
-                    _counted: PastRollPoint::new(self.layer.clone()),
-                });
-            }
-        }
-    }
-
     /// Before a write: when the open segment's roll is deferred and the segment is past its
-    /// roll point by [`super::StreamConfig::segment_roll_overshoot_bytes_max`] or
-    /// [`super::StreamConfig::segment_roll_overshoot_time_max`], the roll is tried once more
-    /// (when due) and, if it still cannot happen, the refusal for the write is returned
+    /// roll point by the most allowed ([`Segments::past_overshoot`]), the roll is tried once
+    /// more (when due) and, if it still cannot happen, the refusal for the write is returned
     /// (`Storage`: nothing written, retry later).
     ///
     /// # Errors
     /// What [`Writer::roll`] fails with.
     async fn past_roll_bound(&mut self) -> Result<Option<Error>> {
-        let (Some(seg), Some(_)) = (&self.current, &self.roll_deferred) else {
-            return Ok(None);
-        };
-        let c = &self.config;
-        let bytes_over = seg.size_bytes.saturating_sub(c.segment_size_bytes_max);
-        let due_at = c.segment_roll_interval.map(|i| seg.opened_at + i);
-        let time_over = due_at.map(|t| t.elapsed());
-        let over_bytes = bytes_over >= c.segment_roll_overshoot_bytes_max;
-        let over_time = time_over.is_some_and(|t| t >= c.segment_roll_overshoot_time_max)
-            || self
-                .roll_deferred
-                .as_ref()
-                .is_some_and(|d| d.since.elapsed() >= c.segment_roll_overshoot_time_max);
-        if !(over_bytes || over_time) || self.roll().await? {
+        if !self.segments.past_overshoot(&self.rec.config) || self.roll().await? {
             return Ok(None);
         }
-        let (seg, d) = (
-            self.current.as_ref().expect("still open"),
-            self.roll_deferred.as_ref().expect("still deferred"),
-        );
-        Ok(Some(Error::Storage {
-            stream: self.name.clone(),
-            op: "write past a deferred segment roll",
-            source: format!(
-                "segment {} holds {} bytes and has waited {} s for its roll, at the bound (segment_roll_overshoot_bytes {}, segment_roll_overshoot_secs {}), and no new segment can be started: {}; nothing of this write was written, retry once enough bookies are writable",
-                seg.seq_no,
-                seg.size_bytes,
-                d.since.elapsed().as_secs(),
-                self.config.segment_roll_overshoot_bytes_max,
-                self.config.segment_roll_overshoot_time_max.as_secs(),
-                d.error
-            )
-            .into(),
-        }))
-    }
-
-    /// Gives a spare ledger back: its metadata is deleted (it was never written). Done when
-    /// no segment is open after a batch or a lifecycle check (the next segment creates its
-    /// own ledger then), so that no ledger outlives the roll that made it unlisted. Failures
-    /// leave an orphan for the sweep.
-    pub(super) async fn discard_spare(&mut self) {
-        if let Some(s) = self.spare.take() {
-            let id = s.ledger.id().0;
-            drop(s);
-            super::sweep::delete_labelled_ledger(&*self.metadata, &self.name, id).await;
-        }
+        Ok(Some(self.segments.overshoot_refusal(&self.rec)))
     }
 
     /// When the open segment's last data entry, acknowledged but not yet covered by a LAC that
     /// any entry carried to the bookies, should get a control entry: `lac_advance_delay` after
     /// the last acknowledgement, once nothing is in flight. `None` when nothing is due.
     fn lac_advance_due(&self) -> Option<tokio::time::Instant> {
-        let delay = self.config.lac_advance_delay?;
-        let seg = self.current.as_ref()?;
-        if !self.entries.is_empty() || !self.healthy {
+        let delay = self.rec.config.lac_advance_delay?;
+        let seg = self.segments.current.as_ref()?;
+        if !self.entries.is_empty() || !self.segments.healthy {
             return None;
         }
         let last = seg.last_data_entry?;
@@ -1006,6 +899,7 @@ impl Writer {
     /// record for the same reason).
     fn send_control_entry(&mut self) -> Result<()> {
         let seg = self
+            .segments
             .current
             .as_mut()
             .expect("a control entry is due only with an open segment");
@@ -1015,7 +909,7 @@ impl Writer {
         let future = seg.ledger.add(payload.as_ref().clone());
         seg.next_entry += 1;
         seg.size_bytes += payload.len() as u64;
-        tracing::trace!(stream = %self.name, seq_no = seg.seq_no, entry, lac = ?seg.lac_carried, "control entry to advance the LAC");
+        tracing::trace!(stream = %self.rec.name, seq_no = seg.seq_no, entry, lac = ?seg.lac_carried, "control entry to advance the LAC");
         self.entries.push_back(InFlight {
             future,
             seq_no: seg.seq_no,
@@ -1028,11 +922,228 @@ impl Writer {
         Ok(())
     }
 
+    /// The writer is dead after a storage or metadata error (see [`Segments::fail`]).
     pub(super) fn fail(&mut self) {
-        // Dropping the ledger writer abandons its pending adds; the segment stays InProgress
-        // in the metadata and is recovered (fenced and closed) before the next append.
-        self.current = None;
-        self.healthy = false;
-        self.roll_deferred = None;
+        self.segments.fail();
+    }
+
+    /// Ownership is gone: drop the ledger writer and cached state without completing the
+    /// segment (the next owner recovers it), give the lease up and mark the stream lost.
+    pub(super) async fn lose(&mut self, reason: String) {
+        self.segments.fail();
+        self.ownership.give_up(reason).await;
+    }
+
+    /// The lifecycle check, every `lifecycle_check_interval`: roll the open segment if it holds
+    /// a record and is older than `segment_roll_interval`, or retry a deferred roll, retry a
+    /// failed recovery when due, then apply retention. Returns false once the stream was given
+    /// up.
+    pub(super) async fn on_tick(&mut self) -> bool {
+        let roll_wanted =
+            self.segments.roll_due(&self.rec.config) || self.segments.roll_deferred.is_some();
+        if self.segments.healthy && roll_wanted {
+            if let Err(e) = self.roll().await {
+                return self.on_write_failure(e).await;
+            }
+        }
+        if self.segments.current.is_none() {
+            self.segments.discard_spare(&self.rec).await;
+        }
+        // A segment whose recovery failed is retried when due, without waiting for an append,
+        // so that it does not stay IN_RECOVERY once its bookies are back or replaceable.
+        if self.segments.recovery_retry_due() {
+            if let Err(e) = self.recover().await {
+                if !self.lifecycle_failure_keep(&e).await {
+                    return false;
+                }
+            }
+        }
+        if !self.segments.healthy {
+            // A dead writer's view of the metadata may be stale; the next append recovers it.
+            return true;
+        }
+        self.apply_retention().await
+    }
+
+    /// Retention by age and size (`lifecycle.rs`): deletes the oldest segments past the
+    /// limits. Segments this owner did not complete are aged on the metadata store's clock,
+    /// never on this proxy's alone (`clock.rs`): a sample of it is taken first when there is
+    /// none. Returns false once the stream was given up.
+    async fn apply_retention(&mut self) -> bool {
+        if lifecycle::retention_needs_store_clock(&self.rec, &self.segments) {
+            if let Err(e) = self.rec.sample_store_clock(&self.ownership).await {
+                if !self.lifecycle_failure_keep(&e).await {
+                    return false;
+                }
+            }
+        }
+        let Some((n, point)) = lifecycle::retention_due(&self.rec, &self.segments) else {
+            return true;
+        };
+        let r =
+            lifecycle::delete_prefix(&mut self.rec, &mut self.segments, &self.ownership, n, point)
+                .await;
+        match r {
+            Ok(_) => true,
+            Err(e) => self.lifecycle_failure(e).await,
+        }
+    }
+
+    /// A lifecycle step failed: `OwnershipLost` gives the stream up (returns false); any other
+    /// error is logged and the writer recovers before its next append.
+    async fn lifecycle_failure(&mut self, e: Error) -> bool {
+        match e {
+            Error::OwnershipLost { reason, .. } => {
+                self.lose(reason).await;
+                false
+            }
+            other => {
+                tracing::warn!(stream = %self.rec.name, error = %other, "stream lifecycle step failed");
+                self.fail();
+                true
+            }
+        }
+    }
+
+    /// As `lifecycle_failure`, for an error that is also returned to the caller: `OwnershipLost`
+    /// gives the stream up once the adds in flight finish; other errors are logged and the
+    /// writer stays as it is. Returns whether the task goes on.
+    pub(super) async fn lifecycle_failure_keep(&mut self, e: &Error) -> bool {
+        match e {
+            Error::OwnershipLost { reason, .. } => {
+                // Adds already sent finish first (their outcome is the bookies' to decide).
+                if self.drain().await {
+                    self.lose(reason.clone()).await;
+                }
+                false
+            }
+            Error::Metadata { .. } | Error::Storage { .. } => {
+                tracing::warn!(stream = %self.rec.name, error = %e, "stream lifecycle step failed");
+                true
+            }
+            _ => true,
+        }
+    }
+
+    /// An answer to a lifecycle command, with whether the task goes on: a failure goes through
+    /// [`Writer::lifecycle_failure_keep`].
+    async fn lifecycle_answer<T>(&mut self, r: Result<T>) -> (Result<T>, bool) {
+        match r {
+            Ok(v) => (Ok(v), true),
+            Err(e) => {
+                let go_on = self.lifecycle_failure_keep(&e).await;
+                (Err(e), go_on)
+            }
+        }
+    }
+
+    /// See `StreamManager::truncate`: ownership is checked and a dead writer recovered first
+    /// (`lifecycle::truncate` does the rest). Returns the answer and whether the task goes on.
+    pub(super) async fn truncate(&mut self, before: Dlsn) -> (Result<TruncateResult>, bool) {
+        if let Err(e) = self.ownership.check() {
+            return self.lifecycle_answer(Err(e)).await;
+        }
+        if !self.segments.healthy {
+            if let Err(e) = self.recover().await {
+                return self.lifecycle_answer(Err(e)).await;
+            }
+        }
+        let r =
+            lifecycle::truncate(&mut self.rec, &mut self.segments, &self.ownership, before).await;
+        self.lifecycle_answer(r).await
+    }
+
+    /// See `StreamManager::set_retention`. Returns the answer and whether the task goes on.
+    pub(super) async fn set_retention(
+        &mut self,
+        time_secs: RetentionChange,
+        size_bytes: RetentionChange,
+    ) -> (Result<RetentionOverride>, bool) {
+        let r =
+            lifecycle::set_retention(&mut self.rec, &self.ownership, time_secs, size_bytes).await;
+        self.lifecycle_answer(r).await
+    }
+
+    /// See `StreamManager::delete_stream`: adds in flight finish first, then the record goes
+    /// (`lifecycle::delete_record`), then the segments' ledgers. Returns the answer and
+    /// whether the task goes on (never, once the stream is deleted).
+    pub(super) async fn delete_stream(&mut self) -> (Result<u32>, bool) {
+        if !self.drain().await {
+            return (Err(self.ownership.lost_error()), false);
+        }
+        match lifecycle::delete_record(&self.rec, &self.ownership).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // Someone else deleted it: this acquisition is over too.
+                self.mark_deleted().await;
+                return (Err(self.rec.gone()), false);
+            }
+            Err(e) => return self.lifecycle_answer(Err(e)).await,
+        }
+        let n = lifecycle::delete_segments(&mut self.rec, &mut self.segments).await;
+        self.mark_deleted().await;
+        (Ok(n), false)
+    }
+
+    /// The stream is gone: drop the segment state and the readers' cached state, give the
+    /// lease up, and end this acquisition so that later requests find no stream (or create a
+    /// new one).
+    async fn mark_deleted(&mut self) {
+        self.segments.current = None;
+        self.segments.healthy = false;
+        self.ownership.end_deleted().await;
+        // Readers waiting at the tail wake up and find nothing.
+        self.rec.tail.send_replace(Default::default());
+    }
+
+    /// The stream task's part of a sweep: the lifecycle tick (time roll, retention), then the
+    /// orphan ledgers among `candidates` (labelled with this stream, unlisted in its record)
+    /// are deleted after the record is rewritten by compare-and-set. Returns the answer and
+    /// whether the task goes on.
+    pub(super) async fn sweep(&mut self, candidates: Vec<u64>) -> (Result<StreamSweep>, bool) {
+        if !self.on_tick().await {
+            return (Err(self.ownership.lost_error()), false);
+        }
+        let spare = self.segments.spare.as_ref().map(|s| s.ledger.id().0);
+        let orphans = labels::orphans(&self.rec.meta.value, spare, candidates);
+        if orphans.is_empty() || !self.segments.healthy {
+            return (
+                Ok(StreamSweep {
+                    orphans_deleted: Vec::new(),
+                }),
+                true,
+            );
+        }
+        let r = self.rewrite_record("sweep orphan ledgers").await;
+        if let Err(e) = r {
+            return self.lifecycle_answer(Err(e)).await;
+        }
+        let mut deleted = Vec::new();
+        for id in orphans {
+            if labels::delete_labelled_ledger(&*self.rec.metadata, &self.rec.name, id).await {
+                deleted.push(id);
+            }
+        }
+        (
+            Ok(StreamSweep {
+                orphans_deleted: deleted,
+            }),
+            true,
+        )
+    }
+
+    /// Rewrites the record (same content, new version): an earlier owner that created one of
+    /// the orphan ledgers and has not yet added it to the record now fails its
+    /// compare-and-set.
+    ///
+    /// # Errors
+    /// `OwnershipLost`, `Metadata`.
+    async fn rewrite_record(&mut self, op: &'static str) -> Result<()> {
+        self.ownership.check()?;
+        let same = self.rec.meta.value.clone();
+        self.rec
+            .cas_stream(same)
+            .await
+            .map_err(|e| self.ownership.update_err(op, e))
     }
 }

@@ -1,0 +1,390 @@
+//! The table of streams this proxy has acquired (DistributedLog's write proxy keeps the same
+//! per-stream map): acquiring a stream (lease, recovery of its in-progress segments, its
+//! task), finding an acquisition and sending commands to its task. Readers, the sweep and the
+//! manager's facade work through it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use quire_ledger::BookKeeper;
+use quire_metadata::{validate_stream_name, MetadataStore, StreamMetadata};
+use tokio::sync::{mpsc, oneshot, watch, OnceCell};
+
+use super::clock::LayerStats;
+use super::command::Command;
+use super::ownership::{self, Ownership, StreamHandle};
+use super::record::StreamRecord;
+use super::shared::{now_ms, StreamShared};
+use super::tail_cache::TailState;
+use super::writer::Writer;
+use super::StreamConfig;
+use crate::error::{Error, Result};
+
+/// An acquisition slot: initialised once by the first request that acquires the stream.
+type Slot = Arc<OnceCell<Arc<StreamHandle>>>;
+
+/// The streams this proxy holds and what acquiring one needs.
+///
+/// # Threading
+/// Shared (`Send + Sync`); the table is under one mutex, never held across an await.
+pub(super) struct Registry {
+    pub(super) metadata: Arc<dyn MetadataStore>,
+    pub(super) bookkeeper: BookKeeper,
+    pub(super) config: Arc<StreamConfig>,
+    /// The identity leases are taken under (`ownership::owner_identity`).
+    pub(super) identity: String,
+    streams: Mutex<HashMap<String, Slot>>,
+    shutting_down: AtomicBool,
+    /// The runtime the manager was made on: stream tasks run there even when an acquisition
+    /// happens inside a catch-up read on the lower-priority read runtime.
+    pub(super) runtime: Option<tokio::runtime::Handle>,
+    /// The metadata store's clock as seen from here, and counts across streams (metrics).
+    pub(super) layer: Arc<LayerStats>,
+}
+
+impl Registry {
+    /// An empty table on the current tokio runtime (if any).
+    pub(super) fn new(
+        metadata: Arc<dyn MetadataStore>,
+        bookkeeper: BookKeeper,
+        config: StreamConfig,
+    ) -> Self {
+        Self {
+            metadata,
+            bookkeeper,
+            identity: ownership::owner_identity(&config.owner_address),
+            config: Arc::new(config),
+            streams: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            layer: Arc::default(),
+        }
+    }
+
+    /// `ShuttingDown` once [`Registry::begin_shutdown`] ran.
+    pub(super) fn check_running(&self) -> Result<()> {
+        if self.is_shutting_down() {
+            Err(Error::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// True once the manager shuts down.
+    pub(super) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Refuses new requests from now on; returns the slots to close.
+    pub(super) fn begin_shutdown(&self) -> Vec<Slot> {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.streams
+            .lock()
+            .expect("streams lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The acquisition of `name` this proxy holds, if any (lost or not).
+    pub(super) fn acquired(&self, name: &str) -> Option<Arc<StreamHandle>> {
+        self.streams
+            .lock()
+            .expect("streams lock")
+            .get(name)
+            .and_then(|c| c.get().cloned())
+    }
+
+    /// The acquisition of `name` if this proxy holds it and has not lost it.
+    pub(super) fn owned(&self, name: &str) -> Option<Arc<StreamHandle>> {
+        self.acquired(name).filter(|h| h.lost_reason().is_none())
+    }
+
+    /// Streams acquired and not lost.
+    pub(super) fn owned_count(&self) -> usize {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .values()
+            .filter(|cell| cell.get().is_some_and(|h| h.lost_reason().is_none()))
+            .count()
+    }
+
+    /// Forgets `name`'s acquisition if it ended by deleting the stream, so that the name can
+    /// be used again at once.
+    pub(super) fn forget_deleted(&self, name: &str) {
+        let mut streams = self.streams.lock().expect("streams lock");
+        if streams
+            .get(name)
+            .and_then(|c| c.get())
+            .is_some_and(|h| h.shared.deleted.load(Ordering::SeqCst))
+        {
+            streams.remove(name);
+        }
+    }
+
+    /// Creates an empty stream record with a fresh ledger secret.
+    ///
+    /// # Errors
+    /// `InvalidStreamName`, `StreamExists`, `Metadata`, `ShuttingDown`.
+    pub(super) async fn create_stream(&self, name: &str) -> Result<()> {
+        self.check_running()?;
+        validate_stream_name(name).map_err(|e| Error::from_metadata(name, "create stream", e))?;
+        let meta = StreamMetadata {
+            name: name.to_string(),
+            segments: Vec::new(),
+            max_txid: None,
+            creation_time_ms: now_ms(),
+            truncated_before: None,
+            retention: quire_metadata::RetentionOverride::default(),
+            // The master keys of the stream's ledgers are derived from it (`segment.rs`).
+            ledger_secret_hex: Some(quire_metadata::encode_hex(
+                &quire_ledger::new_ledger_secret(),
+            )),
+        };
+        self.metadata
+            .create_stream(&meta)
+            .await
+            .map_err(|e| Error::from_metadata(name, "create stream", e))?;
+        Ok(())
+    }
+
+    /// Names of every stream, sorted.
+    ///
+    /// # Errors
+    /// `Metadata`.
+    pub(super) async fn list_streams(&self) -> Result<Vec<String>> {
+        self.metadata
+            .list_streams()
+            .await
+            .map_err(|e| Error::from_metadata("", "list streams", e))
+    }
+
+    /// The handle of `name`, acquiring the stream (taking its lease, recovering its
+    /// in-progress segments and starting its task) the first time, and again after ownership
+    /// was lost. With `report_loss`, a loss no request has been told about yet is returned as
+    /// `OwnershipLost` once (so a writer learns that its stream moved) before acquiring again.
+    pub(super) async fn stream(
+        &self,
+        name: &str,
+        create_if_missing: bool,
+        report_loss: bool,
+    ) -> Result<Arc<StreamHandle>> {
+        for _ in 0..3 {
+            self.check_running()?;
+            let cell = self
+                .streams
+                .lock()
+                .expect("streams lock")
+                .entry(name.to_string())
+                .or_default()
+                .clone();
+            let result = cell
+                .get_or_try_init(|| self.acquire(name, create_if_missing))
+                .await
+                .cloned();
+            let handle = match result {
+                Ok(h) => h,
+                Err(e) => {
+                    // Do not keep entries for names that failed (unknown or invalid streams,
+                    // streams owned elsewhere), but only when no other request holds the entry:
+                    // one waiting on it may be initialising it right now (a write creating the
+                    // stream this read did not find), and a request arriving after a removal
+                    // would start a second acquisition that finds the first one's lease and
+                    // answers with a redirect to this same proxy. Clones are made only under
+                    // the table's lock, so with ours dropped under it the count is exact.
+                    let mut streams = self.streams.lock().expect("streams lock");
+                    drop(cell);
+                    if streams
+                        .get(name)
+                        .is_some_and(|c| c.get().is_none() && Arc::strong_count(c) == 1)
+                    {
+                        streams.remove(name);
+                    }
+                    return Err(e);
+                }
+            };
+            let Some(reason) = handle.lost_reason() else {
+                handle.shared.requests.fetch_add(1, Ordering::SeqCst);
+                return Ok(handle);
+            };
+            // This acquisition is over: forget it, so the next attempt acquires afresh.
+            {
+                let mut streams = self.streams.lock().expect("streams lock");
+                if streams.get(name).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                    streams.remove(name);
+                }
+            }
+            // A deleted stream is not a lost one: acquire afresh (finding no stream, or
+            // creating a new one); nor is one given back after a sweep.
+            if report_loss
+                && !handle.shared.deleted.load(Ordering::SeqCst)
+                && !handle.shared.released.load(Ordering::SeqCst)
+                && !handle.shared.loss_reported.swap(true, Ordering::SeqCst)
+            {
+                return Err(Error::OwnershipLost {
+                    stream: name.to_string(),
+                    reason,
+                });
+            }
+        }
+        Err(Error::OwnershipLost {
+            stream: name.to_string(),
+            reason: "ownership was lost again right after each acquisition".into(),
+        })
+    }
+
+    /// Acquires `name`: reads (or, with `create_if_missing`, creates) its record, takes its
+    /// lease without waiting, recovers its in-progress segments and starts its task.
+    ///
+    /// # Errors
+    /// `InvalidStreamName`, `NoSuchStream`, `OwnedElsewhere`, `Metadata`, `Storage`.
+    async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
+        validate_stream_name(name).map_err(|e| Error::from_metadata(name, "acquire stream", e))?;
+        let meta = match self.metadata.read_stream(name).await {
+            Ok(m) => m,
+            Err(quire_metadata::Error::NotFound { .. }) if create_if_missing => {
+                match self.create_stream(name).await {
+                    Ok(()) | Err(Error::StreamExists { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                self.metadata
+                    .read_stream(name)
+                    .await
+                    .map_err(|e| Error::from_metadata(name, "read stream", e))?
+            }
+            Err(e) => return Err(Error::from_metadata(name, "read stream", e)),
+        };
+        // The write lock, without waiting (DistributedLog proxy: lockTimeoutSeconds=0).
+        let lease = match self.metadata.try_acquire_stream(name, &self.identity).await {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(owner)) => {
+                return Err(Error::OwnedElsewhere {
+                    stream: name.to_string(),
+                    owner,
+                })
+            }
+            Err(e) => return Err(Error::from_metadata(name, "acquire stream lease", e)),
+        };
+        let lease_lost = lease.lost.clone();
+        let (tail_tx, tail_rx) = watch::channel(TailState::from_metadata(&meta.value));
+        let shared = Arc::new(StreamShared::default());
+        let record = StreamRecord {
+            name: name.to_string(),
+            metadata: self.metadata.clone(),
+            bookkeeper: self.bookkeeper.clone(),
+            config: self.config.clone(),
+            layer: self.layer.clone(),
+            meta,
+            tail: tail_tx,
+            shared: shared.clone(),
+        };
+        let owner = Ownership::new(name, self.metadata.clone(), shared.clone(), lease);
+        let mut writer = Writer::new(record, owner);
+        if let Err(e) = writer.recover().await {
+            // A segment whose ledger cannot be recovered now (a bookie of its write quorum down
+            // with no replacement) does not keep the stream from being served: its entries up
+            // to the LAC the live bookies hold are readable, appends are answered with the
+            // recovery's error, and the task retries recovery (see `Unrecovered`).
+            if !writer.serves_unrecovered() {
+                writer.release_lease().await;
+                return Err(e);
+            }
+            tracing::warn!(stream = name, error = %e, "serving the stream without recovering its in-progress segment");
+        }
+        let (tx, rx) = mpsc::channel(self.config.append_queue_max);
+        match &self.runtime {
+            Some(rt) => drop(rt.spawn(writer.run(rx))),
+            None => drop(tokio::spawn(writer.run(rx))),
+        }
+        tracing::info!(stream = name, owner = %self.identity, "acquired stream");
+        Ok(Arc::new(StreamHandle {
+            name: name.to_string(),
+            commands: tx,
+            tail: tail_rx,
+            shared,
+            lease_lost,
+        }))
+    }
+
+    /// Sends a command to the task of stream `name` (acquiring it, see `stream`), acquiring
+    /// again when the acquisition found was just given back after a sweep. Returns the handle
+    /// the command went to.
+    pub(super) async fn send_to_stream(
+        &self,
+        name: &str,
+        create_if_missing: bool,
+        report_loss: bool,
+        mut cmd: Command,
+    ) -> Result<Arc<StreamHandle>> {
+        for _ in 0..3 {
+            let handle = self.stream(name, create_if_missing, report_loss).await?;
+            match handle.commands.send(cmd).await {
+                Ok(()) => return Ok(handle),
+                Err(tokio::sync::mpsc::error::SendError(back))
+                    if handle.shared.released.load(Ordering::SeqCst) =>
+                {
+                    cmd = back;
+                }
+                Err(_) => return Err(self.ended_error(&handle)),
+            }
+        }
+        Err(Error::OwnershipLost {
+            stream: name.to_string(),
+            reason: "the stream was given back after a sweep again right after each acquisition"
+                .into(),
+        })
+    }
+
+    /// Sends a command to a stream's task; when the task has ended, the reason: the stream was
+    /// lost, deleted, or the manager is stopping.
+    pub(super) async fn send_command(&self, handle: &StreamHandle, cmd: Command) -> Result<()> {
+        if handle.commands.send(cmd).await.is_ok() {
+            return Ok(());
+        }
+        Err(self.ended_error(handle))
+    }
+
+    /// Why a stream task no longer takes commands.
+    fn ended_error(&self, handle: &StreamHandle) -> Error {
+        if handle.shared.deleted.load(Ordering::SeqCst) {
+            Error::NoSuchStream {
+                stream: handle.name.clone(),
+            }
+        } else {
+            match handle.lost_reason() {
+                Some(reason) => {
+                    handle.shared.loss_reported.store(true, Ordering::SeqCst);
+                    Error::OwnershipLost {
+                        stream: handle.name.clone(),
+                        reason,
+                    }
+                }
+                None => Error::ShuttingDown,
+            }
+        }
+    }
+
+    /// Runs one lifecycle command on the stream's owner task (acquiring the stream if nobody
+    /// owns it) and waits for its answer.
+    pub(super) async fn owner_command<T>(
+        &self,
+        name: &str,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Command,
+    ) -> Result<T> {
+        self.check_running()?;
+        let (reply, rx) = oneshot::channel();
+        let handle = self.send_to_stream(name, false, false, make(reply)).await?;
+        match rx.await {
+            Ok(r) => r,
+            // The task ended without answering: it lost the stream or stopped.
+            Err(_) => Err(match handle.lost_reason() {
+                Some(reason) => Error::OwnershipLost {
+                    stream: name.to_string(),
+                    reason,
+                },
+                None => Error::ShuttingDown,
+            }),
+        }
+    }
+}
