@@ -17,6 +17,9 @@ pub mod entry;
 pub mod frame;
 
 mod types;
+
+#[cfg(test)]
+mod golden;
 pub use types::{EntryId, LedgerId, MasterKey, MASTER_KEY_SIZE_BYTES};
 
 /// Everything a decoder can reject. Every variant is an answer to bad input, never a bug.
