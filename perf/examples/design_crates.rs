@@ -179,7 +179,12 @@ fn uring_writes(path: &Path, batch: usize, writes: usize, linked: bool) -> Histo
         let mut done = 0;
         while done < want {
             for c in ring.completion() {
-                assert!(c.result() >= 0, "io_uring op {}: {}", c.user_data(), c.result());
+                assert!(
+                    c.result() >= 0,
+                    "io_uring op {}: {}",
+                    c.user_data(),
+                    c.result()
+                );
                 done += 1;
             }
             if done < want {
@@ -213,7 +218,12 @@ fn pwritev2_writes(path: &Path, batch: usize, writes: usize) -> Histogram<u64> {
                 libc::RWF_DSYNC,
             )
         };
-        assert_eq!(n, batch as isize, "pwritev2: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            n,
+            batch as isize,
+            "pwritev2: {}",
+            std::io::Error::last_os_error()
+        );
         h.record(t.elapsed().as_micros() as u64).unwrap();
     }
     h
@@ -305,7 +315,12 @@ fn replay_dma_ahead(path: PathBuf, depth: usize) -> (Duration, u32) {
             let crc = crc32c::crc32c(&img);
             let took = t.elapsed();
             drop(img);
-            std::rc::Rc::try_unwrap(f).ok().expect("reads done").close().await.expect("close");
+            std::rc::Rc::try_unwrap(f)
+                .ok()
+                .expect("reads done")
+                .close()
+                .await
+                .expect("close");
             (took, crc)
         })
         .expect("executor")
@@ -325,12 +340,19 @@ fn replay_mmap(path: &Path) -> (Duration, u32) {
 }
 
 fn micros(h: &Histogram<u64>) -> (f64, u64, u64) {
-    (h.mean(), h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+    (
+        h.mean(),
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+    )
 }
 
 fn main() {
     let args = Args::parse();
-    assert!(args.batch_kib * 1024 % BLOCK == 0, "--batch-kib must be a multiple of 4");
+    assert!(
+        args.batch_kib * 1024 % BLOCK == 0,
+        "--batch-kib must be a multiple of 4"
+    );
     std::fs::create_dir_all(&args.dir).unwrap();
     let batch = args.batch_kib * 1024;
     let names = [
@@ -391,7 +413,10 @@ fn main() {
         "durable journal writes of {} KiB, {} per way per round, {} rounds (µs; ratio to glommio-dsync)",
         args.batch_kib, args.writes, args.reps
     );
-    println!("{:<26} {:>9} {:>7} {:>7} {:>11} {:>10}", "way", "mean", "p50", "p99", "mean ratio", "p99 ratio");
+    println!(
+        "{:<26} {:>9} {:>7} {:>7} {:>11} {:>10}",
+        "way", "mean", "p50", "p99", "mean ratio", "p99 ratio"
+    );
     let (base_mean, _, base_p99) = micros(&write_hists[0]);
     for (name, h) in names.iter().zip(&write_hists) {
         let (mean, p50, p99) = micros(h);

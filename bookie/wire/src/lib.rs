@@ -12,6 +12,7 @@
 //!   CRC32C digest, payload) that clients build and bookies store verbatim.
 
 pub mod auth;
+pub mod blocking;
 pub mod bookie;
 pub mod entry;
 pub mod frame;
