@@ -28,7 +28,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -152,7 +151,7 @@ async fn journal_writer(
     background: glommio::TaskQueueHandle,
 ) {
     let slot = shared.slot(shard, "journal");
-    let pre_slot = Rc::new(shared.slot(shard, "precreate"));
+    let pre_slot = shared.slot(shard, "precreate");
     let mut id = 0u64;
     let mut file = open(&dir.join(format!("journal-{id}"))).await;
     let mut pos = 0u64;
@@ -208,7 +207,7 @@ async fn journal_writer(
 
 fn start_precreate(
     shared: &Arc<Shared>,
-    slot: &Rc<Arc<OpSlot>>,
+    slot: &Arc<OpSlot>,
     dir: &Path,
     id: u64,
     background: glommio::TaskQueueHandle,
@@ -289,7 +288,11 @@ async fn serve(mut stream: TcpStream, local: flume::Sender<Record>, remote: flum
         }
         n.set(n.get() + 1);
         let (reply, reply_rx) = flume::bounded(1);
-        let to = if n.get() % 3 == 0 { &remote } else { &local };
+        let to = if n.get().is_multiple_of(3) {
+            &remote
+        } else {
+            &local
+        };
         if to
             .send_async(Record {
                 bytes: REQUEST_BYTES,
@@ -311,7 +314,7 @@ async fn serve(mut stream: TcpStream, local: flume::Sender<Record>, remote: flum
     }
 }
 
-fn shard_main(
+async fn shard_main(
     shared: Arc<Shared>,
     shard: usize,
     dir: PathBuf,
@@ -319,75 +322,69 @@ fn shard_main(
     local_tx: flume::Sender<Record>,
     remote_tx: flume::Sender<Record>,
     addr_tx: std::sync::mpsc::Sender<(usize, std::net::SocketAddr)>,
-) -> impl std::future::Future<Output = ()> {
-    async move {
-        std::fs::create_dir_all(&dir).expect("shard dir");
-        // A non-empty file first, as the engine's prepare_dir does: glommio probes iopoll
-        // support on the first DMA file of a device and an empty one gets it wrong.
-        let probe = dir.join("io-probe");
-        std::fs::write(&probe, vec![0x51u8; BLOCK]).expect("probe file");
-        DmaFile::open(&probe)
-            .await
-            .expect("probe open")
-            .close()
-            .await
-            .expect("probe close");
-        let journal_tq = executor().create_task_queue(
-            Shares::Static(1000),
-            Latency::Matters(Duration::from_millis(1)),
-            "journal",
-        );
-        let background_tq =
-            executor().create_task_queue(Shares::Static(50), Latency::NotImportant, "background");
-        let net_tq = executor().create_task_queue(
-            Shares::Static(1000),
-            Latency::Matters(Duration::from_millis(1)),
-            "tail-write",
-        );
-        let writer = glommio::spawn_local_into(
-            journal_writer(shared.clone(), shard, dir.clone(), rx, background_tq),
-            journal_tq,
-        )
-        .expect("spawn writer");
-        let ckpt =
-            glommio::spawn_local_into(checkpointer(shared.clone(), shard, dir), background_tq)
-                .expect("spawn checkpointer");
-        // Timers of assorted lengths, as the shard's long polls and timeouts have.
-        let timers = glommio::spawn_local(async move {
-            let mut i = 0u64;
-            loop {
-                glommio::timer::sleep(Duration::from_micros(300 + (i % 7) * 700)).await;
-                i += 1;
-            }
-        })
-        .detach();
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        addr_tx
-            .send((shard, listener.local_addr().expect("addr")))
-            .expect("addr");
-        let accept = glommio::spawn_local_into(
-            async move {
-                while let Ok(s) = listener.accept().await {
-                    glommio::spawn_local_into(
-                        serve(s, local_tx.clone(), remote_tx.clone()),
-                        net_tq,
-                    )
+) {
+    std::fs::create_dir_all(&dir).expect("shard dir");
+    // A non-empty file first, as the engine's prepare_dir does: glommio probes iopoll
+    // support on the first DMA file of a device and an empty one gets it wrong.
+    let probe = dir.join("io-probe");
+    std::fs::write(&probe, vec![0x51u8; BLOCK]).expect("probe file");
+    DmaFile::open(&probe)
+        .await
+        .expect("probe open")
+        .close()
+        .await
+        .expect("probe close");
+    let journal_tq = executor().create_task_queue(
+        Shares::Static(1000),
+        Latency::Matters(Duration::from_millis(1)),
+        "journal",
+    );
+    let background_tq =
+        executor().create_task_queue(Shares::Static(50), Latency::NotImportant, "background");
+    let net_tq = executor().create_task_queue(
+        Shares::Static(1000),
+        Latency::Matters(Duration::from_millis(1)),
+        "tail-write",
+    );
+    let writer = glommio::spawn_local_into(
+        journal_writer(shared.clone(), shard, dir.clone(), rx, background_tq),
+        journal_tq,
+    )
+    .expect("spawn writer");
+    let ckpt = glommio::spawn_local_into(checkpointer(shared.clone(), shard, dir), background_tq)
+        .expect("spawn checkpointer");
+    // Timers of assorted lengths, as the shard's long polls and timeouts have.
+    let timers = glommio::spawn_local(async move {
+        let mut i = 0u64;
+        loop {
+            glommio::timer::sleep(Duration::from_micros(300 + (i % 7) * 700)).await;
+            i += 1;
+        }
+    })
+    .detach();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    addr_tx
+        .send((shard, listener.local_addr().expect("addr")))
+        .expect("addr");
+    let accept = glommio::spawn_local_into(
+        async move {
+            while let Ok(s) = listener.accept().await {
+                glommio::spawn_local_into(serve(s, local_tx.clone(), remote_tx.clone()), net_tq)
                     .expect("spawn conn")
                     .detach();
-                }
-            },
-            net_tq,
-        )
-        .expect("spawn accept")
-        .detach();
-        while !shared.stop.load(Ordering::Relaxed) {
-            glommio::timer::sleep(Duration::from_millis(50)).await;
-        }
-        drop(timers);
-        drop(accept);
-        ckpt.await;
-        drop(writer);
+            }
+        },
+        net_tq,
+    )
+    .expect("spawn accept")
+    .detach();
+    while !shared.stop.load(Ordering::Relaxed) {
+        glommio::timer::sleep(Duration::from_millis(50)).await;
     }
+    drop(timers);
+    drop(accept);
+    ckpt.await;
+    drop(writer);
 }
 
 /// TCP clients: `conns` connections per shard, each writing requests as fast as the answers

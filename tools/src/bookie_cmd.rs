@@ -338,11 +338,8 @@ fn fetch_bookie_info(
     tls: Option<std::sync::Arc<quire_tls::rustls::ClientConfig>>,
     secret: Option<quire_wire::auth::ClusterSecret>,
 ) -> Result<quire_wire::bookie::BookieInfo> {
-    use quire_wire::bookie::{
-        decode_bookie_info_response, decode_response, encode_request, BookieInfoReply, Request,
-        Response, PROTOCOL_VERSION_AUTH,
-    };
-    use std::io::Write;
+    use quire_wire::blocking::{BookieConnection, ConnectionError};
+    use quire_wire::bookie::{decode_bookie_info_response, BookieInfoReply, Request};
     use std::net::ToSocketAddrs;
     let sock = addr
         .to_socket_addrs()
@@ -353,7 +350,7 @@ fn fetch_bookie_info(
         .with_context(|| format!("cannot connect to bookie {addr}"))?;
     tcp.set_read_timeout(Some(INFO_TIMEOUT))?;
     tcp.set_write_timeout(Some(INFO_TIMEOUT))?;
-    let mut stream: Box<dyn ReadWrite> = match tls {
+    let stream: Box<dyn ReadWrite> = match tls {
         None => Box::new(tcp),
         Some(config) => {
             let name = quire_tls::server_name(addr)?;
@@ -362,89 +359,18 @@ fn fetch_bookie_info(
             Box::new(quire_tls::rustls::StreamOwned::new(session, tcp))
         }
     };
-    let version = if secret.is_some() {
-        PROTOCOL_VERSION_AUTH
-    } else {
-        1
+    let mut conn = match BookieConnection::connect(stream, secret.as_ref()) {
+        Ok(c) => c,
+        Err(ConnectionError::BadProof) => bail!(
+            "bookie {addr}: its proof of the cluster secret does not match ours: it is not a \
+             bookie of this cluster"
+        ),
+        Err(e) => return Err(e).with_context(|| format!("handshake with bookie {addr}")),
     };
-    let mut out = Vec::new();
-    encode_request(
-        &mut out,
-        1,
-        &Request::Hello {
-            version_min: version,
-            version_max: version,
-        },
-    );
-    let send = |stream: &mut Box<dyn ReadWrite>, out: &[u8]| {
-        stream
-            .write_all(out)
-            .and_then(|()| stream.flush())
-            .with_context(|| format!("cannot send to bookie {addr}"))
-    };
-    let mut buf = Vec::new();
-    let mut answer = |stream: &mut Box<dyn ReadWrite>, what: &str| -> Result<Response<'static>> {
-        let bytes = read_frame(stream.as_mut(), &mut buf, addr)?;
-        let (frame, _) =
-            quire_wire::frame::decode_frame(&bytes, u32::MAX)?.context("a whole frame was read")?;
-        match decode_response(&frame)
-            .with_context(|| format!("bad {what} answer from bookie {addr}"))?
-        {
-            Response::Failed {
-                status, message, ..
-            } => bail!("bookie {addr} refused the {what} ({status:?}): {message}"),
-            Response::Hello { auth_nonce, .. } => Ok(Response::Hello {
-                version: 0,
-                shard_count: 0,
-                frame_size_bytes_max: 0,
-                auth_nonce,
-            }),
-            Response::Auth { proof } => Ok(Response::Auth { proof }),
-            other => bail!("bookie {addr} answered the {what} with {other:?}"),
-        }
-    };
-    match secret {
-        None => {
-            // Hello and the request in one write.
-            encode_request(&mut out, 2, &Request::GetBookieInfo);
-            send(&mut stream, &out)?;
-            answer(&mut stream, "handshake")?;
-        }
-        Some(secret) => {
-            send(&mut stream, &out)?;
-            let Response::Hello {
-                auth_nonce: Some(server_nonce),
-                ..
-            } = answer(&mut stream, "handshake")?
-            else {
-                bail!("bookie {addr} answered Hello without the nonce of the cluster-secret handshake");
-            };
-            let client_nonce = quire_wire::auth::new_nonce()?;
-            out.clear();
-            encode_request(
-                &mut out,
-                2,
-                &Request::Auth {
-                    client_nonce,
-                    proof: secret.client_proof(&server_nonce, &client_nonce),
-                },
-            );
-            send(&mut stream, &out)?;
-            let Response::Auth { proof } = answer(&mut stream, "authentication")? else {
-                bail!("bookie {addr} answered Auth with another response");
-            };
-            if !secret.verify_bookie_proof(&server_nonce, &client_nonce, &proof) {
-                bail!("bookie {addr}: its proof of the cluster secret does not match ours: it is not a bookie of this cluster");
-            }
-            out.clear();
-            encode_request(&mut out, 3, &Request::GetBookieInfo);
-            send(&mut stream, &out)?;
-        }
-    }
-    let answer = read_frame(&mut stream, &mut buf, addr)?;
-    let (frame, _) =
-        quire_wire::frame::decode_frame(&answer, u32::MAX)?.context("a whole frame was read")?;
-    let reply = decode_bookie_info_response(&frame)
+    let answer = conn
+        .call(&Request::GetBookieInfo)
+        .with_context(|| format!("bookie info from bookie {addr}"))?;
+    let reply = decode_bookie_info_response(&answer.frame())
         .with_context(|| format!("bad bookie info answer from bookie {addr}"))?;
     match reply {
         BookieInfoReply::Ok(info) => Ok(info),
@@ -454,31 +380,9 @@ fn fetch_bookie_info(
     }
 }
 
-/// Reads one whole frame from `stream` (keeping what follows it in `buf`) and returns its
-/// bytes.
 /// A plain or TLS connection for `quire bookie info`.
 trait ReadWrite: std::io::Read + std::io::Write {}
 impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
-
-fn read_frame(stream: &mut dyn ReadWrite, buf: &mut Vec<u8>, addr: &str) -> Result<Vec<u8>> {
-    loop {
-        if let Some((_, used)) = quire_wire::frame::decode_frame(buf, u32::MAX)
-            .with_context(|| format!("bad frame from bookie {addr}"))?
-        {
-            let frame = buf[..used].to_vec();
-            buf.drain(..used);
-            return Ok(frame);
-        }
-        let mut chunk = [0u8; 16 * 1024];
-        let n = stream
-            .read(&mut chunk)
-            .with_context(|| format!("no answer from bookie {addr}"))?;
-        if n == 0 {
-            bail!("bookie {addr} closed the connection before answering");
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
 
 /// Keeps the registration alive and in the right directory until told to stop; returns the
 /// store in use then.

@@ -176,7 +176,7 @@ mod tests {
         let (s, made) = create_cluster_secret(&path, "cluster_secret_file").unwrap();
         assert!(made);
         assert_eq!(mode(&path), 0o600);
-        assert_eq!(mode(&path.parent().unwrap()), 0o700);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
         let (again, made) = create_cluster_secret(&path, "cluster_secret_file").unwrap();
         assert!(!made);
         assert_eq!(again, s);

@@ -22,7 +22,7 @@ fn responses_until_close(addr: SocketAddr, handshake: bool, bytes: &[u8]) -> Vec
         Client::connect(addr)
     };
     // The bookie may close before reading everything; a failed write is part of the outcome.
-    let _ = c.stream.write_all(bytes);
+    let _ = c.stream().write_all(bytes);
     let mut out = Vec::new();
     while let Some((_, resp)) = c.recv() {
         out.push(resp);

@@ -101,7 +101,7 @@ fn strangers_are_refused_before_any_state_changes() {
         },
     );
     quire_wire::bookie::encode_request(&mut bytes, 2, &before_hello[0]);
-    c.stream.write_all(&bytes).unwrap();
+    c.stream().write_all(&bytes).unwrap();
     let (_, hello) = c.recv().expect("hello answer");
     assert!(matches!(hello, Resp::HelloV2 { .. }), "{hello:?}");
     let (_, add) = c.recv().expect("add answer");

@@ -60,7 +60,7 @@ fn partial_handshakes_and_idle_connections_are_closed() {
             entry: 0
         }
     );
-    let raw = &mut idle.stream;
+    let raw = idle.stream();
     assert!(
         !closed_within(raw, Duration::from_millis(500)),
         "closed before its idle timeout"

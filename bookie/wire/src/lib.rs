@@ -12,11 +12,15 @@
 //!   CRC32C digest, payload) that clients build and bookies store verbatim.
 
 pub mod auth;
+pub mod blocking;
 pub mod bookie;
 pub mod entry;
 pub mod frame;
 
 mod types;
+
+#[cfg(test)]
+mod golden;
 pub use types::{EntryId, LedgerId, MasterKey, MASTER_KEY_SIZE_BYTES};
 
 /// Everything a decoder can reject. Every variant is an answer to bad input, never a bug.

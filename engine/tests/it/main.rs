@@ -11,6 +11,7 @@ mod fence_during_write_cache_wait;
 mod fencing;
 mod full_disk;
 mod gc_on_disk;
+mod golden_formats;
 mod group_commit;
 mod index_bounded_memory;
 mod index_migration;

@@ -195,7 +195,7 @@ fn partial_frames_and_held_connections_leave_the_bookie_bounded_and_serving() {
     runtime().block_on(async {
         let store = cluster.zk_store().await;
         for id in [9, 10] {
-            create_ledger_metadata(&store, id, &[listen.clone()]).await;
+            create_ledger_metadata(&store, id, std::slice::from_ref(&listen)).await;
         }
     });
     // Warm up: an add and a read on a working connection.

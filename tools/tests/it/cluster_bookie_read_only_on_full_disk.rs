@@ -76,7 +76,7 @@ fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
     rt.block_on(async {
         let store = cluster.zk_store().await;
         for id in [1, 2] {
-            create_ledger_metadata(&store, id, &[addr.clone()]).await;
+            create_ledger_metadata(&store, id, std::slice::from_ref(&addr)).await;
         }
     });
 
@@ -202,7 +202,7 @@ fn full_bookie_frees_space_of_deleted_ledgers_and_turns_writable() {
         let mut ids = Vec::new();
         for _ in 0..=FILLING_LEDGERS {
             let id = store.allocate_ledger_id().await.expect("allocate").0;
-            create_ledger_metadata(&store, id, &[addr.clone()]).await;
+            create_ledger_metadata(&store, id, std::slice::from_ref(&addr)).await;
             ids.push(id);
         }
         ids

@@ -312,7 +312,7 @@ fn first_adds_right_after_metadata_creation_are_accepted() {
     let mut next_batch = Vec::new();
     for round in 0..20 {
         let id = rt.block_on(zk.allocate_ledger_id()).unwrap().0;
-        rt.block_on(create_ledger_metadata(&zk, id, &[addr.clone()]));
+        rt.block_on(create_ledger_metadata(&zk, id, std::slice::from_ref(&addr)));
         for (batch, times) in [(0..8u64, &mut first_batch), (8..16, &mut next_batch)] {
             let data: Vec<Vec<u8>> = batch
                 .clone()
@@ -365,7 +365,7 @@ fn first_adds_right_after_metadata_creation_are_accepted() {
     // A fence that arrives before any add (recovery of a ledger this bookie never got an entry
     // of) is admitted with the metadata's key, and the ledger's first add then finds it fenced.
     let id = rt.block_on(zk.allocate_ledger_id()).unwrap().0;
-    rt.block_on(create_ledger_metadata(&zk, id, &[addr.clone()]));
+    rt.block_on(create_ledger_metadata(&zk, id, std::slice::from_ref(&addr)));
     assert_eq!(
         w.call(&Request::Read {
             ledger: LedgerId(id),
@@ -396,7 +396,7 @@ fn first_adds_right_after_metadata_creation_are_accepted() {
     let mut next_add = Vec::new();
     for _ in 0..40 {
         let id = rt.block_on(zk.allocate_ledger_id()).unwrap().0;
-        rt.block_on(create_ledger_metadata(&zk, id, &[addr.clone()]));
+        rt.block_on(create_ledger_metadata(&zk, id, std::slice::from_ref(&addr)));
         for (e, times) in [(0, &mut first_add), (1, &mut next_add)] {
             let t = Instant::now();
             assert_eq!(w.add(id, e, false), Answer::Ok);

@@ -3,18 +3,18 @@
 //! quire_wire.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
 use quire_bookie::{Bookie, BookieConfig};
+use quire_wire::blocking::BookieConnection;
 use quire_wire::bookie::{
-    decode_long_poll_response, decode_response, encode_request, LongPollReply, Opcode, Request,
-    Response, Status,
+    decode_long_poll_response, decode_response, LongPollReply, Opcode, Request, Response, Status,
 };
 use quire_wire::entry::{encode_entry, EntryHeader};
-use quire_wire::frame::{decode_frame, FrameHeader, RESPONSE_BIT};
+use quire_wire::frame::{FrameHeader, RESPONSE_BIT};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 
 pub const KEY: MasterKey = MasterKey([7; 20]);
@@ -162,10 +162,10 @@ fn own(r: Response<'_>) -> Resp {
 }
 
 /// A blocking client on one connection.
+/// A blocking client on one connection (quire_wire's `BookieConnection`, answers decoded into
+/// [`Resp`]).
 pub struct Client {
-    pub stream: TcpStream,
-    buf: Vec<u8>,
-    next_id: u64,
+    conn: BookieConnection<TcpStream>,
 }
 
 impl Client {
@@ -176,10 +176,13 @@ impl Client {
             .unwrap();
         stream.set_nodelay(true).unwrap();
         Client {
-            stream,
-            buf: Vec::new(),
-            next_id: 1,
+            conn: BookieConnection::new(stream),
         }
+    }
+
+    /// The socket, to send raw bytes or change its options.
+    pub fn stream(&mut self) -> &mut TcpStream {
+        self.conn.stream_mut()
     }
 
     /// Connects and completes the handshake; returns the client and the Hello response.
@@ -221,65 +224,44 @@ impl Client {
 
     /// Sends a request with a fresh request id and returns that id.
     pub fn send(&mut self, request: &Request<'_>) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut out = Vec::new();
-        encode_request(&mut out, id, request);
-        self.stream.write_all(&out).expect("send");
-        id
+        self.conn.send(request).expect("send")
     }
 
     /// Receives the next response frame: its header and the decoded response. `None` when
     /// the bookie closed the connection (EOF or reset).
     pub fn recv(&mut self) -> Option<(FrameHeader, Resp)> {
-        loop {
-            if let Some((frame, used)) =
-                decode_frame(&self.buf, u32::MAX).expect("valid frame from bookie")
+        let answer = self.conn.recv().expect("valid frame from bookie")?;
+        let frame = answer.frame();
+        let header = frame.header;
+        let resp = if header.opcode == Opcode::ReadLacLongPoll as u8 | RESPONSE_BIT {
+            match decode_long_poll_response(&frame).expect("valid long-poll response from bookie") {
+                LongPollReply::Ok(r) => Resp::LongPoll {
+                    ledger: r.ledger.0,
+                    lac: r.lac.map(|e| e.0),
+                    fenced: r.fenced,
+                    next_entry: r.next_entry.map(|(e, d)| (e.0, d.to_vec())),
+                },
+                LongPollReply::Failed { status, message } => Resp::Failed {
+                    opcode: Opcode::ReadLacLongPoll,
+                    status,
+                    message: message.to_string(),
+                },
+            }
+        } else if header.opcode == Opcode::GetBookieInfo as u8 | RESPONSE_BIT {
+            match quire_wire::bookie::decode_bookie_info_response(&frame)
+                .expect("valid bookie info response from bookie")
             {
-                let header = frame.header;
-                let resp = if header.opcode == Opcode::ReadLacLongPoll as u8 | RESPONSE_BIT {
-                    match decode_long_poll_response(&frame)
-                        .expect("valid long-poll response from bookie")
-                    {
-                        LongPollReply::Ok(r) => Resp::LongPoll {
-                            ledger: r.ledger.0,
-                            lac: r.lac.map(|e| e.0),
-                            fenced: r.fenced,
-                            next_entry: r.next_entry.map(|(e, d)| (e.0, d.to_vec())),
-                        },
-                        LongPollReply::Failed { status, message } => Resp::Failed {
-                            opcode: Opcode::ReadLacLongPoll,
-                            status,
-                            message: message.to_string(),
-                        },
-                    }
-                } else if header.opcode == Opcode::GetBookieInfo as u8 | RESPONSE_BIT {
-                    match quire_wire::bookie::decode_bookie_info_response(&frame)
-                        .expect("valid bookie info response from bookie")
-                    {
-                        quire_wire::bookie::BookieInfoReply::Ok(info) => Resp::Info(info),
-                        quire_wire::bookie::BookieInfoReply::Failed { status, message } => {
-                            Resp::Failed {
-                                opcode: Opcode::GetBookieInfo,
-                                status,
-                                message: message.to_string(),
-                            }
-                        }
-                    }
-                } else {
-                    own(decode_response(&frame).expect("valid response from bookie"))
-                };
-                self.buf.drain(..used);
-                return Some((header, resp));
+                quire_wire::bookie::BookieInfoReply::Ok(info) => Resp::Info(info),
+                quire_wire::bookie::BookieInfoReply::Failed { status, message } => Resp::Failed {
+                    opcode: Opcode::GetBookieInfo,
+                    status,
+                    message: message.to_string(),
+                },
             }
-            let mut chunk = [0u8; 65536];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
-                Err(e) => panic!("recv: {e}"),
-            }
-        }
+        } else {
+            own(decode_response(&frame).expect("valid response from bookie"))
+        };
+        Some((header, resp))
     }
 
     /// Sends one request and waits for its response (no other request in flight).

@@ -2,4 +2,5 @@
 //! binary.
 
 mod embedded_store_persists_and_compares;
+mod golden_records;
 mod zookeeper_store;

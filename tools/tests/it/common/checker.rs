@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use quire_metadata::{BookieId, LedgerState, MetadataStore};
 use quire_proxy::{Dlsn, ProxyClient, ReadPosition};
-use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
-use quire_wire::frame::{decode_frame, FRAME_SIZE_BYTES_MAX_DEFAULT};
+use quire_wire::bookie::{decode_response, Request, Response, Status};
 use quire_wire::{EntryId, LedgerId};
 
 /// A record acknowledged to a writer: its DLSN and payload.
@@ -248,7 +247,7 @@ pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8
     let tcp = TcpStream::connect(bookie).map_err(|e| format!("connect: {e}"))?;
     tcp.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
-    let mut conn: Box<dyn ReadWrite> = match bookie_tls_from_env() {
+    let conn: Box<dyn ReadWrite> = match bookie_tls_from_env() {
         None => Box::new(tcp),
         Some(config) => {
             let name = quire_tls::server_name(bookie).map_err(|e| e.to_string())?;
@@ -257,36 +256,17 @@ pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8
             Box::new(quire_tls::rustls::StreamOwned::new(session, tcp))
         }
     };
-    let mut buf = Vec::new();
-    super::wire::authenticate(conn.as_mut(), &mut buf, super::test_cluster_secret())?;
-    let mut call = |req: &Request<'_>| -> Result<Vec<u8>, String> {
-        let mut out = Vec::new();
-        encode_request(&mut out, 1, req);
-        conn.write_all(&out).map_err(|e| format!("send: {e}"))?;
-        conn.flush().map_err(|e| format!("send: {e}"))?;
-        loop {
-            if let Some((_, used)) =
-                decode_frame(&buf, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?
-            {
-                let frame_bytes: Vec<u8> = buf.drain(..used).collect();
-                return Ok(frame_bytes);
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            let n = conn.read(&mut chunk).map_err(|e| format!("receive: {e}"))?;
-            if n == 0 {
-                return Err("connection closed".into());
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-    };
-    let reply = call(&Request::Read {
-        ledger: LedgerId(ledger),
-        entry: Some(EntryId(entry)),
-        fence: None,
-    })?;
-    let (frame, _) = decode_frame(&reply, FRAME_SIZE_BYTES_MAX_DEFAULT)
-        .map_err(|e| e.to_string())?
-        .ok_or("short read")?;
+    let mut conn =
+        quire_wire::blocking::BookieConnection::connect(conn, Some(super::test_cluster_secret()))
+            .map_err(|e| e.to_string())?;
+    let reply = conn
+        .call(&Request::Read {
+            ledger: LedgerId(ledger),
+            entry: Some(EntryId(entry)),
+            fence: None,
+        })
+        .map_err(|e| e.to_string())?;
+    let frame = reply.frame();
     match decode_response(&frame).map_err(|e| e.to_string())? {
         Response::Read { data, .. } => Ok(Some(data.to_vec())),
         Response::Failed {

@@ -2,14 +2,13 @@
 //! that talk to one bookie directly: one handshaken connection, one request at a time. It
 //! plays a legitimate client: the handshake proves the cluster secret (version 2).
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use quire_wire::auth::ClusterSecret;
-use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
+use quire_wire::blocking::{AnswerFrame, BookieConnection};
+use quire_wire::bookie::{Request, Response, Status};
 use quire_wire::entry::{encode_entry, EntryHeader};
-use quire_wire::frame::{decode_frame, FRAME_SIZE_BYTES_MAX_DEFAULT};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 
 /// The master key of every ledger these tests write.
@@ -23,78 +22,19 @@ pub enum Answer {
     Failed(Status),
 }
 
-/// One handshaken bookie wire connection.
-pub struct Wire {
-    conn: TcpStream,
-    buf: Vec<u8>,
-    next_id: u64,
+impl Answer {
+    fn of(frame: &AnswerFrame) -> Answer {
+        match frame.response().expect("response") {
+            Response::Read { data, .. } => Answer::Data(data.to_vec()),
+            Response::Failed { status, .. } => Answer::Failed(status),
+            _ => Answer::Ok,
+        }
+    }
 }
 
-/// Passes the version-2 handshake on `conn` (Hello, then Auth with `secret`) and checks the
-/// bookie's proof; `buf` keeps bytes received past the answers.
-pub fn authenticate<S: Read + Write + ?Sized>(
-    conn: &mut S,
-    buf: &mut Vec<u8>,
-    secret: &ClusterSecret,
-) -> Result<(), String> {
-    let mut call = |req: &Request<'_>, id: u64| -> Result<Response<'static>, String> {
-        let mut out = Vec::new();
-        encode_request(&mut out, id, req);
-        conn.write_all(&out).map_err(|e| format!("send: {e}"))?;
-        conn.flush().map_err(|e| format!("send: {e}"))?;
-        loop {
-            if let Some((frame, used)) =
-                decode_frame(buf, FRAME_SIZE_BYTES_MAX_DEFAULT).map_err(|e| e.to_string())?
-            {
-                let r = match decode_response(&frame).map_err(|e| e.to_string())? {
-                    Response::Hello { auth_nonce, .. } => Response::Hello {
-                        version: 2,
-                        shard_count: 0,
-                        frame_size_bytes_max: 0,
-                        auth_nonce,
-                    },
-                    Response::Auth { proof } => Response::Auth { proof },
-                    other => return Err(format!("handshake answered with {other:?}")),
-                };
-                buf.drain(..used);
-                return Ok(r);
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            let n = conn.read(&mut chunk).map_err(|e| format!("receive: {e}"))?;
-            if n == 0 {
-                return Err("bookie closed the connection during the handshake".into());
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-    };
-    let Response::Hello {
-        auth_nonce: Some(server_nonce),
-        ..
-    } = call(
-        &Request::Hello {
-            version_min: 2,
-            version_max: 2,
-        },
-        u64::MAX - 1,
-    )?
-    else {
-        return Err("Hello answer without a nonce".into());
-    };
-    let client_nonce = quire_wire::auth::new_nonce().map_err(|e| e.to_string())?;
-    let Response::Auth { proof } = call(
-        &Request::Auth {
-            client_nonce,
-            proof: secret.client_proof(&server_nonce, &client_nonce),
-        },
-        u64::MAX,
-    )?
-    else {
-        return Err("no Auth answer".into());
-    };
-    if !secret.verify_bookie_proof(&server_nonce, &client_nonce, &proof) {
-        return Err("the bookie's proof of the cluster secret does not match".into());
-    }
-    Ok(())
+/// One handshaken bookie wire connection (quire_wire's blocking client).
+pub struct Wire {
+    conn: BookieConnection<TcpStream>,
 }
 
 impl Wire {
@@ -106,74 +46,34 @@ impl Wire {
 
     /// Connects and authenticates with `secret` (a sandbox's, say).
     pub fn connect_with(addr: &str, secret: &ClusterSecret) -> Wire {
-        let mut conn = TcpStream::connect(addr).expect("connect to the bookie");
+        let conn = TcpStream::connect(addr).expect("connect to the bookie");
         conn.set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
-        let mut buf = Vec::new();
-        authenticate(&mut conn, &mut buf, secret).expect("handshake");
-        Wire {
-            conn,
-            buf,
-            next_id: 1,
-        }
+        let conn = BookieConnection::connect(conn, Some(secret)).expect("handshake");
+        Wire { conn }
     }
 
     pub fn call(&mut self, req: &Request<'_>) -> Answer {
-        let mut out = Vec::new();
-        encode_request(&mut out, self.next_id, req);
-        self.next_id += 1;
-        self.conn.write_all(&out).expect("send");
-        loop {
-            if let Some((frame, used)) =
-                decode_frame(&self.buf, FRAME_SIZE_BYTES_MAX_DEFAULT).expect("frame")
-            {
-                let answer = match decode_response(&frame).expect("response") {
-                    Response::Read { data, .. } => Answer::Data(data.to_vec()),
-                    Response::Failed { status, .. } => Answer::Failed(status),
-                    _ => Answer::Ok,
-                };
-                self.buf.drain(..used);
-                return answer;
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            let n = self.conn.read(&mut chunk).expect("receive");
-            assert!(n > 0, "bookie closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
+        Answer::of(&self.conn.call(req).expect("bookie answer"))
     }
 
     /// Sends every request of `reqs` at once (one write, request ids in order), then reads
     /// their answers, returned in request order (the bookie may answer in any order).
     #[allow(dead_code)] // not every test binary that includes this module uses it
     pub fn call_pipelined(&mut self, reqs: &[Request<'_>]) -> Vec<Answer> {
-        let mut out = Vec::new();
-        let first = self.next_id;
-        for r in reqs {
-            encode_request(&mut out, self.next_id, r);
-            self.next_id += 1;
-        }
-        self.conn.write_all(&out).expect("send");
+        let first = self.conn.send_all(reqs).expect("send");
         let mut answers: Vec<Option<Answer>> = (0..reqs.len()).map(|_| None).collect();
-        let mut left = reqs.len();
-        while left > 0 {
-            if let Some((frame, used)) =
-                decode_frame(&self.buf, FRAME_SIZE_BYTES_MAX_DEFAULT).expect("frame")
-            {
-                let slot = (frame.header.request_id - first) as usize;
-                let answer = match decode_response(&frame).expect("response") {
-                    Response::Read { data, .. } => Answer::Data(data.to_vec()),
-                    Response::Failed { status, .. } => Answer::Failed(status),
-                    _ => Answer::Ok,
-                };
-                self.buf.drain(..used);
-                assert!(answers[slot].replace(answer).is_none(), "answered twice");
-                left -= 1;
-                continue;
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            let n = self.conn.read(&mut chunk).expect("receive");
-            assert!(n > 0, "bookie closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
+        for _ in 0..reqs.len() {
+            let frame = self
+                .conn
+                .recv()
+                .expect("receive")
+                .expect("bookie closed the connection");
+            let slot = (frame.request_id() - first) as usize;
+            assert!(
+                answers[slot].replace(Answer::of(&frame)).is_none(),
+                "answered twice"
+            );
         }
         answers.into_iter().map(|a| a.expect("answered")).collect()
     }
