@@ -23,6 +23,5 @@ mod long_poll_lac;
 mod read_ahead_cache;
 mod restart_replays_journal;
 mod stress_rolls_checkpoints;
-mod structure;
 mod torn_tail_and_corruption;
 mod write_cache_back_pressure;

@@ -31,3 +31,4 @@ mod sandbox_metrics;
 mod sandbox_refuses_inconsistent_data_dir;
 mod sandbox_stream_lifecycle;
 mod sandbox_survives_sigkill;
+mod source_structure;
