@@ -90,7 +90,7 @@ use quire_metadata::{validate_stream_name, MetadataStore, StreamMetadata};
 use tokio::sync::{oneshot, OnceCell};
 
 use crate::dlsn::Dlsn;
-use crate::error::{Error, Result};
+use crate::error::{Error, FromMetadata, Result};
 use crate::record_set::{
     ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };

@@ -15,7 +15,7 @@ use quire_wire::{EntryId, LedgerId};
 use super::tail_cache::TailState;
 use super::writer::Writer;
 use super::{storage, writer_storage};
-use crate::error::{Error, Result};
+use crate::error::{Error, FromMetadata, Result};
 use crate::record_set;
 
 /// The segment being written.

@@ -45,7 +45,7 @@ use tokio::sync::oneshot;
 
 use super::writer::{Command, Writer};
 use super::StreamManager;
-use crate::error::{Error, Result};
+use crate::error::{Error, FromMetadata, Result};
 
 /// The `custom` key of a segment's ledger metadata that names its stream.
 pub const LEDGER_LABEL_STREAM: &str = "quire.stream";
