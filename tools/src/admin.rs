@@ -28,7 +28,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use quire_metadata::{LedgerMetadata, MetadataStore, SegmentState, Version};
-use quire_proxy::{RetentionChange, StreamInfo};
+use quire_client::RetentionChange;
+use quire_proxy::StreamInfo;
 use quire_wire::LedgerId;
 
 use crate::config::MetadataArgs;
@@ -150,7 +151,7 @@ pub struct StreamTruncateArgs {
     /// Stream name.
     pub stream: String,
     /// First position kept, `SEGMENT:ENTRY:SLOT` (as `quire write` prints).
-    pub dlsn: quire_proxy::Dlsn,
+    pub dlsn: quire_client::Dlsn,
     #[command(flatten)]
     pub proxy: crate::client::ProxyArg,
 }
@@ -197,11 +198,11 @@ fn parse_retention(
 }
 
 fn parse_retention_time(v: &str) -> std::result::Result<RetentionChange, String> {
-    parse_retention(v, quire_proxy::check_retention_time_secs)
+    parse_retention(v, quire_client::check_retention_time_secs)
 }
 
 fn parse_retention_size(v: &str) -> std::result::Result<RetentionChange, String> {
-    parse_retention(v, quire_proxy::check_retention_size_bytes)
+    parse_retention(v, quire_client::check_retention_size_bytes)
 }
 
 /// Runs `f` on a current-thread runtime with the address `metadata` names, then shuts the
@@ -561,8 +562,8 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
     })
 }
 
-fn point(t: &quire_metadata::TruncationPoint) -> quire_proxy::Dlsn {
-    quire_proxy::Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index)
+fn point(t: &quire_metadata::TruncationPoint) -> quire_client::Dlsn {
+    quire_client::Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index)
 }
 
 fn format_retention(info: &StreamInfo) -> String {
