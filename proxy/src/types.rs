@@ -74,3 +74,114 @@ pub fn wire_retention(o: quire_metadata::RetentionOverride) -> quire_client::Ret
         size_bytes: o.size_bytes,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quire_client::protocol::{Opcode, Response};
+    use quire_metadata::{
+        RetentionOverride, SegmentMetadata, SegmentState, StreamMetadata, TruncationPoint,
+    };
+    use quire_wire::frame::decode_frame;
+
+    #[test]
+    fn describe_answer_carries_the_record_but_not_the_secret() {
+        // Goal: the protocol's stream description holds every field of the stream's metadata
+        // record except its ledger secret. Method: convert a record with every field set,
+        // encode it as a DESCRIBE_STREAM answer, decode it and compare field by field, and
+        // look for the secret's text in the frame.
+        let secret = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2";
+        let seg = |seq_no, state, t: Option<u64>| SegmentMetadata {
+            seq_no,
+            ledger_id: seq_no + 100,
+            state,
+            first_txid: Some(seq_no * 10),
+            last_txid: t,
+            last_entry: t,
+            record_count: seq_no + 7,
+            length_bytes: seq_no + 70,
+            completion_time_ms: t,
+        };
+        let info = StreamInfo {
+            metadata: StreamMetadata {
+                name: "logs/a".into(),
+                segments: vec![
+                    seg(2, SegmentState::Completed, Some(9)),
+                    seg(3, SegmentState::InProgress, None),
+                ],
+                max_txid: Some(9),
+                creation_time_ms: 12,
+                truncated_before: Some(TruncationPoint {
+                    segment_seq_no: 2,
+                    entry_id: 1,
+                    slot_index: 4,
+                }),
+                retention: RetentionOverride {
+                    time_secs: Some(60),
+                    size_bytes: None,
+                },
+                ledger_secret_hex: Some(secret.into()),
+            },
+            owner: Some("127.0.0.1:4181".into()),
+            defaults: RetentionDefaults {
+                time_secs: None,
+                size_bytes: Some(1 << 30),
+            },
+        };
+        let wire: quire_client::StreamInfo = info.clone().into();
+        let mut buf = Vec::new();
+        Response::DescribeStream { info: wire }.encode(Opcode::DescribeStream as u8, 3, &mut buf);
+        assert!(!buf.windows(secret.len()).any(|w| w == secret.as_bytes()));
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        let Response::DescribeStream { info: got } = Response::decode(&frame).unwrap() else {
+            panic!("not a describe answer");
+        };
+        let m = &got.metadata;
+        assert_eq!(m.name, "logs/a");
+        assert_eq!(m.max_txid, Some(9));
+        assert_eq!(m.creation_time_ms, 12);
+        assert_eq!(m.truncated_before, Some(quire_client::Dlsn::new(2, 1, 4)));
+        assert_eq!(m.retention.time_secs, Some(60));
+        assert_eq!(m.retention.size_bytes, None);
+        assert_eq!(got.owner, info.owner);
+        assert_eq!(got.defaults, info.defaults);
+        assert_eq!(m.segments.len(), 2);
+        for (w, s) in m.segments.iter().zip(&info.metadata.segments) {
+            assert_eq!(
+                (
+                    w.seq_no,
+                    w.ledger_id,
+                    w.first_txid,
+                    w.last_txid,
+                    w.last_entry
+                ),
+                (
+                    s.seq_no,
+                    s.ledger_id,
+                    s.first_txid,
+                    s.last_txid,
+                    s.last_entry
+                )
+            );
+            assert_eq!(
+                (w.record_count, w.length_bytes, w.completion_time_ms),
+                (s.record_count, s.length_bytes, s.completion_time_ms)
+            );
+            let state = match s.state {
+                SegmentState::InProgress => quire_client::SegmentState::InProgress,
+                SegmentState::Completed => quire_client::SegmentState::Completed,
+            };
+            assert_eq!(w.state, state);
+        }
+        assert_eq!(
+            wire_retention(RetentionOverride {
+                time_secs: None,
+                size_bytes: Some(5)
+            }),
+            quire_client::RetentionOverride {
+                time_secs: None,
+                size_bytes: Some(5)
+            }
+        );
+    }
+}

@@ -27,8 +27,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use quire_metadata::{LedgerMetadata, MetadataStore, SegmentState, Version};
 use quire_client::RetentionChange;
+use quire_client::SegmentState;
+use quire_metadata::{LedgerMetadata, MetadataStore, Version};
 use quire_proxy::StreamInfo;
 use quire_wire::LedgerId;
 
@@ -551,7 +552,7 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
     serde_json::json!({
         "owner": info.owner,
         "last_txid": m.max_txid,
-        "truncated_before": m.truncated_before.map(|t| point(&t).to_string()),
+        "truncated_before": m.truncated_before.map(|t| t.to_string()),
         "retention": {
             "time_secs": t, "time_secs_from": ts,
             "size_bytes": z, "size_bytes_from": zs,
@@ -560,10 +561,6 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
         },
         "metadata": m,
     })
-}
-
-fn point(t: &quire_metadata::TruncationPoint) -> quire_client::Dlsn {
-    quire_client::Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index)
 }
 
 fn format_retention(info: &StreamInfo) -> String {
@@ -622,7 +619,7 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
         out,
         "  truncated before: {}",
         meta.truncated_before
-            .map_or("none".to_string(), |t| point(&t).to_string())
+            .map_or("none".to_string(), |t| t.to_string())
     )?;
     out.push_str(&format_retention(info));
     writeln!(out, "  segments: {}", meta.segments.len())?;

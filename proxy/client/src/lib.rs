@@ -59,3 +59,32 @@ pub use types::{
     RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState, StreamInfo,
     StreamMetadata, TruncateResult, WriteResult, RETENTION_SIZE_BYTES_MAX, RETENTION_TIME_SECS_MAX,
 };
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn depends_on_no_server_crate() {
+        // Goal (issue 25, item 3): an application that talks to proxies builds no ledger
+        // client, metadata store or ZooKeeper client. Method: read this crate's manifest and
+        // check every workspace crate it names is quire-wire or quire-tls, and nothing names
+        // zookeeper or metadata.
+        let manifest = include_str!("../Cargo.toml");
+        let deps: Vec<&str> = manifest
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with('#') && !l.starts_with('[') && l.contains('='))
+            .filter_map(|l| l.split(['=', '.', ' ']).next())
+            .collect();
+        for dep in &deps {
+            assert!(
+                !dep.starts_with("quire-") || ["quire-wire", "quire-tls"].contains(dep),
+                "quire-client depends on {dep}"
+            );
+            assert!(
+                !dep.contains("zookeeper") && !dep.contains("metadata"),
+                "quire-client depends on {dep}"
+            );
+        }
+        assert!(deps.contains(&"quire-wire"), "{deps:?}");
+    }
+}

@@ -2,6 +2,8 @@
 //! changes answer. The stream layer in quire-proxy returns the same types (its describe answer
 //! is converted from the metadata store's records).
 
+use serde::Serialize;
+
 use crate::dlsn::{Dlsn, ReadPosition};
 
 /// What an acknowledged write returns.
@@ -44,7 +46,8 @@ pub struct StreamInfo {
 /// A stream's metadata record as the proxy protocol carries it (`DESCRIBE_STREAM`): the wire
 /// view of the metadata store's stream record (DistributedLog's log metadata plus its segment
 /// list), without what only the owning proxy uses (the stream's ledger secret is never sent).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Serializes with the record's field names (`quire stream show --json`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct StreamMetadata {
     /// The stream's name.
     pub name: String,
@@ -63,7 +66,7 @@ pub struct StreamMetadata {
 
 /// One log segment of a stream as the proxy protocol carries it (DistributedLog
 /// `LogSegmentMetadata`): a ledger holding a contiguous range of the stream's records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SegmentMetadata {
     /// Log segment sequence number, from 1 (the first field of the DLSNs in it).
     pub seq_no: u64,
@@ -87,7 +90,7 @@ pub struct SegmentMetadata {
 
 /// Whether a log segment is still being written (DistributedLog's in-progress and completed
 /// segments).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum SegmentState {
     /// The owner is writing it; its ledger is open.
     InProgress,
@@ -97,7 +100,7 @@ pub enum SegmentState {
 
 /// A stream's retention overrides (`SET_RETENTION`'s answer, `StreamMetadata::retention`);
 /// `None`: the cluster default ([`RetentionDefaults`]) applies.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct RetentionOverride {
     /// Completed segments older than this many seconds are deleted.
     pub time_secs: Option<u64>,

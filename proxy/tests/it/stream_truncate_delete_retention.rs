@@ -15,8 +15,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use quire_client::RetentionOverride;
-use quire_client::{Dlsn, ProxyClient, ReadPosition, RetentionChange};
+use quire_client::{Dlsn, ProxyClient, ReadPosition, RetentionChange, RetentionOverride};
 use quire_metadata::{MetadataStore, SegmentState};
 use quire_proxy::{Error, ErrorCode, StreamConfig};
 use quire_wire::LedgerId;

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::checker::{check_stream, write_padded_records, write_records, Acked};
 use crate::common::cluster::Cluster;
-use quire_metadata::{BookieId, MetadataStore};
 use quire_client::{ClientConfig, ProxyClient};
+use quire_metadata::{BookieId, MetadataStore};
 
 /// A client that reports redirects instead of following them.
 async fn no_redirects(addr: &str) -> Arc<ProxyClient> {

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::checker::{check_stream, Acked};
 use crate::common::cluster::{Cluster, SESSION_TIMEOUT_MS};
-use quire_metadata::{ZkDigest, ZkStore};
 use quire_client::{Dlsn, ProxyClient, ReadPosition};
+use quire_metadata::{ZkDigest, ZkStore};
 use quire_proxy::ErrorCode;
 
 /// Loghub lines to write, cycled: every sample file, split at LF, empty lines left out.

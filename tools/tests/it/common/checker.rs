@@ -15,8 +15,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use quire_metadata::{BookieId, LedgerState, MetadataStore};
 use quire_client::{Dlsn, ProxyClient, ReadPosition};
+use quire_metadata::{BookieId, LedgerState, MetadataStore};
 use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
 use quire_wire::frame::{decode_frame, FRAME_SIZE_BYTES_MAX_DEFAULT};
 use quire_wire::{EntryId, LedgerId};
