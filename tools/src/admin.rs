@@ -27,10 +27,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use quire_client::RetentionChange;
-use quire_client::SegmentState;
+use quire_client::{RetentionChange, SegmentState, StreamInfo};
 use quire_metadata::{LedgerMetadata, MetadataStore, Version};
-use quire_proxy::StreamInfo;
 use quire_wire::LedgerId;
 
 use crate::config::MetadataArgs;

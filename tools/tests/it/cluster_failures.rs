@@ -304,7 +304,7 @@ fn e3_stream_keeps_taking_writes_while_a_bookie_is_away() {
             .metadata
             .segments
             .iter()
-            .any(|s| s.seq_no == open.seq_no && s.state == quire_metadata::SegmentState::Completed)
+            .any(|s| s.seq_no == open.seq_no && s.state == quire_client::SegmentState::Completed)
         {
             break;
         }
