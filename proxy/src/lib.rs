@@ -37,9 +37,9 @@
 //! Every failure is an [`Error`] (quire-client's, the protocol's error type); [`Error::code`]
 //! gives the stable [`ErrorCode`] the server answers with.
 //!
-//! Positions are `quire_client::Dlsn`s `(segment seq no, entry id, slot)`, ordered lexicographically, text
-//! form `1:0:0`. Formats: `docs/proxy-protocol.md` (wire), `docs/format/record-set.md` (entry
-//! payloads).
+//! Positions are `quire_client::Dlsn`s `(segment seq no, entry id, slot)`, ordered
+//! lexicographically, text form `1:0:0`. Formats: `docs/proxy-protocol.md` (wire),
+//! `docs/format/record-set.md` (entry payloads).
 
 pub mod auth;
 pub mod error;

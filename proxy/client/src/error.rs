@@ -183,7 +183,8 @@ pub enum Error {
     /// (the proxy's authorizer, `quire_proxy::auth`).
     #[error("not authenticated: {reason}")]
     Unauthenticated { reason: String },
-    /// The token lacks the right this request needs on its stream (the proxy's authorizer, `quire_proxy::auth`).
+    /// The token lacks the right this request needs on its stream (the proxy's authorizer,
+    /// `quire_proxy::auth`).
     #[error("request denied: {reason}")]
     RequestDenied { reason: String },
     /// The request is malformed or out of range.
