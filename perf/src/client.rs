@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
-use quire_proxy::{ClientConfig, ProxyClient};
+use quire_client::{ClientConfig, ProxyClient};
 
-static TLS: OnceLock<Option<Arc<quire_proxy::TlsClientConfig>>> = OnceLock::new();
+static TLS: OnceLock<Option<Arc<quire_client::TlsClientConfig>>> = OnceLock::new();
 
 /// Turns TLS on for every later connection: `ca_file` signs the proxy's certificate; `cert`
 /// and `key` are the client certificate, for proxies that require one.
@@ -32,7 +32,7 @@ pub fn set_tls(ca_file: PathBuf, cert: Option<PathBuf>, key: Option<PathBuf>) ->
 ///
 /// # Errors
 /// As [`ProxyClient::connect_with`].
-pub async fn connect(addr: &str) -> quire_proxy::Result<ProxyClient> {
+pub async fn connect(addr: &str) -> quire_client::Result<ProxyClient> {
     let config = ClientConfig {
         tls: TLS.get().cloned().flatten(),
         tls_server_name: Some(addr.to_string()),

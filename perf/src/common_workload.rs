@@ -35,7 +35,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use quire_proxy::{Dlsn, ProxyClient, ReadPosition};
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use serde_json::{json, Value};
 
 use crate::hist::LatencyHistogram;

@@ -16,7 +16,7 @@
 //!
 //! Modules holding the harness's own arithmetic ([`hist`], [`schedule`], [`slo`], [`report`],
 //! [`plot`], [`payload`]) are pure and unit-tested; [`loadgen`] runs the open-loop schedule over
-//! any async send function; [`workloads`] binds it to `quire_proxy::ProxyClient`.
+//! any async send function; [`workloads`] binds it to `quire_client::ProxyClient`.
 //!
 //! [`common_workload`] is the other harness (`quire-perf workload`): the replicated-log
 //! workload shared with ../shared/bench (NATS, etcd, ...), its [`record`] layout, and CPU and

@@ -92,7 +92,7 @@ struct Args {
     /// another host; on one machine its own decoding would otherwise take the cores from the
     /// cluster under test. 0 makes it compete at the cluster's priority; values below 0 (above
     /// the cluster) are refused.
-    #[arg(long, default_value_t = quire_proxy::CATCH_UP_READ_NICE,
+    #[arg(long, default_value_t = quire_client::CATCH_UP_READ_NICE,
           value_parser = clap::value_parser!(i32).range(0..=19))]
     scanner_nice: i32,
     /// Write calls outstanding at most (later sends wait and are measured late).
@@ -328,7 +328,7 @@ fn run(args: Args) -> Result<bool> {
         .build()
         .context("tokio runtime")?;
     let scan_rt =
-        quire_proxy::catch_up_read_runtime(1, args.scanner_nice).context("scanner runtime")?;
+        quire_client::catch_up_read_runtime(1, args.scanner_nice).context("scanner runtime")?;
     let mut results = RunResults::default();
     let baseline = match (&baseline_dir, has(Workload::Baseline)) {
         (Some(dir), true) => {
@@ -653,7 +653,7 @@ fn run_workload(a: WorkloadArgs) -> Result<bool> {
                 "quorum": quorum,
                 "processes": processes,
                 "client": format!(
-                    "quire-perf workload: quire_proxy::ProxyClient, one connection for the \
+                    "quire-perf workload: quire_client::ProxyClient, one connection for the \
                      appends (ordered submission) and one for the tail reader; tokio with {} \
                      worker threads; paced sends from a thread of their own (nanosleep, 1 ns \
                      timer slack)",

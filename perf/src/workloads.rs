@@ -1,4 +1,4 @@
-//! The workloads, driven through the proxy client (`quire_proxy::ProxyClient`).
+//! The workloads, driven through the proxy client (`quire_client::ProxyClient`).
 //!
 //! Writes go out over several connections (the client pipelines requests on one connection,
 //! and the proxy submits a connection's writes in frame order, so more connections only spread
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use quire_proxy::{ProxyClient, ReadPosition};
+use quire_client::{ProxyClient, ReadPosition};
 
 use crate::hist::LatencyHistogram;
 use crate::loadgen::{run_open_loop, OpenLoopConfig, OpenLoopReport, OpenLoopResult};
@@ -434,7 +434,7 @@ impl Cluster {
                     }
                     pos = batch.next;
                 }
-                Ok::<_, quire_proxy::Error>(hist)
+                Ok::<_, quire_client::Error>(hist)
             }));
         }
         let names: Vec<String> = streams.iter().map(|s| s.0.clone()).collect();
@@ -624,7 +624,7 @@ impl Cluster {
                         .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
                     pos = batch.next;
                 }
-                Ok::<f64, quire_proxy::Error>(started.elapsed().as_secs_f64())
+                Ok::<f64, quire_client::Error>(started.elapsed().as_secs_f64())
             })
         };
         // Let the scan get going before the measured writes start.
@@ -654,7 +654,7 @@ impl Cluster {
 
 /// Awaits every reader task and collects their histograms (the first error wins).
 async fn futures_join(
-    tasks: Vec<tokio::task::JoinHandle<Result<LatencyHistogram, quire_proxy::Error>>>,
+    tasks: Vec<tokio::task::JoinHandle<Result<LatencyHistogram, quire_client::Error>>>,
 ) -> Result<Vec<LatencyHistogram>> {
     let mut out = Vec::new();
     for t in tasks {

@@ -21,10 +21,9 @@ use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
 
-use crate::protocol::Request;
-
-/// Longest token a handshake may carry, in bytes.
-pub const TOKEN_BYTES_MAX: usize = 1024;
+use quire_client::protocol::Request;
+/// Longest token a handshake may carry, in bytes (the codec refuses longer ones).
+pub use quire_client::protocol::TOKEN_BYTES_MAX;
 
 /// The rights one token grants: stream-name prefixes per right.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

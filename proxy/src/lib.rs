@@ -1,5 +1,6 @@
-//! Quire's stream layer (DistributedLog semantics on the ledger client) and its proxy server
-//! and client.
+//! Quire's stream layer (DistributedLog semantics on the ledger client) and its proxy server.
+//! The proxy client, the protocol codec, DLSNs and record sets are in quire-client, which this
+//! crate uses for the codec and whose error and result types the stream layer returns.
 //!
 //! # Public API
 //!
@@ -33,47 +34,30 @@
 //! Arc<StreamManager>, config: ServerConfig) -> Result<ProxyServer>` (or `ProxyServer::bind(addr,
 //! ..).await`, or `serve(listener, streams, config).await`); `local_addr()`, `shutdown()`.
 //!
-//! Proxy client ([`client`]): `ProxyClient::connect(addr).await -> Result<ProxyClient>`, then
-//! `create_stream(&str)`, `list_streams()`, `write(&str, Vec<(u64, Vec<u8>)>, create_if_missing)
-//! -> Result<WriteResult>` (split into several requests when over the frame limit),
-//! `read(&str, ReadPosition, max_records, max_bytes, wait: Duration) -> Result<ReadBatch>`,
-//! `describe_stream`, `truncate`, `delete_stream`, `set_retention` (the same shapes as the
-//! stream layer's);
-//! writes and reads follow `STREAM_OWNED_ELSEWHERE` redirects to the stream's owner (bounded by
-//! `ClientConfig::redirects_max`) and cache it (`cached_owner(&str)`).
-//! Every failure is an [`Error`]; [`Error::code`] gives its stable [`ErrorCode`] (a proxy's
-//! answer arrives as `Error::Remote { code, message }`), and `Display` is one line.
+//! Every failure is an [`Error`] (quire-client's, the protocol's error type); [`Error::code`]
+//! gives the stable [`ErrorCode`] the server answers with.
 //!
-//! Positions are [`Dlsn`]s `(segment seq no, entry id, slot)`, ordered lexicographically, text
-//! form `1:0:0`. Formats: `docs/proxy-protocol.md` (wire), `docs/format/record-set.md` (entry
-//! payloads).
+//! Positions are `quire_client::Dlsn`s `(segment seq no, entry id, slot)`, ordered
+//! lexicographically, text form `1:0:0`. Formats: `docs/proxy-protocol.md` (wire),
+//! `docs/format/record-set.md` (entry payloads).
 
 pub mod auth;
-pub mod client;
-pub mod dlsn;
 pub mod error;
 mod limits;
-pub mod protocol;
-pub mod record_set;
 pub mod server;
 pub mod stream;
 pub mod types;
 
-pub use client::{ClientConfig, ProxyClient};
-pub use dlsn::{Dlsn, ParseDlsnError, ReadPosition};
+// The codec modules moved to quire-client; these crate-private names keep the stream layer's and
+// the server's `crate::dlsn` / `crate::protocol` / `crate::record_set` paths as they were.
+use quire_client::{dlsn, protocol, record_set};
+
 pub use error::{Error, ErrorCode, Result};
-/// The rustls client configuration [`ClientConfig::tls`] holds.
-pub use quire_tls::rustls::ClientConfig as TlsClientConfig;
-pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
-pub use server::{
-    catch_up_read_runtime, serve, ProxyMetrics, ProxyServer, ServerConfig, CATCH_UP_READ_NICE,
-};
+/// Also quire-client's: the server's catch-up reads run on it.
+pub use quire_client::{catch_up_read_runtime, CATCH_UP_READ_NICE};
+pub use server::{serve, ProxyMetrics, ProxyServer, ServerConfig};
 pub use stream::{
     StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM,
     TXID_JUMP_MAX_DEFAULT,
 };
-pub use types::{
-    check_retention_size_bytes, check_retention_time_secs, ReadBatch, RetentionChange,
-    RetentionDefaults, StreamInfo, TruncateResult, WriteResult, RETENTION_SIZE_BYTES_MAX,
-    RETENTION_TIME_SECS_MAX,
-};
+pub use types::StreamInfo;

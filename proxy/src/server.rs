@@ -87,7 +87,7 @@ pub struct ServerConfig {
     pub handshakes_max: usize,
     /// Where catch-up reads (reads whose first entry is not in the tail cache, see
     /// [`StreamManager::is_catch_up_read`]) run, decoding included; `None` (the default): on the
-    /// server's own runtime. Give it a runtime of lower OS priority ([`catch_up_read_runtime`])
+    /// server's own runtime. Give it a runtime of lower OS priority ([`crate::catch_up_read_runtime`])
     /// so that a reader scanning a backlog takes only CPU that tail writes leave (the role of
     /// Redpanda's fetch scheduling group, or BookKeeper's separate read thread pool).
     pub catch_up_read_runtime: Option<tokio::runtime::Handle>,
@@ -253,12 +253,6 @@ fn pending_frame_bytes(pending: &[u8]) -> Option<usize> {
     let len: [u8; 4] = pending.get(..4)?.try_into().ok()?;
     Some(4 + u32::from_le_bytes(len) as usize)
 }
-
-/// How much lower than the server's own threads the catch-up read threads run: nice +10
-/// gives a thread about a tenth of the CPU weight of a nice-0 thread under Linux's scheduler,
-/// so a scan slows down when tail writes need the cores and runs at full speed when they do
-/// not.
-pub const CATCH_UP_READ_NICE: i32 = 10;
 
 /// The proxy's Prometheus metrics: per-operation request and error counts, write and read
 /// latency, record bytes in and out, and the number of streams owned.
@@ -453,39 +447,6 @@ fn record(metrics: &Option<Arc<ProxyMetrics>>, opcode: u8, received: Instant, re
     if let Some(m) = metrics {
         m.record(opcode, received, resp);
     }
-}
-
-/// Builds a runtime for [`ServerConfig::catch_up_read_runtime`] (and for the ledger client's
-/// read connections, `BookKeeper::with_read_runtime`): `threads` workers (at least 1), each of
-/// which lowers its own scheduling priority by `nice` when it starts (Linux keeps the nice
-/// value per thread). A thread that cannot lower it logs a warning and runs at the normal
-/// priority.
-///
-/// # Errors
-/// The runtime's threads could not be started.
-pub fn catch_up_read_runtime(
-    threads: usize,
-    nice: i32,
-) -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
-        .thread_name("quire-catch-up-read")
-        .on_thread_start(move || {
-            // SAFETY: gettid and setpriority take no pointers; they change only this thread.
-            let rc = unsafe {
-                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-                libc::setpriority(libc::PRIO_PROCESS, tid, nice)
-            };
-            if rc != 0 {
-                tracing::warn!(
-                    nice,
-                    error = %std::io::Error::last_os_error(),
-                    "cannot lower the priority of a catch-up read thread"
-                );
-            }
-        })
-        .enable_all()
-        .build()
 }
 
 /// How the server is told to stop.
@@ -1842,7 +1803,7 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
                     info.metadata.segments.len()
                 )));
             }
-            Ok(Response::DescribeStream { info })
+            Ok(Response::DescribeStream { info: info.into() })
         }
         Request::TruncateStream { stream, before } => streams
             .truncate(&stream, before)
@@ -1859,7 +1820,9 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
         } => streams
             .set_retention(&stream, time_secs, size_bytes)
             .await
-            .map(|retention| Response::SetRetention { retention }),
+            .map(|retention| Response::SetRetention {
+                retention: crate::types::wire_retention(retention),
+            }),
         Request::Hello { .. } | Request::Write { .. } => Err(Error::Internal(format!(
             "{:?} is handled by the connection loop",
             Opcode::from_u8(req.opcode() as u8)

@@ -1,30 +1,17 @@
-//! Result types shared by the stream layer, the server and the client.
+//! The stream layer's result types: the proxy protocol's own (from quire-client, so that the
+//! server sends what the stream layer returns without converting) and the stream layer's
+//! describe answer, which holds the metadata store's record and is converted to the protocol's
+//! [`quire_client::StreamInfo`] by the server.
 
-use crate::dlsn::{Dlsn, ReadPosition};
-
-/// What an acknowledged write returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriteResult {
-    /// DLSN of the first record written.
-    pub first_dlsn: Dlsn,
-    /// DLSN of the last record written.
-    pub last_dlsn: Dlsn,
-    /// Records written.
-    pub count: u64,
-}
-
-/// Records returned by one read, in log order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadBatch {
-    /// `(dlsn, txid, payload)` per record, DLSNs strictly increasing.
-    pub records: Vec<(Dlsn, u64, Vec<u8>)>,
-    /// Where the next read continues: just after the last record returned, or the position
-    /// asked for when nothing was returned.
-    pub next: ReadPosition,
-}
+pub use quire_client::types::{
+    check_retention_size_bytes, check_retention_time_secs, ReadBatch, RetentionChange,
+    RetentionDefaults, TruncateResult, WriteResult, RETENTION_SIZE_BYTES_MAX,
+    RETENTION_TIME_SECS_MAX,
+};
 
 /// What a stream looks like: its metadata record, its owner and the retention defaults of the
-/// proxy that answered (`DESCRIBE_STREAM`, `quire stream show`).
+/// proxy that answered (`StreamManager::describe`; the server sends it as `DESCRIBE_STREAM`'s
+/// answer, converted with `From` into [`quire_client::StreamInfo`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamInfo {
     /// The stream's record: segments (state, ledger, txids, last entry, record and byte
@@ -39,69 +26,162 @@ pub struct StreamInfo {
     pub defaults: RetentionDefaults,
 }
 
-/// Cluster-wide retention defaults of a proxy (`--retention-time-secs`,
-/// `--retention-size-bytes`); `None`: no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RetentionDefaults {
-    /// Completed segments older than this many seconds are deleted.
-    pub time_secs: Option<u64>,
-    /// Oldest completed segments are deleted while the stream holds more payload bytes.
-    pub size_bytes: Option<u64>,
-}
-
-/// What a truncation did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TruncateResult {
-    /// The truncation point in force afterwards: the one asked for, or the earlier-set later
-    /// one (the point never moves backwards).
-    pub truncated_before: Dlsn,
-    /// Whole segments deleted (their records all lay before the point).
-    pub segments_deleted: u32,
-}
-
-/// A change to one retention setting of a stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetentionChange {
-    /// Leave it as it is.
-    Keep,
-    /// Override the cluster default with this value (seconds or bytes, at least 1).
-    Set(u64),
-    /// Drop the override: the cluster default applies again.
-    Default,
-}
-
-/// Longest retention time accepted: 100 years of seconds. Longer values are refused as
-/// mistakes (a unit confusion) rather than taken as "forever"; leaving retention unset keeps
-/// segments forever.
-pub const RETENTION_TIME_SECS_MAX: u64 = 100 * 365 * 24 * 3600;
-/// Largest retention size accepted: 1 EiB (2^60 bytes), far above any cluster.
-pub const RETENTION_SIZE_BYTES_MAX: u64 = 1 << 60;
-
-/// Checks a retention time: 1 to [`RETENTION_TIME_SECS_MAX`] seconds.
-///
-/// # Errors
-/// A one-line reason for 0 (which would delete every completed segment at once: truncate
-/// instead) or a value above the maximum.
-pub fn check_retention_time_secs(v: u64) -> std::result::Result<u64, String> {
-    match v {
-        0 => Err("retention time 0 would delete every completed segment at once; use a truncation for that, or at least 1 s".into()),
-        v if v > RETENTION_TIME_SECS_MAX => Err(format!(
-            "retention time {v} s is above the maximum of {RETENTION_TIME_SECS_MAX} s (100 years); leave it unset to keep segments forever"
-        )),
-        v => Ok(v),
+/// The protocol's view of the metadata record: everything but the stream's ledger secret,
+/// which only the owning proxy uses and which is never sent.
+impl From<StreamInfo> for quire_client::StreamInfo {
+    fn from(info: StreamInfo) -> Self {
+        let m = info.metadata;
+        quire_client::StreamInfo {
+            metadata: quire_client::StreamMetadata {
+                name: m.name,
+                segments: m.segments.iter().map(wire_segment).collect(),
+                max_txid: m.max_txid,
+                creation_time_ms: m.creation_time_ms,
+                truncated_before: m
+                    .truncated_before
+                    .map(|t| quire_client::Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index)),
+                retention: wire_retention(m.retention),
+            },
+            owner: info.owner,
+            defaults: info.defaults,
+        }
     }
 }
 
-/// Checks a retention size: 1 to [`RETENTION_SIZE_BYTES_MAX`] bytes.
-///
-/// # Errors
-/// A one-line reason for 0 or a value above the maximum.
-pub fn check_retention_size_bytes(v: u64) -> std::result::Result<u64, String> {
-    match v {
-        0 => Err("retention size 0 would delete every completed segment at once; use a truncation for that, or at least 1 byte".into()),
-        v if v > RETENTION_SIZE_BYTES_MAX => Err(format!(
-            "retention size {v} bytes is above the maximum of {RETENTION_SIZE_BYTES_MAX} bytes (1 EiB); leave it unset for no size limit"
-        )),
-        v => Ok(v),
+/// A segment's metadata record as the protocol carries it.
+fn wire_segment(s: &quire_metadata::SegmentMetadata) -> quire_client::SegmentMetadata {
+    quire_client::SegmentMetadata {
+        seq_no: s.seq_no,
+        ledger_id: s.ledger_id,
+        state: match s.state {
+            quire_metadata::SegmentState::InProgress => quire_client::SegmentState::InProgress,
+            quire_metadata::SegmentState::Completed => quire_client::SegmentState::Completed,
+        },
+        first_txid: s.first_txid,
+        last_txid: s.last_txid,
+        last_entry: s.last_entry,
+        record_count: s.record_count,
+        length_bytes: s.length_bytes,
+        completion_time_ms: s.completion_time_ms,
+    }
+}
+
+/// A stream's retention overrides as the protocol carries them (`SET_RETENTION`'s answer). A
+/// function, not `From`: both types belong to other crates.
+pub fn wire_retention(o: quire_metadata::RetentionOverride) -> quire_client::RetentionOverride {
+    quire_client::RetentionOverride {
+        time_secs: o.time_secs,
+        size_bytes: o.size_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quire_client::protocol::{Opcode, Response};
+    use quire_metadata::{
+        RetentionOverride, SegmentMetadata, SegmentState, StreamMetadata, TruncationPoint,
+    };
+    use quire_wire::frame::decode_frame;
+
+    #[test]
+    fn describe_answer_carries_the_record_but_not_the_secret() {
+        // Goal: the protocol's stream description holds every field of the stream's metadata
+        // record except its ledger secret. Method: convert a record with every field set,
+        // encode it as a DESCRIBE_STREAM answer, decode it and compare field by field, and
+        // look for the secret's text in the frame.
+        let secret = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2";
+        let seg = |seq_no, state, t: Option<u64>| SegmentMetadata {
+            seq_no,
+            ledger_id: seq_no + 100,
+            state,
+            first_txid: Some(seq_no * 10),
+            last_txid: t,
+            last_entry: t,
+            record_count: seq_no + 7,
+            length_bytes: seq_no + 70,
+            completion_time_ms: t,
+        };
+        let info = StreamInfo {
+            metadata: StreamMetadata {
+                name: "logs/a".into(),
+                segments: vec![
+                    seg(2, SegmentState::Completed, Some(9)),
+                    seg(3, SegmentState::InProgress, None),
+                ],
+                max_txid: Some(9),
+                creation_time_ms: 12,
+                truncated_before: Some(TruncationPoint {
+                    segment_seq_no: 2,
+                    entry_id: 1,
+                    slot_index: 4,
+                }),
+                retention: RetentionOverride {
+                    time_secs: Some(60),
+                    size_bytes: None,
+                },
+                ledger_secret_hex: Some(secret.into()),
+            },
+            owner: Some("127.0.0.1:4181".into()),
+            defaults: RetentionDefaults {
+                time_secs: None,
+                size_bytes: Some(1 << 30),
+            },
+        };
+        let wire: quire_client::StreamInfo = info.clone().into();
+        let mut buf = Vec::new();
+        Response::DescribeStream { info: wire }.encode(Opcode::DescribeStream as u8, 3, &mut buf);
+        assert!(!buf.windows(secret.len()).any(|w| w == secret.as_bytes()));
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        let Response::DescribeStream { info: got } = Response::decode(&frame).unwrap() else {
+            panic!("not a describe answer");
+        };
+        let m = &got.metadata;
+        assert_eq!(m.name, "logs/a");
+        assert_eq!(m.max_txid, Some(9));
+        assert_eq!(m.creation_time_ms, 12);
+        assert_eq!(m.truncated_before, Some(quire_client::Dlsn::new(2, 1, 4)));
+        assert_eq!(m.retention.time_secs, Some(60));
+        assert_eq!(m.retention.size_bytes, None);
+        assert_eq!(got.owner, info.owner);
+        assert_eq!(got.defaults, info.defaults);
+        assert_eq!(m.segments.len(), 2);
+        for (w, s) in m.segments.iter().zip(&info.metadata.segments) {
+            assert_eq!(
+                (
+                    w.seq_no,
+                    w.ledger_id,
+                    w.first_txid,
+                    w.last_txid,
+                    w.last_entry
+                ),
+                (
+                    s.seq_no,
+                    s.ledger_id,
+                    s.first_txid,
+                    s.last_txid,
+                    s.last_entry
+                )
+            );
+            assert_eq!(
+                (w.record_count, w.length_bytes, w.completion_time_ms),
+                (s.record_count, s.length_bytes, s.completion_time_ms)
+            );
+            let state = match s.state {
+                SegmentState::InProgress => quire_client::SegmentState::InProgress,
+                SegmentState::Completed => quire_client::SegmentState::Completed,
+            };
+            assert_eq!(w.state, state);
+        }
+        assert_eq!(
+            wire_retention(RetentionOverride {
+                time_secs: None,
+                size_bytes: Some(5)
+            }),
+            quire_client::RetentionOverride {
+                time_secs: None,
+                size_bytes: Some(5)
+            }
+        );
     }
 }

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use quire_metadata::{LedgerMetadata, MetadataStore, SegmentState, Version};
-use quire_proxy::{RetentionChange, StreamInfo};
+use quire_client::{RetentionChange, SegmentState, StreamInfo};
+use quire_metadata::{LedgerMetadata, MetadataStore, Version};
 use quire_wire::LedgerId;
 
 use crate::config::MetadataArgs;
@@ -150,7 +150,7 @@ pub struct StreamTruncateArgs {
     /// Stream name.
     pub stream: String,
     /// First position kept, `SEGMENT:ENTRY:SLOT` (as `quire write` prints).
-    pub dlsn: quire_proxy::Dlsn,
+    pub dlsn: quire_client::Dlsn,
     #[command(flatten)]
     pub proxy: crate::client::ProxyArg,
 }
@@ -197,11 +197,11 @@ fn parse_retention(
 }
 
 fn parse_retention_time(v: &str) -> std::result::Result<RetentionChange, String> {
-    parse_retention(v, quire_proxy::check_retention_time_secs)
+    parse_retention(v, quire_client::check_retention_time_secs)
 }
 
 fn parse_retention_size(v: &str) -> std::result::Result<RetentionChange, String> {
-    parse_retention(v, quire_proxy::check_retention_size_bytes)
+    parse_retention(v, quire_client::check_retention_size_bytes)
 }
 
 /// Runs `f` on a current-thread runtime with the address `metadata` names, then shuts the
@@ -550,7 +550,7 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
     serde_json::json!({
         "owner": info.owner,
         "last_txid": m.max_txid,
-        "truncated_before": m.truncated_before.map(|t| point(&t).to_string()),
+        "truncated_before": m.truncated_before.map(|t| t.to_string()),
         "retention": {
             "time_secs": t, "time_secs_from": ts,
             "size_bytes": z, "size_bytes_from": zs,
@@ -559,10 +559,6 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
         },
         "metadata": m,
     })
-}
-
-fn point(t: &quire_metadata::TruncationPoint) -> quire_proxy::Dlsn {
-    quire_proxy::Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index)
 }
 
 fn format_retention(info: &StreamInfo) -> String {
@@ -621,7 +617,7 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
         out,
         "  truncated before: {}",
         meta.truncated_before
-            .map_or("none".to_string(), |t| point(&t).to_string())
+            .map_or("none".to_string(), |t| t.to_string())
     )?;
     out.push_str(&format_retention(info));
     writeln!(out, "  segments: {}", meta.segments.len())?;

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use quire_proxy::{Dlsn, ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
+use quire_client::{Dlsn, ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
 
 /// Where to find the proxy: `--proxy`, else `QUIRE_PROXY`, else the sandbox default.
 #[derive(Args, Debug)]
@@ -76,15 +76,15 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub(crate) async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
-    let config = quire_proxy::ClientConfig {
+    let config = quire_client::ClientConfig {
         token: proxy
             .token
             .as_ref()
-            .map(|t| quire_proxy::protocol::Token(t.trim().as_bytes().to_vec())),
+            .map(|t| quire_client::protocol::Token(t.trim().as_bytes().to_vec())),
         tls: proxy.tls.client_config()?,
         // The certificate must carry the host as given (a name or an IP address).
         tls_server_name: Some(proxy.proxy.clone()),
-        ..quire_proxy::ClientConfig::default()
+        ..quire_client::ClientConfig::default()
     };
     match ProxyClient::connect_with(&proxy.proxy, config).await {
         Ok(client) => Ok(client),

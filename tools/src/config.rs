@@ -992,7 +992,7 @@ pub fn parse_retention_time_secs(v: &str) -> std::result::Result<u64, String> {
     let n: u64 = v
         .parse()
         .map_err(|_| format!("{v:?} is not a whole number"))?;
-    quire_proxy::check_retention_time_secs(n)
+    quire_client::check_retention_time_secs(n)
 }
 
 /// Parses and checks a retention size in bytes (`--retention-size-bytes`).
@@ -1000,7 +1000,7 @@ pub fn parse_retention_size_bytes(v: &str) -> std::result::Result<u64, String> {
     let n: u64 = v
         .parse()
         .map_err(|_| format!("{v:?} is not a whole number"))?;
-    quire_proxy::check_retention_size_bytes(n)
+    quire_client::check_retention_size_bytes(n)
 }
 
 /// A checked proxy configuration.
@@ -1177,10 +1177,10 @@ impl ProxySettings {
             streams.segment_size_bytes_max = b;
         }
         if let Some(b) = self.entry_size_bytes {
-            if b == 0 || b > quire_proxy::ENTRY_SIZE_BYTES_MAX {
+            if b == 0 || b > quire_client::ENTRY_SIZE_BYTES_MAX {
                 bail!(
                     "invalid setting entry_size_bytes = {b}: expected 1 to {}",
-                    quire_proxy::ENTRY_SIZE_BYTES_MAX
+                    quire_client::ENTRY_SIZE_BYTES_MAX
                 );
             }
             streams.entry_size_bytes_target = b;
@@ -1195,12 +1195,12 @@ impl ProxySettings {
             streams.segment_roll_overshoot_time_max = Duration::from_secs(secs);
         }
         if let Some(v) = self.retention_time_secs {
-            let v = quire_proxy::check_retention_time_secs(v)
+            let v = quire_client::check_retention_time_secs(v)
                 .map_err(|e| anyhow!("invalid setting retention_time_secs = {v}: {e}"))?;
             streams.retention_time = Some(Duration::from_secs(v));
         }
         if let Some(v) = self.retention_size_bytes {
-            let v = quire_proxy::check_retention_size_bytes(v)
+            let v = quire_client::check_retention_size_bytes(v)
                 .map_err(|e| anyhow!("invalid setting retention_size_bytes = {v}: {e}"))?;
             streams.retention_size_bytes = Some(v);
         }

@@ -614,7 +614,13 @@ async fn serve(
     // reported and stays unavailable, but does not keep the others from being served.
     for name in streams.list_streams().await.context("listing streams")? {
         if let Err(e) = streams
-            .read(&name, quire_proxy::ReadPosition::Head, 1, 1, Duration::ZERO)
+            .read(
+                &name,
+                quire_client::ReadPosition::Head,
+                1,
+                1,
+                Duration::ZERO,
+            )
             .await
         {
             eprintln!("quire sandbox: stream {name:?} is unavailable: {e}");

@@ -110,7 +110,7 @@ use quire_metadata::{validate_stream_name, MetadataStore};
 use tokio::sync::oneshot;
 
 use crate::dlsn::{Dlsn, ReadPosition};
-use crate::error::{Error, Result};
+use crate::error::{Error, FromMetadata, Result};
 use crate::record_set::{
     ENTRY_SIZE_BYTES_MAX, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 use super::command::Command;
 use super::shared::StreamShared;
 use super::tail_cache::{TailCache, TailState};
-use crate::error::{Error, Result};
+use crate::error::{Error, FromMetadata, Result};
 
 /// Why the lease says ownership is gone, if it does.
 fn lease_lost_reason(lost: &watch::Receiver<bool>) -> Option<String> {

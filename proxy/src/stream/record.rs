@@ -14,7 +14,7 @@ use super::ownership::Ownership;
 use super::shared::{now_ms, StreamShared};
 use super::tail_cache::TailState;
 use super::StreamConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, FromMetadata, Result};
 
 /// A stream's record and the handles its writer needs (metadata store, ledger client,
 /// settings, proxy-wide clock sample), owned by the stream task.

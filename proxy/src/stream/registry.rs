@@ -19,7 +19,7 @@ use super::shared::{now_ms, StreamShared};
 use super::tail_cache::TailState;
 use super::writer::Writer;
 use super::StreamConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, FromMetadata, Result};
 
 /// An acquisition slot: initialised once by the first request that acquires the stream.
 type Slot = Arc<OnceCell<Arc<StreamHandle>>>;

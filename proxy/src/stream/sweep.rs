@@ -45,7 +45,7 @@ use tokio::sync::oneshot;
 use super::command::Command;
 use super::labels::{delete_labelled_ledger, LEDGER_LABEL_STREAM};
 use super::registry::Registry;
-use crate::error::{Error, Result};
+use crate::error::{Error, FromMetadata, Result};
 
 /// What one [`StreamManager::sweep`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

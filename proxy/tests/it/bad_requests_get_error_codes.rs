@@ -9,8 +9,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use quire_proxy::protocol::{Request, Response};
-use quire_proxy::{Error, ErrorCode, ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
+use quire_client::protocol::{Request, Response};
+use quire_client::{ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
+use quire_proxy::{Error, ErrorCode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_their_error_codes() {

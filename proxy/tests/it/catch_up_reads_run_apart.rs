@@ -12,11 +12,9 @@ use crate::common;
 
 use std::time::Duration;
 
+use quire_client::{ProxyClient, ReadPosition};
 use quire_ledger::BookKeeper;
-use quire_proxy::{
-    catch_up_read_runtime, ProxyClient, ProxyServer, ReadPosition, ServerConfig, StreamConfig,
-    StreamManager,
-};
+use quire_proxy::{catch_up_read_runtime, ProxyServer, ServerConfig, StreamConfig, StreamManager};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catch_up_reads_run_on_their_own_runtime_and_connections() {

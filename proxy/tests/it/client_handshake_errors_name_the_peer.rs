@@ -10,7 +10,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use quire_proxy::{ClientConfig, Error, ProxyClient};
+use quire_client::{ClientConfig, ProxyClient};
+use quire_proxy::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

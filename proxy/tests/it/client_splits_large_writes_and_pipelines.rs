@@ -9,7 +9,7 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quire_proxy::{ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
+use quire_client::{ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_writes_split_and_requests_pipeline() {

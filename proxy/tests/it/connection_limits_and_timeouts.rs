@@ -15,11 +15,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use quire_client::protocol::{Request, Response};
+use quire_client::{ProxyClient, ReadPosition};
 use quire_ledger::BookKeeper;
-use quire_proxy::protocol::{Request, Response};
-use quire_proxy::{
-    Error, ErrorCode, ProxyClient, ProxyServer, ReadPosition, ServerConfig, StreamManager,
-};
+use quire_proxy::{Error, ErrorCode, ProxyServer, ServerConfig, StreamManager};
 use quire_wire::frame::decode_frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -391,8 +390,8 @@ async fn repeated_bad_tokens_are_counted_slowed_and_then_refused() {
     // good token is not affected. Method: an in-process proxy requiring one token; 30 handshakes
     // with a wrong token from 127.0.0.1, each on a new connection; the time the refusals take
     // and whether the connection is answered at all; the metrics registry afterwards.
+    use quire_client::protocol::Token;
     use quire_proxy::auth::{token_digest_hex, Authorizer, Grant};
-    use quire_proxy::protocol::Token;
     let c = common::cluster().await;
     let metrics = quire_proxy::ProxyMetrics::new();
     let auth = Authorizer::new([(

@@ -17,7 +17,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use quire_proxy::{Error, ReadPosition};
+use quire_client::ReadPosition;
+use quire_proxy::Error;
 
 const ROUNDS: u32 = 30;
 const WRITES: u64 = 12;

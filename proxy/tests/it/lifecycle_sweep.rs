@@ -16,11 +16,10 @@ use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_ledger::{BookKeeper, LedgerOptions};
 use quire_metadata::{MetadataStore, SegmentState, TruncationPoint};
-use quire_proxy::{
-    Dlsn, ProxyClient, ReadPosition, StreamConfig, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM,
-};
+use quire_proxy::{StreamConfig, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM};
 use quire_wire::LedgerId;
 
 type Rec = (Dlsn, u64, Vec<u8>);

@@ -9,8 +9,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use quire_proxy::protocol::{Request, Response};
-use quire_proxy::{Error, ErrorCode, ProxyClient, ReadPosition};
+use quire_client::protocol::{Request, Response};
+use quire_client::{ProxyClient, ReadPosition};
+use quire_proxy::{Error, ErrorCode};
 use quire_wire::frame::decode_frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

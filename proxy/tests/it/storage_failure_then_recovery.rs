@@ -10,8 +10,9 @@ use crate::common;
 use std::time::Duration;
 
 use quire_bookie::Bookie;
+use quire_client::{ProxyClient, ReadPosition};
 use quire_metadata::SegmentState;
-use quire_proxy::{ErrorCode, ProxyClient, ReadPosition};
+use quire_proxy::ErrorCode;
 
 fn restart(c: &common::Cluster, i: usize, addr: std::net::SocketAddr) -> Bookie {
     Bookie::start(quire_testkit::bookies::small_bookie_config(

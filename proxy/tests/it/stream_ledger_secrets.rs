@@ -12,8 +12,8 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use quire_client::{ProxyClient, ReadPosition};
 use quire_metadata::{RetentionOverride, StreamMetadata};
-use quire_proxy::{ProxyClient, ReadPosition};
 use quire_wire::LedgerId;
 
 async fn keys_of(c: &common::Cluster, stream: &str) -> (Vec<u8>, Vec<(u64, [u8; 20])>) {

@@ -14,9 +14,10 @@ use crate::common;
 
 use std::time::Duration;
 
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_ledger::BookKeeper;
 use quire_metadata::SegmentState;
-use quire_proxy::{Dlsn, Error, ErrorCode, ProxyClient, ReadPosition};
+use quire_proxy::{Error, ErrorCode};
 use quire_wire::LedgerId;
 
 async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>)> {

@@ -11,8 +11,9 @@ use crate::common;
 
 use std::time::Duration;
 
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_metadata::SegmentState;
-use quire_proxy::{Dlsn, Error, ErrorCode, ProxyClient, ReadPosition};
+use quire_proxy::{Error, ErrorCode};
 
 async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>)> {
     let mut out = Vec::new();

@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use quire_client::{Dlsn, ReadPosition};
 use quire_ledger::BookKeeper;
 use quire_metadata::SegmentState;
-use quire_proxy::{Dlsn, Error, ReadPosition, StreamConfig, StreamManager};
+use quire_proxy::{Error, StreamConfig, StreamManager};
 use quire_wire::LedgerId;
 
 const TASKS: u64 = 50;

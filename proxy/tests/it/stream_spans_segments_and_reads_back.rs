@@ -11,8 +11,8 @@ use crate::common;
 
 use std::time::Duration;
 
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_metadata::SegmentState;
-use quire_proxy::{Dlsn, ProxyClient, ReadPosition};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_span_segments_and_read_back_in_order() {
@@ -203,7 +203,7 @@ async fn roll_without_a_new_ensemble_keeps_writing_to_the_segment() {
     let info = client.describe_stream("e3").await.unwrap();
     let seg = &info.metadata.segments[0];
     assert!(
-        info.metadata.segments.len() == 1 && seg.state == SegmentState::InProgress,
+        info.metadata.segments.len() == 1 && seg.state == quire_client::SegmentState::InProgress,
         "the segment must not roll while no new segment can be started; first refusal: {refused:?}; segments: {:?}",
         info.metadata.segments
     );
@@ -233,7 +233,7 @@ async fn roll_without_a_new_ensemble_keeps_writing_to_the_segment() {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
         let info = client.describe_stream("e3").await.unwrap();
-        if info.metadata.segments[0].state == SegmentState::Completed {
+        if info.metadata.segments[0].state == quire_client::SegmentState::Completed {
             break;
         }
         assert!(
@@ -266,7 +266,7 @@ async fn write_next(
     n: u64,
 ) -> (
     Vec<(u64, Vec<u8>)>,
-    quire_proxy::Result<quire_proxy::WriteResult>,
+    quire_proxy::Result<quire_client::WriteResult>,
 ) {
     let records: Vec<(u64, Vec<u8>)> = (*next..*next + n)
         .map(|i| (i, common::payload(i)))

@@ -15,10 +15,9 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use quire_metadata::{MetadataStore, RetentionOverride, SegmentState};
-use quire_proxy::{
-    Dlsn, Error, ErrorCode, ProxyClient, ReadPosition, RetentionChange, StreamConfig,
-};
+use quire_client::{Dlsn, ProxyClient, ReadPosition, RetentionChange, RetentionOverride};
+use quire_metadata::{MetadataStore, SegmentState};
+use quire_proxy::{Error, ErrorCode, StreamConfig};
 use quire_wire::LedgerId;
 
 type Rec = (Dlsn, u64, Vec<u8>);
@@ -362,7 +361,7 @@ async fn retention_by_size_deletes_oldest_segments_only() {
     let client = ProxyClient::connect(p.server.local_addr()).await.unwrap();
     client.create_stream("z").await.unwrap();
     // 0 and absurd values are refused; a valid one is set and shown.
-    for bad in [0, quire_proxy::RETENTION_SIZE_BYTES_MAX + 1] {
+    for bad in [0, quire_client::RETENTION_SIZE_BYTES_MAX + 1] {
         let e = client
             .set_retention("z", RetentionChange::Keep, RetentionChange::Set(bad))
             .await
@@ -685,7 +684,7 @@ async fn describe_during_a_roll_shows_the_in_progress_segment_counts() {
 /// the record written before the delete is gone with the old stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
-    use quire_proxy::protocol::{Request, Response};
+    use quire_client::protocol::{Request, Response};
     use quire_wire::frame::decode_frame;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

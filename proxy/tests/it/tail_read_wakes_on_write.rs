@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use quire_proxy::{ProxyClient, ReadPosition};
+use quire_client::{ProxyClient, ReadPosition};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_read_wakes_on_new_write() {
@@ -84,7 +84,7 @@ async fn tail_read_wakes_on_new_write() {
     let wb = client.write("tail", big, false).await.unwrap();
     let all = drain(&client, end_pos).await;
     assert_eq!(all.last().unwrap().0, wb.last_dlsn);
-    let after = ReadPosition::Dlsn(quire_proxy::Dlsn::new(
+    let after = ReadPosition::Dlsn(quire_client::Dlsn::new(
         wb.last_dlsn.segment_seq_no,
         wb.last_dlsn.entry_id + 1,
         0,
@@ -109,7 +109,7 @@ async fn tail_read_wakes_on_new_write() {
 async fn drain(
     client: &ProxyClient,
     mut pos: ReadPosition,
-) -> Vec<(quire_proxy::Dlsn, u64, Vec<u8>)> {
+) -> Vec<(quire_client::Dlsn, u64, Vec<u8>)> {
     let mut out = Vec::new();
     loop {
         let b = client

@@ -11,10 +11,9 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use quire_client::{ClientConfig, ProxyClient, ReadPosition};
 use quire_ledger::BookKeeper;
-use quire_proxy::{
-    ClientConfig, Error, ProxyClient, ProxyServer, ReadPosition, ServerConfig, StreamManager,
-};
+use quire_proxy::{Error, ProxyServer, ServerConfig, StreamManager};
 use quire_tls::gen::{write_file, write_pki, Ca, PkiFiles};
 use quire_tls::{ClientAuth, ClientTls, ServerTls};
 

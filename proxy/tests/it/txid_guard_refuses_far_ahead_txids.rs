@@ -14,8 +14,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use quire_proxy::protocol::{Request, Response};
-use quire_proxy::{ErrorCode, ProxyClient, ReadPosition, StreamConfig, TXID_JUMP_MAX_DEFAULT};
+use quire_client::protocol::{Request, Response};
+use quire_client::{ProxyClient, ReadPosition};
+use quire_proxy::{ErrorCode, StreamConfig, TXID_JUMP_MAX_DEFAULT};
 use quire_wire::frame::decode_frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

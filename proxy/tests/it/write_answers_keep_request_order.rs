@@ -15,8 +15,9 @@ use crate::common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use quire_proxy::protocol::{Request, Response};
-use quire_proxy::{Dlsn, ErrorCode, ProxyClient, ReadPosition, StreamConfig};
+use quire_client::protocol::{Request, Response};
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
+use quire_proxy::{ErrorCode, StreamConfig};
 use quire_wire::frame::decode_frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -55,7 +56,7 @@ fn request(i: u64) -> (String, Vec<(u64, Vec<u8>)>, Expect) {
     if i == 1_001 || i == 3_001 {
         return (
             STREAM.into(),
-            vec![(i, vec![7; quire_proxy::RECORD_SIZE_BYTES_MAX + 1])],
+            vec![(i, vec![7; quire_client::RECORD_SIZE_BYTES_MAX + 1])],
             Expect::Code(ErrorCode::RecordTooLarge),
         );
     }

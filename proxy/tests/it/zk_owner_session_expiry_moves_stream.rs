@@ -13,8 +13,9 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_metadata::{SegmentState, ZkStore};
-use quire_proxy::{Dlsn, ErrorCode, ProxyClient, ReadPosition};
+use quire_proxy::ErrorCode;
 use quire_testkit::{TcpRelay, ZooKeeperServer};
 
 const SESSION: Duration = Duration::from_secs(6);

@@ -13,9 +13,10 @@
 //! test's mutator recomputes the checksum of a mutated input, so that the structural checks
 //! behind it are exercised (libFuzzer finds its way past CRC comparisons by itself).
 
+use quire_client::protocol as proxy_protocol;
+use quire_client::record_set;
 use quire_engine::format as f;
 use quire_engine::io::BLOCK_BYTES;
-use quire_proxy::{protocol as proxy_protocol, record_set};
 use quire_wire::bookie as bookie_wire;
 use quire_wire::frame::{decode_frame, Frame, RESPONSE_BIT};
 
@@ -277,7 +278,7 @@ fn seeds_proxy_frame() -> Vec<Vec<u8>> {
         },
         Request::Read {
             stream: "s/a".into(),
-            from: quire_proxy::ReadPosition::Head,
+            from: quire_client::ReadPosition::Head,
             max_records: 10,
             max_bytes: 1 << 16,
             wait_ms: 0,
@@ -291,7 +292,7 @@ fn seeds_proxy_frame() -> Vec<Vec<u8>> {
     }
     let mut out = Vec::new();
     Response::Error {
-        code: quire_proxy::ErrorCode::NoSuchStream,
+        code: quire_client::ErrorCode::NoSuchStream,
         message: "stream \"x\" does not exist".into(),
     }
     .encode(2, 9, &mut out);

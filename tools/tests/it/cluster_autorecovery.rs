@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::checker::{check_stream, read_entry, write_records, Acked};
 use crate::common::cluster::{Cluster, Proc, SESSION_TIMEOUT_MS};
+use quire_client::ProxyClient;
 use quire_metadata::{BookieId, LedgerState, MetadataStore, ZkStore};
-use quire_proxy::ProxyClient;
 use quire_wire::LedgerId;
 
 /// Short autorecovery delays, so that a lost bookie is acted on within seconds.

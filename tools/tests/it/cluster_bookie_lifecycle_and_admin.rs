@@ -141,7 +141,7 @@ fn concurrent_ledger_recovers_agree_and_admin_shows_the_stream() {
     let rt = runtime();
     let (acked, err) = rt.block_on(async {
         let client = Arc::new(
-            quire_proxy::ProxyClient::connect(&proxy.addr)
+            quire_client::ProxyClient::connect(&proxy.addr)
                 .await
                 .unwrap(),
         );

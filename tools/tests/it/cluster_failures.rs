@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::checker::{check_stream, write_padded_records, write_records, Acked};
 use crate::common::cluster::Cluster;
+use quire_client::{ClientConfig, ProxyClient};
 use quire_metadata::{BookieId, MetadataStore};
-use quire_proxy::{ClientConfig, ProxyClient};
 
 /// A client that reports redirects instead of following them.
 async fn no_redirects(addr: &str) -> Arc<ProxyClient> {
@@ -304,7 +304,7 @@ fn e3_stream_keeps_taking_writes_while_a_bookie_is_away() {
             .metadata
             .segments
             .iter()
-            .any(|s| s.seq_no == open.seq_no && s.state == quire_metadata::SegmentState::Completed)
+            .any(|s| s.seq_no == open.seq_no && s.state == quire_client::SegmentState::Completed)
         {
             break;
         }

@@ -127,7 +127,7 @@ fn squatted_future_ledger_ids_do_not_block_streams() {
     let proxy = cluster.start_proxy_e3(&proxy_flags);
     let client = rt.block_on(async {
         Arc::new(
-            quire_proxy::ProxyClient::connect(&proxy.addr)
+            quire_client::ProxyClient::connect(&proxy.addr)
                 .await
                 .unwrap(),
         )
@@ -158,7 +158,7 @@ fn squatted_future_ledger_ids_do_not_block_streams() {
     let proxy = cluster.start_proxy_e3(&proxy_flags);
     let client = rt.block_on(async {
         Arc::new(
-            quire_proxy::ProxyClient::connect(&proxy.addr)
+            quire_client::ProxyClient::connect(&proxy.addr)
                 .await
                 .unwrap(),
         )

@@ -75,7 +75,7 @@ fn a_stranger_cannot_forge_an_acknowledged_entry() {
     let rt = runtime();
     let client = rt.block_on(async {
         Arc::new(
-            quire_proxy::ProxyClient::connect(&proxy.addr)
+            quire_client::ProxyClient::connect(&proxy.addr)
                 .await
                 .unwrap(),
         )
@@ -178,7 +178,7 @@ fn pre_fenced_ledger_ids_do_not_stall_new_segments() {
     }
     let client = rt.block_on(async {
         Arc::new(
-            quire_proxy::ProxyClient::connect(&proxy.addr)
+            quire_client::ProxyClient::connect(&proxy.addr)
                 .await
                 .unwrap(),
         )

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::cluster::{runtime, Cluster};
-use quire_proxy::protocol::{Request, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN};
-use quire_proxy::{ProxyClient, ReadPosition};
+use quire_client::protocol::{Request, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN};
+use quire_client::{ProxyClient, ReadPosition};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use crate::common::cluster::{runtime, Cluster};
 use crate::common::quire_bin;
-use quire_proxy::protocol::Token;
-use quire_proxy::{ClientConfig, Error, ErrorCode, ProxyClient, ReadPosition};
+use quire_client::protocol::Token;
+use quire_client::{ClientConfig, ProxyClient, ReadPosition};
+use quire_proxy::{Error, ErrorCode};
 
 /// Runs `quire token new ARGS`; returns (token, file entry).
 fn new_token(args: &[&str]) -> (String, String) {

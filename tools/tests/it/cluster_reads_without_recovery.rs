@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::checker::{check_stream, write_records};
 use crate::common::cluster::Cluster;
+use quire_client::ProxyClient;
 use quire_metadata::{BookieId, LedgerState, MetadataStore, SegmentState, ZkStore};
-use quire_proxy::{ErrorCode, ProxyClient};
+use quire_proxy::ErrorCode;
 use quire_wire::LedgerId;
 
 async fn store(cluster: &Cluster) -> Arc<ZkStore> {

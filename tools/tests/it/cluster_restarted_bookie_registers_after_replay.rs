@@ -19,8 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::checker::{check_stream, entries_missing, write_padded_records, Acked};
 use crate::common::cluster::{runtime, Cluster};
+use quire_client::ProxyClient;
 use quire_metadata::{BookieId, MetadataStore};
-use quire_proxy::ProxyClient;
 
 const STREAM: &str = "restart/replay";
 const RECORDS: usize = 40_000;

@@ -35,8 +35,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::checker::{check_stream, read_entry, Acked};
 use crate::common::cluster::{runtime, Cluster};
+use quire_client::{ProxyClient, ReadPosition};
 use quire_metadata::{BookieId, MetadataStore};
-use quire_proxy::{ProxyClient, ReadPosition};
 use quire_wire::LedgerId;
 
 const STREAM: &str = "stall/steady";

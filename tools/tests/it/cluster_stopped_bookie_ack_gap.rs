@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::checker::{check_stream, Acked};
 use crate::common::cluster::{runtime, Cluster};
-use quire_proxy::{ProxyClient, ReadPosition};
+use quire_client::{ProxyClient, ReadPosition};
 
 const STREAM: &str = "stop/one";
 /// The ledger client's add timeout (`ClientConfig::request_timeout`).

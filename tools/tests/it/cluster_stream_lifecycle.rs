@@ -135,7 +135,7 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
         .unwrap()
     });
     let client =
-        rt.block_on(async { Arc::new(quire_proxy::ProxyClient::connect(&a.addr).await.unwrap()) });
+        rt.block_on(async { Arc::new(quire_client::ProxyClient::connect(&a.addr).await.unwrap()) });
     let (acked, err) = rt.block_on(write_records(&client, "zk/t", "t", 0..1000));
     assert!(err.is_none(), "{err:?}");
 
@@ -282,7 +282,7 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     assert!(err.is_none(), "{err:?}");
     assert_eq!(
         again.iter().map(|a| a.0).min(),
-        Some(quire_proxy::Dlsn::new(1, 0, 0))
+        Some(quire_client::Dlsn::new(1, 0, 0))
     );
     assert_eq!(rt.block_on(read_all(&a.addr, "zk/t")).len(), 5);
 
@@ -294,7 +294,7 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     // another stream's records roll the bookies' current entry logs past it.
     let c = cluster.start_proxy(quire_testkit::free_port(), &flags);
     let c_client =
-        rt.block_on(async { Arc::new(quire_proxy::ProxyClient::connect(&c.addr).await.unwrap()) });
+        rt.block_on(async { Arc::new(quire_client::ProxyClient::connect(&c.addr).await.unwrap()) });
     let (crashed, err) = rt.block_on(write_records(&c_client, "zk/crashed", "c", 0..3000));
     assert!(err.is_none(), "{err:?}");
     assert_eq!(crashed.len(), 3000);
@@ -379,7 +379,7 @@ fn a_proxy_an_hour_ahead_deletes_no_young_segment() {
     let a = cluster.start_proxy(quire_testkit::free_port(), &flags);
     let rt = common::cluster::runtime();
     let client =
-        rt.block_on(async { Arc::new(quire_proxy::ProxyClient::connect(&a.addr).await.unwrap()) });
+        rt.block_on(async { Arc::new(quire_client::ProxyClient::connect(&a.addr).await.unwrap()) });
     let (acked, err) = rt.block_on(common::checker::write_padded_records(
         &client,
         "skew/s",
@@ -427,7 +427,7 @@ fn a_proxy_an_hour_ahead_deletes_no_young_segment() {
         ],
     );
     let client =
-        rt.block_on(async { Arc::new(quire_proxy::ProxyClient::connect(&b.addr).await.unwrap()) });
+        rt.block_on(async { Arc::new(quire_client::ProxyClient::connect(&b.addr).await.unwrap()) });
     let (more, err) = rt.block_on(write_records(&client, "skew/s", "b", 0..1));
     assert!(err.is_none(), "{err:?}");
     // Segment 1 is two hours old by ZooKeeper's clock: B deletes it (its lifecycle check runs

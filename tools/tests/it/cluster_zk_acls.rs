@@ -62,7 +62,7 @@ fn znodes_of_a_secured_cluster_are_closed_to_other_identities() {
     let rt = runtime();
     let client = rt.block_on(async {
         Arc::new(
-            quire_proxy::ProxyClient::connect(&proxy.addr)
+            quire_client::ProxyClient::connect(&proxy.addr)
                 .await
                 .unwrap(),
         )

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::checker::{check_stream, Acked};
 use crate::common::cluster::{Cluster, SESSION_TIMEOUT_MS};
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_metadata::{ZkDigest, ZkStore};
-use quire_proxy::{Dlsn, ErrorCode, ProxyClient, ReadPosition};
+use quire_proxy::ErrorCode;
 
 /// Loghub lines to write, cycled: every sample file, split at LF, empty lines left out.
 fn loghub_lines() -> Vec<Vec<u8>> {

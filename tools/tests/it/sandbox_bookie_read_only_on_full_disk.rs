@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use crate::common::checker::{read_all, write_records};
 use crate::common::wire::{Answer, Wire};
 use crate::common::{temp_dir, Sandbox};
+use quire_client::ProxyClient;
 use quire_metadata::LedgerMetadata;
-use quire_proxy::ProxyClient;
 use quire_testkit::loop_mount::{fill_file, LoopMount};
 use quire_wire::bookie::Status;
 

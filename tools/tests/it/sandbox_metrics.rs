@@ -43,7 +43,7 @@ fn sandbox_metrics_count_the_adds_and_cover_the_dashboard() {
     let mut entries = BTreeSet::new();
     let mut payload_bytes = 0usize;
     runtime.block_on(async {
-        let client = quire_proxy::ProxyClient::connect(sandbox.addr.as_str())
+        let client = quire_client::ProxyClient::connect(sandbox.addr.as_str())
             .await
             .unwrap();
         for i in 0..WRITES {

@@ -290,7 +290,7 @@ async fn the_last_fragment_of_an_open_ledger_is_refused() {
     );
 }
 
-/// The largest entry the proxy writes (`quire_proxy::record_set::ENTRY_SIZE_BYTES_MAX`,
+/// The largest entry the proxy writes (`quire_client::record_set::ENTRY_SIZE_BYTES_MAX`,
 /// 1 MiB − 4 KiB; this crate cannot depend on the proxy's).
 fn quire_proxy_entry_max() -> usize {
     1024 * 1024 - 4 * 1024

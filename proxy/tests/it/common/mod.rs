@@ -89,11 +89,11 @@ pub fn payload(i: u64) -> Vec<u8> {
 
 /// Every record of `stream` from its head, `(dlsn, txid, payload)`, in pages of 500.
 pub async fn read_all(
-    client: &quire_proxy::ProxyClient,
+    client: &quire_client::ProxyClient,
     stream: &str,
-) -> Vec<(quire_proxy::Dlsn, u64, Vec<u8>)> {
+) -> Vec<(quire_client::Dlsn, u64, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut pos = quire_proxy::ReadPosition::Head;
+    let mut pos = quire_client::ReadPosition::Head;
     loop {
         let b = client
             .read(stream, pos, 500, 1 << 20, Duration::ZERO)

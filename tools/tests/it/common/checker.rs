@@ -15,8 +15,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_metadata::{BookieId, LedgerState, MetadataStore};
-use quire_proxy::{Dlsn, ProxyClient, ReadPosition};
 use quire_wire::bookie::{decode_response, Request, Response, Status};
 use quire_wire::{EntryId, LedgerId};
 
@@ -228,12 +228,12 @@ fn tls_from_env(prefix: &str) -> Option<std::sync::Arc<quire_tls::rustls::Client
 /// `QUIRE_TOKEN` when set (the variables of `quire write` and `read`; ansible/ci/deploy-test.sh
 /// sets them for its cluster, which requires both).
 pub async fn connect_proxy(addr: &str) -> Result<ProxyClient, quire_proxy::Error> {
-    let config = quire_proxy::ClientConfig {
+    let config = quire_client::ClientConfig {
         tls: proxy_tls_from_env(),
         tls_server_name: Some(addr.to_string()),
         token: std::env::var_os("QUIRE_TOKEN")
-            .map(|t| quire_proxy::protocol::Token(t.into_encoded_bytes())),
-        ..quire_proxy::ClientConfig::default()
+            .map(|t| quire_client::protocol::Token(t.into_encoded_bytes())),
+        ..quire_client::ClientConfig::default()
     };
     ProxyClient::connect_with(addr, config).await
 }

@@ -13,7 +13,7 @@ pub const DLSN_SIZE_BYTES: usize = 20;
 /// derived `Ord` (field order) is the log order.
 ///
 /// Text form: `seq:entry:slot`, for example `1:0:0` (the first record of a stream).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct Dlsn {
     /// Log segment sequence number, from 1.
     pub segment_seq_no: u64,

@@ -9,9 +9,9 @@ use quire_wire::{put_len_prefixed, Reader, WireError};
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::ErrorCode;
 use crate::record_set::RECORD_HEADER_SIZE_BYTES;
-use crate::types::{RetentionChange, RetentionDefaults, StreamInfo, TruncateResult};
-use quire_metadata::{
-    RetentionOverride, SegmentMetadata, SegmentState, StreamMetadata, TruncationPoint,
+use crate::types::{
+    RetentionChange, RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState,
+    StreamInfo, StreamMetadata, TruncateResult,
 };
 
 /// Handshake magic: ASCII "QPX1" read as a little-endian u32.
@@ -87,7 +87,11 @@ impl Opcode {
     }
 }
 
-/// A client's bearer token (see [`crate::auth`]); `Debug` does not print it.
+/// Longest token a handshake may carry, in bytes.
+pub const TOKEN_BYTES_MAX: usize = 1024;
+
+/// A client's bearer token (checked by the proxy's authorizer, `quire_proxy::auth`); `Debug`
+/// does not print it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(pub Vec<u8>);
 
@@ -102,7 +106,7 @@ impl std::fmt::Debug for Token {
 pub enum Request {
     /// Handshake. Body: magic u32, version_min u16, version_max u16, then, only when the
     /// client has one, its token (u32 length + bytes, at most
-    /// [`crate::auth::TOKEN_BYTES_MAX`]).
+    /// [`TOKEN_BYTES_MAX`]).
     Hello {
         version_min: u16,
         version_max: u16,
@@ -277,7 +281,7 @@ fn put_stream_info(out: &mut Vec<u8>, info: &StreamInfo) {
         }
         Some(t) => {
             out.push(1);
-            Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index).encode(out);
+            t.encode(out);
         }
     }
     put_opt_u64(out, m.retention.time_secs);
@@ -319,11 +323,7 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
     let d = Dlsn::decode(r)?;
     let truncated_before = match has_point {
         0 => None,
-        1 => Some(TruncationPoint {
-            segment_seq_no: d.segment_seq_no,
-            entry_id: d.entry_id,
-            slot_index: d.slot_index,
-        }),
+        1 => Some(d),
         _ => {
             return Err(WireError::InvalidField {
                 what: "truncation point",
@@ -382,8 +382,6 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
             creation_time_ms,
             truncated_before,
             retention,
-            // Never sent: only the owning proxy uses the secret.
-            ledger_secret_hex: None,
         },
         owner,
         defaults,
@@ -533,7 +531,7 @@ impl Request {
                     None
                 } else {
                     let mut t = Reader::new(rest, "proxy handshake token");
-                    let bytes = t.len_prefixed(crate::auth::TOKEN_BYTES_MAX)?.to_vec();
+                    let bytes = t.len_prefixed(TOKEN_BYTES_MAX)?.to_vec();
                     t.finish()?;
                     Some(Token(bytes))
                 };
@@ -949,16 +947,11 @@ mod tests {
                         ],
                         max_txid: Some(9),
                         creation_time_ms: 12,
-                        truncated_before: Some(TruncationPoint {
-                            segment_seq_no: 2,
-                            entry_id: 1,
-                            slot_index: 0,
-                        }),
+                        truncated_before: Some(Dlsn::new(2, 1, 0)),
                         retention: RetentionOverride {
                             time_secs: Some(60),
                             size_bytes: None,
                         },
-                        ledger_secret_hex: None,
                     },
                     owner: Some("127.0.0.1:4181".into()),
                     defaults: RetentionDefaults {

@@ -1,0 +1,315 @@
+//! Which proxy to ask: the home proxy, the cached owner of a stream, or the owner a redirect
+//! named.
+//!
+//! A client talks to the proxy it was connected to (its *home* proxy). A request for a stream
+//! that another proxy owns is answered with a redirect (`STREAM_OWNED_ELSEWHERE`, the owner's
+//! address as message); the [`Router`] then connects to the owner (connections are kept, one
+//! per proxy), remembers the owner of the stream and resends, up to
+//! [`ClientConfig::redirects_max`] times, as DistributedLog's client does with `FOUND` and its
+//! ownership cache. Later requests for that stream go straight to the cached owner.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quire_tls::rustls::pki_types::ServerName;
+use tokio::net::ToSocketAddrs;
+
+use crate::config::ClientConfig;
+use crate::connection::Connection;
+use crate::error::{Error, ErrorCode, Result};
+use crate::protocol::{Request, Response};
+
+/// Pause before following a redirect again within one request (DistributedLog
+/// `redirectBackoffStartMs`); doubled per hop up to [`REDIRECT_BACKOFF_MAX`].
+const REDIRECT_BACKOFF_START: Duration = Duration::from_millis(25);
+/// Longest pause between redirects (DistributedLog `redirectBackoffMaxMs`).
+const REDIRECT_BACKOFF_MAX: Duration = Duration::from_millis(100);
+
+/// The connections of one client and the ownership cache that picks among them.
+pub(crate) struct Router {
+    /// The home proxy's address (as connected to first).
+    pub(crate) home_addr: String,
+    /// The name the home proxy's certificate carries (TLS only), checked again on reconnects.
+    home_name: Option<ServerName<'static>>,
+    /// The connection to the home proxy; replaced when the proxy closed it (idle timeout,
+    /// restart).
+    home: Mutex<Arc<Connection>>,
+    config: ClientConfig,
+    /// Connections to other proxies, by the address their redirects named.
+    others: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
+    /// Ownership cache: stream -> owner address (DistributedLog `OwnershipCache`).
+    owners: Mutex<HashMap<String, String>>,
+}
+
+/// Where one routed request stands between its attempts.
+struct Route {
+    /// The proxy to send to next; `None`: the home proxy.
+    target: Option<String>,
+    /// Whether `target` came from the ownership cache (not from a redirect just answered).
+    from_cache: bool,
+    /// Redirects (and owners found shutting down) so far.
+    hops: u32,
+    /// The pause before the next redirect is followed.
+    backoff: Duration,
+}
+
+impl Router {
+    /// Connects to the home proxy.
+    ///
+    /// # Errors
+    /// As `Connection::connect`.
+    pub(crate) async fn connect(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
+        let home = Connection::connect(addr, config.clone(), None).await?;
+        Ok(Self {
+            home_addr: home.addr.clone(),
+            home_name: home.tls_name.clone(),
+            home: Mutex::new(Arc::new(home)),
+            config,
+            others: tokio::sync::Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The frame and record limits the home proxy announced.
+    pub(crate) fn home_limits(&self) -> (u32, u32) {
+        let home = self.home.lock().expect("home lock");
+        (home.frame_size_bytes_max, home.record_size_bytes_max)
+    }
+
+    /// The owner this client last learned for `stream` from a redirect, if any.
+    pub(crate) fn cached_owner(&self, stream: &str) -> Option<String> {
+        self.owners
+            .lock()
+            .expect("owners lock")
+            .get(stream)
+            .cloned()
+    }
+
+    /// Drops `stream` from the ownership cache: its next request asks the home proxy.
+    pub(crate) fn forget_owner(&self, stream: &str) {
+        self.owners.lock().expect("owners lock").remove(stream);
+    }
+
+    fn remember_owner(&self, stream: &str, owner: &str) {
+        self.owners
+            .lock()
+            .expect("owners lock")
+            .insert(stream.to_string(), owner.to_string());
+    }
+
+    /// The connection to the home proxy, connecting again (with a new handshake) if the proxy
+    /// closed the previous one, for example after its idle timeout. Safe: nothing of the
+    /// request about to be sent went over the closed connection.
+    pub(crate) async fn home(&self) -> Result<Arc<Connection>> {
+        let current = self.home.lock().expect("home lock").clone();
+        if !current.is_closed() {
+            return Ok(current);
+        }
+        tracing::debug!(proxy = %self.home_addr, "the home proxy closed the connection; connecting again");
+        let fresh = Arc::new(
+            Connection::connect(
+                self.home_addr.as_str(),
+                self.config.clone(),
+                self.home_name.clone(),
+            )
+            .await?,
+        );
+        *self.home.lock().expect("home lock") = fresh.clone();
+        Ok(fresh)
+    }
+
+    /// The connection to `addr`: the home one, a kept one, or a new one.
+    async fn connection_to(&self, addr: &str) -> Result<Arc<Connection>> {
+        if addr == self.home_addr {
+            return self.home().await;
+        }
+        let mut others = self.others.lock().await;
+        if let Some(c) = others.get(addr) {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let name = match &self.config.tls {
+            Some(_) => Some(quire_tls::server_name(addr).map_err(|e| Error::Tls {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?),
+            None => None,
+        };
+        let c = Arc::new(Connection::connect(addr, self.config.clone(), name).await?);
+        others.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    async fn drop_connection(&self, addr: &str) {
+        self.others.lock().await.remove(addr);
+    }
+
+    /// Sends a request about `stream` to its owner as far as known (the cached owner, else the
+    /// home proxy) and follows redirects.
+    ///
+    /// # Errors
+    /// The connection's errors; `RedirectFailed` when the owner cannot be reached, the
+    /// redirects go round more than `redirects_max` times, or the owner is an earlier session
+    /// of the proxy that redirects.
+    pub(crate) async fn call_stream(
+        &self,
+        stream: &str,
+        req: &Request,
+        extra_wait: Duration,
+    ) -> Result<Response> {
+        let target = self.cached_owner(stream);
+        let mut route = Route {
+            from_cache: target.is_some(),
+            target,
+            hops: 0,
+            backoff: REDIRECT_BACKOFF_START,
+        };
+        loop {
+            let Some(conn) = self.route_connection(stream, &mut route).await? else {
+                continue;
+            };
+            let answer = conn.call(req, extra_wait).await;
+            if let Some(done) = self.follow(stream, &conn, &mut route, answer).await {
+                return done;
+            }
+        }
+    }
+
+    /// The connection to the route's target. `Ok(None)`: the cached owner was unreachable and
+    /// the route now goes to the home proxy (nothing was sent).
+    async fn route_connection(
+        &self,
+        stream: &str,
+        route: &mut Route,
+    ) -> Result<Option<Arc<Connection>>> {
+        let Some(addr) = route.target.clone() else {
+            return self.home().await.map(Some);
+        };
+        match self.connection_to(&addr).await {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if route.from_cache => {
+                // A stale cache entry: nothing was sent, ask the home proxy instead.
+                tracing::debug!(stream, owner = %addr, error = %e, "cached owner unreachable");
+                self.forget_owner(stream);
+                route.target = None;
+                route.from_cache = false;
+                Ok(None)
+            }
+            Err(e) => {
+                self.forget_owner(stream);
+                Err(Error::RedirectFailed {
+                    stream: stream.to_string(),
+                    owner: addr,
+                    reason: format!("cannot connect: {e}"),
+                })
+            }
+        }
+    }
+
+    /// Acts on one answer from `conn`: `Some` is the request's outcome; `None`: send again,
+    /// where `route` now points.
+    async fn follow(
+        &self,
+        stream: &str,
+        conn: &Connection,
+        route: &mut Route,
+        answer: Result<Response>,
+    ) -> Option<Result<Response>> {
+        match answer {
+            Err(Error::Remote {
+                code: ErrorCode::StreamOwnedElsewhere,
+                message: owner,
+            }) => self
+                .redirect(stream, conn, route, owner)
+                .await
+                .err()
+                .map(Err),
+            Err(Error::Remote {
+                code: ErrorCode::ServiceUnavailable,
+                ..
+            }) if route.target.is_some() => {
+                // The owner we were sent to is shutting down and did nothing with the
+                // request (DistributedLog: SERVICE_UNAVAILABLE marks the host down and the
+                // request goes elsewhere): ask the home proxy who owns the stream now.
+                route.hops += 1;
+                if route.hops > self.config.redirects_max {
+                    self.forget_owner(stream);
+                    return Some(Err(self.gave_up(stream, conn.addr.clone())));
+                }
+                self.forget_owner(stream);
+                self.drop_connection(&conn.addr).await;
+                route.target = None;
+                route.from_cache = false;
+                None
+            }
+            Err(
+                e @ Error::Remote {
+                    code: ErrorCode::OwnershipLost,
+                    ..
+                },
+            ) => {
+                self.forget_owner(stream);
+                Some(Err(e))
+            }
+            Err(e @ Error::Io { .. }) => {
+                // The request may or may not have been processed: never resend it, but route
+                // the next request afresh.
+                if let Some(addr) = &route.target {
+                    self.drop_connection(addr).await;
+                    self.forget_owner(stream);
+                }
+                Some(Err(e))
+            }
+            other => Some(other),
+        }
+    }
+
+    /// Follows a `STREAM_OWNED_ELSEWHERE` answer from `conn` naming `owner`: caches the owner
+    /// and points the route at it, after a backoff from the second hop on.
+    ///
+    /// # Errors
+    /// `RedirectFailed` when the owner is `conn`'s own address (an earlier session of the same
+    /// proxy) or after `redirects_max` hops.
+    async fn redirect(
+        &self,
+        stream: &str,
+        conn: &Connection,
+        route: &mut Route,
+        owner: String,
+    ) -> Result<()> {
+        route.hops += 1;
+        if owner == conn.addr {
+            self.forget_owner(stream);
+            return Err(Error::RedirectFailed {
+                stream: stream.to_string(),
+                owner,
+                reason: "the owner is an earlier session of this same proxy (it restarted); \
+                         the stream frees up once that ZooKeeper session expires, retry after the session timeout"
+                    .into(),
+            });
+        }
+        if route.hops > self.config.redirects_max {
+            self.forget_owner(stream);
+            return Err(self.gave_up(stream, owner));
+        }
+        if route.hops > 1 {
+            tokio::time::sleep(route.backoff).await;
+            route.backoff = (route.backoff * 2).min(REDIRECT_BACKOFF_MAX);
+        }
+        tracing::debug!(stream, %owner, hops = route.hops, "following redirect");
+        self.remember_owner(stream, &owner);
+        route.target = Some(owner);
+        route.from_cache = false;
+        Ok(())
+    }
+
+    fn gave_up(&self, stream: &str, owner: String) -> Error {
+        Error::RedirectFailed {
+            stream: stream.to_string(),
+            owner,
+            reason: format!("gave up after {} redirects", self.config.redirects_max),
+        }
+    }
+}
