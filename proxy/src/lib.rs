@@ -56,6 +56,7 @@ mod limits;
 pub mod protocol;
 pub mod record_set;
 pub mod server;
+mod settings;
 pub mod stream;
 pub mod types;
 
@@ -68,6 +69,7 @@ pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
 pub use server::{
     catch_up_read_runtime, serve, ProxyMetrics, ProxyServer, ServerConfig, CATCH_UP_READ_NICE,
 };
+pub use settings::{ServerSettings, StreamSettings};
 pub use stream::{
     StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM,
     TXID_JUMP_MAX_DEFAULT,
