@@ -1,6 +1,8 @@
 //! Tests of [`super`]: the files' tables, flags over them, old spellings, and the checks'
 //! messages (moved here from config.rs, with the same assertions, the keys in their tables).
 
+use std::time::Duration;
+
 use super::*;
 use crate::flags::{BookieFlags, ProxyFlags};
 

@@ -21,7 +21,7 @@ pub fn with_defaults(mut command: Command, keys: &[Key], defaults: &impl Seriali
     let Ok(defaults) = toml::Value::try_from(defaults) else {
         return command;
     };
-    for &(flag, path, _) in keys {
+    for Key { flag, path, .. } in keys {
         let Some(value) = path.split('.').try_fold(&defaults, |v, k| v.get(k)) else {
             continue;
         };
@@ -29,7 +29,7 @@ pub fn with_defaults(mut command: Command, keys: &[Key], defaults: &impl Seriali
             toml::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        command = command.mut_arg(flag, |arg| {
+        command = command.mut_arg(*flag, |arg| {
             let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
             let long = arg.get_long_help().map(ToString::to_string);
             let arg = arg.help(format!("{help} [default: {shown}]"));

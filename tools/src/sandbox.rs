@@ -60,11 +60,11 @@ pub struct SandboxArgs {
     /// Default retention time of every stream: completed segments older than this many
     /// seconds are deleted, oldest first (streams override it with `quire stream retention`).
     /// Unset: kept forever.
-    #[arg(long, value_parser = crate::config::parse_retention_time_secs)]
+    #[arg(long, value_parser = parse_retention_time_secs)]
     retention_time_secs: Option<u64>,
     /// Default retention size of every stream: its oldest completed segments are deleted while
     /// it holds more than this many bytes. Unset: no limit.
-    #[arg(long, value_parser = crate::config::parse_retention_size_bytes)]
+    #[arg(long, value_parser = parse_retention_size_bytes)]
     retention_size_bytes: Option<u64>,
     /// Seconds between the proxy's lifecycle sweeps over every stream: retention and the
     /// completion of abandoned segments on streams no request touched, and deletion of orphan
@@ -726,4 +726,20 @@ async fn serve(
         .await
         .context("completing open segments")?;
     Ok(())
+}
+
+/// Parses and checks a retention time in seconds (`--retention-time-secs`).
+pub fn parse_retention_time_secs(v: &str) -> std::result::Result<u64, String> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| format!("{v:?} is not a whole number"))?;
+    quire_proxy::check_retention_time_secs(n)
+}
+
+/// Parses and checks a retention size in bytes (`--retention-size-bytes`).
+pub fn parse_retention_size_bytes(v: &str) -> std::result::Result<u64, String> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| format!("{v:?} is not a whole number"))?;
+    quire_proxy::check_retention_size_bytes(n)
 }
