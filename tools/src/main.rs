@@ -25,6 +25,8 @@ mod autorecovery;
 mod bookie_cmd;
 mod client;
 mod config;
+#[cfg(test)]
+mod defaults_test;
 mod flags;
 mod gc;
 mod metadata;
