@@ -191,7 +191,7 @@ impl BookieSettings {
             let d = d.as_ref().ok_or_else(|| {
                 ConfigError::missing(
                     key,
-                    "set it in the config file or with the flag of its name",
+                    "the directory is required",
                 )
             })?;
             std::path::absolute(d)
