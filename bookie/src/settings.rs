@@ -188,12 +188,9 @@ impl BookieSettings {
     pub fn to_config(&self, listen: SocketAddr) -> Result<BookieConfig, ConfigError> {
         self.validate()?;
         let dir = |key: &str, d: &Option<PathBuf>| {
-            let d = d.as_ref().ok_or_else(|| {
-                ConfigError::missing(
-                    key,
-                    "the directory is required",
-                )
-            })?;
+            let d = d
+                .as_ref()
+                .ok_or_else(|| ConfigError::missing(key, "the directory is required"))?;
             std::path::absolute(d)
                 .map_err(|e| ConfigError::invalid(key, d.display(), e.to_string()))
         };

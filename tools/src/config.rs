@@ -270,7 +270,15 @@ where
     T: Serialize + DeserializeOwned + Default,
 {
     let file: T = match text {
-        Some(text) => parse_toml(&upgrade(text, keys, path)?, path)?,
+        Some(text) => {
+            let (text, moved) = upgrade(text, keys, path)?;
+            let file = parse_toml(&text, path)?;
+            // Only once the file is good, so that an error stays one line.
+            for line in moved {
+                tracing::warn!("{line}");
+            }
+            file
+        }
         None => T::default(),
     };
     let mut value = toml::Value::try_from(&file)?;
@@ -297,9 +305,10 @@ where
 
 /// Rewrites the old top-level spelling of moved keys as dotted keys (`shards = 2` →
 /// `bookie.shards = 2` on the same line, so that later errors keep their line numbers).
-fn upgrade(text: &str, keys: &[Key], path: &Path) -> Result<String> {
+fn upgrade(text: &str, keys: &[Key], path: &Path) -> Result<(String, Vec<String>)> {
     let table: toml::Table = parse_toml(text, path)?;
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let mut moved = Vec::new();
     let header = lines
         .iter()
         .position(|l| l.trim_start().starts_with('['))
@@ -325,11 +334,11 @@ fn upgrade(text: &str, keys: &[Key], path: &Path) -> Result<String> {
             bail!("config file {file}: key {name} has moved: write it as {key} in the [{t}] table");
         };
         lines[at] = lines[at].replacen(name.as_str(), new, 1);
-        tracing::warn!(
+        moved.push(format!(
             "config file {file}: key {name} is read as {key} in the [{t}] table; write it there"
-        );
+        ));
     }
-    Ok(lines.join("\n"))
+    Ok((lines.join("\n"), moved))
 }
 
 fn parse_toml<T: DeserializeOwned>(text: &str, path: &Path) -> Result<T> {
