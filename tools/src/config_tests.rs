@@ -378,9 +378,9 @@ fn bookie_errors_name_the_setting() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("invalid setting bookie.shards = 0"), "{e}");
-    let e = bookie_from(&format!(
-        "listen = \"127.0.0.1:1\"\n[zookeeper]\nservers = \"h:1\"\n[bookie]\nledger_dir = \"/l\""
-    ))
+    let e = bookie_from(
+        "listen = \"127.0.0.1:1\"\n[zookeeper]\nservers = \"h:1\"\n[bookie]\nledger_dir = \"/l\"",
+    )
     .unwrap_err()
     .to_string();
     assert!(
