@@ -28,6 +28,7 @@ mod host;
 mod keys;
 pub mod metrics;
 mod ops;
+mod settings;
 mod shard;
 
 use std::fs;
@@ -52,6 +53,7 @@ pub use crate::keys::{
     ledger_keys_channel, LedgerKeyAnswer, LedgerKeyQueries, LedgerKeyQuery, LedgerKeys,
     KEY_ANSWER_WAIT_MAX,
 };
+pub use crate::settings::{check_cpu_set, BookieSettings, SHARDS_DEFAULT};
 
 /// Default glommio `io_memory` per executor: 2 MiB, small enough for an 8 MiB memlock limit.
 pub const IO_MEMORY_BYTES_DEFAULT: usize = 2 * 1024 * 1024;

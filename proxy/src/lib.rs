@@ -45,6 +45,7 @@ pub mod auth;
 pub mod error;
 mod limits;
 pub mod server;
+mod settings;
 pub mod stream;
 pub mod types;
 
@@ -56,6 +57,7 @@ pub use error::{Error, ErrorCode, Result};
 /// Also quire-client's: the server's catch-up reads run on it.
 pub use quire_client::{catch_up_read_runtime, CATCH_UP_READ_NICE};
 pub use server::{serve, ProxyMetrics, ProxyServer, ServerConfig};
+pub use settings::{ServerSettings, StreamSettings};
 pub use stream::{
     StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM,
     TXID_JUMP_MAX_DEFAULT,

@@ -82,36 +82,80 @@ pub struct AutorecoveryOptions {
     pub cluster_secret: Option<quire_wire::auth::ClusterSecret>,
 }
 
-impl AutorecoveryOptions {
-    /// Applies defaults and checks the five settings (a replication rate of 0 is unlimited).
+/// The `[autorecovery]` table of `quire bookie` and `quire autorecovery`. Its defaults are
+/// the `*_DEFAULT` constants above, written once there.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AutorecoveryConfig {
+    /// Run an autorecovery daemon inside the bookie (BookKeeper `autoRecoveryDaemonEnabled`);
+    /// read by `quire bookie` only.
+    pub enabled: bool,
+    /// The daemon's identity in the auditor election and on worker locks; read by
+    /// `quire autorecovery` only (unset: `autorecovery-<pid>@<hostname>`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Seconds a bookie's registration must have been gone before its ledgers are marked
+    /// under-replicated (BookKeeper `lostBookieRecoveryDelay`).
+    pub lost_bookie_recovery_delay_secs: u64,
+    /// Milliseconds the last fragment of a ledger that is not closed is left to its writer
+    /// (BookKeeper `openLedgerRereplicationGracePeriod`).
+    pub open_ledger_rereplication_grace_period_ms: u64,
+    /// Milliseconds between the auditor's registry polls and an idle worker's looks for
+    /// marks, 1 to 60000.
+    pub poll_interval_ms: u64,
+    /// Seconds between the auditor's walks over every ledger (BookKeeper
+    /// `auditorPeriodicCheckInterval`); 0 disables.
+    pub auditor_periodic_check_interval_secs: u64,
+    /// Bytes per second a replication worker writes to target bookies at most (BookKeeper
+    /// `replicationRateByBytes`); 0: unlimited.
+    pub replication_rate_bytes: u64,
+}
+
+impl Default for AutorecoveryConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            name: None,
+            lost_bookie_recovery_delay_secs: LOST_BOOKIE_RECOVERY_DELAY_SECS_DEFAULT,
+            open_ledger_rereplication_grace_period_ms: OPEN_LEDGER_GRACE_MS_DEFAULT,
+            poll_interval_ms: POLL_INTERVAL_MS_DEFAULT,
+            auditor_periodic_check_interval_secs: PERIODIC_CHECK_INTERVAL_SECS_DEFAULT,
+            replication_rate_bytes: 0,
+        }
+    }
+}
+
+impl AutorecoveryConfig {
+    /// Checks every key; errors name the key within the table.
     ///
     /// # Errors
-    /// One line naming the setting: a poll interval of 0 or above a minute.
-    pub fn resolve(
-        delay_secs: Option<u64>,
-        grace_ms: Option<u64>,
-        poll_ms: Option<u64>,
-        periodic_secs: Option<u64>,
-        replication_rate_bytes: Option<u64>,
-    ) -> Result<Self> {
-        let poll = poll_ms.unwrap_or(POLL_INTERVAL_MS_DEFAULT);
-        if !(1..=60_000).contains(&poll) {
-            bail!("invalid setting autorecovery_poll_interval_ms = {poll}: expected 1 to 60000");
+    /// A poll interval of 0 or above a minute.
+    pub fn validate(&self) -> Result<(), quire_metadata::ConfigError> {
+        if !(1..=60_000).contains(&self.poll_interval_ms) {
+            return Err(quire_metadata::ConfigError::invalid(
+                "poll_interval_ms",
+                self.poll_interval_ms,
+                "expected 1 to 60000",
+            ));
         }
-        let periodic = periodic_secs.unwrap_or(PERIODIC_CHECK_INTERVAL_SECS_DEFAULT);
-        Ok(Self {
-            lost_bookie_recovery_delay: Duration::from_secs(
-                delay_secs.unwrap_or(LOST_BOOKIE_RECOVERY_DELAY_SECS_DEFAULT),
-            ),
+        Ok(())
+    }
+
+    /// The daemon's options (call [`AutorecoveryConfig::validate`] first); no TLS and no
+    /// cluster secret yet.
+    pub fn options(&self) -> AutorecoveryOptions {
+        let periodic = self.auditor_periodic_check_interval_secs;
+        AutorecoveryOptions {
+            lost_bookie_recovery_delay: Duration::from_secs(self.lost_bookie_recovery_delay_secs),
             open_ledger_grace: Duration::from_millis(
-                grace_ms.unwrap_or(OPEN_LEDGER_GRACE_MS_DEFAULT),
+                self.open_ledger_rereplication_grace_period_ms,
             ),
-            poll_interval: Duration::from_millis(poll),
+            poll_interval: Duration::from_millis(self.poll_interval_ms),
             periodic_check_interval: (periodic > 0).then(|| Duration::from_secs(periodic)),
-            replication_rate_bytes: replication_rate_bytes.filter(|&r| r > 0),
+            replication_rate_bytes: Some(self.replication_rate_bytes).filter(|&r| r > 0),
             bookie_tls: None,
             cluster_secret: None,
-        })
+        }
     }
 }
 
@@ -670,7 +714,7 @@ pub struct AutorecoveryArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub settings: AutorecoverySettings,
+    pub settings: crate::flags::AutorecoveryFlags,
 }
 
 /// `quire autorecovery` subcommands.
@@ -690,66 +734,6 @@ pub struct StatusArgs {
     pub output: crate::admin::OutputArgs,
 }
 
-/// `quire autorecovery` settings (a standalone daemon, BookKeeper's `AutoRecoveryMain`).
-#[derive(Args, Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AutorecoverySettings {
-    /// ZooKeeper connect string (host:port[,host:port...]).
-    #[arg(long)]
-    pub zookeeper: Option<String>,
-    /// Root path of Quire's znodes (default /quire).
-    #[arg(long)]
-    pub zk_root: Option<String>,
-    /// ZooKeeper session timeout in milliseconds (default 10000).
-    #[arg(long)]
-    pub zk_session_timeout_ms: Option<u64>,
-    /// File holding the ZooKeeper digest identity `user:password` (see `quire bookie`).
-    #[arg(long)]
-    pub zk_auth_file: Option<std::path::PathBuf>,
-    /// This daemon's identity in the auditor election and on worker locks (default
-    /// `autorecovery-<pid>@<hostname>`).
-    #[arg(long)]
-    pub name: Option<String>,
-    /// Seconds a bookie's registration must have been gone before its ledgers are marked
-    /// under-replicated (BookKeeper `lostBookieRecoveryDelay`; default 60).
-    #[arg(long)]
-    pub lost_bookie_recovery_delay_secs: Option<u64>,
-    /// Milliseconds the last fragment of a ledger that is not closed is left to its writer
-    /// before the ledger is recovered (BookKeeper `openLedgerRereplicationGracePeriod`;
-    /// default 30000).
-    #[arg(long)]
-    pub open_ledger_rereplication_grace_period_ms: Option<u64>,
-    /// Milliseconds between the auditor's registry polls and an idle worker's looks for
-    /// marks (default 1000).
-    #[arg(long)]
-    pub autorecovery_poll_interval_ms: Option<u64>,
-    /// Seconds between the auditor's walks over every ledger (BookKeeper
-    /// `auditorPeriodicCheckInterval`; default 86400, 0 disables).
-    #[arg(long)]
-    pub auditor_periodic_check_interval_secs: Option<u64>,
-    /// Bytes per second the replication worker writes to target bookies at most (BookKeeper
-    /// `replicationRateByBytes`; default 0: unlimited).
-    #[arg(long)]
-    pub replication_rate_bytes: Option<u64>,
-    /// Address of the HTTP endpoint serving `GET /metrics` and `GET /healthz`; off unless set.
-    #[arg(long)]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// PEM CA certificate that signs the bookies' certificates; turns TLS to bookies on
-    /// (BookKeeper `tlsTrustStore`).
-    #[arg(long)]
-    pub bookie_tls_ca_file: Option<PathBuf>,
-    /// PEM client certificate, for bookies that require one (BookKeeper `tlsCertificatePath`).
-    #[arg(long)]
-    pub bookie_tls_cert_file: Option<PathBuf>,
-    /// PEM key of the client certificate (BookKeeper `tlsKeyStore`).
-    #[arg(long)]
-    pub bookie_tls_key_file: Option<PathBuf>,
-    /// File holding the cluster secret (see `quire bookie`); required: bookies admit only
-    /// their cluster's processes.
-    #[arg(long)]
-    pub cluster_secret_file: Option<PathBuf>,
-}
-
 fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes into buf.
@@ -766,53 +750,32 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
     if let Some(AutorecoveryCommand::Status(status_args)) = args.command {
         return status(status_args);
     }
-    let file: AutorecoverySettings = crate::config::load(args.config.as_deref())?;
-    let s = args.settings;
-    let address = MetadataArgs {
-        zookeeper: s.zookeeper.or(file.zookeeper),
-        zk_root: s.zk_root.or(file.zk_root),
-        zk_session_timeout_ms: s.zk_session_timeout_ms.or(file.zk_session_timeout_ms),
-        zk_auth_file: s.zk_auth_file.or(file.zk_auth_file),
-    }
-    .resolve()?;
-    let mut options = AutorecoveryOptions::resolve(
-        s.lost_bookie_recovery_delay_secs
-            .or(file.lost_bookie_recovery_delay_secs),
-        s.open_ledger_rereplication_grace_period_ms
-            .or(file.open_ledger_rereplication_grace_period_ms),
-        s.autorecovery_poll_interval_ms
-            .or(file.autorecovery_poll_interval_ms),
-        s.auditor_periodic_check_interval_secs
-            .or(file.auditor_periodic_check_interval_secs),
-        s.replication_rate_bytes.or(file.replication_rate_bytes),
-    )?;
-    let bookie_tls = crate::tls::client_tls(
-        "bookie_",
-        s.bookie_tls_ca_file.or(file.bookie_tls_ca_file),
-        s.bookie_tls_cert_file.or(file.bookie_tls_cert_file),
-        s.bookie_tls_key_file.or(file.bookie_tls_key_file),
-    )?;
-    options.bookie_tls = match bookie_tls {
+    let keys = crate::config::keys_of(crate::config::AUTORECOVERY_KEYS);
+    let file: crate::config::AutorecoveryFile =
+        crate::config::load(args.config.as_deref(), &keys, &args.settings)?;
+    let address = MetadataAddress::from_config(&file.zookeeper, &keys)?;
+    file.autorecovery
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}", e.in_table("autorecovery")))?;
+    let mut options = file.autorecovery.options();
+    options.bookie_tls = match file.bookie_tls.resolve()? {
         Some(t) => Some(t.client_config()?),
         None => None,
     };
-    let secret_file = s
-        .cluster_secret_file
-        .or(file.cluster_secret_file)
-        .ok_or_else(|| {
-            anyhow::anyhow!("missing setting cluster_secret_file: set it in the config file or with --cluster-secret-file")
-        })?;
+    let secret_file = file.cluster_secret_file.ok_or_else(|| {
+        anyhow::anyhow!("missing setting cluster_secret_file: set it in the config file or with --cluster-secret-file")
+    })?;
     options.cluster_secret = Some(crate::secret_file::read_cluster_secret(
         &secret_file,
         "cluster_secret_file",
     )?);
-    let name = s
+    let name = file
+        .autorecovery
         .name
-        .or(file.name)
         .unwrap_or_else(|| format!("autorecovery-{}@{}", std::process::id(), hostname()));
     let metrics = AutorecoveryMetrics::default();
     let exposition = crate::metrics_http::Exposition::default();
-    if let Some(listen) = s.metrics_listen.or(file.metrics_listen) {
+    if let Some(listen) = file.metrics_listen {
         exposition.register(|r| metrics.register(r));
         let addr = crate::metrics_http::start(listen, exposition.clone())?;
         tracing::info!(%addr, "metrics endpoint listening");

@@ -1,7 +1,7 @@
 //! `quire bookie`: one bookie process of a multi-process cluster.
 //!
 //! Lifecycle:
-//! 1. read the configuration ([`crate::config::BookieSettings`]);
+//! 1. read the configuration ([`crate::config::BookieFile`]);
 //! 2. connect to the metadata store (ZooKeeper);
 //! 3. check the bookie's cookie ([`check_cookie`], BookKeeper's `Cookie` rules) and write it on
 //!    first start;
@@ -31,7 +31,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use quire_metadata::{BookieId, BookieInfo, Cookie, MetadataStore, ZkStore, COOKIE_FORMAT_VERSION};
 
-use crate::config::{BookieOptions, BookieSettings, MetadataAddress};
+use crate::config::{BookieFile, BookieOptions, MetadataAddress};
 
 /// Name of the cookie file kept in the journal directory and in the ledger directory.
 pub const COOKIE_FILE: &str = "COOKIE";
@@ -46,7 +46,7 @@ pub struct BookieArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub settings: BookieSettings,
+    pub settings: crate::flags::BookieFlags,
 }
 
 /// `quire bookie` admin subcommands.
@@ -86,8 +86,9 @@ pub fn run(args: BookieArgs) -> Result<()> {
         Some(BookieCommand::DeleteCookie(d)) => return crate::autorecovery::delete_cookie(d),
         None => {}
     }
-    let file: BookieSettings = crate::config::load(args.config.as_deref())?;
-    let options = args.settings.merged(file).resolve()?;
+    let keys = crate::config::keys_of(crate::config::BOOKIE_KEYS);
+    let file: BookieFile = crate::config::load(args.config.as_deref(), &keys, &args.settings)?;
+    let options = file.resolve()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

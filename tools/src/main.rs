@@ -18,15 +18,20 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod admin;
 mod autorecovery;
 mod bookie_cmd;
 mod client;
 mod config;
+#[cfg(test)]
+mod defaults_test;
+mod flags;
 mod gc;
+mod metadata;
 mod metrics_http;
+mod options;
 mod proxy_cmd;
 mod sandbox;
 mod secret_file;
@@ -101,9 +106,26 @@ fn abort_on_panic() {
     }));
 }
 
+/// The command line, with each config-file flag's help showing its default (read from the
+/// crates' `Default`s, [`flags::with_defaults`]).
+fn command() -> clap::Command {
+    use config::{keys_of, AUTORECOVERY_KEYS, BOOKIE_KEYS, PROXY_KEYS};
+    Cli::command()
+        .mut_subcommand("bookie", |c| {
+            flags::with_defaults(c, &keys_of(BOOKIE_KEYS), &config::BookieFile::default())
+        })
+        .mut_subcommand("proxy", |c| {
+            flags::with_defaults(c, &keys_of(PROXY_KEYS), &config::ProxyFile::default())
+        })
+        .mut_subcommand("autorecovery", |c| {
+            let defaults = config::AutorecoveryFile::default();
+            flags::with_defaults(c, &keys_of(AUTORECOVERY_KEYS), &defaults)
+        })
+}
+
 fn main() -> ExitCode {
     abort_on_panic();
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("QUIRE_LOG")

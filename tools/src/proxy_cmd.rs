@@ -32,7 +32,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::config::{ProxyOptions, ProxySettings};
+use crate::config::{ProxyFile, ProxyOptions};
 
 /// `quire proxy` options.
 #[derive(Args, Debug)]
@@ -41,13 +41,14 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub settings: ProxySettings,
+    pub settings: crate::flags::ProxyFlags,
 }
 
 /// Runs `quire proxy`.
 pub fn run(args: ProxyArgs) -> Result<()> {
-    let file: ProxySettings = crate::config::load(args.config.as_deref())?;
-    let options = args.settings.merged(file).resolve()?;
+    let keys = crate::config::keys_of(crate::config::PROXY_KEYS);
+    let file: ProxyFile = crate::config::load(args.config.as_deref(), &keys, &args.settings)?;
+    let options = file.resolve()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -60,11 +60,11 @@ pub struct SandboxArgs {
     /// Default retention time of every stream: completed segments older than this many
     /// seconds are deleted, oldest first (streams override it with `quire stream retention`).
     /// Unset: kept forever.
-    #[arg(long, value_parser = crate::config::parse_retention_time_secs)]
+    #[arg(long, value_parser = parse_retention_time_secs)]
     retention_time_secs: Option<u64>,
     /// Default retention size of every stream: its oldest completed segments are deleted while
     /// it holds more than this many bytes. Unset: no limit.
-    #[arg(long, value_parser = crate::config::parse_retention_size_bytes)]
+    #[arg(long, value_parser = parse_retention_size_bytes)]
     retention_size_bytes: Option<u64>,
     /// Seconds between the proxy's lifecycle sweeps over every stream: retention and the
     /// completion of abandoned segments on streams no request touched, and deletion of orphan
@@ -187,6 +187,59 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
+/// The engine keys given as flags over the engine's defaults ([`quire_engine::EngineSettings`]),
+/// checked.
+fn engine_settings(args: &SandboxArgs) -> Result<quire_engine::EngineSettings> {
+    let d = quire_engine::EngineSettings::default();
+    let s = quire_engine::EngineSettings {
+        entry_log_size_bytes: args.entry_log_size_bytes.unwrap_or(d.entry_log_size_bytes),
+        checkpoint_interval_ms: args
+            .checkpoint_interval_ms
+            .unwrap_or(d.checkpoint_interval_ms),
+        index_cache_bytes_max: args
+            .index_cache_bytes_max
+            .unwrap_or(d.index_cache_bytes_max),
+        space_reserve_bytes: args.space_reserve_bytes.unwrap_or(d.space_reserve_bytes),
+        ..d
+    };
+    s.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(s)
+}
+
+/// The compaction flags over the engine's defaults, checked.
+fn compaction_settings(args: &SandboxArgs) -> Result<quire_engine::CompactionSettings> {
+    let d = quire_engine::CompactionSettings::default();
+    let s = quire_engine::CompactionSettings {
+        minor_threshold: args.minor_compaction_threshold.unwrap_or(d.minor_threshold),
+        minor_interval_secs: args
+            .minor_compaction_interval_secs
+            .unwrap_or(d.minor_interval_secs),
+        major_threshold: args.major_compaction_threshold.unwrap_or(d.major_threshold),
+        major_interval_secs: args
+            .major_compaction_interval_secs
+            .unwrap_or(d.major_interval_secs),
+    };
+    s.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(s)
+}
+
+/// The read-only mode flags over the bookie's defaults, checked: (threshold, low-water mark,
+/// interval).
+fn disk_usage(args: &SandboxArgs) -> Result<(f64, f64, Duration)> {
+    let d = quire_bookie::BookieSettings::default();
+    let s = quire_bookie::BookieSettings {
+        disk_usage_threshold: args.disk_usage_threshold.unwrap_or(d.disk_usage_threshold),
+        disk_usage_lwm_threshold: args.disk_usage_lwm_threshold,
+        disk_check_interval_ms: args
+            .disk_check_interval_ms
+            .unwrap_or(d.disk_check_interval_ms),
+        ..d
+    };
+    s.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let interval = Duration::from_millis(s.disk_check_interval_ms);
+    Ok((s.disk_usage_threshold, s.disk_usage_lwm(), interval))
+}
+
 /// The configuration of bookie `index` (1-based). With `cpu_set`, its shard `i` is global
 /// shard `(index - 1) * shards + i`, so that one-shard bookies spread over the listed CPUs
 /// instead of all taking the first.
@@ -220,17 +273,8 @@ fn bookie_config(
         config.disk_usage_lwm_threshold,
         config.disk_check_interval,
     ) = disk;
-    crate::config::CompactionSettings {
-        minor_threshold: args.minor_compaction_threshold,
-        minor_interval_secs: args.minor_compaction_interval_secs,
-        major_threshold: args.major_compaction_threshold,
-        major_interval_secs: args.major_compaction_interval_secs,
-        entry_log_size_bytes: args.entry_log_size_bytes,
-        checkpoint_interval_ms: args.checkpoint_interval_ms,
-        index_cache_bytes_max: args.index_cache_bytes_max,
-        space_reserve_bytes: args.space_reserve_bytes,
-    }
-    .apply(&mut config.engine)?;
+    engine_settings(args)?.apply(&mut config.engine);
+    compaction_settings(args)?.apply(&mut config.engine);
     if args.tls {
         let pki = sandbox_pki(args)?;
         config.tls = Some(quire_tls::ServerTls {
@@ -330,14 +374,13 @@ fn start_bookies(
         }
     }
     let cpu_set = match &args.cpu_set {
-        Some(cpus) => crate::config::check_cpu_set(cpus.clone())?,
+        Some(cpus) => {
+            quire_bookie::check_cpu_set(cpus).map_err(|e| anyhow::anyhow!("{e}"))?;
+            cpus.clone()
+        }
         None => Vec::new(),
     };
-    let disk = crate::config::check_disk_usage(
-        args.disk_usage_threshold,
-        args.disk_usage_lwm_threshold,
-        args.disk_check_interval_ms,
-    )?;
+    let disk = disk_usage(args)?;
     let executors = args.shard_executors.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
     });
@@ -689,4 +732,20 @@ async fn serve(
         .await
         .context("completing open segments")?;
     Ok(())
+}
+
+/// Parses and checks a retention time in seconds (`--retention-time-secs`).
+pub fn parse_retention_time_secs(v: &str) -> std::result::Result<u64, String> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| format!("{v:?} is not a whole number"))?;
+    quire_client::check_retention_time_secs(n)
+}
+
+/// Parses and checks a retention size in bytes (`--retention-size-bytes`).
+pub fn parse_retention_size_bytes(v: &str) -> std::result::Result<u64, String> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| format!("{v:?} is not a whole number"))?;
+    quire_client::check_retention_size_bytes(n)
 }

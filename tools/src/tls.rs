@@ -1,8 +1,8 @@
 //! TLS settings of the `quire` command: the server keys of `quire bookie` and `quire proxy`,
 //! the client flags of commands that reach a proxy or bookies, and `quire tls-certs`.
 //!
-//! The keys follow BookKeeper's TLS settings: `tls_cert_file` (`tlsCertificatePath`),
-//! `tls_key_file` (`tlsKeyStore`), `tls_ca_file` (`tlsTrustStore`), `tls_client_auth`
+//! The keys follow BookKeeper's TLS settings: `[tls] cert_file` (`tlsCertificatePath`),
+//! `key_file` (`tlsKeyStore`), `ca_file` (`tlsTrustStore`), `client_auth`
 //! (`tlsClientAuthentication`, `"none"` or `"require"`). Everything is off unless set.
 
 use std::path::PathBuf;
@@ -12,34 +12,101 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use quire_tls::{ClientAuth, ClientTls, ServerTls};
 
-/// Checks a server's TLS keys: none set is plain TCP; otherwise both `tls_cert_file` and
-/// `tls_key_file`, and `tls_ca_file` when `tls_client_auth = "require"`. Reads the files once,
-/// so that a bad file fails at start with the key's name.
+/// The `[tls]` table of `quire bookie` and `quire proxy`: TLS on the process's own port
+/// (BookKeeper `tlsCertificatePath`, `tlsKeyStore`, `tlsTrustStore`,
+/// `tlsClientAuthentication`). Off unless `cert_file` and `key_file` are set.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerTlsSettings {
+    /// PEM certificate chain of this server.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for clients' certificates (and, in a bookie, for the other
+    /// bookies' certificates its autorecovery meets).
+    pub ca_file: Option<PathBuf>,
+    /// `none` (unset) or `require`: whether clients must present a certificate `ca_file`
+    /// signed (mutual TLS).
+    pub client_auth: Option<String>,
+}
+
+impl ServerTlsSettings {
+    /// Checks the table and reads its files (see [`server_tls`]); errors name `tls.KEY`.
+    ///
+    /// # Errors
+    /// One line naming the key.
+    pub fn resolve(&self) -> Result<Option<ServerTls>> {
+        server_tls(
+            "tls.",
+            self.cert_file.clone(),
+            self.key_file.clone(),
+            self.ca_file.clone(),
+            self.client_auth.as_deref(),
+        )
+    }
+}
+
+/// The `[bookie_tls]` table of `quire proxy` and `quire autorecovery`: TLS to the bookies,
+/// on when `ca_file` (the CA that signs the bookies' certificates) is set.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientTlsSettings {
+    /// PEM CA certificate that signs the bookies' certificates (BookKeeper `tlsTrustStore`).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to bookies that require one (mutual TLS).
+    pub cert_file: Option<PathBuf>,
+    /// PEM key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+}
+
+impl ClientTlsSettings {
+    /// Checks the table and reads its files (see [`client_tls`]); errors name
+    /// `bookie_tls.KEY`.
+    ///
+    /// # Errors
+    /// One line naming the key.
+    pub fn resolve(&self) -> Result<Option<ClientTls>> {
+        client_tls(
+            "bookie_tls.",
+            self.ca_file.clone(),
+            self.cert_file.clone(),
+            self.key_file.clone(),
+        )
+    }
+}
+
+/// Checks a server's TLS keys: none set is plain TCP; otherwise both `cert_file` and
+/// `key_file`, and `ca_file` when `client_auth = "require"`. Reads the files once, so that a
+/// bad file fails at start with the key's name (`prefix` followed by the key: `tls.` or
+/// `tls_`).
 ///
 /// # Errors
 /// One line naming the setting.
 pub fn server_tls(
+    prefix: &str,
     cert_file: Option<PathBuf>,
     key_file: Option<PathBuf>,
     ca_file: Option<PathBuf>,
     client_auth: Option<&str>,
 ) -> Result<Option<ServerTls>> {
     let client_auth = match client_auth {
-        Some(s) => ClientAuth::parse(s).context("invalid setting tls_client_auth")?,
+        Some(s) => {
+            ClientAuth::parse(s).with_context(|| format!("invalid setting {prefix}client_auth"))?
+        }
         None => ClientAuth::None,
     };
     let (cert_file, key_file) = match (cert_file, key_file) {
         (None, None) => {
             if client_auth == ClientAuth::Require {
-                bail!("invalid setting tls_client_auth = \"require\": TLS is off (set tls_cert_file and tls_key_file)");
+                bail!("invalid setting {prefix}client_auth = \"require\": TLS is off (set {prefix}cert_file and {prefix}key_file)");
             }
             return Ok(None);
         }
         (Some(c), Some(k)) => (c, k),
-        (Some(_), None) => bail!("missing setting tls_key_file: tls_cert_file is set"),
-        (None, Some(_)) => bail!("missing setting tls_cert_file: tls_key_file is set"),
+        (Some(_), None) => bail!("missing setting {prefix}key_file: {prefix}cert_file is set"),
+        (None, Some(_)) => bail!("missing setting {prefix}cert_file: {prefix}key_file is set"),
     };
-    crate::secret_file::warn_if_exposed(&key_file, "tls_key_file");
+    crate::secret_file::warn_if_exposed(&key_file, &format!("{prefix}key_file"));
     let tls = ServerTls {
         cert_file,
         key_file,
@@ -54,7 +121,8 @@ pub fn server_tls(
 /// CA file.
 ///
 /// # Errors
-/// One line naming the setting (`prefix` is the flag or key prefix, such as `bookie_`).
+/// One line naming the setting (`prefix` followed by the key, such as `bookie_tls.ca_file`
+/// or the flag name `bookie_tls_ca_file`).
 pub fn client_tls(
     prefix: &str,
     ca_file: Option<PathBuf>,
@@ -63,12 +131,12 @@ pub fn client_tls(
 ) -> Result<Option<ClientTls>> {
     let Some(ca_file) = ca_file else {
         if cert_file.is_some() || key_file.is_some() {
-            bail!("missing setting {prefix}tls_ca_file: a client certificate is set, but TLS is on only with the CA file that signs the servers' certificates");
+            bail!("missing setting {prefix}ca_file: a client certificate is set, but TLS is on only with the CA file that signs the servers' certificates");
         }
         return Ok(None);
     };
     if let Some(key) = &key_file {
-        crate::secret_file::warn_if_exposed(key, &format!("{prefix}tls_key_file"));
+        crate::secret_file::warn_if_exposed(key, &format!("{prefix}key_file"));
     }
     let tls = ClientTls {
         ca_file,
@@ -100,7 +168,7 @@ impl ProxyTlsArgs {
     /// One line naming the flag or file.
     pub fn client_config(&self) -> Result<Option<Arc<quire_tls::rustls::ClientConfig>>> {
         let tls = client_tls(
-            "",
+            "tls_",
             self.tls_ca_file.clone(),
             self.tls_cert_file.clone(),
             self.tls_key_file.clone(),
@@ -148,7 +216,7 @@ impl BookieTlsArgs {
     /// One line naming the flag or file.
     pub fn client_config(&self) -> Result<Option<Arc<quire_tls::rustls::ClientConfig>>> {
         let tls = client_tls(
-            "bookie_",
+            "bookie_tls_",
             self.bookie_tls_ca_file.clone(),
             self.bookie_tls_cert_file.clone(),
             self.bookie_tls_key_file.clone(),

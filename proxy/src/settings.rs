@@ -1,0 +1,260 @@
+//! The proxy's keys in its config file, in file units: the `[streams]` table
+//! ([`StreamSettings`], the stream layer) and the `[server]` table ([`ServerSettings`], the
+//! proxy port's bounds). Defaults come from [`StreamConfig::default`] and
+//! [`ServerConfig::default`], the one place each is written.
+
+use std::time::Duration;
+
+use quire_metadata::ConfigError;
+use serde::{Deserialize, Serialize};
+
+use crate::{ServerConfig, StreamConfig};
+use quire_client::ENTRY_SIZE_BYTES_MAX;
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The `[streams]` table: each key sets the [`StreamConfig`] field named in its doc.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamSettings {
+    /// [`StreamConfig::ensemble_size`] E of new segments' ledgers.
+    pub ensemble_size: u8,
+    /// [`StreamConfig::write_quorum`] Qw.
+    pub write_quorum: u8,
+    /// [`StreamConfig::ack_quorum`] Qa; E >= Qw >= Qa >= 1 (BookKeeper's rule).
+    pub ack_quorum: u8,
+    /// [`StreamConfig::segment_size_bytes_max`], at least 1.
+    pub segment_size_bytes: u64,
+    /// [`StreamConfig::entry_size_bytes_target`], 1 to [`ENTRY_SIZE_BYTES_MAX`].
+    pub entry_size_bytes: usize,
+    /// [`StreamConfig::segment_roll_interval`] in seconds (DistributedLog's
+    /// `logSegmentRollingIntervalMinutes`); 0 turns time rolling off.
+    pub segment_roll_secs: u64,
+    /// [`StreamConfig::segment_roll_overshoot_bytes_max`].
+    pub segment_roll_overshoot_bytes: u64,
+    /// [`StreamConfig::segment_roll_overshoot_time_max`] in seconds.
+    pub segment_roll_overshoot_secs: u64,
+    /// [`StreamConfig::retention_time`] in seconds, 1 to 100 years (DistributedLog
+    /// `retentionPeriodHours`). Unset: kept forever.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_time_secs: Option<u64>,
+    /// [`StreamConfig::retention_size_bytes`], 1 to 2^60. Unset: no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_size_bytes: Option<u64>,
+    /// [`StreamConfig::lifecycle_sweep_interval`] in seconds, at most 86400; 0 turns it off.
+    pub lifecycle_sweep_secs: u64,
+    /// [`StreamConfig::txid_jump_max`], the txid guard; 0 turns it off.
+    pub txid_jump_max: u64,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        let c = StreamConfig::default();
+        Self {
+            ensemble_size: c.ensemble_size,
+            write_quorum: c.write_quorum,
+            ack_quorum: c.ack_quorum,
+            segment_size_bytes: c.segment_size_bytes_max,
+            entry_size_bytes: c.entry_size_bytes_target,
+            segment_roll_secs: c.segment_roll_interval.map_or(0, |d| d.as_secs()),
+            segment_roll_overshoot_bytes: c.segment_roll_overshoot_bytes_max,
+            segment_roll_overshoot_secs: c.segment_roll_overshoot_time_max.as_secs(),
+            retention_time_secs: c.retention_time.map(|d| d.as_secs()),
+            retention_size_bytes: c.retention_size_bytes,
+            lifecycle_sweep_secs: c.lifecycle_sweep_interval.map_or(0, |d| d.as_secs()),
+            txid_jump_max: c.txid_jump_max.unwrap_or(0),
+        }
+    }
+}
+
+impl StreamSettings {
+    /// Checks every key; errors name the key within the table.
+    ///
+    /// # Errors
+    /// A quorum breaking E >= Qw >= Qa >= 1, a segment or entry size out of range, a
+    /// retention of 0 or above its maximum, a sweep interval above a day.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let (e, w, a) = (self.ensemble_size, self.write_quorum, self.ack_quorum);
+        if !(e >= w && w >= a && a >= 1) {
+            return Err(ConfigError::invalid(
+                "ensemble_size",
+                format!("{e}, write_quorum = {w}, ack_quorum = {a}"),
+                "need E >= Qw >= Qa >= 1",
+            ));
+        }
+        if self.segment_size_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "segment_size_bytes",
+                0,
+                "expected at least 1",
+            ));
+        }
+        if self.entry_size_bytes == 0 || self.entry_size_bytes > ENTRY_SIZE_BYTES_MAX {
+            return Err(ConfigError::invalid(
+                "entry_size_bytes",
+                self.entry_size_bytes,
+                format!("expected 1 to {ENTRY_SIZE_BYTES_MAX}"),
+            ));
+        }
+        if let Some(v) = self.retention_time_secs {
+            quire_client::check_retention_time_secs(v)
+                .map_err(|e| ConfigError::invalid("retention_time_secs", v, e))?;
+        }
+        if let Some(v) = self.retention_size_bytes {
+            quire_client::check_retention_size_bytes(v)
+                .map_err(|e| ConfigError::invalid("retention_size_bytes", v, e))?;
+        }
+        if self.lifecycle_sweep_secs > 86_400 {
+            return Err(ConfigError::invalid(
+                "lifecycle_sweep_secs",
+                self.lifecycle_sweep_secs,
+                "expected 0 (off) to 86400",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the keys into `c` (call [`StreamSettings::validate`] first).
+    pub fn apply(&self, c: &mut StreamConfig) {
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        c.ensemble_size = self.ensemble_size;
+        c.write_quorum = self.write_quorum;
+        c.ack_quorum = self.ack_quorum;
+        c.segment_size_bytes_max = self.segment_size_bytes;
+        c.entry_size_bytes_target = self.entry_size_bytes;
+        c.segment_roll_interval = secs(self.segment_roll_secs);
+        c.segment_roll_overshoot_bytes_max = self.segment_roll_overshoot_bytes;
+        c.segment_roll_overshoot_time_max = Duration::from_secs(self.segment_roll_overshoot_secs);
+        c.retention_time = self.retention_time_secs.map(Duration::from_secs);
+        c.retention_size_bytes = self.retention_size_bytes;
+        c.lifecycle_sweep_interval = secs(self.lifecycle_sweep_secs);
+        c.txid_jump_max = (self.txid_jump_max > 0).then_some(self.txid_jump_max);
+    }
+}
+
+/// The `[server]` table: the proxy port's bounds (docs/proxy-protocol.md, "Memory bounds",
+/// "Connection limits and timeouts"); each key sets the [`ServerConfig`] field named in its
+/// doc.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// [`ServerConfig::request_pool_bytes`], at least the frame limit (Kafka
+    /// `queued.max.request.bytes`).
+    pub request_pool_bytes: usize,
+    /// [`ServerConfig::frame_timeout`] in milliseconds, 100 to 3600000.
+    pub frame_timeout_ms: u64,
+    /// [`ServerConfig::connection_response_bytes_max`], at least the frame limit.
+    pub connection_response_bytes_max: usize,
+    /// [`ServerConfig::response_bytes_max`], at least the frame limit.
+    pub response_bytes_max: usize,
+    /// [`ServerConfig::send_timeout`] in milliseconds, 100 to 3600000.
+    pub send_timeout_ms: u64,
+    /// [`ServerConfig::pressure_send_timeout`] in milliseconds, 100 to 3600000.
+    pub pressure_send_timeout_ms: u64,
+    /// [`ServerConfig::connections_per_ip_max`], at least 1 (Kafka `max.connections.per.ip`).
+    pub connections_per_ip_max: usize,
+    /// [`ServerConfig::handshakes_max`], at least 1.
+    pub handshakes_max: usize,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        let c = ServerConfig::default();
+        Self {
+            request_pool_bytes: c.request_pool_bytes,
+            frame_timeout_ms: ms(c.frame_timeout),
+            connection_response_bytes_max: c.connection_response_bytes_max,
+            response_bytes_max: c.response_bytes_max,
+            send_timeout_ms: ms(c.send_timeout),
+            pressure_send_timeout_ms: ms(c.pressure_send_timeout),
+            connections_per_ip_max: c.connections_per_ip_max,
+            handshakes_max: c.handshakes_max,
+        }
+    }
+}
+
+impl ServerSettings {
+    /// Checks every key; errors name the key within the table.
+    ///
+    /// # Errors
+    /// A byte bound below the frame limit, a time outside 100 ms to 1 h, a count of 0.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let frame = ServerConfig::default().frame_size_bytes_max as usize;
+        for (key, n) in [
+            ("request_pool_bytes", self.request_pool_bytes),
+            (
+                "connection_response_bytes_max",
+                self.connection_response_bytes_max,
+            ),
+            ("response_bytes_max", self.response_bytes_max),
+        ] {
+            if n < frame {
+                return Err(ConfigError::invalid(
+                    key,
+                    n,
+                    format!("expected at least the frame limit, {frame}"),
+                ));
+            }
+        }
+        for (key, v) in [
+            ("frame_timeout_ms", self.frame_timeout_ms),
+            ("send_timeout_ms", self.send_timeout_ms),
+            ("pressure_send_timeout_ms", self.pressure_send_timeout_ms),
+        ] {
+            if !(100..=3_600_000).contains(&v) {
+                return Err(ConfigError::invalid(key, v, "expected 100 to 3600000"));
+            }
+        }
+        for (key, n) in [
+            ("connections_per_ip_max", self.connections_per_ip_max),
+            ("handshakes_max", self.handshakes_max),
+        ] {
+            if n == 0 {
+                return Err(ConfigError::invalid(key, 0, "expected at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the keys into `c` (call [`ServerSettings::validate`] first).
+    pub fn apply(&self, c: &mut ServerConfig) {
+        c.request_pool_bytes = self.request_pool_bytes;
+        c.frame_timeout = Duration::from_millis(self.frame_timeout_ms);
+        c.connection_response_bytes_max = self.connection_response_bytes_max;
+        c.response_bytes_max = self.response_bytes_max;
+        c.send_timeout = Duration::from_millis(self.send_timeout_ms);
+        c.pressure_send_timeout = Duration::from_millis(self.pressure_send_timeout_ms);
+        c.connections_per_ip_max = self.connections_per_ip_max;
+        c.handshakes_max = self.handshakes_max;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_default_to_the_configs_and_apply_back() {
+        // Goal: applying the file defaults changes nothing (the defaults are written once, in
+        // StreamConfig::default and ServerConfig::default).
+        let mut s = StreamConfig::default();
+        StreamSettings::default().apply(&mut s);
+        assert_eq!(format!("{s:?}"), format!("{:?}", StreamConfig::default()));
+        let mut c = ServerConfig::default();
+        ServerSettings::default().apply(&mut c);
+        assert_eq!(format!("{c:?}"), format!("{:?}", ServerConfig::default()));
+        StreamSettings::default().validate().unwrap();
+        ServerSettings::default().validate().unwrap();
+        let e = StreamSettings {
+            ensemble_size: 2,
+            ..Default::default()
+        };
+        assert!(e
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("need E >= Qw >= Qa >= 1"));
+    }
+}

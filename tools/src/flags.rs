@@ -1,0 +1,396 @@
+//! The command-line flags of `quire bookie`, `quire proxy` and `quire autorecovery`: each
+//! overrides one config-file key, named by [`crate::config`]'s key lists (`--zk-root` →
+//! `[zookeeper] root`, `--group-commit-wait-us` → `[engine] group_commit_wait_us`). The keys'
+//! meanings, ranges and BookKeeper names are documented on the crates' settings types
+//! (`quire_bookie::BookieSettings`, `quire_engine::EngineSettings`, ...); `--help` shows each
+//! default, read from those types' `Default`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Command};
+use serde::Serialize;
+
+use crate::config::Key;
+
+/// Adds `[default: VALUE]` to the help of each flag of `keys` whose key has a default in
+/// `defaults` (the process's file type's `Default`, which reads the crates' defaults), so that
+/// `--help` shows the defaults the process uses without the flags themselves having one (a
+/// flag given overrides the file; a flag not given leaves the file's value).
+pub fn with_defaults(mut command: Command, keys: &[Key], defaults: &impl Serialize) -> Command {
+    let Ok(defaults) = toml::Value::try_from(defaults) else {
+        return command;
+    };
+    for Key { flag, path, .. } in keys {
+        let Some(value) = path.split('.').try_fold(&defaults, |v, k| v.get(k)) else {
+            continue;
+        };
+        let shown = match value {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        command = command.mut_arg(*flag, |arg| {
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            let long = arg.get_long_help().map(ToString::to_string);
+            let arg = arg.help(format!("{help} [default: {shown}]"));
+            match long {
+                Some(long) => arg.long_help(format!("{long} [default: {shown}]")),
+                None => arg,
+            }
+        });
+    }
+    command
+}
+
+/// `quire bookie` flags (None: not given, the file's value or the default stands).
+#[derive(Args, Debug, Default, Clone, Serialize)]
+pub struct BookieFlags {
+    /// ZooKeeper connect string, host:port[,host:port...] ([zookeeper] servers).
+    #[arg(long)]
+    pub zookeeper: Option<String>,
+    /// Root path of Quire's znodes ([zookeeper] root).
+    #[arg(long)]
+    pub zk_root: Option<String>,
+    /// ZooKeeper session timeout in milliseconds ([zookeeper] session_timeout_ms).
+    #[arg(long)]
+    pub zk_session_timeout_ms: Option<u64>,
+    /// File holding the ZooKeeper digest identity `user:password`; every znode created gets
+    /// its ACL ([zookeeper] auth_file; unset: znodes open to anyone).
+    #[arg(long)]
+    pub zk_auth_file: Option<PathBuf>,
+    /// Journal directory, one subdirectory per shard ([bookie] journal_dir).
+    #[arg(long)]
+    pub journal_dir: Option<PathBuf>,
+    /// Ledger directory: entry logs and index ([bookie] ledger_dir).
+    #[arg(long)]
+    pub ledger_dir: Option<PathBuf>,
+    /// Address to listen on, with a fixed port.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address clients use to reach this bookie, and its bookie id (unset: the listen
+    /// address, which must then not be a wildcard).
+    #[arg(long)]
+    pub advertised: Option<String>,
+    /// Rack label recorded in the bookie registry.
+    #[arg(long)]
+    pub rack: Option<String>,
+    /// Shards: glommio executors, one engine each ([bookie] shards).
+    #[arg(long)]
+    pub shards: Option<usize>,
+    /// glommio io_memory per shard, in bytes ([bookie] io_memory_bytes).
+    #[arg(long)]
+    pub io_memory_bytes: Option<usize>,
+    /// CPUs to pin the shards to, e.g. `0,1`: shard i runs on the (i mod n)-th ([bookie]
+    /// cpu_set; unset: unpinned).
+    #[arg(long, value_delimiter = ',')]
+    pub cpu_set: Option<Vec<usize>>,
+    /// Size of each pre-written journal file, in bytes ([engine] journal_file_size_bytes).
+    #[arg(long)]
+    pub journal_file_size_bytes: Option<u64>,
+    /// Checkpointed journal files kept per shard for reuse (BookKeeper `journalReuseFiles`; 0
+    /// turns reuse off; [engine] journal_reuse_files).
+    #[arg(long)]
+    pub journal_reuse_files: Option<usize>,
+    /// Longest wait of the oldest queued add before its journal group is written, in
+    /// microseconds (BookKeeper `journalMaxGroupWaitMSec`; [engine] group_commit_wait_us).
+    #[arg(long)]
+    pub group_commit_wait_us: Option<u64>,
+    /// Seconds between garbage-collection runs on each shard (BookKeeper `gcWaitTime`; 0
+    /// disables; [bookie] gc_interval_secs).
+    #[arg(long)]
+    pub gc_interval_secs: Option<u64>,
+    /// Usage fraction of a journal or ledger filesystem at which the bookie turns read-only
+    /// (BookKeeper `diskUsageThreshold`; [bookie] disk_usage_threshold).
+    #[arg(long)]
+    pub disk_usage_threshold: Option<f64>,
+    /// Usage every directory must be below for a read-only bookie to take adds again
+    /// (BookKeeper `diskUsageLwmThreshold`; [bookie] disk_usage_lwm_threshold; unset: 0.90,
+    /// or disk_usage_threshold if lower).
+    #[arg(long)]
+    pub disk_usage_lwm_threshold: Option<f64>,
+    /// Milliseconds between disk usage measurements (BookKeeper `diskCheckInterval`;
+    /// [bookie] disk_check_interval_ms).
+    #[arg(long)]
+    pub disk_check_interval_ms: Option<u64>,
+    /// Address of the HTTP endpoint serving `GET /metrics` and `GET /healthz`; off unless set.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Minor compaction threshold, a fraction (BookKeeper `minorCompactionThreshold`;
+    /// [compaction] minor_threshold).
+    #[arg(long)]
+    pub minor_compaction_threshold: Option<f64>,
+    /// Seconds between minor compactions, 0 disables ([compaction] minor_interval_secs).
+    #[arg(long)]
+    pub minor_compaction_interval_secs: Option<u64>,
+    /// Major compaction threshold, a fraction above the minor one (BookKeeper
+    /// `majorCompactionThreshold`; [compaction] major_threshold).
+    #[arg(long)]
+    pub major_compaction_threshold: Option<f64>,
+    /// Seconds between major compactions, 0 disables ([compaction] major_interval_secs).
+    #[arg(long)]
+    pub major_compaction_interval_secs: Option<u64>,
+    /// An entry log rolls beyond this many bytes (BookKeeper `logSizeLimit`; [engine]
+    /// entry_log_size_bytes).
+    #[arg(long)]
+    pub entry_log_size_bytes: Option<u64>,
+    /// Milliseconds between checkpoints (BookKeeper `flushInterval`; [engine]
+    /// checkpoint_interval_ms).
+    #[arg(long)]
+    pub checkpoint_interval_ms: Option<u64>,
+    /// Bound of each shard's index block cache, in bytes ([engine] index_cache_bytes_max).
+    #[arg(long)]
+    pub index_cache_bytes_max: Option<u64>,
+    /// Bytes of zeros each shard keeps in reserve for a full disk ([engine]
+    /// space_reserve_bytes; 0 turns it off).
+    #[arg(long)]
+    pub space_reserve_bytes: Option<u64>,
+    /// Bytes of adds queued per shard for the journal writer beyond which adds wait, then are
+    /// refused (BookKeeper `journalQueueSize`; [engine] journal_queue_bytes_max).
+    #[arg(long)]
+    pub journal_queue_bytes_max: Option<u64>,
+    /// Entry-log files each shard keeps open for reads (BookKeeper `openFileLimit`; [engine]
+    /// entry_log_readers_max).
+    #[arg(long)]
+    pub entry_log_readers_max: Option<usize>,
+    /// Run an autorecovery daemon inside this bookie (BookKeeper
+    /// `autoRecoveryDaemonEnabled`; [autorecovery] enabled).
+    #[arg(long)]
+    pub autorecovery_enabled: Option<bool>,
+    /// Seconds a bookie's registration must have been gone before its ledgers are marked
+    /// under-replicated (BookKeeper `lostBookieRecoveryDelay`).
+    #[arg(long)]
+    pub lost_bookie_recovery_delay_secs: Option<u64>,
+    /// Milliseconds the last fragment of an open ledger is left to its writer (BookKeeper
+    /// `openLedgerRereplicationGracePeriod`).
+    #[arg(long)]
+    pub open_ledger_rereplication_grace_period_ms: Option<u64>,
+    /// Milliseconds between the auditor's registry polls ([autorecovery] poll_interval_ms).
+    #[arg(long)]
+    pub autorecovery_poll_interval_ms: Option<u64>,
+    /// Seconds between the auditor's walks over every ledger (BookKeeper
+    /// `auditorPeriodicCheckInterval`; 0 disables).
+    #[arg(long)]
+    pub auditor_periodic_check_interval_secs: Option<u64>,
+    /// Bytes per second a replication worker writes at most (BookKeeper
+    /// `replicationRateByBytes`; 0: unlimited).
+    #[arg(long)]
+    pub replication_rate_bytes: Option<u64>,
+    /// Milliseconds a connection may take to complete its handshake ([bookie]
+    /// handshake_timeout_ms).
+    #[arg(long)]
+    pub handshake_timeout_ms: Option<u64>,
+    /// Seconds a handshaken connection may stay idle ([bookie] idle_timeout_secs).
+    #[arg(long)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Open client connections per bookie ([bookie] connections_max).
+    #[arg(long)]
+    pub connections_max: Option<usize>,
+    /// Open client connections per client IP address (Kafka `max.connections.per.ip`;
+    /// [bookie] connections_per_ip_max).
+    #[arg(long)]
+    pub connections_per_ip_max: Option<usize>,
+    /// Bytes of request frames above 64 KiB buffered at once (Kafka
+    /// `queued.max.request.bytes`; [bookie] request_pool_bytes).
+    #[arg(long)]
+    pub request_pool_bytes: Option<usize>,
+    /// Milliseconds a frame may take to arrive whole ([bookie] frame_timeout_ms).
+    #[arg(long)]
+    pub frame_timeout_ms: Option<u64>,
+    /// PEM certificate chain of this bookie; with the key it turns TLS on ([tls] cert_file).
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the certificate ([tls] key_file).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for clients' and other bookies' certificates ([tls]
+    /// ca_file).
+    #[arg(long)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// `none` or `require`: whether clients must present a certificate ([tls] client_auth).
+    #[arg(long)]
+    pub tls_client_auth: Option<String>,
+    /// File holding the cluster secret (64 hexadecimal digits) every connection to a bookie
+    /// proves (docs/protocol.md §2). Required.
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
+}
+
+/// `quire proxy` flags (None: not given, the file's value or the default stands).
+#[derive(Args, Debug, Default, Clone, Serialize)]
+pub struct ProxyFlags {
+    /// ZooKeeper connect string, host:port[,host:port...] ([zookeeper] servers).
+    #[arg(long)]
+    pub zookeeper: Option<String>,
+    /// Root path of Quire's znodes ([zookeeper] root).
+    #[arg(long)]
+    pub zk_root: Option<String>,
+    /// ZooKeeper session timeout in milliseconds ([zookeeper] session_timeout_ms).
+    #[arg(long)]
+    pub zk_session_timeout_ms: Option<u64>,
+    /// File holding the ZooKeeper digest identity `user:password` ([zookeeper] auth_file).
+    #[arg(long)]
+    pub zk_auth_file: Option<PathBuf>,
+    /// Address to listen on, with a fixed port.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address clients use to reach this proxy, its identity as a stream owner (unset: the
+    /// listen address, which must then not be a wildcard).
+    #[arg(long)]
+    pub advertised: Option<String>,
+    /// Ensemble size E of new segments' ledgers ([streams] ensemble_size).
+    #[arg(long)]
+    pub ensemble_size: Option<u8>,
+    /// Write quorum Qw ([streams] write_quorum).
+    #[arg(long)]
+    pub write_quorum: Option<u8>,
+    /// Ack quorum Qa ([streams] ack_quorum).
+    #[arg(long)]
+    pub ack_quorum: Option<u8>,
+    /// A segment rolls once it holds this many bytes ([streams] segment_size_bytes).
+    #[arg(long)]
+    pub segment_size_bytes: Option<u64>,
+    /// Records are packed into entries of up to this many bytes ([streams]
+    /// entry_size_bytes).
+    #[arg(long)]
+    pub entry_size_bytes: Option<usize>,
+    /// A segment holding a record also rolls once this many seconds old; 0 turns time
+    /// rolling off ([streams] segment_roll_secs).
+    #[arg(long)]
+    pub segment_roll_secs: Option<u64>,
+    /// Bytes past its roll point a segment that cannot roll keeps taking writes ([streams]
+    /// segment_roll_overshoot_bytes).
+    #[arg(long)]
+    pub segment_roll_overshoot_bytes: Option<u64>,
+    /// Seconds past its roll point a segment that cannot roll keeps taking writes ([streams]
+    /// segment_roll_overshoot_secs).
+    #[arg(long)]
+    pub segment_roll_overshoot_secs: Option<u64>,
+    /// Default retention time of every stream, in seconds (unset: kept forever).
+    #[arg(long)]
+    pub retention_time_secs: Option<u64>,
+    /// Default retention size of every stream, in bytes (unset: no limit).
+    #[arg(long)]
+    pub retention_size_bytes: Option<u64>,
+    /// Seconds between lifecycle sweeps over every stream; 0 disables ([streams]
+    /// lifecycle_sweep_secs).
+    #[arg(long)]
+    pub lifecycle_sweep_secs: Option<u64>,
+    /// The txid guard: a record whose txid is more than this above the one before it is
+    /// refused with `TXID_TOO_FAR_AHEAD`; 0 turns it off ([streams] txid_jump_max).
+    #[arg(long)]
+    pub txid_jump_max: Option<u64>,
+    /// Longest SIGTERM drain, in milliseconds, 100 to 3600000.
+    #[arg(long)]
+    pub drain_timeout_ms: Option<u64>,
+    /// Address of the HTTP endpoint serving `GET /metrics` and `GET /healthz`; off unless set.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Token file: clients must present one of its tokens; off unless set.
+    #[arg(long)]
+    pub auth_tokens_file: Option<PathBuf>,
+    /// PEM certificate chain of this proxy; with the key it turns TLS on ([tls] cert_file).
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the certificate ([tls] key_file).
+    #[arg(long)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for clients' certificates ([tls] ca_file).
+    #[arg(long)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// `none` or `require`: whether clients must present a certificate ([tls] client_auth).
+    #[arg(long)]
+    pub tls_client_auth: Option<String>,
+    /// PEM CA certificate that signs the bookies' certificates; turns TLS to bookies on
+    /// ([bookie_tls] ca_file).
+    #[arg(long)]
+    pub bookie_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to bookies ([bookie_tls] cert_file).
+    #[arg(long)]
+    pub bookie_tls_cert_file: Option<PathBuf>,
+    /// PEM key of the client certificate ([bookie_tls] key_file).
+    #[arg(long)]
+    pub bookie_tls_key_file: Option<PathBuf>,
+    /// Process-wide pool of bytes for request frames above 64 KiB ([server]
+    /// request_pool_bytes).
+    #[arg(long)]
+    pub request_pool_bytes: Option<usize>,
+    /// Milliseconds a frame may take to arrive whole ([server] frame_timeout_ms).
+    #[arg(long)]
+    pub frame_timeout_ms: Option<u64>,
+    /// Bytes of read answers one connection may have built or queued ([server]
+    /// connection_response_bytes_max).
+    #[arg(long)]
+    pub connection_response_bytes_max: Option<usize>,
+    /// Process-wide bound on read answers queued ([server] response_bytes_max).
+    #[arg(long)]
+    pub response_bytes_max: Option<usize>,
+    /// Milliseconds a connection's answers may stay unwritten ([server] send_timeout_ms).
+    #[arg(long)]
+    pub send_timeout_ms: Option<u64>,
+    /// The same while requests wait for response_bytes_max ([server]
+    /// pressure_send_timeout_ms).
+    #[arg(long)]
+    pub pressure_send_timeout_ms: Option<u64>,
+    /// Open connections from one client IP address ([server] connections_per_ip_max).
+    #[arg(long)]
+    pub connections_per_ip_max: Option<usize>,
+    /// Connections in their handshake at once ([server] handshakes_max).
+    #[arg(long)]
+    pub handshakes_max: Option<usize>,
+    /// File holding the cluster secret proved to every bookie. Required.
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
+}
+
+/// `quire autorecovery` flags (None: not given, the file's value or the default stands).
+#[derive(Args, Debug, Default, Clone, Serialize)]
+pub struct AutorecoveryFlags {
+    /// ZooKeeper connect string, host:port[,host:port...] ([zookeeper] servers).
+    #[arg(long)]
+    pub zookeeper: Option<String>,
+    /// Root path of Quire's znodes ([zookeeper] root).
+    #[arg(long)]
+    pub zk_root: Option<String>,
+    /// ZooKeeper session timeout in milliseconds ([zookeeper] session_timeout_ms).
+    #[arg(long)]
+    pub zk_session_timeout_ms: Option<u64>,
+    /// File holding the ZooKeeper digest identity `user:password` ([zookeeper] auth_file).
+    #[arg(long)]
+    pub zk_auth_file: Option<PathBuf>,
+    /// This daemon's identity in the auditor election and on worker locks (unset:
+    /// `autorecovery-<pid>@<hostname>`).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Seconds a bookie's registration must have been gone before its ledgers are marked
+    /// under-replicated (BookKeeper `lostBookieRecoveryDelay`).
+    #[arg(long)]
+    pub lost_bookie_recovery_delay_secs: Option<u64>,
+    /// Milliseconds the last fragment of an open ledger is left to its writer (BookKeeper
+    /// `openLedgerRereplicationGracePeriod`).
+    #[arg(long)]
+    pub open_ledger_rereplication_grace_period_ms: Option<u64>,
+    /// Milliseconds between the auditor's registry polls ([autorecovery] poll_interval_ms).
+    #[arg(long)]
+    pub autorecovery_poll_interval_ms: Option<u64>,
+    /// Seconds between the auditor's walks over every ledger; 0 disables.
+    #[arg(long)]
+    pub auditor_periodic_check_interval_secs: Option<u64>,
+    /// Bytes per second the replication worker writes at most; 0: unlimited.
+    #[arg(long)]
+    pub replication_rate_bytes: Option<u64>,
+    /// Address of the HTTP endpoint serving `GET /metrics` and `GET /healthz`; off unless set.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// PEM CA certificate that signs the bookies' certificates; turns TLS to bookies on.
+    #[arg(long)]
+    pub bookie_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate, for bookies that require one.
+    #[arg(long)]
+    pub bookie_tls_cert_file: Option<PathBuf>,
+    /// PEM key of the client certificate.
+    #[arg(long)]
+    pub bookie_tls_key_file: Option<PathBuf>,
+    /// File holding the cluster secret (see `quire bookie`). Required.
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
+}

@@ -1,0 +1,106 @@
+//! Where the metadata store is: the checked `[zookeeper]` table of a process
+//! ([`MetadataAddress`]) and the admin commands' flags for it ([`MetadataArgs`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use quire_metadata::{MetadataStore, ZkDigest, ZkStore, ZooKeeperConfig};
+use serde::Serialize;
+
+use crate::config::{load, named, AutorecoveryFile, Key};
+
+/// Where the metadata store lives, checked, with the digest identity read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataAddress {
+    /// ZooKeeper connect string, `host:port[,host:port...]`.
+    pub zookeeper: String,
+    /// Absolute path under which every Quire znode lives, e.g. `/quire`.
+    pub zk_root: String,
+    /// ZooKeeper session timeout.
+    pub session_timeout: Duration,
+    /// The digest identity of the session, read from `[zookeeper] auth_file`.
+    pub digest: Option<ZkDigest>,
+}
+
+impl MetadataAddress {
+    /// Checks the `[zookeeper]` table and reads its auth file.
+    ///
+    /// # Errors
+    /// One line naming the key.
+    pub fn from_config(zk: &ZooKeeperConfig, keys: &[Key]) -> Result<Self> {
+        zk.validate().map_err(|e| named(e, "zookeeper", keys))?;
+        let digest = match &zk.auth_file {
+            None => None,
+            Some(path) => {
+                crate::secret_file::warn_if_exposed(path, "zookeeper.auth_file");
+                let text = std::fs::read_to_string(path).with_context(|| {
+                    format!("cannot read zookeeper.auth_file {}", path.display())
+                })?;
+                let digest = ZkDigest::parse(&text)
+                    .map_err(|e| anyhow!("invalid zookeeper.auth_file {}: {e}", path.display()))?;
+                Some(digest)
+            }
+        };
+        let (zookeeper, zk_root) = (zk.servers.clone(), zk.root.clone());
+        Ok(Self {
+            zookeeper,
+            zk_root,
+            session_timeout: zk.session_timeout(),
+            digest,
+        })
+    }
+
+    /// Connects to the ZooKeeper metadata store (its layout under the root is created on
+    /// first use).
+    ///
+    /// # Errors
+    /// ZooKeeper unreachable within about the session timeout, or a layout of another version.
+    pub async fn connect_zk(&self) -> Result<Arc<ZkStore>> {
+        let (zk, root) = (&self.zookeeper, &self.zk_root);
+        let store =
+            ZkStore::connect_with_auth(zk, root, self.session_timeout, self.digest.as_ref())
+                .await
+                .with_context(|| format!("cannot connect to ZooKeeper at {zk} (root {root})"))?;
+        Ok(Arc::new(store))
+    }
+
+    /// Like [`MetadataAddress::connect_zk`], as the metadata interface.
+    ///
+    /// # Errors
+    /// As [`MetadataAddress::connect_zk`].
+    pub async fn connect(&self) -> Result<Arc<dyn MetadataStore>> {
+        Ok(self.connect_zk().await?)
+    }
+}
+
+/// The admin commands' metadata address flags.
+#[derive(Args, Debug, Clone, Serialize)]
+pub struct MetadataArgs {
+    /// ZooKeeper connect string (host:port[,host:port...]).
+    #[arg(long, env = "QUIRE_ZOOKEEPER", global = true)]
+    pub zookeeper: Option<String>,
+    /// Root path of Quire's znodes.
+    #[arg(long, env = "QUIRE_ZK_ROOT", global = true)]
+    pub zk_root: Option<String>,
+    /// ZooKeeper session timeout, in milliseconds.
+    #[arg(long, global = true)]
+    pub zk_session_timeout_ms: Option<u64>,
+    /// File holding the ZooKeeper digest identity `user:password`.
+    #[arg(long, env = "QUIRE_ZK_AUTH_FILE", global = true)]
+    pub zk_auth_file: Option<PathBuf>,
+}
+
+impl MetadataArgs {
+    /// The address, checked.
+    ///
+    /// # Errors
+    /// One line when the connect string is missing or malformed.
+    pub fn resolve(&self) -> Result<MetadataAddress> {
+        let keys = crate::config::keys_of(&[crate::config::ZOOKEEPER]);
+        let file: AutorecoveryFile = load(None, &keys, self)?;
+        MetadataAddress::from_config(&file.zookeeper, &keys)
+    }
+}
