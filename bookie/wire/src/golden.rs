@@ -328,7 +328,8 @@ fn every_opcode_has_a_golden_request_and_response() {
             assert!(
                 names
                     .iter()
-                    .any(|n| n.starts_with(stem) && n.contains(kind)),
+                    .any(|n| *n == format!("{stem}-{kind}")
+                        || n.starts_with(&format!("{stem}-{kind}-"))),
                 "no golden {kind} frame for {op:?}"
             );
         }

@@ -61,6 +61,9 @@ pub use types::{
 };
 
 #[cfg(test)]
+mod golden;
+
+#[cfg(test)]
 mod tests {
     #[test]
     fn depends_on_no_server_crate() {

@@ -1,0 +1,362 @@
+//! Golden proxy frames (issue 25 item 7): one request and one success response per opcode and
+//! an error answer, as bytes under `tests/fixtures/frames/`, written once and never regenerated.
+//! Each is decoded with today's decoder and compared with the value written here, and today's
+//! encoder must still produce the same bytes. `write_missing_frames` (ignored) wrote them; it
+//! never overwrites a file.
+
+use std::path::PathBuf;
+
+use quire_wire::frame::decode_frame;
+
+use crate::dlsn::{Dlsn, ReadPosition};
+use crate::error::ErrorCode;
+use crate::protocol::{Opcode, Request, Response, Token};
+use crate::types::{
+    RetentionChange, RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState,
+    StreamInfo, StreamMetadata, TruncateResult,
+};
+
+enum Golden {
+    /// A request and its id.
+    Request(u64, Request),
+    /// A response, the opcode of the request it answers, and its id.
+    Response(Opcode, u64, Response),
+}
+
+fn stream_info() -> StreamInfo {
+    StreamInfo {
+        metadata: StreamMetadata {
+            name: "logs/golden".into(),
+            segments: vec![
+                SegmentMetadata {
+                    seq_no: 1,
+                    ledger_id: 3,
+                    state: SegmentState::Completed,
+                    first_txid: Some(100),
+                    last_txid: Some(141),
+                    last_entry: Some(41),
+                    record_count: 420,
+                    length_bytes: 84_000,
+                    completion_time_ms: Some(1_764_979_260_000),
+                },
+                SegmentMetadata {
+                    seq_no: 2,
+                    ledger_id: 4,
+                    state: SegmentState::InProgress,
+                    first_txid: Some(142),
+                    last_txid: None,
+                    last_entry: None,
+                    record_count: 0,
+                    length_bytes: 0,
+                    completion_time_ms: None,
+                },
+            ],
+            max_txid: Some(141),
+            creation_time_ms: 1_764_979_200_000,
+            truncated_before: Some(Dlsn::new(1, 10, 2)),
+            retention: RetentionOverride {
+                time_secs: Some(86_400),
+                size_bytes: None,
+            },
+        },
+        owner: Some("10.0.0.9:4181".into()),
+        defaults: RetentionDefaults {
+            time_secs: None,
+            size_bytes: Some(1 << 30),
+        },
+    }
+}
+
+fn cases() -> Vec<(&'static str, Golden)> {
+    use Golden::Request as Req;
+    use Golden::Response as Resp;
+    let stream = || "logs/golden".to_string();
+    vec![
+        (
+            "hello-request",
+            Req(
+                1,
+                Request::Hello {
+                    version_min: 1,
+                    version_max: 1,
+                    token: None,
+                },
+            ),
+        ),
+        (
+            "hello-token-request",
+            Req(
+                1,
+                Request::Hello {
+                    version_min: 1,
+                    version_max: 1,
+                    token: Some(Token(b"tenant-a.secret".to_vec())),
+                },
+            ),
+        ),
+        (
+            "hello-response",
+            Resp(
+                Opcode::Hello,
+                1,
+                Response::Hello {
+                    version: 1,
+                    frame_size_bytes_max: 16 << 20,
+                    record_size_bytes_max: 1 << 20,
+                },
+            ),
+        ),
+        (
+            "create-stream-request",
+            Req(2, Request::CreateStream { stream: stream() }),
+        ),
+        (
+            "create-stream-response",
+            Resp(Opcode::CreateStream, 2, Response::CreateStream),
+        ),
+        ("list-streams-request", Req(3, Request::ListStreams)),
+        (
+            "list-streams-response",
+            Resp(
+                Opcode::ListStreams,
+                3,
+                Response::ListStreams {
+                    streams: vec!["logs/golden".into(), "logs/other".into()],
+                },
+            ),
+        ),
+        (
+            "write-request",
+            Req(
+                4,
+                Request::Write {
+                    stream: stream(),
+                    create_if_missing: true,
+                    records: vec![(142, b"first record".to_vec()), (143, Vec::new())],
+                },
+            ),
+        ),
+        (
+            "write-response",
+            Resp(
+                Opcode::Write,
+                4,
+                Response::Write {
+                    count: 2,
+                    first_dlsn: Dlsn::new(2, 0, 0),
+                    last_dlsn: Dlsn::new(2, 0, 1),
+                },
+            ),
+        ),
+        (
+            "read-request",
+            Req(
+                5,
+                Request::Read {
+                    stream: stream(),
+                    from: ReadPosition::Dlsn(Dlsn::new(1, 10, 2)),
+                    max_records: 100,
+                    max_bytes: 1 << 20,
+                    wait_ms: 500,
+                },
+            ),
+        ),
+        (
+            "read-head-request",
+            Req(
+                6,
+                Request::Read {
+                    stream: stream(),
+                    from: ReadPosition::Head,
+                    max_records: 1,
+                    max_bytes: 4096,
+                    wait_ms: 0,
+                },
+            ),
+        ),
+        (
+            "read-response",
+            Resp(
+                Opcode::Read,
+                5,
+                Response::Read {
+                    next: ReadPosition::Dlsn(Dlsn::new(2, 1, 0)),
+                    records: vec![
+                        (Dlsn::new(2, 0, 0), 142, b"first record".to_vec()),
+                        (Dlsn::new(2, 0, 1), 143, Vec::new()),
+                    ],
+                },
+            ),
+        ),
+        (
+            "describe-stream-request",
+            Req(7, Request::DescribeStream { stream: stream() }),
+        ),
+        (
+            "describe-stream-response",
+            Resp(
+                Opcode::DescribeStream,
+                7,
+                Response::DescribeStream {
+                    info: stream_info(),
+                },
+            ),
+        ),
+        (
+            "truncate-stream-request",
+            Req(
+                8,
+                Request::TruncateStream {
+                    stream: stream(),
+                    before: Dlsn::new(2, 0, 1),
+                },
+            ),
+        ),
+        (
+            "truncate-stream-response",
+            Resp(
+                Opcode::TruncateStream,
+                8,
+                Response::TruncateStream {
+                    result: TruncateResult {
+                        truncated_before: Dlsn::new(2, 0, 1),
+                        segments_deleted: 1,
+                    },
+                },
+            ),
+        ),
+        (
+            "delete-stream-request",
+            Req(9, Request::DeleteStream { stream: stream() }),
+        ),
+        (
+            "delete-stream-response",
+            Resp(
+                Opcode::DeleteStream,
+                9,
+                Response::DeleteStream {
+                    segments_deleted: 2,
+                },
+            ),
+        ),
+        (
+            "set-retention-request",
+            Req(
+                10,
+                Request::SetRetention {
+                    stream: stream(),
+                    time_secs: RetentionChange::Set(3600),
+                    size_bytes: RetentionChange::Default,
+                },
+            ),
+        ),
+        (
+            "set-retention-response",
+            Resp(
+                Opcode::SetRetention,
+                10,
+                Response::SetRetention {
+                    retention: RetentionOverride {
+                        time_secs: Some(3600),
+                        size_bytes: None,
+                    },
+                },
+            ),
+        ),
+        (
+            "error-response",
+            Resp(
+                Opcode::Write,
+                11,
+                Response::Error {
+                    code: ErrorCode::StreamOwnedElsewhere,
+                    message: "10.0.0.9:4181".into(),
+                },
+            ),
+        ),
+    ]
+}
+
+fn encode(g: &Golden) -> Vec<u8> {
+    let mut out = Vec::new();
+    match g {
+        Golden::Request(id, r) => r.encode(*id, &mut out),
+        Golden::Response(op, id, r) => r.encode(*op as u8, *id, &mut out),
+    }
+    out
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/frames")
+}
+
+#[test]
+fn every_golden_frame_decodes_to_its_value_and_encodes_to_its_bytes() {
+    for (name, golden) in cases() {
+        let path = dir().join(format!("{name}.bin"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let (frame, used) = decode_frame(&bytes, u32::MAX)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .unwrap_or_else(|| panic!("{name}: frame cut short"));
+        assert_eq!(used, bytes.len(), "{name}: bytes after the frame");
+        match &golden {
+            Golden::Request(id, want) => {
+                assert_eq!(frame.header.request_id, *id, "{name}");
+                assert_eq!(&Request::decode(&frame).unwrap(), want, "{name}");
+            }
+            Golden::Response(_, id, want) => {
+                assert_eq!(frame.header.request_id, *id, "{name}");
+                assert_eq!(&Response::decode(&frame).unwrap(), want, "{name}");
+            }
+        }
+        assert_eq!(
+            encode(&golden),
+            bytes,
+            "{name}: today's encoder writes other bytes"
+        );
+    }
+}
+
+#[test]
+fn every_opcode_has_a_golden_request_and_response() {
+    let names: Vec<&str> = cases().iter().map(|(n, _)| *n).collect();
+    for op in 1u8..=u8::MAX {
+        let Ok(op) = Opcode::from_u8(op) else {
+            continue;
+        };
+        let stem = match op {
+            Opcode::Hello => "hello",
+            Opcode::CreateStream => "create-stream",
+            Opcode::ListStreams => "list-streams",
+            Opcode::Write => "write",
+            Opcode::Read => "read",
+            Opcode::DescribeStream => "describe-stream",
+            Opcode::TruncateStream => "truncate-stream",
+            Opcode::DeleteStream => "delete-stream",
+            Opcode::SetRetention => "set-retention",
+        };
+        for kind in ["request", "response"] {
+            assert!(
+                names
+                    .iter()
+                    .any(|n| *n == format!("{stem}-{kind}")
+                        || n.starts_with(&format!("{stem}-{kind}-"))),
+                "no golden {kind} frame for {op:?}"
+            );
+        }
+    }
+}
+
+/// Writes the frames whose file does not exist yet; never overwrites one. Run by hand:
+/// `cargo test --release -p quire-client --lib golden::write_missing_frames -- --ignored`.
+#[test]
+#[ignore = "writes fixtures; run by hand when a new opcode or version needs its frame"]
+fn write_missing_frames() {
+    std::fs::create_dir_all(dir()).unwrap();
+    for (name, golden) in cases() {
+        let path = dir().join(format!("{name}.bin"));
+        if !path.exists() {
+            std::fs::write(path, encode(&golden)).unwrap();
+        }
+    }
+}
