@@ -316,8 +316,7 @@ fn replay_dma_ahead(path: PathBuf, depth: usize) -> (Duration, u32) {
             let took = t.elapsed();
             drop(img);
             std::rc::Rc::try_unwrap(f)
-                .ok()
-                .expect("reads done")
+                .unwrap_or_else(|_| panic!("a read still holds the file"))
                 .close()
                 .await
                 .expect("close");

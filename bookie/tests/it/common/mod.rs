@@ -3,7 +3,6 @@
 //! quire_wire.
 #![allow(dead_code)]
 
-use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
