@@ -2,8 +2,10 @@
 //! loopback TCP relay a test can cut ([`TcpRelay`]) to make a ZooKeeper session expire, a small
 //! loop-mounted ext4 filesystem for full-disk tests ([`loop_mount::LoopMount`], needs root), the
 //! disk-use checks of data-lifecycle tests ([`reclaim`]: entry-log bytes, GC tombstones, the
-//! wait until bookies reclaimed deleted ledgers), and, with the `bookies` feature, real
-//! one-shard bookies registered in a metadata store.
+//! wait until bookies reclaimed deleted ledgers), the Loghub samples of real system logs
+//! ([`loghub`]), with the `bookies` feature real one-shard bookies registered in a metadata
+//! store, and with the `harness` feature the process harness of the `quire` binary
+//! (`harness`: a cluster of child processes or a sandbox, the CLI, the post-run checker).
 //!
 //! Use it as a dev-dependency (`quire-testkit.workspace = true` under `[dev-dependencies]`):
 //!
@@ -24,6 +26,9 @@
 #[cfg(feature = "bookies")]
 pub mod bookies;
 pub mod cluster_secret;
+#[cfg(feature = "harness")]
+pub mod harness;
+pub mod loghub;
 pub mod loop_mount;
 pub mod reclaim;
 mod relay;
