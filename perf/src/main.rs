@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -314,7 +314,7 @@ fn run(args: Args) -> Result<bool> {
     if has(Workload::Baseline) && baseline_dir.is_none() {
         bail!("the baseline needs a directory on the journal device: give --data-dir (the sandbox's) or --baseline-dir, or leave `baseline` out of --workloads");
     }
-    let started_unix_ms = SystemTime::now()
+    let started_unix_ms = quire_clock::system_now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     let prefix = args
@@ -534,7 +534,7 @@ fn plot_series(r: &RunResults) -> Vec<Series> {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
+    quire_clock::system_now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }

@@ -28,7 +28,7 @@ const ELECTION_PREFIX: &str = "V_";
 const MARK_ATTEMPTS_MAX: usize = 16;
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
+    quire_clock::system_now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
