@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, UNIX_EPOCH};
+use std::time::Instant;
 
 use quire_metadata::{
     master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, Version,
@@ -79,9 +79,7 @@ pub fn new_ledger_secret() -> Vec<u8> {
 }
 
 fn now_ms() -> u64 {
-    quire_clock::system_now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    quire_clock::unix_ms()
 }
 
 impl BookKeeper {

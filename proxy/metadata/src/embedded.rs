@@ -377,9 +377,7 @@ impl MetadataStore for EmbeddedStore {
         let next = Version(slot.1 .0 + 1);
         *slot = (meta.clone(), next);
         self.persist(&doc).await?;
-        let now = quire_clock::system_now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now = quire_clock::unix_ms();
         Ok(Stamped {
             version: next,
             store_time_ms: Some(now),
