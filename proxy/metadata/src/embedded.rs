@@ -377,9 +377,7 @@ impl MetadataStore for EmbeddedStore {
         let next = Version(slot.1 .0 + 1);
         *slot = (meta.clone(), next);
         self.persist(&doc).await?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now = quire_clock::unix_ms();
         Ok(Stamped {
             version: next,
             store_time_ms: Some(now),
@@ -502,6 +500,6 @@ impl MetadataStore for EmbeddedStore {
 /// 128 random bits as 32 hex digits (never time-based: two clusters created at the same
 /// moment must still differ).
 pub(crate) fn random_instance_id() -> String {
-    let bytes: [u8; 16] = rand::random();
+    let bytes: [u8; 16] = quire_clock::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

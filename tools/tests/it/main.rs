@@ -3,6 +3,10 @@
 //! behaviour, linked into one test binary. The cluster harness, the raw bookie wire client and the
 //! history checker are `quire_testkit::harness` (its `harness` feature).
 
+// Integration tests run real processes, runtimes and sockets and wait on real deadlines: they
+// read the real clock, not the quire_clock seam (clippy.toml, ARCHITECTURE.md).
+#![allow(clippy::disallowed_methods)]
+
 mod bookie_info_command;
 mod cluster_autorecovery;
 mod cluster_bookie_lifecycle_and_admin;

@@ -8,6 +8,10 @@
 //! The binary is [`quire_bin`]: `QUIRE_TEST_BIN` when set, else the `quire` that Cargo built beside
 //! the running test (the `quire` package's own integration tests always have it).
 
+// The harness waits on real child processes and sockets: its deadlines are the real clock's,
+// never a manual clock a test installed on its thread (quire_clock).
+#![allow(clippy::disallowed_methods)]
+
 pub mod checker;
 pub mod cluster;
 mod sandbox;
