@@ -1,6 +1,7 @@
 //! Goal: the auditor marks the ledgers of a lost bookie only once its registration has been
 //! gone for the delay, and only the ledgers that name it; the periodic check marks a ledger a
-//! registered bookie lacks the entries of (a wiped bookie registered again looks so).
+//! registered bookie lacks the entries of: one whose metadata names an empty bookie, and a bookie
+//! wiped and started again on its address, whose replicas a worker then copies back in place.
 //! Method: `Auditor::audit_once` polls against real bookies and the embedded store.
 
 use std::time::Duration;
@@ -94,4 +95,41 @@ async fn the_periodic_check_marks_a_ledger_a_registered_bookie_lacks() {
     tokio::time::sleep(Duration::from_millis(350)).await;
     let due = auditor.audit_once(&*c.store, &c.bk).await.unwrap();
     assert!(due.full_check && due.marked == 1, "{due:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_bookie_registered_again_is_found_and_its_replicas_copied_back() {
+    use quire_autorecovery::{AutorecoveryMetrics, Outcome, Worker};
+    use quire_testkit::bookies::{small_bookie_config, start_registered_bookie};
+
+    let mut c = cluster(3).await;
+    let id = c.closed_ledger(25).await;
+    let wiped = c.meta(id).await.fragments[0].bookies[1].clone();
+    c.lose(&wiped).await;
+    // The same address on empty directories (index 9: directories no bookie used).
+    let addr = wiped.0.parse().unwrap();
+    let config = small_bookie_config(c.dir(), 9, addr);
+    let again = start_registered_bookie(config, &*c.store).await;
+    c.bookies.push(Some(again));
+
+    let mut auditor = Auditor::new(options());
+    let pass = auditor.audit_once(&*c.store, &c.bk).await.unwrap();
+    assert!(pass.full_check && pass.marked == 1, "{pass:?}");
+    let mark = c.store.read_under_replicated(id).await.unwrap();
+    assert_eq!(mark.value.missing_bookies, vec![wiped.clone()]);
+
+    let metrics = AutorecoveryMetrics::default();
+    let mut w = Worker::new("w".into(), options(), metrics.clone());
+    let (_, outcome) = w.work_once(&*c.store, &c.bk).await.unwrap().unwrap();
+    assert_eq!(outcome.unwrap(), Outcome::Done);
+    assert_eq!(metrics.entries_written.get(), 25);
+    assert!(c.meta(id).await.fragments[0].bookies.contains(&wiped));
+    assert!(c.store.list_under_replicated().await.unwrap().is_empty());
+    let probe = std::collections::HashSet::from([wiped]);
+    assert!(c
+        .bk
+        .bookies_missing_entries(id, &probe)
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -61,6 +61,11 @@ pub fn payload(e: u64) -> Vec<u8> {
 }
 
 impl Cluster {
+    /// The directory the bookies' files are under.
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     /// Writes `entries` entries to a new E=3, Qw=3, Qa=2 ledger and closes it.
     pub async fn closed_ledger(&self, entries: u64) -> LedgerId {
         let w = self
