@@ -19,7 +19,10 @@ async fn a_lost_bookies_ledgers_are_marked_after_the_delay_and_not_before() {
     for _ in 0..4 {
         ledgers.push(c.closed_ledger(10).await);
     }
-    let mut auditor = Auditor::new(options());
+    // A delay long enough that a loaded machine does not reach it between the early polls.
+    let mut opts = options();
+    opts.lost_bookie_recovery_delay = Duration::from_millis(1_500);
+    let mut auditor = Auditor::new(opts);
     let first = auditor.audit_once(&*c.store, &c.bk).await.unwrap();
     assert!(first.full_check, "the first poll is a check: {first:?}");
     assert_eq!(first.marked, 0, "every replica is there");
@@ -33,14 +36,14 @@ async fn a_lost_bookies_ledgers_are_marked_after_the_delay_and_not_before() {
         "nothing walked within the delay"
     );
     assert!(c.store.list_under_replicated().await.unwrap().is_empty());
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     auditor.audit_once(&*c.store, &c.bk).await.unwrap();
     assert!(
         c.store.list_under_replicated().await.unwrap().is_empty(),
-        "still within the 300 ms delay"
+        "still within the 1.5 s delay"
     );
 
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     let pass = auditor.audit_once(&*c.store, &c.bk).await.unwrap();
     assert!(pass.walked && !pass.full_check, "{pass:?}");
     let marks = c.store.list_under_replicated().await.unwrap();
