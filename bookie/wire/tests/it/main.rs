@@ -1,5 +1,6 @@
 //! The bookie wire codec's tests, linked into one test binary.
 
+mod add_head_matches_whole_frame;
 mod bookie_info_codec;
 mod decoder_rejects_bad_frames;
 mod long_poll_response_codec;
