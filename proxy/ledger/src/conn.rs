@@ -922,23 +922,26 @@ mod shared_payload_tests {
         }
     }
 
-    impl AsyncWrite for Arc<Mutex<Recorder>> {
+    /// The writer task's end of a [`Recorder`].
+    struct Socket(Arc<Mutex<Recorder>>);
+
+    impl AsyncWrite for Socket {
         fn poll_write(
             self: Pin<&mut Self>,
             _: &mut Context<'_>,
             buf: &[u8],
         ) -> Poll<std::io::Result<usize>> {
-            Poll::Ready(Ok(self.lock().unwrap().take(&[IoSlice::new(buf)])))
+            Poll::Ready(Ok(self.0.lock().unwrap().take(&[IoSlice::new(buf)])))
         }
         fn poll_write_vectored(
             self: Pin<&mut Self>,
             _: &mut Context<'_>,
             bufs: &[IoSlice<'_>],
         ) -> Poll<std::io::Result<usize>> {
-            Poll::Ready(Ok(self.lock().unwrap().take(bufs)))
+            Poll::Ready(Ok(self.0.lock().unwrap().take(bufs)))
         }
         fn is_write_vectored(&self) -> bool {
-            self.lock().unwrap().vectored
+            self.0.lock().unwrap().vectored
         }
         fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
             Poll::Ready(Ok(()))
@@ -1013,7 +1016,8 @@ mod shared_payload_tests {
             }
             drop(tx);
             let dead = Arc::new(AtomicBool::new(false));
-            write_loop(rx, socket.clone(), waiters, queued.clone(), dead.clone(), Arc::default()).await;
+            let wr = Socket(socket.clone());
+            write_loop(rx, wr, waiters, queued.clone(), dead.clone(), Arc::default()).await;
             assert!(!dead.load(Ordering::SeqCst));
             assert_eq!(queued.load(Ordering::SeqCst), 0);
             let rec = socket.lock().unwrap();
