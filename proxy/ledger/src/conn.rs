@@ -835,9 +835,10 @@ mod tests {
             let bytes = entry(e);
             // Spawned, so that every timeout runs from now (a call's future starts its clock
             // when first polled).
-            stalled.push(tokio::spawn(
-                conn.call_add(Duration::from_millis(300), add_request(key, &bytes, false)),
-            ));
+            stalled.push(tokio::spawn(conn.call_add(
+                Duration::from_millis(300),
+                add_request(key, &bytes, false),
+            )));
         }
         // The first few may pass before the relay applies the throttle.
         let mut failed = 0;
@@ -1001,10 +1002,9 @@ mod shared_payload_tests {
                 },
             );
             let queued = Arc::new(AtomicUsize::new(0));
-            for (rid, frame_head, frame_body) in [
-                (100 + id, read_head, Bytes::new()),
-                (id, add_head, body),
-            ] {
+            for (rid, frame_head, frame_body) in
+                [(100 + id, read_head, Bytes::new()), (id, add_head, body)]
+            {
                 waiters.lock().unwrap().insert(rid, oneshot::channel().0);
                 queued.fetch_add(frame_head.len() + frame_body.len(), Ordering::SeqCst);
                 tx.send(Outgoing {
@@ -1017,7 +1017,15 @@ mod shared_payload_tests {
             drop(tx);
             let dead = Arc::new(AtomicBool::new(false));
             let wr = Socket(socket.clone());
-            write_loop(rx, wr, waiters, queued.clone(), dead.clone(), Arc::default()).await;
+            write_loop(
+                rx,
+                wr,
+                waiters,
+                queued.clone(),
+                dead.clone(),
+                Arc::default(),
+            )
+            .await;
             assert!(!dead.load(Ordering::SeqCst));
             assert_eq!(queued.load(Ordering::SeqCst), 0);
             let rec = socket.lock().unwrap();

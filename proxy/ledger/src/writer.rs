@@ -10,12 +10,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use quire_metadata::{
     master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, Version,
     LEDGER_METADATA_FORMAT_VERSION,
 };
 use quire_wire::bookie::Status;
-use bytes::Bytes;
 use quire_wire::entry::{encode_entry_header, EntryHeader, ENTRY_HEADER_SIZE_BYTES};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 use sha1::{Digest, Sha1};
@@ -488,12 +488,10 @@ impl WriterShared {
             });
             return;
         }
-        let reply = slot
-            .conn
-            .call_add(
-                timeout,
-                conn::add_request_shared(key, &bytes.head, &bytes.payload, false),
-            );
+        let reply = slot.conn.call_add(
+            timeout,
+            conn::add_request_shared(key, &bytes.head, &bytes.payload, false),
+        );
         tokio::spawn(async move {
             shared.on_reply(entry, pos, generation, reply.await);
         });
