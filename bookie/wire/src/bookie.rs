@@ -9,7 +9,9 @@
 
 use crate::auth::{AuthNonce, AuthProof, AUTH_NONCE_SIZE_BYTES, AUTH_PROOF_SIZE_BYTES};
 use crate::entry::{lac_from_wire, lac_to_wire};
-use crate::frame::{encode_frame, Frame, FrameHeader, RESPONSE_BIT};
+use crate::frame::{
+    encode_frame, Frame, FrameHeader, FRAME_HEADER_SIZE_BYTES, FRAME_LEN_MIN, RESPONSE_BIT,
+};
 use crate::{
     put_len_prefixed, EntryId, LedgerId, MasterKey, Reader, WireError, MASTER_KEY_SIZE_BYTES,
 };
@@ -342,6 +344,33 @@ fn key(r: &mut Reader<'_>) -> Result<MasterKey, WireError> {
     let mut k = [0u8; MASTER_KEY_SIZE_BYTES];
     k.copy_from_slice(r.bytes(MASTER_KEY_SIZE_BYTES)?);
     Ok(MasterKey(k))
+}
+
+/// Appends the first bytes of an `Add` request frame to `out`: the frame header (its length
+/// counting an entry of `entry_len` bytes) and the master key. The frame is complete once the
+/// entry's `entry_len` bytes follow; together they are byte for byte what [`encode_request`]
+/// writes for the same `Add`, so a client can send one shared entry buffer behind a small
+/// header of its own per bookie (a vectored write) instead of copying the entry into each
+/// bookie's frame.
+///
+/// # Panics
+/// If the frame would exceed 4 GiB; entries are bounded far below that.
+pub fn encode_add_request_head(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    recovery: bool,
+    master_key: MasterKey,
+    entry_len: usize,
+) {
+    let body_len = MASTER_KEY_SIZE_BYTES + entry_len;
+    let frame_len = u32::try_from(body_len + FRAME_LEN_MIN as usize).expect("frame above 4 GiB");
+    out.reserve(FRAME_HEADER_SIZE_BYTES + MASTER_KEY_SIZE_BYTES);
+    out.extend_from_slice(&frame_len.to_le_bytes());
+    out.push(Opcode::Add as u8);
+    out.push(if recovery { FLAG_RECOVERY_ADD } else { 0 });
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&request_id.to_le_bytes());
+    out.extend_from_slice(&master_key.0);
 }
 
 /// Appends a request frame to `out`.

@@ -37,13 +37,23 @@ pub struct EntryHeader {
 /// Builds an entry: header, CRC32C digest, payload.
 pub fn encode_entry(header: EntryHeader, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(ENTRY_HEADER_SIZE_BYTES + payload.len());
-    out.extend_from_slice(&header.ledger.0.to_le_bytes());
-    out.extend_from_slice(&header.entry.0.to_le_bytes());
-    out.extend_from_slice(&lac_to_wire(header.lac).to_le_bytes());
-    out.extend_from_slice(&header.length_bytes.to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..32]), payload);
-    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&encode_entry_header(header, payload));
     out.extend_from_slice(payload);
+    out
+}
+
+/// The first [`ENTRY_HEADER_SIZE_BYTES`] bytes of the entry [`encode_entry`] builds (fields and
+/// the CRC32C digest over them and `payload`), without copying the payload: a writer that
+/// sends the payload from a buffer it shares (one per bookie of the write set) sends these
+/// bytes in front of it.
+pub fn encode_entry_header(header: EntryHeader, payload: &[u8]) -> [u8; ENTRY_HEADER_SIZE_BYTES] {
+    let mut out = [0u8; ENTRY_HEADER_SIZE_BYTES];
+    out[0..8].copy_from_slice(&header.ledger.0.to_le_bytes());
+    out[8..16].copy_from_slice(&header.entry.0.to_le_bytes());
+    out[16..24].copy_from_slice(&lac_to_wire(header.lac).to_le_bytes());
+    out[24..32].copy_from_slice(&header.length_bytes.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..32]), payload);
+    out[32..36].copy_from_slice(&crc.to_le_bytes());
     out
 }
 

@@ -1,18 +1,22 @@
 //! Pipelined connections to bookies: up to three TCP connections per bookie (one per [`Lane`]),
-//! shared by every ledger of this client. A writer task batches outgoing frames into one
-//! `write_all`; a reader task matches responses to requests by request id.
+//! shared by every ledger of this client. A writer task gathers queued frames into one
+//! vectored write (an add's entry payload is shared by the bookies of its write set, not
+//! copied into each bookie's frame); a reader task matches responses to requests by request
+//! id.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use quire_metadata::BookieId;
 use quire_wire::auth::ClusterSecret;
 use quire_wire::bookie::{self, Request, Response, Status, PROTOCOL_VERSION_AUTH};
 use quire_wire::frame::decode_frame;
 use quire_wire::{EntryId, LedgerId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -67,6 +71,46 @@ type Waiter = oneshot::Sender<Result<Reply, Error>>;
 pub(crate) const OUTGOING_QUEUE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Bytes gathered into one socket write.
 const WRITE_BATCH_SIZE_BYTES_MAX: usize = 256 * 1024;
+/// Frames gathered into one socket write: at most two slices each, within Linux's `IOV_MAX`
+/// (1,024) slices per `writev`.
+const WRITE_BATCH_FRAMES_MAX: usize = 512;
+
+/// One request frame queued for a connection's writer task: `head` (the whole frame for most
+/// requests; an add's frame header, master key and entry header) then `body` (an add's entry
+/// payload, shared with the frames of the other bookies of its write set; empty otherwise).
+struct Outgoing {
+    id: u64,
+    head: Vec<u8>,
+    body: Bytes,
+}
+
+impl Outgoing {
+    fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+}
+
+/// An add request (`recovery`: BookKeeper's recovery add, accepted by a fenced or read-only
+/// bookie) whose entry is `entry_head` followed by `payload`. On the wire it is byte for byte
+/// `bookie::encode_request(Request::Add)` of the whole entry (`encode_add_request_head`);
+/// only the small head is written per bookie, the payload is shared.
+pub(crate) struct AddRequest {
+    master_key: quire_wire::MasterKey,
+    recovery: bool,
+    entry_head: Vec<u8>,
+    payload: Bytes,
+}
+
+impl AddRequest {
+    /// Appends the frame's head for request id `id` to `out` and returns the payload that
+    /// follows it on the wire.
+    fn encode(self, out: &mut Vec<u8>, id: u64) -> Bytes {
+        let entry_len = self.entry_head.len() + self.payload.len();
+        bookie::encode_add_request_head(out, id, self.recovery, self.master_key, entry_len);
+        out.extend_from_slice(&self.entry_head);
+        self.payload
+    }
+}
 
 /// Which of a bookie's two connections a request travels on.
 ///
@@ -91,7 +135,7 @@ pub(crate) enum Lane {
 pub(crate) struct Conn {
     bookie: BookieId,
     /// Frames for the writer task, with their request ids.
-    outgoing: mpsc::UnboundedSender<(u64, Vec<u8>)>,
+    outgoing: mpsc::UnboundedSender<Outgoing>,
     waiters: Arc<Mutex<HashMap<u64, Waiter>>>,
     next_request_id: AtomicU64,
     dead: Arc<AtomicBool>,
@@ -99,7 +143,7 @@ pub(crate) struct Conn {
     /// made after that.
     closed_reason: Arc<Mutex<Option<String>>>,
     /// Bytes queued for the writer task and not yet written to the socket.
-    queued_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    queued_bytes: Arc<AtomicUsize>,
 }
 
 impl Conn {
@@ -240,7 +284,7 @@ impl Conn {
     fn start<R, W>(
         bookie: &BookieId,
         mut rd: R,
-        mut wr: W,
+        wr: W,
         frame_size_bytes_max: u32,
         tls: bool,
         runtime: &tokio::runtime::Handle,
@@ -250,10 +294,10 @@ impl Conn {
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         // Unbounded in frames; `queued_bytes` bounds it (`OUTGOING_QUEUE_BYTES_MAX`).
-        let (tx, mut rx) = mpsc::unbounded_channel::<(u64, Vec<u8>)>();
+        let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
         let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
-        let queued_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let queued_bytes = Arc::new(AtomicUsize::new(0));
         let closed_reason: Arc<Mutex<Option<String>>> = Arc::default();
 
         let conn = Arc::new(Self {
@@ -266,51 +310,14 @@ impl Conn {
             queued_bytes: queued_bytes.clone(),
         });
 
-        let dead_w = dead.clone();
-        let closed_reason_w = closed_reason.clone();
-        let waiters_w = waiters.clone();
-        runtime.spawn(async move {
-            let mut batch = Vec::with_capacity(WRITE_BATCH_SIZE_BYTES_MAX);
-            // A frame whose caller gave up (timed out) is dropped unsent: behind a bookie that
-            // stalled (SIGSTOP, a long pause) the queue fills with requests nobody awaits any
-            // more, and sending them when it resumes would make it journal megabytes of adds
-            // already counted as failed (and reported for repair) before it sees the requests
-            // of the ledgers placed on it since, which it would deny as NoSuchLedger meanwhile.
-            let awaited = |id: u64| waiters_w.lock().map_or(true, |w| w.contains_key(&id));
-            let mut stale = 0usize;
-            while let Some((id, frame)) = rx.recv().await {
-                let mut take = |id: u64, frame: Vec<u8>, batch: &mut Vec<u8>| {
-                    if awaited(id) {
-                        batch.extend_from_slice(&frame);
-                    } else {
-                        stale += frame.len();
-                    }
-                };
-                take(id, frame, &mut batch);
-                while batch.len() < WRITE_BATCH_SIZE_BYTES_MAX {
-                    match rx.try_recv() {
-                        Ok((id, f)) => take(id, f, &mut batch),
-                        Err(_) => break,
-                    }
-                }
-                queued_bytes.fetch_sub(std::mem::take(&mut stale), Ordering::SeqCst);
-                if batch.is_empty() {
-                    continue;
-                }
-                // The flush is a no-op on plain TCP; TLS may hold encrypted records until it.
-                let written = match wr.write_all(&batch).await {
-                    Ok(()) => wr.flush().await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = written {
-                    set_reason(&closed_reason_w, format!("write: {e}"));
-                    dead_w.store(true, Ordering::SeqCst);
-                    break;
-                }
-                queued_bytes.fetch_sub(batch.len(), Ordering::SeqCst);
-                batch.clear();
-            }
-        });
+        runtime.spawn(write_loop(
+            rx,
+            wr,
+            waiters.clone(),
+            queued_bytes,
+            dead.clone(),
+            closed_reason.clone(),
+        ));
 
         let name = bookie.0.clone();
         runtime.spawn(async move {
@@ -340,10 +347,33 @@ impl Conn {
         timeout: Duration,
         encode: impl FnOnce(&mut Vec<u8>, u64),
     ) -> impl std::future::Future<Output = Result<Reply, Error>> + Send + 'static {
+        self.send_frame(timeout, |out, id| {
+            encode(out, id);
+            Bytes::new()
+        })
+    }
+
+    /// [`Conn::call`] for an add: the frame's head is built here, its payload is shared.
+    pub(crate) fn call_add(
+        self: &Arc<Self>,
+        timeout: Duration,
+        add: AddRequest,
+    ) -> impl std::future::Future<Output = Result<Reply, Error>> + Send + 'static {
+        self.send_frame(timeout, |out, id| add.encode(out, id))
+    }
+
+    /// Queues the frame `encode` builds (its head in the buffer given, the returned bytes
+    /// behind it) and returns a future for its reply (see [`Conn::call`]).
+    fn send_frame(
+        self: &Arc<Self>,
+        timeout: Duration,
+        encode: impl FnOnce(&mut Vec<u8>, u64) -> Bytes,
+    ) -> impl std::future::Future<Output = Result<Reply, Error>> + Send + 'static {
         let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let mut frame = Vec::new();
-        encode(&mut frame, id);
+        let mut head = Vec::new();
+        let body = encode(&mut head, id);
+        let frame = Outgoing { id, head, body };
         let bookie = self.bookie.0.clone();
         let sent = if self.dead.load(Ordering::SeqCst) {
             Err(self.closed_reason())
@@ -366,7 +396,7 @@ impl Conn {
                     ))
                 } else {
                     // Fails only once the writer task ended (a failed socket write).
-                    self.outgoing.send((id, frame)).map_err(|_| {
+                    self.outgoing.send(frame).map_err(|_| {
                         self.queued_bytes.fetch_sub(len, Ordering::SeqCst);
                         "connection closed".to_string()
                     })
@@ -421,6 +451,92 @@ fn set_reason(slot: &Mutex<Option<String>>, reason: String) {
     if let Ok(mut r) = slot.lock() {
         r.get_or_insert(reason);
     }
+}
+
+/// A connection's writer task: takes the queued frames (up to `WRITE_BATCH_SIZE_BYTES_MAX`
+/// bytes or `WRITE_BATCH_FRAMES_MAX` frames) and writes them in one vectored write, each add's
+/// shared payload straight from its buffer (over TLS, rustls encrypts from the slices; a
+/// writer without vectored writes gets the frames gathered into one buffer instead).
+/// A frame whose caller gave up (timed out) is dropped unsent: behind a bookie that stalled
+/// (SIGSTOP, a long pause) the queue fills with requests nobody awaits any more, and sending
+/// them when it resumes would make it journal megabytes of adds already counted as failed
+/// (and reported for repair) before it sees the requests of the ledgers placed on it since,
+/// which it would deny as NoSuchLedger meanwhile. A failed write marks the connection dead.
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    mut wr: W,
+    waiters: Arc<Mutex<HashMap<u64, Waiter>>>,
+    queued_bytes: Arc<AtomicUsize>,
+    dead: Arc<AtomicBool>,
+    closed_reason: Arc<Mutex<Option<String>>>,
+) {
+    let vectored = wr.is_write_vectored();
+    let mut frames: Vec<Outgoing> = Vec::new();
+    let mut gathered: Vec<u8> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let (mut size, mut stale) = (0usize, 0usize);
+        let mut next = Some(first);
+        while let Some(f) = next.take() {
+            if waiters.lock().map_or(true, |w| w.contains_key(&f.id)) {
+                size += f.len();
+                frames.push(f);
+            } else {
+                stale += f.len();
+            }
+            if size < WRITE_BATCH_SIZE_BYTES_MAX && frames.len() < WRITE_BATCH_FRAMES_MAX {
+                next = rx.try_recv().ok();
+            }
+        }
+        queued_bytes.fetch_sub(stale, Ordering::SeqCst);
+        if frames.is_empty() {
+            continue;
+        }
+        let written = if vectored {
+            write_all_vectored(&mut wr, &frames).await
+        } else {
+            for f in &frames {
+                gathered.extend_from_slice(&f.head);
+                gathered.extend_from_slice(&f.body);
+            }
+            wr.write_all(&gathered).await
+        };
+        // The flush is a no-op on plain TCP; TLS may hold encrypted records until it.
+        let written = match written {
+            Ok(()) => wr.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            set_reason(&closed_reason, format!("write: {e}"));
+            dead.store(true, Ordering::SeqCst);
+            break;
+        }
+        queued_bytes.fetch_sub(size, Ordering::SeqCst);
+        frames.clear();
+        gathered.clear();
+    }
+}
+
+/// Writes every frame's head and body with `writev`, resuming after short writes.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    frames: &[Outgoing],
+) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(frames.len() * 2);
+    for f in frames {
+        slices.push(IoSlice::new(&f.head));
+        if !f.body.is_empty() {
+            slices.push(IoSlice::new(&f.body));
+        }
+    }
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = wr.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
 }
 
 async fn read_loop<R: tokio::io::AsyncRead + Unpin>(
@@ -604,23 +720,35 @@ impl Pool {
     }
 }
 
-/// Helper for building add requests (`recovery`: BookKeeper's recovery add, accepted by a
-/// fenced or read-only bookie).
+/// An add request of a whole entry held in one slice (a recovery or re-replication add of an
+/// entry read back): the entry is copied once, into the buffer the frame shares.
 pub(crate) fn add_request(
     master_key: quire_wire::MasterKey,
     entry: &[u8],
     recovery: bool,
-) -> impl FnOnce(&mut Vec<u8>, u64) + '_ {
-    move |out, id| {
-        bookie::encode_request(
-            out,
-            id,
-            &Request::Add {
-                recovery,
-                master_key,
-                entry,
-            },
-        )
+) -> AddRequest {
+    AddRequest {
+        master_key,
+        recovery,
+        entry_head: Vec::new(),
+        payload: Bytes::copy_from_slice(entry),
+    }
+}
+
+/// An add request of an entry whose header (`entry::encode_entry_header`) the writer built
+/// and whose payload it shares with the other bookies of the write set: no copy of the
+/// payload until the socket write.
+pub(crate) fn add_request_shared(
+    master_key: quire_wire::MasterKey,
+    entry_head: &[u8],
+    payload: &Bytes,
+    recovery: bool,
+) -> AddRequest {
+    AddRequest {
+        master_key,
+        recovery,
+        entry_head: entry_head.to_vec(),
+        payload: payload.clone(),
     }
 }
 
@@ -707,9 +835,10 @@ mod tests {
             let bytes = entry(e);
             // Spawned, so that every timeout runs from now (a call's future starts its clock
             // when first polled).
-            stalled.push(tokio::spawn(
-                conn.call(Duration::from_millis(300), add_request(key, &bytes, false)),
-            ));
+            stalled.push(tokio::spawn(conn.call_add(
+                Duration::from_millis(300),
+                add_request(key, &bytes, false),
+            )));
         }
         // The first few may pass before the relay applies the throttle.
         let mut failed = 0;
@@ -724,7 +853,7 @@ mod tests {
         relay.throttle(None);
         let last = entry(STALLED);
         let reply = conn
-            .call(Duration::from_secs(60), add_request(key, &last, false))
+            .call_add(Duration::from_secs(60), add_request(key, &last, false))
             .await;
         assert!(matches!(reply, Ok(Reply::Add)), "{reply:?}");
 
@@ -758,5 +887,160 @@ mod tests {
         tokio::task::spawn_blocking(move || server.shutdown().unwrap())
             .await
             .unwrap();
+    }
+}
+
+#[cfg(test)]
+mod shared_payload_tests {
+    use super::*;
+    use quire_wire::entry::{encode_entry, encode_entry_header, EntryHeader};
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A socket stand-in: keeps every byte written and, for each slice it was handed, the
+    /// address of its first byte taken and how many bytes it took; accepts at most `chunk`
+    /// bytes per call, so writes come back short.
+    struct Recorder {
+        out: Vec<u8>,
+        taken: Vec<(usize, usize)>,
+        chunk: usize,
+        vectored: bool,
+    }
+
+    impl Recorder {
+        fn take(&mut self, bufs: &[IoSlice<'_>]) -> usize {
+            let mut left = self.chunk;
+            for b in bufs {
+                let n = b.len().min(left);
+                if n == 0 {
+                    continue;
+                }
+                self.taken.push((b.as_ptr() as usize, n));
+                self.out.extend_from_slice(&b[..n]);
+                left -= n;
+            }
+            self.chunk - left
+        }
+    }
+
+    /// The writer task's end of a [`Recorder`].
+    struct Socket(Arc<Mutex<Recorder>>);
+
+    impl AsyncWrite for Socket {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            Poll::Ready(Ok(self.0.lock().unwrap().take(&[IoSlice::new(buf)])))
+        }
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            Poll::Ready(Ok(self.0.lock().unwrap().take(bufs)))
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.0.lock().unwrap().vectored
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Goal: an add's payload reaches each bookie connection's socket write straight from the
+    /// buffer the writer was given, shared by the three frames of its write set and never
+    /// copied into a frame or a batch buffer (issue 25 item 6), while each connection still
+    /// sends byte for byte the frame `encode_request` builds from the whole entry.
+    /// Method: one 10,000-byte payload in a `Bytes`; three connection writer tasks (one per
+    /// bookie of Qw = 3), each over a recording socket that takes at most 4,096 bytes per
+    /// call, get the add (request ids 1, 2, 3) behind a small read request. Each socket's bytes
+    /// must equal the read frame followed by the whole-entry add frame, and the slices the
+    /// socket was handed must include exactly the payload's 10,000 bytes at the payload's own
+    /// addresses. The old writer task copied each frame into one batch buffer (what a
+    /// non-vectored socket still gets): its slices lie elsewhere and the check fails.
+    #[tokio::test(flavor = "current_thread")]
+    async fn add_payload_is_written_from_the_shared_buffer() {
+        let payload = Bytes::from((0..10_000u32).map(|i| (i % 253) as u8).collect::<Vec<_>>());
+        let key = quire_wire::MasterKey([3u8; 20]);
+        let header = EntryHeader {
+            ledger: LedgerId(5),
+            entry: EntryId(8),
+            lac: Some(EntryId(7)),
+            length_bytes: 80_000,
+        };
+        let head = encode_entry_header(header, &payload);
+        let range = payload.as_ptr() as usize..payload.as_ptr() as usize + payload.len();
+        for id in 1..=3u64 {
+            let socket = Arc::new(Mutex::new(Recorder {
+                out: Vec::new(),
+                taken: Vec::new(),
+                chunk: 4096,
+                vectored: true,
+            }));
+            let (tx, rx) = mpsc::unbounded_channel();
+            let waiters: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
+            let mut expected = Vec::new();
+            let read = read_request(LedgerId(5), Some(EntryId(1)), None);
+            let mut read_head = Vec::new();
+            read(&mut read_head, 100 + id);
+            expected.extend_from_slice(&read_head);
+            let add = add_request_shared(key, &head, &payload, false);
+            let mut add_head = Vec::new();
+            let body = add.encode(&mut add_head, id);
+            bookie::encode_request(
+                &mut expected,
+                id,
+                &Request::Add {
+                    recovery: false,
+                    master_key: key,
+                    entry: &encode_entry(header, &payload),
+                },
+            );
+            let queued = Arc::new(AtomicUsize::new(0));
+            for (rid, frame_head, frame_body) in
+                [(100 + id, read_head, Bytes::new()), (id, add_head, body)]
+            {
+                waiters.lock().unwrap().insert(rid, oneshot::channel().0);
+                queued.fetch_add(frame_head.len() + frame_body.len(), Ordering::SeqCst);
+                tx.send(Outgoing {
+                    id: rid,
+                    head: frame_head,
+                    body: frame_body,
+                })
+                .unwrap();
+            }
+            drop(tx);
+            let dead = Arc::new(AtomicBool::new(false));
+            let wr = Socket(socket.clone());
+            write_loop(
+                rx,
+                wr,
+                waiters,
+                queued.clone(),
+                dead.clone(),
+                Arc::default(),
+            )
+            .await;
+            assert!(!dead.load(Ordering::SeqCst));
+            assert_eq!(queued.load(Ordering::SeqCst), 0);
+            let rec = socket.lock().unwrap();
+            assert_eq!(rec.out, expected, "bookie {id}: the frames on the wire");
+            let from_payload: usize = rec
+                .taken
+                .iter()
+                .filter(|(at, n)| range.contains(at) && range.contains(&(at + n - 1)))
+                .map(|(_, n)| n)
+                .sum();
+            assert_eq!(
+                from_payload,
+                payload.len(),
+                "bookie {id}: the payload is written from its own buffer, not a copy"
+            );
+        }
     }
 }

@@ -265,7 +265,7 @@ impl WriterShared {
             slot.conn = conn;
             slot.generation += 1;
             st.tracker.forget_position(pos);
-            let resend: Vec<(u64, Arc<Vec<u8>>)> = st
+            let resend: Vec<(u64, crate::writer::EntryBytes)> = st
                 .pending
                 .iter()
                 .filter(|p| quorum::write_set(p.entry, e, w).contains(&pos))

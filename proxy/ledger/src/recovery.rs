@@ -463,7 +463,7 @@ impl BookKeeper {
             let bytes = bytes.clone();
             calls.push(tokio::spawn(async move {
                 let c = client.conn(&b, Lane::Tail).await?;
-                c.call(timeout, crate::conn::add_request(key, &bytes, true))
+                c.call_add(timeout, crate::conn::add_request(key, &bytes, true))
                     .await
             }));
         }

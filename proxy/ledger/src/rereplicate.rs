@@ -543,7 +543,7 @@ impl BookKeeper {
         }
         let c = self.conn(target, Lane::Tail).await?;
         let reply = c
-            .call(timeout, conn::add_request(key, &source, true))
+            .call_add(timeout, conn::add_request(key, &source, true))
             .await?;
         match reply {
             Reply::Add => Ok(Copied::Written(len)),

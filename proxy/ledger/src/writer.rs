@@ -10,12 +10,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use bytes::Bytes;
 use quire_metadata::{
     master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, Version,
     LEDGER_METADATA_FORMAT_VERSION,
 };
 use quire_wire::bookie::Status;
-use quire_wire::entry::{encode_entry, EntryHeader};
+use quire_wire::entry::{encode_entry_header, EntryHeader, ENTRY_HEADER_SIZE_BYTES};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 use sha1::{Digest, Sha1};
 use tokio::sync::{oneshot, watch};
@@ -210,12 +211,21 @@ impl BookKeeper {
 /// Future of one add; resolves in entry order.
 pub type AddFuture = Pin<Box<dyn Future<Output = Result<EntryId, Error>> + Send + 'static>>;
 
+/// An entry as it is sent: its header (fields and CRC32C digest, `entry::encode_entry_header`)
+/// and its payload, the caller's buffer, shared by the frames to every bookie of the write set
+/// and kept for re-sends (cloning shares, never copies). On the wire the two are one entry.
+#[derive(Clone)]
+pub(crate) struct EntryBytes {
+    pub(crate) head: [u8; ENTRY_HEADER_SIZE_BYTES],
+    pub(crate) payload: Bytes,
+}
+
 /// An add not yet confirmed: its bytes are kept so an ensemble change can re-send them.
 pub(crate) struct PendingAdd {
     pub(crate) entry: u64,
     /// Cumulative ledger length through this entry, in bytes.
     pub(crate) length_bytes: u64,
-    pub(crate) bytes: Arc<Vec<u8>>,
+    pub(crate) bytes: EntryBytes,
     pub(crate) tx: oneshot::Sender<Result<EntryId, Error>>,
 }
 
@@ -284,7 +294,14 @@ impl LedgerWriter {
     /// IN_RECOVERY during an ensemble change); `Closed` if it was closed; `WriterFailed` if an
     /// entry cannot reach Qa and no replacement bookie exists; a bookie's `Unauthorized`
     /// answer. Once failed, every later add fails the same way.
-    pub fn add(&self, payload: Vec<u8>) -> AddFuture {
+    ///
+    /// # Copies
+    /// `payload` (a `Vec<u8>` or a `bytes::Bytes`, taken without copying) is not copied: the
+    /// frames to the bookies of the write set share it and the connections write it with
+    /// vectored writes behind a small header of their own (perf/README.md, "Copies on the
+    /// write path").
+    pub fn add(&self, payload: impl Into<Bytes>) -> AddFuture {
+        let payload: Bytes = payload.into();
         let s = &self.shared;
         let (e, w, _) = s.quorum;
         let (tx, rx) = oneshot::channel();
@@ -304,7 +321,10 @@ impl LedgerWriter {
                 lac: st.lac,
                 length_bytes: st.pushed_length_bytes,
             };
-            let bytes = Arc::new(encode_entry(header, &payload));
+            let bytes = EntryBytes {
+                head: encode_entry_header(header, &payload),
+                payload,
+            };
             let length_bytes = st.pushed_length_bytes;
             for pos in quorum::write_set(entry, e, w) {
                 s.send(&st, entry, &bytes, pos);
@@ -440,7 +460,7 @@ impl WriterShared {
         self: &Arc<Self>,
         st: &WriterState,
         entry: u64,
-        bytes: &Arc<Vec<u8>>,
+        bytes: &EntryBytes,
         pos: usize,
     ) {
         let slot = &st.ensemble[pos];
@@ -457,7 +477,8 @@ impl WriterShared {
             tokio::spawn(async move {
                 let outcome = match shared.client.conn(&bookie, Lane::Tail).await {
                     Ok(c) => {
-                        let reply = c.call(timeout, conn::add_request(key, &bytes, false));
+                        let add = conn::add_request_shared(key, &bytes.head, &bytes.payload, false);
+                        let reply = c.call_add(timeout, add);
                         shared.replace_dead_conn(pos, generation, c);
                         reply.await
                     }
@@ -467,9 +488,10 @@ impl WriterShared {
             });
             return;
         }
-        let reply = slot
-            .conn
-            .call(timeout, conn::add_request(key, bytes, false));
+        let reply = slot.conn.call_add(
+            timeout,
+            conn::add_request_shared(key, &bytes.head, &bytes.payload, false),
+        );
         tokio::spawn(async move {
             shared.on_reply(entry, pos, generation, reply.await);
         });

@@ -68,6 +68,19 @@ impl PendingAppend {
     }
 }
 
+/// An entry's payload as the ledger writer takes it, sharing the `Arc` the in-flight entry
+/// (and then the tail cache) holds: the frames to the bookies are written from this one
+/// buffer, not from a copy (perf/README.md, "Copies on the write path").
+fn shared_bytes(payload: &Arc<Vec<u8>>) -> bytes::Bytes {
+    struct Shared(Arc<Vec<u8>>);
+    impl AsRef<[u8]> for Shared {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    bytes::Bytes::from_owner(Shared(payload.clone()))
+}
+
 /// An append's records, `(txid, payload)` each.
 type Records = Vec<(u64, Vec<u8>)>;
 
@@ -789,7 +802,7 @@ impl Writer {
         let entry = seg.next_entry;
         // The LAC this entry carries is at least the writer's LAC read before the add.
         seg.lac_carried = seg.lac_carried.max(seg.ledger.lac().map(|l| l.0));
-        let future = seg.ledger.add(payload.as_ref().clone());
+        let future = seg.ledger.add(shared_bytes(&payload));
         seg.next_entry += 1;
         seg.last_data_entry = Some(entry);
         seg.record_count += records.len() as u64;
@@ -906,7 +919,7 @@ impl Writer {
         let payload = Arc::new(record_set::encode_control(seg.record_count, seg.last_txid));
         let entry = seg.next_entry;
         seg.lac_carried = seg.lac_carried.max(seg.ledger.lac().map(|l| l.0));
-        let future = seg.ledger.add(payload.as_ref().clone());
+        let future = seg.ledger.add(shared_bytes(&payload));
         seg.next_entry += 1;
         seg.size_bytes += payload.len() as u64;
         tracing::trace!(stream = %self.rec.name, seq_no = seg.seq_no, entry, lac = ?seg.lac_carried, "control entry to advance the LAC");
@@ -1145,5 +1158,32 @@ impl Writer {
             .cas_stream(same)
             .await
             .map_err(|e| self.ownership.update_err(op, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: the payload an entry's add hands to the ledger writer is the in-flight entry's
+    /// own buffer (the one the tail cache keeps), not a copy of it (issue 25 item 6; before,
+    /// `payload.as_ref().clone()` copied the record set for `LedgerWriter::add`).
+    /// Method: a record set of two records is encoded as `send_entry` does; the `Bytes` made
+    /// by `shared_bytes` must start at the `Arc`'s first byte and have its length, and holding
+    /// it must keep the `Arc`'s buffer alive (one more strong count) after the writer's own
+    /// reference is dropped.
+    #[test]
+    fn ledger_add_gets_the_in_flight_buffer() {
+        let payload = Arc::new(record_set::encode(
+            0,
+            [(1u64, &[7u8; 1024][..]), (2, &[9u8; 10][..])],
+        ));
+        let bytes = shared_bytes(&payload);
+        assert_eq!(bytes.as_ptr(), payload.as_ptr());
+        assert_eq!(bytes.len(), payload.len());
+        assert_eq!(Arc::strong_count(&payload), 2);
+        let expected = payload.as_ref().clone();
+        drop(payload);
+        assert_eq!(&bytes[..], &expected[..]);
     }
 }

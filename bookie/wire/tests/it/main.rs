@@ -4,6 +4,7 @@
 // read the real clock, not the quire_clock seam (clippy.toml, ARCHITECTURE.md).
 #![allow(clippy::disallowed_methods)]
 
+mod add_head_matches_whole_frame;
 mod bookie_info_codec;
 mod decoder_rejects_bad_frames;
 mod long_poll_response_codec;
