@@ -20,10 +20,19 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-mod admin;
+// One module per command.
 mod autorecovery;
-mod bookie_cmd;
+mod bookie;
 mod client;
+mod ledger;
+mod proxy;
+mod sandbox;
+mod stream;
+mod tls;
+mod token;
+
+// What the commands share.
+mod admin;
 mod config;
 #[cfg(test)]
 mod defaults_test;
@@ -32,11 +41,7 @@ mod gc;
 mod metadata;
 mod metrics_http;
 mod options;
-mod proxy_cmd;
-mod sandbox;
 mod secret_file;
-mod tls;
-mod token;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -72,18 +77,18 @@ enum Command {
     /// Run one bookie (`--config FILE`, flags override its keys) until SIGINT/SIGTERM; or
     /// `quire bookie list`, `quire bookie info ADDR`.
     // Boxed: its many optional settings make it much larger than the other commands.
-    Bookie(Box<bookie_cmd::BookieArgs>),
+    Bookie(Box<bookie::BookieArgs>),
     /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM.
     // Boxed like `Bookie`, for the same reason.
-    Proxy(Box<proxy_cmd::ProxyArgs>),
+    Proxy(Box<proxy::ProxyArgs>),
     /// Ledger admin: `list [--under-replicated]`, `show LEDGER`, `recover LEDGER`.
-    Ledger(admin::LedgerArgs),
+    Ledger(ledger::LedgerArgs),
     /// Run a standalone autorecovery daemon (auditor candidate and replication worker) until
     /// SIGINT/SIGTERM; or `quire autorecovery status`.
     Autorecovery(autorecovery::AutorecoveryArgs),
     /// Stream admin through a proxy: `list`, `show STREAM`, `truncate STREAM DLSN`,
     /// `delete STREAM`, `retention STREAM [--time-secs N] [--size-bytes N]`.
-    Stream(admin::StreamArgs),
+    Stream(stream::StreamArgs),
     /// Proxy tokens: `new NAME [--read P] [--write P] [--admin P]` makes a token and its entry
     /// for the proxies' `auth_tokens_file`.
     Token(token::TokenArgs),
@@ -138,11 +143,11 @@ fn main() -> ExitCode {
         Command::Write(args) => client::write(args),
         Command::Read(args) => client::read(args),
         Command::Tail(args) => client::tail(args),
-        Command::Bookie(args) => bookie_cmd::run(*args),
-        Command::Proxy(args) => proxy_cmd::run(*args),
-        Command::Ledger(args) => admin::ledger(args),
+        Command::Bookie(args) => bookie::run(*args),
+        Command::Proxy(args) => proxy::run(*args),
+        Command::Ledger(args) => ledger::run(args),
         Command::Autorecovery(args) => autorecovery::run(args),
-        Command::Stream(args) => admin::stream(args),
+        Command::Stream(args) => stream::run(args),
         Command::Token(args) => token::run(args),
         Command::TlsCerts(args) => tls::certs(args),
     };
