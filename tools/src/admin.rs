@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use quire_metadata::MetadataStore;
 
-use crate::config::MetadataArgs;
+use crate::flags::ZooKeeperFlags;
 
 /// Output options shared by the admin commands.
 #[derive(Args, Debug, Clone)]
@@ -24,7 +24,7 @@ pub struct OutputArgs {
 /// Runs `f` on a current-thread runtime with the address `metadata` names, then shuts the
 /// runtime down (waiting at most 2 s for its tasks).
 fn with_address<T>(
-    metadata: &MetadataArgs,
+    metadata: &ZooKeeperFlags,
     f: impl AsyncFnOnce(crate::config::MetadataAddress) -> Result<T>,
 ) -> Result<T> {
     let address = metadata.resolve()?;
@@ -40,7 +40,7 @@ fn with_address<T>(
 /// Runs `f` with a ZooKeeper store connected from `metadata` (for the admin commands that need
 /// ZooKeeper-only records: autorecovery, cookies).
 pub(crate) fn with_zk_store<T>(
-    metadata: &MetadataArgs,
+    metadata: &ZooKeeperFlags,
     f: impl AsyncFnOnce(std::sync::Arc<quire_metadata::ZkStore>) -> Result<T>,
 ) -> Result<T> {
     with_address(metadata, async |address| {
@@ -49,7 +49,7 @@ pub(crate) fn with_zk_store<T>(
 }
 
 pub(crate) fn with_store<T>(
-    metadata: &MetadataArgs,
+    metadata: &ZooKeeperFlags,
     f: impl AsyncFnOnce(&dyn MetadataStore) -> Result<T>,
 ) -> Result<T> {
     with_address(metadata, async |address| {

@@ -8,7 +8,7 @@
 //!   `recover_ledger`), printing where it ends.
 //!
 //! They find the metadata store from `--zookeeper` / `QUIRE_ZOOKEEPER` and `--zk-root` /
-//! `QUIRE_ZK_ROOT` ([`crate::config::MetadataArgs`]). Output is text for people, or one JSON
+//! `QUIRE_ZK_ROOT` ([`crate::flags::ZooKeeperFlags`]). Output is text for people, or one JSON
 //! document with `--json`.
 
 use std::fmt::Write as _;
@@ -20,7 +20,7 @@ use quire_metadata::{LedgerMetadata, MetadataStore, Version};
 use quire_wire::LedgerId;
 
 use crate::admin::{with_store, OutputArgs};
-use crate::config::MetadataArgs;
+use crate::flags::ZooKeeperFlags;
 
 /// `quire ledger` subcommands.
 #[derive(Args, Debug)]
@@ -48,7 +48,7 @@ pub struct LedgerIdArgs {
     /// Ledger id.
     pub ledger: u64,
     #[command(flatten)]
-    pub metadata: MetadataArgs,
+    pub metadata: ZooKeeperFlags,
     #[command(flatten)]
     pub output: OutputArgs,
     /// TLS to bookies (`recover`).
@@ -63,7 +63,7 @@ pub struct LedgerListArgs {
     #[arg(long)]
     pub under_replicated: bool,
     #[command(flatten)]
-    pub metadata: MetadataArgs,
+    pub metadata: ZooKeeperFlags,
     #[command(flatten)]
     pub output: OutputArgs,
 }

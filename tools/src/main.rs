@@ -112,19 +112,24 @@ fn abort_on_panic() {
 }
 
 /// The command line, with each config-file flag's help showing its default (read from the
-/// crates' `Default`s, [`flags::with_defaults`]).
+/// crates' `Default`s, [`flags::with_defaults`]) and the processes' ZooKeeper flags reading no
+/// environment variable ([`flags::process_zookeeper_flags`]).
 fn command() -> clap::Command {
     use config::{keys_of, AUTORECOVERY_KEYS, BOOKIE_KEYS, PROXY_KEYS};
+    use flags::{process_zookeeper_flags, with_defaults};
     Cli::command()
         .mut_subcommand("bookie", |c| {
-            flags::with_defaults(c, &keys_of(BOOKIE_KEYS), &config::BookieFile::default())
+            let c = process_zookeeper_flags(c);
+            with_defaults(c, &keys_of(BOOKIE_KEYS), &config::BookieFile::default())
         })
         .mut_subcommand("proxy", |c| {
-            flags::with_defaults(c, &keys_of(PROXY_KEYS), &config::ProxyFile::default())
+            let c = process_zookeeper_flags(c);
+            with_defaults(c, &keys_of(PROXY_KEYS), &config::ProxyFile::default())
         })
         .mut_subcommand("autorecovery", |c| {
+            let c = process_zookeeper_flags(c);
             let defaults = config::AutorecoveryFile::default();
-            flags::with_defaults(c, &keys_of(AUTORECOVERY_KEYS), &defaults)
+            with_defaults(c, &keys_of(AUTORECOVERY_KEYS), &defaults)
         })
 }
 

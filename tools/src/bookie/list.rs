@@ -7,13 +7,13 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::admin::{with_store, OutputArgs};
-use crate::config::MetadataArgs;
+use crate::flags::ZooKeeperFlags;
 
 /// `quire bookie list` options.
 #[derive(Args, Debug)]
 pub struct BookieListArgs {
     #[command(flatten)]
-    pub metadata: MetadataArgs,
+    pub metadata: ZooKeeperFlags,
     #[command(flatten)]
     pub output: OutputArgs,
 }
