@@ -47,10 +47,11 @@ pub fn run(config: Option<&Path>, flags: &crate::flags::BookieFlags) -> Result<(
     result
 }
 
+/// Steps 2 to 7 of the lifecycle (module doc) on `runtime`.
 fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()> {
     let id = BookieId(options.advertised.clone());
     // Signal handlers first, so that a SIGTERM during start is seen rather than fatal.
-    let (mut term, mut int) = runtime.block_on(async {
+    let signals = runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         Ok::<_, std::io::Error>((
             signal(SignalKind::terminate())?,
@@ -67,43 +68,8 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
         &ledger_dir,
     ))?;
     tracing::info!(bookie = %id, ?outcome, "cookie checked");
-
-    // Garbage collection asks the metadata store which ledgers are deleted, on a connection
-    // of its own (a new one after a failed read, e.g. an expired session).
-    let (gc, gc_queries) = quire_bookie::deleted_ledgers_channel();
     let mut bookie_config = options.bookie.clone();
-    bookie_config.gc_deleted_ledgers = Some(gc);
-    let gc_address = options.metadata.clone();
-    let gc_store: Arc<dyn MetadataStore> = store.clone();
-    runtime.spawn(crate::gc::answer_deleted_ledgers(
-        gc_queries,
-        gc_store,
-        Box::new(move || {
-            let address = gc_address.clone();
-            Box::pin(async move {
-                let s: Arc<dyn MetadataStore> = address.connect_zk().await?;
-                Ok(s)
-            })
-        }),
-    ));
-    // Before a key binds, shards ask whether the ledger exists with that key (issue 24), on
-    // the same session (ZooKeeper pipelines its requests, so GC's sweep does not hold up a
-    // first add) and on a new one after a failed read.
-    let (keys, key_queries) = quire_bookie::ledger_keys_channel();
-    bookie_config.ledger_keys = Some(keys);
-    let keys_address = options.metadata.clone();
-    let keys_store: Arc<dyn MetadataStore> = store.clone();
-    runtime.spawn(crate::gc::answer_ledger_keys(
-        key_queries,
-        keys_store,
-        Box::new(move || {
-            let address = keys_address.clone();
-            Box::pin(async move {
-                let s: Arc<dyn MetadataStore> = address.connect_zk().await?;
-                Ok(s)
-            })
-        }),
-    ));
+    spawn_metadata_answers(runtime, &options.metadata, &store, &mut bookie_config);
     // The endpoint comes up before the bookie so that /healthz says 503 during replay.
     let exposition = crate::metrics_http::Exposition::default();
     let autorecovery_metrics = crate::autorecovery::AutorecoveryMetrics::default();
@@ -126,50 +92,106 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     if let Some(m) = &metrics {
         m.add_status(&id.0, bookie.status());
     }
-    // Subscribed before the state is read, so that no transition falls between the two.
-    let read_only = bookie.read_only_state();
-    let changes = read_only.subscribe();
-    let info = BookieInfo {
-        id: id.clone(),
-        rack: options.rack.clone(),
-        read_only: read_only.is_read_only(),
+    let running = Running {
+        options: &options,
+        id: &id,
+        store,
+        bookie: &bookie,
+        exposition: &exposition,
+        autorecovery_metrics,
     };
-    let served = runtime.block_on(async {
-        store.register_bookie(info.clone()).await.with_context(|| format!("cannot register bookie {id}"))?;
+    let served = runtime.block_on(running.serve(signals));
+    let stopped = bookie.shutdown().context("bookie shutdown");
+    served?;
+    stopped
+}
+
+/// Starts answering the shards' metadata questions (`config`'s channels) on `runtime`:
+/// garbage collection's "which ledgers are deleted" and, before a key binds, "does the ledger
+/// exist with that key" (issue 24). Both use `store`'s session (ZooKeeper pipelines its
+/// requests, so GC's sweep does not hold up a first add) and a new one after a failed read
+/// (e.g. an expired session).
+fn spawn_metadata_answers(
+    runtime: &tokio::runtime::Runtime,
+    address: &MetadataAddress,
+    store: &Arc<ZkStore>,
+    config: &mut quire_bookie::BookieConfig,
+) {
+    let reconnect = || -> crate::gc::Connect {
+        let address = address.clone();
+        Box::new(move || {
+            let address = address.clone();
+            Box::pin(async move {
+                let s: Arc<dyn MetadataStore> = address.connect_zk().await?;
+                Ok(s)
+            })
+        })
+    };
+    let (gc, gc_queries) = quire_bookie::deleted_ledgers_channel();
+    config.gc_deleted_ledgers = Some(gc);
+    let gc_store: Arc<dyn MetadataStore> = store.clone();
+    runtime.spawn(crate::gc::answer_deleted_ledgers(
+        gc_queries,
+        gc_store,
+        reconnect(),
+    ));
+    let (keys, key_queries) = quire_bookie::ledger_keys_channel();
+    config.ledger_keys = Some(keys);
+    let keys_store: Arc<dyn MetadataStore> = store.clone();
+    runtime.spawn(crate::gc::answer_ledger_keys(
+        key_queries,
+        keys_store,
+        reconnect(),
+    ));
+}
+
+/// A started bookie, from its registration to its unregistration.
+struct Running<'a> {
+    options: &'a BookieOptions,
+    id: &'a BookieId,
+    store: Arc<ZkStore>,
+    bookie: &'a quire_bookie::Bookie,
+    exposition: &'a crate::metrics_http::Exposition,
+    autorecovery_metrics: crate::autorecovery::AutorecoveryMetrics,
+}
+
+impl Running<'_> {
+    /// Registers the bookie, says it serves, keeps the registration ([`keep_registered`]) and
+    /// runs autorecovery until SIGTERM or SIGINT (`signals`), then stops both and unregisters.
+    async fn serve(
+        self,
+        (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+    ) -> Result<()> {
+        let (id, store) = (self.id, &self.store);
+        // Subscribed before the state is read, so that no transition falls between the two.
+        let read_only = self.bookie.read_only_state();
+        let changes = read_only.subscribe();
+        let info = BookieInfo {
+            id: id.clone(),
+            rack: self.options.rack.clone(),
+            read_only: read_only.is_read_only(),
+        };
+        store
+            .register_bookie(info.clone())
+            .await
+            .with_context(|| format!("cannot register bookie {id}"))?;
         // Before the "serving" line: whoever read it sees /healthz answer 200.
-        exposition.set_serving(true);
-        {
-            use std::io::Write;
-            let mut out = std::io::stdout().lock();
-            let mode = if info.read_only { " (read-only: disk usage)" } else { "" };
-            writeln!(out, "quire bookie: {id} serving on {}{mode}", bookie.addr())?;
-            out.flush()?;
-        }
+        self.exposition.set_serving(true);
+        self.print_serving(info.read_only)?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stop_rx_autorecovery = stop_rx.clone();
         let keeper = tokio::spawn(keep_registered(
             store.clone(),
-            options.metadata.clone(),
-            info.clone(),
+            self.options.metadata.clone(),
+            info,
             (read_only, changes),
-            stop_rx,
+            stop_rx.clone(),
         ));
-        // Autorecovery runs on a ZooKeeper session of its own, so that its election node and
-        // locks live and die independently of the registration's session.
-        let autorecovery = options.autorecovery.clone().map(|o| {
-            tokio::spawn(crate::autorecovery::run_daemon(
-                options.metadata.clone(),
-                id.0.clone(),
-                o,
-                autorecovery_metrics.clone(),
-                stop_rx_autorecovery,
-            ))
-        });
+        let autorecovery = self.spawn_autorecovery(stop_rx);
         tokio::select! {
             _ = term.recv() => {},
             _ = int.recv() => {},
         }
-        exposition.set_serving(false);
+        self.exposition.set_serving(false);
         eprintln!("quire bookie: {id} stopping");
         let _ = stop_tx.send(true);
         if let Some(task) = autorecovery {
@@ -178,15 +200,46 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
         }
         let store = keeper.await.unwrap_or_else(|_| store.clone());
         // Unregister first, so that no new ledger picks a bookie that is going away.
-        match store.unregister_bookie(&id).await {
+        match store.unregister_bookie(id).await {
             Ok(()) | Err(quire_metadata::Error::NotFound { .. }) => {}
-            Err(e) => tracing::warn!(bookie = %id, error = %e, "unregister failed; the session's end removes it"),
+            Err(e) => {
+                tracing::warn!(bookie = %id, error = %e, "unregister failed; the session's end removes it")
+            }
         }
-        Ok::<_, anyhow::Error>(())
-    });
-    let stopped = bookie.shutdown().context("bookie shutdown");
-    served?;
-    stopped
+        Ok(())
+    }
+
+    /// The line that says the bookie serves (tests and scripts wait for it).
+    fn print_serving(&self, read_only: bool) -> Result<()> {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let mode = if read_only {
+            " (read-only: disk usage)"
+        } else {
+            ""
+        };
+        let (id, addr) = (self.id, self.bookie.addr());
+        writeln!(out, "quire bookie: {id} serving on {addr}{mode}")?;
+        out.flush()?;
+        Ok(())
+    }
+
+    /// The autorecovery daemon, unless disabled. It runs on a ZooKeeper session of its own, so
+    /// that its election node and locks live and die independently of the registration's
+    /// session.
+    fn spawn_autorecovery(
+        &self,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let options = self.options.autorecovery.clone()?;
+        Some(tokio::spawn(crate::autorecovery::run_daemon(
+            self.options.metadata.clone(),
+            self.id.0.clone(),
+            options,
+            self.autorecovery_metrics.clone(),
+            stop,
+        )))
+    }
 }
 
 /// Keeps the registration alive and in the right directory until told to stop; returns the

@@ -2,6 +2,7 @@
 //! their registrations kept in step with their read-only state, and the proxy served until
 //! SIGINT or SIGTERM.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,34 +44,104 @@ async fn follow_read_only(
     }
 }
 
+/// Serves until SIGINT or SIGTERM: answers the bookies' metadata questions, registers them,
+/// starts the proxy on `args.listen` after recovering every stream's open segment, prints
+/// where everything is, then stops the proxy and completes the open segments.
 pub(super) async fn serve(
     args: &SandboxArgs,
     store: EmbeddedStore,
     bookies: &[Bookie],
     read_runtime: &tokio::runtime::Handle,
-    (gc_queries, key_queries): (DeletedLedgersQueries, quire_bookie::LedgerKeyQueries),
+    queries: (DeletedLedgersQueries, quire_bookie::LedgerKeyQueries),
     exposition: &crate::metrics_http::Exposition,
 ) -> Result<()> {
     let store: Arc<dyn MetadataStore> = Arc::new(store);
-    let keys_store = store.clone();
+    spawn_metadata_answers(&store, queries);
+    let followers = register_bookies(&store, bookies).await?;
+    let tls = SandboxTls::new(args)?;
+    let bk = quire_ledger::BookKeeper::with_read_runtime(
+        store.clone(),
+        quire_ledger::ClientConfig {
+            tls: tls.bookie.clone(),
+            cluster_secret: Some(sandbox_cluster_secret(args)?),
+            ..quire_ledger::ClientConfig::default()
+        },
+        read_runtime.clone(),
+    );
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let streams = quire_proxy::StreamManager::new(store, bk, stream_config(args, addr));
+    recover_streams(&streams).await?;
+    let metrics = args.metrics_listen.map(|_| {
+        let m = quire_proxy::ProxyMetrics::new();
+        exposition.register(|r| m.register(r, streams.clone()));
+        m
+    });
+    let server = quire_proxy::ProxyServer::start(
+        listener,
+        streams.clone(),
+        quire_proxy::ServerConfig {
+            catch_up_read_runtime: Some(read_runtime.clone()),
+            metrics,
+            tls: tls.proxy.clone(),
+            ..quire_proxy::ServerConfig::default()
+        },
+    )
+    .context("proxy server")?;
+    // Before the address line: whoever read it sees /healthz answer 200.
+    exposition.set_serving(true);
+    print_serving(args, bookies, tls.pki.as_ref(), addr)?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+        _ = term.recv() => {},
+    }
+    exposition.set_serving(false);
+    eprintln!("quire sandbox: stopping");
+    for f in followers {
+        f.abort();
+    }
+    server.shutdown();
+    streams
+        .shutdown()
+        .await
+        .context("completing open segments")?;
+    Ok(())
+}
+
+/// Answers the bookies' key and garbage-collection questions from the embedded store.
+fn spawn_metadata_answers(
+    store: &Arc<dyn MetadataStore>,
+    (gc_queries, key_queries): (DeletedLedgersQueries, quire_bookie::LedgerKeyQueries),
+) {
+    // The embedded store has no session to lose: a "reconnection" is the same one again.
+    let same = || -> crate::gc::Connect {
+        let store = store.clone();
+        Box::new(move || {
+            let s = store.clone();
+            Box::pin(async move { Ok(s) })
+        })
+    };
     tokio::spawn(crate::gc::answer_ledger_keys(
         key_queries,
         store.clone(),
-        Box::new(move || {
-            let s = keys_store.clone();
-            Box::pin(async move { Ok(s) })
-        }),
+        same(),
     ));
-    let gc_store = store.clone();
     tokio::spawn(crate::gc::answer_deleted_ledgers(
         gc_queries,
         store.clone(),
-        Box::new(move || {
-            // The embedded store has no session to lose: the same one again.
-            let s = gc_store.clone();
-            Box::pin(async move { Ok(s) })
-        }),
+        same(),
     ));
+}
+
+/// Registers every bookie and keeps each registration's `read_only` flag in step
+/// ([`follow_read_only`], the tasks returned).
+async fn register_bookies(
+    store: &Arc<dyn MetadataStore>,
+    bookies: &[Bookie],
+) -> Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut followers = Vec::new();
     for b in bookies {
         let state = b.read_only_state();
@@ -89,49 +160,51 @@ pub(super) async fn serve(
             changes,
         )));
     }
-    // With --tls the proxy presents the sandbox certificate to the bookies (mutual TLS).
-    let pki = if args.tls {
-        Some(sandbox_pki(args)?)
-    } else {
-        None
-    };
-    let bookie_tls = match &pki {
-        Some(p) => Some(
-            quire_tls::ClientTls {
-                ca_file: p.ca_file.clone(),
-                cert_file: Some(p.cert_file.clone()),
-                key_file: Some(p.key_file.clone()),
-            }
-            .client_config()?,
-        ),
-        None => None,
-    };
-    let proxy_tls = match &pki {
-        Some(p) => Some(
-            quire_tls::ServerTls {
-                cert_file: p.cert_file.clone(),
-                key_file: p.key_file.clone(),
-                ca_file: Some(p.ca_file.clone()),
-                client_auth: quire_tls::ClientAuth::Require,
-            }
-            .server_config()?,
-        ),
-        None => None,
-    };
-    let bk = quire_ledger::BookKeeper::with_read_runtime(
-        store.clone(),
-        quire_ledger::ClientConfig {
-            tls: bookie_tls,
-            cluster_secret: Some(sandbox_cluster_secret(args)?),
-            ..quire_ledger::ClientConfig::default()
-        },
-        read_runtime.clone(),
-    );
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let addr = listener.local_addr()?;
-    let config = quire_proxy::StreamConfig {
+    Ok(followers)
+}
+
+/// With `--tls`, the sandbox's files and what the proxy presents: to the bookies (mutual TLS,
+/// the sandbox certificate) and to its clients (client certificates required).
+struct SandboxTls {
+    pki: Option<quire_tls::gen::PkiFiles>,
+    bookie: Option<Arc<quire_tls::rustls::ClientConfig>>,
+    proxy: Option<Arc<quire_tls::rustls::ServerConfig>>,
+}
+
+impl SandboxTls {
+    fn new(args: &SandboxArgs) -> Result<Self> {
+        if !args.tls {
+            return Ok(Self {
+                pki: None,
+                bookie: None,
+                proxy: None,
+            });
+        }
+        let p = sandbox_pki(args)?;
+        let bookie = quire_tls::ClientTls {
+            ca_file: p.ca_file.clone(),
+            cert_file: Some(p.cert_file.clone()),
+            key_file: Some(p.key_file.clone()),
+        }
+        .client_config()?;
+        let proxy = quire_tls::ServerTls {
+            cert_file: p.cert_file.clone(),
+            key_file: p.key_file.clone(),
+            ca_file: Some(p.ca_file.clone()),
+            client_auth: quire_tls::ClientAuth::Require,
+        }
+        .server_config()?;
+        Ok(Self {
+            pki: Some(p),
+            bookie: Some(bookie),
+            proxy: Some(proxy),
+        })
+    }
+}
+
+/// The stream configuration of the sandbox's flags, owner `addr`.
+fn stream_config(args: &SandboxArgs, addr: SocketAddr) -> quire_proxy::StreamConfig {
+    quire_proxy::StreamConfig {
         owner_address: addr.to_string(),
         ensemble_size: args.ensemble_size,
         write_quorum: args.write_quorum,
@@ -146,12 +219,13 @@ pub(super) async fn serve(
             .then(|| Duration::from_secs(args.lifecycle_sweep_secs)),
         txid_jump_max: (args.txid_jump_max > 0).then_some(args.txid_jump_max),
         ..quire_proxy::StreamConfig::default()
-    };
-    let streams = quire_proxy::StreamManager::new(store, bk, config);
-    // Recover segments a crash left in progress before taking traffic, so that problems
-    // surface at start rather than at a first write.
-    // Recover each stream's in-progress segment now; one stream that cannot be recovered is
-    // reported and stays unavailable, but does not keep the others from being served.
+    }
+}
+
+/// Recovers the segments a crash left in progress before taking traffic, so that problems
+/// surface at start rather than at a first write. One stream that cannot be recovered is
+/// reported and stays unavailable, but does not keep the others from being served.
+async fn recover_streams(streams: &quire_proxy::StreamManager) -> Result<()> {
     for name in streams.list_streams().await.context("listing streams")? {
         if let Err(e) = streams
             .read(
@@ -166,67 +240,43 @@ pub(super) async fn serve(
             eprintln!("quire sandbox: stream {name:?} is unavailable: {e}");
         }
     }
-    let metrics = args.metrics_listen.map(|_| {
-        let m = quire_proxy::ProxyMetrics::new();
-        exposition.register(|r| m.register(r, streams.clone()));
-        m
-    });
-    let server = quire_proxy::ProxyServer::start(
-        listener,
-        streams.clone(),
-        quire_proxy::ServerConfig {
-            catch_up_read_runtime: Some(read_runtime.clone()),
-            metrics,
-            tls: proxy_tls,
-            ..quire_proxy::ServerConfig::default()
-        },
-    )
-    .context("proxy server")?;
-    // Before the address line: whoever read it sees /healthz answer 200.
-    exposition.set_serving(true);
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let bookie_list: Vec<String> = bookies.iter().map(|b| b.addr().to_string()).collect();
+    Ok(())
+}
+
+/// The lines that say where the bookies, the secret, the TLS files and the proxy are (the
+/// last one, with the proxy's address, is what tests and scripts wait for).
+fn print_serving(
+    args: &SandboxArgs,
+    bookies: &[Bookie],
+    pki: Option<&quire_tls::gen::PkiFiles>,
+    addr: SocketAddr,
+) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let bookie_list: Vec<String> = bookies.iter().map(|b| b.addr().to_string()).collect();
+    writeln!(
+        out,
+        "quire sandbox: bookies {} (E={} Qw={} Qa={})",
+        bookie_list.join(" "),
+        args.ensemble_size,
+        args.write_quorum,
+        args.ack_quorum
+    )?;
+    writeln!(
+        out,
+        "quire sandbox: bookies admit only holders of the cluster secret in {} (--cluster-secret-file)",
+        sandbox_cluster_secret_file(&args.data_dir).display()
+    )?;
+    if let Some(p) = pki {
         writeln!(
             out,
-            "quire sandbox: bookies {} (E={} Qw={} Qa={})",
-            bookie_list.join(" "),
-            args.ensemble_size,
-            args.write_quorum,
-            args.ack_quorum
+            "quire sandbox: TLS on, client certificates required: --tls-ca-file {} --tls-cert-file {} --tls-key-file {}",
+            p.ca_file.display(),
+            p.cert_file.display(),
+            p.key_file.display()
         )?;
-        writeln!(
-            out,
-            "quire sandbox: bookies admit only holders of the cluster secret in {} (--cluster-secret-file)",
-            sandbox_cluster_secret_file(&args.data_dir).display()
-        )?;
-        if let Some(p) = &pki {
-            writeln!(
-                out,
-                "quire sandbox: TLS on, client certificates required: --tls-ca-file {} --tls-cert-file {} --tls-key-file {}",
-                p.ca_file.display(),
-                p.cert_file.display(),
-                p.key_file.display()
-            )?;
-        }
-        writeln!(out, "quire sandbox: proxy listening on {addr}")?;
-        out.flush()?;
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
-        _ = term.recv() => {},
-    }
-    exposition.set_serving(false);
-    eprintln!("quire sandbox: stopping");
-    for f in followers {
-        f.abort();
-    }
-    server.shutdown();
-    streams
-        .shutdown()
-        .await
-        .context("completing open segments")?;
+    writeln!(out, "quire sandbox: proxy listening on {addr}")?;
+    out.flush()?;
     Ok(())
 }
