@@ -111,8 +111,8 @@ fn abort_on_panic() {
     }));
 }
 
-/// The command line, with each config-file flag's help showing its default (read from the
-/// crates' `Default`s, [`flags::with_defaults`]) and the processes' ZooKeeper flags reading no
+/// The command line, with each config-file flag's (and each sandbox flag's of a crate key) help
+/// showing its default (read from the crates' `Default`s, [`flags::with_defaults`]) and the processes' ZooKeeper flags reading no
 /// environment variable ([`flags::process_zookeeper_flags`]).
 fn command() -> clap::Command {
     use config::{keys_of, AUTORECOVERY_KEYS, BOOKIE_KEYS, PROXY_KEYS};
@@ -130,6 +130,9 @@ fn command() -> clap::Command {
             let c = process_zookeeper_flags(c);
             let defaults = config::AutorecoveryFile::default();
             with_defaults(c, &keys_of(AUTORECOVERY_KEYS), &defaults)
+        })
+        .mut_subcommand("sandbox", |c| {
+            with_defaults(c, &keys_of(sandbox::KEYS), &sandbox::Defaults::default())
         })
 }
 

@@ -21,6 +21,10 @@ struct SandboxFile {
 fn engine_settings(args: &SandboxArgs) -> Result<quire_engine::EngineSettings> {
     let d = quire_engine::EngineSettings::default();
     let s = quire_engine::EngineSettings {
+        journal_file_size_bytes: args
+            .journal_file_size_bytes
+            .unwrap_or(d.journal_file_size_bytes),
+        journal_reuse_files: args.journal_reuse_files.unwrap_or(d.journal_reuse_files),
         entry_log_size_bytes: args.entry_log_size_bytes.unwrap_or(d.entry_log_size_bytes),
         checkpoint_interval_ms: args
             .checkpoint_interval_ms
@@ -52,9 +56,9 @@ fn compaction_settings(args: &SandboxArgs) -> Result<quire_engine::CompactionSet
     Ok(s)
 }
 
-/// The read-only mode flags over the bookie's defaults, checked: (threshold, low-water mark,
-/// interval).
-fn disk_usage(args: &SandboxArgs) -> Result<(f64, f64, Duration)> {
+/// The read-only mode and garbage-collection flags over the bookie's defaults, checked:
+/// (threshold, low-water mark, interval, GC interval).
+pub(super) fn disk_usage(args: &SandboxArgs) -> Result<(f64, f64, Duration, Duration)> {
     let d = quire_bookie::BookieSettings::default();
     let s = quire_bookie::BookieSettings {
         disk_usage_threshold: args.disk_usage_threshold.unwrap_or(d.disk_usage_threshold),
@@ -62,20 +66,22 @@ fn disk_usage(args: &SandboxArgs) -> Result<(f64, f64, Duration)> {
         disk_check_interval_ms: args
             .disk_check_interval_ms
             .unwrap_or(d.disk_check_interval_ms),
+        gc_interval_secs: args.gc_interval_secs.unwrap_or(d.gc_interval_secs),
         ..d
     };
     s.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let interval = Duration::from_millis(s.disk_check_interval_ms);
-    Ok((s.disk_usage_threshold, s.disk_usage_lwm(), interval))
+    let gc = Duration::from_secs(s.gc_interval_secs);
+    Ok((s.disk_usage_threshold, s.disk_usage_lwm(), interval, gc))
 }
 
 /// The configuration of bookie `index` (1-based). With `cpu_set`, its shard `i` is global
 /// shard `(index - 1) * shards + i`, so that one-shard bookies spread over the listed CPUs
 /// instead of all taking the first.
-fn bookie_config(
+pub(super) fn bookie_config(
     args: &SandboxArgs,
     cpu_set: &[usize],
-    disk: (f64, f64, Duration),
+    disk: (f64, f64, Duration, Duration),
     index: usize,
     listen: SocketAddr,
     gc: &MetadataChannels,
@@ -90,10 +96,7 @@ fn bookie_config(
             .collect();
     }
     config.io_memory_bytes = 1 << 20;
-    config.engine.journal_file_size_bytes = args.journal_file_size_bytes;
-    config.engine.journal_reuse_files = args.journal_reuse_files;
     config.engine.journal_dsync_writes = !args.journal_separate_fdatasync;
-    config.gc_interval = Duration::from_secs(args.gc_interval_secs);
     config.gc_deleted_ledgers = Some(gc.deleted.clone());
     // A key binds only for a ledger the metadata store holds with that key (issue 24).
     config.ledger_keys = Some(gc.keys.clone());
@@ -101,7 +104,10 @@ fn bookie_config(
         config.disk_usage_threshold,
         config.disk_usage_lwm_threshold,
         config.disk_check_interval,
+        config.gc_interval,
     ) = disk;
+    // The journal file size and reuse flags too (they were set before this and overwritten
+    // by it with the defaults, so that both flags were ignored).
     engine_settings(args)?.apply(&mut config.engine);
     compaction_settings(args)?.apply(&mut config.engine);
     if args.tls {

@@ -29,6 +29,43 @@ mod serve;
 
 use bookies::{start_bookies, MetadataChannels};
 
+/// The sandbox's flags that set a crate's key, by table (as in [`crate::config`]): `--help`
+/// shows their defaults from the crates' settings types ([`Defaults`]), the one place each is
+/// written, and an unset flag takes that default.
+pub const KEYS: &[crate::config::Table] = &[
+    (
+        "streams",
+        "ensemble_size write_quorum ack_quorum segment_size_bytes entry_size_bytes \
+        segment_roll_secs retention_time_secs retention_size_bytes lifecycle_sweep_secs \
+        txid_jump_max",
+    ),
+    (
+        "engine",
+        "journal_file_size_bytes journal_reuse_files entry_log_size_bytes \
+        checkpoint_interval_ms index_cache_bytes_max space_reserve_bytes",
+    ),
+    (
+        "compaction",
+        "minor_compaction_threshold=minor_threshold \
+        minor_compaction_interval_secs=minor_interval_secs \
+        major_compaction_threshold=major_threshold \
+        major_compaction_interval_secs=major_interval_secs",
+    ),
+    (
+        "bookie",
+        "gc_interval_secs disk_usage_threshold disk_usage_lwm_threshold disk_check_interval_ms",
+    ),
+];
+
+/// The crates' defaults of the tables in [`KEYS`].
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Defaults {
+    streams: quire_proxy::StreamSettings,
+    engine: quire_engine::EngineSettings,
+    compaction: quire_engine::CompactionSettings,
+    bookie: quire_bookie::BookieSettings,
+}
+
 /// `quire sandbox` options.
 #[derive(Args, Debug)]
 pub struct SandboxArgs {
@@ -45,24 +82,24 @@ pub struct SandboxArgs {
     #[arg(long, default_value_t = 1)]
     shards: usize,
     /// Ensemble size E of new segments' ledgers.
-    #[arg(long, default_value_t = 3)]
-    ensemble_size: u8,
+    #[arg(long)]
+    ensemble_size: Option<u8>,
     /// Write quorum Qw.
-    #[arg(long, default_value_t = 3)]
-    write_quorum: u8,
-    /// Ack quorum Qa.
-    #[arg(long, default_value_t = 2)]
-    ack_quorum: u8,
-    /// Segments roll once they hold this many bytes (DistributedLog default: 256 MiB).
-    #[arg(long, default_value_t = 256 * 1024 * 1024)]
-    segment_size_bytes: u64,
+    #[arg(long)]
+    write_quorum: Option<u8>,
+    /// Ack quorum Qa; E >= Qw >= Qa >= 1.
+    #[arg(long)]
+    ack_quorum: Option<u8>,
+    /// Segments roll once they hold this many bytes (as DistributedLog's by default).
+    #[arg(long)]
+    segment_size_bytes: Option<u64>,
     /// Records are packed into entries of up to this many bytes.
-    #[arg(long, default_value_t = 256 * 1024)]
-    entry_size_bytes: usize,
+    #[arg(long)]
+    entry_size_bytes: Option<usize>,
     /// A segment holding at least one record also rolls once it is this many seconds old
-    /// (DistributedLog default: 2 h); 0 turns time rolling off.
-    #[arg(long, default_value_t = 7200)]
-    segment_roll_secs: u64,
+    /// (as DistributedLog's by default); 0 turns time rolling off.
+    #[arg(long)]
+    segment_roll_secs: Option<u64>,
     /// Default retention time of every stream: completed segments older than this many
     /// seconds are deleted, oldest first (streams override it with `quire stream retention`).
     /// Unset: kept forever.
@@ -74,22 +111,22 @@ pub struct SandboxArgs {
     retention_size_bytes: Option<u64>,
     /// Seconds between the proxy's lifecycle sweeps over every stream: retention and the
     /// completion of abandoned segments on streams no request touched, and deletion of orphan
-    /// ledger metadata left by a crash mid-deletion (default 300; 0 disables).
-    #[arg(long, default_value_t = 300)]
-    lifecycle_sweep_secs: u64,
+    /// ledger metadata left by a crash mid-deletion (0 disables).
+    #[arg(long)]
+    lifecycle_sweep_secs: Option<u64>,
     /// The txid guard (Quire's own, against a poisoned stream): a record whose txid is more
     /// than this above the txid before it (its stream's last txid, or the previous record of
     /// the same write) is refused with `TXID_TOO_FAR_AHEAD`; a stream's first record may have
     /// any txid. 0 turns the guard off.
-    #[arg(long, default_value_t = quire_proxy::TXID_JUMP_MAX_DEFAULT)]
-    txid_jump_max: u64,
+    #[arg(long)]
+    txid_jump_max: Option<u64>,
     /// Size of each pre-written journal file, in bytes.
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
-    journal_file_size_bytes: u64,
+    #[arg(long)]
+    journal_file_size_bytes: Option<u64>,
     /// Checkpointed journal files each shard keeps for reuse by later rolls (the bookie setting
     /// `journal_reuse_files`; 0 pre-writes every new journal file with zeros).
-    #[arg(long, default_value_t = 4)]
-    journal_reuse_files: usize,
+    #[arg(long)]
+    journal_reuse_files: Option<usize>,
     /// CPUs to pin the bookies' shards to, e.g. `0,1`: the shards of all bookies, numbered
     /// bookie by bookie, take the listed CPUs in turn (shard g on the (g mod n)-th). Default:
     /// unpinned, which measured better on a 2-core host (perf/README.md, "CPU per record").
@@ -112,17 +149,18 @@ pub struct SandboxArgs {
     proxy_threads: usize,
     /// Seconds between garbage-collection runs on each bookie shard (BookKeeper `gcWaitTime`;
     /// 0 disables).
-    #[arg(long, default_value_t = 600)]
-    gc_interval_secs: u64,
+    #[arg(long)]
+    gc_interval_secs: Option<u64>,
     /// Usage of a bookie directory's filesystem (fraction in (0, 1]) at which that bookie
-    /// turns read-only (BookKeeper `diskUsageThreshold`; default 0.95).
+    /// turns read-only (BookKeeper `diskUsageThreshold`).
     #[arg(long)]
     disk_usage_threshold: Option<f64>,
     /// Usage every directory of a read-only bookie must be below for it to take adds again
-    /// (BookKeeper `diskUsageLwmThreshold`; default 0.90).
+    /// (BookKeeper `diskUsageLwmThreshold`; unset: 0.90, or disk_usage_threshold if lower).
     #[arg(long)]
     disk_usage_lwm_threshold: Option<f64>,
-    /// Time between two disk usage measurements, in milliseconds (default 10000).
+    /// Time between two disk usage measurements, in milliseconds (BookKeeper
+    /// `diskCheckInterval`).
     #[arg(long)]
     disk_check_interval_ms: Option<u64>,
     /// TLS with required client certificates on every bookie port and on the proxy port
@@ -138,34 +176,32 @@ pub struct SandboxArgs {
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
     /// Minor compaction threshold: entry logs whose live fraction is below it are rewritten
-    /// (BookKeeper `minorCompactionThreshold`; 0 to 1, below the major one; default 0.2).
+    /// (BookKeeper `minorCompactionThreshold`; 0 to 1, below the major one).
     #[arg(long)]
     minor_compaction_threshold: Option<f64>,
-    /// Seconds between minor compactions (BookKeeper `minorCompactionInterval`; default 3600,
-    /// 0 disables).
+    /// Seconds between minor compactions (BookKeeper `minorCompactionInterval`; 0 disables).
     #[arg(long)]
     minor_compaction_interval_secs: Option<u64>,
-    /// Major compaction threshold (BookKeeper `majorCompactionThreshold`; default 0.8).
+    /// Major compaction threshold (BookKeeper `majorCompactionThreshold`).
     #[arg(long)]
     major_compaction_threshold: Option<f64>,
-    /// Seconds between major compactions (BookKeeper `majorCompactionInterval`; default
-    /// 86400, 0 disables).
+    /// Seconds between major compactions (BookKeeper `majorCompactionInterval`; 0 disables).
     #[arg(long)]
     major_compaction_interval_secs: Option<u64>,
-    /// An entry log rolls to a new file beyond this many bytes (BookKeeper `logSizeLimit`;
-    /// default 1 GiB). Only whole non-current logs are deleted or compacted.
+    /// An entry log rolls to a new file beyond this many bytes (BookKeeper `logSizeLimit`).
+    /// Only whole non-current logs are deleted or compacted.
     #[arg(long)]
     entry_log_size_bytes: Option<u64>,
     /// Milliseconds between the bookies' checkpoints (write cache to entry logs; BookKeeper
-    /// `flushInterval`; default 10000).
+    /// `flushInterval`).
     #[arg(long)]
     checkpoint_interval_ms: Option<u64>,
     /// Bound of each bookie shard's index block cache, in bytes (BookKeeper
-    /// `dbStorage_rocksDB_blockCacheSize`; default 16 MiB, at least 65536).
+    /// `dbStorage_rocksDB_blockCacheSize`; at least 65536).
     #[arg(long)]
     index_cache_bytes_max: Option<u64>,
     /// Bytes of zeros each bookie shard keeps in its ledger directory and gives back when
-    /// garbage collection finds the disk full (default 4 MiB; 0 turns it off).
+    /// garbage collection finds the disk full (0 turns it off).
     #[arg(long)]
     space_reserve_bytes: Option<u64>,
 }
@@ -221,6 +257,7 @@ fn check_data_dir(args: &SandboxArgs, store: &EmbeddedStore) -> Result<()> {
 
 /// Runs the sandbox until SIGINT or SIGTERM.
 pub fn run(args: SandboxArgs) -> Result<()> {
+    let streams = serve::stream_settings(&args)?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
     let _lock = lock_data_dir(&args.data_dir)?;
@@ -267,6 +304,7 @@ pub fn run(args: SandboxArgs) -> Result<()> {
         read_runtime.handle(),
         (gc_queries, key_queries),
         &exposition,
+        &streams,
     ));
     runtime.shutdown_timeout(Duration::from_secs(5));
     read_runtime.shutdown_timeout(Duration::from_secs(5));
@@ -297,4 +335,92 @@ pub fn parse_retention_size_bytes(v: &str) -> std::result::Result<u64, String> {
         .parse()
         .map_err(|_| format!("{v:?} is not a whole number"))?;
     quire_client::check_retention_size_bytes(n)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Goal: the sandbox's flags reach its bookies and proxy through the crates' settings
+    //! types, checked, with the crates' defaults when unset. Method: parse flags, build the
+    //! configurations the sandbox would start with (no process).
+
+    use std::time::Duration;
+
+    use clap::{Args, FromArgMatches};
+
+    use super::bookies::{bookie_config, disk_usage, MetadataChannels};
+    use super::serve::stream_settings;
+    use super::SandboxArgs;
+
+    fn parse(dir: &std::path::Path, flags: &[&str]) -> SandboxArgs {
+        let command = SandboxArgs::augment_args(clap::Command::new("sandbox"));
+        let mut argv = vec!["sandbox", "--data-dir", dir.to_str().unwrap()];
+        argv.extend(flags);
+        SandboxArgs::from_arg_matches(&command.try_get_matches_from(argv).unwrap()).unwrap()
+    }
+
+    fn config_of(args: &SandboxArgs) -> quire_bookie::BookieConfig {
+        let (deleted, _) = quire_bookie::deleted_ledgers_channel();
+        let (keys, _) = quire_bookie::ledger_keys_channel();
+        let channels = MetadataChannels { deleted, keys };
+        let disk = disk_usage(args).unwrap();
+        let listen = "127.0.0.1:1".parse().unwrap();
+        bookie_config(args, &[], disk, 1, listen, &channels).unwrap()
+    }
+
+    #[test]
+    fn journal_and_gc_flags_reach_every_bookie() {
+        // --journal-file-size-bytes and --journal-reuse-files were set, then overwritten with
+        // the engine's defaults by the engine settings applied after them.
+        let dir = tempfile::tempdir().unwrap();
+        let args = parse(
+            dir.path(),
+            &[
+                "--journal-file-size-bytes",
+                "1048576",
+                "--journal-reuse-files",
+                "0",
+                "--gc-interval-secs",
+                "7",
+                "--checkpoint-interval-ms",
+                "250",
+            ],
+        );
+        let c = config_of(&args);
+        assert_eq!(c.engine.journal_file_size_bytes, 1 << 20);
+        assert_eq!(c.engine.journal_reuse_files, 0);
+        assert_eq!(c.gc_interval, Duration::from_secs(7));
+        assert_eq!(c.engine.checkpoint_interval, Duration::from_millis(250));
+
+        let c = config_of(&parse(dir.path(), &[]));
+        let d =
+            quire_bookie::BookieConfig::new(c.listen, c.journal_dir.clone(), c.ledger_dir.clone());
+        assert_eq!(
+            c.engine.journal_file_size_bytes,
+            d.engine.journal_file_size_bytes
+        );
+        assert_eq!(c.engine.journal_reuse_files, d.engine.journal_reuse_files);
+        assert_eq!(c.gc_interval, d.gc_interval);
+    }
+
+    #[test]
+    fn stream_flags_are_checked_as_the_streams_table() {
+        // A quorum breaking E >= Qw >= Qa >= 1 was a panic in StreamManager::new once the
+        // bookies ran; it is one line naming the key, before anything starts.
+        let dir = tempfile::tempdir().unwrap();
+        let args = parse(dir.path(), &["--ensemble-size", "2", "--write-quorum", "3"]);
+        let e = stream_settings(&args).unwrap_err().to_string();
+        assert!(e.starts_with("invalid setting ensemble_size = 2"), "{e}");
+        let args = parse(dir.path(), &["--entry-size-bytes", "0"]);
+        let e = stream_settings(&args).unwrap_err().to_string();
+        assert!(e.contains("entry_size_bytes"), "{e}");
+
+        let s = stream_settings(&parse(dir.path(), &["--ack-quorum", "1"])).unwrap();
+        let d = quire_proxy::StreamSettings::default();
+        assert_eq!(s.ack_quorum, 1);
+        assert_eq!(
+            (s.ensemble_size, s.write_quorum),
+            (d.ensemble_size, d.write_quorum)
+        );
+        assert_eq!(s.segment_size_bytes, d.segment_size_bytes);
+    }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use quire_bookie::{Bookie, DeletedLedgersQueries};
 use quire_metadata::{BookieId, BookieInfo, EmbeddedStore, MetadataStore};
+use quire_proxy::StreamSettings;
 
 use super::bookies::{sandbox_cluster_secret, sandbox_cluster_secret_file, sandbox_pki};
 use super::SandboxArgs;
@@ -54,6 +55,7 @@ pub(super) async fn serve(
     read_runtime: &tokio::runtime::Handle,
     queries: (DeletedLedgersQueries, quire_bookie::LedgerKeyQueries),
     exposition: &crate::metrics_http::Exposition,
+    settings: &StreamSettings,
 ) -> Result<()> {
     let store: Arc<dyn MetadataStore> = Arc::new(store);
     spawn_metadata_answers(&store, queries);
@@ -72,7 +74,7 @@ pub(super) async fn serve(
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let streams = quire_proxy::StreamManager::new(store, bk, stream_config(args, addr));
+    let streams = quire_proxy::StreamManager::new(store, bk, stream_config(settings, addr));
     recover_streams(&streams).await?;
     let metrics = args.metrics_listen.map(|_| {
         let m = quire_proxy::ProxyMetrics::new();
@@ -92,7 +94,7 @@ pub(super) async fn serve(
     .context("proxy server")?;
     // Before the address line: whoever read it sees /healthz answer 200.
     exposition.set_serving(true);
-    print_serving(args, bookies, tls.pki.as_ref(), addr)?;
+    print_serving(args, settings, bookies, tls.pki.as_ref(), addr)?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
@@ -202,24 +204,36 @@ impl SandboxTls {
     }
 }
 
-/// The stream configuration of the sandbox's flags, owner `addr`.
-fn stream_config(args: &SandboxArgs, addr: SocketAddr) -> quire_proxy::StreamConfig {
-    quire_proxy::StreamConfig {
+/// The stream keys given as flags over the proxy's defaults ([`StreamSettings`], the `[streams]`
+/// table of `quire proxy`), checked: a quorum breaking E >= Qw >= Qa >= 1 or a size out of range
+/// is one line naming the key, before anything starts (it was a panic once the bookies ran).
+pub(super) fn stream_settings(args: &SandboxArgs) -> Result<StreamSettings> {
+    let d = StreamSettings::default();
+    let s = StreamSettings {
+        ensemble_size: args.ensemble_size.unwrap_or(d.ensemble_size),
+        write_quorum: args.write_quorum.unwrap_or(d.write_quorum),
+        ack_quorum: args.ack_quorum.unwrap_or(d.ack_quorum),
+        segment_size_bytes: args.segment_size_bytes.unwrap_or(d.segment_size_bytes),
+        entry_size_bytes: args.entry_size_bytes.unwrap_or(d.entry_size_bytes),
+        segment_roll_secs: args.segment_roll_secs.unwrap_or(d.segment_roll_secs),
+        retention_time_secs: args.retention_time_secs.or(d.retention_time_secs),
+        retention_size_bytes: args.retention_size_bytes.or(d.retention_size_bytes),
+        lifecycle_sweep_secs: args.lifecycle_sweep_secs.unwrap_or(d.lifecycle_sweep_secs),
+        txid_jump_max: args.txid_jump_max.unwrap_or(d.txid_jump_max),
+        ..d
+    };
+    s.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(s)
+}
+
+/// The stream configuration of `settings`, owner `addr`.
+fn stream_config(settings: &StreamSettings, addr: SocketAddr) -> quire_proxy::StreamConfig {
+    let mut config = quire_proxy::StreamConfig {
         owner_address: addr.to_string(),
-        ensemble_size: args.ensemble_size,
-        write_quorum: args.write_quorum,
-        ack_quorum: args.ack_quorum,
-        segment_size_bytes_max: args.segment_size_bytes,
-        entry_size_bytes_target: args.entry_size_bytes,
-        segment_roll_interval: (args.segment_roll_secs > 0)
-            .then(|| Duration::from_secs(args.segment_roll_secs)),
-        retention_time: args.retention_time_secs.map(Duration::from_secs),
-        retention_size_bytes: args.retention_size_bytes,
-        lifecycle_sweep_interval: (args.lifecycle_sweep_secs > 0)
-            .then(|| Duration::from_secs(args.lifecycle_sweep_secs)),
-        txid_jump_max: (args.txid_jump_max > 0).then_some(args.txid_jump_max),
         ..quire_proxy::StreamConfig::default()
-    }
+    };
+    settings.apply(&mut config);
+    config
 }
 
 /// Recovers the segments a crash left in progress before taking traffic, so that problems
@@ -247,6 +261,7 @@ async fn recover_streams(streams: &quire_proxy::StreamManager) -> Result<()> {
 /// last one, with the proxy's address, is what tests and scripts wait for).
 fn print_serving(
     args: &SandboxArgs,
+    settings: &StreamSettings,
     bookies: &[Bookie],
     pki: Option<&quire_tls::gen::PkiFiles>,
     addr: SocketAddr,
@@ -258,9 +273,9 @@ fn print_serving(
         out,
         "quire sandbox: bookies {} (E={} Qw={} Qa={})",
         bookie_list.join(" "),
-        args.ensemble_size,
-        args.write_quorum,
-        args.ack_quorum
+        settings.ensemble_size,
+        settings.write_quorum,
+        settings.ack_quorum
     )?;
     writeln!(
         out,
