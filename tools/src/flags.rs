@@ -3,7 +3,8 @@
 //! `[zookeeper] root`, `--group-commit-wait-us` → `[engine] group_commit_wait_us`). The keys'
 //! meanings, ranges and BookKeeper names are documented on the crates' settings types
 //! (`quire_bookie::BookieSettings`, `quire_engine::EngineSettings`, ...); `--help` shows each
-//! default, read from those types' `Default`.
+//! default, read from those types' `Default`. The ZooKeeper flags are one set,
+//! [`ZooKeeperFlags`], which the admin commands that read the metadata store flatten too.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -424,14 +425,13 @@ mod tests {
     //! Goal: one ZooKeeper flag set, accepted exactly as before the flags were one struct.
     //! Method: walk the built command line (no environment is read or set).
 
+    /// A flag's long name and its environment variable.
+    type Flag = (String, Option<String>);
+
     /// Every command (space-separated path) with the ZooKeeper flags, and the environment
     /// variable of each flag there.
-    fn zookeeper_commands() -> Vec<(String, Vec<(String, Option<String>)>)> {
-        fn walk(
-            path: &str,
-            c: &clap::Command,
-            out: &mut Vec<(String, Vec<(String, Option<String>)>)>,
-        ) {
+    fn zookeeper_commands() -> Vec<(String, Vec<Flag>)> {
+        fn walk(path: &str, c: &clap::Command, out: &mut Vec<(String, Vec<Flag>)>) {
             let flags: Vec<_> = c
                 .get_arguments()
                 .filter(|a| a.get_id() == "zookeeper" || a.get_id().as_str().starts_with("zk_"))
