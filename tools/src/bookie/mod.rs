@@ -1,5 +1,5 @@
-//! `quire bookie`: run one bookie process of a multi-process cluster ([`run`]), or one of its
-//! admin subcommands: `list` ([`list`]), `info ADDR` ([`info`]), `decommission`
+//! `quire bookie`: run one bookie process of a multi-process cluster ([`mod@run`]), or one of
+//! its admin subcommands: `list` ([`list`]), `info ADDR` ([`info`]), `decommission`
 //! ([`decommission`]) and `delete-cookie` ([`cookie`], which also holds the cookie rules a
 //! starting bookie checks).
 
@@ -36,10 +36,10 @@ pub enum BookieCommand {
     Info(info::InfoArgs),
     /// Retire a bookie that is still up: its replicas are copied to other bookies by
     /// autorecovery, then its cookie is deleted. Shows progress; a second run resumes.
-    Decommission(crate::autorecovery::DecommissionArgs),
+    Decommission(decommission::DecommissionArgs),
     /// Delete a stopped bookie's cookie from ZooKeeper, so that it can start again on wiped
     /// or new disks; autorecovery then copies its replicas back to it.
-    DeleteCookie(crate::autorecovery::DeleteCookieArgs),
+    DeleteCookie(cookie::DeleteCookieArgs),
 }
 
 /// Runs `quire bookie`.

@@ -3,8 +3,8 @@
 //! Lifecycle:
 //! 1. read the configuration ([`crate::config::BookieFile`]);
 //! 2. connect to the metadata store (ZooKeeper);
-//! 3. check the bookie's cookie ([`super::cookie::check_cookie`], BookKeeper's `Cookie` rules) and write it on
-//!    first start;
+//! 3. check the bookie's cookie ([`super::cookie::check_cookie`], BookKeeper's `Cookie` rules)
+//!    and write it on first start;
 //! 4. start the bookie server ([`quire_bookie::Bookie::start`]);
 //! 5. register in the bookie registry (an ephemeral znode: it disappears with the session),
 //!    under `available/` or, when its disks are full, `readonly/` (BookKeeper's
