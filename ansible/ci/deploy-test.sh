@@ -284,7 +284,7 @@ log "cluster secret on: a bookie refused a client without it and answered one wi
 
 # A real log through the deployed proxies (admin token): every loghub sample in through px1,
 # out through px2.
-LOGHUB=${QUIRE_LOGHUB_DIR:-$ROOT/../shared/data/loghub}
+LOGHUB=${QUIRE_LOGHUB_DIR:-$ROOT/tools/testkit/data/loghub}
 n=0
 for f in "$LOGHUB"/*.log; do
     s=deploy-$(basename "$f" .log)

@@ -78,7 +78,7 @@ fn auth_refused(shard: &Shard, peer: Option<std::net::SocketAddr>, why: &str) {
     }
     AUTH_WARNINGS.with(|w| {
         let (last, suppressed) = w.get();
-        let now = Instant::now();
+        let now = quire_clock::now();
         if last.is_some_and(|t| now.duration_since(t) < AUTH_WARNING_INTERVAL) {
             w.set((last, suppressed + 1));
             return;
@@ -187,7 +187,7 @@ enum ReadEnd {
 /// Not cancelled by the shard; it ends by itself once the shard's stop signal fires and its
 /// in-flight requests are answered.
 pub(crate) async fn serve(shard: Rc<Shard>, stream: TcpStream) {
-    let accepted = Instant::now();
+    let accepted = quire_clock::now();
     let peer = prepare(&shard, &stream);
     shard.connections.set(shard.connections.get() + 1);
     serve_stream(&shard, stream, peer, accepted).await;
@@ -205,7 +205,7 @@ pub(crate) async fn serve_tls(
     acceptor: futures_rustls::TlsAcceptor,
     stream: TcpStream,
 ) {
-    let accepted = Instant::now();
+    let accepted = quire_clock::now();
     let peer = prepare(&shard, &stream);
     // Counted while handshaking, so that handshakes too stay within the connection limit.
     shard.connections.set(shard.connections.get() + 1);
@@ -477,7 +477,7 @@ async fn make_room(ctx: &ConnCtx<'_>, st: &mut ReadState, consumed: bool) -> Res
     if st.filled == 0 {
         st.partial_since = None;
     } else if consumed || st.partial_since.is_none() {
-        st.partial_since = Some(Instant::now());
+        st.partial_since = Some(quire_clock::now());
     }
     if st.filled >= 4 {
         let b = &st.buf;
@@ -539,7 +539,7 @@ async fn reserve_large_frame(
         return Err(ReadEnd::Stopped);
     };
     st.frame_permit = Some(permit);
-    st.partial_since = Some(Instant::now());
+    st.partial_since = Some(quire_clock::now());
     Ok(())
 }
 
@@ -561,7 +561,7 @@ async fn read_more<S: AsyncRead + Unpin>(
     } else if idle {
         st.last_received + limits.idle_timeout
     } else {
-        Instant::now() + limits.idle_timeout
+        quire_clock::now() + limits.idle_timeout
     };
     let deadline = st
         .partial_since
@@ -576,7 +576,7 @@ async fn read_more<S: AsyncRead + Unpin>(
                 None
             },
             async {
-                glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+                glommio::timer::sleep(deadline.saturating_duration_since(quire_clock::now())).await;
                 Some(None)
             },
         ),
@@ -593,7 +593,7 @@ async fn read_more<S: AsyncRead + Unpin>(
         }
         Some(Some(Ok(n))) => {
             st.filled += n;
-            st.last_received = Instant::now();
+            st.last_received = quire_clock::now();
             if !st.handshake.done() && quire_tls::looks_like_tls_record(&st.buf[..st.filled]) {
                 // Would otherwise wait for a "frame" of 66 KB until the handshake timeout.
                 tracing::info!(
@@ -617,17 +617,17 @@ fn check_deadlines(shard: &Shard, st: &ReadState, idle: bool) -> Result<(), Read
     let limits = shard.limits;
     if let Some(since) = st
         .partial_since
-        .filter(|t| Instant::now() >= *t + limits.frame_timeout)
+        .filter(|t| quire_clock::now() >= *t + limits.frame_timeout)
     {
         tracing::info!(
             shard = shard.index,
             received_bytes = st.filled,
-            waited_ms = since.elapsed().as_millis() as u64,
+            waited_ms = quire_clock::elapsed(since).as_millis() as u64,
             "closing a connection whose frame did not arrive whole within the frame timeout"
         );
         return Err(ReadEnd::Closed);
     }
-    if !st.handshake.done() && Instant::now() >= st.accepted + limits.handshake_timeout {
+    if !st.handshake.done() && quire_clock::now() >= st.accepted + limits.handshake_timeout {
         tracing::debug!(
             shard = shard.index,
             bytes = st.filled,
@@ -635,7 +635,7 @@ fn check_deadlines(shard: &Shard, st: &ReadState, idle: bool) -> Result<(), Read
         );
         return Err(ReadEnd::Closed);
     }
-    if idle && Instant::now() >= st.last_received + limits.idle_timeout {
+    if idle && quire_clock::now() >= st.last_received + limits.idle_timeout {
         tracing::debug!(shard = shard.index, "closing an idle connection");
         return Err(ReadEnd::Closed);
     }
@@ -733,7 +733,7 @@ async fn handle_request(
 ) -> Flow {
     // BookKeeper's request latencies run from the request read to the response written out;
     // here to the response queued for the connection's writer.
-    let received = Instant::now();
+    let received = quire_clock::now();
     let (shard, outbox) = (ctx.shard, ctx.outbox);
     match request {
         Request::Hello {
@@ -1054,7 +1054,13 @@ async fn spawn_op(ctx: &ConnCtx<'_>, request_id: u64, op: Op, received: Instant)
         let outcome = shard.dispatch(op).await;
         outbox.push(|out| encode_outcome(out, request_id, opcode, &outcome));
         if let Some(m) = &shard.metrics {
-            record(m, opcode, &outcome, received.elapsed(), add_bytes);
+            record(
+                m,
+                opcode,
+                &outcome,
+                quire_clock::elapsed(received),
+                add_bytes,
+            );
         }
         // Release only after the response is queued: the connection closes once it holds
         // every permit, and shutdown proceeds once every pass is dropped.

@@ -379,7 +379,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
             Ok(stream) => {
                 pause = ACCEPT_BACKOFF_START;
                 if shard.connections.get() >= shard.limits.connections_max {
-                    if let Some(suppressed) = refused_log.allow(Instant::now()) {
+                    if let Some(suppressed) = refused_log.allow(quire_clock::now()) {
                         tracing::warn!(
                             shard = shard.index,
                             limit = shard.limits.connections_max,
@@ -395,7 +395,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
                         let ip = peer.ip();
                         let open = shard.connections_per_ip.borrow().get(&ip).copied();
                         if open.unwrap_or(0) >= shard.limits.connections_per_ip_max {
-                            if let Some(suppressed) = refused_ip_log.allow(Instant::now()) {
+                            if let Some(suppressed) = refused_ip_log.allow(quire_clock::now()) {
                                 tracing::warn!(
                                     shard = shard.index,
                                     %ip,
@@ -435,7 +435,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
                 }
             }
             Err(e) => {
-                if let Some(suppressed) = failed_log.allow(Instant::now()) {
+                if let Some(suppressed) = failed_log.allow(quire_clock::now()) {
                     tracing::warn!(shard = shard.index, error = %e, suppressed, pause_ms = pause.as_millis() as u64, "accept failed; pausing before accepting again");
                 }
                 glommio::timer::sleep(pause).await;

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io as stdio;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use glommio::{Latency, Shares, TaskQueueHandle};
 
@@ -662,7 +662,7 @@ impl<S: Storage + 'static> Engine<S> {
     ) -> Result<LacUpdate, Error> {
         let inner = &self.inner;
         inner.check_state_known(ledger)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = quire_clock::now() + timeout;
         let (lac, fenced) = inner
             .lac_watchers
             .wait(ledger, previous, deadline, &inner.closed, || {

@@ -207,7 +207,7 @@ pub(crate) struct GcState {
 
 impl GcState {
     pub fn new() -> Self {
-        let now = Instant::now();
+        let now = quire_clock::now();
         Self {
             lock: glommio::sync::Semaphore::new(1),
             stats: Cell::new(GcStats::default()),
@@ -332,7 +332,7 @@ impl<S: Storage + 'static> Gc<S> {
     fn scheduled_threshold(&self) -> Option<f64> {
         let cfg = &*self.cfg;
         let gc = &self.state;
-        let now = Instant::now();
+        let now = quire_clock::now();
         let due = |last: &Cell<Instant>, every: std::time::Duration| {
             !every.is_zero() && now.duration_since(last.get()) >= every
         };

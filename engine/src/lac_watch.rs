@@ -41,7 +41,7 @@ impl LacWatchers {
                 break Err(Error::Closed);
             }
             let (lac, fenced) = state();
-            let now = Instant::now();
+            let now = quire_clock::now();
             if lac > previous || fenced || now >= deadline {
                 break Ok((lac, fenced));
             }

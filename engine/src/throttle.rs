@@ -44,7 +44,7 @@ impl Throttle {
         Self {
             bytes_per_second,
             tokens: Cell::new(bytes_per_second as f64),
-            refilled: Cell::new(Instant::now()),
+            refilled: Cell::new(quire_clock::now()),
             journal_busy: Cell::new(false),
             sync_every_bytes,
             unsynced: Cell::new(0),
@@ -94,7 +94,7 @@ impl Throttle {
         if self.bytes_per_second > 0 {
             let rate = self.bytes_per_second as f64;
             loop {
-                let now = Instant::now();
+                let now = quire_clock::now();
                 let elapsed = now.duration_since(self.refilled.get()).as_secs_f64();
                 self.refilled.set(now);
                 let tokens = (self.tokens.get() + elapsed * rate).min(rate);

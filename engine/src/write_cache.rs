@@ -6,7 +6,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_lite::future;
 
@@ -118,7 +118,7 @@ impl WriteCache {
     /// about two caches' worth of entries however fast adds arrive. Gives up after `wait_max`
     /// with `WriteCacheFull`.
     pub async fn wait_for_room(&self) -> Result<(), Error> {
-        let started = Instant::now();
+        let started = quire_clock::now();
         let mut counted = false;
         loop {
             let seen = self.flush_done.generation();
@@ -130,7 +130,7 @@ impl WriteCache {
                 counted = true;
                 self.waits.set(self.waits.get() + 1);
             }
-            let waited = started.elapsed();
+            let waited = quire_clock::elapsed(started);
             let Some(left) = self.wait_max.checked_sub(waited) else {
                 return Err(Error::WriteCacheFull {
                     waited_ms: waited.as_millis() as u64,

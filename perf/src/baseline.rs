@@ -18,7 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -205,22 +205,22 @@ impl BaselineFile {
         let mut buf = AlignedBuf::new(BLOCK_SIZE_BYTES);
         let blocks = self.size_bytes / BLOCK_SIZE_BYTES as u64;
         let mut hist = LatencyHistogram::new();
-        let start = Instant::now();
+        let start = quire_clock::now();
         let mut n = 0u64;
-        while start.elapsed() < duration {
+        while quire_clock::elapsed(start) < duration {
             buf.as_mut_slice()[..8].copy_from_slice(&n.to_le_bytes());
             let off = (n % blocks) * BLOCK_SIZE_BYTES as u64;
-            let t = Instant::now();
+            let t = quire_clock::now();
             f.write_all_at(buf.as_slice(), off)
                 .with_context(|| format!("O_DIRECT write to {} at {off}", self.path.display()))?;
             if sync == SyncMode::Fdatasync {
                 f.sync_data()
                     .with_context(|| format!("fdatasync {}", self.path.display()))?;
             }
-            hist.record(t.elapsed());
+            hist.record(quire_clock::elapsed(t));
             n += 1;
         }
-        Ok((hist, n as f64 / start.elapsed().as_secs_f64()))
+        Ok((hist, n as f64 / quire_clock::elapsed(start).as_secs_f64()))
     }
 
     /// Sequential O_DIRECT writes of `block` bytes for about `duration`; bytes per second,
@@ -236,9 +236,9 @@ impl BaselineFile {
         let buf = AlignedBuf::new(block);
         let per_file = self.size_bytes / block as u64;
         let sync_every = ((64u64 << 20) / block as u64).max(1);
-        let start = Instant::now();
+        let start = quire_clock::now();
         let mut n = 0u64;
-        while start.elapsed() < duration {
+        while quire_clock::elapsed(start) < duration {
             let off = (n % per_file) * block as u64;
             f.write_all_at(buf.as_slice(), off)
                 .with_context(|| format!("O_DIRECT write to {} at {off}", self.path.display()))?;
@@ -250,7 +250,7 @@ impl BaselineFile {
         }
         f.sync_data()
             .with_context(|| format!("fdatasync {}", self.path.display()))?;
-        Ok((n * block as u64) as f64 / start.elapsed().as_secs_f64())
+        Ok((n * block as u64) as f64 / quire_clock::elapsed(start).as_secs_f64())
     }
 }
 

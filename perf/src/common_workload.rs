@@ -218,7 +218,7 @@ impl CpuWatch {
     /// Reads `/proc/PID/stat` of every watched process and of this one.
     pub fn sample(&self) -> CpuSample {
         CpuSample {
-            at: Instant::now(),
+            at: quire_clock::now(),
             pids: self
                 .pids
                 .iter()
@@ -370,19 +370,19 @@ pub fn paced_producer(
             // Wait for a free slot (a late send is measured from its due time).
             let (lock, cv) = &*shared;
             let mut st = lock.lock().expect("paced lock");
-            while st.outstanding >= limit && Instant::now() < w.drain_end {
-                let left = w.drain_end.saturating_duration_since(Instant::now());
+            while st.outstanding >= limit && quire_clock::now() < w.drain_end {
+                let left = w.drain_end.saturating_duration_since(quire_clock::now());
                 st = cv.wait_timeout(st, left).expect("paced lock").0;
             }
             if st.outstanding >= limit {
                 break;
             }
         }
-        if Instant::now() >= w.end {
+        if quire_clock::now() >= w.end {
             break; // behind schedule: still stop on time
         }
         let fut = write_future(client, &stream, seq, p.size);
-        let sent = Instant::now();
+        let sent = quire_clock::now();
         let measured = w.measured(sent);
         {
             let mut st = shared.0.lock().expect("paced lock");
@@ -397,7 +397,7 @@ pub fn paced_producer(
         let finish = {
             let shared = shared.clone();
             move |result: Result<(), String>| {
-                let done = Instant::now();
+                let done = quire_clock::now();
                 let (lock, cv) = &*shared;
                 let mut st = lock.lock().expect("paced lock");
                 st.outstanding -= 1;
@@ -431,8 +431,8 @@ pub fn paced_producer(
     }
     let (lock, cv) = &*shared;
     let mut st = lock.lock().expect("paced lock");
-    while st.outstanding > 0 && Instant::now() < w.drain_end {
-        let left = w.drain_end.saturating_duration_since(Instant::now());
+    while st.outstanding > 0 && quire_clock::now() < w.drain_end {
+        let left = w.drain_end.saturating_duration_since(quire_clock::now());
         st = cv.wait_timeout(st, left).expect("paced lock").0;
     }
     let mut out = std::mem::take(&mut st.out);
@@ -490,24 +490,24 @@ pub async fn throughput(
             }
         };
     loop {
-        while set.len() < p.inflight && Instant::now() < w.end && out.failed < FAILURES_MAX {
+        while set.len() < p.inflight && quire_clock::now() < w.end && out.failed < FAILURES_MAX {
             let mut fut = write_future(client, &stream, seq, p.size);
-            let sent = Instant::now();
+            let sent = quire_clock::now();
             seq += 1;
             out.sent += 1;
             match poll_once(&mut fut).await {
-                Poll::Ready(r) => account(&mut out, sent, Instant::now(), r),
+                Poll::Ready(r) => account(&mut out, sent, quire_clock::now(), r),
                 Poll::Pending => {
                     set.spawn(async move {
                         let r = fut.await;
-                        (sent, Instant::now(), r)
+                        (sent, quire_clock::now(), r)
                     });
                 }
             }
         }
         out.max_inflight = out.max_inflight.max(set.len());
         if set.is_empty() {
-            if Instant::now() >= w.end || out.failed >= FAILURES_MAX {
+            if quire_clock::now() >= w.end || out.failed >= FAILURES_MAX {
                 break;
             }
             continue;
@@ -685,7 +685,7 @@ impl Target {
     /// If the stream cannot be created, or a task of the run panicked.
     pub async fn run(&self, mode: Mode, p: &Params) -> Result<(Value, String)> {
         let (stream, marker) = self.fresh_stream(mode).await?;
-        let w = p.window(Instant::now() + Duration::from_millis(50));
+        let w = p.window(quire_clock::now() + Duration::from_millis(50));
         let cpu = self.cpu.watch(w);
         let handle = tokio::runtime::Handle::current();
         let mut v = match mode {
@@ -945,7 +945,7 @@ mod tests {
             (p.size, p.rate, p.inflight, p.outstanding),
             (1024, 1000, 256, 1024)
         );
-        let t0 = Instant::now();
+        let t0 = quire_clock::now();
         let w = p.window(t0);
         assert_eq!(w.warm_end - t0, Duration::from_secs(5));
         assert_eq!(w.end - t0, Duration::from_secs(25));
@@ -1097,7 +1097,7 @@ mod tests {
             pids: vec![10, 11],
             ticks_per_s: 100,
         };
-        let t = Instant::now();
+        let t = quire_clock::now();
         let tick = |u, s| CpuTicks { utime: u, stime: s };
         let a = CpuSample {
             at: t,

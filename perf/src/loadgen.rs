@@ -138,7 +138,7 @@ where
     F: Fn(u64, Instant) -> Fut,
     Fut: Future<Output = Result<(), String>> + Send + 'static,
 {
-    let start = Instant::now() + Duration::from_millis(20);
+    let start = quire_clock::now() + Duration::from_millis(20);
     let schedule = Schedule::new(start, cfg.rate_per_s).expect("rate checked by the caller");
     let warm = schedule.count_within(cfg.warmup);
     let total = schedule.count_within(cfg.warmup + cfg.duration);
@@ -185,14 +185,14 @@ where
                 .acquire_owned()
                 .await
                 .expect("semaphore never closed");
-            late_max = late_max.max(Instant::now().saturating_duration_since(intended));
+            late_max = late_max.max(quire_clock::now().saturating_duration_since(intended));
             let fut = send(i, intended);
             let shared = shared.clone();
             let task_counters = counters.clone();
             tasks.spawn(async move {
                 let counters = task_counters;
                 let r = fut.await;
-                let now = Instant::now();
+                let now = quire_clock::now();
                 drop(permit);
                 match r {
                     Ok(()) => {
@@ -247,7 +247,7 @@ where
         }
     }
     tasks.abort_all();
-    let cut = Instant::now();
+    let cut = quire_clock::now();
     let mut censored = 0;
     {
         let mut hist = shared.hist.lock().expect("hist lock");

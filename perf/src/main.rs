@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -314,9 +314,7 @@ fn run(args: Args) -> Result<bool> {
     if has(Workload::Baseline) && baseline_dir.is_none() {
         bail!("the baseline needs a directory on the journal device: give --data-dir (the sandbox's) or --baseline-dir, or leave `baseline` out of --workloads");
     }
-    let started_unix_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let started_unix_ms = quire_clock::unix_ms();
     let prefix = args
         .stream_prefix
         .clone()
@@ -533,12 +531,6 @@ fn plot_series(r: &RunResults) -> Vec<Series> {
     out
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Whether a mode's figures make a clean result (workload.md: a run with errors or missing
 /// records is reported with them and does not count).
 fn clean(v: &serde_json::Value) -> bool {
@@ -582,7 +574,7 @@ fn run_workload(a: WorkloadArgs) -> Result<bool> {
     let prefix = a
         .stream_prefix
         .clone()
-        .unwrap_or_else(|| format!("quire-perf-workload-{}", unix_ms()));
+        .unwrap_or_else(|| format!("quire-perf-workload-{}", quire_clock::unix_ms()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(a.threads)
         .enable_all()
@@ -641,7 +633,7 @@ fn run_workload(a: WorkloadArgs) -> Result<bool> {
             v["peer"] = a.peer.clone().into();
             v["mode"] = mode.name().into();
             v["label"] = a.label.clone().into();
-            v["unix_time"] = (unix_ms() / 1000).into();
+            v["unix_time"] = (quire_clock::unix_ms() / 1000).into();
             v["stream"] = stream.into();
             v["peer_info"] = serde_json::json!({
                 "system": "quire",

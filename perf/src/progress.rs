@@ -64,7 +64,7 @@ impl Progress {
             counters: Arc::new(Counters::default()),
             phase: Mutex::new(Phase {
                 name: String::new(),
-                started: Instant::now(),
+                started: quire_clock::now(),
                 planned: Duration::ZERO,
             }),
             bar,
@@ -91,7 +91,7 @@ impl Progress {
         self.counters.reset();
         *self.phase.lock().expect("phase lock") = Phase {
             name: name.to_string(),
-            started: Instant::now(),
+            started: quire_clock::now(),
             planned,
         };
         if !self.tty && !self.quiet {
@@ -125,7 +125,7 @@ impl Progress {
         format!(
             "{}: {:.1}/{:.0} s  sent {sent}  acked {done}  in flight {}  errors {errors}  read {read}",
             ph.name,
-            ph.started.elapsed().as_secs_f64(),
+            quire_clock::elapsed(ph.started).as_secs_f64(),
             ph.planned.as_secs_f64(),
             sent.saturating_sub(done + errors),
         )

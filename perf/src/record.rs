@@ -128,9 +128,9 @@ mod tests {
     #[test]
     fn stamp_clock_moves_forward() {
         let a = mono_ns();
-        let t = std::time::Instant::now();
+        let t = quire_clock::now();
         std::thread::sleep(std::time::Duration::from_millis(1));
-        let el = t.elapsed().as_nanos() as u64;
+        let el = quire_clock::elapsed(t).as_nanos() as u64;
         let b = mono_ns();
         assert!(b >= a + 1_000_000, "{a} {b}");
         assert!(b - a >= el / 2, "{} vs {el}", b - a);

@@ -82,7 +82,7 @@ pub fn tighten_timer_slack() -> std::io::Result<()> {
 /// if the deadline has passed. With [`tighten_timer_slack`] called on the thread, it wakes within
 /// a few microseconds of the deadline on an idle machine.
 pub fn precise_sleep_until(deadline: Instant) {
-    let wait = deadline.saturating_duration_since(Instant::now());
+    let wait = deadline.saturating_duration_since(quire_clock::now());
     if !wait.is_zero() {
         std::thread::sleep(wait);
     }
@@ -102,7 +102,7 @@ mod tests {
     // at 2000/s, send 0 is at start, send 1 at 0.5 ms, send 7,200,000 (one hour) at exactly 3600 s.
     #[test]
     fn intended_times_are_exact() {
-        let t0 = Instant::now();
+        let t0 = quire_clock::now();
         let s = Schedule::new(t0, 2000.0).unwrap();
         assert_eq!(s.intended(0), t0);
         assert_eq!(s.offset(1), Duration::from_micros(500));
@@ -119,17 +119,17 @@ mod tests {
     // Method: whole and fractional products.
     #[test]
     fn counts_within_a_span() {
-        let s = Schedule::new(Instant::now(), 2000.0).unwrap();
+        let s = Schedule::new(quire_clock::now(), 2000.0).unwrap();
         assert_eq!(s.count_within(Duration::from_secs(10)), 20_000);
         assert_eq!(s.count_within(Duration::from_millis(1)), 2);
         assert_eq!(s.count_within(Duration::ZERO), 0);
-        let s = Schedule::new(Instant::now(), 3.0).unwrap();
+        let s = Schedule::new(quire_clock::now(), 3.0).unwrap();
         assert_eq!(
             s.count_within(Duration::from_millis(500)),
             2,
             "sends at 0 and 333 ms"
         );
-        let s = Schedule::new(Instant::now(), 0.1).unwrap();
+        let s = Schedule::new(quire_clock::now(), 0.1).unwrap();
         assert_eq!(s.count_within(Duration::from_secs(10)), 1);
     }
 
@@ -140,10 +140,10 @@ mod tests {
     #[test]
     fn precise_sleep_waits_until_the_deadline() {
         tighten_timer_slack().expect("PR_SET_TIMERSLACK");
-        let deadline = Instant::now() + Duration::from_millis(2);
+        let deadline = quire_clock::now() + Duration::from_millis(2);
         precise_sleep_until(deadline);
-        assert!(Instant::now() >= deadline);
-        let past = Instant::now();
+        assert!(quire_clock::now() >= deadline);
+        let past = quire_clock::now();
         precise_sleep_until(past - Duration::from_millis(1));
     }
 
@@ -151,7 +151,7 @@ mod tests {
     #[test]
     fn bad_rates_are_refused() {
         for r in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert!(Schedule::new(Instant::now(), r).is_err(), "{r}");
+            assert!(Schedule::new(quire_clock::now(), r).is_err(), "{r}");
         }
     }
 
@@ -160,7 +160,7 @@ mod tests {
     // latency 103 ms; a completion before the due time counts as zero.
     #[test]
     fn latency_counts_from_the_intended_time() {
-        let t0 = Instant::now();
+        let t0 = quire_clock::now();
         let sent_late = t0 + Duration::from_millis(100);
         let done = sent_late + Duration::from_millis(3);
         assert_eq!(latency_from_intended(t0, done), Duration::from_millis(103));

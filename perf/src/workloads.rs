@@ -139,7 +139,7 @@ impl Cluster {
             reader,
             scanner,
             scan_runtime,
-            base: Instant::now(),
+            base: quire_clock::now(),
             progress,
             prefix,
             txid,
@@ -387,7 +387,7 @@ impl Cluster {
         );
         let streams = self.fresh_streams("tail-read", shape.streams).await?;
         let sched = Schedule::new(
-            Instant::now(),
+            quire_clock::now(),
             shape.rate_records_per_s / shape.batch as f64,
         )
         .map_err(anyhow::Error::msg)?;
@@ -417,7 +417,7 @@ impl Cluster {
                     let batch = client
                         .read(&name, pos, 4096, 4 << 20, Duration::from_millis(200))
                         .await?;
-                    let now = Instant::now();
+                    let now = quire_clock::now();
                     for (_, _, p) in &batch.records {
                         if let Some((seq, ns)) = payload::decode(p) {
                             delivered.fetch_add(1, Ordering::Relaxed);
@@ -458,7 +458,7 @@ impl Cluster {
         }
         // Records never delivered (written late, or lost) count at a lower bound, like
         // censored writes; a write that failed is not expected to be delivered.
-        let cut = Instant::now();
+        let cut = quire_clock::now();
         let sends = Schedule::new(write.start, shape.rate_records_per_s / shape.batch as f64)
             .map_err(anyhow::Error::msg)?;
         let mut delivery_censored = 0;
@@ -494,7 +494,7 @@ impl Cluster {
             Duration::from_secs(bytes / (8 << 20) + 1),
         );
         let (stream, _) = self.fresh_streams("backlog", 1).await?.remove(0);
-        let started = Instant::now();
+        let started = quire_clock::now();
         let batch = 256u64;
         let mut next = 0u64;
         let mut tasks = tokio::task::JoinSet::new();
@@ -527,7 +527,7 @@ impl Cluster {
             stream,
             records,
             bytes: records * record_size_bytes as u64,
-            fill_seconds: started.elapsed().as_secs_f64(),
+            fill_seconds: quire_clock::elapsed(started).as_secs_f64(),
         })
     }
 
@@ -543,17 +543,17 @@ impl Cluster {
         );
         let counters = self.progress_counters();
         let mut calls = LatencyHistogram::new();
-        let started = Instant::now();
+        let started = quire_clock::now();
         let mut pos = ReadPosition::Head;
         let mut read = 0u64;
         while read < backlog.records {
-            let t = Instant::now();
+            let t = quire_clock::now();
             let batch = self
                 .scanner
                 .read(&backlog.stream, pos, 4096, 4 << 20, Duration::ZERO)
                 .await
                 .context("catch-up read")?;
-            calls.record(t.elapsed());
+            calls.record(quire_clock::elapsed(t));
             if batch.records.is_empty() {
                 bail!(
                     "stream {} ended after {read} of {} backlog records",
@@ -574,7 +574,7 @@ impl Cluster {
             backlog_records: backlog.records,
             backlog_bytes: backlog.bytes,
             fill_seconds: backlog.fill_seconds,
-            scan_seconds: started.elapsed().as_secs_f64(),
+            scan_seconds: quire_clock::elapsed(started).as_secs_f64(),
             records_read: read,
             read_call: calls.summary(),
         })
@@ -607,7 +607,7 @@ impl Cluster {
                 self.progress_counters(),
             );
             self.scan_runtime.spawn(async move {
-                let started = Instant::now();
+                let started = quire_clock::now();
                 let mut pos = ReadPosition::Head;
                 while !stop.load(Ordering::Relaxed) {
                     let batch = client
@@ -624,7 +624,7 @@ impl Cluster {
                         .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
                     pos = batch.next;
                 }
-                Ok::<f64, quire_client::Error>(started.elapsed().as_secs_f64())
+                Ok::<f64, quire_client::Error>(quire_clock::elapsed(started).as_secs_f64())
             })
         };
         // Let the scan get going before the measured writes start.

@@ -16,6 +16,10 @@
 //!
 //! Errors are one line on stderr and a non-zero exit status.
 
+// Time and randomness in tools/src are converted to the quire_clock seam at the merge of
+// house/cli and house/autorecovery (issue 25 item 5); until then the lint is off here.
+#![allow(clippy::disallowed_methods)]
+
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

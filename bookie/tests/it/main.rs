@@ -1,6 +1,10 @@
 //! The bookie's integration tests (real bookies on loopback, raw wire clients), one module per
 //! behaviour, linked into one test binary. `common` holds the shared wire helpers.
 
+// Integration tests run real processes, runtimes and sockets and wait on real deadlines: they
+// read the real clock, not the quire_clock seam (clippy.toml, ARCHITECTURE.md).
+#![allow(clippy::disallowed_methods)]
+
 mod bad_input_gets_error_or_close;
 mod bookies_on_a_shared_host;
 mod cluster_secret_handshake;

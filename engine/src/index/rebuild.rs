@@ -527,7 +527,7 @@ pub(crate) async fn build<S: Storage>(
     entry_size_max: usize,
     take_id: &dyn Fn() -> u64,
 ) -> Result<(Vec<Replacement<S::File>>, RebuildReport), Error> {
-    let started = Instant::now();
+    let started = quire_clock::now();
     let keys: Vec<(Key, Key)> = damaged.iter().filter_map(|d| d.keys).collect();
     let lost: Vec<(u64, u64)> = damaged.iter().filter_map(|d| d.lost_states).collect();
     // Only the entry logs the damaged segments point into, when every one of them is described
@@ -679,7 +679,9 @@ pub(crate) async fn commit<S: Storage>(
         .sync_dir(dir)
         .await
         .map_err(io_err("sync ledger dir", dir, 0))?;
-    report.millis = report.started.map_or(0, |t| t.elapsed().as_millis() as u64);
+    report.millis = report
+        .started
+        .map_or(0, |t| quire_clock::elapsed(t).as_millis() as u64);
     for r in reps {
         tracing::warn!(
             segment = %r.damage.path.display(),

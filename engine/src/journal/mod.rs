@@ -240,14 +240,14 @@ impl<F> Journal<F> {
     /// # Cancellation
     /// Dropping the future only gives up the wait.
     pub async fn wait_for_room(&self, bytes_max: usize, wait_max: Duration) -> Result<(), Error> {
-        let started = Instant::now();
+        let started = quire_clock::now();
         loop {
             let seen = self.room.generation();
             let queued = self.queue_bytes.get();
             if queued <= bytes_max {
                 return Ok(());
             }
-            let waited = started.elapsed();
+            let waited = quire_clock::elapsed(started);
             let Some(left) = wait_max.checked_sub(waited) else {
                 return Err(Error::JournalQueueFull {
                     queued_bytes: queued,
@@ -271,7 +271,7 @@ impl<F> Journal<F> {
         self.queue.borrow_mut().push_back(Pending {
             record,
             bytes,
-            enqueued: Instant::now(),
+            enqueued: quire_clock::now(),
             done: done.clone(),
         });
         self.queue_bytes.set(self.queue_bytes.get() + bytes);

@@ -32,7 +32,7 @@ const PRECREATE_AT_FILL_HALVES: u64 = 1;
 const JOURNAL_SLOW_WARN: Duration = Duration::from_millis(500);
 
 fn warn_if_slow(step: &str, journal_id: u64, started: Instant) {
-    let took = started.elapsed();
+    let took = quire_clock::elapsed(started);
     if took >= JOURNAL_SLOW_WARN {
         tracing::warn!(
             journal = journal_id,
@@ -159,7 +159,7 @@ impl<S: Storage + 'static> JournalWriter<S> {
             let Some(oldest) = journal.queue.borrow().front().map(|p| p.enqueued) else {
                 break;
             };
-            let age = oldest.elapsed();
+            let age = quire_clock::elapsed(oldest);
             if age >= self.cfg.group_commit_wait_max {
                 break;
             }
@@ -243,7 +243,7 @@ impl<S: Storage + 'static> JournalWriter<S> {
             return Ok(());
         }
         let id = cursor.file_id + 1;
-        let started = Instant::now();
+        let started = quire_clock::now();
         let next = self.files.next_journal_file(id).await?;
         warn_if_slow("journal roll (waiting for the next file)", id, started);
         *cursor = JournalCursor {
@@ -268,7 +268,7 @@ impl<S: Storage + 'static> JournalWriter<S> {
     ) -> Result<(), Error> {
         let path = self.journal.path(cursor.file_id);
         self.throttle.journal_busy(true);
-        let started = Instant::now();
+        let started = quire_clock::now();
         let r = async {
             if self.cfg.journal_dsync_writes {
                 // One request: the write completes once durable. Its whole time counts as sync
@@ -279,7 +279,7 @@ impl<S: Storage + 'static> JournalWriter<S> {
                     .await
                     .map_err(io_err("journal durable write", &path, cursor.pos));
                 warn_if_slow("journal durable write", cursor.file_id, started);
-                timings.sync.set(started.elapsed());
+                timings.sync.set(quire_clock::elapsed(started));
                 return r;
             }
             cursor.file.write_at(cursor.pos, buf).await.map_err(io_err(
@@ -288,7 +288,7 @@ impl<S: Storage + 'static> JournalWriter<S> {
                 cursor.pos,
             ))?;
             warn_if_slow("journal write", cursor.file_id, started);
-            let synced = Instant::now();
+            let synced = quire_clock::now();
             timings.write.set(synced - started);
             let r = cursor.file.fdatasync().await.map_err(io_err(
                 "journal fdatasync",
@@ -296,7 +296,7 @@ impl<S: Storage + 'static> JournalWriter<S> {
                 cursor.pos,
             ));
             warn_if_slow("journal fdatasync", cursor.file_id, synced);
-            timings.sync.set(synced.elapsed());
+            timings.sync.set(quire_clock::elapsed(synced));
             r
         }
         .await;
@@ -336,7 +336,7 @@ impl<S: Storage + 'static> JournalWriter<S> {
             });
             for p in &batch {
                 if matches!(p.record, Record::Add { .. }) {
-                    o.add_durable(p.enqueued.elapsed());
+                    o.add_durable(quire_clock::elapsed(p.enqueued));
                 }
             }
         }

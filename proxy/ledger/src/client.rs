@@ -152,7 +152,7 @@ impl BookKeeper {
             .ok()
             .and_then(|r| r.as_ref().map(|r| r.get(bookie).copied().flatten()));
         if let Ok(mut q) = self.inner.quarantine.lock() {
-            q.insert(bookie.clone(), (Instant::now(), epoch));
+            q.insert(bookie.clone(), (quire_clock::now(), epoch));
         }
     }
 
@@ -233,11 +233,11 @@ impl BookKeeper {
             let Ok(mut reported) = self.inner.damage_reported.lock() else {
                 return;
             };
-            reported.retain(|_, at| at.elapsed() < DAMAGE_REPORT_INTERVAL);
+            reported.retain(|_, at| quire_clock::elapsed(*at) < DAMAGE_REPORT_INTERVAL);
             if reported.contains_key(&(ledger, bookie.clone())) {
                 return;
             }
-            reported.insert((ledger, bookie.clone()), Instant::now());
+            reported.insert((ledger, bookie.clone()), quire_clock::now());
         }
         self.report_under_replicated(ledger, bookie.clone(), "a read found a damaged replica");
     }
@@ -247,7 +247,7 @@ impl BookKeeper {
         let Ok(mut q) = self.inner.quarantine.lock() else {
             return HashSet::new();
         };
-        q.retain(|_, (since, _)| since.elapsed() < keep_for);
+        q.retain(|_, (since, _)| quire_clock::elapsed(*since) < keep_for);
         q.keys().cloned().collect()
     }
 

@@ -6,7 +6,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
 
 use quire_metadata::{BookieId, BookieInfo, Fragment, LedgerMetadata, LedgerState, Version};
 use quire_wire::EntryId;
@@ -111,7 +110,7 @@ impl WriterShared {
                     registered,
                     &keep,
                     &exclude,
-                    &mut rand::thread_rng(),
+                    &mut quire_clock::rng(),
                 );
                 let Some(b) = pick else { break };
                 exclude.insert(b.clone());
@@ -251,7 +250,7 @@ impl WriterShared {
             st.lac, lac,
             "success is held back during an ensemble change"
         );
-        let now = Instant::now();
+        let now = quire_clock::now();
         for (pos, _) in failing {
             st.failing.remove(pos);
             st.unreplaceable.insert(*pos, now);

@@ -157,7 +157,7 @@ mod tests {
         assert_eq!(seen, ["d", "e"].iter().map(|s| (*s).to_string()).collect());
         let all: HashSet<BookieId> = registered.iter().map(|b| b.id.clone()).collect();
         assert_eq!(
-            choose_replacement(&registered, &keep, &all, &mut rand::thread_rng()),
+            choose_replacement(&registered, &keep, &all, &mut quire_clock::rng()),
             None
         );
     }

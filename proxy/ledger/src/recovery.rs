@@ -528,7 +528,7 @@ impl BookKeeper {
                     &registered,
                     &keep,
                     &exclude,
-                    &mut rand::thread_rng(),
+                    &mut quire_clock::rng(),
                 );
                 let Some(b) = pick else { break };
                 exclude.insert(b.clone());

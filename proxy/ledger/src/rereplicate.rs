@@ -62,7 +62,7 @@ impl BytePace {
 
     /// Waits until `bytes` may be written.
     pub(crate) async fn wait(&self, bytes: u64) {
-        let wait = self.reserve(std::time::Instant::now(), bytes);
+        let wait = self.reserve(quire_clock::now(), bytes);
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
@@ -212,7 +212,7 @@ impl BookKeeper {
                 &registered,
                 &keep,
                 &exclude,
-                &mut rand::thread_rng(),
+                &mut quire_clock::rng(),
             );
             let Some(b) = pick else {
                 return Err(Error::NotEnoughBookies {
@@ -608,12 +608,12 @@ fn fragment_index(meta: &LedgerMetadata, first_entry: u64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::BytePace;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     #[test]
     fn pace_spaces_writes_by_their_bytes_and_does_not_save_up_idle_time() {
         let pace = BytePace::new(1000);
-        let t0 = Instant::now();
+        let t0 = quire_clock::now();
         assert_eq!(pace.reserve(t0, 500), Duration::ZERO);
         assert_eq!(pace.reserve(t0, 500), Duration::from_millis(500));
         assert_eq!(pace.reserve(t0, 1000), Duration::from_secs(1));

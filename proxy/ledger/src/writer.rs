@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use quire_metadata::{
     master_key_hex, BookieId, DigestType, Fragment, LedgerMetadata, LedgerState, Version,
@@ -69,6 +69,8 @@ pub const LEDGER_SECRET_BYTES: usize = 32;
 
 /// A fresh ledger secret: [`LEDGER_SECRET_BYTES`] random bytes from the thread's CSPRNG
 /// (`rand::thread_rng`, ChaCha seeded from the OS).
+// A secret: never from the seedable quire_clock seam (ARCHITECTURE.md, clock and randomness).
+#[allow(clippy::disallowed_methods)]
 pub fn new_ledger_secret() -> Vec<u8> {
     use rand::RngCore;
     let mut secret = vec![0u8; LEDGER_SECRET_BYTES];
@@ -77,9 +79,7 @@ pub fn new_ledger_secret() -> Vec<u8> {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    quire_clock::unix_ms()
 }
 
 impl BookKeeper {
@@ -174,7 +174,7 @@ impl BookKeeper {
         }
         {
             use rand::seq::SliceRandom;
-            candidates.shuffle(&mut rand::thread_rng());
+            candidates.shuffle(&mut quire_clock::rng());
         }
         let quarantined = self.quarantined();
         candidates.sort_by_key(|b| quarantined.contains(b));
@@ -589,7 +589,10 @@ impl WriterShared {
     /// no longer reach Qa (`lost`).
     fn on_bookie_failure(self: &Arc<Self>, st: &mut WriterState, pos: usize, lost: bool) {
         if let Some(searched) = st.unreplaceable.get(&pos) {
-            if !lost && searched.elapsed() < self.client.inner.config.replacement_retry_interval {
+            if !lost
+                && quire_clock::elapsed(*searched)
+                    < self.client.inner.config.replacement_retry_interval
+            {
                 return;
             }
         }

@@ -18,6 +18,8 @@ use quire_wire::LedgerId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+mod underreplication;
+
 use crate::{
     validate_stream_name, BookieId, BookieInfo, BookieRegistration, Cookie, Error, LedgerMetadata,
     MetadataStore, Result, Stamped, StreamLease, StreamMetadata, Version, Versioned,
@@ -40,6 +42,12 @@ struct Document {
     instance_id: Option<String>,
     #[serde(default)]
     cookies: BTreeMap<BookieId, (Cookie, Version)>,
+    /// Under-replication marks by ledger id (autorecovery; absent in documents written before).
+    #[serde(default)]
+    under_replicated: BTreeMap<u64, (crate::UnderReplication, Version)>,
+    /// Bookies being decommissioned, with the start in milliseconds since the Unix epoch.
+    #[serde(default)]
+    decommissioning: BTreeMap<BookieId, u64>,
     /// Stream ownership is process-lifetime, like the ZooKeeper lock's ephemeral node.
     #[serde(skip)]
     leases: BTreeMap<String, (String, String, tokio::sync::watch::Sender<bool>)>,
@@ -60,6 +68,11 @@ struct Document {
 pub struct EmbeddedStore {
     inner: Arc<Mutex<Document>>,
     path: PathBuf,
+    /// Replication locks and auditor candidates (process-lifetime, never persisted).
+    ephemeral: Arc<std::sync::Mutex<underreplication::Ephemeral>>,
+    /// The "session" of autorecovery's locks: the process, so it never ends (kept so that its
+    /// receivers never see a closed channel).
+    session: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -127,6 +140,8 @@ impl EmbeddedStore {
         Ok(Self {
             inner: Arc::new(Mutex::new(doc)),
             path,
+            ephemeral: Arc::default(),
+            session: Arc::new(tokio::sync::watch::channel(false).0),
         })
     }
 
@@ -377,9 +392,7 @@ impl MetadataStore for EmbeddedStore {
         let next = Version(slot.1 .0 + 1);
         *slot = (meta.clone(), next);
         self.persist(&doc).await?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now = quire_clock::unix_ms();
         Ok(Stamped {
             version: next,
             store_time_ms: Some(now),
@@ -502,6 +515,6 @@ impl MetadataStore for EmbeddedStore {
 /// 128 random bits as 32 hex digits (never time-based: two clusters created at the same
 /// moment must still differ).
 pub(crate) fn random_instance_id() -> String {
-    let bytes: [u8; 16] = rand::random();
+    let bytes: [u8; 16] = quire_clock::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

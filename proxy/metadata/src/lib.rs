@@ -15,11 +15,13 @@
 //! # Threading
 //! Implementations are shared (`Send + Sync`) and used from the tokio metadata plane.
 
+mod autorecovery;
 mod config;
 mod embedded;
 mod types;
 mod zookeeper;
 
+pub use autorecovery::{AuditorElection, UnderReplicationStore};
 pub use config::{is_host_port_list, ConfigError, ZooKeeperConfig};
 pub use embedded::{EmbeddedStore, EMBEDDED_FILE_NAME};
 pub use types::*;

@@ -62,7 +62,7 @@ impl StoreClock {
             ),
             None => (0, 0),
         };
-        let now = Instant::now();
+        let now = quire_clock::now();
         *self.sample.lock().expect("clock lock") = Some(Sample {
             skew_lo_ms: lo,
             skew_hi_ms: hi,
@@ -92,7 +92,7 @@ impl StoreClock {
     /// True when a sample younger than [`SAMPLE_MAX_AGE`] exists.
     pub(super) fn fresh(&self) -> bool {
         self.sample()
-            .is_some_and(|s| s.taken.elapsed() < SAMPLE_MAX_AGE)
+            .is_some_and(|s| quire_clock::elapsed(s.taken) < SAMPLE_MAX_AGE)
     }
 
     /// Now on the store's clock, at the earliest the last sample allows (ages measured from it
@@ -100,7 +100,7 @@ impl StoreClock {
     pub(super) fn store_now_earliest_ms(&self, own_now_ms: u64) -> Option<u64> {
         let s = self
             .sample()
-            .filter(|s| s.taken.elapsed() < SAMPLE_MAX_AGE)?;
+            .filter(|s| quire_clock::elapsed(s.taken) < SAMPLE_MAX_AGE)?;
         Some(shift(own_now_ms, s.skew_hi_ms))
     }
 
@@ -233,5 +233,37 @@ mod tests {
         c.record(1_000, 1_010, None);
         assert_eq!(c.skew_ms(), Some(0));
         assert_eq!(c.store_now_earliest_ms(2_000), Some(2_000));
+    }
+
+    #[test]
+    fn a_sample_goes_stale_after_a_minute_and_the_warning_repeats_once_a_minute() {
+        // Goal: a sample ages out at SAMPLE_MAX_AGE (then ages of other proxies' segments are
+        // unknown again, while completion stamps keep the last offset), and the skew warning
+        // repeats at most every WARN_EVERY. Method: the quire_clock seam's manual clock for
+        // this thread, advanced past each bound instead of sleeping a minute.
+        let clock = quire_clock::ManualClock::install();
+        let c = StoreClock::default();
+        let store = 100 * HOUR_MS;
+        c.record(store + HOUR_MS, store + HOUR_MS, Some(store));
+        let warned = |c: &StoreClock| *c.last_warning.lock().unwrap();
+        let first = warned(&c).expect("an hour's skew is logged");
+
+        // Half a minute later: a new sample, but no second warning yet.
+        clock.advance(WARN_EVERY / 2);
+        c.record(store + HOUR_MS, store + HOUR_MS, Some(store));
+        assert_eq!(warned(&c), Some(first));
+
+        clock.advance(SAMPLE_MAX_AGE - Duration::from_millis(1));
+        assert!(c.fresh());
+        assert_eq!(c.store_now_earliest_ms(store + HOUR_MS), Some(store));
+        clock.advance(Duration::from_millis(1));
+        assert!(!c.fresh(), "a minute old: stale");
+        assert_eq!(c.store_now_earliest_ms(store + HOUR_MS), None);
+        assert_eq!(c.store_now_latest_ms(store + HOUR_MS), store);
+
+        // A new sample is fresh again, and more than a minute after the first warning it warns.
+        c.record(store + HOUR_MS, store + HOUR_MS, Some(store));
+        assert!(c.fresh());
+        assert_eq!(warned(&c), Some(first + WARN_EVERY / 2 + SAMPLE_MAX_AGE));
     }
 }

@@ -13,7 +13,7 @@
 //! Segments are deleted oldest first and only as a prefix of the segment list (a segment goes
 //! only after every older one), never the segment being written.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quire_metadata::{RetentionOverride, SegmentMetadata, SegmentState, TruncationPoint};
 use quire_wire::LedgerId;
@@ -128,7 +128,7 @@ fn limits_of(rec: &StreamRecord) -> RetentionLimits {
 pub(super) fn retention_due(rec: &StreamRecord, segs: &Segments) -> Option<(usize, Dlsn)> {
     let open_bytes = segs.current.as_ref().map_or(0, |c| c.size_bytes);
     let store_now = rec.layer.clock.store_now_earliest_ms(now_ms());
-    let now = Instant::now();
+    let now = quire_clock::now();
     let n = retention_prefix(
         &rec.meta.value.segments,
         open_bytes,

@@ -152,7 +152,7 @@ impl Segments {
     /// to 30 s; until then this method fails at once with the same error.
     pub(super) async fn recover(&mut self, rec: &mut StreamRecord, own: &Ownership) -> Result<()> {
         if let Some(u) = &self.unrecovered {
-            if std::time::Instant::now() < u.retry_at {
+            if quire_clock::now() < u.retry_at {
                 return Err(same_kind(&u.error));
             }
         }
@@ -296,7 +296,7 @@ impl Segments {
             ledger_id,
             readable_last_entry,
             error: same_kind(&err),
-            retry_at: std::time::Instant::now() + retry_interval,
+            retry_at: quire_clock::now() + retry_interval,
             retry_interval,
             attempts,
         });
@@ -418,7 +418,7 @@ impl Segments {
             size_bytes: 0,
             last_txid: first_txid,
             last_acked_entry: None,
-            opened_at: std::time::Instant::now(),
+            opened_at: quire_clock::now(),
             last_data_entry: None,
             lac_carried: None,
             last_ack_at: tokio::time::Instant::now(),
@@ -486,7 +486,7 @@ impl Segments {
             .await
             .map_err(|e| own.update_err("complete segment", e))?;
         tracing::debug!(stream = %rec.name, seq_no, records, "completed segment");
-        self.completed_at.insert(seq_no, std::time::Instant::now());
+        self.completed_at.insert(seq_no, quire_clock::now());
         self.current = None;
         self.roll_deferred = None;
         self.publish(rec);
@@ -515,7 +515,7 @@ impl Segments {
     pub(super) fn recovery_retry_due(&self) -> bool {
         self.unrecovered
             .as_ref()
-            .is_some_and(|u| Instant::now() >= u.retry_at)
+            .is_some_and(|u| quire_clock::now() >= u.retry_at)
     }
 
     /// The writer is dead after a storage or metadata error: dropping the ledger writer
@@ -535,7 +535,7 @@ impl Segments {
                 || (seg.record_count > 0
                     && config
                         .segment_roll_interval
-                        .is_some_and(|i| seg.opened_at.elapsed() >= i))
+                        .is_some_and(|i| quire_clock::elapsed(seg.opened_at) >= i))
         })
     }
 
@@ -543,14 +543,14 @@ impl Segments {
     pub(super) fn roll_waits(&self) -> bool {
         self.roll_deferred
             .as_ref()
-            .is_some_and(|d| Instant::now() < d.retry_at)
+            .is_some_and(|d| quire_clock::now() < d.retry_at)
     }
 
     /// Notes a roll that could not happen because the next segment's ledger could not be
     /// created (see `Writer::roll`); counted in `quire_proxy_segment_roll_deferred_total` and,
     /// while it lasts, `quire_proxy_segments_past_roll_point`.
     pub(super) fn defer_roll(&mut self, rec: &StreamRecord, e: &Error) {
-        let now = Instant::now();
+        let now = quire_clock::now();
         let retry_at = now + ROLL_RETRY;
         match &mut self.roll_deferred {
             Some(d) => {
@@ -600,7 +600,7 @@ impl Segments {
                 stream = %rec.name,
                 seq_no,
                 size_bytes = bytes,
-                deferred_ms = d.since.elapsed().as_millis() as u64,
+                deferred_ms = quire_clock::elapsed(d.since).as_millis() as u64,
                 attempts = d.attempts,
                 "segment rolled after its roll was deferred"
             );
@@ -617,10 +617,10 @@ impl Segments {
         };
         let bytes_over = seg.size_bytes.saturating_sub(c.segment_size_bytes_max);
         let due_at = c.segment_roll_interval.map(|i| seg.opened_at + i);
-        let time_over = due_at.map(|t| t.elapsed());
+        let time_over = due_at.map(quire_clock::elapsed);
         let over_bytes = bytes_over >= c.segment_roll_overshoot_bytes_max;
         let over_time = time_over.is_some_and(|t| t >= c.segment_roll_overshoot_time_max)
-            || d.since.elapsed() >= c.segment_roll_overshoot_time_max;
+            || quire_clock::elapsed(d.since) >= c.segment_roll_overshoot_time_max;
         over_bytes || over_time
     }
 
@@ -638,7 +638,7 @@ impl Segments {
                 "segment {} holds {} bytes and has waited {} s for its roll, at the bound (segment_roll_overshoot_bytes {}, segment_roll_overshoot_secs {}), and no new segment can be started: {}; nothing of this write was written, retry once enough bookies are writable",
                 seg.seq_no,
                 seg.size_bytes,
-                d.since.elapsed().as_secs(),
+                quire_clock::elapsed(d.since).as_secs(),
                 rec.config.segment_roll_overshoot_bytes_max,
                 rec.config.segment_roll_overshoot_time_max.as_secs(),
                 d.error

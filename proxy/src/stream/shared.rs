@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use quire_ledger::LedgerReader;
 use quire_metadata::StreamMetadata;
@@ -14,9 +13,7 @@ use crate::error::Error;
 
 /// This proxy's wall clock in milliseconds since the Unix epoch (0 before it).
 pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    quire_clock::unix_ms()
 }
 
 /// A ledger error as the stream layer's `Storage` error for `stream` and `op`.

@@ -1,6 +1,10 @@
 //! The proxy's integration tests, one module per behaviour, linked into one test binary (a
 //! binary per file cost a release link each). `common` holds the shared cluster harness.
 
+// Integration tests run real processes, runtimes and sockets and wait on real deadlines: they
+// read the real clock, not the quire_clock seam (clippy.toml, ARCHITECTURE.md).
+#![allow(clippy::disallowed_methods)]
+
 mod bad_requests_get_error_codes;
 mod catch_up_reads_run_apart;
 mod client_handshake_errors_name_the_peer;

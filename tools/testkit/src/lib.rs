@@ -2,8 +2,10 @@
 //! loopback TCP relay a test can cut ([`TcpRelay`]) to make a ZooKeeper session expire, a small
 //! loop-mounted ext4 filesystem for full-disk tests ([`loop_mount::LoopMount`], needs root), the
 //! disk-use checks of data-lifecycle tests ([`reclaim`]: entry-log bytes, GC tombstones, the
-//! wait until bookies reclaimed deleted ledgers), and, with the `bookies` feature, real
-//! one-shard bookies registered in a metadata store.
+//! wait until bookies reclaimed deleted ledgers), the Loghub samples of real system logs
+//! ([`loghub`]), with the `bookies` feature real one-shard bookies registered in a metadata
+//! store, and with the `harness` feature the process harness of the `quire` binary
+//! (`harness`: a cluster of child processes or a sandbox, the CLI, the post-run checker).
 //!
 //! Use it as a dev-dependency (`quire-testkit.workspace = true` under `[dev-dependencies]`):
 //!
@@ -24,6 +26,9 @@
 #[cfg(feature = "bookies")]
 pub mod bookies;
 pub mod cluster_secret;
+#[cfg(feature = "harness")]
+pub mod harness;
+pub mod loghub;
 pub mod loop_mount;
 pub mod reclaim;
 mod relay;
@@ -34,7 +39,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The class path of the Debian `zookeeper` package's server.
 pub const ZOOKEEPER_CLASSPATH: &str =
@@ -169,7 +174,7 @@ impl ZooKeeperServer {
 
 /// Polls until `ruok` answers `imok` and `srvr` reports a mode, the child exits, or 60 s pass.
 fn wait_ready(child: &mut Child, port: u16) -> Result<(), String> {
-    let deadline = Instant::now() + START_TIMEOUT;
+    let deadline = quire_clock::now() + START_TIMEOUT;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("java exited early with {status}"));
@@ -181,7 +186,7 @@ fn wait_ready(child: &mut Child, port: u16) -> Result<(), String> {
         {
             return Ok(());
         }
-        if Instant::now() > deadline {
+        if quire_clock::now() > deadline {
             return Err(format!(
                 "no `imok` from port {port} within {START_TIMEOUT:?}"
             ));
@@ -210,11 +215,13 @@ fn kill_and_wait(mut child: Child) {
     unsafe {
         libc::kill(pid, libc::SIGTERM);
     }
-    let deadline = Instant::now() + STOP_GRACE;
+    let deadline = quire_clock::now() + STOP_GRACE;
     loop {
         match child.try_wait() {
             Ok(Some(_)) => return,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) if quire_clock::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();

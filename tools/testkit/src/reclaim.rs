@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Bytes of the entry-log files under `ledger_dir`, its subdirectories (shards) included. A
 /// file that vanishes while being listed (deleted by GC) counts 0.
@@ -101,12 +101,12 @@ pub fn settled_entry_log_bytes(
     timeout: Duration,
 ) -> Vec<u64> {
     let read = || -> Vec<u64> { ledger_dirs.iter().map(|d| entry_log_bytes(d)).collect() };
-    let deadline = Instant::now() + timeout;
+    let deadline = quire_clock::now() + timeout;
     let mut last = read();
     let mut same = 1;
     while same < readings {
         assert!(
-            Instant::now() < deadline,
+            quire_clock::now() < deadline,
             "entry logs did not settle within {timeout:?}: {last:?}"
         );
         std::thread::sleep(every);
@@ -131,7 +131,7 @@ pub fn wait_until_reclaimed(
     timeout: Duration,
 ) -> Vec<u64> {
     assert_eq!(ledger_dirs.len(), before.len(), "one figure per bookie");
-    let deadline = Instant::now() + timeout;
+    let deadline = quire_clock::now() + timeout;
     loop {
         let now: Vec<u64> = ledger_dirs.iter().map(|d| entry_log_bytes(d)).collect();
         let missing: Vec<BTreeSet<u64>> = ledger_dirs
@@ -149,7 +149,7 @@ pub fn wait_until_reclaimed(
             return now;
         }
         assert!(
-            Instant::now() < deadline,
+            quire_clock::now() < deadline,
             "bookies did not reclaim the deleted ledgers {deleted:?} within {timeout:?}: \
              entry-log bytes before {before:?}, now {now:?}; not yet tombstoned per bookie {missing:?}"
         );

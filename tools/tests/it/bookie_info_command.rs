@@ -4,7 +4,7 @@
 //! one record written so that every bookie holds one ledger, then the command against the
 //! first bookie, whose directories the sandbox layout names.
 
-use crate::common::*;
+use quire_testkit::harness::*;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

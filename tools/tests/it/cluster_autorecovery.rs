@@ -5,16 +5,15 @@
 //! fragment names a dead bookie, and every entry is on each bookie of its write set,
 //! byte-identical.
 
-use crate::common;
-use crate::common::cluster::runtime;
+use quire_testkit::harness::cluster::runtime;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{check_stream, read_entry, write_records, Acked};
-use crate::common::cluster::{Cluster, Proc, SESSION_TIMEOUT_MS};
 use quire_client::ProxyClient;
 use quire_metadata::{BookieId, LedgerState, MetadataStore, ZkStore};
+use quire_testkit::harness::checker::{check_stream, read_entry, write_records, Acked};
+use quire_testkit::harness::cluster::{Cluster, Proc, SESSION_TIMEOUT_MS};
 use quire_wire::LedgerId;
 
 /// Short autorecovery delays, so that a lost bookie is acted on within seconds.
@@ -317,15 +316,20 @@ fn a_lost_bookies_ledgers_are_copied_back_and_a_new_auditor_takes_over() {
         if bookies[i].is_none() {
             continue;
         }
-        let (code, text) = common::http_get(addr, "/metrics");
+        let (code, text) = quire_testkit::harness::http_get(addr, "/metrics");
         assert_eq!(code, 200);
-        bytes += common::metric_sum(&text, "replication_worker_NUM_BYTES_WRITTEN_total", &[]);
-        fragments += common::metric_sum(
+        bytes += quire_testkit::harness::metric_sum(
+            &text,
+            "replication_worker_NUM_BYTES_WRITTEN_total",
+            &[],
+        );
+        fragments += quire_testkit::harness::metric_sum(
             &text,
             "replication_worker_NUM_FRAGMENTS_REPLICATED_total",
             &[],
         );
-        marked += common::metric_sum(&text, "auditor_NUM_UNDER_REPLICATED_LEDGERS", &[]);
+        marked +=
+            quire_testkit::harness::metric_sum(&text, "auditor_NUM_UNDER_REPLICATED_LEDGERS", &[]);
     }
     assert!(
         bytes > 0.0 && fragments >= 1.0,

@@ -2,14 +2,13 @@
 //! Real ZooKeeper (quire-testkit), real `quire bookie` / `quire proxy` children on 127.0.0.1,
 //! real O_DIRECT directories, real signals.
 
-use crate::common;
-use crate::common::cluster::runtime;
+use quire_testkit::harness::cluster::runtime;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::checker::{check_stream, write_records};
-use crate::common::cluster::{Cluster, SESSION_TIMEOUT_MS};
 use quire_metadata::ZkStore;
+use quire_testkit::harness::checker::{check_stream, write_records};
+use quire_testkit::harness::cluster::{Cluster, SESSION_TIMEOUT_MS};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
@@ -63,7 +62,7 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     );
     assert!(err.contains("emptied or replaced"), "{err}");
     assert!(
-        common::cluster::is_empty_dir(&journal),
+        quire_testkit::harness::cluster::is_empty_dir(&journal),
         "a refused start writes nothing into the directory"
     );
 
@@ -93,7 +92,7 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     bookies[0].take().unwrap().stop();
 
     // Configuration errors: one line each, non-zero exit.
-    let out = common::cluster::run(&[
+    let out = quire_testkit::harness::cluster::run(&[
         "bookie".into(),
         "--config".into(),
         "/nonexistent/bookie.toml".into(),
@@ -106,7 +105,7 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     );
     let bad = cluster.dir.path().join("bad.toml");
     std::fs::write(&bad, "zookeeper = \"127.0.0.1:1\"\n\nshards = \"two\"\n").unwrap();
-    let out = common::cluster::run(&[
+    let out = quire_testkit::harness::cluster::run(&[
         "bookie".into(),
         "--config".into(),
         bad.display().to_string(),
@@ -114,7 +113,11 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.lines().count() == 1, "{err}");
     assert!(err.contains("line 3"), "{err}");
-    let out = common::cluster::run(&["proxy".into(), "--zookeeper".into(), "127.0.0.1:1".into()]);
+    let out = quire_testkit::harness::cluster::run(&[
+        "proxy".into(),
+        "--zookeeper".into(),
+        "127.0.0.1:1".into(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("missing setting listen"),
@@ -186,7 +189,7 @@ fn concurrent_ledger_recovers_agree_and_admin_shows_the_stream() {
     .map(|s| s.to_string())
     .collect();
     let spawn = || {
-        std::process::Command::new(common::quire_bin())
+        std::process::Command::new(quire_testkit::harness::quire_bin())
             .args(&args)
             .env("QUIRE_CLUSTER_SECRET_FILE", &cluster.secret_file)
             .stdout(std::process::Stdio::piped())

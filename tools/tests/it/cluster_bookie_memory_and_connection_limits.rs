@@ -14,12 +14,10 @@
 //! per-address limit it keeps 4096 (`connections_max`) of the 20,000 and the 127.0.0.1 client
 //! is closed at once.
 
-use crate::common;
-
 use std::time::{Duration, Instant};
 
-use crate::common::cluster::{runtime, Cluster};
-use crate::common::wire::{create_ledger_metadata, Answer, Wire};
+use quire_testkit::harness::cluster::{runtime, Cluster};
+use quire_testkit::harness::wire::{create_ledger_metadata, Answer, Wire};
 use quire_wire::bookie::{encode_request, Opcode, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -145,7 +143,7 @@ async fn exchange(sock: &mut TcpStream, request: &Request<'_>) -> Vec<u8> {
 async fn handshaken(addr: &str) -> TcpStream {
     use quire_wire::bookie::{decode_response, Response};
     use quire_wire::frame::decode_frame;
-    let secret = common::test_cluster_secret();
+    let secret = quire_testkit::harness::test_cluster_secret();
     let mut sock = TcpStream::connect(addr).await.unwrap();
     let hello = exchange(
         &mut sock,

@@ -11,15 +11,13 @@
 //! 100 % by a filler file, and the filler removed later. Requests go over the bookie wire
 //! protocol; the registration is read with `quire bookie list --json`.
 
-use crate::common;
-
 use std::time::{Duration, Instant};
 
-use crate::common::cluster::Cluster;
-use crate::common::wire::{
+use quire_metadata::MetadataStore;
+use quire_testkit::harness::cluster::Cluster;
+use quire_testkit::harness::wire::{
     create_ledger_metadata, entry_bytes, entry_with_payload, Answer, Wire, KEY,
 };
-use quire_metadata::MetadataStore;
 use quire_testkit::loop_mount::{fill_file, LoopMount};
 use quire_wire::bookie::{Request, Status};
 use quire_wire::LedgerId;
@@ -72,7 +70,7 @@ fn full_ledger_disk_makes_the_bookie_read_only_until_space_is_freed() {
         registered_read_only(&cluster) == Some(false)
     });
     // The bookie binds keys only for ledgers the metadata store holds.
-    let rt = common::cluster::runtime();
+    let rt = quire_testkit::harness::cluster::runtime();
     rt.block_on(async {
         let store = cluster.zk_store().await;
         for id in [1, 2] {
@@ -196,7 +194,7 @@ fn full_bookie_frees_space_of_deleted_ledgers_and_turns_writable() {
         "--checkpoint-interval-ms",
         "200",
     ]);
-    let rt = common::cluster::runtime();
+    let rt = quire_testkit::harness::cluster::runtime();
     let ids: Vec<u64> = rt.block_on(async {
         let store = cluster.zk_store().await;
         let mut ids = Vec::new();

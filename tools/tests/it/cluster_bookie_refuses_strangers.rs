@@ -14,14 +14,12 @@
 //! returned the entry, its add bound its key to the next ledger id, and its fence fenced the
 //! writer's ledger.
 
-use crate::common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use crate::common::cluster::{run, Cluster};
-use crate::common::wire::{Answer, Wire};
+use quire_testkit::harness::cluster::{run, Cluster};
+use quire_testkit::harness::wire::{Answer, Wire};
 use quire_wire::auth::ClusterSecret;
 use quire_wire::bookie::{decode_response, encode_request, Request, Response, Status};
 use quire_wire::frame::decode_frame;
@@ -285,7 +283,7 @@ fn strangers_on_a_cluster_bookie_port_can_neither_add_read_nor_fence() {
     );
 
     // A legitimate writer (the secret, E=3 Qw=3 Qa=3): ledger L with entry 0.
-    let rt = common::cluster::runtime();
+    let rt = quire_testkit::harness::cluster::runtime();
     let store: std::sync::Arc<dyn quire_metadata::MetadataStore> =
         std::sync::Arc::new(rt.block_on(cluster.zk_store()));
     let bk = quire_ledger::BookKeeper::new(
@@ -368,10 +366,10 @@ fn strangers_on_a_cluster_bookie_port_can_neither_add_read_nor_fence() {
     // Bookie 0 counted each refusal: per request (read, add, fence) a version-1 Hello, no
     // Hello and no Auth, then a wrong proof; and `bookie info` without the secret and with
     // another one.
-    let (status, text) = common::http_get(&metrics, "/metrics");
+    let (status, text) = quire_testkit::harness::http_get(&metrics, "/metrics");
     assert_eq!(status, 200);
     assert_eq!(
-        common::metric_sum(&text, "bookie_AUTH_FAILURES_total", &[]),
+        quire_testkit::harness::metric_sum(&text, "bookie_AUTH_FAILURES_total", &[]),
         12.0,
         "{text}"
     );
@@ -393,9 +391,9 @@ fn strangers_on_a_cluster_bookie_port_can_neither_add_read_nor_fence() {
 #[test]
 fn strangers_on_a_sandbox_bookie_port_can_neither_add_read_nor_fence() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = common::temp_dir();
+    let dir = quire_testkit::harness::temp_dir();
     let data = dir.path().join("sandbox");
-    let sandbox = common::Sandbox::start(&data, &[]);
+    let sandbox = quire_testkit::harness::Sandbox::start(&data, &[]);
     // The secret the sandbox made at its first start, private to its owner.
     let secret_file = data.join("secrets/cluster-secret");
     let mode = std::fs::metadata(&secret_file)
@@ -404,7 +402,7 @@ fn strangers_on_a_sandbox_bookie_port_can_neither_add_read_nor_fence() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o600, "{}", secret_file.display());
-    let secret = common::sandbox_cluster_secret(&data);
+    let secret = quire_testkit::harness::sandbox_cluster_secret(&data);
 
     let out = sandbox.quire_stdin(&["write", "s/secret"], b"first\n");
     assert!(

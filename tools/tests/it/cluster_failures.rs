@@ -4,15 +4,14 @@
 //! scenario ends with the shared checker (acknowledged records exactly once and in order,
 //! growing DLSNs, byte-identical replicas).
 
-use crate::common;
-use crate::common::cluster::runtime;
+use quire_testkit::harness::cluster::runtime;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{check_stream, write_padded_records, write_records, Acked};
-use crate::common::cluster::Cluster;
 use quire_client::{ClientConfig, ProxyClient};
 use quire_metadata::{BookieId, MetadataStore};
+use quire_testkit::harness::checker::{check_stream, write_padded_records, write_records, Acked};
+use quire_testkit::harness::cluster::Cluster;
 
 /// A client that reports redirects instead of following them.
 async fn no_redirects(addr: &str) -> Arc<ProxyClient> {
@@ -278,13 +277,16 @@ fn e3_stream_keeps_taking_writes_while_a_bookie_is_away() {
         live.seq_no == open.seq_no && live.length_bytes > 2 * 8192,
         "the open segment grew past its roll point: {live:?}"
     );
-    let (_, text) = common::http_get(&metrics_addr, "/metrics");
+    let (_, text) = quire_testkit::harness::http_get(&metrics_addr, "/metrics");
     assert_eq!(
-        common::metric_sum(&text, "quire_proxy_segments_past_roll_point", &[]),
+        quire_testkit::harness::metric_sum(&text, "quire_proxy_segments_past_roll_point", &[]),
         1.0,
         "{text}"
     );
-    assert!(common::metric_sum(&text, "quire_proxy_segment_roll_deferred_total", &[]) >= 1.0);
+    assert!(
+        quire_testkit::harness::metric_sum(&text, "quire_proxy_segment_roll_deferred_total", &[])
+            >= 1.0
+    );
 
     bookies[2].resume();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
@@ -314,9 +316,9 @@ fn e3_stream_keeps_taking_writes_while_a_bookie_is_away() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let (_, text) = common::http_get(&metrics_addr, "/metrics");
+    let (_, text) = quire_testkit::harness::http_get(&metrics_addr, "/metrics");
     assert_eq!(
-        common::metric_sum(&text, "quire_proxy_segments_past_roll_point", &[]),
+        quire_testkit::harness::metric_sum(&text, "quire_proxy_segments_past_roll_point", &[]),
         0.0,
         "{text}"
     );

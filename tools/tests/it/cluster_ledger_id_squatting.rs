@@ -8,22 +8,21 @@
 //! right after its metadata was created and are accepted in order.
 //!
 //! Method: real ZooKeeper (quire-testkit), `quire bookie` and `quire proxy` children on
-//! 127.0.0.1, the stranger's requests sent with `common::wire::Wire`, records written and read
+//! 127.0.0.1, the stranger's requests sent with `quire_testkit::harness::wire::Wire`, records written and read
 //! with `ProxyClient`, ledger metadata read and created with `ZkStore`, the bookie's ledger
 //! count read with `quire bookie info --json`, its disk use summed from the blocks of its files.
 
-use crate::common;
-use crate::common::cluster::runtime;
+use quire_testkit::harness::cluster::runtime;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{read_all, write_records};
-use crate::common::cluster::{Cluster, Proc};
-use crate::common::wire::{create_ledger_metadata, entry_with_payload, Answer, Wire, KEY};
 use quire_metadata::MetadataStore;
+use quire_testkit::harness::checker::{read_all, write_records};
+use quire_testkit::harness::cluster::{Cluster, Proc};
+use quire_testkit::harness::wire::{create_ledger_metadata, entry_with_payload, Answer, Wire, KEY};
 use quire_wire::bookie::{Request, Status};
 use quire_wire::{EntryId, LedgerId, MasterKey};
 
@@ -67,7 +66,7 @@ fn disk_bytes(dir: &Path) -> u64 {
 /// `secret_file` is the cluster's secret, which the command proves to the bookie.
 fn ledger_count(addr: &str, secret_file: &std::path::Path) -> u64 {
     std::thread::sleep(Duration::from_millis(1200));
-    let out = std::process::Command::new(common::quire_bin())
+    let out = std::process::Command::new(quire_testkit::harness::quire_bin())
         .args(["bookie", "info", addr, "--json"])
         .env("QUIRE_CLUSTER_SECRET_FILE", secret_file)
         .output()

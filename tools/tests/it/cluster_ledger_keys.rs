@@ -13,17 +13,17 @@
 //! Method: real ZooKeeper (quire-testkit), three `quire bookie` and one `quire proxy` child
 //! (E = Qw = 3, so every bookie holds every entry), records written and read with
 //! `ProxyClient`, metadata read with `ZkStore`, the stranger's requests sent with
-//! `common::wire::Wire`.
+//! `quire_testkit::harness::wire::Wire`.
 
-use crate::common::cluster::runtime;
+use quire_testkit::harness::cluster::runtime;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::checker::{read_all, write_records};
-use crate::common::cluster::{Cluster, Proc};
-use crate::common::wire::{Answer, Wire};
 use quire_metadata::MetadataStore;
+use quire_testkit::harness::checker::{read_all, write_records};
+use quire_testkit::harness::cluster::{Cluster, Proc};
+use quire_testkit::harness::wire::{Answer, Wire};
 use quire_wire::bookie::{Request, Status};
 use quire_wire::entry::{encode_entry, verify_entry};
 use quire_wire::{LedgerId, MasterKey};

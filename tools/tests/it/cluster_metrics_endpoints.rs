@@ -4,8 +4,8 @@
 //! `quire proxy` child process on free 127.0.0.1 ports (E=Qw=Qa=1), one record written through
 //! the proxy; scrape both endpoints; stop both with SIGTERM.
 
-use crate::common::cluster::Cluster;
-use crate::common::*;
+use quire_testkit::harness::cluster::Cluster;
+use quire_testkit::harness::*;
 
 use std::time::{Duration, Instant};
 

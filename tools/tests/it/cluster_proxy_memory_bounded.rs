@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::cluster::{runtime, Cluster};
 use quire_client::protocol::{Request, PROXY_PROTOCOL_VERSION_MAX, PROXY_PROTOCOL_VERSION_MIN};
 use quire_client::{ProxyClient, ReadPosition};
+use quire_testkit::harness::cluster::{runtime, Cluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

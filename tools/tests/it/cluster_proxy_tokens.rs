@@ -11,11 +11,11 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::cluster::{runtime, Cluster};
-use crate::common::quire_bin;
 use quire_client::protocol::Token;
 use quire_client::{ClientConfig, ProxyClient, ReadPosition};
 use quire_proxy::{Error, ErrorCode};
+use quire_testkit::harness::cluster::{runtime, Cluster};
+use quire_testkit::harness::quire_bin;
 
 /// Runs `quire token new ARGS`; returns (token, file entry).
 fn new_token(args: &[&str]) -> (String, String) {

@@ -14,15 +14,15 @@
 //! carried its LAC to the bookies (the control entry); the shared checker reads everything back
 //! and compares replicas on the live bookies.
 
-use crate::common::cluster::runtime;
+use quire_testkit::harness::cluster::runtime;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{check_stream, write_records};
-use crate::common::cluster::Cluster;
 use quire_client::ProxyClient;
 use quire_metadata::{BookieId, LedgerState, MetadataStore, SegmentState, ZkStore};
 use quire_proxy::ErrorCode;
+use quire_testkit::harness::checker::{check_stream, write_records};
+use quire_testkit::harness::cluster::Cluster;
 use quire_wire::LedgerId;
 
 async fn store(cluster: &Cluster) -> Arc<ZkStore> {

@@ -17,10 +17,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::common::checker::{check_stream, entries_missing, write_padded_records, Acked};
-use crate::common::cluster::{runtime, Cluster};
 use quire_client::ProxyClient;
 use quire_metadata::{BookieId, MetadataStore};
+use quire_testkit::harness::checker::{check_stream, entries_missing, write_padded_records, Acked};
+use quire_testkit::harness::cluster::{runtime, Cluster};
 
 const STREAM: &str = "restart/replay";
 const RECORDS: usize = 40_000;

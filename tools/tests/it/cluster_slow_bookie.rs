@@ -16,10 +16,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{check_stream, entries_missing, write_padded_records, Acked};
-use crate::common::cluster::{Cluster, Proc, SESSION_TIMEOUT_MS};
 use quire_client::ProxyClient;
 use quire_metadata::{BookieId, MetadataStore, ZkStore};
+use quire_testkit::harness::checker::{check_stream, entries_missing, write_padded_records, Acked};
+use quire_testkit::harness::cluster::{Cluster, Proc, SESSION_TIMEOUT_MS};
 use quire_testkit::TcpRelay;
 use quire_wire::LedgerId;
 

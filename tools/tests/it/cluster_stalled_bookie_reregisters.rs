@@ -33,10 +33,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::common::checker::{check_stream, read_entry, Acked};
-use crate::common::cluster::{runtime, Cluster};
 use quire_client::{ProxyClient, ReadPosition};
 use quire_metadata::{BookieId, MetadataStore};
+use quire_testkit::harness::checker::{check_stream, read_entry, Acked};
+use quire_testkit::harness::cluster::{runtime, Cluster};
 use quire_wire::LedgerId;
 
 const STREAM: &str = "stall/steady";

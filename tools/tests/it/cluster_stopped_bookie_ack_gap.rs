@@ -18,9 +18,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{check_stream, Acked};
-use crate::common::cluster::{runtime, Cluster};
 use quire_client::{ProxyClient, ReadPosition};
+use quire_testkit::harness::checker::{check_stream, Acked};
+use quire_testkit::harness::cluster::{runtime, Cluster};
 
 const STREAM: &str = "stop/one";
 /// The ledger client's add timeout (`ClientConfig::request_timeout`).

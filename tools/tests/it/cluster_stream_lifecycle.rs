@@ -16,16 +16,15 @@
 //! a stream over deletes by time retention only the segments old by the metadata store's
 //! clock, not the ones another proxy completed seconds ago (issue 23, item 4).
 
-use crate::common;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{read_all, write_records};
-use crate::common::cluster::{Cluster, SESSION_TIMEOUT_MS};
-use crate::common::wire::{Answer, Wire};
 use quire_metadata::{MetadataStore, ZkStore};
+use quire_testkit::harness::checker::{read_all, write_records};
+use quire_testkit::harness::cluster::{Cluster, SESSION_TIMEOUT_MS};
+use quire_testkit::harness::wire::{Answer, Wire};
 use quire_testkit::reclaim;
 use quire_wire::bookie::Status;
 use quire_wire::LedgerId;
@@ -377,10 +376,10 @@ fn a_proxy_an_hour_ahead_deletes_no_young_segment() {
         "600",
     ];
     let a = cluster.start_proxy(quire_testkit::free_port(), &flags);
-    let rt = common::cluster::runtime();
+    let rt = quire_testkit::harness::cluster::runtime();
     let client =
         rt.block_on(async { Arc::new(quire_client::ProxyClient::connect(&a.addr).await.unwrap()) });
-    let (acked, err) = rt.block_on(common::checker::write_padded_records(
+    let (acked, err) = rt.block_on(quire_testkit::harness::checker::write_padded_records(
         &client,
         "skew/s",
         "s",
@@ -449,8 +448,9 @@ fn a_proxy_an_hour_ahead_deletes_no_young_segment() {
         first, seqs[1],
         "B deleted segments A completed seconds ago (ages taken on B's clock, an hour ahead)"
     );
-    let (_, text) = common::http_get(&metrics_addr, "/metrics");
-    let skew = common::metric_sum(&text, "quire_proxy_metadata_clock_skew_seconds", &[]);
+    let (_, text) = quire_testkit::harness::http_get(&metrics_addr, "/metrics");
+    let skew =
+        quire_testkit::harness::metric_sum(&text, "quire_proxy_metadata_clock_skew_seconds", &[]);
     assert!((3590.0..3610.0).contains(&skew), "skew {skew}: {text}");
     assert!(
         b.stderr

@@ -10,15 +10,13 @@
 //! processes with the keys of `quire tls-certs` (a CA and one certificate for 127.0.0.1);
 //! refusals are handshake failures, answered at once, so no timing is asserted.
 
-use crate::common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::cluster::{run, Cluster};
 use quire_ledger::{BookKeeper, ClientConfig, LedgerOptions};
 use quire_metadata::MetadataStore;
+use quire_testkit::harness::cluster::{run, Cluster};
 use quire_tls::ClientTls;
 
 struct Pki {
@@ -41,7 +39,7 @@ fn options() -> LedgerOptions {
 fn quire(args: &[&str], proxy: &str, tls: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
     let mut all: Vec<&str> = args.to_vec();
     all.extend_from_slice(tls);
-    common::run_quire(&all, proxy, stdin)
+    quire_testkit::harness::run_quire(&all, proxy, stdin)
 }
 
 fn one_line_error(out: &std::process::Output) -> String {
@@ -167,7 +165,7 @@ fn a_cluster_with_mutual_tls_serves_real_clients_and_refuses_strangers() {
     one_line_error(&out);
 
     // Straight to the bookies, as an admin tool's ledger client.
-    let runtime = common::cluster::runtime();
+    let runtime = quire_testkit::harness::cluster::runtime();
     runtime.block_on(async {
         let store: Arc<dyn MetadataStore> = Arc::new(cluster.zk_store().await);
         let client = |tls: Option<ClientTls>| {

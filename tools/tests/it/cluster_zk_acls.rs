@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::checker::{read_all, write_records};
-use crate::common::cluster::{runtime, Cluster, SESSION_TIMEOUT_MS};
+use quire_testkit::harness::checker::{read_all, write_records};
+use quire_testkit::harness::cluster::{runtime, Cluster, SESSION_TIMEOUT_MS};
 use zookeeper_client as zk;
 
 const STREAM: &str = "acl/s";

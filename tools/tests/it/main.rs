@@ -1,7 +1,11 @@
 //! The `quire` command's integration tests: real ZooKeeper, `quire bookie`, `quire proxy` and
 //! `quire sandbox` processes on loopback, loop-mounted small disks, libfaketime. One module per
-//! behaviour, linked into one test binary. `common` holds the cluster harness, the raw bookie wire
-//! client and the history checker.
+//! behaviour, linked into one test binary. The cluster harness, the raw bookie wire client and the
+//! history checker are `quire_testkit::harness` (its `harness` feature).
+
+// Integration tests run real processes, runtimes and sockets and wait on real deadlines: they
+// read the real clock, not the quire_clock seam (clippy.toml, ARCHITECTURE.md).
+#![allow(clippy::disallowed_methods)]
 
 mod bookie_info_command;
 mod cluster_autorecovery;
@@ -23,7 +27,6 @@ mod cluster_stopped_bookie_ack_gap;
 mod cluster_stream_lifecycle;
 mod cluster_tls;
 mod cluster_zk_acls;
-mod common;
 mod proxy_drain_and_rolling_load;
 mod sandbox_bookie_read_only_on_full_disk;
 mod sandbox_loghub_round_trip;

@@ -9,24 +9,23 @@
 //! acknowledged, in order, with identical replicas; the reader's view must be the same
 //! sequence.
 
-use crate::common;
-use crate::common::cluster::runtime;
+use quire_testkit::harness::cluster::runtime;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{check_stream, Acked};
-use crate::common::cluster::{Cluster, SESSION_TIMEOUT_MS};
 use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_metadata::{ZkDigest, ZkStore};
 use quire_proxy::ErrorCode;
+use quire_testkit::harness::checker::{check_stream, Acked};
+use quire_testkit::harness::cluster::{Cluster, SESSION_TIMEOUT_MS};
 
 /// Loghub lines to write, cycled: every sample file, split at LF, empty lines left out.
 fn loghub_lines() -> Vec<Vec<u8>> {
     let mut lines = Vec::new();
-    for f in common::loghub_files() {
+    for f in quire_testkit::harness::loghub_files() {
         let bytes = std::fs::read(&f).expect("read loghub file");
         lines.extend(
             bytes
@@ -108,7 +107,8 @@ impl Clients {
             return Ok(c.clone());
         }
         // With TLS when QUIRE_TLS_CA_FILE is set (the deployment test's TLS cluster).
-        let c = Arc::new(common::checker::connect_proxy(self.addrs[i].as_str()).await?);
+        let c =
+            Arc::new(quire_testkit::harness::checker::connect_proxy(self.addrs[i].as_str()).await?);
         self.clients[i] = Some(c.clone());
         Ok(c)
     }

@@ -13,18 +13,16 @@
 //! wire protocol (a probe ledger no segment uses); ensembles are read from the sandbox's
 //! `metadata.json` (docs/format/metadata.md).
 
-use crate::common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::checker::{read_all, write_records};
-use crate::common::wire::{Answer, Wire};
-use crate::common::{temp_dir, Sandbox};
 use quire_client::ProxyClient;
 use quire_metadata::LedgerMetadata;
+use quire_testkit::harness::checker::{read_all, write_records};
+use quire_testkit::harness::wire::{Answer, Wire};
+use quire_testkit::harness::{temp_dir, Sandbox};
 use quire_testkit::loop_mount::{fill_file, LoopMount};
 use quire_wire::bookie::Status;
 
@@ -94,7 +92,10 @@ fn stream_writes_go_around_a_bookie_whose_disk_fills() {
     acked.extend(a);
 
     fill_file(&mount.path().join("filler"));
-    let mut probe = Wire::connect_with(&bookie1, &common::sandbox_cluster_secret(&data));
+    let mut probe = Wire::connect_with(
+        &bookie1,
+        &quire_testkit::harness::sandbox_cluster_secret(&data),
+    );
     let deadline = Instant::now() + WAIT_MAX;
     let mut entry = 0;
     loop {

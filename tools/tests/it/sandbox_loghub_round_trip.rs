@@ -4,7 +4,7 @@
 //! into its own stream, `quire read` it back and compare bytes; the last DLSN's segment number
 //! shows how many segments the stream spans. A clean SIGTERM stop ends the test.
 
-use crate::common::*;
+use quire_testkit::harness::*;
 
 #[test]
 fn every_loghub_file_round_trips_through_the_sandbox() {

@@ -18,7 +18,7 @@
 //!   1 <= `bookie_journal_JOURNAL_SYNC_count` <= adds, per bookie;
 //! * the proxy counts N write requests, N write latencies and the payload bytes sent.
 
-use crate::common::*;
+use quire_testkit::harness::*;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! the stream manager (exit status 134, a backtrace).
 //! Method: real `quire sandbox` processes on a fresh data directory; exit status and stderr.
 
-use crate::common::*;
+use quire_testkit::harness::*;
 use std::process::Command;
 
 fn sandbox(dir: &std::path::Path, flags: &[&str]) -> std::process::Output {

@@ -4,7 +4,7 @@
 //! Method: real `quire sandbox` child; write, stop cleanly, move metadata.json or sandbox.json
 //! aside, start (must fail with the reason), move it back, start and read.
 
-use crate::common::*;
+use quire_testkit::harness::*;
 use std::process::Command;
 
 fn start_fails(dir: &std::path::Path) -> String {

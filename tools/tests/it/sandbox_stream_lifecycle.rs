@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::*;
+use quire_testkit::harness::*;
 use quire_testkit::reclaim;
 
 fn lines(prefix: &str, n: usize) -> Vec<Vec<u8>> {

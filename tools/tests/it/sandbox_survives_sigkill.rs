@@ -5,7 +5,7 @@
 //! acknowledged; SIGKILL at once; restart; `quire read` and compare. Three rounds on one
 //! stream, so segments left in progress by each kill are recovered and closed in turn.
 
-use crate::common::*;
+use quire_testkit::harness::*;
 
 #[test]
 fn acknowledged_records_survive_sigkill_and_restart() {

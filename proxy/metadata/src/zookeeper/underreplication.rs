@@ -28,9 +28,7 @@ const ELECTION_PREFIX: &str = "V_";
 const MARK_ATTEMPTS_MAX: usize = 16;
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    quire_clock::unix_ms()
 }
 
 /// Sequence number of an election child, `u64::MAX` for a name that is not one.

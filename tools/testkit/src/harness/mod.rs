@@ -1,16 +1,27 @@
-//! Shared helpers for tests that drive the real `quire` binary: a sandbox child process on
-//! loopback with real O_DIRECT files in a temporary directory.
+//! The process harness (feature `harness`): tests that drive the real `quire` binary start a
+//! ZooKeeper, bookies, proxies and autorecovery daemons as child processes ([`cluster`]) or a
+//! whole `quire sandbox` ([`Sandbox`]), on loopback, with real O_DIRECT files in temporary
+//! directories, and stop them by pid. [`checker`] verifies what a run left behind (every
+//! acknowledged record readable once, in order; replicas present), [`wire`] speaks the bookie
+//! protocol directly, and the functions here run the CLI and read its answers and metrics.
+//!
+//! The binary is [`quire_bin`]: `QUIRE_TEST_BIN` when set, else the `quire` that Cargo built beside
+//! the running test (the `quire` package's own integration tests always have it).
 
-#![allow(dead_code)]
+// The harness waits on real child processes and sockets: its deadlines are the real clock's,
+// never a manual clock a test installed on its thread (quire_clock).
+#![allow(clippy::disallowed_methods)]
 
 pub mod checker;
 pub mod cluster;
+mod sandbox;
 pub mod wire;
 
-use std::io::{BufRead, BufReader};
+pub use sandbox::{Sandbox, SMALL_SEGMENTS};
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 /// The cluster secret of every test cluster of this test process ([`cluster::Cluster::start`]
 /// writes it to the cluster's directory), which the raw wire clients ([`wire::Wire`],
@@ -37,36 +48,37 @@ pub fn sandbox_cluster_secret(data_dir: &Path) -> quire_wire::auth::ClusterSecre
     quire_wire::auth::ClusterSecret::from_hex(&text).expect("a cluster secret")
 }
 
-/// The `quire` binary built for this test run.
-pub fn quire_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_quire")
+/// The `quire` binary the harness runs: `QUIRE_TEST_BIN`, else `quire` in the Cargo target
+/// directory that holds the running test executable (`target/<profile>/deps/it-…` →
+/// `target/<profile>/quire`).
+///
+/// # Panics
+/// When neither exists: build it first (`cargo build --release -p quire`).
+pub fn quire_bin() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("QUIRE_TEST_BIN") {
+            return PathBuf::from(bin);
+        }
+        let exe = std::env::current_exe().expect("the test executable's path");
+        let profile_dir = exe
+            .parent()
+            .filter(|d| d.ends_with("deps"))
+            .and_then(Path::parent)
+            .expect("a test executable under target/<profile>/deps");
+        let bin = profile_dir.join("quire");
+        assert!(
+            bin.is_file(),
+            "no quire binary at {}: build it (cargo build --release -p quire) or set QUIRE_TEST_BIN",
+            bin.display()
+        );
+        bin
+    })
 }
 
-/// The loghub sample directory: `QUIRE_LOGHUB_DIR`, else `../shared/data/loghub` beside the
-/// repository (where every checkout and CI run has it).
-pub fn loghub_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("QUIRE_LOGHUB_DIR") {
-        return PathBuf::from(d);
-    }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/loghub");
-    assert!(
-        dir.is_dir(),
-        "loghub samples not found at {}; set QUIRE_LOGHUB_DIR",
-        dir.display()
-    );
-    dir
-}
-
-/// Every `*.log` file of the loghub samples, sorted.
+/// The loghub samples the harness writes ([`crate::loghub::files`]).
 pub fn loghub_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(loghub_dir())
-        .expect("read loghub dir")
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "log"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 8, "expected the eight loghub samples");
-    files
+    crate::loghub::files()
 }
 
 /// What `quire read` must print for a file written with `quire write`: the file, with a final
@@ -104,127 +116,6 @@ pub fn with_host_disk_flags<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     };
     flags.extend_from_slice(extra);
     flags
-}
-
-/// A running `quire sandbox` child.
-pub struct Sandbox {
-    pub child: Child,
-    pub addr: String,
-    pub data_dir: PathBuf,
-    /// `host:port` of the metrics endpoint, when started with `--metrics-listen`.
-    pub metrics_addr: Option<String>,
-}
-
-/// Sandbox flags used by tests: small segments so that streams span several of them, small
-/// journal files so that they roll.
-pub const SMALL_SEGMENTS: &[&str] = &[
-    "--segment-size-bytes",
-    "65536",
-    "--entry-size-bytes",
-    "16384",
-    "--journal-file-size-bytes",
-    "4194304",
-];
-
-impl Sandbox {
-    /// Starts a sandbox on `data_dir` with a free proxy port and waits for its address line.
-    pub fn start(data_dir: &Path, extra: &[&str]) -> Sandbox {
-        let mut child = Command::new(quire_bin())
-            .arg("sandbox")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(with_host_disk_flags(extra))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn quire sandbox");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (metrics_tx, metrics_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(addr) = line.strip_prefix("quire sandbox: proxy listening on ") {
-                    let _ = tx.send(addr.trim().to_string());
-                }
-                if let Some(url) = line.strip_prefix("quire sandbox: metrics on http://") {
-                    let _ = metrics_tx.send(url.trim().trim_end_matches("/metrics").to_string());
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let addr = loop {
-            match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(a) => break a,
-                Err(_) => {
-                    if let Some(status) = child.try_wait().expect("try_wait") {
-                        panic!(
-                            "sandbox on {} exited with {status} before printing its address",
-                            data_dir.display()
-                        );
-                    }
-                    if Instant::now() > deadline {
-                        let _ = child.kill();
-                        panic!(
-                            "sandbox on {} did not print its address within 60 s",
-                            data_dir.display()
-                        );
-                    }
-                }
-            }
-        };
-        // Printed before the proxy's line, so it is there by now if it is printed at all.
-        let metrics_addr = metrics_rx.try_recv().ok();
-        Sandbox {
-            child,
-            addr,
-            data_dir: data_dir.to_path_buf(),
-            metrics_addr,
-        }
-    }
-
-    /// Runs `quire ARGS --proxy ADDR` and returns its output.
-    pub fn quire(&self, args: &[&str]) -> Output {
-        run_quire(args, &self.addr, None)
-    }
-
-    /// Runs `quire ARGS --proxy ADDR` with `stdin` fed in.
-    pub fn quire_stdin(&self, args: &[&str], stdin: &[u8]) -> Output {
-        run_quire(args, &self.addr, Some(stdin))
-    }
-
-    /// SIGKILL: no shutdown path runs.
-    pub fn kill(mut self) {
-        self.child.kill().expect("SIGKILL sandbox");
-        self.child.wait().expect("reap sandbox");
-    }
-
-    /// SIGTERM, then wait for a clean exit.
-    pub fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        assert_eq!(rc, 0, "SIGTERM");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                assert!(status.success(), "sandbox exited with {status}");
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sandbox did not stop within 30 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `GET path` over HTTP/1.1 from `addr` (`host:port`): the status code and the body.

@@ -182,7 +182,7 @@ pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
             .await
         {
             Ok(b) => b,
-            Err(quire_proxy::Error::RedirectFailed { .. })
+            Err(quire_client::Error::RedirectFailed { .. })
                 if tokio::time::Instant::now() < deadline =>
             {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -227,7 +227,7 @@ fn tls_from_env(prefix: &str) -> Option<std::sync::Arc<quire_tls::rustls::Client
 /// Connects to a proxy, with TLS when `QUIRE_TLS_CA_FILE` is set and presenting the token in
 /// `QUIRE_TOKEN` when set (the variables of `quire write` and `read`; ansible/ci/deploy-test.sh
 /// sets them for its cluster, which requires both).
-pub async fn connect_proxy(addr: &str) -> Result<ProxyClient, quire_proxy::Error> {
+pub async fn connect_proxy(addr: &str) -> Result<ProxyClient, quire_client::Error> {
     let config = quire_client::ClientConfig {
         tls: proxy_tls_from_env(),
         tls_server_name: Some(addr.to_string()),
@@ -287,7 +287,7 @@ pub async fn write_records(
     stream: &str,
     prefix: &str,
     range: std::ops::Range<usize>,
-) -> (Vec<Acked>, Option<quire_proxy::Error>) {
+) -> (Vec<Acked>, Option<quire_client::Error>) {
     write_padded_records(client, stream, prefix, range, 0).await
 }
 
@@ -299,7 +299,7 @@ pub async fn write_padded_records(
     prefix: &str,
     range: std::ops::Range<usize>,
     pad: usize,
-) -> (Vec<Acked>, Option<quire_proxy::Error>) {
+) -> (Vec<Acked>, Option<quire_client::Error>) {
     let mut acked = Vec::new();
     let mut in_flight = std::collections::VecDeque::new();
     let mut iter = range;

@@ -26,14 +26,14 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// A ZooKeeper server plus a data directory and a root path for one cluster.
 pub struct Cluster {
-    pub zk: quire_testkit::ZooKeeperServer,
+    pub zk: crate::ZooKeeperServer,
     pub zk_root: String,
     pub dir: tempfile::TempDir,
     /// The cluster secret file every bookie, proxy, autorecovery daemon and admin command of
     /// this cluster is given (`--cluster-secret-file`).
     pub secret_file: PathBuf,
     /// Its value, for ledger clients made in the test.
-    pub secret: quire_testkit::cluster_secret::ClusterSecret,
+    pub secret: crate::cluster_secret::ClusterSecret,
 }
 
 impl Cluster {
@@ -53,9 +53,9 @@ impl Cluster {
     pub fn start() -> Cluster {
         let dir = temp_dir();
         let secret = *super::test_cluster_secret();
-        let secret_file = quire_testkit::cluster_secret::write_cluster_secret(dir.path(), &secret);
+        let secret_file = crate::cluster_secret::write_cluster_secret(dir.path(), &secret);
         Cluster {
-            zk: quire_testkit::ZooKeeperServer::start(),
+            zk: crate::ZooKeeperServer::start(),
             zk_root: "/quire-test".into(),
             dir,
             secret_file,
@@ -65,7 +65,7 @@ impl Cluster {
 
     /// `--cluster-secret-file` and this cluster's secret file.
     pub fn secret_flags(&self) -> Vec<String> {
-        quire_testkit::cluster_secret::cluster_secret_flags(&self.secret_file).to_vec()
+        crate::cluster_secret::cluster_secret_flags(&self.secret_file).to_vec()
     }
 
     /// The ZooKeeper connect string.
@@ -110,7 +110,7 @@ impl Cluster {
         ]
     }
 
-    /// Starts bookie `i` on `port` (use [`quire_testkit::free_port`] for a new one) and waits
+    /// Starts bookie `i` on `port` (use [`crate::free_port`] for a new one) and waits
     /// until it serves and is registered.
     pub fn start_bookie(&self, i: usize, port: u16) -> Proc {
         self.start_bookie_with(i, port, &[])
@@ -190,7 +190,7 @@ impl Cluster {
             "2",
         ];
         flags.extend_from_slice(extra);
-        self.start_proxy(quire_testkit::free_port(), &flags)
+        self.start_proxy(crate::free_port(), &flags)
     }
 
     /// Starts a standalone autorecovery daemon (`quire autorecovery`) with `extra` flags and
