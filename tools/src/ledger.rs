@@ -145,9 +145,7 @@ fn ledger_list(args: LedgerListArgs) -> Result<()> {
             .list_under_replicated()
             .await
             .context("cannot list under-replicated ledgers")?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now = quire_clock::unix_ms();
         if args.output.json {
             let doc: Vec<serde_json::Value> = marks
                 .iter()

@@ -219,7 +219,7 @@ async fn drain(
         options.advertised,
         options.drain_timeout.as_millis()
     );
-    let started = std::time::Instant::now();
+    let started = quire_clock::now();
     let drained = tokio::select! {
         r = tokio::time::timeout(options.drain_timeout, server.drain(streams)) => r.ok(),
         _ = signals.recv() => None,
@@ -230,7 +230,7 @@ async fn drain(
             eprintln!(
                 "quire proxy: {} drained in {} ms",
                 options.advertised,
-                started.elapsed().as_millis()
+                quire_clock::elapsed(started).as_millis()
             );
             Ok(())
         }
@@ -239,7 +239,7 @@ async fn drain(
             bail!(
                 "drain of {} not finished after {} ms (timeout {} ms, or a second signal); closed every connection",
                 options.advertised,
-                started.elapsed().as_millis(),
+                quire_clock::elapsed(started).as_millis(),
                 options.drain_timeout.as_millis()
             )
         }
