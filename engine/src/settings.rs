@@ -10,50 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::EngineConfig;
 
-/// A missing or invalid configuration key. `key` is the key as written in the file, with its
-/// table (`engine.group_commit_wait_us`); the message reads `invalid setting KEY = VALUE:
-/// EXPECTED` or `missing setting KEY: HINT`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{} setting {key}{value}: {expected}", if self.missing { "missing" } else { "invalid" })]
-pub struct ConfigError {
-    /// The key, dotted with its table when it has one.
-    pub key: String,
-    /// ` = VALUE` as written, or empty for a missing key.
-    pub value: String,
-    /// What was expected instead.
-    pub expected: String,
-    /// The key is required and was not given.
-    pub missing: bool,
-}
-
-impl ConfigError {
-    /// `key` holds `value`, which is not what `expected` says.
-    pub fn invalid(key: &str, value: impl std::fmt::Display, expected: impl Into<String>) -> Self {
-        Self {
-            key: key.to_string(),
-            value: format!(" = {value}"),
-            expected: expected.into(),
-            missing: false,
-        }
-    }
-
-    /// `key` is required.
-    pub fn missing(key: &str, hint: impl Into<String>) -> Self {
-        Self {
-            key: key.to_string(),
-            value: String::new(),
-            expected: hint.into(),
-            missing: true,
-        }
-    }
-
-    /// The same error with the key prefixed by its table (`shards` → `bookie.shards`).
-    #[must_use]
-    pub fn in_table(mut self, table: &str) -> Self {
-        self.key = format!("{table}.{}", self.key);
-        self
-    }
-}
+pub use quire_config::ConfigError;
 
 /// Smallest accepted `journal_file_size_bytes`: a header block and one record block.
 pub const JOURNAL_FILE_SIZE_BYTES_MIN: u64 = 8 * 1024;

@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -110,9 +110,7 @@ fn parse_from(from: &str) -> Result<ReadPosition> {
 /// The txid of a record: wall-clock milliseconds, never below the previous one
 /// (DistributedLog's write proxy does the same with its `TimeSequencer`).
 fn next_txid(last: &mut u64) -> u64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now = quire_clock::unix_ms();
     *last = (*last).max(now);
     *last
 }

@@ -27,7 +27,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::autorecovery::AutorecoveryConfig;
-pub use crate::metadata::{MetadataAddress, MetadataArgs};
+/// The admin commands' ZooKeeper flags under their former name, which
+/// `crate::autorecovery`'s commands still use.
+pub use crate::flags::ZooKeeperFlags as MetadataArgs;
+pub use crate::metadata::MetadataAddress;
 pub use crate::options::{BookieOptions, ProxyOptions};
 use crate::tls::{ClientTlsSettings, ServerTlsSettings};
 

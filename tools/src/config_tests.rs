@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::flags::{BookieFlags, ProxyFlags};
+use crate::flags::{BookieFlags, ProxyFlags, ZooKeeperFlags};
 
 /// A cluster secret file for the tests' settings (every bookie and proxy needs one).
 fn test_secret_file() -> PathBuf {
@@ -193,7 +193,10 @@ fn flags_override_keys_in_tables() {
     // Goal: a flag reaches its key's table, over the file's value; `--zookeeper` alone is a
     // whole metadata address.
     let flags = BookieFlags {
-        zk_root: Some("/other".into()),
+        zk: ZooKeeperFlags {
+            zk_root: Some("/other".into()),
+            ..Default::default()
+        },
         minor_compaction_threshold: Some(0.3),
         journal_queue_bytes_max: Some(1 << 20),
         autorecovery_enabled: Some(false),
@@ -205,7 +208,7 @@ fn flags_override_keys_in_tables() {
     assert_eq!(o.bookie.engine.minor_compaction_threshold, 0.3);
     assert_eq!(o.bookie.engine.journal_queue_bytes_max, 1 << 20);
     assert!(o.autorecovery.is_none());
-    let args = MetadataArgs {
+    let args = ZooKeeperFlags {
         zookeeper: Some("h:1".into()),
         zk_root: None,
         zk_session_timeout_ms: None,
@@ -216,7 +219,7 @@ fn flags_override_keys_in_tables() {
         (a.zookeeper.as_str(), a.zk_root.as_str()),
         ("h:1", "/quire")
     );
-    let e = MetadataArgs {
+    let e = ZooKeeperFlags {
         zookeeper: None,
         ..args
     }

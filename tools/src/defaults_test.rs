@@ -195,6 +195,8 @@ fn help_shows_the_crates_defaults() {
     check_help::<BookieFile>("bookie", BOOKIE_KEYS);
     check_help::<ProxyFile>("proxy", PROXY_KEYS);
     check_help::<AutorecoveryFile>("autorecovery", AUTORECOVERY_KEYS);
+    // The sandbox's flags of crate keys, whose docs stated "default 0.95" and the like.
+    check_help::<crate::sandbox::Defaults>("sandbox", crate::sandbox::KEYS);
     // The doc of --group-commit-wait-us said "default 2000" while the engine's was 0.
     assert!(states_a_default(
         "in microseconds (BookKeeper `journalMaxGroupWaitMSec`; default 2000)"

@@ -3,15 +3,17 @@
 //! `[zookeeper] root`, `--group-commit-wait-us` → `[engine] group_commit_wait_us`). The keys'
 //! meanings, ranges and BookKeeper names are documented on the crates' settings types
 //! (`quire_bookie::BookieSettings`, `quire_engine::EngineSettings`, ...); `--help` shows each
-//! default, read from those types' `Default`.
+//! default, read from those types' `Default`. The ZooKeeper flags are one set,
+//! [`ZooKeeperFlags`], which the admin commands that read the metadata store flatten too.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use anyhow::Result;
 use clap::{Args, Command};
 use serde::Serialize;
 
-use crate::config::Key;
+use crate::config::{Key, MetadataAddress};
 
 /// Adds `[default: VALUE]` to the help of each flag of `keys` whose key has a default in
 /// `defaults` (the process's file type's `Default`, which reads the crates' defaults), so that
@@ -42,22 +44,63 @@ pub fn with_defaults(mut command: Command, keys: &[Key], defaults: &impl Seriali
     command
 }
 
-/// `quire bookie` flags (None: not given, the file's value or the default stands).
+/// The ZooKeeper flags, the same for every command that talks to ZooKeeper: flattened into the
+/// flags of `quire bookie`, `quire proxy` and `quire autorecovery` (where each overrides its
+/// key of the file's `[zookeeper]` table, `quire_metadata::ZooKeeperConfig`) and into every
+/// admin command that reads the metadata store (`quire ledger ...`, `quire bookie list`, ...;
+/// there with their environment variables, [`ZooKeeperFlags::resolve`]). Each flag is mapped
+/// to its key once, by [`crate::config::ZOOKEEPER`]; [`crate::config::load`] overlays them.
+///
+/// `None`: not given, the file's value or the default stands.
 #[derive(Args, Debug, Default, Clone, Serialize)]
-pub struct BookieFlags {
+pub struct ZooKeeperFlags {
     /// ZooKeeper connect string, host:port[,host:port...] ([zookeeper] servers).
-    #[arg(long)]
+    #[arg(long, env = "QUIRE_ZOOKEEPER", global = true)]
     pub zookeeper: Option<String>,
     /// Root path of Quire's znodes ([zookeeper] root).
-    #[arg(long)]
+    #[arg(long, env = "QUIRE_ZK_ROOT", global = true)]
     pub zk_root: Option<String>,
     /// ZooKeeper session timeout in milliseconds ([zookeeper] session_timeout_ms).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub zk_session_timeout_ms: Option<u64>,
     /// File holding the ZooKeeper digest identity `user:password`; every znode created gets
     /// its ACL ([zookeeper] auth_file; unset: znodes open to anyone).
-    #[arg(long)]
+    #[arg(long, env = "QUIRE_ZK_AUTH_FILE", global = true)]
     pub zk_auth_file: Option<PathBuf>,
+}
+
+impl ZooKeeperFlags {
+    /// The metadata address these flags (and their environment variables) name, over the
+    /// `[zookeeper]` table's defaults: what an admin command connects to.
+    ///
+    /// # Errors
+    /// One line naming the key when the connect string is missing or a value is malformed,
+    /// or when the auth file cannot be read.
+    pub fn resolve(&self) -> Result<MetadataAddress> {
+        let keys = crate::config::keys_of(&[crate::config::ZOOKEEPER]);
+        let file: crate::config::AutorecoveryFile = crate::config::load(None, &keys, self)?;
+        MetadataAddress::from_config(&file.zookeeper, &keys)
+    }
+}
+
+/// `command` (`quire bookie`, `quire proxy` or `quire autorecovery`) with its
+/// [`ZooKeeperFlags`] taking no environment variable and not global: these processes read
+/// `[zookeeper]` from their file, which a variable set in the environment would override
+/// unseen, and their admin subcommands have the flags (with the variables) of their own.
+pub fn process_zookeeper_flags(mut command: Command) -> Command {
+    let flags = ZooKeeperFlags::augment_args(Command::new("zookeeper"));
+    for arg in flags.get_arguments() {
+        command = command.mut_arg(arg.get_id(), |a| a.env(None::<&str>).global(false));
+    }
+    command
+}
+
+/// `quire bookie` flags (None: not given, the file's value or the default stands).
+#[derive(Args, Debug, Default, Clone, Serialize)]
+pub struct BookieFlags {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub zk: ZooKeeperFlags,
     /// Journal directory, one subdirectory per shard ([bookie] journal_dir).
     #[arg(long)]
     pub journal_dir: Option<PathBuf>,
@@ -218,18 +261,9 @@ pub struct BookieFlags {
 /// `quire proxy` flags (None: not given, the file's value or the default stands).
 #[derive(Args, Debug, Default, Clone, Serialize)]
 pub struct ProxyFlags {
-    /// ZooKeeper connect string, host:port[,host:port...] ([zookeeper] servers).
-    #[arg(long)]
-    pub zookeeper: Option<String>,
-    /// Root path of Quire's znodes ([zookeeper] root).
-    #[arg(long)]
-    pub zk_root: Option<String>,
-    /// ZooKeeper session timeout in milliseconds ([zookeeper] session_timeout_ms).
-    #[arg(long)]
-    pub zk_session_timeout_ms: Option<u64>,
-    /// File holding the ZooKeeper digest identity `user:password` ([zookeeper] auth_file).
-    #[arg(long)]
-    pub zk_auth_file: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub zk: ZooKeeperFlags,
     /// Address to listen on, with a fixed port.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
@@ -345,18 +379,9 @@ pub struct ProxyFlags {
 /// `quire autorecovery` flags (None: not given, the file's value or the default stands).
 #[derive(Args, Debug, Default, Clone, Serialize)]
 pub struct AutorecoveryFlags {
-    /// ZooKeeper connect string, host:port[,host:port...] ([zookeeper] servers).
-    #[arg(long)]
-    pub zookeeper: Option<String>,
-    /// Root path of Quire's znodes ([zookeeper] root).
-    #[arg(long)]
-    pub zk_root: Option<String>,
-    /// ZooKeeper session timeout in milliseconds ([zookeeper] session_timeout_ms).
-    #[arg(long)]
-    pub zk_session_timeout_ms: Option<u64>,
-    /// File holding the ZooKeeper digest identity `user:password` ([zookeeper] auth_file).
-    #[arg(long)]
-    pub zk_auth_file: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub zk: ZooKeeperFlags,
     /// This daemon's identity in the auditor election and on worker locks (unset:
     /// `autorecovery-<pid>@<hostname>`).
     #[arg(long)]
@@ -393,4 +418,95 @@ pub struct AutorecoveryFlags {
     /// File holding the cluster secret (see `quire bookie`). Required.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    //! Goal: one ZooKeeper flag set, accepted exactly as before the flags were one struct.
+    //! Method: walk the built command line (no environment is read or set).
+
+    /// A flag's long name and its environment variable.
+    type Flag = (String, Option<String>);
+
+    /// Every command (space-separated path) with the ZooKeeper flags, and the environment
+    /// variable of each flag there.
+    fn zookeeper_commands() -> Vec<(String, Vec<Flag>)> {
+        fn walk(path: &str, c: &clap::Command, out: &mut Vec<(String, Vec<Flag>)>) {
+            let flags: Vec<_> = c
+                .get_arguments()
+                .filter(|a| a.get_id() == "zookeeper" || a.get_id().as_str().starts_with("zk_"))
+                .map(|a| {
+                    let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+                    (a.get_long().unwrap_or_default().to_string(), env)
+                })
+                .collect();
+            if !flags.is_empty() {
+                out.push((path.trim().to_string(), flags));
+            }
+            for sub in c.get_subcommands() {
+                walk(&format!("{path} {}", sub.get_name()), sub, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk("", &crate::command(), &mut out);
+        out
+    }
+
+    #[test]
+    fn every_zookeeper_command_takes_the_same_flags_and_admin_commands_their_variables() {
+        let commands = zookeeper_commands();
+        let mut names: Vec<&str> = commands.iter().map(|(c, _)| c.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "autorecovery",
+                "autorecovery status",
+                "bookie",
+                "bookie decommission",
+                "bookie delete-cookie",
+                "bookie list",
+                "ledger list",
+                "ledger recover",
+                "ledger show",
+                "proxy",
+            ]
+        );
+        let process = ["bookie", "proxy", "autorecovery"];
+        for (command, flags) in &commands {
+            let env = |v: &str| (!process.contains(&command.as_str())).then(|| v.to_string());
+            let mut want = vec![
+                ("zookeeper".to_string(), env("QUIRE_ZOOKEEPER")),
+                ("zk-root".to_string(), env("QUIRE_ZK_ROOT")),
+                ("zk-session-timeout-ms".to_string(), None),
+                ("zk-auth-file".to_string(), env("QUIRE_ZK_AUTH_FILE")),
+            ];
+            want.sort();
+            let mut flags = flags.clone();
+            flags.sort();
+            assert_eq!(flags, want, "quire {command}");
+        }
+    }
+
+    #[test]
+    fn flags_before_a_subcommand_stay_the_process_commands() {
+        // `quire bookie --zookeeper H list` was refused (the flags run a bookie; `list` has
+        // its own), and `quire bookie list --zookeeper H` accepted.
+        let parse = |args: &[&str]| crate::command().try_get_matches_from(args);
+        let e = parse(&["quire", "bookie", "--zookeeper", "h:1", "list"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
+        let m = parse(&["quire", "bookie", "list", "--zookeeper", "h:1"]).unwrap();
+        let (_, bookie) = m.subcommand().unwrap();
+        let (_, list) = bookie.subcommand().unwrap();
+        assert_eq!(
+            list.get_one::<String>("zookeeper").map(String::as_str),
+            Some("h:1")
+        );
+        let m = parse(&["quire", "proxy", "--zk-root", "/q", "--zookeeper", "h:1"]).unwrap();
+        let (_, proxy) = m.subcommand().unwrap();
+        assert_eq!(
+            proxy.get_one::<String>("zk_root").map(String::as_str),
+            Some("/q")
+        );
+    }
 }

@@ -1,16 +1,13 @@
-//! Where the metadata store is: the checked `[zookeeper]` table of a process
-//! ([`MetadataAddress`]) and the admin commands' flags for it ([`MetadataArgs`]).
+//! Where the metadata store is: the checked `[zookeeper]` table of a process or an admin
+//! command ([`MetadataAddress`]; the flags for it are [`crate::flags::ZooKeeperFlags`]).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use clap::Args;
 use quire_metadata::{MetadataStore, ZkDigest, ZkStore, ZooKeeperConfig};
-use serde::Serialize;
 
-use crate::config::{load, named, AutorecoveryFile, Key};
+use crate::config::{named, Key};
 
 /// Where the metadata store lives, checked, with the digest identity read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,34 +70,5 @@ impl MetadataAddress {
     /// As [`MetadataAddress::connect_zk`].
     pub async fn connect(&self) -> Result<Arc<dyn MetadataStore>> {
         Ok(self.connect_zk().await?)
-    }
-}
-
-/// The admin commands' metadata address flags.
-#[derive(Args, Debug, Clone, Serialize)]
-pub struct MetadataArgs {
-    /// ZooKeeper connect string (host:port[,host:port...]).
-    #[arg(long, env = "QUIRE_ZOOKEEPER", global = true)]
-    pub zookeeper: Option<String>,
-    /// Root path of Quire's znodes.
-    #[arg(long, env = "QUIRE_ZK_ROOT", global = true)]
-    pub zk_root: Option<String>,
-    /// ZooKeeper session timeout, in milliseconds.
-    #[arg(long, global = true)]
-    pub zk_session_timeout_ms: Option<u64>,
-    /// File holding the ZooKeeper digest identity `user:password`.
-    #[arg(long, env = "QUIRE_ZK_AUTH_FILE", global = true)]
-    pub zk_auth_file: Option<PathBuf>,
-}
-
-impl MetadataArgs {
-    /// The address, checked.
-    ///
-    /// # Errors
-    /// One line when the connect string is missing or malformed.
-    pub fn resolve(&self) -> Result<MetadataAddress> {
-        let keys = crate::config::keys_of(&[crate::config::ZOOKEEPER]);
-        let file: AutorecoveryFile = load(None, &keys, self)?;
-        MetadataAddress::from_config(&file.zookeeper, &keys)
     }
 }

@@ -13,21 +13,6 @@ use crate::autorecovery::AutorecoveryOptions;
 use crate::config::{keys_of, named, BookieFile, ProxyFile, BOOKIE_KEYS, PROXY_KEYS};
 use crate::metadata::MetadataAddress;
 
-fn engine_error(e: quire_engine::ConfigError) -> quire_metadata::ConfigError {
-    let quire_engine::ConfigError {
-        key,
-        value,
-        expected,
-        missing,
-    } = e;
-    quire_metadata::ConfigError {
-        key,
-        value,
-        expected,
-        missing,
-    }
-}
-
 fn missing(key: &str) -> anyhow::Error {
     let flag = key.replace('_', "-");
     anyhow!("missing setting {key}: set it in the config file or with --{flag}")
@@ -103,13 +88,13 @@ impl BookieFile {
         let mut bookie = self
             .bookie
             .to_config(listen)
-            .map_err(|e| named(engine_error(e), "bookie", &keys))?;
+            .map_err(|e| named(e, "bookie", &keys))?;
         self.engine
             .validate()
-            .map_err(|e| named(engine_error(e), "engine", &keys))?;
+            .map_err(|e| named(e, "engine", &keys))?;
         self.compaction
             .validate()
-            .map_err(|e| named(engine_error(e), "compaction", &keys))?;
+            .map_err(|e| named(e, "compaction", &keys))?;
         self.engine.apply(&mut bookie.engine);
         self.compaction.apply(&mut bookie.engine);
         let secret = cluster_secret(self.cluster_secret_file.as_deref())?;

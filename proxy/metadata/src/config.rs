@@ -1,56 +1,13 @@
 //! The `[zookeeper]` table: one ZooKeeper settings type for every process (bookie, proxy,
-//! autorecovery daemon, admin commands), and the configuration error every crate's
-//! `validate()` returns.
+//! autorecovery daemon, admin commands); its `validate()` returns quire-config's
+//! [`ConfigError`], re-exported here.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// A missing or invalid configuration key. `key` is the key as written in the file, with its
-/// table (`zookeeper.servers`); the message reads `invalid setting KEY = VALUE: EXPECTED` or
-/// `missing setting KEY: HINT`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{} setting {key}{value}: {expected}", if self.missing { "missing" } else { "invalid" })]
-pub struct ConfigError {
-    /// The key, dotted with its table when it has one.
-    pub key: String,
-    /// ` = VALUE` as written, or empty for a missing key.
-    pub value: String,
-    /// What was expected instead.
-    pub expected: String,
-    /// The key is required and was not given.
-    pub missing: bool,
-}
-
-impl ConfigError {
-    /// `key` holds `value`, which is not what `expected` says.
-    pub fn invalid(key: &str, value: impl std::fmt::Display, expected: impl Into<String>) -> Self {
-        Self {
-            key: key.to_string(),
-            value: format!(" = {value}"),
-            expected: expected.into(),
-            missing: false,
-        }
-    }
-
-    /// `key` is required.
-    pub fn missing(key: &str, hint: impl Into<String>) -> Self {
-        Self {
-            key: key.to_string(),
-            value: String::new(),
-            expected: hint.into(),
-            missing: true,
-        }
-    }
-
-    /// The same error with the key prefixed by its table (`servers` → `zookeeper.servers`).
-    #[must_use]
-    pub fn in_table(mut self, table: &str) -> Self {
-        self.key = format!("{table}.{}", self.key);
-        self
-    }
-}
+pub use quire_config::ConfigError;
 
 /// Checks a `host:port[,host:port...]` list (a ZooKeeper connect string or an address).
 pub fn is_host_port_list(s: &str) -> bool {

@@ -31,6 +31,7 @@ mod proxy_drain_and_rolling_load;
 mod sandbox_bookie_read_only_on_full_disk;
 mod sandbox_loghub_round_trip;
 mod sandbox_metrics;
+mod sandbox_refuses_bad_flags;
 mod sandbox_refuses_inconsistent_data_dir;
 mod sandbox_stream_lifecycle;
 mod sandbox_survives_sigkill;

@@ -61,83 +61,44 @@ pub fn run(args: ProxyArgs) -> Result<()> {
     result
 }
 
+/// The signals a proxy stops at.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Waits for SIGTERM or SIGINT.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
+    }
+}
+
+/// Serves until a signal (then drains) or the end of the ZooKeeper session (then exits with an
+/// error).
 async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    let mut signals = Signals::new()?;
     let zk = options.metadata.connect_zk().await?;
     let mut session_lost = zk.session_lost();
-    let store: std::sync::Arc<dyn quire_metadata::MetadataStore> = zk;
-    let bookie_tls = match &options.bookie_tls {
-        Some(t) => Some(t.client_config()?),
-        None => None,
-    };
-    let server_tls = match &options.tls {
-        Some(t) => Some(t.server_config()?),
-        None => None,
-    };
-    let bk = quire_ledger::BookKeeper::with_read_runtime(
-        store.clone(),
-        quire_ledger::ClientConfig {
-            tls: bookie_tls,
-            cluster_secret: Some(options.cluster_secret),
-            ..quire_ledger::ClientConfig::default()
-        },
-        read_runtime.clone(),
-    );
-    let mut config = options.streams.clone();
-    config.owner_address = options.advertised.clone();
-    let streams = quire_proxy::StreamManager::new(store, bk, config);
+    let streams = stream_manager(&options, zk, read_runtime)?;
     let exposition = crate::metrics_http::Exposition::default();
-    let metrics = match options.metrics_listen {
-        Some(listen) => {
-            let m = quire_proxy::ProxyMetrics::new();
-            exposition.register(|r| m.register(r, streams.clone()));
-            let addr = crate::metrics_http::start(listen, exposition.clone())?;
-            tracing::info!(%addr, "metrics endpoint listening");
-            Some(m)
-        }
-        None => None,
-    };
-    let listener = tokio::net::TcpListener::bind(options.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", options.listen))?;
-    let server = quire_proxy::ProxyServer::start(
-        listener,
-        streams.clone(),
-        quire_proxy::ServerConfig {
-            catch_up_read_runtime: Some(read_runtime.clone()),
-            metrics,
-            auth: options.auth.clone(),
-            tls: server_tls,
-            ..options.server.clone()
-        },
-    )
-    .context("proxy server")?;
+    let metrics = start_metrics(&options, &streams, &exposition)?;
+    let server = start_server(&options, &streams, read_runtime, metrics).await?;
     exposition.set_serving(true);
-    {
-        use std::io::Write;
-        let s = &options.streams;
-        let mut out = std::io::stdout().lock();
-        writeln!(
-            out,
-            "quire proxy: {} listening on {}{} (E={} Qw={} Qa={})",
-            options.advertised,
-            server.local_addr(),
-            if options.tls.is_some() {
-                " with TLS"
-            } else {
-                ""
-            },
-            s.ensemble_size,
-            s.write_quorum,
-            s.ack_quorum
-        )?;
-        out.flush()?;
-    }
+    print_listening(&options, server.local_addr())?;
     let lost = tokio::select! {
-        _ = term.recv() => false,
-        _ = int.recv() => false,
+        _ = signals.recv() => false,
         r = session_lost.wait_for(|lost| *lost) => r.is_ok(),
     };
     exposition.set_serving(false);
@@ -151,16 +112,117 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
             options.advertised
         );
     }
+    drain(&options, &server, &streams, &mut signals).await
+}
+
+/// The ledger client (to the bookies, with TLS and the cluster secret) and the stream manager
+/// on `zk`, owning streams as the advertised address.
+fn stream_manager(
+    options: &ProxyOptions,
+    zk: std::sync::Arc<quire_metadata::ZkStore>,
+    read_runtime: &tokio::runtime::Handle,
+) -> Result<std::sync::Arc<quire_proxy::StreamManager>> {
+    let store: std::sync::Arc<dyn quire_metadata::MetadataStore> = zk;
+    let bookie_tls = match &options.bookie_tls {
+        Some(t) => Some(t.client_config()?),
+        None => None,
+    };
+    let bk = quire_ledger::BookKeeper::with_read_runtime(
+        store.clone(),
+        quire_ledger::ClientConfig {
+            tls: bookie_tls,
+            cluster_secret: Some(options.cluster_secret),
+            ..quire_ledger::ClientConfig::default()
+        },
+        read_runtime.clone(),
+    );
+    let mut config = options.streams.clone();
+    config.owner_address = options.advertised.clone();
+    Ok(quire_proxy::StreamManager::new(store, bk, config))
+}
+
+/// The `--metrics-listen` endpoint, when set, and the proxy's metrics it serves.
+fn start_metrics(
+    options: &ProxyOptions,
+    streams: &std::sync::Arc<quire_proxy::StreamManager>,
+    exposition: &crate::metrics_http::Exposition,
+) -> Result<Option<std::sync::Arc<quire_proxy::ProxyMetrics>>> {
+    let Some(listen) = options.metrics_listen else {
+        return Ok(None);
+    };
+    let m = quire_proxy::ProxyMetrics::new();
+    exposition.register(|r| m.register(r, streams.clone()));
+    let addr = crate::metrics_http::start(listen, exposition.clone())?;
+    tracing::info!(%addr, "metrics endpoint listening");
+    Ok(Some(m))
+}
+
+/// Binds the listen address and starts the proxy server on it.
+async fn start_server(
+    options: &ProxyOptions,
+    streams: &std::sync::Arc<quire_proxy::StreamManager>,
+    read_runtime: &tokio::runtime::Handle,
+    metrics: Option<std::sync::Arc<quire_proxy::ProxyMetrics>>,
+) -> Result<quire_proxy::ProxyServer> {
+    let server_tls = match &options.tls {
+        Some(t) => Some(t.server_config()?),
+        None => None,
+    };
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.listen))?;
+    quire_proxy::ProxyServer::start(
+        listener,
+        streams.clone(),
+        quire_proxy::ServerConfig {
+            catch_up_read_runtime: Some(read_runtime.clone()),
+            metrics,
+            auth: options.auth.clone(),
+            tls: server_tls,
+            ..options.server.clone()
+        },
+    )
+    .context("proxy server")
+}
+
+/// The line that says the proxy serves (tests and scripts wait for it).
+fn print_listening(options: &ProxyOptions, addr: std::net::SocketAddr) -> Result<()> {
+    use std::io::Write;
+    let s = &options.streams;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "quire proxy: {} listening on {addr}{} (E={} Qw={} Qa={})",
+        options.advertised,
+        if options.tls.is_some() {
+            " with TLS"
+        } else {
+            ""
+        },
+        s.ensemble_size,
+        s.write_quorum,
+        s.ack_quorum
+    )?;
+    out.flush()?;
+    Ok(())
+}
+
+/// The SIGTERM drain, bounded by `drain_timeout_ms` and cut short by a second signal.
+async fn drain(
+    options: &ProxyOptions,
+    server: &quire_proxy::ProxyServer,
+    streams: &quire_proxy::StreamManager,
+    signals: &mut Signals,
+) -> Result<()> {
     eprintln!(
         "quire proxy: {} draining (at most {} ms)",
         options.advertised,
         options.drain_timeout.as_millis()
     );
-    let started = std::time::Instant::now();
+    let started = quire_clock::now();
     let drained = tokio::select! {
-        r = tokio::time::timeout(options.drain_timeout, server.drain(&streams)) => r.ok(),
-        _ = term.recv() => None,
-        _ = int.recv() => None,
+        r = tokio::time::timeout(options.drain_timeout, server.drain(streams)) => r.ok(),
+        _ = signals.recv() => None,
     };
     match drained {
         Some(r) => {
@@ -168,7 +230,7 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
             eprintln!(
                 "quire proxy: {} drained in {} ms",
                 options.advertised,
-                started.elapsed().as_millis()
+                quire_clock::elapsed(started).as_millis()
             );
             Ok(())
         }
@@ -177,7 +239,7 @@ async fn serve(options: ProxyOptions, read_runtime: &tokio::runtime::Handle) -> 
             bail!(
                 "drain of {} not finished after {} ms (timeout {} ms, or a second signal); closed every connection",
                 options.advertised,
-                started.elapsed().as_millis(),
+                quire_clock::elapsed(started).as_millis(),
                 options.drain_timeout.as_millis()
             )
         }

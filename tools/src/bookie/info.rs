@@ -1,0 +1,169 @@
+//! `quire bookie info ADDR`: a handshake and one `GetBookieInfo` request over the bookie
+//! protocol (docs/protocol.md), printed as text or JSON.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+/// `quire bookie info` options.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// The bookie's address (host:port, its bookie id).
+    pub addr: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// TLS to the bookie.
+    #[command(flatten)]
+    pub bookie_tls: crate::tls::BookieTlsArgs,
+}
+
+/// How long `quire bookie info` waits to connect, and then for each answer.
+const INFO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `quire bookie info ADDR`: a handshake and one `GetBookieInfo` request
+/// (docs/protocol.md), printed as text or JSON.
+pub fn run(args: InfoArgs) -> Result<()> {
+    use quire_wire::bookie::{BookieState, DirKind};
+    let info = fetch_bookie_info(
+        &args.addr,
+        args.bookie_tls.client_config()?,
+        args.bookie_tls.cluster_secret()?,
+    )?;
+    let addr = &args.addr;
+    let state = match info.state {
+        BookieState::Writable => "writable",
+        BookieState::ReadOnly => "read-only",
+    };
+    let kind = |k: DirKind| match k {
+        DirKind::Journal => "journal",
+        DirKind::Ledger => "ledger",
+    };
+    let ledgers: u64 = info.shard_ledgers.iter().sum();
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let dirs: Vec<serde_json::Value> = info
+            .dirs
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "kind": kind(d.kind),
+                    "path": d.path,
+                    "total_bytes": d.total_bytes,
+                    "free_bytes": d.free_bytes,
+                    "used_bytes": d.used_bytes,
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "bookie": addr,
+            "state": state,
+            "shards": info.shard_ledgers.len(),
+            "ledgers": ledgers,
+            "shard_ledgers": info.shard_ledgers,
+            "dirs": dirs,
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "bookie {addr}")?;
+        writeln!(out, "state: {state}")?;
+        let per_shard: Vec<String> = info.shard_ledgers.iter().map(u64::to_string).collect();
+        writeln!(
+            out,
+            "shards: {} (ledgers per shard: {})",
+            info.shard_ledgers.len(),
+            per_shard.join(", ")
+        )?;
+        writeln!(out, "ledgers: {ledgers}")?;
+        for d in &info.dirs {
+            let fs_used = d.total_bytes.saturating_sub(d.free_bytes);
+            let pct = if d.total_bytes == 0 {
+                0.0
+            } else {
+                100.0 * fs_used as f64 / d.total_bytes as f64
+            };
+            writeln!(
+                out,
+                "{} {}: bookie files {}, file system {} free of {} ({pct:.1}% used)",
+                kind(d.kind),
+                d.path,
+                human_bytes(d.used_bytes),
+                human_bytes(d.free_bytes),
+                human_bytes(d.total_bytes)
+            )?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `n` bytes with a binary unit, e.g. `64.0 MiB`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// Connects to `addr`, shakes hands (version 2 with the cluster secret, checking the
+/// bookie's proof; version 1 without) and asks for the bookie info.
+fn fetch_bookie_info(
+    addr: &str,
+    tls: Option<std::sync::Arc<quire_tls::rustls::ClientConfig>>,
+    secret: Option<quire_wire::auth::ClusterSecret>,
+) -> Result<quire_wire::bookie::BookieInfo> {
+    use quire_wire::blocking::{BookieConnection, ConnectionError};
+    use quire_wire::bookie::{decode_bookie_info_response, BookieInfoReply, Request};
+    use std::net::ToSocketAddrs;
+    let sock = addr
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve bookie address {addr}"))?
+        .next()
+        .with_context(|| format!("bookie address {addr} resolves to nothing"))?;
+    let tcp = std::net::TcpStream::connect_timeout(&sock, INFO_TIMEOUT)
+        .with_context(|| format!("cannot connect to bookie {addr}"))?;
+    tcp.set_read_timeout(Some(INFO_TIMEOUT))?;
+    tcp.set_write_timeout(Some(INFO_TIMEOUT))?;
+    let stream: Box<dyn ReadWrite> = match tls {
+        None => Box::new(tcp),
+        Some(config) => {
+            let name = quire_tls::server_name(addr)?;
+            let session = quire_tls::rustls::ClientConnection::new(config, name)
+                .with_context(|| format!("TLS to bookie {addr}"))?;
+            Box::new(quire_tls::rustls::StreamOwned::new(session, tcp))
+        }
+    };
+    let mut conn = match BookieConnection::connect(stream, secret.as_ref()) {
+        Ok(c) => c,
+        Err(ConnectionError::BadProof) => bail!(
+            "bookie {addr}: its proof of the cluster secret does not match ours: it is not a \
+             bookie of this cluster"
+        ),
+        Err(e) => return Err(e).with_context(|| format!("handshake with bookie {addr}")),
+    };
+    let answer = conn
+        .call(&Request::GetBookieInfo)
+        .with_context(|| format!("bookie info from bookie {addr}"))?;
+    let reply = decode_bookie_info_response(&answer.frame())
+        .with_context(|| format!("bad bookie info answer from bookie {addr}"))?;
+    match reply {
+        BookieInfoReply::Ok(info) => Ok(info),
+        BookieInfoReply::Failed { status, message } => {
+            bail!("bookie {addr} answered {status:?}: {message}")
+        }
+    }
+}
+
+/// A plain or TLS connection for `quire bookie info`.
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}

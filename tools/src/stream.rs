@@ -1,0 +1,345 @@
+//! `quire stream`: stream admin through a proxy (`--proxy` / `QUIRE_PROXY`), so that it works
+//! the same against the sandbox (whose embedded store no other process can open) and a
+//! ZooKeeper cluster, and so that changes are made by the stream's owner (DistributedLog's
+//! proxy `truncate` / `delete` operations; DistributedLog's `show`):
+//! * `quire stream list`, `quire stream show STREAM`: names; segments, truncation point,
+//!   retention, last txid (what the proxy's txid guard compares a write with) and owner;
+//! * `quire stream truncate STREAM DLSN`, `quire stream delete STREAM`;
+//! * `quire stream retention STREAM [--time-secs N|default] [--size-bytes N|default]`.
+//!
+//! Output is text for people, or one JSON document with `--json`.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use quire_client::{RetentionChange, SegmentState, StreamInfo};
+
+use crate::admin::OutputArgs;
+
+/// `quire stream` subcommands.
+#[derive(Args, Debug)]
+pub struct StreamArgs {
+    #[command(subcommand)]
+    pub command: StreamCommand,
+}
+
+/// `quire stream` subcommands. They talk to a proxy (`--proxy` / `QUIRE_PROXY`), so they work
+/// the same against the sandbox and a ZooKeeper cluster.
+#[derive(Subcommand, Debug)]
+pub enum StreamCommand {
+    /// List every stream, sorted.
+    List(StreamListArgs),
+    /// Print a stream's segments (seq no, ledger, state, DLSN range, records, bytes,
+    /// completion time), truncation point, retention, last txid and current owner. The last
+    /// txid is the owner's (acknowledged or in flight) when the proxy asked owns the stream,
+    /// else the last one of the completed segments.
+    Show(StreamNameArgs),
+    /// Make every record before DLSN unreadable at once and delete the whole segments before
+    /// it (DistributedLog `truncate`). The point never moves backwards; a DLSN beyond the end of
+    /// the stream is refused.
+    Truncate(StreamTruncateArgs),
+    /// Delete a stream and all its segments; the name can be used again.
+    Delete(StreamDeleteArgs),
+    /// Show a stream's retention, or set its overrides of the cluster defaults.
+    Retention(StreamRetentionArgs),
+}
+
+/// `quire stream list` options.
+#[derive(Args, Debug)]
+pub struct StreamListArgs {
+    #[command(flatten)]
+    pub proxy: crate::client::ProxyArg,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// A stream name and output options.
+#[derive(Args, Debug)]
+pub struct StreamNameArgs {
+    /// Stream name.
+    pub stream: String,
+    #[command(flatten)]
+    pub proxy: crate::client::ProxyArg,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `quire stream truncate` options.
+#[derive(Args, Debug)]
+pub struct StreamTruncateArgs {
+    /// Stream name.
+    pub stream: String,
+    /// First position kept, `SEGMENT:ENTRY:SLOT` (as `quire write` prints).
+    pub dlsn: quire_client::Dlsn,
+    #[command(flatten)]
+    pub proxy: crate::client::ProxyArg,
+}
+
+/// `quire stream delete` options.
+#[derive(Args, Debug)]
+pub struct StreamDeleteArgs {
+    /// Stream name.
+    pub stream: String,
+    #[command(flatten)]
+    pub proxy: crate::client::ProxyArg,
+}
+
+/// `quire stream retention` options. Without `--time-secs` or `--size-bytes` it only shows.
+#[derive(Args, Debug)]
+pub struct StreamRetentionArgs {
+    /// Stream name.
+    pub stream: String,
+    /// Delete completed segments older than N seconds (1 to 100 years), or `default` to use
+    /// the cluster default again.
+    #[arg(long, value_parser = parse_retention_time)]
+    pub time_secs: Option<RetentionChange>,
+    /// Delete the oldest completed segments while the stream holds more than N bytes (1 to
+    /// 2^60), or `default` to use the cluster default again.
+    #[arg(long, value_parser = parse_retention_size)]
+    pub size_bytes: Option<RetentionChange>,
+    #[command(flatten)]
+    pub proxy: crate::client::ProxyArg,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+fn parse_retention(
+    v: &str,
+    check: fn(u64) -> std::result::Result<u64, String>,
+) -> std::result::Result<RetentionChange, String> {
+    if v == "default" {
+        return Ok(RetentionChange::Default);
+    }
+    let n: u64 = v
+        .parse()
+        .map_err(|_| format!("{v:?} is neither a whole number nor 'default'"))?;
+    check(n).map(RetentionChange::Set)
+}
+
+fn parse_retention_time(v: &str) -> std::result::Result<RetentionChange, String> {
+    parse_retention(v, quire_client::check_retention_time_secs)
+}
+
+fn parse_retention_size(v: &str) -> std::result::Result<RetentionChange, String> {
+    parse_retention(v, quire_client::check_retention_size_bytes)
+}
+
+/// Runs `quire stream ...`.
+pub fn run(args: StreamArgs) -> Result<()> {
+    let rt = crate::client::runtime()?;
+    let result = rt.block_on(async {
+        match args.command {
+            StreamCommand::List(a) => {
+                let client = crate::client::connect(&a.proxy).await?;
+                let names = client.list_streams().await.context("cannot list streams")?;
+                if a.output.json {
+                    println!("{}", serde_json::to_string_pretty(&names)?);
+                } else {
+                    for n in &names {
+                        println!("{n}");
+                    }
+                }
+                Ok(())
+            }
+            StreamCommand::Show(a) => {
+                let client = crate::client::connect(&a.proxy).await?;
+                let info = client
+                    .describe_stream(&a.stream)
+                    .await
+                    .with_context(|| format!("stream {:?}", a.stream))?;
+                if a.output.json {
+                    println!("{}", serde_json::to_string_pretty(&info_json(&info))?);
+                } else {
+                    print!("{}", format_stream(&info)?);
+                }
+                Ok(())
+            }
+            StreamCommand::Truncate(a) => {
+                let client = crate::client::connect(&a.proxy).await?;
+                let r = client
+                    .truncate(&a.stream, a.dlsn)
+                    .await
+                    .with_context(|| format!("cannot truncate stream {:?}", a.stream))?;
+                if r.truncated_before > a.dlsn {
+                    println!(
+                        "stream {} was already truncated before {} (the point never moves back); nothing changed",
+                        a.stream, r.truncated_before
+                    );
+                } else {
+                    println!(
+                        "stream {} truncated before {}: {} segments deleted",
+                        a.stream, r.truncated_before, r.segments_deleted
+                    );
+                }
+                Ok(())
+            }
+            StreamCommand::Delete(a) => {
+                let client = crate::client::connect(&a.proxy).await?;
+                let n = client
+                    .delete_stream(&a.stream)
+                    .await
+                    .with_context(|| format!("cannot delete stream {:?}", a.stream))?;
+                println!("stream {} deleted ({n} segments)", a.stream);
+                Ok(())
+            }
+            StreamCommand::Retention(a) => {
+                let client = crate::client::connect(&a.proxy).await?;
+                if a.time_secs.is_some() || a.size_bytes.is_some() {
+                    client
+                        .set_retention(
+                            &a.stream,
+                            a.time_secs.unwrap_or(RetentionChange::Keep),
+                            a.size_bytes.unwrap_or(RetentionChange::Keep),
+                        )
+                        .await
+                        .with_context(|| {
+                            format!("cannot set the retention of stream {:?}", a.stream)
+                        })?;
+                }
+                let info = client
+                    .describe_stream(&a.stream)
+                    .await
+                    .with_context(|| format!("stream {:?}", a.stream))?;
+                if a.output.json {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&info_json(&info)["retention"])?
+                    );
+                } else {
+                    print!("{}", format_retention(&info));
+                }
+                Ok(())
+            }
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(2));
+    result
+}
+
+/// One side of a retention setting: the stream's override, else the default, else none.
+fn effective(over: Option<u64>, default: Option<u64>) -> (Option<u64>, &'static str) {
+    match (over, default) {
+        (Some(v), _) => (Some(v), "stream"),
+        (None, Some(v)) => (Some(v), "cluster default"),
+        (None, None) => (None, "none"),
+    }
+}
+
+fn info_json(info: &StreamInfo) -> serde_json::Value {
+    let m = &info.metadata;
+    let (t, ts) = effective(m.retention.time_secs, info.defaults.time_secs);
+    let (z, zs) = effective(m.retention.size_bytes, info.defaults.size_bytes);
+    serde_json::json!({
+        "owner": info.owner,
+        "last_txid": m.max_txid,
+        "truncated_before": m.truncated_before.map(|t| t.to_string()),
+        "retention": {
+            "time_secs": t, "time_secs_from": ts,
+            "size_bytes": z, "size_bytes_from": zs,
+            "override": m.retention,
+            "cluster_default": { "time_secs": info.defaults.time_secs, "size_bytes": info.defaults.size_bytes },
+        },
+        "metadata": m,
+    })
+}
+
+fn format_retention(info: &StreamInfo) -> String {
+    let m = &info.metadata;
+    let (t, ts) = effective(m.retention.time_secs, info.defaults.time_secs);
+    let (z, zs) = effective(m.retention.size_bytes, info.defaults.size_bytes);
+    let show = |v: Option<u64>, unit: &str, from: &str| match v {
+        Some(v) => format!("{v} {unit} ({from})"),
+        None => "none (kept forever)".to_string(),
+    };
+    format!(
+        "  retention time: {}\n  retention size: {}\n",
+        show(t, "s", ts),
+        show(z, "bytes", zs)
+    )
+}
+
+/// Milliseconds since the epoch as UTC `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+fn format_time_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+fn format_stream(info: &StreamInfo) -> Result<String> {
+    let meta = &info.metadata;
+    let mut out = String::new();
+    writeln!(out, "stream {}", meta.name)?;
+    writeln!(
+        out,
+        "  owner:    {}",
+        info.owner.as_deref().unwrap_or("none")
+    )?;
+    writeln!(
+        out,
+        "  last txid: {}",
+        meta.max_txid.map_or("none".to_string(), |t| t.to_string())
+    )?;
+    writeln!(
+        out,
+        "  truncated before: {}",
+        meta.truncated_before
+            .map_or("none".to_string(), |t| t.to_string())
+    )?;
+    out.push_str(&format_retention(info));
+    writeln!(out, "  segments: {}", meta.segments.len())?;
+    if !meta.segments.is_empty() {
+        writeln!(
+            out,
+            "  {:>6} {:>8} {:<11} {:<27} {:>9} {:>12}  completed",
+            "seq", "ledger", "state", "DLSN range", "records", "bytes"
+        )?;
+    }
+    for s in &meta.segments {
+        // A segment's DLSNs run from SEQ:0:0 up to (not including) SEQ:(last entry + 1):0;
+        // for the segment being written, as far as acknowledged when the proxy asked owns it.
+        let range = match s.last_entry {
+            Some(last) => format!("{}:0:0 .. <{}:{}:0", s.seq_no, s.seq_no, last + 1),
+            None if s.state == SegmentState::Completed => "empty".to_string(),
+            None => format!("{}:0:0 ..", s.seq_no),
+        };
+        let known = s.state == SegmentState::Completed || s.last_entry.is_some();
+        let (state, records, bytes) = match s.state {
+            SegmentState::Completed => (
+                "completed",
+                s.record_count.to_string(),
+                s.length_bytes.to_string(),
+            ),
+            SegmentState::InProgress if known => (
+                "in progress",
+                s.record_count.to_string(),
+                s.length_bytes.to_string(),
+            ),
+            SegmentState::InProgress => ("in progress", "-".into(), "-".into()),
+        };
+        let completed = s.completion_time_ms.map_or("-".to_string(), format_time_ms);
+        writeln!(
+            out,
+            "  {:>6} {:>8} {:<11} {:<27} {:>9} {:>12}  {}",
+            s.seq_no, s.ledger_id, state, range, records, bytes, completed
+        )?;
+    }
+    Ok(out)
+}
