@@ -152,7 +152,7 @@ fn status(args: StatusArgs) -> Result<()> {
             .list_under_replicated()
             .await
             .context("cannot list under-replicated ledgers")?;
-        let now = now_ms();
+        let now = quire_clock::unix_ms();
         if args.output.json {
             let ledgers: Vec<serde_json::Value> = marks
                 .iter()
@@ -287,10 +287,4 @@ pub fn delete_cookie(args: DeleteCookieArgs) -> Result<()> {
         println!("cookie of bookie {id} deleted: it can start on empty directories");
         Ok(())
     })
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -21,9 +21,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 // One module per command.
-// Time in tools/src goes through the quire_clock seam (issue 25 item 5, clippy.toml); the
-// autorecovery command's module still reads the system clock once (its owner converts it).
-#[allow(clippy::disallowed_methods)]
+// Time in tools/src goes through the quire_clock seam (issue 25 item 5, clippy.toml).
 mod autorecovery;
 mod bookie;
 mod client;
