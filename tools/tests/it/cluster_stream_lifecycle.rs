@@ -191,6 +191,7 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     assert_eq!(filler.len(), 3000);
     let before_retention = settled(&cluster);
     let mut retained_away = BTreeSet::new();
+    let mut after_retention = Vec::new();
     cluster.stream_admin_ok(
         &b.addr,
         &["stream", "retention", "zk/t", "--size-bytes", "3000"],
@@ -206,15 +207,17 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
             .map(|s| s["length_bytes"].as_u64().unwrap())
             .sum();
         if completed <= 3000 {
-            let kept = ledgers_of(&doc);
-            let first = kept[0].0;
+            // When the last write rolled its segment and no record followed, the stream has no
+            // open segment (the spare ledger is given back), and every completed segment is
+            // over the limit: retention deletes them all.
+            let first = ledgers_of(&doc).first().map_or(u64::MAX, |k| k.0);
             let got = rt.block_on(read_all(&a.addr, "zk/t"));
-            let expected: Vec<_> = expected
+            after_retention = expected
                 .iter()
                 .filter(|(d, _)| d.segment_seq_no >= first)
                 .cloned()
                 .collect();
-            assert!(got == expected, "records after size retention");
+            assert!(got == after_retention, "records after size retention");
             rt.block_on(async {
                 for (seq, id) in &segs {
                     assert_eq!(exists(&store, *id).await, *seq >= first, "ledger {id}");
@@ -237,7 +240,7 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     reclaimed(&cluster, &ports, &before_retention, &retained_away);
     let got = rt.block_on(read_all(&a.addr, "zk/t"));
     assert!(
-        !got.is_empty() && expected.ends_with(&got),
+        after_retention.ends_with(&got) && got.is_empty() == after_retention.is_empty(),
         "records after bookie GC of retention"
     );
 
