@@ -191,13 +191,12 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
     assert_eq!(filler.len(), 3000);
     let before_retention = settled(&cluster);
     let mut retained_away = BTreeSet::new();
-    let mut after_retention = Vec::new();
     cluster.stream_admin_ok(
         &b.addr,
         &["stream", "retention", "zk/t", "--size-bytes", "3000"],
     );
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let after_retention: Vec<_> = loop {
         let doc = json(&cluster.stream_admin_ok(&a.addr, &["stream", "show", "zk/t", "--json"]));
         let completed: u64 = doc["metadata"]["segments"]
             .as_array()
@@ -212,7 +211,7 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
             // over the limit: retention deletes them all.
             let first = ledgers_of(&doc).first().map_or(u64::MAX, |k| k.0);
             let got = rt.block_on(read_all(&a.addr, "zk/t"));
-            after_retention = expected
+            let after_retention: Vec<_> = expected
                 .iter()
                 .filter(|(d, _)| d.segment_seq_no >= first)
                 .cloned()
@@ -228,14 +227,14 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
                     .filter(|(seq, _)| *seq >= point.segment_seq_no && *seq < first)
                     .map(|(_, id)| *id),
             );
-            break;
+            break after_retention;
         }
         assert!(
             Instant::now() < deadline,
             "size retention did not act: {doc}"
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
+    };
 
     reclaimed(&cluster, &ports, &before_retention, &retained_away);
     let got = rt.block_on(read_all(&a.addr, "zk/t"));
