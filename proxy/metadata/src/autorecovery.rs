@@ -143,3 +143,13 @@ impl AuditorElection for crate::AuditorCandidate {
         crate::AuditorCandidate::is_elected(self).await
     }
 }
+
+/// Adds `bookies` to a mark's bookie list `list`, kept sorted and duplicate-free (the same rule
+/// in both stores); whether it grew.
+pub(crate) fn add_sorted(list: &mut Vec<BookieId>, bookies: &[BookieId]) -> bool {
+    let before = list.len();
+    list.extend(bookies.iter().cloned());
+    list.sort();
+    list.dedup();
+    list.len() != before
+}

@@ -44,22 +44,13 @@ fn mark_not_found(ledger: LedgerId) -> Error {
     }
 }
 
-/// Adds `bookies` to the sorted, duplicate-free `list`; whether it grew.
-fn add_sorted(list: &mut Vec<BookieId>, bookies: &[BookieId]) -> bool {
-    let before = list.len();
-    list.extend(bookies.iter().cloned());
-    list.sort();
-    list.dedup();
-    list.len() != before
-}
-
 #[async_trait]
 impl UnderReplicationStore for EmbeddedStore {
     async fn mark_under_replicated(&self, ledger: LedgerId, bookies: &[BookieId]) -> Result<()> {
         let mut doc = self.inner.lock().await;
         match doc.under_replicated.get_mut(&ledger.0) {
             Some((mark, version)) => {
-                if !add_sorted(&mut mark.missing_bookies, bookies) {
+                if !crate::autorecovery::add_sorted(&mut mark.missing_bookies, bookies) {
                     return Ok(());
                 }
                 version.0 += 1;
@@ -70,7 +61,7 @@ impl UnderReplicationStore for EmbeddedStore {
                     gaps_on: Vec::new(),
                     ctime_ms: quire_clock::unix_ms(),
                 };
-                add_sorted(&mut mark.missing_bookies, bookies);
+                crate::autorecovery::add_sorted(&mut mark.missing_bookies, bookies);
                 doc.under_replicated.insert(ledger.0, (mark, Version(0)));
             }
         }

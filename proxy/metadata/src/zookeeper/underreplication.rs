@@ -88,8 +88,10 @@ impl ZkStore {
         ledger: LedgerId,
         bookies: &[BookieId],
     ) -> Result<()> {
-        self.extend_mark(ledger, |m| add_sorted(&mut m.missing_bookies, bookies))
-            .await
+        self.extend_mark(ledger, |m| {
+            crate::autorecovery::add_sorted(&mut m.missing_bookies, bookies)
+        })
+        .await
     }
 
     /// Marks `ledger` under-replicated because a writer reported that `bookies` miss entries
@@ -98,8 +100,10 @@ impl ZkStore {
     /// # Errors
     /// `ZooKeeper`; `Corrupt` for an unreadable existing mark.
     pub async fn mark_gaps(&self, ledger: LedgerId, bookies: &[BookieId]) -> Result<()> {
-        self.extend_mark(ledger, |m| add_sorted(&mut m.gaps_on, bookies))
-            .await
+        self.extend_mark(ledger, |m| {
+            crate::autorecovery::add_sorted(&mut m.gaps_on, bookies)
+        })
+        .await
     }
 
     /// Creates `ledger`'s mark with `add` applied to an empty one, or applies `add` to the
@@ -507,13 +511,4 @@ impl AuditorCandidate {
             Err(e) => Err(zk_err("delete", &self.path, e)),
         }
     }
-}
-
-/// Adds `bookies` to the sorted, duplicate-free `list`; whether it grew.
-fn add_sorted(list: &mut Vec<BookieId>, bookies: &[BookieId]) -> bool {
-    let before = list.len();
-    list.extend(bookies.iter().cloned());
-    list.sort();
-    list.dedup();
-    list.len() != before
 }

@@ -44,6 +44,18 @@ pub async fn check_stream(
     down: &[BookieId],
 ) -> Report {
     let records = read_all(proxy, stream).await;
+    check_records(&records, acked);
+    let (entries_checked, replicas_read) = check_replicas(store, stream, acked, down).await;
+    Report {
+        records,
+        entries_checked,
+        replicas_read,
+    }
+}
+
+/// Checks 1 and 2 on what a reader got: DLSNs grow, and each acknowledged record is there once,
+/// at the DLSN it was acknowledged with.
+fn check_records(records: &[(Dlsn, Vec<u8>)], acked: &[Acked]) {
     // 2. DLSNs only grow.
     for w in records.windows(2) {
         assert!(
@@ -65,7 +77,7 @@ pub async fn check_stream(
         );
     }
     let mut payload_count: HashMap<&[u8], usize> = HashMap::new();
-    for (_, p) in &records {
+    for (_, p) in records {
         *payload_count.entry(p.as_slice()).or_default() += 1;
     }
     for (dlsn, payload) in &acked_sorted {
@@ -85,8 +97,17 @@ pub async fn check_stream(
             "acknowledged record at {dlsn} appears more than once"
         );
     }
+}
 
-    // 3. Replicas.
+/// Check 3: every replica of each entry up to the last acknowledged (or the closed ledger's
+/// last) is present where the ledger must hold it and byte-identical; returns the entries
+/// checked and the replicas read.
+async fn check_replicas(
+    store: &dyn MetadataStore,
+    stream: &str,
+    acked: &[Acked],
+    down: &[BookieId],
+) -> (usize, usize) {
     let meta = store
         .read_stream(stream)
         .await
@@ -116,54 +137,64 @@ pub async fn check_stream(
         };
         let Some(last) = last else { continue };
         for entry in 0..=last {
-            let fragment = ledger.fragment_for(EntryId(entry));
-            let mut copies: Vec<(String, Vec<u8>)> = Vec::new();
-            let mut missing = Vec::new();
-            for pos in
-                quire_ledger::quorum::write_set(entry, ledger.ensemble_size, ledger.write_quorum)
-            {
-                let bookie = &fragment.bookies[pos];
-                if down.contains(bookie) {
-                    continue;
-                }
-                match read_entry(&bookie.0, seg.ledger_id, entry) {
-                    Ok(Some(bytes)) => copies.push((bookie.0.clone(), bytes)),
-                    Ok(None) => missing.push(bookie.0.clone()),
-                    Err(e) => panic!("bookie {bookie} (not listed as down) cannot serve ledger {} entry {entry}: {e}", seg.ledger_id),
-                }
-            }
-            replicas_read += copies.len();
+            let checked = check_entry(seg, &ledger, entry, closed, &acked_entries, down);
+            replicas_read += checked;
             entries_checked += 1;
-            if closed {
-                assert!(
-                    missing.is_empty(),
-                    "closed ledger {} (segment {}) entry {entry} is missing on {missing:?}",
-                    seg.ledger_id,
-                    seg.seq_no
-                );
-            } else if acked_entries.contains(&(seg.seq_no, entry)) {
-                assert!(
-                    copies.len() + down.len() >= usize::from(ledger.ack_quorum),
-                    "open ledger {} entry {entry} holds acknowledged records but only {} replicas",
-                    seg.ledger_id,
-                    copies.len()
-                );
-            }
-            for (bookie, bytes) in &copies[1.min(copies.len())..] {
-                assert!(
-                    *bytes == copies[0].1,
-                    "ledger {} entry {entry}: replica on {bookie} differs from the one on {}",
-                    seg.ledger_id,
-                    copies[0].0
-                );
-            }
         }
     }
-    Report {
-        records,
-        entries_checked,
-        replicas_read,
+    (entries_checked, replicas_read)
+}
+
+/// The replicas of one entry: present and identical; returns how many were read.
+fn check_entry(
+    seg: &quire_metadata::SegmentMetadata,
+    ledger: &quire_metadata::LedgerMetadata,
+    entry: u64,
+    closed: bool,
+    acked_entries: &BTreeSet<(u64, u64)>,
+    down: &[BookieId],
+) -> usize {
+    let fragment = ledger.fragment_for(EntryId(entry));
+    let mut copies: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut missing = Vec::new();
+    for pos in quire_ledger::quorum::write_set(entry, ledger.ensemble_size, ledger.write_quorum) {
+        let bookie = &fragment.bookies[pos];
+        if down.contains(bookie) {
+            continue;
+        }
+        match read_entry(&bookie.0, seg.ledger_id, entry) {
+            Ok(Some(bytes)) => copies.push((bookie.0.clone(), bytes)),
+            Ok(None) => missing.push(bookie.0.clone()),
+            Err(e) => panic!(
+                "bookie {bookie} (not listed as down) cannot serve ledger {} entry {entry}: {e}",
+                seg.ledger_id
+            ),
+        }
     }
+    if closed {
+        assert!(
+            missing.is_empty(),
+            "closed ledger {} (segment {}) entry {entry} is missing on {missing:?}",
+            seg.ledger_id,
+            seg.seq_no
+        );
+    } else if acked_entries.contains(&(seg.seq_no, entry)) {
+        assert!(
+            copies.len() + down.len() >= usize::from(ledger.ack_quorum),
+            "open ledger {} entry {entry} holds acknowledged records but only {} replicas",
+            seg.ledger_id,
+            copies.len()
+        );
+    }
+    for (bookie, bytes) in &copies[1.min(copies.len())..] {
+        assert!(
+            *bytes == copies[0].1,
+            "ledger {} entry {entry}: replica on {bookie} differs from the one on {}",
+            seg.ledger_id,
+            copies[0].0
+        );
+    }
+    copies.len()
 }
 
 /// Reads a whole stream through a proxy, from its head to its current end. While the stream's
