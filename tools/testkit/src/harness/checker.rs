@@ -115,6 +115,7 @@ async fn check_replicas(
         .value;
     let mut entries_checked = 0;
     let mut replicas_read = 0;
+    let mut reader = ReplicaReader::default();
     let acked_entries: BTreeSet<(u64, u64)> = acked
         .iter()
         .map(|(d, _)| (d.segment_seq_no, d.entry_id))
@@ -137,7 +138,15 @@ async fn check_replicas(
         };
         let Some(last) = last else { continue };
         for entry in 0..=last {
-            let checked = check_entry(seg, &ledger, entry, closed, &acked_entries, down);
+            let checked = check_entry(
+                &mut reader,
+                seg,
+                &ledger,
+                entry,
+                closed,
+                &acked_entries,
+                down,
+            );
             replicas_read += checked;
             entries_checked += 1;
         }
@@ -147,6 +156,7 @@ async fn check_replicas(
 
 /// The replicas of one entry: present and identical; returns how many were read.
 fn check_entry(
+    reader: &mut ReplicaReader,
     seg: &quire_metadata::SegmentMetadata,
     ledger: &quire_metadata::LedgerMetadata,
     entry: u64,
@@ -162,7 +172,7 @@ fn check_entry(
         if down.contains(bookie) {
             continue;
         }
-        match read_entry(&bookie.0, seg.ledger_id, entry) {
+        match reader.read(&bookie.0, seg.ledger_id, entry) {
             Ok(Some(bytes)) => copies.push((bookie.0.clone(), bytes)),
             Ok(None) => missing.push(bookie.0.clone()),
             Err(e) => panic!(
@@ -274,7 +284,16 @@ impl<T: Read + Write> ReadWrite for T {}
 
 /// Reads one entry from one bookie over the bookie wire protocol: `Ok(None)` when the bookie
 /// says it has no such entry or ledger. With TLS when `QUIRE_BOOKIE_TLS_CA_FILE` is set.
+/// Opens a connection for this one read; [`ReplicaReader`] keeps one per bookie.
 pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8>>, String> {
+    read_on(&mut connect_bookie(bookie)?, ledger, entry)
+}
+
+type BookieConn = quire_wire::blocking::BookieConnection<Box<dyn ReadWrite>>;
+
+/// A handshaken connection to `bookie` with the test cluster's secret (and TLS from the
+/// environment, as [`read_entry`]).
+fn connect_bookie(bookie: &str) -> Result<BookieConn, String> {
     let tcp = TcpStream::connect(bookie).map_err(|e| format!("connect: {e}"))?;
     tcp.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
@@ -287,9 +306,11 @@ pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8
             Box::new(quire_tls::rustls::StreamOwned::new(session, tcp))
         }
     };
-    let mut conn =
-        quire_wire::blocking::BookieConnection::connect(conn, Some(super::test_cluster_secret()))
-            .map_err(|e| e.to_string())?;
+    quire_wire::blocking::BookieConnection::connect(conn, Some(super::test_cluster_secret()))
+        .map_err(|e| e.to_string())
+}
+
+fn read_on(conn: &mut BookieConn, ledger: u64, entry: u64) -> Result<Option<Vec<u8>>, String> {
     let reply = conn
         .call(&Request::Read {
             ledger: LedgerId(ledger),
@@ -305,6 +326,36 @@ pub fn read_entry(bookie: &str, ledger: u64, entry: u64) -> Result<Option<Vec<u8
             ..
         } => Ok(None),
         other => Err(format!("unexpected read answer {other:?}")),
+    }
+}
+
+/// Reads entries from bookies over one connection per bookie, kept between reads: a check of
+/// thousands of replicas would otherwise spend most of its time on a TCP connect, a handshake
+/// and a secret exchange per entry. A connection that fails is dropped and the read tried once
+/// on a new one, so a restarted bookie is read again.
+#[derive(Default)]
+pub struct ReplicaReader {
+    conns: HashMap<String, BookieConn>,
+}
+
+impl ReplicaReader {
+    /// As [`read_entry`], on this reader's connection to `bookie`.
+    pub fn read(
+        &mut self,
+        bookie: &str,
+        ledger: u64,
+        entry: u64,
+    ) -> Result<Option<Vec<u8>>, String> {
+        if let Some(conn) = self.conns.get_mut(bookie) {
+            if let Ok(answer) = read_on(conn, ledger, entry) {
+                return Ok(answer);
+            }
+            self.conns.remove(bookie);
+        }
+        let mut conn = connect_bookie(bookie)?;
+        let answer = read_on(&mut conn, ledger, entry)?;
+        self.conns.insert(bookie.to_string(), conn);
+        Ok(answer)
     }
 }
 
@@ -367,6 +418,7 @@ pub async fn write_padded_records(
 pub async fn entries_missing(store: &quire_metadata::ZkStore) -> Vec<(u64, u64, String)> {
     use quire_metadata::MetadataStore;
     let mut missing = Vec::new();
+    let mut reader = ReplicaReader::default();
     for id in store.list_ledgers().await.expect("list ledgers") {
         let Ok(meta) = store.read_ledger(id).await else {
             continue;
@@ -381,7 +433,7 @@ pub async fn entries_missing(store: &quire_metadata::ZkStore) -> Vec<(u64, u64, 
                     quire_ledger::quorum::write_set(entry, meta.ensemble_size, meta.write_quorum)
                 {
                     let b = &f.bookies[pos].0;
-                    if !matches!(read_entry(b, id.0, entry), Ok(Some(_))) {
+                    if !matches!(reader.read(b, id.0, entry), Ok(Some(_))) {
                         missing.push((id.0, entry, b.clone()));
                     }
                 }
