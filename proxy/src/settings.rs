@@ -9,6 +9,7 @@ use quire_metadata::ConfigError;
 use serde::{Deserialize, Serialize};
 
 use crate::{ServerConfig, StreamConfig};
+use quire_client::record_set::RECORD_SET_HEADER_SIZE_BYTES;
 use quire_client::ENTRY_SIZE_BYTES_MAX;
 
 fn ms(d: Duration) -> u64 {
@@ -27,7 +28,8 @@ pub struct StreamSettings {
     pub ack_quorum: u8,
     /// [`StreamConfig::segment_size_bytes_max`], at least 1.
     pub segment_size_bytes: u64,
-    /// [`StreamConfig::entry_size_bytes_target`], 1 to [`ENTRY_SIZE_BYTES_MAX`].
+    /// [`StreamConfig::entry_size_bytes_target`], more than the record-set header
+    /// ([`RECORD_SET_HEADER_SIZE_BYTES`]) and at most [`ENTRY_SIZE_BYTES_MAX`].
     pub entry_size_bytes: usize,
     /// [`StreamConfig::segment_roll_interval`] in seconds (DistributedLog's
     /// `logSegmentRollingIntervalMinutes`); 0 turns time rolling off.
@@ -91,11 +93,18 @@ impl StreamSettings {
                 "expected at least 1",
             ));
         }
-        if self.entry_size_bytes == 0 || self.entry_size_bytes > ENTRY_SIZE_BYTES_MAX {
+        // An entry must hold its record-set header and some record bytes: the stream manager
+        // refuses a smaller target (an assertion), so it is checked here, where it is one line.
+        if self.entry_size_bytes <= RECORD_SET_HEADER_SIZE_BYTES
+            || self.entry_size_bytes > ENTRY_SIZE_BYTES_MAX
+        {
             return Err(ConfigError::invalid(
                 "entry_size_bytes",
                 self.entry_size_bytes,
-                format!("expected 1 to {ENTRY_SIZE_BYTES_MAX}"),
+                format!(
+                    "expected {} to {ENTRY_SIZE_BYTES_MAX}",
+                    RECORD_SET_HEADER_SIZE_BYTES + 1
+                ),
             ));
         }
         if let Some(v) = self.retention_time_secs {

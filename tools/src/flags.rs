@@ -84,15 +84,34 @@ impl ZooKeeperFlags {
 }
 
 /// `command` (`quire bookie`, `quire proxy` or `quire autorecovery`) with its
-/// [`ZooKeeperFlags`] taking no environment variable and not global: these processes read
-/// `[zookeeper]` from their file, which a variable set in the environment would override
-/// unseen, and their admin subcommands have the flags (with the variables) of their own.
+/// [`ZooKeeperFlags`] not global, so that its admin subcommands have the flags of their own.
+/// They keep their environment variables: flag over variable over the file's `[zookeeper]`
+/// table over the default, as for every other command; [`env_overrides`] names what a
+/// variable replaced, which the process logs as a warning when it also read a file.
 pub fn process_zookeeper_flags(mut command: Command) -> Command {
     let flags = ZooKeeperFlags::augment_args(Command::new("zookeeper"));
     for arg in flags.get_arguments() {
-        command = command.mut_arg(arg.get_id(), |a| a.env(None::<&str>).global(false));
+        command = command.mut_arg(arg.get_id(), |a| a.global(false));
     }
     command
+}
+
+/// For a process command's matches: each ZooKeeper flag whose value came from its environment
+/// variable, as `(variable, value)`.
+pub fn env_overrides(matches: &clap::ArgMatches) -> Vec<(String, String)> {
+    let flags = ZooKeeperFlags::augment_args(Command::new("zookeeper"));
+    flags
+        .get_arguments()
+        .filter(|a| {
+            matches.value_source(a.get_id().as_str())
+                == Some(clap::parser::ValueSource::EnvVariable)
+        })
+        .filter_map(|a| {
+            let var = a.get_env()?.to_string_lossy().into_owned();
+            let value = matches.get_raw(a.get_id().as_str())?.next()?;
+            Some((var, value.to_string_lossy().into_owned()))
+        })
+        .collect()
 }
 
 /// `quire bookie` flags (None: not given, the file's value or the default stands).
@@ -472,9 +491,8 @@ mod tests {
                 "proxy",
             ]
         );
-        let process = ["bookie", "proxy", "autorecovery"];
         for (command, flags) in &commands {
-            let env = |v: &str| (!process.contains(&command.as_str())).then(|| v.to_string());
+            let env = |v: &str| Some(v.to_string());
             let mut want = vec![
                 ("zookeeper".to_string(), env("QUIRE_ZOOKEEPER")),
                 ("zk-root".to_string(), env("QUIRE_ZK_ROOT")),

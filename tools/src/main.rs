@@ -113,8 +113,9 @@ fn abort_on_panic() {
 }
 
 /// The command line, with each config-file flag's (and each sandbox flag's of a crate key) help
-/// showing its default (read from the crates' `Default`s, [`flags::with_defaults`]) and the processes' ZooKeeper flags reading no
-/// environment variable ([`flags::process_zookeeper_flags`]).
+/// showing its default (read from the crates' `Default`s, [`flags::with_defaults`]) and the
+/// processes' ZooKeeper flags their own, not their admin subcommands'
+/// ([`flags::process_zookeeper_flags`]).
 fn command() -> clap::Command {
     use config::{keys_of, AUTORECOVERY_KEYS, BOOKIE_KEYS, PROXY_KEYS};
     use flags::{process_zookeeper_flags, with_defaults};
@@ -137,16 +138,44 @@ fn command() -> clap::Command {
         })
 }
 
+/// A process started with a config file whose ZooKeeper settings an environment variable
+/// replaced says so once: the variable wins over the file, which an operator reading only the
+/// file would not expect.
+fn warn_env_over_file(matches: &clap::ArgMatches) {
+    let Some((name, sub)) = matches.subcommand() else {
+        return;
+    };
+    if !["bookie", "proxy", "autorecovery"].contains(&name) || sub.subcommand().is_some() {
+        return;
+    }
+    let Ok(Some(mut files)) = sub.try_get_raw("config") else {
+        return;
+    };
+    let Some(file) = files.next() else {
+        return;
+    };
+    for (var, value) in flags::env_overrides(sub) {
+        tracing::warn!(
+            "{var}={value} replaces the [zookeeper] setting of {}, if it has one",
+            file.to_string_lossy()
+        );
+    }
+}
+
 fn main() -> ExitCode {
     abort_on_panic();
-    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    let matches = command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Colour codes only on a terminal: a log file or journald gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("QUIRE_LOG")
                 .unwrap_or_else(|_| "warn".into()),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
+    warn_env_over_file(&matches);
     let result = match cli.command {
         Command::Sandbox(args) => sandbox::run(args),
         Command::Write(args) => client::write(args),

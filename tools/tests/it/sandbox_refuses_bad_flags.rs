@@ -26,6 +26,8 @@ fn quorum_and_entry_size_flags_are_checked_before_anything_starts() {
         ),
         (&["--ack-quorum", "0"][..], "ensemble_size"),
         (&["--entry-size-bytes", "0"][..], "entry_size_bytes"),
+        // At most the record-set header: refused by the stream manager's assertion before.
+        (&["--entry-size-bytes", "5"][..], "entry_size_bytes"),
     ] {
         let out = sandbox(dir.path(), flags);
         let err = String::from_utf8_lossy(&out.stderr);
