@@ -64,6 +64,7 @@ fn stream_info() -> StreamInfo {
             time_secs: None,
             size_bytes: Some(1 << 30),
         },
+        lookups: None,
     }
 }
 
@@ -174,6 +175,7 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                     max_records: 100,
                     max_bytes: 1 << 20,
                     wait_ms: 500,
+                    with_write_times: false,
                 },
             ),
         ),
@@ -187,6 +189,7 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                     max_records: 1,
                     max_bytes: 4096,
                     wait_ms: 0,
+                    with_write_times: false,
                 },
             ),
         ),
@@ -201,6 +204,49 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                         (Dlsn::new(2, 0, 0), 142, b"first record".to_vec()),
                         (Dlsn::new(2, 0, 1), 143, Vec::new()),
                     ],
+                    write_times_ms: None,
+                    end_of_stream: false,
+                },
+            ),
+        ),
+        (
+            "read-request-txid-position",
+            Req(
+                12,
+                Request::Read {
+                    stream: stream(),
+                    from: ReadPosition::TxId(142),
+                    max_records: 10,
+                    max_bytes: 4096,
+                    wait_ms: 0,
+                    with_write_times: true,
+                },
+            ),
+        ),
+        (
+            "read-response-write-times-end-of-stream",
+            Resp(
+                Opcode::Read,
+                12,
+                Response::Read {
+                    next: ReadPosition::Dlsn(Dlsn::new(2, 1, 0)),
+                    records: vec![(Dlsn::new(2, 0, 0), 142, b"first record".to_vec())],
+                    write_times_ms: Some(vec![1_764_979_260_000]),
+                    end_of_stream: true,
+                },
+            ),
+        ),
+        (
+            "seal-stream-request",
+            Req(13, Request::SealStream { stream: stream() }),
+        ),
+        (
+            "seal-stream-response",
+            Resp(
+                Opcode::SealStream,
+                13,
+                Response::SealStream {
+                    last_dlsn: Some(Dlsn::new(2, 0, 1)),
                 },
             ),
         ),
@@ -215,6 +261,25 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                 7,
                 Response::DescribeStream {
                     info: stream_info(),
+                },
+            ),
+        ),
+        (
+            "describe-stream-response-lookups",
+            Resp(
+                Opcode::DescribeStream,
+                14,
+                Response::DescribeStream {
+                    info: StreamInfo {
+                        lookups: Some(crate::types::StreamLookups {
+                            first_dlsn: Some(Dlsn::new(1, 0, 0)),
+                            last_dlsn: Some(Dlsn::new(1, 41, 9)),
+                            record_count: 420,
+                            last_write_time_ms: Some(1_764_979_260_000),
+                            sealed: true,
+                        }),
+                        ..stream_info()
+                    },
                 },
             ),
         ),
@@ -358,6 +423,7 @@ fn every_opcode_has_a_golden_request_and_response() {
             Opcode::TruncateStream => "truncate-stream",
             Opcode::DeleteStream => "delete-stream",
             Opcode::SetRetention => "set-retention",
+            Opcode::SealStream => "seal-stream",
         };
         for kind in ["request", "response"] {
             assert!(
