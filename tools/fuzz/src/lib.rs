@@ -282,6 +282,7 @@ fn seeds_proxy_frame() -> Vec<Vec<u8>> {
             max_records: 10,
             max_bytes: 1 << 16,
             wait_ms: 0,
+            with_write_times: false,
         },
     ];
     let mut seeds = Vec::new();
