@@ -88,6 +88,44 @@ async fn write_records(
     (before, now_ms())
 }
 
+/// Leaves a crashed writer's empty segment at the end of `stream` in the stopped sandbox's
+/// metadata, as DistributedLog's writer leaves one when it dies after creating the segment's
+/// ledger and its in-progress record but before its first entry: a new ledger (the last
+/// segment's ledger metadata, open, no entry; no bookie has heard of it) and an `InProgress`
+/// segment listing it, with its first txid and write time.
+fn add_crashed_empty_segment(dir: &std::path::Path, stream: &str) {
+    let path = dir.join("metadata").join("metadata.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let id = doc["next_ledger_id"].as_u64().unwrap();
+    doc["next_ledger_id"] = (id + 1).into();
+    let record = &doc["streams"][stream][0];
+    let last = record["segments"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let max_txid = record["max_txid"].clone();
+    let seq = last["seq_no"].as_u64().unwrap() + 1;
+    let mut ledger = doc["ledgers"][last["ledger_id"].as_u64().unwrap().to_string()][0].clone();
+    ledger["state"] = "Open".into();
+    ledger["last_entry"] = serde_json::Value::Null;
+    ledger["length_bytes"] = 0.into();
+    ledger["custom"]["quire.segment_seq_no"] = seq.to_string().into();
+    doc["ledgers"][id.to_string()] = serde_json::json!([ledger, 0]);
+    doc["streams"][stream][0]["segments"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "seq_no": seq, "ledger_id": id, "state": "InProgress",
+            "first_txid": max_txid, "last_txid": null, "last_entry": null,
+            "record_count": 0, "length_bytes": 0, "completion_time_ms": null,
+            "first_write_time_ms": now_ms(),
+        }));
+    std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+}
+
 fn code(e: &Error) -> ErrorCode {
     e.code()
 }
@@ -146,10 +184,29 @@ fn positions_lookups_and_seal_across_rolled_segments_and_a_kill() {
     sandbox.kill();
     let acked = rt.block_on(acked_before_kill).unwrap();
     let sandbox = Sandbox::start(dir.path(), FLAGS);
+    // More writes after the restart, in a new segment after the recovered one.
+    let mid = rt.block_on(async {
+        let c = ProxyClient::connect(&sandbox.addr).await.unwrap();
+        write_records(&c, "pos", 2000, 100, 3, 8).await
+    });
+    sandbox.stop();
+    add_crashed_empty_segment(dir.path(), "pos");
+    let sandbox = Sandbox::start(dir.path(), FLAGS);
     rt.block_on(async {
         let c = ProxyClient::connect(&sandbox.addr).await.unwrap();
-        // More writes after the restart, in a new segment after the recovered one.
-        let after = write_records(&c, "pos", 2000, 200, 3, 8).await;
+        // The next writes go after the crashed writer's empty segment, which recovery completed.
+        let after = write_records(&c, "pos", 2100, 100, 3, 8).await;
+        let info = c.describe_stream("pos").await.unwrap();
+        let segs = &info.metadata.segments;
+        let empty = segs
+            .iter()
+            .position(|s| s.record_count == 0)
+            .expect("the crashed writer's empty segment is listed");
+        assert_eq!(segs[empty].state, quire_client::SegmentState::Completed);
+        assert!(
+            segs[empty + 1..].iter().any(|s| s.record_count > 0),
+            "records follow it"
+        );
         let (all, eos) = read_to_end(&c, "pos", Position::Head).await;
         assert!(!eos);
         // Every acknowledged record is there once, in order; the kill may have left records
@@ -165,7 +222,11 @@ fn positions_lookups_and_seal_across_rolled_segments_and_a_kill() {
         assert!(all
             .windows(2)
             .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1 && w[0].2 <= w[1].2));
-        assert!(all[all.len() - 200..]
+        let n = all.len();
+        assert!(all[n - 200..n - 100]
+            .iter()
+            .all(|r| r.2 >= mid.0 && r.2 <= mid.1));
+        assert!(all[n - 100..]
             .iter()
             .all(|r| r.2 >= after.0 && r.2 <= after.1));
         let info = c.describe_stream("pos").await.unwrap();
@@ -189,7 +250,20 @@ fn positions_lookups_and_seal_across_rolled_segments_and_a_kill() {
 
         // txid >= T: the first record with that txid (three records share each txid), also
         // around the kill and past the end (tail: nothing yet).
-        for t in [0u64, 1, 50, 133, 300, acked / 3, acked / 3 + 1, 660, 666] {
+        for t in [
+            0u64,
+            1,
+            50,
+            133,
+            300,
+            acked / 3,
+            acked / 3 + 1,
+            660,
+            666,
+            699,
+            700,
+            701,
+        ] {
             let expect = all.iter().position(|r| r.1 >= t).unwrap();
             check_from(&c, "pos", Position::TxId(t), &all, expect).await;
         }
