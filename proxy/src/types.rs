@@ -87,6 +87,16 @@ mod tests {
     };
     use quire_wire::frame::decode_frame;
 
+    fn sample_lookups() -> quire_client::StreamLookups {
+        quire_client::StreamLookups {
+            first_dlsn: Some(quire_client::Dlsn::new(2, 1, 4)),
+            last_dlsn: Some(quire_client::Dlsn::new(3, 5, 0)),
+            record_count: 19,
+            last_write_time_ms: Some(77),
+            sealed: true,
+        }
+    }
+
     #[test]
     fn describe_answer_carries_the_record_but_not_the_secret() {
         // Goal: the protocol's stream description holds every field of the stream's metadata
@@ -135,13 +145,7 @@ mod tests {
                 time_secs: None,
                 size_bytes: Some(1 << 30),
             },
-            lookups: quire_client::StreamLookups {
-                first_dlsn: Some(quire_client::Dlsn::new(2, 1, 4)),
-                last_dlsn: Some(quire_client::Dlsn::new(3, 5, 0)),
-                record_count: 19,
-                last_write_time_ms: Some(77),
-                sealed: true,
-            },
+            lookups: sample_lookups(),
         };
         let wire: quire_client::StreamInfo = info.clone().into();
         let mut buf = Vec::new();
@@ -159,8 +163,10 @@ mod tests {
         assert_eq!(m.retention.time_secs, Some(60));
         assert_eq!(m.retention.size_bytes, None);
         assert_eq!(got.owner, info.owner);
-        assert_eq!(got.defaults, info.defaults);
-        assert_eq!(got.lookups, Some(info.lookups));
+        assert_eq!(
+            (got.defaults, got.lookups),
+            (info.defaults, Some(info.lookups))
+        );
         assert_eq!(m.segments.len(), 2);
         for (w, s) in m.segments.iter().zip(&info.metadata.segments) {
             assert_eq!(

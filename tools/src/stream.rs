@@ -188,18 +188,7 @@ pub fn run(args: StreamArgs) -> Result<()> {
                 println!("stream {} deleted ({n} segments)", a.stream);
                 Ok(())
             }
-            StreamCommand::Seal(a) => {
-                let client = crate::client::connect(&a.proxy).await?;
-                let last = client
-                    .seal_stream(&a.stream)
-                    .await
-                    .with_context(|| format!("cannot seal stream {:?}", a.stream))?;
-                match last {
-                    Some(d) => println!("stream {} sealed after its last record {d}", a.stream),
-                    None => println!("stream {} sealed (it holds no record)", a.stream),
-                }
-                Ok(())
-            }
+            StreamCommand::Seal(a) => seal(a).await,
             StreamCommand::Retention(a) => {
                 let client = crate::client::connect(&a.proxy).await?;
                 if a.time_secs.is_some() || a.size_bytes.is_some() {
@@ -232,6 +221,20 @@ pub fn run(args: StreamArgs) -> Result<()> {
     });
     rt.shutdown_timeout(Duration::from_secs(2));
     result
+}
+
+/// `quire stream seal`.
+async fn seal(a: StreamDeleteArgs) -> Result<()> {
+    let client = crate::client::connect(&a.proxy).await?;
+    let last = client
+        .seal_stream(&a.stream)
+        .await
+        .with_context(|| format!("cannot seal stream {:?}", a.stream))?;
+    match last {
+        Some(d) => println!("stream {} sealed after its last record {d}", a.stream),
+        None => println!("stream {} sealed (it holds no record)", a.stream),
+    }
+    Ok(())
 }
 
 /// One side of a retention setting: the stream's override, else the default, else none.

@@ -70,7 +70,7 @@ fn stream_info() -> StreamInfo {
 
 /// Every golden frame, in groups (one function per group keeps each under 100 lines).
 fn cases() -> Vec<(&'static str, Golden)> {
-    [cases_1(), cases_2(), cases_3()]
+    [cases_1(), cases_2(), cases_3(), cases_issue26()]
         .into_iter()
         .flatten()
         .collect()
@@ -210,47 +210,6 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
             ),
         ),
         (
-            "read-request-txid-position",
-            Req(
-                12,
-                Request::Read {
-                    stream: stream(),
-                    from: ReadPosition::TxId(142),
-                    max_records: 10,
-                    max_bytes: 4096,
-                    wait_ms: 0,
-                    with_write_times: true,
-                },
-            ),
-        ),
-        (
-            "read-response-write-times-end-of-stream",
-            Resp(
-                Opcode::Read,
-                12,
-                Response::Read {
-                    next: ReadPosition::Dlsn(Dlsn::new(2, 1, 0)),
-                    records: vec![(Dlsn::new(2, 0, 0), 142, b"first record".to_vec())],
-                    write_times_ms: Some(vec![1_764_979_260_000]),
-                    end_of_stream: true,
-                },
-            ),
-        ),
-        (
-            "seal-stream-request",
-            Req(13, Request::SealStream { stream: stream() }),
-        ),
-        (
-            "seal-stream-response",
-            Resp(
-                Opcode::SealStream,
-                13,
-                Response::SealStream {
-                    last_dlsn: Some(Dlsn::new(2, 0, 1)),
-                },
-            ),
-        ),
-        (
             "describe-stream-request",
             Req(7, Request::DescribeStream { stream: stream() }),
         ),
@@ -261,25 +220,6 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                 7,
                 Response::DescribeStream {
                     info: stream_info(),
-                },
-            ),
-        ),
-        (
-            "describe-stream-response-lookups",
-            Resp(
-                Opcode::DescribeStream,
-                14,
-                Response::DescribeStream {
-                    info: StreamInfo {
-                        lookups: Some(crate::types::StreamLookups {
-                            first_dlsn: Some(Dlsn::new(1, 0, 0)),
-                            last_dlsn: Some(Dlsn::new(1, 41, 9)),
-                            record_count: 420,
-                            last_write_time_ms: Some(1_764_979_260_000),
-                            sealed: true,
-                        }),
-                        ..stream_info()
-                    },
                 },
             ),
         ),
@@ -360,6 +300,75 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
                 Response::Error {
                     code: ErrorCode::StreamOwnedElsewhere,
                     message: "10.0.0.9:4181".into(),
+                },
+            ),
+        ),
+    ]
+}
+
+/// Issue 26: positions, write times, end of stream, lookups, seal.
+fn cases_issue26() -> Vec<(&'static str, Golden)> {
+    use Golden::Request as Req;
+    use Golden::Response as Resp;
+    let stream = || "logs/golden".to_string();
+    vec![
+        (
+            "read-request-txid-position",
+            Req(
+                12,
+                Request::Read {
+                    stream: stream(),
+                    from: ReadPosition::TxId(142),
+                    max_records: 10,
+                    max_bytes: 4096,
+                    wait_ms: 0,
+                    with_write_times: true,
+                },
+            ),
+        ),
+        (
+            "read-response-write-times-end-of-stream",
+            Resp(
+                Opcode::Read,
+                12,
+                Response::Read {
+                    next: ReadPosition::Dlsn(Dlsn::new(2, 1, 0)),
+                    records: vec![(Dlsn::new(2, 0, 0), 142, b"first record".to_vec())],
+                    write_times_ms: Some(vec![1_764_979_260_000]),
+                    end_of_stream: true,
+                },
+            ),
+        ),
+        (
+            "seal-stream-request",
+            Req(13, Request::SealStream { stream: stream() }),
+        ),
+        (
+            "seal-stream-response",
+            Resp(
+                Opcode::SealStream,
+                13,
+                Response::SealStream {
+                    last_dlsn: Some(Dlsn::new(2, 0, 1)),
+                },
+            ),
+        ),
+        (
+            "describe-stream-response-lookups",
+            Resp(
+                Opcode::DescribeStream,
+                14,
+                Response::DescribeStream {
+                    info: StreamInfo {
+                        lookups: Some(crate::types::StreamLookups {
+                            first_dlsn: Some(Dlsn::new(1, 0, 0)),
+                            last_dlsn: Some(Dlsn::new(1, 41, 9)),
+                            record_count: 420,
+                            last_write_time_ms: Some(1_764_979_260_000),
+                            sealed: true,
+                        }),
+                        ..stream_info()
+                    },
                 },
             ),
         ),
