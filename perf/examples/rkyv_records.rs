@@ -81,7 +81,7 @@ fn build(count: usize, size: usize) -> (Vec<u8>, AlignedVec) {
     let records: Vec<(u64, Vec<u8>)> = (0..count)
         .map(|i| (1000 + i as u64, vec![(i % 251) as u8; size]))
         .collect();
-    let set = record_set::encode(7, records.iter().map(|(t, p)| (*t, p.as_slice())));
+    let set = record_set::encode(7, 0, records.iter().map(|(t, p)| (*t, p.as_slice())));
     let entry = Entry {
         segment_record_index: 7,
         records: records

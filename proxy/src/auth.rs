@@ -161,7 +161,8 @@ impl Grant {
             }
             Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
-            | Request::SetRetention { stream, .. } => (Right::Admin, stream),
+            | Request::SetRetention { stream, .. }
+            | Request::SealStream { stream } => (Right::Admin, stream),
         };
         if self.allows(right, stream) {
             Ok(())

@@ -322,6 +322,7 @@ fn op_name(opcode: u8) -> &'static str {
         Ok(Opcode::TruncateStream) => "truncate_stream",
         Ok(Opcode::DeleteStream) => "delete_stream",
         Ok(Opcode::SetRetention) => "set_retention",
+        Ok(Opcode::SealStream) => "seal_stream",
         Err(_) => "unknown",
     }
 }
@@ -1780,6 +1781,7 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             max_records,
             max_bytes,
             wait_ms,
+            with_write_times,
         } => {
             let wait = Duration::from_millis(u64::from(wait_ms)).min(config.read_wait_max);
             // Leave room for one maximal record past the byte budget and for the headers.
@@ -1790,6 +1792,8 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             Ok(Response::Read {
                 next: batch.next,
                 records: batch.records,
+                write_times_ms: with_write_times.then_some(batch.write_times_ms),
+                end_of_stream: batch.end_of_stream,
             })
         }
         Request::DescribeStream { stream } => {
@@ -1823,6 +1827,10 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .map(|retention| Response::SetRetention {
                 retention: crate::types::wire_retention(retention),
             }),
+        Request::SealStream { stream } => streams
+            .seal_stream(&stream)
+            .await
+            .map(|last_dlsn| Response::SealStream { last_dlsn }),
         Request::Hello { .. } | Request::Write { .. } => Err(Error::Internal(format!(
             "{:?} is handled by the connection loop",
             Opcode::from_u8(req.opcode() as u8)

@@ -24,6 +24,8 @@ pub struct StreamInfo {
     /// The answering proxy's cluster-wide retention defaults (overridden per stream by
     /// `metadata.retention`).
     pub defaults: RetentionDefaults,
+    /// First/last DLSN, record count, last write time, sealed (computed from `metadata`).
+    pub lookups: quire_client::StreamLookups,
 }
 
 /// The protocol's view of the metadata record: everything but the stream's ledger secret,
@@ -44,6 +46,7 @@ impl From<StreamInfo> for quire_client::StreamInfo {
             },
             owner: info.owner,
             defaults: info.defaults,
+            lookups: Some(info.lookups),
         }
     }
 }
@@ -84,6 +87,16 @@ mod tests {
     };
     use quire_wire::frame::decode_frame;
 
+    fn sample_lookups() -> quire_client::StreamLookups {
+        quire_client::StreamLookups {
+            first_dlsn: Some(quire_client::Dlsn::new(2, 1, 4)),
+            last_dlsn: Some(quire_client::Dlsn::new(3, 5, 0)),
+            record_count: 19,
+            last_write_time_ms: Some(77),
+            sealed: true,
+        }
+    }
+
     #[test]
     fn describe_answer_carries_the_record_but_not_the_secret() {
         // Goal: the protocol's stream description holds every field of the stream's metadata
@@ -101,6 +114,10 @@ mod tests {
             record_count: seq_no + 7,
             length_bytes: seq_no + 70,
             completion_time_ms: t,
+            first_write_time_ms: None,
+            last_write_time_ms: None,
+            last_record_entry: None,
+            last_record_slot: None,
         };
         let info = StreamInfo {
             metadata: StreamMetadata {
@@ -121,12 +138,14 @@ mod tests {
                     size_bytes: None,
                 },
                 ledger_secret_hex: Some(secret.into()),
+                sealed: false,
             },
             owner: Some("127.0.0.1:4181".into()),
             defaults: RetentionDefaults {
                 time_secs: None,
                 size_bytes: Some(1 << 30),
             },
+            lookups: sample_lookups(),
         };
         let wire: quire_client::StreamInfo = info.clone().into();
         let mut buf = Vec::new();
@@ -144,7 +163,10 @@ mod tests {
         assert_eq!(m.retention.time_secs, Some(60));
         assert_eq!(m.retention.size_bytes, None);
         assert_eq!(got.owner, info.owner);
-        assert_eq!(got.defaults, info.defaults);
+        assert_eq!(
+            (got.defaults, got.lookups),
+            (info.defaults, Some(info.lookups))
+        );
         assert_eq!(m.segments.len(), 2);
         for (w, s) in m.segments.iter().zip(&info.metadata.segments) {
             assert_eq!(

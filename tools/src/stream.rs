@@ -44,6 +44,10 @@ pub enum StreamCommand {
     Delete(StreamDeleteArgs),
     /// Show a stream's retention, or set its overrides of the cluster defaults.
     Retention(StreamRetentionArgs),
+    /// Seal a stream (DistributedLog `markEndOfStream`): write the end-of-stream marker after
+    /// its last record; later writes fail with END_OF_STREAM and readers end cleanly at the
+    /// marker. The stream can still be truncated and deleted.
+    Seal(StreamDeleteArgs),
 }
 
 /// `quire stream list` options.
@@ -184,6 +188,7 @@ pub fn run(args: StreamArgs) -> Result<()> {
                 println!("stream {} deleted ({n} segments)", a.stream);
                 Ok(())
             }
+            StreamCommand::Seal(a) => seal(a).await,
             StreamCommand::Retention(a) => {
                 let client = crate::client::connect(&a.proxy).await?;
                 if a.time_secs.is_some() || a.size_bytes.is_some() {
@@ -218,6 +223,20 @@ pub fn run(args: StreamArgs) -> Result<()> {
     result
 }
 
+/// `quire stream seal`.
+async fn seal(a: StreamDeleteArgs) -> Result<()> {
+    let client = crate::client::connect(&a.proxy).await?;
+    let last = client
+        .seal_stream(&a.stream)
+        .await
+        .with_context(|| format!("cannot seal stream {:?}", a.stream))?;
+    match last {
+        Some(d) => println!("stream {} sealed after its last record {d}", a.stream),
+        None => println!("stream {} sealed (it holds no record)", a.stream),
+    }
+    Ok(())
+}
+
 /// One side of a retention setting: the stream's override, else the default, else none.
 fn effective(over: Option<u64>, default: Option<u64>) -> (Option<u64>, &'static str) {
     match (over, default) {
@@ -235,6 +254,11 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
         "owner": info.owner,
         "last_txid": m.max_txid,
         "truncated_before": m.truncated_before.map(|t| t.to_string()),
+        "first_dlsn": info.lookups.and_then(|l| l.first_dlsn).map(|d| d.to_string()),
+        "last_dlsn": info.lookups.and_then(|l| l.last_dlsn).map(|d| d.to_string()),
+        "record_count": info.lookups.map(|l| l.record_count),
+        "last_write_time_ms": info.lookups.and_then(|l| l.last_write_time_ms),
+        "sealed": info.lookups.map(|l| l.sealed),
         "retention": {
             "time_secs": t, "time_secs_from": ts,
             "size_bytes": z, "size_bytes_from": zs,
@@ -303,6 +327,19 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
         meta.truncated_before
             .map_or("none".to_string(), |t| t.to_string())
     )?;
+    if let Some(l) = &info.lookups {
+        let dlsn = |d: Option<quire_client::Dlsn>| d.map_or("none".to_string(), |d| d.to_string());
+        writeln!(out, "  first DLSN: {}", dlsn(l.first_dlsn))?;
+        writeln!(out, "  last DLSN: {}", dlsn(l.last_dlsn))?;
+        writeln!(out, "  records: {}", l.record_count)?;
+        writeln!(
+            out,
+            "  last write: {}",
+            l.last_write_time_ms
+                .map_or("none".to_string(), format_time_ms)
+        )?;
+        writeln!(out, "  sealed: {}", if l.sealed { "yes" } else { "no" })?;
+    }
     out.push_str(&format_retention(info));
     writeln!(out, "  segments: {}", meta.segments.len())?;
     if !meta.segments.is_empty() {

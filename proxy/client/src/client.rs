@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::protocol::{Request, Response, TXID_RESERVED, WRITE_RECORD_OVERHEAD_BYTES};
 use crate::routing::Router;
 use crate::types::{
-    ReadBatch, RetentionChange, RetentionOverride, StreamInfo, TruncateResult, WriteResult,
+    Position, ReadBatch, RetentionChange, RetentionOverride, StreamInfo, TruncateResult,
+    WriteResult,
 };
 
 /// A client of the proxy tier: a connection to its home proxy, plus connections to the owners
@@ -202,12 +203,16 @@ impl ProxyClient {
     }
 
     /// Reads up to `max_records` records and about `max_bytes` payload bytes from `from`
-    /// (at least one record when one is available). When nothing is available yet, waits up to
-    /// `wait` for new records (tailing); an empty batch means none arrived in time.
+    /// (at least one record when one is available), each with its DLSN, txid and write time.
+    /// `from` is any [`ReadPosition`]: the head, a DLSN, the tail, the first txid ≥ T, the
+    /// first write time ≥ T or the last N records. When nothing is available yet, waits up to
+    /// `wait` for new records (tailing); an empty batch means none arrived in time (continue
+    /// from its `next`). A batch with `end_of_stream` set is the sealed stream's last.
     ///
     /// # Errors
-    /// `Remote` with `NoSuchStream`, `BadRequest` or `Storage`; `RedirectFailed` when the
-    /// stream's owner (who serves its reads) cannot be reached; `Io` on connection loss.
+    /// `Remote` with `NoSuchStream`, `BadRequest`, `Truncated` (an explicit DLSN before the
+    /// truncation point) or `Storage`; `RedirectFailed` when the stream's owner (who serves its
+    /// reads) cannot be reached; `Io` on connection loss.
     pub async fn read(
         &self,
         stream: &str,
@@ -223,9 +228,61 @@ impl ProxyClient {
             max_records,
             max_bytes,
             wait_ms,
+            with_write_times: true,
         };
         match self.router.call_stream(stream, &req, wait).await? {
-            Response::Read { next, records } => Ok(ReadBatch { records, next }),
+            Response::Read {
+                next,
+                records,
+                write_times_ms,
+                end_of_stream,
+            } => Ok(ReadBatch {
+                records,
+                write_times_ms: write_times_ms.unwrap_or_default(),
+                next,
+                end_of_stream,
+            }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// [`ProxyClient::read`] from a [`Position`] with the largest byte budget one answer can
+    /// carry: up to `max_records` records from `from`, waiting up to `wait` when none is
+    /// readable there yet (a `Tail` position, or a txid / time past the end, always waits).
+    ///
+    /// # Errors
+    /// As [`ProxyClient::read`].
+    pub async fn read_from(
+        &self,
+        stream: &str,
+        from: Position,
+        max_records: u32,
+        wait: Duration,
+    ) -> Result<ReadBatch> {
+        let max_bytes = self.frame_size_bytes_max().saturating_sub(64 * 1024).max(1);
+        self.read(stream, from, max_records, max_bytes, wait).await
+    }
+
+    /// Seals `stream` (DistributedLog `markEndOfStream`): the owner writes the end-of-stream
+    /// marker after the last acknowledged record, completes the segment and marks the stream
+    /// sealed; later writes fail with `END_OF_STREAM` and readers that reach the marker get
+    /// `end_of_stream`. Returns the DLSN of the stream's last record (`None`: no record).
+    /// Sealing a sealed stream changes nothing and answers the same. Sent to the owner,
+    /// following redirects; needs the admin right.
+    ///
+    /// # Errors
+    /// `Remote` with `NoSuchStream`, `OwnershipLost`, `Storage`, `Metadata`, `RequestDenied`;
+    /// `RedirectFailed`; `Io`.
+    pub async fn seal_stream(&self, stream: &str) -> Result<Option<Dlsn>> {
+        let req = Request::SealStream {
+            stream: stream.to_string(),
+        };
+        match self
+            .router
+            .call_stream(stream, &req, Duration::ZERO)
+            .await?
+        {
+            Response::SealStream { last_dlsn } => Ok(last_dlsn),
             other => Err(unexpected(&other)),
         }
     }

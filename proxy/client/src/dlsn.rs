@@ -102,13 +102,28 @@ impl FromStr for Dlsn {
     }
 }
 
-/// Where a read starts.
+/// Where a read starts (`READ`'s `from`; DistributedLog's reader positions).
+///
+/// The positions other than `Dlsn` are found by the stream's owner from the segment metadata
+/// and a bounded binary search inside one segment (`docs/proxy-protocol.md`, READ positions);
+/// the read answer's `next` is always `Head` or a `Dlsn`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReadPosition {
-    /// The first record of the stream.
+    /// The first record of the stream (the truncation point, if any).
     Head,
     /// The record at this DLSN, or the first one after it if none is there.
     Dlsn(Dlsn),
+    /// The next record to be written: the read waits for it (up to its wait).
+    Tail,
+    /// The first record whose txid is at least this (DistributedLog
+    /// `getDLSNNotLessThanTxId`); past the last txid: as `Tail`.
+    TxId(u64),
+    /// The first record whose write time (the owning proxy's clock when it packed the record's
+    /// entry, ms since the Unix epoch; never the client's) is at least this; past the last
+    /// write time: as `Tail`.
+    WriteTime(u64),
+    /// The last N records (from the head when the stream holds fewer; N = 0: as `Tail`).
+    LastN(u64),
 }
 
 impl fmt::Display for ReadPosition {
@@ -116,6 +131,10 @@ impl fmt::Display for ReadPosition {
         match self {
             ReadPosition::Head => f.write_str("head"),
             ReadPosition::Dlsn(d) => d.fmt(f),
+            ReadPosition::Tail => f.write_str("tail"),
+            ReadPosition::TxId(t) => write!(f, "txid:{t}"),
+            ReadPosition::WriteTime(t) => write!(f, "time_ms:{t}"),
+            ReadPosition::LastN(n) => write!(f, "last:{n}"),
         }
     }
 }
@@ -123,13 +142,36 @@ impl fmt::Display for ReadPosition {
 impl FromStr for ReadPosition {
     type Err = ParseDlsnError;
 
-    /// Parses `head` or a DLSN text.
+    /// Parses `head`, `tail`, `txid:T`, `time_ms:T`, `last:N` or a DLSN text (the forms
+    /// `Display` writes).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.trim().eq_ignore_ascii_case("head") {
-            Ok(ReadPosition::Head)
-        } else {
-            s.parse().map(ReadPosition::Dlsn)
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("head") {
+            return Ok(ReadPosition::Head);
         }
+        if t.eq_ignore_ascii_case("tail") {
+            return Ok(ReadPosition::Tail);
+        }
+        let num = |v: &str| {
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(ParseDlsnError {
+                    text: s.to_string(),
+                });
+            }
+            v.parse::<u64>().map_err(|_| ParseDlsnError {
+                text: s.to_string(),
+            })
+        };
+        if let Some(v) = t.strip_prefix("txid:") {
+            return num(v).map(ReadPosition::TxId);
+        }
+        if let Some(v) = t.strip_prefix("time_ms:") {
+            return num(v).map(ReadPosition::WriteTime);
+        }
+        if let Some(v) = t.strip_prefix("last:") {
+            return num(v).map(ReadPosition::LastN);
+        }
+        t.parse().map(ReadPosition::Dlsn)
     }
 }
 
@@ -176,6 +218,17 @@ mod tests {
             "2:3:4".parse::<ReadPosition>().unwrap(),
             ReadPosition::Dlsn(Dlsn::new(2, 3, 4))
         );
+        for p in [
+            ReadPosition::Tail,
+            ReadPosition::TxId(7),
+            ReadPosition::WriteTime(1_700_000_000_000),
+            ReadPosition::LastN(3),
+        ] {
+            assert_eq!(p.to_string().parse::<ReadPosition>().unwrap(), p);
+        }
+        for bad in ["txid:", "txid:-1", "last:x", "time_ms:1.5"] {
+            assert!(bad.parse::<ReadPosition>().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub enum ErrorCode {
     /// A read asked for a position before the stream's truncation point: those records were
     /// truncated and are gone (DL `TRUNCATED_TRANSACTION`). The message names the point.
     Truncated = 511,
+    /// The stream is sealed (`SEAL_STREAM`): a write after the end-of-stream marker, or a read
+    /// at it (DL `END_OF_STREAM`, `EndOfStreamException`). Nothing was written.
+    EndOfStream = 512,
     /// A txid is smaller than one already written to the stream (DL `TRANSACTION_OUT_OF_ORDER`).
     TxidOutOfOrder = 514,
     /// The stream already exists (DL `LOG_EXISTS`).
@@ -68,7 +71,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
@@ -83,6 +86,7 @@ impl ErrorCode {
         Self::Storage,
         Self::NoSuchStream,
         Self::Truncated,
+        Self::EndOfStream,
         Self::TxidOutOfOrder,
         Self::StreamExists,
         Self::TxidTooFarAhead,
@@ -111,6 +115,7 @@ impl ErrorCode {
             Self::Storage => "STORAGE_ERROR",
             Self::NoSuchStream => "NO_SUCH_STREAM",
             Self::Truncated => "TRUNCATED",
+            Self::EndOfStream => "END_OF_STREAM",
             Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
             Self::StreamExists => "STREAM_EXISTS",
             Self::TxidTooFarAhead => "TXID_TOO_FAR_AHEAD",
@@ -143,6 +148,10 @@ pub enum Error {
         requested: crate::dlsn::Dlsn,
         truncated_before: crate::dlsn::Dlsn,
     },
+    /// The stream is sealed: it ends with the end-of-stream marker and takes no more writes
+    /// (DistributedLog `EndOfStreamException`). Nothing of the request was written.
+    #[error("stream {stream:?} is sealed (end of stream): it takes no more writes")]
+    EndOfStream { stream: String },
     /// The stream already exists.
     #[error("stream {stream:?} already exists")]
     StreamExists { stream: String },
@@ -277,6 +286,7 @@ impl Error {
             Error::NoSuchStream { .. } => ErrorCode::NoSuchStream,
             Error::StreamExists { .. } => ErrorCode::StreamExists,
             Error::Truncated { .. } => ErrorCode::Truncated,
+            Error::EndOfStream { .. } => ErrorCode::EndOfStream,
             Error::InvalidStreamName { .. } => ErrorCode::InvalidStreamName,
             Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
             Error::TxidOutOfOrder { .. } => ErrorCode::TxidOutOfOrder,
@@ -327,8 +337,8 @@ mod tests {
         assert_eq!(
             numbers,
             [
-                0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 514, 525, 540,
-                602
+                0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 525,
+                540, 602
             ]
         );
         for c in ErrorCode::ALL {

@@ -64,12 +64,13 @@ fn stream_info() -> StreamInfo {
             time_secs: None,
             size_bytes: Some(1 << 30),
         },
+        lookups: None,
     }
 }
 
 /// Every golden frame, in groups (one function per group keeps each under 100 lines).
 fn cases() -> Vec<(&'static str, Golden)> {
-    [cases_1(), cases_2(), cases_3()]
+    [cases_1(), cases_2(), cases_3(), cases_issue26()]
         .into_iter()
         .flatten()
         .collect()
@@ -174,6 +175,7 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                     max_records: 100,
                     max_bytes: 1 << 20,
                     wait_ms: 500,
+                    with_write_times: false,
                 },
             ),
         ),
@@ -187,6 +189,7 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                     max_records: 1,
                     max_bytes: 4096,
                     wait_ms: 0,
+                    with_write_times: false,
                 },
             ),
         ),
@@ -201,6 +204,8 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                         (Dlsn::new(2, 0, 0), 142, b"first record".to_vec()),
                         (Dlsn::new(2, 0, 1), 143, Vec::new()),
                     ],
+                    write_times_ms: None,
+                    end_of_stream: false,
                 },
             ),
         ),
@@ -301,6 +306,75 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
     ]
 }
 
+/// Issue 26: positions, write times, end of stream, lookups, seal.
+fn cases_issue26() -> Vec<(&'static str, Golden)> {
+    use Golden::Request as Req;
+    use Golden::Response as Resp;
+    let stream = || "logs/golden".to_string();
+    vec![
+        (
+            "read-request-txid-position",
+            Req(
+                12,
+                Request::Read {
+                    stream: stream(),
+                    from: ReadPosition::TxId(142),
+                    max_records: 10,
+                    max_bytes: 4096,
+                    wait_ms: 0,
+                    with_write_times: true,
+                },
+            ),
+        ),
+        (
+            "read-response-write-times-end-of-stream",
+            Resp(
+                Opcode::Read,
+                12,
+                Response::Read {
+                    next: ReadPosition::Dlsn(Dlsn::new(2, 1, 0)),
+                    records: vec![(Dlsn::new(2, 0, 0), 142, b"first record".to_vec())],
+                    write_times_ms: Some(vec![1_764_979_260_000]),
+                    end_of_stream: true,
+                },
+            ),
+        ),
+        (
+            "seal-stream-request",
+            Req(13, Request::SealStream { stream: stream() }),
+        ),
+        (
+            "seal-stream-response",
+            Resp(
+                Opcode::SealStream,
+                13,
+                Response::SealStream {
+                    last_dlsn: Some(Dlsn::new(2, 0, 1)),
+                },
+            ),
+        ),
+        (
+            "describe-stream-response-lookups",
+            Resp(
+                Opcode::DescribeStream,
+                14,
+                Response::DescribeStream {
+                    info: StreamInfo {
+                        lookups: Some(crate::types::StreamLookups {
+                            first_dlsn: Some(Dlsn::new(1, 0, 0)),
+                            last_dlsn: Some(Dlsn::new(1, 41, 9)),
+                            record_count: 420,
+                            last_write_time_ms: Some(1_764_979_260_000),
+                            sealed: true,
+                        }),
+                        ..stream_info()
+                    },
+                },
+            ),
+        ),
+    ]
+}
+
 fn encode(g: &Golden) -> Vec<u8> {
     let mut out = Vec::new();
     match g {
@@ -358,6 +432,7 @@ fn every_opcode_has_a_golden_request_and_response() {
             Opcode::TruncateStream => "truncate-stream",
             Opcode::DeleteStream => "delete-stream",
             Opcode::SetRetention => "set-retention",
+            Opcode::SealStream => "seal-stream",
         };
         for kind in ["request", "response"] {
             assert!(

@@ -55,8 +55,8 @@ pub use quire_tls::rustls::ClientConfig as TlsClientConfig;
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
 pub use runtime::{catch_up_read_runtime, CATCH_UP_READ_NICE};
 pub use types::{
-    check_retention_size_bytes, check_retention_time_secs, ReadBatch, RetentionChange,
-    RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState, StreamInfo,
+    check_retention_size_bytes, check_retention_time_secs, Position, ReadBatch, RetentionChange,
+    RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState, StreamInfo, StreamLookups,
     StreamMetadata, TruncateResult, WriteResult, RETENTION_SIZE_BYTES_MAX, RETENTION_TIME_SECS_MAX,
 };
 

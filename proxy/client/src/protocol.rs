@@ -11,7 +11,7 @@ use crate::error::ErrorCode;
 use crate::record_set::RECORD_HEADER_SIZE_BYTES;
 use crate::types::{
     RetentionChange, RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState,
-    StreamInfo, StreamMetadata, TruncateResult,
+    StreamInfo, StreamLookups, StreamMetadata, TruncateResult,
 };
 
 /// Handshake magic: ASCII "QPX1" read as a little-endian u32.
@@ -41,6 +41,14 @@ pub fn reserved_txid_index(records: &[(u64, Vec<u8>)]) -> Option<usize> {
 
 /// `Write` flag: create the stream if it does not exist.
 pub const FLAG_CREATE_IF_MISSING: u8 = 0x01;
+/// `Read` request flag: every record in the answer carries its write time; the answer sets
+/// the same bit when it does.
+pub const FLAG_READ_WRITE_TIMES: u8 = 0x01;
+/// `Read` answer flag: the read reached the stream's end-of-stream marker; the records in this
+/// answer (possibly none) are the stream's last, and no later read returns more.
+pub const FLAG_READ_END_OF_STREAM: u8 = 0x02;
+/// Bytes a record adds to a read answer that carries write times.
+pub const READ_RECORD_WRITE_TIME_BYTES: usize = 8;
 
 /// Request opcodes. Stable numbers: add new ones, never renumber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +72,8 @@ pub enum Opcode {
     DeleteStream = 0x08,
     /// Change (or just show) a stream's retention overrides.
     SetRetention = 0x09,
+    /// Seal a stream: write the end-of-stream marker; later writes fail with `END_OF_STREAM`.
+    SealStream = 0x0A,
 }
 
 impl Opcode {
@@ -82,6 +92,7 @@ impl Opcode {
             0x07 => Self::TruncateStream,
             0x08 => Self::DeleteStream,
             0x09 => Self::SetRetention,
+            0x0A => Self::SealStream,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -123,14 +134,17 @@ pub enum Request {
         create_if_missing: bool,
         records: Vec<(u64, Vec<u8>)>,
     },
-    /// Body: stream name, position (kind u8 + DLSN 20 bytes), max_records u32, max_bytes u32,
-    /// wait_ms u32.
+    /// Flags: [`FLAG_READ_WRITE_TIMES`] (`with_write_times`). Body: stream name, position
+    /// (kind u8 + 20 bytes: a DLSN for kinds 0-1, a u64 then 12 zero bytes for kinds 2-5),
+    /// max_records u32, max_bytes u32, wait_ms u32.
     Read {
         stream: String,
         from: ReadPosition,
         max_records: u32,
         max_bytes: u32,
         wait_ms: u32,
+        /// Ask for each record's write time in the answer.
+        with_write_times: bool,
     },
     /// Body: stream name.
     DescribeStream { stream: String },
@@ -145,6 +159,8 @@ pub enum Request {
         time_secs: RetentionChange,
         size_bytes: RetentionChange,
     },
+    /// Body: stream name.
+    SealStream { stream: String },
 }
 
 /// A response from a proxy.
@@ -166,11 +182,16 @@ pub enum Response {
         first_dlsn: Dlsn,
         last_dlsn: Dlsn,
     },
-    /// Body: next position, record count u32, then per record DLSN, txid u64, payload length
-    /// u32, payload.
+    /// Flags: [`FLAG_READ_WRITE_TIMES`] when `write_times_ms` is present,
+    /// [`FLAG_READ_END_OF_STREAM`] when `end_of_stream`. Body: next position, record count
+    /// u32, then per record DLSN, txid u64, [write time u64 ms,] payload length u32, payload.
     Read {
         next: ReadPosition,
         records: Vec<(Dlsn, u64, Vec<u8>)>,
+        /// Each record's write time (same order), when the request asked for them.
+        write_times_ms: Option<Vec<u64>>,
+        /// The read reached the end-of-stream marker: nothing follows these records.
+        end_of_stream: bool,
     },
     /// Body: see `docs/proxy-protocol.md` (stream info).
     DescribeStream { info: StreamInfo },
@@ -180,6 +201,9 @@ pub enum Response {
     DeleteStream { segments_deleted: u32 },
     /// Body: the overrides in force, time and size (optional u64 each).
     SetRetention { retention: RetentionOverride },
+    /// Body: the DLSN of the stream's last record (present u8 + DLSN; absent for a stream
+    /// without records).
+    SealStream { last_dlsn: Option<Dlsn> },
     /// Any failed request: `status` in the header is the code; body: message (u32 length +
     /// UTF-8 bytes).
     Error { code: ErrorCode, message: String },
@@ -199,6 +223,11 @@ fn get_str(r: &mut Reader<'_>, max: usize, what: &'static str) -> Result<String,
 }
 
 fn put_position(out: &mut Vec<u8>, p: &ReadPosition) {
+    let value = |out: &mut Vec<u8>, kind: u8, v: u64| {
+        out.push(kind);
+        out.extend_from_slice(&v.to_le_bytes());
+        out.extend_from_slice(&[0u8; 12]);
+    };
     match p {
         ReadPosition::Head => {
             out.push(0);
@@ -208,18 +237,51 @@ fn put_position(out: &mut Vec<u8>, p: &ReadPosition) {
             out.push(1);
             d.encode(out);
         }
+        ReadPosition::Tail => value(out, 2, 0),
+        ReadPosition::TxId(t) => value(out, 3, *t),
+        ReadPosition::WriteTime(t) => value(out, 4, *t),
+        ReadPosition::LastN(n) => value(out, 5, *n),
     }
 }
 
 fn get_position(r: &mut Reader<'_>) -> Result<ReadPosition, WireError> {
     let kind = r.u8()?;
     let d = Dlsn::decode(r)?;
+    // Kinds 2-5 carry a u64 in the first 8 bytes; the other 12 must be zero.
+    let value = || {
+        if d.entry_id == 0 && d.slot_index == 0 {
+            Ok(d.segment_seq_no)
+        } else {
+            Err(WireError::InvalidField {
+                what: "read position value",
+            })
+        }
+    };
     match kind {
         0 => Ok(ReadPosition::Head),
         1 => Ok(ReadPosition::Dlsn(d)),
+        2 if value()? == 0 => Ok(ReadPosition::Tail),
+        3 => Ok(ReadPosition::TxId(value()?)),
+        4 => Ok(ReadPosition::WriteTime(value()?)),
+        5 => Ok(ReadPosition::LastN(value()?)),
         _ => Err(WireError::InvalidField {
             what: "read position kind",
         }),
+    }
+}
+
+fn put_opt_dlsn(out: &mut Vec<u8>, d: Option<Dlsn>) {
+    out.push(u8::from(d.is_some()));
+    d.unwrap_or(Dlsn::new(0, 0, 0)).encode(out);
+}
+
+fn get_opt_dlsn(r: &mut Reader<'_>, what: &'static str) -> Result<Option<Dlsn>, WireError> {
+    let present = r.u8()?;
+    let d = Dlsn::decode(r)?;
+    match present {
+        0 if d == Dlsn::new(0, 0, 0) => Ok(None),
+        1 => Ok(Some(d)),
+        _ => Err(WireError::InvalidField { what }),
     }
 }
 
@@ -313,6 +375,33 @@ fn put_stream_info(out: &mut Vec<u8>, info: &StreamInfo) {
         put_u64(out, s.length_bytes);
         put_opt_u64(out, s.completion_time_ms);
     }
+    if let Some(l) = &info.lookups {
+        put_lookups(out, l);
+    }
+}
+
+/// Appended after the segments (pos, issue 26): first DLSN, last DLSN, record count, last
+/// write time, sealed. Absent in answers of proxies before it.
+fn put_lookups(out: &mut Vec<u8>, l: &StreamLookups) {
+    put_opt_dlsn(out, l.first_dlsn);
+    put_opt_dlsn(out, l.last_dlsn);
+    put_u64(out, l.record_count);
+    put_opt_u64(out, l.last_write_time_ms);
+    out.push(u8::from(l.sealed));
+}
+
+fn get_lookups(r: &mut Reader<'_>) -> Result<StreamLookups, WireError> {
+    Ok(StreamLookups {
+        first_dlsn: get_opt_dlsn(r, "first DLSN")?,
+        last_dlsn: get_opt_dlsn(r, "last DLSN")?,
+        record_count: r.u64()?,
+        last_write_time_ms: get_opt_u64(r, "last write time")?,
+        sealed: match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(WireError::InvalidField { what: "sealed" }),
+        },
+    })
 }
 
 fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, WireError> {
@@ -374,6 +463,16 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
             completion_time_ms: get_opt_u64(r, "completion time")?,
         });
     }
+    // Fields appended later are present only in answers of proxies that know them.
+    let rest = r.rest();
+    let lookups = if rest.is_empty() {
+        None
+    } else {
+        let mut more = Reader::new(rest, "stream info lookups");
+        let lookups = get_lookups(&mut more)?;
+        more.finish()?;
+        Some(lookups)
+    };
     Ok(StreamInfo {
         metadata: StreamMetadata {
             name,
@@ -385,6 +484,7 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
         },
         owner,
         defaults,
+        lookups,
     })
 }
 
@@ -413,6 +513,7 @@ impl Request {
             Request::TruncateStream { .. } => Opcode::TruncateStream,
             Request::DeleteStream { .. } => Opcode::DeleteStream,
             Request::SetRetention { .. } => Opcode::SetRetention,
+            Request::SealStream { .. } => Opcode::SealStream,
         }
     }
 
@@ -426,7 +527,8 @@ impl Request {
             | Request::DescribeStream { stream }
             | Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
-            | Request::SetRetention { stream, .. } => Some(stream),
+            | Request::SetRetention { stream, .. }
+            | Request::SealStream { stream } => Some(stream),
         }
     }
 
@@ -478,16 +580,20 @@ impl Request {
                 max_records,
                 max_bytes,
                 wait_ms,
+                with_write_times,
             } => {
+                if *with_write_times {
+                    flags |= FLAG_READ_WRITE_TIMES;
+                }
                 put_str(&mut body, stream);
                 put_position(&mut body, from);
                 put_u32(&mut body, *max_records);
                 put_u32(&mut body, *max_bytes);
                 put_u32(&mut body, *wait_ms);
             }
-            Request::DescribeStream { stream } | Request::DeleteStream { stream } => {
-                put_str(&mut body, stream)
-            }
+            Request::DescribeStream { stream }
+            | Request::DeleteStream { stream }
+            | Request::SealStream { stream } => put_str(&mut body, stream),
             Request::TruncateStream { stream, before } => {
                 put_str(&mut body, stream);
                 before.encode(&mut body);
@@ -574,6 +680,7 @@ impl Request {
                 max_records: r.u32()?,
                 max_bytes: r.u32()?,
                 wait_ms: r.u32()?,
+                with_write_times: frame.header.flags & FLAG_READ_WRITE_TIMES != 0,
             },
             Opcode::DescribeStream => Request::DescribeStream {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
@@ -590,6 +697,9 @@ impl Request {
                 time_secs: get_change(&mut r)?,
                 size_bytes: get_change(&mut r)?,
             },
+            Opcode::SealStream => Request::SealStream {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+            },
         };
         r.finish()?;
         Ok(req)
@@ -602,6 +712,7 @@ impl Response {
     pub fn encode(&self, request_opcode: u8, request_id: u64, out: &mut Vec<u8>) {
         let mut body = Vec::new();
         let mut status = 0u16;
+        let mut flags = 0u8;
         match self {
             Response::Hello {
                 version,
@@ -632,15 +743,30 @@ impl Response {
                 first_dlsn.encode(&mut body);
                 last_dlsn.encode(&mut body);
             }
-            Response::Read { next, records } => {
+            Response::Read {
+                next,
+                records,
+                write_times_ms,
+                end_of_stream,
+            } => {
+                if let Some(times) = write_times_ms {
+                    assert_eq!(times.len(), records.len(), "one write time per record");
+                    flags |= FLAG_READ_WRITE_TIMES;
+                }
+                if *end_of_stream {
+                    flags |= FLAG_READ_END_OF_STREAM;
+                }
                 put_position(&mut body, next);
                 put_u32(
                     &mut body,
                     u32::try_from(records.len()).expect("record count above u32"),
                 );
-                for (dlsn, txid, payload) in records {
+                for (i, (dlsn, txid, payload)) in records.iter().enumerate() {
                     dlsn.encode(&mut body);
                     body.extend_from_slice(&txid.to_le_bytes());
+                    if let Some(times) = write_times_ms {
+                        put_u64(&mut body, times[i]);
+                    }
                     put_len_prefixed(&mut body, payload);
                 }
             }
@@ -654,6 +780,7 @@ impl Response {
                 put_opt_u64(&mut body, retention.time_secs);
                 put_opt_u64(&mut body, retention.size_bytes);
             }
+            Response::SealStream { last_dlsn } => put_opt_dlsn(&mut body, *last_dlsn),
             Response::Error { code, message } => {
                 assert!(
                     *code != ErrorCode::Ok,
@@ -668,7 +795,7 @@ impl Response {
         }
         let header = FrameHeader {
             opcode: request_opcode | RESPONSE_BIT,
-            flags: 0,
+            flags,
             status,
             request_id,
         };
@@ -728,23 +855,7 @@ impl Response {
                 first_dlsn: Dlsn::decode(&mut r)?,
                 last_dlsn: Dlsn::decode(&mut r)?,
             },
-            Opcode::Read => {
-                let next = get_position(&mut r)?;
-                let count = r.u32()? as usize;
-                if count > frame.body.len() / READ_RECORD_OVERHEAD_BYTES {
-                    return Err(WireError::InvalidField {
-                        what: "read record count",
-                    });
-                }
-                let mut records = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let dlsn = Dlsn::decode(&mut r)?;
-                    let txid = r.u64()?;
-                    let payload = r.len_prefixed(frame.body.len())?;
-                    records.push((dlsn, txid, payload.to_vec()));
-                }
-                Response::Read { next, records }
-            }
+            Opcode::Read => decode_read_answer(&mut r, frame)?,
             Opcode::DescribeStream => Response::DescribeStream {
                 info: get_stream_info(&mut r, frame.body.len())?,
             },
@@ -763,10 +874,48 @@ impl Response {
                     size_bytes: get_opt_u64(&mut r, "retention size")?,
                 },
             },
+            Opcode::SealStream => Response::SealStream {
+                last_dlsn: get_opt_dlsn(&mut r, "last DLSN")?,
+            },
         };
         r.finish()?;
         Ok(resp)
     }
+}
+
+/// A `READ` answer's body; the frame's flags say whether records carry write times.
+fn decode_read_answer(r: &mut Reader<'_>, frame: &Frame<'_>) -> Result<Response, WireError> {
+    let flags = frame.header.flags;
+    if flags & !(FLAG_READ_WRITE_TIMES | FLAG_READ_END_OF_STREAM) != 0 {
+        return Err(WireError::InvalidField {
+            what: "read answer flags",
+        });
+    }
+    let with_times = flags & FLAG_READ_WRITE_TIMES != 0;
+    let next = get_position(r)?;
+    let count = r.u32()? as usize;
+    if count > frame.body.len() / READ_RECORD_OVERHEAD_BYTES {
+        return Err(WireError::InvalidField {
+            what: "read record count",
+        });
+    }
+    let mut records = Vec::with_capacity(count);
+    let mut times = Vec::with_capacity(if with_times { count } else { 0 });
+    for _ in 0..count {
+        let dlsn = Dlsn::decode(r)?;
+        let txid = r.u64()?;
+        if with_times {
+            times.push(r.u64()?);
+        }
+        let payload = r.len_prefixed(frame.body.len())?;
+        records.push((dlsn, txid, payload.to_vec()));
+    }
+    Ok(Response::Read {
+        next,
+        records,
+        write_times_ms: with_times.then_some(times),
+        end_of_stream: flags & FLAG_READ_END_OF_STREAM != 0,
+    })
 }
 
 #[cfg(test)]
@@ -850,6 +999,7 @@ mod tests {
             max_records: 10,
             max_bytes: 100,
             wait_ms: 5,
+            with_write_times: false,
         });
         req_round_trip(Request::Read {
             stream: "s".into(),
@@ -857,7 +1007,24 @@ mod tests {
             max_records: 1,
             max_bytes: 2,
             wait_ms: 0,
+            with_write_times: false,
         });
+        for from in [
+            ReadPosition::Tail,
+            ReadPosition::TxId(u64::MAX),
+            ReadPosition::WriteTime(1_700_000_000_000),
+            ReadPosition::LastN(0),
+        ] {
+            req_round_trip(Request::Read {
+                stream: "s".into(),
+                from,
+                max_records: 1,
+                max_bytes: 2,
+                wait_ms: 3,
+                with_write_times: true,
+            });
+        }
+        req_round_trip(Request::SealStream { stream: "s".into() });
         req_round_trip(Request::DescribeStream { stream: "s".into() });
         req_round_trip(Request::DeleteStream {
             stream: "a/b".into(),
@@ -915,8 +1082,38 @@ mod tests {
                     (Dlsn::new(1, 0, 0), 4, b"hi".to_vec()),
                     (Dlsn::new(1, 0, 1), 4, vec![]),
                 ],
+                write_times_ms: None,
+                end_of_stream: false,
             },
         );
+        resp_round_trip(
+            Opcode::Read,
+            Response::Read {
+                next: ReadPosition::Dlsn(Dlsn::new(1, 1, 0)),
+                records: vec![
+                    (Dlsn::new(1, 0, 0), 4, b"hi".to_vec()),
+                    (Dlsn::new(1, 0, 1), 4, vec![]),
+                ],
+                write_times_ms: Some(vec![1_700_000_000_000, 1_700_000_000_001]),
+                end_of_stream: true,
+            },
+        );
+        resp_round_trip(
+            Opcode::Read,
+            Response::Read {
+                next: ReadPosition::Dlsn(Dlsn::new(1, 1, 0)),
+                records: vec![],
+                write_times_ms: Some(vec![]),
+                end_of_stream: true,
+            },
+        );
+        resp_round_trip(
+            Opcode::SealStream,
+            Response::SealStream {
+                last_dlsn: Some(Dlsn::new(4, 5, 6)),
+            },
+        );
+        resp_round_trip(Opcode::SealStream, Response::SealStream { last_dlsn: None });
         resp_round_trip(
             Opcode::Write,
             Response::Error {
@@ -968,6 +1165,51 @@ mod tests {
             length_bytes: 70,
             completion_time_ms: t,
         };
+        let info = |lookups| StreamInfo {
+            metadata: StreamMetadata {
+                name: "logs/a".into(),
+                segments: vec![seg(2, SegmentState::Completed, Some(9))],
+                ..StreamMetadata::default()
+            },
+            owner: None,
+            defaults: RetentionDefaults::default(),
+            lookups,
+        };
+        // The lookups are appended: an answer without them (an older proxy's) still decodes.
+        let with = info(Some(StreamLookups {
+            first_dlsn: Some(Dlsn::new(2, 0, 0)),
+            last_dlsn: Some(Dlsn::new(2, 9, 3)),
+            record_count: 7,
+            last_write_time_ms: Some(1_700_000_000_000),
+            sealed: true,
+        }));
+        let mut buf = Vec::new();
+        Response::DescribeStream { info: with.clone() }.encode(
+            Opcode::DescribeStream as u8,
+            5,
+            &mut buf,
+        );
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        assert_eq!(
+            Response::decode(&frame).unwrap(),
+            Response::DescribeStream { info: with }
+        );
+        let lookups_len = 21 + 21 + 8 + 9 + 1;
+        for cut in frame.body.len() - lookups_len + 1..frame.body.len() {
+            let f = Frame {
+                header: frame.header,
+                body: &frame.body[..cut],
+            };
+            assert!(Response::decode(&f).is_err(), "cut {cut}");
+        }
+        let f = Frame {
+            header: frame.header,
+            body: &frame.body[..frame.body.len() - lookups_len],
+        };
+        assert_eq!(
+            Response::decode(&f).unwrap(),
+            Response::DescribeStream { info: info(None) }
+        );
         resp_round_trip(
             Opcode::DescribeStream,
             Response::DescribeStream {
@@ -991,9 +1233,30 @@ mod tests {
                         time_secs: None,
                         size_bytes: Some(1 << 30),
                     },
+                    lookups: None,
                 },
             },
         );
+    }
+
+    #[test]
+    fn read_positions_are_checked() {
+        // Goal: kinds 2-5 carry their value in the first 8 bytes and zeros after; a non-zero
+        // rest, a tail with a value or an unknown kind is refused.
+        let mut body = Vec::new();
+        put_position(&mut body, &ReadPosition::TxId(0x0102));
+        assert_eq!(body[0], 3);
+        assert_eq!(&body[1..9], &0x0102u64.to_le_bytes());
+        assert_eq!(&body[9..], &[0u8; 12]);
+        for (kind, v, rest) in [(3u8, 1u64, 1u8), (2, 1, 0), (6, 0, 0), (2, 0, 9)] {
+            let mut b = vec![kind];
+            b.extend_from_slice(&v.to_le_bytes());
+            b.extend_from_slice(&[rest; 12]);
+            assert!(
+                get_position(&mut Reader::new(&b, "t")).is_err(),
+                "kind {kind} value {v} rest {rest}"
+            );
+        }
     }
 
     #[test]

@@ -1,25 +1,32 @@
 //! The record set: how many small records are packed into one ledger entry.
 //!
-//! Layout (all integers little-endian; `docs/format/record-set.md`):
+//! Layout of version 3, the one writers produce (all integers little-endian;
+//! `docs/format/record-set.md`):
 //!
 //! ```text
 //! offset size field
-//!  0     1    version              RECORD_SET_FORMAT_V1 = 1
-//!  1     4    record_count         u32, >= 1
-//!  5     8    segment_record_index u64, position in the segment of the first record (0-based)
-//! 13     ..   records, each:  txid u64 | payload_len u32 | payload bytes
+//!  0     1    version              RECORD_SET_FORMAT_V3 = 3
+//!  1     1    flags                bit0 LZ4 records section, bit1 end-of-stream marker, bit2
+//!                                  producer runs; any other bit set: refused as corrupt
+//!  2     4    record_count         u32; >= 1 in a data entry, 0 in a control entry or marker
+//!  6     8    segment_record_index u64, position in the segment of the first record (0-based);
+//!                                  records in the segment before it for a control entry/marker
+//! 14     8    write_time_ms        u64, the owning proxy's wall clock (ms since the Unix epoch)
+//!                                  when it packed the entry, never the client's; for a control
+//!                                  entry or marker: the write time of the segment's last record
+//!                                  before it
+//! 22     ..   data entry: records, each  txid u64 | payload_len u32 | payload bytes
+//!             control entry or end-of-stream marker (count 0): last_txid u64
 //! ```
 //!
-//! A control entry (version 2, DistributedLog's control record) holds no record: it is written
-//! when a stream goes idle so that the LAC it carries makes the entries before it readable
-//! without the writer (see [`encode_control`]):
+//! Versions 1 (header `version | record_count u32 | segment_record_index u64`, then records)
+//! and 2 (a control entry: `2 | 0u32 | index u64 | last_txid u64`) are still read; they carry
+//! no write time ([`RecordSet::write_time_ms`] is `None`).
 //!
-//! ```text
-//!  0     1    version              RECORD_SET_FORMAT_V2_CONTROL = 2
-//!  1     4    record_count         u32, = 0
-//!  5     8    segment_record_index u64, records in the segment before this entry
-//! 13     8    last_txid            u64, txid of the segment's last record before this entry
-//! ```
+//! A control entry (DistributedLog's control record) holds no record: it is written when a
+//! stream goes idle so that the LAC it carries makes the entries before it readable without the
+//! writer (see [`encode_control`]). The end-of-stream marker (DistributedLog's
+//! `EndOfStream` record) is the last entry of a sealed stream ([`encode_end_of_stream`]).
 //!
 //! The entry digest (CRC32C) is added and checked by the ledger layer, so the record set carries
 //! no checksum of its own.
@@ -31,18 +38,31 @@ pub const RECORD_SET_FORMAT_V1: u8 = 1;
 /// Version 2: a control entry with no record, written to advance the LAC that bookies hold
 /// past the last data entry when the stream goes idle (DistributedLog's control record).
 pub const RECORD_SET_FORMAT_V2_CONTROL: u8 = 2;
+/// Version 3: flags and the proxy's write time in the header; data entries, control entries
+/// and the end-of-stream marker.
+pub const RECORD_SET_FORMAT_V3: u8 = 3;
 /// Oldest version readers accept.
 pub const RECORD_SET_FORMAT_OLDEST_READABLE: u8 = RECORD_SET_FORMAT_V1;
-/// Version writers produce for entries holding records (control entries are always
-/// [`RECORD_SET_FORMAT_V2_CONTROL`]).
-pub const RECORD_SET_FORMAT_CURRENT: u8 = RECORD_SET_FORMAT_V1;
+/// Version writers produce, for every entry.
+pub const RECORD_SET_FORMAT_CURRENT: u8 = RECORD_SET_FORMAT_V3;
 /// Newest version readers accept.
-pub const RECORD_SET_FORMAT_NEWEST_READABLE: u8 = RECORD_SET_FORMAT_V2_CONTROL;
-/// Bytes of a control entry.
-pub const CONTROL_ENTRY_SIZE_BYTES: usize = RECORD_SET_HEADER_SIZE_BYTES + 8;
+pub const RECORD_SET_FORMAT_NEWEST_READABLE: u8 = RECORD_SET_FORMAT_V3;
 
-/// Bytes of the record set header.
-pub const RECORD_SET_HEADER_SIZE_BYTES: usize = 13;
+/// Version 3 flag: the records section is an LZ4 block.
+pub const FLAG_LZ4: u8 = 0x01;
+/// Version 3 flag: the entry is the end-of-stream marker (no record; last txid follows).
+pub const FLAG_END_OF_STREAM: u8 = 0x02;
+/// Version 3 flag: producer runs follow the header.
+pub const FLAG_PRODUCER_RUNS: u8 = 0x04;
+/// Flags this build understands; a set with any other bit is refused as corrupt.
+pub const FLAGS_KNOWN: u8 = FLAG_END_OF_STREAM;
+
+/// Bytes of the version 3 record set header.
+pub const RECORD_SET_HEADER_SIZE_BYTES: usize = 22;
+/// Bytes of the version 1 header (still read).
+pub const RECORD_SET_HEADER_V1_SIZE_BYTES: usize = 13;
+/// Bytes of a control entry or end-of-stream marker (version 3): header and last txid.
+pub const CONTROL_ENTRY_SIZE_BYTES: usize = RECORD_SET_HEADER_SIZE_BYTES + 8;
 /// Bytes each record adds besides its payload (txid and length).
 pub const RECORD_HEADER_SIZE_BYTES: usize = 12;
 /// Largest record payload: 1 MiB − 8 KiB (DistributedLog `MAX_LOGRECORD_SIZE`).
@@ -63,12 +83,114 @@ pub fn encoded_record_size_bytes(payload_len: usize) -> usize {
     RECORD_HEADER_SIZE_BYTES + payload_len
 }
 
-/// Encodes a record set from `(txid, payload)` pairs.
+/// The fixed part of a record set (version 3; versions 1 and 2 decode into it with flags 0 and
+/// no write time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordSetHeader {
+    /// Format version (1, 2 or 3).
+    pub version: u8,
+    /// Version 3 flags ([`FLAG_END_OF_STREAM`]...); 0 for older versions.
+    pub flags: u8,
+    /// Records in the entry; 0 for a control entry or the end-of-stream marker.
+    pub record_count: u32,
+    /// Position in the segment of the first record (records before it for count 0).
+    pub segment_record_index: u64,
+    /// The owning proxy's write time, ms since the Unix epoch (version 3 only).
+    pub write_time_ms: Option<u64>,
+}
+
+impl RecordSetHeader {
+    /// Appends the version 3 header (`version` is ignored: always 3).
+    pub fn encode_v3(&self, out: &mut Vec<u8>) {
+        out.push(RECORD_SET_FORMAT_V3);
+        out.push(self.flags);
+        out.extend_from_slice(&self.record_count.to_le_bytes());
+        out.extend_from_slice(&self.segment_record_index.to_le_bytes());
+        out.extend_from_slice(&self.write_time_ms.unwrap_or(0).to_le_bytes());
+    }
+
+    /// Reads a header of any readable version.
+    ///
+    /// # Errors
+    /// `InvalidField` for an unknown version or an unknown flag; `Truncated`.
+    pub fn decode(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let version = r.u8()?;
+        if !(RECORD_SET_FORMAT_OLDEST_READABLE..=RECORD_SET_FORMAT_NEWEST_READABLE)
+            .contains(&version)
+        {
+            return Err(WireError::InvalidField {
+                what: "record set version",
+            });
+        }
+        let flags = if version == RECORD_SET_FORMAT_V3 {
+            r.u8()?
+        } else {
+            0
+        };
+        if flags & !FLAGS_KNOWN != 0 {
+            return Err(WireError::InvalidField {
+                what: "record set flags",
+            });
+        }
+        let record_count = r.u32()?;
+        let segment_record_index = r.u64()?;
+        let write_time_ms = if version == RECORD_SET_FORMAT_V3 {
+            Some(r.u64()?)
+        } else {
+            None
+        };
+        Ok(Self {
+            version,
+            flags,
+            record_count,
+            segment_record_index,
+            write_time_ms,
+        })
+    }
+}
+
+/// Encodes a data entry (version 3, flags 0) from `(txid, payload)` pairs, stamped with
+/// `write_time_ms` (the proxy's wall clock when it packs the entry).
 ///
 /// # Panics
 /// If `records` is empty, a payload exceeds [`RECORD_SIZE_BYTES_MAX`] or the set exceeds
 /// [`ENTRY_SIZE_BYTES_MAX`]: callers validate and pack before encoding.
-pub fn encode<'a, I>(segment_record_index: u64, records: I) -> Vec<u8>
+pub fn encode<'a, I>(segment_record_index: u64, write_time_ms: u64, records: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = (u64, &'a [u8])>,
+    I::IntoIter: Clone,
+{
+    let header = RecordSetHeader {
+        version: RECORD_SET_FORMAT_V3,
+        flags: 0,
+        record_count: 0,
+        segment_record_index,
+        write_time_ms: Some(write_time_ms),
+    };
+    encode_records(header, RECORD_SET_HEADER_SIZE_BYTES, records)
+}
+
+/// Encodes a version 1 data entry (no flags, no write time), as writers before version 3 did:
+/// for tests and tools that check that old entries stay readable.
+///
+/// # Panics
+/// As [`encode`].
+pub fn encode_v1<'a, I>(segment_record_index: u64, records: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = (u64, &'a [u8])>,
+    I::IntoIter: Clone,
+{
+    let header = RecordSetHeader {
+        version: RECORD_SET_FORMAT_V1,
+        flags: 0,
+        record_count: 0,
+        segment_record_index,
+        write_time_ms: None,
+    };
+    encode_records(header, RECORD_SET_HEADER_V1_SIZE_BYTES, records)
+}
+
+fn encode_records<'a, I>(mut header: RecordSetHeader, header_size: usize, records: I) -> Vec<u8>
 where
     I: IntoIterator<Item = (u64, &'a [u8])>,
     I::IntoIter: Clone,
@@ -76,7 +198,7 @@ where
     let iter = records.into_iter();
     let count = iter.clone().count();
     assert!(count >= 1, "a record set holds at least one record");
-    let size: usize = RECORD_SET_HEADER_SIZE_BYTES
+    let size: usize = header_size
         + iter
             .clone()
             .map(|(_, p)| encoded_record_size_bytes(p.len()))
@@ -85,14 +207,15 @@ where
         size <= ENTRY_SIZE_BYTES_MAX,
         "record set of {size} bytes exceeds the entry limit"
     );
+    header.record_count = u32::try_from(count).expect("count bounded by entry size");
     let mut out = Vec::with_capacity(size);
-    out.push(RECORD_SET_FORMAT_CURRENT);
-    out.extend_from_slice(
-        &u32::try_from(count)
-            .expect("count bounded by entry size")
-            .to_le_bytes(),
-    );
-    out.extend_from_slice(&segment_record_index.to_le_bytes());
+    if header.version == RECORD_SET_FORMAT_V1 {
+        out.push(RECORD_SET_FORMAT_V1);
+        out.extend_from_slice(&header.record_count.to_le_bytes());
+        out.extend_from_slice(&header.segment_record_index.to_le_bytes());
+    } else {
+        header.encode_v3(&mut out);
+    }
     for (txid, payload) in iter {
         assert!(
             payload.len() <= RECORD_SIZE_BYTES_MAX,
@@ -106,16 +229,56 @@ where
     out
 }
 
-/// Encodes a control entry: no record, `segment_record_index` records before it in the segment,
-/// `last_txid` the txid of the last of them. Readers skip it; segment recovery takes the
-/// segment's record count and last txid from it as from a data entry.
-pub fn encode_control(segment_record_index: u64, last_txid: u64) -> Vec<u8> {
+/// Encodes a control entry (version 3, count 0, flags 0): `segment_record_index` records
+/// before it in the segment, `last_txid` the txid of the last of them and `last_write_time_ms`
+/// its write time. Readers skip it; segment recovery takes the segment's record count, last
+/// txid and last write time from it as from a data entry.
+pub fn encode_control(
+    segment_record_index: u64,
+    last_txid: u64,
+    last_write_time_ms: u64,
+) -> Vec<u8> {
+    encode_empty(0, segment_record_index, last_txid, last_write_time_ms)
+}
+
+/// Encodes the end-of-stream marker (version 3, count 0, [`FLAG_END_OF_STREAM`]): the last
+/// entry of a sealed stream (DistributedLog's `EndOfStream` control record). Fields as in
+/// [`encode_control`].
+pub fn encode_end_of_stream(
+    segment_record_index: u64,
+    last_txid: u64,
+    last_write_time_ms: u64,
+) -> Vec<u8> {
+    encode_empty(
+        FLAG_END_OF_STREAM,
+        segment_record_index,
+        last_txid,
+        last_write_time_ms,
+    )
+}
+
+fn encode_empty(flags: u8, index: u64, last_txid: u64, write_time_ms: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(CONTROL_ENTRY_SIZE_BYTES);
+    RecordSetHeader {
+        version: RECORD_SET_FORMAT_V3,
+        flags,
+        record_count: 0,
+        segment_record_index: index,
+        write_time_ms: Some(write_time_ms),
+    }
+    .encode_v3(&mut out);
+    out.extend_from_slice(&last_txid.to_le_bytes());
+    assert_eq!(out.len(), CONTROL_ENTRY_SIZE_BYTES);
+    out
+}
+
+/// Encodes a version 2 control entry, as writers before version 3 did (tests and tools).
+pub fn encode_control_v2(segment_record_index: u64, last_txid: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RECORD_SET_HEADER_V1_SIZE_BYTES + 8);
     out.push(RECORD_SET_FORMAT_V2_CONTROL);
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&segment_record_index.to_le_bytes());
     out.extend_from_slice(&last_txid.to_le_bytes());
-    assert_eq!(out.len(), CONTROL_ENTRY_SIZE_BYTES);
     out
 }
 
@@ -133,10 +296,16 @@ pub struct RecordRef<'a> {
 pub struct RecordSet<'a> {
     /// Position in the segment of the first record.
     pub segment_record_index: u64,
-    /// The records, slot 0 first; empty for a control entry.
+    /// The records, slot 0 first; empty for a control entry or the end-of-stream marker.
     pub records: Vec<RecordRef<'a>>,
-    /// For a control entry: the txid of the segment's last record before it.
+    /// For a control entry or the marker: the txid of the segment's last record before it.
     pub control_last_txid: Option<u64>,
+    /// Version 3: the proxy's write time of the records (for a control entry or the marker:
+    /// of the segment's last record before it), ms since the Unix epoch. `None` for versions
+    /// 1 and 2, which carry none.
+    pub write_time_ms: Option<u64>,
+    /// True for the end-of-stream marker ([`FLAG_END_OF_STREAM`]).
+    pub end_of_stream: bool,
 }
 
 impl RecordSet<'_> {
@@ -149,34 +318,33 @@ impl RecordSet<'_> {
     }
 }
 
-/// Decodes a record set, checking every length against the buffer.
+/// Decodes a record set of any readable version, checking every length against the buffer.
 ///
 /// # Errors
-/// `WireError::InvalidField` for an unknown version, a zero count in a data entry, a non-zero
-/// count in a control entry or an oversized record; `Truncated` / `TrailingBytes` when the
-/// lengths disagree with the buffer.
+/// `WireError::InvalidField` for an unknown version or flag, a zero count in a data entry, a
+/// non-zero count in a control entry or marker or an oversized record; `Truncated` /
+/// `TrailingBytes` when the lengths disagree with the buffer.
 pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
     let mut r = Reader::new(buf, "record set");
-    let version = r.u8()?;
-    if !(RECORD_SET_FORMAT_OLDEST_READABLE..=RECORD_SET_FORMAT_NEWEST_READABLE).contains(&version) {
-        return Err(WireError::InvalidField {
-            what: "record set version",
-        });
-    }
-    let count = r.u32()? as usize;
-    if version == RECORD_SET_FORMAT_V2_CONTROL {
+    let h = RecordSetHeader::decode(&mut r)?;
+    let count = h.record_count as usize;
+    let empty_kind = h.version == RECORD_SET_FORMAT_V2_CONTROL
+        || h.flags & FLAG_END_OF_STREAM != 0
+        || (h.version == RECORD_SET_FORMAT_V3 && count == 0);
+    if empty_kind {
         if count != 0 {
             return Err(WireError::InvalidField {
                 what: "control entry record count",
             });
         }
-        let segment_record_index = r.u64()?;
         let last_txid = r.u64()?;
         r.finish()?;
         return Ok(RecordSet {
-            segment_record_index,
+            segment_record_index: h.segment_record_index,
             records: Vec::new(),
             control_last_txid: Some(last_txid),
+            write_time_ms: h.write_time_ms,
+            end_of_stream: h.flags & FLAG_END_OF_STREAM != 0,
         });
     }
     if count == 0 {
@@ -191,7 +359,6 @@ pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
             what: "record set count",
         });
     }
-    let segment_record_index = r.u64()?;
     let mut records = Vec::with_capacity(count);
     for _ in 0..count {
         let txid = r.u64()?;
@@ -200,9 +367,11 @@ pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
     }
     r.finish()?;
     Ok(RecordSet {
-        segment_record_index,
+        segment_record_index: h.segment_record_index,
         records,
         control_last_txid: None,
+        write_time_ms: h.write_time_ms,
+        end_of_stream: false,
     })
 }
 
@@ -212,13 +381,20 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        // Goal: encode/decode preserve txids, payloads (including empty ones) and the index.
+        // Goal: encode/decode preserve txids, payloads (including empty ones), the index and
+        // the write time.
         let recs: Vec<(u64, Vec<u8>)> = vec![(1, b"a".to_vec()), (1, vec![]), (9, vec![7; 1000])];
-        let buf = encode(42, recs.iter().map(|(t, p)| (*t, p.as_slice())));
-        assert_eq!(buf.len(), 13 + 3 * 12 + 1 + 1000);
-        assert_eq!(buf[0], 1);
+        let buf = encode(
+            42,
+            1_700_000_000_123,
+            recs.iter().map(|(t, p)| (*t, p.as_slice())),
+        );
+        assert_eq!(buf.len(), 22 + 3 * 12 + 1 + 1000);
+        assert_eq!(buf[0], 3);
         let set = decode(&buf).unwrap();
         assert_eq!(set.segment_record_index, 42);
+        assert_eq!(set.write_time_ms, Some(1_700_000_000_123));
+        assert!(!set.end_of_stream);
         let back: Vec<(u64, Vec<u8>)> = set
             .records
             .iter()
@@ -229,9 +405,21 @@ mod tests {
 
     #[test]
     fn byte_layout_is_frozen() {
-        // Goal: pin the documented layout; method: compare one tiny set byte by byte.
-        let buf = encode(2, [(0x0102u64, &b"xy"[..])]);
+        // Goal: pin the documented layouts (v3 written, v1 still read); method: compare one
+        // tiny set byte by byte, and decode a hand-made v1 set.
+        let buf = encode(2, 0x0a0b, [(0x0102u64, &b"xy"[..])]);
         let expect: Vec<u8> = [
+            &[3u8, 0][..],
+            &1u32.to_le_bytes(),
+            &2u64.to_le_bytes(),
+            &0x0a0bu64.to_le_bytes(),
+            &0x0102u64.to_le_bytes(),
+            &2u32.to_le_bytes(),
+            b"xy",
+        ]
+        .concat();
+        assert_eq!(buf, expect);
+        let v1: Vec<u8> = [
             &[1u8][..],
             &1u32.to_le_bytes(),
             &2u64.to_le_bytes(),
@@ -240,14 +428,17 @@ mod tests {
             b"xy",
         ]
         .concat();
-        assert_eq!(buf, expect);
+        assert_eq!(encode_v1(2, [(0x0102u64, &b"xy"[..])]), v1);
+        let set = decode(&v1).unwrap();
+        assert_eq!(set.write_time_ms, None, "v1 carries no write time");
+        assert_eq!(set.records, decode(&buf).unwrap().records);
     }
 
     #[test]
     fn maximal_record_fits_one_entry() {
         // Goal: the largest legal record packs alone into a legal entry.
         let big = vec![0u8; RECORD_SIZE_BYTES_MAX];
-        let buf = encode(0, [(5, big.as_slice())]);
+        let buf = encode(0, 1, [(5, big.as_slice())]);
         assert!(buf.len() <= ENTRY_SIZE_BYTES_MAX);
         assert_eq!(
             decode(&buf).unwrap().records[0].payload.len(),
@@ -257,66 +448,130 @@ mod tests {
 
     #[test]
     fn control_entries_round_trip_and_are_checked() {
-        // Goal: a control entry has the documented 21 bytes, decodes to no record with its
-        // index and last txid, and malformed ones (a count, a cut, trailing bytes) are refused.
-        let buf = encode_control(7, 0x0102);
+        // Goal: a v3 control entry has the documented 30 bytes, decodes to no record with its
+        // index, last txid and last write time; v2 ones still decode; malformed ones (a count,
+        // a cut, trailing bytes) are refused.
+        let buf = encode_control(7, 0x0102, 99);
         let expect: Vec<u8> = [
-            &[2u8][..],
+            &[3u8, 0][..],
             &0u32.to_le_bytes(),
             &7u64.to_le_bytes(),
+            &99u64.to_le_bytes(),
             &0x0102u64.to_le_bytes(),
         ]
         .concat();
         assert_eq!(buf, expect);
         let set = decode(&buf).unwrap();
-        assert!(set.records.is_empty());
+        assert!(set.records.is_empty() && !set.end_of_stream);
         assert_eq!(set.segment_record_index, 7);
         assert_eq!(set.last_txid(), Some(0x0102));
-        for cut in 0..buf.len() {
-            assert!(decode(&buf[..cut]).is_err(), "cut {cut}");
+        assert_eq!(set.write_time_ms, Some(99));
+        let v2 = encode_control_v2(7, 0x0102);
+        assert_eq!(v2.len(), 21);
+        let old = decode(&v2).unwrap();
+        assert_eq!((old.last_txid(), old.write_time_ms), (Some(0x0102), None));
+        for b in [&buf, &v2] {
+            for cut in 0..b.len() {
+                assert!(decode(&b[..cut]).is_err(), "cut {cut}");
+            }
+            let mut v = b.to_vec();
+            v.push(0);
+            assert!(decode(&v).is_err());
         }
-        let mut v = buf.clone();
+        let mut v = v2.clone();
         v[1] = 1;
         assert!(decode(&v).is_err(), "a control entry holds no record");
-        let mut v = buf.clone();
-        v.push(0);
-        assert!(decode(&v).is_err());
-        let data = encode(3, [(9u64, &b"x"[..])]);
+        let data = encode(3, 5, [(9u64, &b"x"[..])]);
         assert_eq!(decode(&data).unwrap().last_txid(), Some(9));
+    }
+
+    #[test]
+    fn end_of_stream_marker_round_trips_and_is_checked() {
+        // Goal: the marker sets flag bit1, holds no record, carries last txid and write time;
+        // a marker with a record count is refused.
+        let buf = encode_end_of_stream(12, 77, 1234);
+        assert_eq!(buf[1], FLAG_END_OF_STREAM);
+        assert_eq!(buf.len(), CONTROL_ENTRY_SIZE_BYTES);
+        let set = decode(&buf).unwrap();
+        assert!(set.end_of_stream && set.records.is_empty());
+        assert_eq!(
+            (set.segment_record_index, set.last_txid(), set.write_time_ms),
+            (12, Some(77), Some(1234))
+        );
+        let mut v = buf.clone();
+        v[2..6].copy_from_slice(&1u32.to_le_bytes());
+        assert!(decode(&v).is_err());
+    }
+
+    #[test]
+    fn unknown_flags_are_refused() {
+        // Goal: a v3 set with a flag this build does not know (LZ4, producer runs, reserved
+        // bits) is corrupt to it: refused, not misread.
+        let buf = encode(0, 1, [(1u64, &b"x"[..])]);
+        for bit in 0..8u8 {
+            let flag = 1u8 << bit;
+            if flag == FLAG_END_OF_STREAM {
+                continue;
+            }
+            let mut v = buf.clone();
+            v[1] = flag;
+            assert_eq!(
+                decode(&v),
+                Err(WireError::InvalidField {
+                    what: "record set flags"
+                }),
+                "flag {flag:#x}"
+            );
+        }
     }
 
     #[test]
     fn corrupt_sets_are_refused_without_panicking() {
         // Goal: hostile bytes give errors, never panics; method: every truncation, bad version,
-        // huge count, trailing bytes, and a length field pointing past the end.
-        let buf = encode(0, [(1u64, &b"hello"[..]), (2, &b"world"[..])]);
-        for cut in 0..buf.len() {
-            assert!(decode(&buf[..cut]).is_err(), "cut {cut}");
+        // huge count, trailing bytes, and a length field pointing past the end, for v3 and v1.
+        for (buf, count_at, len_at) in [
+            (
+                encode(0, 1, [(1u64, &b"hello"[..]), (2, &b"world"[..])]),
+                2usize,
+                30usize,
+            ),
+            (
+                encode_v1(0, [(1u64, &b"hello"[..]), (2, &b"world"[..])]),
+                1,
+                21,
+            ),
+        ] {
+            for cut in 0..buf.len() {
+                assert!(decode(&buf[..cut]).is_err(), "cut {cut}");
+            }
+            let mut v = buf.clone();
+            v[0] = 9;
+            assert!(decode(&v).is_err());
+            let mut v = buf.clone();
+            v[count_at..count_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+            assert!(decode(&v).is_err());
+            let mut v = buf.clone();
+            v.push(0);
+            assert!(decode(&v).is_err());
+            let mut v = buf.clone();
+            v[len_at..len_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+            assert!(decode(&v).is_err());
         }
-        let mut v = buf.clone();
-        v[0] = 9;
-        assert!(decode(&v).is_err());
-        let mut v = buf.clone();
-        v[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode(&v).is_err());
-        let mut v = buf.clone();
+        let mut v = encode_v1(0, [(1u64, &b"x"[..])]);
         v[1..5].copy_from_slice(&0u32.to_le_bytes());
-        assert!(decode(&v).is_err());
-        let mut v = buf.clone();
-        v.push(0);
-        assert!(decode(&v).is_err());
-        let mut v = buf.clone();
-        v[21..25].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode(&v).is_err());
-        // Pseudo-random garbage.
+        assert!(decode(&v).is_err(), "a v1 set holds at least one record");
+        // Pseudo-random garbage, with each version byte in front.
         let mut x: u32 = 12345;
-        for len in 0..200 {
-            let g: Vec<u8> = (0..len)
+        for len in 0..400 {
+            let mut g: Vec<u8> = (0..len)
                 .map(|_| {
                     x = x.wrapping_mul(1664525).wrapping_add(1013904223);
                     (x >> 24) as u8
                 })
                 .collect();
+            if let Some(first) = g.first_mut() {
+                *first = (len % 4) as u8;
+            }
             let _ = decode(&g);
         }
     }

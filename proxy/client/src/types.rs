@@ -17,14 +17,27 @@ pub struct WriteResult {
     pub count: u64,
 }
 
+/// Where a read starts: the head, a DLSN, the tail, a txid, a write time or the last N
+/// records (the proxy protocol's `READ` position kinds 0-5).
+pub use crate::dlsn::ReadPosition as Position;
+
 /// Records returned by one read, in log order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadBatch {
     /// `(dlsn, txid, payload)` per record, DLSNs strictly increasing.
     pub records: Vec<(Dlsn, u64, Vec<u8>)>,
-    /// Where the next read continues: just after the last record returned, or the position
-    /// asked for when nothing was returned.
+    /// Each record's write time in ms since the Unix epoch (the owning proxy's clock when it
+    /// packed the record's entry; 0 for records written before write times existed), in the
+    /// order of `records`. Empty when the proxy did not send them (an older proxy).
+    pub write_times_ms: Vec<u64>,
+    /// Where the next read continues: just after the last record returned; when nothing was
+    /// returned, the position asked for (`Head`, a DLSN) or the DLSN a tail, txid, time or
+    /// last-N position resolved to, so that a tail read resumed from it misses nothing.
     pub next: ReadPosition,
+    /// The read reached the end-of-stream marker of a sealed stream: these records are the
+    /// stream's last and no later read returns more (DistributedLog's
+    /// `EndOfStreamException` to a reader, here a flag so the records come first).
+    pub end_of_stream: bool,
 }
 
 /// What a stream looks like: its metadata record, its owner and the retention defaults of the
@@ -41,6 +54,30 @@ pub struct StreamInfo {
     /// The answering proxy's cluster-wide retention defaults (overridden per stream by
     /// `metadata.retention`).
     pub defaults: RetentionDefaults,
+    /// Stream-level lookups (first/last DLSN, record count, last write time, sealed); `None`
+    /// from proxies before they existed.
+    pub lookups: Option<StreamLookups>,
+}
+
+/// A stream's lookups, as DistributedLog's `getFirstDLSN`, `getLastDLSN` and
+/// `getLogRecordCount` (the last txid is `StreamMetadata::max_txid`). The owner answers them
+/// for the segment it is writing from its acknowledged progress; another proxy knows only the
+/// completed segments (`docs/proxy-protocol.md`, DESCRIBE_STREAM).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StreamLookups {
+    /// DLSN of the first readable record (at or after the truncation point); `None` when no
+    /// record is readable.
+    pub first_dlsn: Option<Dlsn>,
+    /// DLSN of the last record; `None` when the stream holds none (or, from a non-owner, when
+    /// only the open segment holds records).
+    pub last_dlsn: Option<Dlsn>,
+    /// Records in the segments still listed (a segment deleted by truncation or retention no
+    /// longer counts; records before the truncation point in a kept segment still do).
+    pub record_count: u64,
+    /// Write time of the last record (ms since the Unix epoch), when known.
+    pub last_write_time_ms: Option<u64>,
+    /// The stream was sealed (`SEAL_STREAM`).
+    pub sealed: bool,
 }
 
 /// A stream's metadata record as the proxy protocol carries it (`DESCRIBE_STREAM`): the wire

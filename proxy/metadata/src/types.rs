@@ -238,6 +238,25 @@ pub struct SegmentMetadata {
     /// for segments completed before this field existed.
     #[serde(default)]
     pub completion_time_ms: Option<u64>,
+    /// Write time (the owning proxy's wall clock, ms since the Unix epoch, as stamped in the
+    /// record set) of its first record; set when the segment starts (the first entry carries
+    /// it). `None` for segments written before write times existed. Positions by time
+    /// (`READ` from write time >= T) search segments by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_write_time_ms: Option<u64>,
+    /// Write time of its last record; set when the segment completes, or by recovery from its
+    /// last entry. `None` while in progress, for an empty segment and for segments written
+    /// before write times existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_write_time_ms: Option<u64>,
+    /// Entry and slot of its last record (its DLSN is `seq_no:entry:slot`); set with
+    /// `last_write_time_ms`. The last entry may be a control entry or the end-of-stream marker,
+    /// which hold no record, so `last_entry` alone does not give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_record_entry: Option<u64>,
+    /// Slot of its last record in `last_record_entry`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_record_slot: Option<u32>,
 }
 
 /// A truncation point: a DLSN as its three parts (`segment_seq_no:entry_id:slot_index`).
@@ -293,6 +312,11 @@ pub struct StreamMetadata {
     /// recovery uses (docs/format/metadata.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger_secret_hex: Option<String>,
+    /// True once the stream was sealed (`SEAL_STREAM`): its last segment ends with the
+    /// end-of-stream marker and every later write fails with `END_OF_STREAM` (DistributedLog
+    /// sets the log's `maxtxid` to `Long.MAX_VALUE` for the same effect).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sealed: bool,
 }
 
 impl std::fmt::Debug for StreamMetadata {
@@ -304,6 +328,7 @@ impl std::fmt::Debug for StreamMetadata {
             .field("creation_time_ms", &self.creation_time_ms)
             .field("truncated_before", &self.truncated_before)
             .field("retention", &self.retention)
+            .field("sealed", &self.sealed)
             .field(
                 "ledger_secret_hex",
                 &self.ledger_secret_hex.as_ref().map(|_| "<redacted>"),

@@ -34,6 +34,10 @@ pub(super) enum Command {
         release_unless_used: Option<u64>,
         reply: oneshot::Sender<Result<StreamSweep>>,
     },
+    /// See [`super::StreamManager::seal_stream`].
+    Seal {
+        reply: oneshot::Sender<Result<Option<Dlsn>>>,
+    },
     /// See [`super::StreamManager::set_retention`].
     SetRetention {
         time_secs: RetentionChange,

@@ -376,6 +376,10 @@ mod tests {
             record_count: 1,
             length_bytes: bytes,
             completion_time_ms: completion_ms,
+            first_write_time_ms: None,
+            last_write_time_ms: None,
+            last_record_entry: None,
+            last_record_slot: None,
         }
     }
 

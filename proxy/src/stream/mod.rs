@@ -89,7 +89,9 @@ mod clock;
 mod command;
 mod labels;
 mod lifecycle;
+mod lookups;
 mod ownership;
+mod position;
 mod reader;
 mod record;
 mod registry;
@@ -463,17 +465,18 @@ impl StreamManager {
             // The record read above may predate a roll the owner made since (the segment it
             // shows in progress is completed, and the progress counted now is the next
             // segment's): take the owner's record and progress, which change together.
-            let (owned, live) = {
+            let (owned, live, live_last) = {
                 let view = h.shared.view.lock().expect("view lock");
-                (view.meta.clone(), view.live)
+                (view.meta.clone(), view.live, view.live_last_record)
             };
             if let Some(owned) = owned.filter(|o| o.version >= stored.version) {
                 meta = owned.value.clone();
             }
             meta.max_txid = meta.max_txid.max(last_txid);
-            OwnerView::describe(&mut meta, live);
+            OwnerView::describe(&mut meta, live, live_last);
         }
         Ok(StreamInfo {
+            lookups: lookups::lookups(&meta),
             metadata: meta,
             owner,
             defaults: self.retention_defaults(),
@@ -525,6 +528,23 @@ impl StreamManager {
             self.registry.forget_deleted(name);
         }
         r
+    }
+
+    /// Seals the stream (DistributedLog `markEndOfStream`): appends taken before it finish,
+    /// then the end-of-stream marker is written after the last record (into the open segment,
+    /// or a new one), the segment is completed and the record marked `sealed`. Later writes
+    /// fail with `EndOfStream`, also under another owner after a restart; reads that reach the
+    /// marker answer with `end_of_stream`. Truncation, retention and deletion go on as before.
+    /// Returns the DLSN of the stream's last record (`None`: no record). Sealing a sealed
+    /// stream changes nothing. Done by the stream's owner only.
+    ///
+    /// # Errors
+    /// `NoSuchStream`, `InvalidStreamName`, `OwnedElsewhere` (redirect), `OwnershipLost`,
+    /// `Storage`, `Metadata` (the stream may or may not be sealed; retry).
+    pub async fn seal_stream(&self, name: &str) -> Result<Option<Dlsn>> {
+        self.registry
+            .owner_command(name, |reply| Command::Seal { reply })
+            .await
     }
 
     /// Changes the stream's retention overrides (each [`RetentionChange::Keep`], `Set` or

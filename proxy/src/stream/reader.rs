@@ -10,11 +10,13 @@ use quire_ledger::BookKeeper;
 use quire_wire::{EntryId, LedgerId};
 
 use super::ownership::StreamHandle;
+use super::position;
 use super::registry::Registry;
 use super::shared::{storage, StreamShared};
 use super::tail_cache::SegmentView;
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::{Error, Result};
+use crate::protocol::{READ_RECORD_OVERHEAD_BYTES, READ_RECORD_WRITE_TIME_BYTES};
 use crate::record_set;
 use crate::types::ReadBatch;
 
@@ -23,14 +25,26 @@ const READERS_CACHED_MAX: usize = 16;
 /// Entries a reader fetches concurrently ahead of the one it decodes.
 const READ_AHEAD_ENTRIES_MAX: usize = 4;
 
+/// Records read from one segment: `(dlsn, txid, payload)`, their write times, where the next
+/// read continues, and whether the end-of-stream marker was reached.
+struct SegmentRead {
+    records: Vec<(Dlsn, u64, Vec<u8>)>,
+    write_times_ms: Vec<u64>,
+    next: Dlsn,
+    end_of_stream: bool,
+}
+
 /// Reads up to `max_records` records (and about `max_bytes` payload bytes, but at least one
 /// record when one is readable) from `from`, across segment boundaries; in the segment being
 /// written only entries up to the writer's LAC are visible. When nothing is readable at
-/// `from`, waits up to `wait` for a write to make something readable.
+/// `from`, waits up to `wait` for a write to make something readable. Positions other than a
+/// DLSN are resolved first (`position.rs`); a read that reaches the end-of-stream marker of a
+/// sealed stream answers with what it has and `end_of_stream` set.
 ///
 /// # Errors
 /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`,
-/// `OwnedElsewhere` (reads are served by the stream's owner only).
+/// `OwnedElsewhere` (reads are served by the stream's owner only), `Truncated` (an explicit
+/// DLSN before the truncation point).
 pub(super) async fn read(
     registry: &Registry,
     name: &str,
@@ -47,26 +61,22 @@ pub(super) async fn read(
     let handle = registry.stream(name, false, false).await?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut tail = handle.tail.clone();
-    let mut pos = match from {
-        ReadPosition::Head => Dlsn::new(0, 0, 0),
-        ReadPosition::Dlsn(d) => d,
-    };
+    let mut pos = start(registry, &handle, from).await?;
     loop {
         // Truncation (checked again after every wait, as it may move meanwhile): a read
-        // from the head starts at the point, one from an earlier DLSN is refused rather
-        // than silently moved (DistributedLog `AlreadyTruncatedTransactionException`).
+        // from the head (or a txid, time, tail or last-N position) starts at the point, one
+        // from an earlier DLSN is refused rather than silently moved (DistributedLog
+        // `AlreadyTruncatedTransactionException`).
         let point = tail.borrow().truncated_before;
         if let Some(t) = point.filter(|t| pos < *t) {
-            match from {
-                ReadPosition::Head => pos = t,
-                ReadPosition::Dlsn(d) => {
-                    return Err(Error::Truncated {
-                        stream: name.to_string(),
-                        requested: d,
-                        truncated_before: t,
-                    })
-                }
+            if let ReadPosition::Dlsn(d) = from {
+                return Err(Error::Truncated {
+                    stream: name.to_string(),
+                    requested: d,
+                    truncated_before: t,
+                });
             }
+            pos = t;
         }
         let plan = tail.borrow_and_update().resolve(pos);
         match plan {
@@ -80,36 +90,74 @@ pub(super) async fn read(
                     max_bytes as usize,
                 )
                 .await;
-                let (records, next) = match read {
+                let got = match read {
                     Ok(r) => r,
                     // The segment was deleted under the read (truncation or retention):
                     // start over, which answers TRUNCATED or moves a head read on.
                     Err(_) if tail.borrow().truncated_before.is_some_and(|t| pos < t) => continue,
                     Err(e) => return Err(e),
                 };
-                if !records.is_empty() {
+                if !got.records.is_empty() || got.end_of_stream {
                     return Ok(ReadBatch {
-                        records,
-                        next: ReadPosition::Dlsn(next),
+                        records: got.records,
+                        write_times_ms: got.write_times_ms,
+                        next: ReadPosition::Dlsn(got.next),
+                        end_of_stream: got.end_of_stream,
                     });
                 }
                 // Only slots past the end of an entry were asked for: move on.
-                pos = next;
+                pos = got.next;
             }
+            // Past the end of a sealed stream: nothing will come.
+            None if tail.borrow().sealed => return Ok(empty_batch(from, pos, true)),
             None => {
                 let woke = tokio::time::timeout_at(deadline, tail.changed()).await;
                 match woke {
                     Ok(Ok(())) => {}
-                    Ok(Err(_)) | Err(_) => {
-                        return Ok(ReadBatch {
-                            records: Vec::new(),
-                            next: from,
-                        })
-                    }
+                    Ok(Err(_)) | Err(_) => return Ok(empty_batch(from, pos, false)),
                 }
             }
         }
     }
+}
+
+/// An answer without records: `next` is the position asked for when it was the head or a
+/// DLSN, else the DLSN the position resolved to, so that a tail read resumed from it misses
+/// nothing written meanwhile.
+fn empty_batch(from: ReadPosition, pos: Dlsn, end_of_stream: bool) -> ReadBatch {
+    let next = match from {
+        ReadPosition::Head | ReadPosition::Dlsn(_) => from,
+        _ => ReadPosition::Dlsn(pos),
+    };
+    ReadBatch {
+        records: Vec::new(),
+        write_times_ms: Vec::new(),
+        next,
+        end_of_stream,
+    }
+}
+
+/// The DLSN a read from `from` starts at (`position.rs`), against the segments readers see
+/// now and the owner's acknowledged progress of the segment being written.
+async fn start(registry: &Registry, handle: &StreamHandle, from: ReadPosition) -> Result<Dlsn> {
+    // Progress first, then the segment list: the list is at least as new as the progress.
+    let live = handle
+        .shared
+        .view
+        .lock()
+        .expect("view lock")
+        .live
+        .map(|(seq, _, records, _)| (seq, records));
+    let snapshot = handle.tail.borrow().clone();
+    let fetch = |ledger: u64, entry: u64| {
+        let (bk, shared, name) = (
+            registry.bookkeeper.clone(),
+            handle.shared.clone(),
+            handle.name.clone(),
+        );
+        async move { fetch_entry(&bk, &shared, &name, ledger, entry).await }
+    };
+    position::resolve(&handle.name, &snapshot, live, from, fetch).await
 }
 
 /// Whether a read of `name` from `from` would fetch its first entry from the bookies (a
@@ -128,12 +176,62 @@ pub(super) fn is_catch_up_read(registry: &Registry, name: &str, from: ReadPositi
     let pos = match from {
         ReadPosition::Head => Dlsn::new(0, 0, 0),
         ReadPosition::Dlsn(d) => d,
+        // Found by a search that reads entries itself: not worth predicting here.
+        _ => return false,
     };
     let Some((seg, start)) = handle.tail.borrow().resolve(pos) else {
         return false;
     };
     let cache = handle.shared.cache.lock().expect("cache lock");
     !cache.entries.contains_key(&(seg.ledger_id, start.entry_id))
+}
+
+/// Entries fetched concurrently ahead of the one being decoded (up to
+/// [`READ_AHEAD_ENTRIES_MAX`]), consumed in entry order; fetches not taken are aborted when
+/// it is dropped.
+struct ReadAhead<'a> {
+    registry: &'a Registry,
+    handle: &'a StreamHandle,
+    ledger: u64,
+    last: u64,
+    fetch_next: u64,
+    window: VecDeque<tokio::task::JoinHandle<Result<Arc<Vec<u8>>>>>,
+}
+
+impl ReadAhead<'_> {
+    /// The next entry's payload.
+    async fn next(&mut self) -> Result<Arc<Vec<u8>>> {
+        while self.fetch_next <= self.last && self.window.len() < READ_AHEAD_ENTRIES_MAX {
+            let (bk, shared, name, ledger, e) = (
+                self.registry.bookkeeper.clone(),
+                self.handle.shared.clone(),
+                self.handle.name.clone(),
+                self.ledger,
+                self.fetch_next,
+            );
+            self.window.push_back(tokio::spawn(async move {
+                fetch_entry(&bk, &shared, &name, ledger, e).await
+            }));
+            self.fetch_next += 1;
+        }
+        let fetched = self
+            .window
+            .pop_front()
+            .expect("window holds the current entry")
+            .await;
+        match fetched {
+            Ok(r) => r,
+            Err(join) => Err(Error::Internal(format!("entry fetch task failed: {join}"))),
+        }
+    }
+}
+
+impl Drop for ReadAhead<'_> {
+    fn drop(&mut self) {
+        for h in self.window.drain(..) {
+            h.abort();
+        }
+    }
 }
 
 async fn read_segment(
@@ -143,91 +241,99 @@ async fn read_segment(
     start: Dlsn,
     max_records: usize,
     max_bytes: usize,
-) -> Result<(Vec<(Dlsn, u64, Vec<u8>)>, Dlsn)> {
+) -> Result<SegmentRead> {
     let last = seg
         .readable_last_entry
         .expect("resolve returns readable segments only");
-    let mut out = Vec::new();
+    let mut out = SegmentRead {
+        records: Vec::new(),
+        write_times_ms: Vec::new(),
+        next: start,
+        end_of_stream: false,
+    };
     let mut bytes = 0usize;
-    let mut next = start;
     let mut slot_first = start.slot_index as usize;
-    // Read ahead: up to READ_AHEAD_ENTRIES_MAX entries are fetched concurrently, consumed
-    // in entry order; fetches not needed are aborted when the batch is full.
-    let mut ahead: VecDeque<tokio::task::JoinHandle<Result<Arc<Vec<u8>>>>> = VecDeque::new();
-    let mut fetch_next = start.entry_id;
-    let abort_all = |ahead: &mut VecDeque<tokio::task::JoinHandle<Result<Arc<Vec<u8>>>>>| {
-        for h in ahead.drain(..) {
-            h.abort();
-        }
+    let mut ahead = ReadAhead {
+        registry,
+        handle,
+        ledger: seg.ledger_id,
+        last,
+        fetch_next: start.entry_id,
+        window: VecDeque::new(),
     };
     for entry in start.entry_id..=last {
-        while fetch_next <= last && ahead.len() < READ_AHEAD_ENTRIES_MAX {
-            let (bk, shared, name, ledger, e) = (
-                registry.bookkeeper.clone(),
-                handle.shared.clone(),
-                handle.name.clone(),
-                seg.ledger_id,
-                fetch_next,
-            );
-            ahead.push_back(tokio::spawn(async move {
-                fetch_entry(&bk, &shared, &name, ledger, e).await
-            }));
-            fetch_next += 1;
-        }
-        let fetched = ahead
-            .pop_front()
-            .expect("window holds the current entry")
-            .await;
-        let payload = match fetched {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
-                abort_all(&mut ahead);
-                return Err(e);
-            }
-            Err(join) => {
-                abort_all(&mut ahead);
-                return Err(Error::Internal(format!("entry fetch task failed: {join}")));
-            }
-        };
+        let payload = ahead.next().await?;
         let set = record_set::decode(&payload).map_err(|e| Error::Storage {
             stream: handle.name.clone(),
             op: "decode record set",
             source: format!("ledger {} entry {entry}: {e}", seg.ledger_id).into(),
         })?;
-        let count = set.records.len();
-        for (slot, rec) in set.records.iter().enumerate().skip(slot_first) {
-            let size = rec.payload.len() + crate::protocol::READ_RECORD_OVERHEAD_BYTES;
-            if !out.is_empty() && (out.len() >= max_records || bytes + size > max_bytes) {
-                abort_all(&mut ahead);
-                return Ok((out, next));
-            }
-            let slot_index = u32::try_from(slot).expect("slot count bounded by entry size");
-            out.push((
-                Dlsn::new(seg.seq_no, entry, slot_index),
-                rec.txid,
-                rec.payload.to_vec(),
-            ));
-            bytes += size;
-            next = if slot + 1 < count {
-                Dlsn::new(seg.seq_no, entry, slot_index + 1)
-            } else {
-                Dlsn::new(seg.seq_no, entry + 1, 0)
-            };
+        if set.end_of_stream {
+            // DistributedLog's reader stops at the marker: nothing follows it.
+            out.next = Dlsn::new(seg.seq_no, entry, 0);
+            out.end_of_stream = true;
+            return Ok(out);
         }
-        if slot_first >= count {
-            next = Dlsn::new(seg.seq_no, entry + 1, 0);
+        let full = take_records(
+            &mut out,
+            &mut bytes,
+            (seg.seq_no, entry),
+            &set,
+            slot_first,
+            (max_records, max_bytes),
+        );
+        if full {
+            return Ok(out);
+        }
+        if slot_first >= set.records.len() {
+            out.next = Dlsn::new(seg.seq_no, entry + 1, 0);
         }
         slot_first = 0;
-        if out.len() >= max_records || bytes >= max_bytes {
+        if out.records.len() >= max_records || bytes >= max_bytes {
             break;
         }
     }
-    abort_all(&mut ahead);
-    Ok((out, next))
+    Ok(out)
+}
+
+/// Takes the records of entry `at` (seq no, entry id) from `slot_first` into `out` while the
+/// batch has room (`limits`: records, payload bytes; at least one record); returns true once
+/// it is full before the entry's end. Records written before record set v3 get write time 0.
+fn take_records(
+    out: &mut SegmentRead,
+    bytes: &mut usize,
+    at: (u64, u64),
+    set: &record_set::RecordSet<'_>,
+    slot_first: usize,
+    limits: (usize, usize),
+) -> bool {
+    let (seq_no, entry) = at;
+    let count = set.records.len();
+    let write_time = set.write_time_ms.unwrap_or(0);
+    for (slot, rec) in set.records.iter().enumerate().skip(slot_first) {
+        let size = rec.payload.len() + READ_RECORD_OVERHEAD_BYTES + READ_RECORD_WRITE_TIME_BYTES;
+        if !out.records.is_empty() && (out.records.len() >= limits.0 || *bytes + size > limits.1) {
+            return true;
+        }
+        let slot_index = u32::try_from(slot).expect("slot count bounded by entry size");
+        out.records.push((
+            Dlsn::new(seq_no, entry, slot_index),
+            rec.txid,
+            rec.payload.to_vec(),
+        ));
+        out.write_times_ms.push(write_time);
+        *bytes += size;
+        out.next = if slot + 1 < count {
+            Dlsn::new(seq_no, entry, slot_index + 1)
+        } else {
+            Dlsn::new(seq_no, entry + 1, 0)
+        };
+    }
+    false
 }
 
 /// One entry's payload: from the tail cache, else from the bookies through a cached reader.
-async fn fetch_entry(
+pub(super) async fn fetch_entry(
     bookkeeper: &BookKeeper,
     shared: &StreamShared,
     name: &str,

@@ -58,6 +58,7 @@ impl StreamRecord {
                 .any(|s| s.seq_no == seq && s.state == SegmentState::InProgress)
             {
                 view.live = None;
+                view.live_last_record = None;
             }
         }
         view.meta = Some(Arc::new(meta.clone()));

@@ -141,6 +141,7 @@ impl Registry {
             ledger_secret_hex: Some(quire_metadata::encode_hex(
                 &quire_ledger::new_ledger_secret(),
             )),
+            sealed: false,
         };
         self.metadata
             .create_stream(&meta)

@@ -98,6 +98,31 @@ pub(super) struct OpenSegment {
     pub(super) lac_carried: Option<u64>,
     /// When the last acknowledgement was handled.
     pub(super) last_ack_at: tokio::time::Instant,
+    /// Write time stamped on the last entry holding records (ms since the Unix epoch).
+    pub(super) last_write_time_ms: u64,
+    /// Entry and slot of the last record added, if any.
+    pub(super) last_record: Option<(u64, u32)>,
+}
+
+impl OpenSegment {
+    /// The write time for the next entry: this proxy's wall clock, but never below the last
+    /// one stamped, so that write times never decrease along the stream (positions by time
+    /// search them) even when the wall clock steps back.
+    pub(super) fn next_write_time_ms(&self) -> u64 {
+        super::shared::now_ms().max(self.last_write_time_ms)
+    }
+}
+
+/// The write time for a stream's next entry when no segment is open: this proxy's wall clock,
+/// never below the write times its segments recorded (see [`OpenSegment::next_write_time_ms`]).
+pub(super) fn write_time_floor_ms(meta: &quire_metadata::StreamMetadata) -> u64 {
+    let recorded = meta
+        .segments
+        .iter()
+        .filter_map(|s| s.last_write_time_ms.or(s.first_write_time_ms))
+        .max()
+        .unwrap_or(0);
+    super::shared::now_ms().max(recorded)
 }
 
 /// The next segment's ledger, created before the open segment is completed (DistributedLog's
@@ -112,6 +137,65 @@ pub(super) struct SpareLedger {
     pub(super) seq_no: u64,
     /// The stream secret its master key derives from (new when the stream had none yet).
     pub(super) secret: Vec<u8>,
+}
+
+/// What recovery learns from the end of a segment's ledger.
+#[derive(Debug, Default)]
+struct SegmentEnd {
+    last_txid: Option<u64>,
+    record_count: u64,
+    /// Write time of the last record (version 3 entries only).
+    last_write_time_ms: Option<u64>,
+    /// Entry and slot of the last record.
+    last_record: Option<(u64, u32)>,
+    /// The last entry is the end-of-stream marker.
+    end_of_stream: bool,
+}
+
+/// Entries recovery reads back from the last one to find the last record: a control entry
+/// follows a data entry directly, and the end-of-stream marker follows at most one control
+/// entry, so the last record is at most two entries before the last one.
+const SEGMENT_END_LOOKBACK: u64 = 3;
+
+/// Reads a recovered segment's last entry (and, when that holds no record, the few entries
+/// before it) for the record count, last txid, last write time and last record's position.
+///
+/// # Errors
+/// `Storage` when an entry cannot be read or decoded.
+async fn read_segment_end(rec: &StreamRecord, ledger_id: u64, last: u64) -> Result<SegmentEnd> {
+    let reader = rec
+        .bookkeeper
+        .open_ledger(LedgerId(ledger_id))
+        .await
+        .map_err(|e| storage(&rec.name, "open ledger", e))?;
+    let mut end = SegmentEnd::default();
+    for entry in (last.saturating_sub(SEGMENT_END_LOOKBACK)..=last).rev() {
+        let payload = reader
+            .read(EntryId(entry))
+            .await
+            .map_err(|e| storage(&rec.name, "read last entry", e))?;
+        let set = record_set::decode(&payload).map_err(|e| Error::Storage {
+            stream: rec.name.clone(),
+            op: "decode last entry",
+            source: format!("ledger {ledger_id} entry {entry}: {e}").into(),
+        })?;
+        if entry == last {
+            // A data entry's last record, or a control entry's record of it.
+            end.last_txid = set.last_txid();
+            end.record_count = set.segment_record_index + set.records.len() as u64;
+            end.end_of_stream = set.end_of_stream;
+        }
+        if !set.records.is_empty() {
+            let slot = u32::try_from(set.records.len() - 1).expect("bounded by entry size");
+            end.last_record = Some((entry, slot));
+            end.last_write_time_ms = set.write_time_ms;
+            break;
+        }
+        if set.segment_record_index == 0 {
+            break; // no record before it in the segment
+        }
+    }
+    Ok(end)
 }
 
 /// The sequence number of a stream's next segment: one past its last segment, and never below
@@ -178,30 +262,11 @@ impl Segments {
                         .await)
                 }
             };
-            let (last_txid, record_count) = match lm.last_entry {
-                None => (None, 0),
-                Some(last) => {
-                    let reader = rec
-                        .bookkeeper
-                        .open_ledger(LedgerId(seg.ledger_id))
-                        .await
-                        .map_err(|e| storage(&rec.name, "open ledger", e))?;
-                    let payload = reader
-                        .read(EntryId(last))
-                        .await
-                        .map_err(|e| storage(&rec.name, "read last entry", e))?;
-                    let set = record_set::decode(&payload).map_err(|e| Error::Storage {
-                        stream: rec.name.clone(),
-                        op: "decode last entry",
-                        source: format!("ledger {} entry {last}: {e}", seg.ledger_id).into(),
-                    })?;
-                    // A data entry's last record, or a control entry's record of it.
-                    (
-                        set.last_txid(),
-                        set.segment_record_index + set.records.len() as u64,
-                    )
-                }
+            let end = match lm.last_entry {
+                None => SegmentEnd::default(),
+                Some(last) => read_segment_end(rec, seg.ledger_id, last).await?,
             };
+            let (last_txid, record_count) = (end.last_txid, end.record_count);
             tracing::info!(stream = %rec.name, seq_no = seg.seq_no, ledger = seg.ledger_id, last_entry = ?lm.last_entry, record_count, "recovered in-progress segment");
             if let Some(u) = self.unrecovered.take() {
                 tracing::info!(stream = %rec.name, seq_no = u.seq_no, ledger = u.ledger_id, attempts = u.attempts + 1, "segment recovered after failed attempts");
@@ -212,6 +277,13 @@ impl Segments {
             seg.record_count = record_count;
             seg.length_bytes = lm.length_bytes;
             seg.completion_time_ms = None; // stamped below, on the store's clock
+            seg.last_write_time_ms = end.last_record.and(end.last_write_time_ms);
+            seg.last_record_entry = end.last_record.map(|(e, _)| e);
+            seg.last_record_slot = end.last_record.map(|(_, k)| k);
+            if end.end_of_stream {
+                // A seal whose completion did not reach the record: the marker is in the log.
+                meta.sealed = true;
+            }
             if let Some(t) = last_txid {
                 meta.max_txid = Some(meta.max_txid.map_or(t, |m| m.max(t)));
             }
@@ -361,6 +433,7 @@ impl Segments {
         rec: &mut StreamRecord,
         own: &Ownership,
         first_txid: u64,
+        first_write_time_ms: u64,
     ) -> Result<()> {
         assert!(self.current.is_none(), "one open segment at a time");
         own.check()?;
@@ -402,6 +475,10 @@ impl Segments {
             record_count: 0,
             length_bytes: 0,
             completion_time_ms: None,
+            first_write_time_ms: Some(first_write_time_ms),
+            last_write_time_ms: None,
+            last_record_entry: None,
+            last_record_slot: None,
         });
         if stored_secret.is_none() {
             meta.ledger_secret_hex = Some(quire_metadata::encode_hex(&secret));
@@ -422,6 +499,8 @@ impl Segments {
             last_data_entry: None,
             lac_carried: None,
             last_ack_at: tokio::time::Instant::now(),
+            last_write_time_ms: first_write_time_ms,
+            last_record: None,
         });
         self.publish(rec);
         Ok(())
@@ -473,6 +552,11 @@ impl Segments {
         s.record_count = seg.record_count;
         s.length_bytes = lm.length_bytes;
         s.completion_time_ms = Some(rec.completion_time_ms());
+        if let Some((entry, slot)) = seg.last_record {
+            s.last_write_time_ms = Some(seg.last_write_time_ms);
+            s.last_record_entry = Some(entry);
+            s.last_record_slot = Some(slot);
+        }
         if seg.record_count > 0 {
             meta.max_txid = Some(
                 meta.max_txid

@@ -74,14 +74,21 @@ pub(super) struct OwnerView {
     pub(super) meta: Option<Arc<quire_metadata::Versioned<StreamMetadata>>>,
     /// The in-progress segment's (seq no, last acknowledged entry, records, payload bytes).
     pub(super) live: Option<(u64, u64, u64, u64)>,
+    /// The in-progress segment's last acknowledged record: (seq no, entry, slot, write time).
+    pub(super) live_last_record: Option<(u64, u64, u32, u64)>,
 }
 
 impl OwnerView {
     /// `meta` with the segment being written filled in from `live`.
-    pub(super) fn describe(meta: &mut StreamMetadata, live: Option<(u64, u64, u64, u64)>) {
+    pub(super) fn describe(
+        meta: &mut StreamMetadata,
+        live: Option<(u64, u64, u64, u64)>,
+        live_last_record: Option<(u64, u64, u32, u64)>,
+    ) {
         let Some((seq, entry, records, bytes)) = live else {
             return;
         };
+        let last_record = live_last_record.filter(|l| l.0 == seq);
         if let Some(s) = meta
             .segments
             .iter_mut()
@@ -90,6 +97,11 @@ impl OwnerView {
             s.last_entry = Some(entry);
             s.record_count = records;
             s.length_bytes = bytes;
+            if let Some((_, e, slot, time)) = last_record {
+                s.last_record_entry = Some(e);
+                s.last_record_slot = Some(slot);
+                s.last_write_time_ms = Some(time);
+            }
         }
     }
 }

@@ -18,6 +18,13 @@ pub(super) struct SegmentView {
     /// Last entry a reader may read: the final last entry once completed, else the LAC.
     pub(super) readable_last_entry: Option<u64>,
     pub(super) completed: bool,
+    /// Records in it (completed segments; 0 while in progress: the owner's progress is in
+    /// `StreamShared::view`).
+    pub(super) record_count: u64,
+    /// txid of its last record (completed segments with records).
+    pub(super) last_txid: Option<u64>,
+    /// Write time of its last record (completed segments written with record set v3).
+    pub(super) last_write_time_ms: Option<u64>,
 }
 
 /// The readers' view of a stream, published by its stream task.
@@ -26,6 +33,8 @@ pub(super) struct TailState {
     pub(super) segments: Vec<SegmentView>,
     /// Records before this are unreadable (the stream's truncation point).
     pub(super) truncated_before: Option<Dlsn>,
+    /// The stream is sealed: nothing follows its end-of-stream marker.
+    pub(super) sealed: bool,
 }
 
 impl TailState {
@@ -42,6 +51,9 @@ impl TailState {
                     None
                 },
                 completed: s.state == SegmentState::Completed,
+                record_count: s.record_count,
+                last_txid: s.last_txid,
+                last_write_time_ms: s.last_write_time_ms,
             })
             .collect();
         let truncated_before = meta
@@ -50,6 +62,7 @@ impl TailState {
         Self {
             segments,
             truncated_before,
+            sealed: meta.sealed,
         }
     }
 
@@ -106,6 +119,9 @@ mod tests {
             ledger_id: seq_no * 10,
             readable_last_entry: last,
             completed,
+            record_count: 0,
+            last_txid: None,
+            last_write_time_ms: None,
         }
     }
 
@@ -120,6 +136,7 @@ mod tests {
                 view(3, Some(0), false),
             ],
             truncated_before: None,
+            sealed: false,
         };
         let at = |s, e, k| {
             t.resolve(Dlsn::new(s, e, k))

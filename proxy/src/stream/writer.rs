@@ -17,7 +17,7 @@ use super::labels;
 use super::lifecycle;
 use super::ownership::{lease_lost, Ownership};
 use super::record::StreamRecord;
-use super::segment::Segments;
+use super::segment::{self, Segments};
 use super::shared::{same_kind, writer_storage};
 use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
@@ -26,6 +26,8 @@ use crate::record_set::{
 };
 use crate::types::{RetentionChange, TruncateResult, WriteResult};
 use quire_metadata::RetentionOverride;
+
+mod seal;
 
 /// One entry add in flight.
 pub(super) struct InFlight {
@@ -37,6 +39,8 @@ pub(super) struct InFlight {
     /// Records and payload bytes in the segment up to and including this entry.
     pub(super) records_through: u64,
     pub(super) bytes_through: u64,
+    /// For an entry holding records: the slot of its last record and its write time.
+    pub(super) last_record: Option<(u32, u64)>,
 }
 
 /// An append waiting for its reply. Appends are answered strictly in submission order.
@@ -383,6 +387,11 @@ impl Writer {
                 let _ = reply.send(r);
                 go_on
             }
+            Command::Seal { reply } => {
+                let (r, go_on) = self.seal().await;
+                let _ = reply.send(r);
+                go_on
+            }
             Command::Sweep {
                 orphan_candidates,
                 release_unless_used,
@@ -394,6 +403,11 @@ impl Writer {
             Command::Append { records, reply } => {
                 if self.closed {
                     let _ = reply.send(Err(Error::ShuttingDown));
+                    return true;
+                }
+                if self.rec.meta.value.sealed {
+                    // DistributedLog `EndOfStreamException`: nothing after the marker.
+                    let _ = reply.send(Err(self.end_of_stream_error()));
                     return true;
                 }
                 let batch = take_batch(
@@ -504,6 +518,9 @@ impl Writer {
                     let _ = reply.send(Err(self.ended(deleted, &reason)));
                 }
                 Command::Delete { reply } => {
+                    let _ = reply.send(Err(self.ended(deleted, &reason)));
+                }
+                Command::Seal { reply } => {
                     let _ = reply.send(Err(self.ended(deleted, &reason)));
                 }
                 Command::Sweep { reply, .. } => {
@@ -648,8 +665,13 @@ impl Writer {
             }
         });
         self.acked = Some((seq, f.entry));
-        self.rec.shared.view.lock().expect("view lock").live =
-            Some((seq, f.entry, f.records_through, f.bytes_through));
+        {
+            let mut view = self.rec.shared.view.lock().expect("view lock");
+            view.live = Some((seq, f.entry, f.records_through, f.bytes_through));
+            if let Some((slot, time)) = f.last_record {
+                view.live_last_record = Some((seq, f.entry, slot, time));
+            }
+        }
         self.answer_ready();
         Ok(())
     }
@@ -790,15 +812,25 @@ impl Writer {
     /// outstanding, and for all of them before a segment roll.
     async fn send_entry(&mut self, records: &[Packed<'_>]) -> Result<()> {
         if self.segments.current.is_none() {
+            let first_write_time = segment::write_time_floor_ms(&self.rec.meta.value);
             self.segments
-                .open_segment(&mut self.rec, &self.ownership, records[0].1)
+                .open_segment(
+                    &mut self.rec,
+                    &self.ownership,
+                    records[0].1,
+                    first_write_time,
+                )
                 .await?;
         }
         let seg = self.segments.current.as_mut().expect("opened above");
+        // The proxy's clock stamps the entry (record set v3), never the client's.
+        let write_time = seg.next_write_time_ms();
         let payload = Arc::new(record_set::encode(
             seg.record_count,
+            write_time,
             records.iter().map(|(_, t, p, _)| (*t, *p)),
         ));
+        seg.last_write_time_ms = write_time;
         let entry = seg.next_entry;
         // The LAC this entry carries is at least the writer's LAC read before the add.
         seg.lac_carried = seg.lac_carried.max(seg.ledger.lac().map(|l| l.0));
@@ -808,6 +840,10 @@ impl Writer {
         seg.record_count += records.len() as u64;
         seg.size_bytes += payload.len() as u64;
         seg.last_txid = records[records.len() - 1].1;
+        seg.last_record = Some((
+            entry,
+            u32::try_from(records.len() - 1).expect("records per entry bounded by entry size"),
+        ));
         let seq_no = seg.seq_no;
         self.entries.push_back(InFlight {
             future,
@@ -817,6 +853,7 @@ impl Writer {
             payload,
             records_through: seg.record_count,
             bytes_through: seg.size_bytes,
+            last_record: seg.last_record.map(|(_, slot)| (slot, write_time)),
         });
         for (slot, (id, _, _, last_of_append)) in records.iter().enumerate() {
             let slot = u32::try_from(slot).expect("records per entry bounded by entry size");
@@ -916,7 +953,11 @@ impl Writer {
             .current
             .as_mut()
             .expect("a control entry is due only with an open segment");
-        let payload = Arc::new(record_set::encode_control(seg.record_count, seg.last_txid));
+        let payload = Arc::new(record_set::encode_control(
+            seg.record_count,
+            seg.last_txid,
+            seg.last_write_time_ms,
+        ));
         let entry = seg.next_entry;
         seg.lac_carried = seg.lac_carried.max(seg.ledger.lac().map(|l| l.0));
         let future = seg.ledger.add(shared_bytes(&payload));
@@ -931,6 +972,7 @@ impl Writer {
             payload,
             records_through: seg.record_count,
             bytes_through: seg.size_bytes,
+            last_record: None,
         });
         Ok(())
     }
@@ -1176,6 +1218,7 @@ mod tests {
     fn ledger_add_gets_the_in_flight_buffer() {
         let payload = Arc::new(record_set::encode(
             0,
+            1,
             [(1u64, &[7u8; 1024][..]), (2, &[9u8; 10][..])],
         ));
         let bytes = shared_bytes(&payload);

@@ -282,6 +282,7 @@ async fn a_client_that_does_not_read_its_answers_is_not_served_then_closed() {
             max_records: 100,
             max_bytes: 4 << 20,
             wait_ms: 0,
+            with_write_times: false,
         }
         .encode(10 + id, &mut reads);
     }

@@ -65,6 +65,7 @@ async fn streams_derive_ledger_keys_from_their_own_secret() {
             truncated_before: None,
             retention: RetentionOverride::default(),
             ledger_secret_hex: None,
+            sealed: false,
         })
         .await
         .unwrap();

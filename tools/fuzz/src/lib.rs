@@ -282,6 +282,7 @@ fn seeds_proxy_frame() -> Vec<Vec<u8>> {
             max_records: 10,
             max_bytes: 1 << 16,
             wait_ms: 0,
+            with_write_times: false,
         },
     ];
     let mut seeds = Vec::new();
@@ -306,31 +307,53 @@ pub fn check_record_set(data: &[u8]) {
     let Ok(set) = record_set::decode(data) else {
         return;
     };
+    // Versions 1 and 2 carry no write time: the newest format writes 0 for it.
+    let time = set.write_time_ms.unwrap_or(0);
     let again = match set.control_last_txid {
-        Some(last) => record_set::encode_control(set.segment_record_index, last),
+        Some(last) if set.end_of_stream => {
+            record_set::encode_end_of_stream(set.segment_record_index, last, time)
+        }
+        Some(last) => record_set::encode_control(set.segment_record_index, last, time),
         None => record_set::encode(
             set.segment_record_index,
+            time,
             set.records.iter().map(|r| (r.txid, r.payload)),
         ),
     };
+    let back = record_set::decode(&again).expect("re-encoded record set decodes");
     assert_eq!(
-        record_set::decode(&again).as_ref(),
-        Ok(&set),
+        (
+            back.segment_record_index,
+            &back.records,
+            back.control_last_txid,
+            back.end_of_stream
+        ),
+        (
+            set.segment_record_index,
+            &set.records,
+            set.control_last_txid,
+            set.end_of_stream
+        ),
         "record set round trip"
     );
+    assert_eq!(back.write_time_ms, Some(time));
 }
 
 fn seeds_record_set() -> Vec<Vec<u8>> {
     vec![
         record_set::encode(
             40,
+            1_700_000_000_000,
             [
                 (7u64, &b"first"[..]),
                 (8, &b""[..]),
                 (9, &b"third record"[..]),
             ],
         ),
-        record_set::encode_control(43, 9),
+        record_set::encode_control(43, 9, 1_700_000_000_000),
+        record_set::encode_end_of_stream(43, 9, 1_700_000_000_000),
+        record_set::encode_v1(0, [(1u64, &b"old"[..])]),
+        record_set::encode_control_v2(1, 1),
     ]
 }
 

@@ -75,6 +75,7 @@ fn pipelined_reads(n: u64) -> Vec<u8> {
             max_records: 1000,
             max_bytes: 4 << 20,
             wait_ms: 0,
+            with_write_times: false,
         };
         reads.extend_from_slice(&frame(&read, 10 + id));
     }
@@ -284,6 +285,7 @@ async fn read_from_address(addr: &str, from: &str, stream: &str) -> Result<usize
         max_records: 1000,
         max_bytes: 1 << 20,
         wait_ms: 0,
+        with_write_times: false,
     };
     let mut out = frame(&hello, 1);
     out.extend(frame(&read, 2));

@@ -14,6 +14,7 @@ fn stream(name: &str) -> StreamMetadata {
         truncated_before: None,
         retention: RetentionOverride::default(),
         ledger_secret_hex: None,
+        sealed: false,
     }
 }
 

@@ -58,6 +58,10 @@ fn stream() -> StreamMetadata {
                 record_count: 420,
                 length_bytes: 84_000,
                 completion_time_ms: Some(1_764_979_260_000),
+                first_write_time_ms: None,
+                last_write_time_ms: None,
+                last_record_entry: None,
+                last_record_slot: None,
             },
             SegmentMetadata {
                 seq_no: 2,
@@ -69,6 +73,10 @@ fn stream() -> StreamMetadata {
                 record_count: 0,
                 length_bytes: 0,
                 completion_time_ms: None,
+                first_write_time_ms: None,
+                last_write_time_ms: None,
+                last_record_entry: None,
+                last_record_slot: None,
             },
         ],
         max_txid: Some(141),
@@ -83,6 +91,7 @@ fn stream() -> StreamMetadata {
             size_bytes: None,
         },
         ledger_secret_hex: Some("0f".repeat(32)),
+        sealed: false,
     }
 }
 
