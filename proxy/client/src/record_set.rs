@@ -26,18 +26,30 @@
 
 use quire_wire::{Reader, WireError};
 
+mod producer;
+pub use producer::{
+    ProducerRun, PRODUCER_RUNS_MAX, PRODUCER_RUN_COUNT_SIZE_BYTES, PRODUCER_RUN_SIZE_BYTES,
+};
+
 /// Version 1: the first layout.
 pub const RECORD_SET_FORMAT_V1: u8 = 1;
 /// Version 2: a control entry with no record, written to advance the LAC that bookies hold
 /// past the last data entry when the stream goes idle (DistributedLog's control record).
 pub const RECORD_SET_FORMAT_V2_CONTROL: u8 = 2;
+/// Version 3: a header with flags and the packing time; written (in this build) for entries
+/// that carry producer runs (flag [`FLAG_PRODUCER_RUNS`]).
+pub const RECORD_SET_FORMAT_V3: u8 = 3;
+/// Version 3 flag bit 2: producer runs follow the header ([`ProducerRun`]).
+pub const FLAG_PRODUCER_RUNS: u8 = 0x04;
+/// Bytes of the version 3 header: version, flags, count, segment record index, write time.
+pub const RECORD_SET_V3_HEADER_SIZE_BYTES: usize = 22;
 /// Oldest version readers accept.
 pub const RECORD_SET_FORMAT_OLDEST_READABLE: u8 = RECORD_SET_FORMAT_V1;
 /// Version writers produce for entries holding records (control entries are always
 /// [`RECORD_SET_FORMAT_V2_CONTROL`]).
 pub const RECORD_SET_FORMAT_CURRENT: u8 = RECORD_SET_FORMAT_V1;
 /// Newest version readers accept.
-pub const RECORD_SET_FORMAT_NEWEST_READABLE: u8 = RECORD_SET_FORMAT_V2_CONTROL;
+pub const RECORD_SET_FORMAT_NEWEST_READABLE: u8 = RECORD_SET_FORMAT_V3;
 /// Bytes of a control entry.
 pub const CONTROL_ENTRY_SIZE_BYTES: usize = RECORD_SET_HEADER_SIZE_BYTES + 8;
 
@@ -106,6 +118,55 @@ where
     out
 }
 
+/// Encodes a version 3 record set carrying producer runs (flag [`FLAG_PRODUCER_RUNS`]):
+/// `write_time_ms` is the owning proxy's wall clock when it packed the entry.
+///
+/// # Panics
+/// As [`encode`]; also if `runs` is empty, too many, or does not fit the records.
+pub fn encode_with_runs<'a, I>(
+    segment_record_index: u64,
+    write_time_ms: u64,
+    runs: &[ProducerRun],
+    records: I,
+) -> Vec<u8>
+where
+    I: IntoIterator<Item = (u64, &'a [u8])>,
+    I::IntoIter: Clone,
+{
+    let iter = records.into_iter();
+    let count = iter.clone().count();
+    assert!(count >= 1, "a record set holds at least one record");
+    assert!(runs
+        .iter()
+        .all(|r| r.count >= 1 && (r.first_slot + r.count) as usize <= count));
+    let size: usize = RECORD_SET_V3_HEADER_SIZE_BYTES
+        + PRODUCER_RUN_COUNT_SIZE_BYTES
+        + runs.len() * PRODUCER_RUN_SIZE_BYTES
+        + iter
+            .clone()
+            .map(|(_, p)| encoded_record_size_bytes(p.len()))
+            .sum::<usize>();
+    assert!(
+        size <= ENTRY_SIZE_BYTES_MAX,
+        "record set of {size} bytes exceeds the entry limit"
+    );
+    let mut out = Vec::with_capacity(size);
+    out.push(RECORD_SET_FORMAT_V3);
+    out.push(FLAG_PRODUCER_RUNS);
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    out.extend_from_slice(&segment_record_index.to_le_bytes());
+    out.extend_from_slice(&write_time_ms.to_le_bytes());
+    producer::put_runs(&mut out, runs);
+    for (txid, payload) in iter {
+        assert!(payload.len() <= RECORD_SIZE_BYTES_MAX);
+        out.extend_from_slice(&txid.to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(payload);
+    }
+    assert_eq!(out.len(), size);
+    out
+}
+
 /// Encodes a control entry: no record, `segment_record_index` records before it in the segment,
 /// `last_txid` the txid of the last of them. Readers skip it; segment recovery takes the
 /// segment's record count and last txid from it as from a data entry.
@@ -137,6 +198,8 @@ pub struct RecordSet<'a> {
     pub records: Vec<RecordRef<'a>>,
     /// For a control entry: the txid of the segment's last record before it.
     pub control_last_txid: Option<u64>,
+    /// Version 3 with [`FLAG_PRODUCER_RUNS`]: the producer sessions' runs; else empty.
+    pub producer_runs: Vec<ProducerRun>,
 }
 
 impl RecordSet<'_> {
@@ -163,6 +226,9 @@ pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
             what: "record set version",
         });
     }
+    if version == RECORD_SET_FORMAT_V3 {
+        return decode_v3(buf, r);
+    }
     let count = r.u32()? as usize;
     if version == RECORD_SET_FORMAT_V2_CONTROL {
         if count != 0 {
@@ -177,6 +243,7 @@ pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
             segment_record_index,
             records: Vec::new(),
             control_last_txid: Some(last_txid),
+            producer_runs: Vec::new(),
         });
     }
     if count == 0 {
@@ -203,6 +270,43 @@ pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
         segment_record_index,
         records,
         control_last_txid: None,
+        producer_runs: Vec::new(),
+    })
+}
+
+/// Decodes the rest of a version 3 set after its version byte.
+fn decode_v3<'a>(buf: &'a [u8], mut r: Reader<'a>) -> Result<RecordSet<'a>, WireError> {
+    let flags = r.u8()?;
+    if flags & !FLAG_PRODUCER_RUNS != 0 {
+        return Err(WireError::InvalidField {
+            what: "record set flags",
+        });
+    }
+    let count = r.u32()? as usize;
+    if count == 0 || count > buf.len() / RECORD_HEADER_SIZE_BYTES {
+        return Err(WireError::InvalidField {
+            what: "record set count",
+        });
+    }
+    let segment_record_index = r.u64()?;
+    let _write_time_ms = r.u64()?;
+    let producer_runs = if flags & FLAG_PRODUCER_RUNS != 0 {
+        producer::get_runs(&mut r, count)?
+    } else {
+        Vec::new()
+    };
+    let mut records = Vec::with_capacity(count);
+    for _ in 0..count {
+        let txid = r.u64()?;
+        let payload = r.len_prefixed(RECORD_SIZE_BYTES_MAX)?;
+        records.push(RecordRef { txid, payload });
+    }
+    r.finish()?;
+    Ok(RecordSet {
+        segment_record_index,
+        records,
+        control_last_txid: None,
+        producer_runs,
     })
 }
 
@@ -283,6 +387,81 @@ mod tests {
         assert!(decode(&v).is_err());
         let data = encode(3, [(9u64, &b"x"[..])]);
         assert_eq!(decode(&data).unwrap().last_txid(), Some(9));
+    }
+
+    #[test]
+    fn producer_runs_round_trip_and_are_checked() {
+        // Goal: a version 3 set with runs has the documented layout (common-s18 record set
+        // v3: 22-byte header, flags bit 2, run count u16, 24 bytes a run), decodes to its
+        // records and runs, and bad runs (overlap, past the last slot, session 0, empty,
+        // unknown flag, every cut) are refused.
+        let run = ProducerRun {
+            session_id: 5,
+            first_seq: 10,
+            first_slot: 1,
+            count: 2,
+        };
+        let recs = [(1u64, &b"a"[..]), (2, &b"bc"[..]), (3, &b""[..])];
+        let buf = encode_with_runs(7, 99, &[run], recs);
+        let expect: Vec<u8> = [
+            &[3u8, 4][..],
+            &3u32.to_le_bytes(),
+            &7u64.to_le_bytes(),
+            &99u64.to_le_bytes(),
+            &1u16.to_le_bytes(),
+            &5u64.to_le_bytes(),
+            &10u64.to_le_bytes(),
+            &1u32.to_le_bytes(),
+            &2u32.to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(&buf[..expect.len()], &expect[..]);
+        let set = decode(&buf).unwrap();
+        assert_eq!(set.segment_record_index, 7);
+        assert_eq!(set.producer_runs, vec![run]);
+        assert_eq!(set.records.len(), 3);
+        assert_eq!(set.records[1].payload, b"bc");
+        assert_eq!(set.last_txid(), Some(3));
+        for cut in 0..buf.len() {
+            assert!(decode(&buf[..cut]).is_err(), "cut {cut}");
+        }
+        let runs_at = RECORD_SET_V3_HEADER_SIZE_BYTES + 2;
+        let patch = |at: usize, bytes: &[u8]| {
+            let mut v = buf.clone();
+            v[at..at + bytes.len()].copy_from_slice(bytes);
+            v
+        };
+        // Session 0; an empty run; a run past the last slot; an unknown flag; no run.
+        assert!(decode(&patch(runs_at, &0u64.to_le_bytes())).is_err());
+        assert!(decode(&patch(runs_at + 20, &0u32.to_le_bytes())).is_err());
+        assert!(decode(&patch(runs_at + 20, &3u32.to_le_bytes())).is_err());
+        assert!(decode(&patch(1, &[0x84])).is_err());
+        assert!(decode(&patch(runs_at - 2, &0u16.to_le_bytes())).is_err());
+        // Overlapping runs.
+        let two = [
+            run,
+            ProducerRun {
+                first_slot: 2,
+                count: 1,
+                ..run
+            },
+        ];
+        let mut v = encode_with_runs(
+            7,
+            99,
+            &[
+                run,
+                ProducerRun {
+                    first_slot: 0,
+                    count: 1,
+                    ..run
+                },
+            ],
+            recs,
+        );
+        assert!(decode(&v).is_err(), "runs out of slot order");
+        v = encode_with_runs(7, 99, &two[..1], recs);
+        assert!(decode(&v).is_ok());
     }
 
     #[test]

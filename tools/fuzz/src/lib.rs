@@ -308,6 +308,12 @@ pub fn check_record_set(data: &[u8]) {
     };
     let again = match set.control_last_txid {
         Some(last) => record_set::encode_control(set.segment_record_index, last),
+        None if !set.producer_runs.is_empty() => record_set::encode_with_runs(
+            set.segment_record_index,
+            0,
+            &set.producer_runs,
+            set.records.iter().map(|r| (r.txid, r.payload)),
+        ),
         None => record_set::encode(
             set.segment_record_index,
             set.records.iter().map(|r| (r.txid, r.payload)),
