@@ -156,9 +156,10 @@ impl Grant {
             Request::Read { stream, .. } | Request::DescribeStream { stream } => {
                 (Right::Read, stream)
             }
-            Request::Write { stream, .. } | Request::CreateStream { stream } => {
-                (Right::Write, stream)
-            }
+            Request::Write { stream, .. }
+            | Request::ProducerWrite { stream, .. }
+            | Request::OpenProducerSession { stream }
+            | Request::CreateStream { stream } => (Right::Write, stream),
             Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
             | Request::SetRetention { stream, .. }

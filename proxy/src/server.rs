@@ -46,7 +46,7 @@ use crate::limits::{
     Admission, AuthFailures, Handshake, IpSlot, LogThrottle, PoolGrant, ResponsePool,
 };
 use crate::protocol::{
-    reserved_txid_index, Opcode, Request, Response, PROXY_PROTOCOL_VERSION_MAX,
+    reserved_txid_index, Opcode, ProducerSeq, Request, Response, PROXY_PROTOCOL_VERSION_MAX,
     PROXY_PROTOCOL_VERSION_MIN, READ_RECORD_OVERHEAD_BYTES,
 };
 use crate::record_set::RECORD_SIZE_BYTES_MAX;
@@ -323,6 +323,7 @@ fn op_name(opcode: u8) -> &'static str {
         Ok(Opcode::DeleteStream) => "delete_stream",
         Ok(Opcode::SetRetention) => "set_retention",
         Ok(Opcode::SealStream) => "seal_stream",
+        Ok(Opcode::OpenProducerSession) => "open_producer_session",
         Err(_) => "unknown",
     }
 }
@@ -1335,7 +1336,18 @@ impl ConnState {
                 create_if_missing,
                 records,
             } => {
-                self.write(stream, create_if_missing, records, answer).await;
+                self.write(stream, create_if_missing, None, records, answer)
+                    .await;
+                Ok(())
+            }
+            Request::ProducerWrite {
+                stream,
+                create_if_missing,
+                producer,
+                records,
+            } => {
+                self.write(stream, create_if_missing, Some(producer), records, answer)
+                    .await;
                 Ok(())
             }
             other => self.spawn_request(other, answer, reservation).await,
@@ -1482,6 +1494,7 @@ impl ConnState {
         &mut self,
         stream: String,
         create_if_missing: bool,
+        producer: Option<ProducerSeq>,
         records: Vec<(u64, Vec<u8>)>,
         answer: Answer,
     ) {
@@ -1500,7 +1513,7 @@ impl ConnState {
                 m.bytes_in.inc_by(bytes as u64);
             }
             self.streams
-                .submit_append(&stream, records, create_if_missing)
+                .submit_append(&stream, producer, records, create_if_missing)
                 .await
         };
         let metrics = self.config.metrics.clone();
@@ -1831,10 +1844,16 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .seal_stream(&stream)
             .await
             .map(|last_dlsn| Response::SealStream { last_dlsn }),
-        Request::Hello { .. } | Request::Write { .. } => Err(Error::Internal(format!(
-            "{:?} is handled by the connection loop",
-            Opcode::from_u8(req.opcode() as u8)
-        ))),
+        Request::OpenProducerSession { stream } => {
+            let session_id = streams.open_producer_session(&stream)?;
+            Ok(Response::OpenProducerSession { session_id })
+        }
+        Request::Hello { .. } | Request::Write { .. } | Request::ProducerWrite { .. } => {
+            Err(Error::Internal(format!(
+                "{:?} is handled by the connection loop",
+                Opcode::from_u8(req.opcode() as u8)
+            )))
+        }
     }
 }
 

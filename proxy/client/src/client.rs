@@ -12,8 +12,8 @@ use tokio::net::ToSocketAddrs;
 
 use crate::config::ClientConfig;
 use crate::dlsn::{Dlsn, ReadPosition};
-use crate::error::{Error, Result};
-use crate::protocol::{Request, Response, TXID_RESERVED, WRITE_RECORD_OVERHEAD_BYTES};
+use crate::error::{Error, ErrorCode, Result};
+use crate::protocol::{ProducerSeq, Request, Response, TXID_RESERVED, WRITE_RECORD_OVERHEAD_BYTES};
 use crate::routing::Router;
 use crate::types::{
     Position, ReadBatch, RetentionChange, RetentionOverride, StreamInfo, TruncateResult,
@@ -33,7 +33,7 @@ pub struct ProxyClient {
 impl std::fmt::Debug for ProxyClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProxyClient")
-            .field("home", &self.router.home_addr)
+            .field("home", &self.router.home_addr())
             .field("frame_size_bytes_max", &self.frame_size_bytes_max())
             .finish()
     }
@@ -60,6 +60,105 @@ impl ProxyClient {
         Ok(Self {
             router: Router::connect(addr, config).await?,
         })
+    }
+
+    /// Connects to the first proxy of `config.proxies` that answers; the others are where the
+    /// client fails over to (`ClientConfig::proxies`).
+    ///
+    /// # Errors
+    /// `BadRequest` for an empty list; else the last proxy's error, as
+    /// [`ProxyClient::connect`].
+    pub async fn connect_any(config: ClientConfig) -> Result<Self> {
+        Ok(Self {
+            router: Router::connect_list(config).await?,
+        })
+    }
+
+    /// The address of the proxy this client sends its requests to first (its home proxy; it
+    /// changes on failover).
+    pub fn home_addr(&self) -> String {
+        self.router.home_addr()
+    }
+
+    /// Opens a producer session on `stream` for exactly-once writes
+    /// ([`ProxyClient::write_in_session`]; the high-level [`crate::Producer`] numbers and
+    /// retries them). Answered by the home proxy (failing over to the next proxy when the
+    /// connection is lost: opening is idempotent); the stream need not exist yet.
+    ///
+    /// # Errors
+    /// `Remote` with `InvalidStreamName`, `RequestDenied` (no write right); `Io`.
+    pub async fn open_producer_session(&self, stream: &str) -> Result<u64> {
+        let req = Request::OpenProducerSession {
+            stream: stream.to_string(),
+        };
+        let mut answer = self.router.home().await?.call(&req, Duration::ZERO).await;
+        if matches!(answer, Err(Error::Io { .. })) {
+            answer = self.router.home().await?.call(&req, Duration::ZERO).await;
+        }
+        match answer? {
+            Response::OpenProducerSession { session_id } => Ok(session_id),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Appends `records` as one write of a producer session: `producer.first_seq` is the
+    /// sequence number of the first record, the others follow. The stream's owner does not
+    /// write again what the session already applied: a retry of an applied write (same
+    /// session and sequences) is answered with the original DLSNs (Kafka's idempotent
+    /// producer). The write must fit one request (no split: a retry must be the same write);
+    /// [`ProxyClient::session_write_bytes_max`] says how much fits.
+    ///
+    /// # Errors
+    /// As [`ProxyClient::write`], plus `BadRequest` when it does not fit one request,
+    /// `Remote` with `ProducerSequenceGap` or `ProducerSessionExpired` (nothing written), and
+    /// `WriteOutcomeUnknown` (retry it unchanged: that is what sessions are for).
+    pub async fn write_in_session(
+        &self,
+        stream: &str,
+        producer: ProducerSeq,
+        records: Vec<(u64, Vec<u8>)>,
+        create_if_missing: bool,
+    ) -> Result<WriteResult> {
+        check_records(&records, self.record_size_bytes_max() as usize)?;
+        let size: usize = records
+            .iter()
+            .map(|(_, p)| p.len() + WRITE_RECORD_OVERHEAD_BYTES)
+            .sum();
+        if size > self.session_write_bytes_max(stream) {
+            return Err(Error::BadRequest {
+                reason: format!(
+                    "a producer session write of {size} bytes does not fit one request of the proxy's frame limit ({} bytes of records); write fewer records at once",
+                    self.session_write_bytes_max(stream)
+                ),
+            });
+        }
+        let count = records.len();
+        let req = Request::ProducerWrite {
+            stream: stream.to_string(),
+            create_if_missing,
+            producer,
+            records,
+        };
+        let resp = self.router.call_stream(stream, &req, Duration::ZERO).await;
+        match resp.map_err(|e| outcome_unknown(stream, e))? {
+            Response::Write {
+                count: n,
+                first_dlsn,
+                last_dlsn,
+            } if n as usize == count => Ok(WriteResult {
+                first_dlsn,
+                last_dlsn,
+                count: u64::from(n),
+            }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Record bytes (payloads plus 12 bytes a record) one producer session write to `stream`
+    /// may carry: the home proxy's frame limit less the request's header.
+    pub fn session_write_bytes_max(&self, stream: &str) -> usize {
+        (self.frame_size_bytes_max() as usize)
+            .saturating_sub(FRAME_HEADER_SIZE_BYTES + stream.len() + 64)
     }
 
     /// The frame limit the home proxy announced. Writes are split to fit it.
@@ -126,9 +225,12 @@ impl ProxyClient {
     /// # Errors
     /// `RecordTooLarge`, `ReservedTxid` (a txid is `u64::MAX`, reserved for end-of-stream as in
     /// DistributedLog) or `TxidOutOfOrder` (nothing sent); `Remote` with the proxy's code
-    /// (`NoSuchStream`, `TxidOutOfOrder`, `Storage`, `OwnershipLost` (outcome unknown, not
-    /// retried), ...); `RedirectFailed` when the stream's owner cannot be reached through
-    /// redirects. If a later part of a split write fails, the earlier parts stay written; the
+    /// (`NoSuchStream`, `TxidOutOfOrder`, ...); `WriteOutcomeUnknown` when the connection was
+    /// lost after the request was sent or the owner answered `OWNERSHIP_LOST` or
+    /// `STORAGE_ERROR` (the records may or may not be in the stream; never retried here: use
+    /// a producer session, [`crate::Producer`], for writes that may be retried);
+    /// `RedirectFailed` when the stream's owner cannot be reached through redirects (nothing
+    /// was written). If a later part of a split write fails, the earlier parts stay written; the
     /// error message says how many records were acknowledged.
     ///
     /// Each part goes to the stream's owner: the cached one, else the home proxy, following
@@ -165,7 +267,11 @@ impl ProxyClient {
                 create_if_missing,
                 records: chunk,
             };
-            let resp = self.router.call_stream(stream, &req, Duration::ZERO).await;
+            let resp = self
+                .router
+                .call_stream(stream, &req, Duration::ZERO)
+                .await
+                .map_err(|e| outcome_unknown(stream, e));
             let resp = match resp {
                 Err(Error::Remote { code, message }) if written > 0 => {
                     return Err(Error::Remote {
@@ -230,7 +336,16 @@ impl ProxyClient {
             wait_ms,
             with_write_times: true,
         };
-        match self.router.call_stream(stream, &req, wait).await? {
+        let mut answer = self.router.call_stream(stream, &req, wait).await;
+        if let Err(e) = &answer {
+            // A read changes nothing: after a lost connection or an owner going away it is
+            // sent once more, routed afresh (failing over to the next proxy).
+            if retry_read(e) {
+                tracing::debug!(stream, error = %e, "read failed; sending it again");
+                answer = self.router.call_stream(stream, &req, wait).await;
+            }
+        }
+        match answer? {
             Response::Read {
                 next,
                 records,
@@ -407,6 +522,45 @@ fn check_records(records: &[(u64, Vec<u8>)], record_max: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether a failed read is sent once more: the connection was lost, or the owner went away.
+fn retry_read(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Io { .. }
+            | Error::RedirectFailed { .. }
+            | Error::Remote {
+                code: ErrorCode::OwnershipLost | ErrorCode::ServiceUnavailable,
+                ..
+            }
+    )
+}
+
+/// A write's error as the client reports it: `WriteOutcomeUnknown` when the records may or
+/// may not be in the stream (the connection was lost after the request was sent, or the owner
+/// answered `OWNERSHIP_LOST` or `STORAGE_ERROR`: DistributedLog's "the write may or may not
+/// have been stored"); any other error as it is (nothing was written).
+pub(crate) fn outcome_unknown(stream: &str, e: Error) -> Error {
+    let code = match &e {
+        // Refused before anything went out: nothing was sent.
+        Error::Io { op, source }
+            if *op == "send request" && source.kind() == std::io::ErrorKind::NotConnected =>
+        {
+            return e
+        }
+        Error::Io { .. } => ErrorCode::Internal,
+        Error::Remote {
+            code: code @ (ErrorCode::OwnershipLost | ErrorCode::Storage),
+            ..
+        } => *code,
+        _ => return e,
+    };
+    Error::WriteOutcomeUnknown {
+        stream: stream.to_string(),
+        code,
+        reason: e.to_string(),
+    }
 }
 
 fn unexpected(r: &Response) -> Error {

@@ -29,6 +29,11 @@ pub struct ClientConfig {
     /// Proxies reached by a redirect are checked against the host of the address they
     /// advertise.
     pub tls_server_name: Option<String>,
+    /// More proxies (`host:port`) to fail over to, in order after the address connected to:
+    /// when the home proxy cannot be reached or answers `SERVICE_UNAVAILABLE`, the next one
+    /// becomes home (see `ProxyClient::connect_any`). Empty (the default): only the address
+    /// connected to.
+    pub proxies: Vec<String>,
 }
 
 impl Default for ClientConfig {
@@ -40,6 +45,7 @@ impl Default for ClientConfig {
             token: None,
             tls: None,
             tls_server_name: None,
+            proxies: Vec::new(),
         }
     }
 }

@@ -65,13 +65,26 @@ pub enum ErrorCode {
     /// the stream `TXID_OUT_OF_ORDER` for good. Numbered outside DistributedLog's 500–527 so
     /// that it never stands for one of DL's codes.
     TxidTooFarAhead = 540,
+    /// A write in a producer session does not follow the session's last applied sequence
+    /// number at the stream's owner: a gap (a write of the session before it never reached the
+    /// stream), or sequences that only partly line up with what was applied. Nothing was
+    /// written; the message gives the sequence the owner expects next. Quire's own code
+    /// (Kafka's `OUT_OF_ORDER_SEQUENCE_NUMBER`; DistributedLog has no producer sessions).
+    ProducerSequenceGap = 541,
+    /// The stream's owner keeps no state for this producer session at this sequence: the
+    /// session is unknown to it (never seen, or its last write left the dedup window) or the
+    /// sequences are older than the window it keeps. It cannot tell whether the write was
+    /// applied, so it writes nothing: never twice. A producer opens a new session for new
+    /// writes; a retried write's outcome stays unknown. Quire's own code (Kafka's
+    /// `UNKNOWN_PRODUCER_ID`).
+    ProducerSessionExpired = 542,
     /// The stream name breaks the naming rules (DL `INVALID_STREAM_NAME`).
     InvalidStreamName = 602,
 }
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 21] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
@@ -90,6 +103,8 @@ impl ErrorCode {
         Self::TxidOutOfOrder,
         Self::StreamExists,
         Self::TxidTooFarAhead,
+        Self::ProducerSequenceGap,
+        Self::ProducerSessionExpired,
         Self::InvalidStreamName,
     ];
 
@@ -119,6 +134,8 @@ impl ErrorCode {
             Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
             Self::StreamExists => "STREAM_EXISTS",
             Self::TxidTooFarAhead => "TXID_TOO_FAR_AHEAD",
+            Self::ProducerSequenceGap => "PRODUCER_SEQUENCE_GAP",
+            Self::ProducerSessionExpired => "PRODUCER_SESSION_EXPIRED",
             Self::InvalidStreamName => "INVALID_STREAM_NAME",
         }
     }
@@ -187,6 +204,37 @@ pub enum Error {
         txid: u64,
         last_txid: u64,
         txid_jump_max: u64,
+    },
+    /// A producer session's write does not follow the session's last applied sequence
+    /// (`PRODUCER_SEQUENCE_GAP`, see `quire_proxy`'s producer sessions); nothing was written.
+    #[error("producer session {session_id:#x} on stream {stream:?}: write of sequences {first_seq}..={last_seq} does not follow the applied ones (next expected {expected}); nothing was written")]
+    ProducerSequenceGap {
+        stream: String,
+        session_id: u64,
+        first_seq: u64,
+        last_seq: u64,
+        expected: u64,
+    },
+    /// The owner keeps no dedup state for this session at these sequences
+    /// (`PRODUCER_SESSION_EXPIRED`); nothing was written.
+    #[error("producer session {session_id:#x} on stream {stream:?}: sequence {first_seq} {reason}; nothing was written (open a new session)")]
+    ProducerSessionExpired {
+        stream: String,
+        session_id: u64,
+        first_seq: u64,
+        reason: String,
+    },
+    /// (client side) A write's outcome is unknown: the connection was lost after it was sent,
+    /// or the owner answered `OWNERSHIP_LOST` or `STORAGE_ERROR` during it. Its records may or
+    /// may not be in the stream. Writes outside a producer session are never retried by the
+    /// client (a retry could write them twice); inside one the `Producer` retries them with the
+    /// same sequences and the owner drops what it already applied (Kafka's idempotent
+    /// producer). `code` is the cause's code (`INTERNAL` for a lost connection).
+    #[error("outcome of the write to stream {stream:?} is unknown (its records may or may not be in the stream): {reason}")]
+    WriteOutcomeUnknown {
+        stream: String,
+        code: ErrorCode,
+        reason: String,
     },
     /// The handshake's token is missing or unknown to a proxy that requires one
     /// (the proxy's authorizer, `quire_proxy::auth`).
@@ -291,6 +339,9 @@ impl Error {
             Error::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
             Error::TxidOutOfOrder { .. } => ErrorCode::TxidOutOfOrder,
             Error::TxidTooFarAhead { .. } => ErrorCode::TxidTooFarAhead,
+            Error::ProducerSequenceGap { .. } => ErrorCode::ProducerSequenceGap,
+            Error::ProducerSessionExpired { .. } => ErrorCode::ProducerSessionExpired,
+            Error::WriteOutcomeUnknown { code, .. } => *code,
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Error::RequestDenied { .. } => ErrorCode::RequestDenied,
             Error::BadRequest { .. }
@@ -338,7 +389,7 @@ mod tests {
             numbers,
             [
                 0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 525,
-                540, 602
+                540, 541, 542, 602
             ]
         );
         for c in ErrorCode::ALL {

@@ -70,7 +70,13 @@ fn stream_info() -> StreamInfo {
 
 /// Every golden frame, in groups (one function per group keeps each under 100 lines).
 fn cases() -> Vec<(&'static str, Golden)> {
-    [cases_1(), cases_2(), cases_3(), cases_issue26()]
+    [
+        cases_1(),
+        cases_2(),
+        cases_3(),
+        cases_issue26(),
+        cases_producer(),
+    ]
         .into_iter()
         .flatten()
         .collect()
@@ -384,6 +390,48 @@ fn encode(g: &Golden) -> Vec<u8> {
     out
 }
 
+fn cases_producer() -> Vec<(&'static str, Golden)> {
+    use crate::protocol::ProducerSeq;
+    use Golden::Request as Req;
+    use Golden::Response as Resp;
+    vec![
+        (
+            "open-producer-session-request",
+            Req(
+                12,
+                Request::OpenProducerSession {
+                    stream: "logs/golden".into(),
+                },
+            ),
+        ),
+        (
+            "open-producer-session-response",
+            Resp(
+                Opcode::OpenProducerSession,
+                12,
+                Response::OpenProducerSession {
+                    session_id: 0x5eed_0000_0000_0001,
+                },
+            ),
+        ),
+        (
+            "write-request-producer-session",
+            Req(
+                13,
+                Request::ProducerWrite {
+                    stream: "logs/golden".into(),
+                    create_if_missing: false,
+                    producer: ProducerSeq {
+                        session_id: 0x5eed_0000_0000_0001,
+                        first_seq: 40,
+                    },
+                    records: vec![(144, b"once".to_vec()), (145, b"only".to_vec())],
+                },
+            ),
+        ),
+    ]
+}
+
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/frames")
 }
@@ -433,6 +481,7 @@ fn every_opcode_has_a_golden_request_and_response() {
             Opcode::DeleteStream => "delete-stream",
             Opcode::SetRetention => "set-retention",
             Opcode::SealStream => "seal-stream",
+            Opcode::OpenProducerSession => "open-producer-session",
         };
         for kind in ["request", "response"] {
             assert!(

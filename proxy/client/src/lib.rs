@@ -18,6 +18,16 @@
 //! (one TCP/TLS connection to one proxy: handshake, framing, pipelined requests by request id)
 //! and `routing` (which proxy to ask: home proxy, ownership cache, redirects).
 //!
+//! Failover and exactly-once ([`ClientConfig::proxies`], [`ProxyClient::connect_any`]): a
+//! client may know several proxies; an unreachable home proxy or one answering
+//! `SERVICE_UNAVAILABLE` is skipped for the next. A write whose outcome is unknown (connection
+//! lost after sending, `OWNERSHIP_LOST`, `STORAGE_ERROR`) fails with
+//! [`Error::WriteOutcomeUnknown`] and is never resent by `write`; a [`Producer`] (producer
+//! session: `open_producer_session`, `write_in_session`) resends it with the same sequence
+//! numbers and the stream's owner drops what it already applied. A [`Reader`] tails a stream
+//! and resumes at its next DLSN after a failure. [`blocking`] wraps them for programs
+//! without tokio. Examples: `proxy/client/examples/`.
+//!
 //! Every failure is an [`Error`]; [`Error::code`] gives its stable [`ErrorCode`] (a proxy's
 //! answer arrives as `Error::Remote { code, message }`), and `Display` is one line. The proxy
 //! server (quire-proxy) fails with the same type and answers with its code.
@@ -34,26 +44,31 @@
 //! [`catch_up_read_runtime`]: a tokio runtime at a lower OS priority for a reader working
 //! through a backlog (the proxy's catch-up reads, a scanning client).
 
+pub mod blocking;
 pub mod client;
 pub mod config;
 mod connection;
 pub mod dlsn;
 pub mod error;
+pub mod producer;
 pub mod protocol;
 pub mod record_set;
 mod routing;
 pub mod runtime;
+pub mod tail;
 pub mod types;
 
 pub use client::ProxyClient;
 pub use config::ClientConfig;
 pub use dlsn::{Dlsn, ParseDlsnError, ReadPosition};
 pub use error::{Error, ErrorCode, Result};
-pub use protocol::Token;
+pub use producer::{Producer, ProducerConfig};
+pub use protocol::{ProducerSeq, Token};
 /// The rustls client configuration [`ClientConfig::tls`] holds.
 pub use quire_tls::rustls::ClientConfig as TlsClientConfig;
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
 pub use runtime::{catch_up_read_runtime, CATCH_UP_READ_NICE};
+pub use tail::Reader;
 pub use types::{
     check_retention_size_bytes, check_retention_time_secs, Position, ReadBatch, RetentionChange,
     RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState, StreamInfo, StreamLookups,

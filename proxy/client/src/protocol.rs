@@ -49,6 +49,20 @@ pub const FLAG_READ_WRITE_TIMES: u8 = 0x01;
 pub const FLAG_READ_END_OF_STREAM: u8 = 0x02;
 /// Bytes a record adds to a read answer that carries write times.
 pub const READ_RECORD_WRITE_TIME_BYTES: usize = 8;
+/// `Write` flag: the body carries a producer session's numbering ([`ProducerSeq`]) after the
+/// stream name (exactly-once appends, `docs/proxy-protocol.md` "Producer sessions").
+pub const FLAG_PRODUCER_SESSION: u8 = 0x02;
+
+/// How a write in a producer session is numbered (Kafka's idempotent producer: producer id and
+/// the sequence number of the batch's first record): `session_id` (never 0) from
+/// `OPEN_PRODUCER_SESSION`, and the sequence number of the write's first record; its records
+/// have consecutive sequence numbers `first_seq`, `first_seq + 1`, ... A session numbers its
+/// records from 0 without gaps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProducerSeq {
+    pub session_id: u64,
+    pub first_seq: u64,
+}
 
 /// Request opcodes. Stable numbers: add new ones, never renumber.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +88,8 @@ pub enum Opcode {
     SetRetention = 0x09,
     /// Seal a stream: write the end-of-stream marker; later writes fail with `END_OF_STREAM`.
     SealStream = 0x0A,
+    /// Open a producer session for exactly-once writes to a stream.
+    OpenProducerSession = 0x0B,
 }
 
 impl Opcode {
@@ -93,6 +109,7 @@ impl Opcode {
             0x08 => Self::DeleteStream,
             0x09 => Self::SetRetention,
             0x0A => Self::SealStream,
+            0x0B => Self::OpenProducerSession,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -134,6 +151,17 @@ pub enum Request {
         create_if_missing: bool,
         records: Vec<(u64, Vec<u8>)>,
     },
+    /// A `Write` (same opcode) with [`FLAG_PRODUCER_SESSION`]: body stream name, session_id
+    /// u64, first_seq u64, then as `Write`. The stream's owner drops records of the session it
+    /// already applied and answers with their original DLSNs.
+    ProducerWrite {
+        stream: String,
+        create_if_missing: bool,
+        producer: ProducerSeq,
+        records: Vec<(u64, Vec<u8>)>,
+    },
+    /// Body: stream name. Needs the write right on the stream.
+    OpenProducerSession { stream: String },
     /// Flags: [`FLAG_READ_WRITE_TIMES`] (`with_write_times`). Body: stream name, position
     /// (kind u8 + 20 bytes: a DLSN for kinds 0-1, a u64 then 12 zero bytes for kinds 2-5),
     /// max_records u32, max_bytes u32, wait_ms u32.
@@ -204,6 +232,8 @@ pub enum Response {
     /// Body: the DLSN of the stream's last record (present u8 + DLSN; absent for a stream
     /// without records).
     SealStream { last_dlsn: Option<Dlsn> },
+    /// Body: session_id u64 (never 0).
+    OpenProducerSession { session_id: u64 },
     /// Any failed request: `status` in the header is the code; body: message (u32 length +
     /// UTF-8 bytes).
     Error { code: ErrorCode, message: String },
@@ -488,6 +518,55 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
     })
 }
 
+/// A write's body (`Write`, or with a producer session `ProducerWrite`); returns its flags.
+fn put_write(
+    body: &mut Vec<u8>,
+    stream: &str,
+    create_if_missing: bool,
+    producer: Option<&ProducerSeq>,
+    records: &[(u64, Vec<u8>)],
+) -> u8 {
+    let mut flags = 0;
+    if create_if_missing {
+        flags |= FLAG_CREATE_IF_MISSING;
+    }
+    let payload: usize = records
+        .iter()
+        .map(|(_, p)| p.len() + WRITE_RECORD_OVERHEAD_BYTES)
+        .sum();
+    body.reserve(4 + stream.len() + 16 + 4 + payload);
+    put_str(body, stream);
+    if let Some(p) = producer {
+        flags |= FLAG_PRODUCER_SESSION;
+        put_u64(body, p.session_id);
+        put_u64(body, p.first_seq);
+    }
+    put_u32(
+        body,
+        u32::try_from(records.len()).expect("record count above u32"),
+    );
+    for (txid, payload) in records {
+        body.extend_from_slice(&txid.to_le_bytes());
+        put_len_prefixed(body, payload);
+    }
+    flags
+}
+
+/// A write's producer numbering; session id 0 is refused.
+fn get_producer(r: &mut Reader<'_>) -> Result<ProducerSeq, WireError> {
+    let session_id = r.u64()?;
+    let first_seq = r.u64()?;
+    if session_id == 0 {
+        return Err(WireError::InvalidField {
+            what: "producer session id",
+        });
+    }
+    Ok(ProducerSeq {
+        session_id,
+        first_seq,
+    })
+}
+
 /// Cuts `s` to at most `max` bytes at a character boundary.
 pub fn truncate_message(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -507,7 +586,8 @@ impl Request {
             Request::Hello { .. } => Opcode::Hello,
             Request::CreateStream { .. } => Opcode::CreateStream,
             Request::ListStreams => Opcode::ListStreams,
-            Request::Write { .. } => Opcode::Write,
+            Request::Write { .. } | Request::ProducerWrite { .. } => Opcode::Write,
+            Request::OpenProducerSession { .. } => Opcode::OpenProducerSession,
             Request::Read { .. } => Opcode::Read,
             Request::DescribeStream { .. } => Opcode::DescribeStream,
             Request::TruncateStream { .. } => Opcode::TruncateStream,
@@ -523,6 +603,8 @@ impl Request {
             Request::Hello { .. } | Request::ListStreams => None,
             Request::CreateStream { stream }
             | Request::Write { stream, .. }
+            | Request::ProducerWrite { stream, .. }
+            | Request::OpenProducerSession { stream }
             | Request::Read { stream, .. }
             | Request::DescribeStream { stream }
             | Request::TruncateStream { stream, .. }
@@ -555,25 +637,22 @@ impl Request {
                 stream,
                 create_if_missing,
                 records,
+            } => flags = put_write(&mut body, stream, *create_if_missing, None, records),
+            Request::ProducerWrite {
+                stream,
+                create_if_missing,
+                producer,
+                records,
             } => {
-                if *create_if_missing {
-                    flags |= FLAG_CREATE_IF_MISSING;
-                }
-                let payload: usize = records
-                    .iter()
-                    .map(|(_, p)| p.len() + WRITE_RECORD_OVERHEAD_BYTES)
-                    .sum();
-                body.reserve(4 + stream.len() + 4 + payload);
-                put_str(&mut body, stream);
-                put_u32(
+                flags = put_write(
                     &mut body,
-                    u32::try_from(records.len()).expect("record count above u32"),
-                );
-                for (txid, payload) in records {
-                    body.extend_from_slice(&txid.to_le_bytes());
-                    put_len_prefixed(&mut body, payload);
-                }
+                    stream,
+                    *create_if_missing,
+                    Some(producer),
+                    records,
+                )
             }
+            Request::OpenProducerSession { stream } => put_str(&mut body, stream),
             Request::Read {
                 stream,
                 from,
@@ -653,6 +732,11 @@ impl Request {
             Opcode::ListStreams => Request::ListStreams,
             Opcode::Write => {
                 let stream = get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?;
+                let producer = if frame.header.flags & FLAG_PRODUCER_SESSION != 0 {
+                    Some(get_producer(&mut r)?)
+                } else {
+                    None
+                };
                 let count = r.u32()? as usize;
                 // Refuse counts the body cannot hold before allocating for them.
                 if count > frame.body.len() / WRITE_RECORD_OVERHEAD_BYTES {
@@ -668,12 +752,32 @@ impl Request {
                     let payload = r.len_prefixed(frame.body.len())?;
                     records.push((txid, payload.to_vec()));
                 }
-                Request::Write {
-                    stream,
-                    create_if_missing: frame.header.flags & FLAG_CREATE_IF_MISSING != 0,
-                    records,
+                let create_if_missing = frame.header.flags & FLAG_CREATE_IF_MISSING != 0;
+                match producer {
+                    None => Request::Write {
+                        stream,
+                        create_if_missing,
+                        records,
+                    },
+                    Some(producer) => {
+                        // The last record's sequence must exist.
+                        if producer.first_seq.checked_add(count as u64).is_none() {
+                            return Err(WireError::InvalidField {
+                                what: "producer sequence",
+                            });
+                        }
+                        Request::ProducerWrite {
+                            stream,
+                            create_if_missing,
+                            producer,
+                            records,
+                        }
+                    }
                 }
             }
+            Opcode::OpenProducerSession => Request::OpenProducerSession {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+            },
             Opcode::Read => Request::Read {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
                 from: get_position(&mut r)?,
@@ -781,6 +885,7 @@ impl Response {
                 put_opt_u64(&mut body, retention.size_bytes);
             }
             Response::SealStream { last_dlsn } => put_opt_dlsn(&mut body, *last_dlsn),
+            Response::OpenProducerSession { session_id } => put_u64(&mut body, *session_id),
             Response::Error { code, message } => {
                 assert!(
                     *code != ErrorCode::Ok,
@@ -876,6 +981,16 @@ impl Response {
             },
             Opcode::SealStream => Response::SealStream {
                 last_dlsn: get_opt_dlsn(&mut r, "last DLSN")?,
+            },
+            Opcode::OpenProducerSession => Response::OpenProducerSession {
+                session_id: match r.u64()? {
+                    0 => {
+                        return Err(WireError::InvalidField {
+                            what: "producer session id",
+                        })
+                    }
+                    id => id,
+                },
             },
         };
         r.finish()?;
@@ -1025,6 +1140,16 @@ mod tests {
             });
         }
         req_round_trip(Request::SealStream { stream: "s".into() });
+        req_round_trip(Request::ProducerWrite {
+            stream: "s".into(),
+            create_if_missing: false,
+            producer: ProducerSeq {
+                session_id: 0x1234_5678_9abc,
+                first_seq: 77,
+            },
+            records: vec![(5, b"x".to_vec()), (6, vec![])],
+        });
+        req_round_trip(Request::OpenProducerSession { stream: "s".into() });
         req_round_trip(Request::DescribeStream { stream: "s".into() });
         req_round_trip(Request::DeleteStream {
             stream: "a/b".into(),
@@ -1144,6 +1269,10 @@ mod tests {
                     size_bytes: Some(5),
                 },
             },
+        );
+        resp_round_trip(
+            Opcode::OpenProducerSession,
+            Response::OpenProducerSession { session_id: 42 },
         );
         let mut buf = Vec::new();
         Response::CreateStream.encode(Opcode::CreateStream as u8, 1, &mut buf);
@@ -1317,6 +1446,63 @@ mod tests {
                 });
             }
         }
+    }
+
+    #[test]
+    fn producer_write_layout_and_refusals() {
+        // Goal: pin the producer write's documented layout (flag 0x02; session id and first
+        // sequence after the stream name) and refuse session id 0 and a last sequence past
+        // u64::MAX. Method: encode one, compare the body byte by byte, then patch it.
+        let req = Request::ProducerWrite {
+            stream: "s".into(),
+            create_if_missing: true,
+            producer: ProducerSeq {
+                session_id: 9,
+                first_seq: 3,
+            },
+            records: vec![(7, b"ab".to_vec())],
+        };
+        let mut buf = Vec::new();
+        req.encode(1, &mut buf);
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        assert_eq!(
+            frame.header.flags,
+            FLAG_CREATE_IF_MISSING | FLAG_PRODUCER_SESSION
+        );
+        let expect: Vec<u8> = [
+            &1u32.to_le_bytes()[..],
+            b"s",
+            &9u64.to_le_bytes(),
+            &3u64.to_le_bytes(),
+            &1u32.to_le_bytes(),
+            &7u64.to_le_bytes(),
+            &2u32.to_le_bytes(),
+            b"ab",
+        ]
+        .concat();
+        assert_eq!(frame.body, &expect[..]);
+        let mut zero = expect.clone();
+        zero[5..13].copy_from_slice(&0u64.to_le_bytes());
+        let f = Frame {
+            header: frame.header,
+            body: &zero,
+        };
+        assert!(Request::decode(&f).is_err(), "session id 0");
+        let mut past = expect.clone();
+        past[13..21].copy_from_slice(&u64::MAX.to_le_bytes());
+        let f = Frame {
+            header: frame.header,
+            body: &past,
+        };
+        assert!(Request::decode(&f).is_err(), "sequence overflow");
+        // Without the flag the same body is a malformed plain write.
+        let mut h = frame.header;
+        h.flags = FLAG_CREATE_IF_MISSING;
+        assert!(Request::decode(&Frame {
+            header: h,
+            body: &expect
+        })
+        .is_err());
     }
 
     #[test]

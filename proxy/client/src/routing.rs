@@ -7,6 +7,14 @@
 //! per proxy), remembers the owner of the stream and resends, up to
 //! [`ClientConfig::redirects_max`] times, as DistributedLog's client does with `FOUND` and its
 //! ownership cache. Later requests for that stream go straight to the cached owner.
+//!
+//! Failover: the client may know several proxies (the address connected to, then
+//! [`ClientConfig::proxies`]). When its home proxy cannot be reached (connect errors, no
+//! handshake answer) or answers `SERVICE_UNAVAILABLE` (shutting down, or at its connection
+//! limit), the next address in the list becomes the home proxy, round robin, as
+//! DistributedLog's client skips a host marked down. A request already sent when a connection
+//! is lost is never resent here: whether it may be is the caller's decision (reads are;
+//! writes only inside a producer session, see `producer.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,13 +36,16 @@ const REDIRECT_BACKOFF_MAX: Duration = Duration::from_millis(100);
 
 /// The connections of one client and the ownership cache that picks among them.
 pub(crate) struct Router {
-    /// The home proxy's address (as connected to first).
-    pub(crate) home_addr: String,
-    /// The name the home proxy's certificate carries (TLS only), checked again on reconnects.
+    /// Every proxy this client may take as its home: the address connected to first, then
+    /// `ClientConfig::proxies` (without repeats).
+    proxies: Vec<String>,
+    /// The name the first proxy's certificate carries (TLS only), checked again on reconnects.
     home_name: Option<ServerName<'static>>,
-    /// The connection to the home proxy; replaced when the proxy closed it (idle timeout,
-    /// restart).
-    home: Mutex<Arc<Connection>>,
+    /// The index in `proxies` of the home proxy and the connection to it; replaced when the
+    /// proxy closed it (idle timeout, restart) or a failover picked another proxy.
+    home: Mutex<(usize, Arc<Connection>)>,
+    /// Held while the home connection is replaced, so that concurrent callers reconnect once.
+    reconnecting: tokio::sync::Mutex<()>,
     config: ClientConfig,
     /// Connections to other proxies, by the address their redirects named.
     others: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
@@ -60,20 +71,66 @@ impl Router {
     /// # Errors
     /// As `Connection::connect`.
     pub(crate) async fn connect(addr: impl ToSocketAddrs, config: ClientConfig) -> Result<Self> {
-        let home = Connection::connect(addr, config.clone(), None).await?;
-        Ok(Self {
-            home_addr: home.addr.clone(),
+        let first = Connection::connect(addr, config.clone(), None).await;
+        let home = match first {
+            Ok(c) => c,
+            Err(e) if config.proxies.is_empty() => return Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "the first proxy is unreachable; trying the others");
+                return Self::connect_list(config).await;
+            }
+        };
+        let mut proxies = vec![home.addr.clone()];
+        proxies.extend(config.proxies.iter().filter(|a| **a != home.addr).cloned());
+        Ok(Self::with_home(proxies, 0, home, config))
+    }
+
+    /// Connects to the first of `config.proxies` that answers.
+    ///
+    /// # Errors
+    /// `BadRequest` for an empty list; else the last proxy's connect error.
+    pub(crate) async fn connect_list(config: ClientConfig) -> Result<Self> {
+        let mut proxies: Vec<String> = Vec::new();
+        for a in &config.proxies {
+            if !proxies.contains(a) {
+                proxies.push(a.clone());
+            }
+        }
+        let mut last = Error::BadRequest {
+            reason: "no proxy address given".into(),
+        };
+        for (i, addr) in proxies.iter().enumerate() {
+            match Connection::connect(addr.as_str(), config.clone(), None).await {
+                Ok(c) => return Ok(Self::with_home(proxies.clone(), i, c, config)),
+                Err(e) => {
+                    tracing::debug!(proxy = %addr, error = %e, "proxy unreachable; trying the next");
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    fn with_home(proxies: Vec<String>, i: usize, home: Connection, config: ClientConfig) -> Self {
+        Self {
+            proxies,
             home_name: home.tls_name.clone(),
-            home: Mutex::new(Arc::new(home)),
+            home: Mutex::new((i, Arc::new(home))),
+            reconnecting: tokio::sync::Mutex::new(()),
             config,
             others: tokio::sync::Mutex::new(HashMap::new()),
             owners: Mutex::new(HashMap::new()),
-        })
+        }
+    }
+
+    /// The home proxy's address.
+    pub(crate) fn home_addr(&self) -> String {
+        self.home.lock().expect("home lock").1.addr.clone()
     }
 
     /// The frame and record limits the home proxy announced.
     pub(crate) fn home_limits(&self) -> (u32, u32) {
-        let home = self.home.lock().expect("home lock");
+        let home = &self.home.lock().expect("home lock").1;
         (home.frame_size_bytes_max, home.record_size_bytes_max)
     }
 
@@ -99,29 +156,65 @@ impl Router {
     }
 
     /// The connection to the home proxy, connecting again (with a new handshake) if the proxy
-    /// closed the previous one, for example after its idle timeout. Safe: nothing of the
-    /// request about to be sent went over the closed connection.
+    /// closed the previous one, for example after its idle timeout, and failing over to the
+    /// next proxy of the list when it cannot be reached. Safe: nothing of the request about to
+    /// be sent went over the closed connection.
+    ///
+    /// # Errors
+    /// The last proxy's connect error when none of them answers.
     pub(crate) async fn home(&self) -> Result<Arc<Connection>> {
-        let current = self.home.lock().expect("home lock").clone();
+        let (index, current) = self.home.lock().expect("home lock").clone();
         if !current.is_closed() {
             return Ok(current);
         }
-        tracing::debug!(proxy = %self.home_addr, "the home proxy closed the connection; connecting again");
-        let fresh = Arc::new(
-            Connection::connect(
-                self.home_addr.as_str(),
-                self.config.clone(),
-                self.home_name.clone(),
-            )
-            .await?,
-        );
-        *self.home.lock().expect("home lock") = fresh.clone();
-        Ok(fresh)
+        let _one = self.reconnecting.lock().await;
+        let (now, conn) = self.home.lock().expect("home lock").clone();
+        if now != index || !conn.is_closed() {
+            return Ok(conn); // another caller reconnected meanwhile
+        }
+        self.reconnect_home(index).await
+    }
+
+    /// Connects to the proxies from `start` on, round robin, and makes the first that answers
+    /// the home proxy.
+    async fn reconnect_home(&self, start: usize) -> Result<Arc<Connection>> {
+        let mut last = None;
+        for k in 0..self.proxies.len() {
+            let i = (start + k) % self.proxies.len();
+            let addr = &self.proxies[i];
+            tracing::debug!(proxy = %addr, "connecting to the home proxy");
+            let name = if i == 0 { self.home_name.clone() } else { None };
+            match Connection::connect(addr.as_str(), self.config.clone(), name).await {
+                Ok(c) => {
+                    let c = Arc::new(c);
+                    *self.home.lock().expect("home lock") = (i, c.clone());
+                    return Ok(c);
+                }
+                Err(e) => {
+                    tracing::debug!(proxy = %addr, error = %e, "proxy unreachable");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.expect("at least one proxy"))
+    }
+
+    /// Gives up the home proxy (it answered `SERVICE_UNAVAILABLE`): the next request
+    /// connects to the next proxy of the list.
+    async fn skip_home(&self, conn: &Connection) {
+        let _one = self.reconnecting.lock().await;
+        let (index, current) = self.home.lock().expect("home lock").clone();
+        if current.addr != conn.addr || self.proxies.len() < 2 {
+            return;
+        }
+        if let Err(e) = self.reconnect_home(index + 1).await {
+            tracing::debug!(error = %e, "no other proxy answers");
+        }
     }
 
     /// The connection to `addr`: the home one, a kept one, or a new one.
     async fn connection_to(&self, addr: &str) -> Result<Arc<Connection>> {
-        if addr == self.home_addr {
+        if addr == self.home_addr() {
             return self.home().await;
         }
         let mut others = self.others.lock().await;
@@ -226,6 +319,19 @@ impl Router {
                 .await
                 .err()
                 .map(Err),
+            Err(Error::Remote {
+                code: ErrorCode::ServiceUnavailable,
+                ..
+            }) if route.target.is_none() && self.proxies.len() > 1 => {
+                // The home proxy is shutting down or full: the next proxy of the list
+                // becomes home, and asks again (nothing was done with the request).
+                route.hops += 1;
+                if route.hops > self.config.redirects_max {
+                    return Some(Err(self.gave_up(stream, conn.addr.clone())));
+                }
+                self.skip_home(conn).await;
+                None
+            }
             Err(Error::Remote {
                 code: ErrorCode::ServiceUnavailable,
                 ..

@@ -12,6 +12,8 @@ use crate::types::{RetentionChange, TruncateResult, WriteResult};
 pub(super) enum Command {
     Append {
         records: Vec<(u64, Vec<u8>)>,
+        /// Set for a write in a producer session (`producer.rs`).
+        producer: Option<crate::protocol::ProducerSeq>,
         reply: oneshot::Sender<Result<WriteResult>>,
     },
     Close {

@@ -92,6 +92,7 @@ mod lifecycle;
 mod lookups;
 mod ownership;
 mod position;
+pub mod producer;
 mod reader;
 mod record;
 mod registry;
@@ -349,7 +350,44 @@ impl StreamManager {
         records: Vec<(u64, Vec<u8>)>,
         create_if_missing: bool,
     ) -> Result<WriteResult> {
-        let rx = self.submit_append(name, records, create_if_missing).await?;
+        let rx = self
+            .submit_append(name, None, records, create_if_missing)
+            .await?;
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Opens a producer session for exactly-once writes to `name`: a random id, never 0. Any
+    /// proxy answers (nothing is stored: the session lives in the entries its writes add, and
+    /// the stream's owner keeps its dedup state, `producer.rs`); the stream need not exist
+    /// yet (a session write may create it).
+    ///
+    /// # Errors
+    /// `InvalidStreamName`.
+    pub fn open_producer_session(&self, name: &str) -> Result<u64> {
+        validate_stream_name(name)
+            .map_err(|e| Error::from_metadata(name, "open producer session", e))?;
+        Ok(producer::new_session_id())
+    }
+
+    /// As [`StreamManager::append`], for a write of a producer session numbered by `producer`
+    /// (exactly-once appends, `producer.rs`): records of the session this stream already holds
+    /// are not written again; a write applied in full is answered with its original DLSNs.
+    ///
+    /// # Errors
+    /// As `append`, and `ProducerSequenceGap` (the write does not follow the session's last
+    /// applied sequence), `ProducerSessionExpired` (the owner cannot tell whether it was
+    /// applied: an unknown session not starting at 0, or sequences older than the window);
+    /// nothing is written for either.
+    pub async fn append_in_session(
+        &self,
+        name: &str,
+        producer: crate::protocol::ProducerSeq,
+        records: Vec<(u64, Vec<u8>)>,
+        create_if_missing: bool,
+    ) -> Result<WriteResult> {
+        let rx = self
+            .submit_append(name, Some(producer), records, create_if_missing)
+            .await?;
         rx.await.map_err(|_| Error::ShuttingDown)?
     }
 
@@ -358,6 +396,7 @@ impl StreamManager {
     pub(crate) async fn submit_append(
         &self,
         name: &str,
+        producer: Option<crate::protocol::ProducerSeq>,
         records: Vec<(u64, Vec<u8>)>,
         create_if_missing: bool,
     ) -> Result<oneshot::Receiver<Result<WriteResult>>> {
@@ -387,7 +426,11 @@ impl StreamManager {
                 name,
                 create_if_missing,
                 true,
-                Command::Append { records, reply },
+                Command::Append {
+                    records,
+                    producer,
+                    reply,
+                },
             )
             .await?;
         Ok(rx)

@@ -16,13 +16,17 @@ use super::command::{Command, StreamSweep};
 use super::labels;
 use super::lifecycle;
 use super::ownership::{lease_lost, Ownership};
+use super::producer::{self, ProducerTable, Verdict};
 use super::record::StreamRecord;
 use super::segment::{self, Segments};
 use super::shared::{same_kind, writer_storage};
 use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
+use crate::protocol::ProducerSeq;
 use crate::record_set::{
-    self, encoded_record_size_bytes, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
+    self, encoded_record_size_bytes, ProducerRun, PRODUCER_RUN_COUNT_SIZE_BYTES,
+    PRODUCER_RUN_SIZE_BYTES, RECORD_SET_HEADER_SIZE_BYTES,
+    RECORD_SIZE_BYTES_MAX,
 };
 use crate::types::{RetentionChange, TruncateResult, WriteResult};
 use quire_metadata::RetentionOverride;
@@ -53,6 +57,12 @@ pub(super) struct PendingAppend {
     pub(super) last: Option<Dlsn>,
     /// True once every record of the append is in an entry that was sent.
     pub(super) issued: bool,
+    /// A producer session's write: its numbering as written (after an overlap, from the
+    /// first record not yet applied); records packed take `first_seq + k`.
+    pub(super) producer: Option<ProducerSeq>,
+    /// A producer session's write already applied in full: nothing written, answered at its
+    /// turn with the original DLSNs from the dedup table.
+    pub(super) duplicate: Option<ProducerSeq>,
 }
 
 impl PendingAppend {
@@ -68,6 +78,8 @@ impl PendingAppend {
             first: None,
             last: None,
             issued: false,
+            producer: None,
+            duplicate: None,
         }
     }
 }
@@ -88,12 +100,16 @@ fn shared_bytes(payload: &Arc<Vec<u8>>) -> bytes::Bytes {
 /// An append's records, `(txid, payload)` each.
 type Records = Vec<(u64, Vec<u8>)>;
 
-/// An append's records and where its answer goes.
-type QueuedAppend = (Records, oneshot::Sender<Result<WriteResult>>);
+/// An append's records, its producer session numbering, and where its answer goes.
+type QueuedAppend = (
+    Records,
+    Option<ProducerSeq>,
+    oneshot::Sender<Result<WriteResult>>,
+);
 
 /// One record waiting to be packed into the next entry: (append id, txid, payload, last
-/// record of its append).
-type Packed<'a> = (u64, u64, &'a [u8], bool);
+/// record of its append, index in its append, in a producer session).
+type Packed<'a> = (u64, u64, &'a [u8], bool, usize, bool);
 
 /// Checks an append's txids in record order against the txid before each: `last_txid` (the
 /// stream's, `None` before its first record) for the first record, the previous record's for
@@ -139,25 +155,25 @@ pub(super) fn check_txids(
 
 /// The appends queued right now after `records`, grouped up to about one entry's worth
 /// (`target` bytes); a command other than an append is held back in `inputs.stashed`.
-fn take_batch(
-    records: Records,
-    reply: oneshot::Sender<Result<WriteResult>>,
-    inputs: &mut Inputs,
-    target: usize,
-) -> Vec<QueuedAppend> {
-    let mut size: usize = records
+fn take_batch(first: QueuedAppend, inputs: &mut Inputs, target: usize) -> Vec<QueuedAppend> {
+    let mut size: usize = first
+        .0
         .iter()
         .map(|(_, p)| encoded_record_size_bytes(p.len()))
         .sum();
-    let mut batch = vec![(records, reply)];
+    let mut batch = vec![first];
     while size < target {
         match inputs.commands.try_recv() {
-            Ok(Command::Append { records, reply }) => {
+            Ok(Command::Append {
+                records,
+                producer,
+                reply,
+            }) => {
                 size += records
                     .iter()
                     .map(|(_, p)| encoded_record_size_bytes(p.len()))
                     .sum::<usize>();
-                batch.push((records, reply));
+                batch.push((records, producer, reply));
             }
             Ok(other) => {
                 inputs.stashed = Some(other);
@@ -167,6 +183,20 @@ fn take_batch(
         }
     }
     batch
+}
+
+/// Bytes a record adds to its entry besides its own when it is a producer session's (record
+/// index `k` in its write) going into `entry`: a new run when it starts its write's part of
+/// the entry, and the run count for the entry's first run.
+fn run_bytes(entry: &[Packed<'_>], in_session: bool, k: usize) -> usize {
+    if !in_session || (k > 0 && !entry.is_empty()) {
+        return 0;
+    }
+    let mut more = PRODUCER_RUN_SIZE_BYTES;
+    if !entry.iter().any(|r| r.5) {
+        more += PRODUCER_RUN_COUNT_SIZE_BYTES;
+    }
+    more
 }
 
 /// Waits for the oldest add in flight; never resolves when none is.
@@ -209,6 +239,9 @@ pub(super) struct Writer {
     appends_base: u64,
     /// (segment seq no, entry id) of the last entry acknowledged.
     acked: Option<(u64, u64)>,
+    /// Producer sessions' dedup state (`producer.rs`), rebuilt from the log after a recovery
+    /// before the first session write.
+    producers: ProducerTable,
 }
 
 /// What woke the stream task.
@@ -249,6 +282,7 @@ impl Writer {
             appends: VecDeque::new(),
             appends_base: 0,
             acked: None,
+            producers: ProducerTable::default(),
         };
         writer.set_last_txid(writer.rec.meta.value.max_txid);
         writer
@@ -271,6 +305,9 @@ impl Writer {
     /// # Errors
     /// What [`Segments::recover`] fails with.
     pub(super) async fn recover(&mut self) -> Result<()> {
+        // What was in flight may or may not be in the log now: the dedup state is read back
+        // from it before the next session write.
+        self.producers.reset();
         self.segments
             .recover(&mut self.rec, &self.ownership)
             .await?;
@@ -400,7 +437,11 @@ impl Writer {
                 self.sweep_command(orphan_candidates, release_unless_used, reply, inputs)
                     .await
             }
-            Command::Append { records, reply } => {
+            Command::Append {
+                records,
+                producer,
+                reply,
+            } => {
                 if self.closed {
                     let _ = reply.send(Err(Error::ShuttingDown));
                     return true;
@@ -411,8 +452,7 @@ impl Writer {
                     return true;
                 }
                 let batch = take_batch(
-                    records,
-                    reply,
+                    (records, producer, reply),
                     inputs,
                     self.rec.config.entry_size_bytes_target,
                 );
@@ -555,6 +595,7 @@ impl Writer {
     fn answer_ready(&mut self) {
         while let Some(a) = self.appends.front() {
             let ready = a.refused.is_some()
+                || a.duplicate.is_some()
                 || (a.issued
                     && a.last.is_some_and(|l| {
                         self.acked
@@ -565,9 +606,17 @@ impl Writer {
             }
             let a = self.appends.pop_front().expect("front exists");
             self.appends_base += 1;
-            let r = match a.refused {
-                Some(e) => Err(e),
-                None => Ok(WriteResult {
+            let r = match (a.refused, a.duplicate) {
+                (Some(e), _) => Err(e),
+                (None, Some(p)) => self
+                    .producers
+                    .duplicate_answer(&self.rec.name, p, a.count)
+                    .map(|(first_dlsn, last_dlsn)| WriteResult {
+                        first_dlsn,
+                        last_dlsn,
+                        count: a.count,
+                    }),
+                (None, None) => Ok(WriteResult {
                     first_dlsn: a.first.expect("issued appends have records"),
                     last_dlsn: a.last.expect("issued appends have records"),
                     count: a.count,
@@ -695,7 +744,7 @@ impl Writer {
                     self.lose(reason.clone()).await;
                 }
             }
-            for (_, reply) in batch {
+            for (_, _, reply) in batch {
                 self.answer(reply, Err(same_kind(&e)));
             }
             return false;
@@ -710,7 +759,7 @@ impl Writer {
                     Error::OwnershipLost { reason, .. } => Some(reason.clone()),
                     _ => None,
                 };
-                for (_, reply) in batch {
+                for (_, _, reply) in batch {
                     self.answer(reply, Err(same_kind(&e)));
                 }
                 if let Some(reason) = lost {
@@ -724,7 +773,7 @@ impl Writer {
         match self.past_roll_bound().await {
             Ok(None) => {}
             Ok(Some(refusal)) => {
-                for (records, reply) in batch {
+                for (records, _, reply) in batch {
                     self.appends.push_back(PendingAppend::new(
                         reply,
                         records.len() as u64,
@@ -735,7 +784,7 @@ impl Writer {
                 return true;
             }
             Err(e) => {
-                for (records, reply) in batch {
+                for (records, _, reply) in batch {
                     self.appends.push_back(PendingAppend::new(
                         reply,
                         records.len() as u64,
@@ -745,29 +794,25 @@ impl Writer {
                 return self.on_write_failure(e).await;
             }
         }
+        let Some(batch) = self.build_producers(batch).await else {
+            return true;
+        };
         // Check every append's txids before writing anything; refused appends are answered in
         // their turn and write nothing.
         let mut records_of = Vec::with_capacity(batch.len());
-        for (records, reply) in batch {
-            let id = self.appends_base + self.appends.len() as u64;
+        for (records, producer, reply) in batch {
             assert!(
                 records
                     .iter()
                     .all(|(_, payload)| payload.len() <= RECORD_SIZE_BYTES_MAX),
                 "sizes are checked at submission"
             );
-            let (refused, last) =
-                match check_txids(&records, self.last_txid, self.rec.config.txid_jump_max) {
-                    Ok(last) => (None, last),
-                    Err(e) => (Some(e), self.last_txid),
-                };
-            let count = records.len() as u64;
-            if refused.is_none() {
-                self.set_last_txid(last);
+            let id = self.appends_base + self.appends.len() as u64;
+            let (pending, records) = self.take_append(records, producer, reply);
+            if let Some(records) = records {
                 records_of.push((id, records));
             }
-            self.appends
-                .push_back(PendingAppend::new(reply, count, refused));
+            self.appends.push_back(pending);
         }
         match self.write_records(&records_of).await {
             Ok(()) => {
@@ -783,13 +828,101 @@ impl Writer {
         }
     }
 
+    /// Before a batch holding producer session writes: the dedup table is rebuilt from the
+    /// log if a recovery reset it (`producer::read_tail_runs`). Returns the batch, or `None`
+    /// when the rebuild failed and every append of the batch was answered with its error
+    /// (nothing written; the next session write tries again).
+    async fn build_producers(&mut self, batch: Vec<QueuedAppend>) -> Option<Vec<QueuedAppend>> {
+        if self.producers.built || batch.iter().all(|(_, p, _)| p.is_none()) {
+            return Some(batch);
+        }
+        let read =
+            producer::read_tail_runs(&self.rec.bookkeeper, &self.rec.name, &self.rec.meta.value)
+                .await;
+        match read {
+            Ok(entries) => {
+                tracing::debug!(stream = %self.rec.name, entries = entries.len(), "producer sessions rebuilt from the log tail");
+                self.producers.rebuild(&entries);
+                Some(batch)
+            }
+            Err(e) => {
+                tracing::warn!(stream = %self.rec.name, error = %e, "cannot rebuild the producer sessions from the log tail");
+                for (_, _, reply) in batch {
+                    self.answer(reply, Err(same_kind(&e)));
+                }
+                None
+            }
+        }
+    }
+
+    /// Takes one append of a batch: its producer session verdict (`producer.rs`), then its
+    /// txids. Returns its pending answer and the records to write (`None`: refused, or a
+    /// duplicate that writes nothing). A taken session write advances the session at once,
+    /// so that the next write of the session in the same batch follows it.
+    fn take_append(
+        &mut self,
+        mut records: Records,
+        producer: Option<ProducerSeq>,
+        reply: oneshot::Sender<Result<WriteResult>>,
+    ) -> (PendingAppend, Option<Records>) {
+        let count = records.len() as u64;
+        let verdict = match producer {
+            None => Ok(None),
+            Some(p) => self
+                .producers
+                .classify(&self.rec.name, p, records.len())
+                .map(Some),
+        };
+        let mut producer = producer;
+        let mut preset_first = None;
+        match verdict {
+            Err(e) => return (PendingAppend::new(reply, count, Some(e)), None),
+            Ok(Some(Verdict::Duplicate)) => {
+                let mut pending = PendingAppend::new(reply, count, None);
+                pending.duplicate = producer;
+                return (pending, None);
+            }
+            Ok(Some(Verdict::Overlap { applied, first })) => {
+                // The applied prefix stays as it is in the log; only the rest is written.
+                records.drain(..applied);
+                producer = producer.map(|p| ProducerSeq {
+                    first_seq: p.first_seq + applied as u64,
+                    ..p
+                });
+                preset_first = Some(first);
+            }
+            Ok(Some(Verdict::New)) | Ok(None) => {}
+        }
+        let (refused, last) =
+            match check_txids(&records, self.last_txid, self.rec.config.txid_jump_max) {
+                Ok(last) => (None, last),
+                Err(e) => (Some(e), self.last_txid),
+            };
+        let mut pending = PendingAppend::new(reply, count, refused);
+        if pending.refused.is_some() {
+            return (pending, None);
+        }
+        self.set_last_txid(last);
+        if let Some(p) = producer {
+            self.producers
+                .accept(p.session_id, p.first_seq, records.len());
+        }
+        pending.producer = producer;
+        pending.first = preset_first;
+        (pending, Some(records))
+    }
+
     /// Packs the records of the given appends (by append id) into entries of up to
-    /// `entry_size_bytes_target` bytes and sends them.
+    /// `entry_size_bytes_target` bytes and sends them. An entry holding producer session
+    /// records counts its producer runs too (record set v3).
     async fn write_records(&mut self, records_of: &[(u64, Records)]) -> Result<()> {
         let target = self.rec.config.entry_size_bytes_target;
         let mut entry: Vec<Packed<'_>> = Vec::new();
         let mut size = RECORD_SET_HEADER_SIZE_BYTES;
         for (id, records) in records_of {
+            let in_session = self.appends[(id - self.appends_base) as usize]
+                .producer
+                .is_some();
             for (k, (txid, payload)) in records.iter().enumerate() {
                 let more = encoded_record_size_bytes(payload.len());
                 if !entry.is_empty() && size + more > target {
@@ -797,8 +930,15 @@ impl Writer {
                     entry.clear();
                     size = RECORD_SET_HEADER_SIZE_BYTES;
                 }
-                entry.push((*id, *txid, payload.as_slice(), k + 1 == records.len()));
-                size += more;
+                size += more + run_bytes(&entry, in_session, k);
+                entry.push((
+                    *id,
+                    *txid,
+                    payload.as_slice(),
+                    k + 1 == records.len(),
+                    k,
+                    in_session,
+                ));
             }
         }
         if !entry.is_empty() {
@@ -822,13 +962,15 @@ impl Writer {
                 )
                 .await?;
         }
+        let runs = self.producer_runs(records);
         let seg = self.segments.current.as_mut().expect("opened above");
         // The proxy's clock stamps the entry (record set v3), never the client's.
         let write_time = seg.next_write_time_ms();
-        let payload = Arc::new(record_set::encode(
+        let payload = Arc::new(record_set::encode_with_runs(
             seg.record_count,
             write_time,
-            records.iter().map(|(_, t, p, _)| (*t, *p)),
+            &runs,
+            records.iter().map(|(_, t, p, ..)| (*t, *p)),
         ));
         seg.last_write_time_ms = write_time;
         let entry = seg.next_entry;
@@ -855,7 +997,10 @@ impl Writer {
             bytes_through: seg.size_bytes,
             last_record: seg.last_record.map(|(_, slot)| (slot, write_time)),
         });
-        for (slot, (id, _, _, last_of_append)) in records.iter().enumerate() {
+        for run in &runs {
+            self.producers.record_run(run, seq_no, entry);
+        }
+        for (slot, (id, _, _, last_of_append, ..)) in records.iter().enumerate() {
             let slot = u32::try_from(slot).expect("records per entry bounded by entry size");
             let dlsn = Dlsn::new(seq_no, entry, slot);
             let a = &mut self.appends[(id - self.appends_base) as usize];
@@ -872,6 +1017,38 @@ impl Writer {
             self.roll().await?;
         }
         Ok(())
+    }
+
+    /// The producer runs of an entry about to be sent: consecutive records of one session
+    /// write, numbered from the write's `first_seq` by their index in it.
+    fn producer_runs(&self, records: &[Packed<'_>]) -> Vec<ProducerRun> {
+        let mut runs: Vec<ProducerRun> = Vec::new();
+        for (slot, (id, _, _, _, k, in_session)) in records.iter().enumerate() {
+            if !in_session {
+                continue;
+            }
+            let p = self.appends[(id - self.appends_base) as usize]
+                .producer
+                .expect("a session record's append has its numbering");
+            let seq = p.first_seq + *k as u64;
+            let slot = u32::try_from(slot).expect("records per entry bounded by entry size");
+            match runs.last_mut() {
+                Some(r)
+                    if r.session_id == p.session_id
+                        && r.first_slot + r.count == slot
+                        && r.first_seq + u64::from(r.count) == seq =>
+                {
+                    r.count += 1
+                }
+                _ => runs.push(ProducerRun {
+                    session_id: p.session_id,
+                    first_seq: seq,
+                    first_slot: slot,
+                    count: 1,
+                }),
+            }
+        }
+        runs
     }
 
     /// Rolls the open segment if the next one can be started: its ledger is created first

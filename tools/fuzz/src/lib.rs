@@ -314,9 +314,10 @@ pub fn check_record_set(data: &[u8]) {
             record_set::encode_end_of_stream(set.segment_record_index, last, time)
         }
         Some(last) => record_set::encode_control(set.segment_record_index, last, time),
-        None => record_set::encode(
+        None => record_set::encode_with_runs(
             set.segment_record_index,
             time,
+            &set.producer_runs,
             set.records.iter().map(|r| (r.txid, r.payload)),
         ),
     };
@@ -337,6 +338,7 @@ pub fn check_record_set(data: &[u8]) {
         "record set round trip"
     );
     assert_eq!(back.write_time_ms, Some(time));
+    assert_eq!(back.producer_runs, set.producer_runs);
 }
 
 fn seeds_record_set() -> Vec<Vec<u8>> {

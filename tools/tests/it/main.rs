@@ -13,6 +13,7 @@ mod cluster_bookie_lifecycle_and_admin;
 mod cluster_bookie_memory_and_connection_limits;
 mod cluster_bookie_read_only_on_full_disk;
 mod cluster_bookie_refuses_strangers;
+mod cluster_exactly_once;
 mod cluster_failures;
 mod cluster_ledger_id_squatting;
 mod cluster_ledger_keys;

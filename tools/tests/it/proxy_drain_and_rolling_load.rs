@@ -167,7 +167,12 @@ async fn writer(
                         code: ErrorCode::ServiceUnavailable,
                         ..
                     } => f.unavailable += 1,
-                    quire_proxy::Error::Io { .. } => f.io += 1,
+                    // A connection lost under a write: its outcome is unknown.
+                    quire_proxy::Error::Io { .. }
+                    | quire_proxy::Error::WriteOutcomeUnknown {
+                        code: ErrorCode::Internal,
+                        ..
+                    } => f.io += 1,
                     _ => f.other += 1,
                 }
                 if f.samples.len() < 8 {
