@@ -77,9 +77,9 @@ fn cases() -> Vec<(&'static str, Golden)> {
         cases_issue26(),
         cases_producer(),
     ]
-        .into_iter()
-        .flatten()
-        .collect()
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 fn cases_1() -> Vec<(&'static str, Golden)> {

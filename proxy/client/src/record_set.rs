@@ -185,7 +185,11 @@ where
 {
     let header = RecordSetHeader {
         version: RECORD_SET_FORMAT_V3,
-        flags: if runs.is_empty() { 0 } else { FLAG_PRODUCER_RUNS },
+        flags: if runs.is_empty() {
+            0
+        } else {
+            FLAG_PRODUCER_RUNS
+        },
         record_count: 0,
         segment_record_index,
         write_time_ms: Some(write_time_ms),

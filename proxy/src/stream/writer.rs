@@ -25,8 +25,7 @@ use crate::error::{Error, Result};
 use crate::protocol::ProducerSeq;
 use crate::record_set::{
     self, encoded_record_size_bytes, ProducerRun, PRODUCER_RUN_COUNT_SIZE_BYTES,
-    PRODUCER_RUN_SIZE_BYTES, RECORD_SET_HEADER_SIZE_BYTES,
-    RECORD_SIZE_BYTES_MAX,
+    PRODUCER_RUN_SIZE_BYTES, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };
 use crate::types::{RetentionChange, TruncateResult, WriteResult};
 use quire_metadata::RetentionOverride;
