@@ -153,15 +153,20 @@ impl Grant {
     pub fn check(&self, req: &Request) -> Result<(), String> {
         let (right, stream) = match req {
             Request::Hello { .. } | Request::ListStreams => return Ok(()),
-            Request::Read { stream, .. } | Request::DescribeStream { stream } => {
-                (Right::Read, stream)
-            }
+            // A subscription is a reader's own position: reading the stream is the right to
+            // keep one (DistributedLog's reader commits it); deleting one is admin.
+            Request::Read { stream, .. }
+            | Request::DescribeStream { stream }
+            | Request::CommitSubscription { stream, .. }
+            | Request::GetSubscription { stream, .. }
+            | Request::ListSubscriptions { stream } => (Right::Read, stream),
             Request::Write { stream, .. } | Request::CreateStream { stream } => {
                 (Right::Write, stream)
             }
             Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
-            | Request::SetRetention { stream, .. } => (Right::Admin, stream),
+            | Request::SetRetention { stream, .. }
+            | Request::DeleteSubscription { stream, .. } => (Right::Admin, stream),
         };
         if self.allows(right, stream) {
             Ok(())

@@ -69,7 +69,7 @@ fn stream_info() -> StreamInfo {
 
 /// Every golden frame, in groups (one function per group keeps each under 100 lines).
 fn cases() -> Vec<(&'static str, Golden)> {
-    [cases_1(), cases_2(), cases_3()]
+    [cases_1(), cases_2(), cases_3(), cases_subscriptions()]
         .into_iter()
         .flatten()
         .collect()
@@ -301,6 +301,102 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
     ]
 }
 
+/// Subscriptions (issue 26 item 2): opcodes 0x0C to 0x0F.
+fn cases_subscriptions() -> Vec<(&'static str, Golden)> {
+    use crate::subscription::SubscriptionInfo;
+    use Golden::Request as Req;
+    use Golden::Response as Resp;
+    let stream = || "logs/golden".to_string();
+    let name = || "billing".to_string();
+    let info = SubscriptionInfo {
+        name: name(),
+        committed: Some(Dlsn::new(2, 7, 1)),
+        commit_time_ms: Some(1_764_979_300_000),
+        lag_records: 1234,
+        lag_bytes: 56_789,
+    };
+    let never = SubscriptionInfo {
+        name: "new".into(),
+        committed: None,
+        commit_time_ms: None,
+        lag_records: 5000,
+        lag_bytes: 1 << 20,
+    };
+    vec![
+        (
+            "commit-subscription-request",
+            Req(
+                12,
+                Request::CommitSubscription {
+                    stream: stream(),
+                    name: name(),
+                    position: Dlsn::new(2, 7, 1),
+                },
+            ),
+        ),
+        (
+            "commit-subscription-response",
+            Resp(
+                Opcode::CommitSubscription,
+                12,
+                Response::Subscription { info: info.clone() },
+            ),
+        ),
+        (
+            "get-subscription-request",
+            Req(
+                13,
+                Request::GetSubscription {
+                    stream: stream(),
+                    name: "new".into(),
+                },
+            ),
+        ),
+        (
+            "get-subscription-response",
+            Resp(
+                Opcode::GetSubscription,
+                13,
+                Response::Subscription {
+                    info: never.clone(),
+                },
+            ),
+        ),
+        (
+            "list-subscriptions-request",
+            Req(14, Request::ListSubscriptions { stream: stream() }),
+        ),
+        (
+            "list-subscriptions-response",
+            Resp(
+                Opcode::ListSubscriptions,
+                14,
+                Response::ListSubscriptions {
+                    subscriptions: vec![info, never],
+                },
+            ),
+        ),
+        (
+            "delete-subscription-request",
+            Req(
+                15,
+                Request::DeleteSubscription {
+                    stream: stream(),
+                    name: name(),
+                },
+            ),
+        ),
+        (
+            "delete-subscription-response",
+            Resp(
+                Opcode::DeleteSubscription,
+                15,
+                Response::DeleteSubscription { existed: true },
+            ),
+        ),
+    ]
+}
+
 fn encode(g: &Golden) -> Vec<u8> {
     let mut out = Vec::new();
     match g {
@@ -358,6 +454,10 @@ fn every_opcode_has_a_golden_request_and_response() {
             Opcode::TruncateStream => "truncate-stream",
             Opcode::DeleteStream => "delete-stream",
             Opcode::SetRetention => "set-retention",
+            Opcode::CommitSubscription => "commit-subscription",
+            Opcode::GetSubscription => "get-subscription",
+            Opcode::ListSubscriptions => "list-subscriptions",
+            Opcode::DeleteSubscription => "delete-subscription",
         };
         for kind in ["request", "response"] {
             assert!(

@@ -43,6 +43,7 @@ pub mod protocol;
 pub mod record_set;
 mod routing;
 pub mod runtime;
+pub mod subscription;
 pub mod types;
 
 pub use client::ProxyClient;
@@ -54,6 +55,7 @@ pub use protocol::Token;
 pub use quire_tls::rustls::ClientConfig as TlsClientConfig;
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
 pub use runtime::{catch_up_read_runtime, CATCH_UP_READ_NICE};
+pub use subscription::SubscriptionInfo;
 pub use types::{
     check_retention_size_bytes, check_retention_time_secs, ReadBatch, RetentionChange,
     RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState, StreamInfo,

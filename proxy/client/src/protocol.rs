@@ -9,6 +9,7 @@ use quire_wire::{put_len_prefixed, Reader, WireError};
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::ErrorCode;
 use crate::record_set::RECORD_HEADER_SIZE_BYTES;
+use crate::subscription::{self, SubscriptionInfo};
 use crate::types::{
     RetentionChange, RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState,
     StreamInfo, StreamMetadata, TruncateResult,
@@ -64,6 +65,15 @@ pub enum Opcode {
     DeleteStream = 0x08,
     /// Change (or just show) a stream's retention overrides.
     SetRetention = 0x09,
+    /// Move a subscription's committed position forward (DistributedLog
+    /// `advanceCommitPosition`).
+    CommitSubscription = 0x0C,
+    /// A subscription's committed position and lag (`getLastCommitPosition`).
+    GetSubscription = 0x0D,
+    /// Every subscription of a stream, with lag.
+    ListSubscriptions = 0x0E,
+    /// Delete a subscription (`deleteSubscriber`).
+    DeleteSubscription = 0x0F,
 }
 
 impl Opcode {
@@ -82,6 +92,10 @@ impl Opcode {
             0x07 => Self::TruncateStream,
             0x08 => Self::DeleteStream,
             0x09 => Self::SetRetention,
+            0x0C => Self::CommitSubscription,
+            0x0D => Self::GetSubscription,
+            0x0E => Self::ListSubscriptions,
+            0x0F => Self::DeleteSubscription,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -145,6 +159,18 @@ pub enum Request {
         time_secs: RetentionChange,
         size_bytes: RetentionChange,
     },
+    /// Body: stream name, subscription name (u32 length + bytes), DLSN.
+    CommitSubscription {
+        stream: String,
+        name: String,
+        position: Dlsn,
+    },
+    /// Body: stream name, subscription name.
+    GetSubscription { stream: String, name: String },
+    /// Body: stream name.
+    ListSubscriptions { stream: String },
+    /// Body: stream name, subscription name.
+    DeleteSubscription { stream: String, name: String },
 }
 
 /// A response from a proxy.
@@ -180,6 +206,14 @@ pub enum Response {
     DeleteStream { segments_deleted: u32 },
     /// Body: the overrides in force, time and size (optional u64 each).
     SetRetention { retention: RetentionOverride },
+    /// Answer to commit and get: the subscription info (`crate::subscription`).
+    Subscription { info: SubscriptionInfo },
+    /// Body: count u32, then each subscription info.
+    ListSubscriptions {
+        subscriptions: Vec<SubscriptionInfo>,
+    },
+    /// Body: existed u8 (1: deleted, 0: there was none).
+    DeleteSubscription { existed: bool },
     /// Any failed request: `status` in the header is the code; body: message (u32 length +
     /// UTF-8 bytes).
     Error { code: ErrorCode, message: String },
@@ -413,6 +447,10 @@ impl Request {
             Request::TruncateStream { .. } => Opcode::TruncateStream,
             Request::DeleteStream { .. } => Opcode::DeleteStream,
             Request::SetRetention { .. } => Opcode::SetRetention,
+            Request::CommitSubscription { .. } => Opcode::CommitSubscription,
+            Request::GetSubscription { .. } => Opcode::GetSubscription,
+            Request::ListSubscriptions { .. } => Opcode::ListSubscriptions,
+            Request::DeleteSubscription { .. } => Opcode::DeleteSubscription,
         }
     }
 
@@ -426,7 +464,11 @@ impl Request {
             | Request::DescribeStream { stream }
             | Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
-            | Request::SetRetention { stream, .. } => Some(stream),
+            | Request::SetRetention { stream, .. }
+            | Request::CommitSubscription { stream, .. }
+            | Request::GetSubscription { stream, .. }
+            | Request::ListSubscriptions { stream }
+            | Request::DeleteSubscription { stream, .. } => Some(stream),
         }
     }
 
@@ -485,8 +527,22 @@ impl Request {
                 put_u32(&mut body, *max_bytes);
                 put_u32(&mut body, *wait_ms);
             }
-            Request::DescribeStream { stream } | Request::DeleteStream { stream } => {
-                put_str(&mut body, stream)
+            Request::DescribeStream { stream }
+            | Request::DeleteStream { stream }
+            | Request::ListSubscriptions { stream } => put_str(&mut body, stream),
+            Request::CommitSubscription {
+                stream,
+                name,
+                position,
+            } => {
+                put_str(&mut body, stream);
+                put_str(&mut body, name);
+                position.encode(&mut body);
+            }
+            Request::GetSubscription { stream, name }
+            | Request::DeleteSubscription { stream, name } => {
+                put_str(&mut body, stream);
+                put_str(&mut body, name);
             }
             Request::TruncateStream { stream, before } => {
                 put_str(&mut body, stream);
@@ -590,6 +646,22 @@ impl Request {
                 time_secs: get_change(&mut r)?,
                 size_bytes: get_change(&mut r)?,
             },
+            Opcode::CommitSubscription => Request::CommitSubscription {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                name: subscription::get_name(&mut r)?,
+                position: Dlsn::decode(&mut r)?,
+            },
+            Opcode::GetSubscription => Request::GetSubscription {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                name: subscription::get_name(&mut r)?,
+            },
+            Opcode::ListSubscriptions => Request::ListSubscriptions {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+            },
+            Opcode::DeleteSubscription => Request::DeleteSubscription {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                name: subscription::get_name(&mut r)?,
+            },
         };
         r.finish()?;
         Ok(req)
@@ -654,6 +726,11 @@ impl Response {
                 put_opt_u64(&mut body, retention.time_secs);
                 put_opt_u64(&mut body, retention.size_bytes);
             }
+            Response::Subscription { info } => subscription::put_info(&mut body, info),
+            Response::ListSubscriptions { subscriptions } => {
+                subscription::put_list(&mut body, subscriptions)
+            }
+            Response::DeleteSubscription { existed } => body.push(u8::from(*existed)),
             Response::Error { code, message } => {
                 assert!(
                     *code != ErrorCode::Ok,
@@ -761,6 +838,23 @@ impl Response {
                 retention: RetentionOverride {
                     time_secs: get_opt_u64(&mut r, "retention time")?,
                     size_bytes: get_opt_u64(&mut r, "retention size")?,
+                },
+            },
+            Opcode::CommitSubscription | Opcode::GetSubscription => Response::Subscription {
+                info: subscription::get_info(&mut r)?,
+            },
+            Opcode::ListSubscriptions => Response::ListSubscriptions {
+                subscriptions: subscription::get_list(&mut r, frame.body.len())?,
+            },
+            Opcode::DeleteSubscription => Response::DeleteSubscription {
+                existed: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => {
+                        return Err(WireError::InvalidField {
+                            what: "subscription existed flag",
+                        })
+                    }
                 },
             },
         };
