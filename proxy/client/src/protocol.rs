@@ -977,6 +977,85 @@ mod tests {
     }
 
     #[test]
+    fn subscription_frames_round_trip() {
+        // Goal: opcodes 0x0C-0x0F survive encode/decode, every cut body is refused, and a
+        // hostile list count or flag byte is refused before allocating.
+        use crate::subscription::SubscriptionInfo;
+        req_round_trip(Request::CommitSubscription {
+            stream: "s".into(),
+            name: "n".into(),
+            position: Dlsn::new(1, 2, 3),
+        });
+        req_round_trip(Request::GetSubscription {
+            stream: "s".into(),
+            name: "n".into(),
+        });
+        req_round_trip(Request::ListSubscriptions { stream: "s".into() });
+        req_round_trip(Request::DeleteSubscription {
+            stream: "s".into(),
+            name: "n".into(),
+        });
+        let info = |committed| SubscriptionInfo {
+            name: "n".into(),
+            committed,
+            commit_time_ms: committed.map(|_| 7),
+            lag_records: 3,
+            lag_bytes: 9,
+        };
+        resp_round_trip(
+            Opcode::CommitSubscription,
+            Response::Subscription {
+                info: info(Some(Dlsn::new(1, 0, 0))),
+            },
+        );
+        resp_round_trip(
+            Opcode::GetSubscription,
+            Response::Subscription { info: info(None) },
+        );
+        resp_round_trip(
+            Opcode::ListSubscriptions,
+            Response::ListSubscriptions {
+                subscriptions: vec![info(None), info(Some(Dlsn::INITIAL))],
+            },
+        );
+        resp_round_trip(
+            Opcode::ListSubscriptions,
+            Response::ListSubscriptions {
+                subscriptions: vec![],
+            },
+        );
+        resp_round_trip(
+            Opcode::DeleteSubscription,
+            Response::DeleteSubscription { existed: false },
+        );
+        let frame = |op: Opcode, body: &[u8]| {
+            let mut buf = Vec::new();
+            let header = FrameHeader {
+                opcode: op as u8 | RESPONSE_BIT,
+                flags: 0,
+                status: 0,
+                request_id: 1,
+            };
+            encode_frame(&mut buf, header, body);
+            buf
+        };
+        for (op, body) in [
+            (Opcode::ListSubscriptions, u32::MAX.to_le_bytes().to_vec()),
+            (Opcode::DeleteSubscription, vec![2]),
+            (Opcode::GetSubscription, {
+                let mut b = Vec::new();
+                subscription::put_info(&mut b, &info(None));
+                b[5] = 2;
+                b
+            }),
+        ] {
+            let buf = frame(op, &body);
+            let (f, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+            assert!(Response::decode(&f).is_err(), "{op:?} {body:?}");
+        }
+    }
+
+    #[test]
     fn responses_round_trip() {
         // Goal: every response survives encode/decode, errors keep code and message.
         resp_round_trip(
