@@ -35,6 +35,7 @@
 //! through a backlog (the proxy's catch-up reads, a scanning client).
 
 pub mod client;
+pub mod compression;
 pub mod config;
 mod connection;
 pub mod dlsn;

@@ -2,8 +2,11 @@
 //! `--format binary` carries every byte value both ways, byte for byte; `--format json` output
 //! parses as JSON (dlsn, txid, payload) and writes back; `--txid-from` and JSON txids are kept;
 //! `-c N` stops after N records; `-e` ends a tail at the end the stream had; a read past the end
-//! says so on stderr; write prints labelled and JSON results; completions are generated.
-//! Method: one `quire sandbox` process; every check runs the real `quire` binary against it.
+//! says so on stderr; write prints labelled and JSON results; completions are generated;
+//! subscriptions (`--sub`, `quire stream subs`) commit forward only, survive a restart and
+//! resume where committed, and go with their stream.
+//! Method: one `quire sandbox` process (restarted once on the same data directory); every
+//! check runs the real `quire` binary against it.
 
 use quire_testkit::harness::*;
 
@@ -46,7 +49,75 @@ fn record_formats_and_read_controls() {
         String::from_utf8_lossy(&out).contains("quire"),
         "bash completions"
     );
+    let sandbox = subscriptions_resume_after_restart(sandbox, dir.path());
     sandbox.stop();
+}
+
+fn lines_of(from: usize, to: usize) -> Vec<u8> {
+    (from..to)
+        .flat_map(|i| format!("s{i}\n").into_bytes())
+        .collect()
+}
+
+fn subscriptions_resume_after_restart(sandbox: Sandbox, data_dir: &std::path::Path) -> Sandbox {
+    ok(sandbox.quire_stdin(&["write", "subs"], &lines_of(0, 100)));
+    assert_eq!(
+        ok(sandbox.quire(&["read", "subs", "--sub", "app", "-c", "30"])),
+        lines_of(0, 30)
+    );
+    // Commit is forward only: a read from the head under the same name commits an earlier
+    // position, which changes nothing.
+    assert_eq!(
+        ok(sandbox.quire(&["read", "subs", "--sub", "app", "-o", "head", "-c", "5"])),
+        lines_of(0, 5)
+    );
+    assert_eq!(
+        ok(sandbox.quire(&["read", "subs", "--sub", "app", "-c", "10"])),
+        lines_of(30, 40)
+    );
+    let list: serde_json::Value =
+        serde_json::from_slice(&ok(sandbox.quire(&["stream", "subs", "subs", "--json"]))).unwrap();
+    assert_eq!(list[0]["name"], "app", "{list}");
+    let lag = list[0]["lag_records"].as_u64().unwrap();
+    // Estimated from the segment metadata: at most the 100 records written.
+    assert!(lag <= 100, "{list}");
+    // The subscription survives a restart of the proxy (here the whole sandbox, whose
+    // embedded store is the metadata store) and resumes where it was committed.
+    sandbox.stop();
+    let sandbox = Sandbox::start(data_dir, &[]);
+    assert_eq!(
+        ok(sandbox.quire(&["read", "subs", "--sub", "app", "-c", "10"])),
+        lines_of(40, 50)
+    );
+    // A tail under the subscription that exits at the end reads the rest, and a second one
+    // finds nothing left.
+    assert_eq!(
+        ok(sandbox.quire(&["tail", "subs", "--sub", "app", "-e"])),
+        lines_of(50, 100)
+    );
+    assert_eq!(
+        ok(sandbox.quire(&["tail", "subs", "--sub", "app", "-e"])),
+        b""
+    );
+    let text = String::from_utf8(ok(sandbox.quire(&["stream", "subs", "subs"]))).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("app ")), "{text}");
+    let out = String::from_utf8(ok(
+        sandbox.quire(&["stream", "subs", "subs", "--delete", "app"])
+    ))
+    .unwrap();
+    assert!(
+        out.contains("subscription app of stream subs deleted"),
+        "{out}"
+    );
+    let text = String::from_utf8(ok(sandbox.quire(&["stream", "subs", "subs"]))).unwrap();
+    assert!(text.contains("has no subscriptions"), "{text}");
+    // Deleting a stream deletes its subscriptions: a stream made again under the name has none.
+    ok(sandbox.quire(&["read", "subs", "--sub", "gone", "-c", "1"]));
+    ok(sandbox.quire(&["stream", "delete", "subs"]));
+    ok(sandbox.quire_stdin(&["write", "subs"], b"again\n"));
+    let text = String::from_utf8(ok(sandbox.quire(&["stream", "subs", "subs"]))).unwrap();
+    assert!(text.contains("has no subscriptions"), "{text}");
+    sandbox
 }
 
 fn binary_round_trip(sandbox: &Sandbox) {
@@ -89,11 +160,13 @@ fn json_output_and_txids(sandbox: &Sandbox) {
     assert_eq!(result["first_txid"], 1000);
     assert_eq!(result["last_txid"], 1002);
     assert_eq!(result["first_dlsn"], "1:0:0");
-    // JSON input: an explicit txid is kept, a binary payload travels as base64.
+    // JSON input: an explicit txid is kept, a record without one takes --txid-from's next
+    // value (never below the previous txid), a binary payload travels as base64.
     let input = b"{\"payload\":\"four\",\"txid\":5000}\n{\"payload\":\"/wA=\",\"payload_encoding\":\"base64\"}\n";
-    let human = String::from_utf8(ok(
-        sandbox.quire_stdin(&["write", "j", "--format", "json"], input)
-    ))
+    let human = String::from_utf8(ok(sandbox.quire_stdin(
+        &["write", "j", "--format", "json", "--txid-from", "6000"],
+        input,
+    )))
     .unwrap();
     assert!(human.starts_with("wrote 2 records to j: first "), "{human}");
     let records = json_lines(&ok(sandbox.quire(&["read", "j", "--format", "json"])));
@@ -101,7 +174,7 @@ fn json_output_and_txids(sandbox: &Sandbox) {
         .iter()
         .map(|r| r["txid"].as_u64().unwrap())
         .collect();
-    assert_eq!(txids, [1000, 1001, 1002, 5000, 5000]);
+    assert_eq!(txids, [1000, 1001, 1002, 5000, 6000]);
     assert_eq!(records[0]["payload"], "one");
     assert_eq!(records[0]["payload_encoding"], "utf8");
     assert_eq!(records[4]["payload"], "/wA=");

@@ -200,11 +200,11 @@ pub fn parse_write_output(out: &Output) -> ((u64, u64, u64), u64) {
     let text = String::from_utf8(out.stdout.clone()).expect("utf8");
     let words: Vec<&str> = text.split_whitespace().collect();
     assert!(
-        words.len() == 8 && words[0] == "wrote" && words[6] == "last",
+        words.len() == 9 && words[0] == "wrote" && words[7] == "last",
         "quire write output {text:?}"
     );
     let count: u64 = words[1].parse().expect("count number");
-    let dlsn = words[7];
+    let dlsn = words[8];
     let nums: Vec<u64> = dlsn
         .split(':')
         .map(|n| n.parse().expect("dlsn part"))
