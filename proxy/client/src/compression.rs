@@ -127,7 +127,9 @@ fn records_offset(entry: &[u8]) -> Result<usize, WireError> {
 /// compression would not make the entry smaller (it is then stored plain: incompressible
 /// payloads never grow an entry past the record-set limit), or the entry is not a plain v3 one.
 pub fn compress_entry(plain: &[u8]) -> Option<Vec<u8>> {
-    if plain.first() != Some(&RECORD_SET_FORMAT_V3) || plain[1] & RECORD_SET_FLAG_LZ4 != 0 {
+    if plain.first() != Some(&RECORD_SET_FORMAT_V3)
+        || plain.get(1).is_none_or(|f| f & RECORD_SET_FLAG_LZ4 != 0)
+    {
         return None;
     }
     let at = records_offset(plain).ok()?;
@@ -290,6 +292,7 @@ mod tests {
         assert!(compress_entry(&v3_entry(&[&noise(4000)], 0)).is_none());
         let v1 = [1u8, 1, 0, 0, 0];
         assert!(compress_entry(&v1).is_none());
+        assert!(compress_entry(&[RECORD_SET_FORMAT_V3]).is_none());
         assert_eq!(&*uncompress_entry(&v1, 1 << 20).unwrap(), &v1[..]);
     }
 
