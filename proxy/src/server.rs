@@ -1839,17 +1839,7 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .subscription(&stream, &name)
             .await
             .map(|info| Response::Subscription { info }),
-        Request::ListSubscriptions { stream } => {
-            let subscriptions = streams.list_subscriptions(&stream).await?;
-            let size: usize = subscriptions.iter().map(|s| s.name.len() + 64).sum();
-            if size + 64 > config.frame_size_bytes_max as usize {
-                return Err(Error::Internal(format!(
-                    "{} subscriptions of stream {stream:?} do not fit one frame",
-                    subscriptions.len()
-                )));
-            }
-            Ok(Response::ListSubscriptions { subscriptions })
-        }
+        Request::ListSubscriptions { stream } => list_subscriptions(&stream, streams, config).await,
         Request::DeleteSubscription { stream, name } => streams
             .delete_subscription(&stream, &name)
             .await
@@ -1859,6 +1849,23 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             Opcode::from_u8(req.opcode() as u8)
         ))),
     }
+}
+
+/// `LIST_SUBSCRIPTIONS`: refused with `Internal` when the answer would not fit one frame.
+async fn list_subscriptions(
+    stream: &str,
+    streams: &StreamManager,
+    config: &ServerConfig,
+) -> Result<Response> {
+    let subscriptions = streams.list_subscriptions(stream).await?;
+    let size: usize = subscriptions.iter().map(|s| s.name.len() + 64).sum();
+    if size + 64 > config.frame_size_bytes_max as usize {
+        return Err(Error::Internal(format!(
+            "{} subscriptions of stream {stream:?} do not fit one frame",
+            subscriptions.len()
+        )));
+    }
+    Ok(Response::ListSubscriptions { subscriptions })
 }
 
 // The wire status of every error must be a known code.

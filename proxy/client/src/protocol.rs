@@ -847,15 +847,7 @@ impl Response {
                 subscriptions: subscription::get_list(&mut r, frame.body.len())?,
             },
             Opcode::DeleteSubscription => Response::DeleteSubscription {
-                existed: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    _ => {
-                        return Err(WireError::InvalidField {
-                            what: "subscription existed flag",
-                        })
-                    }
-                },
+                existed: subscription::get_flag(&mut r, "subscription existed flag")?,
             },
         };
         r.finish()?;

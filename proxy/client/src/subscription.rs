@@ -48,17 +48,18 @@ pub(crate) fn get_name(r: &mut Reader<'_>) -> Result<String, WireError> {
     })
 }
 
+/// A u8 that must be 0 (false) or 1 (true).
+pub(crate) fn get_flag(r: &mut Reader<'_>, what: &'static str) -> Result<bool, WireError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(WireError::InvalidField { what }),
+    }
+}
+
 pub(crate) fn get_info(r: &mut Reader<'_>) -> Result<SubscriptionInfo, WireError> {
     let name = get_name(r)?;
-    let present = match r.u8()? {
-        0 => false,
-        1 => true,
-        _ => {
-            return Err(WireError::InvalidField {
-                what: "subscription committed flag",
-            })
-        }
-    };
+    let present = get_flag(r, "subscription committed flag")?;
     let committed = Dlsn::decode(r)?;
     let time = r.u64()?;
     Ok(SubscriptionInfo {
