@@ -153,9 +153,13 @@ impl Grant {
     pub fn check(&self, req: &Request) -> Result<(), String> {
         let (right, stream) = match req {
             Request::Hello { .. } | Request::ListStreams => return Ok(()),
-            Request::Read { stream, .. } | Request::DescribeStream { stream } => {
-                (Right::Read, stream)
-            }
+            // A subscription is a reader's own position: reading the stream is the right to
+            // keep one (DistributedLog's reader commits it); deleting one is admin.
+            Request::Read { stream, .. }
+            | Request::DescribeStream { stream }
+            | Request::CommitSubscription { stream, .. }
+            | Request::GetSubscription { stream, .. }
+            | Request::ListSubscriptions { stream } => (Right::Read, stream),
             Request::Write { stream, .. }
             | Request::ProducerWrite { stream, .. }
             | Request::OpenProducerSession { stream }
@@ -163,7 +167,8 @@ impl Grant {
             Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
             | Request::SetRetention { stream, .. }
-            | Request::SealStream { stream } => (Right::Admin, stream),
+            | Request::SealStream { stream }
+            | Request::DeleteSubscription { stream, .. } => (Right::Admin, stream),
         };
         if self.allows(right, stream) {
             Ok(())

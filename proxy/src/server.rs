@@ -240,9 +240,9 @@ fn response_bytes_bound(req: &Request, config: &ServerConfig) -> Option<usize> {
                 + READ_RECORD_OVERHEAD_BYTES
                 + 4096,
         ),
-        Request::ListStreams | Request::DescribeStream { .. } => {
-            Some(config.frame_size_bytes_max as usize + 4)
-        }
+        Request::ListStreams
+        | Request::DescribeStream { .. }
+        | Request::ListSubscriptions { .. } => Some(config.frame_size_bytes_max as usize + 4),
         _ => None,
     }
 }
@@ -324,6 +324,10 @@ fn op_name(opcode: u8) -> &'static str {
         Ok(Opcode::SetRetention) => "set_retention",
         Ok(Opcode::SealStream) => "seal_stream",
         Ok(Opcode::OpenProducerSession) => "open_producer_session",
+        Ok(Opcode::CommitSubscription) => "commit_subscription",
+        Ok(Opcode::GetSubscription) => "get_subscription",
+        Ok(Opcode::ListSubscriptions) => "list_subscriptions",
+        Ok(Opcode::DeleteSubscription) => "delete_subscription",
         Err(_) => "unknown",
     }
 }
@@ -1840,6 +1844,23 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .map(|retention| Response::SetRetention {
                 retention: crate::types::wire_retention(retention),
             }),
+        Request::CommitSubscription {
+            stream,
+            name,
+            position,
+        } => streams
+            .commit_subscription(&stream, &name, position)
+            .await
+            .map(|info| Response::Subscription { info }),
+        Request::GetSubscription { stream, name } => streams
+            .subscription(&stream, &name)
+            .await
+            .map(|info| Response::Subscription { info }),
+        Request::ListSubscriptions { stream } => list_subscriptions(&stream, streams, config).await,
+        Request::DeleteSubscription { stream, name } => streams
+            .delete_subscription(&stream, &name)
+            .await
+            .map(|existed| Response::DeleteSubscription { existed }),
         Request::SealStream { stream } => streams
             .seal_stream(&stream)
             .await
@@ -1855,6 +1876,23 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             )))
         }
     }
+}
+
+/// `LIST_SUBSCRIPTIONS`: refused with `Internal` when the answer would not fit one frame.
+async fn list_subscriptions(
+    stream: &str,
+    streams: &StreamManager,
+    config: &ServerConfig,
+) -> Result<Response> {
+    let subscriptions = streams.list_subscriptions(stream).await?;
+    let size: usize = subscriptions.iter().map(|s| s.name.len() + 64).sum();
+    if size + 64 > config.frame_size_bytes_max as usize {
+        return Err(Error::Internal(format!(
+            "{} subscriptions of stream {stream:?} do not fit one frame",
+            subscriptions.len()
+        )));
+    }
+    Ok(Response::ListSubscriptions { subscriptions })
 }
 
 // The wire status of every error must be a known code.

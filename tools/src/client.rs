@@ -1,12 +1,22 @@
-//! `quire write`, `quire read` and `quire tail`: records between files or pipes and streams.
+//! `quire write`, `quire read` and `quire tail`: records between files or pipes and streams
+//! (formats in `client/format.rs`, start positions in `client/position.rs`).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
-use quire_client::{Dlsn, ProxyClient, ReadPosition, RECORD_SIZE_BYTES_MAX};
+use quire_client::ProxyClient;
+
+use format::Format;
+
+mod format;
+mod position;
+mod read;
+mod subs;
+mod write;
+
+pub use subs::run as subs;
 
 /// Where to find the proxy: `--proxy`, else `QUIRE_PROXY`, else the sandbox default.
 #[derive(Args, Debug)]
@@ -29,44 +39,74 @@ pub struct WriteArgs {
     stream: String,
     /// Input file; standard input when absent.
     file: Option<PathBuf>,
+    /// Input format: `line` (records between delimiters), `json` (one object per line:
+    /// `payload`, optional `payload_encoding` utf8|base64 and `txid`), `binary` (4-byte
+    /// little-endian length, then the payload, per record).
+    #[arg(long, value_enum, default_value = "line")]
+    format: Format,
+    /// Record delimiter of `--format line` (escapes \n \r \t \0 \\ \xHH).
+    #[arg(long, default_value = "\\n", value_parser = Delimiter::parse)]
+    delimiter: Delimiter,
+    /// Txids count up from N (records whose JSON gives a txid keep it); else the clock's ms.
+    #[arg(long, value_name = "N")]
+    txid_from: Option<u64>,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     proxy: ProxyArg,
 }
 
-/// `quire read` options.
+/// A record delimiter (`--delimiter`): the bytes of the text, escapes resolved.
+#[derive(Debug, Clone)]
+pub struct Delimiter(pub Vec<u8>);
+
+impl Delimiter {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        format::parse_delimiter(s).map(Delimiter)
+    }
+}
+
+/// `quire read` and `quire tail` options.
 #[derive(Args, Debug)]
 pub struct ReadArgs {
     /// Stream to read.
     stream: String,
-    /// Start at `head` or at a DLSN written as `SEGMENT:ENTRY:SLOT` (as `quire write` prints).
-    #[arg(long, default_value = "head")]
-    from: String,
+    #[command(flatten)]
+    opts: ReadOpts,
     #[command(flatten)]
     proxy: ProxyArg,
 }
 
-/// `quire tail` options.
+/// How `quire read` and `quire tail` read and print.
 #[derive(Args, Debug)]
-pub struct TailArgs {
-    /// Stream to follow.
-    stream: String,
-    /// Start at `head` or at a DLSN.
-    #[arg(long, default_value = "head")]
-    from: String,
-    #[command(flatten)]
-    proxy: ProxyArg,
+pub struct ReadOpts {
+    /// Start at `head` (the default; with `--sub`, its committed position), `tail`, a DLSN
+    /// `SEGMENT:ENTRY:SLOT` (as `quire write` prints), `txid:T` (first txid >= T),
+    /// `@2026-12-06T10:00:00Z`, `@-1h` (write time), or `-N` (last N records).
+    #[arg(short = 'o', long = "from", allow_hyphen_values = true)]
+    from: Option<String>,
+    /// Stop after N records.
+    #[arg(short = 'c', long = "count", value_name = "N")]
+    count: Option<u64>,
+    /// Exit at the end the stream has when the command starts (records written later are
+    /// not printed).
+    #[arg(short = 'e', long = "exit-at-end")]
+    exit_at_end: bool,
+    /// Output format: `line` (payload then delimiter), `json` (one object per line: dlsn,
+    /// txid, write_time, payload, payload_encoding utf8|base64), `binary` (4-byte
+    /// little-endian length, then the payload, per record).
+    #[arg(long, value_enum, default_value = "line")]
+    format: Format,
+    /// Record delimiter of `--format line` (escapes \n \r \t \0 \\ \xHH).
+    #[arg(long, default_value = "\\n", value_parser = Delimiter::parse)]
+    delimiter: Delimiter,
+    /// Read as subscription NAME: start at its committed position (unless `--from` is
+    /// given) and commit the position after each printed batch (at-least-once: a batch
+    /// printed but not committed is printed again by the next run).
+    #[arg(long, value_name = "NAME")]
+    sub: Option<String>,
 }
-
-/// Records per write request.
-const WRITE_BATCH_RECORDS_MAX: usize = 4096;
-/// Payload bytes per write request.
-const WRITE_BATCH_SIZE_BYTES_MAX: usize = 2 * 1024 * 1024;
-/// Records per read request.
-const READ_BATCH_RECORDS_MAX: u32 = 4096;
-/// Payload bytes per read request.
-const READ_BATCH_SIZE_BYTES_MAX: u32 = 2 * 1024 * 1024;
-/// How long one tail read waits for new records before asking again.
-const TAIL_WAIT: Duration = Duration::from_secs(10);
 
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -97,161 +137,48 @@ pub(crate) async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
     }
 }
 
-fn parse_from(from: &str) -> Result<ReadPosition> {
-    if from == "head" {
-        return Ok(ReadPosition::Head);
-    }
-    let dlsn: Dlsn = from.parse().map_err(|e| {
-        anyhow::anyhow!("--from {from:?} is neither 'head' nor a DLSN like 1:0:0 ({e})")
-    })?;
-    Ok(ReadPosition::Dlsn(dlsn))
-}
-
-/// The txid of a record: wall-clock milliseconds, never below the previous one
-/// (DistributedLog's write proxy does the same with its `TimeSequencer`).
-fn next_txid(last: &mut u64) -> u64 {
-    let now = quire_clock::unix_ms();
-    *last = (*last).max(now);
-    *last
-}
-
 /// Runs `quire write`.
 pub fn write(args: WriteArgs) -> Result<()> {
-    let input: Box<dyn Read> = match &args.file {
-        Some(path) => Box::new(
+    let input: Box<dyn BufRead> = match &args.file {
+        Some(path) => Box::new(BufReader::with_capacity(
+            1 << 20,
             std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
-        ),
-        None => Box::new(std::io::stdin().lock()),
+        )),
+        None => Box::new(BufReader::with_capacity(1 << 20, std::io::stdin().lock())),
     };
-    let rt = runtime()?;
-    rt.block_on(async {
+    runtime()?.block_on(async {
         let client = connect(&args.proxy).await?;
-        let mut input = BufReader::with_capacity(1 << 20, input);
-        let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut batch_bytes = 0;
-        let mut txid = 0;
-        let mut total = 0u64;
-        let mut line_number = 0u64;
-        let mut last = None;
-        loop {
-            let mut line = Vec::new();
-            let n = input.read_until(b'\n', &mut line).context("cannot read input")?;
-            if n > 0 {
-                line_number += 1;
-                if line.last() == Some(&b'\n') {
-                    line.pop();
-                }
-                if line.len() > RECORD_SIZE_BYTES_MAX {
-                    // Checked before the batch holding the lines before it is sent, so what
-                    // was written is exactly the batches already sent.
-                    let written = match total {
-                        0 => "nothing was written".to_string(),
-                        n => format!("lines 1 to {n} were written, nothing after them"),
-                    };
-                    bail!(
-                        "line {line_number} is {} bytes, above the record limit of {RECORD_SIZE_BYTES_MAX} bytes; {written}",
-                        line.len()
-                    );
-                }
-                batch_bytes += line.len();
-                batch.push((next_txid(&mut txid), line));
-            }
-            let full = batch.len() >= WRITE_BATCH_RECORDS_MAX || batch_bytes >= WRITE_BATCH_SIZE_BYTES_MAX;
-            if (n == 0 || full) && !batch.is_empty() {
-                let count = batch.len() as u64;
-                let result = client
-                    .write(&args.stream, std::mem::take(&mut batch), true)
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "write to stream {:?} failed after {total} records were acknowledged; the {count} records \
-                             of the failed batch (lines {} to {}) may or may not have been stored, check with `quire read` before resuming",
-                            args.stream,
-                            total + 1,
-                            total + count
-                        )
-                    })?;
-                total += count;
-                last = Some(result.last_dlsn);
-                batch_bytes = 0;
-            }
-            if n == 0 {
-                break;
-            }
-        }
-        if last.is_none() {
-            // Empty input still creates the stream, as the command promises.
-            match client.create_stream(&args.stream).await {
-                Ok(()) => {}
-                Err(e) if e.code() == quire_proxy::ErrorCode::StreamExists => {}
-                Err(e) => return Err(e).with_context(|| format!("cannot create stream {:?}", args.stream)),
-            }
-        }
-        match last {
-            Some(dlsn) => println!("{dlsn} {total}"),
-            None => println!("- 0"),
-        }
-        Ok(())
+        write::run(&client, &args, input).await
     })
 }
 
 /// Runs `quire read`.
 pub fn read(args: ReadArgs) -> Result<()> {
-    let from = parse_from(&args.from)?;
-    runtime()?.block_on(copy_out(&args.proxy, &args.stream, from, false))
+    copy_out(args, false)
 }
 
 /// Runs `quire tail`.
-pub fn tail(args: TailArgs) -> Result<()> {
-    let from = parse_from(&args.from)?;
-    runtime()?.block_on(copy_out(&args.proxy, &args.stream, from, true))
+pub fn tail(args: ReadArgs) -> Result<()> {
+    copy_out(args, true)
 }
 
-async fn copy_out(
-    proxy: &ProxyArg,
-    stream: &str,
-    mut from: ReadPosition,
-    follow: bool,
-) -> Result<()> {
-    let client = connect(proxy).await?;
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-    loop {
-        let wait = if follow { TAIL_WAIT } else { Duration::ZERO };
-        let batch = client
-            .read(
-                stream,
-                from,
-                READ_BATCH_RECORDS_MAX,
-                READ_BATCH_SIZE_BYTES_MAX,
-                wait,
-            )
-            .await
-            .with_context(|| format!("read of stream {stream:?} failed"))?;
-        let empty = batch.records.is_empty();
-        for record in &batch.records {
-            if let Err(e) = out.write_all(&record.2).and_then(|()| out.write_all(b"\n")) {
-                return broken_pipe_is_fine(e);
-            }
-        }
-        from = batch.next;
-        if empty && !follow {
-            break;
-        }
-        if follow || empty {
-            if let Err(e) = out.flush() {
-                return broken_pipe_is_fine(e);
-            }
-        }
-    }
-    out.flush().or_else(broken_pipe_is_fine)
-}
-
-/// A reader that closed our stdout (e.g. `quire tail s | head`) ends the command quietly.
-fn broken_pipe_is_fine(e: std::io::Error) -> Result<()> {
-    if e.kind() == std::io::ErrorKind::BrokenPipe {
-        Ok(())
-    } else {
-        Err(e).context("cannot write to standard output")
-    }
+fn copy_out(args: ReadArgs, follow: bool) -> Result<()> {
+    let given = match &args.opts.from {
+        Some(text) => Some(read::start_position(text)?),
+        None => None,
+    };
+    runtime()?.block_on(async {
+        let client = connect(&args.proxy).await?;
+        let (stream, opts) = (&args.stream, &args.opts);
+        let Some(name) = &opts.sub else {
+            let start = given.unwrap_or(quire_client::ReadPosition::Head);
+            return read::run(&client, stream, opts, start, follow, read::NoHook).await;
+        };
+        let hook = read::CommitHook::new(&client, stream, name);
+        let start = match given {
+            Some(p) => p,
+            None => hook.committed().await?,
+        };
+        read::run(&client, stream, opts, start, follow, hook).await
+    })
 }

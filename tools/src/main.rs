@@ -68,13 +68,14 @@ enum Command {
     /// interrupted. Restarted on the same data directory, it serves everything it
     /// acknowledged before.
     Sandbox(sandbox::SandboxArgs),
-    /// Append one record per input line (the line without its LF; CR and every other byte
-    /// kept), creating the stream if needed. Prints the DLSN of the last record and the count.
+    /// Append records (by default one per input line: the line without its LF, CR and every
+    /// other byte kept; or `--format json|binary`), creating the stream if needed. Prints the
+    /// count and the first and last DLSN.
     Write(client::WriteArgs),
-    /// Print every record of a stream, each followed by LF.
+    /// Print a stream's records (by default each followed by LF; or `--format json|binary`).
     Read(client::ReadArgs),
     /// Like read, then keep printing new records as they are acknowledged.
-    Tail(client::TailArgs),
+    Tail(client::ReadArgs),
     /// Run one bookie (`--config FILE`, flags override its keys) until SIGINT/SIGTERM; or
     /// `quire bookie list`, `quire bookie info ADDR`.
     // Boxed: its many optional settings make it much larger than the other commands.
@@ -96,6 +97,24 @@ enum Command {
     /// Make a test or small-cluster CA and one certificate for the given names:
     /// `--out DIR --san HOST [--san HOST ...]` writes ca.pem, node.pem, node.key.
     TlsCerts(tls::TlsCertsArgs),
+    /// Print a shell completion script: `quire completions bash|zsh|fish` (e.g.
+    /// `quire completions bash > /etc/bash_completion.d/quire`).
+    Completions(CompletionsArgs),
+}
+
+/// `quire completions` options.
+#[derive(clap::Args, Debug)]
+struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+/// Prints the completion script of `shell` for the whole command line.
+fn completions(args: CompletionsArgs) -> anyhow::Result<()> {
+    let mut cmd = command();
+    clap_complete::generate(args.shell, &mut cmd, "quire", &mut std::io::stdout());
+    Ok(())
 }
 
 /// Makes every panic, on any thread, end the process after the default report (the message and
@@ -188,6 +207,7 @@ fn main() -> ExitCode {
         Command::Stream(args) => stream::run(args),
         Command::Token(args) => token::run(args),
         Command::TlsCerts(args) => tls::certs(args),
+        Command::Completions(args) => completions(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,7 +5,8 @@
 //! * `quire stream list`, `quire stream show STREAM`: names; segments, truncation point,
 //!   retention, last txid (what the proxy's txid guard compares a write with) and owner;
 //! * `quire stream truncate STREAM DLSN`, `quire stream delete STREAM`;
-//! * `quire stream retention STREAM [--time-secs N|default] [--size-bytes N|default]`.
+//! * `quire stream retention STREAM [--time-secs N|default] [--size-bytes N|default]`;
+//! * `quire stream subs STREAM [--delete NAME]`: subscriptions with their lag.
 //!
 //! Output is text for people, or one JSON document with `--json`.
 
@@ -48,6 +49,23 @@ pub enum StreamCommand {
     /// its last record; later writes fail with END_OF_STREAM and readers end cleanly at the
     /// marker. The stream can still be truncated and deleted.
     Seal(StreamDeleteArgs),
+    /// List a stream's subscriptions (committed position, lag in records and bytes, commit
+    /// time), or delete one with `--delete NAME` (admin right).
+    Subs(StreamSubsArgs),
+}
+
+/// `quire stream subs` options.
+#[derive(Args, Debug)]
+pub struct StreamSubsArgs {
+    /// Stream name.
+    pub stream: String,
+    /// Delete this subscription instead of listing.
+    #[arg(long, value_name = "NAME")]
+    pub delete: Option<String>,
+    #[command(flatten)]
+    pub proxy: crate::client::ProxyArg,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// `quire stream list` options.
@@ -189,6 +207,7 @@ pub fn run(args: StreamArgs) -> Result<()> {
                 Ok(())
             }
             StreamCommand::Seal(a) => seal(a).await,
+            StreamCommand::Subs(a) => crate::client::subs(a).await,
             StreamCommand::Retention(a) => {
                 let client = crate::client::connect(&a.proxy).await?;
                 if a.time_secs.is_some() || a.size_bytes.is_some() {
@@ -285,7 +304,7 @@ fn format_retention(info: &StreamInfo) -> String {
 }
 
 /// Milliseconds since the epoch as UTC `YYYY-MM-DDTHH:MM:SS.mmmZ`.
-fn format_time_ms(ms: u64) -> String {
+pub(crate) fn format_time_ms(ms: u64) -> String {
     let secs = ms / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

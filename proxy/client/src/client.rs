@@ -10,6 +10,8 @@ use std::time::Duration;
 use quire_wire::frame::FRAME_HEADER_SIZE_BYTES;
 use tokio::net::ToSocketAddrs;
 
+mod subscriptions;
+
 use crate::config::ClientConfig;
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::{Error, ErrorCode, Result};

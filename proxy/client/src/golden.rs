@@ -76,6 +76,7 @@ fn cases() -> Vec<(&'static str, Golden)> {
         cases_3(),
         cases_issue26(),
         cases_producer(),
+        cases_subscriptions(),
     ]
     .into_iter()
     .flatten()
@@ -436,6 +437,102 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/frames")
 }
 
+/// Subscriptions (issue 26 item 2): opcodes 0x0C to 0x0F.
+fn cases_subscriptions() -> Vec<(&'static str, Golden)> {
+    use crate::subscription::SubscriptionInfo;
+    use Golden::Request as Req;
+    use Golden::Response as Resp;
+    let stream = || "logs/golden".to_string();
+    let name = || "billing".to_string();
+    let info = SubscriptionInfo {
+        name: name(),
+        committed: Some(Dlsn::new(2, 7, 1)),
+        commit_time_ms: Some(1_764_979_300_000),
+        lag_records: 1234,
+        lag_bytes: 56_789,
+    };
+    let never = SubscriptionInfo {
+        name: "new".into(),
+        committed: None,
+        commit_time_ms: None,
+        lag_records: 5000,
+        lag_bytes: 1 << 20,
+    };
+    vec![
+        (
+            "commit-subscription-request",
+            Req(
+                12,
+                Request::CommitSubscription {
+                    stream: stream(),
+                    name: name(),
+                    position: Dlsn::new(2, 7, 1),
+                },
+            ),
+        ),
+        (
+            "commit-subscription-response",
+            Resp(
+                Opcode::CommitSubscription,
+                12,
+                Response::Subscription { info: info.clone() },
+            ),
+        ),
+        (
+            "get-subscription-request",
+            Req(
+                13,
+                Request::GetSubscription {
+                    stream: stream(),
+                    name: "new".into(),
+                },
+            ),
+        ),
+        (
+            "get-subscription-response",
+            Resp(
+                Opcode::GetSubscription,
+                13,
+                Response::Subscription {
+                    info: never.clone(),
+                },
+            ),
+        ),
+        (
+            "list-subscriptions-request",
+            Req(14, Request::ListSubscriptions { stream: stream() }),
+        ),
+        (
+            "list-subscriptions-response",
+            Resp(
+                Opcode::ListSubscriptions,
+                14,
+                Response::ListSubscriptions {
+                    subscriptions: vec![info, never],
+                },
+            ),
+        ),
+        (
+            "delete-subscription-request",
+            Req(
+                15,
+                Request::DeleteSubscription {
+                    stream: stream(),
+                    name: name(),
+                },
+            ),
+        ),
+        (
+            "delete-subscription-response",
+            Resp(
+                Opcode::DeleteSubscription,
+                15,
+                Response::DeleteSubscription { existed: true },
+            ),
+        ),
+    ]
+}
+
 #[test]
 fn every_golden_frame_decodes_to_its_value_and_encodes_to_its_bytes() {
     for (name, golden) in cases() {
@@ -482,6 +579,10 @@ fn every_opcode_has_a_golden_request_and_response() {
             Opcode::SetRetention => "set-retention",
             Opcode::SealStream => "seal-stream",
             Opcode::OpenProducerSession => "open-producer-session",
+            Opcode::CommitSubscription => "commit-subscription",
+            Opcode::GetSubscription => "get-subscription",
+            Opcode::ListSubscriptions => "list-subscriptions",
+            Opcode::DeleteSubscription => "delete-subscription",
         };
         for kind in ["request", "response"] {
             assert!(

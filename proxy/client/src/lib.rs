@@ -46,6 +46,7 @@
 
 pub mod blocking;
 pub mod client;
+pub mod compression;
 pub mod config;
 mod connection;
 pub mod dlsn;
@@ -55,6 +56,7 @@ pub mod protocol;
 pub mod record_set;
 mod routing;
 pub mod runtime;
+pub mod subscription;
 pub mod tail;
 pub mod types;
 
@@ -68,6 +70,7 @@ pub use protocol::{ProducerSeq, Token};
 pub use quire_tls::rustls::ClientConfig as TlsClientConfig;
 pub use record_set::{ENTRY_SIZE_BYTES_MAX, RECORD_SIZE_BYTES_MAX};
 pub use runtime::{catch_up_read_runtime, CATCH_UP_READ_NICE};
+pub use subscription::SubscriptionInfo;
 pub use tail::Reader;
 pub use types::{
     check_retention_size_bytes, check_retention_time_secs, Position, ReadBatch, RetentionChange,

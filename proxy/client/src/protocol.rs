@@ -9,6 +9,7 @@ use quire_wire::{put_len_prefixed, Reader, WireError};
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::ErrorCode;
 use crate::record_set::RECORD_HEADER_SIZE_BYTES;
+use crate::subscription::{self, SubscriptionInfo};
 use crate::types::{
     RetentionChange, RetentionDefaults, RetentionOverride, SegmentMetadata, SegmentState,
     StreamInfo, StreamLookups, StreamMetadata, TruncateResult,
@@ -90,6 +91,15 @@ pub enum Opcode {
     SealStream = 0x0A,
     /// Open a producer session for exactly-once writes to a stream.
     OpenProducerSession = 0x0B,
+    /// Move a subscription's committed position forward (DistributedLog
+    /// `advanceCommitPosition`).
+    CommitSubscription = 0x0C,
+    /// A subscription's committed position and lag (`getLastCommitPosition`).
+    GetSubscription = 0x0D,
+    /// Every subscription of a stream, with lag.
+    ListSubscriptions = 0x0E,
+    /// Delete a subscription (`deleteSubscriber`).
+    DeleteSubscription = 0x0F,
 }
 
 impl Opcode {
@@ -110,6 +120,10 @@ impl Opcode {
             0x09 => Self::SetRetention,
             0x0A => Self::SealStream,
             0x0B => Self::OpenProducerSession,
+            0x0C => Self::CommitSubscription,
+            0x0D => Self::GetSubscription,
+            0x0E => Self::ListSubscriptions,
+            0x0F => Self::DeleteSubscription,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -189,6 +203,18 @@ pub enum Request {
     },
     /// Body: stream name.
     SealStream { stream: String },
+    /// Body: stream name, subscription name (u32 length + bytes), DLSN.
+    CommitSubscription {
+        stream: String,
+        name: String,
+        position: Dlsn,
+    },
+    /// Body: stream name, subscription name.
+    GetSubscription { stream: String, name: String },
+    /// Body: stream name.
+    ListSubscriptions { stream: String },
+    /// Body: stream name, subscription name.
+    DeleteSubscription { stream: String, name: String },
 }
 
 /// A response from a proxy.
@@ -234,6 +260,14 @@ pub enum Response {
     SealStream { last_dlsn: Option<Dlsn> },
     /// Body: session_id u64 (never 0).
     OpenProducerSession { session_id: u64 },
+    /// Answer to commit and get: the subscription info (`crate::subscription`).
+    Subscription { info: SubscriptionInfo },
+    /// Body: count u32, then each subscription info.
+    ListSubscriptions {
+        subscriptions: Vec<SubscriptionInfo>,
+    },
+    /// Body: existed u8 (1: deleted, 0: there was none).
+    DeleteSubscription { existed: bool },
     /// Any failed request: `status` in the header is the code; body: message (u32 length +
     /// UTF-8 bytes).
     Error { code: ErrorCode, message: String },
@@ -594,6 +628,10 @@ impl Request {
             Request::DeleteStream { .. } => Opcode::DeleteStream,
             Request::SetRetention { .. } => Opcode::SetRetention,
             Request::SealStream { .. } => Opcode::SealStream,
+            Request::CommitSubscription { .. } => Opcode::CommitSubscription,
+            Request::GetSubscription { .. } => Opcode::GetSubscription,
+            Request::ListSubscriptions { .. } => Opcode::ListSubscriptions,
+            Request::DeleteSubscription { .. } => Opcode::DeleteSubscription,
         }
     }
 
@@ -610,7 +648,11 @@ impl Request {
             | Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
             | Request::SetRetention { stream, .. }
-            | Request::SealStream { stream } => Some(stream),
+            | Request::SealStream { stream }
+            | Request::CommitSubscription { stream, .. }
+            | Request::GetSubscription { stream, .. }
+            | Request::ListSubscriptions { stream }
+            | Request::DeleteSubscription { stream, .. } => Some(stream),
         }
     }
 
@@ -672,7 +714,22 @@ impl Request {
             }
             Request::DescribeStream { stream }
             | Request::DeleteStream { stream }
-            | Request::SealStream { stream } => put_str(&mut body, stream),
+            | Request::SealStream { stream }
+            | Request::ListSubscriptions { stream } => put_str(&mut body, stream),
+            Request::CommitSubscription {
+                stream,
+                name,
+                position,
+            } => {
+                put_str(&mut body, stream);
+                put_str(&mut body, name);
+                position.encode(&mut body);
+            }
+            Request::GetSubscription { stream, name }
+            | Request::DeleteSubscription { stream, name } => {
+                put_str(&mut body, stream);
+                put_str(&mut body, name);
+            }
             Request::TruncateStream { stream, before } => {
                 put_str(&mut body, stream);
                 before.encode(&mut body);
@@ -804,6 +861,22 @@ impl Request {
             Opcode::SealStream => Request::SealStream {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
             },
+            Opcode::CommitSubscription => Request::CommitSubscription {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                name: subscription::get_name(&mut r)?,
+                position: Dlsn::decode(&mut r)?,
+            },
+            Opcode::GetSubscription => Request::GetSubscription {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                name: subscription::get_name(&mut r)?,
+            },
+            Opcode::ListSubscriptions => Request::ListSubscriptions {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+            },
+            Opcode::DeleteSubscription => Request::DeleteSubscription {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                name: subscription::get_name(&mut r)?,
+            },
         };
         r.finish()?;
         Ok(req)
@@ -886,6 +959,11 @@ impl Response {
             }
             Response::SealStream { last_dlsn } => put_opt_dlsn(&mut body, *last_dlsn),
             Response::OpenProducerSession { session_id } => put_u64(&mut body, *session_id),
+            Response::Subscription { info } => subscription::put_info(&mut body, info),
+            Response::ListSubscriptions { subscriptions } => {
+                subscription::put_list(&mut body, subscriptions)
+            }
+            Response::DeleteSubscription { existed } => body.push(u8::from(*existed)),
             Response::Error { code, message } => {
                 assert!(
                     *code != ErrorCode::Ok,
@@ -991,6 +1069,15 @@ impl Response {
                     }
                     id => id,
                 },
+            },
+            Opcode::CommitSubscription | Opcode::GetSubscription => Response::Subscription {
+                info: subscription::get_info(&mut r)?,
+            },
+            Opcode::ListSubscriptions => Response::ListSubscriptions {
+                subscriptions: subscription::get_list(&mut r, frame.body.len())?,
+            },
+            Opcode::DeleteSubscription => Response::DeleteSubscription {
+                existed: subscription::get_flag(&mut r, "subscription existed flag")?,
             },
         };
         r.finish()?;
@@ -1172,6 +1259,85 @@ mod tests {
         Request::ListStreams.encode(1, &mut buf);
         let (f, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
         assert_eq!(Request::decode(&f).unwrap(), Request::ListStreams);
+    }
+
+    #[test]
+    fn subscription_frames_round_trip() {
+        // Goal: opcodes 0x0C-0x0F survive encode/decode, every cut body is refused, and a
+        // hostile list count or flag byte is refused before allocating.
+        use crate::subscription::SubscriptionInfo;
+        req_round_trip(Request::CommitSubscription {
+            stream: "s".into(),
+            name: "n".into(),
+            position: Dlsn::new(1, 2, 3),
+        });
+        req_round_trip(Request::GetSubscription {
+            stream: "s".into(),
+            name: "n".into(),
+        });
+        req_round_trip(Request::ListSubscriptions { stream: "s".into() });
+        req_round_trip(Request::DeleteSubscription {
+            stream: "s".into(),
+            name: "n".into(),
+        });
+        let info = |committed| SubscriptionInfo {
+            name: "n".into(),
+            committed,
+            commit_time_ms: committed.map(|_| 7),
+            lag_records: 3,
+            lag_bytes: 9,
+        };
+        resp_round_trip(
+            Opcode::CommitSubscription,
+            Response::Subscription {
+                info: info(Some(Dlsn::new(1, 0, 0))),
+            },
+        );
+        resp_round_trip(
+            Opcode::GetSubscription,
+            Response::Subscription { info: info(None) },
+        );
+        resp_round_trip(
+            Opcode::ListSubscriptions,
+            Response::ListSubscriptions {
+                subscriptions: vec![info(None), info(Some(Dlsn::INITIAL))],
+            },
+        );
+        resp_round_trip(
+            Opcode::ListSubscriptions,
+            Response::ListSubscriptions {
+                subscriptions: vec![],
+            },
+        );
+        resp_round_trip(
+            Opcode::DeleteSubscription,
+            Response::DeleteSubscription { existed: false },
+        );
+        let frame = |op: Opcode, body: &[u8]| {
+            let mut buf = Vec::new();
+            let header = FrameHeader {
+                opcode: op as u8 | RESPONSE_BIT,
+                flags: 0,
+                status: 0,
+                request_id: 1,
+            };
+            encode_frame(&mut buf, header, body);
+            buf
+        };
+        for (op, body) in [
+            (Opcode::ListSubscriptions, u32::MAX.to_le_bytes().to_vec()),
+            (Opcode::DeleteSubscription, vec![2]),
+            (Opcode::GetSubscription, {
+                let mut b = Vec::new();
+                subscription::put_info(&mut b, &info(None));
+                b[5] = 2;
+                b
+            }),
+        ] {
+            let buf = frame(op, &body);
+            let (f, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+            assert!(Response::decode(&f).is_err(), "{op:?} {body:?}");
+        }
     }
 
     #[test]

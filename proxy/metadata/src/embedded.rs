@@ -22,7 +22,7 @@ mod underreplication;
 
 use crate::{
     validate_stream_name, BookieId, BookieInfo, BookieRegistration, Cookie, Error, LedgerMetadata,
-    MetadataStore, Result, Stamped, StreamLease, StreamMetadata, Version, Versioned,
+    MetadataStore, Result, Stamped, StreamLease, StreamMetadata, Subscription, Version, Versioned,
 };
 
 /// Layout version of the persisted document. Readers accept exactly this one so far.
@@ -48,6 +48,9 @@ struct Document {
     /// Bookies being decommissioned, with the start in milliseconds since the Unix epoch.
     #[serde(default)]
     decommissioning: BTreeMap<BookieId, u64>,
+    /// Subscriptions by stream, then by name (absent in documents written before).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    subscriptions: BTreeMap<String, BTreeMap<String, (Subscription, Version)>>,
     /// Stream ownership is process-lifetime, like the ZooKeeper lock's ephemeral node.
     #[serde(skip)]
     leases: BTreeMap<String, (String, String, tokio::sync::watch::Sender<bool>)>,
@@ -411,11 +414,90 @@ impl MetadataStore for EmbeddedStore {
             .1;
         check_version("stream", name.to_string(), expected, found)?;
         doc.streams.remove(name);
+        doc.subscriptions.remove(name);
         self.persist(&doc).await
     }
 
     async fn list_streams(&self) -> Result<Vec<String>> {
         Ok(self.inner.lock().await.streams.keys().cloned().collect())
+    }
+
+    async fn read_subscription(&self, stream: &str, name: &str) -> Result<Versioned<Subscription>> {
+        crate::validate_subscription_name(name)?;
+        let doc = self.inner.lock().await;
+        let (value, version) = doc
+            .subscriptions
+            .get(stream)
+            .and_then(|subs| subs.get(name))
+            .copied()
+            .ok_or_else(|| subscription_not_found(stream, name))?;
+        Ok(Versioned { value, version })
+    }
+
+    async fn write_subscription(
+        &self,
+        stream: &str,
+        name: &str,
+        sub: &Subscription,
+        expected: Option<Version>,
+    ) -> Result<Version> {
+        crate::validate_subscription_name(name)?;
+        let mut doc = self.inner.lock().await;
+        if !doc.streams.contains_key(stream) {
+            return Err(Error::NotFound {
+                kind: "stream",
+                key: stream.to_string(),
+            });
+        }
+        let key = format!("{stream}/{name}");
+        let subs = doc.subscriptions.entry(stream.to_string()).or_default();
+        let next = match (subs.get(name), expected) {
+            (None, None) => Version(0),
+            (Some(_), None) => {
+                return Err(Error::AlreadyExists {
+                    kind: "subscription",
+                    key,
+                })
+            }
+            (None, Some(_)) => return Err(subscription_not_found(stream, name)),
+            (Some((_, found)), Some(expected)) => {
+                check_version("subscription", key, expected, *found)?;
+                Version(found.0 + 1)
+            }
+        };
+        subs.insert(name.to_string(), (*sub, next));
+        self.persist(&doc).await?;
+        Ok(next)
+    }
+
+    async fn list_subscriptions(&self, stream: &str) -> Result<Vec<(String, Subscription)>> {
+        let doc = self.inner.lock().await;
+        if !doc.streams.contains_key(stream) {
+            return Err(Error::NotFound {
+                kind: "stream",
+                key: stream.to_string(),
+            });
+        }
+        Ok(doc
+            .subscriptions
+            .get(stream)
+            .map(|subs| subs.iter().map(|(n, (s, _))| (n.clone(), *s)).collect())
+            .unwrap_or_default())
+    }
+
+    async fn delete_subscription(&self, stream: &str, name: &str) -> Result<()> {
+        crate::validate_subscription_name(name)?;
+        let mut doc = self.inner.lock().await;
+        let subs = doc
+            .subscriptions
+            .get_mut(stream)
+            .ok_or_else(|| subscription_not_found(stream, name))?;
+        subs.remove(name)
+            .ok_or_else(|| subscription_not_found(stream, name))?;
+        if subs.is_empty() {
+            doc.subscriptions.remove(stream);
+        }
+        self.persist(&doc).await
     }
 
     async fn instance_id(&self) -> Result<String> {
@@ -509,6 +591,13 @@ impl MetadataStore for EmbeddedStore {
             }
         }
         Ok(())
+    }
+}
+
+fn subscription_not_found(stream: &str, name: &str) -> Error {
+    Error::NotFound {
+        kind: "subscription",
+        key: format!("{stream}/{name}"),
     }
 }
 

@@ -5,7 +5,9 @@
 //! What is stored (the ZooKeeper layout of BookKeeper and DistributedLog, reduced to types):
 //! * the bookie registry ([`BookieInfo`]),
 //! * ledger id generation and ledger metadata ([`LedgerMetadata`]),
-//! * stream metadata: the segment list and the highest txid ([`StreamMetadata`]).
+//! * stream metadata: the segment list and the highest txid ([`StreamMetadata`]);
+//! * subscriptions: named reader positions per stream ([`Subscription`], DistributedLog's
+//!   `SubscriptionsStore`), deleted with their stream.
 //!
 //! Every update is a compare-and-set against the [`Version`] the caller read, as with ZooKeeper's
 //! `setData(path, data, version)`; a stale version fails with [`Error::BadVersion`] and changes
@@ -18,12 +20,16 @@
 mod autorecovery;
 mod config;
 mod embedded;
+mod subscription;
 mod types;
 mod zookeeper;
 
 pub use autorecovery::{AuditorElection, UnderReplicationStore};
 pub use config::{is_host_port_list, ConfigError, ZooKeeperConfig};
 pub use embedded::{EmbeddedStore, EMBEDDED_FILE_NAME};
+pub use subscription::{
+    validate_subscription_name, Subscription, SUBSCRIPTION_NAME_SIZE_BYTES_MAX,
+};
 pub use types::*;
 pub use zookeeper::{
     decode_stream_name, encode_stream_name, AuditorCandidate, AutorecoveryState, ZkDigest, ZkStore,
@@ -204,10 +210,30 @@ pub trait MetadataStore: Send + Sync + 'static {
             store_time_ms: None,
         })
     }
-    /// Deletes a stream; `NotFound`, `BadVersion`.
+    /// Deletes a stream and its subscriptions; `NotFound`, `BadVersion`.
     async fn delete_stream(&self, name: &str, expected: Version) -> Result<()>;
     /// Names of every stream, sorted.
     async fn list_streams(&self) -> Result<Vec<String>>;
+
+    /// Reads subscription `name` of `stream` (DistributedLog `getLastCommitPosition`);
+    /// `NotFound` (kind "subscription") when absent, also when the stream does not exist;
+    /// `Invalid` for a bad name.
+    async fn read_subscription(&self, stream: &str, name: &str) -> Result<Versioned<Subscription>>;
+    /// Creates (`expected = None`; `AlreadyExists`) or replaces by compare-and-set
+    /// (`BadVersion`) subscription `name` of `stream`; `NotFound` (kind "stream") when the
+    /// stream does not exist; `Invalid` for a bad name.
+    async fn write_subscription(
+        &self,
+        stream: &str,
+        name: &str,
+        sub: &Subscription,
+        expected: Option<Version>,
+    ) -> Result<Version>;
+    /// Every subscription of `stream`, sorted by name; `NotFound` (kind "stream") when the
+    /// stream does not exist.
+    async fn list_subscriptions(&self, stream: &str) -> Result<Vec<(String, Subscription)>>;
+    /// Deletes subscription `name` of `stream` (DistributedLog `deleteSubscriber`); `NotFound`.
+    async fn delete_subscription(&self, stream: &str, name: &str) -> Result<()>;
 
     /// The cluster's instance id, created at random the first time any process asks
     /// (BookKeeper `INSTANCEID`).

@@ -98,11 +98,13 @@ mod record;
 mod registry;
 mod segment;
 mod shared;
+mod subscriptions;
 mod sweep;
 mod tail_cache;
 mod writer;
 
 pub use labels::{LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM};
+pub use subscriptions::{advance as subscription_advance, lag as subscription_lag};
 pub use sweep::SweepReport;
 
 use std::sync::Arc;

@@ -31,6 +31,7 @@ mod cluster_tls;
 mod cluster_zk_acls;
 mod proxy_drain_and_rolling_load;
 mod sandbox_bookie_read_only_on_full_disk;
+mod sandbox_cli_formats;
 mod sandbox_loghub_round_trip;
 mod sandbox_metrics;
 mod sandbox_refuses_bad_flags;

@@ -33,6 +33,7 @@ mod lock;
 mod paths;
 mod records;
 mod registry;
+mod subscriptions;
 mod underreplication;
 
 use std::sync::Arc;
@@ -45,7 +46,7 @@ use zookeeper_client as zk;
 
 use crate::{
     BookieId, BookieInfo, BookieRegistration, Cookie, Error, LedgerMetadata, MetadataStore, Result,
-    Stamped, StreamLease, StreamMetadata, Version, Versioned,
+    Stamped, StreamLease, StreamMetadata, Subscription, Version, Versioned,
 };
 
 pub use layout::ZK_LAYOUT_VERSION;
@@ -358,6 +359,28 @@ impl MetadataStore for ZkStore {
 
     async fn list_streams(&self) -> Result<Vec<String>> {
         records::list_streams(self).await
+    }
+
+    async fn read_subscription(&self, stream: &str, name: &str) -> Result<Versioned<Subscription>> {
+        subscriptions::read_subscription(self, stream, name).await
+    }
+
+    async fn write_subscription(
+        &self,
+        stream: &str,
+        name: &str,
+        sub: &Subscription,
+        expected: Option<Version>,
+    ) -> Result<Version> {
+        subscriptions::write_subscription(self, stream, name, sub, expected).await
+    }
+
+    async fn list_subscriptions(&self, stream: &str) -> Result<Vec<(String, Subscription)>> {
+        subscriptions::list_subscriptions(self, stream).await
+    }
+
+    async fn delete_subscription(&self, stream: &str, name: &str) -> Result<()> {
+        subscriptions::delete_subscription(self, stream, name).await
     }
 
     async fn instance_id(&self) -> Result<String> {

@@ -344,12 +344,11 @@ pub(super) async fn update_stream(
     })
 }
 
-/// Deletes the stream's node and, if no one holds or contends for its lock, its lock node.
+/// Deletes the stream's node with its subscriptions and, if no one holds or contends for its
+/// lock, its lock node.
 pub(super) async fn delete_stream(store: &ZkStore, name: &str, expected: Version) -> Result<()> {
     validate_stream_name(name)?;
-    store
-        .cas_delete("stream", name, &store.stream_path(name), expected)
-        .await?;
+    super::subscriptions::delete_stream_node(store, name, expected).await?;
     let dir = store.lock_dir(name);
     match store.inner.client.delete(&dir, None).await {
         Ok(()) | Err(zk::Error::NoNode | zk::Error::NotEmpty) => Ok(()),

@@ -159,3 +159,57 @@ async fn metadata_file_holding_ledger_secrets_is_private() {
     assert_eq!(mode(&dir), 0o700, "narrowed at open");
     assert!(store.read_stream("secret").await.is_ok());
 }
+
+#[tokio::test]
+async fn subscriptions_persist_and_go_with_their_stream() {
+    // Goal (issue 26 item 2): subscriptions survive a reopen, compare-and-set like the other
+    // records, and are deleted with their stream. Method: real files, reopen the store.
+    let sub = |seq| Subscription {
+        committed: TruncationPoint {
+            segment_seq_no: seq,
+            entry_id: 3,
+            slot_index: 1,
+        },
+        commit_time_ms: 5,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert!(matches!(
+        store.write_subscription("s", "a", &sub(1), None).await,
+        Err(Error::NotFound { kind: "stream", .. })
+    ));
+    let sv = store.create_stream(&stream("s")).await.unwrap();
+    let v0 = store
+        .write_subscription("s", "a", &sub(1), None)
+        .await
+        .unwrap();
+    store
+        .write_subscription("s", "b", &sub(4), None)
+        .await
+        .unwrap();
+    let v1 = store
+        .write_subscription("s", "a", &sub(2), Some(v0))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.write_subscription("s", "a", &sub(3), Some(v0)).await,
+        Err(Error::BadVersion { .. })
+    ));
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let r = store.read_subscription("s", "a").await.unwrap();
+    assert_eq!((r.value, r.version), (sub(2), v1));
+    assert_eq!(
+        store.list_subscriptions("s").await.unwrap(),
+        vec![("a".to_string(), sub(2)), ("b".to_string(), sub(4))]
+    );
+    store.delete_subscription("s", "b").await.unwrap();
+    assert!(store.delete_subscription("s", "b").await.is_err());
+    store.delete_stream("s", sv).await.unwrap();
+    store.create_stream(&stream("s")).await.unwrap();
+    assert!(store.list_subscriptions("s").await.unwrap().is_empty());
+    assert!(matches!(
+        store.read_subscription("s", "a").await,
+        Err(Error::NotFound { .. })
+    ));
+}

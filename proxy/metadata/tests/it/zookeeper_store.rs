@@ -221,6 +221,7 @@ async fn records_compare_and_set_and_layout_version() {
         Err(Error::NotFound { .. })
     ));
     assert_eq!(a.list_streams().await.unwrap(), vec!["logs/app-2", "plain"]);
+    subscriptions_cas_and_go_with_their_stream(&a, &b).await;
 
     // Ledger listing across buckets, and removal of emptied buckets: only once the id counter
     // is past the whole bucket (no allocation can go there again); a bucket a ledger is
@@ -677,4 +678,72 @@ async fn autorecovery_marks_locks_and_auditor_election() {
         c.autorecovery_state().await.unwrap().candidates,
         Vec::<String>::new()
     );
+}
+
+fn sub(seq: u64) -> Subscription {
+    Subscription {
+        committed: TruncationPoint {
+            segment_seq_no: seq,
+            entry_id: 0,
+            slot_index: 0,
+        },
+        commit_time_ms: 9,
+    }
+}
+
+/// Subscriptions under the stream's node (issue 26 item 2): create, compare-and-set, sorted
+/// listing, delete; a stream delete that loses its compare-and-set keeps them, one that wins
+/// takes them along (one multi).
+async fn subscriptions_cas_and_go_with_their_stream(a: &ZkStore, b: &ZkStore) {
+    let s = "logs/app-2";
+    assert!(matches!(
+        a.write_subscription("nope", "x", &sub(1), None).await,
+        Err(Error::NotFound { kind: "stream", .. })
+    ));
+    let v0 = a
+        .write_subscription(s, "billing", &sub(1), None)
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.write_subscription(s, "billing", &sub(1), None).await,
+        Err(Error::AlreadyExists { .. })
+    ));
+    let v1 = b
+        .write_subscription(s, "billing", &sub(2), Some(v0))
+        .await
+        .unwrap();
+    assert!(matches!(
+        a.write_subscription(s, "billing", &sub(3), Some(v0)).await,
+        Err(Error::BadVersion { .. })
+    ));
+    a.write_subscription(s, "audit", &sub(1), None)
+        .await
+        .unwrap();
+    let r = a.read_subscription(s, "billing").await.unwrap();
+    assert_eq!((r.value, r.version), (sub(2), v1));
+    assert_eq!(
+        b.list_subscriptions(s).await.unwrap(),
+        vec![
+            ("audit".to_string(), sub(1)),
+            ("billing".to_string(), sub(2))
+        ]
+    );
+    assert!(matches!(
+        a.read_subscription(s, "bad/name").await,
+        Err(Error::Invalid { .. })
+    ));
+    a.delete_subscription(s, "audit").await.unwrap();
+    assert!(matches!(
+        a.delete_subscription(s, "audit").await,
+        Err(Error::NotFound { .. })
+    ));
+    let st = a.read_stream(s).await.unwrap();
+    assert!(matches!(
+        a.delete_stream(s, Version(st.version.0 + 1)).await,
+        Err(Error::BadVersion { .. })
+    ));
+    assert_eq!(a.list_subscriptions(s).await.unwrap().len(), 1);
+    a.delete_stream(s, st.version).await.unwrap();
+    a.create_stream(&stream(s)).await.unwrap();
+    assert!(a.list_subscriptions(s).await.unwrap().is_empty());
 }

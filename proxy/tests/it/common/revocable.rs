@@ -122,6 +122,33 @@ impl MetadataStore for Revocable {
     async fn list_streams(&self) -> Result<Vec<String>> {
         self.inner.list_streams().await
     }
+    async fn read_subscription(
+        &self,
+        stream: &str,
+        name: &str,
+    ) -> Result<Versioned<quire_metadata::Subscription>> {
+        self.inner.read_subscription(stream, name).await
+    }
+    async fn write_subscription(
+        &self,
+        stream: &str,
+        name: &str,
+        sub: &quire_metadata::Subscription,
+        expected: Option<Version>,
+    ) -> Result<Version> {
+        self.inner
+            .write_subscription(stream, name, sub, expected)
+            .await
+    }
+    async fn list_subscriptions(
+        &self,
+        stream: &str,
+    ) -> Result<Vec<(String, quire_metadata::Subscription)>> {
+        self.inner.list_subscriptions(stream).await
+    }
+    async fn delete_subscription(&self, stream: &str, name: &str) -> Result<()> {
+        self.inner.delete_subscription(stream, name).await
+    }
     async fn instance_id(&self) -> Result<String> {
         self.inner.instance_id().await
     }

@@ -188,17 +188,23 @@ pub fn run_quire(args: &[&str], addr: &str, stdin: Option<&[u8]>) -> Output {
     child.wait_with_output().expect("quire output")
 }
 
-/// Parses `quire write`'s output line `SEG:ENTRY:SLOT COUNT`.
+/// Parses `quire write`'s output line `wrote N records to STREAM: first DLSN, last DLSN`:
+/// the last DLSN and the count.
 pub fn parse_write_output(out: &Output) -> ((u64, u64, u64), u64) {
     assert!(
         out.status.success(),
         "quire write failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // `wrote N records to STREAM: first DLSN, last DLSN`
     let text = String::from_utf8(out.stdout.clone()).expect("utf8");
-    let mut parts = text.split_whitespace();
-    let dlsn = parts.next().expect("dlsn");
-    let count: u64 = parts.next().expect("count").parse().expect("count number");
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert!(
+        words.len() == 9 && words[0] == "wrote" && words[7] == "last",
+        "quire write output {text:?}"
+    );
+    let count: u64 = words[1].parse().expect("count number");
+    let dlsn = words[8];
     let nums: Vec<u64> = dlsn
         .split(':')
         .map(|n| n.parse().expect("dlsn part"))
