@@ -233,6 +233,10 @@ mod tests {
             record_count: records,
             length_bytes: bytes,
             completion_time_ms: None,
+            first_write_time_ms: None,
+            last_write_time_ms: None,
+            last_record_entry: None,
+            last_record_slot: None,
         }
     }
 
@@ -252,6 +256,7 @@ mod tests {
             truncated_before: None,
             retention: Default::default(),
             ledger_secret_hex: None,
+            sealed: false,
         };
         assert_eq!(lag(&meta, None), (140, 1400));
         assert_eq!(lag(&meta, Some(Dlsn::new(1, 0, 0))), (140, 1400));
