@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::report::{show_op, show_record, Finding, Kind, Report};
-use super::{Dlsn, From, Op, OpKind, Outcome, Record};
+use super::{Dlsn, Op, OpKind, Outcome, ReadFrom, Record};
 
 type IdFn<'a> = &'a dyn Fn(&[u8]) -> Vec<u8>;
 
@@ -386,10 +386,11 @@ fn view_start(cx: &mut Ctx<'_>, reads: &[&Op], view: &[(&Record, usize)]) {
     };
     let start = match reads.first().map(|o| &o.kind) {
         Some(OpKind::Read {
-            from: From::Head, ..
+            from: ReadFrom::Head,
+            ..
         }) => Dlsn::INITIAL,
         Some(OpKind::Read {
-            from: From::Dlsn(d),
+            from: ReadFrom::Dlsn(d),
             ..
         }) => *d,
         _ => return,

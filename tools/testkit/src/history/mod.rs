@@ -130,7 +130,7 @@ pub struct Session {
 
 /// Where a reader's first read started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum From {
+pub enum ReadFrom {
     /// The stream's head (its first record not truncated).
     Head,
     /// The first record at or after this DLSN.
@@ -164,7 +164,7 @@ pub enum OpKind {
     /// A read from `from` (for the reader's first read) and what it returned (`None` while in
     /// flight or when it failed).
     Read {
-        from: From,
+        from: ReadFrom,
         records: Option<Vec<Record>>,
     },
     /// A truncation of everything before `point`; it is in force once completed.
@@ -283,7 +283,7 @@ impl History {
 
     /// Records that `reader` sent a read from `from` (only the reader's first read's position
     /// counts); returns its id.
-    pub fn read_invoked(&self, reader: &str, from: From) -> usize {
+    pub fn read_invoked(&self, reader: &str, from: ReadFrom) -> usize {
         self.invoke(
             reader,
             OpKind::Read {

@@ -24,9 +24,9 @@ fn clean() -> (History, Vec<Record>) {
     let h = History::new();
     h.write_ok("w", recs(&[(1, "a0")]), d(0, 0), d(0, 0));
     h.write_ok("w", recs(&[(2, "a1"), (3, "a2")]), d(1, 0), d(1, 1));
-    let r = h.read_invoked("r", From::Head);
+    let r = h.read_invoked("r", ReadFrom::Head);
     h.read_done(r, vec![rec(0, 0, 1, "a0")]);
-    let r = h.read_invoked("r", From::Other);
+    let r = h.read_invoked("r", ReadFrom::Other);
     h.read_done(r, vec![rec(1, 0, 2, "a1"), rec(1, 1, 3, "a2")]);
     let log = vec![rec(0, 0, 1, "a0"), rec(1, 0, 2, "a1"), rec(1, 1, 3, "a2")];
     (h, log)
@@ -150,7 +150,7 @@ fn a_read_of_a_record_not_in_the_final_log_is_an_aborted_read() {
     let (h, log) = clean();
     let w = h.write_invoked("w2", recs(&[(4, "b0")]), None);
     h.write_done(w, Outcome::Unknown("connection lost".into()));
-    let r = h.read_invoked("r2", From::Dlsn(d(2, 0)));
+    let r = h.read_invoked("r2", ReadFrom::Dlsn(d(2, 0)));
     h.read_done(r, vec![rec(2, 0, 4, "b0")]);
     only(&h.check(&log), Kind::AbortedRead, &[w, r]);
 }
@@ -158,9 +158,9 @@ fn a_read_of_a_record_not_in_the_final_log_is_an_aborted_read() {
 #[test]
 fn a_reader_going_backwards_is_an_order_inversion() {
     let (h, log) = clean();
-    let r1 = h.read_invoked("r2", From::Dlsn(d(1, 0)));
+    let r1 = h.read_invoked("r2", ReadFrom::Dlsn(d(1, 0)));
     h.read_done(r1, vec![rec(1, 0, 2, "a1"), rec(1, 1, 3, "a2")]);
-    let r2 = h.read_invoked("r2", From::Other);
+    let r2 = h.read_invoked("r2", ReadFrom::Other);
     h.read_done(r2, vec![rec(1, 1, 3, "a2")]);
     only(&h.check(&log), Kind::OrderInversion, &[r1, r2]);
 }
@@ -168,7 +168,7 @@ fn a_reader_going_backwards_is_an_order_inversion() {
 #[test]
 fn a_reader_skipping_a_record_has_a_gap() {
     let (h, log) = clean();
-    let r = h.read_invoked("r2", From::Head);
+    let r = h.read_invoked("r2", ReadFrom::Head);
     h.read_done(r, vec![rec(0, 0, 1, "a0"), rec(1, 1, 3, "a2")]);
     let text = only(&h.check(&log), Kind::Gap, &[1, r]);
     assert!(
@@ -180,7 +180,7 @@ fn a_reader_skipping_a_record_has_a_gap() {
 #[test]
 fn a_reader_starting_past_its_position_has_a_gap() {
     let (h, log) = clean();
-    let r = h.read_invoked("r2", From::Dlsn(d(0, 0)));
+    let r = h.read_invoked("r2", ReadFrom::Dlsn(d(0, 0)));
     h.read_done(r, vec![rec(1, 0, 2, "a1")]);
     only(&h.check(&log), Kind::Gap, &[0, r]);
 }
@@ -209,9 +209,9 @@ fn two_readers_seeing_different_records_at_one_dlsn_are_reported() {
     let (h, log) = clean();
     let w = h.write_invoked("w2", recs(&[(4, "b0")]), None);
     h.write_done(w, Outcome::Unknown("timeout".into()));
-    let r1 = h.read_invoked("r1", From::Dlsn(d(1, 0)));
+    let r1 = h.read_invoked("r1", ReadFrom::Dlsn(d(1, 0)));
     h.read_done(r1, vec![rec(1, 0, 2, "a1")]);
-    let r2 = h.read_invoked("r2", From::Dlsn(d(1, 0)));
+    let r2 = h.read_invoked("r2", ReadFrom::Dlsn(d(1, 0)));
     h.read_done(r2, vec![rec(1, 0, 4, "b0")]);
     let report = h.check(&log);
     let f = report.of(Kind::ReadersDisagree);
@@ -229,7 +229,7 @@ fn a_record_before_a_truncation_read_after_it_returned_is_reported() {
     let (h, _) = clean();
     let t = h.truncate_invoked(d(1, 0));
     h.done(t);
-    let r = h.read_invoked("r2", From::Head);
+    let r = h.read_invoked("r2", ReadFrom::Head);
     h.read_done(r, vec![rec(0, 0, 1, "a0"), rec(1, 0, 2, "a1")]);
     let log = vec![rec(1, 0, 2, "a1"), rec(1, 1, 3, "a2")];
     only(&h.check(&log), Kind::ReadPastTruncation, &[t, r]);
