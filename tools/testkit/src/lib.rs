@@ -28,6 +28,7 @@ pub mod bookies;
 pub mod cluster_secret;
 #[cfg(feature = "harness")]
 pub mod harness;
+pub mod history;
 pub mod loghub;
 pub mod loop_mount;
 pub mod reclaim;

@@ -5,6 +5,7 @@
 //! growing DLSNs, byte-identical replicas).
 
 use quire_testkit::harness::cluster::runtime;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,8 @@ use quire_client::{ClientConfig, ProxyClient};
 use quire_metadata::{BookieId, MetadataStore};
 use quire_testkit::harness::checker::{check_stream, write_padded_records, write_records, Acked};
 use quire_testkit::harness::cluster::Cluster;
+use quire_testkit::harness::recorded;
+use quire_testkit::history::History;
 
 /// A client that reports redirects instead of following them.
 async fn no_redirects(addr: &str) -> Arc<ProxyClient> {
@@ -29,7 +32,10 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
     // Method: 3 bookie processes and a proxy; 300 acknowledged writes; start a 4th bookie;
     // SIGKILL bookie 1 while 900 more writes are in flight; every write must be acknowledged;
     // the ledger's last fragment names the 4th bookie instead of the killed one; the checker
-    // reads the stream back and compares replicas on the live bookies.
+    // reads the stream back and compares replicas on the live bookies. A tailing reader runs
+    // through it all, and the history checker (issue 28) checks every write's outcome and the
+    // reader's view against the final log: no acknowledged record lost or misplaced, none
+    // twice, nothing read that is not in the final log, the reader's view contiguous.
     let cluster = Cluster::start();
     let ports: Vec<u16> = (0..4).map(|_| quire_testkit::free_port()).collect();
     let mut bookies: Vec<_> = (0..3)
@@ -39,14 +45,31 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
     let proxy = cluster.start_proxy_e3(&[]);
     let rt = runtime();
     let client = rt.block_on(async { Arc::new(ProxyClient::connect(&proxy.addr).await.unwrap()) });
-    let (mut acked, err) = rt.block_on(write_records(&client, "bk/kill", "a", 0..300));
+    let history = Arc::new(History::new());
+    let (mut acked, err) = rt.block_on(recorded::write_records(
+        &history,
+        &client,
+        "bk/kill",
+        "a",
+        0..300,
+    ));
     assert!(err.is_none(), "{err:?}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let tail = rt.spawn(recorded::tail(
+        history.clone(),
+        client.clone(),
+        "bk/kill".into(),
+        "tail".into(),
+        stop.clone(),
+    ));
 
     let fourth = cluster.start_bookie(3, ports[3]);
     cluster.wait_bookies("4 bookies", |l| l.contains("4 bookies registered"));
     let writer = {
-        let client = client.clone();
-        rt.spawn(async move { write_records(&client, "bk/kill", "a", 300..1200).await })
+        let (client, history) = (client.clone(), history.clone());
+        rt.spawn(async move {
+            recorded::write_records(&history, &client, "bk/kill", "a", 300..1200).await
+        })
     };
     std::thread::sleep(Duration::from_millis(50));
     bookies[1].take().unwrap().kill();
@@ -58,13 +81,21 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
     acked.extend(more);
     // Pipelined writes may all be acknowledged before the kill lands; writes after it must
     // meet the dead bookie and change the ensemble.
-    let (more, err) = rt.block_on(write_records(&client, "bk/kill", "a", 1200..1500));
+    let (more, err) = rt.block_on(recorded::write_records(
+        &history,
+        &client,
+        "bk/kill",
+        "a",
+        1200..1500,
+    ));
     assert!(
         err.is_none(),
         "a write failed after the bookie was killed: {err:?}"
     );
     acked.extend(more);
     assert_eq!(acked.len(), 1500);
+    stop.store(true, Ordering::Release);
+    let tailed = rt.block_on(tail).unwrap();
 
     let killed = BookieId(format!("127.0.0.1:{}", ports[1]));
     let new = BookieId(format!("127.0.0.1:{}", ports[3]));
@@ -90,7 +121,7 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
             !last.bookies.contains(&killed) && last.bookies.contains(&new),
             "the 4th bookie replaced the killed one: {last:?}"
         );
-        let report = check_stream(
+        check_stream(
             &proxy.addr,
             &store,
             "bk/kill",
@@ -98,8 +129,11 @@ fn bookie_sigkilled_under_writes_is_replaced_by_a_new_bookie() {
             std::slice::from_ref(&killed),
         )
         .await;
-        assert_eq!(report.records.len(), 1500);
+        let log = recorded::final_log(&proxy.addr, "bk/kill").await;
+        assert_eq!(log.len(), 1500);
+        history.check(&log).assert_clean();
     });
+    assert_eq!(tailed, 1500, "the tailing reader saw every record once");
     proxy.stop();
     fourth.stop();
     for b in bookies.into_iter().flatten() {

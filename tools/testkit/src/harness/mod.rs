@@ -14,6 +14,7 @@
 
 pub mod checker;
 pub mod cluster;
+pub mod recorded;
 mod sandbox;
 pub mod wire;
 

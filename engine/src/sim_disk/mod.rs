@@ -28,6 +28,13 @@
 //! [`SimStorage::crash_report`] returns the image, which [`SimStorage::from_image`] turns into a
 //! fresh disk to reopen the engine on.
 //!
+//! # Storage faults
+//! [`SimStorage::inject`] arms a [`Fault`] (a flipped bit in data read back, EIO on a read or a
+//! write, an fdatasync that reports success and keeps nothing, a misdirected write) for the
+//! n-th matching read, write or fdatasync; [`SimStorage::rot`] flips a stored bit (bit rot, seen
+//! by every later read and kept by a crash); a tear value with [`TEAR_HOLE`] set tears the last
+//! write in the middle instead of at an end. See `faults`.
+//!
 //! # Scheduling
 //! Operations complete in memory; each first yields to the executor 0 to 2 times (chosen by the
 //! seed), so that the engine's concurrent tasks (journal writer, checkpoint, journal
@@ -45,6 +52,17 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
+
+mod faults;
+pub use faults::{Fault, PathFilter};
+use faults::{Faults, On, WriteFault};
+
+/// Set in a tear value (with bit 63 clear) on a disk with [`SimStorage::tear_holes`] on, the
+/// torn write keeps its first and last sectors and loses a seeded run of sectors between them:
+/// a torn write in the middle of a page (a device may store a write's sectors in any order). A
+/// write under 3 sectors is dropped whole. Off (the default), the bit is ignored, so the seeds
+/// of the crash tests keep their tears.
+pub const TEAR_HOLE: u64 = 1 << 62;
 
 /// Size of the unit a torn write keeps or loses, in bytes (a disk sector).
 pub const SECTOR_BYTES: usize = 512;
@@ -169,6 +187,9 @@ struct Disk {
     crashed: Option<CrashReport>,
     trace: VecDeque<String>,
     rng: u64,
+    faults: Faults,
+    /// Whether a tear value with [`TEAR_HOLE`] tears a hole.
+    tear_holes: bool,
 }
 
 /// splitmix64: small, seedable, good enough to pick yield counts.
@@ -306,6 +327,19 @@ impl Disk {
         let mut torn = None;
         if let (Some(r), Some(w)) = (tear, self.unsynced.last()) {
             let sectors = w.data.len().div_ceil(SECTOR_BYTES);
+            if self.tear_holes && r >> 62 == 1 {
+                // A hole: both ends reach the medium, the middle does not.
+                let kept = match faults::hole(sectors, r) {
+                    Some((a, b)) => {
+                        keep_bytes(&mut image, w, 0, a * SECTOR_BYTES);
+                        keep_bytes(&mut image, w, b * SECTOR_BYTES, w.data.len());
+                        w.data.len() - (b - a) * SECTOR_BYTES
+                    }
+                    None => 0,
+                };
+                torn = Some((w.path.clone(), w.pos, w.data.len(), kept));
+                return (image, torn, dropped);
+            }
             let n = ((r & !(1 << 63)) % (sectors as u64 + 1)) as usize;
             let (from, to) = if r >> 63 == 0 {
                 (0, (n * SECTOR_BYTES).min(w.data.len()))
@@ -380,6 +414,8 @@ impl SimStorage {
             crashed: None,
             trace: VecDeque::new(),
             rng: seed,
+            faults: Faults::default(),
+            tear_holes: false,
         };
         for (dpath, files) in &image.dirs {
             let mut d = Dir::default();
@@ -402,7 +438,9 @@ impl SimStorage {
     /// Arms a crash during the `n`-th counted operation from now (`n >= 1`; counted: write,
     /// fdatasync, rename, remove, sync_dir, an open that creates a file). `tear`: `None` drops
     /// every unsynced write; `Some(r)` keeps the first `r % (s + 1)` whole sectors of the last
-    /// unsynced write (of `s` sectors) and drops the rest. Replaces an earlier arming.
+    /// unsynced write (of `s` sectors) and drops the rest (the last ones with bit 63 set; a hole
+    /// in the middle with [`TEAR_HOLE`] on a disk with [`SimStorage::tear_holes`]). Replaces an
+    /// earlier arming.
     pub fn crash_at_op(&self, n: u64, tear: Option<u64>) {
         self.crash_at_matching_op(n, Box::new(|_, _| true), tear);
     }
@@ -443,6 +481,50 @@ impl SimStorage {
     /// The image a crash now with no torn write would leave, without crashing.
     pub fn durable_image(&self) -> SimImage {
         self.disk.borrow().durable_image(None, None).0
+    }
+
+    /// With `true`, a later tear value with [`TEAR_HOLE`] set (and bit 63 clear) tears a hole
+    /// in the middle of the write instead of keeping a prefix.
+    pub fn tear_holes(&self, on: bool) {
+        self.disk.borrow_mut().tear_holes = on;
+    }
+
+    /// Arms `fault` for the `nth` (from 1) read, write or fdatasync from now, of the kind the
+    /// fault applies to, on a file whose path `filter` accepts; it fires once. Several faults
+    /// may be armed at once (an operation fires at most one).
+    pub fn inject(&self, fault: Fault, nth: u64, filter: PathFilter) {
+        self.disk.borrow_mut().faults.arm(fault, nth, filter);
+    }
+
+    /// Flips bit `bit` (0..8) of the byte at `offset` of the file at `path`, in what reads see
+    /// and in what a crash keeps (bit rot on the medium).
+    ///
+    /// # Panics
+    /// When the file does not exist or is shorter than `offset + 1` bytes (a test's mistake).
+    pub fn rot(&self, path: &Path, offset: u64, bit: u8) {
+        let mut d = self.disk.borrow_mut();
+        let ino = d.lookup(path).expect("rot: no such file");
+        let inode = &mut d.inodes[ino];
+        let at = offset as usize;
+        inode.live[at] ^= 1 << (bit % 8);
+        if at < inode.durable.len() {
+            inode.durable[at] ^= 1 << (bit % 8);
+        }
+        d.faults
+            .fired
+            .push(format!("rot {} @{offset} bit {bit}", path.display()));
+    }
+
+    /// The faults that fired so far, oldest first (`"ReadEio in read /p @0 +4096"`, ...).
+    pub fn fault_log(&self) -> Vec<String> {
+        self.disk.borrow().faults.fired.clone()
+    }
+
+    /// The live size of the file at `path` (what reads see), if it exists.
+    pub fn file_len(&self, path: &Path) -> Option<u64> {
+        let d = self.disk.borrow();
+        let ino = d.lookup(path).ok()?;
+        Some(d.inodes[ino].live.len() as u64)
     }
 
     /// Counted operations since the disk was made.
@@ -591,12 +673,26 @@ impl SimFile {
 impl StorageFile for SimFile {
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
         self.pause().await;
-        let d = self.disk.borrow();
+        let mut d = self.disk.borrow_mut();
         d.check_up()?;
         let live = &d.inodes[self.inode].live;
         let start = usize::try_from(pos).unwrap_or(usize::MAX).min(live.len());
         let end = start.saturating_add(len).min(live.len());
-        Ok(live[start..end].to_vec())
+        let mut data = live[start..end].to_vec();
+        let path = d.inodes[self.inode].path.clone();
+        let what = format!("read {} @{pos} +{len}", path.display());
+        match d.faults.fire(On::Read, &path, &what) {
+            Some(Fault::ReadEio) => return Err(faults::eio()),
+            Some(Fault::ReadBitFlip) => {
+                let bit = next_random(&mut d.rng);
+                if let Some(at) = faults::flip(&mut data, bit) {
+                    let line = format!("  flipped a bit of byte {}", pos + at as u64);
+                    d.faults.fired.push(line);
+                }
+            }
+            _ => {}
+        }
+        Ok(data)
     }
 
     /// Same alignment rule as the real disk; a misaligned write fails with `InvalidInput`.
@@ -611,6 +707,12 @@ impl StorageFile for SimFile {
         let mut d = self.disk.borrow_mut();
         d.check_up()?;
         let path = d.inodes[self.inode].path.clone();
+        let asked = format!("write {} @{pos} +{}", path.display(), data.len());
+        let pos = match faults::write_fault(d.faults.fire(On::Write, &path, &asked), pos) {
+            Some(WriteFault::Eio) => return Err(faults::eio()),
+            Some(WriteFault::LandAt(at)) => at,
+            None => pos,
+        };
         let what = format!("write {} @{pos} +{}", path.display(), data.len());
         let w = UnsyncedWrite {
             inode: self.inode,
@@ -637,7 +739,11 @@ impl StorageFile for SimFile {
         d.check_up()?;
         let path = d.inodes[self.inode].path.clone();
         let what = format!("fdatasync {}", path.display());
-        d.count(OpKind::Fdatasync, &path, what, None)?;
+        d.count(OpKind::Fdatasync, &path, what.clone(), None)?;
+        if d.faults.fire(On::Sync, &path, &what).is_some() {
+            // LostSync: success, and the file's writes stay unsynced.
+            return Ok(());
+        }
         let ino = self.inode;
         d.unsynced.retain(|w| w.inode != ino);
         let inode = &mut d.inodes[ino];
