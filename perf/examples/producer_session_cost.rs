@@ -16,7 +16,7 @@
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
 use hdrhistogram::Histogram;
@@ -81,7 +81,7 @@ impl Writer {
 /// Open loop at `rate` for `secs`: latency percentiles (ms) from the scheduled times.
 async fn paced(w: Rc<Writer>, rate: u64, secs: u64) -> (f64, f64) {
     let hist = Rc::new(std::cell::RefCell::new(Histogram::<u64>::new(3).unwrap()));
-    let t0 = Instant::now();
+    let t0 = quire_clock::now();
     let n = rate * secs;
     let mut tasks = Vec::with_capacity(n as usize);
     for i in 0..n {
@@ -90,7 +90,7 @@ async fn paced(w: Rc<Writer>, rate: u64, secs: u64) -> (f64, f64) {
         let (w, hist) = (w.clone(), hist.clone());
         tasks.push(tokio::task::spawn_local(async move {
             if w.write().await {
-                let us = at.elapsed().as_micros() as u64;
+                let us = quire_clock::elapsed(at).as_micros() as u64;
                 hist.borrow_mut().record(us.max(1)).unwrap();
             }
         }));
@@ -107,13 +107,13 @@ async fn paced(w: Rc<Writer>, rate: u64, secs: u64) -> (f64, f64) {
 
 /// Closed loop with `in_flight` writes outstanding for `secs`: records acknowledged a second.
 async fn throughput(w: Rc<Writer>, in_flight: usize, secs: u64) -> f64 {
-    let end = Instant::now() + Duration::from_secs(secs);
+    let end = quire_clock::now() + Duration::from_secs(secs);
     let acked = Rc::new(std::cell::Cell::new(0u64));
     let tasks: Vec<_> = (0..in_flight)
         .map(|_| {
             let (w, acked) = (w.clone(), acked.clone());
             tokio::task::spawn_local(async move {
-                while Instant::now() < end {
+                while quire_clock::now() < end {
                     if w.write().await {
                         acked.set(acked.get() + 1);
                     }

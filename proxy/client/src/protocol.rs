@@ -586,6 +586,58 @@ fn put_write(
     flags
 }
 
+/// A `Write` request's body after its header: with flag [`FLAG_PRODUCER_SESSION`] a
+/// `ProducerWrite`.
+fn get_write(r: &mut Reader<'_>, frame: &Frame<'_>) -> Result<Request, WireError> {
+    let stream = get_str(r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?;
+    let producer = if frame.header.flags & FLAG_PRODUCER_SESSION != 0 {
+        Some(get_producer(r)?)
+    } else {
+        None
+    };
+    let count = r.u32()? as usize;
+    // Refuse counts the body cannot hold before allocating for them.
+    if count > frame.body.len() / WRITE_RECORD_OVERHEAD_BYTES {
+        return Err(WireError::InvalidField {
+            what: "write record count",
+        });
+    }
+    let mut records = Vec::with_capacity(count);
+    for _ in 0..count {
+        let txid = r.u64()?;
+        // Records above the record limit still decode: the stream layer refuses them
+        // with RECORD_TOO_LARGE, a clearer answer than a malformed frame.
+        let payload = r.len_prefixed(frame.body.len())?;
+        records.push((txid, payload.to_vec()));
+    }
+    let create_if_missing = frame.header.flags & FLAG_CREATE_IF_MISSING != 0;
+    Ok(match producer {
+        None => Request::Write {
+            stream,
+            create_if_missing,
+            records,
+        },
+        Some(producer) => {
+            // The last record's sequence must exist.
+            if producer
+                .first_seq
+                .checked_add((count as u64).saturating_sub(1))
+                .is_none()
+            {
+                return Err(WireError::InvalidField {
+                    what: "producer sequence",
+                });
+            }
+            Request::ProducerWrite {
+                stream,
+                create_if_missing,
+                producer,
+                records,
+            }
+        }
+    })
+}
+
 /// A write's producer numbering; session id 0 is refused.
 fn get_producer(r: &mut Reader<'_>) -> Result<ProducerSeq, WireError> {
     let session_id = r.u64()?;
@@ -787,51 +839,7 @@ impl Request {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
             },
             Opcode::ListStreams => Request::ListStreams,
-            Opcode::Write => {
-                let stream = get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?;
-                let producer = if frame.header.flags & FLAG_PRODUCER_SESSION != 0 {
-                    Some(get_producer(&mut r)?)
-                } else {
-                    None
-                };
-                let count = r.u32()? as usize;
-                // Refuse counts the body cannot hold before allocating for them.
-                if count > frame.body.len() / WRITE_RECORD_OVERHEAD_BYTES {
-                    return Err(WireError::InvalidField {
-                        what: "write record count",
-                    });
-                }
-                let mut records = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let txid = r.u64()?;
-                    // Records above the record limit still decode: the stream layer refuses them
-                    // with RECORD_TOO_LARGE, a clearer answer than a malformed frame.
-                    let payload = r.len_prefixed(frame.body.len())?;
-                    records.push((txid, payload.to_vec()));
-                }
-                let create_if_missing = frame.header.flags & FLAG_CREATE_IF_MISSING != 0;
-                match producer {
-                    None => Request::Write {
-                        stream,
-                        create_if_missing,
-                        records,
-                    },
-                    Some(producer) => {
-                        // The last record's sequence must exist.
-                        if producer.first_seq.checked_add(count as u64).is_none() {
-                            return Err(WireError::InvalidField {
-                                what: "producer sequence",
-                            });
-                        }
-                        Request::ProducerWrite {
-                            stream,
-                            create_if_missing,
-                            producer,
-                            records,
-                        }
-                    }
-                }
-            }
+            Opcode::Write => get_write(&mut r, frame)?,
             Opcode::OpenProducerSession => Request::OpenProducerSession {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
             },
@@ -1654,12 +1662,26 @@ mod tests {
             body: &zero,
         };
         assert!(Request::decode(&f).is_err(), "session id 0");
-        let mut past = expect.clone();
-        past[13..21].copy_from_slice(&u64::MAX.to_le_bytes());
+        // One record at sequence u64::MAX is the last one a session can write; two overflow.
+        let mut last = expect.clone();
+        last[13..21].copy_from_slice(&u64::MAX.to_le_bytes());
         let f = Frame {
             header: frame.header,
-            body: &past,
+            body: &last,
         };
+        assert!(Request::decode(&f).is_ok(), "last sequence u64::MAX");
+        let past = Request::ProducerWrite {
+            stream: "s".into(),
+            create_if_missing: false,
+            producer: ProducerSeq {
+                session_id: 9,
+                first_seq: u64::MAX,
+            },
+            records: vec![(7, b"a".to_vec()), (7, b"b".to_vec())],
+        };
+        let mut buf = Vec::new();
+        past.encode(2, &mut buf);
+        let (f, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
         assert!(Request::decode(&f).is_err(), "sequence overflow");
         // Without the flag the same body is a malformed plain write.
         let mut h = frame.header;
