@@ -156,10 +156,7 @@ mod tests {
         for sectors in 3..=16 {
             for r in 0..500u64 {
                 let (a, b) = hole(sectors, r.wrapping_mul(0x9e37_79b9_7f4a_7c15)).unwrap();
-                assert!(
-                    a >= 1 && b <= sectors - 1 && a < b,
-                    "{sectors} {r}: {a}..{b}"
-                );
+                assert!(a >= 1 && b < sectors && a < b, "{sectors} {r}: {a}..{b}");
             }
         }
         assert_eq!(hole(2, 7), None);

@@ -12,6 +12,8 @@
 //! `QUIRE_CRASH_SEEDS=N` runs seeds 0..N (default 1000); `QUIRE_CRASH_SEED=S` replays seed S,
 //! `QUIRE_CRASH_REPEAT` times (default 20: the interval checkpoints are timer driven, so a
 //! replay reproduces the workload and the crash point but not always the interleaving).
+//! `QUIRE_CRASH_TEAR_HOLES=1` lets a quarter of the tears be holes in the middle of the write
+//! (`sim_disk::TEAR_HOLE`; off by default so that seeds keep their tears).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -530,6 +532,7 @@ fn run_seed(seed: u64) -> Result<SeedStats, String> {
             let mut image = SimImage::default();
             for round in 0..rounds {
                 let storage = SimStorage::from_image(&image, rng.gen());
+                storage.tear_holes(env_u64("QUIRE_CRASH_TEAR_HOLES").is_some_and(|v| v != 0));
                 let report = match crash_round(storage, &m, &mut rng, &mut log).await {
                     Ok(r) => r,
                     Err(e) => return Err(format!("round {round}: {e}\n{log}")),

@@ -3,7 +3,8 @@
 //! loop-mounted ext4 filesystem for full-disk tests ([`loop_mount::LoopMount`], needs root), the
 //! disk-use checks of data-lifecycle tests ([`reclaim`]: entry-log bytes, GC tombstones, the
 //! wait until bookies reclaimed deleted ledgers), the Loghub samples of real system logs
-//! ([`loghub`]), with the `bookies` feature real one-shard bookies registered in a metadata
+//! ([`loghub`]), the history checker for logs ([`history`]: lost, duplicated and phantom records,
+//! gaps and inversions in readers' views), with the `bookies` feature real one-shard bookies registered in a metadata
 //! store, and with the `harness` feature the process harness of the `quire` binary
 //! (`harness`: a cluster of child processes or a sandbox, the CLI, the post-run checker).
 //!

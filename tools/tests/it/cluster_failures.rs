@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use quire_client::{ClientConfig, ProxyClient};
 use quire_metadata::{BookieId, MetadataStore};
-use quire_testkit::harness::checker::{check_stream, write_padded_records, write_records, Acked};
+use quire_testkit::harness::checker::{check_stream, write_padded_records, Acked};
 use quire_testkit::harness::cluster::Cluster;
 use quire_testkit::harness::recorded;
 use quire_testkit::history::History;
@@ -149,7 +149,8 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
     // the other proxy, and after SIGCONT it acknowledges nothing more (it exits).
     // Method: 3 bookies, proxies A and B; clients that do not follow redirects write to A and
     // B at once; then SIGSTOP the owner, write through the other until it takes over, SIGCONT
-    // the frozen one and write to it over its old connection; check with the shared checker.
+    // the frozen one and write to it over its old connection; check with the shared checker
+    // and the history checker (the loser's refused writes and the old owner's must not appear).
     let cluster = Cluster::start();
     let bookies: Vec<_> = (0..3)
         .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
@@ -162,10 +163,14 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
         rt.block_on(async { (no_redirects(&pa.addr).await, no_redirects(&pb.addr).await) });
 
     // (b) the race.
+    let history = Arc::new(History::new());
     let (ra, rb) = rt.block_on(async {
-        let (a, b) = (ca.clone(), cb.clone());
-        let ta = tokio::spawn(async move { write_records(&a, "race", "A", 0..200).await });
-        let tb = tokio::spawn(async move { write_records(&b, "race", "B", 0..200).await });
+        let (a, b, h) = (ca.clone(), cb.clone(), history.clone());
+        let ta =
+            tokio::spawn(async move { recorded::write_records(&h, &a, "race", "A", 0..200).await });
+        let h = history.clone();
+        let tb =
+            tokio::spawn(async move { recorded::write_records(&h, &b, "race", "B", 0..200).await });
         (ta.await.unwrap(), tb.await.unwrap())
     });
     let mut acked: Vec<Acked> = Vec::new();
@@ -199,7 +204,13 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut i = 1000;
     loop {
-        let (got, err) = rt.block_on(write_records(&other_client, "race", "C", i..i + 1));
+        let (got, err) = rt.block_on(recorded::write_records(
+            &history,
+            &other_client,
+            "race",
+            "C",
+            i..i + 1,
+        ));
         i += 1;
         acked.extend(got);
         match err {
@@ -213,7 +224,13 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
             }
         }
     }
-    let (got, err) = rt.block_on(write_records(&other_client, "race", "C", 2000..2100));
+    let (got, err) = rt.block_on(recorded::write_records(
+        &history,
+        &other_client,
+        "race",
+        "C",
+        2000..2100,
+    ));
     assert!(err.is_none(), "{err:?}");
     acked.extend(got);
     let show = cluster.stream_admin_ok(&other.addr, &["stream", "show", "race"]);
@@ -224,7 +241,13 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
 
     // The frozen proxy wakes up: nothing it is asked to write is acknowledged.
     frozen.resume();
-    let (got, err) = rt.block_on(write_records(&frozen_client, "race", "Z", 0..20));
+    let (got, err) = rt.block_on(recorded::write_records(
+        &history,
+        &frozen_client,
+        "race",
+        "Z",
+        0..20,
+    ));
     assert!(
         got.is_empty(),
         "the old owner acknowledged {} writes after losing the stream",
@@ -251,6 +274,8 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
             acked.len(),
             "only acknowledged records (none was in doubt)"
         );
+        let log = recorded::final_log(&other.addr, "race").await;
+        history.check(&log).assert_clean();
     });
     other.stop();
     for b in bookies {
