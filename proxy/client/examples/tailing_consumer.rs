@@ -3,13 +3,15 @@
 //! ```text
 //! cargo run --release -p quire-client --example tailing_consumer -- \
 //!     --proxies 127.0.0.1:4181[,HOST:PORT...] --stream logs/app [--from head|DLSN] \
-//!     [--count N] [--exit-at-end]
+//!     [--sub NAME] [--count N] [--exit-at-end]
 //! ```
 //!
 //! Against `quire sandbox` (its proxy listens on 127.0.0.1:4181 by default). Prints each
 //! record as `DLSN<TAB>txid<TAB>payload` (payload as lossy UTF-8) on stdout and, after each
 //! batch, `checkpoint DLSN` on stderr: the DLSN of the next record, which `--from` takes to
-//! resume exactly after the last record printed. When a proxy dies the reader goes on through
+//! resume exactly after the last record printed. With `--sub NAME` it starts where
+//! subscription NAME was committed (else at `--from`) and commits each checkpoint to it
+//! (DistributedLog's `SubscriptionsStore`), so a restarted consumer resumes by itself. When a proxy dies the reader goes on through
 //! the next one of `--proxies` (or the stream's new owner) from the same position.
 
 use std::io::Write;
@@ -22,6 +24,7 @@ struct Args {
     proxies: Vec<String>,
     stream: String,
     from: ReadPosition,
+    sub: Option<String>,
     count: Option<u64>,
     exit_at_end: bool,
 }
@@ -31,6 +34,7 @@ fn parse_args() -> Result<Args, String> {
         proxies: vec!["127.0.0.1:4181".into()],
         stream: String::new(),
         from: ReadPosition::Head,
+        sub: None,
         count: None,
         exit_at_end: false,
     };
@@ -45,6 +49,7 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|e| format!("--from: {e} (head or a DLSN such as 1:0:0)"))?
             }
+            "--sub" => args.sub = Some(value()?),
             "--count" => args.count = Some(value()?.parse().map_err(|e| format!("--count: {e}"))?),
             "--exit-at-end" => args.exit_at_end = true,
             other => return Err(format!("unknown argument {other}")),
@@ -56,13 +61,27 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// Where a consumer records how far it got. Today: printed, for `--from`.
-///
-/// SUBSCRIPTION COMMIT GOES HERE: with subscriptions (issue 26 item 2), commit `next` for
-/// the consumer's subscription name instead (`commit_subscription(stream, name, next)`) and
-/// start from the committed position.
-fn checkpoint(next: Dlsn) {
+/// Records how far the consumer got: printed (for `--from`) and, with `--sub`, committed to
+/// the subscription. A failed commit is reported and the consumer goes on: the next commit
+/// covers it, and a restart resumes at most one batch early (at-least-once).
+fn checkpoint(client: &Client, args: &Args, next: Dlsn) {
     eprintln!("checkpoint {next}");
+    if let Some(name) = &args.sub {
+        if let Err(e) = client.commit_subscription(&args.stream, name, next) {
+            eprintln!("tailing_consumer: commit of subscription {name}: {e}");
+        }
+    }
+}
+
+/// Where to start: the subscription's committed position when it has one, else `--from`.
+fn start(client: &Client, args: &Args) -> Result<ReadPosition, String> {
+    let Some(name) = &args.sub else {
+        return Ok(args.from);
+    };
+    let info = client
+        .subscription(&args.stream, name)
+        .map_err(|e| format!("subscription {name}: {e}"))?;
+    Ok(info.committed.map_or(args.from, ReadPosition::Dlsn))
 }
 
 fn main() {
@@ -84,7 +103,14 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let mut reader = client.reader(&args.stream, args.from);
+    let from = match start(&client, &args) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("tailing_consumer: {e}");
+            std::process::exit(1);
+        }
+    };
+    let mut reader = client.reader(&args.stream, from);
     reader.settings().wait = Duration::from_secs(1);
     let mut printed = 0u64;
     let stdout = std::io::stdout();
@@ -106,13 +132,13 @@ fn main() {
             if args.count == Some(printed) {
                 let _ = out.flush();
                 // The position after this record, for the next run's --from.
-                checkpoint(next_after(dlsn));
+                checkpoint(&client, &args, next_after(dlsn));
                 return;
             }
         }
         let _ = out.flush();
         if let Some(next) = reader.next_dlsn() {
-            checkpoint(next);
+            checkpoint(&client, &args, next);
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::config::ClientConfig;
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::{Error, Result};
 use crate::producer::ProducerConfig;
+use crate::subscription::SubscriptionInfo;
 use crate::types::{ReadBatch, StreamInfo, WriteResult};
 
 /// A blocking [`crate::ProxyClient`] with its own runtime.
@@ -116,6 +117,28 @@ impl Client {
     /// As there.
     pub fn describe_stream(&self, stream: &str) -> Result<StreamInfo> {
         self.rt.block_on(self.inner.describe_stream(stream))
+    }
+
+    /// See [`crate::ProxyClient::commit_subscription`] (forward only).
+    ///
+    /// # Errors
+    /// As there.
+    pub fn commit_subscription(
+        &self,
+        stream: &str,
+        name: &str,
+        position: Dlsn,
+    ) -> Result<SubscriptionInfo> {
+        self.rt
+            .block_on(self.inner.commit_subscription(stream, name, position))
+    }
+
+    /// See [`crate::ProxyClient::subscription`].
+    ///
+    /// # Errors
+    /// As there.
+    pub fn subscription(&self, stream: &str, name: &str) -> Result<SubscriptionInfo> {
+        self.rt.block_on(self.inner.subscription(stream, name))
     }
 
     /// An exactly-once producer on `stream` ([`crate::Producer`]).
