@@ -46,7 +46,7 @@ impl From<StreamInfo> for quire_client::StreamInfo {
             },
             owner: info.owner,
             defaults: info.defaults,
-            lookups: Some(info.lookups),
+            lookups: Some(Box::new(info.lookups)),
         }
     }
 }
@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(got.owner, info.owner);
         assert_eq!(
             (got.defaults, got.lookups),
-            (info.defaults, Some(info.lookups))
+            (info.defaults, Some(Box::new(info.lookups)))
         );
         assert_eq!(m.segments.len(), 2);
         for (w, s) in m.segments.iter().zip(&info.metadata.segments) {
