@@ -46,7 +46,7 @@ impl From<StreamInfo> for quire_client::StreamInfo {
             },
             owner: info.owner,
             defaults: info.defaults,
-            lookups: Some(info.lookups),
+            lookups: Some(Box::new(info.lookups)),
         }
     }
 }
@@ -87,6 +87,24 @@ mod tests {
     };
     use quire_wire::frame::decode_frame;
 
+    fn seg(seq_no: u64, state: SegmentState, t: Option<u64>) -> SegmentMetadata {
+        SegmentMetadata {
+            seq_no,
+            ledger_id: seq_no + 100,
+            state,
+            first_txid: Some(seq_no * 10),
+            last_txid: t,
+            last_entry: t,
+            record_count: seq_no + 7,
+            length_bytes: seq_no + 70,
+            completion_time_ms: t,
+            first_write_time_ms: None,
+            last_write_time_ms: None,
+            last_record_entry: None,
+            last_record_slot: None,
+        }
+    }
+
     fn sample_lookups() -> quire_client::StreamLookups {
         quire_client::StreamLookups {
             first_dlsn: Some(quire_client::Dlsn::new(2, 1, 4)),
@@ -104,21 +122,6 @@ mod tests {
         // encode it as a DESCRIBE_STREAM answer, decode it and compare field by field, and
         // look for the secret's text in the frame.
         let secret = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2";
-        let seg = |seq_no, state, t: Option<u64>| SegmentMetadata {
-            seq_no,
-            ledger_id: seq_no + 100,
-            state,
-            first_txid: Some(seq_no * 10),
-            last_txid: t,
-            last_entry: t,
-            record_count: seq_no + 7,
-            length_bytes: seq_no + 70,
-            completion_time_ms: t,
-            first_write_time_ms: None,
-            last_write_time_ms: None,
-            last_record_entry: None,
-            last_record_slot: None,
-        };
         let info = StreamInfo {
             metadata: StreamMetadata {
                 name: "logs/a".into(),
@@ -165,7 +168,7 @@ mod tests {
         assert_eq!(got.owner, info.owner);
         assert_eq!(
             (got.defaults, got.lookups),
-            (info.defaults, Some(info.lookups))
+            (info.defaults, Some(Box::new(info.lookups)))
         );
         assert_eq!(m.segments.len(), 2);
         for (w, s) in m.segments.iter().zip(&info.metadata.segments) {

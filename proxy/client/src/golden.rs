@@ -367,13 +367,13 @@ fn cases_issue26() -> Vec<(&'static str, Golden)> {
                 14,
                 Response::DescribeStream {
                     info: StreamInfo {
-                        lookups: Some(crate::types::StreamLookups {
+                        lookups: Some(Box::new(crate::types::StreamLookups {
                             first_dlsn: Some(Dlsn::new(1, 0, 0)),
                             last_dlsn: Some(Dlsn::new(1, 41, 9)),
                             record_count: 420,
                             last_write_time_ms: Some(1_764_979_260_000),
                             sealed: true,
-                        }),
+                        })),
                         ..stream_info()
                     },
                 },

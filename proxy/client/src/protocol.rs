@@ -535,7 +535,7 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
         let mut more = Reader::new(rest, "stream info lookups");
         let lookups = get_lookups(&mut more)?;
         more.finish()?;
-        Some(lookups)
+        Some(Box::new(lookups))
     };
     Ok(StreamInfo {
         metadata: StreamMetadata {
@@ -1479,13 +1479,13 @@ mod tests {
             lookups,
         };
         // The lookups are appended: an answer without them (an older proxy's) still decodes.
-        let with = info(Some(StreamLookups {
+        let with = info(Some(Box::new(StreamLookups {
             first_dlsn: Some(Dlsn::new(2, 0, 0)),
             last_dlsn: Some(Dlsn::new(2, 9, 3)),
             record_count: 7,
             last_write_time_ms: Some(1_700_000_000_000),
             sealed: true,
-        }));
+        })));
         let mut buf = Vec::new();
         Response::DescribeStream { info: with.clone() }.encode(
             Opcode::DescribeStream as u8,

@@ -56,7 +56,7 @@ pub struct StreamInfo {
     pub defaults: RetentionDefaults,
     /// Stream-level lookups (first/last DLSN, record count, last write time, sealed); `None`
     /// from proxies before they existed.
-    pub lookups: Option<StreamLookups>,
+    pub lookups: Option<Box<StreamLookups>>,
 }
 
 /// A stream's lookups, as DistributedLog's `getFirstDLSN`, `getLastDLSN` and

@@ -70,7 +70,10 @@
 //! * Leaves: `clock` (the metadata store's clock, layer metrics), `tail_cache` (the readers'
 //!   view of the segments, recently acknowledged entries), `shared` (`StreamShared`, state a
 //!   stream task shares with readers and `describe`; error helpers), `command` (the task's
-//!   commands), `labels` (ledger labels, orphan deletion).
+//!   commands), `labels` (ledger labels, orphan deletion), `lookups` (first/last DLSN, record
+//!   count, last write time, sealed for `describe`).
+//! * `position`: read positions other than a DLSN, by binary search over the segments and over
+//!   one segment's entries.
 //! * `ownership`: [`ownership::Ownership`], the lease a stream task holds (check, release,
 //!   give up), and the handle of one acquisition.
 //! * `record`: [`record::StreamRecord`], the stream record, its compare-and-set updates and
@@ -79,7 +82,8 @@
 //!   an unrecovered segment: start, complete and recover log segments.
 //! * `lifecycle`: truncation, retention and deletion over a record and its segments.
 //! * `writer`: [`writer::Writer`], the stream task: it holds a `StreamRecord`, an `Ownership`
-//!   and a `Segments` plus the append pipeline, and runs the commands.
+//!   and a `Segments` plus the append pipeline, and runs the commands; `writer::seal` writes the
+//!   end-of-stream marker.
 //! * `registry`: [`registry::Registry`], the streams this proxy acquired: acquisition (lease,
 //!   recovery, task) and sending commands.
 //! * `reader` (reads) and `sweep` (the lifecycle sweep) work through the registry.

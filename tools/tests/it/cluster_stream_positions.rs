@@ -150,7 +150,7 @@ fn positions_lookups_and_seal_across_rolled_segments_and_a_kill() {
     let rt = runtime();
     let sandbox = Sandbox::start(dir.path(), FLAGS);
     // Many rolled segments, then a writer running while the sandbox is SIGKILLed.
-    let acked_before_kill = rt.block_on(async {
+    let c2 = rt.block_on(async {
         let c = ProxyClient::connect(&sandbox.addr).await.unwrap();
         let (t0, t1) = write_records(&c, "pos", 0, 400, 3, 8).await;
         let (all, _) = read_to_end(&c, "pos", Position::Head).await;
@@ -159,28 +159,27 @@ fn positions_lookups_and_seal_across_rolled_segments_and_a_kill() {
             all.iter().all(|r| r.2 >= t0 && r.2 <= t1),
             "write times from the proxy's clock"
         );
-        let c2 = ProxyClient::connect(&sandbox.addr).await.unwrap();
-        let writer = tokio::spawn(async move {
-            let mut acked = 400u64;
-            while acked < 2000 {
-                let records = (acked..acked + 4)
-                    .map(|k| {
-                        (
-                            k / 3,
-                            format!("record {k:06} {}", "x".repeat(90)).into_bytes(),
-                        )
-                    })
-                    .collect();
-                if c2.write("pos", records, false).await.is_err() {
-                    break;
-                }
-                acked += 4;
-            }
-            acked
-        });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        writer
+        ProxyClient::connect(&sandbox.addr).await.unwrap()
     });
+    let acked_before_kill = rt.spawn(async move {
+        let mut acked = 400u64;
+        while acked < 2000 {
+            let records = (acked..acked + 4)
+                .map(|k| {
+                    (
+                        k / 3,
+                        format!("record {k:06} {}", "x".repeat(90)).into_bytes(),
+                    )
+                })
+                .collect();
+            if c2.write("pos", records, false).await.is_err() {
+                break;
+            }
+            acked += 4;
+        }
+        acked
+    });
+    std::thread::sleep(Duration::from_millis(300));
     sandbox.kill();
     let acked = rt.block_on(acked_before_kill).unwrap();
     let sandbox = Sandbox::start(dir.path(), FLAGS);

@@ -25,15 +25,17 @@ impl Writer {
         if let Err(e) = self.ownership.check() {
             return self.lifecycle_answer(Err(e)).await;
         }
+        // Appends taken before the seal finish first: they are before the marker. A failed
+        // add leaves the writer dead; it is recovered before the marker is written.
+        if !self.drain().await {
+            return (Err(self.ownership.lost_error()), false);
+        }
         if !self.segments.healthy {
             if let Err(e) = self.recover().await {
                 return self.lifecycle_answer(Err(e)).await;
             }
         }
-        // Appends taken before the seal finish first: they are before the marker.
-        if !self.drain().await {
-            return (Err(self.ownership.lost_error()), false);
-        }
+        // Recovery may have found a marker whose seal did not reach the record.
         if !self.rec.meta.value.sealed {
             if let Err(e) = self.write_end_of_stream().await {
                 let go_on = self.on_write_failure(same_kind(&e)).await;
