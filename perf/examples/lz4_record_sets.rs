@@ -8,7 +8,7 @@
 //! Usage: `cargo run --release -p quire-perf --example lz4_record_sets -- --reps 5`
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
 use quire_client::compression::{compress_records, decompress_records};
@@ -65,25 +65,25 @@ fn best(a: Duration, b: Duration) -> Duration {
 fn measure(entries: &[Vec<(u64, Vec<u8>)>], reps: usize) -> Measure {
     let mut m = Measure::default();
     for _ in 0..reps {
-        let t = Instant::now();
+        let t = quire_clock::now();
         let plain: Vec<Vec<u8>> = entries
             .iter()
             .map(|e| record_set::encode(0, e.iter().map(|(t, p)| (*t, p.as_slice()))))
             .collect();
-        m.pack = best(m.pack, t.elapsed());
-        let t = Instant::now();
+        m.pack = best(m.pack, quire_clock::elapsed(t));
+        let t = quire_clock::now();
         let compressed: Vec<Vec<u8>> = plain
             .iter()
             .map(|p| compress_records(&p[RECORD_SET_HEADER_SIZE_BYTES..]))
             .collect();
-        m.compress = best(m.compress, t.elapsed());
-        let t = Instant::now();
+        m.compress = best(m.compress, quire_clock::elapsed(t));
+        let t = quire_clock::now();
         for (c, p) in compressed.iter().zip(&plain) {
             let back = decompress_records(c, record_set::ENTRY_SIZE_BYTES_MAX).expect("decodes");
             assert_eq!(back.len(), p.len() - RECORD_SET_HEADER_SIZE_BYTES);
             black_box(back);
         }
-        m.decompress = best(m.decompress, t.elapsed());
+        m.decompress = best(m.decompress, quire_clock::elapsed(t));
         m.records = entries.iter().map(|e| e.len() as u64).sum();
         m.plain_bytes = plain.iter().map(|p| p.len() as u64).sum();
         // A compressed v3 entry keeps the header and adds the 4-byte uncompressed length

@@ -196,7 +196,7 @@ pub fn parse_rfc3339_ms(s: &str) -> Result<u64, String> {
 }
 
 fn days_in_month(y: u64, m: u64) -> u64 {
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let leap = (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
     match m {
         2 if leap => 29,
         2 => 28,
