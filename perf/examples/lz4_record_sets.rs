@@ -68,7 +68,7 @@ fn measure(entries: &[Vec<(u64, Vec<u8>)>], reps: usize) -> Measure {
         let t = quire_clock::now();
         let plain: Vec<Vec<u8>> = entries
             .iter()
-            .map(|e| record_set::encode(0, e.iter().map(|(t, p)| (*t, p.as_slice()))))
+            .map(|e| record_set::encode(0, 0, e.iter().map(|(t, p)| (*t, p.as_slice()))))
             .collect();
         m.pack = best(m.pack, quire_clock::elapsed(t));
         let t = quire_clock::now();
