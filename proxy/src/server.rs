@@ -1792,40 +1792,8 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             }
             Ok(Response::ListStreams { streams: names })
         }
-        Request::Read {
-            stream,
-            from,
-            max_records,
-            max_bytes,
-            wait_ms,
-            with_write_times,
-        } => {
-            let wait = Duration::from_millis(u64::from(wait_ms)).min(config.read_wait_max);
-            // Leave room for one maximal record past the byte budget and for the headers.
-            let max_bytes = (max_bytes as usize).min(read_bytes_cap(config)) as u32;
-            let batch = streams
-                .read(&stream, from, max_records, max_bytes, wait)
-                .await?;
-            Ok(Response::Read {
-                next: batch.next,
-                records: batch.records,
-                write_times_ms: with_write_times.then_some(batch.write_times_ms),
-                end_of_stream: batch.end_of_stream,
-            })
-        }
-        Request::DescribeStream { stream } => {
-            let info = streams.describe(&stream).await?;
-            // A stream with very many segments could outgrow a frame: say so rather than send
-            // a frame the client refuses.
-            let size = 256 + info.metadata.segments.len() * 80;
-            if size > config.frame_size_bytes_max as usize {
-                return Err(Error::Internal(format!(
-                    "stream {stream:?} has {} segments, too many to describe in one frame",
-                    info.metadata.segments.len()
-                )));
-            }
-            Ok(Response::DescribeStream { info: info.into() })
-        }
+        Request::Read { .. } => read(req, streams, config).await,
+        Request::DescribeStream { stream } => describe(&stream, streams, config).await,
         Request::TruncateStream { stream, before } => streams
             .truncate(&stream, before)
             .await
@@ -1876,6 +1844,52 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             )))
         }
     }
+}
+
+/// `READ`, its wait capped by `read_wait_max` and its byte budget by the frame.
+async fn read(req: Request, streams: &StreamManager, config: &ServerConfig) -> Result<Response> {
+    let Request::Read {
+        stream,
+        from,
+        max_records,
+        max_bytes,
+        wait_ms,
+        with_write_times,
+    } = req
+    else {
+        return Err(Error::Internal(format!("{req:?} is not a read")));
+    };
+    let wait = Duration::from_millis(u64::from(wait_ms)).min(config.read_wait_max);
+    // Leave room for one maximal record past the byte budget and for the headers.
+    let max_bytes = (max_bytes as usize).min(read_bytes_cap(config)) as u32;
+    let batch = streams
+        .read(&stream, from, max_records, max_bytes, wait)
+        .await?;
+    Ok(Response::Read {
+        next: batch.next,
+        records: batch.records,
+        write_times_ms: with_write_times.then_some(batch.write_times_ms),
+        end_of_stream: batch.end_of_stream,
+    })
+}
+
+/// `DESCRIBE_STREAM`: refused with `Internal` when the answer would not fit one frame.
+async fn describe(
+    stream: &str,
+    streams: &StreamManager,
+    config: &ServerConfig,
+) -> Result<Response> {
+    let info = streams.describe(stream).await?;
+    // A stream with very many segments could outgrow a frame: say so rather than send a frame
+    // the client refuses.
+    let size = 256 + info.metadata.segments.len() * 80;
+    if size > config.frame_size_bytes_max as usize {
+        return Err(Error::Internal(format!(
+            "stream {stream:?} has {} segments, too many to describe in one frame",
+            info.metadata.segments.len()
+        )));
+    }
+    Ok(Response::DescribeStream { info: info.into() })
 }
 
 /// `LIST_SUBSCRIPTIONS`: refused with `Internal` when the answer would not fit one frame.

@@ -1407,13 +1407,6 @@ mod tests {
             },
         );
         resp_round_trip(
-            Opcode::SealStream,
-            Response::SealStream {
-                last_dlsn: Some(Dlsn::new(4, 5, 6)),
-            },
-        );
-        resp_round_trip(Opcode::SealStream, Response::SealStream { last_dlsn: None });
-        resp_round_trip(
             Opcode::Write,
             Response::Error {
                 code: ErrorCode::RecordTooLarge,
@@ -1444,14 +1437,25 @@ mod tests {
                 },
             },
         );
-        resp_round_trip(
-            Opcode::OpenProducerSession,
-            Response::OpenProducerSession { session_id: 42 },
-        );
         let mut buf = Vec::new();
         Response::CreateStream.encode(Opcode::CreateStream as u8, 1, &mut buf);
         let (f, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
         assert_eq!(Response::decode(&f).unwrap(), Response::CreateStream);
+    }
+
+    #[test]
+    fn seal_and_producer_session_responses_round_trip() {
+        resp_round_trip(
+            Opcode::SealStream,
+            Response::SealStream {
+                last_dlsn: Some(Dlsn::new(4, 5, 6)),
+            },
+        );
+        resp_round_trip(Opcode::SealStream, Response::SealStream { last_dlsn: None });
+        resp_round_trip(
+            Opcode::OpenProducerSession,
+            Response::OpenProducerSession { session_id: 42 },
+        );
     }
 
     #[test]

@@ -35,7 +35,9 @@ pub fn lag(meta: &quire_metadata::StreamMetadata, committed: Option<Dlsn>) -> (u
             None => (1, 1),
             Some(c) if s.seq_no > c.segment_seq_no => (1, 1),
             Some(c) if s.seq_no < c.segment_seq_no => (0, 1),
-            Some(c) => match s.last_entry {
+            // The entries holding records: a control entry after the last record (an idle
+            // writer's, or the end-of-stream marker) holds none.
+            Some(c) => match s.last_record_entry.or(s.last_entry) {
                 Some(last) => (
                     last.saturating_add(1).saturating_sub(c.entry_id),
                     last.saturating_add(1),
@@ -259,6 +261,13 @@ mod tests {
             sealed: false,
         };
         assert_eq!(lag(&meta, None), (140, 1400));
+        // A control entry after the last record (entry 1 here) holds no record: committed past
+        // the last record, nothing is left.
+        let mut idle = meta.clone();
+        idle.segments.truncate(1);
+        idle.segments[0].last_entry = Some(1);
+        idle.segments[0].last_record_entry = Some(0);
+        assert_eq!(lag(&idle, Some(Dlsn::new(1, 1, 0))), (0, 0));
         assert_eq!(lag(&meta, Some(Dlsn::new(1, 0, 0))), (140, 1400));
         assert_eq!(lag(&meta, Some(Dlsn::new(1, 5, 0))), (90, 900));
         assert_eq!(lag(&meta, Some(Dlsn::new(2, 0, 0))), (40, 400));

@@ -84,19 +84,17 @@ impl StartPosition {
             .map_err(|_| bad("not a known form"))
     }
 
-    /// The proxy protocol's position for this start.
-    ///
-    /// # Errors
-    /// For the forms this proxy protocol cannot carry yet (tail, txid, time, last N): a one-line
-    /// "not supported by this proxy yet".
-    pub fn to_read_position(self) -> Result<ReadPosition, String> {
+    /// The proxy protocol's position for this start (`docs/proxy-protocol.md`, "Read
+    /// positions"). A proxy older than these kinds answers the ones beyond head and DLSN with
+    /// `BAD_REQUEST`.
+    pub fn to_read_position(self) -> ReadPosition {
         match self {
-            StartPosition::Head => Ok(ReadPosition::Head),
-            StartPosition::Dlsn(d) => Ok(ReadPosition::Dlsn(d)),
-            other => Err(format!(
-                "--from {other}: this start position is not supported by this proxy yet \
-                 (use head or a DLSN)"
-            )),
+            StartPosition::Head => ReadPosition::Head,
+            StartPosition::Tail => ReadPosition::Tail,
+            StartPosition::Dlsn(d) => ReadPosition::Dlsn(d),
+            StartPosition::TxidAtLeast(t) => ReadPosition::TxId(t),
+            StartPosition::WrittenAtOrAfterMs(ms) => ReadPosition::WriteTime(ms),
+            StartPosition::LastRecords(n) => ReadPosition::LastN(n),
         }
     }
 }
@@ -297,8 +295,7 @@ mod tests {
 
     #[test]
     fn display_round_trips_and_protocol_mapping() {
-        // Goal: Display gives text that parses back; head and DLSN map to the protocol, the
-        // forms the proxy cannot carry yet say so.
+        // Goal: Display gives text that parses back; every form maps to its protocol position.
         for p in [
             StartPosition::Head,
             StartPosition::Tail,
@@ -309,13 +306,17 @@ mod tests {
         ] {
             assert_eq!(StartPosition::parse(&p.to_string(), 0).unwrap(), p);
         }
-        assert_eq!(
-            StartPosition::Head.to_read_position(),
-            Ok(ReadPosition::Head)
-        );
-        let e = StartPosition::TxidAtLeast(1)
-            .to_read_position()
-            .unwrap_err();
-        assert!(e.contains("not supported by this proxy yet"), "{e}");
+        for (start, want) in [
+            (StartPosition::Head, ReadPosition::Head),
+            (StartPosition::Tail, ReadPosition::Tail),
+            (StartPosition::TxidAtLeast(1), ReadPosition::TxId(1)),
+            (
+                StartPosition::WrittenAtOrAfterMs(NOW),
+                ReadPosition::WriteTime(NOW),
+            ),
+            (StartPosition::LastRecords(5), ReadPosition::LastN(5)),
+        ] {
+            assert_eq!(start.to_read_position(), want);
+        }
     }
 }

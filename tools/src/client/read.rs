@@ -73,7 +73,7 @@ pub async fn run(
             .with_context(|| format!("read of stream {stream:?} failed"))?;
         let empty = batch.records.is_empty();
         let mut past_end = false;
-        for (dlsn, txid, payload) in &batch.records {
+        for (i, (dlsn, txid, payload)) in batch.records.iter().enumerate() {
             if end.is_some_and(|e| *dlsn >= e) {
                 past_end = true;
                 break;
@@ -81,7 +81,8 @@ pub async fn run(
             let r = OutRecord {
                 dlsn: *dlsn,
                 txid: *txid,
-                write_time_ms: None,
+                // 0: an entry written before record set version 3 carries no write time.
+                write_time_ms: batch.write_times_ms.get(i).copied().filter(|t| *t != 0),
                 payload,
             };
             if let Err(e) = write_record(&mut out, opts.format, &opts.delimiter.0, &r) {
@@ -98,6 +99,11 @@ pub async fn run(
                 return broken_pipe_is_fine(e);
             }
             after_batch.done(from).await?;
+        }
+        if batch.end_of_stream && !past_end {
+            // A sealed stream's last record was printed: a tail ends too (exit 0).
+            eprintln!("quire: end of stream {stream} (sealed)");
+            break;
         }
         let at_end = matches!((from, end), (ReadPosition::Dlsn(f), Some(e)) if f >= e);
         if past_end || at_end || (empty && !follow) {
@@ -228,10 +234,10 @@ fn broken_pipe_is_fine(e: std::io::Error) -> Result<()> {
 /// Parses and maps `-o/--from` to the protocol's position.
 ///
 /// # Errors
-/// A bad text, or a form this proxy cannot carry yet, in one line.
+/// A bad text, in one line.
 pub fn start_position(text: &str) -> Result<ReadPosition> {
     let start = StartPosition::parse(text, quire_clock::unix_ms()).map_err(anyhow::Error::msg)?;
-    start.to_read_position().map_err(anyhow::Error::msg)
+    Ok(start.to_read_position())
 }
 
 #[cfg(test)]

@@ -228,16 +228,30 @@ fn count_exit_and_past_end(sandbox: &Sandbox) {
     assert!(out.status.success() && out.stdout.is_empty());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("past the end of stream c"), "{err}");
-    // Forms the proxy cannot carry yet are one clear line; bad ones too.
-    for (from, says) in [
-        ("txid:5", "not supported by this proxy yet"),
-        ("-10", "not supported by this proxy yet"),
-        ("nope", "expected head, tail"),
-    ] {
-        let out = sandbox.quire(&["read", "c", "-o", from]);
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains(says), "{from}: {err}");
-    }
+    // Positions by txid, by write time and the last N (record i has txid i + 1); every JSON
+    // record carries the proxy's write time.
+    let lines_from = |from: &str| ok(sandbox.quire(&["read", "c", "-e", "-o", from]));
+    let expect = |range: std::ops::Range<usize>| -> Vec<u8> {
+        range.flat_map(|i| format!("r{i}\n").into_bytes()).collect()
+    };
+    assert_eq!(lines_from("txid:5"), expect(4..100));
+    assert_eq!(lines_from("-10"), expect(90..100));
+    let first_time = records[0]["write_time"]
+        .as_str()
+        .expect("write time")
+        .to_string();
+    assert!(records.iter().all(|r| r["write_time"].is_string()));
+    assert_eq!(lines_from(&format!("@{first_time}")), expect(0..100));
+    // A bad form is one clear line.
+    let out = sandbox.quire(&["read", "c", "-o", "nope"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("expected head, tail"), "{err}");
+    // A sealed stream ends a tail (no -e) after its last record, with exit status 0.
+    ok(sandbox.quire(&["stream", "seal", "c"]));
+    let out = sandbox.quire(&["tail", "c", "-o", "-2"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, expect(98..100));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("end of stream c"));
 }
