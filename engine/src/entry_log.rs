@@ -119,6 +119,14 @@ impl<F: StorageFile> EntryLogs<F> {
         self.current.borrow().as_ref().map(|c| c.id)
     }
 
+    /// Stops appending to the current log, if any, and returns its id: the next checkpoint
+    /// starts a new one. Callers hold the checkpoint lock, so every byte a checkpoint wrote to
+    /// it is synced and indexed (its file was fdatasynced at the end of that checkpoint); from
+    /// here on it is an ordinary log that garbage collection may delete or compact.
+    pub fn roll_current(&self) -> Option<u64> {
+        self.current.borrow_mut().take().map(|c| c.id)
+    }
+
     /// Deletes log `id` (the caller made sure no index entry points into it, and syncs the
     /// directory afterwards). Returns its size in bytes.
     pub async fn remove<S: Storage<File = F>>(&self, storage: &S, id: u64) -> Result<u64, Error> {

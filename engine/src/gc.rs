@@ -146,6 +146,9 @@ pub struct GcRun {
     pub entry_logs_deleted: u64,
     /// Entry logs compacted (live entries copied, old log deleted).
     pub entry_logs_compacted: u64,
+    /// Current entry logs rolled because most of their bytes were dead (then deleted or
+    /// compacted in the same run).
+    pub entry_logs_rolled: u64,
     /// Live entries copied.
     pub entries_relocated: u64,
     /// File bytes freed, less the bytes the copies took.
@@ -294,6 +297,7 @@ impl<S: Storage + 'static> Gc<S> {
             s.ledgers_deleted += out.ledgers_deleted;
             s.entry_logs_deleted += out.entry_logs_deleted;
             s.entry_logs_compacted += out.entry_logs_compacted;
+            s.entry_logs_rolled += out.entry_logs_rolled;
             s.entries_relocated += out.entries_relocated;
             match r {
                 Ok(()) => s.runs += 1,
@@ -310,7 +314,13 @@ impl<S: Storage + 'static> Gc<S> {
         out: &mut GcRun,
     ) -> Result<(), Error> {
         self.delete_ledgers(deleted, out).await?;
+        let rolled = self.roll_mostly_dead_current(out).await?;
         self.delete_empty_logs(out).await?;
+        if let Some(id) = rolled.filter(|id| self.usage.live(*id) > 0) {
+            // Rolled because less than half of it is live: copying that half frees the rest now
+            // rather than at the next scheduled compaction.
+            self.compact_logs(vec![id], out).await?;
+        }
         let threshold = match compaction {
             Compaction::Threshold(t) => Some(t),
             Compaction::Scheduled => self.scheduled_threshold(),
@@ -409,6 +419,43 @@ impl<S: Storage + 'static> Gc<S> {
         Ok(())
     }
 
+    /// Rolls the current entry log when it holds at least `entry_log_roll_floor_bytes` and less
+    /// than half of its bytes (past the header) are live, so that the dead half of the log
+    /// being appended to can be reclaimed without waiting for it to reach
+    /// `entry_log_size_bytes_max`. Holding the checkpoint lock, every byte in it is synced and
+    /// indexed (docs/format/entry-log.md, "Rolling the current log"). Returns the rolled id.
+    async fn roll_mostly_dead_current(&self, out: &mut GcRun) -> Result<Option<u64>, Error> {
+        let floor = self.cfg.entry_log_roll_floor_bytes;
+        if floor == 0 {
+            return Ok(None);
+        }
+        let _cp = self.marks.lock().await?;
+        let Some(id) = self.entry_logs.current_id() else {
+            return Ok(None);
+        };
+        let size = self
+            .entry_logs
+            .sizes()
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .map_or(0, |(_, b)| b);
+        let capacity = size.saturating_sub(FILE_HEADER_BYTES as u64);
+        if size < floor || self.usage.live(id).saturating_mul(2) >= capacity {
+            return Ok(None);
+        }
+        let rolled = self.entry_logs.roll_current();
+        if rolled.is_some() {
+            out.entry_logs_rolled += 1;
+            tracing::info!(
+                entry_log = id,
+                size,
+                live = self.usage.live(id),
+                "garbage collection rolled the current entry log: most of it is dead"
+            );
+        }
+        Ok(rolled)
+    }
+
     async fn sync_ledger_dir(&self) -> Result<(), Error> {
         let dir = &self.cfg.ledger_dir;
         self.storage
@@ -441,6 +488,11 @@ impl<S: Storage + 'static> Gc<S> {
             c.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             c.into_iter().map(|(_, id)| id).collect()
         };
+        self.compact_logs(candidates, out).await
+    }
+
+    /// Compacts the logs `candidates`, in order, into new logs.
+    async fn compact_logs(&self, candidates: Vec<u64>, out: &mut GcRun) -> Result<(), Error> {
         let mut output: Option<EntryLogCursor<S::File>> = None;
         for id in candidates {
             if self.closed.get() {

@@ -127,6 +127,13 @@ pub struct EngineConfig {
     pub checkpoint_interval: Duration,
     /// An entry log rolls to a new file beyond this size. Default 1 GiB (BookKeeper `logSizeLimit`).
     pub entry_log_size_bytes_max: u64,
+    /// Garbage collection also rolls the entry log being appended to (the current one) once it
+    /// holds at least this many bytes and less than half of them are live (the rest belongs to
+    /// deleted ledgers), then deletes or compacts it in the same run: deleting a ledger gives
+    /// its space back within one GC interval whatever `entry_log_size_bytes_max` is
+    /// (docs/format/entry-log.md, "Rolling the current log"). BookKeeper leaves the current log
+    /// alone until it reaches `logSizeLimit`. 0 turns it off. Default 4 MiB.
+    pub entry_log_roll_floor_bytes: u64,
     /// Largest entry accepted by [`Engine::add_entry`]; larger ones get [`Error::TooLarge`].
     /// Default 5 MiB (BookKeeper `nettyMaxFrameSizeBytes`).
     pub entry_size_bytes_max: usize,
@@ -195,6 +202,7 @@ impl EngineConfig {
             entry_log_readers_max: 256,
             checkpoint_interval: Duration::from_secs(10),
             entry_log_size_bytes_max: 1 << 30,
+            entry_log_roll_floor_bytes: 4 << 20,
             entry_size_bytes_max: 5 << 20,
             read_ahead_entries: 100,
             read_ahead_bytes_max: 1 << 20,
@@ -269,6 +277,9 @@ pub struct GcStats {
     pub entry_logs_deleted: u64,
     /// Entry logs deleted after their live entries were copied to a new log (compaction).
     pub entry_logs_compacted: u64,
+    /// Current entry logs rolled by garbage collection because most of their bytes were dead
+    /// (`EngineConfig::entry_log_roll_floor_bytes`).
+    pub entry_logs_rolled: u64,
     /// Live entries copied by compaction.
     pub entries_relocated: u64,
     /// Bytes of entry logs deleted with no live entry.

@@ -43,6 +43,8 @@ pub struct EngineSettings {
     /// [`EngineConfig::entry_log_size_bytes_max`], at least 16384 (BookKeeper
     /// `logSizeLimit`).
     pub entry_log_size_bytes: u64,
+    /// [`EngineConfig::entry_log_roll_floor_bytes`] (0 turns the roll off).
+    pub entry_log_roll_floor_bytes: u64,
     /// [`EngineConfig::checkpoint_interval`] in milliseconds, 10 to 3600000 (BookKeeper
     /// `flushInterval`).
     pub checkpoint_interval_ms: u64,
@@ -64,6 +66,7 @@ impl Default for EngineSettings {
             journal_queue_bytes_max: c.journal_queue_bytes_max as u64,
             entry_log_readers_max: c.entry_log_readers_max,
             entry_log_size_bytes: c.entry_log_size_bytes_max,
+            entry_log_roll_floor_bytes: c.entry_log_roll_floor_bytes,
             checkpoint_interval_ms: u64::try_from(c.checkpoint_interval.as_millis())
                 .unwrap_or(u64::MAX),
             index_cache_bytes_max: c.index_cache_bytes_max as u64,
@@ -140,6 +143,7 @@ impl EngineSettings {
             usize::try_from(self.journal_queue_bytes_max).unwrap_or(usize::MAX);
         engine.entry_log_readers_max = self.entry_log_readers_max;
         engine.entry_log_size_bytes_max = self.entry_log_size_bytes;
+        engine.entry_log_roll_floor_bytes = self.entry_log_roll_floor_bytes;
         engine.checkpoint_interval = Duration::from_millis(self.checkpoint_interval_ms);
         engine.index_cache_bytes_max =
             usize::try_from(self.index_cache_bytes_max).unwrap_or(usize::MAX);
