@@ -224,6 +224,7 @@ mod tests {
         let write = |s: &str| Request::Write {
             stream: s.into(),
             create_if_missing: true,
+            compress: false,
             records: vec![],
         };
         assert!(g.check(&write("logs/a")).is_ok());

@@ -1338,19 +1338,22 @@ impl ConnState {
             Request::Write {
                 stream,
                 create_if_missing,
+                compress,
                 records,
             } => {
-                self.write(stream, create_if_missing, None, records, answer)
+                self.write(stream, (create_if_missing, compress), None, records, answer)
                     .await;
                 Ok(())
             }
             Request::ProducerWrite {
                 stream,
                 create_if_missing,
+                compress,
                 producer,
                 records,
             } => {
-                self.write(stream, create_if_missing, Some(producer), records, answer)
+                let flags = (create_if_missing, compress);
+                self.write(stream, flags, Some(producer), records, answer)
                     .await;
                 Ok(())
             }
@@ -1497,7 +1500,7 @@ impl ConnState {
     async fn write(
         &mut self,
         stream: String,
-        create_if_missing: bool,
+        (create_if_missing, compress): (bool, bool),
         producer: Option<ProducerSeq>,
         records: Vec<(u64, Vec<u8>)>,
         answer: Answer,
@@ -1517,7 +1520,7 @@ impl ConnState {
                 m.bytes_in.inc_by(bytes as u64);
             }
             self.streams
-                .submit_append(&stream, producer, records, create_if_missing)
+                .submit_append(&stream, producer, records, (create_if_missing, compress))
                 .await
         };
         let metrics = self.config.metrics.clone();

@@ -49,6 +49,8 @@ pub struct StreamSettings {
     pub lifecycle_sweep_secs: u64,
     /// [`StreamConfig::txid_jump_max`], the txid guard; 0 turns it off.
     pub txid_jump_max: u64,
+    /// [`StreamConfig::compression`]: `"none"` (the default) or `"lz4"`.
+    pub compression: quire_client::compression::Compression,
 }
 
 impl Default for StreamSettings {
@@ -67,6 +69,7 @@ impl Default for StreamSettings {
             retention_size_bytes: c.retention_size_bytes,
             lifecycle_sweep_secs: c.lifecycle_sweep_interval.map_or(0, |d| d.as_secs()),
             txid_jump_max: c.txid_jump_max.unwrap_or(0),
+            compression: c.compression,
         }
     }
 }
@@ -140,6 +143,7 @@ impl StreamSettings {
         c.retention_size_bytes = self.retention_size_bytes;
         c.lifecycle_sweep_interval = secs(self.lifecycle_sweep_secs);
         c.txid_jump_max = (self.txid_jump_max > 0).then_some(self.txid_jump_max);
+        c.compression = self.compression;
     }
 }
 

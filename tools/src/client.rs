@@ -53,8 +53,17 @@ pub struct WriteArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
+    /// `lz4`: ask the proxy to store these records LZ4-compressed (write flag 0x04; readers
+    /// see them as written); `none`: as the stream's setting says (proxy `[streams]
+    /// compression`).
+    #[arg(long, default_value = "none", value_name = "none|lz4", value_parser = parse_compression)]
+    compression: quire_client::compression::Compression,
     #[command(flatten)]
     proxy: ProxyArg,
+}
+
+fn parse_compression(s: &str) -> Result<quire_client::compression::Compression, String> {
+    s.parse()
 }
 
 /// A record delimiter (`--delimiter`): the bytes of the text, escapes resolved.
@@ -116,7 +125,16 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub(crate) async fn connect(proxy: &ProxyArg) -> Result<ProxyClient> {
+    connect_with(proxy, quire_client::compression::Compression::None).await
+}
+
+/// [`connect`] with the compression the client's writes ask for.
+async fn connect_with(
+    proxy: &ProxyArg,
+    compression: quire_client::compression::Compression,
+) -> Result<ProxyClient> {
     let config = quire_client::ClientConfig {
+        compression,
         token: proxy
             .token
             .as_ref()
@@ -147,7 +165,7 @@ pub fn write(args: WriteArgs) -> Result<()> {
         None => Box::new(BufReader::with_capacity(1 << 20, std::io::stdin().lock())),
     };
     runtime()?.block_on(async {
-        let client = connect(&args.proxy).await?;
+        let client = connect_with(&args.proxy, args.compression).await?;
         write::run(&client, &args, input).await
     })
 }

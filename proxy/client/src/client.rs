@@ -138,6 +138,7 @@ impl ProxyClient {
         let req = Request::ProducerWrite {
             stream: stream.to_string(),
             create_if_missing,
+            compress: self.router.compress_writes(),
             producer,
             records,
         };
@@ -267,6 +268,7 @@ impl ProxyClient {
             let req = Request::Write {
                 stream: stream.to_string(),
                 create_if_missing,
+                compress: self.router.compress_writes(),
                 records: chunk,
             };
             let resp = self

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::compression::Compression;
 use crate::protocol::Token;
 
 /// Client settings.
@@ -34,6 +35,11 @@ pub struct ClientConfig {
     /// becomes home (see `ProxyClient::connect_any`). Empty (the default): only the address
     /// connected to.
     pub proxies: Vec<String>,
+    /// How the proxy is asked to store this client's writes: [`Compression::Lz4`] sets the
+    /// write flag `FLAG_WRITE_COMPRESS` on every write (plain and producer session writes),
+    /// so the owner stores their entries LZ4-compressed; `None` (the default) leaves it to the
+    /// stream's own setting. Readers see the same records either way.
+    pub compression: Compression,
 }
 
 impl Default for ClientConfig {
@@ -46,6 +52,7 @@ impl Default for ClientConfig {
             tls: None,
             tls_server_name: None,
             proxies: Vec::new(),
+            compression: Compression::None,
         }
     }
 }

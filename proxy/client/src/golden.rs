@@ -148,6 +148,7 @@ fn cases_1() -> Vec<(&'static str, Golden)> {
                 Request::Write {
                     stream: stream(),
                     create_if_missing: true,
+                    compress: false,
                     records: vec![(142, b"first record".to_vec()), (143, Vec::new())],
                 },
             ),
@@ -422,6 +423,7 @@ fn cases_producer() -> Vec<(&'static str, Golden)> {
                 Request::ProducerWrite {
                     stream: "logs/golden".into(),
                     create_if_missing: false,
+                    compress: false,
                     producer: ProducerSeq {
                         session_id: 0x5eed_0000_0000_0001,
                         first_seq: 40,

@@ -53,6 +53,10 @@ pub const READ_RECORD_WRITE_TIME_BYTES: usize = 8;
 /// `Write` flag: the body carries a producer session's numbering ([`ProducerSeq`]) after the
 /// stream name (exactly-once appends, `docs/proxy-protocol.md` "Producer sessions").
 pub const FLAG_PRODUCER_SESSION: u8 = 0x02;
+/// `Write` flag: store this write's records LZ4-compressed (record set version 3, flag bit0;
+/// `docs/format/record-set.md`). The owner compresses every entry that holds a record of such
+/// a write; readers see the records as written. A proxy before this flag ignores it.
+pub const FLAG_WRITE_COMPRESS: u8 = 0x04;
 
 /// How a write in a producer session is numbered (Kafka's idempotent producer: producer id and
 /// the sequence number of the batch's first record): `session_id` (never 0) from
@@ -163,6 +167,8 @@ pub enum Request {
     Write {
         stream: String,
         create_if_missing: bool,
+        /// [`FLAG_WRITE_COMPRESS`]: store the records LZ4-compressed.
+        compress: bool,
         records: Vec<(u64, Vec<u8>)>,
     },
     /// A `Write` (same opcode) with [`FLAG_PRODUCER_SESSION`]: body stream name, session_id
@@ -171,6 +177,8 @@ pub enum Request {
     ProducerWrite {
         stream: String,
         create_if_missing: bool,
+        /// [`FLAG_WRITE_COMPRESS`], as in `Write`.
+        compress: bool,
         producer: ProducerSeq,
         records: Vec<(u64, Vec<u8>)>,
     },
@@ -556,13 +564,16 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
 fn put_write(
     body: &mut Vec<u8>,
     stream: &str,
-    create_if_missing: bool,
+    (create_if_missing, compress): (bool, bool),
     producer: Option<&ProducerSeq>,
     records: &[(u64, Vec<u8>)],
 ) -> u8 {
     let mut flags = 0;
     if create_if_missing {
         flags |= FLAG_CREATE_IF_MISSING;
+    }
+    if compress {
+        flags |= FLAG_WRITE_COMPRESS;
     }
     let payload: usize = records
         .iter()
@@ -611,10 +622,12 @@ fn get_write(r: &mut Reader<'_>, frame: &Frame<'_>) -> Result<Request, WireError
         records.push((txid, payload.to_vec()));
     }
     let create_if_missing = frame.header.flags & FLAG_CREATE_IF_MISSING != 0;
+    let compress = frame.header.flags & FLAG_WRITE_COMPRESS != 0;
     Ok(match producer {
         None => Request::Write {
             stream,
             create_if_missing,
+            compress,
             records,
         },
         Some(producer) => {
@@ -631,6 +644,7 @@ fn get_write(r: &mut Reader<'_>, frame: &Frame<'_>) -> Result<Request, WireError
             Request::ProducerWrite {
                 stream,
                 create_if_missing,
+                compress,
                 producer,
                 records,
             }
@@ -730,18 +744,28 @@ impl Request {
             Request::Write {
                 stream,
                 create_if_missing,
+                compress,
                 records,
-            } => flags = put_write(&mut body, stream, *create_if_missing, None, records),
+            } => {
+                flags = put_write(
+                    &mut body,
+                    stream,
+                    (*create_if_missing, *compress),
+                    None,
+                    records,
+                )
+            }
             Request::ProducerWrite {
                 stream,
                 create_if_missing,
+                compress,
                 producer,
                 records,
             } => {
                 flags = put_write(
                     &mut body,
                     stream,
-                    *create_if_missing,
+                    (*create_if_missing, *compress),
                     Some(producer),
                     records,
                 )
@@ -1201,6 +1225,7 @@ mod tests {
         req_round_trip(Request::Write {
             stream: "s".into(),
             create_if_missing: true,
+            compress: false,
             records: vec![(1, b"x".to_vec()), (1, vec![]), (u64::MAX, vec![9; 300])],
         });
         req_round_trip(Request::Read {
@@ -1238,6 +1263,7 @@ mod tests {
         req_round_trip(Request::ProducerWrite {
             stream: "s".into(),
             create_if_missing: false,
+            compress: true,
             producer: ProducerSeq {
                 session_id: 0x1234_5678_9abc,
                 first_seq: 77,
@@ -1627,6 +1653,26 @@ mod tests {
     }
 
     #[test]
+    fn write_compress_flag_round_trips() {
+        // Goal: the write flag 0x04 (store LZ4-compressed) is set by `compress` alone and read
+        // back; the body is the same as without it.
+        let write = |compress| Request::Write {
+            stream: "s".into(),
+            create_if_missing: false,
+            compress,
+            records: vec![(1, b"x".to_vec())],
+        };
+        let (mut plain, mut packed) = (Vec::new(), Vec::new());
+        write(false).encode(1, &mut plain);
+        write(true).encode(1, &mut packed);
+        let (p, _) = decode_frame(&plain, 1 << 20).unwrap().unwrap();
+        let (c, _) = decode_frame(&packed, 1 << 20).unwrap().unwrap();
+        assert_eq!((p.header.flags, c.header.flags), (0, FLAG_WRITE_COMPRESS));
+        assert_eq!(p.body, c.body);
+        assert_eq!(Request::decode(&c).unwrap(), write(true));
+    }
+
+    #[test]
     fn producer_write_layout_and_refusals() {
         // Goal: pin the producer write's documented layout (flag 0x02; session id and first
         // sequence after the stream name) and refuse session id 0 and a last sequence past
@@ -1634,6 +1680,7 @@ mod tests {
         let req = Request::ProducerWrite {
             stream: "s".into(),
             create_if_missing: true,
+            compress: false,
             producer: ProducerSeq {
                 session_id: 9,
                 first_seq: 3,
@@ -1677,6 +1724,7 @@ mod tests {
         let past = Request::ProducerWrite {
             stream: "s".into(),
             create_if_missing: false,
+            compress: false,
             producer: ProducerSeq {
                 session_id: 9,
                 first_seq: u64::MAX,

@@ -60,7 +60,9 @@ pub const FLAG_END_OF_STREAM: u8 = 0x02;
 /// Version 3 flag: producer runs follow the header ([`ProducerRun`]).
 pub const FLAG_PRODUCER_RUNS: u8 = 0x04;
 /// Flags this build understands; a set with any other bit is refused as corrupt.
-pub const FLAGS_KNOWN: u8 = FLAG_END_OF_STREAM | FLAG_PRODUCER_RUNS;
+/// [`FLAG_LZ4`] is understood by [`crate::compression::uncompress_entry`], which readers call
+/// before [`decode`]; [`decode`] itself refuses a set still compressed.
+pub const FLAGS_KNOWN: u8 = FLAG_LZ4 | FLAG_END_OF_STREAM | FLAG_PRODUCER_RUNS;
 
 /// Bytes of the version 3 record set header.
 pub const RECORD_SET_HEADER_SIZE_BYTES: usize = 22;
@@ -326,6 +328,18 @@ pub fn encode_control_v2(segment_record_index: u64, last_txid: u64) -> Vec<u8> {
     out
 }
 
+/// An entry's payload as read from its ledger, made ready for [`decode`]: an LZ4-compressed
+/// one ([`FLAG_LZ4`]) decompressed (bounded by [`ENTRY_SIZE_BYTES_MAX`] before allocating),
+/// any other borrowed as it is. Every reader of stream entries calls this, so compression is
+/// transparent to them (DistributedLog's `EnvelopedEntry` reader decompresses the same way).
+///
+/// # Errors
+/// `WireError::InvalidField` ("compressed records", "record set header") for a compressed
+/// entry that does not decompress to its stated size within the limit: a corrupt entry.
+pub fn decode_entry(payload: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, WireError> {
+    crate::compression::uncompress_entry(payload, ENTRY_SIZE_BYTES_MAX)
+}
+
 /// One record borrowed from a decoded record set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordRef<'a> {
@@ -365,14 +379,22 @@ impl RecordSet<'_> {
 }
 
 /// Decodes a record set of any readable version, checking every length against the buffer.
+/// An entry read from a ledger goes through [`decode_entry`] (or
+/// [`crate::compression::uncompress_entry`]) first: a set whose records are still
+/// LZ4-compressed ([`FLAG_LZ4`]) is refused here, never misread.
 ///
 /// # Errors
-/// `WireError::InvalidField` for an unknown version or flag, a zero count in a data entry, a
-/// non-zero count in a control entry or marker or an oversized record; `Truncated` /
-/// `TrailingBytes` when the lengths disagree with the buffer.
+/// `WireError::InvalidField` for an unknown version or flag, a set still compressed, a zero
+/// count in a data entry, a non-zero count in a control entry or marker or an oversized
+/// record; `Truncated` / `TrailingBytes` when the lengths disagree with the buffer.
 pub fn decode(buf: &[u8]) -> Result<RecordSet<'_>, WireError> {
     let mut r = Reader::new(buf, "record set");
     let h = RecordSetHeader::decode(&mut r)?;
+    if h.flags & FLAG_LZ4 != 0 {
+        return Err(WireError::InvalidField {
+            what: "record set still LZ4-compressed",
+        });
+    }
     let count = h.record_count as usize;
     let empty_kind = h.version == RECORD_SET_FORMAT_V2_CONTROL
         || h.flags & FLAG_END_OF_STREAM != 0
@@ -576,6 +598,53 @@ mod tests {
                 "flag {flag:#x}"
             );
         }
+    }
+
+    #[test]
+    fn compressed_entries_decode_through_decode_entry_only() {
+        // Goal: an LZ4 entry (flag bit0, now known) decodes to the plain entry's records after
+        // `decode_entry`; `decode` on the still-compressed bytes is refused, not misread; a
+        // corrupt block and an uncompressed_len above the entry limit are errors.
+        let line = b"081109 203615 148 INFO dfs.DataNode$PacketResponder: terminating";
+        let recs: Vec<(u64, &[u8])> = (0..100).map(|t| (t, &line[..])).collect();
+        let plain = encode(4, 99, recs.iter().copied());
+        let packed = crate::compression::compress_entry(&plain).expect("compressible");
+        assert_eq!(packed[1], FLAG_LZ4);
+        assert_eq!(
+            decode(&packed),
+            Err(WireError::InvalidField {
+                what: "record set still LZ4-compressed"
+            })
+        );
+        let back = decode_entry(&packed).unwrap();
+        assert_eq!(decode(&back).unwrap(), decode(&plain).unwrap());
+        assert!(matches!(
+            decode_entry(&plain).unwrap(),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        // A flipped byte inside the LZ4 block: an error or the declared length, never a panic.
+        let at = RECORD_SET_HEADER_SIZE_BYTES + 4;
+        for i in at..packed.len() {
+            let mut bad = packed.clone();
+            bad[i] ^= 0xff;
+            if let Ok(p) = decode_entry(&bad) {
+                assert_eq!(p.len(), plain.len());
+            }
+        }
+        // A cut block.
+        assert!(decode_entry(&packed[..packed.len() - 3]).is_err());
+        // uncompressed_len above the entry limit: refused before allocating.
+        let mut huge = packed.clone();
+        let len = (ENTRY_SIZE_BYTES_MAX as u32).to_le_bytes();
+        huge[RECORD_SET_HEADER_SIZE_BYTES..at].copy_from_slice(&len);
+        assert_eq!(
+            decode_entry(&huge),
+            Err(WireError::InvalidField {
+                what: "compressed records"
+            })
+        );
+        huge[RECORD_SET_HEADER_SIZE_BYTES..at].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_entry(&huge).is_err());
     }
 
     #[test]

@@ -123,6 +123,11 @@ impl Router {
         }
     }
 
+    /// Whether this client's writes ask for LZ4 (`ClientConfig::compression`).
+    pub(crate) fn compress_writes(&self) -> bool {
+        self.config.compression == crate::compression::Compression::Lz4
+    }
+
     /// The home proxy's address.
     pub(crate) fn home_addr(&self) -> String {
         self.home.lock().expect("home lock").1.addr.clone()

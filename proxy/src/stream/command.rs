@@ -15,6 +15,8 @@ pub(super) enum Command {
         /// Set for a write in a producer session (`producer.rs`).
         producer: Option<crate::protocol::ProducerSeq>,
         reply: oneshot::Sender<Result<WriteResult>>,
+        /// The write asked for LZ4 (write flag 0x04, `compress.rs`).
+        compress: bool,
     },
     Close {
         reply: oneshot::Sender<Result<()>>,

@@ -91,6 +91,7 @@
 
 mod clock;
 mod command;
+mod compress;
 mod labels;
 mod lifecycle;
 mod lookups;
@@ -205,6 +206,12 @@ pub struct StreamConfig {
     /// much passes. Default [`TXID_JUMP_MAX_DEFAULT`] (2^40); `None`: no guard (only the order
     /// rule).
     pub txid_jump_max: Option<u64>,
+    /// How the streams this proxy owns store their entries (`compress.rs`): `Lz4` stores
+    /// every entry's records section LZ4-compressed (record set v3 flag bit0, DistributedLog's
+    /// `CompressionCodec` LZ4), `None` (the default) only the entries holding a record of a
+    /// write that asked for it (write flag `0x04`). Readers see the same records either way;
+    /// segment sizes and size retention count the stored (compressed) bytes.
+    pub compression: quire_client::compression::Compression,
 }
 
 /// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
@@ -235,6 +242,7 @@ impl Default for StreamConfig {
             lifecycle_check_interval: Duration::from_secs(1),
             lifecycle_sweep_interval: Some(Duration::from_secs(300)),
             txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
+            compression: quire_client::compression::Compression::None,
         }
     }
 }
@@ -357,7 +365,7 @@ impl StreamManager {
         create_if_missing: bool,
     ) -> Result<WriteResult> {
         let rx = self
-            .submit_append(name, None, records, create_if_missing)
+            .submit_append(name, None, records, (create_if_missing, false))
             .await?;
         rx.await.map_err(|_| Error::ShuttingDown)?
     }
@@ -392,7 +400,7 @@ impl StreamManager {
         create_if_missing: bool,
     ) -> Result<WriteResult> {
         let rx = self
-            .submit_append(name, Some(producer), records, create_if_missing)
+            .submit_append(name, Some(producer), records, (create_if_missing, false))
             .await?;
         rx.await.map_err(|_| Error::ShuttingDown)?
     }
@@ -404,7 +412,7 @@ impl StreamManager {
         name: &str,
         producer: Option<crate::protocol::ProducerSeq>,
         records: Vec<(u64, Vec<u8>)>,
-        create_if_missing: bool,
+        (create_if_missing, compress): (bool, bool),
     ) -> Result<oneshot::Receiver<Result<WriteResult>>> {
         if records.is_empty() {
             return Err(Error::BadRequest {
@@ -436,6 +444,7 @@ impl StreamManager {
                     records,
                     producer,
                     reply,
+                    compress,
                 },
             )
             .await?;

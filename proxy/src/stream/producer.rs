@@ -34,6 +34,7 @@ use quire_ledger::BookKeeper;
 use quire_metadata::{SegmentState, StreamMetadata};
 use quire_wire::{EntryId, LedgerId};
 
+use super::compress;
 use super::shared::storage;
 use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
@@ -303,6 +304,7 @@ pub(super) async fn read_tail_runs(
                 .read(EntryId(entry))
                 .await
                 .map_err(|e| storage(stream, "read entry (producer sessions)", e))?;
+            let payload = compress::plain_entry(stream, seg.ledger_id, entry, &payload)?;
             let set = record_set::decode(&payload).map_err(|e| Error::Storage {
                 stream: stream.to_string(),
                 op: "decode entry (producer sessions)",

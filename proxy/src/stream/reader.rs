@@ -9,6 +9,7 @@ use std::time::Duration;
 use quire_ledger::BookKeeper;
 use quire_wire::{EntryId, LedgerId};
 
+use super::compress;
 use super::ownership::StreamHandle;
 use super::position;
 use super::registry::Registry;
@@ -332,7 +333,8 @@ fn take_records(
     false
 }
 
-/// One entry's payload: from the tail cache, else from the bookies through a cached reader.
+/// One entry's payload: from the tail cache, else from the bookies through a cached reader;
+/// decompressed when stored LZ4-compressed (`compress.rs`), so callers decode it as it is.
 pub(super) async fn fetch_entry(
     bookkeeper: &BookKeeper,
     shared: &StreamShared,
@@ -347,7 +349,7 @@ pub(super) async fn fetch_entry(
         .entries
         .get(&(ledger, entry))
     {
-        return Ok(p.clone());
+        return compress::plain_shared(name, ledger, entry, p.clone());
     }
     // A cached reader may predate a change of the ledger's metadata: retry once with a
     // freshly opened one before giving up.
@@ -379,7 +381,7 @@ pub(super) async fn fetch_entry(
             }
         };
         match reader.read(EntryId(entry)).await {
-            Ok(p) => return Ok(Arc::new(p)),
+            Ok(p) => return compress::plain_shared(name, ledger, entry, Arc::new(p)),
             Err(e) => {
                 shared.readers.lock().expect("readers lock").remove(&ledger);
                 last_err = Some(e);

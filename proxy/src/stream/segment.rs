@@ -12,6 +12,7 @@ use quire_metadata::{SegmentMetadata, SegmentState};
 use quire_wire::{EntryId, LedgerId};
 
 use super::clock::PastRollPoint;
+use super::compress;
 use super::labels::{delete_labelled_ledger, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM};
 use super::ownership::Ownership;
 use super::record::StreamRecord;
@@ -174,6 +175,7 @@ async fn read_segment_end(rec: &StreamRecord, ledger_id: u64, last: u64) -> Resu
             .read(EntryId(entry))
             .await
             .map_err(|e| storage(&rec.name, "read last entry", e))?;
+        let payload = compress::plain_entry(&rec.name, ledger_id, entry, &payload)?;
         let set = record_set::decode(&payload).map_err(|e| Error::Storage {
             stream: rec.name.clone(),
             op: "decode last entry",

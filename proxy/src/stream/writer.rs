@@ -13,6 +13,7 @@ use quire_wire::EntryId;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::command::{Command, StreamSweep};
+use super::compress;
 use super::labels;
 use super::lifecycle;
 use super::ownership::{lease_lost, Ownership};
@@ -28,6 +29,7 @@ use crate::record_set::{
     PRODUCER_RUN_SIZE_BYTES, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };
 use crate::types::{RetentionChange, TruncateResult, WriteResult};
+use quire_client::compression::Compression;
 use quire_metadata::RetentionOverride;
 
 mod seal;
@@ -62,6 +64,9 @@ pub(super) struct PendingAppend {
     /// A producer session's write already applied in full: nothing written, answered at its
     /// turn with the original DLSNs from the dedup table.
     pub(super) duplicate: Option<ProducerSeq>,
+    /// The write asked for LZ4 (write flag 0x04): every entry holding one of its records is
+    /// stored compressed (`compress.rs`).
+    pub(super) compress: bool,
 }
 
 impl PendingAppend {
@@ -79,6 +84,7 @@ impl PendingAppend {
             issued: false,
             producer: None,
             duplicate: None,
+            compress: false,
         }
     }
 }
@@ -99,11 +105,13 @@ fn shared_bytes(payload: &Arc<Vec<u8>>) -> bytes::Bytes {
 /// An append's records, `(txid, payload)` each.
 type Records = Vec<(u64, Vec<u8>)>;
 
-/// An append's records, its producer session numbering, and where its answer goes.
+/// An append's records, its producer session numbering, where its answer goes, and whether
+/// it asked for LZ4.
 type QueuedAppend = (
     Records,
     Option<ProducerSeq>,
     oneshot::Sender<Result<WriteResult>>,
+    bool,
 );
 
 /// One record waiting to be packed into the next entry: (append id, txid, payload, last
@@ -167,12 +175,13 @@ fn take_batch(first: QueuedAppend, inputs: &mut Inputs, target: usize) -> Vec<Qu
                 records,
                 producer,
                 reply,
+                compress,
             }) => {
                 size += records
                     .iter()
                     .map(|(_, p)| encoded_record_size_bytes(p.len()))
                     .sum::<usize>();
-                batch.push((records, producer, reply));
+                batch.push((records, producer, reply, compress));
             }
             Ok(other) => {
                 inputs.stashed = Some(other);
@@ -440,6 +449,7 @@ impl Writer {
                 records,
                 producer,
                 reply,
+                compress,
             } => {
                 if self.closed {
                     let _ = reply.send(Err(Error::ShuttingDown));
@@ -451,7 +461,7 @@ impl Writer {
                     return true;
                 }
                 let batch = take_batch(
-                    (records, producer, reply),
+                    (records, producer, reply, compress),
                     inputs,
                     self.rec.config.entry_size_bytes_target,
                 );
@@ -743,7 +753,7 @@ impl Writer {
                     self.lose(reason.clone()).await;
                 }
             }
-            for (_, _, reply) in batch {
+            for (_, _, reply, _) in batch {
                 self.answer(reply, Err(same_kind(&e)));
             }
             return false;
@@ -758,7 +768,7 @@ impl Writer {
                     Error::OwnershipLost { reason, .. } => Some(reason.clone()),
                     _ => None,
                 };
-                for (_, _, reply) in batch {
+                for (_, _, reply, _) in batch {
                     self.answer(reply, Err(same_kind(&e)));
                 }
                 if let Some(reason) = lost {
@@ -772,7 +782,7 @@ impl Writer {
         match self.past_roll_bound().await {
             Ok(None) => {}
             Ok(Some(refusal)) => {
-                for (records, _, reply) in batch {
+                for (records, _, reply, _) in batch {
                     self.appends.push_back(PendingAppend::new(
                         reply,
                         records.len() as u64,
@@ -783,7 +793,7 @@ impl Writer {
                 return true;
             }
             Err(e) => {
-                for (records, _, reply) in batch {
+                for (records, _, reply, _) in batch {
                     self.appends.push_back(PendingAppend::new(
                         reply,
                         records.len() as u64,
@@ -799,7 +809,7 @@ impl Writer {
         // Check every append's txids before writing anything; refused appends are answered in
         // their turn and write nothing.
         let mut records_of = Vec::with_capacity(batch.len());
-        for (records, producer, reply) in batch {
+        for (records, producer, reply, compress) in batch {
             assert!(
                 records
                     .iter()
@@ -807,7 +817,8 @@ impl Writer {
                 "sizes are checked at submission"
             );
             let id = self.appends_base + self.appends.len() as u64;
-            let (pending, records) = self.take_append(records, producer, reply);
+            let (mut pending, records) = self.take_append(records, producer, reply);
+            pending.compress = compress;
             if let Some(records) = records {
                 records_of.push((id, records));
             }
@@ -832,7 +843,7 @@ impl Writer {
     /// when the rebuild failed and every append of the batch was answered with its error
     /// (nothing written; the next session write tries again).
     async fn build_producers(&mut self, batch: Vec<QueuedAppend>) -> Option<Vec<QueuedAppend>> {
-        if self.producers.built || batch.iter().all(|(_, p, _)| p.is_none()) {
+        if self.producers.built || batch.iter().all(|(_, p, ..)| p.is_none()) {
             return Some(batch);
         }
         let read =
@@ -846,7 +857,7 @@ impl Writer {
             }
             Err(e) => {
                 tracing::warn!(stream = %self.rec.name, error = %e, "cannot rebuild the producer sessions from the log tail");
-                for (_, _, reply) in batch {
+                for (_, _, reply, _) in batch {
                     self.answer(reply, Err(same_kind(&e)));
                 }
                 None
@@ -962,15 +973,20 @@ impl Writer {
                 .await?;
         }
         let runs = self.producer_runs(records);
+        let compress_entry = self.rec.config.compression == Compression::Lz4
+            || records
+                .iter()
+                .any(|r| self.appends[(r.0 - self.appends_base) as usize].compress);
         let seg = self.segments.current.as_mut().expect("opened above");
         // The proxy's clock stamps the entry (record set v3), never the client's.
         let write_time = seg.next_write_time_ms();
-        let payload = Arc::new(record_set::encode_with_runs(
+        let plain = record_set::encode_with_runs(
             seg.record_count,
             write_time,
             &runs,
             records.iter().map(|(_, t, p, ..)| (*t, *p)),
-        ));
+        );
+        let payload = Arc::new(compress::stored_entry(plain, compress_entry));
         seg.last_write_time_ms = write_time;
         let entry = seg.next_entry;
         // The LAC this entry carries is at least the writer's LAC read before the add.

@@ -76,6 +76,7 @@ async fn bad_requests_get_their_error_codes() {
         Request::Write {
             stream: "s".into(),
             create_if_missing: false,
+            compress: false,
             records: vec![(7, big)],
         },
     )

@@ -314,6 +314,7 @@ async fn legit_round(addr: SocketAddr, from: &str, txid: u64) -> Result<(), Stri
     Request::Write {
         stream: "legit".into(),
         create_if_missing: true,
+        compress: false,
         records: vec![(txid, b"hello".to_vec())],
     }
     .encode(2, &mut out);

@@ -33,6 +33,7 @@ async fn txid_u64_max_is_refused_by_server_and_client() {
     Request::Write {
         stream: "sealed".into(),
         create_if_missing: true,
+        compress: false,
         records: vec![(5, b"a".to_vec()), (u64::MAX, b"b".to_vec())],
     }
     .encode(2, &mut out);

@@ -705,6 +705,7 @@ async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
     let w = |txid: u64, create: bool| Request::Write {
         stream: "wd".into(),
         create_if_missing: create,
+        compress: false,
         records: vec![(txid, common::payload(txid))],
     };
     w(6, true).encode(2, &mut out);

@@ -65,6 +65,7 @@ async fn raw_write(
     Request::Write {
         stream: stream.into(),
         create_if_missing: false,
+        compress: false,
         records,
     }
     .encode(2, &mut out);

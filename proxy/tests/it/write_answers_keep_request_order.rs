@@ -108,6 +108,7 @@ async fn pipelined_write_answers_follow_request_order() {
         Request::Write {
             stream,
             create_if_missing: true,
+            compress: false,
             records,
         }
         .encode(i + 1, &mut frames);

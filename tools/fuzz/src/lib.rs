@@ -274,6 +274,7 @@ fn seeds_proxy_frame() -> Vec<Vec<u8>> {
         Request::Write {
             stream: "s/a".into(),
             create_if_missing: true,
+            compress: false,
             records: vec![(1, b"one".to_vec()), (2, b"two".to_vec())],
         },
         Request::Read {

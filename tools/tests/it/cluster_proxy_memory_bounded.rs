@@ -152,6 +152,7 @@ fn partial_frames_and_unread_answers_keep_proxy_rss_bounded() {
             &Request::Write {
                 stream: "held".into(),
                 create_if_missing: true,
+                compress: false,
                 records: (0..5).map(|i| (i + 1, vec![b'h'; 1_000_000])).collect(),
             },
             2,
