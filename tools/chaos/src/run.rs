@@ -64,12 +64,18 @@ impl Summary {
         for (kind, n) in self.fault_kinds() {
             out.push_str(&format!("  {n:>5}  {kind}\n"));
         }
-        for v in self.failed() {
+        for (k, v) in self.verdicts.iter().enumerate() {
+            if v.violations.is_empty() {
+                continue;
+            }
             out.push_str(&format!(
-                "  VIOLATION seed {} ({} findings): replay with `quire-chaos run --seed {} --schedules 1`\n",
+                "  VIOLATION seed {} ({} findings), schedule {} of the run: replay it with \
+                 `quire-chaos run --seed {} --schedules 1` (this run's cluster had played {k} \
+                 schedules before it)\n",
                 v.schedule.seed,
                 v.violations.len(),
-                v.schedule.seed
+                k + 1,
+                v.schedule.seed,
             ));
         }
         out
@@ -142,15 +148,38 @@ impl Runner {
         } else {
             violations.push(format!(
                 "writes did not resume within {RECOVERY_LIMIT:?} after every fault was healed \
-                 (acknowledged plain/session before: {since:?}, after: {:?})",
-                w.acks()
+                 (acknowledged plain/session before: {since:?}, after: {:?}; the writers' last \
+                 errors follow the verdict)\n{}",
+                w.acks(),
+                self.describe_streams(&w)
             ));
         }
         self.check(w, &mut violations);
+        // A process may exit after the heal (a proxy that wakes from SIGSTOP past its session
+        // finds it expired and exits): restart it, so the next schedule starts whole.
+        for line in self.cluster.heal_all() {
+            println!("  after the check: {line}");
+        }
         if let Err(e) = self.cluster.wait_registered() {
             violations.push(e);
         }
         self.verdict(schedule, violations)
+    }
+
+    /// `quire stream show` of the workload's streams through every proxy, for a write-up.
+    fn describe_streams(&self, w: &Workload) -> String {
+        let mut out = String::new();
+        for stream in [&w.plain_stream, &w.session_stream] {
+            for proxy in w.proxies() {
+                let o = quire_testkit::harness::run_quire(&["stream", "show", stream], proxy, None);
+                out.push_str(&format!(
+                    "quire stream show {stream} --proxy {proxy}: {}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ));
+            }
+        }
+        out
     }
 
     fn verdict(&self, schedule: Schedule, violations: Vec<String>) -> Verdict {

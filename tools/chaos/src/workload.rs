@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quire_client::{
-    ClientConfig, Error, Producer, ProducerConfig, ProxyClient, ReadPosition, WriteResult,
+    ClientConfig, Error, ErrorCode, Producer, ProducerConfig, ProxyClient, ReadPosition,
+    WriteResult,
 };
 use quire_testkit::harness::recorded::{self, outcome_of_error};
 use quire_testkit::history::{Dlsn, History, Outcome, Record, Session};
@@ -223,6 +224,17 @@ fn outcome(r: &Result<WriteResult, Error>) -> Outcome {
     }
 }
 
+fn txid_out_of_order(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::TxidOutOfOrder { .. }
+            | Error::Remote {
+                code: ErrorCode::TxidOutOfOrder,
+                ..
+            }
+    )
+}
+
 fn count(t: &mut Tally, o: &Outcome, acks: &AtomicU64) {
     match o {
         Outcome::Ok { .. } => {
@@ -256,17 +268,23 @@ async fn plain_writer(
             .collect();
         let op = h.write_invoked("writer", records.clone(), None);
         let r = tokio::time::timeout(WRITE_TIMEOUT, client.write(&stream, records, true)).await;
-        let o = match r {
-            Ok(r) => outcome(&r),
-            Err(_) => Outcome::Unknown(format!("no answer within {WRITE_TIMEOUT:?}")),
+        let (o, landed_later) = match r {
+            Ok(r) => (outcome(&r), r.as_ref().is_err_and(txid_out_of_order)),
+            Err(_) => (
+                Outcome::Unknown(format!("no answer within {WRITE_TIMEOUT:?}")),
+                false,
+            ),
         };
         h.write_done(op, o.clone());
         count(&mut tally, &o, &acks);
-        match o {
-            // Acknowledged: the next records. Refused or unknown: the same ones again (a blind
-            // retry after an unknown outcome may land twice: the checker allows that).
-            Outcome::Ok { .. } => next += n,
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        // Acknowledged: the next records. Refused for a txid below the stream's last: an earlier
+        // attempt whose outcome was unknown did land (DistributedLog's txid check refuses the
+        // blind retry), so the next records too. Else (refused, unknown) the same records again:
+        // a blind retry after an unknown outcome may land twice, which the checker allows.
+        if matches!(o, Outcome::Ok { .. }) || landed_later {
+            next += n;
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
     tally
