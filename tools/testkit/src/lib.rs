@@ -88,35 +88,7 @@ impl ZooKeeperServer {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
-            let cfg = dir.path().join("zoo.cfg");
-            std::fs::write(
-                &cfg,
-                format!(
-                    "tickTime=2000\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-                     admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr,stat\nmaxClientCnxns=0\n",
-                    data.display()
-                ),
-            )
-            .expect("write zoo.cfg");
-            let stdout =
-                std::fs::File::create(log.join("stdout")).expect("create ZooKeeper stdout file");
-            let stderr = stdout.try_clone().expect("clone ZooKeeper stdout file");
-            let mut child = Command::new("java")
-                .arg("-Xms64m")
-                .arg("-Xmx256m")
-                .arg("-XX:+UseSerialGC")
-                .arg(format!("-Dzookeeper.log.dir={}", log.display()))
-                .arg("-Dzookeeper.root.logger=INFO,ROLLINGFILE")
-                .arg(format!("-Dlog4j.configuration=file:{LOG4J_CONFIG}"))
-                .arg("-cp")
-                .arg(ZOOKEEPER_CLASSPATH)
-                .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-                .arg(&cfg)
-                .stdin(Stdio::null())
-                .stdout(stdout)
-                .stderr(stderr)
-                .spawn()
-                .expect("start java (is a JRE installed?)");
+            let mut child = spawn_zookeeper(dir.path(), port);
             match wait_ready(&mut child, port) {
                 Ok(()) => {
                     return ZooKeeperServer {
@@ -167,11 +139,78 @@ impl ZooKeeperServer {
         self.kill_and_wait();
     }
 
+    /// SIGKILL to the server and reap it (a crash: no shutdown path runs); its data directory
+    /// and port are kept for [`ZooKeeperServer::restart`]. Nothing when it is not running.
+    pub fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port with the same data directory (its sessions and
+    /// znodes come back from its snapshot and transaction log, as after a restart of a real
+    /// ensemble member) and waits until it serves; crashes it first if it runs.
+    ///
+    /// # Panics
+    /// When it does not become ready within 60 s (the port was taken meanwhile, java failed).
+    pub fn restart(&mut self) {
+        self.crash();
+        let mut child = spawn_zookeeper(self.dir.path(), self.port);
+        if let Err(e) = wait_ready(&mut child, self.port) {
+            kill_and_wait(child);
+            panic!(
+                "ZooKeeper did not restart: {e}\n--- server log tail ---\n{}",
+                log_tail(self.dir.path())
+            );
+        }
+        self.child = Some(child);
+    }
+
     fn kill_and_wait(&mut self) {
         if let Some(child) = self.child.take() {
             kill_and_wait(child);
         }
     }
+}
+
+/// Writes `zoo.cfg` for 127.0.0.1:`port` in `dir` (data in `dir/data`, logs in `dir/log`) and
+/// starts the server on it.
+fn spawn_zookeeper(dir: &Path, port: u16) -> Child {
+    let data = dir.join("data");
+    let log = dir.join("log");
+    let cfg = dir.join("zoo.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "tickTime=2000\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+             admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr,stat\nmaxClientCnxns=0\n",
+            data.display()
+        ),
+    )
+    .expect("write zoo.cfg");
+    let stdout = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log.join("stdout"))
+        .expect("open ZooKeeper stdout file");
+    let stderr = stdout.try_clone().expect("clone ZooKeeper stdout file");
+    Command::new("java")
+        .arg("-Xms64m")
+        .arg("-Xmx256m")
+        .arg("-XX:+UseSerialGC")
+        .arg(format!("-Dzookeeper.log.dir={}", log.display()))
+        .arg("-Dzookeeper.root.logger=INFO,ROLLINGFILE")
+        .arg(format!("-Dlog4j.configuration=file:{LOG4J_CONFIG}"))
+        .arg("-cp")
+        .arg(ZOOKEEPER_CLASSPATH)
+        .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .expect("start java (is a JRE installed?)")
 }
 
 /// Polls until `ruok` answers `imok` and `srvr` reports a mode, the child exits, or 60 s pass.

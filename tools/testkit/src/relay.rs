@@ -5,7 +5,7 @@
 //! connection is copied byte for byte to the target in both directions by two threads. After
 //! [`TcpRelay::cut`], every relayed connection is shut down and every new one is closed at once,
 //! so the client sees its connection drop and cannot get a new one: to the server the client
-//! has gone silent. A ZooKeeper session behind a cut relay therefore expires on the server after
+//! has gone silent; [`TcpRelay::heal`] lets new connections through again. A ZooKeeper session behind a cut relay therefore expires on the server after
 //! its negotiated timeout (its ephemeral nodes are deleted), and the `zookeeper-client` crate
 //! gives up reconnecting after 1.4 × that timeout and reports `SessionState::Expired`, which is
 //! the deterministic way to test what happens when a session expires.
@@ -84,10 +84,21 @@ impl TcpRelay {
     }
 
     /// Shuts down every relayed connection and closes every later one as soon as it is
-    /// accepted. Permanent: a relay stays cut.
+    /// accepted, until [`TcpRelay::heal`].
     pub fn cut(&self) {
         self.shared.cut.store(true, Ordering::SeqCst);
         self.shared.shut_down_all();
+    }
+
+    /// Ends a [`TcpRelay::cut`]: new connections are relayed again (the ones the cut shut down
+    /// stay closed; the client reconnects, as after a healed network partition).
+    pub fn heal(&self) {
+        self.shared.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether the relay is cut now.
+    pub fn is_cut(&self) -> bool {
+        self.shared.cut.load(Ordering::SeqCst)
     }
 
     /// Limits every relayed connection, live and later ones, in each direction, to

@@ -310,7 +310,16 @@ impl Proc {
         Self::start_env(args, ready_prefix, name, log, &[])
     }
 
-    fn start_env(
+    /// Starts `quire ARGS` with `env` added (and `QUIRE_LOG` = `log`, else the caller's
+    /// `QUIRE_LOG`, else `warn`), copies its stderr into [`Proc::stderr`] (each line also
+    /// echoed with `[name]` in front), and waits (up to 60 s) for a stdout line starting with
+    /// `ready_prefix` (`"quire bookie: "`, `"quire proxy: "`, `"quire autorecovery: "`).
+    /// For processes whose flags the `Cluster` methods do not build (e.g. a bookie that reaches
+    /// ZooKeeper through a relay).
+    ///
+    /// # Panics
+    /// When the binary cannot be spawned or the process is not ready within 60 s.
+    pub fn start_env(
         args: &[String],
         ready_prefix: &str,
         name: &str,

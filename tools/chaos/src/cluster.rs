@@ -1,0 +1,338 @@
+//! The chaos cluster: one real ZooKeeper, bookies, proxies and an autorecovery daemon as child
+//! processes on 127.0.0.1 (quire-testkit's harness), with a cuttable, throttlable TCP relay
+//! ([`quire_testkit::TcpRelay`]) on every link a partition can cut:
+//!
+//! - in front of each bookie: the bookie advertises the relay's address (`--advertised`), so
+//!   every proxy and the autorecovery daemon reach it through the relay (cut: the bookie is
+//!   partitioned from all of them; throttled: a slow bookie);
+//! - between each bookie and ZooKeeper, and between each proxy and ZooKeeper (`--zookeeper`
+//!   is the relay's address).
+//!
+//! Limits: a relay cuts a link in both directions at once and for every peer behind it (the
+//! bookie relay cannot separate proxy A from bookie 1 while proxy B still reaches it); clients
+//! reach the proxies directly; the autorecovery daemon and the admin commands reach ZooKeeper
+//! directly. There are no bookie–bookie links to cut (bookies do not talk to each other).
+
+use std::net::SocketAddr;
+
+use quire_testkit::harness::cluster::{Cluster, Proc};
+use quire_testkit::TcpRelay;
+
+use crate::schedule::{Fault, Shape};
+
+/// Write quorum flags of every proxy: E=3 Qw=3 Qa=2 (four bookies: one can fail and the
+/// ensemble changes to the fourth).
+const QUORUM: &[&str] = &[
+    "--ensemble-size",
+    "3",
+    "--write-quorum",
+    "3",
+    "--ack-quorum",
+    "2",
+];
+
+/// Short autorecovery delays, so that a lost bookie is acted on within a schedule.
+const AUTORECOVERY_FLAGS: &[&str] = &[
+    "--lost-bookie-recovery-delay-secs",
+    "2",
+    "--open-ledger-rereplication-grace-period-ms",
+    "3000",
+    "--autorecovery-poll-interval-ms",
+    "250",
+];
+
+/// A running chaos cluster (see the module docs). Every process is stopped by pid on drop.
+pub struct ChaosCluster {
+    pub cluster: Cluster,
+    pub shape: Shape,
+    bookie_ports: Vec<u16>,
+    bookie_front: Vec<TcpRelay>,
+    bookie_zk: Vec<TcpRelay>,
+    bookies: Vec<Option<Proc>>,
+    proxy_ports: Vec<u16>,
+    proxy_zk: Vec<TcpRelay>,
+    proxies: Vec<Option<Proc>>,
+    autorecovery: Option<Proc>,
+    paused: Vec<String>,
+}
+
+fn relay_to(port: u16) -> TcpRelay {
+    TcpRelay::start(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// Replaces the value after `flag` in `args`.
+fn set_flag(args: &mut [String], flag: &str, value: String) {
+    let i = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("{flag} in {args:?}"));
+    args[i + 1] = value;
+}
+
+impl ChaosCluster {
+    /// Starts ZooKeeper, `shape.bookies` bookies, `shape.proxies` proxies and an autorecovery
+    /// daemon, with their relays, and waits until every bookie is registered.
+    pub fn start(shape: Shape) -> ChaosCluster {
+        let cluster = Cluster::start();
+        let zk_port = cluster.zk.port();
+        let bookie_ports: Vec<u16> = (0..shape.bookies)
+            .map(|_| quire_testkit::free_port())
+            .collect();
+        let mut cc = ChaosCluster {
+            bookie_front: bookie_ports.iter().map(|&p| relay_to(p)).collect(),
+            bookie_zk: (0..shape.bookies).map(|_| relay_to(zk_port)).collect(),
+            bookies: (0..shape.bookies).map(|_| None).collect(),
+            bookie_ports,
+            proxy_ports: (0..shape.proxies)
+                .map(|_| quire_testkit::free_port())
+                .collect(),
+            proxy_zk: (0..shape.proxies).map(|_| relay_to(zk_port)).collect(),
+            proxies: (0..shape.proxies).map(|_| None).collect(),
+            autorecovery: None,
+            paused: Vec::new(),
+            cluster,
+            shape,
+        };
+        for i in 0..shape.bookies {
+            cc.bookies[i] = Some(cc.start_bookie(i));
+        }
+        for j in 0..shape.proxies {
+            cc.proxies[j] = Some(cc.start_proxy(j));
+        }
+        cc.autorecovery = Some(cc.cluster.start_autorecovery(AUTORECOVERY_FLAGS));
+        cc
+    }
+
+    fn start_bookie(&self, i: usize) -> Proc {
+        let mut args = self.cluster.bookie_args(i, self.bookie_ports[i]);
+        set_flag(&mut args, "--zookeeper", self.bookie_zk[i].connect_string());
+        args.extend(["--advertised".into(), self.bookie_front[i].connect_string()]);
+        args.extend(
+            quire_testkit::harness::HOST_DISK_FLAGS
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        Proc::start_env(&args, "quire bookie: ", &format!("bookie {i}"), None, &[])
+    }
+
+    fn start_proxy(&self, j: usize) -> Proc {
+        let mut args: Vec<String> = vec![
+            "proxy".into(),
+            "--zookeeper".into(),
+            self.proxy_zk[j].connect_string(),
+            "--zk-root".into(),
+            self.cluster.zk_root.clone(),
+            "--zk-session-timeout-ms".into(),
+            crate::schedule::SESSION_MS.to_string(),
+            "--listen".into(),
+            self.proxy_addr(j),
+        ];
+        args.extend(self.cluster.secret_flags());
+        args.extend(QUORUM.iter().map(|s| s.to_string()));
+        let mut p = Proc::start_env(&args, "quire proxy: ", &format!("proxy {j}"), None, &[]);
+        p.addr = self.proxy_addr(j);
+        p
+    }
+
+    /// Proxy `j`'s address (`127.0.0.1:port`), the same across its restarts.
+    pub fn proxy_addr(&self, j: usize) -> String {
+        format!("127.0.0.1:{}", self.proxy_ports[j])
+    }
+
+    /// Every proxy's address.
+    pub fn proxy_addrs(&self) -> Vec<String> {
+        (0..self.shape.proxies)
+            .map(|j| self.proxy_addr(j))
+            .collect()
+    }
+
+    /// Starts `fault`; returns what was done, for the run's log.
+    pub fn inject(&mut self, fault: Fault) -> String {
+        match fault {
+            Fault::KillBookie(i) => kill(&mut self.bookies[i]),
+            Fault::KillProxy(j) => kill(&mut self.proxies[j]),
+            Fault::PauseBookie(i) => pause(&self.bookies[i], &mut self.paused),
+            Fault::PauseProxy(j) => pause(&self.proxies[j], &mut self.paused),
+            Fault::IsolateBookie(i) => cut(&self.bookie_front[i]),
+            Fault::PartitionBookieZk(i) => cut(&self.bookie_zk[i]),
+            Fault::PartitionProxyZk(j) => cut(&self.proxy_zk[j]),
+            Fault::SlowBookie(i, rate) => {
+                self.bookie_front[i].throttle(Some(rate));
+                "throttled".into()
+            }
+            Fault::RestartZooKeeper => {
+                self.cluster.zk.crash();
+                "SIGKILL sent".into()
+            }
+        }
+    }
+
+    /// Ends `fault`; returns what was done.
+    pub fn heal(&mut self, fault: Fault) -> String {
+        match fault {
+            Fault::KillBookie(i) => {
+                self.bookies[i] = Some(self.start_bookie(i));
+                "restarted".into()
+            }
+            Fault::KillProxy(j) => {
+                self.proxies[j] = Some(self.start_proxy(j));
+                "restarted".into()
+            }
+            Fault::PauseBookie(i) => resume(&self.bookies[i], &mut self.paused),
+            Fault::PauseProxy(j) => resume(&self.proxies[j], &mut self.paused),
+            Fault::IsolateBookie(i) | Fault::SlowBookie(i, _) => {
+                self.bookie_front[i].throttle(None);
+                self.bookie_front[i].heal();
+                "healed".into()
+            }
+            Fault::PartitionBookieZk(i) => heal_relay(&self.bookie_zk[i]),
+            Fault::PartitionProxyZk(j) => heal_relay(&self.proxy_zk[j]),
+            Fault::RestartZooKeeper => {
+                self.cluster.zk.restart();
+                "restarted".into()
+            }
+        }
+    }
+
+    /// Heals everything still faulted (SIGCONT to paused processes, every relay healed and
+    /// unthrottled, ZooKeeper started if down), then restarts every process that is not
+    /// running: killed, or exited on its own (a proxy whose ZooKeeper session expired exits).
+    /// Returns one line per process restarted, with the last lines it printed.
+    pub fn heal_all(&mut self) -> Vec<String> {
+        for r in self.bookie_front.iter() {
+            r.throttle(None);
+        }
+        for r in self
+            .bookie_front
+            .iter()
+            .chain(&self.bookie_zk)
+            .chain(&self.proxy_zk)
+        {
+            r.heal();
+        }
+        for p in self.bookies.iter().chain(&self.proxies).flatten() {
+            if self.paused.contains(&p.name) {
+                p.resume();
+            }
+        }
+        self.paused.clear();
+        if self.cluster.zk.pid().is_none() {
+            self.cluster.zk.restart();
+        }
+        self.revive()
+    }
+
+    fn revive(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for i in 0..self.bookies.len() {
+            if let Some(why) = exited(&mut self.bookies[i]) {
+                lines.push(format!("bookie {i} was not running ({why}); restarted"));
+                self.bookies[i] = Some(self.start_bookie(i));
+            }
+        }
+        for j in 0..self.proxies.len() {
+            if let Some(why) = exited(&mut self.proxies[j]) {
+                lines.push(format!("proxy {j} was not running ({why}); restarted"));
+                self.proxies[j] = Some(self.start_proxy(j));
+            }
+        }
+        if let Some(why) = exited(&mut self.autorecovery) {
+            lines.push(format!("autorecovery was not running ({why}); restarted"));
+            self.autorecovery = Some(self.cluster.start_autorecovery(AUTORECOVERY_FLAGS));
+        }
+        lines
+    }
+
+    /// Waits (up to 60 s) until `quire bookie list` shows every bookie registered.
+    ///
+    /// # Errors
+    /// The last listing when they never were.
+    pub fn wait_registered(&self) -> Result<(), String> {
+        let want = format!("{} bookies registered", self.shape.bookies);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let out = self.cluster.admin(&["bookie", "list"]);
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            if out.status.success() && text.contains(&want) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("bookies not all registered after 60 s: {text}"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+
+    /// The last `n` lines each process printed on stderr (its warnings and errors), for a
+    /// violation's write-up.
+    pub fn log_tails(&self, n: usize) -> String {
+        let mut out = String::new();
+        let procs = self.bookies.iter().chain(&self.proxies);
+        for p in procs.chain(std::iter::once(&self.autorecovery)).flatten() {
+            let text = p.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                out.push_str(&format!("[{}] {l}\n", p.name));
+            }
+        }
+        out
+    }
+}
+
+fn kill(p: &mut Option<Proc>) -> String {
+    match p.take() {
+        Some(p) => {
+            p.kill();
+            "SIGKILL sent".into()
+        }
+        None => "not running; nothing to kill".into(),
+    }
+}
+
+// An exited process is a zombie until `exited` reaps it, so its pid is still ours to signal.
+fn pause(p: &Option<Proc>, paused: &mut Vec<String>) -> String {
+    match p {
+        Some(p) => {
+            p.pause();
+            paused.push(p.name.clone());
+            "SIGSTOP sent".into()
+        }
+        _ => "not running; nothing to pause".into(),
+    }
+}
+
+fn resume(p: &Option<Proc>, paused: &mut Vec<String>) -> String {
+    match p {
+        Some(p) if paused.contains(&p.name) => {
+            paused.retain(|n| n != &p.name);
+            p.resume();
+            "SIGCONT sent".into()
+        }
+        _ => "was not paused".into(),
+    }
+}
+
+fn cut(r: &TcpRelay) -> String {
+    r.cut();
+    "cut".into()
+}
+
+fn heal_relay(r: &TcpRelay) -> String {
+    r.heal();
+    "healed".into()
+}
+
+/// Whether the process is gone (never started, killed, or exited): why, else `None`.
+fn exited(p: &mut Option<Proc>) -> Option<String> {
+    match p {
+        None => Some("killed".into()),
+        Some(proc) => match proc.child.try_wait() {
+            Ok(Some(status)) => {
+                let text = proc.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+                let last = text.lines().last().unwrap_or("").to_string();
+                Some(format!("exited with {status}; last line: {last}"))
+            }
+            _ => None,
+        },
+    }
+}

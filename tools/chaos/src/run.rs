@@ -1,0 +1,274 @@
+//! One schedule, and a run of many on one cluster: draw the schedule from its seed, start the
+//! workload on fresh streams, inject and heal each fault at its planned time, heal everything,
+//! wait until writes succeed again, read every stream back, check each stream's history, and
+//! check the cluster healthy (every bookie registered) before the next schedule.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use quire_testkit::history::History;
+use tokio::runtime::Runtime;
+
+use crate::cluster::ChaosCluster;
+use crate::schedule::{Schedule, Shape};
+use crate::workload::{self, Workload};
+
+/// How long writes may take to resume after every fault is healed before the schedule counts
+/// as a violation of "writes resume after a fault heals" (DESIGN.md §9).
+pub const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+
+/// What one schedule found.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub schedule: Schedule,
+    /// Each violation, written up: the checker's findings with their slices of history, or a
+    /// liveness failure (writes never resumed, a stream could not be read back, bookies never
+    /// registered again).
+    pub violations: Vec<String>,
+}
+
+/// What a run of many schedules found.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub verdicts: Vec<Verdict>,
+}
+
+impl Summary {
+    /// How often each kind of fault was drawn.
+    pub fn fault_kinds(&self) -> BTreeMap<&'static str, usize> {
+        let mut kinds = BTreeMap::new();
+        for v in &self.verdicts {
+            for p in &v.schedule.faults {
+                *kinds.entry(p.fault.kind()).or_insert(0) += 1;
+            }
+        }
+        kinds
+    }
+
+    /// The schedules with a violation.
+    pub fn failed(&self) -> Vec<&Verdict> {
+        self.verdicts
+            .iter()
+            .filter(|v| !v.violations.is_empty())
+            .collect()
+    }
+
+    /// The closing lines: schedules run, faults drawn by kind, each failing seed.
+    pub fn render(&self) -> String {
+        let faults: usize = self.fault_kinds().values().sum();
+        let mut out = format!(
+            "chaos: {} schedules, {faults} faults, {} with violations\n",
+            self.verdicts.len(),
+            self.failed().len()
+        );
+        for (kind, n) in self.fault_kinds() {
+            out.push_str(&format!("  {n:>5}  {kind}\n"));
+        }
+        for (k, v) in self.verdicts.iter().enumerate() {
+            if v.violations.is_empty() {
+                continue;
+            }
+            out.push_str(&format!(
+                "  VIOLATION seed {} ({} findings), schedule {} of the run: replay it with \
+                 `quire-chaos run --seed {} --schedules 1` (this run's cluster had played {k} \
+                 schedules before it)\n",
+                v.schedule.seed,
+                v.violations.len(),
+                k + 1,
+                v.schedule.seed,
+            ));
+        }
+        out
+    }
+}
+
+/// A chaos cluster and the runtime its clients run on.
+pub struct Runner {
+    pub cluster: ChaosCluster,
+    rt: Runtime,
+}
+
+impl Runner {
+    /// Starts the cluster for `shape`.
+    pub fn start(shape: Shape) -> Runner {
+        let cluster = ChaosCluster::start(shape);
+        Runner {
+            cluster,
+            rt: quire_testkit::harness::cluster::runtime(),
+        }
+    }
+
+    /// Runs schedules of seeds `seeds` in order until they run out or `budget` has passed
+    /// (a schedule started in time runs to its end); prints each schedule, its events and its
+    /// verdict, and the summary.
+    pub fn run(&mut self, seeds: impl IntoIterator<Item = u64>, budget: Duration) -> Summary {
+        let start = Instant::now();
+        let mut summary = Summary::default();
+        for (k, seed) in seeds.into_iter().enumerate() {
+            if start.elapsed() >= budget {
+                println!("chaos: budget of {budget:?} spent after {k} schedules");
+                break;
+            }
+            println!(
+                "=== schedule {} at {:.0}s",
+                k + 1,
+                start.elapsed().as_secs_f64()
+            );
+            summary.verdicts.push(self.run_schedule(seed));
+        }
+        print!("{}", summary.render());
+        summary
+    }
+
+    /// Runs the schedule of `seed` (see the module docs) and returns its verdict.
+    pub fn run_schedule(&mut self, seed: u64) -> Verdict {
+        let schedule = Schedule::draw(seed, self.cluster.shape);
+        print!("{schedule}");
+        let mut violations = Vec::new();
+        let proxies = self.cluster.proxy_addrs();
+        let window = self.cluster.shape.window;
+        let w = match Workload::start(&self.rt, proxies, seed, window) {
+            Ok(w) => w,
+            Err(e) => {
+                violations.push(format!("no proxy answered at the schedule's start: {e}"));
+                return self.verdict(schedule, violations);
+            }
+        };
+        self.play(&schedule);
+        for line in self.cluster.heal_all() {
+            println!("  heal: {line}");
+        }
+        let since = w.acks();
+        let healed = Instant::now();
+        if w.wait_resumed(since, RECOVERY_LIMIT) {
+            println!(
+                "  writes resumed {:.2}s after the heal",
+                healed.elapsed().as_secs_f64()
+            );
+        } else {
+            violations.push(format!(
+                "writes did not resume within {RECOVERY_LIMIT:?} after every fault was healed \
+                 (acknowledged plain/session before: {since:?}, after: {:?}; the writers' last \
+                 errors follow the verdict)\n{}",
+                w.acks(),
+                self.describe_streams(&w)
+            ));
+        }
+        self.check(w, &mut violations);
+        // A process may exit after the heal (a proxy that wakes from SIGSTOP past its session
+        // finds it expired and exits): restart it, so the next schedule starts whole.
+        for line in self.cluster.heal_all() {
+            println!("  after the check: {line}");
+        }
+        if let Err(e) = self.cluster.wait_registered() {
+            violations.push(e);
+        }
+        self.verdict(schedule, violations)
+    }
+
+    /// `quire stream show` of the workload's streams through every proxy, for a write-up.
+    fn describe_streams(&self, w: &Workload) -> String {
+        let mut out = String::new();
+        for stream in [&w.plain_stream, &w.session_stream] {
+            for proxy in w.proxies() {
+                let o = quire_testkit::harness::run_quire(&["stream", "show", stream], proxy, None);
+                out.push_str(&format!(
+                    "quire stream show {stream} --proxy {proxy}: {}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ));
+            }
+        }
+        out
+    }
+
+    fn verdict(&self, schedule: Schedule, violations: Vec<String>) -> Verdict {
+        if violations.is_empty() {
+            println!("  verdict: ok (seed {})", schedule.seed);
+        } else {
+            println!(
+                "  verdict: VIOLATION (seed {}, {} findings)",
+                schedule.seed,
+                violations.len()
+            );
+            for v in &violations {
+                println!("  {}", v.replace('\n', "\n  "));
+            }
+            println!("  last lines of each process's log:");
+            print!("{}", self.cluster.log_tails(20));
+        }
+        Verdict {
+            schedule,
+            violations,
+        }
+    }
+
+    /// Injects and heals each fault at its planned time (a restart that takes a while delays
+    /// the events after it: the printed times are the real ones), then waits out the window.
+    fn play(&mut self, schedule: &Schedule) {
+        let t0 = Instant::now();
+        let mut events: Vec<(Duration, bool, usize)> = Vec::new();
+        for (i, p) in schedule.faults.iter().enumerate() {
+            events.push((p.at, true, i));
+            events.push((p.end(), false, i));
+        }
+        // At one instant, heal before injecting.
+        events.sort_by_key(|&(t, start, i)| (t, start, i));
+        for (t, start, i) in events {
+            if let Some(wait) = t.checked_sub(t0.elapsed()) {
+                std::thread::sleep(wait);
+            }
+            let fault = schedule.faults[i].fault;
+            let (verb, did) = if start {
+                ("inject", self.cluster.inject(fault))
+            } else {
+                ("heal", self.cluster.heal(fault))
+            };
+            let at = t0.elapsed().as_secs_f64();
+            println!("  +{at:>6.2}s {verb} {fault}: {did}");
+        }
+        if let Some(wait) = self.cluster.shape.window.checked_sub(t0.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+
+    /// Stops the workload, reads both streams back and runs the history checker on each.
+    fn check(&self, w: Workload, violations: &mut Vec<String>) {
+        let proxies = w.proxies().to_vec();
+        let streams: [(String, std::sync::Arc<History>); 2] = [
+            (w.plain_stream.clone(), w.plain.clone()),
+            (w.session_stream.clone(), w.session.clone()),
+        ];
+        let ((plain, session), reads) = w.stop(&self.rt);
+        for (name, t) in [("plain", plain), ("session", session)] {
+            println!(
+                "  {name} writes: {} ok, {} failed, {} unknown; last error: {}",
+                t.ok,
+                t.failed,
+                t.unknown,
+                t.last_error.as_deref().unwrap_or("none")
+            );
+        }
+        println!("  records read by the plain tail, session tail, catch-up: {reads:?}");
+        for (stream, history) in streams {
+            let log = match self.rt.block_on(workload::final_log(&proxies, &stream)) {
+                Ok(log) => log,
+                Err(e) => {
+                    violations.push(e);
+                    continue;
+                }
+            };
+            let report = history.check(&log);
+            println!(
+                "  {stream}: {} records, {} operations, {} findings, {} allowed duplicates",
+                report.final_records,
+                report.ops,
+                report.findings.len(),
+                report.allowed_duplicates.len()
+            );
+            for f in &report.findings {
+                violations.push(format!("{stream}: {f}"));
+            }
+        }
+    }
+}

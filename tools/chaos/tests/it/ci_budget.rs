@@ -1,0 +1,36 @@
+//! CI's chaos run (issue 28): one cluster, two pinned seeds and fresh seeds from the clock,
+//! at least 20 schedules within a fixed budget; every schedule's history must check clean.
+//! The seeds are printed (run with `--nocapture` to see them; a failure prints them anyway),
+//! and a failing one replays with `quire-chaos run --seed S --schedules 1`.
+//!
+//! Needs the `quire` binary beside the test (`cargo build --release -p quire`; the workspace
+//! build of scripts/test makes it).
+
+use std::time::Duration;
+
+/// Seeds every CI run plays (each drew faults of several kinds at once when pinned).
+const PINNED: [u64; 2] = [7, 1_000_003];
+/// Schedules per CI run, pinned ones included.
+const SCHEDULES: u64 = 20;
+
+#[test]
+fn chaos_schedules_within_the_ci_budget_check_clean() {
+    let fresh = quire_chaos::clock_seed();
+    println!("chaos CI: pinned seeds {PINNED:?}, fresh seeds from {fresh}");
+    let seeds = PINNED
+        .into_iter()
+        .chain((0..SCHEDULES - PINNED.len() as u64).map(|k| fresh.wrapping_add(k)));
+    let mut runner = quire_chaos::Runner::start(quire_chaos::shape(Duration::from_millis(2000)));
+    let summary = runner.run(seeds, Duration::from_secs(140));
+    assert!(
+        summary.failed().is_empty(),
+        "violations found:\n{}",
+        summary.render()
+    );
+    assert!(
+        summary.verdicts.len() as u64 >= SCHEDULES,
+        "only {} schedules within the budget:\n{}",
+        summary.verdicts.len(),
+        summary.render()
+    );
+}
