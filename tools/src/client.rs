@@ -11,7 +11,7 @@ use quire_client::ProxyClient;
 use format::Format;
 
 mod format;
-mod position;
+pub(crate) mod position;
 mod read;
 mod subs;
 mod write;
@@ -19,7 +19,7 @@ mod write;
 pub use subs::run as subs;
 
 /// Where to find the proxy: `--proxy`, else `QUIRE_PROXY`, else the sandbox default.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct ProxyArg {
     /// Proxy address (host:port).
     #[arg(long, env = "QUIRE_PROXY", default_value = crate::PROXY_ADDR_DEFAULT)]

@@ -19,7 +19,7 @@ use clap::{Args, Subcommand};
 use quire_metadata::{LedgerMetadata, MetadataStore, Version};
 use quire_wire::LedgerId;
 
-use crate::admin::{with_store, OutputArgs};
+use crate::admin::OutputArgs;
 use crate::flags::ZooKeeperFlags;
 
 /// `quire ledger` subcommands.
@@ -72,13 +72,7 @@ pub struct LedgerListArgs {
 pub fn run(args: LedgerArgs) -> Result<()> {
     match args.command {
         LedgerCommand::List(a) => ledger_list(a),
-        LedgerCommand::Show(a) => with_store(&a.metadata, async |store| {
-            let v = store
-                .read_ledger(LedgerId(a.ledger))
-                .await
-                .with_context(|| format!("ledger {}", a.ledger))?;
-            print_ledger(a.ledger, &v.value, Some(v.version), a.output.json)
-        }),
+        LedgerCommand::Show(a) => ledger_show(a),
         LedgerCommand::Recover(a) => {
             let address = a.metadata.resolve()?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -99,7 +93,7 @@ pub fn run(args: LedgerArgs) -> Result<()> {
                     .await
                     .with_context(|| format!("recovery of ledger {} failed", a.ledger))?;
                 if a.output.json {
-                    print_ledger(a.ledger, &meta, None, true)
+                    print_ledger(a.ledger, &meta, None, true, None)
                 } else {
                     let last = meta
                         .last_entry
@@ -115,6 +109,57 @@ pub fn run(args: LedgerArgs) -> Result<()> {
             result
         }
     }
+}
+
+/// `quire ledger show LEDGER`: the metadata, and for a ledger not closed yet the LAC its last
+/// ensemble reports (BookKeeper's `readLastConfirmed` on a handle opened without recovery:
+/// nothing is fenced), since the metadata's last entry and length are only set at close.
+fn ledger_show(a: LedgerIdArgs) -> Result<()> {
+    let address = a.metadata.resolve()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let result = runtime.block_on(async {
+        let store = address.connect().await?;
+        let v = store
+            .read_ledger(LedgerId(a.ledger))
+            .await
+            .with_context(|| format!("ledger {}", a.ledger))?;
+        let lac = if v.value.state == quire_metadata::LedgerState::Closed {
+            None
+        } else {
+            Some(read_lac(store, &a).await)
+        };
+        print_ledger(a.ledger, &v.value, Some(v.version), a.output.json, lac)
+    });
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    result
+}
+
+/// The LAC of an open ledger from its bookies: `Ok(None)` when no entry is confirmed yet,
+/// `Err(reason)` when no bookie answered.
+async fn read_lac(
+    store: std::sync::Arc<dyn MetadataStore>,
+    a: &LedgerIdArgs,
+) -> std::result::Result<Option<u64>, String> {
+    let config = quire_ledger::ClientConfig {
+        tls: a.bookie_tls.client_config().map_err(|e| format!("{e:#}"))?,
+        cluster_secret: a
+            .bookie_tls
+            .cluster_secret()
+            .map_err(|e| format!("{e:#}"))?,
+        request_timeout: Duration::from_secs(5),
+        ..quire_ledger::ClientConfig::default()
+    };
+    let bk = quire_ledger::BookKeeper::new(store, config);
+    let reader = bk
+        .open_ledger(LedgerId(a.ledger))
+        .await
+        .map_err(|e| e.to_string())?;
+    let lac = reader.read_lac().await.map_err(|e| e.to_string())?;
+    Ok(lac.map(|e| e.0))
 }
 
 /// `quire ledger list [--under-replicated]`.
@@ -187,15 +232,23 @@ fn ledger_list(args: LedgerListArgs) -> Result<()> {
     result
 }
 
+/// Prints a ledger; `lac` is the LAC read from the bookies of a ledger not closed (`None`
+/// for a closed one, whose metadata holds its end).
 fn print_ledger(
     id: u64,
     meta: &LedgerMetadata,
     version: Option<Version>,
     json: bool,
+    lac: Option<std::result::Result<Option<u64>, String>>,
 ) -> Result<()> {
     if json {
-        let doc =
+        let mut doc =
             serde_json::json!({ "ledger": id, "version": version.map(|v| v.0), "metadata": meta });
+        match &lac {
+            Some(Ok(l)) => doc["last_add_confirmed"] = serde_json::json!(l),
+            Some(Err(e)) => doc["last_add_confirmed_error"] = serde_json::json!(e),
+            None => {}
+        }
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
@@ -207,17 +260,27 @@ fn print_ledger(
         "  quorum:      E={} Qw={} Qa={}",
         meta.ensemble_size, meta.write_quorum, meta.ack_quorum
     )?;
-    let last = meta
-        .last_entry
-        .map_or("none".to_string(), |e| e.to_string());
-    writeln!(out, "  last entry:  {last}")?;
-    writeln!(out, "  length:      {} bytes", meta.length_bytes)?;
+    match &lac {
+        None => {
+            let last = meta
+                .last_entry
+                .map_or("none".to_string(), |e| e.to_string());
+            writeln!(out, "  last entry:  {last}")?;
+            writeln!(out, "  length:      {} bytes", meta.length_bytes)?;
+        }
+        // Open: the metadata's end is not set until close; the bookies know the LAC.
+        Some(Ok(l)) => {
+            let l = l.map_or("none (no entry confirmed yet)".into(), |e| e.to_string());
+            writeln!(out, "  last add confirmed: {l} (read from the bookies; open, length unknown until close)")?;
+        }
+        Some(Err(e)) => writeln!(
+            out,
+            "  last add confirmed: unknown (no bookie answered: {e})"
+        )?,
+    }
     writeln!(out, "  digest:      {:?}", meta.digest_type)?;
-    writeln!(
-        out,
-        "  created:     {} ms since the epoch",
-        meta.creation_time_ms
-    )?;
+    let created = crate::stream::format_time_ms(meta.creation_time_ms);
+    writeln!(out, "  created:     {created}")?;
     if let Some(v) = version {
         writeln!(out, "  version:     {}", v.0)?;
     }

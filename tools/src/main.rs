@@ -25,6 +25,9 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 mod autorecovery;
 mod bookie;
 mod client;
+mod cluster;
+mod config_show;
+mod debug;
 mod ledger;
 mod proxy;
 mod sandbox;
@@ -100,6 +103,13 @@ enum Command {
     /// Print a shell completion script: `quire completions bash|zsh|fish` (e.g.
     /// `quire completions bash > /etc/bash_completion.d/quire`).
     Completions(CompletionsArgs),
+    /// Cluster health from the metadata store: `status [--json]` (exit status 1 if unhealthy).
+    Cluster(cluster::ClusterArgs),
+    /// `show --role bookie|proxy|autorecovery [--config FILE] [-- FLAGS]`: a process's
+    /// effective configuration, secrets redacted.
+    Config(config_show::ConfigArgs),
+    /// `bundle -o FILE.tar.gz`: configuration, metrics, logs, listings and clocks for a report.
+    Debug(debug::DebugArgs),
 }
 
 /// `quire completions` options.
@@ -208,6 +218,9 @@ fn main() -> ExitCode {
         Command::Token(args) => token::run(args),
         Command::TlsCerts(args) => tls::certs(args),
         Command::Completions(args) => completions(args),
+        Command::Cluster(args) => cluster::run(args),
+        Command::Config(args) => config_show::run(args),
+        Command::Debug(args) => debug::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

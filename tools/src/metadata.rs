@@ -58,10 +58,26 @@ impl MetadataAddress {
     pub async fn connect_zk(&self) -> Result<Arc<ZkStore>> {
         let (zk, root) = (&self.zookeeper, &self.zk_root);
         let store =
-            ZkStore::connect_with_auth(zk, root, self.session_timeout, self.digest.as_ref())
-                .await
-                .with_context(|| format!("cannot connect to ZooKeeper at {zk} (root {root})"))?;
-        Ok(Arc::new(store))
+            ZkStore::connect_with_auth(zk, root, self.session_timeout, self.digest.as_ref()).await;
+        match store {
+            Ok(store) => Ok(Arc::new(store)),
+            // ZooKeeper answered and refused the identity: not a connection problem.
+            Err(e) if is_auth_refusal(&e) => {
+                let with = match &self.digest {
+                    Some(d) => format!("identity {:?}", d.user()),
+                    None => "no identity".to_string(),
+                };
+                Err(anyhow!(e).context(format!(
+                    "ZooKeeper at {zk} refused this session ({with}) under root {root}: its znodes \
+                     belong to another digest identity; give the cluster's zookeeper.auth_file \
+                     (--zk-auth-file or QUIRE_ZK_AUTH_FILE)"
+                )))
+            }
+            Err(e) => {
+                Err(anyhow!(e)
+                    .context(format!("cannot connect to ZooKeeper at {zk} (root {root})")))
+            }
+        }
     }
 
     /// Like [`MetadataAddress::connect_zk`], as the metadata interface.
@@ -71,4 +87,17 @@ impl MetadataAddress {
     pub async fn connect(&self) -> Result<Arc<dyn MetadataStore>> {
         Ok(self.connect_zk().await?)
     }
+}
+
+/// Whether a store error is ZooKeeper refusing the session's identity (`NoAuth` on a node of
+/// another identity, or `AuthFailed`) rather than a failure to reach it.
+fn is_auth_refusal(e: &quire_metadata::Error) -> bool {
+    use zookeeper_client::Error as Zk;
+    matches!(
+        e,
+        quire_metadata::Error::ZooKeeper {
+            source: Zk::NoAuth | Zk::AuthFailed,
+            ..
+        }
+    )
 }

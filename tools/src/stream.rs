@@ -166,11 +166,7 @@ pub fn run(args: StreamArgs) -> Result<()> {
                 Ok(())
             }
             StreamCommand::Show(a) => {
-                let client = crate::client::connect(&a.proxy).await?;
-                let info = client
-                    .describe_stream(&a.stream)
-                    .await
-                    .with_context(|| format!("stream {:?}", a.stream))?;
+                let info = describe_live(&a.proxy, &a.stream).await?;
                 if a.output.json {
                     println!("{}", serde_json::to_string_pretty(&info_json(&info))?);
                 } else {
@@ -240,6 +236,37 @@ pub fn run(args: StreamArgs) -> Result<()> {
     });
     rt.shutdown_timeout(Duration::from_secs(2));
     result
+}
+
+/// The stream as its owner sees it: a proxy that does not own the stream knows only the
+/// stored record (the last txid of the completed segments, nothing of the open one), so the
+/// owner it names is asked too (its advertised address is the one proxies redirect clients to,
+/// DistributedLog's ownership redirect). If the owner does not answer, the asked proxy's view
+/// stands, with a warning on stderr.
+async fn describe_live(proxy: &crate::client::ProxyArg, stream: &str) -> Result<StreamInfo> {
+    let client = crate::client::connect(proxy).await?;
+    let info = client
+        .describe_stream(stream)
+        .await
+        .with_context(|| format!("stream {stream:?}"))?;
+    let Some(owner) = info.owner.clone().filter(|o| *o != proxy.proxy) else {
+        return Ok(info);
+    };
+    let at_owner = crate::client::ProxyArg {
+        proxy: owner.clone(),
+        ..proxy.clone()
+    };
+    let asked = async {
+        let client = crate::client::connect(&at_owner).await?;
+        Ok::<_, anyhow::Error>(client.describe_stream(stream).await?)
+    };
+    match asked.await {
+        Ok(live) => Ok(live),
+        Err(e) => {
+            eprintln!("quire: warning: the stream's owner {owner} did not answer ({e:#}); the last txid shown is that of the completed segments");
+            Ok(info)
+        }
+    }
 }
 
 /// `quire stream seal`.

@@ -134,8 +134,14 @@ fn fetch_bookie_info(
         .with_context(|| format!("cannot connect to bookie {addr}"))?;
     tcp.set_read_timeout(Some(INFO_TIMEOUT))?;
     tcp.set_write_timeout(Some(INFO_TIMEOUT))?;
+    let plain = tls.is_none();
+    let (first, first_read) = (FirstBytes::default(), FirstBytes::default());
     let stream: Box<dyn ReadWrite> = match tls {
-        None => Box::new(tcp),
+        None => Box::new(Recording {
+            inner: tcp,
+            first: first.clone(),
+            wrote: first_read.clone(),
+        }),
         Some(config) => {
             let name = quire_tls::server_name(addr)?;
             let session = quire_tls::rustls::ClientConnection::new(config, name)
@@ -148,6 +154,11 @@ fn fetch_bookie_info(
         Err(ConnectionError::BadProof) => bail!(
             "bookie {addr}: its proof of the cluster secret does not match ours: it is not a \
              bookie of this cluster"
+        ),
+        Err(_) if plain && expects_tls(&first, &first_read) => bail!(
+            "bookie {addr} expects TLS: it answered our first plain frame with a TLS record or \
+             closed the connection; give --bookie-tls-ca-file (and --bookie-tls-cert-file, \
+             --bookie-tls-key-file if it requires client certificates)"
         ),
         Err(e) => return Err(e).with_context(|| format!("handshake with bookie {addr}")),
     };
@@ -167,3 +178,54 @@ fn fetch_bookie_info(
 /// A plain or TLS connection for `quire bookie info`.
 trait ReadWrite: std::io::Read + std::io::Write {}
 impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
+/// Up to 8 bytes seen first on a connection (read or written), shared with the caller.
+#[derive(Clone, Default)]
+struct FirstBytes(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl FirstBytes {
+    fn record(&self, bytes: &[u8]) {
+        let mut v = self.0.lock().expect("first bytes lock");
+        let room = 8usize.saturating_sub(v.len());
+        v.extend_from_slice(&bytes[..room.min(bytes.len())]);
+    }
+    fn get(&self) -> Vec<u8> {
+        self.0.lock().expect("first bytes lock").clone()
+    }
+}
+
+/// A plain connection that records the first bytes it reads and writes, so that a failed
+/// handshake can tell a TLS bookie from other failures.
+struct Recording<S> {
+    inner: S,
+    first: FirstBytes,
+    wrote: FirstBytes,
+}
+
+impl<S: std::io::Read> std::io::Read for Recording<S> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.first.record(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl<S: std::io::Write> std::io::Write for Recording<S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.wrote.record(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// After a failed plain handshake: the bookie answered our first frame with a TLS record (a
+/// TLS server reads our frame as a bad record and sends an alert, content type 21, version
+/// 3.x: RFC 8446 §5.1) or closed the connection without a byte, once our frame was sent.
+fn expects_tls(read: &FirstBytes, wrote: &FirstBytes) -> bool {
+    let read = read.get();
+    let alert = read.len() >= 2 && read[0] == 0x15 && read[1] == 0x03;
+    alert || (read.is_empty() && !wrote.get().is_empty())
+}

@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 
 pub mod cookie;
 pub mod decommission;
+pub mod disk_test;
 pub mod info;
 pub mod list;
 pub mod run;
@@ -40,6 +41,9 @@ pub enum BookieCommand {
     /// Delete a stopped bookie's cookie from ZooKeeper, so that it can start again on wiped
     /// or new disks; autorecovery then copies its replicas back to it.
     DeleteCookie(cookie::DeleteCookieArgs),
+    /// Measure the journal device's durable 4 KiB append latency (p50/p99 µs) and the
+    /// sequential bandwidth (MB/s) of the journal and ledger directories, beside perf/'s floor.
+    DiskTest(disk_test::DiskTestArgs),
 }
 
 /// Runs `quire bookie`.
@@ -49,6 +53,7 @@ pub fn run(args: BookieArgs) -> Result<()> {
         Some(BookieCommand::Info(a)) => info::run(a),
         Some(BookieCommand::Decommission(a)) => decommission::run(a),
         Some(BookieCommand::DeleteCookie(a)) => cookie::delete(a),
+        Some(BookieCommand::DiskTest(a)) => disk_test::run(a),
         None => run::run(args.config.as_deref(), &args.settings),
     }
 }

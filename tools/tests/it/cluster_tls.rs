@@ -163,6 +163,8 @@ fn a_cluster_with_mutual_tls_serves_real_clients_and_refuses_strangers() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("writable"));
     let out = run(&["bookie".into(), "info".into(), bookie]);
     one_line_error(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("expects TLS"), "names the cause: {err}");
 
     // Straight to the bookies, as an admin tool's ledger client.
     let runtime = quire_testkit::harness::cluster::runtime();

@@ -88,6 +88,10 @@ fn znodes_of_a_secured_cluster_are_closed_to_other_identities() {
             stderr.contains("not authorized"),
             "ledger list {flags:?}: {stderr}"
         );
+        assert!(
+            stderr.contains("refused this session") && !stderr.contains("cannot connect"),
+            "an identity refusal is not a connection failure: {stderr}"
+        );
         assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     }
 

@@ -1,0 +1,325 @@
+//! `quire cluster status`: one look at a ZooKeeper cluster from its metadata store, as rpk's
+//! `cluster health` (and BookKeeper shell's `listbookies` + `listunderreplicated` +
+//! `whoisauditor` together):
+//! * bookies and their state: `writable` (`bookies/available`), `read-only`
+//!   (`bookies/readonly`), `down` (it has a cookie, so it registered before, but holds no
+//!   registration now), `decommissioning` (`underreplication/decommission/<id>` exists);
+//! * proxies with the streams they own (the owners of the streams' write locks: a proxy that
+//!   owns nothing does not show; there is no proxy registry);
+//! * autorecovery: the auditor (first election candidate), the candidates, the count of
+//!   under-replicated ledgers;
+//! * pending decommissions with their start time.
+//!
+//! **Unhealthy** (exit status 1, each reason on stderr and in the JSON's `problems`):
+//! * a bookie that registered before (it has a cookie) is not registered now and is not being
+//!   decommissioned;
+//! * a bookie is read-only (a full disk: it takes no new ledgers);
+//! * no bookie is writable;
+//! * a ledger is under-replicated;
+//! * no auditor is elected while autorecovery is expected (the default: every bookie runs it
+//!   unless `[autorecovery] enabled = false`; `--no-autorecovery` says the cluster runs none).
+//!
+//! An unreachable ZooKeeper is an error (exit status 1, one line), not a status.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use quire_metadata::{MetadataStore, ZkStore};
+use serde::Serialize;
+
+use crate::admin::OutputArgs;
+use crate::flags::ZooKeeperFlags;
+use crate::stream::format_time_ms;
+
+/// `quire cluster` subcommands.
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+}
+
+/// `quire cluster` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Bookies with their state, proxies with their streams, autorecovery, under-replicated
+    /// ledgers and pending decommissions; exit status 1 when unhealthy (a bookie that
+    /// registered before is missing, a bookie is read-only, ledgers are under-replicated, no
+    /// auditor while autorecovery is expected).
+    Status(StatusArgs),
+}
+
+/// `quire cluster status` options.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The cluster runs no autorecovery (every bookie has `[autorecovery] enabled = false` and
+    /// no standalone daemon runs): a missing auditor is then not a problem.
+    #[arg(long)]
+    pub no_autorecovery: bool,
+    #[command(flatten)]
+    pub metadata: ZooKeeperFlags,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// One bookie as the metadata store knows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct BookieStatus {
+    pub id: String,
+    pub rack: Option<String>,
+    /// `writable`, `read-only` or `down`.
+    pub state: &'static str,
+    /// Whether a decommission of it is pending.
+    pub decommissioning: bool,
+}
+
+/// A pending decommission: its znode's record as written (the start time in ms since the
+/// epoch, or a richer record of a later version, shown as it is).
+#[derive(Debug, Clone, Serialize)]
+pub struct Decommission {
+    pub bookie: String,
+    pub started_at: Option<String>,
+    pub record: serde_json::Value,
+}
+
+/// Everything `quire cluster status` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub healthy: bool,
+    pub problems: Vec<String>,
+    pub checked_at: String,
+    pub bookies: Vec<BookieStatus>,
+    /// Proxy identity → the streams it owns.
+    pub proxies: BTreeMap<String, Vec<String>>,
+    pub streams: usize,
+    pub unowned_streams: usize,
+    pub auditor: Option<String>,
+    pub auditor_candidates: Vec<String>,
+    pub autorecovery_expected: bool,
+    pub under_replicated_ledgers: usize,
+    pub decommissions: Vec<Decommission>,
+}
+
+/// Runs `quire cluster`.
+pub fn run(args: ClusterArgs) -> Result<()> {
+    let ClusterCommand::Status(args) = args.command;
+    let status = crate::admin::with_zk_store(&args.metadata, async |store| {
+        read_status(&store, !args.no_autorecovery).await
+    })?;
+    if args.output.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", format_status(&status)?);
+    }
+    if !status.healthy {
+        bail!("cluster unhealthy: {}", status.problems.join("; "));
+    }
+    Ok(())
+}
+
+/// Children of `rel` under the store's root, sorted (none when the directory is absent).
+async fn children(store: &ZkStore, rel: &str) -> Result<Vec<String>> {
+    let path = format!("{}/{rel}", store.root());
+    match store.client().list_children(&path).await {
+        Ok(mut c) => {
+            c.sort();
+            Ok(c)
+        }
+        Err(zookeeper_client::Error::NoNode) => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("cannot list {path}")),
+    }
+}
+
+/// The pending decommissions, read from `underreplication/decommission/<id>` directly (the
+/// record's shape may grow; an unparsable one is shown as its text).
+pub async fn read_decommissions(store: &ZkStore) -> Result<Vec<Decommission>> {
+    let mut out = Vec::new();
+    for bookie in children(store, "underreplication/decommission").await? {
+        let path = format!("{}/underreplication/decommission/{bookie}", store.root());
+        let data = match store.client().get_data(&path).await {
+            Ok((data, _)) => data,
+            Err(zookeeper_client::Error::NoNode) => continue,
+            Err(e) => return Err(e).with_context(|| format!("cannot read {path}")),
+        };
+        let record = serde_json::from_slice(&data).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(&data).into_owned())
+        });
+        let started = match &record {
+            serde_json::Value::Number(n) => n.as_u64(),
+            serde_json::Value::Object(o) => ["started_ms", "start_ms", "started_at_ms"]
+                .iter()
+                .find_map(|k| o.get(*k).and_then(serde_json::Value::as_u64)),
+            _ => None,
+        };
+        out.push(Decommission {
+            bookie,
+            started_at: started.map(format_time_ms),
+            record,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads the cluster's status from its metadata store.
+///
+/// # Errors
+/// A ZooKeeper request failed.
+pub async fn read_status(store: &ZkStore, autorecovery_expected: bool) -> Result<Status> {
+    let registered = store.list_bookies().await.context("cannot list bookies")?;
+    let cookies = children(store, "cookies").await?;
+    let decommissions = read_decommissions(store).await?;
+    let leaving = |id: &str| decommissions.iter().any(|d| d.bookie == id);
+    let mut bookies: Vec<BookieStatus> = registered
+        .iter()
+        .map(|b| BookieStatus {
+            id: b.id.0.clone(),
+            rack: b.rack.clone(),
+            state: if b.read_only { "read-only" } else { "writable" },
+            decommissioning: leaving(&b.id.0),
+        })
+        .collect();
+    for id in cookies
+        .iter()
+        .filter(|c| !registered.iter().any(|b| &b.id.0 == *c))
+    {
+        // The rack lives only in the registration, which a down bookie no longer has.
+        bookies.push(BookieStatus {
+            id: id.clone(),
+            rack: None,
+            state: "down",
+            decommissioning: leaving(id),
+        });
+    }
+    bookies.sort_by(|a, b| a.id.cmp(&b.id));
+    let state = store
+        .autorecovery_state()
+        .await
+        .context("cannot read the autorecovery state")?;
+    let marks = store
+        .list_under_replicated()
+        .await
+        .context("cannot list under-replicated ledgers")?;
+    let (proxies, streams, unowned) = stream_owners(store).await?;
+    let mut status = Status {
+        healthy: true,
+        problems: Vec::new(),
+        checked_at: format_time_ms(quire_clock::unix_ms()),
+        bookies,
+        proxies,
+        streams,
+        unowned_streams: unowned,
+        auditor: state.candidates.first().cloned(),
+        auditor_candidates: state.candidates,
+        autorecovery_expected,
+        under_replicated_ledgers: marks.len(),
+        decommissions,
+    };
+    status.problems = problems(&status);
+    status.healthy = status.problems.is_empty();
+    Ok(status)
+}
+
+/// Streams grouped by owner, the stream count and how many have no owner.
+async fn stream_owners(store: &ZkStore) -> Result<(BTreeMap<String, Vec<String>>, usize, usize)> {
+    let names = store.list_streams().await.context("cannot list streams")?;
+    let mut proxies: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut unowned = 0;
+    for name in &names {
+        match store.stream_owner(name).await {
+            Ok(Some(owner)) => proxies.entry(owner).or_default().push(name.clone()),
+            Ok(None) => unowned += 1,
+            Err(e) => return Err(e).with_context(|| format!("cannot read the owner of {name}")),
+        }
+    }
+    Ok((proxies, names.len(), unowned))
+}
+
+/// What makes the cluster unhealthy (the module's list), one line each.
+fn problems(s: &Status) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in &s.bookies {
+        match b.state {
+            "down" if !b.decommissioning => out.push(format!(
+                "bookie {} is down (it registered before and is not registered now)",
+                b.id
+            )),
+            "read-only" => out.push(format!(
+                "bookie {} is read-only (a disk is over its usage threshold)",
+                b.id
+            )),
+            _ => {}
+        }
+    }
+    if !s.bookies.iter().any(|b| b.state == "writable") {
+        out.push("no bookie is writable".into());
+    }
+    if s.under_replicated_ledgers > 0 {
+        out.push(format!(
+            "{} ledgers are under-replicated",
+            s.under_replicated_ledgers
+        ));
+    }
+    if s.autorecovery_expected && s.auditor.is_none() {
+        out.push("no autorecovery auditor is elected (no autorecovery daemon runs; pass --no-autorecovery if the cluster runs none)".into());
+    }
+    out
+}
+
+/// The human form of a status.
+fn format_status(s: &Status) -> Result<String> {
+    let mut out = String::new();
+    let health = if s.healthy { "healthy" } else { "UNHEALTHY" };
+    writeln!(out, "cluster: {health} (checked at {})", s.checked_at)?;
+    for p in &s.problems {
+        writeln!(out, "  problem: {p}")?;
+    }
+    writeln!(out, "bookies: {}", s.bookies.len())?;
+    for b in &s.bookies {
+        let rack = b
+            .rack
+            .as_deref()
+            .map(|r| format!(" rack={r}"))
+            .unwrap_or_default();
+        let leaving = if b.decommissioning {
+            ", decommissioning"
+        } else {
+            ""
+        };
+        writeln!(out, "  {} {}{leaving}{rack}", b.id, b.state)?;
+    }
+    writeln!(
+        out,
+        "proxies: {} owning streams ({} streams, {} without an owner)",
+        s.proxies.len(),
+        s.streams,
+        s.unowned_streams
+    )?;
+    for (proxy, streams) in &s.proxies {
+        writeln!(
+            out,
+            "  {proxy}: {} streams: {}",
+            streams.len(),
+            streams.join(" ")
+        )?;
+    }
+    let auditor = match (&s.auditor, s.autorecovery_expected) {
+        (Some(a), _) => a.clone(),
+        (None, true) => "none".into(),
+        (None, false) => "none (not expected)".into(),
+    };
+    writeln!(
+        out,
+        "autorecovery: auditor {auditor}, {} candidates, {} under-replicated ledgers",
+        s.auditor_candidates.len(),
+        s.under_replicated_ledgers
+    )?;
+    writeln!(out, "decommissions: {}", s.decommissions.len())?;
+    for d in &s.decommissions {
+        match &d.started_at {
+            Some(t) => writeln!(out, "  {} started at {t}", d.bookie)?,
+            None => writeln!(out, "  {}: {}", d.bookie, d.record)?,
+        }
+    }
+    Ok(out)
+}
