@@ -19,7 +19,11 @@
 #    runs rolling-restart.yml under it, then lets the driver check with the shared history
 #    checker that every acknowledged record is there exactly once and in order, and print the
 #    writer's p99 and longest gap during the restart.
-# 5. Runs stop.yml and checks nothing the playbooks started is left.
+# 5. Monitoring (site.yml's monitoring role: Prometheus on zk1's host): through Prometheus's
+#    HTTP API, every bookie and proxy is scraped (up); a bookie stopped fires QuireBookieDown
+#    and started again resolves it. Then add-bookie.yml adds the spare bk4 (registered and
+#    scraped), and decommission-bookie.yml retires it (unregistered, no longer scraped).
+# 6. Runs stop.yml and checks nothing the playbooks started is left.
 # Everything started is stopped by pid and every namespace and the bridge are removed, also
 # on failure (EXIT trap).
 #
@@ -45,7 +49,7 @@ export QUIRE_CI_STATE=$ST QUIRE_CI_HOSTS_ROOT=$ST/hosts
 mkdir -p "$ST/keys" "$ST/hosts" "$ST/control" /run/sshd
 BR=quiredbr0
 NET=10.200.0
-HOSTS="zk1:11 bk1:21 bk2:22 bk3:23 px1:31 px2:32"
+HOSTS="zk1:11 bk1:21 bk2:22 bk3:23 bk4:24 px1:31 px2:32"
 ns() { echo "quire-$1"; }
 LOAD_PID=
 
@@ -179,7 +183,7 @@ for h in $HOSTS; do
         sleep 0.1
     done
 done
-log "6 hosts up (namespaces with sshd on $NET.0/24)"
+log "7 hosts up (namespaces with sshd on $NET.0/24)"
 
 cd "$ANSIBLE_DIR"
 export ANSIBLE_CONFIG=$ANSIBLE_DIR/ansible.cfg
@@ -327,6 +331,45 @@ LOAD_PID=
 grep -E "rolling-restart:|test result|panicked|FAILED" "$ST/load.log" || true
 [ "$load_rc" = 0 ] || { cat "$ST/load.log"; echo "deploy-test: the load check failed" >&2; exit 1; }
 log "history checked: every acknowledged record once and in order"
+
+# Monitoring: Prometheus (site.yml, roles/monitoring, on zk1's host; the CI inventory scrapes
+# and evaluates every second, alerts after 2 s) scrapes the 3 bookies and 2 proxies; stopping
+# bk3 fires QuireBookieDown for it, starting it again resolves it.
+t0=$(date +%s)
+PROM=http://$NET.11:9090
+PROMCHECK=$ANSIBLE_DIR/ci/prom-check.py
+bookies_listed() {
+    "$QUIRE_BIN" bookie list --json --zookeeper "$NET.11:2181" \
+        | python3 -c 'import json,sys; print(len([b for b in json.load(sys.stdin) if not b["read_only"]]))'
+}
+"$PROMCHECK" "$PROM" targets 5 30
+svc() { # HOST start|stop: the host's quire-svc, in its network namespace
+    ip netns exec "$(ns "$1")" "$ST/hosts/$1/opt/quire/bin/quire-svc" "$2" "$ST/hosts/$1/run/quire" quire-bookie 30
+}
+svc bk3 stop
+"$PROMCHECK" "$PROM" alert QuireBookieDown "$NET.23:9181" firing 30
+svc bk3 start
+"$PROMCHECK" "$PROM" alert QuireBookieDown "$NET.23:9181" resolved 30
+for _ in $(seq 1 100); do [ "$(bookies_listed)" = 3 ] && break; sleep 0.2; done
+[ "$(bookies_listed)" = 3 ] || { echo "deploy-test: bk3 did not register again" >&2; exit 1; }
+log "Prometheus scraped all 5 processes; QuireBookieDown fired for a stopped bookie and resolved ($(( $(date +%s) - t0 )) s)"
+
+# Day two: add the spare bk4 (a second inventory puts it in the bookies group), then retire it.
+t0=$(date +%s)
+printf 'all:\n  children:\n    bookies:\n      hosts:\n        bk4:\n' > "$ST/add-bk4.yml"
+ansible-playbook -i inventories/ci -i "$ST/add-bk4.yml" add-bookie.yml -e quire_new_bookies=bk4 \
+    > "$ST/add-bookie.log" || { tail -n 60 "$ST/add-bookie.log"; exit 1; }
+[ "$(bookies_listed)" = 4 ] || { echo "deploy-test: bk4 is not registered after add-bookie.yml" >&2; exit 1; }
+"$PROMCHECK" "$PROM" targets 6 30
+log "add-bookie.yml: bk4 registered and scraped ($(( $(date +%s) - t0 )) s)"
+t0=$(date +%s)
+ansible-playbook -i inventories/ci -i "$ST/add-bk4.yml" decommission-bookie.yml \
+    -e quire_decommission_bookie=bk4 -e quire_decommission_timeout_s=60 \
+    > "$ST/decommission.log" || { tail -n 60 "$ST/decommission.log"; exit 1; }
+grep -q "decommissioned" "$ST/decommission.log" || { tail -n 60 "$ST/decommission.log"; echo "deploy-test: no decommission line" >&2; exit 1; }
+[ "$(bookies_listed)" = 3 ] || { echo "deploy-test: bk4 is still registered after decommission-bookie.yml" >&2; exit 1; }
+"$PROMCHECK" "$PROM" targets 5 30
+log "decommission-bookie.yml: bk4 retired and no longer scraped ($(( $(date +%s) - t0 )) s)"
 
 t0=$(date +%s)
 ansible-playbook -i inventories/ci stop.yml > "$ST/stop.log" || { tail -n 60 "$ST/stop.log"; exit 1; }

@@ -19,6 +19,18 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def combine(base, *others, recursive=False):
+    """Ansible's `combine` filter: later dicts win; with recursive, nested dicts merge."""
+    out = dict(base)
+    for other in others:
+        for k, v in other.items():
+            if recursive and isinstance(out.get(k), dict) and isinstance(v, dict):
+                out[k] = combine(out[k], v, recursive=True)
+            else:
+                out[k] = v
+    return out
+
+
 def main():
     role, template = sys.argv[1], sys.argv[2]
     ctx = {
@@ -40,6 +52,7 @@ def main():
     # Ansible's filters that the templates use.
     env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("yes", "true", "1", "on")
     env.filters["to_json"] = json.dumps
+    env.filters["combine"] = combine
     # Variables refer to each other ("{{ quire_conf_dir }}/bookie.toml"): render until stable.
     for _ in range(10):
         for name, value in list(ctx.items()):
