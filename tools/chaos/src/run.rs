@@ -155,6 +155,7 @@ impl Runner {
             ));
         }
         self.check(w, &mut violations);
+        self.delete_streams(seed);
         // A process may exit after the heal (a proxy that wakes from SIGSTOP past its session
         // finds it expired and exits): restart it, so the next schedule starts whole.
         for line in self.cluster.heal_all() {
@@ -164,6 +165,23 @@ impl Runner {
             violations.push(e);
         }
         self.verdict(schedule, violations)
+    }
+
+    /// Deletes the schedule's streams, so that a long run does not fill the bookies' disks
+    /// (their garbage collection reclaims the ledgers); errors are printed, not violations.
+    fn delete_streams(&self, seed: u64) {
+        let proxies = self.cluster.proxy_addrs();
+        self.rt.block_on(async {
+            let Ok(c) = workload::client(&proxies).await else {
+                return;
+            };
+            for kind in ["plain", "session"] {
+                let stream = format!("chaos/{seed}/{kind}");
+                if let Err(e) = c.delete_stream(&stream).await {
+                    println!("  could not delete {stream}: {e}");
+                }
+            }
+        });
     }
 
     /// `quire stream show` of the workload's streams through every proxy, for a write-up.
