@@ -60,7 +60,7 @@ const DISK_FLAGS: &[&str] = &[
 ];
 
 /// Size of each bookie's loop-mounted ledger disk (its journal disk is half that).
-const DISK_BYTES: u64 = 128 << 20;
+const DISK_BYTES: u64 = 64 << 20;
 
 /// A running chaos cluster (see the module docs). Every process is stopped by pid on drop
 /// (fields drop in order: processes, then disks, relays, ZooKeeper and the directory).

@@ -221,8 +221,10 @@ impl Runner {
         }
     }
 
-    /// Injects and heals each fault at its planned time (a restart that takes a while delays
-    /// the events after it: the printed times are the real ones), then waits out the window.
+    /// Injects each fault at its planned time and heals it when it has lasted its planned
+    /// duration from the moment its injection took effect (filling a disk or restarting a
+    /// process takes a while, which delays the events after it: the printed times are the real
+    /// ones), then waits out the window.
     fn play(&mut self, schedule: &Schedule) {
         let t0 = Instant::now();
         let mut events: Vec<(Duration, bool, usize)> = Vec::new();
@@ -232,18 +234,26 @@ impl Runner {
         }
         // At one instant, heal before injecting.
         events.sort_by_key(|&(t, start, i)| (t, start, i));
+        let mut in_force = vec![Duration::ZERO; schedule.faults.len()];
         for (t, start, i) in events {
-            if let Some(wait) = t.checked_sub(t0.elapsed()) {
+            let planned = schedule.faults[i];
+            let due = if start {
+                t
+            } else {
+                t.max(in_force[i] + planned.lasts)
+            };
+            if let Some(wait) = due.checked_sub(t0.elapsed()) {
                 std::thread::sleep(wait);
             }
-            let fault = schedule.faults[i].fault;
             let (verb, did) = if start {
-                ("inject", self.cluster.inject(fault))
+                let did = self.cluster.inject(planned.fault);
+                in_force[i] = t0.elapsed();
+                ("inject", did)
             } else {
-                ("heal", self.cluster.heal(fault))
+                ("heal", self.cluster.heal(planned.fault))
             };
             let at = t0.elapsed().as_secs_f64();
-            println!("  +{at:>6.2}s {verb} {fault}: {did}");
+            println!("  +{at:>6.2}s {verb} {}: {did}", planned.fault);
         }
         if let Some(wait) = self.cluster.shape.window.checked_sub(t0.elapsed()) {
             std::thread::sleep(wait);
