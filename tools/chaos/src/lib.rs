@@ -39,6 +39,29 @@ pub fn shape(window: std::time::Duration, disks: bool) -> Shape {
     }
 }
 
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM end a run after its current schedule (the cluster's processes are
+/// then stopped by pid and its loop disks unmounted, and the summary is printed) instead of
+/// killing the runner and orphaning them. A second signal is handled the same way.
+pub fn stop_on_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe {
+            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// Whether SIGINT or SIGTERM arrived since [`stop_on_signals`].
+pub fn stop_requested() -> bool {
+    STOP.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Whether this process runs as root (loop mounts, hence disk faults, need it).
 pub fn is_root() -> bool {
     // SAFETY: geteuid(2) has no preconditions.

@@ -87,6 +87,7 @@ fn main() -> ExitCode {
             quire_bin,
         } => {
             set_quire_bin(quire_bin);
+            quire_chaos::stop_on_signals();
             let (first, list) = seeds.list();
             println!(
                 "chaos: first seed {first}, up to {} schedules, budget {budget:?}",

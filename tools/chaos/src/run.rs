@@ -109,6 +109,10 @@ impl Runner {
                 println!("chaos: budget of {budget:?} spent after {k} schedules");
                 break;
             }
+            if crate::stop_requested() {
+                println!("chaos: stopped by a signal after {k} schedules");
+                break;
+            }
             println!(
                 "=== schedule {} at {:.0}s",
                 k + 1,
