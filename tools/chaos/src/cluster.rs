@@ -8,6 +8,9 @@
 //! - between each bookie and ZooKeeper, and between each proxy and ZooKeeper (`--zookeeper`
 //!   is the relay's address).
 //!
+//! With `Shape::disks` (root only) each bookie's ledger and journal directories are small
+//! loop-mounted ext4 disks, so that a full-disk fault fills one bookie's disk and nothing else.
+//!
 //! Limits: a relay cuts a link in both directions at once and for every peer behind it (the
 //! bookie relay cannot separate proxy A from bookie 1 while proxy B still reaches it); clients
 //! reach the proxies directly; the autorecovery daemon and the admin commands reach ZooKeeper
@@ -16,6 +19,7 @@
 use std::net::SocketAddr;
 
 use quire_testkit::harness::cluster::{Cluster, Proc};
+use quire_testkit::loop_mount::{fill_file, LoopMount};
 use quire_testkit::TcpRelay;
 
 use crate::schedule::{Fault, Shape};
@@ -41,19 +45,39 @@ const AUTORECOVERY_FLAGS: &[&str] = &[
     "250",
 ];
 
-/// A running chaos cluster (see the module docs). Every process is stopped by pid on drop.
+/// Full-disk flags for bookies on their own small disks: read-only past 99 %, writable again
+/// below 98 %, checked every 200 ms; garbage collection every 10 s, so that the ledgers of the
+/// streams each schedule deletes give their space back during a long run.
+const DISK_FLAGS: &[&str] = &[
+    "--gc-interval-secs",
+    "10",
+    "--disk-check-interval-ms",
+    "200",
+    "--disk-usage-threshold",
+    "0.99",
+    "--disk-usage-lwm-threshold",
+    "0.98",
+];
+
+/// Size of each bookie's loop-mounted ledger disk (its journal disk is half that).
+const DISK_BYTES: u64 = 64 << 20;
+
+/// A running chaos cluster (see the module docs). Every process is stopped by pid on drop
+/// (fields drop in order: processes, then disks, relays, ZooKeeper and the directory).
 pub struct ChaosCluster {
-    pub cluster: Cluster,
-    pub shape: Shape,
+    bookies: Vec<Option<Proc>>,
+    proxies: Vec<Option<Proc>>,
+    autorecovery: Option<Proc>,
+    /// Per bookie, its ledger and journal disks (when `shape.disks`).
+    disks: Vec<(LoopMount, LoopMount)>,
     bookie_ports: Vec<u16>,
     bookie_front: Vec<TcpRelay>,
     bookie_zk: Vec<TcpRelay>,
-    bookies: Vec<Option<Proc>>,
     proxy_ports: Vec<u16>,
     proxy_zk: Vec<TcpRelay>,
-    proxies: Vec<Option<Proc>>,
-    autorecovery: Option<Proc>,
     paused: Vec<String>,
+    pub shape: Shape,
+    pub cluster: Cluster,
 }
 
 fn relay_to(port: u16) -> TcpRelay {
@@ -89,10 +113,20 @@ impl ChaosCluster {
             proxy_zk: (0..shape.proxies).map(|_| relay_to(zk_port)).collect(),
             proxies: (0..shape.proxies).map(|_| None).collect(),
             autorecovery: None,
+            disks: Vec::new(),
             paused: Vec::new(),
             cluster,
             shape,
         };
+        if shape.disks {
+            cc.disks = (0..shape.bookies)
+                .map(|i| {
+                    let ledger = LoopMount::new_at(DISK_BYTES, &cc.cluster.ledger_dir(i));
+                    let journal = LoopMount::new_at(DISK_BYTES / 2, &cc.cluster.journal_dir(i));
+                    (ledger, journal)
+                })
+                .collect();
+        }
         for i in 0..shape.bookies {
             cc.bookies[i] = Some(cc.start_bookie(i));
         }
@@ -107,11 +141,12 @@ impl ChaosCluster {
         let mut args = self.cluster.bookie_args(i, self.bookie_ports[i]);
         set_flag(&mut args, "--zookeeper", self.bookie_zk[i].connect_string());
         args.extend(["--advertised".into(), self.bookie_front[i].connect_string()]);
-        args.extend(
+        let disk_flags = if self.shape.disks {
+            DISK_FLAGS
+        } else {
             quire_testkit::harness::HOST_DISK_FLAGS
-                .iter()
-                .map(|s| s.to_string()),
-        );
+        };
+        args.extend(disk_flags.iter().map(|s| s.to_string()));
         Proc::start_env(&args, "quire bookie: ", &format!("bookie {i}"), None, &[])
     }
 
@@ -132,6 +167,11 @@ impl ChaosCluster {
         let mut p = Proc::start_env(&args, "quire proxy: ", &format!("proxy {j}"), None, &[]);
         p.addr = self.proxy_addr(j);
         p
+    }
+
+    /// The filler file of bookie `i`'s ledger disk.
+    fn filler(&self, i: usize) -> std::path::PathBuf {
+        self.cluster.ledger_dir(i).join("chaos-filler")
     }
 
     /// Proxy `j`'s address (`127.0.0.1:port`), the same across its restarts.
@@ -164,6 +204,10 @@ impl ChaosCluster {
                 self.cluster.zk.crash();
                 "SIGKILL sent".into()
             }
+            Fault::FillDisk(i) => {
+                fill_file(&self.filler(i));
+                "filled".into()
+            }
         }
     }
 
@@ -191,6 +235,10 @@ impl ChaosCluster {
                 self.cluster.zk.restart();
                 "restarted".into()
             }
+            Fault::FillDisk(i) => match std::fs::remove_file(self.filler(i)) {
+                Ok(()) => "freed".into(),
+                Err(e) => format!("no filler to remove: {e}"),
+            },
         }
     }
 
@@ -216,6 +264,9 @@ impl ChaosCluster {
             }
         }
         self.paused.clear();
+        for i in 0..self.disks.len() {
+            let _ = std::fs::remove_file(self.filler(i));
+        }
         if self.cluster.zk.pid().is_none() {
             self.cluster.zk.restart();
         }

@@ -6,7 +6,7 @@
 //! on it, one after another ([`run::Runner`]). Each schedule is a pure function of its seed
 //! ([`schedule::Schedule::draw`]): one to four faults (SIGKILL and restart, SIGSTOP and SIGCONT
 //! shorter or longer than the ZooKeeper session, partitions through relays, a throttled bookie,
-//! a ZooKeeper crash and restart), never more than one bookie of four and one proxy of two at
+//! a ZooKeeper crash and restart, a bookie's ledger disk filled and freed), never more than one bookie of four and one proxy of two at
 //! once, nothing else while ZooKeeper is down. Against fresh streams it runs a plain writer, a
 //! producer-session writer, tailing and catch-up readers and a truncation
 //! ([`workload::Workload`]), recording every operation; then it heals everything, waits until
@@ -29,13 +29,43 @@ pub use run::{Runner, Summary, Verdict};
 pub use schedule::{Fault, Schedule, Shape};
 
 /// The cluster every run uses: four bookies (E=3: one can fail), two proxies, faults starting
-/// within `window`.
-pub fn shape(window: std::time::Duration) -> Shape {
+/// within `window`; small loop-mounted disks for the bookies (and full-disk faults) when `disks`.
+pub fn shape(window: std::time::Duration, disks: bool) -> Shape {
     Shape {
         bookies: 4,
         proxies: 2,
         window,
+        disks,
     }
+}
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM end a run after its current schedule (the cluster's processes are
+/// then stopped by pid and its loop disks unmounted, and the summary is printed) instead of
+/// killing the runner and orphaning them. A second signal is handled the same way.
+pub fn stop_on_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe {
+            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// Whether SIGINT or SIGTERM arrived since [`stop_on_signals`].
+pub fn stop_requested() -> bool {
+    STOP.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Whether this process runs as root (loop mounts, hence disk faults, need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid(2) has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// A seed from the clock (nanoseconds since the epoch, mixed), for fresh runs.

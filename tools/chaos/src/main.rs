@@ -53,6 +53,10 @@ struct Seeds {
     /// Faults start within this many milliseconds of a schedule's start.
     #[arg(long, default_value_t = 3000)]
     window_ms: u64,
+    /// Keep the bookies on the host disk and draw no full-disk faults (the default when not
+    /// root: small loop-mounted disks need root).
+    #[arg(long)]
+    no_disk_faults: bool,
 }
 
 impl Seeds {
@@ -63,7 +67,8 @@ impl Seeds {
     }
 
     fn shape(&self) -> quire_chaos::Shape {
-        quire_chaos::shape(Duration::from_millis(self.window_ms))
+        let disks = !self.no_disk_faults && quire_chaos::is_root();
+        quire_chaos::shape(Duration::from_millis(self.window_ms), disks)
     }
 }
 
@@ -82,6 +87,7 @@ fn main() -> ExitCode {
             quire_bin,
         } => {
             set_quire_bin(quire_bin);
+            quire_chaos::stop_on_signals();
             let (first, list) = seeds.list();
             println!(
                 "chaos: first seed {first}, up to {} schedules, budget {budget:?}",

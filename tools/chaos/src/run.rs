@@ -109,6 +109,10 @@ impl Runner {
                 println!("chaos: budget of {budget:?} spent after {k} schedules");
                 break;
             }
+            if crate::stop_requested() {
+                println!("chaos: stopped by a signal after {k} schedules");
+                break;
+            }
             println!(
                 "=== schedule {} at {:.0}s",
                 k + 1,
@@ -155,6 +159,7 @@ impl Runner {
             ));
         }
         self.check(w, &mut violations);
+        self.delete_streams(seed);
         // A process may exit after the heal (a proxy that wakes from SIGSTOP past its session
         // finds it expired and exits): restart it, so the next schedule starts whole.
         for line in self.cluster.heal_all() {
@@ -164,6 +169,23 @@ impl Runner {
             violations.push(e);
         }
         self.verdict(schedule, violations)
+    }
+
+    /// Deletes the schedule's streams, so that a long run does not fill the bookies' disks
+    /// (their garbage collection reclaims the ledgers); errors are printed, not violations.
+    fn delete_streams(&self, seed: u64) {
+        let proxies = self.cluster.proxy_addrs();
+        self.rt.block_on(async {
+            let Ok(c) = workload::client(&proxies).await else {
+                return;
+            };
+            for kind in ["plain", "session"] {
+                let stream = format!("chaos/{seed}/{kind}");
+                if let Err(e) = c.delete_stream(&stream).await {
+                    println!("  could not delete {stream}: {e}");
+                }
+            }
+        });
     }
 
     /// `quire stream show` of the workload's streams through every proxy, for a write-up.
@@ -203,8 +225,10 @@ impl Runner {
         }
     }
 
-    /// Injects and heals each fault at its planned time (a restart that takes a while delays
-    /// the events after it: the printed times are the real ones), then waits out the window.
+    /// Injects each fault at its planned time and heals it when it has lasted its planned
+    /// duration from the moment its injection took effect (filling a disk or restarting a
+    /// process takes a while, which delays the events after it: the printed times are the real
+    /// ones), then waits out the window.
     fn play(&mut self, schedule: &Schedule) {
         let t0 = Instant::now();
         let mut events: Vec<(Duration, bool, usize)> = Vec::new();
@@ -214,18 +238,26 @@ impl Runner {
         }
         // At one instant, heal before injecting.
         events.sort_by_key(|&(t, start, i)| (t, start, i));
+        let mut in_force = vec![Duration::ZERO; schedule.faults.len()];
         for (t, start, i) in events {
-            if let Some(wait) = t.checked_sub(t0.elapsed()) {
+            let planned = schedule.faults[i];
+            let due = if start {
+                t
+            } else {
+                t.max(in_force[i] + planned.lasts)
+            };
+            if let Some(wait) = due.checked_sub(t0.elapsed()) {
                 std::thread::sleep(wait);
             }
-            let fault = schedule.faults[i].fault;
             let (verb, did) = if start {
-                ("inject", self.cluster.inject(fault))
+                let did = self.cluster.inject(planned.fault);
+                in_force[i] = t0.elapsed();
+                ("inject", did)
             } else {
-                ("heal", self.cluster.heal(fault))
+                ("heal", self.cluster.heal(planned.fault))
             };
             let at = t0.elapsed().as_secs_f64();
-            println!("  +{at:>6.2}s {verb} {fault}: {did}");
+            println!("  +{at:>6.2}s {verb} {}: {did}", planned.fault);
         }
         if let Some(wait) = self.cluster.shape.window.checked_sub(t0.elapsed()) {
             std::thread::sleep(wait);

@@ -62,6 +62,9 @@ pub enum Fault {
     SlowBookie(usize, u64),
     /// SIGKILL ZooKeeper; restart it (same data, same port) when the fault ends.
     RestartZooKeeper,
+    /// Fill a bookie's ledger disk (a loop-mounted ext4 image) to 100 % with a filler file;
+    /// delete the filler when the fault ends. Drawn only when [`Shape::disks`] is set.
+    FillDisk(usize),
 }
 
 /// What a fault takes away, for the rule that keeps writes possible: at most one bookie of
@@ -81,7 +84,8 @@ impl Fault {
             | Fault::PauseBookie(_)
             | Fault::IsolateBookie(_)
             | Fault::PartitionBookieZk(_)
-            | Fault::SlowBookie(..) => Target::Bookie,
+            | Fault::SlowBookie(..)
+            | Fault::FillDisk(_) => Target::Bookie,
             Fault::KillProxy(_) | Fault::PauseProxy(_) | Fault::PartitionProxyZk(_) => {
                 Target::Proxy
             }
@@ -101,6 +105,7 @@ impl Fault {
             Fault::PartitionProxyZk(_) => "partition proxy|zookeeper",
             Fault::SlowBookie(..) => "throttle bookie",
             Fault::RestartZooKeeper => "restart zookeeper",
+            Fault::FillDisk(_) => "fill bookie disk",
         }
     }
 }
@@ -117,6 +122,7 @@ impl fmt::Display for Fault {
             Fault::PartitionProxyZk(p) => write!(f, "partition proxy {p} | zookeeper"),
             Fault::SlowBookie(b, r) => write!(f, "throttle links to bookie {b} to {r} B/s"),
             Fault::RestartZooKeeper => write!(f, "SIGKILL zookeeper, restart it at the end"),
+            Fault::FillDisk(b) => write!(f, "fill bookie {b}'s ledger disk, free it at the end"),
         }
     }
 }
@@ -174,6 +180,9 @@ pub struct Shape {
     pub proxies: usize,
     /// Faults start within this long of the schedule's start.
     pub window: Duration,
+    /// The bookies' ledger and journal directories are small loop-mounted disks (needs root),
+    /// and [`Fault::FillDisk`] is drawn.
+    pub disks: bool,
 }
 
 /// A schedule: its seed and its faults, by planned start.
@@ -247,7 +256,8 @@ fn session_scale(rng: &mut Rng) -> Duration {
 fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
     let b = rng.below(shape.bookies as u64) as usize;
     let p = rng.below(shape.proxies as u64) as usize;
-    let (fault, lasts) = match rng.below(9) {
+    let kinds = if shape.disks { 10 } else { 9 };
+    let (fault, lasts) = match rng.below(kinds) {
         0 => (Fault::KillBookie(b), rng.millis(300, 3000)),
         1 => (Fault::KillProxy(p), rng.millis(300, 3000)),
         2 => (Fault::PauseBookie(b), session_scale(rng)),
@@ -259,7 +269,8 @@ fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
             let rate = [20_000, 200_000][rng.below(2) as usize];
             (Fault::SlowBookie(b, rate), rng.millis(500, 3000))
         }
-        _ => (Fault::RestartZooKeeper, rng.millis(200, 3000)),
+        8 => (Fault::RestartZooKeeper, rng.millis(200, 3000)),
+        _ => (Fault::FillDisk(b), rng.millis(500, 3000)),
     };
     let at = rng.millis(100, shape.window.as_millis().max(101) as u64);
     Planned { at, lasts, fault }
@@ -273,6 +284,7 @@ mod tests {
         bookies: 4,
         proxies: 2,
         window: Duration::from_secs(3),
+        disks: true,
     };
 
     #[test]
@@ -304,6 +316,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(kinds.len(), 9, "every kind of fault is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 10, "every kind of fault is drawn: {kinds:?}");
     }
 }

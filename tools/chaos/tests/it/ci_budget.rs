@@ -20,7 +20,10 @@ fn chaos_schedules_within_the_ci_budget_check_clean() {
     let seeds = PINNED
         .into_iter()
         .chain((0..SCHEDULES - PINNED.len() as u64).map(|k| fresh.wrapping_add(k)));
-    let mut runner = quire_chaos::Runner::start(quire_chaos::shape(Duration::from_millis(2000)));
+    let mut runner = quire_chaos::Runner::start(quire_chaos::shape(
+        Duration::from_millis(2000),
+        quire_chaos::is_root(),
+    ));
     let summary = runner.run(seeds, Duration::from_secs(140));
     assert!(
         summary.failed().is_empty(),

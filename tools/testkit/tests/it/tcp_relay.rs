@@ -77,3 +77,29 @@ fn relays_until_cut_then_refuses() {
         "a connection after the cut never reaches the target"
     );
 }
+
+#[test]
+fn a_healed_relay_carries_new_connections_again() {
+    // Goal: `heal` ends a cut for connections made after it (the chaos runner's partitions
+    // end this way); the connection the cut shut down stays closed.
+    let (target, accepted) = echo_server();
+    let relay = TcpRelay::start(target);
+    let mut a = TcpStream::connect(relay.connect_string()).unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    relay.cut();
+    assert!(relay.is_cut());
+    let _ = a.write_all(b"cut");
+    assert!(
+        read_to_end_bounded(&mut a).is_empty(),
+        "cut: nothing echoed"
+    );
+    relay.heal();
+    assert!(!relay.is_cut());
+    let mut b = TcpStream::connect(relay.connect_string()).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    b.write_all(b"healed").unwrap();
+    let mut echoed = [0u8; 6];
+    b.read_exact(&mut echoed).unwrap();
+    assert_eq!(&echoed, b"healed");
+    assert!(accepted.load(Ordering::SeqCst) >= 1);
+}
