@@ -152,6 +152,9 @@ fn status(args: StatusArgs) -> Result<()> {
             .list_under_replicated()
             .await
             .context("cannot list under-replicated ledgers")?;
+        let pending = quire_metadata::pending_decommissions(&*store)
+            .await
+            .context("cannot read the decommissions under way")?;
         let now = quire_clock::unix_ms();
         if args.output.json {
             let ledgers: Vec<serde_json::Value> = marks
@@ -177,6 +180,7 @@ fn status(args: StatusArgs) -> Result<()> {
                 "candidates": state.candidates,
                 "workers": workers,
                 "under_replicated": ledgers,
+                "decommissions": pending,
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
             return Ok(());
@@ -211,9 +215,36 @@ fn status(args: StatusArgs) -> Result<()> {
                 now.saturating_sub(m.value.ctime_ms) / 1000
             )?;
         }
+        write_decommissions(&mut out, &pending, now)?;
         print!("{out}");
         Ok(())
     })
+}
+
+/// The decommissions under way, for `autorecovery status`'s text output.
+fn write_decommissions(
+    out: &mut String,
+    pending: &[quire_metadata::PendingDecommission],
+    now_ms: u64,
+) -> std::fmt::Result {
+    use std::fmt::Write as _;
+    writeln!(out, "decommissions under way: {}", pending.len())?;
+    for d in pending {
+        writeln!(
+            out,
+            "  bookie {}: {} ledgers still name it, {} bytes copied off it, started {} s ago{}",
+            d.bookie,
+            d.ledgers_left,
+            d.record.bytes_copied,
+            now_ms.saturating_sub(d.record.start_ms) / 1000,
+            if d.registered {
+                " (still registered)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    Ok(())
 }
 
 /// `quire bookie decommission` options.
@@ -223,38 +254,68 @@ pub struct DecommissionArgs {
     pub bookie: String,
     /// Give up (the next run resumes) after this many seconds; default: wait as long as it
     /// takes.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cancel")]
     pub timeout_secs: Option<u64>,
+    /// Cancel a decommission under way instead (one interrupted, or given up): the bookie
+    /// registers again and takes new ledgers; replicas copied already stay where they went.
+    #[arg(long)]
+    pub cancel: bool,
     #[command(flatten)]
     pub metadata: MetadataArgs,
 }
 
 /// `quire bookie decommission BOOKIE` ([`quire_autorecovery::decommission::decommission`]):
-/// prints its progress. Needs autorecovery daemons running (inside the bookies by default).
+/// refused up front (exit status 1, the reason in one line) when the remaining writable bookies
+/// cannot hold an ensemble it must rewrite; otherwise prints its progress (ledgers left, bytes
+/// copied, what it waits on). Needs autorecovery daemons running (inside the bookies by
+/// default). Interrupted, it stays under way: a second run resumes, `--cancel` puts the bookie
+/// back ([`quire_autorecovery::decommission::cancel`]).
 pub fn decommission(args: DecommissionArgs) -> Result<()> {
     crate::admin::with_zk_store(&args.metadata, async |store| {
         let id = BookieId(args.bookie.clone());
+        if args.cancel {
+            quire_autorecovery::decommission::cancel(&*store, &id)
+                .await
+                .map_err(cli_error)?;
+            println!("decommission of bookie {id} cancelled: it registers again within seconds and takes new ledgers");
+            return Ok(());
+        }
         let options = DecommissionOptions {
             timeout: args.timeout_secs.map(Duration::from_secs),
             ..DecommissionOptions::default()
         };
-        let mut report = |p: Progress| {
-            match p {
-            Progress::Started { fresh } => println!(
-                "decommissioning bookie {id} ({})",
-                if fresh { "started" } else { "resumed" }
+        let mut report = |p: Progress| print_progress(&id, p);
+        let run =
+            quire_autorecovery::decommission::decommission(&*store, &id, options, &mut report);
+        let bytes = tokio::select! {
+            r = run => r.map_err(cli_error)?,
+            _ = tokio::signal::ctrl_c() => anyhow::bail!(
+                "interrupted: the decommission of {id} stays under way (the bookie stays unregistered); run the command again to resume, or `quire bookie decommission --cancel {id}` to put it back"
             ),
-            Progress::NoDaemon => eprintln!("quire: warning: no autorecovery daemon runs; nothing copies the bookie's replicas until one does"),
-            Progress::Remaining(naming) => println!("{naming} ledgers still name {id}"),
-            Progress::NoReplacement { ledger, first_entry } => eprintln!("quire: warning: ledger {ledger}: no bookie can take the fragment from entry {first_entry} (every writable bookie is in its ensemble); it waits until another bookie registers"),
-        }
         };
-        quire_autorecovery::decommission::decommission(&*store, &id, options, &mut report)
-            .await
-            .map_err(cli_error)?;
-        println!("bookie {id} decommissioned: no ledger names it and its cookie is deleted; stop it, and its disks can be reused");
+        println!("bookie {id} decommissioned: no ledger names it ({bytes} bytes copied off it) and its cookie is deleted; stop it, and its disks can be reused");
         Ok(())
     })
+}
+
+/// Prints one progress report of a decommission of `id`.
+fn print_progress(id: &BookieId, p: Progress) {
+    match p {
+        Progress::Started { fresh } => println!(
+            "decommissioning bookie {id} ({})",
+            if fresh { "started" } else { "resumed" }
+        ),
+        Progress::NoDaemon => eprintln!("quire: warning: no autorecovery daemon runs; nothing copies the bookie's replicas until one does"),
+        Progress::Remaining { ledgers, bytes_copied, open } => {
+            let wait = if open > 0 {
+                format!("; {open} of them open: left to their writers for open_ledger_rereplication_grace_period_ms, then recovered and copied")
+            } else {
+                String::new()
+            };
+            println!("{ledgers} ledgers still name {id}; {bytes_copied} bytes copied off it so far{wait}")
+        }
+        Progress::NoReplacement { ledger, first_entry } => eprintln!("quire: warning: ledger {ledger}: no bookie can take the fragment from entry {first_entry} (every writable bookie is in its ensemble); it waits until another bookie registers"),
+    }
 }
 
 /// A decommission error as one line (its metadata cause included).

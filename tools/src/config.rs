@@ -108,7 +108,7 @@ pub const BOOKIE_KEYS: &[Table] = &[
         "engine",
         "journal_file_size_bytes journal_reuse_files group_commit_wait_us \
         journal_queue_bytes_max entry_log_readers_max entry_log_size_bytes \
-        checkpoint_interval_ms index_cache_bytes_max space_reserve_bytes",
+        entry_log_roll_floor_bytes checkpoint_interval_ms index_cache_bytes_max space_reserve_bytes",
     ),
     (
         "compaction",

@@ -195,6 +195,11 @@ pub struct BookieFlags {
     /// entry_log_size_bytes).
     #[arg(long)]
     pub entry_log_size_bytes: Option<u64>,
+    /// Garbage collection rolls the entry log being appended to once it holds this many bytes
+    /// and less than half of them are live, and reclaims it in the same run ([engine]
+    /// entry_log_roll_floor_bytes; 0: never).
+    #[arg(long)]
+    pub entry_log_roll_floor_bytes: Option<u64>,
     /// Milliseconds between checkpoints (BookKeeper `flushInterval`; [engine]
     /// checkpoint_interval_ms).
     #[arg(long)]

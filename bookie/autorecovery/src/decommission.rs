@@ -25,6 +25,24 @@ pub enum DecommissionError {
         /// Ledgers whose metadata still names it.
         naming: usize,
     },
+    /// Refused up front: the writable bookies left cannot hold an ensemble the decommission
+    /// must rewrite (nothing was changed; the bookie stays registered and writable).
+    #[error("ledger {ledger}'s ensemble needs {ensemble} bookies; {writable} writable bookies remain besides {bookie}, all in that ensemble already{more}: add a bookie first")]
+    NoRoom {
+        /// The bookie to decommission.
+        bookie: BookieId,
+        /// The first ledger with a fragment no bookie can take.
+        ledger: quire_wire::LedgerId,
+        /// That fragment's ensemble size.
+        ensemble: usize,
+        /// Writable registered bookies besides `bookie` not being decommissioned.
+        writable: usize,
+        /// " (and N more ledgers like it)", or empty.
+        more: String,
+    },
+    /// `cancel` of a bookie with no decommission under way.
+    #[error("no decommission of bookie {0} is under way")]
+    NotDecommissioning(BookieId),
     /// A metadata operation failed (`what` says which).
     #[error("{what}: {source}")]
     Metadata {
@@ -49,8 +67,17 @@ pub enum Progress {
     },
     /// No autorecovery daemon is in the election: nothing copies until one runs.
     NoDaemon,
-    /// This many ledgers still name the bookie (reported when the count changes).
-    Remaining(usize),
+    /// This many ledgers still name the bookie, and the workers copied this much off it so far
+    /// (reported when either changes).
+    Remaining {
+        /// Ledgers whose metadata still names the bookie.
+        ledgers: usize,
+        /// Entry bytes copied off the bookie so far (the decommission record's).
+        bytes_copied: u64,
+        /// Of the ledgers left, the open ones (still written): their last fragment is left to
+        /// the writer for the grace period, then the ledger is recovered first.
+        open: usize,
+    },
     /// A fragment of `ledger` naming the bookie has no replacement: every writable registered
     /// bookie that is not being decommissioned is in its ensemble already, so a worker cannot
     /// copy it until another bookie registers (reported once per ledger).
@@ -85,20 +112,22 @@ impl Default for DecommissionOptions {
 /// metadata names it marks every ledger that does under-replicated for it (the replication
 /// workers treat a decommissioning bookie as lost), reporting [`Progress`]; finally deletes
 /// its cookie and ends the decommission, so that it can be stopped and its disks reused. A
-/// second call resumes.
+/// second call resumes. Before it starts, [`check_room`] refuses one the remaining writable
+/// bookies cannot hold. Returns the entry bytes the workers copied off the bookie.
 ///
 /// # Errors
 /// [`DecommissionError::NoCookie`] for a bookie without a cookie (and no decommission under
-/// way), [`DecommissionError::NotFinished`] when the timeout passes, `Metadata` otherwise.
+/// way), [`DecommissionError::NoRoom`] (refused, nothing changed),
+/// [`DecommissionError::NotFinished`] when the timeout passes, `Metadata` otherwise.
 pub async fn decommission(
     store: &dyn UnderReplicationStore,
     bookie: &BookieId,
     options: DecommissionOptions,
     report: &mut (dyn FnMut(Progress) + Send),
-) -> Result<(), DecommissionError> {
+) -> Result<u64, DecommissionError> {
     begin(store, bookie, report).await?;
     let deadline = options.timeout.map(|t| quire_clock::now() + t);
-    let mut last_count = None;
+    let mut last = None;
     let mut unplaceable = HashSet::new();
     loop {
         let pass = mark_pass(store, bookie).await?;
@@ -113,9 +142,14 @@ pub async fn decommission(
         if pass.naming == 0 {
             break;
         }
-        if last_count != Some(pass.naming) {
-            report(Progress::Remaining(pass.naming));
-            last_count = Some(pass.naming);
+        let now = Progress::Remaining {
+            ledgers: pass.naming,
+            bytes_copied: copied(store, bookie).await?,
+            open: pass.open,
+        };
+        if last.as_ref() != Some(&now) {
+            report(now.clone());
+            last = Some(now);
         }
         if deadline.is_some_and(|d| quire_clock::now() >= d) {
             return Err(DecommissionError::NotFinished {
@@ -125,7 +159,9 @@ pub async fn decommission(
         }
         tokio::time::sleep(options.poll_interval).await;
     }
-    finish(store, bookie).await
+    let bytes = copied(store, bookie).await?;
+    finish(store, bookie).await?;
+    Ok(bytes)
 }
 
 /// Records the decommission and removes the registration.
@@ -139,6 +175,16 @@ async fn begin(
         Err(quire_metadata::Error::NotFound { .. }) => None,
         Err(e) => return Err(metadata("cannot read the bookie's cookie")(e)),
     };
+    let under_way = store
+        .decommissioning()
+        .await
+        .map_err(metadata("cannot list decommissions"))?
+        .contains(bookie);
+    // Checked when it starts, so that a refusal leaves the bookie as it was; a resumed one
+    // is out already and reports `NoReplacement` for what it waits on.
+    if cookie.is_some() && !under_way {
+        check_room(store, bookie).await?;
+    }
     let fresh = store
         .start_decommission(bookie)
         .await
@@ -165,9 +211,25 @@ async fn begin(
     Ok(())
 }
 
-/// One walk: the ledgers naming the bookie (each marked) and the fragments no bookie can take.
+/// Bytes copied off `bookie` so far, from its decommission record.
+async fn copied(
+    store: &dyn UnderReplicationStore,
+    bookie: &BookieId,
+) -> Result<u64, DecommissionError> {
+    Ok(store
+        .decommissions()
+        .await
+        .map_err(metadata("cannot read the decommission record"))?
+        .into_iter()
+        .find(|(b, _)| b == bookie)
+        .map_or(0, |(_, d)| d.bytes_copied))
+}
+
+/// One walk: the ledgers naming the bookie (each marked), how many of them are open, and the
+/// fragments no bookie can take.
 struct Pass {
     naming: usize,
+    open: usize,
     no_replacement: Vec<(quire_wire::LedgerId, u64)>,
 }
 
@@ -178,6 +240,7 @@ async fn mark_pass(
     let spares = candidates(store).await?;
     let mut pass = Pass {
         naming: 0,
+        open: 0,
         no_replacement: Vec::new(),
     };
     let ledgers = store
@@ -199,6 +262,9 @@ async fn mark_pass(
             continue;
         }
         pass.naming += 1;
+        if meta.state != quire_metadata::LedgerState::Closed {
+            pass.open += 1;
+        }
         // A replacement is a writable registered bookie outside the fragment's ensemble
         // (BookKeeper's placement never puts one bookie twice in an ensemble).
         if let Some(f) = naming
@@ -213,6 +279,99 @@ async fn mark_pass(
             .map_err(metadata("cannot mark a ledger under-replicated"))?;
     }
     Ok(pass)
+}
+
+/// Refuses a decommission the cluster has no room for (nothing changed yet): every fragment
+/// naming `bookie` needs a replacement outside its ensemble among the writable registered
+/// bookies other than `bookie` not being decommissioned (BookKeeper's placement never puts
+/// one bookie twice in an ensemble), or its worker would wait for ever.
+///
+/// # Errors
+/// [`DecommissionError::NoRoom`] naming the first such ledger, or `Metadata`.
+pub async fn check_room(
+    store: &dyn UnderReplicationStore,
+    bookie: &BookieId,
+) -> Result<(), DecommissionError> {
+    let spares: Vec<BookieId> = candidates(store)
+        .await?
+        .into_iter()
+        .filter(|b| b != bookie)
+        .collect();
+    let mut stuck: Vec<(quire_wire::LedgerId, usize)> = Vec::new();
+    let ledgers = store
+        .list_ledgers()
+        .await
+        .map_err(metadata("cannot list ledgers"))?;
+    for ledger in ledgers {
+        let meta = match store.read_ledger(ledger).await {
+            Ok(v) => v.value,
+            Err(quire_metadata::Error::NotFound { .. }) => continue,
+            Err(e) => return Err(metadata("cannot read a ledger")(e)),
+        };
+        let no_room = meta
+            .fragments
+            .iter()
+            .find(|f| f.bookies.contains(bookie) && spares.iter().all(|s| f.bookies.contains(s)));
+        if let Some(f) = no_room {
+            stuck.push((ledger, f.bookies.len()));
+        }
+    }
+    let Some(&(ledger, ensemble)) = stuck.first() else {
+        return Ok(());
+    };
+    let more = match stuck.len() - 1 {
+        0 => String::new(),
+        1 => " (and 1 more ledger like it)".into(),
+        n => format!(" (and {n} more ledgers like it)"),
+    };
+    Err(DecommissionError::NoRoom {
+        bookie: bookie.clone(),
+        ledger,
+        ensemble,
+        writable: spares.len(),
+        more,
+    })
+}
+
+/// Cancels the decommission of `bookie` (puts it back): ends its record, so that the bookie,
+/// which watches it, registers again (writable unless its disks are full); and removes the
+/// under-replication marks that name only it (their ledgers have nothing else to copy; a
+/// worker would only check it in place). What the workers copied already stays where it is:
+/// the ledgers it moved simply no longer name the bookie. A decommission whose cookie was
+/// deleted (finished) cannot be cancelled.
+///
+/// # Errors
+/// [`DecommissionError::NotDecommissioning`], or `Metadata`.
+pub async fn cancel(
+    store: &dyn UnderReplicationStore,
+    bookie: &BookieId,
+) -> Result<(), DecommissionError> {
+    let under_way = store
+        .decommissioning()
+        .await
+        .map_err(metadata("cannot list decommissions"))?;
+    if !under_way.contains(bookie) {
+        return Err(DecommissionError::NotDecommissioning(bookie.clone()));
+    }
+    store
+        .end_decommission(bookie)
+        .await
+        .map_err(metadata("cannot end the decommission"))?;
+    let marks = store
+        .list_under_replicated()
+        .await
+        .map_err(metadata("cannot list under-replicated ledgers"))?;
+    for (ledger, mark) in marks {
+        let m = &mark.value;
+        if m.gaps_on.is_empty() && m.missing_bookies == std::slice::from_ref(bookie) {
+            match store.clear_under_replicated(ledger, mark.version).await {
+                // Extended meanwhile (another bookie lost): it stays for the workers.
+                Ok(()) | Err(quire_metadata::Error::BadVersion { .. }) => {}
+                Err(e) => return Err(metadata("cannot clear an under-replication mark")(e)),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writable registered bookies not being decommissioned: where replicas can go.

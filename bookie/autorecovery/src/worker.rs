@@ -162,6 +162,8 @@ struct MarkView {
     /// Reported bookies not registered now (restarting, or stopped): left until they return;
     /// if one never does, the auditor marks it lost.
     away: Vec<BookieId>,
+    /// The lost ones being decommissioned: what is copied off them goes on their record.
+    leaving: HashSet<BookieId>,
 }
 
 async fn view_of(store: &dyn UnderReplicationStore, mark: &UnderReplication) -> Result<MarkView> {
@@ -187,10 +189,12 @@ async fn view_of(store: &dyn UnderReplicationStore, mark: &UnderReplication) -> 
         .filter(|b| !lost.contains(*b) && !registered.contains(*b))
         .cloned()
         .collect();
+    let leaving = lost.intersection(&decommissioning).cloned().collect();
     Ok(MarkView {
         lost,
         present,
         away,
+        leaving,
     })
 }
 
@@ -242,7 +246,7 @@ pub async fn replicate_ledger(
     };
     let in_place = job.in_place_fragments(&meta, &view.present);
     let todo = lost_fragments(&meta, &view.lost);
-    if !job.repair_in_place(in_place).await? || !job.replace_lost(todo, &view.lost).await? {
+    if !job.repair_in_place(in_place).await? || !job.replace_lost(todo, &view).await? {
         return job.deleted().await;
     }
     job.finish(&view.away).await
@@ -351,21 +355,26 @@ impl Job<'_> {
     }
 
     /// Replaces each `(first_entry, lost bookie)`; `false` when the ledger turned out deleted.
-    async fn replace_lost(
-        &self,
-        fragments: Vec<(u64, BookieId)>,
-        lost: &HashSet<BookieId>,
-    ) -> Result<bool> {
+    /// A copy off a bookie being decommissioned is added to its record (its progress).
+    async fn replace_lost(&self, fragments: Vec<(u64, BookieId)>, view: &MarkView) -> Result<bool> {
         for (first_entry, bookie) in fragments {
             match self
                 .bk
-                .replicate_fragment(self.id, first_entry, &bookie, lost)
+                .replicate_fragment(self.id, first_entry, &bookie, &view.lost)
                 .await
             {
                 Ok(done) => {
                     self.metrics.bytes_written.inc_by(done.bytes_copied);
                     self.metrics.entries_written.inc_by(done.entries_copied);
                     self.metrics.fragments_replicated.inc();
+                    if view.leaving.contains(&bookie) {
+                        self.record_decommission_copy(
+                            &bookie,
+                            done.bytes_copied,
+                            done.entries_copied,
+                        )
+                        .await;
+                    }
                 }
                 Err(e) if is_not_found(&e) => return Ok(false),
                 Err(e) => {
@@ -383,6 +392,17 @@ impl Job<'_> {
             }
         }
         Ok(true)
+    }
+
+    /// Adds a copy to the decommission record of `bookie`; a failure only loses that figure.
+    async fn record_decommission_copy(&self, bookie: &BookieId, bytes: u64, entries: u64) {
+        if let Err(e) = self
+            .store
+            .record_decommission_copy(bookie, bytes, entries)
+            .await
+        {
+            tracing::warn!(ledger = self.id.0, %bookie, error = %e, "cannot add a copy to the decommission record");
+        }
     }
 
     /// Defers, or removes the mark by compare-and-set (a mark extended meanwhile stays).

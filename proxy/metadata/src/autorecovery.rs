@@ -19,8 +19,8 @@ use quire_wire::LedgerId;
 use tokio::sync::watch;
 
 use crate::{
-    AutorecoveryState, BookieId, MetadataStore, ReplicationLock, Result, UnderReplication, Version,
-    Versioned,
+    AutorecoveryState, BookieId, Decommission, MetadataStore, ReplicationLock, Result,
+    UnderReplication, Version, Versioned,
 };
 
 /// The autorecovery records of a metadata store. Errors as [`MetadataStore`]'s (`Io` or
@@ -57,6 +57,17 @@ pub trait UnderReplicationStore: MetadataStore {
     async fn decommissioning(&self) -> Result<Vec<BookieId>>;
     /// Ends a decommission; one not started is not an error. `Invalid` for a bad id.
     async fn end_decommission(&self, bookie: &BookieId) -> Result<()>;
+    /// The decommissions under way with their records, sorted by bookie. `Corrupt` for an
+    /// unreadable record.
+    async fn decommissions(&self) -> Result<Vec<(BookieId, Decommission)>>;
+    /// Adds what a worker copied off `bookie` (a fragment's `bytes` and `entries`) to its
+    /// decommission record, by compare-and-set; no decommission under way is not an error.
+    async fn record_decommission_copy(
+        &self,
+        bookie: &BookieId,
+        bytes: u64,
+        entries: u64,
+    ) -> Result<()>;
     /// Deletes a bookie's cookie at `expected` (BookKeeper `cookie_delete`); `NotFound`,
     /// `BadVersion`, `Invalid`.
     async fn delete_cookie(&self, bookie: &BookieId, expected: Version) -> Result<()>;
@@ -115,6 +126,17 @@ impl UnderReplicationStore for crate::ZkStore {
     async fn end_decommission(&self, bookie: &BookieId) -> Result<()> {
         crate::ZkStore::end_decommission(self, bookie).await
     }
+    async fn decommissions(&self) -> Result<Vec<(BookieId, Decommission)>> {
+        crate::ZkStore::decommissions(self).await
+    }
+    async fn record_decommission_copy(
+        &self,
+        bookie: &BookieId,
+        bytes: u64,
+        entries: u64,
+    ) -> Result<()> {
+        crate::ZkStore::record_decommission_copy(self, bookie, bytes, entries).await
+    }
     async fn delete_cookie(&self, bookie: &BookieId, expected: Version) -> Result<()> {
         crate::ZkStore::delete_cookie(self, bookie, expected).await
     }
@@ -142,6 +164,59 @@ impl AuditorElection for crate::AuditorCandidate {
     async fn is_elected(&self) -> Result<bool> {
         crate::AuditorCandidate::is_elected(self).await
     }
+}
+
+/// A decommission under way as `quire autorecovery status` and `quire cluster status` show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PendingDecommission {
+    /// The bookie being decommissioned.
+    pub bookie: BookieId,
+    /// Its record (start, bytes and entries copied so far).
+    #[serde(flatten)]
+    pub record: Decommission,
+    /// Ledgers whose metadata still names it (a walk of every ledger's metadata).
+    pub ledgers_left: usize,
+    /// Whether it is registered now (a bookie leaves the registry while it is decommissioned).
+    pub registered: bool,
+}
+
+/// Every decommission under way with its progress, sorted by bookie: the records, how many
+/// ledgers still name each bookie (one read of every ledger's metadata, as the decommission's
+/// own pass), and whether it is registered. A ledger deleted during the walk is skipped.
+///
+/// # Errors
+/// The store's.
+pub async fn pending_decommissions(
+    store: &dyn UnderReplicationStore,
+) -> Result<Vec<PendingDecommission>> {
+    let records = store.decommissions().await?;
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
+    let registered = store.list_bookies().await?;
+    let mut left = vec![0usize; records.len()];
+    for ledger in store.list_ledgers().await? {
+        let meta = match store.read_ledger(ledger).await {
+            Ok(v) => v.value,
+            Err(crate::Error::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        for (i, (bookie, _)) in records.iter().enumerate() {
+            if meta.fragments.iter().any(|f| f.bookies.contains(bookie)) {
+                left[i] += 1;
+            }
+        }
+    }
+    Ok(records
+        .into_iter()
+        .zip(left)
+        .map(|((bookie, record), ledgers_left)| PendingDecommission {
+            registered: registered.iter().any(|b| b.id == bookie),
+            bookie,
+            record,
+            ledgers_left,
+        })
+        .collect())
 }
 
 /// Adds `bookies` to a mark's bookie list `list`, kept sorted and duplicate-free (the same rule

@@ -45,9 +45,10 @@ struct Document {
     /// Under-replication marks by ledger id (autorecovery; absent in documents written before).
     #[serde(default)]
     under_replicated: BTreeMap<u64, (crate::UnderReplication, Version)>,
-    /// Bookies being decommissioned, with the start in milliseconds since the Unix epoch.
+    /// Bookies being decommissioned, with their records (older documents hold the start in
+    /// milliseconds since the Unix epoch alone, which reads as a record).
     #[serde(default)]
-    decommissioning: BTreeMap<BookieId, u64>,
+    decommissioning: BTreeMap<BookieId, crate::Decommission>,
     /// Subscriptions by stream, then by name (absent in documents written before).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     subscriptions: BTreeMap<String, BTreeMap<String, (Subscription, Version)>>,

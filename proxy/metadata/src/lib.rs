@@ -24,7 +24,9 @@ mod subscription;
 mod types;
 mod zookeeper;
 
-pub use autorecovery::{AuditorElection, UnderReplicationStore};
+pub use autorecovery::{
+    pending_decommissions, AuditorElection, PendingDecommission, UnderReplicationStore,
+};
 pub use config::{is_host_port_list, ConfigError, ZooKeeperConfig};
 pub use embedded::{EmbeddedStore, EMBEDDED_FILE_NAME};
 pub use subscription::{

@@ -597,3 +597,53 @@ mod tests {
         assert!(m.validate().is_err());
     }
 }
+
+/// A decommission under way (`quire bookie decommission`): when it started and what the
+/// replication workers copied for it so far (each adds the bytes and entries of a fragment it
+/// copied away from the bookie). Kept in `underreplication/decommission/<id>` (ZooKeeper) or the
+/// embedded document; a record written before these counters were kept (the start time alone,
+/// a bare number) reads with zero counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "DecommissionFormat")]
+pub struct Decommission {
+    /// Start, in milliseconds since the Unix epoch.
+    pub start_ms: u64,
+    /// Entry bytes the workers copied off the bookie so far.
+    pub bytes_copied: u64,
+    /// Entries the workers copied off the bookie so far.
+    pub entries_copied: u64,
+}
+
+/// The stored forms of a [`Decommission`]: the start time alone (older records), or the record.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DecommissionFormat {
+    Start(u64),
+    Record {
+        start_ms: u64,
+        #[serde(default)]
+        bytes_copied: u64,
+        #[serde(default)]
+        entries_copied: u64,
+    },
+}
+
+impl From<DecommissionFormat> for Decommission {
+    fn from(f: DecommissionFormat) -> Self {
+        match f {
+            DecommissionFormat::Start(start_ms) => Self {
+                start_ms,
+                ..Self::default()
+            },
+            DecommissionFormat::Record {
+                start_ms,
+                bytes_copied,
+                entries_copied,
+            } => Self {
+                start_ms,
+                bytes_copied,
+                entries_copied,
+            },
+        }
+    }
+}

@@ -13,8 +13,9 @@
 //!    replication worker, [`crate::autorecovery`]) on a ZooKeeper session of its own;
 //! 7. serve until SIGINT or SIGTERM, moving the registration whenever the bookie turns
 //!    read-only or writable again ([`quire_bookie::ReadOnlyState`]) and re-registering if the
-//!    registration disappears (ZooKeeper session expiry), then unregister and shut the server
-//!    down cleanly.
+//!    registration disappears (ZooKeeper session expiry), staying out of the registry while a
+//!    decommission of it is under way and coming back when it is cancelled, then unregister
+//!    and shut the server down cleanly.
 //!
 //! On session loss the bookie keeps serving and registers again with a new session, as
 //! BookKeeper's bookie does (its registration manager re-registers on `SessionExpired`): the
@@ -250,7 +251,9 @@ impl Running<'_> {
 /// (BookKeeper's `RegistrationManager.registerBookie(id, readOnly)`); a failed move is retried
 /// every second. When the ZooKeeper session expires, the ephemeral registration is gone: it
 /// connects a new store (a new session), retrying every second, and registers again with the
-/// current state. The bookie serves throughout.
+/// current state. Every second it also follows its decommission record
+/// ([`super::decommission::follow`]: out while one is under way, back once it is cancelled).
+/// The bookie serves throughout.
 async fn keep_registered(
     mut store: Arc<ZkStore>,
     address: MetadataAddress,
@@ -261,22 +264,32 @@ async fn keep_registered(
     let mut retry_move = false;
     loop {
         let mut lost = store.session_lost();
-        let moved = tokio::select! {
+        // `None`: time to look at the decommission record (done outside the select, whose
+        // output holds a non-Send watch guard).
+        let wake = tokio::select! {
             _ = stop.changed() => return store,
             r = lost.wait_for(|lost| *lost) => {
                 if r.is_err() {
                     return store;
                 }
-                false
+                Some(false)
             }
             r = changes.recv_async() => {
                 if r.is_err() {
                     // The bookie is gone; nothing will change any more.
                     return store;
                 }
-                true
+                Some(true)
             }
-            _ = tokio::time::sleep(Duration::from_secs(1)), if retry_move => true,
+            _ = tokio::time::sleep(Duration::from_secs(1)), if retry_move => Some(true),
+            _ = tokio::time::sleep(super::decommission::FOLLOW_INTERVAL), if !retry_move => None,
+        };
+        let Some(moved) = wake else {
+            info.read_only = state.is_read_only();
+            if let Err(e) = super::decommission::follow(&store, &info).await {
+                tracing::warn!(bookie = %info.id, error = %format!("{e:#}"), "cannot follow the decommission record");
+            }
+            continue;
         };
         if moved {
             // Several transitions may be queued; the current state is what counts.

@@ -19,13 +19,16 @@ struct SandboxFile {
 /// The engine keys given as flags over the engine's defaults ([`quire_engine::EngineSettings`]),
 /// checked.
 fn engine_settings(args: &SandboxArgs) -> Result<quire_engine::EngineSettings> {
-    let d = quire_engine::EngineSettings::default();
+    let d = super::Defaults::default().engine;
     let s = quire_engine::EngineSettings {
         journal_file_size_bytes: args
             .journal_file_size_bytes
             .unwrap_or(d.journal_file_size_bytes),
         journal_reuse_files: args.journal_reuse_files.unwrap_or(d.journal_reuse_files),
         entry_log_size_bytes: args.entry_log_size_bytes.unwrap_or(d.entry_log_size_bytes),
+        entry_log_roll_floor_bytes: args
+            .entry_log_roll_floor_bytes
+            .unwrap_or(d.entry_log_roll_floor_bytes),
         checkpoint_interval_ms: args
             .checkpoint_interval_ms
             .unwrap_or(d.checkpoint_interval_ms),

@@ -42,7 +42,8 @@ pub const KEYS: &[crate::config::Table] = &[
     (
         "engine",
         "journal_file_size_bytes journal_reuse_files entry_log_size_bytes \
-        checkpoint_interval_ms index_cache_bytes_max space_reserve_bytes",
+        entry_log_roll_floor_bytes checkpoint_interval_ms index_cache_bytes_max \
+        space_reserve_bytes",
     ),
     (
         "compaction",
@@ -57,13 +58,32 @@ pub const KEYS: &[crate::config::Table] = &[
     ),
 ];
 
-/// The crates' defaults of the tables in [`KEYS`].
-#[derive(Debug, Default, serde::Serialize)]
+/// The sandbox's entry-log size (64 MiB, where a bookie's default is BookKeeper's 1 GiB): a
+/// sandbox holds little data, and the smaller the logs the sooner the space of a deleted
+/// stream's entries in logs other than the current one comes back.
+pub const SANDBOX_ENTRY_LOG_SIZE_BYTES: u64 = 64 << 20;
+
+/// The crates' defaults of the tables in [`KEYS`], but for [`SANDBOX_ENTRY_LOG_SIZE_BYTES`].
+#[derive(Debug, serde::Serialize)]
 pub struct Defaults {
     streams: quire_proxy::StreamSettings,
     engine: quire_engine::EngineSettings,
     compaction: quire_engine::CompactionSettings,
     bookie: quire_bookie::BookieSettings,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            streams: Default::default(),
+            engine: quire_engine::EngineSettings {
+                entry_log_size_bytes: SANDBOX_ENTRY_LOG_SIZE_BYTES,
+                ..Default::default()
+            },
+            compaction: Default::default(),
+            bookie: Default::default(),
+        }
+    }
 }
 
 /// `quire sandbox` options.
@@ -188,10 +208,14 @@ pub struct SandboxArgs {
     /// Seconds between major compactions (BookKeeper `majorCompactionInterval`; 0 disables).
     #[arg(long)]
     major_compaction_interval_secs: Option<u64>,
-    /// An entry log rolls to a new file beyond this many bytes (BookKeeper `logSizeLimit`).
-    /// Only whole non-current logs are deleted or compacted.
+    /// An entry log rolls to a new file beyond this many bytes (BookKeeper `logSizeLimit`;
+    /// smaller than a bookie's).
     #[arg(long)]
     entry_log_size_bytes: Option<u64>,
+    /// Garbage collection rolls the entry log being appended to once it holds this many bytes
+    /// and less than half of them are live, and reclaims it in the same run (0: never).
+    #[arg(long)]
+    entry_log_roll_floor_bytes: Option<u64>,
     /// Milliseconds between the bookies' checkpoints (write cache to entry logs; BookKeeper
     /// `flushInterval`).
     #[arg(long)]

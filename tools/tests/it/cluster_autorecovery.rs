@@ -461,7 +461,14 @@ fn a_decommissioned_bookie_is_named_nowhere_and_loses_its_cookie_while_writes_go
         "120",
     ]);
     assert!(out.contains("ledgers still name"), "progress shown: {out}");
+    assert!(
+        out.contains("bytes copied off it so far"),
+        "progress shown: {out}"
+    );
     assert!(out.contains("decommissioned"), "{out}");
+    // The workers' copies reached the decommission record (issue 27 item 3).
+    assert!(out.contains("bytes copied off it)"), "{out}");
+    assert!(!out.contains("(0 bytes copied off it)"), "{out}");
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for (s, w) in writers.into_iter().enumerate() {

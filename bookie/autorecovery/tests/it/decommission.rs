@@ -1,7 +1,9 @@
 //! Goal: a decommission moves every replica of the bookie away with a worker running, then
 //! deletes its cookie; when no bookie can take a fragment (every writable bookie is in its
-//! ensemble) it says so and stops at its timeout with the count of ledgers still naming the
-//! bookie, keeping the cookie and the decommission record so that a second run resumes.
+//! ensemble) a new decommission is refused up front with the reason and changes nothing, and
+//! one already under way says so and stops at its timeout with the count of ledgers still
+//! naming the bookie, keeping the cookie and the decommission record so that a second run
+//! resumes.
 //! Method: `decommission::decommission` with a `Worker` running beside it, real bookies, the
 //! embedded store.
 
@@ -48,7 +50,11 @@ async fn a_decommission_moves_every_replica_then_deletes_the_cookie() {
     worker.abort();
     let seen = seen.into_inner().unwrap();
     assert_eq!(seen[0], Progress::Started { fresh: true });
-    assert!(seen.contains(&Progress::Remaining(1)), "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|p| matches!(p, Progress::Remaining { ledgers: 1, .. })),
+        "{seen:?}"
+    );
     assert!(
         !seen
             .iter()
@@ -77,6 +83,22 @@ async fn a_decommission_no_bookie_can_satisfy_says_so_and_stops_at_its_timeout()
     let retired = c.meta(id).await.fragments[0].bookies[0].clone();
     c.write_cookie(&retired).await;
     let worker = spawn_worker(&c);
+    let mut ignore = |_| {};
+    let refused = decommission(&*c.store, &retired, fast(1_500), &mut ignore).await;
+    match refused {
+        Err(e @ DecommissionError::NoRoom { .. }) => assert!(
+            e.to_string().starts_with(&format!(
+                "ledger {id}'s ensemble needs 3 bookies; 2 writable bookies remain besides {retired}"
+            )),
+            "{e}"
+        ),
+        other => panic!("expected NoRoom, got {other:?}"),
+    }
+    assert!(c.store.decommissioning().await.unwrap().is_empty());
+    let listed = c.store.list_bookies().await.unwrap();
+    assert!(listed.iter().any(|b| b.id == retired && !b.read_only));
+    // One under way already (started while there was room): it resumes and says why it waits.
+    assert!(c.store.start_decommission(&retired).await.unwrap());
     let seen = Mutex::new(Vec::new());
     let mut report = |p: Progress| seen.lock().unwrap().push(p);
     let result = decommission(&*c.store, &retired, fast(1_500), &mut report).await;
@@ -95,7 +117,11 @@ async fn a_decommission_no_bookie_can_satisfy_says_so_and_stops_at_its_timeout()
         }),
         "{seen:?}"
     );
-    assert!(seen.contains(&Progress::Remaining(1)), "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|p| matches!(p, Progress::Remaining { ledgers: 1, .. })),
+        "{seen:?}"
+    );
     // Nothing lost: the ensemble is unchanged, the cookie and the record stay for a resume.
     assert!(c.meta(id).await.fragments[0].bookies.contains(&retired));
     assert!(c.store.read_cookie(&retired).await.is_ok());

@@ -12,8 +12,8 @@ use tokio::sync::watch;
 use super::{check_version, EmbeddedStore};
 use crate::autorecovery::{AuditorElection, UnderReplicationStore};
 use crate::{
-    AutorecoveryState, BookieId, Error, ReplicationLock, Result, UnderReplication, Version,
-    Versioned,
+    AutorecoveryState, BookieId, Decommission, Error, ReplicationLock, Result, UnderReplication,
+    Version, Versioned,
 };
 
 /// How often a waiting candidate looks at the election again (in-process, so cheap).
@@ -135,8 +135,13 @@ impl UnderReplicationStore for EmbeddedStore {
         if doc.decommissioning.contains_key(bookie) {
             return Ok(false);
         }
-        doc.decommissioning
-            .insert(bookie.clone(), quire_clock::unix_ms());
+        doc.decommissioning.insert(
+            bookie.clone(),
+            Decommission {
+                start_ms: quire_clock::unix_ms(),
+                ..Decommission::default()
+            },
+        );
         self.persist(&doc).await?;
         Ok(true)
     }
@@ -144,6 +149,30 @@ impl UnderReplicationStore for EmbeddedStore {
     async fn decommissioning(&self) -> Result<Vec<BookieId>> {
         let doc = self.inner.lock().await;
         Ok(doc.decommissioning.keys().cloned().collect())
+    }
+
+    async fn decommissions(&self) -> Result<Vec<(BookieId, Decommission)>> {
+        let doc = self.inner.lock().await;
+        Ok(doc
+            .decommissioning
+            .iter()
+            .map(|(b, d)| (b.clone(), *d))
+            .collect())
+    }
+
+    async fn record_decommission_copy(
+        &self,
+        bookie: &BookieId,
+        bytes: u64,
+        entries: u64,
+    ) -> Result<()> {
+        let mut doc = self.inner.lock().await;
+        let Some(d) = doc.decommissioning.get_mut(bookie) else {
+            return Ok(());
+        };
+        d.bytes_copied = d.bytes_copied.saturating_add(bytes);
+        d.entries_copied = d.entries_copied.saturating_add(entries);
+        self.persist(&doc).await
     }
 
     async fn end_decommission(&self, bookie: &BookieId) -> Result<()> {

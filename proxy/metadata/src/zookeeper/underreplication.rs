@@ -20,7 +20,9 @@ use zookeeper_client as zk;
 use super::paths::{ledger_bucket_and_leaf, ledger_id_of, validate_bookie_id};
 use super::records::{from_json, to_json, zk_err};
 use super::ZkStore;
-use crate::{BookieId, Error, ReplicationLock, Result, UnderReplication, Version, Versioned};
+use crate::{
+    BookieId, Decommission, Error, ReplicationLock, Result, UnderReplication, Version, Versioned,
+};
 
 /// Prefix of the auditor election's ephemeral-sequential children (BookKeeper's `V_`).
 const ELECTION_PREFIX: &str = "V_";
@@ -291,7 +293,11 @@ impl ZkStore {
     /// `Invalid` for a bad bookie id, `ZooKeeper`.
     pub async fn start_decommission(&self, bookie: &BookieId) -> Result<bool> {
         let p = self.decommission_path(bookie)?;
-        let data = to_json("decommission start", &now_ms())?;
+        let record = Decommission {
+            start_ms: now_ms(),
+            ..Decommission::default()
+        };
+        let data = to_json("decommission record", &record)?;
         for _ in 0..2 {
             match self
                 .inner
@@ -325,6 +331,56 @@ impl ZkStore {
             Err(zk::Error::NoNode) => Ok(Vec::new()),
             Err(e) => Err(zk_err("list", &dir, e)),
         }
+    }
+
+    /// The decommissions under way with their records (a node gone meanwhile is skipped).
+    ///
+    /// # Errors
+    /// `Corrupt`, `ZooKeeper`.
+    pub async fn decommissions(&self) -> Result<Vec<(BookieId, Decommission)>> {
+        let mut out = Vec::new();
+        for bookie in self.decommissioning().await? {
+            let p = self.decommission_path(&bookie)?;
+            match self.inner.client.get_data(&p).await {
+                Ok((bytes, _)) => out.push((bookie, from_json(&p, &bytes)?)),
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(zk_err("get", &p, e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds a worker's copy to `bookie`'s decommission record by compare-and-set (retried on
+    /// a concurrent change); no record is not an error.
+    ///
+    /// # Errors
+    /// `Invalid`, `Corrupt`, `ZooKeeper`.
+    pub async fn record_decommission_copy(
+        &self,
+        bookie: &BookieId,
+        bytes: u64,
+        entries: u64,
+    ) -> Result<()> {
+        let c = &self.inner.client;
+        let p = self.decommission_path(bookie)?;
+        for _ in 0..MARK_ATTEMPTS_MAX {
+            let (data, stat) = match c.get_data(&p).await {
+                Ok(v) => v,
+                Err(zk::Error::NoNode) => return Ok(()),
+                Err(e) => return Err(zk_err("get", &p, e)),
+            };
+            let mut record: Decommission = from_json(&p, &data)?;
+            record.bytes_copied = record.bytes_copied.saturating_add(bytes);
+            record.entries_copied = record.entries_copied.saturating_add(entries);
+            let data = to_json("decommission record", &record)?;
+            match c.set_data(&p, &data, Some(stat.version)).await {
+                Ok(_) => return Ok(()),
+                Err(zk::Error::BadVersion) => continue,
+                Err(zk::Error::NoNode) => return Ok(()),
+                Err(e) => return Err(zk_err("set", &p, e)),
+            }
+        }
+        Err(zk_err("set", &p, zk::Error::BadVersion))
     }
 
     /// Ends a decommission (deletes its node; already gone is not an error).

@@ -41,6 +41,27 @@ async fn marks_and_decommissions_persist_and_compare() {
     let list = store.list_under_replicated().await.unwrap();
     assert_eq!(list, vec![(l, grown.clone())]);
     assert_eq!(store.decommissioning().await.unwrap(), vec![b("d:1")]);
+    // Workers' copies add up on the record (the decommission's progress); none under way for
+    // another bookie is not an error.
+    store
+        .record_decommission_copy(&b("d:1"), 100, 2)
+        .await
+        .unwrap();
+    store
+        .record_decommission_copy(&b("d:1"), 50, 1)
+        .await
+        .unwrap();
+    store
+        .record_decommission_copy(&b("e:1"), 7, 1)
+        .await
+        .unwrap();
+    let records = store.decommissions().await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        (records[0].1.bytes_copied, records[0].1.entries_copied),
+        (150, 3)
+    );
+    assert!(records[0].1.start_ms > 0);
     store
         .clear_under_replicated(l, grown.version)
         .await
@@ -122,4 +143,26 @@ async fn locks_and_candidates_are_exclusive_and_end_with_their_holder() {
         .await
         .unwrap()
         .is_some());
+}
+
+#[test]
+fn a_decommission_record_of_an_older_build_reads_with_zero_counts() {
+    // Goal: the start time alone (a JSON number, what older builds wrote in ZooKeeper and the
+    // embedded document) reads as a record; the record reads back as written.
+    let old: Decommission = serde_json::from_str("1700000000000").unwrap();
+    assert_eq!(
+        old,
+        Decommission {
+            start_ms: 1_700_000_000_000,
+            bytes_copied: 0,
+            entries_copied: 0
+        }
+    );
+    let new = Decommission {
+        start_ms: 5,
+        bytes_copied: 6,
+        entries_copied: 7,
+    };
+    let text = serde_json::to_string(&new).unwrap();
+    assert_eq!(serde_json::from_str::<Decommission>(&text).unwrap(), new);
 }
