@@ -1809,8 +1809,9 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             stream,
             time_secs,
             size_bytes,
+            keep_for_subscriptions,
         } => streams
-            .set_retention(&stream, time_secs, size_bytes)
+            .set_retention(&stream, time_secs, size_bytes, keep_for_subscriptions)
             .await
             .map(|retention| Response::SetRetention {
                 retention: crate::types::wire_retention(retention),

@@ -75,6 +75,7 @@ pub fn wire_retention(o: quire_metadata::RetentionOverride) -> quire_client::Ret
     quire_client::RetentionOverride {
         time_secs: o.time_secs,
         size_bytes: o.size_bytes,
+        keep_for_subscriptions: o.keep_for_subscriptions,
     }
 }
 
@@ -139,6 +140,7 @@ mod tests {
                 retention: RetentionOverride {
                     time_secs: Some(60),
                     size_bytes: None,
+                    keep_for_subscriptions: false,
                 },
                 ledger_secret_hex: Some(secret.into()),
                 sealed: false,
@@ -201,11 +203,13 @@ mod tests {
         assert_eq!(
             wire_retention(RetentionOverride {
                 time_secs: None,
-                size_bytes: Some(5)
+                size_bytes: Some(5),
+                keep_for_subscriptions: true,
             }),
             quire_client::RetentionOverride {
                 time_secs: None,
-                size_bytes: Some(5)
+                size_bytes: Some(5),
+                keep_for_subscriptions: true,
             }
         );
     }

@@ -121,6 +121,10 @@ pub struct StreamRetentionArgs {
     /// 2^60), or `default` to use the cluster default again.
     #[arg(long, value_parser = parse_retention_size)]
     pub size_bytes: Option<RetentionChange>,
+    /// `on`: retention never deletes a segment at or after the smallest committed position of
+    /// the stream's subscriptions (off by default); `off`: retention as without it.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub keep_for_subscriptions: Option<bool>,
     #[command(flatten)]
     pub proxy: crate::client::ProxyArg,
     #[command(flatten)]
@@ -138,6 +142,14 @@ fn parse_retention(
         .parse()
         .map_err(|_| format!("{v:?} is neither a whole number nor 'default'"))?;
     check(n).map(RetentionChange::Set)
+}
+
+fn parse_on_off(v: &str) -> std::result::Result<bool, String> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("{other:?} is neither on nor off")),
+    }
 }
 
 fn parse_retention_time(v: &str) -> std::result::Result<RetentionChange, String> {
@@ -206,12 +218,14 @@ pub fn run(args: StreamArgs) -> Result<()> {
             StreamCommand::Subs(a) => crate::client::subs(a).await,
             StreamCommand::Retention(a) => {
                 let client = crate::client::connect(&a.proxy).await?;
-                if a.time_secs.is_some() || a.size_bytes.is_some() {
+                let keep = a.keep_for_subscriptions;
+                if a.time_secs.is_some() || a.size_bytes.is_some() || keep.is_some() {
                     client
-                        .set_retention(
+                        .set_retention_with(
                             &a.stream,
                             a.time_secs.unwrap_or(RetentionChange::Keep),
                             a.size_bytes.unwrap_or(RetentionChange::Keep),
+                            keep,
                         )
                         .await
                         .with_context(|| {
@@ -323,8 +337,13 @@ fn format_retention(info: &StreamInfo) -> String {
         Some(v) => format!("{v} {unit} ({from})"),
         None => "none (kept forever)".to_string(),
     };
+    let subs = if m.retention.keep_for_subscriptions {
+        "  retention keeps what subscriptions need\n"
+    } else {
+        ""
+    };
     format!(
-        "  retention time: {}\n  retention size: {}\n",
+        "  retention time: {}\n  retention size: {}\n{subs}",
         show(t, "s", ts),
         show(z, "bytes", zs)
     )

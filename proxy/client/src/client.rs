@@ -476,10 +476,29 @@ impl ProxyClient {
         time_secs: RetentionChange,
         size_bytes: RetentionChange,
     ) -> Result<RetentionOverride> {
+        self.set_retention_with(stream, time_secs, size_bytes, None)
+            .await
+    }
+
+    /// [`ProxyClient::set_retention`], also turning the stream's `keep_for_subscriptions` on
+    /// (`Some(true)`: retention never deletes a segment at or after the smallest committed
+    /// position of its subscriptions) or off (`Some(false)`); `None` leaves it. A proxy before
+    /// the setting ignores it (the answer then shows it off).
+    ///
+    /// # Errors
+    /// As [`ProxyClient::set_retention`].
+    pub async fn set_retention_with(
+        &self,
+        stream: &str,
+        time_secs: RetentionChange,
+        size_bytes: RetentionChange,
+        keep_for_subscriptions: Option<bool>,
+    ) -> Result<RetentionOverride> {
         let req = Request::SetRetention {
             stream: stream.to_string(),
             time_secs,
             size_bytes,
+            keep_for_subscriptions,
         };
         match self
             .router

@@ -57,6 +57,7 @@ fn stream_info() -> StreamInfo {
             retention: RetentionOverride {
                 time_secs: Some(86_400),
                 size_bytes: None,
+                keep_for_subscriptions: false,
             },
         },
         owner: Some("10.0.0.9:4181".into()),
@@ -284,6 +285,7 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
                     stream: stream(),
                     time_secs: RetentionChange::Set(3600),
                     size_bytes: RetentionChange::Default,
+                    keep_for_subscriptions: None,
                 },
             ),
         ),
@@ -296,6 +298,7 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
                     retention: RetentionOverride {
                         time_secs: Some(3600),
                         size_bytes: None,
+                        keep_for_subscriptions: false,
                     },
                 },
             ),

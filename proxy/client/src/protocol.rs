@@ -57,6 +57,13 @@ pub const FLAG_PRODUCER_SESSION: u8 = 0x02;
 /// `docs/format/record-set.md`). The owner compresses every entry that holds a record of such
 /// a write; readers see the records as written. A proxy before this flag ignores it.
 pub const FLAG_WRITE_COMPRESS: u8 = 0x04;
+/// `SetRetention` request flag: turn the stream's `keep_for_subscriptions` on (retention never
+/// deletes what a subscription still needs). With [`FLAG_RETENTION_SUBSCRIPTIONS_OFF`]: refused.
+/// As an answer flag of `SetRetention` and `DescribeStream`: the setting is on.
+pub const FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS: u8 = 0x01;
+/// `SetRetention` request flag: turn the stream's `keep_for_subscriptions` off. Neither flag:
+/// left as it is.
+pub const FLAG_RETENTION_SUBSCRIPTIONS_OFF: u8 = 0x02;
 
 /// How a write in a producer session is numbered (Kafka's idempotent producer: producer id and
 /// the sequence number of the batch's first record): `session_id` (never 0) from
@@ -208,6 +215,9 @@ pub enum Request {
         stream: String,
         time_secs: RetentionChange,
         size_bytes: RetentionChange,
+        /// Flags [`FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS`] (`Some(true)`) or
+        /// [`FLAG_RETENTION_SUBSCRIPTIONS_OFF`] (`Some(false)`); `None`: unchanged.
+        keep_for_subscriptions: Option<bool>,
     },
     /// Body: stream name.
     SealStream { stream: String },
@@ -494,6 +504,8 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
     let retention = RetentionOverride {
         time_secs: get_opt_u64(r, "retention time")?,
         size_bytes: get_opt_u64(r, "retention size")?,
+        // Carried as the answer's flag; set by the caller.
+        keep_for_subscriptions: false,
     };
     let defaults = RetentionDefaults {
         time_secs: get_opt_u64(r, "default retention time")?,
@@ -650,6 +662,18 @@ fn get_write(r: &mut Reader<'_>, frame: &Frame<'_>) -> Result<Request, WireError
             }
         }
     })
+}
+
+/// `SetRetention` request flags as the change of `keep_for_subscriptions`.
+fn get_keep_flags(flags: u8) -> Result<Option<bool>, WireError> {
+    let on = flags & FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS != 0;
+    match (on, flags & FLAG_RETENTION_SUBSCRIPTIONS_OFF != 0) {
+        (true, true) => Err(WireError::InvalidField {
+            what: "retention flags",
+        }),
+        (false, false) => Ok(None),
+        _ => Ok(Some(on)),
+    }
 }
 
 /// A write's producer numbering; session id 0 is refused.
@@ -814,7 +838,13 @@ impl Request {
                 stream,
                 time_secs,
                 size_bytes,
+                keep_for_subscriptions,
             } => {
+                flags |= match keep_for_subscriptions {
+                    Some(true) => FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS,
+                    Some(false) => FLAG_RETENTION_SUBSCRIPTIONS_OFF,
+                    None => 0,
+                };
                 put_str(&mut body, stream);
                 put_change(&mut body, time_secs);
                 put_change(&mut body, size_bytes);
@@ -889,6 +919,7 @@ impl Request {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
                 time_secs: get_change(&mut r)?,
                 size_bytes: get_change(&mut r)?,
+                keep_for_subscriptions: get_keep_flags(frame.header.flags)?,
             },
             Opcode::SealStream => Request::SealStream {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
@@ -979,13 +1010,21 @@ impl Response {
                     put_len_prefixed(&mut body, payload);
                 }
             }
-            Response::DescribeStream { info } => put_stream_info(&mut body, info),
+            Response::DescribeStream { info } => {
+                if info.metadata.retention.keep_for_subscriptions {
+                    flags |= FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS;
+                }
+                put_stream_info(&mut body, info)
+            }
             Response::TruncateStream { result } => {
                 result.truncated_before.encode(&mut body);
                 put_u32(&mut body, result.segments_deleted);
             }
             Response::DeleteStream { segments_deleted } => put_u32(&mut body, *segments_deleted),
             Response::SetRetention { retention } => {
+                if retention.keep_for_subscriptions {
+                    flags |= FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS;
+                }
                 put_opt_u64(&mut body, retention.time_secs);
                 put_opt_u64(&mut body, retention.size_bytes);
             }
@@ -1071,9 +1110,12 @@ impl Response {
                 last_dlsn: Dlsn::decode(&mut r)?,
             },
             Opcode::Read => decode_read_answer(&mut r, frame)?,
-            Opcode::DescribeStream => Response::DescribeStream {
-                info: get_stream_info(&mut r, frame.body.len())?,
-            },
+            Opcode::DescribeStream => {
+                let mut info = get_stream_info(&mut r, frame.body.len())?;
+                info.metadata.retention.keep_for_subscriptions =
+                    frame.header.flags & FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS != 0;
+                Response::DescribeStream { info }
+            }
             Opcode::TruncateStream => Response::TruncateStream {
                 result: TruncateResult {
                     truncated_before: Dlsn::decode(&mut r)?,
@@ -1087,6 +1129,9 @@ impl Response {
                 retention: RetentionOverride {
                     time_secs: get_opt_u64(&mut r, "retention time")?,
                     size_bytes: get_opt_u64(&mut r, "retention size")?,
+                    keep_for_subscriptions: frame.header.flags
+                        & FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS
+                        != 0,
                 },
             },
             Opcode::SealStream => Response::SealStream {
@@ -1283,11 +1328,13 @@ mod tests {
             stream: "s".into(),
             time_secs: RetentionChange::Set(3600),
             size_bytes: RetentionChange::Default,
+            keep_for_subscriptions: Some(true),
         });
         req_round_trip(Request::SetRetention {
             stream: "s".into(),
             time_secs: RetentionChange::Keep,
             size_bytes: RetentionChange::Set(u64::MAX),
+            keep_for_subscriptions: Some(false),
         });
         let mut buf = Vec::new();
         Request::ListStreams.encode(1, &mut buf);
@@ -1460,6 +1507,7 @@ mod tests {
                 retention: RetentionOverride {
                     time_secs: None,
                     size_bytes: Some(5),
+                    keep_for_subscriptions: true,
                 },
             },
         );
@@ -1559,6 +1607,7 @@ mod tests {
                         retention: RetentionOverride {
                             time_secs: Some(60),
                             size_bytes: None,
+                            keep_for_subscriptions: true,
                         },
                     },
                     owner: Some("127.0.0.1:4181".into()),

@@ -143,6 +143,11 @@ pub struct RetentionOverride {
     pub time_secs: Option<u64>,
     /// Oldest completed segments are deleted while the stream holds more payload bytes.
     pub size_bytes: Option<u64>,
+    /// Retention keeps what the stream's subscriptions still need (never deletes a segment at
+    /// or after their smallest committed position); off by default. Carried as answer flag
+    /// [`crate::protocol::FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS`] of `DESCRIBE_STREAM` and
+    /// `SET_RETENTION`; `false` from a proxy before it.
+    pub keep_for_subscriptions: bool,
 }
 
 /// Cluster-wide retention defaults of a proxy (`--retention-time-secs`,

@@ -283,6 +283,12 @@ pub struct RetentionOverride {
     /// many payload bytes.
     #[serde(default)]
     pub size_bytes: Option<u64>,
+    /// Retention keeps what subscriptions still need (issue 26; off by default): time and size
+    /// retention never delete a segment at or after the smallest committed position of the
+    /// stream's subscriptions (DistributedLog leaves this to the application, which truncates
+    /// at its readers' positions). A stream with no subscription retains as without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_for_subscriptions: bool,
 }
 
 /// Stream metadata (DistributedLog log znode with its `ledgers` and `maxtxid` children).

@@ -46,6 +46,7 @@ pub(super) enum Command {
     SetRetention {
         time_secs: RetentionChange,
         size_bytes: RetentionChange,
+        keep_for_subscriptions: Option<bool>,
         reply: oneshot::Sender<Result<RetentionOverride>>,
     },
 }

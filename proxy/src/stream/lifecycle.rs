@@ -143,6 +143,42 @@ pub(super) fn retention_due(rec: &StreamRecord, segs: &Segments) -> Option<(usiz
     Some((n, Dlsn::new(last + 1, 0, 0)))
 }
 
+/// Caps retention's `n` leading segments of `segments` at those wholly before `floor`, the
+/// smallest committed position of the stream's subscriptions (`keep_for_subscriptions`): a
+/// subscription resumes at its committed DLSN, so its segment and every later one stay.
+/// Returns the new count and the truncation point past it; `None` when nothing may go.
+pub(super) fn cap_for_subscriptions(
+    segments: &[SegmentMetadata],
+    n: usize,
+    floor: Option<Dlsn>,
+) -> Option<(usize, Dlsn)> {
+    let n = match floor {
+        None => n,
+        Some(f) => segments[..n]
+            .iter()
+            .take_while(|s| s.seq_no < f.segment_seq_no)
+            .count(),
+    };
+    (n > 0).then(|| (n, Dlsn::new(segments[n - 1].seq_no + 1, 0, 0)))
+}
+
+/// The smallest committed position of `rec`'s subscriptions, when its retention keeps what
+/// they need and it has any; `None` otherwise (retention as without the setting).
+///
+/// # Errors
+/// `Metadata` when the subscriptions cannot be listed (retention then deletes nothing).
+pub(super) async fn subscription_floor(rec: &StreamRecord) -> Result<Option<Dlsn>> {
+    if !rec.meta.value.retention.keep_for_subscriptions {
+        return Ok(None);
+    }
+    let subs = rec
+        .metadata
+        .list_subscriptions(&rec.name)
+        .await
+        .map_err(|e| rec.meta_err("list subscriptions (retention)", e))?;
+    Ok(subs.iter().map(|(_, s)| from_point(s.committed)).min())
+}
+
 /// Removes the first `n` segments from the stream record and moves the truncation point
 /// up to at least `point` (one compare-and-set), then deletes their ledgers' metadata.
 /// Returns how many segments were removed.
@@ -298,6 +334,7 @@ pub(super) async fn set_retention(
     own: &Ownership,
     time_secs: RetentionChange,
     size_bytes: RetentionChange,
+    keep_for_subscriptions: Option<bool>,
 ) -> Result<RetentionOverride> {
     let apply = |v: Option<u64>, c: RetentionChange| match c {
         RetentionChange::Keep => v,
@@ -308,6 +345,8 @@ pub(super) async fn set_retention(
     meta.retention = RetentionOverride {
         time_secs: apply(meta.retention.time_secs, time_secs),
         size_bytes: apply(meta.retention.size_bytes, size_bytes),
+        keep_for_subscriptions: keep_for_subscriptions
+            .unwrap_or(meta.retention.keep_for_subscriptions),
     };
     if meta.retention == rec.meta.value.retention {
         return Ok(meta.retention);
@@ -496,10 +535,34 @@ mod tests {
     }
 
     #[test]
+    fn subscriptions_cap_retention() {
+        // Goal: with a subscription floor, retention deletes only segments wholly before the
+        // floor's segment; without one, what retention chose.
+        let segs: Vec<SegmentMetadata> = (1..=4u64).map(|s| seg(s, true, 10, None)).collect();
+        assert_eq!(
+            cap_for_subscriptions(&segs, 3, None),
+            Some((3, Dlsn::new(4, 0, 0)))
+        );
+        assert_eq!(
+            cap_for_subscriptions(&segs, 3, Some(Dlsn::new(2, 5, 1))),
+            Some((1, Dlsn::new(2, 0, 0)))
+        );
+        assert_eq!(
+            cap_for_subscriptions(&segs, 3, Some(Dlsn::new(1, 0, 0))),
+            None
+        );
+        assert_eq!(
+            cap_for_subscriptions(&segs, 2, Some(Dlsn::new(9, 0, 0))),
+            Some((2, Dlsn::new(3, 0, 0)))
+        );
+    }
+
+    #[test]
     fn overrides_win_over_defaults_field_by_field() {
         let o = RetentionOverride {
             time_secs: Some(5),
             size_bytes: None,
+            keep_for_subscriptions: false,
         };
         let l = RetentionLimits::resolve(&o, Some(Duration::from_secs(9)), Some(7));
         assert_eq!(l.time, Some(Duration::from_secs(5)));

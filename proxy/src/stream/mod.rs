@@ -618,6 +618,7 @@ impl StreamManager {
         name: &str,
         time_secs: RetentionChange,
         size_bytes: RetentionChange,
+        keep_for_subscriptions: Option<bool>,
     ) -> Result<quire_metadata::RetentionOverride> {
         if let RetentionChange::Set(v) = time_secs {
             crate::types::check_retention_time_secs(v)
@@ -631,6 +632,7 @@ impl StreamManager {
             .owner_command(name, |reply| Command::SetRetention {
                 time_secs,
                 size_bytes,
+                keep_for_subscriptions,
                 reply,
             })
             .await

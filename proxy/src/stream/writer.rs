@@ -421,9 +421,12 @@ impl Writer {
             Command::SetRetention {
                 time_secs,
                 size_bytes,
+                keep_for_subscriptions,
                 reply,
             } => {
-                let (r, go_on) = self.set_retention(time_secs, size_bytes).await;
+                let (r, go_on) = self
+                    .set_retention(time_secs, size_bytes, keep_for_subscriptions)
+                    .await;
                 let _ = reply.send(r);
                 go_on
             }
@@ -1224,7 +1227,20 @@ impl Writer {
                 }
             }
         }
-        let Some((n, point)) = lifecycle::retention_due(&self.rec, &self.segments) else {
+        let Some((n, _)) = lifecycle::retention_due(&self.rec, &self.segments) else {
+            return true;
+        };
+        // A stream that keeps what its subscriptions need deletes only segments wholly before
+        // the smallest committed position.
+        let floor = match lifecycle::subscription_floor(&self.rec).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(stream = %self.rec.name, error = %e, "retention skipped: cannot list the subscriptions");
+                return true;
+            }
+        };
+        let capped = lifecycle::cap_for_subscriptions(&self.rec.meta.value.segments, n, floor);
+        let Some((n, point)) = capped else {
             return true;
         };
         let r =
@@ -1305,9 +1321,11 @@ impl Writer {
         &mut self,
         time_secs: RetentionChange,
         size_bytes: RetentionChange,
+        keep_for_subscriptions: Option<bool>,
     ) -> (Result<RetentionOverride>, bool) {
+        let (rec, own) = (&mut self.rec, &self.ownership);
         let r =
-            lifecycle::set_retention(&mut self.rec, &self.ownership, time_secs, size_bytes).await;
+            lifecycle::set_retention(rec, own, time_secs, size_bytes, keep_for_subscriptions).await;
         self.lifecycle_answer(r).await
     }
 

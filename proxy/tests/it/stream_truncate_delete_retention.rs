@@ -377,7 +377,8 @@ async fn retention_by_size_deletes_oldest_segments_only() {
         r,
         RetentionOverride {
             time_secs: None,
-            size_bytes: Some(limit)
+            size_bytes: Some(limit),
+            keep_for_subscriptions: false,
         }
     );
     let all = write(&client, "z", 1, 1500).await;
@@ -785,5 +786,81 @@ async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
         .map(|(_, t, _)| t)
         .collect();
     assert_eq!(left, vec![8, 9], "only the writes made after the delete");
+    p.streams.shutdown().await.unwrap();
+}
+
+/// Goal: with `keep_for_subscriptions` on (issue 26 item 2), size retention deletes only the
+/// segments wholly before the smallest committed subscription position, keeps them while the
+/// subscription lags, and deletes them once it commits past; the setting shows in the answer
+/// and in `DESCRIBE_STREAM`. Method: a stream over several 64 KiB segments, a subscription
+/// committed inside its third segment, size retention of 1 byte (which alone would delete
+/// every completed segment); the store's record is watched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_what_subscriptions_need() {
+    let c = common::cluster().await;
+    let config = StreamConfig {
+        lifecycle_check_interval: Duration::from_millis(100),
+        ..common::small_config()
+    };
+    let p = common::proxy(&c, config).await;
+    let client = ProxyClient::connect(p.server.local_addr()).await.unwrap();
+    let all = write(&client, "k", 1, 1500).await;
+    let last_seg = all.last().unwrap().0.segment_seq_no;
+    assert!(last_seg >= 5, "{last_seg} segments");
+    let r = client
+        .set_retention_with(
+            "k",
+            RetentionChange::Keep,
+            RetentionChange::Keep,
+            Some(true),
+        )
+        .await
+        .unwrap();
+    assert!(r.keep_for_subscriptions);
+    let info = client.describe_stream("k").await.unwrap();
+    assert!(info.metadata.retention.keep_for_subscriptions);
+    let k = all.iter().position(|r| r.0.segment_seq_no == 3).unwrap() + 2;
+    client
+        .commit_subscription("k", "lag", all[k].0)
+        .await
+        .unwrap();
+    client
+        .set_retention("k", RetentionChange::Keep, RetentionChange::Set(1))
+        .await
+        .unwrap();
+    let first_seg = || async { c.store.read_stream("k").await.unwrap().value.segments[0].seq_no };
+    eventually("segments before the subscription deleted", || async {
+        first_seg().await == 3
+    })
+    .await;
+    // Several lifecycle checks later the subscription's segment is still there, and it reads
+    // on from its position.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(first_seg().await, 3);
+    let rest = read_from(&client, "k", ReadPosition::Dlsn(all[k].0))
+        .await
+        .unwrap();
+    assert!(
+        rest == all[k..],
+        "the lagging subscription reads every record it needs"
+    );
+    // Once it commits past, retention takes the rest (the segment being written stays).
+    let end = all.last().unwrap().0;
+    client.commit_subscription("k", "lag", end).await.unwrap();
+    eventually("segments deleted after the commit", || async {
+        first_seg().await == last_seg
+    })
+    .await;
+    // Turned off: the setting goes from the record.
+    let r = client
+        .set_retention_with(
+            "k",
+            RetentionChange::Keep,
+            RetentionChange::Keep,
+            Some(false),
+        )
+        .await
+        .unwrap();
+    assert!(!r.keep_for_subscriptions);
     p.streams.shutdown().await.unwrap();
 }

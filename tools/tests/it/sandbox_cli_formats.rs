@@ -283,7 +283,9 @@ fn sealed_show(sandbox: &Sandbox, stream: &str) -> serde_json::Value {
 
 fn segment_bytes(show: &serde_json::Value) -> u64 {
     let segs = show["metadata"]["segments"].as_array().expect("segments");
-    segs.iter().map(|s| s["size_bytes"].as_u64().unwrap()).sum()
+    segs.iter()
+        .map(|s| s["length_bytes"].as_u64().unwrap())
+        .sum()
 }
 
 fn compressed_round_trip(sandbox: &Sandbox) {

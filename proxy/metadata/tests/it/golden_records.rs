@@ -89,6 +89,7 @@ fn stream() -> StreamMetadata {
         retention: RetentionOverride {
             time_secs: Some(86_400),
             size_bytes: None,
+            keep_for_subscriptions: false,
         },
         ledger_secret_hex: Some("0f".repeat(32)),
         sealed: false,
