@@ -244,12 +244,13 @@ impl fmt::Display for Schedule {
     }
 }
 
-/// A pause or partition: short (0.3–2.5 s, inside the session) or long (5–6 s, past it).
+/// A pause or partition: short (0.3–2.5 s, inside the session) or long (4.5–5.5 s, past it:
+/// the server expires the session after 4 s).
 fn session_scale(rng: &mut Rng) -> Duration {
     if rng.below(2) == 0 {
         rng.millis(300, 2500)
     } else {
-        rng.millis(SESSION_MS + 1000, SESSION_MS + 2000)
+        rng.millis(SESSION_MS + 500, SESSION_MS + 1500)
     }
 }
 
@@ -258,8 +259,8 @@ fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
     let p = rng.below(shape.proxies as u64) as usize;
     let kinds = if shape.disks { 10 } else { 9 };
     let (fault, lasts) = match rng.below(kinds) {
-        0 => (Fault::KillBookie(b), rng.millis(300, 3000)),
-        1 => (Fault::KillProxy(p), rng.millis(300, 3000)),
+        0 => (Fault::KillBookie(b), rng.millis(300, 2000)),
+        1 => (Fault::KillProxy(p), rng.millis(300, 2000)),
         2 => (Fault::PauseBookie(b), session_scale(rng)),
         3 => (Fault::PauseProxy(p), session_scale(rng)),
         4 => (Fault::IsolateBookie(b), session_scale(rng)),
@@ -267,10 +268,11 @@ fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
         6 => (Fault::PartitionProxyZk(p), session_scale(rng)),
         7 => {
             let rate = [20_000, 200_000][rng.below(2) as usize];
-            (Fault::SlowBookie(b, rate), rng.millis(500, 3000))
+            (Fault::SlowBookie(b, rate), rng.millis(500, 2500))
         }
-        8 => (Fault::RestartZooKeeper, rng.millis(200, 3000)),
-        _ => (Fault::FillDisk(b), rng.millis(500, 3000)),
+        // Starting the JVM again takes seconds more.
+        8 => (Fault::RestartZooKeeper, rng.millis(200, 1500)),
+        _ => (Fault::FillDisk(b), rng.millis(500, 2500)),
     };
     let at = rng.millis(100, shape.window.as_millis().max(101) as u64);
     Planned { at, lasts, fault }
