@@ -169,6 +169,40 @@ impl ChaosCluster {
         p
     }
 
+    /// SIGKILL bookie `i`, empty its directories (mount points and `lost+found` stay), and
+    /// delete its cookie once its registration has expired (up to 20 s).
+    fn wipe(&mut self, i: usize) -> String {
+        kill(&mut self.bookies[i]);
+        for dir in [self.cluster.journal_dir(i), self.cluster.ledger_dir(i)] {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if entry.file_name() == "lost+found" {
+                    continue;
+                }
+                let _ = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+            }
+        }
+        let id = self.bookie_front[i].connect_string();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let out = self.cluster.admin(&["bookie", "delete-cookie", &id]);
+            if out.status.success() {
+                return "SIGKILL sent, data wiped, cookie deleted".into();
+            }
+            if std::time::Instant::now() > deadline {
+                return format!(
+                    "SIGKILL sent, data wiped, cookie NOT deleted: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+
     /// The filler file of bookie `i`'s ledger disk.
     fn filler(&self, i: usize) -> std::path::PathBuf {
         self.cluster.ledger_dir(i).join("chaos-filler")
@@ -208,13 +242,14 @@ impl ChaosCluster {
                 fill_file(&self.filler(i));
                 "filled".into()
             }
+            Fault::WipeBookie(i) => self.wipe(i),
         }
     }
 
     /// Ends `fault`; returns what was done.
     pub fn heal(&mut self, fault: Fault) -> String {
         match fault {
-            Fault::KillBookie(i) => {
+            Fault::KillBookie(i) | Fault::WipeBookie(i) => {
                 self.bookies[i] = Some(self.start_bookie(i));
                 "restarted".into()
             }
