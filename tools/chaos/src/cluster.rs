@@ -76,6 +76,9 @@ pub struct ChaosCluster {
     proxy_ports: Vec<u16>,
     proxy_zk: Vec<TcpRelay>,
     paused: Vec<String>,
+    /// Processes that failed to start again (each a violation of "writes resume after a fault
+    /// heals" for the schedule; [`ChaosCluster::take_failures`] hands them over).
+    failures: Vec<String>,
     pub shape: Shape,
     pub cluster: Cluster,
 }
@@ -115,6 +118,7 @@ impl ChaosCluster {
             autorecovery: None,
             disks: Vec::new(),
             paused: Vec::new(),
+            failures: Vec::new(),
             cluster,
             shape,
         };
@@ -203,6 +207,44 @@ impl ChaosCluster {
         }
     }
 
+    /// Starts bookie `i` again; a start that fails (the harness panics when the process is not
+    /// ready within 60 s) is recorded as a failure, and the bookie left down for the next heal.
+    fn restart_bookie(&mut self, i: usize) -> String {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_bookie(i))) {
+            Ok(p) => {
+                self.bookies[i] = Some(p);
+                "restarted".into()
+            }
+            Err(e) => self.start_failed(&format!("bookie {i}"), &e),
+        }
+    }
+
+    fn restart_proxy(&mut self, j: usize) -> String {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_proxy(j))) {
+            Ok(p) => {
+                self.proxies[j] = Some(p);
+                "restarted".into()
+            }
+            Err(e) => self.start_failed(&format!("proxy {j}"), &e),
+        }
+    }
+
+    /// Takes the failures recorded since the last call.
+    pub fn take_failures(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.failures)
+    }
+
+    fn start_failed(&mut self, name: &str, panic: &Box<dyn std::any::Any + Send>) -> String {
+        let why = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        self.failures
+            .push(format!("{name} did not start again: {why}"));
+        "did NOT start again (see the verdict)".into()
+    }
+
     /// The filler file of bookie `i`'s ledger disk.
     fn filler(&self, i: usize) -> std::path::PathBuf {
         self.cluster.ledger_dir(i).join("chaos-filler")
@@ -249,14 +291,8 @@ impl ChaosCluster {
     /// Ends `fault`; returns what was done.
     pub fn heal(&mut self, fault: Fault) -> String {
         match fault {
-            Fault::KillBookie(i) | Fault::WipeBookie(i) => {
-                self.bookies[i] = Some(self.start_bookie(i));
-                "restarted".into()
-            }
-            Fault::KillProxy(j) => {
-                self.proxies[j] = Some(self.start_proxy(j));
-                "restarted".into()
-            }
+            Fault::KillBookie(i) | Fault::WipeBookie(i) => self.restart_bookie(i),
+            Fault::KillProxy(j) => self.restart_proxy(j),
             Fault::PauseBookie(i) => resume(&self.bookies[i], &mut self.paused),
             Fault::PauseProxy(j) => resume(&self.proxies[j], &mut self.paused),
             Fault::IsolateBookie(i) | Fault::SlowBookie(i, _) => {
@@ -312,14 +348,14 @@ impl ChaosCluster {
         let mut lines = Vec::new();
         for i in 0..self.bookies.len() {
             if let Some(why) = exited(&mut self.bookies[i]) {
-                lines.push(format!("bookie {i} was not running ({why}); restarted"));
-                self.bookies[i] = Some(self.start_bookie(i));
+                let did = self.restart_bookie(i);
+                lines.push(format!("bookie {i} was not running ({why}); {did}"));
             }
         }
         for j in 0..self.proxies.len() {
             if let Some(why) = exited(&mut self.proxies[j]) {
-                lines.push(format!("proxy {j} was not running ({why}); restarted"));
-                self.proxies[j] = Some(self.start_proxy(j));
+                let did = self.restart_proxy(j);
+                lines.push(format!("proxy {j} was not running ({why}); {did}"));
             }
         }
         if let Some(why) = exited(&mut self.autorecovery) {
