@@ -76,6 +76,9 @@ pub struct ChaosCluster {
     proxy_ports: Vec<u16>,
     proxy_zk: Vec<TcpRelay>,
     paused: Vec<String>,
+    /// Processes that failed to start again (each a violation of "writes resume after a fault
+    /// heals" for the schedule; [`ChaosCluster::take_failures`] hands them over).
+    failures: Vec<String>,
     pub shape: Shape,
     pub cluster: Cluster,
 }
@@ -115,6 +118,7 @@ impl ChaosCluster {
             autorecovery: None,
             disks: Vec::new(),
             paused: Vec::new(),
+            failures: Vec::new(),
             cluster,
             shape,
         };
@@ -169,6 +173,78 @@ impl ChaosCluster {
         p
     }
 
+    /// SIGKILL bookie `i`, empty its directories (mount points and `lost+found` stay), and
+    /// delete its cookie once its registration has expired (up to 20 s).
+    fn wipe(&mut self, i: usize) -> String {
+        kill(&mut self.bookies[i]);
+        for dir in [self.cluster.journal_dir(i), self.cluster.ledger_dir(i)] {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if entry.file_name() == "lost+found" {
+                    continue;
+                }
+                let _ = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+            }
+        }
+        let id = self.bookie_front[i].connect_string();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let out = self.cluster.admin(&["bookie", "delete-cookie", &id]);
+            if out.status.success() {
+                return "SIGKILL sent, data wiped, cookie deleted".into();
+            }
+            if std::time::Instant::now() > deadline {
+                return format!(
+                    "SIGKILL sent, data wiped, cookie NOT deleted: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+
+    /// Starts bookie `i` again; a start that fails (the harness panics when the process is not
+    /// ready within 60 s) is recorded as a failure, and the bookie left down for the next heal.
+    fn restart_bookie(&mut self, i: usize) -> String {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_bookie(i))) {
+            Ok(p) => {
+                self.bookies[i] = Some(p);
+                "restarted".into()
+            }
+            Err(e) => self.start_failed(&format!("bookie {i}"), &e),
+        }
+    }
+
+    fn restart_proxy(&mut self, j: usize) -> String {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_proxy(j))) {
+            Ok(p) => {
+                self.proxies[j] = Some(p);
+                "restarted".into()
+            }
+            Err(e) => self.start_failed(&format!("proxy {j}"), &e),
+        }
+    }
+
+    /// Takes the failures recorded since the last call.
+    pub fn take_failures(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.failures)
+    }
+
+    fn start_failed(&mut self, name: &str, panic: &Box<dyn std::any::Any + Send>) -> String {
+        let why = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        self.failures
+            .push(format!("{name} did not start again: {why}"));
+        "did NOT start again (see the verdict)".into()
+    }
+
     /// The filler file of bookie `i`'s ledger disk.
     fn filler(&self, i: usize) -> std::path::PathBuf {
         self.cluster.ledger_dir(i).join("chaos-filler")
@@ -208,20 +284,15 @@ impl ChaosCluster {
                 fill_file(&self.filler(i));
                 "filled".into()
             }
+            Fault::WipeBookie(i) => self.wipe(i),
         }
     }
 
     /// Ends `fault`; returns what was done.
     pub fn heal(&mut self, fault: Fault) -> String {
         match fault {
-            Fault::KillBookie(i) => {
-                self.bookies[i] = Some(self.start_bookie(i));
-                "restarted".into()
-            }
-            Fault::KillProxy(j) => {
-                self.proxies[j] = Some(self.start_proxy(j));
-                "restarted".into()
-            }
+            Fault::KillBookie(i) | Fault::WipeBookie(i) => self.restart_bookie(i),
+            Fault::KillProxy(j) => self.restart_proxy(j),
             Fault::PauseBookie(i) => resume(&self.bookies[i], &mut self.paused),
             Fault::PauseProxy(j) => resume(&self.proxies[j], &mut self.paused),
             Fault::IsolateBookie(i) | Fault::SlowBookie(i, _) => {
@@ -277,14 +348,14 @@ impl ChaosCluster {
         let mut lines = Vec::new();
         for i in 0..self.bookies.len() {
             if let Some(why) = exited(&mut self.bookies[i]) {
-                lines.push(format!("bookie {i} was not running ({why}); restarted"));
-                self.bookies[i] = Some(self.start_bookie(i));
+                let did = self.restart_bookie(i);
+                lines.push(format!("bookie {i} was not running ({why}); {did}"));
             }
         }
         for j in 0..self.proxies.len() {
             if let Some(why) = exited(&mut self.proxies[j]) {
-                lines.push(format!("proxy {j} was not running ({why}); restarted"));
-                self.proxies[j] = Some(self.start_proxy(j));
+                let did = self.restart_proxy(j);
+                lines.push(format!("proxy {j} was not running ({why}); {did}"));
             }
         }
         if let Some(why) = exited(&mut self.autorecovery) {

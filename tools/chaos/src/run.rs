@@ -165,6 +165,7 @@ impl Runner {
         for line in self.cluster.heal_all() {
             println!("  after the check: {line}");
         }
+        violations.extend(self.cluster.take_failures());
         if let Err(e) = self.cluster.wait_registered() {
             violations.push(e);
         }

@@ -62,6 +62,10 @@ pub enum Fault {
     SlowBookie(usize, u64),
     /// SIGKILL ZooKeeper; restart it (same data, same port) when the fault ends.
     RestartZooKeeper,
+    /// SIGKILL a bookie, wipe its journal and ledger directories and delete its cookie
+    /// (`quire bookie delete-cookie`, once its registration expired): it comes back empty at
+    /// the end, and autorecovery must copy its ledgers' entries back from the other replicas.
+    WipeBookie(usize),
     /// Fill a bookie's ledger disk (a loop-mounted ext4 image) to 100 % with a filler file;
     /// delete the filler when the fault ends. Drawn only when [`Shape::disks`] is set.
     FillDisk(usize),
@@ -85,7 +89,8 @@ impl Fault {
             | Fault::IsolateBookie(_)
             | Fault::PartitionBookieZk(_)
             | Fault::SlowBookie(..)
-            | Fault::FillDisk(_) => Target::Bookie,
+            | Fault::FillDisk(_)
+            | Fault::WipeBookie(_) => Target::Bookie,
             Fault::KillProxy(_) | Fault::PauseProxy(_) | Fault::PartitionProxyZk(_) => {
                 Target::Proxy
             }
@@ -106,6 +111,7 @@ impl Fault {
             Fault::SlowBookie(..) => "throttle bookie",
             Fault::RestartZooKeeper => "restart zookeeper",
             Fault::FillDisk(_) => "fill bookie disk",
+            Fault::WipeBookie(_) => "wipe bookie",
         }
     }
 }
@@ -123,6 +129,10 @@ impl fmt::Display for Fault {
             Fault::SlowBookie(b, r) => write!(f, "throttle links to bookie {b} to {r} B/s"),
             Fault::RestartZooKeeper => write!(f, "SIGKILL zookeeper, restart it at the end"),
             Fault::FillDisk(b) => write!(f, "fill bookie {b}'s ledger disk, free it at the end"),
+            Fault::WipeBookie(b) => write!(
+                f,
+                "SIGKILL bookie {b}, wipe its data, delete its cookie; start it empty at the end"
+            ),
         }
     }
 }
@@ -244,22 +254,23 @@ impl fmt::Display for Schedule {
     }
 }
 
-/// A pause or partition: short (0.3–2.5 s, inside the session) or long (5–6 s, past it).
+/// A pause or partition: short (0.3–2.5 s, inside the session) or long (4.5–5.5 s, past it:
+/// the server expires the session after 4 s).
 fn session_scale(rng: &mut Rng) -> Duration {
     if rng.below(2) == 0 {
         rng.millis(300, 2500)
     } else {
-        rng.millis(SESSION_MS + 1000, SESSION_MS + 2000)
+        rng.millis(SESSION_MS + 500, SESSION_MS + 1500)
     }
 }
 
 fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
     let b = rng.below(shape.bookies as u64) as usize;
     let p = rng.below(shape.proxies as u64) as usize;
-    let kinds = if shape.disks { 10 } else { 9 };
+    let kinds = if shape.disks { 11 } else { 10 };
     let (fault, lasts) = match rng.below(kinds) {
-        0 => (Fault::KillBookie(b), rng.millis(300, 3000)),
-        1 => (Fault::KillProxy(p), rng.millis(300, 3000)),
+        0 => (Fault::KillBookie(b), rng.millis(300, 2000)),
+        1 => (Fault::KillProxy(p), rng.millis(300, 2000)),
         2 => (Fault::PauseBookie(b), session_scale(rng)),
         3 => (Fault::PauseProxy(p), session_scale(rng)),
         4 => (Fault::IsolateBookie(b), session_scale(rng)),
@@ -267,10 +278,12 @@ fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
         6 => (Fault::PartitionProxyZk(p), session_scale(rng)),
         7 => {
             let rate = [20_000, 200_000][rng.below(2) as usize];
-            (Fault::SlowBookie(b, rate), rng.millis(500, 3000))
+            (Fault::SlowBookie(b, rate), rng.millis(500, 2500))
         }
-        8 => (Fault::RestartZooKeeper, rng.millis(200, 3000)),
-        _ => (Fault::FillDisk(b), rng.millis(500, 3000)),
+        // Starting the JVM again takes seconds more.
+        8 => (Fault::RestartZooKeeper, rng.millis(200, 1500)),
+        9 => (Fault::WipeBookie(b), rng.millis(300, 2000)),
+        _ => (Fault::FillDisk(b), rng.millis(500, 2500)),
     };
     let at = rng.millis(100, shape.window.as_millis().max(101) as u64);
     Planned { at, lasts, fault }
@@ -316,6 +329,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(kinds.len(), 10, "every kind of fault is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 11, "every kind of fault is drawn: {kinds:?}");
     }
 }

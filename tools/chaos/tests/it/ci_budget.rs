@@ -24,7 +24,8 @@ fn chaos_schedules_within_the_ci_budget_check_clean() {
         Duration::from_millis(2000),
         quire_chaos::is_root(),
     ));
-    let summary = runner.run(seeds, Duration::from_secs(140));
+    // A cap, not the plan: 20 schedules take about 2-2.5 minutes on two shared cores.
+    let summary = runner.run(seeds, Duration::from_secs(300));
     assert!(
         summary.failed().is_empty(),
         "violations found:\n{}",
