@@ -59,7 +59,10 @@ const DISK_FLAGS: &[&str] = &[
     "0.98",
 ];
 
-/// Size of each bookie's loop-mounted ledger disk (its journal disk is half that).
+/// Size of each bookie's loop-mounted ledger disk and of its journal disk. The journal disk
+/// must hold the journal files not yet reclaimed plus the next one being pre-allocated (4 MiB
+/// each): at 32 MiB one reached 97.7 % and the next file's pre-allocation failed with ENOSPC
+/// below the 99 % read-only threshold.
 const DISK_BYTES: u64 = 64 << 20;
 
 /// A running chaos cluster (see the module docs). Every process is stopped by pid on drop
@@ -126,7 +129,7 @@ impl ChaosCluster {
             cc.disks = (0..shape.bookies)
                 .map(|i| {
                     let ledger = LoopMount::new_at(DISK_BYTES, &cc.cluster.ledger_dir(i));
-                    let journal = LoopMount::new_at(DISK_BYTES / 2, &cc.cluster.journal_dir(i));
+                    let journal = LoopMount::new_at(DISK_BYTES, &cc.cluster.journal_dir(i));
                     (ledger, journal)
                 })
                 .collect();

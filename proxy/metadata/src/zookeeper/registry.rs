@@ -52,15 +52,20 @@ impl ZkStore {
 /// Creates the EPHEMERAL node `bookies/available/<id>` (or `bookies/readonly/<id>`) holding
 /// the [`BookieInfo`] as JSON and removes this session's node from the other directory. If
 /// another session still holds the node (a previous incarnation of the bookie that has not
-/// expired yet), waits up to the session timeout for it to go away, as a BookKeeper bookie
-/// does at start, then fails with `AlreadyExists`.
+/// expired yet), waits for it to go away, as a BookKeeper bookie does at start
+/// (`checkRegNodeAndWaitExpired`), then fails with `AlreadyExists`. The wait is twice the
+/// session timeout plus a second: ZooKeeper expires a silent session only at the next tick
+/// after its timeout (sessions expire in `tickTime` buckets, and `tickTime` can be up to half
+/// the timeout), so a SIGKILLed bookie's node can outlive its timeout by up to half of it; a
+/// bookie restarted at once used to give up after one timeout and exit (found by the chaos
+/// runner).
 pub(super) async fn register_bookie(store: &ZkStore, info: BookieInfo) -> Result<()> {
     validate_bookie_id(&info.id)?;
     let c = &store.inner.client;
     let mine = store.bookie_path(&info.id, info.read_only);
     let other = store.bookie_path(&info.id, !info.read_only);
     let data = to_json("bookie info", &info)?;
-    let deadline = tokio::time::Instant::now() + c.session_timeout() + Duration::from_secs(1);
+    let deadline = tokio::time::Instant::now() + c.session_timeout() * 2 + Duration::from_secs(1);
     loop {
         match c.create(&mine, &data, &store.ephemeral()).await {
             Ok(_) => break,

@@ -306,6 +306,42 @@ async fn records_compare_and_set_and_layout_version() {
     zk.stop();
 }
 
+/// Goal: a restarted bookie's registration waits for its previous incarnation's node to go
+/// away for as long as ZooKeeper may keep it: up to a tick (at most half the session timeout)
+/// past the session timeout, since sessions expire in tick buckets (found by the chaos runner:
+/// a bookie SIGKILLed and restarted at once exited with "held by another live ZooKeeper
+/// session" when it waited one timeout plus a second).
+/// Method: session A (4 s timeout) registers a bookie; session B registers it too and waits;
+/// A's node is kept for 1.5 × the timeout (6 s), then A closes; B's registration must succeed.
+#[tokio::test]
+async fn a_restarted_bookie_waits_out_its_old_registration() {
+    let zk = ZooKeeperServer::start();
+    let timeout = Duration::from_secs(4);
+    let a = ZkStore::connect(&zk.connect_string(), "/quire", timeout)
+        .await
+        .unwrap();
+    let b = ZkStore::connect(&zk.connect_string(), "/quire", timeout)
+        .await
+        .unwrap();
+    let info = BookieInfo {
+        id: BookieId("127.0.0.1:3181".into()),
+        rack: None,
+        read_only: false,
+    };
+    a.register_bookie(info.clone()).await.unwrap();
+    let again = tokio::spawn(async move { b.register_bookie(info).await.map(|()| b) });
+    tokio::time::sleep(timeout * 3 / 2).await;
+    assert!(!again.is_finished(), "B waits while A's node exists");
+    drop(a);
+    let b = again
+        .await
+        .unwrap()
+        .expect("the registration succeeds once the old node is gone");
+    assert_eq!(b.list_bookies().await.unwrap().len(), 1);
+    drop(b);
+    zk.stop();
+}
+
 /// Goal: bookie registrations are ephemeral (BookKeeper `available/` and `readonly/`): another
 /// client sees them, a switch to read-only moves the node, unregister removes it, and closing
 /// the registering client's session removes its registrations. A registration's epoch stays

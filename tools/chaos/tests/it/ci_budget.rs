@@ -8,8 +8,13 @@
 
 use std::time::Duration;
 
-/// Seeds every CI run plays (each drew faults of several kinds at once when pinned).
-const PINNED: [u64; 2] = [7, 1_000_003];
+/// Seeds every CI run plays: 7 and 1,000,003 draw several faults at once; 51 SIGKILLs a bookie
+/// and restarts it within half a second, before ZooKeeper has expired its old session (the
+/// chaos runner's first finding: the restarted bookie gave up waiting for its old registration
+/// and exited; see quire-metadata's `a_restarted_bookie_waits_out_its_old_registration`).
+/// Pinned for the drawing code of this commit and a root run (the disk faults change what a
+/// seed draws).
+const PINNED: [u64; 3] = [7, 1_000_003, 51];
 /// Schedules per CI run, pinned ones included.
 const SCHEDULES: u64 = 20;
 
