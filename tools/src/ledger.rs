@@ -270,8 +270,10 @@ fn print_ledger(
         }
         // Open: the metadata's end is not set until close; the bookies know the LAC.
         Some(Ok(l)) => {
-            let l = l.map_or("none (no entry confirmed yet)".into(), |e| e.to_string());
-            writeln!(out, "  last add confirmed: {l} (read from the bookies; open, length unknown until close)")?;
+            // BookKeeper's LAC reaches the bookies with the writer's next add, so it lags the
+            // writer's by one entry while the ledger is written.
+            let l = l.map_or("none yet".into(), |e| e.to_string());
+            writeln!(out, "  last add confirmed: {l} (open: read from the bookies, which learn it with the next add; the last entry and length are set at close)")?;
         }
         Some(Err(e)) => writeln!(
             out,
