@@ -61,7 +61,9 @@ impl MetadataAddress {
             ZkStore::connect_with_auth(zk, root, self.session_timeout, self.digest.as_ref())
                 .await
                 .with_context(|| format!("cannot connect to ZooKeeper at {zk} (root {root})"))?;
-        Ok(Arc::new(store))
+        let store = Arc::new(store);
+        crate::zk_metrics::track(&store);
+        Ok(store)
     }
 
     /// Like [`MetadataAddress::connect_zk`], as the metadata interface.
