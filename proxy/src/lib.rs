@@ -44,9 +44,11 @@
 pub mod auth;
 pub mod error;
 mod limits;
+mod metrics;
 pub mod server;
 mod settings;
 pub mod stream;
+mod stream_metrics;
 pub mod types;
 
 // The codec modules moved to quire-client; these crate-private names keep the stream layer's and
@@ -54,12 +56,14 @@ pub mod types;
 use quire_client::{dlsn, protocol, record_set};
 
 pub use error::{Error, ErrorCode, Result};
+pub use metrics::{ProxyMetrics, ZERO_ERROR_CODES};
 /// Also quire-client's: the server's catch-up reads run on it.
 pub use quire_client::{catch_up_read_runtime, CATCH_UP_READ_NICE};
-pub use server::{serve, ProxyMetrics, ProxyServer, ServerConfig};
+pub use server::{serve, ProxyServer, ServerConfig};
 pub use settings::{ServerSettings, StreamSettings};
 pub use stream::{
     StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM,
     TXID_JUMP_MAX_DEFAULT,
 };
+pub use stream_metrics::{OTHER_STREAM, STREAM_SERIES_MAX};
 pub use types::StreamInfo;

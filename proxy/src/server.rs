@@ -32,19 +32,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
-
 use crate::auth::{Authorizer, Grant, Right};
 use crate::error::{Error, ErrorCode, Result};
 use crate::limits::{
     Admission, AuthFailures, Handshake, IpSlot, LogThrottle, PoolGrant, ResponsePool,
 };
+use crate::metrics::ProxyMetrics;
 use crate::protocol::{
     reserved_txid_index, Opcode, ProducerSeq, Request, Response, PROXY_PROTOCOL_VERSION_MAX,
     PROXY_PROTOCOL_VERSION_MIN, READ_RECORD_OVERHEAD_BYTES,
@@ -254,193 +247,6 @@ fn pending_frame_bytes(pending: &[u8]) -> Option<usize> {
     Some(4 + u32::from_le_bytes(len) as usize)
 }
 
-/// The proxy's Prometheus metrics: per-operation request and error counts, write and read
-/// latency, record bytes in and out, and the number of streams owned.
-///
-/// Names (OpenMetrics; counters get `_total` appended by the encoder):
-/// `quire_proxy_requests{op}`, `quire_proxy_request_errors{op,code}`,
-/// `quire_proxy_write_latency` and `quire_proxy_read_latency` (histograms, seconds, from the
-/// request frame read to its answer queued for the connection), `quire_proxy_bytes_in` (record
-/// payload bytes of writes), `quire_proxy_bytes_out` (record payload bytes of read answers),
-/// `quire_proxy_streams_owned` (sampled at scrape time from the [`StreamManager`]),
-/// `quire_proxy_auth_failures{reason}` (handshakes refused for their token: `missing_token`,
-/// `unknown_token`), `quire_proxy_connections_refused{reason}` (connections closed by the
-/// bounds: `per_address_limit`, `auth_failures` (an address refused after repeated failed
-/// handshakes), `connection_limit`, `handshake_evicted`, `not_reading`).
-///
-/// Adding a metric: a field here, made and registered in [`ProxyMetrics::new`] and
-/// [`ProxyMetrics::register`], recorded where its event happens in this file.
-///
-/// # Threading
-/// `Send + Sync`; recording is atomics (counters) or one short lock per histogram.
-#[derive(Debug)]
-pub struct ProxyMetrics {
-    requests: Family<OpLabels, Counter>,
-    errors: Family<ErrorLabels, Counter>,
-    write_latency: Histogram,
-    read_latency: Histogram,
-    bytes_in: Counter,
-    bytes_out: Counter,
-    auth_failures: Family<ReasonLabels, Counter>,
-    connections_refused: Family<ReasonLabels, Counter>,
-}
-
-/// The `reason` label of refusals.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: &'static str,
-}
-
-/// The `op` label: the request's opcode name in lower case.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OpLabels {
-    op: &'static str,
-}
-
-/// The labels of an error answer: the operation and the error code's name.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ErrorLabels {
-    op: &'static str,
-    code: String,
-}
-
-/// Upper bounds of the latency buckets, in seconds (the bookie's, so panels line up).
-const LATENCY_BUCKETS_SECONDS: [f64; 17] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0,
-];
-
-/// The `op` label of a request opcode byte.
-fn op_name(opcode: u8) -> &'static str {
-    match Opcode::from_u8(opcode) {
-        Ok(Opcode::Hello) => "hello",
-        Ok(Opcode::CreateStream) => "create_stream",
-        Ok(Opcode::ListStreams) => "list_streams",
-        Ok(Opcode::Write) => "write",
-        Ok(Opcode::Read) => "read",
-        Ok(Opcode::DescribeStream) => "describe_stream",
-        Ok(Opcode::TruncateStream) => "truncate_stream",
-        Ok(Opcode::DeleteStream) => "delete_stream",
-        Ok(Opcode::SetRetention) => "set_retention",
-        Ok(Opcode::SealStream) => "seal_stream",
-        Ok(Opcode::OpenProducerSession) => "open_producer_session",
-        Ok(Opcode::CommitSubscription) => "commit_subscription",
-        Ok(Opcode::GetSubscription) => "get_subscription",
-        Ok(Opcode::ListSubscriptions) => "list_subscriptions",
-        Ok(Opcode::DeleteSubscription) => "delete_subscription",
-        Err(_) => "unknown",
-    }
-}
-
-impl ProxyMetrics {
-    /// Fresh metrics, all zero.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self {
-            requests: Family::default(),
-            errors: Family::default(),
-            write_latency: Histogram::new(LATENCY_BUCKETS_SECONDS),
-            read_latency: Histogram::new(LATENCY_BUCKETS_SECONDS),
-            bytes_in: Counter::default(),
-            bytes_out: Counter::default(),
-            auth_failures: Family::default(),
-            connections_refused: Family::default(),
-        })
-    }
-
-    /// Registers every metric in `registry`; `streams` is sampled for
-    /// `quire_proxy_streams_owned` at each scrape.
-    pub fn register(&self, registry: &mut Registry, streams: Arc<StreamManager>) {
-        registry.register(
-            "quire_proxy_requests",
-            "Requests answered, by operation",
-            self.requests.clone(),
-        );
-        registry.register(
-            "quire_proxy_request_errors",
-            "Requests answered with an error, by operation and error code",
-            self.errors.clone(),
-        );
-        registry.register(
-            "quire_proxy_write_latency",
-            "Seconds from a write request read to its answer queued",
-            self.write_latency.clone(),
-        );
-        registry.register(
-            "quire_proxy_read_latency",
-            "Seconds from a read request read to its answer queued (tail waits included)",
-            self.read_latency.clone(),
-        );
-        registry.register(
-            "quire_proxy_bytes_in",
-            "Record payload bytes received in write requests",
-            self.bytes_in.clone(),
-        );
-        registry.register(
-            "quire_proxy_bytes_out",
-            "Record payload bytes sent in read answers",
-            self.bytes_out.clone(),
-        );
-        registry.register_collector(streams.metrics_collector());
-        registry.register(
-            "quire_proxy_auth_failures",
-            "Handshakes refused for their token, by reason (missing_token, unknown_token)",
-            self.auth_failures.clone(),
-        );
-        registry.register(
-            "quire_proxy_connections_refused",
-            "Connections closed by the connection bounds, by reason",
-            self.connections_refused.clone(),
-        );
-        registry.register_collector(Box::new(StreamsOwned(streams)));
-    }
-
-    /// Counts a connection closed by a bound.
-    fn refused(&self, reason: &'static str) {
-        self.connections_refused
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    }
-
-    /// Records one answered request.
-    fn record(&self, opcode: u8, received: Instant, resp: &Response) {
-        let op = op_name(opcode);
-        self.requests.get_or_create(&OpLabels { op }).inc();
-        let took = received.elapsed().as_secs_f64();
-        match op {
-            "write" => self.write_latency.observe(took),
-            "read" => self.read_latency.observe(took),
-            _ => {}
-        }
-        match resp {
-            Response::Error { code, .. } => {
-                let code = format!("{code:?}");
-                self.errors.get_or_create(&ErrorLabels { op, code }).inc();
-            }
-            Response::Read { records, .. } => {
-                let bytes: usize = records.iter().map(|(_, _, p)| p.len()).sum();
-                self.bytes_out.inc_by(bytes as u64);
-            }
-            _ => {}
-        }
-    }
-}
-
-/// `quire_proxy_streams_owned`, read from the manager at scrape time.
-#[derive(Debug)]
-struct StreamsOwned(Arc<StreamManager>);
-
-impl Collector for StreamsOwned {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
-        let g = ConstGauge::new(self.0.owned_stream_count() as i64);
-        g.encode(encoder.encode_descriptor(
-            "quire_proxy_streams_owned",
-            "Streams this proxy holds the lease of and serves.",
-            None,
-            g.metric_type(),
-        )?)
-    }
-}
-
 /// Counts a connection closed by a bound, if there are metrics.
 fn refused(metrics: &Option<Arc<ProxyMetrics>>, reason: &'static str) {
     if let Some(m) = metrics {
@@ -448,10 +254,10 @@ fn refused(metrics: &Option<Arc<ProxyMetrics>>, reason: &'static str) {
     }
 }
 
-/// Records `resp` in `metrics` if there are metrics.
+/// Records `resp` in `metrics` if there are metrics (a read answered here did not wait).
 fn record(metrics: &Option<Arc<ProxyMetrics>>, opcode: u8, received: Instant, resp: &Response) {
     if let Some(m) = metrics {
-        m.record(opcode, received, resp);
+        m.record(opcode, received, resp, false);
     }
 }
 
@@ -714,6 +520,7 @@ async fn serve_accepted(
             }
         }
     };
+    let _open = conn.config.metrics.as_ref().map(|m| m.connection_opened());
     match acceptor {
         None => {
             let (rd, wr) = socket.into_split();
@@ -1436,9 +1243,7 @@ impl ConnState {
             )
         };
         if let Some(m) = &self.config.metrics {
-            m.auth_failures
-                .get_or_create(&ReasonLabels { reason: label })
-                .inc();
+            m.auth_failed(label);
         }
         let verdict = self.shared.auth_failures.failed(peer.ip(), Instant::now());
         match verdict.warn {
@@ -1516,8 +1321,7 @@ impl ConnState {
             })
         } else {
             if let Some(m) = &self.config.metrics {
-                let bytes: usize = records.iter().map(|(_, p)| p.len()).sum();
-                m.bytes_in.inc_by(bytes as u64);
+                m.write_submitted(&stream, &records);
             }
             self.streams
                 .submit_append(&stream, producer, records, (create_if_missing, compress))
@@ -1580,7 +1384,7 @@ impl ConnState {
         let config = self.config.clone();
         let grant = self.grant.clone();
         let is_delete = matches!(req, Request::DeleteStream { .. });
-        let task = runtime.spawn(async move {
+        let task = runtime.spawn(crate::metrics::with_read_flag(async move {
             let resp = match handle(req, &streams, &config).await {
                 Ok(Response::ListStreams { streams }) if grant.is_some() => {
                     // Only the streams the token may read.
@@ -1595,13 +1399,13 @@ impl ConnState {
                 Ok(r) => r,
                 Err(e) => error_response(&e),
             };
-            record(&config.metrics, answer.opcode, answer.received, &resp);
+            crate::metrics::record_answer(&config.metrics, answer.opcode, answer.received, &resp);
             let out = encode(&resp, answer.opcode, answer.request_id).holding(reservation);
             let _ = answer.tx.send(out).await;
             answer.activity.touch();
             drop(answer.frame_hold);
             drop(answer.permit);
-        });
+        }));
         if is_delete {
             tokio::select! {
                 _ = task => {}
@@ -1866,9 +1670,8 @@ async fn read(req: Request, streams: &StreamManager, config: &ServerConfig) -> R
     let wait = Duration::from_millis(u64::from(wait_ms)).min(config.read_wait_max);
     // Leave room for one maximal record past the byte budget and for the headers.
     let max_bytes = (max_bytes as usize).min(read_bytes_cap(config)) as u32;
-    let batch = streams
-        .read(&stream, from, max_records, max_bytes, wait)
-        .await?;
+    let batch =
+        crate::metrics::read_split(streams, &stream, from, max_records, max_bytes, wait).await?;
     Ok(Response::Read {
         next: batch.next,
         records: batch.records,

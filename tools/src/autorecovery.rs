@@ -110,6 +110,7 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
     let exposition = crate::metrics_http::Exposition::default();
     if let Some(listen) = file.metrics_listen {
         exposition.register(|r| metrics.register(r));
+        exposition.register(crate::zk_metrics::register);
         let addr = crate::metrics_http::start(listen, exposition.clone())?;
         tracing::info!(%addr, "metrics endpoint listening");
     }

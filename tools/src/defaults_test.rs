@@ -134,6 +134,80 @@ fn ansible_templates_render_parse_and_state_the_defaults() {
     }
 }
 
+#[test]
+fn ansible_extra_config_reaches_the_rendered_files() {
+    // Issue 27 item 6. Goal: any key of bookie.toml / proxy.toml passes through the roles'
+    // extra-config variables (per group, and per host over it), in a table the template has
+    // or one it has not, at the top level too, and the result parses with the value given.
+    let b = render(
+        "bookie",
+        "bookie.toml.j2",
+        &[
+            "quire_bookie_extra_config={bookie: {gc_interval_secs: 7}, engine: {entry_log_size_bytes: 16777216}, compaction: {minor_compaction_threshold: 0.3}}",
+            "quire_bookie_host_extra_config={bookie: {gc_interval_secs: 9}}",
+        ],
+    );
+    let file = toml::from_str::<toml::Value>(&b).unwrap();
+    from_text::<BookieFile>(
+        Some(&b),
+        Path::new("bookie.toml.j2"),
+        &keys_of(BOOKIE_KEYS),
+        &BTreeMap::<String, String>::new(),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{b}"));
+    assert_eq!(
+        file["bookie"]["gc_interval_secs"].as_integer(),
+        Some(9),
+        "{b}"
+    );
+    assert_eq!(
+        file["engine"]["entry_log_size_bytes"].as_integer(),
+        Some(16777216),
+        "{b}"
+    );
+    assert_eq!(
+        file["compaction"]["minor_compaction_threshold"].as_float(),
+        Some(0.3),
+        "{b}"
+    );
+    assert_eq!(
+        file["metrics_listen"].as_str(),
+        Some("10.0.0.1:9181"),
+        "{b}"
+    );
+    let p = render(
+        "proxy",
+        "proxy.toml.j2",
+        &[
+            "quire_tls=false",
+            "quire_proxy_extra_config={streams: {retention_time_secs: 86400}, server: {handshakes_max: 9}}",
+        ],
+    );
+    let file = toml::from_str::<toml::Value>(&p).unwrap();
+    from_text::<ProxyFile>(
+        Some(&p),
+        Path::new("proxy.toml.j2"),
+        &keys_of(PROXY_KEYS),
+        &BTreeMap::<String, String>::new(),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{p}"));
+    assert_eq!(
+        file["streams"]["retention_time_secs"].as_integer(),
+        Some(86400),
+        "{p}"
+    );
+    assert_eq!(
+        file["server"]["handshakes_max"].as_integer(),
+        Some(9),
+        "{p}"
+    );
+    assert_eq!(
+        file["metrics_listen"].as_str(),
+        Some("10.0.0.1:9182"),
+        "{p}"
+    );
+}
+
 /// Whether `text` states a default by hand ("default 2000", "default: 0.95").
 fn states_a_default(text: &str) -> bool {
     let lower = text.to_lowercase();

@@ -45,7 +45,9 @@ mod gc;
 mod metadata;
 mod metrics_http;
 mod options;
+mod process_metrics;
 mod secret_file;
+mod zk_metrics;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

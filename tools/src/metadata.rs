@@ -60,7 +60,11 @@ impl MetadataAddress {
         let store =
             ZkStore::connect_with_auth(zk, root, self.session_timeout, self.digest.as_ref()).await;
         match store {
-            Ok(store) => Ok(Arc::new(store)),
+            Ok(store) => {
+                let store = Arc::new(store);
+                crate::zk_metrics::track(&store);
+                Ok(store)
+            }
             // ZooKeeper answered and refused the identity: not a connection problem.
             Err(e) if is_auth_refusal(&e) => {
                 let with = match &self.digest {

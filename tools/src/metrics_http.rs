@@ -59,12 +59,17 @@ impl Exposition {
 
 /// Binds `listen` and serves `exposition` from a background thread (its own one-thread tokio
 /// runtime) for the life of the process. Returns the bound address (port 0 picks a free one).
+/// Adds the process metrics and build information ([`crate::process_metrics`]) to the
+/// registry.
 ///
 /// # Errors
 /// The address cannot be bound, or the thread cannot start.
 pub fn start(listen: SocketAddr, exposition: Exposition) -> Result<SocketAddr> {
     let listener = TcpListener::bind(listen)
         .with_context(|| format!("cannot listen for metrics on {listen}"))?;
+    exposition.register(|r| {
+        r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+    });
     let addr = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -244,6 +249,11 @@ mod tests {
         assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
         assert!(metrics.contains(OPENMETRICS_CONTENT_TYPE));
         assert!(metrics.contains("\ntest_things_total 3\n"), "{metrics}");
+        assert!(metrics.contains("\nprocess_open_fds "), "{metrics}");
+        assert!(
+            metrics.contains("\nquire_build_info{version=\""),
+            "{metrics}"
+        );
         assert!(metrics.ends_with("# EOF\n"), "{metrics}");
 
         assert!(get(addr, b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405 "));

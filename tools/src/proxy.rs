@@ -152,6 +152,7 @@ fn start_metrics(
     };
     let m = quire_proxy::ProxyMetrics::new();
     exposition.register(|r| m.register(r, streams.clone()));
+    exposition.register(crate::zk_metrics::register);
     let addr = crate::metrics_http::start(listen, exposition.clone())?;
     tracing::info!(%addr, "metrics endpoint listening");
     Ok(Some(m))

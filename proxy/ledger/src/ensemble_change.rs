@@ -259,6 +259,7 @@ impl WriterShared {
         }
         for (pos, bookie, conn) in chosen {
             tracing::info!(ledger = self.id.0, position = pos, from = %st.ensemble[pos].bookie, to = %bookie, first_entry = lac.map_or(0, |l| l.0 + 1), "ensemble change");
+            crate::metrics::metrics().ensemble_changed();
             st.unreplaceable.remove(&pos);
             let slot = &mut st.ensemble[pos];
             slot.bookie = bookie;

@@ -48,6 +48,7 @@ mod conn;
 mod ensemble_change;
 mod error;
 mod long_poll;
+pub mod metrics;
 pub mod placement;
 pub mod quorum;
 mod reader;

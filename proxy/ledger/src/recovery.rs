@@ -49,6 +49,13 @@ impl BookKeeper {
     /// later call starts over); `Metadata`; or the close found a different
     /// end written by someone else.
     pub async fn recover_ledger(&self, id: LedgerId) -> Result<LedgerMetadata, Error> {
+        let outcome = self.recover_ledger_once(id).await;
+        crate::metrics::metrics().recovered(outcome.is_ok());
+        outcome
+    }
+
+    /// [`Self::recover_ledger`] without its count in the metrics.
+    async fn recover_ledger_once(&self, id: LedgerId) -> Result<LedgerMetadata, Error> {
         loop {
             let current = self.inner.metadata.read_ledger(id).await?;
             let (mut meta, mut version) = (current.value, current.version);

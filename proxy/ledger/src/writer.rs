@@ -227,6 +227,9 @@ pub(crate) struct PendingAdd {
     pub(crate) length_bytes: u64,
     pub(crate) bytes: EntryBytes,
     pub(crate) tx: oneshot::Sender<Result<EntryId, Error>>,
+    /// Counts it in `quire_ledger_pending_adds` while it lives (confirmed, failed or dropped
+    /// with its writer, it is no longer pending).
+    pub(crate) _pending: crate::metrics::PendingAdd,
 }
 
 /// One position of the writer's current ensemble. `generation` grows with every replacement,
@@ -334,6 +337,7 @@ impl LedgerWriter {
                 length_bytes,
                 bytes,
                 tx,
+                _pending: crate::metrics::PendingAdd::new(),
             });
         }
         Box::pin(async move {
@@ -452,6 +456,17 @@ impl LedgerWriter {
     }
 }
 
+/// Records an add sent to `bookie` at `sent` in the ledger client's metrics.
+fn record_add(bookie: &str, sent: Instant, outcome: &Result<Reply, Error>) {
+    use crate::metrics::AddOutcome;
+    let outcome = match outcome {
+        Ok(Reply::Add) => AddOutcome::Replied,
+        Err(Error::Timeout { .. }) => AddOutcome::TimedOut,
+        _ => AddOutcome::Failed,
+    };
+    crate::metrics::metrics().add_done(bookie, quire_clock::elapsed(sent), outcome);
+}
+
 impl WriterShared {
     /// Sends `entry` to the bookie at ensemble position `pos`; the reply comes back to
     /// `on_reply` tagged with the position's generation. Called with the state locked, so sends
@@ -474,6 +489,7 @@ impl WriterShared {
             // in order on it again; adds sent before that may reach the bookie out of order,
             // which it allows.
             let (bookie, bytes) = (slot.bookie.clone(), bytes.clone());
+            let sent = quire_clock::now();
             tokio::spawn(async move {
                 let outcome = match shared.client.conn(&bookie, Lane::Tail).await {
                     Ok(c) => {
@@ -484,6 +500,7 @@ impl WriterShared {
                     }
                     Err(e) => Err(e),
                 };
+                record_add(&bookie.0, sent, &outcome);
                 shared.on_reply(entry, pos, generation, outcome);
             });
             return;
@@ -492,8 +509,11 @@ impl WriterShared {
             timeout,
             conn::add_request_shared(key, &bytes.head, &bytes.payload, false),
         );
+        let (bookie, sent) = (slot.bookie.clone(), quire_clock::now());
         tokio::spawn(async move {
-            shared.on_reply(entry, pos, generation, reply.await);
+            let outcome = reply.await;
+            record_add(&bookie.0, sent, &outcome);
+            shared.on_reply(entry, pos, generation, outcome);
         });
     }
 

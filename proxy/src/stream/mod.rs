@@ -313,6 +313,13 @@ impl StreamManager {
         self.registry.owned_count()
     }
 
+    /// Log segments of `name` when this manager owns it now (for `quire_proxy_stream_segments`).
+    pub fn owned_segment_count(&self, name: &str) -> Option<usize> {
+        self.registry
+            .owned(name)
+            .map(|h| h.tail.borrow().segments.len())
+    }
+
     /// The stream layer's metrics for a Prometheus registry, read at scrape time:
     /// `quire_proxy_metadata_clock_skew_seconds` (gauge: this proxy's wall clock minus the
     /// metadata store's, measured at each stream record update), `quire_proxy_segment_roll_deferred_total`

@@ -78,6 +78,7 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
         Some(listen) => {
             let m = quire_bookie::metrics::BookieMetrics::new();
             exposition.register(|r| m.register(r));
+            exposition.register(crate::zk_metrics::register);
             if options.autorecovery.is_some() {
                 exposition.register(|r| autorecovery_metrics.register(r));
             }

@@ -155,6 +155,11 @@ fn sandbox_metrics_count_the_adds_and_cover_the_dashboard() {
         .filter_map(|l| l.split(' ').next())
         .collect();
     for name in &named {
+        // A sandbox runs no autorecovery daemon and no ZooKeeper session: those panels are
+        // checked against a real bookie and proxy (cluster_metrics_endpoints).
+        if NOT_IN_A_SANDBOX.iter().any(|p| name.starts_with(p)) {
+            continue;
+        }
         let exported = ["", "_total", "_bucket", "_count", "_sum"]
             .iter()
             .any(|suffix| {
@@ -169,8 +174,11 @@ fn sandbox_metrics_count_the_adds_and_cover_the_dashboard() {
     sandbox.stop();
 }
 
+/// Name prefixes of the metrics a sandbox cannot export (autorecovery's, ZooKeeper sessions').
+const NOT_IN_A_SANDBOX: &[&str] = &["auditor_", "replication_worker_", "quire_zookeeper_"];
+
 /// Every `expr` string of a Grafana dashboard.
-fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+pub(crate) fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
     match v {
         serde_json::Value::Object(m) => {
             for (k, v) in m {
@@ -188,7 +196,7 @@ fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 /// The metric names a PromQL expression selects: identifiers outside label matchers, string
 /// literals, range brackets and `by (...)`/`without (...)` lists, that are not function calls
 /// or keywords.
-fn metric_names(expr: &str) -> Vec<String> {
+pub(crate) fn metric_names(expr: &str) -> Vec<String> {
     const KEYWORDS: &[&str] = &[
         "by",
         "without",
