@@ -609,6 +609,32 @@ fn put_write(
     flags
 }
 
+/// The body of a `Write` or `ProducerWrite` request; returns its flags.
+fn put_write_request(body: &mut Vec<u8>, req: &Request) -> u8 {
+    match req {
+        Request::Write {
+            stream,
+            create_if_missing,
+            compress,
+            records,
+        } => put_write(body, stream, (*create_if_missing, *compress), None, records),
+        Request::ProducerWrite {
+            stream,
+            create_if_missing,
+            compress,
+            producer,
+            records,
+        } => put_write(
+            body,
+            stream,
+            (*create_if_missing, *compress),
+            Some(producer),
+            records,
+        ),
+        _ => unreachable!("called for write requests only"),
+    }
+}
+
 /// A `Write` request's body after its header: with flag [`FLAG_PRODUCER_SESSION`] a
 /// `ProducerWrite`.
 fn get_write(r: &mut Reader<'_>, frame: &Frame<'_>) -> Result<Request, WireError> {
@@ -662,6 +688,43 @@ fn get_write(r: &mut Reader<'_>, frame: &Frame<'_>) -> Result<Request, WireError
             }
         }
     })
+}
+
+/// A `SetRetention` request's body after the stream name's; returns no flags.
+fn put_set_retention(
+    body: &mut Vec<u8>,
+    stream: &str,
+    (time_secs, size_bytes): (&RetentionChange, &RetentionChange),
+) -> u8 {
+    put_str(body, stream);
+    put_change(body, time_secs);
+    put_change(body, size_bytes);
+    0
+}
+
+/// The `SetRetention` request flags for a change of `keep_for_subscriptions`.
+fn keep_flags(keep: Option<bool>) -> u8 {
+    match keep {
+        Some(true) => FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS,
+        Some(false) => FLAG_RETENTION_SUBSCRIPTIONS_OFF,
+        None => 0,
+    }
+}
+
+/// The answer flag of `SetRetention` and `DescribeStream` for `retention`.
+fn keep_answer_flag(retention: &RetentionOverride) -> u8 {
+    if retention.keep_for_subscriptions {
+        FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS
+    } else {
+        0
+    }
+}
+
+/// A `SetRetention` answer's body; returns its flags.
+fn put_retention(body: &mut Vec<u8>, retention: &RetentionOverride) -> u8 {
+    put_opt_u64(body, retention.time_secs);
+    put_opt_u64(body, retention.size_bytes);
+    keep_answer_flag(retention)
 }
 
 /// `SetRetention` request flags as the change of `keep_for_subscriptions`.
@@ -765,34 +828,8 @@ impl Request {
             }
             Request::CreateStream { stream } => put_str(&mut body, stream),
             Request::ListStreams => {}
-            Request::Write {
-                stream,
-                create_if_missing,
-                compress,
-                records,
-            } => {
-                flags = put_write(
-                    &mut body,
-                    stream,
-                    (*create_if_missing, *compress),
-                    None,
-                    records,
-                )
-            }
-            Request::ProducerWrite {
-                stream,
-                create_if_missing,
-                compress,
-                producer,
-                records,
-            } => {
-                flags = put_write(
-                    &mut body,
-                    stream,
-                    (*create_if_missing, *compress),
-                    Some(producer),
-                    records,
-                )
+            Request::Write { .. } | Request::ProducerWrite { .. } => {
+                flags = put_write_request(&mut body, self)
             }
             Request::OpenProducerSession { stream } => put_str(&mut body, stream),
             Request::Read {
@@ -840,14 +877,8 @@ impl Request {
                 size_bytes,
                 keep_for_subscriptions,
             } => {
-                flags |= match keep_for_subscriptions {
-                    Some(true) => FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS,
-                    Some(false) => FLAG_RETENTION_SUBSCRIPTIONS_OFF,
-                    None => 0,
-                };
-                put_str(&mut body, stream);
-                put_change(&mut body, time_secs);
-                put_change(&mut body, size_bytes);
+                flags = put_set_retention(&mut body, stream, (time_secs, size_bytes));
+                flags |= keep_flags(*keep_for_subscriptions);
             }
         }
         let header = FrameHeader {
@@ -1011,9 +1042,7 @@ impl Response {
                 }
             }
             Response::DescribeStream { info } => {
-                if info.metadata.retention.keep_for_subscriptions {
-                    flags |= FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS;
-                }
+                flags = keep_answer_flag(&info.metadata.retention);
                 put_stream_info(&mut body, info)
             }
             Response::TruncateStream { result } => {
@@ -1021,13 +1050,7 @@ impl Response {
                 put_u32(&mut body, result.segments_deleted);
             }
             Response::DeleteStream { segments_deleted } => put_u32(&mut body, *segments_deleted),
-            Response::SetRetention { retention } => {
-                if retention.keep_for_subscriptions {
-                    flags |= FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS;
-                }
-                put_opt_u64(&mut body, retention.time_secs);
-                put_opt_u64(&mut body, retention.size_bytes);
-            }
+            Response::SetRetention { retention } => flags = put_retention(&mut body, retention),
             Response::SealStream { last_dlsn } => put_opt_dlsn(&mut body, *last_dlsn),
             Response::OpenProducerSession { session_id } => put_u64(&mut body, *session_id),
             Response::Subscription { info } => subscription::put_info(&mut body, info),
