@@ -212,7 +212,8 @@ fn fetch_metrics(addr: &str) -> Result<(Vec<u8>, Option<i64>)> {
         .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| anyhow!("not an HTTP response"))?;
     let head = String::from_utf8_lossy(&response[..split]).into_owned();
-    if !head.starts_with("HTTP/1.") || !head.split_whitespace().nth(1).is_some_and(|c| c == "200") {
+    let ok = head.starts_with("HTTP/1.") && head.split_whitespace().nth(1) == Some("200");
+    if !ok {
         bail!("answered {}", head.lines().next().unwrap_or_default());
     }
     let date = head.lines().find_map(|l| {

@@ -252,6 +252,9 @@ pub fn run(args: StreamArgs) -> Result<()> {
     result
 }
 
+/// How long `stream show` waits for the owner a non-owner proxy names.
+const OWNER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The stream as its owner sees it: a proxy that does not own the stream knows only the
 /// stored record (the last txid of the completed segments, nothing of the open one), so the
 /// owner it names is asked too (its advertised address is the one proxies redirect clients to,
@@ -274,7 +277,11 @@ async fn describe_live(proxy: &crate::client::ProxyArg, stream: &str) -> Result<
         let client = crate::client::connect(&at_owner).await?;
         Ok::<_, anyhow::Error>(client.describe_stream(stream).await?)
     };
-    match asked.await {
+    // A frozen or unreachable owner must not hold the answer up.
+    let asked = tokio::time::timeout(OWNER_TIMEOUT, asked)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {OWNER_TIMEOUT:?}")));
+    match asked {
         Ok(live) => Ok(live),
         Err(e) => {
             eprintln!("quire: warning: the stream's owner {owner} did not answer ({e:#}); the last txid shown is that of the completed segments");

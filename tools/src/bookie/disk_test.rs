@@ -139,7 +139,7 @@ fn sequential(file: &File, bytes: u64) -> Result<f64> {
     while at < bytes {
         file.write_all_at(chunk.bytes(), at)?;
         at += CHUNK_BYTES as u64;
-        if at % SYNC_EVERY_BYTES == 0 {
+        if at.is_multiple_of(SYNC_EVERY_BYTES) {
             file.sync_data()?;
         }
     }
@@ -197,7 +197,7 @@ fn measure(dir: &Path, bytes: u64, appends_n: usize) -> Result<DiskFigures> {
 /// A directory that is missing, not writable, or on a filesystem without O_DIRECT (tmpfs).
 pub fn run(args: DiskTestArgs) -> Result<()> {
     let mb = 1 << 20;
-    if args.bytes < mb || args.bytes % mb != 0 {
+    if args.bytes < mb || !args.bytes.is_multiple_of(mb) {
         bail!(
             "--bytes {} must be a positive multiple of 1 MiB",
             args.bytes
