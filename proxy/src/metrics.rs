@@ -347,17 +347,17 @@ impl ProxyMetrics {
 }
 
 tokio::task_local! {
-    /// Set by [`read_split`] when the read of the request this task answers waited for a
+    /// Set by [`mark_read_waiting`] when the read of the request this task answers waited for a
     /// write; read by [`record_answer`].
     static READ_WAITED: Cell<bool>;
 }
 
-/// Runs a request's task with the flag [`read_split`] sets and [`record_answer`] reads.
+/// Runs a request's task with the flag [`mark_read_waiting`] sets and [`record_answer`] reads.
 pub(crate) fn with_read_flag<F: Future>(task: F) -> impl Future<Output = F::Output> {
     READ_WAITED.scope(Cell::new(false), task)
 }
 
-/// Records `resp` in `metrics` if there are metrics, as a waiting read when [`read_split`]
+/// Records `resp` in `metrics` if there are metrics, as a waiting read when [`mark_read_waiting`]
 /// said so in this task.
 pub(crate) fn record_answer(
     metrics: &Option<Arc<ProxyMetrics>>,
@@ -371,31 +371,12 @@ pub(crate) fn record_answer(
     }
 }
 
-/// A read that tells a served read from a waiting one: first without waiting; when that finds
-/// nothing (no record, not the end of the stream) and the request may wait, again from where it
-/// stopped (its `next`, the position a tail, txid or time resolved to, so nothing written
-/// between the two is missed) with the wait, and the task is marked as a waiting read.
-///
-/// # Errors
-/// Those of [`StreamManager::read`].
-pub(crate) async fn read_split(
-    streams: &StreamManager,
-    stream: &str,
-    from: ReadPosition,
-    max_records: u32,
-    max_bytes: u32,
-    wait: Duration,
-) -> crate::error::Result<ReadBatch> {
-    let batch = streams
-        .read(stream, from, max_records, max_bytes, Duration::ZERO)
-        .await?;
-    if !batch.records.is_empty() || batch.end_of_stream || wait.is_zero() {
-        return Ok(batch);
-    }
+/// Marks the read of the request this task answers as a waiting one (a long poll at the
+/// tail): the stream reader calls it when nothing is readable and it starts to wait for a
+/// write, so the answer's latency goes to `quire_proxy_read_wait_latency`. A no-op outside a
+/// task started by [`with_read_flag`].
+pub(crate) fn mark_read_waiting() {
     let _ = READ_WAITED.try_with(|w| w.set(true));
-    streams
-        .read(stream, batch.next, max_records, max_bytes, wait)
-        .await
 }
 
 /// `quire_proxy_streams_owned`, read from the manager at scrape time.

@@ -1670,8 +1670,9 @@ async fn read(req: Request, streams: &StreamManager, config: &ServerConfig) -> R
     let wait = Duration::from_millis(u64::from(wait_ms)).min(config.read_wait_max);
     // Leave room for one maximal record past the byte budget and for the headers.
     let max_bytes = (max_bytes as usize).min(read_bytes_cap(config)) as u32;
-    let batch =
-        crate::metrics::read_split(streams, &stream, from, max_records, max_bytes, wait).await?;
+    let batch = streams
+        .read(&stream, from, max_records, max_bytes, wait)
+        .await?;
     Ok(Response::Read {
         next: batch.next,
         records: batch.records,

@@ -112,6 +112,9 @@ pub(super) async fn read(
             // Past the end of a sealed stream: nothing will come.
             None if tail.borrow().sealed => return Ok(empty_batch(from, pos, true)),
             None => {
+                if tokio::time::Instant::now() < deadline {
+                    crate::metrics::mark_read_waiting();
+                }
                 let woke = tokio::time::timeout_at(deadline, tail.changed()).await;
                 match woke {
                     Ok(Ok(())) => {}
