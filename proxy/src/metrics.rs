@@ -34,7 +34,6 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -45,12 +44,10 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::dlsn::ReadPosition;
 use crate::error::ErrorCode;
 use crate::protocol::{Opcode, Response};
 use crate::stream::StreamManager;
 use crate::stream_metrics::StreamSeries;
-use crate::types::ReadBatch;
 
 /// The error codes whose `quire_proxy_request_errors{op,code}` series are made at start (at
 /// 0) for writes and reads: what an alert on the error rate of a healthy cluster looks at.
@@ -402,6 +399,7 @@ mod tests {
     //! from served ones. Method: record answers and encode the registry.
 
     use super::*;
+    use crate::dlsn::ReadPosition;
 
     fn encoded(m: &ProxyMetrics) -> String {
         let mut r = Registry::default();
