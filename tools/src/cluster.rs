@@ -74,13 +74,16 @@ pub struct BookieStatus {
     pub decommissioning: bool,
 }
 
-/// A pending decommission: its znode's record as written (the start time in ms since the
-/// epoch, or a richer record of a later version, shown as it is).
+/// A pending decommission (`quire_metadata::Decommission`, the record autorecovery's workers
+/// add their copies to).
 #[derive(Debug, Clone, Serialize)]
 pub struct Decommission {
     pub bookie: String,
-    pub started_at: Option<String>,
-    pub record: serde_json::Value,
+    /// RFC 3339.
+    pub started_at: String,
+    /// Entry bytes and entries the workers copied off the bookie so far.
+    pub bytes_copied: u64,
+    pub entries_copied: u64,
 }
 
 /// Everything `quire cluster status` shows.
@@ -131,34 +134,21 @@ async fn children(store: &ZkStore, rel: &str) -> Result<Vec<String>> {
     }
 }
 
-/// The pending decommissions, read from `underreplication/decommission/<id>` directly (the
-/// record's shape may grow; an unparsable one is shown as its text).
+/// The pending decommissions, from the metadata store's records.
 pub async fn read_decommissions(store: &ZkStore) -> Result<Vec<Decommission>> {
-    let mut out = Vec::new();
-    for bookie in children(store, "underreplication/decommission").await? {
-        let path = format!("{}/underreplication/decommission/{bookie}", store.root());
-        let data = match store.client().get_data(&path).await {
-            Ok((data, _)) => data,
-            Err(zookeeper_client::Error::NoNode) => continue,
-            Err(e) => return Err(e).with_context(|| format!("cannot read {path}")),
-        };
-        let record = serde_json::from_slice(&data).unwrap_or_else(|_| {
-            serde_json::Value::String(String::from_utf8_lossy(&data).into_owned())
-        });
-        let started = match &record {
-            serde_json::Value::Number(n) => n.as_u64(),
-            serde_json::Value::Object(o) => ["started_ms", "start_ms", "started_at_ms"]
-                .iter()
-                .find_map(|k| o.get(*k).and_then(serde_json::Value::as_u64)),
-            _ => None,
-        };
-        out.push(Decommission {
-            bookie,
-            started_at: started.map(format_time_ms),
-            record,
-        });
-    }
-    Ok(out)
+    let records = store
+        .decommissions()
+        .await
+        .context("cannot read the decommission records")?;
+    Ok(records
+        .into_iter()
+        .map(|(bookie, d)| Decommission {
+            bookie: bookie.0,
+            started_at: format_time_ms(d.start_ms),
+            bytes_copied: d.bytes_copied,
+            entries_copied: d.entries_copied,
+        })
+        .collect())
 }
 
 /// Reads the cluster's status from its metadata store.
@@ -316,10 +306,11 @@ fn format_status(s: &Status) -> Result<String> {
     )?;
     writeln!(out, "decommissions: {}", s.decommissions.len())?;
     for d in &s.decommissions {
-        match &d.started_at {
-            Some(t) => writeln!(out, "  {} started at {t}", d.bookie)?,
-            None => writeln!(out, "  {}: {}", d.bookie, d.record)?,
-        }
+        writeln!(
+            out,
+            "  {} started at {}, {} bytes ({} entries) copied off it so far",
+            d.bookie, d.started_at, d.bytes_copied, d.entries_copied
+        )?;
     }
     Ok(out)
 }
