@@ -143,7 +143,7 @@ fn ansible_extra_config_reaches_the_rendered_files() {
         "bookie",
         "bookie.toml.j2",
         &[
-            "quire_bookie_extra_config={bookie: {gc_interval_secs: 7}, engine: {entry_log_size_bytes: 16777216}, compaction: {minor_compaction_threshold: 0.3}}",
+            "quire_bookie_extra_config={bookie: {gc_interval_secs: 7}, engine: {entry_log_size_bytes: 16777216}, compaction: {minor_threshold: 0.3}}",
             "quire_bookie_host_extra_config={bookie: {gc_interval_secs: 9}}",
         ],
     );
@@ -166,7 +166,7 @@ fn ansible_extra_config_reaches_the_rendered_files() {
         "{b}"
     );
     assert_eq!(
-        file["compaction"]["minor_compaction_threshold"].as_float(),
+        file["compaction"]["minor_threshold"].as_float(),
         Some(0.3),
         "{b}"
     );

@@ -337,6 +337,10 @@ pub struct ProxyFlags {
     /// refused with `TXID_TOO_FAR_AHEAD`; 0 turns it off ([streams] txid_jump_max).
     #[arg(long)]
     pub txid_jump_max: Option<u64>,
+    /// Record-set compression of every entry this proxy writes, `none` or `lz4`; a write may
+    /// still ask for LZ4 itself (WRITE flag 0x04) ([streams] compression).
+    #[arg(long)]
+    pub compression: Option<quire_client::compression::Compression>,
     /// Longest SIGTERM drain, in milliseconds, 100 to 3600000.
     #[arg(long)]
     pub drain_timeout_ms: Option<u64>,
@@ -490,6 +494,8 @@ mod tests {
                 "bookie decommission",
                 "bookie delete-cookie",
                 "bookie list",
+                "cluster status",
+                "debug bundle",
                 "ledger list",
                 "ledger recover",
                 "ledger show",
