@@ -45,7 +45,7 @@ const STREAM: &str = "stall/steady";
 /// up on the bookie anyway.
 const PRESENT_BOUND: Duration = Duration::from_secs(5);
 /// How long the streams are written after the bookie registered again.
-const AFTER_REREGISTRATION: Duration = Duration::from_secs(20);
+const AFTER_REREGISTRATION: Duration = Duration::from_secs(10);
 const AUTORECOVERY_FLAGS: &[&str] = &[
     "--open-ledger-rereplication-grace-period-ms",
     "2000",
