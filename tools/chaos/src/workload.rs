@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quire_client::{
-    ClientConfig, Error, ErrorCode, Producer, ProducerConfig, ProxyClient, ReadPosition,
-    WriteResult,
+    ClientConfig, Error, ErrorCode, Producer, ProducerConfig, ProxyClient, WriteResult,
 };
+use quire_testkit::harness::checker::read_stream;
 use quire_testkit::harness::recorded::{self, outcome_of_error};
 use quire_testkit::history::{Dlsn, History, Outcome, Record, Session};
 use tokio::runtime::Runtime;
@@ -380,7 +380,7 @@ async fn truncate_behind_readers(h: &History, c: &ProxyClient, stream: &str, rea
 /// # Errors
 /// The last read error when the stream could not be read to its end in time.
 pub async fn final_log(proxies: &[String], stream: &str) -> Result<Vec<Record>, String> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + READ_BACK_FOR;
     let client = loop {
         match client(proxies).await {
             Ok(c) => break c,
@@ -388,26 +388,15 @@ pub async fn final_log(proxies: &[String], stream: &str) -> Result<Vec<Record>, 
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     };
-    let mut from = ReadPosition::Head;
-    let mut out = Vec::new();
-    loop {
-        match client
-            .read(stream, from, 4096, 2 << 20, Duration::ZERO)
-            .await
-        {
-            Ok(b) if b.records.is_empty() => return Ok(out),
-            Ok(b) => {
-                out.extend(
-                    b.records
-                        .iter()
-                        .map(|(d, t, p)| Record::new((*d).into(), *t, p.clone())),
-                );
-                from = b.next;
-            }
-            Err(e) if tokio::time::Instant::now() > deadline => {
-                return Err(format!("read back of {stream}: {e}"))
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    match read_stream(&client, stream, left).await {
+        Ok(records) => Ok(records
+            .into_iter()
+            .map(|(d, t, p)| Record::new(d.into(), t, p))
+            .collect()),
+        Err(e) => Err(format!("read back of {stream}: {e}")),
     }
 }
+
+/// How long the read-back may retry while an owner is unreachable.
+const READ_BACK_FOR: Duration = Duration::from_secs(60);

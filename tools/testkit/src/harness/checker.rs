@@ -207,36 +207,54 @@ fn check_entry(
     copies.len()
 }
 
-/// Reads a whole stream through a proxy, from its head to its current end. While the stream's
-/// owner is a proxy that died and whose lease has not expired yet (redirect failures), it
-/// retries for up to 60 s.
-pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
-    let client = connect_proxy(proxy)
-        .await
-        .expect("connect to proxy for read-back");
+/// Reads a whole stream with `client`, from its head to its current end: each record as
+/// (DLSN, txid, payload), in order. A failed read (a redirect to a dead owner whose lease has
+/// not expired yet, a proxy restarting) is retried every 200 ms for up to `retry_for`.
+///
+/// # Errors
+/// The last read error, once `retry_for` has passed.
+pub async fn read_stream(
+    client: &ProxyClient,
+    stream: &str,
+    retry_for: Duration,
+) -> Result<Vec<(Dlsn, u64, Vec<u8>)>, quire_client::Error> {
+    let deadline = tokio::time::Instant::now() + retry_for;
     let mut from = ReadPosition::Head;
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let batch = match client
+        match client
             .read(stream, from, 4096, 2 << 20, Duration::ZERO)
             .await
         {
-            Ok(b) => b,
-            Err(quire_client::Error::RedirectFailed { .. })
-                if tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
+            Ok(b) if b.records.is_empty() => return Ok(out),
+            Ok(b) => {
+                out.extend(b.records);
+                from = b.next;
             }
-            Err(e) => panic!("read back of {stream} through {proxy} failed: {e}"),
-        };
-        if batch.records.is_empty() {
-            return out;
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
-        out.extend(batch.records.into_iter().map(|(d, _, p)| (d, p)));
-        from = batch.next;
     }
+}
+
+/// Reads a whole stream through `proxy` ([`read_stream`], retrying for up to 60 s): each
+/// record as (DLSN, txid, payload).
+///
+/// # Panics
+/// When the proxy cannot be reached or the stream cannot be read to its end in 60 s.
+pub async fn read_all_records(proxy: &str, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>)> {
+    let client = connect_proxy(proxy)
+        .await
+        .expect("connect to proxy for read-back");
+    read_stream(&client, stream, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("read back of {stream} through {proxy} failed: {e}"))
+}
+
+/// [`read_all_records`] as (DLSN, payload) pairs.
+pub async fn read_all(proxy: &str, stream: &str) -> Vec<(Dlsn, Vec<u8>)> {
+    let records = read_all_records(proxy, stream).await;
+    records.into_iter().map(|(d, _, p)| (d, p)).collect()
 }
 
 /// TLS to bookies from `QUIRE_BOOKIE_TLS_CA_FILE` (and `_CERT_FILE`, `_KEY_FILE`), the

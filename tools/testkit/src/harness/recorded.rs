@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use quire_client::{Error, ErrorCode, ProxyClient, ReadPosition};
 
-use super::checker::{connect_proxy, Acked};
+use super::checker::Acked;
 use crate::history::{History, Outcome, ReadFrom, Record};
 
 /// How a write error leaves the write, following the error's contract in quire_client: the
@@ -150,28 +150,9 @@ pub async fn tail(
 /// The final log of `stream`: every record from its head to its end, read through `proxy`
 /// (retrying for up to 60 s while the owner is unreachable), as the checker takes it.
 pub async fn final_log(proxy: &str, stream: &str) -> Vec<Record> {
-    let client = connect_proxy(proxy)
+    super::checker::read_all_records(proxy, stream)
         .await
-        .expect("connect to proxy for read-back");
-    let mut from = ReadPosition::Head;
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let batch = match client
-            .read(stream, from, 4096, 2 << 20, Duration::ZERO)
-            .await
-        {
-            Ok(b) => b,
-            Err(Error::RedirectFailed { .. }) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-            Err(e) => panic!("read back of {stream} through {proxy} failed: {e}"),
-        };
-        if batch.records.is_empty() {
-            return out;
-        }
-        out.extend(records_of(&batch));
-        from = batch.next;
-    }
+        .into_iter()
+        .map(|(d, t, p)| Record::new(d.into(), t, p))
+        .collect()
 }
