@@ -260,6 +260,10 @@ shard_state! {
     gc_entry_logs_deleted: counter = "bookie_gc_entry_logs_deleted";
     /// Entry logs deleted after compaction copied their live entries to a new log.
     gc_entry_logs_compacted: counter = "bookie_gc_entry_logs_compacted";
+    /// Current entry logs rolled by garbage collection because most of their bytes belonged
+    /// to deleted ledgers (the engine's `entry_log_roll_floor_bytes`), so that the next run
+    /// can reclaim them.
+    gc_entry_logs_rolled: counter = "bookie_gc_entry_logs_rolled";
     /// Live entries copied by compaction.
     gc_entries_relocated: counter = "bookie_gc_entries_relocated";
     /// Bytes of entry logs deleted because no live entry was left in them.

@@ -715,6 +715,7 @@ fn publish_state(engine: &Engine, status: &BookieStatus, index: usize) {
         (&s.gc_ledgers_deleted, gc.ledgers_deleted),
         (&s.gc_entry_logs_deleted, gc.entry_logs_deleted),
         (&s.gc_entry_logs_compacted, gc.entry_logs_compacted),
+        (&s.gc_entry_logs_rolled, gc.entry_logs_rolled),
         (&s.gc_entries_relocated, gc.entries_relocated),
         (
             &s.gc_reclaimed_deletion_bytes,

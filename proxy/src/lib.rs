@@ -62,8 +62,8 @@ pub use quire_client::{catch_up_read_runtime, CATCH_UP_READ_NICE};
 pub use server::{serve, ProxyServer, ServerConfig};
 pub use settings::{ServerSettings, StreamSettings};
 pub use stream::{
-    StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM,
-    TXID_JUMP_MAX_DEFAULT,
+    OwnedStreamSize, StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT,
+    LEDGER_LABEL_STREAM, TXID_JUMP_MAX_DEFAULT,
 };
 pub use stream_metrics::{OTHER_STREAM, STREAM_SERIES_MAX};
 pub use types::StreamInfo;

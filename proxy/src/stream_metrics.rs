@@ -3,11 +3,16 @@
 //! A proxy counts the writes it submits to each stream it owns: `quire_proxy_stream_records`
 //! and `quire_proxy_stream_bytes` (counters: rate them for records/s and bytes/s),
 //! `quire_proxy_stream_last_write_seconds` (gauge: Unix time of the last write submitted;
-//! `time() - it` is the last write's age) and, read at scrape time from the stream's tail
-//! state, `quire_proxy_stream_segments` (gauge: log segments of the stream, this proxy being
-//! its owner). All labelled `stream`.
+//! `time() - it` is the last write's age). All labelled `stream`.
 //!
-//! Cardinality: the first [`STREAM_SERIES_MAX`] streams written through this proxy since it
+//! Read at scrape time, for every stream this proxy owns now (whether or not it was written
+//! through it; [`StreamManager::owned_stream_sizes`]): `quire_proxy_stream_segments` (gauge:
+//! log segments) and `quire_proxy_stream_retained_bytes` (gauge: bytes of its segments, the
+//! figure size retention compares with its limit, DistributedLog's retention by size). A
+//! proxy that does not own a stream exposes neither for it; the owner's series is the one.
+//! Their cardinality is the streams this proxy owns (across proxies, one series per stream).
+//!
+//! Cardinality of the write series: the first [`STREAM_SERIES_MAX`] streams written through this proxy since it
 //! started get a series of their own; writes to any other stream are folded into the series
 //! labelled [`OTHER_STREAM`] (`_other`; a stream of that very name shares the series, as
 //! docs/metrics.md says). A deleted
@@ -23,7 +28,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::stream::StreamManager;
+use crate::stream::{OwnedStreamSize, StreamManager};
 
 /// Streams with a series of their own (the first written since the proxy started).
 pub const STREAM_SERIES_MAX: usize = 100;
@@ -60,8 +65,13 @@ impl StreamSeries {
     /// Counts a write of `records` records of `bytes` payload bytes submitted to `stream` now.
     pub(crate) fn written(&self, stream: &str, records: u64, bytes: u64) {
         let now_ms = quire_clock::unix_ms();
-        let mut t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let counts = if t.named.contains_key(stream) || t.named.len() < STREAM_SERIES_MAX {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let t = &mut *guard;
+        // A stream with its series is found without allocating its name; only a stream's
+        // first write (below the cap) allocates the key.
+        let counts = if t.named.contains_key(stream) {
+            t.named.get_mut(stream).expect("present")
+        } else if t.named.len() < STREAM_SERIES_MAX {
             t.named.entry(stream.to_string()).or_default()
         } else {
             &mut t.other
@@ -97,6 +107,7 @@ struct StreamCollector {
 }
 
 type Pick = fn(&Counts) -> u64;
+type SizePick = fn(&OwnedStreamSize) -> i64;
 
 impl Collector for StreamCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -135,18 +146,26 @@ impl Collector for StreamCollector {
             let secs = counts.last_write_ms as f64 / 1000.0;
             ConstGauge::new(secs).encode(family.encode_family(&labels)?)?;
         }
-        let mut family = encoder.encode_descriptor(
-            "quire_proxy_stream_segments",
-            "Log segments of the stream, for the streams this proxy owns now.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (stream, _) in rows.iter().filter(|(s, _)| s != OTHER_STREAM) {
-            if let Some(n) = self.streams.owned_segment_count(stream) {
+        let sizes = self.streams.owned_stream_sizes();
+        let gauges: [(&str, &str, SizePick); 2] = [
+            (
+                "quire_proxy_stream_segments",
+                "Log segments of the stream, for every stream this proxy owns now.",
+                |s| s.segments as i64,
+            ),
+            (
+                "quire_proxy_stream_retained_bytes",
+                "Bytes of the stream's segments (what size retention compares with its limit), for every stream this proxy owns now.",
+                |s| i64::try_from(s.retained_bytes).unwrap_or(i64::MAX),
+            ),
+        ];
+        for (name, help, pick) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for size in &sizes {
                 let labels = StreamLabels {
-                    stream: stream.clone(),
+                    stream: size.name.clone(),
                 };
-                ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+                ConstGauge::new(pick(size)).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())

@@ -144,6 +144,8 @@ pub(crate) struct Conn {
     closed_reason: Arc<Mutex<Option<String>>>,
     /// Bytes queued for the writer task and not yet written to the socket.
     queued_bytes: Arc<AtomicUsize>,
+    /// The bookie's add series, looked up once per connection rather than per add.
+    add_metrics: Arc<crate::metrics::BookieAddMetrics>,
 }
 
 impl Conn {
@@ -308,6 +310,7 @@ impl Conn {
             dead: dead.clone(),
             closed_reason: closed_reason.clone(),
             queued_bytes: queued_bytes.clone(),
+            add_metrics: crate::metrics::metrics().for_bookie(&bookie.0),
         });
 
         runtime.spawn(write_loop(
@@ -443,6 +446,11 @@ impl Conn {
 
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::SeqCst)
+    }
+
+    /// The add series of this connection's bookie (`metrics::BookieAddMetrics`).
+    pub(crate) fn add_metrics(&self) -> &Arc<crate::metrics::BookieAddMetrics> {
+        &self.add_metrics
     }
 }
 

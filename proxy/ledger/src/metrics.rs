@@ -7,7 +7,8 @@
 //! Names (OpenMetrics; counters get `_total`):
 //! * `quire_ledger_add_latency{bookie}`: histogram, seconds from an add request sent to one
 //!   bookie to its reply (successful or not; not timed out). Cardinality: the bookies this
-//!   process has written to.
+//!   process has connected to (a bookie's three series start at zero on its first
+//!   connection, which looks up their handles once for every add on it).
 //! * `quire_ledger_add_timeouts{bookie}`: adds to a bookie that got no reply within the
 //!   request timeout.
 //! * `quire_ledger_add_failures{bookie}`: adds a bookie answered with an error or whose
@@ -19,7 +20,7 @@
 //! * `quire_ledger_pending_adds`: gauge, entries added but not yet acknowledged by an ack
 //!   quorum, across this process's writers.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -79,7 +80,7 @@ pub fn metrics() -> &'static LedgerClientMetrics {
     })
 }
 
-/// How an add sent to one bookie ended, for [`LedgerClientMetrics::add_done`].
+/// How an add sent to one bookie ended, for [`BookieAddMetrics::add_done`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AddOutcome {
     Replied,
@@ -122,24 +123,18 @@ impl LedgerClientMetrics {
         );
     }
 
-    /// Records an add sent to `bookie` that ended as `outcome` after `took`.
-    pub(crate) fn add_done(&self, bookie: &str, took: Duration, outcome: AddOutcome) {
+    /// The handles of `bookie`'s series, looked up once (one label allocation and one family
+    /// lock per series) and kept by each connection to that bookie, so that an add records
+    /// without either ([`BookieAddMetrics::add_done`]).
+    pub(crate) fn for_bookie(&self, bookie: &str) -> Arc<BookieAddMetrics> {
         let labels = BookieLabels {
             bookie: bookie.to_string(),
         };
-        match outcome {
-            AddOutcome::TimedOut => {
-                self.add_timeouts.get_or_create(&labels).inc();
-                return;
-            }
-            AddOutcome::Failed => {
-                self.add_failures.get_or_create(&labels).inc();
-            }
-            AddOutcome::Replied => {}
-        }
-        self.add_latency
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
+        Arc::new(BookieAddMetrics {
+            latency: self.add_latency.get_or_create(&labels).clone(),
+            timeouts: self.add_timeouts.get_or_create(&labels).clone(),
+            failures: self.add_failures.get_or_create(&labels).clone(),
+        })
     }
 
     /// Counts a completed ensemble change.
@@ -153,6 +148,33 @@ impl LedgerClientMetrics {
         self.recoveries
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
+    }
+}
+
+/// One bookie's add series (`quire_ledger_add_latency`, `_timeouts`, `_failures` with its
+/// `bookie` label): handles into the families, which share their values with them.
+#[derive(Debug)]
+pub(crate) struct BookieAddMetrics {
+    latency: Histogram,
+    timeouts: Counter,
+    failures: Counter,
+}
+
+impl BookieAddMetrics {
+    /// Records an add sent to this bookie that ended as `outcome` after `took`: a timeout is
+    /// counted only; a failure is counted and timed; a reply is timed.
+    pub(crate) fn add_done(&self, took: Duration, outcome: AddOutcome) {
+        match outcome {
+            AddOutcome::TimedOut => {
+                self.timeouts.inc();
+                return;
+            }
+            AddOutcome::Failed => {
+                self.failures.inc();
+            }
+            AddOutcome::Replied => {}
+        }
+        self.latency.observe(took.as_secs_f64());
     }
 }
 

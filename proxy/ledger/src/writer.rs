@@ -456,15 +456,19 @@ impl LedgerWriter {
     }
 }
 
-/// Records an add sent to `bookie` at `sent` in the ledger client's metrics.
-fn record_add(bookie: &str, sent: Instant, outcome: &Result<Reply, Error>) {
+/// Records an add sent at `sent` in its bookie's series of the ledger client's metrics.
+fn record_add(
+    bookie: &crate::metrics::BookieAddMetrics,
+    sent: Instant,
+    outcome: &Result<Reply, Error>,
+) {
     use crate::metrics::AddOutcome;
     let outcome = match outcome {
         Ok(Reply::Add) => AddOutcome::Replied,
         Err(Error::Timeout { .. }) => AddOutcome::TimedOut,
         _ => AddOutcome::Failed,
     };
-    crate::metrics::metrics().add_done(bookie, quire_clock::elapsed(sent), outcome);
+    bookie.add_done(quire_clock::elapsed(sent), outcome);
 }
 
 impl WriterShared {
@@ -489,6 +493,8 @@ impl WriterShared {
             // in order on it again; adds sent before that may reach the bookie out of order,
             // which it allows.
             let (bookie, bytes) = (slot.bookie.clone(), bytes.clone());
+            // The dead connection's handles: the same bookie's series.
+            let series = slot.conn.add_metrics().clone();
             let sent = quire_clock::now();
             tokio::spawn(async move {
                 let outcome = match shared.client.conn(&bookie, Lane::Tail).await {
@@ -500,7 +506,7 @@ impl WriterShared {
                     }
                     Err(e) => Err(e),
                 };
-                record_add(&bookie.0, sent, &outcome);
+                record_add(&series, sent, &outcome);
                 shared.on_reply(entry, pos, generation, outcome);
             });
             return;
@@ -509,10 +515,10 @@ impl WriterShared {
             timeout,
             conn::add_request_shared(key, &bytes.head, &bytes.payload, false),
         );
-        let (bookie, sent) = (slot.bookie.clone(), quire_clock::now());
+        let (series, sent) = (slot.conn.add_metrics().clone(), quire_clock::now());
         tokio::spawn(async move {
             let outcome = reply.await;
-            record_add(&bookie.0, sent, &outcome);
+            record_add(&series, sent, &outcome);
             shared.on_reply(entry, pos, generation, outcome);
         });
     }

@@ -247,6 +247,18 @@ impl Default for StreamConfig {
     }
 }
 
+/// One owned stream's size, from [`StreamManager::owned_stream_sizes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedStreamSize {
+    /// The stream's name.
+    pub name: String,
+    /// Its log segments (completed and in progress).
+    pub segments: usize,
+    /// Bytes of its segments: completed segments' lengths plus the acknowledged bytes of the
+    /// one being written (what size retention compares with its limit).
+    pub retained_bytes: u64,
+}
+
 /// The streams this proxy owns.
 ///
 /// # Threading
@@ -313,11 +325,37 @@ impl StreamManager {
         self.registry.owned_count()
     }
 
-    /// Log segments of `name` when this manager owns it now (for `quire_proxy_stream_segments`).
-    pub fn owned_segment_count(&self, name: &str) -> Option<usize> {
-        self.registry
-            .owned(name)
-            .map(|h| h.tail.borrow().segments.len())
+    /// Segments and retained bytes of every stream this manager owns now, sorted by name (for
+    /// `quire_proxy_stream_segments` and `quire_proxy_stream_retained_bytes`). Retained bytes
+    /// are what size retention compares with its limit (`lifecycle::retention_prefix`): the
+    /// completed segments' lengths in the owner's stream record plus the acknowledged bytes
+    /// of the segment being written.
+    pub fn owned_stream_sizes(&self) -> Vec<OwnedStreamSize> {
+        let mut rows: Vec<OwnedStreamSize> = self
+            .registry
+            .owned_all()
+            .iter()
+            .map(|h| {
+                let segments = h.tail.borrow().segments.len();
+                let view = h.shared.view.lock().expect("view lock");
+                let completed: u64 = view.meta.as_ref().map_or(0, |m| {
+                    m.value
+                        .segments
+                        .iter()
+                        .filter(|s| s.state == quire_metadata::SegmentState::Completed)
+                        .map(|s| s.length_bytes)
+                        .sum()
+                });
+                let open = view.live.map_or(0, |l| l.3);
+                OwnedStreamSize {
+                    name: h.name.clone(),
+                    segments,
+                    retained_bytes: completed.saturating_add(open),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        rows
     }
 
     /// The stream layer's metrics for a Prometheus registry, read at scrape time:

@@ -110,6 +110,15 @@ impl Registry {
             .count()
     }
 
+    /// Every acquisition held and not lost (for metrics read at scrape time).
+    pub(super) fn owned_all(&self) -> Vec<Arc<StreamHandle>> {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .values()
+            .filter_map(|cell| cell.get().filter(|h| h.lost_reason().is_none()).cloned())
+            .collect()
+    }
+
     /// Forgets `name`'s acquisition if it ended by deleting the stream, so that the name can
     /// be used again at once.
     pub(super) fn forget_deleted(&self, name: &str) {

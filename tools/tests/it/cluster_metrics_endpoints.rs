@@ -60,6 +60,9 @@ fn bookie_and_proxy_processes_serve_metrics_and_health() {
     );
     assert_eq!(metric_sum(&text, "quire_proxy_stream_bytes_total", &m), 5.0);
     assert_eq!(metric_sum(&text, "quire_proxy_stream_segments", &m), 1.0);
+    // The in-progress segment's acknowledged bytes: the record set holding the 5 bytes.
+    let retained = metric_sum(&text, "quire_proxy_stream_retained_bytes", &m);
+    assert!((5.0..1024.0).contains(&retained), "{retained}\n{text}");
     assert!(metric_sum(&text, "quire_proxy_stream_last_write_seconds", &m) > 1e9);
     let bookie_id = format!("127.0.0.1:{port}");
     let b = [("bookie", bookie_id.as_str())];
@@ -180,6 +183,12 @@ fn fresh_processes_expose_what_dashboards_and_alerts_name(bookie: &str, proxy: &
         "not exposed by a fresh bookie or proxy:\n{}",
         missing.join("\n")
     );
+    // Issue 27: the retained bytes of owned streams and GC's rolls of the current entry log.
+    assert!(
+        p.contains("# TYPE quire_proxy_stream_retained_bytes gauge"),
+        "{p}"
+    );
+    assert!(exposed.contains("bookie_gc_entry_logs_rolled_total"), "{b}");
     for want in [
         "quire_proxy_request_errors_total{op=\"write\",code=\"STORAGE_ERROR\"} 0",
         "quire_proxy_redirects_total{op=\"read\"} 0",
