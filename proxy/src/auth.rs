@@ -167,6 +167,7 @@ impl Grant {
             Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
             | Request::SetRetention { stream, .. }
+            | Request::SetCompression { stream, .. }
             | Request::SealStream { stream }
             | Request::DeleteSubscription { stream, .. } => (Right::Admin, stream),
         };

@@ -73,7 +73,7 @@ const REFUSAL_REASONS: [&str; 5] = [
 const AUTH_FAILURE_REASONS: [&str; 2] = ["missing_token", "unknown_token"];
 
 /// Every opcode a client may send, for the `op` series made at start.
-const OPCODES: [Opcode; 15] = [
+const OPCODES: [Opcode; 16] = [
     Opcode::Hello,
     Opcode::CreateStream,
     Opcode::ListStreams,
@@ -89,6 +89,7 @@ const OPCODES: [Opcode; 15] = [
     Opcode::GetSubscription,
     Opcode::ListSubscriptions,
     Opcode::DeleteSubscription,
+    Opcode::SetCompression,
 ];
 
 /// Upper bounds of the latency buckets, in seconds (the bookie's, so panels line up).
@@ -152,6 +153,7 @@ fn op_name(opcode: u8) -> &'static str {
         Ok(Opcode::GetSubscription) => "get_subscription",
         Ok(Opcode::ListSubscriptions) => "list_subscriptions",
         Ok(Opcode::DeleteSubscription) => "delete_subscription",
+        Ok(Opcode::SetCompression) => "set_compression",
         Err(_) => "unknown",
     }
 }

@@ -1620,6 +1620,15 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .map(|retention| Response::SetRetention {
                 retention: crate::types::wire_retention(retention),
             }),
+        Request::SetCompression {
+            stream,
+            compression,
+        } => streams
+            .set_compression(&stream, crate::types::stored_compression(compression))
+            .await
+            .map(|c| Response::SetCompression {
+                compression: crate::types::wire_compression(c),
+            }),
         Request::CommitSubscription {
             stream,
             name,

@@ -43,6 +43,7 @@ impl From<StreamInfo> for quire_client::StreamInfo {
                     .truncated_before
                     .map(|t| quire_client::Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index)),
                 retention: wire_retention(m.retention),
+                compression: wire_compression(m.compression),
             },
             owner: info.owner,
             defaults: info.defaults,
@@ -67,6 +68,30 @@ fn wire_segment(s: &quire_metadata::SegmentMetadata) -> quire_client::SegmentMet
         length_bytes: s.length_bytes,
         completion_time_ms: s.completion_time_ms,
     }
+}
+
+/// A stream's own compression setting as the protocol carries it (`SET_COMPRESSION`,
+/// `DESCRIBE_STREAM` flags).
+pub fn wire_compression(
+    c: Option<quire_metadata::StreamCompression>,
+) -> Option<quire_client::compression::Compression> {
+    use quire_client::compression::Compression;
+    c.map(|c| match c {
+        quire_metadata::StreamCompression::None => Compression::None,
+        quire_metadata::StreamCompression::Lz4 => Compression::Lz4,
+    })
+}
+
+/// A stream's compression setting from the protocol's form (the inverse of
+/// [`wire_compression`]).
+pub fn stored_compression(
+    c: Option<quire_client::compression::Compression>,
+) -> Option<quire_metadata::StreamCompression> {
+    use quire_client::compression::Compression;
+    c.map(|c| match c {
+        Compression::None => quire_metadata::StreamCompression::None,
+        Compression::Lz4 => quire_metadata::StreamCompression::Lz4,
+    })
 }
 
 /// A stream's retention overrides as the protocol carries them (`SET_RETENTION`'s answer). A
@@ -144,6 +169,7 @@ mod tests {
                 },
                 ledger_secret_hex: Some(secret.into()),
                 sealed: false,
+                compression: None,
             },
             owner: Some("127.0.0.1:4181".into()),
             defaults: RetentionDefaults {

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use quire_client::compression::Compression;
 use quire_client::{RetentionChange, SegmentState, StreamInfo};
 
 use crate::admin::OutputArgs;
@@ -52,6 +53,69 @@ pub enum StreamCommand {
     /// List a stream's subscriptions (committed position, lag in records and bytes, commit
     /// time), or delete one with `--delete NAME` (admin right).
     Subs(StreamSubsArgs),
+    /// Show a stream's compression, or set it: `lz4` (the owner stores every entry
+    /// LZ4-compressed), `none` (plain unless a write asks), `default` (the owning proxy's
+    /// `[streams] compression`). Applies from the owner's next entry on; readers see the same
+    /// records either way.
+    Compression(StreamCompressionArgs),
+}
+
+/// `quire stream compression` options. Without a setting it only shows.
+#[derive(Args, Debug)]
+pub struct StreamCompressionArgs {
+    /// Stream name.
+    pub stream: String,
+    /// `lz4`, `none` or `default`.
+    #[arg(value_name = "lz4|none|default", value_parser = parse_compression_setting)]
+    pub setting: Option<CompressionSetting>,
+    #[command(flatten)]
+    pub proxy: crate::client::ProxyArg,
+}
+
+/// A `quire stream compression` setting: the stream's own (`Some`) or the proxy default.
+#[derive(Debug, Clone, Copy)]
+pub struct CompressionSetting(pub Option<Compression>);
+
+fn parse_compression_setting(v: &str) -> std::result::Result<CompressionSetting, String> {
+    if v == "default" {
+        return Ok(CompressionSetting(None));
+    }
+    v.parse::<Compression>()
+        .map(|c| CompressionSetting(Some(c)))
+        .map_err(|e| format!("{e}, nor \"default\""))
+}
+
+/// The `compression:` line of `stream show` and `stream compression`.
+fn format_compression(c: Option<Compression>) -> String {
+    match c {
+        Some(c) => format!("{c} (stream)"),
+        None => "proxy default".to_string(),
+    }
+}
+
+/// `quire stream compression`.
+async fn compression(a: StreamCompressionArgs) -> Result<()> {
+    let client = crate::client::connect(&a.proxy).await?;
+    let now = match a.setting {
+        Some(CompressionSetting(c)) => client
+            .set_compression(&a.stream, c)
+            .await
+            .with_context(|| format!("cannot set the compression of stream {:?}", a.stream))?,
+        None => {
+            client
+                .describe_stream(&a.stream)
+                .await
+                .with_context(|| format!("stream {:?}", a.stream))?
+                .metadata
+                .compression
+        }
+    };
+    println!(
+        "stream {} compression: {}",
+        a.stream,
+        format_compression(now)
+    );
+    Ok(())
 }
 
 /// `quire stream subs` options.
@@ -216,6 +280,7 @@ pub fn run(args: StreamArgs) -> Result<()> {
             }
             StreamCommand::Seal(a) => seal(a).await,
             StreamCommand::Subs(a) => crate::client::subs(a).await,
+            StreamCommand::Compression(a) => compression(a).await,
             StreamCommand::Retention(a) => {
                 let client = crate::client::connect(&a.proxy).await?;
                 let keep = a.keep_for_subscriptions;
@@ -326,6 +391,7 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
         "record_count": info.lookups.as_deref().map(|l| l.record_count),
         "last_write_time_ms": info.lookups.as_deref().and_then(|l| l.last_write_time_ms),
         "sealed": info.lookups.as_deref().map(|l| l.sealed),
+        "compression": m.compression,
         "retention": {
             "time_secs": t, "time_secs_from": ts,
             "size_bytes": z, "size_bytes_from": zs,
@@ -412,6 +478,11 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
         )?;
         writeln!(out, "  sealed: {}", if l.sealed { "yes" } else { "no" })?;
     }
+    writeln!(
+        out,
+        "  compression: {}",
+        format_compression(meta.compression)
+    )?;
     out.push_str(&format_retention(info));
     writeln!(out, "  segments: {}", meta.segments.len())?;
     if !meta.segments.is_empty() {

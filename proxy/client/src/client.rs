@@ -509,6 +509,34 @@ impl ProxyClient {
             other => Err(unexpected(&other)),
         }
     }
+
+    /// Sets a stream's own compression (`SET_COMPRESSION`, carried out by its owner):
+    /// `Some(Lz4)` stores every entry the owner writes LZ4-compressed, `Some(None)` stores
+    /// entries plain unless a write asks (`write_with`'s compress flag), `None` goes back to
+    /// the owning proxy's `[streams] compression` default. Readers see the same records
+    /// whatever the setting. Returns the setting in force.
+    ///
+    /// # Errors
+    /// `NO_SUCH_STREAM`, `NOT_OWNER` after redirects, `BAD_REQUEST` (unknown opcode) from a
+    /// proxy before per-stream compression, connection errors.
+    pub async fn set_compression(
+        &self,
+        stream: &str,
+        compression: Option<crate::compression::Compression>,
+    ) -> Result<Option<crate::compression::Compression>> {
+        let req = Request::SetCompression {
+            stream: stream.to_string(),
+            compression,
+        };
+        match self
+            .router
+            .call_stream(stream, &req, Duration::ZERO)
+            .await?
+        {
+            Response::SetCompression { compression } => Ok(compression),
+            other => Err(unexpected(&other)),
+        }
+    }
 }
 
 /// Checks a write before anything is sent: at least one record, none above `record_max`

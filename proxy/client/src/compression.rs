@@ -35,6 +35,15 @@ pub enum Compression {
     Lz4,
 }
 
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compression::None => "none",
+            Compression::Lz4 => "lz4",
+        })
+    }
+}
+
 impl std::str::FromStr for Compression {
     type Err = String;
 
@@ -46,6 +55,62 @@ impl std::str::FromStr for Compression {
                 "compression {other:?} is neither \"none\" nor \"lz4\""
             )),
         }
+    }
+}
+
+/// A stream's compression setting on the wire (`SET_COMPRESSION` request and answer, one
+/// byte): 0 = follow the owning proxy's default (`None`), 1 = `none`, 2 = `lz4`.
+pub fn setting_byte(setting: Option<Compression>) -> u8 {
+    match setting {
+        None => 0,
+        Some(Compression::None) => 1,
+        Some(Compression::Lz4) => 2,
+    }
+}
+
+/// Reads a [`setting_byte`].
+///
+/// # Errors
+/// `WireError::InvalidField` ("compression setting") for any other byte.
+pub fn setting_from_byte(b: u8) -> Result<Option<Compression>, WireError> {
+    match b {
+        0 => Ok(None),
+        1 => Ok(Some(Compression::None)),
+        2 => Ok(Some(Compression::Lz4)),
+        _ => Err(WireError::InvalidField {
+            what: "compression setting",
+        }),
+    }
+}
+
+/// `DESCRIBE_STREAM` answer flag: the stream's own setting is `lz4`.
+pub const FLAG_DESCRIBE_COMPRESSION_LZ4: u8 = 0x02;
+/// `DESCRIBE_STREAM` answer flag: the stream's own setting is `none`. Neither flag: it follows
+/// the owning proxy's default (also every answer of a proxy before per-stream compression).
+pub const FLAG_DESCRIBE_COMPRESSION_NONE: u8 = 0x04;
+
+/// The `DESCRIBE_STREAM` answer flags for a stream's setting.
+pub fn describe_flags(setting: Option<Compression>) -> u8 {
+    match setting {
+        None => 0,
+        Some(Compression::None) => FLAG_DESCRIBE_COMPRESSION_NONE,
+        Some(Compression::Lz4) => FLAG_DESCRIBE_COMPRESSION_LZ4,
+    }
+}
+
+/// A stream's setting from `DESCRIBE_STREAM` answer flags.
+///
+/// # Errors
+/// `WireError::InvalidField` ("compression flags") when both flags are set.
+pub fn setting_from_describe_flags(flags: u8) -> Result<Option<Compression>, WireError> {
+    let lz4 = flags & FLAG_DESCRIBE_COMPRESSION_LZ4 != 0;
+    match (lz4, flags & FLAG_DESCRIBE_COMPRESSION_NONE != 0) {
+        (true, true) => Err(WireError::InvalidField {
+            what: "compression flags",
+        }),
+        (true, false) => Ok(Some(Compression::Lz4)),
+        (false, true) => Ok(Some(Compression::None)),
+        (false, false) => Ok(None),
     }
 }
 

@@ -59,6 +59,7 @@ fn stream_info() -> StreamInfo {
                 size_bytes: None,
                 keep_for_subscriptions: false,
             },
+            compression: None,
         },
         owner: Some("10.0.0.9:4181".into()),
         defaults: RetentionDefaults {
@@ -78,6 +79,7 @@ fn cases() -> Vec<(&'static str, Golden)> {
         cases_issue26(),
         cases_producer(),
         cases_subscriptions(),
+        cases_compression(),
     ]
     .into_iter()
     .flatten()
@@ -538,6 +540,46 @@ fn cases_subscriptions() -> Vec<(&'static str, Golden)> {
     ]
 }
 
+/// Per-stream compression (issue 26 item 5): opcode 0x10, and a stream description whose
+/// answer flags carry the stream's setting.
+fn cases_compression() -> Vec<(&'static str, Golden)> {
+    use crate::compression::Compression;
+    use Golden::Request as Req;
+    use Golden::Response as Resp;
+    let mut lz4 = stream_info();
+    lz4.metadata.compression = Some(Compression::Lz4);
+    vec![
+        (
+            "set-compression-request",
+            Req(
+                16,
+                Request::SetCompression {
+                    stream: "logs/golden".into(),
+                    compression: Some(Compression::Lz4),
+                },
+            ),
+        ),
+        (
+            "set-compression-response",
+            Resp(
+                Opcode::SetCompression,
+                16,
+                Response::SetCompression {
+                    compression: Some(Compression::Lz4),
+                },
+            ),
+        ),
+        (
+            "describe-stream-response-compression",
+            Resp(
+                Opcode::DescribeStream,
+                17,
+                Response::DescribeStream { info: lz4 },
+            ),
+        ),
+    ]
+}
+
 #[test]
 fn every_golden_frame_decodes_to_its_value_and_encodes_to_its_bytes() {
     for (name, golden) in cases() {
@@ -588,6 +630,7 @@ fn every_opcode_has_a_golden_request_and_response() {
             Opcode::GetSubscription => "get-subscription",
             Opcode::ListSubscriptions => "list-subscriptions",
             Opcode::DeleteSubscription => "delete-subscription",
+            Opcode::SetCompression => "set-compression",
         };
         for kind in ["request", "response"] {
             assert!(

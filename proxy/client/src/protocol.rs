@@ -6,6 +6,7 @@
 use quire_wire::frame::{encode_frame, Frame, FrameHeader, RESPONSE_BIT};
 use quire_wire::{put_len_prefixed, Reader, WireError};
 
+use crate::compression::{self, Compression};
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::ErrorCode;
 use crate::record_set::RECORD_HEADER_SIZE_BYTES;
@@ -111,6 +112,8 @@ pub enum Opcode {
     ListSubscriptions = 0x0E,
     /// Delete a subscription (`deleteSubscriber`).
     DeleteSubscription = 0x0F,
+    /// Set (or drop) a stream's own compression setting.
+    SetCompression = 0x10,
 }
 
 impl Opcode {
@@ -135,6 +138,7 @@ impl Opcode {
             0x0D => Self::GetSubscription,
             0x0E => Self::ListSubscriptions,
             0x0F => Self::DeleteSubscription,
+            0x10 => Self::SetCompression,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -233,6 +237,12 @@ pub enum Request {
     ListSubscriptions { stream: String },
     /// Body: stream name, subscription name.
     DeleteSubscription { stream: String, name: String },
+    /// Body: stream name, setting u8 (`compression::setting_byte`: 0 back to the proxy
+    /// default, 1 none, 2 lz4).
+    SetCompression {
+        stream: String,
+        compression: Option<Compression>,
+    },
 }
 
 /// A response from a proxy.
@@ -286,6 +296,8 @@ pub enum Response {
     },
     /// Body: existed u8 (1: deleted, 0: there was none).
     DeleteSubscription { existed: bool },
+    /// Body: the setting in force, u8 as in the request.
+    SetCompression { compression: Option<Compression> },
     /// Any failed request: `status` in the header is the code; body: message (u32 length +
     /// UTF-8 bytes).
     Error { code: ErrorCode, message: String },
@@ -565,6 +577,8 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
             creation_time_ms,
             truncated_before,
             retention,
+            // Carried as the answer's flags; set by the caller.
+            compression: None,
         },
         owner,
         defaults,
@@ -785,6 +799,7 @@ impl Request {
             Request::GetSubscription { .. } => Opcode::GetSubscription,
             Request::ListSubscriptions { .. } => Opcode::ListSubscriptions,
             Request::DeleteSubscription { .. } => Opcode::DeleteSubscription,
+            Request::SetCompression { .. } => Opcode::SetCompression,
         }
     }
 
@@ -801,6 +816,7 @@ impl Request {
             | Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
             | Request::SetRetention { stream, .. }
+            | Request::SetCompression { stream, .. }
             | Request::SealStream { stream }
             | Request::CommitSubscription { stream, .. }
             | Request::GetSubscription { stream, .. }
@@ -879,6 +895,13 @@ impl Request {
             } => {
                 flags = put_set_retention(&mut body, stream, (time_secs, size_bytes));
                 flags |= keep_flags(*keep_for_subscriptions);
+            }
+            Request::SetCompression {
+                stream,
+                compression,
+            } => {
+                put_str(&mut body, stream);
+                body.push(compression::setting_byte(*compression));
             }
         }
         let header = FrameHeader {
@@ -971,6 +994,10 @@ impl Request {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
                 name: subscription::get_name(&mut r)?,
             },
+            Opcode::SetCompression => Request::SetCompression {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                compression: compression::setting_from_byte(r.u8()?)?,
+            },
         };
         r.finish()?;
         Ok(req)
@@ -1042,7 +1069,8 @@ impl Response {
                 }
             }
             Response::DescribeStream { info } => {
-                flags = keep_answer_flag(&info.metadata.retention);
+                flags = keep_answer_flag(&info.metadata.retention)
+                    | compression::describe_flags(info.metadata.compression);
                 put_stream_info(&mut body, info)
             }
             Response::TruncateStream { result } => {
@@ -1058,6 +1086,9 @@ impl Response {
                 subscription::put_list(&mut body, subscriptions)
             }
             Response::DeleteSubscription { existed } => body.push(u8::from(*existed)),
+            Response::SetCompression { compression } => {
+                body.push(compression::setting_byte(*compression))
+            }
             Response::Error { code, message } => {
                 assert!(
                     *code != ErrorCode::Ok,
@@ -1137,6 +1168,8 @@ impl Response {
                 let mut info = get_stream_info(&mut r, frame.body.len())?;
                 info.metadata.retention.keep_for_subscriptions =
                     frame.header.flags & FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS != 0;
+                info.metadata.compression =
+                    compression::setting_from_describe_flags(frame.header.flags)?;
                 Response::DescribeStream { info }
             }
             Opcode::TruncateStream => Response::TruncateStream {
@@ -1178,6 +1211,9 @@ impl Response {
             },
             Opcode::DeleteSubscription => Response::DeleteSubscription {
                 existed: subscription::get_flag(&mut r, "subscription existed flag")?,
+            },
+            Opcode::SetCompression => Response::SetCompression {
+                compression: compression::setting_from_byte(r.u8()?)?,
             },
         };
         r.finish()?;
@@ -1328,6 +1364,26 @@ mod tests {
             });
         }
         req_round_trip(Request::SealStream { stream: "s".into() });
+        for compression in [None, Some(Compression::None), Some(Compression::Lz4)] {
+            req_round_trip(Request::SetCompression {
+                stream: "s".into(),
+                compression,
+            });
+            resp_round_trip(
+                Opcode::SetCompression,
+                Response::SetCompression { compression },
+            );
+        }
+        // A setting byte past lz4 is refused, never taken as a default.
+        let mut buf = Vec::new();
+        Response::SetCompression { compression: None }.encode(
+            Opcode::SetCompression as u8,
+            1,
+            &mut buf,
+        );
+        *buf.last_mut().unwrap() = 3;
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        assert!(Response::decode(&frame).is_err());
         req_round_trip(Request::ProducerWrite {
             stream: "s".into(),
             create_if_missing: false,
@@ -1632,6 +1688,7 @@ mod tests {
                             size_bytes: None,
                             keep_for_subscriptions: true,
                         },
+                        compression: Some(Compression::Lz4),
                     },
                     owner: Some("127.0.0.1:4181".into()),
                     defaults: RetentionDefaults {

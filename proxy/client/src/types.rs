@@ -99,6 +99,10 @@ pub struct StreamMetadata {
     pub truncated_before: Option<Dlsn>,
     /// The stream's retention overrides (`None` fields: the cluster default applies).
     pub retention: RetentionOverride,
+    /// The stream's own compression setting (`SET_COMPRESSION`); `None`: the owning proxy's
+    /// `[streams] compression` default applies. Carried as `DESCRIBE_STREAM` answer flags
+    /// ([`crate::compression::FLAG_DESCRIBE_COMPRESSION_LZ4`] and `_NONE`).
+    pub compression: Option<crate::compression::Compression>,
 }
 
 /// One log segment of a stream as the proxy protocol carries it (DistributedLog

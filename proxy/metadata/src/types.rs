@@ -323,6 +323,24 @@ pub struct StreamMetadata {
     /// sets the log's `maxtxid` to `Long.MAX_VALUE` for the same effect).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sealed: bool,
+    /// How the owner stores this stream's entries (`SET_COMPRESSION`, issue 26 item 5):
+    /// `Some(Lz4)` compresses every entry it writes, `Some(None)` none (a write's own LZ4
+    /// flag still compresses its entry); `None`, and every record made before this field
+    /// existed: the owning proxy's `[streams] compression` default applies. DistributedLog
+    /// sets its codec per writer (`compressionType` in the stream's dynamic config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<StreamCompression>,
+}
+
+/// A stream's own compression setting ([`StreamMetadata::compression`]), stored as
+/// `"none"` or `"lz4"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamCompression {
+    /// Entries stored as they are (unless a write asks for LZ4).
+    None,
+    /// Every entry's records section LZ4-compressed (record set v3, flag bit0).
+    Lz4,
 }
 
 impl std::fmt::Debug for StreamMetadata {
@@ -335,6 +353,7 @@ impl std::fmt::Debug for StreamMetadata {
             .field("truncated_before", &self.truncated_before)
             .field("retention", &self.retention)
             .field("sealed", &self.sealed)
+            .field("compression", &self.compression)
             .field(
                 "ledger_secret_hex",
                 &self.ledger_secret_hex.as_ref().map(|_| "<redacted>"),

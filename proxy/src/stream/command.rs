@@ -49,6 +49,11 @@ pub(super) enum Command {
         keep_for_subscriptions: Option<bool>,
         reply: oneshot::Sender<Result<RetentionOverride>>,
     },
+    /// See [`super::StreamManager::set_compression`].
+    SetCompression {
+        compression: Option<quire_metadata::StreamCompression>,
+        reply: oneshot::Sender<Result<Option<quire_metadata::StreamCompression>>>,
+    },
 }
 
 /// What the stream task reports for its part of a sweep.

@@ -13,7 +13,18 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::record_set;
-use quire_client::compression;
+use quire_client::compression::{self, Compression};
+use quire_metadata::StreamCompression;
+
+/// Whether the owner compresses every entry of the stream `rec` (whatever its writes ask):
+/// the stream's own setting (`StreamMetadata::compression`, `SET_COMPRESSION`) when it has
+/// one, else the proxy's `[streams] compression` default.
+pub(super) fn stream_compresses(rec: &super::record::StreamRecord) -> bool {
+    match rec.meta.value.compression {
+        Some(c) => c == StreamCompression::Lz4,
+        None => rec.config.compression == Compression::Lz4,
+    }
+}
 
 /// The payload the writer adds for the plain record set `plain`: LZ4-compressed when
 /// `compress` and compression makes it smaller (an incompressible entry is stored plain,

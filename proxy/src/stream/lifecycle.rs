@@ -324,6 +324,28 @@ pub(super) async fn truncate(
     })
 }
 
+/// Applies a stream's own compression setting (see `StreamManager::set_compression`) by
+/// compare-and-set; returns the setting in force. An unchanged setting writes nothing.
+///
+/// # Errors
+/// `OwnershipLost`, `Metadata`.
+pub(super) async fn set_compression(
+    rec: &mut StreamRecord,
+    own: &Ownership,
+    compression: Option<quire_metadata::StreamCompression>,
+) -> Result<Option<quire_metadata::StreamCompression>> {
+    if rec.meta.value.compression == compression {
+        return Ok(compression);
+    }
+    own.check()?;
+    let mut meta = rec.meta.value.clone();
+    meta.compression = compression;
+    rec.cas_stream(meta)
+        .await
+        .map_err(|e| own.update_err("set compression", e))?;
+    Ok(compression)
+}
+
 /// Applies retention overrides (see `StreamManager::set_retention`) by compare-and-set;
 /// returns the overrides in force. An unchanged value writes nothing.
 ///

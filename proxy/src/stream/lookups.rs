@@ -86,6 +86,7 @@ mod tests {
             retention: RetentionOverride::default(),
             ledger_secret_hex: None,
             sealed: false,
+            compression: None,
         }
     }
 

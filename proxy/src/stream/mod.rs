@@ -683,6 +683,23 @@ impl StreamManager {
             .await
     }
 
+    /// Sets the stream's own compression (`SET_COMPRESSION`; `None`: back to
+    /// [`StreamConfig::compression`]) and returns the setting in force. Done by the owner,
+    /// which applies it from its next entry on (entries already written stay as stored;
+    /// readers decompress whatever they find, `compress.rs`).
+    ///
+    /// # Errors
+    /// `NoSuchStream`, `OwnedElsewhere`, `OwnershipLost`, `Metadata`.
+    pub async fn set_compression(
+        &self,
+        name: &str,
+        compression: Option<quire_metadata::StreamCompression>,
+    ) -> Result<Option<quire_metadata::StreamCompression>> {
+        self.registry
+            .owner_command(name, |reply| Command::SetCompression { compression, reply })
+            .await
+    }
+
     /// Acquires every stream in the metadata store that no other proxy owns now, recovering
     /// any segment a previous owner left in progress, instead of at each stream's first use.
     /// Returns how many streams were acquired (streams owned elsewhere are skipped).

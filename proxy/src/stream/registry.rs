@@ -151,6 +151,7 @@ impl Registry {
                 &quire_ledger::new_ledger_secret(),
             )),
             sealed: false,
+            compression: None,
         };
         self.metadata
             .create_stream(&meta)

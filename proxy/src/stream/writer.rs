@@ -29,7 +29,6 @@ use crate::record_set::{
     PRODUCER_RUN_SIZE_BYTES, RECORD_SET_HEADER_SIZE_BYTES, RECORD_SIZE_BYTES_MAX,
 };
 use crate::types::{RetentionChange, TruncateResult, WriteResult};
-use quire_client::compression::Compression;
 use quire_metadata::RetentionOverride;
 
 mod seal;
@@ -430,6 +429,13 @@ impl Writer {
                 let _ = reply.send(r);
                 go_on
             }
+            Command::SetCompression { compression, reply } => {
+                let (rec, own) = (&mut self.rec, &self.ownership);
+                let r = lifecycle::set_compression(rec, own, compression).await;
+                let (r, go_on) = self.lifecycle_answer(r).await;
+                let _ = reply.send(r);
+                go_on
+            }
             Command::Delete { reply } => {
                 let (r, go_on) = self.delete_stream().await;
                 let _ = reply.send(r);
@@ -567,6 +573,9 @@ impl Writer {
                     let _ = reply.send(Err(self.ended(deleted, &reason)));
                 }
                 Command::SetRetention { reply, .. } => {
+                    let _ = reply.send(Err(self.ended(deleted, &reason)));
+                }
+                Command::SetCompression { reply, .. } => {
                     let _ = reply.send(Err(self.ended(deleted, &reason)));
                 }
                 Command::Delete { reply } => {
@@ -976,7 +985,7 @@ impl Writer {
                 .await?;
         }
         let runs = self.producer_runs(records);
-        let compress_entry = self.rec.config.compression == Compression::Lz4
+        let compress_entry = compress::stream_compresses(&self.rec)
             || records
                 .iter()
                 .any(|r| self.appends[(r.0 - self.appends_base) as usize].compress);

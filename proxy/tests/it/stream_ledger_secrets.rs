@@ -66,6 +66,7 @@ async fn streams_derive_ledger_keys_from_their_own_secret() {
             retention: RetentionOverride::default(),
             ledger_secret_hex: None,
             sealed: false,
+            compression: None,
         })
         .await
         .unwrap();

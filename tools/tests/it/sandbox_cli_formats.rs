@@ -6,7 +6,10 @@
 //! subscriptions (`--sub`, `quire stream subs`) commit forward only, survive a restart and
 //! resume where committed, and go with their stream; `quire write --compression lz4` stores
 //! LZ4-compressed entries (smaller segments) that read back byte for byte, with positions by
-//! txid, time and last N and `stream show`'s counts as for plain ones.
+//! txid, time and last N and `stream show`'s counts as for plain ones; `quire stream compression
+//! STREAM lz4` makes the owner compress every entry of the stream (writes without a flag store
+//! smaller segments, read back byte for byte), shown by `stream show`, kept across a restart
+//! (a new owner) and undone by `default`.
 //! Method: one `quire sandbox` process (restarted once on the same data directory); every
 //! check runs the real `quire` binary against it.
 
@@ -47,6 +50,7 @@ fn record_formats_and_read_controls() {
     json_output_and_txids(&sandbox);
     count_exit_and_past_end(&sandbox);
     compressed_round_trip(&sandbox);
+    stream_compression_set(&sandbox);
     let out = ok(std::process::Command::new(quire_bin())
         .args(["completions", "bash"])
         .output()
@@ -56,6 +60,7 @@ fn record_formats_and_read_controls() {
         "bash completions"
     );
     let sandbox = subscriptions_resume_after_restart(sandbox, dir.path());
+    stream_compression_after_restart(&sandbox);
     sandbox.stop();
 }
 
@@ -355,4 +360,63 @@ fn compressed_round_trip(sandbox: &Sandbox) {
     assert!(segment_bytes(&bin) < 64 * 256 / 4, "{bin}");
     let bad = sandbox.quire_stdin(&["write", "lz2", "--compression", "zstd"], b"x\n");
     assert!(!bad.status.success());
+}
+
+/// The per-stream setting, first half: set on a stream made plain, shown, applied to writes
+/// that carry no compression flag.
+fn stream_compression_set(sandbox: &Sandbox) {
+    let missing = sandbox.quire(&["stream", "compression", "nope", "lz4"]);
+    assert!(!missing.status.success());
+    assert_eq!(String::from_utf8_lossy(&missing.stderr).lines().count(), 1);
+    ok(sandbox.quire_stdin(&["write", "sc", "--txid-from", "1"], &hdfs_lines(0, 1)));
+    let text = |args: &[&str]| String::from_utf8(ok(sandbox.quire(args))).unwrap();
+    assert!(
+        text(&["stream", "show", "sc"]).contains("  compression: proxy default\n"),
+        "a new stream follows the proxy default"
+    );
+    let out = text(&["stream", "compression", "sc", "lz4"]);
+    assert_eq!(out, "stream sc compression: lz4 (stream)\n");
+    assert!(text(&["stream", "show", "sc"]).contains("  compression: lz4 (stream)\n"));
+    let show: serde_json::Value =
+        serde_json::from_str(&text(&["stream", "show", "sc", "--json"])).unwrap();
+    assert_eq!(show["compression"], "lz4", "{show}");
+    let bad = sandbox.quire(&["stream", "compression", "sc", "zstd"]);
+    assert!(!bad.status.success());
+    ok(sandbox.quire_stdin(&["write", "sc", "--txid-from", "2"], &hdfs_lines(1, 2000)));
+}
+
+/// The per-stream setting, second half, after the sandbox restarted (a new proxy acquired
+/// the stream): still set, still applied; the stream reads back byte for byte and its
+/// segments hold under a third of the plain stream's bytes for the same lines.
+fn stream_compression_after_restart(sandbox: &Sandbox) {
+    let text = |args: &[&str]| String::from_utf8(ok(sandbox.quire(args))).unwrap();
+    assert_eq!(
+        text(&["stream", "compression", "sc"]),
+        "stream sc compression: lz4 (stream)\n"
+    );
+    ok(sandbox.quire_stdin(
+        &["write", "sc", "--txid-from", "2001"],
+        &hdfs_lines(2000, 3000),
+    ));
+    assert!(
+        ok(sandbox.quire(&["read", "sc"])) == hdfs_lines(0, 3000),
+        "the stream compressed by its setting reads back as written"
+    );
+    let sc = sealed_show(sandbox, "sc");
+    // "plain" was sealed by compressed_round_trip.
+    let plain: serde_json::Value =
+        serde_json::from_str(&text(&["stream", "show", "plain", "--json"])).unwrap();
+    assert_eq!(sc["record_count"], 3000, "{sc}");
+    let (sc_bytes, plain_bytes) = (segment_bytes(&sc), segment_bytes(&plain));
+    assert!(
+        sc_bytes * 3 < plain_bytes,
+        "segments of the lz4 stream hold {sc_bytes} bytes, plain ones {plain_bytes}"
+    );
+    assert_eq!(
+        text(&["stream", "compression", "sc", "default"]),
+        "stream sc compression: proxy default\n"
+    );
+    let show: serde_json::Value =
+        serde_json::from_str(&text(&["stream", "show", "sc", "--json"])).unwrap();
+    assert!(show["compression"].is_null(), "{show}");
 }

@@ -15,6 +15,7 @@ fn stream(name: &str) -> StreamMetadata {
         retention: RetentionOverride::default(),
         ledger_secret_hex: None,
         sealed: false,
+        compression: None,
     }
 }
 

@@ -93,7 +93,18 @@ fn stream() -> StreamMetadata {
         },
         ledger_secret_hex: Some("0f".repeat(32)),
         sealed: false,
+        compression: None,
     }
+}
+
+/// The stream record with the fields issue 26 added (seal, per-stream compression): written
+/// by `write_missing_fixtures` as `znodes/stream-issue26.json`.
+fn stream_issue26() -> StreamMetadata {
+    let mut s = stream();
+    s.sealed = true;
+    s.compression = Some(StreamCompression::Lz4);
+    s.retention.keep_for_subscriptions = true;
+    s
 }
 
 fn cookie() -> Cookie {
@@ -133,7 +144,13 @@ fn every_znode_record_reads_into_its_value() {
     let l: LedgerMetadata = read("znodes/ledger.json");
     assert_eq!(l, ledger());
     l.validate().unwrap();
+    // A record from before `compression` existed reads as "follow the proxy default".
     assert_eq!(read::<StreamMetadata>("znodes/stream.json"), stream());
+    assert_eq!(stream().compression, None);
+    assert_eq!(
+        read::<StreamMetadata>("znodes/stream-issue26.json"),
+        stream_issue26()
+    );
     assert_eq!(read::<Cookie>("znodes/cookie.json"), cookie());
     assert_eq!(read::<BookieInfo>("znodes/bookie-info.json"), bookie_info());
     assert_eq!(
@@ -176,9 +193,13 @@ async fn a_version_1_embedded_store_opens_with_its_records() {
 async fn write_missing_fixtures() {
     let znodes = fixtures().join("znodes");
     std::fs::create_dir_all(&znodes).unwrap();
-    let records: [(&str, Vec<u8>); 5] = [
+    let records: [(&str, Vec<u8>); 6] = [
         ("ledger.json", serde_json::to_vec(&ledger()).unwrap()),
         ("stream.json", serde_json::to_vec(&stream()).unwrap()),
+        (
+            "stream-issue26.json",
+            serde_json::to_vec(&stream_issue26()).unwrap(),
+        ),
         ("cookie.json", serde_json::to_vec(&cookie()).unwrap()),
         (
             "bookie-info.json",
