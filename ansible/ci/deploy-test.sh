@@ -6,7 +6,8 @@
 #    default route (nothing can leave the machine). Every host gets its own directory
 #    (the namespaces share the filesystem).
 # 2. Lints the playbooks, deploys with `ansible-playbook site.yml` over SSH, and runs site.yml
-#    again, which must report changed=0 on every host.
+#    again on one host of each role (zk1 with monitoring, bk1, px1), which must report
+#    changed=0 on each.
 # 3. Checks the security that is on as in production: a client without TLS is refused (TLS
 #    with client certificates), a client without a token is refused (UNAUTHENTICATED), the
 #    read-only token the CI inventory declares cannot write (REQUEST_DENIED), and a ZooKeeper
@@ -16,7 +17,9 @@
 #    with `quire read` (admin token); the output must equal the file.
 # 4. Starts the load driver (tools/tests/it/proxy_drain_and_rolling_load.rs,
 #    deployed_cluster_under_rolling_restart: a writer and a tailing reader over both proxies),
-#    runs rolling-restart.yml under it, then lets the driver check with the shared history
+#    runs rolling-restart.yml under it, then upgrade.yml to a "new build" (the binary with a
+#    marker appended; each bookie and proxy must be a new process running it, the old one kept
+#    as quire.prev), then lets the driver check with the shared history
 #    checker that every acknowledged record is there exactly once and in order, and print the
 #    writer's p99 and longest gap during the restart.
 # 5. Monitoring (site.yml's monitoring role: Prometheus on zk1's host): through Prometheus's
@@ -29,8 +32,8 @@
 #
 # Needs: ansible-playbook, ansible-lint, sshd (openssh-server), ip (iproute2), unshare
 # (util-linux), java + Debian's zookeeper package (zkCli.sh); .ci/run installs them. The quire
-# binary and test binaries must be built (scripts/test does); this script runs the workspace
-# build command again, which is then a no-op, to learn the test binary's path.
+# binary and test binaries must be built (scripts/test does); unless QUIRE_LOAD_BIN names the
+# load driver, this script runs the workspace build command again (then a no-op) to find it.
 set -eu
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -121,23 +124,11 @@ if ip link show "$BR" > /dev/null 2>&1; then
     exit 1
 fi
 
-# The binaries: the workspace build command of scripts/test (a no-op once it has run) tells
-# where the load driver's test binary is.
+# The binaries: the load driver is the quire command's test binary (ci/locate-load-bin.sh asks
+# the workspace build command of scripts/test, a no-op once that has run; .ci/run passes it in
+# QUIRE_LOAD_BIN).
 log "locating the quire binary and the load driver"
-cargo build --workspace --tests --bins --release --message-format=json > "$ST/build.json"
-LOAD_BIN=$(python3 - "$ST/build.json" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    # The quire command's one integration-test binary (tools/tests/it) holds the load driver.
-    if (m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "it"
-            and m.get("manifest_path", "").endswith("tools/Cargo.toml") and m.get("executable")):
-        print(m["executable"])
-PY
-)
+LOAD_BIN=${QUIRE_LOAD_BIN:-$("$ANSIBLE_DIR/ci/locate-load-bin.sh")}
 [ -x "$LOAD_BIN" ] || { echo "deploy-test: load driver binary not found" >&2; exit 1; }
 export QUIRE_BIN=${QUIRE_BIN:-$ROOT/target/release/quire}
 [ -x "$QUIRE_BIN" ] || { echo "deploy-test: $QUIRE_BIN not built" >&2; exit 1; }
@@ -192,13 +183,17 @@ t0=$(date +%s)
 ANSIBLE_LINT_NODEPS=1 ansible-lint --offline -q
 log "ansible-lint (offline, profile production) passed in $(( $(date +%s) - t0 )) s"
 
-# Every host of a PLAY RECAP must show changed=0 and failed=0.
+# LOG HOSTS: the PLAY RECAP of LOG names exactly HOSTS (comma-separated), each with changed=0
+# and failed=0.
 recap_unchanged() {
-    python3 - "$1" << 'PY'
+    python3 - "$1" "$2" << 'PY'
 import re, sys
 text = open(sys.argv[1]).read().split("PLAY RECAP", 1)[-1]
 rows = re.findall(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", text, re.M)
 bad = [r for r in rows if r[2] != "0" or r[3] != "0" or r[4] != "0"]
+if sorted(r[0] for r in rows) != sorted(sys.argv[2].split(",")):
+    print("PLAY RECAP hosts:", [r[0] for r in rows], "expected:", sys.argv[2], file=sys.stderr)
+    sys.exit(1)
 if not rows or bad:
     print("not idempotent or failed:", bad or "no recap", file=sys.stderr)
     sys.exit(1)
@@ -210,11 +205,15 @@ t0=$(date +%s)
 ansible-playbook -i inventories/ci site.yml > "$ST/site-1.log" || { tail -n 60 "$ST/site-1.log"; exit 1; }
 grep -A10 "PLAY RECAP" "$ST/site-1.log"
 log "site.yml deployed the cluster in $(( $(date +%s) - t0 )) s"
+# The idempotency run on one host of each role (zk1 also holds monitoring; every play and
+# task of site.yml runs, on 3 hosts instead of 6: the other hosts run the same tasks with
+# other variables). It must change nothing.
 t0=$(date +%s)
-ansible-playbook -i inventories/ci site.yml > "$ST/site-2.log" || { tail -n 60 "$ST/site-2.log"; exit 1; }
+ansible-playbook -i inventories/ci site.yml --limit zk1,bk1,px1 > "$ST/site-2.log" \
+    || { tail -n 60 "$ST/site-2.log"; exit 1; }
 grep -B3 -A12 "changed:" "$ST/site-2.log" | head -40 || true
-recap_unchanged "$ST/site-2.log"
-log "second site.yml changed nothing ($(( $(date +%s) - t0 )) s)"
+recap_unchanged "$ST/site-2.log" zk1,bk1,px1
+log "second site.yml (zk1, bk1, px1) changed nothing ($(( $(date +%s) - t0 )) s)"
 
 # The cluster speaks TLS with client certificates required on every port (quire_tls, on as in
 # production): the clients below use the CA and certificate site.yml made on this controller,
@@ -325,6 +324,32 @@ t0=$(date +%s)
 ansible-playbook -i inventories/ci rolling-restart.yml > "$ST/rolling.log" || { tail -n 80 "$ST/rolling.log"; exit 1; }
 grep -A10 "PLAY RECAP" "$ST/rolling.log"
 log "rolling-restart.yml took $(( $(date +%s) - t0 )) s"
+
+# The upgrade under the same writer and reader (upgrade.yml): the "new build" is the binary
+# with a marker appended (it runs the same, but its bytes differ). Every bookie and proxy must
+# be a new process (pid changed) running the new file (its executable's inode is the installed
+# quire's, and that equals the new build), with the old build kept as quire.prev.
+t0=$(date +%s)
+NEXT=$ST/quire-next
+cp "$QUIRE_BIN" "$NEXT"
+printf '\nquire-deploy-test upgrade marker %s\n' "$(date +%s%N)" >> "$NEXT"
+"$NEXT" --version > /dev/null || { echo "deploy-test: the marked binary does not run" >&2; exit 1; }
+SERVICES="bk1:quire-bookie bk2:quire-bookie bk3:quire-bookie px1:quire-proxy px2:quire-proxy"
+declare -A PID_BEFORE
+for s in $SERVICES; do PID_BEFORE[$s]=$(cat "$ST/hosts/${s%%:*}/run/quire/${s#*:}.pid"); done
+ansible-playbook -i inventories/ci upgrade.yml -e quire_upgrade_binary="$NEXT" > "$ST/upgrade.log" \
+    || { tail -n 80 "$ST/upgrade.log"; exit 1; }
+grep -A10 "PLAY RECAP" "$ST/upgrade.log"
+for s in $SERVICES; do
+    h=${s%%:*}; bin=$ST/hosts/$h/opt/quire/bin
+    pid=$(cat "$ST/hosts/$h/run/quire/${s#*:}.pid")
+    [ "$pid" != "${PID_BEFORE[$s]}" ] || { echo "deploy-test: ${s#*:} on $h was not restarted (pid $pid)" >&2; exit 1; }
+    [ "$(stat -L -c %i "/proc/$pid/exe")" = "$(stat -c %i "$bin/quire")" ] \
+        || { echo "deploy-test: ${s#*:} on $h (pid $pid) does not run the installed binary" >&2; exit 1; }
+    cmp -s "$bin/quire" "$NEXT" || { echo "deploy-test: $h's quire is not the new build" >&2; exit 1; }
+    cmp -s "$bin/quire.prev" "$QUIRE_BIN" || { echo "deploy-test: $h's quire.prev is not the old build" >&2; exit 1; }
+done
+log "upgrade.yml swapped and restarted all 5 processes under load ($(( $(date +%s) - t0 )) s)"
 touch "$ST/control/stop"
 wait "$LOAD_PID" && load_rc=0 || load_rc=$?
 LOAD_PID=
