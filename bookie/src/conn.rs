@@ -1051,7 +1051,12 @@ async fn spawn_op(ctx: &ConnCtx<'_>, request_id: u64, op: Op, received: Instant)
             Op::Add { data, .. } => data.len(),
             _ => 0,
         };
-        let outcome = shard.dispatch(op).await;
+        let outcome = match crate::faults::before(&op).await {
+            crate::faults::Injected::Run => shard.dispatch(op).await,
+            crate::faults::Injected::Answer(o) => o,
+            // A dropped request: no answer; the permits go as for an answered one.
+            crate::faults::Injected::Drop => return drop((permit, pass)),
+        };
         outbox.push(|out| encode_outcome(out, request_id, opcode, &outcome));
         if let Some(m) = &shard.metrics {
             record(

@@ -23,6 +23,7 @@
 
 mod conn;
 pub mod disk;
+mod faults;
 mod gc;
 mod host;
 mod keys;

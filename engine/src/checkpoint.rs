@@ -250,6 +250,8 @@ impl<S: Storage + 'static> Checkpointer<S> {
         self.journal_files
             .retire(previous_mark_file, mark.journal_file_id)
             .await;
+        // Fault point (docs/fault-points.md): a crash between this checkpoint and the next.
+        quire_faults::crash("engine.checkpoint.after");
         Ok(())
     }
 

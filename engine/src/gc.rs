@@ -550,6 +550,9 @@ impl<S: Storage + 'static> Gc<S> {
             i = j;
         }
         self.sync_output(&mut copy).await?;
+        // Fault point (docs/fault-points.md): a crash with the live entries copied and synced
+        // but their new locations not committed.
+        quire_faults::crash("engine.gc.compact.before_commit");
         self.commit_compaction(id, &copy.moved, copy.copied_bytes, out)
             .await
     }

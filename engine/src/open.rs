@@ -16,6 +16,7 @@ use crate::index::Index;
 use crate::io::{Storage, StorageFile};
 use crate::journal::files::{create_journal_file, list_journals};
 use crate::journal::replay::{find_later_batch, read_journal, replay};
+use crate::journal::replay_crash;
 use crate::journal::JournalCursor;
 use crate::ledgers::{apply_durable, Ledgers};
 use crate::reserve::Reserve;
@@ -75,7 +76,13 @@ pub(crate) async fn open_state<S: Storage>(
     let entry_logs = open_entry_logs(storage, cfg, &ledger_names, &usage).await?;
     let write_cache = WriteCache::new(cfg.write_cache_bytes_max, cfg.write_cache_wait_max);
     let reusable_journals = retire_old_journals(storage, cfg, &mut journal_ids, &mark).await?;
+    let crash_after = replay_crash::crash_after(storage, cfg, &journal_ids, &mark).await;
+    let mut applied = 0u64;
     let journal_cursor = replay(storage, cfg, &journal_ids, &mark, &mut |record| {
+        applied += 1;
+        if crash_after == Some(applied) {
+            quire_faults::abort_at(replay_crash::POINT);
+        }
         apply_durable(&ledgers, &write_cache, record)
     })
     .await?;

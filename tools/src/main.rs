@@ -207,6 +207,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     warn_env_over_file(&matches);
+    if quire_faults::init() {
+        tracing::warn!(
+            "{} is set: fault points are armed; this process fails requests and aborts on purpose (tests only, docs/fault-points.md)",
+            quire_faults::ENV
+        );
+    }
     let result = match cli.command {
         Command::Sandbox(args) => sandbox::run(args),
         Command::Write(args) => client::write(args),

@@ -3,6 +3,7 @@
 //! standard dashboards and rules work: `process_cpu_seconds_total`,
 //! `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`,
 //! `process_max_fds`, `process_start_time_seconds`, `process_threads`; and
+//! `quire_fault_points_active` (1 when `QUIRE_FAULT_POINTS` armed fault points, docs/fault-points.md) and
 //! `quire_build_info{version,git_commit}` (always 1; `git_commit` is `unknown` when the build
 //! had no git checkout). Read from `/proc/self` at scrape time (Linux `proc(5)`).
 
@@ -96,7 +97,7 @@ impl Collector for ProcessCollector {
             None,
             MetricType::Counter,
         )?)?;
-        let gauges: [(&str, &str, f64); 6] = [
+        let gauges: [(&str, &str, f64); 7] = [
             (
                 "process_resident_memory_bytes",
                 "Resident memory size in bytes.",
@@ -126,6 +127,11 @@ impl Collector for ProcessCollector {
                 "process_threads",
                 "Threads of the process.",
                 f.threads as f64,
+            ),
+            (
+                "quire_fault_points_active",
+                "1 when QUIRE_FAULT_POINTS armed fault points in this process (tests only; docs/fault-points.md), else 0.",
+                f64::from(u8::from(quire_faults::active())),
             ),
         ];
         for (name, help, v) in gauges {

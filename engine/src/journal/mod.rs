@@ -23,6 +23,7 @@ use crate::{Error, JournalObserver};
 
 pub(crate) mod files;
 pub(crate) mod replay;
+pub(crate) mod replay_crash;
 pub(crate) mod writer;
 
 /// End of the durable journal: where the next batch goes and its first sequence number.

@@ -18,7 +18,7 @@ use crate::io::{Storage, StorageFile, BLOCK_BYTES};
 use crate::{EngineConfig, Error};
 
 /// Why replay stopped inside a file.
-enum Stop {
+pub(super) enum Stop {
     /// No batch starts at this batch boundary: zeros, end of file, or a batch header of this
     /// file use with a seq below the expected one.
     End(u64),
@@ -31,7 +31,7 @@ enum Stop {
 }
 
 /// Scans one journal file image from `start`, applying good records. Returns where it stopped.
-fn scan_file(
+pub(super) fn scan_file(
     img: &[u8],
     salt: &JournalSalt,
     start: u64,

@@ -274,6 +274,9 @@ impl BookKeeper {
             length_bytes = header_of(&bytes, id, entry)?.length_bytes;
             self.recovery_add(meta, version, id, key, entry, bytes, &divergent)
                 .await?;
+            // Fault point (docs/fault-points.md): a crash inside recovery's write-back, after
+            // this entry's re-add and before the next one or the close.
+            quire_faults::crash("ledger.recovery.write_back");
             last = Some(entry);
             next += 1;
         }

@@ -488,6 +488,9 @@ impl Segments {
         rec.cas_stream(meta)
             .await
             .map_err(|e| own.update_err("start segment", e))?;
+        // Fault point (docs/fault-points.md): the writer dies with the new segment's ledger
+        // and in-progress record made but no entry added (DistributedLog's empty segment).
+        quire_faults::crash("proxy.segment.after_create");
         tracing::debug!(stream = %rec.name, seq_no, ledger = ledger.id().0, "started segment");
         self.current = Some(OpenSegment {
             seq_no,
