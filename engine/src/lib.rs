@@ -23,6 +23,7 @@ mod open;
 mod read_ahead;
 mod read_cache;
 mod reserve;
+mod scrub;
 mod settings;
 #[cfg(feature = "sim-disk")]
 pub mod sim_disk;
@@ -33,6 +34,7 @@ mod write_cache;
 
 pub use engine::Engine;
 pub use gc::{GcRun, IndexCheck};
+pub use scrub::{DamagedEntry, ScrubPass, ScrubStats};
 pub use settings::{
     CompactionSettings, ConfigError, EngineSettings, ENTRY_LOG_SIZE_BYTES_MIN,
     INDEX_CACHE_BYTES_MIN, JOURNAL_FILE_SIZE_BYTES_MIN, JOURNAL_QUEUE_BYTES_MIN,

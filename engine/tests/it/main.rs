@@ -26,6 +26,7 @@ mod ledger_keys_and_re_adds;
 mod long_poll_lac;
 mod read_ahead_cache;
 mod restart_replays_journal;
+mod scrub;
 mod storage_faults;
 mod stress_rolls_checkpoints;
 mod torn_tail_and_corruption;
