@@ -145,14 +145,8 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
 /// `quire autorecovery status`.
 fn status(args: StatusArgs) -> Result<()> {
     crate::admin::with_zk_store(&args.metadata, async |store| {
-        let state = store
-            .autorecovery_state()
-            .await
-            .context("cannot read the autorecovery state")?;
-        let marks = store
-            .list_under_replicated()
-            .await
-            .context("cannot list under-replicated ledgers")?;
+        let crate::cluster::Recovery { state, marks } =
+            crate::cluster::read_recovery(&store).await?;
         let pending = quire_metadata::pending_decommissions(&*store)
             .await
             .context("cannot read the decommissions under way")?;

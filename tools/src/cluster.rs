@@ -26,7 +26,8 @@ use std::fmt::Write as _;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use quire_metadata::{MetadataStore, ZkStore};
+use quire_metadata::{AutorecoveryState, MetadataStore, UnderReplication, Versioned, ZkStore};
+use quire_wire::LedgerId;
 use serde::Serialize;
 
 use crate::admin::OutputArgs;
@@ -151,6 +152,30 @@ pub async fn read_decommissions(store: &ZkStore) -> Result<Vec<Decommission>> {
         .collect())
 }
 
+/// What `cluster status` and `autorecovery status` both show of autorecovery.
+pub(crate) struct Recovery {
+    /// The auditor election's candidates (the first is the auditor) and the replication locks.
+    pub(crate) state: AutorecoveryState,
+    /// The under-replication marks, by ledger.
+    pub(crate) marks: Vec<(LedgerId, Versioned<UnderReplication>)>,
+}
+
+/// Reads the autorecovery state and the under-replication marks, for both status commands.
+///
+/// # Errors
+/// A ZooKeeper request failed (the message says which read).
+pub(crate) async fn read_recovery(store: &ZkStore) -> Result<Recovery> {
+    let state = store
+        .autorecovery_state()
+        .await
+        .context("cannot read the autorecovery state")?;
+    let marks = store
+        .list_under_replicated()
+        .await
+        .context("cannot list under-replicated ledgers")?;
+    Ok(Recovery { state, marks })
+}
+
 /// Reads the cluster's status from its metadata store.
 ///
 /// # Errors
@@ -182,14 +207,7 @@ pub async fn read_status(store: &ZkStore, autorecovery_expected: bool) -> Result
         });
     }
     bookies.sort_by(|a, b| a.id.cmp(&b.id));
-    let state = store
-        .autorecovery_state()
-        .await
-        .context("cannot read the autorecovery state")?;
-    let marks = store
-        .list_under_replicated()
-        .await
-        .context("cannot list under-replicated ledgers")?;
+    let Recovery { state, marks } = read_recovery(store).await?;
     let (proxies, streams, unowned) = stream_owners(store).await?;
     let mut status = Status {
         healthy: true,

@@ -40,6 +40,28 @@ pub enum DecommissionError {
         /// " (and N more ledgers like it)", or empty.
         more: String,
     },
+    /// Refused up front: fewer writable bookies would remain than the ensemble the proxies
+    /// create ledgers with (the largest ensemble size among open ledgers), so new streams and
+    /// segment rolls would fail (nothing was changed).
+    #[error("new ledgers need {ensemble} bookies (ledger {ledger} is open with ensemble size {ensemble}); {writable} writable bookies remain besides {bookie}: add a bookie first")]
+    TooFewForEnsemble {
+        /// The bookie to decommission.
+        bookie: BookieId,
+        /// An open ledger with the largest ensemble size.
+        ledger: quire_wire::LedgerId,
+        /// Its ensemble size.
+        ensemble: usize,
+        /// Writable registered bookies besides `bookie` not being decommissioned.
+        writable: usize,
+    },
+    /// A resumed decommission refused by the same check as a new one (`source`); its record
+    /// stays, so the bookie stays out of the registry until it is cancelled or finishes.
+    #[error("{source}; the decommission stays under way (bookie unregistered): run again once a bookie is added, or cancel it with --cancel")]
+    ResumeRefused {
+        /// The refusal ([`DecommissionError::NoRoom`] or
+        /// [`DecommissionError::TooFewForEnsemble`]).
+        source: Box<DecommissionError>,
+    },
     /// `cancel` of a bookie with no decommission under way.
     #[error("no decommission of bookie {0} is under way")]
     NotDecommissioning(BookieId),
@@ -112,12 +134,14 @@ impl Default for DecommissionOptions {
 /// metadata names it marks every ledger that does under-replicated for it (the replication
 /// workers treat a decommissioning bookie as lost), reporting [`Progress`]; finally deletes
 /// its cookie and ends the decommission, so that it can be stopped and its disks reused. A
-/// second call resumes. Before it starts, [`check_room`] refuses one the remaining writable
-/// bookies cannot hold. Returns the entry bytes the workers copied off the bookie.
+/// second call resumes. Before it starts or resumes, [`check_room`] refuses one the remaining
+/// writable bookies cannot hold. Returns the entry bytes the workers copied off the bookie.
 ///
 /// # Errors
 /// [`DecommissionError::NoCookie`] for a bookie without a cookie (and no decommission under
-/// way), [`DecommissionError::NoRoom`] (refused, nothing changed),
+/// way), [`DecommissionError::NoRoom`] or [`DecommissionError::TooFewForEnsemble`] (refused,
+/// nothing changed), [`DecommissionError::ResumeRefused`] (a resumed one refused so; its
+/// record stays),
 /// [`DecommissionError::NotFinished`] when the timeout passes, `Metadata` otherwise.
 pub async fn decommission(
     store: &dyn UnderReplicationStore,
@@ -180,10 +204,16 @@ async fn begin(
         .await
         .map_err(metadata("cannot list decommissions"))?
         .contains(bookie);
-    // Checked when it starts, so that a refusal leaves the bookie as it was; a resumed one
-    // is out already and reports `NoReplacement` for what it waits on.
-    if cookie.is_some() && !under_way {
-        check_room(store, bookie).await?;
+    // Checked before anything changes, so that a refusal leaves the bookie as it was; a
+    // resumed one (its record exists) is checked again, since bookies may have gone since.
+    if cookie.is_some() {
+        check_room(store, bookie).await.map_err(|e| match e {
+            e @ DecommissionError::Metadata { .. } => e,
+            e if under_way => DecommissionError::ResumeRefused {
+                source: Box::new(e),
+            },
+            e => e,
+        })?;
     }
     let fresh = store
         .start_decommission(bookie)
@@ -243,23 +273,15 @@ async fn mark_pass(
         open: 0,
         no_replacement: Vec::new(),
     };
-    let ledgers = store
-        .list_ledgers()
-        .await
-        .map_err(metadata("cannot list ledgers"))?;
-    for ledger in ledgers {
-        let meta = match store.read_ledger(ledger).await {
-            Ok(v) => v.value,
-            Err(quire_metadata::Error::NotFound { .. }) => continue,
-            Err(e) => return Err(metadata("cannot read a ledger")(e)),
-        };
+    let mut to_mark = Vec::new();
+    quire_metadata::walk_ledgers(store, |ledger, meta| {
         let naming: Vec<_> = meta
             .fragments
             .iter()
             .filter(|f| f.bookies.contains(bookie))
             .collect();
         if naming.is_empty() {
-            continue;
+            return;
         }
         pass.naming += 1;
         if meta.state != quire_metadata::LedgerState::Closed {
@@ -273,6 +295,11 @@ async fn mark_pass(
         {
             pass.no_replacement.push((ledger, f.first_entry));
         }
+        to_mark.push(ledger);
+    })
+    .await
+    .map_err(metadata("cannot read the ledgers' metadata"))?;
+    for ledger in to_mark {
         store
             .mark_under_replicated(ledger, std::slice::from_ref(bookie))
             .await
@@ -281,13 +308,19 @@ async fn mark_pass(
     Ok(pass)
 }
 
-/// Refuses a decommission the cluster has no room for (nothing changed yet): every fragment
-/// naming `bookie` needs a replacement outside its ensemble among the writable registered
-/// bookies other than `bookie` not being decommissioned (BookKeeper's placement never puts
-/// one bookie twice in an ensemble), or its worker would wait for ever.
+/// Refuses a decommission the cluster has no room for (nothing changed yet):
+/// * every fragment naming `bookie` needs a replacement outside its ensemble among the
+///   writable registered bookies other than `bookie` not being decommissioned (BookKeeper's
+///   placement never puts one bookie twice in an ensemble), or its worker would wait for ever;
+/// * those bookies must be at least the ensemble size the proxies create ledgers with, known
+///   here as the largest ensemble size among open ledgers (each proxy's current segments),
+///   or new ledgers (new streams, segment rolls, ensemble changes) would fail.
+///
+/// A cluster with no open ledger gives no ensemble size: only the first rule applies.
 ///
 /// # Errors
-/// [`DecommissionError::NoRoom`] naming the first such ledger, or `Metadata`.
+/// [`DecommissionError::NoRoom`] naming the first stuck ledger, else
+/// [`DecommissionError::TooFewForEnsemble`], or `Metadata`.
 pub async fn check_room(
     store: &dyn UnderReplicationStore,
     bookie: &BookieId,
@@ -298,16 +331,14 @@ pub async fn check_room(
         .filter(|b| b != bookie)
         .collect();
     let mut stuck: Vec<(quire_wire::LedgerId, usize)> = Vec::new();
-    let ledgers = store
-        .list_ledgers()
-        .await
-        .map_err(metadata("cannot list ledgers"))?;
-    for ledger in ledgers {
-        let meta = match store.read_ledger(ledger).await {
-            Ok(v) => v.value,
-            Err(quire_metadata::Error::NotFound { .. }) => continue,
-            Err(e) => return Err(metadata("cannot read a ledger")(e)),
-        };
+    let mut widest_open: Option<(quire_wire::LedgerId, usize)> = None;
+    quire_metadata::walk_ledgers(store, |ledger, meta| {
+        let ensemble = usize::from(meta.ensemble_size);
+        if meta.state == quire_metadata::LedgerState::Open
+            && widest_open.is_none_or(|(_, e)| ensemble > e)
+        {
+            widest_open = Some((ledger, ensemble));
+        }
         let no_room = meta
             .fragments
             .iter()
@@ -315,22 +346,34 @@ pub async fn check_room(
         if let Some(f) = no_room {
             stuck.push((ledger, f.bookies.len()));
         }
-    }
-    let Some(&(ledger, ensemble)) = stuck.first() else {
-        return Ok(());
-    };
-    let more = match stuck.len() - 1 {
-        0 => String::new(),
-        1 => " (and 1 more ledger like it)".into(),
-        n => format!(" (and {n} more ledgers like it)"),
-    };
-    Err(DecommissionError::NoRoom {
-        bookie: bookie.clone(),
-        ledger,
-        ensemble,
-        writable: spares.len(),
-        more,
     })
+    .await
+    .map_err(metadata("cannot read the ledgers' metadata"))?;
+    if let Some(&(ledger, ensemble)) = stuck.first() {
+        let more = match stuck.len() - 1 {
+            0 => String::new(),
+            1 => " (and 1 more ledger like it)".into(),
+            n => format!(" (and {n} more ledgers like it)"),
+        };
+        return Err(DecommissionError::NoRoom {
+            bookie: bookie.clone(),
+            ledger,
+            ensemble,
+            writable: spares.len(),
+            more,
+        });
+    }
+    match widest_open {
+        Some((ledger, ensemble)) if spares.len() < ensemble => {
+            Err(DecommissionError::TooFewForEnsemble {
+                bookie: bookie.clone(),
+                ledger,
+                ensemble,
+                writable: spares.len(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Cancels the decommission of `bookie` (puts it back): ends its record, so that the bookie,

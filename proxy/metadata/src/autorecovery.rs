@@ -19,8 +19,8 @@ use quire_wire::LedgerId;
 use tokio::sync::watch;
 
 use crate::{
-    AutorecoveryState, BookieId, Decommission, MetadataStore, ReplicationLock, Result,
-    UnderReplication, Version, Versioned,
+    AutorecoveryState, BookieId, Decommission, LedgerMetadata, MetadataStore, ReplicationLock,
+    Result, UnderReplication, Version, Versioned,
 };
 
 /// The autorecovery records of a metadata store. Errors as [`MetadataStore`]'s (`Io` or
@@ -195,18 +195,14 @@ pub async fn pending_decommissions(
     }
     let registered = store.list_bookies().await?;
     let mut left = vec![0usize; records.len()];
-    for ledger in store.list_ledgers().await? {
-        let meta = match store.read_ledger(ledger).await {
-            Ok(v) => v.value,
-            Err(crate::Error::NotFound { .. }) => continue,
-            Err(e) => return Err(e),
-        };
+    walk_ledgers(store, |_, meta| {
         for (i, (bookie, _)) in records.iter().enumerate() {
             if meta.fragments.iter().any(|f| f.bookies.contains(bookie)) {
                 left[i] += 1;
             }
         }
-    }
+    })
+    .await?;
     Ok(records
         .into_iter()
         .zip(left)
@@ -217,6 +213,26 @@ pub async fn pending_decommissions(
             ledgers_left,
         })
         .collect())
+}
+
+/// Reads every ledger's metadata once, in id order, and hands each to `visit`; a ledger
+/// deleted between the listing and its read is skipped. The one walk behind a decommission's
+/// up-front check, its passes and the status commands' pending counts.
+///
+/// # Errors
+/// The store's (listing, or reading a ledger that exists).
+pub async fn walk_ledgers<S: MetadataStore + ?Sized>(
+    store: &S,
+    mut visit: impl FnMut(LedgerId, &LedgerMetadata) + Send,
+) -> Result<()> {
+    for ledger in store.list_ledgers().await? {
+        match store.read_ledger(ledger).await {
+            Ok(v) => visit(ledger, &v.value),
+            Err(crate::Error::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Adds `bookies` to a mark's bookie list `list`, kept sorted and duplicate-free (the same rule

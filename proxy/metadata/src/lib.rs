@@ -25,7 +25,8 @@ mod types;
 mod zookeeper;
 
 pub use autorecovery::{
-    pending_decommissions, AuditorElection, PendingDecommission, UnderReplicationStore,
+    pending_decommissions, walk_ledgers, AuditorElection, PendingDecommission,
+    UnderReplicationStore,
 };
 pub use config::{is_host_port_list, ConfigError, ZooKeeperConfig};
 pub use embedded::{EmbeddedStore, EMBEDDED_FILE_NAME};

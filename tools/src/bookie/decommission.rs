@@ -4,6 +4,8 @@
 //! follows its decommission record ([`follow`]): out of the registry while one is under way,
 //! back in once it is cancelled.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -16,8 +18,33 @@ pub fn run(args: DecommissionArgs) -> Result<()> {
     crate::autorecovery::decommission(args)
 }
 
-/// How often a running bookie looks at its decommission record.
-pub(crate) const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
+/// A ZooKeeper watch on the decommission records ([`ZkStore::watch_decommissions`]), or a
+/// retry delay when it could not be set.
+pub(crate) type RecordWatch = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// How long a bookie waits before trying again to set the watch on its decommission record.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
+
+/// Arms the watch on the decommission records, then [`follow`]s the bookie's record as it is
+/// now (a change after the read fires the watch, so none is missed). When the watch cannot
+/// be set or the record not followed, the result is a [`WATCH_RETRY`] delay, after which the
+/// caller arms it again (what the one-second poll this replaces did on every tick).
+pub(crate) async fn arm_and_follow(store: &ZkStore, info: &BookieInfo) -> RecordWatch {
+    let watch = match store.watch_decommissions().await {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(bookie = %info.id, error = %e, "cannot watch the decommission records; trying again in 1 s");
+            Box::pin(tokio::time::sleep(WATCH_RETRY))
+        }
+    };
+    match follow(store, info).await {
+        Ok(()) => watch,
+        Err(e) => {
+            tracing::warn!(bookie = %info.id, error = %format!("{e:#}"), "cannot follow the decommission record; trying again in 1 s");
+            Box::pin(tokio::time::sleep(WATCH_RETRY))
+        }
+    }
+}
 
 /// Keeps the bookie's registration in line with its decommission record: while a
 /// decommission of it is under way it stays out of the registry (no new ledger picks it; it

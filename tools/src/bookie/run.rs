@@ -244,6 +244,26 @@ impl Running<'_> {
     }
 }
 
+/// Registers the bookie again under `available` or `readonly` as `info.read_only` says;
+/// whether that worked (else the caller retries in a second).
+async fn move_registration(store: &ZkStore, info: &BookieInfo) -> bool {
+    let dir = if info.read_only {
+        "readonly"
+    } else {
+        "available"
+    };
+    match store.register_bookie(info.clone()).await {
+        Ok(()) => {
+            eprintln!("quire bookie: {} registered under {dir}", info.id);
+            true
+        }
+        Err(e) => {
+            tracing::warn!(bookie = %info.id, error = %e, "cannot move the registration to {dir}; retrying");
+            false
+        }
+    }
+}
+
 /// Keeps the registration alive and in the right directory until told to stop; returns the
 /// store in use then.
 ///
@@ -252,8 +272,9 @@ impl Running<'_> {
 /// (BookKeeper's `RegistrationManager.registerBookie(id, readOnly)`); a failed move is retried
 /// every second. When the ZooKeeper session expires, the ephemeral registration is gone: it
 /// connects a new store (a new session), retrying every second, and registers again with the
-/// current state. Every second it also follows its decommission record
-/// ([`super::decommission::follow`]: out while one is under way, back once it is cancelled).
+/// current state. It also follows its decommission record ([`super::decommission::follow`]:
+/// out while one is under way, back once it is cancelled) when a ZooKeeper watch on the
+/// records fires, and once at start and after each new session.
 /// The bookie serves throughout.
 async fn keep_registered(
     mut store: Arc<ZkStore>,
@@ -263,10 +284,18 @@ async fn keep_registered(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Arc<ZkStore> {
     let mut retry_move = false;
+    // The ZooKeeper watch on the decommission records; `None`: to be armed (and the record
+    // followed) before waiting.
+    let mut records: Option<super::decommission::RecordWatch> = None;
     loop {
+        if records.is_none() {
+            info.read_only = state.is_read_only();
+            records = Some(super::decommission::arm_and_follow(&store, &info).await);
+        }
         let mut lost = store.session_lost();
-        // `None`: time to look at the decommission record (done outside the select, whose
-        // output holds a non-Send watch guard).
+        let record_changed = records.as_mut().expect("armed above");
+        // `None`: a decommission record was created or deleted (followed outside the select,
+        // whose output holds a non-Send watch guard).
         let wake = tokio::select! {
             _ = stop.changed() => return store,
             r = lost.wait_for(|lost| *lost) => {
@@ -283,34 +312,19 @@ async fn keep_registered(
                 Some(true)
             }
             _ = tokio::time::sleep(Duration::from_secs(1)), if retry_move => Some(true),
-            _ = tokio::time::sleep(super::decommission::FOLLOW_INTERVAL), if !retry_move => None,
+            _ = record_changed => None,
         };
         let Some(moved) = wake else {
-            info.read_only = state.is_read_only();
-            if let Err(e) = super::decommission::follow(&store, &info).await {
-                tracing::warn!(bookie = %info.id, error = %format!("{e:#}"), "cannot follow the decommission record");
-            }
+            records = None;
             continue;
         };
         if moved {
             // Several transitions may be queued; the current state is what counts.
             while changes.try_recv().is_ok() {}
             info.read_only = state.is_read_only();
-            let dir = if info.read_only {
-                "readonly"
-            } else {
-                "available"
-            };
-            match store.register_bookie(info.clone()).await {
-                Ok(()) => {
-                    retry_move = false;
-                    eprintln!("quire bookie: {} registered under {dir}", info.id);
-                }
-                Err(e) => {
-                    retry_move = true;
-                    tracing::warn!(bookie = %info.id, error = %e, "cannot move the registration to {dir}; retrying");
-                }
-            }
+            retry_move = !move_registration(&store, &info).await;
+            // A decommissioned bookie registered again by the move goes out again.
+            records = None;
             continue;
         }
         eprintln!(
@@ -333,6 +347,8 @@ async fn keep_registered(
                     Ok(fresh) => {
                         store = fresh;
                         retry_move = false;
+                        // The old session's watch is gone: armed again on the new one.
+                        records = None;
                         eprintln!("quire bookie: {} registered again", info.id);
                         break;
                     }

@@ -317,6 +317,40 @@ impl ZkStore {
         Err(zk_err("create", &p, zk::Error::NoNode))
     }
 
+    /// A one-shot ZooKeeper watch for a running bookie to follow the decommission records:
+    /// it completes when a record is created or deleted (`underreplication/decommission`'s
+    /// children change; progress updates of a record's data do not wake it), when that
+    /// directory is created if it is missing, or when the session ends. Arm it, then read the
+    /// records: a change after the read completes it, so none is missed (ZooKeeper's watch
+    /// rule: set by the read, fired once by the next change).
+    ///
+    /// # Errors
+    /// `ZooKeeper` (the watch could not be set).
+    pub async fn watch_decommissions(
+        &self,
+    ) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+        let dir = self.path("underreplication/decommission");
+        let c = &self.inner.client;
+        let watcher = match c.list_and_watch_children(&dir).await {
+            Ok((_, w)) => w,
+            Err(zk::Error::NoNode) => {
+                let (stat, w) = c
+                    .check_and_watch_stat(&dir)
+                    .await
+                    .map_err(|e| zk_err("exists", &dir, e))?;
+                if stat.is_some() {
+                    // Created between the two reads: wake at once, the caller arms again.
+                    return Ok(Box::pin(std::future::ready(())));
+                }
+                w
+            }
+            Err(e) => return Err(zk_err("list", &dir, e)),
+        };
+        Ok(Box::pin(async move {
+            watcher.changed().await;
+        }))
+    }
+
     /// The bookies being decommissioned, sorted.
     ///
     /// # Errors
