@@ -51,6 +51,8 @@ pub struct StreamSettings {
     pub txid_jump_max: u64,
     /// [`StreamConfig::compression`]: `"none"` (the default) or `"lz4"`.
     pub compression: quire_client::compression::Compression,
+    /// [`StreamConfig::subscriptions_per_stream_max`], at least 1.
+    pub subscriptions_per_stream_max: usize,
 }
 
 impl Default for StreamSettings {
@@ -70,6 +72,7 @@ impl Default for StreamSettings {
             lifecycle_sweep_secs: c.lifecycle_sweep_interval.map_or(0, |d| d.as_secs()),
             txid_jump_max: c.txid_jump_max.unwrap_or(0),
             compression: c.compression,
+            subscriptions_per_stream_max: c.subscriptions_per_stream_max,
         }
     }
 }
@@ -125,6 +128,13 @@ impl StreamSettings {
                 "expected 0 (off) to 86400",
             ));
         }
+        if self.subscriptions_per_stream_max == 0 {
+            return Err(ConfigError::invalid(
+                "subscriptions_per_stream_max",
+                0,
+                "expected at least 1",
+            ));
+        }
         Ok(())
     }
 
@@ -144,6 +154,7 @@ impl StreamSettings {
         c.lifecycle_sweep_interval = secs(self.lifecycle_sweep_secs);
         c.txid_jump_max = (self.txid_jump_max > 0).then_some(self.txid_jump_max);
         c.compression = self.compression;
+        c.subscriptions_per_stream_max = self.subscriptions_per_stream_max;
     }
 }
 

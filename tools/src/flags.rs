@@ -341,6 +341,10 @@ pub struct ProxyFlags {
     /// still ask for LZ4 itself (WRITE flag 0x04) ([streams] compression).
     #[arg(long)]
     pub compression: Option<quire_client::compression::Compression>,
+    /// Most subscriptions a stream may have; a commit creating one more fails with
+    /// TOO_MANY_SUBSCRIPTIONS ([streams] subscriptions_per_stream_max).
+    #[arg(long)]
+    pub subscriptions_per_stream_max: Option<usize>,
     /// Longest SIGTERM drain, in milliseconds, 100 to 3600000.
     #[arg(long)]
     pub drain_timeout_ms: Option<u64>,

@@ -78,13 +78,18 @@ pub enum ErrorCode {
     /// writes; a retried write's outcome stays unknown. Quire's own code (Kafka's
     /// `UNKNOWN_PRODUCER_ID`).
     ProducerSessionExpired = 542,
+    /// A commit would create a subscription on a stream that has the proxy's
+    /// `subscriptions_per_stream_max` (default 1,000) already; nothing was stored. Delete
+    /// unused subscriptions or commit under an existing name. Quire's own code (DistributedLog
+    /// sets no bound).
+    TooManySubscriptions = 543,
     /// The stream name breaks the naming rules (DL `INVALID_STREAM_NAME`).
     InvalidStreamName = 602,
 }
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
@@ -105,6 +110,7 @@ impl ErrorCode {
         Self::TxidTooFarAhead,
         Self::ProducerSequenceGap,
         Self::ProducerSessionExpired,
+        Self::TooManySubscriptions,
         Self::InvalidStreamName,
     ];
 
@@ -136,6 +142,7 @@ impl ErrorCode {
             Self::TxidTooFarAhead => "TXID_TOO_FAR_AHEAD",
             Self::ProducerSequenceGap => "PRODUCER_SEQUENCE_GAP",
             Self::ProducerSessionExpired => "PRODUCER_SESSION_EXPIRED",
+            Self::TooManySubscriptions => "TOO_MANY_SUBSCRIPTIONS",
             Self::InvalidStreamName => "INVALID_STREAM_NAME",
         }
     }
@@ -223,6 +230,14 @@ pub enum Error {
         session_id: u64,
         first_seq: u64,
         reason: String,
+    },
+    /// A first commit of subscription `name` would exceed the stream's bound on subscriptions
+    /// (`TOO_MANY_SUBSCRIPTIONS`); nothing was stored.
+    #[error("stream {stream:?} has {max} subscriptions, its proxy's subscriptions_per_stream_max: subscription {name:?} was not created (delete unused ones with `quire stream subs STREAM --delete NAME`)")]
+    TooManySubscriptions {
+        stream: String,
+        name: String,
+        max: usize,
     },
     /// (client side) A write's outcome is unknown: the connection was lost after it was sent,
     /// or the owner answered `OWNERSHIP_LOST` or `STORAGE_ERROR` during it. Its records may or
@@ -341,6 +356,7 @@ impl Error {
             Error::TxidTooFarAhead { .. } => ErrorCode::TxidTooFarAhead,
             Error::ProducerSequenceGap { .. } => ErrorCode::ProducerSequenceGap,
             Error::ProducerSessionExpired { .. } => ErrorCode::ProducerSessionExpired,
+            Error::TooManySubscriptions { .. } => ErrorCode::TooManySubscriptions,
             Error::WriteOutcomeUnknown { code, .. } => *code,
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Error::RequestDenied { .. } => ErrorCode::RequestDenied,
@@ -389,7 +405,7 @@ mod tests {
             numbers,
             [
                 0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 525,
-                540, 541, 542, 602
+                540, 541, 542, 543, 602
             ]
         );
         for c in ErrorCode::ALL {

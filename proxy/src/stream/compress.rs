@@ -26,14 +26,35 @@ pub(super) fn stream_compresses(rec: &super::record::StreamRecord) -> bool {
     }
 }
 
+/// An entry as the writer adds it (`stored`) and as readers decode it (`plain`): the same
+/// `Arc` unless the entry is stored compressed. The writer hands `plain` to the tail cache, so
+/// tail readers never decompress what this proxy wrote (each would otherwise decompress the
+/// same entry again), and the cache's byte bound counts the plain bytes it holds.
+pub(super) struct StoredEntry {
+    pub(super) stored: Arc<Vec<u8>>,
+    pub(super) plain: Arc<Vec<u8>>,
+}
+
 /// The payload the writer adds for the plain record set `plain`: LZ4-compressed when
 /// `compress` and compression makes it smaller (an incompressible entry is stored plain,
 /// so compression never grows an entry past the record-set limit), else `plain` itself.
-pub(super) fn stored_entry(plain: Vec<u8>, compress: bool) -> Vec<u8> {
-    if !compress {
-        return plain;
+pub(super) fn stored_entry(plain: Vec<u8>, compress: bool) -> StoredEntry {
+    let plain = Arc::new(plain);
+    let packed = if compress {
+        compression::compress_entry(&plain)
+    } else {
+        None
+    };
+    match packed {
+        Some(packed) => StoredEntry {
+            stored: Arc::new(packed),
+            plain,
+        },
+        None => StoredEntry {
+            stored: plain.clone(),
+            plain,
+        },
     }
-    compression::compress_entry(&plain).unwrap_or(plain)
 }
 
 /// Entry `entry` of ledger `ledger` of `stream` as `record_set::decode` reads it:
@@ -83,9 +104,20 @@ mod tests {
         // compressed only when asked and smaller; a corrupt block is a Storage error.
         let line = b"081109 203615 148 INFO dfs.DataNode$PacketResponder: PacketResponder 1";
         let plain = record_set::encode(0, 7, (0..50u64).map(|t| (t, &line[..])));
-        assert_eq!(stored_entry(plain.clone(), false), plain);
-        let packed = stored_entry(plain.clone(), true);
+        let kept = stored_entry(plain.clone(), false);
+        assert_eq!(*kept.stored, plain);
+        assert!(
+            Arc::ptr_eq(&kept.stored, &kept.plain),
+            "one buffer when plain"
+        );
+        let entry = stored_entry(plain.clone(), true);
+        let packed = entry.stored.to_vec();
         assert!(packed.len() < plain.len() / 3, "{}", packed.len());
+        // What goes to the tail cache is the plain set: it decodes as it is, where the stored
+        // one is refused until decompressed.
+        assert_eq!(*entry.plain, plain);
+        assert!(record_set::decode(&entry.plain).is_ok());
+        assert!(record_set::decode(&entry.stored).is_err());
         assert_eq!(&*plain_entry("s", 1, 0, &packed).unwrap(), &plain[..]);
         let shared = Arc::new(plain.clone());
         assert!(Arc::ptr_eq(
@@ -103,7 +135,11 @@ mod tests {
             })
             .collect();
         let random = record_set::encode(0, 7, [(1u64, &noise[..])]);
-        assert_eq!(stored_entry(random.clone(), true), random, "kept plain");
+        assert_eq!(
+            *stored_entry(random.clone(), true).stored,
+            random,
+            "kept plain"
+        );
         let mut bad = packed.clone();
         bad.truncate(packed.len() - 2);
         let e = plain_entry("s", 1, 2, &bad).unwrap_err();

@@ -212,6 +212,11 @@ pub struct StreamConfig {
     /// write that asked for it (write flag `0x04`). Readers see the same records either way;
     /// segment sizes and size retention count the stored (compressed) bytes.
     pub compression: quire_client::compression::Compression,
+    /// Most subscriptions a stream may have (`[streams] subscriptions_per_stream_max`): a
+    /// commit that would create one more fails with `TooManySubscriptions` (each lives in the
+    /// metadata store, a znode, and every list and lag computation walks them all).
+    /// DistributedLog sets no bound on `SubscriptionsStore`.
+    pub subscriptions_per_stream_max: usize,
 }
 
 /// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
@@ -242,6 +247,7 @@ impl Default for StreamConfig {
             lifecycle_check_interval: Duration::from_secs(1),
             lifecycle_sweep_interval: Some(Duration::from_secs(300)),
             txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
+            subscriptions_per_stream_max: 1_000,
             compression: quire_client::compression::Compression::None,
         }
     }

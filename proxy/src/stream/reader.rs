@@ -336,8 +336,9 @@ fn take_records(
     false
 }
 
-/// One entry's payload: from the tail cache, else from the bookies through a cached reader;
-/// decompressed when stored LZ4-compressed (`compress.rs`), so callers decode it as it is.
+/// One entry's payload: from the tail cache (which holds entries plain, as the writer made
+/// them before compressing: `writer::InFlight::plain`), else from the bookies through a cached
+/// reader, decompressed when stored LZ4-compressed (`compress.rs`); callers decode it as it is.
 pub(super) async fn fetch_entry(
     bookkeeper: &BookKeeper,
     shared: &StreamShared,
@@ -352,7 +353,7 @@ pub(super) async fn fetch_entry(
         .entries
         .get(&(ledger, entry))
     {
-        return compress::plain_shared(name, ledger, entry, p.clone());
+        return Ok(p.clone());
     }
     // A cached reader may predate a change of the ledger's metadata: retry once with a
     // freshly opened one before giving up.

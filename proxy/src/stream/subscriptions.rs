@@ -107,6 +107,9 @@ impl StreamManager {
                 Err(quire_metadata::Error::NotFound { .. }) => None,
                 Err(e) => return Err(sub_err(stream, "read subscription", e)),
             };
+            if current.is_none() {
+                self.check_subscription_cap(stream, name).await?;
+            }
             let in_force = current.as_ref().map(|v| to_dlsn(v.value.committed));
             let Some(next) = advance(in_force, position) else {
                 let sub = current.expect("a no-op needs a committed position").value;
@@ -132,6 +135,31 @@ impl StreamManager {
         Err(Error::Internal(format!(
             "subscription {name:?} of stream {stream:?} changed {COMMIT_ATTEMPTS_MAX} times during one commit"
         )))
+    }
+
+    /// Refuses a new subscription `name` when `stream` has
+    /// [`super::StreamConfig::subscriptions_per_stream_max`] already. Two first commits of new
+    /// names racing on two proxies may both pass: the cap bounds growth, not an exact count.
+    ///
+    /// # Errors
+    /// `TooManySubscriptions`, `Metadata`.
+    async fn check_subscription_cap(&self, stream: &str, name: &str) -> Result<()> {
+        let max = self.registry.config.subscriptions_per_stream_max;
+        let have = self
+            .registry
+            .metadata
+            .list_subscriptions(stream)
+            .await
+            .map_err(|e| sub_err(stream, "list subscriptions", e))?
+            .len();
+        if have >= max {
+            return Err(Error::TooManySubscriptions {
+                stream: stream.to_string(),
+                name: name.to_string(),
+                max,
+            });
+        }
+        Ok(())
     }
 
     /// Subscription `name` of `stream` with its lag; `committed: None` when there is none.

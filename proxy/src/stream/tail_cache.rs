@@ -88,6 +88,9 @@ impl TailState {
 }
 
 /// Recently acknowledged entries, by (ledger, entry), bounded by bytes; oldest evicted first.
+/// Entries are held plain (never LZ4-compressed: the writer inserts the record set it encoded
+/// before compressing it), so tail readers decode them without decompressing, and the bound
+/// counts the plain bytes held.
 #[derive(Default)]
 pub(super) struct TailCache {
     pub(super) entries: BTreeMap<(u64, u64), Arc<Vec<u8>>>,

@@ -39,7 +39,10 @@ pub(super) struct InFlight {
     pub(super) seq_no: u64,
     pub(super) entry: u64,
     pub(super) ledger_id: u64,
-    pub(super) payload: Arc<Vec<u8>>,
+    /// The entry as readers decode it: plain even when it is stored LZ4-compressed, so the
+    /// tail cache it goes to on acknowledgement holds plain entries and each tail read decodes
+    /// without decompressing (`compress::StoredEntry`).
+    pub(super) plain: Arc<Vec<u8>>,
     /// Records and payload bytes in the segment up to and including this entry.
     pub(super) records_through: u64,
     pub(super) bytes_through: u64,
@@ -726,7 +729,7 @@ impl Writer {
         let seq = seg.seq_no;
         self.rec.shared.cache.lock().expect("cache lock").insert(
             (f.ledger_id, f.entry),
-            f.payload,
+            f.plain,
             self.rec.config.tail_cache_bytes_max,
         );
         self.rec.tail.send_modify(|t| {
@@ -998,7 +1001,10 @@ impl Writer {
             &runs,
             records.iter().map(|(_, t, p, ..)| (*t, *p)),
         );
-        let payload = Arc::new(compress::stored_entry(plain, compress_entry));
+        let compress::StoredEntry {
+            stored: payload,
+            plain,
+        } = compress::stored_entry(plain, compress_entry);
         seg.last_write_time_ms = write_time;
         let entry = seg.next_entry;
         // The LAC this entry carries is at least the writer's LAC read before the add.
@@ -1019,7 +1025,7 @@ impl Writer {
             seq_no,
             entry,
             ledger_id: seg.ledger.id().0,
-            payload,
+            plain,
             records_through: seg.record_count,
             bytes_through: seg.size_bytes,
             last_record: seg.last_record.map(|(_, slot)| (slot, write_time)),
@@ -1152,12 +1158,31 @@ impl Writer {
     /// recovery) can read up to the last acknowledged record (DistributedLog writes a control
     /// record for the same reason).
     fn send_control_entry(&mut self) -> Result<()> {
+        self.send_recordless_entry(
+            record_set::encode_control,
+            "control entry to advance the LAC",
+        );
+        Ok(())
+    }
+
+    /// Sends an entry that holds no record into the open segment: a control entry or the
+    /// end-of-stream marker (`docs/format/record-set.md`), made by `encode` from the segment's
+    /// record count, last txid and last write time. Like every add it carries the writer's
+    /// LAC. Returns its entry id.
+    ///
+    /// # Panics
+    /// Without an open segment (both callers open or check one first).
+    pub(super) fn send_recordless_entry(
+        &mut self,
+        encode: fn(u64, u64, u64) -> Vec<u8>,
+        what: &'static str,
+    ) -> u64 {
         let seg = self
             .segments
             .current
             .as_mut()
-            .expect("a control entry is due only with an open segment");
-        let payload = Arc::new(record_set::encode_control(
+            .expect("an entry without records is sent only with an open segment");
+        let payload = Arc::new(encode(
             seg.record_count,
             seg.last_txid,
             seg.last_write_time_ms,
@@ -1167,18 +1192,18 @@ impl Writer {
         let future = seg.ledger.add(shared_bytes(&payload));
         seg.next_entry += 1;
         seg.size_bytes += payload.len() as u64;
-        tracing::trace!(stream = %self.rec.name, seq_no = seg.seq_no, entry, lac = ?seg.lac_carried, "control entry to advance the LAC");
+        tracing::trace!(stream = %self.rec.name, seq_no = seg.seq_no, entry, lac = ?seg.lac_carried, "{what}");
         self.entries.push_back(InFlight {
             future,
             seq_no: seg.seq_no,
             entry,
             ledger_id: seg.ledger.id().0,
-            payload,
+            plain: payload,
             records_through: seg.record_count,
             bytes_through: seg.size_bytes,
             last_record: None,
         });
-        Ok(())
+        entry
     }
 
     /// The writer is dead after a storage or metadata error (see [`Segments::fail`]).

@@ -800,6 +800,7 @@ async fn retention_keeps_what_subscriptions_need() {
     let c = common::cluster().await;
     let config = StreamConfig {
         lifecycle_check_interval: Duration::from_millis(100),
+        subscriptions_per_stream_max: 2,
         ..common::small_config()
     };
     let p = common::proxy(&c, config).await;
@@ -862,5 +863,39 @@ async fn retention_keeps_what_subscriptions_need() {
         .await
         .unwrap();
     assert!(!r.keep_for_subscriptions);
+    subscriptions_are_bounded(&client, &all).await;
     p.streams.shutdown().await.unwrap();
+}
+
+/// Goal: `subscriptions_per_stream_max` (here 2) bounds a stream's subscriptions: the first
+/// commit of one name too many fails with `TOO_MANY_SUBSCRIPTIONS` and stores nothing;
+/// commits to existing names go on; after a delete a new name fits again. Runs inside
+/// `retention_keeps_what_subscriptions_need` (its proxy and its stream "k", which has the
+/// subscription "lag"), sharing its cluster.
+async fn subscriptions_are_bounded(client: &ProxyClient, all: &[Rec]) {
+    let at = all[10].0;
+    client.commit_subscription("k", "two", at).await.unwrap();
+    let e = client
+        .commit_subscription("k", "three", at)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), ErrorCode::TooManySubscriptions, "{e}");
+    assert!(
+        e.to_string().contains("subscriptions_per_stream_max"),
+        "{e}"
+    );
+    let names: Vec<String> = client
+        .list_subscriptions("k")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["lag", "two"], "nothing stored for the refused name");
+    client
+        .commit_subscription("k", "two", all[20].0)
+        .await
+        .unwrap();
+    assert!(client.delete_subscription("k", "two").await.unwrap());
+    client.commit_subscription("k", "three", at).await.unwrap();
 }

@@ -1,6 +1,7 @@
 //! Exactly-once appends and client failover (issue 26 items 4 and 6), with real processes:
 //! three bookies, three proxies, the stream's owner SIGKILLed under a producer session, a
-//! tailing reader and plain writers.
+//! tailing reader and plain writers; then the client's first proxy, not the stream's owner,
+//! SIGKILLed under a producer session and a tailing reader, and the owner after it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +44,17 @@ impl Proxies {
             .position(|a| a == addr)
             .unwrap_or_else(|| panic!("{addr} is none of the proxies"));
         self.procs[i].take().expect("running").kill();
+        self.procs[i] = Some(cluster.start_proxy(self.ports[i], &QUORUM));
+    }
+
+    /// SIGKILLs the proxy at `addr` and leaves it dead; returns its index for `start`.
+    fn kill(&mut self, addr: &str) -> usize {
+        let i = self.addrs().iter().position(|a| a == addr).expect("known");
+        self.procs[i].take().expect("running").kill();
+        i
+    }
+
+    fn start(&mut self, cluster: &Cluster, i: usize) {
         self.procs[i] = Some(cluster.start_proxy(self.ports[i], &QUORUM));
     }
 }
@@ -288,4 +300,67 @@ fn producer_session_survives_three_owner_kills_and_plain_writes_report_unknown()
             "{p:?} is stored but was reported refused"
         );
     }
+    home_proxy_killed(&cluster, &mut proxies, &rt);
+    eprintln!("home proxy phase done, {:?}", t0.elapsed());
+}
+
+/// Goal (issue 26 item 6, "failover of a tailing reader and a writer when their proxy is
+/// SIGKILLed"): the proxy a client dialled first (its home, `routing.rs`) is not the stream's
+/// owner; after a redirect the client sends the stream's requests to the owner, so the home
+/// proxy's SIGKILL must not disturb them, and when the owner is SIGKILLed afterwards the
+/// client must skip the dead home proxy to find the new owner. Method: the stream is made
+/// owned by the second proxy (an owner command through it alone); a Producer and a tailing
+/// Reader list the first proxy first; it is SIGKILLed (and left dead) at 1,000 records
+/// acknowledged, the owner at 2,000; the stream and the tail must hold the 3,000 records
+/// once, in order.
+fn home_proxy_killed(cluster: &Cluster, proxies: &mut Proxies, rt: &tokio::runtime::Runtime) {
+    let stream = "eo/home";
+    let addrs = proxies.addrs();
+    rt.block_on(async {
+        let c = ProxyClient::connect(addrs[1].as_str()).await.unwrap();
+        c.create_stream(stream).await.unwrap();
+        // An owner command through this proxy alone makes it take the stream.
+        c.set_retention(
+            stream,
+            quire_client::RetentionChange::Keep,
+            quire_client::RetentionChange::Keep,
+        )
+        .await
+        .unwrap();
+    });
+    let owner = rt.block_on(owner_of(&addrs, stream)).expect("an owner");
+    let home = addrs.iter().find(|a| **a != owner).unwrap().clone();
+    let mut ordered = vec![home.clone()];
+    ordered.extend(addrs.iter().filter(|a| **a != home).cloned());
+    let acked = Arc::new(AtomicU64::new(0));
+    let producer = rt.spawn(produce(ordered.clone(), stream, acked.clone()));
+    let reader = rt.spawn(tail(ordered.clone(), stream));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acked.load(Ordering::SeqCst) < 1000 {
+        assert!(Instant::now() < deadline, "no progress to 1000");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("killing the home proxy {home} (owner {owner})");
+    let dead = proxies.kill(&home);
+    kill_owner_at(cluster, proxies, rt, stream, &acked, 2000);
+    let retries = rt.block_on(producer).unwrap();
+    let (tailed, read_failures) = rt.block_on(reader).unwrap();
+    let expected: Vec<Vec<u8>> = (0..RECORDS).map(payload).collect();
+    let live = addrs.iter().find(|a| **a != home).unwrap();
+    let stored: Vec<Vec<u8>> = rt
+        .block_on(read_all(live, stream))
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    eprintln!(
+        "home: {} records stored, producer retries {retries}, reader failovers {read_failures}",
+        stored.len()
+    );
+    assert_eq!(stored.len(), expected.len(), "every record once");
+    assert!(stored == expected, "the stream holds the records in order");
+    assert!(
+        tailed == expected,
+        "the tailing reader read every record once, in order"
+    );
+    proxies.start(cluster, dead);
 }

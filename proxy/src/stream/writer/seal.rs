@@ -5,9 +5,7 @@
 //! the flag is in the record, and recovery sets it again from a marker whose completion did not
 //! reach the record); readers stop at the marker.
 
-use std::sync::Arc;
-
-use super::{shared_bytes, InFlight, Writer};
+use super::Writer;
 use crate::dlsn::Dlsn;
 use crate::error::{Error, Result};
 use crate::record_set;
@@ -55,26 +53,7 @@ impl Writer {
                 .open_segment(&mut self.rec, &self.ownership, txid, first_write_time)
                 .await?;
         }
-        let seg = self.segments.current.as_mut().expect("opened above");
-        let payload = Arc::new(record_set::encode_end_of_stream(
-            seg.record_count,
-            seg.last_txid,
-            seg.last_write_time_ms,
-        ));
-        let entry = seg.next_entry;
-        let future = seg.ledger.add(shared_bytes(&payload));
-        seg.next_entry += 1;
-        seg.size_bytes += payload.len() as u64;
-        self.entries.push_back(InFlight {
-            future,
-            seq_no: seg.seq_no,
-            entry,
-            ledger_id: seg.ledger.id().0,
-            payload,
-            records_through: seg.record_count,
-            bytes_through: seg.size_bytes,
-            last_record: None,
-        });
+        self.send_recordless_entry(record_set::encode_end_of_stream, "end-of-stream marker");
         while !self.entries.is_empty() {
             self.complete_oldest().await?;
         }
