@@ -29,6 +29,7 @@ mod host;
 mod keys;
 pub mod metrics;
 mod ops;
+mod scrub;
 mod settings;
 mod shard;
 
@@ -53,6 +54,10 @@ pub use crate::host::ShardHost;
 pub use crate::keys::{
     ledger_keys_channel, LedgerKeyAnswer, LedgerKeyQueries, LedgerKeyQuery, LedgerKeys,
     KEY_ANSWER_WAIT_MAX,
+};
+pub use crate::scrub::{
+    damaged_ledgers_channel, DamagedLedgerReports, DamagedLedgers, ScrubConfig,
+    SCRUB_INTERVAL_DEFAULT, SCRUB_RATE_BYTES_PER_SEC_DEFAULT,
 };
 pub use crate::settings::{check_cpu_set, BookieSettings, SHARDS_DEFAULT};
 
@@ -133,6 +138,8 @@ pub struct BookieConfig {
     /// [`deleted_ledgers_channel`]). `None`: no ledger is ever deleted, while entry logs
     /// without live entries are still removed and compaction still runs.
     pub gc_deleted_ledgers: Option<DeletedLedgers>,
+    /// The scrubber of every shard: on, daily, 4 MiB/s per shard by default ([`ScrubConfig`]).
+    pub scrub: ScrubConfig,
     /// Where shards ask the metadata store whether a ledger exists and with which master key
     /// (see [`ledger_keys_channel`]), before an add or fence of a ledger on which no key is
     /// bound yet: a key binds only for a ledger the store holds with that key, so no ledger id
@@ -224,6 +231,7 @@ impl BookieConfig {
             engine,
             gc_interval: GC_INTERVAL_DEFAULT,
             gc_deleted_ledgers: None,
+            scrub: ScrubConfig::default(),
             ledger_keys: None,
             metrics: None,
             host: None,
@@ -660,6 +668,7 @@ fn shard_args(
         peers: channels.peers,
         gc_interval: config.gc_interval,
         gc_deleted_ledgers: config.gc_deleted_ledgers.clone(),
+        scrub: config.scrub.clone(),
         ledger_keys: config.ledger_keys.clone(),
         read_only: shared.read_only.clone(),
         metrics: config.metrics.as_ref().map(|m| m.shard(index).clone()),

@@ -287,6 +287,22 @@ shard_state! {
     index_ledgers_rebuilt: counter = "bookie_INDEX_REBUILD_LEDGERS";
     /// Entry locations written by those rebuilds.
     index_entries_rebuilt: counter = "bookie_INDEX_REBUILD_ENTRIES";
+    /// Scrub passes completed (re-reads of the index and entry logs, checksums checked).
+    scrub_passes: counter = "bookie_scrub_passes";
+    /// Entry-log records read and checked by scrub passes.
+    scrub_entries_scanned: counter = "bookie_scrub_entries_scanned";
+    /// Entry-log bytes read by scrub passes.
+    scrub_bytes_scanned: counter = "bookie_scrub_bytes_scanned";
+    /// Damaged entries found by scrub passes (each counted once until repaired).
+    scrub_damaged_found: counter = "bookie_scrub_damaged_entries_found";
+    /// Damaged entries at the end of the last scrub pass, not yet repaired.
+    scrub_damaged_now: gauge = "bookie_scrub_damaged_entries";
+    /// Damaged entries a later scrub pass found replaced by an intact copy.
+    scrub_repaired: counter = "bookie_scrub_repaired_entries";
+    /// Damaged index segments found by scrub passes (rebuilt from the entry logs).
+    scrub_index_segments_damaged: counter = "bookie_scrub_damaged_index_segments";
+    /// End of the last scrub pass, seconds since the Unix epoch (0: none yet).
+    scrub_last_pass_end_seconds: gauge = "bookie_scrub_last_pass_end_seconds";
 }
 
 /// How often each shard publishes its [`ShardState`].

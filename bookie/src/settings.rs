@@ -63,6 +63,14 @@ pub struct BookieSettings {
     pub request_pool_bytes: usize,
     /// [`BookieConfig::frame_timeout`] in milliseconds, 100 to 3600000.
     pub frame_timeout_ms: u64,
+    /// [`crate::ScrubConfig::enabled`]: whether every shard scrubs its index and entry logs.
+    pub scrub_enabled: bool,
+    /// [`crate::ScrubConfig::interval`] in seconds, at least 1 (BookKeeper
+    /// `localScrubPeriod`).
+    pub scrub_interval_secs: u64,
+    /// [`crate::ScrubConfig::rate_bytes_per_sec`]: entry-log bytes a scrub pass reads per
+    /// second on each shard; 0 is unpaced (BookKeeper `localScrubRateLimit`, in entries).
+    pub scrub_rate_bytes_per_sec: u64,
 }
 
 impl Default for BookieSettings {
@@ -88,6 +96,9 @@ impl Default for BookieSettings {
             connections_per_ip_max: c.connections_per_ip_max,
             request_pool_bytes: c.request_pool_bytes,
             frame_timeout_ms: ms(c.frame_timeout),
+            scrub_enabled: c.scrub.enabled,
+            scrub_interval_secs: c.scrub.interval.as_secs(),
+            scrub_rate_bytes_per_sec: c.scrub.rate_bytes_per_sec,
         }
     }
 }
@@ -175,6 +186,11 @@ impl BookieSettings {
             ));
         }
         in_range("frame_timeout_ms", self.frame_timeout_ms, 100..=3_600_000)?;
+        in_range(
+            "scrub_interval_secs",
+            self.scrub_interval_secs,
+            1..=u64::MAX,
+        )?;
         Ok(())
     }
 
@@ -217,6 +233,9 @@ impl BookieSettings {
         c.connections_per_ip_max = self.connections_per_ip_max;
         c.request_pool_bytes = self.request_pool_bytes;
         c.frame_timeout = Duration::from_millis(self.frame_timeout_ms);
+        c.scrub.enabled = self.scrub_enabled;
+        c.scrub.interval = Duration::from_secs(self.scrub_interval_secs);
+        c.scrub.rate_bytes_per_sec = self.scrub_rate_bytes_per_sec;
         Ok(c)
     }
 }

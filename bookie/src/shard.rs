@@ -75,6 +75,7 @@ pub(crate) struct ShardArgs {
     pub(crate) peers: Vec<flume::Sender<Forwarded>>,
     pub(crate) gc_interval: Duration,
     pub(crate) gc_deleted_ledgers: Option<crate::gc::DeletedLedgers>,
+    pub(crate) scrub: crate::scrub::ScrubConfig,
     pub(crate) ledger_keys: Option<crate::keys::LedgerKeys>,
     /// The bookie's read-only state (shared by every shard and the disk monitor).
     pub(crate) read_only: ReadOnlyState,
@@ -458,6 +459,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         peers,
         gc_interval,
         gc_deleted_ledgers,
+        scrub,
         ledger_keys,
         read_only,
         metrics,
@@ -516,6 +518,7 @@ pub(crate) async fn shard_main(args: ShardArgs) {
         forward_rx,
         gc_interval,
         gc_deleted_ledgers,
+        scrub,
     );
     let close_now = serve_until_stop(&control).await;
     stop_and_close(&shard, tasks, &control, &events, close_now).await;
@@ -583,6 +586,7 @@ struct Background {
     storage_full: glommio::Task<()>,
     accept: glommio::Task<()>,
     gc: Option<glommio::Task<()>>,
+    scrub: Option<glommio::Task<()>>,
     /// Copies the engine's figures into the shared status.
     publish: glommio::Task<()>,
 }
@@ -596,6 +600,7 @@ impl Background {
         forward_rx: flume::Receiver<Forwarded>,
         gc_interval: Duration,
         gc_deleted_ledgers: Option<crate::gc::DeletedLedgers>,
+        scrub: crate::scrub::ScrubConfig,
     ) -> Self {
         let (engine, index) = (shard.engine.clone(), shard.index);
         let forward = glommio::spawn_local(forward_loop(shard.clone(), forward_rx));
@@ -617,6 +622,8 @@ impl Background {
                 gc_deleted_ledgers,
             ))
         });
+        let scrub = (scrub.enabled && !scrub.interval.is_zero())
+            .then(|| glommio::spawn_local(crate::scrub::scrub_loop(engine.clone(), index, scrub)));
         let publish = glommio::spawn_local({
             let status = shard.status.clone();
             async move {
@@ -631,6 +638,7 @@ impl Background {
             storage_full,
             accept,
             gc,
+            scrub,
             publish,
         }
     }
@@ -678,6 +686,9 @@ async fn stop_and_close(
     if let Some(t) = tasks.gc {
         t.cancel().await;
     }
+    if let Some(t) = tasks.scrub {
+        t.cancel().await;
+    }
     tasks.storage_full.cancel().await;
     tasks.publish.cancel().await;
     let result = shard.engine.close().await;
@@ -709,6 +720,7 @@ fn publish_state(engine: &Engine, status: &BookieStatus, index: usize) {
         .store(reads.entry_log_reads, Ordering::Relaxed);
     let gc = engine.gc_stats();
     let rebuilt = engine.index_stats();
+    let scrub = engine.scrub_stats();
     for (field, v) in [
         (&s.gc_runs, gc.runs),
         (&s.gc_failed_runs, gc.failed_runs),
@@ -733,6 +745,23 @@ fn publish_state(engine: &Engine, status: &BookieStatus, index: usize) {
         (&s.index_segments_rebuilt, rebuilt.segments_rebuilt),
         (&s.index_ledgers_rebuilt, rebuilt.ledgers_rebuilt),
         (&s.index_entries_rebuilt, rebuilt.entries_rebuilt),
+        (&s.scrub_passes, scrub.passes),
+        (&s.scrub_entries_scanned, scrub.entries_scanned),
+        (&s.scrub_bytes_scanned, scrub.bytes_scanned),
+        (&s.scrub_damaged_found, scrub.damaged_found),
+        (&s.scrub_damaged_now, scrub.damaged_now),
+        (&s.scrub_repaired, scrub.repaired),
+        (
+            &s.scrub_index_segments_damaged,
+            scrub.index_segments_damaged,
+        ),
+        (
+            &s.scrub_last_pass_end_seconds,
+            scrub
+                .last_pass_end
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs()),
+        ),
     ] {
         field.store(v, Ordering::Relaxed);
     }

@@ -191,14 +191,17 @@ impl<S: Storage + 'static> Scrubber<S> {
     async fn locations(&self, out: &mut ScrubPass) -> Result<Vec<(u64, u64, Location)>, Error> {
         for _ in 0..INDEX_DAMAGE_MAX {
             let mut all = Vec::new();
-            let listed = self
-                .index
-                .for_each_location(|l, e, loc| {
-                    if !self.ledgers.is_deleted(l) {
-                        all.push((l, e, loc));
-                    }
-                })
-                .await;
+            let mut listed = self.index.check_non_data_blocks().await;
+            if listed.is_ok() {
+                listed = self
+                    .index
+                    .for_each_location(|l, e, loc| {
+                        if !self.ledgers.is_deleted(l) {
+                            all.push((l, e, loc));
+                        }
+                    })
+                    .await;
+            }
             match listed {
                 Ok(()) => {
                     all.sort_by_key(|(_, _, loc)| (loc.log_id, loc.offset));

@@ -102,7 +102,8 @@ pub const BOOKIE_KEYS: &[Table] = &[
         "journal_dir ledger_dir shards io_memory_bytes cpu_set gc_interval_secs \
         disk_usage_threshold disk_usage_lwm_threshold disk_check_interval_ms \
         handshake_timeout_ms idle_timeout_secs connections_max connections_per_ip_max \
-        request_pool_bytes frame_timeout_ms",
+        request_pool_bytes frame_timeout_ms scrub_enabled scrub_interval_secs \
+        scrub_rate_bytes_per_sec",
     ),
     (
         "engine",

@@ -263,6 +263,18 @@ pub struct BookieFlags {
     /// Milliseconds a frame may take to arrive whole ([bookie] frame_timeout_ms).
     #[arg(long)]
     pub frame_timeout_ms: Option<u64>,
+    /// Whether every shard scrubs its index and entry logs (checksums re-read, damage
+    /// reported and marked for repair; [bookie] scrub_enabled).
+    #[arg(long)]
+    pub scrub_enabled: Option<bool>,
+    /// Seconds between the end of a scrub pass and the start of the next (BookKeeper
+    /// `localScrubPeriod`; [bookie] scrub_interval_secs).
+    #[arg(long)]
+    pub scrub_interval_secs: Option<u64>,
+    /// Entry-log bytes a scrub pass reads per second on each shard, 0 unpaced ([bookie]
+    /// scrub_rate_bytes_per_sec).
+    #[arg(long)]
+    pub scrub_rate_bytes_per_sec: Option<u64>,
     /// PEM certificate chain of this bookie; with the key it turns TLS on ([tls] cert_file).
     #[arg(long)]
     pub tls_cert_file: Option<PathBuf>,

@@ -677,6 +677,23 @@ impl<F: StorageFile> Index<F> {
         self.checked(r)
     }
 
+    /// Re-reads every block but the data blocks of every intact live segment past the block
+    /// cache (the scrubber; [`Index::for_each_location`] reads the data blocks). A damaged
+    /// segment is noted for the background rebuild, like a read that finds it.
+    ///
+    /// # Errors
+    /// `Corrupt` naming the first damaged block; `Io`.
+    pub(crate) async fn check_non_data_blocks(&self) -> Result<(), Error> {
+        for seg in self.intact_newest_first() {
+            if seg.is_hollow() {
+                continue;
+            }
+            let r = seg.check_non_data_blocks().await;
+            self.checked(r)?;
+        }
+        Ok(())
+    }
+
     /// Writes a new segment of `locations` (sorted by (ledger, entry), each key once) and
     /// `ledgers` (sorted by ledger), synced, with the directory synced; not yet live.
     pub async fn write_segment<S: Storage<File = F>>(

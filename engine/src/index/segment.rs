@@ -279,6 +279,27 @@ impl<F: StorageFile> Segment<F> {
         Ok((i < count && data_key(&b, i) == key).then(|| data_location(&b, i)))
     }
 
+    /// Reads and checks every block but the data blocks, past the cache: the header, each
+    /// group's index block, the top blocks and the ledger-state blocks (the scrubber; the data
+    /// blocks are checked by a scan of the locations).
+    pub(crate) async fn check_non_data_blocks(&self) -> Result<(), Error> {
+        let b = self.file()?.read_at(0, BLOCK_BYTES).await.map_err(io_err(
+            "read index segment header",
+            &self.path,
+            0,
+        ))?;
+        check_header(&self.path, INDEX_SEGMENT_FILE_MAGIC, &b, self.id)?;
+        for g in 0..self.header.groups() {
+            self.read_block(self.header.index_block_at(g), KEYS_PER_BLOCK)
+                .await?;
+        }
+        for t in 0..self.header.top_blocks() {
+            self.read_block(self.header.top_at() + t, KEYS_PER_BLOCK)
+                .await?;
+        }
+        self.ledger_states().await.map(|_| ())
+    }
+
     /// Reads the ledger states, one per ledger (a fence-only ledger's records joined), sorted
     /// by ledger (not cached: only at open and by merges).
     pub async fn ledger_states(&self) -> Result<Vec<(u64, StoredLedger)>, Error> {

@@ -187,7 +187,8 @@ fn a_scrub_pass_finds_every_planted_flip_and_a_recovery_add_repairs_it() {
 fn a_scrub_pass_finds_a_rotten_index_block_and_the_rebuild_repairs_it() {
     // Goal: bit rot in an index segment's data block is found by a pass (the index blocks are
     // re-read past the cache), handed to the rebuild from the entry logs, and after it every
-    // entry is scanned and reads right. Method: 300 entries per ledger, rot a seeded block.
+    // entry is scanned and reads right. Method: 300 entries per ledger, open, rot a seeded
+    // block of the segment, scrub, rebuild, scrub.
     each_seed("scrub index", |seed| async move {
         let (image, acked) = checkpointed(seed, 300).await;
         let dir = Path::new("/sim/ledgers");
@@ -198,22 +199,21 @@ fn a_scrub_pass_finds_a_rotten_index_block_and_the_rebuild_repairs_it() {
         let path = dir.join(name);
         let blocks = image.file(&path).expect("segment").len() as u64 / 4096;
         let s = SimStorage::from_image(&image, seed);
+        // The open reads every index block (it recounts the live bytes): rot after it, so
+        // only the pass can find it.
+        let e = Engine::open_with(cfg(), s.clone())
+            .await
+            .map_err(|e| format!("open: {e}"))?;
         let block = 1 + seed % (blocks - 1);
         s.rot(&path, block * 4096 + 8 + seed * 37 % 4000, (seed % 8) as u8);
-        let e = match Engine::open_with(cfg(), s.clone()).await {
-            Ok(e) => e,
-            Err(err @ Error::Corrupt { .. }) => return Ok(format!("open refused: {err}")),
-            Err(err) => return Err(format!("open: {err}")),
-        };
         let pass = e.scrub(0).await.map_err(|e| format!("scrub: {e}"))?;
+        if pass.index_segments_damaged != 1 || e.scrub_stats().index_segments_damaged != 1 {
+            return Err(format!("rotten block {block} not found: {pass:?}"));
+        }
         let rebuilt = e
             .rebuild_damaged_index()
             .await
             .map_err(|e| format!("rebuild: {e}"))?;
-        let found = pass.index_segments_damaged + e.index_stats().segments_rebuilt;
-        if found == 0 {
-            return Err(format!("rotten block {block} not found: {pass:?}"));
-        }
         let after = e.scrub(0).await.map_err(|e| format!("scrub: {e}"))?;
         if after.entries_scanned != acked.len() as u64 || !after.damaged.is_empty() {
             return Err(format!("after the rebuild: {after:?}"));
@@ -222,8 +222,7 @@ fn a_scrub_pass_finds_a_rotten_index_block_and_the_rebuild_repairs_it() {
             return Err("an entry reads corrupt after the rebuild".into());
         }
         Ok(format!(
-            "block {block} of {blocks}: {} found by the pass, {rebuilt} rebuilt",
-            pass.index_segments_damaged
+            "block {block} of {blocks}: found, {rebuilt} rebuilt"
         ))
     });
 }

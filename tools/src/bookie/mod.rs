@@ -14,6 +14,7 @@ pub mod disk_test;
 pub mod info;
 pub mod list;
 pub mod run;
+pub mod scrub;
 
 /// `quire bookie` options: run a bookie, or an admin subcommand.
 #[derive(Args, Debug)]

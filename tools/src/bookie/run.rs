@@ -71,6 +71,14 @@ fn serve(runtime: &tokio::runtime::Runtime, options: BookieOptions) -> Result<()
     tracing::info!(bookie = %id, ?outcome, "cookie checked");
     let mut bookie_config = options.bookie.clone();
     spawn_metadata_answers(runtime, &options.metadata, &store, &mut bookie_config);
+    let (damaged, reports) = quire_bookie::damaged_ledgers_channel();
+    bookie_config.scrub.damaged_ledgers = Some(damaged);
+    runtime.spawn(super::scrub::mark_damaged_ledgers(
+        reports,
+        store.clone(),
+        options.metadata.clone(),
+        id.clone(),
+    ));
     // The endpoint comes up before the bookie so that /healthz says 503 during replay.
     let exposition = crate::metrics_http::Exposition::default();
     let autorecovery_metrics = crate::autorecovery::AutorecoveryMetrics::default();

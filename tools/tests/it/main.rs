@@ -24,6 +24,7 @@ mod cluster_proxy_memory_bounded;
 mod cluster_proxy_tokens;
 mod cluster_reads_without_recovery;
 mod cluster_restarted_bookie_registers_after_replay;
+mod cluster_scrub_repairs_rot;
 mod cluster_slow_bookie;
 mod cluster_stalled_bookie_reregisters;
 mod cluster_stopped_bookie_ack_gap;
