@@ -1069,8 +1069,7 @@ impl Response {
                 }
             }
             Response::DescribeStream { info } => {
-                flags = keep_answer_flag(&info.metadata.retention)
-                    | compression::describe_flags(info.metadata.compression);
+                flags = describe_answer_flags(info);
                 put_stream_info(&mut body, info)
             }
             Response::TruncateStream { result } => {
@@ -1086,9 +1085,7 @@ impl Response {
                 subscription::put_list(&mut body, subscriptions)
             }
             Response::DeleteSubscription { existed } => body.push(u8::from(*existed)),
-            Response::SetCompression { compression } => {
-                body.push(compression::setting_byte(*compression))
-            }
+            Response::SetCompression { compression: c } => body.push(compression::setting_byte(*c)),
             Response::Error { code, message } => {
                 assert!(
                     *code != ErrorCode::Ok,
@@ -1166,10 +1163,7 @@ impl Response {
             Opcode::Read => decode_read_answer(&mut r, frame)?,
             Opcode::DescribeStream => {
                 let mut info = get_stream_info(&mut r, frame.body.len())?;
-                info.metadata.retention.keep_for_subscriptions =
-                    frame.header.flags & FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS != 0;
-                info.metadata.compression =
-                    compression::setting_from_describe_flags(frame.header.flags)?;
+                apply_describe_flags(&mut info, frame.header.flags)?;
                 Response::DescribeStream { info }
             }
             Opcode::TruncateStream => Response::TruncateStream {
@@ -1212,13 +1206,32 @@ impl Response {
             Opcode::DeleteSubscription => Response::DeleteSubscription {
                 existed: subscription::get_flag(&mut r, "subscription existed flag")?,
             },
-            Opcode::SetCompression => Response::SetCompression {
-                compression: compression::setting_from_byte(r.u8()?)?,
-            },
+            Opcode::SetCompression => set_compression_answer(&mut r)?,
         };
         r.finish()?;
         Ok(resp)
     }
+}
+
+/// The `DESCRIBE_STREAM` answer flags: keep for subscriptions, the stream's compression.
+fn describe_answer_flags(info: &StreamInfo) -> u8 {
+    keep_answer_flag(&info.metadata.retention)
+        | compression::describe_flags(info.metadata.compression)
+}
+
+/// Sets what a `DESCRIBE_STREAM` answer carries in its flags (see [`describe_answer_flags`]).
+fn apply_describe_flags(info: &mut StreamInfo, flags: u8) -> Result<(), WireError> {
+    info.metadata.retention.keep_for_subscriptions =
+        flags & FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS != 0;
+    info.metadata.compression = compression::setting_from_describe_flags(flags)?;
+    Ok(())
+}
+
+/// A `SET_COMPRESSION` answer's body: the setting in force.
+fn set_compression_answer(r: &mut Reader<'_>) -> Result<Response, WireError> {
+    Ok(Response::SetCompression {
+        compression: compression::setting_from_byte(r.u8()?)?,
+    })
 }
 
 /// A `READ` answer's body; the frame's flags say whether records carry write times.
@@ -1364,26 +1377,6 @@ mod tests {
             });
         }
         req_round_trip(Request::SealStream { stream: "s".into() });
-        for compression in [None, Some(Compression::None), Some(Compression::Lz4)] {
-            req_round_trip(Request::SetCompression {
-                stream: "s".into(),
-                compression,
-            });
-            resp_round_trip(
-                Opcode::SetCompression,
-                Response::SetCompression { compression },
-            );
-        }
-        // A setting byte past lz4 is refused, never taken as a default.
-        let mut buf = Vec::new();
-        Response::SetCompression { compression: None }.encode(
-            Opcode::SetCompression as u8,
-            1,
-            &mut buf,
-        );
-        *buf.last_mut().unwrap() = 3;
-        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
-        assert!(Response::decode(&frame).is_err());
         req_round_trip(Request::ProducerWrite {
             stream: "s".into(),
             create_if_missing: false,
@@ -1419,6 +1412,31 @@ mod tests {
         Request::ListStreams.encode(1, &mut buf);
         let (f, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
         assert_eq!(Request::decode(&f).unwrap(), Request::ListStreams);
+    }
+
+    #[test]
+    fn set_compression_round_trips() {
+        // Goal: SET_COMPRESSION's three settings both ways; a byte past lz4 is refused.
+        for compression in [None, Some(Compression::None), Some(Compression::Lz4)] {
+            req_round_trip(Request::SetCompression {
+                stream: "s".into(),
+                compression,
+            });
+            resp_round_trip(
+                Opcode::SetCompression,
+                Response::SetCompression { compression },
+            );
+        }
+        // A setting byte past lz4 is refused, never taken as a default.
+        let mut buf = Vec::new();
+        Response::SetCompression { compression: None }.encode(
+            Opcode::SetCompression as u8,
+            1,
+            &mut buf,
+        );
+        *buf.last_mut().unwrap() = 3;
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        assert!(Response::decode(&frame).is_err());
     }
 
     #[test]
