@@ -99,7 +99,11 @@ fn parse_item(item: &str) -> Result<Fault, String> {
         "read" => Op::Read,
         "fence" => Op::Fence,
         "lac" => Op::Lac,
-        other => return Err(format!("unknown kind {other:?} (crash, add, read, fence, lac)")),
+        other => {
+            return Err(format!(
+                "unknown kind {other:?} (crash, add, read, fence, lac)"
+            ))
+        }
     };
     let mut parts = rest.split(',');
     let action = parse_action(parts.next().unwrap_or(""))?;
@@ -111,7 +115,9 @@ fn parse_item(item: &str) -> Result<Fault, String> {
         count: None,
     };
     for p in parts {
-        let (k, v) = p.split_once('=').ok_or(format!("expected key=value, got {p:?}"))?;
+        let (k, v) = p
+            .split_once('=')
+            .ok_or(format!("expected key=value, got {p:?}"))?;
         match k {
             "ledger" => m.ledger = Some(num(v)?),
             "entry" => {
@@ -123,7 +129,11 @@ fn parse_item(item: &str) -> Result<Fault, String> {
                 m.entries = Some((num(a)?, num(b)?));
             }
             "count" => m.count = Some(num(v)?),
-            other => return Err(format!("unknown key {other:?} (ledger, entry, entries, count)")),
+            other => {
+                return Err(format!(
+                    "unknown key {other:?} (ledger, entry, entries, count)"
+                ))
+            }
         }
     }
     Ok(Fault::Message(m))
@@ -185,7 +195,10 @@ mod tests {
 
     #[test]
     fn crash_and_message_items_parse() {
-        let s = parse("crash=engine.replay@0.1; read=fail:101,ledger=7,entry=3,count=2;lac=drop;crash=x#3").unwrap();
+        let s = parse(
+            "crash=engine.replay@0.1; read=fail:101,ledger=7,entry=3,count=2;lac=drop;crash=x#3",
+        )
+        .unwrap();
         assert_eq!(s.faults.len(), 4);
         assert_eq!(
             s.faults[0],

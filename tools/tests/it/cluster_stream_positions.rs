@@ -1,13 +1,15 @@
 //! Goal (issue 26 items 1 and 3): reads positioned by txid, by write time, at the tail and at
 //! the last N records return exactly the records at and after the position, once, in order,
 //! each with its DLSN, txid and the proxy's write time, across many rolled segments, a segment
-//! left in progress by a SIGKILLed owner, a truncated head and a stream whose records all carry
+//! left in progress by a SIGKILLed owner, the empty segment of a writer that crashed after
+//! creating it (a real abort at the fault point `proxy.segment.after_create`), a truncated head and a stream whose records all carry
 //! one txid; the stream lookups in DESCRIBE_STREAM agree with what is read; a sealed stream
 //! refuses writes with END_OF_STREAM (also after a restart), ends a waiting tail read cleanly
 //! after its last record, and can still be truncated and deleted.
 //! Method: a real `quire sandbox` (embedded metadata, bookies and proxy in one process) with
 //! 4 KiB segments and 1 KiB entries, driven through `ProxyClient`; SIGKILLed once while a
-//! writer runs, restarted on the same directory, and restarted once more after the seal.
+//! writer runs, restarted on the same directory, aborted once at `proxy.segment.after_create`
+//! (`QUIRE_FAULT_POINTS`, docs/fault-points.md), and restarted once more after the seal.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -88,42 +90,31 @@ async fn write_records(
     (before, now_ms())
 }
 
-/// Leaves a crashed writer's empty segment at the end of `stream` in the stopped sandbox's
-/// metadata, as DistributedLog's writer leaves one when it dies after creating the segment's
-/// ledger and its in-progress record but before its first entry: a new ledger (the last
-/// segment's ledger metadata, open, no entry; no bookie has heard of it) and an `InProgress`
-/// segment listing it, with its first txid and write time.
-fn add_crashed_empty_segment(dir: &std::path::Path, stream: &str) {
-    let path = dir.join("metadata").join("metadata.json");
-    let mut doc: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    let id = doc["next_ledger_id"].as_u64().unwrap();
-    doc["next_ledger_id"] = (id + 1).into();
-    let record = &doc["streams"][stream][0];
-    let last = record["segments"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
-    let max_txid = record["max_txid"].clone();
-    let seq = last["seq_no"].as_u64().unwrap() + 1;
-    let mut ledger = doc["ledgers"][last["ledger_id"].as_u64().unwrap().to_string()][0].clone();
-    ledger["state"] = "Open".into();
-    ledger["last_entry"] = serde_json::Value::Null;
-    ledger["length_bytes"] = 0.into();
-    ledger["custom"]["quire.segment_seq_no"] = seq.to_string().into();
-    doc["ledgers"][id.to_string()] = serde_json::json!([ledger, 0]);
-    doc["streams"][stream][0]["segments"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({
-            "seq_no": seq, "ledger_id": id, "state": "InProgress",
-            "first_txid": max_txid, "last_txid": null, "last_entry": null,
-            "record_count": 0, "length_bytes": 0, "completion_time_ms": null,
-            "first_write_time_ms": now_ms(),
-        }));
-    std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+/// Leaves a crashed writer's empty segment at the end of stream `pos`, as DistributedLog's
+/// writer leaves one when it dies after creating the segment's ledger and its in-progress
+/// record but before its first entry: a sandbox started with the crash point
+/// `proxy.segment.after_create` (docs/fault-points.md) takes a write, starts a new segment for
+/// it and aborts (SIGABRT) before adding anything; the write is never acknowledged.
+fn crash_after_creating_a_segment(dir: &std::path::Path, rt: &tokio::runtime::Runtime) {
+    use std::os::unix::process::ExitStatusExt;
+    let crashing = Sandbox::start_env(
+        dir,
+        FLAGS,
+        &[("QUIRE_FAULT_POINTS", "crash=proxy.segment.after_create")],
+    );
+    rt.block_on(async {
+        let c = ProxyClient::connect(&crashing.addr).await.unwrap();
+        let r = c
+            .write("pos", vec![(700, b"never acknowledged".to_vec())], false)
+            .await;
+        assert!(r.is_err(), "the writer dies before its first entry: {r:?}");
+    });
+    let status = crashing.wait_exit(Duration::from_secs(30));
+    assert_eq!(
+        status.and_then(|s| s.signal()),
+        Some(libc::SIGABRT),
+        "aborted at proxy.segment.after_create: {status:?}"
+    );
 }
 
 fn code(e: &Error) -> ErrorCode {
@@ -189,7 +180,7 @@ fn positions_lookups_and_seal_across_rolled_segments_and_a_kill() {
         write_records(&c, "pos", 2000, 100, 3, 8).await
     });
     sandbox.stop();
-    add_crashed_empty_segment(dir.path(), "pos");
+    crash_after_creating_a_segment(dir.path(), &rt);
     let sandbox = Sandbox::start(dir.path(), FLAGS);
     rt.block_on(async {
         let c = ProxyClient::connect(&sandbox.addr).await.unwrap();

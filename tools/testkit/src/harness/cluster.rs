@@ -140,6 +140,25 @@ impl Cluster {
         Proc::start_logging(&args, "quire bookie: ", &format!("bookie {i}"), log)
     }
 
+    /// [`Cluster::start_bookie_with`] with `env` added to the process's environment (e.g.
+    /// `QUIRE_FAULT_POINTS`, docs/fault-points.md).
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn start_bookie_env(
+        &self,
+        i: usize,
+        port: u16,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
+        let mut args = self.bookie_args(i, port);
+        args.extend(
+            super::with_host_disk_flags(extra)
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        Proc::start_env(&args, "quire bookie: ", &format!("bookie {i}"), None, env)
+    }
+
     /// Runs bookie `i` expecting it to refuse to start; returns its output.
     pub fn bookie_refuses(&self, i: usize, port: u16) -> Output {
         let out = run(&self.bookie_args(i, port));

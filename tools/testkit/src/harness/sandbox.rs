@@ -31,12 +31,13 @@ pub const SMALL_SEGMENTS: &[&str] = &[
 impl Sandbox {
     /// Starts a sandbox on `data_dir` with a free proxy port and waits for its address line.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Sandbox {
-        let mut child = Command::new(quire_bin())
-            .arg("sandbox")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(with_host_disk_flags(extra))
+        Self::start_env(data_dir, extra, &[])
+    }
+
+    /// [`Sandbox::start`] with `env` added to the process's environment (e.g.
+    /// `QUIRE_FAULT_POINTS`, docs/fault-points.md).
+    pub fn start_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Sandbox {
+        let mut child = Self::command(data_dir, extra, env)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -83,6 +84,36 @@ impl Sandbox {
             addr,
             data_dir: data_dir.to_path_buf(),
             metrics_addr,
+        }
+    }
+
+    /// The `quire sandbox` command on `data_dir` (a free proxy port) with `extra` flags and
+    /// `env` added.
+    pub fn command(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut c = Command::new(quire_bin());
+        c.arg("sandbox")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(with_host_disk_flags(extra))
+            .envs(env.iter().copied());
+        c
+    }
+
+    /// Waits (up to `max`) for the sandbox to exit by itself, e.g. at an armed crash point;
+    /// its exit status, or `None` (then it is SIGKILLed and reaped) when it still runs.
+    pub fn wait_exit(mut self, max: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + max;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                self.child.kill().expect("SIGKILL sandbox");
+                self.child.wait().expect("reap sandbox");
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
