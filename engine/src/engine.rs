@@ -1052,6 +1052,7 @@ fn assemble<S: Storage + 'static>(
         sh.ledgers.clone(),
         sh.index.clone(),
         sh.entry_logs.clone(),
+        sh.read_ahead.clone(),
     );
     let writer = sh.writer();
     let sink = sh.sink();

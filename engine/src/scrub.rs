@@ -23,6 +23,7 @@ use crate::format::{decode_entry_record, Location, ENTRY_RECORD_HEADER_BYTES};
 use crate::index::Index;
 use crate::io::{Storage, StorageFile};
 use crate::ledgers::Ledgers;
+use crate::read_ahead::ReadAhead;
 use crate::sync::Closed;
 use crate::Error;
 
@@ -98,6 +99,7 @@ pub(crate) struct Scrubber<S: Storage> {
     pub(crate) ledgers: Rc<Ledgers>,
     pub(crate) index: Rc<Index<S::File>>,
     pub(crate) entry_logs: Rc<EntryLogs<S::File>>,
+    pub(crate) read_ahead: Rc<ReadAhead>,
     state: RefCell<State>,
     /// One pass at a time.
     running: glommio::sync::Semaphore,
@@ -135,6 +137,7 @@ impl<S: Storage + 'static> Scrubber<S> {
         ledgers: Rc<Ledgers>,
         index: Rc<Index<S::File>>,
         entry_logs: Rc<EntryLogs<S::File>>,
+        read_ahead: Rc<ReadAhead>,
     ) -> Self {
         Self {
             storage,
@@ -142,6 +145,7 @@ impl<S: Storage + 'static> Scrubber<S> {
             ledgers,
             index,
             entry_logs,
+            read_ahead,
             state: RefCell::default(),
             running: glommio::sync::Semaphore::new(1),
         }
@@ -283,6 +287,10 @@ impl<S: Storage + 'static> Scrubber<S> {
         if !still || self.ledgers.is_deleted(ledger) {
             return Ok(());
         }
+        // A cached copy read before the damage would answer reads, and the repair's read-back
+        // of this shard's copy, with intact bytes: the repair would find nothing to copy.
+        // Reads answer as the disk does until a recovery add replaces the record.
+        self.read_ahead.invalidate(&[(ledger, entry, loc)]);
         tracing::warn!(
             ledger,
             entry,

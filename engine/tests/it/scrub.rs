@@ -122,9 +122,11 @@ async fn read_answers(
 fn a_scrub_pass_finds_every_planted_flip_and_a_recovery_add_repairs_it() {
     // Goal: every bit planted in a stored entry-log record (payload or header) is found by one
     // pass, with its ledger, entry, log and record offset, and nothing else is; the damaged
-    // entries read `Corrupt` (never "no such entry", never other bytes) until a recovery add
+    // entries read `Corrupt` (never "no such entry", never other bytes, even when they were in
+    // the read cache before the rot, so a repair's read-back sees the damage) until a recovery add
     // replaces them, after which they read right and the next pass counts them repaired.
     // Method: 150 entries on each of two ledgers (several hundred KiB, two entry logs), reopen,
+    // read everything (into the read cache),
     // rot 1 to 5 seeded bits in distinct seeded entries, scrub, read, re-add, scrub.
     each_seed("scrub finds flips", |seed| async move {
         let (image, acked) = checkpointed(seed, 150).await;
@@ -132,6 +134,10 @@ fn a_scrub_pass_finds_every_planted_flip_and_a_recovery_add_repairs_it() {
         let e = Engine::open_with(cfg(), s.clone())
             .await
             .map_err(|e| format!("open: {e}"))?;
+        // Every entry in the read cache first: a cached copy must not hide the damage.
+        if !read_answers(&e, &acked).await?.is_empty() {
+            return Err("corrupt before any rot".into());
+        }
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5c2b);
         let keys: Vec<(u64, u64)> = acked.keys().copied().collect();
         let mut planted = BTreeMap::new();
