@@ -88,7 +88,10 @@ fn bookies_register_refuse_wiped_dirs_and_come_back_after_session_expiry() {
     cluster.wait_bookies("bookie 0 gone after SIGSTOP", |l| !l.contains(&id0));
     b0.resume();
     cluster.wait_bookies("bookie 0 back after SIGCONT", |l| l.contains(&id0));
-    assert!(b0.stderr.lock().unwrap().contains("registered again"));
+    assert!(
+        b0.stderr_shows("registered again", Duration::from_secs(10)),
+        "bookie 0 logs its re-registration"
+    );
     bookies[0].take().unwrap().stop();
 
     // Configuration errors: one line each, non-zero exit.

@@ -321,6 +321,22 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Whether `needle` appears in what the process printed on stderr within `timeout`: the
+    /// reader thread copies lines a moment after the process wrote them, so a test that has
+    /// seen an effect (a registration in ZooKeeper) waits for the line that goes with it.
+    pub fn stderr_shows(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.stderr.lock().unwrap().contains(needle) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn start(args: &[String], ready_prefix: &str, name: &str) -> Proc {
         Self::start_logging(args, ready_prefix, name, None)
     }
