@@ -10,53 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common::sim_faults::{cfg, each_seed, Acked};
 use crate::common::{payload, KEY};
-use glommio::{LocalExecutorBuilder, Placement};
 use quire_engine::sim_disk::{SimImage, SimStorage};
-use quire_engine::{Engine, EngineConfig, Error};
+use quire_engine::{Engine, Error};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-type Acked = BTreeMap<(u64, u64), Vec<u8>>;
-
-fn seeds() -> u64 {
-    std::env::var("QUIRE_FAULT_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8)
-}
-
-fn cfg() -> EngineConfig {
-    let mut c = EngineConfig::new("/sim/journal".into(), "/sim/ledgers".into());
-    c.journal_file_size_bytes = 64 << 10;
-    c.group_commit_wait_max = Duration::ZERO;
-    c.checkpoint_interval = Duration::from_secs(3600);
-    c.write_cache_bytes_max = 1 << 20;
-    c.entry_log_size_bytes_max = 1 << 20;
-    c.background_write_bytes_per_second = 0;
-    c
-}
-
-/// Runs `f(seed)` on a fresh executor for every seed; panics naming the first failing seed.
-fn each_seed<F, Fut>(name: &str, f: F)
-where
-    F: Fn(u64) -> Fut + Send + Clone + 'static,
-    Fut: std::future::Future<Output = Result<String, String>> + 'static,
-{
-    for seed in 0..seeds() {
-        let f = f.clone();
-        let out = LocalExecutorBuilder::new(Placement::Unbound)
-            .io_memory(1 << 20)
-            .spawn(move || async move { f(seed).await })
-            .expect("spawn executor")
-            .join();
-        match out {
-            Ok(Ok(note)) => eprintln!("{name} seed {seed}: {note}"),
-            Ok(Err(e)) => panic!("{name} seed {seed} (QUIRE_FAULT_SEEDS): {e}"),
-            Err(e) => panic!("{name} seed {seed}: the engine panicked: {e:?}"),
-        }
-    }
-}
 
 /// A disk holding `n` entries of ledgers 1 and 2 (sizes drawn from the seed) in entry logs and
 /// the index, closed cleanly, and what was acknowledged.

@@ -1,6 +1,8 @@
 //! Shared helpers for the engine's integration tests.
 #![allow(dead_code)]
 
+pub mod sim_faults;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
