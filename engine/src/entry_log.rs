@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::files::{entry_log_name, io_err};
+use crate::files::{corrupt, entry_log_name, io_err};
 use crate::format::{
-    encode_entry_record, encode_file_header, pad_to_block, Location, ENTRY_LOG_MAGIC,
-    ENTRY_RECORD_HEADER_BYTES, FILE_HEADER_BYTES,
+    decode_entry_record, encode_entry_record, encode_file_header, pad_to_block, Location,
+    ENTRY_LOG_MAGIC, ENTRY_RECORD_HEADER_BYTES, FILE_HEADER_BYTES,
 };
 use crate::io::{Storage, StorageFile};
 use crate::throttle::{bulk_write, Throttle};
@@ -147,6 +147,30 @@ impl<F: StorageFile> EntryLogs<F> {
     /// Path of log `id`.
     pub fn path(&self, id: u64) -> PathBuf {
         self.dir.join(entry_log_name(id))
+    }
+
+    /// Reads the record of `ledger`/`entry` at `loc` back from disk and checks it (header,
+    /// ledger and entry ids, length and checksum: docs/format/entry-log.md).
+    ///
+    /// # Errors
+    /// `Io` when the read fails; `Corrupt` naming the file and offset when the record does not
+    /// check.
+    pub async fn check_record<S: Storage<File = F>>(
+        &self,
+        storage: &S,
+        ledger: u64,
+        entry: u64,
+        loc: Location,
+    ) -> Result<(), Error> {
+        let path = self.path(loc.log_id);
+        let f = self.reader(storage, loc.log_id, &path).await?;
+        let b = f
+            .read_at(loc.offset, record_bytes(loc) as usize)
+            .await
+            .map_err(io_err("read entry log", &path, loc.offset))?;
+        decode_entry_record(&b, ledger, entry, loc.data_len)
+            .map(|_| ())
+            .map_err(|r| corrupt(&path, loc.offset, r))
     }
 
     /// The open file of log `id`, opened on first use.
@@ -306,4 +330,9 @@ impl<F: StorageFile> EntryLogs<F> {
             pos: FILE_HEADER_BYTES as u64,
         })
     }
+}
+
+/// Bytes an entry's record takes in an entry log (header and data, without padding).
+pub(crate) fn record_bytes(loc: Location) -> u64 {
+    (ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize) as u64
 }

@@ -21,12 +21,9 @@ use std::time::Instant;
 use std::rc::Rc;
 
 use crate::checkpoint::{Checkpointer, MarkKeeper};
-use crate::entry_log::{EntryLogCursor, EntryLogs};
+use crate::entry_log::{record_bytes, EntryLogCursor, EntryLogs};
 use crate::files::{corrupt, io_err};
-use crate::format::{
-    decode_entry_record, encode_entry_record, Location, ENTRY_RECORD_HEADER_BYTES,
-    FILE_HEADER_BYTES,
-};
+use crate::format::{decode_entry_record, encode_entry_record, Location, FILE_HEADER_BYTES};
 use crate::index::Index;
 use crate::io::{Storage, StorageFile};
 use crate::lac_watch::LacWatchers;
@@ -43,11 +40,6 @@ use crate::{EngineConfig, Error, GcStats};
 const COMPACTION_READ_BYTES_MAX: u64 = 1 << 20;
 /// Compaction output buffered before one write, in bytes.
 const COMPACTION_WRITE_BYTES_MAX: usize = 1 << 20;
-
-/// Bytes an entry's record takes in an entry log (header and data, without padding).
-fn record_bytes(loc: Location) -> u64 {
-    (ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize) as u64
-}
 
 /// Live bytes of one entry log, in total and per ledger (BookKeeper's per-log ledgers map,
 /// `EntryLogMetadata`).
@@ -727,16 +719,9 @@ impl<S: Storage + 'static> Gc<S> {
                     format!("index entry {ledger}/{entry} points into a missing entry log"),
                 ));
             }
-            let f = self
-                .entry_logs
-                .reader(&*self.storage, loc.log_id, &path)
+            self.entry_logs
+                .check_record(&*self.storage, ledger, entry, loc)
                 .await?;
-            let b = f
-                .read_at(loc.offset, record_bytes(loc) as usize)
-                .await
-                .map_err(io_err("read entry log", &path, loc.offset))?;
-            decode_entry_record(&b, ledger, entry, loc.data_len)
-                .map_err(|r| corrupt(&path, loc.offset, r))?;
             check.locations += 1;
             if last_log != Some(loc.log_id) {
                 check.entry_logs += 1;

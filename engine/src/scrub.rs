@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::entry_log::EntryLogs;
-use crate::format::{decode_entry_record, Location, ENTRY_RECORD_HEADER_BYTES};
+use crate::entry_log::{record_bytes, EntryLogs};
+use crate::format::{decode_entry_record, Location};
 use crate::index::Index;
 use crate::io::{Storage, StorageFile};
 use crate::ledgers::Ledgers;
@@ -103,11 +103,6 @@ pub(crate) struct Scrubber<S: Storage> {
     state: RefCell<State>,
     /// One pass at a time.
     running: glommio::sync::Semaphore,
-}
-
-/// Bytes a record takes in an entry log (header and data, without padding).
-fn record_bytes(loc: Location) -> u64 {
-    (ENTRY_RECORD_HEADER_BYTES + loc.data_len as usize) as u64
 }
 
 /// Paces a pass to `rate` bytes per second (0: unpaced) from `start`.
@@ -268,20 +263,10 @@ impl<S: Storage + 'static> Scrubber<S> {
         out: &mut ScrubPass,
     ) -> Result<(), Error> {
         let path = self.entry_logs.path(loc.log_id);
-        let again = async {
-            let f = self
-                .entry_logs
-                .reader(&*self.storage, loc.log_id, &path)
-                .await?;
-            let b = f
-                .read_at(loc.offset, record_bytes(loc) as usize)
-                .await
-                .map_err(crate::files::io_err("read entry log", &path, loc.offset))?;
-            decode_entry_record(&b, ledger, entry, loc.data_len)
-                .map(|_| ())
-                .map_err(|r| crate::files::corrupt(&path, loc.offset, r))
-        }
-        .await;
+        let again = self
+            .entry_logs
+            .check_record(&*self.storage, ledger, entry, loc)
+            .await;
         let Err(err) = again else { return Ok(()) };
         let still = self.index.location(ledger, entry).await? == Some(loc);
         if !still || self.ledgers.is_deleted(ledger) {
