@@ -131,13 +131,7 @@ impl Cluster {
         extra: &[&str],
         log: Option<&str>,
     ) -> Proc {
-        let mut args = self.bookie_args(i, port);
-        args.extend(
-            super::with_host_disk_flags(extra)
-                .iter()
-                .map(|s| s.to_string()),
-        );
-        Proc::start_logging(&args, "quire bookie: ", &format!("bookie {i}"), log)
+        self.start_bookie_full(i, port, extra, log, &[])
     }
 
     /// [`Cluster::start_bookie_with`] with `env` added to the process's environment (e.g.
@@ -150,13 +144,24 @@ impl Cluster {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Proc {
+        self.start_bookie_full(i, port, extra, None, env)
+    }
+
+    fn start_bookie_full(
+        &self,
+        i: usize,
+        port: u16,
+        extra: &[&str],
+        log: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Proc {
         let mut args = self.bookie_args(i, port);
         args.extend(
             super::with_host_disk_flags(extra)
                 .iter()
                 .map(|s| s.to_string()),
         );
-        Proc::start_env(&args, "quire bookie: ", &format!("bookie {i}"), None, env)
+        Proc::start_env(&args, "quire bookie: ", &format!("bookie {i}"), log, env)
     }
 
     /// Runs bookie `i` expecting it to refuse to start; returns its output.
