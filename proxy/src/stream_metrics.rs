@@ -10,7 +10,8 @@
 //! log segments) and `quire_proxy_stream_retained_bytes` (gauge: bytes of its segments, the
 //! figure size retention compares with its limit, DistributedLog's retention by size). A
 //! proxy that does not own a stream exposes neither for it; the owner's series is the one.
-//! Their cardinality is the streams this proxy owns (across proxies, one series per stream).
+//! At most [`STREAM_SERIES_MAX`] owned streams get series of their own (those with a write
+//! series first, then the others by name); the rest are summed under [`OTHER_STREAM`].
 //!
 //! Cardinality of the write series: the first [`STREAM_SERIES_MAX`] streams written through this proxy since it
 //! started get a series of their own; writes to any other stream are folded into the series
@@ -18,7 +19,7 @@
 //! docs/metrics.md says). A deleted
 //! stream keeps its series until the proxy restarts, so that counters never go back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
@@ -146,16 +147,17 @@ impl Collector for StreamCollector {
             let secs = counts.last_write_ms as f64 / 1000.0;
             ConstGauge::new(secs).encode(family.encode_family(&labels)?)?;
         }
-        let sizes = self.streams.owned_stream_sizes();
+        let written: HashSet<&str> = rows.iter().map(|(name, _)| name.as_str()).collect();
+        let sizes = size_rows(self.streams.owned_stream_sizes(), &written);
         let gauges: [(&str, &str, SizePick); 2] = [
             (
                 "quire_proxy_stream_segments",
-                "Log segments of the stream, for every stream this proxy owns now.",
+                "Log segments of the stream, for the streams this proxy owns now.",
                 |s| s.segments as i64,
             ),
             (
                 "quire_proxy_stream_retained_bytes",
-                "Bytes of the stream's segments (what size retention compares with its limit), for every stream this proxy owns now.",
+                "Bytes of the stream's segments (what size retention compares with its limit), for the streams this proxy owns now.",
                 |s| i64::try_from(s.retained_bytes).unwrap_or(i64::MAX),
             ),
         ];
@@ -170,6 +172,26 @@ impl Collector for StreamCollector {
         }
         Ok(())
     }
+}
+
+/// The size series of the owned streams `sizes`, at most [`STREAM_SERIES_MAX`] named ones:
+/// streams in `written` (those with a write series) first, then the others by name; the rest
+/// summed under [`OTHER_STREAM`], which is there only when something was summed.
+fn size_rows(mut sizes: Vec<OwnedStreamSize>, written: &HashSet<&str>) -> Vec<OwnedStreamSize> {
+    sizes.sort_by(|a, b| {
+        let key = |s: &OwnedStreamSize| (!written.contains(s.name.as_str()), s.name.clone());
+        key(a).cmp(&key(b))
+    });
+    if sizes.len() <= STREAM_SERIES_MAX {
+        return sizes;
+    }
+    let rest = sizes.split_off(STREAM_SERIES_MAX);
+    sizes.push(OwnedStreamSize {
+        name: OTHER_STREAM.to_string(),
+        segments: rest.iter().map(|s| s.segments).sum(),
+        retained_bytes: rest.iter().map(|s| s.retained_bytes).sum(),
+    });
+    sizes
 }
 
 #[cfg(test)]
@@ -191,5 +213,27 @@ mod tests {
         assert_eq!((other.records, other.bytes), (10, 50));
         assert_eq!((rows[0].1.records, rows[0].1.bytes), (3, 15));
         assert!(rows[0].1.last_write_ms > 0);
+    }
+
+    #[test]
+    fn owned_streams_past_the_cap_are_summed_into_other() {
+        // Goal: the size series stay bounded whatever the number of owned streams, and a
+        // stream with a write series keeps its own size series.
+        let sizes = (0..STREAM_SERIES_MAX + 3)
+            .map(|i| OwnedStreamSize {
+                name: format!("s{i:04}"),
+                segments: 1,
+                retained_bytes: 10,
+            })
+            .collect();
+        let last = format!("s{:04}", STREAM_SERIES_MAX + 2);
+        let rows = size_rows(sizes, &HashSet::from([last.as_str()]));
+        assert_eq!(rows.len(), STREAM_SERIES_MAX + 1);
+        assert_eq!(rows[0].name, last);
+        let other = rows.last().unwrap();
+        assert_eq!(other.name, OTHER_STREAM);
+        assert_eq!((other.segments, other.retained_bytes), (3, 30));
+        let few = size_rows(rows[..3].to_vec(), &HashSet::new());
+        assert_eq!(few.len(), 3, "nothing summed, no {OTHER_STREAM} series");
     }
 }
