@@ -368,6 +368,67 @@ impl ChaosCluster {
         lines
     }
 
+    /// Waits, up to `limit`, until the cluster is whole again: every process that exited
+    /// (or was killed) since the heal is started again, every proxy accepts a TCP connection
+    /// on its address, and `quire bookie list` shows every bookie registered. A proxy whose
+    /// ZooKeeper session expired exits (DistributedLog's rule: an owner that lost its session
+    /// must not keep serving its streams), and it may do so a few seconds *after* the heal,
+    /// when its client gives up reconnecting (1.4 × the session timeout): so the wait restarts
+    /// processes on every round, not once. Returns the lines of what was restarted.
+    ///
+    /// # Errors
+    /// `cluster did not recover within {limit}` with what was still missing: a distinct outcome
+    /// of a schedule (the read-back and the checker cannot judge a history without a cluster),
+    /// not a history violation.
+    pub fn wait_healthy(&mut self, limit: std::time::Duration) -> Result<Vec<String>, String> {
+        let deadline = std::time::Instant::now() + limit;
+        let mut lines = Vec::new();
+        loop {
+            lines.extend(self.revive());
+            let missing = self.missing();
+            if missing.is_empty() {
+                return Ok(lines);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "cluster did not recover within {limit:?}: {}",
+                    missing.join("; ")
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+
+    /// What keeps the cluster from being whole: proxies that refuse connections, bookies not
+    /// registered (empty when it is whole).
+    fn missing(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        for j in 0..self.shape.proxies {
+            let addr: SocketAddr = match self.proxy_addr(j).parse() {
+                Ok(a) => a,
+                Err(e) => {
+                    missing.push(format!("proxy {j}: bad address: {e}"));
+                    continue;
+                }
+            };
+            let timeout = std::time::Duration::from_secs(1);
+            if let Err(e) = std::net::TcpStream::connect_timeout(&addr, timeout) {
+                missing.push(format!("proxy {j} at {addr} refuses connections: {e}"));
+            }
+        }
+        let want = format!("{} bookies registered", self.shape.bookies);
+        let out = self.cluster.admin(&["bookie", "list"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || !text.contains(&want) {
+            missing.push(format!(
+                "not every bookie registered: {}{}",
+                text.trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        missing
+    }
+
     /// Waits (up to 60 s) until `quire bookie list` shows every bookie registered.
     ///
     /// # Errors

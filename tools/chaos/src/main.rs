@@ -4,7 +4,7 @@
 //! - `quire-chaos run [--seed S] [--schedules N] [--budget 5m] [--window-ms 3000]`: starts a
 //!   cluster and plays the schedules of seeds S, S+1, …, S+N-1 (S from the clock when not
 //!   given) until N are done or the budget is spent; exit 0 when every schedule is clean, 1
-//!   on a violation.
+//!   on a violation, 2 when there was none but the cluster did not recover after a schedule.
 //! - `quire-chaos show --seed S [--schedules N]`: prints the schedules without running them.
 
 use std::process::ExitCode;
@@ -95,10 +95,12 @@ fn main() -> ExitCode {
             );
             let mut runner = quire_chaos::Runner::start(seeds.shape());
             let summary = runner.run(list, budget);
-            if summary.failed().is_empty() {
-                ExitCode::SUCCESS
-            } else {
+            if !summary.failed().is_empty() {
                 ExitCode::from(1)
+            } else if !summary.unrecovered().is_empty() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
             }
         }
     }

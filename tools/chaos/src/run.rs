@@ -17,14 +17,34 @@ use crate::workload::{self, Workload};
 /// as a violation of "writes resume after a fault heals" (DESIGN.md §9).
 pub const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
 
+/// How long the first read-back of a stream retries before the runner checks the cluster
+/// whole again (a proxy may exit after the heal, when its ZooKeeper session turns out to have
+/// expired) and reads it back once more, for [`READ_BACK_FOR`].
+const FIRST_READ_BACK_FOR: Duration = Duration::from_secs(20);
+
+/// How long the read-back of a stream retries on a cluster found whole.
+const READ_BACK_FOR: Duration = Duration::from_secs(60);
+
 /// What one schedule found.
 #[derive(Debug, Clone)]
 pub struct Verdict {
     pub schedule: Schedule,
     /// Each violation, written up: the checker's findings with their slices of history, or a
-    /// liveness failure (writes never resumed, a stream could not be read back, bookies never
-    /// registered again).
+    /// liveness failure (writes never resumed, a stream could not be read back from a whole
+    /// cluster, a process did not start again).
     pub violations: Vec<String>,
+    /// Set when the cluster was not whole again within [`RECOVERY_LIMIT`] after the heal
+    /// ([`ChaosCluster::wait_healthy`]: "cluster did not recover within …"): then the streams
+    /// could not be read back and the history was not judged. Its own outcome, apart from the
+    /// violations: nothing says the log broke a promise, only that the run could not look.
+    pub unrecovered: Option<String>,
+}
+
+impl Verdict {
+    /// Whether the schedule found nothing: no violation, and the cluster recovered.
+    pub fn clean(&self) -> bool {
+        self.violations.is_empty() && self.unrecovered.is_none()
+    }
 }
 
 /// What a run of many schedules found.
@@ -53,18 +73,35 @@ impl Summary {
             .collect()
     }
 
+    /// The schedules after which the cluster did not recover (and had no violation found).
+    pub fn unrecovered(&self) -> Vec<&Verdict> {
+        self.verdicts
+            .iter()
+            .filter(|v| v.violations.is_empty() && v.unrecovered.is_some())
+            .collect()
+    }
+
     /// The closing lines: schedules run, faults drawn by kind, each failing seed.
     pub fn render(&self) -> String {
         let faults: usize = self.fault_kinds().values().sum();
         let mut out = format!(
-            "chaos: {} schedules, {faults} faults, {} with violations\n",
+            "chaos: {} schedules, {faults} faults, {} with violations, {} where the cluster did \
+             not recover\n",
             self.verdicts.len(),
-            self.failed().len()
+            self.failed().len(),
+            self.unrecovered().len()
         );
         for (kind, n) in self.fault_kinds() {
             out.push_str(&format!("  {n:>5}  {kind}\n"));
         }
         for (k, v) in self.verdicts.iter().enumerate() {
+            if let (true, Some(why)) = (v.violations.is_empty(), &v.unrecovered) {
+                out.push_str(&format!(
+                    "  NOT RECOVERED seed {}, schedule {} of the run: {why}\n",
+                    v.schedule.seed,
+                    k + 1
+                ));
+            }
             if v.violations.is_empty() {
                 continue;
             }
@@ -135,7 +172,7 @@ impl Runner {
             Ok(w) => w,
             Err(e) => {
                 violations.push(format!("no proxy answered at the schedule's start: {e}"));
-                return self.verdict(schedule, violations);
+                return self.verdict(schedule, violations, None);
             }
         };
         self.play(&schedule);
@@ -158,7 +195,20 @@ impl Runner {
                 self.describe_streams(&w)
             ));
         }
-        self.check(w, &mut violations);
+        // The read-back needs every proxy up and every bookie registered: a proxy that exits
+        // after the heal (its session expired) is started again here, before the check.
+        let unrecovered = match self.cluster.wait_healthy(RECOVERY_LIMIT) {
+            Ok(lines) => {
+                for line in lines {
+                    println!("  before the check: {line}");
+                }
+                self.check(w, &mut violations)
+            }
+            Err(e) => {
+                let _ = w.stop(&self.rt);
+                Some(e)
+            }
+        };
         self.delete_streams(seed);
         // A process may exit after the heal (a proxy that wakes from SIGSTOP past its session
         // finds it expired and exits): restart it, so the next schedule starts whole.
@@ -169,7 +219,7 @@ impl Runner {
         if let Err(e) = self.cluster.wait_registered() {
             violations.push(e);
         }
-        self.verdict(schedule, violations)
+        self.verdict(schedule, violations, unrecovered)
     }
 
     /// Deletes the schedule's streams, so that a long run does not fill the bookies' disks
@@ -205,9 +255,20 @@ impl Runner {
         out
     }
 
-    fn verdict(&self, schedule: Schedule, violations: Vec<String>) -> Verdict {
-        if violations.is_empty() {
+    fn verdict(
+        &self,
+        schedule: Schedule,
+        violations: Vec<String>,
+        unrecovered: Option<String>,
+    ) -> Verdict {
+        if let Some(why) = &unrecovered {
+            println!("  verdict: NOT RECOVERED (seed {}): {why}", schedule.seed);
+        }
+        if violations.is_empty() && unrecovered.is_none() {
             println!("  verdict: ok (seed {})", schedule.seed);
+        } else if violations.is_empty() {
+            println!("  last lines of each process's log:");
+            print!("{}", self.cluster.log_tails(20));
         } else {
             println!(
                 "  verdict: VIOLATION (seed {}, {} findings)",
@@ -223,6 +284,7 @@ impl Runner {
         Verdict {
             schedule,
             violations,
+            unrecovered,
         }
     }
 
@@ -265,8 +327,10 @@ impl Runner {
         }
     }
 
-    /// Stops the workload, reads both streams back and runs the history checker on each.
-    fn check(&self, w: Workload, violations: &mut Vec<String>) {
+    /// Stops the workload, reads both streams back and runs the history checker on each. A
+    /// read-back that fails is tried again once the cluster is whole again; when it does not
+    /// become whole, returns that outcome ("cluster did not recover within …").
+    fn check(&mut self, w: Workload, violations: &mut Vec<String>) -> Option<String> {
         let proxies = w.proxies().to_vec();
         let streams: [(String, std::sync::Arc<History>); 2] = [
             (w.plain_stream.clone(), w.plain.clone()),
@@ -284,11 +348,27 @@ impl Runner {
         }
         println!("  records read by the plain tail, session tail, catch-up: {reads:?}");
         for (stream, history) in streams {
-            let log = match self.rt.block_on(workload::final_log(&proxies, &stream)) {
+            let first = workload::final_log(&proxies, &stream, FIRST_READ_BACK_FOR);
+            let log = match self.rt.block_on(first) {
                 Ok(log) => log,
                 Err(e) => {
-                    violations.push(e);
-                    continue;
+                    println!("  read back of {stream} failed ({e}); waiting for the cluster");
+                    match self.cluster.wait_healthy(RECOVERY_LIMIT) {
+                        Ok(lines) => lines
+                            .iter()
+                            .for_each(|l| println!("  before reading again: {l}")),
+                        Err(e) => return Some(e),
+                    }
+                    let again = workload::final_log(&proxies, &stream, READ_BACK_FOR);
+                    match self.rt.block_on(again) {
+                        Ok(log) => log,
+                        Err(e) => {
+                            violations.push(format!(
+                                "{stream} could not be read back from a whole cluster: {e}"
+                            ));
+                            continue;
+                        }
+                    }
                 }
             };
             let report = history.check(&log);
@@ -303,5 +383,6 @@ impl Runner {
                 violations.push(format!("{stream}: {f}"));
             }
         }
+        None
     }
 }

@@ -375,12 +375,16 @@ async fn truncate_behind_readers(h: &History, c: &ProxyClient, stream: &str, rea
 }
 
 /// The whole of `stream` read from its head through any of `proxies` (the final log the checker
-/// compares the history with), retrying failed reads for up to 60 s.
+/// compares the history with), retrying failed connects and reads for up to `retry_for`.
 ///
 /// # Errors
 /// The last read error when the stream could not be read to its end in time.
-pub async fn final_log(proxies: &[String], stream: &str) -> Result<Vec<Record>, String> {
-    let deadline = tokio::time::Instant::now() + READ_BACK_FOR;
+pub async fn final_log(
+    proxies: &[String],
+    stream: &str,
+    retry_for: Duration,
+) -> Result<Vec<Record>, String> {
+    let deadline = tokio::time::Instant::now() + retry_for;
     let client = loop {
         match client(proxies).await {
             Ok(c) => break c,
@@ -397,6 +401,3 @@ pub async fn final_log(proxies: &[String], stream: &str) -> Result<Vec<Record>, 
         Err(e) => Err(format!("read back of {stream}: {e}")),
     }
 }
-
-/// How long the read-back may retry while an owner is unreachable.
-const READ_BACK_FOR: Duration = Duration::from_secs(60);
