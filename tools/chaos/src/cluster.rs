@@ -11,10 +11,14 @@
 //! With `Shape::disks` (root only) each bookie's ledger and journal directories are small
 //! loop-mounted ext4 disks, so that a full-disk fault fills one bookie's disk and nothing else.
 //!
-//! Limits: a relay cuts a link in both directions at once and for every peer behind it (the
-//! bookie relay cannot separate proxy A from bookie 1 while proxy B still reaches it); clients
-//! reach the proxies directly; the autorecovery daemon and the admin commands reach ZooKeeper
-//! directly. There are no bookie–bookie links to cut (bookies do not talk to each other).
+//! The relay in front of a bookie also plays the finer faults: it cuts one chosen process only
+//! (a proxy, or a peer bookie whose autorecovery reads replicas from it: the relay tells the
+//! connecting process by its socket's inode), holds one direction (a one-way partition), delays
+//! every chunk, or loses chunks (late after a retransmission timeout, or a reset: a TCP relay
+//! cannot drop bytes without breaking the stream's framing). See [`quire_testkit::TcpRelay`].
+//!
+//! Limits: clients reach the proxies directly; the autorecovery daemon and the admin commands
+//! reach ZooKeeper directly; one-way, delay and loss act on every peer of a bookie at once.
 
 use std::net::SocketAddr;
 
@@ -79,11 +83,21 @@ pub struct ChaosCluster {
     proxy_ports: Vec<u16>,
     proxy_zk: Vec<TcpRelay>,
     paused: Vec<String>,
+    /// Pairwise cuts in force: (bookie whose relay cuts, the process it cuts). Applied again
+    /// whenever a process restarts (a new pid).
+    peer_cuts: Vec<(usize, Peer)>,
     /// Processes that failed to start again (each a violation of "writes resume after a fault
     /// heals" for the schedule; [`ChaosCluster::take_failures`] hands them over).
     failures: Vec<String>,
     pub shape: Shape,
     pub cluster: Cluster,
+}
+
+/// A process cut from a bookie by a pairwise partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    Proxy(usize),
+    Bookie(usize),
 }
 
 fn relay_to(port: u16) -> TcpRelay {
@@ -121,6 +135,7 @@ impl ChaosCluster {
             autorecovery: None,
             disks: Vec::new(),
             paused: Vec::new(),
+            peer_cuts: Vec::new(),
             failures: Vec::new(),
             cluster,
             shape,
@@ -216,6 +231,7 @@ impl ChaosCluster {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_bookie(i))) {
             Ok(p) => {
                 self.bookies[i] = Some(p);
+                self.apply_peer_cuts();
                 "restarted".into()
             }
             Err(e) => self.start_failed(&format!("bookie {i}"), &e),
@@ -226,6 +242,7 @@ impl ChaosCluster {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_proxy(j))) {
             Ok(p) => {
                 self.proxies[j] = Some(p);
+                self.apply_peer_cuts();
                 "restarted".into()
             }
             Err(e) => self.start_failed(&format!("proxy {j}"), &e),
@@ -288,6 +305,57 @@ impl ChaosCluster {
                 "filled".into()
             }
             Fault::WipeBookie(i) => self.wipe(i),
+            Fault::CutProxyBookie(j, i) => self.cut_pair(i, Peer::Proxy(j)),
+            Fault::CutBookieBookie(k, i) => self.cut_pair(i, Peer::Bookie(k)),
+            Fault::OneWayBookie(i, dir) => {
+                self.bookie_front[i].stall(dir, true);
+                "held".into()
+            }
+            Fault::DelayBookie(i, ms) => {
+                self.bookie_front[i].delay(Some(std::time::Duration::from_millis(ms)));
+                "delaying".into()
+            }
+            Fault::LossyBookie(i, permille) => {
+                self.bookie_front[i].lossy(Some(permille));
+                "losing".into()
+            }
+        }
+    }
+
+    fn cut_pair(&mut self, bookie: usize, peer: Peer) -> String {
+        self.peer_cuts.push((bookie, peer));
+        self.apply_peer_cuts();
+        match self.peer_pid(peer) {
+            Some(pid) => format!("cut (pid {pid})"),
+            None => "cut (the process is down now; cut when it is back)".into(),
+        }
+    }
+
+    fn heal_pair(&mut self, bookie: usize, peer: Peer) -> String {
+        self.peer_cuts.retain(|c| *c != (bookie, peer));
+        self.apply_peer_cuts();
+        "healed".into()
+    }
+
+    fn peer_pid(&self, peer: Peer) -> Option<u32> {
+        let p = match peer {
+            Peer::Proxy(j) => &self.proxies[j],
+            Peer::Bookie(k) => &self.bookies[k],
+        };
+        p.as_ref().map(|p| p.pid() as u32)
+    }
+
+    /// Sets every bookie relay's cut processes from [`ChaosCluster::peer_cuts`] and the
+    /// current pids.
+    fn apply_peer_cuts(&self) {
+        for (i, relay) in self.bookie_front.iter().enumerate() {
+            let pids: Vec<u32> = self
+                .peer_cuts
+                .iter()
+                .filter(|(b, _)| *b == i)
+                .filter_map(|(_, peer)| self.peer_pid(*peer))
+                .collect();
+            relay.cut_from(&pids);
         }
     }
 
@@ -313,6 +381,20 @@ impl ChaosCluster {
                 Ok(()) => "freed".into(),
                 Err(e) => format!("no filler to remove: {e}"),
             },
+            Fault::CutProxyBookie(j, i) => self.heal_pair(i, Peer::Proxy(j)),
+            Fault::CutBookieBookie(k, i) => self.heal_pair(i, Peer::Bookie(k)),
+            Fault::OneWayBookie(i, dir) => {
+                self.bookie_front[i].stall(dir, false);
+                "released".into()
+            }
+            Fault::DelayBookie(i, _) => {
+                self.bookie_front[i].delay(None);
+                "healed".into()
+            }
+            Fault::LossyBookie(i, _) => {
+                self.bookie_front[i].lossy(None);
+                "healed".into()
+            }
         }
     }
 
@@ -321,16 +403,14 @@ impl ChaosCluster {
     /// running: killed, or exited on its own (a proxy whose ZooKeeper session expired exits).
     /// Returns one line per process restarted, with the last lines it printed.
     pub fn heal_all(&mut self) -> Vec<String> {
-        for r in self.bookie_front.iter() {
-            r.throttle(None);
-        }
+        self.peer_cuts.clear();
         for r in self
             .bookie_front
             .iter()
             .chain(&self.bookie_zk)
             .chain(&self.proxy_zk)
         {
-            r.heal();
+            r.heal_all();
         }
         for p in self.bookies.iter().chain(&self.proxies).flatten() {
             if self.paused.contains(&p.name) {

@@ -139,9 +139,21 @@ impl Runner {
     /// (a schedule started in time runs to its end); prints each schedule, its events and its
     /// verdict, and the summary.
     pub fn run(&mut self, seeds: impl IntoIterator<Item = u64>, budget: Duration) -> Summary {
+        let shape = self.cluster.shape;
+        let schedules = seeds.into_iter().map(|s| Schedule::draw(s, shape));
+        self.run_schedules(schedules, budget)
+    }
+
+    /// [`Runner::run`] of given schedules: pinned regressions keep their faults whatever the
+    /// drawing code of the day draws for their seed.
+    pub fn run_schedules(
+        &mut self,
+        schedules: impl IntoIterator<Item = Schedule>,
+        budget: Duration,
+    ) -> Summary {
         let start = Instant::now();
         let mut summary = Summary::default();
-        for (k, seed) in seeds.into_iter().enumerate() {
+        for (k, schedule) in schedules.into_iter().enumerate() {
             if start.elapsed() >= budget {
                 println!("chaos: budget of {budget:?} spent after {k} schedules");
                 break;
@@ -155,7 +167,7 @@ impl Runner {
                 k + 1,
                 start.elapsed().as_secs_f64()
             );
-            summary.verdicts.push(self.run_schedule(seed));
+            summary.verdicts.push(self.play_schedule(schedule));
         }
         print!("{}", summary.render());
         summary
@@ -163,7 +175,13 @@ impl Runner {
 
     /// Runs the schedule of `seed` (see the module docs) and returns its verdict.
     pub fn run_schedule(&mut self, seed: u64) -> Verdict {
-        let schedule = Schedule::draw(seed, self.cluster.shape);
+        self.play_schedule(Schedule::draw(seed, self.cluster.shape))
+    }
+
+    /// Runs `schedule` (its seed names the streams and seeds the workload) and returns its
+    /// verdict.
+    pub fn play_schedule(&mut self, schedule: Schedule) -> Verdict {
+        let seed = schedule.seed;
         print!("{schedule}");
         let mut violations = Vec::new();
         let proxies = self.cluster.proxy_addrs();

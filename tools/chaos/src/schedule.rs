@@ -5,6 +5,8 @@
 use std::fmt;
 use std::time::Duration;
 
+pub use quire_testkit::relay::Direction;
+
 /// The ZooKeeper session timeout every process of the chaos cluster negotiates (the harness's,
 /// 2 × tickTime), in milliseconds: "long" pauses and partitions outlast it, "short" ones do not.
 pub const SESSION_MS: u64 = quire_testkit::harness::cluster::SESSION_TIMEOUT_MS;
@@ -69,6 +71,21 @@ pub enum Fault {
     /// Fill a bookie's ledger disk (a loop-mounted ext4 image) to 100 % with a filler file;
     /// delete the filler when the fault ends. Drawn only when [`Shape::disks`] is set.
     FillDisk(usize),
+    /// Cut one proxy from one bookie (proxy, bookie): every other proxy and bookie still
+    /// reaches it (the bookie's relay cuts that proxy's connections only).
+    CutProxyBookie(usize, usize),
+    /// Cut one bookie from another (from, to): `from`'s autorecovery cannot read `to`'s
+    /// replicas (bookies talk to each other only to re-replicate), everyone else reaches `to`.
+    CutBookieBookie(usize, usize),
+    /// A one-way partition of a bookie's links: its requests held (`ToServer`, the bookie
+    /// hears nothing and answers nothing) or its responses held (`ToClient`, it does the work
+    /// and its clients never hear back), the other way flowing.
+    OneWayBookie(usize, Direction),
+    /// Every chunk to and from a bookie held this many milliseconds.
+    DelayBookie(usize, u64),
+    /// This many chunks per thousand to and from a bookie "lost": late after a retransmission
+    /// timeout, or the connection reset (see [`quire_testkit::TcpRelay::lossy`]).
+    LossyBookie(usize, u32),
 }
 
 /// What a fault takes away, for the rule that keeps writes possible: at most one bookie of
@@ -90,7 +107,12 @@ impl Fault {
             | Fault::PartitionBookieZk(_)
             | Fault::SlowBookie(..)
             | Fault::FillDisk(_)
-            | Fault::WipeBookie(_) => Target::Bookie,
+            | Fault::WipeBookie(_)
+            | Fault::CutProxyBookie(..)
+            | Fault::CutBookieBookie(..)
+            | Fault::OneWayBookie(..)
+            | Fault::DelayBookie(..)
+            | Fault::LossyBookie(..) => Target::Bookie,
             Fault::KillProxy(_) | Fault::PauseProxy(_) | Fault::PartitionProxyZk(_) => {
                 Target::Proxy
             }
@@ -112,6 +134,12 @@ impl Fault {
             Fault::RestartZooKeeper => "restart zookeeper",
             Fault::FillDisk(_) => "fill bookie disk",
             Fault::WipeBookie(_) => "wipe bookie",
+            Fault::CutProxyBookie(..) => "partition proxy|bookie",
+            Fault::CutBookieBookie(..) => "partition bookie|bookie",
+            Fault::OneWayBookie(_, Direction::ToServer) => "one-way: requests to bookie held",
+            Fault::OneWayBookie(_, Direction::ToClient) => "one-way: bookie's replies held",
+            Fault::DelayBookie(..) => "delay bookie links",
+            Fault::LossyBookie(..) => "lossy bookie links",
         }
     }
 }
@@ -133,6 +161,19 @@ impl fmt::Display for Fault {
                 f,
                 "SIGKILL bookie {b}, wipe its data, delete its cookie; start it empty at the end"
             ),
+            Fault::CutProxyBookie(p, b) => write!(f, "partition proxy {p} | bookie {b}"),
+            Fault::CutBookieBookie(a, b) => write!(
+                f,
+                "partition bookie {a} | bookie {b} (bookie {a} cannot read bookie {b})"
+            ),
+            Fault::OneWayBookie(b, Direction::ToServer) => {
+                write!(f, "one-way partition: requests to bookie {b} held")
+            }
+            Fault::OneWayBookie(b, Direction::ToClient) => {
+                write!(f, "one-way partition: bookie {b}'s replies held")
+            }
+            Fault::DelayBookie(b, ms) => write!(f, "delay links to bookie {b} by {ms} ms a chunk"),
+            Fault::LossyBookie(b, pm) => write!(f, "lose {pm}‰ of chunks to and from bookie {b}"),
         }
     }
 }
@@ -164,6 +205,8 @@ impl fmt::Display for Planned {
             | Fault::PauseProxy(_)
             | Fault::PartitionBookieZk(_)
             | Fault::PartitionProxyZk(_)
+            | Fault::CutProxyBookie(..)
+            | Fault::OneWayBookie(..)
             | Fault::RestartZooKeeper => {
                 if ms > SESSION_MS {
                     " (longer than the ZooKeeper session)"
@@ -264,10 +307,17 @@ fn session_scale(rng: &mut Rng) -> Duration {
     }
 }
 
+/// Kinds of fault [`draw_one`] draws, [`Fault::FillDisk`] (the last) only with disks. Adding a
+/// kind changes what every seed draws (README.md, "Chaos runs"): regressions are pinned as
+/// whole schedules, not seeds (tools/chaos/tests/it/ci_budget.rs).
+const KINDS: u64 = 16;
+
 fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
     let b = rng.below(shape.bookies as u64) as usize;
     let p = rng.below(shape.proxies as u64) as usize;
-    let kinds = if shape.disks { 11 } else { 10 };
+    // Another bookie than `b`.
+    let other = (b + 1 + rng.below(shape.bookies as u64 - 1) as usize) % shape.bookies;
+    let kinds = if shape.disks { KINDS } else { KINDS - 1 };
     let (fault, lasts) = match rng.below(kinds) {
         0 => (Fault::KillBookie(b), rng.millis(300, 2000)),
         1 => (Fault::KillProxy(p), rng.millis(300, 2000)),
@@ -283,6 +333,20 @@ fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
         // Starting the JVM again takes seconds more.
         8 => (Fault::RestartZooKeeper, rng.millis(200, 1500)),
         9 => (Fault::WipeBookie(b), rng.millis(300, 2000)),
+        10 => (Fault::CutProxyBookie(p, b), session_scale(rng)),
+        11 => (Fault::CutBookieBookie(other, b), rng.millis(2000, 6000)),
+        12 => {
+            let dir = [Direction::ToServer, Direction::ToClient][rng.below(2) as usize];
+            (Fault::OneWayBookie(b, dir), session_scale(rng))
+        }
+        13 => (
+            Fault::DelayBookie(b, rng.millis(20, 300).as_millis() as u64),
+            rng.millis(500, 2500),
+        ),
+        14 => {
+            let permille = [20, 100][rng.below(2) as usize];
+            (Fault::LossyBookie(b, permille), rng.millis(500, 2500))
+        }
         _ => (Fault::FillDisk(b), rng.millis(500, 2500)),
     };
     let at = rng.millis(100, shape.window.as_millis().max(101) as u64);
@@ -329,6 +393,52 @@ mod tests {
                 }
             }
         }
-        assert_eq!(kinds.len(), 11, "every kind of fault is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 17, "every kind of fault is drawn: {kinds:?}");
     }
+
+    #[test]
+    fn the_finer_network_faults_name_real_links_and_stay_in_their_ranges() {
+        let no_disks = Shape {
+            disks: false,
+            ..SHAPE
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..3000 {
+            for p in Schedule::draw(seed, no_disks).faults {
+                seen.insert(p.fault.kind());
+                match p.fault {
+                    Fault::FillDisk(_) => panic!("a full disk drawn without disks: seed {seed}"),
+                    Fault::CutProxyBookie(x, b) => assert!(x < 2 && b < 4),
+                    Fault::CutBookieBookie(a, b) => assert!(a != b && a < 4 && b < 4, "{p}"),
+                    Fault::DelayBookie(_, ms) => assert!((20..=300).contains(&ms), "{p}"),
+                    Fault::LossyBookie(_, pm) => assert!(pm == 20 || pm == 100, "{p}"),
+                    _ => {}
+                }
+            }
+        }
+        for kind in [
+            "partition proxy|bookie",
+            "partition bookie|bookie",
+            "one-way: requests to bookie held",
+            "one-way: bookie's replies held",
+            "delay bookie links",
+            "lossy bookie links",
+        ] {
+            assert!(seen.contains(kind), "{kind} never drawn: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn the_drawing_of_this_commit_is_pinned() {
+        // Seed 7's schedule under the 16 kinds of this commit; when this changes, so does what
+        // every `--seed` replays (README.md says so): re-pin it knowingly.
+        let s = Schedule::draw(7, SHAPE).to_string();
+        assert_eq!(s, PINNED_7, "{s}");
+    }
+
+    const PINNED_7: &str = "schedule seed 7 (3 faults)
+  +  0.46s for  5.13s  partition proxy 0 | bookie 0 (longer than the ZooKeeper session)
+  +  0.70s for  0.65s  SIGSTOP proxy 0, SIGCONT at the end (shorter than the ZooKeeper session)
+  +  2.81s for  4.53s  partition proxy 0 | zookeeper (longer than the ZooKeeper session)
+";
 }

@@ -33,7 +33,7 @@ pub mod history;
 pub mod loghub;
 pub mod loop_mount;
 pub mod reclaim;
-mod relay;
+pub mod relay;
 
 pub use relay::TcpRelay;
 
