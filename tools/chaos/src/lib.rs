@@ -5,12 +5,14 @@
 //! proxies, an autorecovery daemon, relays on the links a partition cuts) and plays schedules
 //! on it, one after another ([`run::Runner`]). Each schedule is a pure function of its seed
 //! ([`schedule::Schedule::draw`]): one to four faults (SIGKILL and restart, SIGSTOP and SIGCONT
-//! shorter or longer than the ZooKeeper session, partitions through relays, a throttled bookie,
-//! a ZooKeeper crash and restart, a bookie's ledger disk filled and freed), never more than one bookie of four and one proxy of two at
-//! once, nothing else while ZooKeeper is down. Against fresh streams it runs a plain writer, a
+//! shorter or longer than the ZooKeeper session, partitions through relays (whole, pairwise
+//! proxy–bookie and bookie–bookie, one-way), delay and loss on a bookie's links, a throttled
+//! bookie, a ZooKeeper crash and restart, a bookie's ledger disk filled and freed), never more
+//! than one bookie of four and one proxy of two at once, nothing else while ZooKeeper is down. Against fresh streams it runs a plain writer, a
 //! producer-session writer, tailing and catch-up readers and a truncation
 //! ([`workload::Workload`]), recording every operation; then it heals everything, waits until
-//! writes succeed again, reads every stream back and runs the checker. A violation prints the
+//! writes succeed again and the cluster is whole ([`cluster::ChaosCluster::wait_healthy`]),
+//! reads every stream back and runs the checker. A violation prints the
 //! seed, the schedule, the checker's slices of history and the last lines of every process's
 //! log; `quire-chaos run --seed S --schedules 1` replays the schedule.
 //!
@@ -21,6 +23,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod cluster;
+pub mod pinned;
 pub mod run;
 pub mod schedule;
 pub mod workload;

@@ -6,6 +6,7 @@
 //!   given) until N are done or the budget is spent; exit 0 when every schedule is clean, 1
 //!   on a violation, 2 when there was none but the cluster did not recover after a schedule.
 //! - `quire-chaos show --seed S [--schedules N]`: prints the schedules without running them.
+//! - `--pinned` instead of `--seed`: the regression schedules ([`quire_chaos::pinned`]).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -57,6 +58,10 @@ struct Seeds {
     /// root: small loop-mounted disks need root).
     #[arg(long)]
     no_disk_faults: bool,
+    /// Play the pinned regression schedules (each finding, as its seed drew it when found)
+    /// instead of drawing from seeds.
+    #[arg(long, conflicts_with = "seed")]
+    pinned: bool,
 }
 
 impl Seeds {
@@ -64,6 +69,17 @@ impl Seeds {
         let first = self.seed.unwrap_or_else(quire_chaos::clock_seed);
         let n = self.schedules;
         (first, (0..n).map(move |k| first.wrapping_add(k)))
+    }
+
+    /// The pinned schedules with `--pinned`, else the schedules the seeds draw.
+    fn schedules(&self) -> Vec<quire_chaos::Schedule> {
+        if self.pinned {
+            return quire_chaos::pinned::pinned();
+        }
+        let shape = self.shape();
+        let list = self.list().1;
+        list.map(|s| quire_chaos::Schedule::draw(s, shape))
+            .collect()
     }
 
     fn shape(&self) -> quire_chaos::Shape {
@@ -76,8 +92,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Show { seeds } => {
-            for seed in seeds.list().1 {
-                print!("{}", quire_chaos::Schedule::draw(seed, seeds.shape()));
+            for schedule in seeds.schedules() {
+                print!("{schedule}");
             }
             ExitCode::SUCCESS
         }
@@ -88,13 +104,14 @@ fn main() -> ExitCode {
         } => {
             set_quire_bin(quire_bin);
             quire_chaos::stop_on_signals();
-            let (first, list) = seeds.list();
+            let schedules = seeds.schedules();
             println!(
-                "chaos: first seed {first}, up to {} schedules, budget {budget:?}",
-                seeds.schedules
+                "chaos: first seed {}, up to {} schedules, budget {budget:?}",
+                schedules.first().map_or(0, |s| s.seed),
+                schedules.len()
             );
             let mut runner = quire_chaos::Runner::start(seeds.shape());
-            let summary = runner.run(list, budget);
+            let summary = runner.run_schedules(schedules, budget);
             if !summary.failed().is_empty() {
                 ExitCode::from(1)
             } else if !summary.unrecovered().is_empty() {

@@ -1,0 +1,53 @@
+//! The regression schedules: each finding of the chaos runner, as the whole schedule its seed
+//! drew when it was found (adding fault kinds changes what a seed draws, and a regression must
+//! keep replaying its finding). CI plays them first (tools/chaos/tests/it/ci_budget.rs);
+//! `quire-chaos run --pinned` plays them alone.
+
+use std::time::Duration;
+
+use crate::schedule::{Fault, Planned, Schedule};
+
+fn planned(at_ms: u64, lasts_ms: u64, fault: Fault) -> Planned {
+    Planned {
+        at: Duration::from_millis(at_ms),
+        lasts: Duration::from_millis(lasts_ms),
+        fault,
+    }
+}
+
+/// The regressions every CI run plays, as whole schedules (what their seeds drew when they
+/// were found: adding fault kinds changed what a seed draws, and a pinned seed must keep
+/// replaying its finding).
+///
+/// - 7 and 1,000,003 (window 2 s): several faults at once; one proxy killed.
+/// - 51 (window 2 s): SIGKILLs a bookie and restarts it within half a second, before ZooKeeper
+///   has expired its old session (the chaos runner's first finding: the restarted bookie gave
+///   up waiting for its old registration and exited; see quire-metadata's
+///   `a_restarted_bookie_waits_out_its_old_registration`).
+/// - 234,236,409,463,439 (window 3 s): two ZooKeeper crashes back to back; on a loaded machine
+///   their real downtime outlasts the session, both proxies exit on their expired sessions a
+///   second after the heal, and the runner read back from no proxy ("connection refused"),
+///   reported as a violation. The runner now waits for the cluster to be whole before the
+///   read-back (`ChaosCluster::wait_healthy`).
+pub fn pinned() -> Vec<Schedule> {
+    let s = |seed, faults| Schedule { seed, faults };
+    vec![
+        s(
+            7,
+            vec![
+                planned(557, 991, Fault::KillBookie(0)),
+                planned(893, 4615, Fault::PauseProxy(0)),
+                planned(1643, 2055, Fault::PauseBookie(0)),
+            ],
+        ),
+        s(1_000_003, vec![planned(937, 1001, Fault::KillProxy(0))]),
+        s(51, vec![planned(309, 476, Fault::KillBookie(1))]),
+        s(
+            234_236_409_463_439,
+            vec![
+                planned(693, 1131, Fault::RestartZooKeeper),
+                planned(2920, 821, Fault::RestartZooKeeper),
+            ],
+        ),
+    ]
+}
