@@ -335,7 +335,7 @@ fn play_loss(shared: &Shared, rng: &mut u64, losses: &mut u32) -> bool {
         *losses = 0;
         return true;
     }
-    if splitmix(rng) % 8 == 0 {
+    if splitmix(rng).is_multiple_of(8) {
         return false;
     }
     std::thread::sleep(Duration::from_millis(200 << (*losses).min(3)));
