@@ -29,6 +29,11 @@ fn planned(at_ms: u64, lasts_ms: u64, fault: Fault) -> Planned {
 ///   second after the heal, and the runner read back from no proxy ("connection refused"),
 ///   reported as a violation. The runner now waits for the cluster to be whole before the
 ///   read-back (`ChaosCluster::wait_healthy`).
+/// - 250,541,322,692,507 (window 3 s, found by the session-21 soak): proxy 0 killed, then proxy 1
+///   paused past the session; proxy 1 lived on and answered "owned by 127.0.0.1:<itself>" for
+///   the plain stream for over a minute (writes never resumed): a lock node of its own live
+///   session was left behind with no lease holding it. quire-metadata now deletes such an
+///   orphan when it acquires (`an_orphaned_lock_node_of_the_same_session_is_reaped`).
 pub fn pinned() -> Vec<Schedule> {
     let s = |seed, faults| Schedule { seed, faults };
     vec![
@@ -47,6 +52,14 @@ pub fn pinned() -> Vec<Schedule> {
             vec![
                 planned(693, 1131, Fault::RestartZooKeeper),
                 planned(2920, 821, Fault::RestartZooKeeper),
+            ],
+        ),
+        s(
+            250_541_322_692_507,
+            vec![
+                planned(145, 1588, Fault::KillProxy(0)),
+                planned(1592, 1458, Fault::PartitionBookieZk(3)),
+                planned(1957, 4858, Fault::PauseProxy(1)),
             ],
         ),
     ]

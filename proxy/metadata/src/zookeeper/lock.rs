@@ -17,6 +17,44 @@ const LOCK_CHILD_PREFIX: &str = "lock-";
 /// How often `try_acquire_stream` starts over when the holder vanished while it looked.
 const LOCK_ATTEMPTS_MAX: usize = 16;
 
+/// What `reap_own_orphan` must not take for an orphan: the lock nodes whose leases this store
+/// handed out and still watches, and per lock directory the acquisitions in flight (a node of
+/// another acquisition of this store between its create and its check is no orphan).
+#[derive(Debug, Default)]
+pub(super) struct HeldLocks {
+    held: std::collections::HashSet<String>,
+    acquiring: std::collections::HashMap<String, usize>,
+}
+
+/// One acquisition in flight in a lock directory, counted until dropped (also when the
+/// acquiring future is dropped half-way).
+struct Acquiring<'a> {
+    store: &'a ZkStore,
+    dir: String,
+}
+
+impl<'a> Acquiring<'a> {
+    fn new(store: &'a ZkStore, dir: &str) -> Self {
+        *store.locks().acquiring.entry(dir.to_string()).or_insert(0) += 1;
+        Acquiring {
+            store,
+            dir: dir.to_string(),
+        }
+    }
+}
+
+impl Drop for Acquiring<'_> {
+    fn drop(&mut self) {
+        let mut locks = self.store.locks();
+        if let Some(n) = locks.acquiring.get_mut(&self.dir) {
+            *n -= 1;
+            if *n == 0 {
+                locks.acquiring.remove(&self.dir);
+            }
+        }
+    }
+}
+
 /// Senders of live leases' `lost` flags.
 pub(super) type LeaseFlags = Arc<std::sync::Mutex<Vec<std::sync::Weak<watch::Sender<bool>>>>>;
 
@@ -70,6 +108,44 @@ impl ZkStore {
     }
 }
 
+impl ZkStore {
+    /// Deletes lock child `first` of `dir` when it is an orphan of this very session: it holds
+    /// `owner`, its ephemeral owner is this session, and no lease of this store holds it (its
+    /// lease was dropped or given up while a delete failed on a lost connection, or its create
+    /// succeeded on the server while the reply was lost). Such a node outlives nothing but the
+    /// session, which a live proxy keeps: without this, the proxy answered "owned by
+    /// 127.0.0.1:P" to its own requests for the stream until it restarted (chaos seed
+    /// 250541322692507). ZooKeeper's lock recipe has the same hazard; Curator guards its
+    /// creates with a session-unique name for it. Returns whether it deleted the node.
+    async fn reap_own_orphan(&self, dir: &str, first: &str, owner: &str) -> Result<bool> {
+        let p = format!("{dir}/{first}");
+        {
+            let locks = self.locks();
+            if locks.held.contains(&p) || locks.acquiring.get(dir).is_some_and(|n| *n > 1) {
+                return Ok(false);
+            }
+        }
+        let c = &self.inner.client;
+        let stat = match c.get_data(&p).await {
+            Ok((bytes, stat)) if bytes == owner.as_bytes() => stat,
+            Ok(_) | Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(zk_err("get", &p, e)),
+        };
+        if stat.ephemeral_owner != c.session_id().0 {
+            return Ok(false);
+        }
+        tracing::warn!(lock = %p, owner, "deleting an orphaned lock node of this session");
+        match c.delete(&p, Some(stat.version)).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(true),
+            Err(e) => Err(zk_err("delete", &p, e)),
+        }
+    }
+
+    fn locks(&self) -> std::sync::MutexGuard<'_, HeldLocks> {
+        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Watches a held lock node; flips `tx` to `true` once the node is deleted, the session is lost,
 /// or the store is dropped. Ends early when every lease receiver is gone.
 async fn watch_lease(
@@ -91,7 +167,7 @@ async fn watch_lease(
                     tokio::select! {
                         _ = session_lost.wait_for(|lost| *lost) => break,
                         () = tokio::time::sleep(Duration::from_millis(200)) => continue,
-                        () = tx.closed() => return,
+                        () = tx.closed() => break,
                     }
                 }
             }
@@ -107,8 +183,13 @@ async fn watch_lease(
                 _ => continue,
             },
             _ = session_lost.wait_for(|lost| *lost) => break,
-            () = tx.closed() => return,
+            () = tx.closed() => break,
         }
+    }
+    // No lease holds the node any more (lost, or every receiver of its flag dropped).
+    if let Some(inner) = store.upgrade() {
+        let mut locks = inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        locks.held.remove(&path);
     }
     tx.send_replace(true);
 }
@@ -127,6 +208,7 @@ pub(super) async fn try_acquire_stream(
     let c = &store.inner.client;
     let dir = store.lock_dir(stream);
     let prefix = format!("{dir}/{LOCK_CHILD_PREFIX}");
+    let _acquiring = Acquiring::new(store, &dir);
     for _ in 0..LOCK_ATTEMPTS_MAX {
         let seq = match c
             .create(&prefix, owner.as_bytes(), &store.ephemeral_sequential())
@@ -152,6 +234,7 @@ pub(super) async fn try_acquire_stream(
             }
         };
         if children.first() == Some(&mine) {
+            store.locks().held.insert(my_path.clone());
             let (tx, rx) = watch::channel(false);
             let tx = Arc::new(tx);
             if let Ok(mut flags) = store.inner.leases.lock() {
@@ -177,6 +260,11 @@ pub(super) async fn try_acquire_stream(
             Err(e) => return Err(zk_err("delete", &my_path, e)),
         }
         let others: Vec<String> = children.into_iter().filter(|c| *c != mine).collect();
+        if let Some(first) = others.first() {
+            if store.reap_own_orphan(&dir, first, owner).await? {
+                continue;
+            }
+        }
         if let Some(holder) = store.lowest_owner(&dir, &others).await? {
             return Ok(Err(holder));
         }
@@ -215,6 +303,7 @@ pub(super) async fn release_stream(store: &ZkStore, lease: StreamLease) -> Resul
             reason: format!("{} is not a lock of {}", lease.token, lease.stream),
         });
     }
+    store.locks().held.remove(&lease.token);
     match store.inner.client.delete(&lease.token, None).await {
         Ok(()) | Err(zk::Error::NoNode) => Ok(()),
         // The session is over, so the ephemeral child is gone (or about to be) anyway.

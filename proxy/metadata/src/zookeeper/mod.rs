@@ -66,6 +66,9 @@ struct Inner {
     /// Lost-flags of the leases this session holds, flipped by the session watcher *before*
     /// `session_lost`, so that anyone who sees the session lost also sees its leases lost.
     leases: LeaseFlags,
+    /// Lock nodes of leases this store handed out and still watches (see `lock.rs`: a lock
+    /// node of this session not among them is an orphan).
+    held: std::sync::Mutex<lock::HeldLocks>,
 }
 
 /// The ZooKeeper-backed [`MetadataStore`]. Cloning shares one ZooKeeper session; the session is
@@ -173,6 +176,7 @@ impl ZkStore {
                 session_lost: lost_rx,
                 acls,
                 leases,
+                held: Default::default(),
             }),
         };
         store.open_layout().await?;

@@ -784,3 +784,76 @@ async fn subscriptions_cas_and_go_with_their_stream(a: &ZkStore, b: &ZkStore) {
     a.create_stream(&stream(s)).await.unwrap();
     assert!(a.list_subscriptions(s).await.unwrap().is_empty());
 }
+
+/// Goal: a lock node this very session left behind (a lease dropped, or given up while the
+/// delete failed on a lost connection) does not keep the stream from its own proxy, while a
+/// node of another session with the same owner (a restarted proxy's earlier session) and a
+/// lease still held are respected. Found by the chaos runner (seed 250541322692507): a live
+/// proxy answered "owned by <itself>" for a stream for over a minute.
+/// Method: through A's own client, create a lock child holding "proxy-a" (the orphan); A must
+/// still acquire the stream. Then, while A holds it, A's second try is refused; after A drops
+/// its lease without releasing it, A acquires again. Finally B's session creates a child
+/// holding "proxy-a": A must see the stream owned (by "proxy-a") and leave it alone.
+#[tokio::test]
+async fn an_orphaned_lock_node_of_the_same_session_is_reaped() {
+    let zk = ZooKeeperServer::start();
+    let a = connect(&zk, "/quire").await;
+    let b = connect(&zk, "/quire").await;
+    let name = "logs/orphan";
+    let dir = format!("/quire/locks/{}", encode_stream_name(name));
+    let child = format!("{dir}/lock-");
+    let ephemeral_seq = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let _ = a.client().create("/quire/locks", b"", &persistent).await;
+    let _ = a.client().create(&dir, b"", &persistent).await;
+    a.client()
+        .create(&child, b"proxy-a", &ephemeral_seq)
+        .await
+        .expect("the orphan");
+
+    let lease = a
+        .try_acquire_stream(name, "proxy-a")
+        .await
+        .unwrap()
+        .expect("A acquires past its own orphan");
+    assert_eq!(a.client().list_children(&dir).await.unwrap().len(), 1);
+    // Held: not an orphan.
+    assert_eq!(
+        a.try_acquire_stream(name, "proxy-a")
+            .await
+            .unwrap()
+            .err()
+            .as_deref(),
+        Some("proxy-a")
+    );
+    // Dropped without a release: its node stays, an orphan once its watch ends.
+    drop(lease);
+    let again = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(l) = a.try_acquire_stream(name, "proxy-a").await.unwrap() {
+                return l;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("A acquires again after dropping its lease");
+    a.release_stream(again).await.unwrap();
+
+    // Another session's node with the same owner name is that session's until it ends.
+    b.client()
+        .create(&child, b"proxy-a", &ephemeral_seq)
+        .await
+        .expect("B's node");
+    assert_eq!(
+        a.try_acquire_stream(name, "proxy-a")
+            .await
+            .unwrap()
+            .err()
+            .as_deref(),
+        Some("proxy-a")
+    );
+    assert_eq!(b.client().list_children(&dir).await.unwrap().len(), 1);
+}
