@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::schedule::{Fault, Planned, Schedule};
+use crate::schedule::{Direction, Fault, Planned, Schedule};
 
 fn planned(at_ms: u64, lasts_ms: u64, fault: Fault) -> Planned {
     Planned {
@@ -34,6 +34,11 @@ fn planned(at_ms: u64, lasts_ms: u64, fault: Fault) -> Planned {
 ///   the plain stream for over a minute (writes never resumed): a lock node of its own live
 ///   session was left behind with no lease holding it. quire-metadata now deletes such an
 ///   orphan when it acquires (`an_orphaned_lock_node_of_the_same_session_is_reaped`).
+/// - 115,053,996,291,042 (window 3 s, same soak, with the new fault kinds): one-way partition to
+///   bookie 1, proxy 0 killed and then cut from ZooKeeper for 1.9 s, loss on bookie 2's links;
+///   the same stuck stream, this time with its cause in the proxy's error: acquiring the lease
+///   failed with "ZooKeeper delete on .../lock-0000000004 failed: connection to server has
+///   lost", leaving that child behind in the live session.
 pub fn pinned() -> Vec<Schedule> {
     let s = |seed, faults| Schedule { seed, faults };
     vec![
@@ -60,6 +65,15 @@ pub fn pinned() -> Vec<Schedule> {
                 planned(145, 1588, Fault::KillProxy(0)),
                 planned(1592, 1458, Fault::PartitionBookieZk(3)),
                 planned(1957, 4858, Fault::PauseProxy(1)),
+            ],
+        ),
+        s(
+            115_053_996_291_042,
+            vec![
+                planned(333, 1848, Fault::OneWayBookie(1, Direction::ToServer)),
+                planned(1708, 384, Fault::KillProxy(0)),
+                planned(2486, 1868, Fault::PartitionProxyZk(0)),
+                planned(2785, 1991, Fault::LossyBookie(2, 20)),
             ],
         ),
     ]
