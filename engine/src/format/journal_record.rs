@@ -462,9 +462,8 @@ pub fn stored_stamp(stamped: &[u8], index: usize) -> Option<u64> {
 pub fn stamped_run(stamped: &[u8], salt: u64, first_seq: u64) -> usize {
     (0..)
         .take_while(|&i| {
-            stored_stamp(stamped, i).is_some_and(|s| {
-                stamp_matches(s, sector_stamp(salt, first_seq, i as u64))
-            })
+            stored_stamp(stamped, i)
+                .is_some_and(|s| stamp_matches(s, sector_stamp(salt, first_seq, i as u64)))
         })
         .count()
 }
@@ -638,7 +637,10 @@ mod tests {
                     other => panic!("record {i}: {other:?}"),
                 }
             }
-            assert!(matches!(decode_record(&back[q..], &salt), RecordDecode::Zeros));
+            assert!(matches!(
+                decode_record(&back[q..], &salt),
+                RecordDecode::Zeros
+            ));
         }
         assert_eq!(stamped_len(0), 0);
         assert_eq!(stamped_len(1), BLOCK_BYTES);

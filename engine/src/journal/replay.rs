@@ -10,9 +10,9 @@ use std::rc::Rc;
 use super::JournalCursor;
 use crate::files::{corrupt, io_err, journal_name};
 use crate::format::{
-    decode_journal_header, decode_record, round_up_block, stamped_len, stamped_offset,
-    stamped_run, unstamp_sectors, JournalHeader, JournalSalt, Mark, Record, RecordDecode,
-    RecordKind, FILE_HEADER_BYTES, FORMAT_V1, JOURNAL_FORMAT_STAMPED, RECORD_HEADER_BYTES,
+    decode_journal_header, decode_record, round_up_block, stamped_len, stamped_offset, stamped_run,
+    unstamp_sectors, JournalHeader, JournalSalt, Mark, Record, RecordDecode, RecordKind,
+    FILE_HEADER_BYTES, FORMAT_V1, JOURNAL_FORMAT_STAMPED, RECORD_HEADER_BYTES,
     STAMPED_SECTOR_BYTES,
 };
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
