@@ -9,7 +9,12 @@ pub const JOURNAL_MAGIC: [u8; 8] = *b"QUIREJNL";
 /// Journal format version 2: a salt per file use in the header, mixed into every record CRC and
 /// carried in every batch header (journal.md §Version history). Version 1 files are still read.
 pub const JOURNAL_FORMAT_SALTED: u16 = 2;
-/// Bytes of a version 2 journal header covered by its CRC: magic(8) version(2) zero(6)
+/// Journal format version 3 (written by this build): version 2's records, laid out 504 bytes
+/// per 512-byte sector with an 8-byte stamp ending every sector of a batch (journal.md
+/// §Sectors), so that replay can tell a batch that reached the medium whole (later damage)
+/// from a torn write. Versions 1 and 2 are still read.
+pub const JOURNAL_FORMAT_STAMPED: u16 = 3;
+/// Bytes of a version 2 or 3 journal header covered by its CRC: magic(8) version(2) zero(6)
 /// file_id(8) salt(8).
 const JOURNAL_HEADER_CRC_COVERED: usize = 32;
 
@@ -43,6 +48,8 @@ pub struct JournalSalt {
     salt: Option<u64>,
     /// CRC32C of the salt's 8 bytes: where every record CRC of this file starts.
     seed: u32,
+    /// Version 3: batches are laid out in stamped sectors ([`stamp_batch`]).
+    stamped: bool,
 }
 
 impl JournalSalt {
@@ -50,6 +57,7 @@ impl JournalSalt {
     pub const V1: Self = Self {
         salt: None,
         seed: 0,
+        stamped: false,
     };
 
     /// Records of a version 2 file whose header holds `salt`.
@@ -57,6 +65,30 @@ impl JournalSalt {
         Self {
             salt: Some(salt),
             seed: crc32c::crc32c(&salt.to_le_bytes()),
+            stamped: false,
+        }
+    }
+
+    /// Records of a version 3 file whose header holds `salt`: sealed as in version 2, and
+    /// every batch laid out in stamped sectors.
+    pub fn stamped(salt: u64) -> Self {
+        Self {
+            stamped: true,
+            ..Self::new(salt)
+        }
+    }
+
+    /// Whether batches of this file are laid out in stamped sectors (version 3).
+    pub fn sectors_stamped(&self) -> bool {
+        self.stamped
+    }
+
+    /// The format version of the file these records belong to (1, 2 or 3).
+    pub fn version(&self) -> u16 {
+        match (self.salt, self.stamped) {
+            (None, _) => FORMAT_V1,
+            (Some(_), false) => JOURNAL_FORMAT_SALTED,
+            (Some(_), true) => JOURNAL_FORMAT_STAMPED,
         }
     }
 
@@ -82,12 +114,22 @@ impl JournalSalt {
     }
 }
 
-/// Builds a version 2 journal file header (one block): magic, version 2, file id, salt, and
+/// Builds a version 3 journal file header (one block): magic, version 3, file id, salt, and
 /// the CRC32C of bytes 0..32 at 32..36.
 pub fn encode_journal_header(file_id: u64, salt: u64) -> Vec<u8> {
+    encode_journal_header_version(file_id, salt, JOURNAL_FORMAT_STAMPED)
+}
+
+/// Builds a journal file header of `version` 2 or 3 (the same layout; 2 for fixtures and
+/// tests of the older format).
+pub fn encode_journal_header_version(file_id: u64, salt: u64, version: u16) -> Vec<u8> {
+    assert!(
+        version == JOURNAL_FORMAT_SALTED || version == JOURNAL_FORMAT_STAMPED,
+        "journal header version {version} has no salt"
+    );
     let mut b = vec![0u8; FILE_HEADER_BYTES];
     b[0..8].copy_from_slice(&JOURNAL_MAGIC);
-    b[8..10].copy_from_slice(&JOURNAL_FORMAT_SALTED.to_le_bytes());
+    b[8..10].copy_from_slice(&version.to_le_bytes());
     b[16..24].copy_from_slice(&file_id.to_le_bytes());
     b[24..32].copy_from_slice(&salt.to_le_bytes());
     let crc = crc32c::crc32c(&b[..JOURNAL_HEADER_CRC_COVERED]);
@@ -102,13 +144,13 @@ pub enum JournalHeader {
         file_id: u64,
         salt: JournalSalt,
     },
-    /// A version this build does not read (outside 1..=2).
+    /// A version this build does not read (outside 1..=3).
     Unsupported(u16),
     Bad(String),
 }
 
 /// Decodes a journal file header of version 1 (the shared file header: CRC32C of bytes 0..24 at
-/// 24..28) or 2 (salt at 24..32, CRC32C of bytes 0..32 at 32..36).
+/// 24..28) or 2 or 3 (salt at 24..32, CRC32C of bytes 0..32 at 32..36).
 pub fn decode_journal_header(b: &[u8]) -> JournalHeader {
     if b.len() < JOURNAL_HEADER_CRC_COVERED + 4 {
         return JournalHeader::Bad(format!("file header cut short at {} bytes", b.len()));
@@ -123,8 +165,9 @@ pub fn decode_journal_header(b: &[u8]) -> JournalHeader {
     let salt = match u16_at(b, 8) {
         FORMAT_V1 if v1_ok => JournalSalt::V1,
         JOURNAL_FORMAT_SALTED if v2_ok => JournalSalt::new(u64_at(b, 24)),
+        JOURNAL_FORMAT_STAMPED if v2_ok => JournalSalt::stamped(u64_at(b, 24)),
         v if v1_ok || v2_ok => {
-            if v == FORMAT_V1 || v == JOURNAL_FORMAT_SALTED {
+            if v == FORMAT_V1 || v == JOURNAL_FORMAT_SALTED || v == JOURNAL_FORMAT_STAMPED {
                 return JournalHeader::Bad(format!("file header CRC32C mismatch (version {v})"));
             }
             return JournalHeader::Unsupported(v);
@@ -330,6 +373,101 @@ pub fn decode_record(b: &[u8], salt: &JournalSalt) -> RecordDecode {
     }
 }
 
+/// Bytes of a stamped sector in a version 3 journal (the device's write unit; a crash keeps or
+/// loses whole sectors of the write in flight).
+pub const STAMPED_SECTOR_BYTES: usize = 512;
+/// Bytes of a sector's stamp, at its end (u64, little-endian).
+pub const SECTOR_STAMP_BYTES: usize = 8;
+/// Logical batch bytes a stamped sector carries, before its stamp.
+pub const SECTOR_DATA_BYTES: usize = STAMPED_SECTOR_BYTES - SECTOR_STAMP_BYTES;
+/// Stamped sectors per 4 KiB block.
+const SECTORS_PER_BLOCK: usize = BLOCK_BYTES / STAMPED_SECTOR_BYTES;
+/// How many bits a stored stamp may differ from the expected one in and still count as
+/// stamped: a few flipped bits are rot of the stamp itself, while a stamp of another batch,
+/// file use or of zeros differs in about 32 of 64.
+pub const STAMP_ROT_BITS_MAX: u32 = 3;
+
+const _: () = assert!(BLOCK_BYTES % STAMPED_SECTOR_BYTES == 0);
+
+/// The splitmix64 finalizer: a bijection on u64 whose outputs look independent.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The stamp ending sector `index` (from 0 at the batch's first block) of the batch whose
+/// header has seq `first_seq`, in the file use with `salt`. Distinct for every (salt, seq,
+/// sector), so a sector of another batch, another use of the file, or zeros does not carry it
+/// (but by a 2^-64 chance).
+pub fn sector_stamp(salt: u64, first_seq: u64, index: u64) -> u64 {
+    mix64(mix64(mix64(salt) ^ first_seq) ^ index)
+}
+
+/// Whether a stored stamp counts as the expected one: equal, or off by at most
+/// [`STAMP_ROT_BITS_MAX`] bits (the stamp itself rotted).
+pub fn stamp_matches(stored: u64, expected: u64) -> bool {
+    (stored ^ expected).count_ones() <= STAMP_ROT_BITS_MAX
+}
+
+/// Bytes a batch of `logical_len` bytes takes on disk in a version 3 file: whole stamped
+/// sectors of [`SECTOR_DATA_BYTES`] each, rounded up to a 4 KiB block (0 for 0).
+pub fn stamped_len(logical_len: usize) -> usize {
+    let sectors = logical_len.div_ceil(SECTOR_DATA_BYTES);
+    sectors.div_ceil(SECTORS_PER_BLOCK) * BLOCK_BYTES
+}
+
+/// The on-disk offset, from the batch's start, of logical batch byte `offset`.
+pub fn stamped_offset(offset: usize) -> usize {
+    offset / SECTOR_DATA_BYTES * STAMPED_SECTOR_BYTES + offset % SECTOR_DATA_BYTES
+}
+
+/// Lays out a batch's logical bytes (records as encoded, no padding) for a version 3 file into
+/// `out` (replacing its contents): [`SECTOR_DATA_BYTES`] bytes then the stamp
+/// [`sector_stamp`]`(salt, first_seq, i)` in every sector `i`, zero-padded and stamped up to a
+/// whole 4 KiB block, so every sector of the write carries the stamp. Inverse:
+/// [`unstamp_sectors`].
+pub fn stamp_batch(logical: &[u8], salt: u64, first_seq: u64, out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(stamped_len(logical.len()), 0);
+    for (i, sector) in out.chunks_exact_mut(STAMPED_SECTOR_BYTES).enumerate() {
+        let from = (i * SECTOR_DATA_BYTES).min(logical.len());
+        let to = (from + SECTOR_DATA_BYTES).min(logical.len());
+        sector[..to - from].copy_from_slice(&logical[from..to]);
+        let stamp = sector_stamp(salt, first_seq, i as u64);
+        sector[SECTOR_DATA_BYTES..].copy_from_slice(&stamp.to_le_bytes());
+    }
+}
+
+/// The logical bytes of stamped sectors `stamped` (the inverse of [`stamp_batch`], padding
+/// included): the first [`SECTOR_DATA_BYTES`] of every sector, appended to `out`. A trailing
+/// part-sector (a file cut short) gives its bytes up to the stamp's place.
+pub fn unstamp_sectors(stamped: &[u8], out: &mut Vec<u8>) {
+    out.reserve(stamped.len() / STAMPED_SECTOR_BYTES * SECTOR_DATA_BYTES + SECTOR_DATA_BYTES);
+    for sector in stamped.chunks(STAMPED_SECTOR_BYTES) {
+        out.extend_from_slice(&sector[..sector.len().min(SECTOR_DATA_BYTES)]);
+    }
+}
+
+/// The stamp stored at the end of sector `index` of `stamped` (a batch's bytes from its first
+/// block), `None` past the end.
+pub fn stored_stamp(stamped: &[u8], index: usize) -> Option<u64> {
+    let end = (index + 1) * STAMPED_SECTOR_BYTES;
+    let b = stamped.get(end - SECTOR_STAMP_BYTES..end)?;
+    Some(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
+/// How many sectors from the start of `stamped` in a row carry the stamps of the batch with
+/// header seq `first_seq` in the file use with `salt` (each [`stamp_matches`]).
+pub fn stamped_run(stamped: &[u8], salt: u64, first_seq: u64) -> usize {
+    (0..)
+        .take_while(|&i| {
+            stored_stamp(stamped, i)
+                .is_some_and(|s| stamp_matches(s, sector_stamp(salt, first_seq, i as u64)))
+        })
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,11 +533,18 @@ mod tests {
 
     #[test]
     fn journal_header_versions() {
-        // Goal: version 2 headers round-trip with their salt, version 1 headers read with no
-        // salt, damage and unknown versions are refused.
+        // Goal: version 3 (and 2) headers round-trip with their salt, version 1 headers read
+        // with no salt, damage and unknown versions are refused.
         let h = encode_journal_header(9, 77);
         assert_eq!(
             decode_journal_header(&h),
+            JournalHeader::Ok {
+                file_id: 9,
+                salt: JournalSalt::stamped(77)
+            }
+        );
+        assert_eq!(
+            decode_journal_header(&encode_journal_header_version(9, 77, 2)),
             JournalHeader::Ok {
                 file_id: 9,
                 salt: JournalSalt::new(77)
@@ -423,10 +568,109 @@ mod tests {
             decode_journal_header(&flipped),
             JournalHeader::Bad(_)
         ));
-        let mut v3 = h;
-        v3[8] = 3;
-        let crc = crc32c::crc32c(&v3[..32]);
-        v3[32..36].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(decode_journal_header(&v3), JournalHeader::Unsupported(3));
+        let mut v4 = h;
+        v4[8] = 4;
+        let crc = crc32c::crc32c(&v4[..32]);
+        v4[32..36].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_journal_header(&v4), JournalHeader::Unsupported(4));
+    }
+
+    /// A batch's logical bytes: a header and adds of `sizes` data bytes, as the writer encodes.
+    fn logical_batch(salt: &JournalSalt, first_seq: u64, sizes: &[usize]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let rec = Record::Add {
+                ledger: 1,
+                entry: i as u64,
+                lac: None,
+                recovery: false,
+                master_key: [3; 20],
+                data: (0..n).map(|x| (x * 7 + i) as u8).collect(),
+            };
+            encode_record(&mut body, first_seq + 1 + i as u64, &rec, salt);
+        }
+        let mut b = Vec::new();
+        let header = Record::BatchHeader {
+            record_count: sizes.len() as u32,
+            batch_bytes: (RECORD_HEADER_BYTES + BATCH_HEADER_PAYLOAD_BYTES + body.len()) as u32,
+        };
+        encode_record(&mut b, first_seq, &header, salt);
+        b.extend_from_slice(&body);
+        b
+    }
+
+    #[test]
+    fn stamped_sectors_round_trip_across_sectors_and_blocks() {
+        // Goal: the version 3 layout is a pure transform with an exact inverse, every sector of
+        // the write (padding too) carries its stamp, and records spanning sectors and blocks
+        // decode from the inverse. Method: batches of several sizes (one record inside a
+        // sector, one spanning sectors, one spanning blocks), stamp, check sizes and stamps,
+        // unstamp, decode every record.
+        let salt = JournalSalt::stamped(0x0bad_cafe);
+        for sizes in [vec![5], vec![600, 10], vec![9000, 3, 4100]] {
+            let logical = logical_batch(&salt, 40, &sizes);
+            let mut disk = Vec::new();
+            stamp_batch(&logical, 0x0bad_cafe, 40, &mut disk);
+            assert_eq!(disk.len(), stamped_len(logical.len()));
+            assert_eq!(disk.len() % BLOCK_BYTES, 0);
+            assert!(disk.len() - stamped_len(logical.len() - 1) <= BLOCK_BYTES);
+            let sectors = disk.len() / STAMPED_SECTOR_BYTES;
+            assert_eq!(stamped_run(&disk, 0x0bad_cafe, 40), sectors);
+            assert_eq!(stamped_run(&disk, 0x0bad_cafe, 41), 0);
+            assert_eq!(stamped_run(&disk, 0x0bad_caff, 40), 0);
+            let mut back = Vec::new();
+            unstamp_sectors(&disk, &mut back);
+            assert_eq!(back.len(), sectors * SECTOR_DATA_BYTES);
+            assert_eq!(&back[..logical.len()], &logical[..]);
+            assert!(back[logical.len()..].iter().all(|&b| b == 0));
+            for (i, &b) in logical.iter().enumerate() {
+                assert_eq!(disk[stamped_offset(i)], b, "logical byte {i}");
+            }
+            let mut q = RECORD_HEADER_BYTES + BATCH_HEADER_PAYLOAD_BYTES;
+            for (i, &n) in sizes.iter().enumerate() {
+                match decode_record(&back[q..], &salt) {
+                    RecordDecode::Ok { seq, len, .. } => {
+                        assert_eq!(seq, 41 + i as u64);
+                        assert_eq!(len, RECORD_HEADER_BYTES + ADD_FIXED_BYTES + n);
+                        q += len;
+                    }
+                    other => panic!("record {i}: {other:?}"),
+                }
+            }
+            assert!(matches!(
+                decode_record(&back[q..], &salt),
+                RecordDecode::Zeros
+            ));
+        }
+        assert_eq!(stamped_len(0), 0);
+        assert_eq!(stamped_len(1), BLOCK_BYTES);
+        assert_eq!(stamped_len(8 * SECTOR_DATA_BYTES), BLOCK_BYTES);
+        assert_eq!(stamped_len(8 * SECTOR_DATA_BYTES + 1), 2 * BLOCK_BYTES);
+    }
+
+    #[test]
+    fn a_stamp_with_a_few_rotten_bits_still_counts_but_another_does_not() {
+        // Goal: rot of up to 3 bits in a stamp is still "stamped" (rot, not a torn write),
+        // while the stamps of neighbouring seqs, sectors or salts and zeros never are.
+        let s = sector_stamp(7, 100, 3);
+        assert!(stamp_matches(s, s));
+        assert!(stamp_matches(s ^ 0b1011 << 20, s));
+        assert!(!stamp_matches(s ^ 0b1111 << 20, s));
+        for other in [
+            sector_stamp(7, 101, 3),
+            sector_stamp(7, 100, 4),
+            sector_stamp(8, 100, 3),
+            0,
+        ] {
+            assert!(!stamp_matches(other, s), "{other:#x} vs {s:#x}");
+        }
+        // Among many neighbours, none comes within the rot tolerance.
+        for seq in 0..2000u64 {
+            for i in 0..4u64 {
+                if (seq, i) != (100, 3) {
+                    assert!(!stamp_matches(sector_stamp(7, seq, i), s));
+                }
+            }
+        }
     }
 }

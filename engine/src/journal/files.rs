@@ -76,7 +76,7 @@ pub(crate) async fn create_journal_file<S: Storage>(
     let file = publish(storage, cfg, &tmp, path, filled.map(|()| f)).await?;
     Ok(NewJournalFile {
         file,
-        salt: JournalSalt::new(salt),
+        salt: JournalSalt::stamped(salt),
     })
 }
 
@@ -168,7 +168,7 @@ async fn reuse_journal_file<S: Storage>(
     let file = publish(storage, cfg, &tmp, path, prepared).await?;
     Ok(NewJournalFile {
         file,
-        salt: JournalSalt::new(salt),
+        salt: JournalSalt::stamped(salt),
     })
 }
 

@@ -44,7 +44,7 @@ pub(crate) struct JournalCursor<F> {
     pub next_seq: u64,
     /// No batch is written to this file again: the next batch rolls to a new file. Set by
     /// replay when the file's end holds a dropped batch (so no later batch can be completed
-    /// by its records) or the file is version 1 (unsalted).
+    /// by its records) or the file is version 1 or 2 (the writer writes version 3 only).
     pub sealed: bool,
 }
 

@@ -10,9 +10,10 @@ use std::rc::Rc;
 use super::JournalCursor;
 use crate::files::{corrupt, io_err, journal_name};
 use crate::format::{
-    decode_journal_header, decode_record, round_up_block, JournalHeader, JournalSalt, Mark, Record,
-    RecordDecode, RecordKind, FILE_HEADER_BYTES, FORMAT_V1, JOURNAL_FORMAT_SALTED,
-    RECORD_HEADER_BYTES,
+    decode_journal_header, decode_record, round_up_block, stamped_len, stamped_offset, stamped_run,
+    unstamp_sectors, JournalHeader, JournalSalt, Mark, Record, RecordDecode, RecordKind,
+    FILE_HEADER_BYTES, FORMAT_V1, JOURNAL_FORMAT_STAMPED, RECORD_HEADER_BYTES,
+    STAMPED_SECTOR_BYTES,
 };
 use crate::io::{Storage, StorageFile, BLOCK_BYTES};
 use crate::{EngineConfig, Error};
@@ -23,10 +24,13 @@ pub(super) enum Stop {
     /// file use with a seq below the expected one.
     End(u64),
     /// A bad record at `bad_at`; `resume` is where writing would continue (block aligned).
+    /// `whole`: every sector of the bad batch carries its stamp (version 3), so its write
+    /// reached the medium whole and the damage came after it (rot), not from a crash.
     Bad {
         bad_at: u64,
         resume: u64,
         reason: String,
+        whole: bool,
     },
 }
 
@@ -38,6 +42,9 @@ pub(super) fn scan_file(
     expected_seq: &mut u64,
     apply: &mut impl FnMut(Record),
 ) -> Stop {
+    if salt.sectors_stamped() {
+        return scan_stamped(img, salt, start, expected_seq, apply);
+    }
     let mut pos = start as usize;
     loop {
         if pos >= img.len() {
@@ -66,7 +73,97 @@ fn bad(at: usize, resume: usize, reason: String) -> Stop {
         bad_at: at as u64,
         resume: resume as u64,
         reason,
+        whole: false,
     }
+}
+
+/// [`scan_file`] for a version 3 file: each batch is read through its stamped sectors (its
+/// header from the first sector, its records from the sectors `batch_bytes` spans), and a bad
+/// batch is checked for being whole: every sector of its extent stamped for its seq.
+fn scan_stamped(
+    img: &[u8],
+    salt: &JournalSalt,
+    start: u64,
+    expected_seq: &mut u64,
+    apply: &mut impl FnMut(Record),
+) -> Stop {
+    let stamp_salt = salt.value().expect("a version 3 file has a salt");
+    let mut pos = start as usize;
+    let mut logical = Vec::new();
+    loop {
+        if pos >= img.len() {
+            return Stop::End(pos as u64);
+        }
+        logical.clear();
+        unstamp_sectors(
+            &img[pos..(pos + STAMPED_SECTOR_BYTES).min(img.len())],
+            &mut logical,
+        );
+        let (batch_bytes, count) = match batch_header(&logical, salt, 0, *expected_seq) {
+            Ok(h) => h,
+            Err(Stop::End(_)) => return Stop::End(pos as u64),
+            Err(Stop::Bad { reason, .. }) => {
+                return Stop::Bad {
+                    bad_at: pos as u64,
+                    resume: pos as u64,
+                    reason,
+                    whole: whole_despite_header(&img[pos..], salt, stamp_salt, *expected_seq),
+                }
+            }
+        };
+        let extent = stamped_len(batch_bytes).max(BLOCK_BYTES);
+        let disk = &img[pos..(pos + extent).min(img.len())];
+        logical.clear();
+        unstamp_sectors(disk, &mut logical);
+        match batch_records(&logical, salt, 0, *expected_seq, count, batch_bytes) {
+            Ok((records, _)) => {
+                *expected_seq += records.len() as u64 + 1;
+                for r in records {
+                    apply(r);
+                }
+                pos += extent;
+            }
+            Err(stop) => {
+                let Stop::Bad { bad_at, reason, .. } = stop else {
+                    return stop;
+                };
+                let stamped = stamped_run(disk, stamp_salt, *expected_seq) * STAMPED_SECTOR_BYTES;
+                return Stop::Bad {
+                    bad_at: (pos + stamped_offset(bad_at as usize)) as u64,
+                    resume: pos as u64,
+                    reason,
+                    whole: disk.len() == extent && stamped == extent,
+                };
+            }
+        }
+    }
+}
+
+/// Whether a version 3 batch whose header record is bad (so its length is unknown) reached the
+/// medium whole: the sectors stamped for `seq` in a row from its start (`disk`) must hold
+/// records with the next seqs up to zeros, and span exactly the sectors such records take. A
+/// torn write loses sectors, so its stamped run ends early; a batch damaged in its header and
+/// elsewhere too cannot be measured and counts as torn.
+fn whole_despite_header(disk: &[u8], salt: &JournalSalt, stamp_salt: u64, seq: u64) -> bool {
+    let run = stamped_run(disk, stamp_salt, seq);
+    if run == 0 {
+        return false;
+    }
+    let mut logical = Vec::new();
+    unstamp_sectors(&disk[..run * STAMPED_SECTOR_BYTES], &mut logical);
+    let mut q = RECORD_HEADER_BYTES + salt.batch_header_payload_bytes();
+    let mut next = seq + 1;
+    loop {
+        match logical.get(q..).map(|b| decode_record(b, salt)) {
+            Some(RecordDecode::Ok { seq: got, len, .. }) if got == next => {
+                q += len;
+                next += 1;
+            }
+            Some(RecordDecode::Zeros) => break,
+            _ => return false,
+        }
+    }
+    next > seq + 1 && stamped_len(q) == run * STAMPED_SECTOR_BYTES
 }
 
 /// Scan step 1: the batch header at `pos` (its batch's bytes and record count), or where the
@@ -230,7 +327,7 @@ fn check_journal_header(path: &Path, b: &[u8], id: u64) -> Result<JournalSalt, E
             path: path.to_path_buf(),
             found,
             oldest: FORMAT_V1,
-            newest: JOURNAL_FORMAT_SALTED,
+            newest: JOURNAL_FORMAT_STAMPED,
         }),
         JournalHeader::Bad(reason) => Err(corrupt(path, 0, reason)),
     }
@@ -284,15 +381,18 @@ pub(crate) async fn replay<S: Storage>(
                 stopped_at: at,
                 resume: at,
                 reason: None,
+                whole: false,
             },
             Stop::Bad {
                 bad_at,
                 resume,
                 reason,
+                whole,
             } => FileEnd {
                 stopped_at: bad_at,
                 resume,
                 reason: Some(reason),
+                whole,
             },
         };
         // Batches are written in order, one at a time: after this file's last batch nothing in
@@ -331,11 +431,13 @@ pub(crate) async fn replay<S: Storage>(
 }
 
 /// Where replay stopped in one file: the offset of the end or of the bad record, where writing
-/// would resume, and what was bad (`None`: zeros).
+/// would resume, what was bad (`None`: zeros), and whether the bad batch's write reached the
+/// medium whole (every sector stamped, version 3).
 struct FileEnd {
     stopped_at: u64,
     resume: u64,
     reason: Option<String>,
+    whole: bool,
 }
 
 impl FileEnd {
@@ -410,8 +512,9 @@ async fn next_file<S: Storage>(
 /// after the end is not zero: a dropped batch's records (seqs from the expected one on) could
 /// otherwise complete a later batch written at the same offset with the same seq and torn after
 /// a record boundary. That holds also where the end looks clean because the torn write lost its
-/// first sectors but kept later ones. A version 1 file is sealed too, so the writer only writes
-/// salted records. The files `later` hold no batch of this journal (pre-created ones: zeros,
+/// first sectors but kept later ones. A version 1 or 2 file is sealed too, so the writer only
+/// writes version 3 batches. A bad batch that reached the medium whole (every sector stamped,
+/// version 3) is not a torn write but damage after it was written: `Error::Corrupt`. The files `later` hold no batch of this journal (pre-created ones: zeros,
 /// or a reused file's older batches) and are removed.
 async fn end_here<S: Storage>(
     storage: &S,
@@ -423,6 +526,19 @@ async fn end_here<S: Storage>(
     later: &[u64],
 ) -> Result<JournalCursor<S::File>, Error> {
     let JournalImage { file, img, salt } = image;
+    if end.whole {
+        // Rule 4's exception (journal.md §Recovery): no crash leaves a bad batch whose every
+        // sector carries its stamp; it was written whole, maybe synced and acknowledged.
+        return Err(corrupt(
+            &path_of(id),
+            end.stopped_at,
+            format!(
+                "{}; the journal's last batch reached the medium whole (every sector carries \
+                 its stamp), so it was damaged after it was written, not torn by a crash",
+                end.describe()
+            ),
+        ));
+    }
     let resume = end.resume;
     let residue = img
         .get(resume as usize..)
@@ -434,7 +550,7 @@ async fn end_here<S: Storage>(
             path_of(id).display()
         );
     }
-    let sealed = residue || salt.value().is_none();
+    let sealed = residue || !salt.sectors_stamped();
     for &lid in later {
         let lpath = path_of(lid);
         storage.remove(&lpath).await.map_err(io_err(

@@ -15,8 +15,8 @@ use super::files::JournalFiles;
 use super::{Journal, JournalCursor, JournalPos, Pending};
 use crate::files::io_err;
 use crate::format::{
-    encode_record, pad_to_block, round_up_block, JournalSalt, Record, BATCH_HEADER_PAYLOAD_BYTES,
-    FILE_HEADER_BYTES, RECORD_HEADER_BYTES,
+    encode_record, pad_to_block, stamp_batch, stamped_len, JournalSalt, Record,
+    BATCH_HEADER_PAYLOAD_BYTES, FILE_HEADER_BYTES, RECORD_HEADER_BYTES,
 };
 use crate::io::{Storage, StorageFile};
 use crate::sync::Closed;
@@ -73,6 +73,9 @@ pub(crate) struct JournalWriter<S: Storage> {
     /// One buffer for every batch: its pages stay mapped, so a batch costs neither fresh
     /// allocations nor page faults (a new one was zero-filled by the kernel per batch).
     buf: Vec<u8>,
+    /// The batch's records before they are laid out in stamped sectors (version 3), kept for
+    /// the same reason.
+    logical: Vec<u8>,
 }
 
 impl<S: Storage + 'static> JournalWriter<S> {
@@ -101,6 +104,7 @@ impl<S: Storage + 'static> JournalWriter<S> {
             closed,
             cfg,
             buf: Vec::new(),
+            logical: Vec::new(),
         }
     }
 
@@ -203,7 +207,8 @@ impl<S: Storage + 'static> JournalWriter<S> {
         let body_bytes: usize = batch.iter().map(|p| p.bytes).sum();
         let header_bytes = RECORD_HEADER_BYTES + BATCH_HEADER_PAYLOAD_BYTES;
         let batch_bytes = u32::try_from(header_bytes + body_bytes).expect("a batch fits u32 bytes");
-        let padded = round_up_block(u64::from(batch_bytes));
+        // A version 3 file (the only kind this build writes to) stores 504 bytes per sector.
+        let padded = stamped_len(batch_bytes as usize) as u64;
 
         // Set once this batch's bytes start going to the journal: a failure after that leaves
         // the journal in an unknown state, one before (in the roll) leaves it as it was.
@@ -213,7 +218,14 @@ impl<S: Storage + 'static> JournalWriter<S> {
         let result: Result<(), Error> = async {
             self.roll_if_full(&mut cursor, padded).await?;
             // Encoded once the file is known: records are sealed with its salt.
-            encode_batch(&mut buf, &batch, first_seq, batch_bytes, &cursor.salt);
+            encode_batch(
+                &mut buf,
+                &mut self.logical,
+                &batch,
+                first_seq,
+                batch_bytes,
+                &cursor.salt,
+            );
             journal_touched.set(true);
             self.write_and_sync(&cursor, &buf, &timings).await
         }
@@ -414,19 +426,27 @@ impl<S: Storage + 'static> JournalWriter<S> {
 }
 
 /// Encodes `batch` into `buf` (replacing its contents): the batch header stating
-/// `batch_bytes`, the records numbered from `first_seq + 1`, sealed with `salt`, padded to a
-/// block.
+/// `batch_bytes`, the records numbered from `first_seq + 1`, sealed with `salt`; in a version 3
+/// file laid out in sectors stamped for `first_seq` (built in `logical` first), else padded to
+/// a block.
 fn encode_batch(
     buf: &mut Vec<u8>,
+    logical: &mut Vec<u8>,
     batch: &[Pending],
     first_seq: u64,
     batch_bytes: u32,
     salt: &JournalSalt,
 ) {
-    buf.clear();
-    buf.reserve(round_up_block(u64::from(batch_bytes)) as usize);
+    let stamp_salt = salt.value().filter(|_| salt.sectors_stamped());
+    let out = if stamp_salt.is_some() {
+        &mut *logical
+    } else {
+        &mut *buf
+    };
+    out.clear();
+    out.reserve(stamped_len(batch_bytes as usize));
     encode_record(
-        buf,
+        out,
         first_seq,
         &Record::BatchHeader {
             record_count: batch.len() as u32,
@@ -435,12 +455,15 @@ fn encode_batch(
         salt,
     );
     for (i, p) in batch.iter().enumerate() {
-        encode_record(buf, first_seq + 1 + i as u64, &p.record, salt);
+        encode_record(out, first_seq + 1 + i as u64, &p.record, salt);
     }
     assert_eq!(
-        buf.len(),
+        out.len(),
         batch_bytes as usize,
         "journal records encode to the sizes they were queued with"
     );
-    pad_to_block(buf);
+    match stamp_salt {
+        Some(v) => stamp_batch(logical, v, first_seq, buf),
+        None => pad_to_block(buf),
+    }
 }

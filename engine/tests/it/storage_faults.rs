@@ -14,6 +14,7 @@ use std::path::Path;
 
 use crate::common::sim_faults::{cfg, each_seed, Acked};
 use crate::common::{payload, KEY};
+use quire_engine::format as f;
 use quire_engine::sim_disk::{Fault, PathFilter, SimImage, SimStorage, TEAR_HOLE};
 use quire_engine::{Engine, Error};
 use rand::rngs::StdRng;
@@ -566,12 +567,24 @@ fn a_torn_write_with_a_hole_mid_page_loses_nothing_acknowledged() {
     });
 }
 
-/// The journal file of `image` holding `data`, and its offset there.
-fn in_journal(image: &SimImage, data: &[u8]) -> Option<(std::path::PathBuf, usize)> {
+/// Where `data` is in the version 3 journal file `path` of `image`: the on-disk offset of its
+/// byte `skip`. Searched in the file's logical bytes (journal.md §Sectors: every 4 KiB block
+/// after the header holds 4032 logical bytes, 504 per sector before its stamp), since stamps
+/// split an entry's bytes on disk.
+fn in_journal_file(image: &SimImage, path: &Path, data: &[u8], skip: usize) -> Option<usize> {
+    let file = image.file(path)?;
+    let mut logical = Vec::new();
+    f::unstamp_sectors(file.get(f::FILE_HEADER_BYTES..)?, &mut logical);
+    let at = logical.windows(data.len()).position(|w| w == data)?;
+    Some(f::FILE_HEADER_BYTES + f::stamped_offset(at + skip))
+}
+
+/// The journal file of `image` holding `data`, and the on-disk offset of its byte `skip`.
+fn in_journal(image: &SimImage, data: &[u8], skip: usize) -> Option<(std::path::PathBuf, usize)> {
     let dir = Path::new("/sim/journal");
     image.dirs[dir].keys().find_map(|n| {
         let p = dir.join(n);
-        find_in(image, &p, data).map(|at| (p, at))
+        in_journal_file(image, &p, data, skip).map(|at| (p, at))
     })
 }
 
@@ -585,12 +598,8 @@ async fn journal_only(seed: u64) -> (SimImage, Acked, std::path::PathBuf) {
     let mut acked = Acked::new();
     assert!(add_range(&e, &mut rng, 0..10, &mut acked).await.is_none());
     let image = s.crash(None).image;
-    let dir = Path::new("/sim/journal");
-    let holder = image.dirs[dir]
-        .iter()
-        .find(|(_, b)| b.windows(acked[&(2, 9)].len()).any(|w| w == acked[&(2, 9)]))
-        .map(|(n, _)| dir.join(n))
-        .expect("the journal file holding the last entry");
+    let (holder, _) =
+        in_journal(&image, &acked[&(2, 9)], 0).expect("the journal file holding the last entry");
     (image, acked, holder)
 }
 
@@ -604,9 +613,10 @@ fn bit_rot_in_an_earlier_journal_batch_refuses_the_open() {
     each_seed("journal rot", |seed| async move {
         let (image, acked, _) = journal_only(seed).await;
         let key = (1 + seed % 2, seed % 9);
-        let (journal, at) = in_journal(&image, &acked[&key]).ok_or("entry not in the journal")?;
+        let (journal, at) =
+            in_journal(&image, &acked[&key], 7).ok_or("entry not in the journal")?;
         let s = SimStorage::from_image(&image, seed);
-        s.rot(&journal, (at + 7) as u64, (seed % 8) as u8);
+        s.rot(&journal, at as u64, (seed % 8) as u8);
         match Engine::open_with(cfg(), s).await {
             Err(err @ Error::Corrupt { .. }) => Ok(format!("entry {key:?}: {err}")),
             Ok(_) => Err(format!("entry {key:?} rotten: the open succeeded")),
@@ -616,21 +626,18 @@ fn bit_rot_in_an_earlier_journal_batch_refuses_the_open() {
 }
 
 #[test]
-#[ignore = "known gap, seeds 0..8: a bit rotting in the journal's LAST durable batch is taken for \
-            a torn tail (journal.md §Recovery rule 4) and dropped, so the engine answers \
-            NoSuchEntry for an entry it acknowledged; telling rot from a torn write needs a \
-            format change (e.g. a durable-end record after each sync) - see the s18 chk report"]
 fn bit_rot_in_the_last_journal_batch_is_not_taken_for_a_torn_tail() {
-    // Goal (the contract, failing today): an entry acknowledged after its batch was synced is
-    // never answered "no such entry"; bit rot in the last batch must read as `Corrupt` (or
-    // refuse the open), as it does in earlier batches. Method: 10 entries per ledger, each add
-    // its own synced batch; flip a bit in the payload of the last one (ledger 2, entry 9); reopen
-    // and read it.
+    // Goal: an entry acknowledged after its batch was synced is never answered "no such
+    // entry"; bit rot in the last batch reads as `Corrupt` (or refuses the open), as it does in
+    // earlier batches, because every sector of that batch carries its stamp (journal.md
+    // §Recovery rule 4, version 3). Method: 10 entries per ledger, each add its own synced
+    // batch; flip a bit in the payload of the last one (ledger 2, entry 9); reopen and read it.
     each_seed("last batch rot", |seed| async move {
         let (image, acked, journal) = journal_only(seed).await;
-        let at = find_in(&image, &journal, &acked[&(2, 9)]).ok_or("entry not in the journal")?;
+        let at = in_journal_file(&image, &journal, &acked[&(2, 9)], 7 + seed as usize)
+            .ok_or("entry not in the journal")?;
         let s = SimStorage::from_image(&image, seed);
-        s.rot(&journal, (at + 7 + seed as usize) as u64, (seed % 8) as u8);
+        s.rot(&journal, at as u64, (seed % 8) as u8);
         let e = match Engine::open_with(cfg(), s).await {
             Err(err @ Error::Corrupt { .. }) => return Ok(format!("open refused: {err}")),
             Err(err) => return Err(format!("open: {err}")),
@@ -642,5 +649,65 @@ fn bit_rot_in_the_last_journal_batch_is_not_taken_for_a_torn_tail() {
                 "the acknowledged entry 2/9 with a rotten bit reads as {other:?}"
             )),
         }
+    });
+}
+
+#[test]
+fn a_torn_last_journal_write_is_dropped_and_the_open_succeeds() {
+    // Goal: the per-sector stamps never take a torn write for rot (journal.md §Recovery rule
+    // 4, version 3): a crash that keeps only some sectors of the last journal write (a prefix,
+    // a suffix, or both ends around a hole mid-page) leaves a batch whose stamps are not all
+    // there, so it is dropped as the one write in flight and the open succeeds, with every
+    // acknowledged entry right and the torn one absent or whole. Method: 6 adds of 600..9000
+    // bytes (batches of 1..3 blocks, each its own synced batch), then a crash during the next
+    // journal write, torn by the seed's mode and sector counts (with 3 seeds per mode).
+    each_seed("torn last journal write", |seed| async move {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let s = SimStorage::new(seed);
+        s.tear_holes(true);
+        let e = Engine::open_with(cfg(), s.clone())
+            .await
+            .map_err(|e| format!("open: {e}"))?;
+        let mut acked = Acked::new();
+        let mut maybe = Acked::new();
+        let r = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 2;
+        let tear = match seed % 3 {
+            0 => r,
+            1 => 1 << 63 | r,
+            _ => TEAR_HOLE | r,
+        };
+        for entry in 0..4u64 {
+            let data = payload(1, entry, rng.gen_range(600..9000));
+            if entry == 3 {
+                let filter: quire_engine::sim_disk::OpFilter = Box::new(|k, p: &Path| {
+                    k == quire_engine::sim_disk::OpKind::Write
+                        && p.to_string_lossy().ends_with(".qj")
+                });
+                s.crash_at_matching_op(1, filter, Some(tear));
+            }
+            let lac = entry.checked_sub(1);
+            match e.add_entry(1, entry, KEY, lac, data.clone(), false).await {
+                Ok(()) => {
+                    acked.insert((1, entry), data);
+                }
+                Err(err) if entry == 3 && crashed(&err) => {
+                    maybe.insert((1, entry), data);
+                }
+                Err(err) => return Err(format!("add 1/{entry}: {err}")),
+            }
+        }
+        let report = s.crash(None);
+        if report.torn.is_none() {
+            return Err(format!(
+                "the crash did not tear the journal write\n{report}"
+            ));
+        }
+        let (_, e) = open(&report.image, seed)
+            .await
+            .map_err(|e| format!("reopen after a torn write: {e}\n{report}"))?;
+        all_there(&e, &acked, &maybe)
+            .await
+            .map_err(|e| format!("{e}\n{report}"))?;
+        Ok(format!("torn {:?}", report.torn))
     });
 }
