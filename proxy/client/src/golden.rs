@@ -60,6 +60,7 @@ fn stream_info() -> StreamInfo {
                 keep_for_subscriptions: false,
             },
             compression: None,
+            limits: None,
         },
         owner: Some("10.0.0.9:4181".into()),
         defaults: RetentionDefaults {
