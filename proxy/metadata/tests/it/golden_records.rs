@@ -94,6 +94,7 @@ fn stream() -> StreamMetadata {
         ledger_secret_hex: Some("0f".repeat(32)),
         sealed: false,
         compression: None,
+        limits: None,
     }
 }
 
