@@ -198,6 +198,7 @@ mod tests {
             read: vec!["logs/".into(), "metrics/".into()],
             write: vec!["logs/".into()],
             admin: vec![],
+            limits: Default::default(),
         }
     }
 

@@ -1818,6 +1818,7 @@ mod tests {
                             keep_for_subscriptions: true,
                         },
                         compression: Some(Compression::Lz4),
+                        limits: None,
                     },
                     owner: Some("127.0.0.1:4181".into()),
                     defaults: RetentionDefaults {
