@@ -36,6 +36,10 @@ pub struct Grant {
     pub write: Vec<String>,
     /// Prefixes of the streams the token may truncate, delete and set retention on.
     pub admin: Vec<String>,
+    /// The tenant's write limits on each proxy (`[[token]]` keys `records_per_sec`,
+    /// `bytes_per_sec`, `soft_records_per_sec`, `soft_bytes_per_sec`,
+    /// `outstanding_writes_max`; all 0: none). See `crate::quota`.
+    pub limits: crate::quota::RateLimits,
 }
 
 /// The right a request needs.
@@ -168,6 +172,7 @@ impl Grant {
             | Request::DeleteStream { stream }
             | Request::SetRetention { stream, .. }
             | Request::SetCompression { stream, .. }
+            | Request::SetLimits { stream, .. }
             | Request::SealStream { stream }
             | Request::DeleteSubscription { stream, .. } => (Right::Admin, stream),
         };
@@ -193,6 +198,7 @@ mod tests {
             read: vec!["logs/".into(), "metrics/".into()],
             write: vec!["logs/".into()],
             admin: vec![],
+            limits: Default::default(),
         }
     }
 

@@ -45,6 +45,7 @@ pub mod auth;
 pub mod error;
 mod limits;
 mod metrics;
+pub mod quota;
 pub mod server;
 mod settings;
 pub mod stream;
@@ -59,8 +60,9 @@ pub use error::{Error, ErrorCode, Result};
 pub use metrics::{ProxyMetrics, ZERO_ERROR_CODES};
 /// Also quire-client's: the server's catch-up reads run on it.
 pub use quire_client::{catch_up_read_runtime, CATCH_UP_READ_NICE};
+pub use quota::{LimitConfig, RateLimits};
 pub use server::{serve, ProxyServer, ServerConfig};
-pub use settings::{ServerSettings, StreamSettings};
+pub use settings::{LimitSettings, ServerSettings, StreamSettings};
 pub use stream::{
     OwnedStreamSize, StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT,
     LEDGER_LABEL_STREAM, TXID_JUMP_MAX_DEFAULT,

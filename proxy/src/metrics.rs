@@ -73,7 +73,7 @@ const REFUSAL_REASONS: [&str; 5] = [
 const AUTH_FAILURE_REASONS: [&str; 2] = ["missing_token", "unknown_token"];
 
 /// Every opcode a client may send, for the `op` series made at start.
-const OPCODES: [Opcode; 16] = [
+const OPCODES: [Opcode; 17] = [
     Opcode::Hello,
     Opcode::CreateStream,
     Opcode::ListStreams,
@@ -90,6 +90,7 @@ const OPCODES: [Opcode; 16] = [
     Opcode::ListSubscriptions,
     Opcode::DeleteSubscription,
     Opcode::SetCompression,
+    Opcode::SetLimits,
 ];
 
 /// Upper bounds of the latency buckets, in seconds (the bookie's, so panels line up).
@@ -114,6 +115,16 @@ pub struct ProxyMetrics {
     connections_open: Gauge,
     connections_accepted: Counter,
     streams: StreamSeries,
+    limit_refused: Family<LimitLabels, Counter>,
+    limit_soft_exceeded: Family<LimitLabels, Counter>,
+}
+
+/// The labels of the limit counters: `scope` (proxy, stream, token) and `kind` (records,
+/// bytes, outstanding).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    scope: &'static str,
+    kind: &'static str,
 }
 
 /// The `reason` label of refusals.
@@ -154,6 +165,7 @@ fn op_name(opcode: u8) -> &'static str {
         Ok(Opcode::ListSubscriptions) => "list_subscriptions",
         Ok(Opcode::DeleteSubscription) => "delete_subscription",
         Ok(Opcode::SetCompression) => "set_compression",
+        Ok(Opcode::SetLimits) => "set_limits",
         Err(_) => "unknown",
     }
 }
@@ -185,6 +197,8 @@ impl ProxyMetrics {
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
             streams: StreamSeries::default(),
+            limit_refused: Family::default(),
+            limit_soft_exceeded: Family::default(),
         };
         m.make_zero_series();
         Arc::new(m)
@@ -210,6 +224,18 @@ impl ProxyMetrics {
         }
         for reason in AUTH_FAILURE_REASONS {
             let _ = self.auth_failures.get_or_create(&ReasonLabels { reason });
+        }
+        for scope in ["proxy", "stream", "token"] {
+            for kind in ["records", "bytes", "outstanding"] {
+                let _ = self
+                    .limit_refused
+                    .get_or_create(&LimitLabels { scope, kind });
+            }
+            for kind in ["records", "bytes"] {
+                let _ = self
+                    .limit_soft_exceeded
+                    .get_or_create(&LimitLabels { scope, kind });
+            }
         }
     }
 
@@ -280,6 +306,16 @@ impl ProxyMetrics {
             "Connections closed by the connection bounds, by reason",
             self.connections_refused.clone(),
         );
+        registry.register(
+            "quire_proxy_limit_refused",
+            "Writes refused OVER_CAPACITY by a hard limit, by scope (proxy, stream, token) and kind (records, bytes, outstanding)",
+            self.limit_refused.clone(),
+        );
+        registry.register(
+            "quire_proxy_limit_soft_exceeded",
+            "Writes accepted over a soft rate limit, by scope (proxy, stream, token) and kind (records, bytes)",
+            self.limit_soft_exceeded.clone(),
+        );
         self.streams.register(registry, streams.clone());
         quire_ledger::metrics::metrics().register(registry);
         registry.register_collector(Box::new(StreamsOwned(streams)));
@@ -289,6 +325,20 @@ impl ProxyMetrics {
     pub(crate) fn refused(&self, reason: &'static str) {
         self.connections_refused
             .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts a write refused by a hard limit (`OVER_CAPACITY`).
+    pub(crate) fn limit_refused(&self, scope: &'static str, kind: &'static str) {
+        self.limit_refused
+            .get_or_create(&LimitLabels { scope, kind })
+            .inc();
+    }
+
+    /// Counts a write accepted over a soft limit.
+    pub(crate) fn limit_soft_exceeded(&self, scope: &'static str, kind: &'static str) {
+        self.limit_soft_exceeded
+            .get_or_create(&LimitLabels { scope, kind })
             .inc();
     }
 

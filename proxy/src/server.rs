@@ -125,6 +125,9 @@ pub struct ServerConfig {
     /// some of it and whose socket has taken none of its answer bytes for this long is
     /// closed (default 1 s): a client that does not read cannot stall the others' reads.
     pub pressure_send_timeout: Duration,
+    /// Write rate limits and quotas of the proxy scope and the default per-stream ones
+    /// (`[limits]`, [`crate::quota`]); the default: none.
+    pub limits: crate::quota::LimitConfig,
 }
 
 impl Default for ServerConfig {
@@ -148,6 +151,7 @@ impl Default for ServerConfig {
             response_bytes_max: RESPONSE_BYTES_MAX_DEFAULT,
             send_timeout: Duration::from_secs(60),
             pressure_send_timeout: PRESSURE_SEND_TIMEOUT_DEFAULT,
+            limits: Default::default(),
         }
     }
 }
@@ -182,6 +186,8 @@ struct Shared {
     admission: Arc<Admission>,
     /// Failed token checks per client address.
     auth_failures: AuthFailures,
+    /// [`ServerConfig::limits`] and the tokens' limits.
+    limiter: Arc<crate::quota::Limiter>,
 }
 
 impl Shared {
@@ -192,6 +198,7 @@ impl Shared {
             responses: ResponsePool::new(config.response_bytes_max.max(frame_total)),
             admission: Admission::new(config.connections_per_ip_max, config.handshakes_max),
             auth_failures: AuthFailures::default(),
+            limiter: crate::quota::Limiter::new(config.limits),
         }
     }
 }
@@ -1298,6 +1305,44 @@ impl ConnState {
             _ = self.out_tx.closed() => Err(Close),
         }
     }
+    /// Charges a write to the rate limits and quotas of its proxy, stream and token
+    /// ([`crate::quota`]); `OVER_CAPACITY` if any hard limit would be exceeded (nothing is
+    /// written then). Per-stream limits apply where the stream is owned: the stream record's
+    /// own limits if this proxy owns it and they are set, else `[limits] stream_*`.
+    fn admit_write(
+        &self,
+        stream: &str,
+        records: &[(u64, Vec<u8>)],
+    ) -> Result<crate::quota::Admitted> {
+        let charge = crate::quota::Charge {
+            stream,
+            stream_limits: self.streams.owned_stream_limits(stream),
+            token: self.grant.as_ref().map(|g| (g.name.as_str(), g.limits)),
+            records: records.len() as u64,
+            bytes: records.iter().map(|r| r.1.len() as u64).sum(),
+        };
+        let metrics = self.config.metrics.as_ref();
+        match self.shared.limiter.admit(charge) {
+            Ok(a) => {
+                if let Some(m) = metrics {
+                    for (scope, kind) in &a.soft {
+                        m.limit_soft_exceeded(scope, kind);
+                    }
+                }
+                Ok(a)
+            }
+            Err(r) => {
+                if let Some(m) = metrics {
+                    m.limit_refused(r.scope, r.kind);
+                }
+                Err(Error::OverCapacity {
+                    scope: r.scope,
+                    limit: r.kind,
+                    detail: r.detail,
+                })
+            }
+        }
+    }
 
     /// A write: submitted to its stream here, in frame order, and answered by its own task
     /// once the stream task acknowledged it and the previous write to the same stream on this
@@ -1312,6 +1357,7 @@ impl ConnState {
     ) {
         let (previous, done) = self.turns.next(&stream);
         let count = records.len();
+        let mut admitted = None;
         let submitted = if let Some(record_index) = reserved_txid_index(&records) {
             // Checked here rather than in the stream layer so that no stream is
             // created or acquired for a request that cannot be written.
@@ -1320,15 +1366,23 @@ impl ConnState {
                 txid: records[record_index].0,
             })
         } else {
-            if let Some(m) = &self.config.metrics {
-                m.write_submitted(&stream, &records);
+            match self.admit_write(&stream, &records) {
+                Err(e) => Err(e),
+                Ok(a) => {
+                    admitted = Some(a);
+                    if let Some(m) = &self.config.metrics {
+                        m.write_submitted(&stream, &records);
+                    }
+                    self.streams
+                        .submit_append(&stream, producer, records, (create_if_missing, compress))
+                        .await
+                }
             }
-            self.streams
-                .submit_append(&stream, producer, records, (create_if_missing, compress))
-                .await
         };
         let metrics = self.config.metrics.clone();
         self.writes.spawn(async move {
+            // Outstanding until answered (the limits' outstanding-write counts).
+            let _admitted = admitted;
             let result = match submitted {
                 Ok(rx) => rx.await.unwrap_or(Err(Error::ShuttingDown)),
                 Err(e) => Err(e),
@@ -1628,6 +1682,12 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .await
             .map(|c| Response::SetCompression {
                 compression: crate::types::wire_compression(c),
+            }),
+        Request::SetLimits { stream, limits } => streams
+            .set_limits(&stream, limits.map(crate::types::stored_limits))
+            .await
+            .map(|l| Response::SetLimits {
+                limits: l.map(crate::types::wire_limits),
             }),
         Request::CommitSubscription {
             stream,

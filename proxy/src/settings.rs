@@ -255,6 +255,97 @@ impl ServerSettings {
     }
 }
 
+/// The `[limits]` table: write rate limits and quotas ([`crate::quota`],
+/// docs/proxy-protocol.md "Limits"). `proxy_*` keys limit everything this proxy writes
+/// (DistributedLog's `rpsHardServiceLimit`, `bpsHardServiceLimit`, and their soft forms);
+/// `stream_*` keys are the limits of each stream this proxy owns whose record sets none
+/// (`quire stream limits`; DL's per-stream `rpsHardWriteLimit`, `bpsHardWriteLimit`,
+/// `perWriterOutstandingWriteLimit`). Rates per second (records, record payload bytes);
+/// every key 0 (the default): no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitSettings {
+    /// The proxy's hard records/s.
+    pub proxy_records_per_sec: u64,
+    /// The proxy's hard bytes/s.
+    pub proxy_bytes_per_sec: u64,
+    /// The proxy's soft records/s (logged and counted only).
+    pub proxy_soft_records_per_sec: u64,
+    /// The proxy's soft bytes/s.
+    pub proxy_soft_bytes_per_sec: u64,
+    /// Most writes the proxy has accepted and not answered.
+    pub proxy_outstanding_writes_max: u64,
+    /// Each stream's hard records/s.
+    pub stream_records_per_sec: u64,
+    /// Each stream's hard bytes/s.
+    pub stream_bytes_per_sec: u64,
+    /// Each stream's soft records/s.
+    pub stream_soft_records_per_sec: u64,
+    /// Each stream's soft bytes/s.
+    pub stream_soft_bytes_per_sec: u64,
+    /// Most writes to one stream accepted and not answered.
+    pub stream_outstanding_writes_max: u64,
+}
+
+impl LimitSettings {
+    /// Checks every key: any value is valid (0 turns a limit off), but a soft rate above its
+    /// hard rate would never be reached, so it is refused.
+    ///
+    /// # Errors
+    /// A soft rate above the hard rate of the same scope and kind.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (key, soft, hard) in [
+            (
+                "proxy_soft_records_per_sec",
+                self.proxy_soft_records_per_sec,
+                self.proxy_records_per_sec,
+            ),
+            (
+                "proxy_soft_bytes_per_sec",
+                self.proxy_soft_bytes_per_sec,
+                self.proxy_bytes_per_sec,
+            ),
+            (
+                "stream_soft_records_per_sec",
+                self.stream_soft_records_per_sec,
+                self.stream_records_per_sec,
+            ),
+            (
+                "stream_soft_bytes_per_sec",
+                self.stream_soft_bytes_per_sec,
+                self.stream_bytes_per_sec,
+            ),
+        ] {
+            if hard > 0 && soft > hard {
+                return Err(ConfigError::invalid(
+                    key,
+                    soft,
+                    format!("expected at most the hard limit, {hard}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the keys into `c.limits` (call [`LimitSettings::validate`] first).
+    pub fn apply(&self, c: &mut ServerConfig) {
+        c.limits.proxy = crate::quota::RateLimits {
+            records_per_sec: self.proxy_records_per_sec,
+            bytes_per_sec: self.proxy_bytes_per_sec,
+            soft_records_per_sec: self.proxy_soft_records_per_sec,
+            soft_bytes_per_sec: self.proxy_soft_bytes_per_sec,
+            outstanding_writes_max: self.proxy_outstanding_writes_max,
+        };
+        c.limits.stream = crate::quota::RateLimits {
+            records_per_sec: self.stream_records_per_sec,
+            bytes_per_sec: self.stream_bytes_per_sec,
+            soft_records_per_sec: self.stream_soft_records_per_sec,
+            soft_bytes_per_sec: self.stream_soft_bytes_per_sec,
+            outstanding_writes_max: self.stream_outstanding_writes_max,
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +362,20 @@ mod tests {
         assert_eq!(format!("{c:?}"), format!("{:?}", ServerConfig::default()));
         StreamSettings::default().validate().unwrap();
         ServerSettings::default().validate().unwrap();
+        LimitSettings::default().validate().unwrap();
+        let mut c = ServerConfig::default();
+        LimitSettings::default().apply(&mut c);
+        assert_eq!(c.limits, crate::quota::LimitConfig::default());
+        let soft_above_hard = LimitSettings {
+            stream_records_per_sec: 10,
+            stream_soft_records_per_sec: 20,
+            ..Default::default()
+        };
+        assert!(soft_above_hard
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("stream_soft_records_per_sec"));
         let e = StreamSettings {
             ensemble_size: 2,
             ..Default::default()

@@ -44,6 +44,7 @@ impl From<StreamInfo> for quire_client::StreamInfo {
                     .map(|t| quire_client::Dlsn::new(t.segment_seq_no, t.entry_id, t.slot_index)),
                 retention: wire_retention(m.retention),
                 compression: wire_compression(m.compression),
+                limits: m.limits.map(wire_limits),
             },
             owner: info.owner,
             defaults: info.defaults,
@@ -80,6 +81,28 @@ pub fn wire_compression(
         quire_metadata::StreamCompression::None => Compression::None,
         quire_metadata::StreamCompression::Lz4 => Compression::Lz4,
     })
+}
+
+/// A stream's own limits as the protocol carries them (`SET_LIMITS`, `DESCRIBE_STREAM`).
+pub fn wire_limits(l: quire_metadata::RateLimits) -> quire_client::limits::StreamLimits {
+    quire_client::limits::StreamLimits {
+        records_per_sec: l.records_per_sec,
+        bytes_per_sec: l.bytes_per_sec,
+        soft_records_per_sec: l.soft_records_per_sec,
+        soft_bytes_per_sec: l.soft_bytes_per_sec,
+        outstanding_writes_max: l.outstanding_writes_max,
+    }
+}
+
+/// A stream's limits from the protocol's form (the inverse of [`wire_limits`]).
+pub fn stored_limits(l: quire_client::limits::StreamLimits) -> quire_metadata::RateLimits {
+    quire_metadata::RateLimits {
+        records_per_sec: l.records_per_sec,
+        bytes_per_sec: l.bytes_per_sec,
+        soft_records_per_sec: l.soft_records_per_sec,
+        soft_bytes_per_sec: l.soft_bytes_per_sec,
+        outstanding_writes_max: l.outstanding_writes_max,
+    }
 }
 
 /// A stream's compression setting from the protocol's form (the inverse of
@@ -170,6 +193,7 @@ mod tests {
                 ledger_secret_hex: Some(secret.into()),
                 sealed: false,
                 compression: None,
+                limits: None,
             },
             owner: Some("127.0.0.1:4181".into()),
             defaults: RetentionDefaults {

@@ -144,6 +144,13 @@ pub const PROXY_KEYS: &[Table] = &[
         response_bytes_max send_timeout_ms pressure_send_timeout_ms connections_per_ip_max \
         handshakes_max",
     ),
+    (
+        "limits",
+        "proxy_records_per_sec proxy_bytes_per_sec proxy_soft_records_per_sec \
+        proxy_soft_bytes_per_sec proxy_outstanding_writes_max stream_records_per_sec \
+        stream_bytes_per_sec stream_soft_records_per_sec stream_soft_bytes_per_sec \
+        stream_outstanding_writes_max",
+    ),
     TLS,
     BOOKIE_TLS,
 ];
@@ -207,6 +214,7 @@ pub struct ProxyFile {
     pub zookeeper: ZooKeeperConfig,
     pub streams: quire_proxy::StreamSettings,
     pub server: quire_proxy::ServerSettings,
+    pub limits: quire_proxy::LimitSettings,
     pub tls: ServerTlsSettings,
     pub bookie_tls: ClientTlsSettings,
 }
@@ -223,6 +231,7 @@ impl Default for ProxyFile {
             zookeeper: ZooKeeperConfig::default(),
             streams: Default::default(),
             server: Default::default(),
+            limits: Default::default(),
             tls: Default::default(),
             bookie_tls: Default::default(),
         }

@@ -415,6 +415,36 @@ pub struct ProxyFlags {
     /// Connections in their handshake at once ([server] handshakes_max).
     #[arg(long)]
     pub handshakes_max: Option<usize>,
+    /// Hard limit on records/s of everything this proxy writes; over it OVER_CAPACITY, 0 = none ([limits] proxy_records_per_sec).
+    #[arg(long)]
+    pub proxy_records_per_sec: Option<u64>,
+    /// Hard limit on record payload bytes/s of everything this proxy writes; 0 = none ([limits] proxy_bytes_per_sec).
+    #[arg(long)]
+    pub proxy_bytes_per_sec: Option<u64>,
+    /// Soft limit on records/s of everything this proxy writes (logged and counted); 0 = none ([limits] proxy_soft_records_per_sec).
+    #[arg(long)]
+    pub proxy_soft_records_per_sec: Option<u64>,
+    /// Soft limit on payload bytes/s of everything this proxy writes; 0 = none ([limits] proxy_soft_bytes_per_sec).
+    #[arg(long)]
+    pub proxy_soft_bytes_per_sec: Option<u64>,
+    /// Most unanswered writes of everything this proxy writes; 0 = none ([limits] proxy_outstanding_writes_max).
+    #[arg(long)]
+    pub proxy_outstanding_writes_max: Option<u64>,
+    /// Hard limit on records/s of each owned stream without limits of its own; over it OVER_CAPACITY, 0 = none ([limits] stream_records_per_sec).
+    #[arg(long)]
+    pub stream_records_per_sec: Option<u64>,
+    /// Hard limit on record payload bytes/s of each owned stream without limits of its own; 0 = none ([limits] stream_bytes_per_sec).
+    #[arg(long)]
+    pub stream_bytes_per_sec: Option<u64>,
+    /// Soft limit on records/s of each owned stream without limits of its own (logged and counted); 0 = none ([limits] stream_soft_records_per_sec).
+    #[arg(long)]
+    pub stream_soft_records_per_sec: Option<u64>,
+    /// Soft limit on payload bytes/s of each owned stream without limits of its own; 0 = none ([limits] stream_soft_bytes_per_sec).
+    #[arg(long)]
+    pub stream_soft_bytes_per_sec: Option<u64>,
+    /// Most unanswered writes of each owned stream without limits of its own; 0 = none ([limits] stream_outstanding_writes_max).
+    #[arg(long)]
+    pub stream_outstanding_writes_max: Option<u64>,
     /// File holding the cluster secret proved to every bookie. Required.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,

@@ -143,6 +143,10 @@ impl ProxyFile {
             .map_err(|e| named(e, "server", &keys))?;
         let mut server = quire_proxy::ServerConfig::default();
         self.server.apply(&mut server);
+        self.limits
+            .validate()
+            .map_err(|e| named(e, "limits", &keys))?;
+        self.limits.apply(&mut server);
         let metadata = MetadataAddress::from_config(&self.zookeeper, &keys)?;
         let (listen, advertised) = check_listen_and_advertised(self.listen, self.advertised)?;
         let cluster_secret = cluster_secret(self.cluster_secret_file.as_deref())?;

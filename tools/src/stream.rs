@@ -6,7 +6,8 @@
 //!   retention, last txid (what the proxy's txid guard compares a write with) and owner;
 //! * `quire stream truncate STREAM DLSN`, `quire stream delete STREAM`;
 //! * `quire stream retention STREAM [--time-secs N|default] [--size-bytes N|default]`;
-//! * `quire stream subs STREAM [--delete NAME]`: subscriptions with their lag.
+//! * `quire stream subs STREAM [--delete NAME]`: subscriptions with their lag;
+//! * `quire stream limits STREAM [--records-per-sec N ...] | default`: write limits.
 //!
 //! Output is text for people, or one JSON document with `--json`.
 
@@ -19,6 +20,9 @@ use quire_client::compression::Compression;
 use quire_client::{RetentionChange, SegmentState, StreamInfo};
 
 use crate::admin::OutputArgs;
+
+mod limits;
+pub use limits::StreamLimitsArgs;
 
 /// `quire stream` subcommands.
 #[derive(Args, Debug)]
@@ -58,6 +62,11 @@ pub enum StreamCommand {
     /// `[streams] compression`). Applies from the owner's next entry on; readers see the same
     /// records either way.
     Compression(StreamCompressionArgs),
+    /// Show a stream's own write limits, or set them (`--records-per-sec N --bytes-per-sec N
+    /// --soft-records-per-sec N --soft-bytes-per-sec N --outstanding-writes-max N`, those left
+    /// out 0 = none), or `default` to go back to the owning proxy's `[limits] stream_*`. A
+    /// write over a hard limit gets OVER_CAPACITY (517), nothing written.
+    Limits(StreamLimitsArgs),
 }
 
 /// `quire stream compression` options. Without a setting it only shows.
@@ -281,6 +290,7 @@ pub fn run(args: StreamArgs) -> Result<()> {
             StreamCommand::Seal(a) => seal(a).await,
             StreamCommand::Subs(a) => crate::client::subs(a).await,
             StreamCommand::Compression(a) => compression(a).await,
+            StreamCommand::Limits(a) => limits::limits(a).await,
             StreamCommand::Retention(a) => {
                 let client = crate::client::connect(&a.proxy).await?;
                 let keep = a.keep_for_subscriptions;
@@ -392,6 +402,7 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
         "last_write_time_ms": info.lookups.as_deref().and_then(|l| l.last_write_time_ms),
         "sealed": info.lookups.as_deref().map(|l| l.sealed),
         "compression": m.compression,
+        "limits": m.limits,
         "retention": {
             "time_secs": t, "time_secs_from": ts,
             "size_bytes": z, "size_bytes_from": zs,
@@ -483,6 +494,7 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
         "  compression: {}",
         format_compression(meta.compression)
     )?;
+    writeln!(out, "  limits: {}", limits::format_limits(meta.limits))?;
     out.push_str(&format_retention(info));
     writeln!(out, "  segments: {}", meta.segments.len())?;
     if !meta.segments.is_empty() {

@@ -11,6 +11,13 @@
 //! read = ["logs/"]
 //! write = ["logs/"]
 //! admin = []
+//! # The tenant's write limits on each proxy (docs/proxy-protocol.md, "Limits"); 0 or left
+//! # out: none. Hard: OVER_CAPACITY; soft: logged and counted.
+//! records_per_sec = 1000
+//! bytes_per_sec = 1048576
+//! soft_records_per_sec = 800
+//! soft_bytes_per_sec = 0
+//! outstanding_writes_max = 100
 //! ```
 
 use std::path::Path;
@@ -98,6 +105,19 @@ struct TokenEntry {
     write: Vec<String>,
     #[serde(default)]
     admin: Vec<String>,
+    /// The tenant's write limits on each proxy (quire_proxy::quota, "token" scope):
+    /// `records_per_sec`, `bytes_per_sec`, `soft_records_per_sec`, `soft_bytes_per_sec`,
+    /// `outstanding_writes_max`; left out or 0: none.
+    #[serde(default)]
+    records_per_sec: u64,
+    #[serde(default)]
+    bytes_per_sec: u64,
+    #[serde(default)]
+    soft_records_per_sec: u64,
+    #[serde(default)]
+    soft_bytes_per_sec: u64,
+    #[serde(default)]
+    outstanding_writes_max: u64,
 }
 
 /// Reads a token file into the proxy's [`Authorizer`].
@@ -123,6 +143,13 @@ pub fn load_authorizer(path: &Path) -> Result<Authorizer> {
                 read: t.read,
                 write: t.write,
                 admin: t.admin,
+                limits: quire_proxy::RateLimits {
+                    records_per_sec: t.records_per_sec,
+                    bytes_per_sec: t.bytes_per_sec,
+                    soft_records_per_sec: t.soft_records_per_sec,
+                    soft_bytes_per_sec: t.soft_bytes_per_sec,
+                    outstanding_writes_max: t.outstanding_writes_max,
+                },
             },
         )
     }))
@@ -148,6 +175,18 @@ mod tests {
         assert_eq!(
             (g.name.as_str(), g.write.as_slice()),
             ("ingest", &["logs/".to_string()][..])
+        );
+        assert!(g.limits.is_unlimited(), "no limits unless stated");
+        std::fs::write(
+            &p,
+            format!("[[token]]\nname = \"t\"\nsha256 = \"{digest}\"\nrecords_per_sec = 50\noutstanding_writes_max = 4\n"),
+        )
+        .unwrap();
+        let a = load_authorizer(&p).unwrap();
+        let l = a.authenticate(b"qt_abc").unwrap().limits;
+        assert_eq!(
+            (l.records_per_sec, l.bytes_per_sec, l.outstanding_writes_max),
+            (50, 0, 4)
         );
         for (text, says) in [
             ("", "holds no [[token]]"),

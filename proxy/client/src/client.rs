@@ -537,6 +537,34 @@ impl ProxyClient {
             other => Err(unexpected(&other)),
         }
     }
+
+    /// Sets a stream's own write limits (`SET_LIMITS`, carried out and enforced by its
+    /// owner): `Some(l)` replaces the owning proxy's `[limits] stream_*` defaults for this
+    /// stream (limits all 0 count as `None`), `None` goes back to them. Returns the limits in
+    /// force in the stream record.
+    ///
+    /// # Errors
+    /// `NO_SUCH_STREAM`, `NOT_OWNER` after redirects, `REQUEST_DENIED` without the admin
+    /// right, `BAD_REQUEST` (unknown opcode) from a proxy before per-stream limits,
+    /// connection errors.
+    pub async fn set_limits(
+        &self,
+        stream: &str,
+        limits: Option<crate::limits::StreamLimits>,
+    ) -> Result<Option<crate::limits::StreamLimits>> {
+        let req = Request::SetLimits {
+            stream: stream.to_string(),
+            limits,
+        };
+        match self
+            .router
+            .call_stream(stream, &req, Duration::ZERO)
+            .await?
+        {
+            Response::SetLimits { limits } => Ok(limits),
+            other => Err(unexpected(&other)),
+        }
+    }
 }
 
 /// Checks a write before anything is sent: at least one record, none above `record_max`

@@ -56,6 +56,11 @@ pub enum ErrorCode {
     EndOfStream = 512,
     /// A txid is smaller than one already written to the stream (DL `TRANSACTION_OUT_OF_ORDER`).
     TxidOutOfOrder = 514,
+    /// A write would take its stream, its token (tenant) or the answering proxy over a hard
+    /// rate limit (records/s, bytes/s) or outstanding-write limit (DL `OVER_CAPACITY`, its
+    /// `bpsHardServiceLimit`/`rpsHardServiceLimit`); nothing was written. The message names the
+    /// scope and the limit. A client backs off and retries later.
+    OverCapacity = 517,
     /// The stream already exists (DL `LOG_EXISTS`).
     StreamExists = 525,
     /// A txid is more than the proxy's `txid_jump_max` (default 2^40) above the txid before it
@@ -89,7 +94,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
@@ -106,6 +111,7 @@ impl ErrorCode {
         Self::Truncated,
         Self::EndOfStream,
         Self::TxidOutOfOrder,
+        Self::OverCapacity,
         Self::StreamExists,
         Self::TxidTooFarAhead,
         Self::ProducerSequenceGap,
@@ -138,6 +144,7 @@ impl ErrorCode {
             Self::Truncated => "TRUNCATED",
             Self::EndOfStream => "END_OF_STREAM",
             Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
+            Self::OverCapacity => "OVER_CAPACITY",
             Self::StreamExists => "STREAM_EXISTS",
             Self::TxidTooFarAhead => "TXID_TOO_FAR_AHEAD",
             Self::ProducerSequenceGap => "PRODUCER_SEQUENCE_GAP",
@@ -238,6 +245,14 @@ pub enum Error {
         stream: String,
         name: String,
         max: usize,
+    },
+    /// A write would exceed a hard limit of `scope` (`proxy`, `stream` or `token`):
+    /// `OVER_CAPACITY`, nothing was written (DistributedLog `OverCapacityException`).
+    #[error("over capacity: {scope} limit {limit} exceeded ({detail}); nothing was written, retry later")]
+    OverCapacity {
+        scope: &'static str,
+        limit: &'static str,
+        detail: String,
     },
     /// (client side) A write's outcome is unknown: the connection was lost after it was sent,
     /// or the owner answered `OWNERSHIP_LOST` or `STORAGE_ERROR` during it. Its records may or
@@ -357,6 +372,7 @@ impl Error {
             Error::ProducerSequenceGap { .. } => ErrorCode::ProducerSequenceGap,
             Error::ProducerSessionExpired { .. } => ErrorCode::ProducerSessionExpired,
             Error::TooManySubscriptions { .. } => ErrorCode::TooManySubscriptions,
+            Error::OverCapacity { .. } => ErrorCode::OverCapacity,
             Error::WriteOutcomeUnknown { code, .. } => *code,
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Error::RequestDenied { .. } => ErrorCode::RequestDenied,
@@ -404,8 +420,8 @@ mod tests {
         assert_eq!(
             numbers,
             [
-                0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 525,
-                540, 541, 542, 543, 602
+                0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 517,
+                525, 540, 541, 542, 543, 602
             ]
         );
         for c in ErrorCode::ALL {

@@ -60,6 +60,7 @@ fn stream_info() -> StreamInfo {
                 keep_for_subscriptions: false,
             },
             compression: None,
+            limits: None,
         },
         owner: Some("10.0.0.9:4181".into()),
         defaults: RetentionDefaults {
@@ -80,6 +81,7 @@ fn cases() -> Vec<(&'static str, Golden)> {
         cases_producer(),
         cases_subscriptions(),
         cases_compression(),
+        cases_limits(),
     ]
     .into_iter()
     .flatten()
@@ -580,6 +582,45 @@ fn cases_compression() -> Vec<(&'static str, Golden)> {
     ]
 }
 
+fn cases_limits() -> Vec<(&'static str, Golden)> {
+    use crate::limits::StreamLimits;
+    use Golden::Request as Req;
+    use Golden::Response as Resp;
+    let limits = Some(StreamLimits {
+        records_per_sec: 1_000,
+        bytes_per_sec: 1 << 20,
+        soft_records_per_sec: 800,
+        soft_bytes_per_sec: 0,
+        outstanding_writes_max: 64,
+    });
+    let mut described = stream_info();
+    described.metadata.limits = limits;
+    vec![
+        (
+            "set-limits-request",
+            Req(
+                18,
+                Request::SetLimits {
+                    stream: "logs/golden".into(),
+                    limits,
+                },
+            ),
+        ),
+        (
+            "set-limits-response",
+            Resp(Opcode::SetLimits, 18, Response::SetLimits { limits }),
+        ),
+        (
+            "describe-stream-response-limits",
+            Resp(
+                Opcode::DescribeStream,
+                19,
+                Response::DescribeStream { info: described },
+            ),
+        ),
+    ]
+}
+
 #[test]
 fn every_golden_frame_decodes_to_its_value_and_encodes_to_its_bytes() {
     for (name, golden) in cases() {
@@ -631,6 +672,7 @@ fn every_opcode_has_a_golden_request_and_response() {
             Opcode::ListSubscriptions => "list-subscriptions",
             Opcode::DeleteSubscription => "delete-subscription",
             Opcode::SetCompression => "set-compression",
+            Opcode::SetLimits => "set-limits",
         };
         for kind in ["request", "response"] {
             assert!(

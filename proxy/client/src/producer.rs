@@ -245,8 +245,11 @@ async fn open_session(client: &ProxyClient, stream: &str, retry_for: Duration) -
     }
 }
 
-/// Errors after which the same producer write may be sent again: an unknown outcome, or the
-/// owner (or any proxy) could not be reached or was going away; nothing else is retried.
+/// Errors after which the same producer write may be sent again: an unknown outcome, the
+/// owner (or any proxy) could not be reached or was going away, or a hard rate limit refused
+/// the write (`OVER_CAPACITY`: nothing was written, so backing off and sending it again is
+/// safe, as DistributedLog's client backs off from `OverCapacityException`); nothing else is
+/// retried.
 pub(crate) fn retriable(e: &Error) -> bool {
     match e {
         Error::WriteOutcomeUnknown { .. }
@@ -260,6 +263,7 @@ pub(crate) fn retriable(e: &Error) -> bool {
                 | ErrorCode::Storage
                 | ErrorCode::StreamOwnedElsewhere
                 | ErrorCode::Metadata
+                | ErrorCode::OverCapacity
         ),
         _ => false,
     }

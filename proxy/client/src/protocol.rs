@@ -114,6 +114,8 @@ pub enum Opcode {
     DeleteSubscription = 0x0F,
     /// Set (or drop) a stream's own compression setting.
     SetCompression = 0x10,
+    /// Set (or drop) a stream's own write limits.
+    SetLimits = 0x11,
 }
 
 impl Opcode {
@@ -139,6 +141,7 @@ impl Opcode {
             0x0E => Self::ListSubscriptions,
             0x0F => Self::DeleteSubscription,
             0x10 => Self::SetCompression,
+            0x11 => Self::SetLimits,
             other => return Err(WireError::UnknownOpcode(other)),
         })
     }
@@ -243,6 +246,12 @@ pub enum Request {
         stream: String,
         compression: Option<Compression>,
     },
+    /// Body: stream name, optional limits block (`crate::limits::put_opt`: absent = back to
+    /// the owning proxy's `[limits] stream_*` defaults).
+    SetLimits {
+        stream: String,
+        limits: Option<crate::limits::StreamLimits>,
+    },
 }
 
 /// A response from a proxy.
@@ -298,6 +307,11 @@ pub enum Response {
     DeleteSubscription { existed: bool },
     /// Body: the setting in force, u8 as in the request.
     SetCompression { compression: Option<Compression> },
+    /// Body: the limits in force in the stream record, an optional limits block as in the
+    /// request.
+    SetLimits {
+        limits: Option<crate::limits::StreamLimits>,
+    },
     /// Any failed request: `status` in the header is the code; body: message (u32 length +
     /// UTF-8 bytes).
     Error { code: ErrorCode, message: String },
@@ -472,6 +486,10 @@ fn put_stream_info(out: &mut Vec<u8>, info: &StreamInfo) {
     if let Some(l) = &info.lookups {
         put_lookups(out, l);
     }
+    // After the lookups; announced by the answer flag (`describe_answer_flags`).
+    if let Some(l) = &m.limits {
+        crate::limits::put_block(out, l);
+    }
 }
 
 /// Appended after the segments (pos, issue 26): first DLSN, last DLSN, record count, last
@@ -498,7 +516,13 @@ fn get_lookups(r: &mut Reader<'_>) -> Result<StreamLookups, WireError> {
     })
 }
 
-fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, WireError> {
+/// A stream info; `has_limits` (answer flag [`crate::limits::FLAG_DESCRIBE_LIMITS`]): its
+/// last 40 bytes are the stream's limits block, after the lookups.
+fn get_stream_info(
+    r: &mut Reader<'_>,
+    body_len: usize,
+    has_limits: bool,
+) -> Result<StreamInfo, WireError> {
     let name = get_str(r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?;
     let creation_time_ms = r.u64()?;
     let max_txid = get_opt_u64(r, "max txid")?;
@@ -560,7 +584,21 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
         });
     }
     // Fields appended later are present only in answers of proxies that know them.
-    let rest = r.rest();
+    let mut rest = r.rest();
+    let mut limits = None;
+    if has_limits {
+        let Some(at) = rest.len().checked_sub(crate::limits::BLOCK_SIZE_BYTES) else {
+            return Err(WireError::InvalidField {
+                what: "stream limits",
+            });
+        };
+        let (front, block) = rest.split_at(at);
+        limits = Some(crate::limits::get_block(&mut Reader::new(
+            block,
+            "stream limits",
+        ))?);
+        rest = front;
+    }
     let lookups = if rest.is_empty() {
         None
     } else {
@@ -579,6 +617,7 @@ fn get_stream_info(r: &mut Reader<'_>, body_len: usize) -> Result<StreamInfo, Wi
             retention,
             // Carried as the answer's flags; set by the caller.
             compression: None,
+            limits,
         },
         owner,
         defaults,
@@ -800,6 +839,7 @@ impl Request {
             Request::ListSubscriptions { .. } => Opcode::ListSubscriptions,
             Request::DeleteSubscription { .. } => Opcode::DeleteSubscription,
             Request::SetCompression { .. } => Opcode::SetCompression,
+            Request::SetLimits { .. } => Opcode::SetLimits,
         }
     }
 
@@ -817,6 +857,7 @@ impl Request {
             | Request::DeleteStream { stream }
             | Request::SetRetention { stream, .. }
             | Request::SetCompression { stream, .. }
+            | Request::SetLimits { stream, .. }
             | Request::SealStream { stream }
             | Request::CommitSubscription { stream, .. }
             | Request::GetSubscription { stream, .. }
@@ -902,6 +943,10 @@ impl Request {
             } => {
                 put_str(&mut body, stream);
                 body.push(compression::setting_byte(*compression));
+            }
+            Request::SetLimits { stream, limits } => {
+                put_str(&mut body, stream);
+                crate::limits::put_opt(&mut body, limits);
             }
         }
         let header = FrameHeader {
@@ -998,6 +1043,10 @@ impl Request {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
                 compression: compression::setting_from_byte(r.u8()?)?,
             },
+            Opcode::SetLimits => Request::SetLimits {
+                stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                limits: crate::limits::get_opt(&mut r)?,
+            },
         };
         r.finish()?;
         Ok(req)
@@ -1070,7 +1119,7 @@ impl Response {
             }
             Response::DescribeStream { info } => {
                 flags = describe_answer_flags(info);
-                put_stream_info(&mut body, info)
+                put_stream_info(&mut body, info);
             }
             Response::TruncateStream { result } => {
                 result.truncated_before.encode(&mut body);
@@ -1086,6 +1135,7 @@ impl Response {
             }
             Response::DeleteSubscription { existed } => body.push(u8::from(*existed)),
             Response::SetCompression { compression: c } => body.push(compression::setting_byte(*c)),
+            Response::SetLimits { limits } => crate::limits::put_opt(&mut body, limits),
             Response::Error { code, message } => {
                 assert!(
                     *code != ErrorCode::Ok,
@@ -1162,7 +1212,8 @@ impl Response {
             },
             Opcode::Read => decode_read_answer(&mut r, frame)?,
             Opcode::DescribeStream => {
-                let mut info = get_stream_info(&mut r, frame.body.len())?;
+                let has_limits = frame.header.flags & crate::limits::FLAG_DESCRIBE_LIMITS != 0;
+                let mut info = get_stream_info(&mut r, frame.body.len(), has_limits)?;
                 apply_describe_flags(&mut info, frame.header.flags)?;
                 Response::DescribeStream { info }
             }
@@ -1207,6 +1258,9 @@ impl Response {
                 existed: subscription::get_flag(&mut r, "subscription existed flag")?,
             },
             Opcode::SetCompression => set_compression_answer(&mut r)?,
+            Opcode::SetLimits => Response::SetLimits {
+                limits: crate::limits::get_opt(&mut r)?,
+            },
         };
         r.finish()?;
         Ok(resp)
@@ -1215,8 +1269,14 @@ impl Response {
 
 /// The `DESCRIBE_STREAM` answer flags: keep for subscriptions, the stream's compression.
 fn describe_answer_flags(info: &StreamInfo) -> u8 {
+    let limits = if info.metadata.limits.is_some() {
+        crate::limits::FLAG_DESCRIBE_LIMITS
+    } else {
+        0
+    };
     keep_answer_flag(&info.metadata.retention)
         | compression::describe_flags(info.metadata.compression)
+        | limits
 }
 
 /// Sets what a `DESCRIBE_STREAM` answer carries in its flags (see [`describe_answer_flags`]).
@@ -1437,6 +1497,57 @@ mod tests {
         *buf.last_mut().unwrap() = 3;
         let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
         assert!(Response::decode(&frame).is_err());
+    }
+
+    #[test]
+    fn set_limits_and_described_limits_round_trip() {
+        // Goal: SET_LIMITS both ways (limits and back to the defaults); a described stream's
+        // limits after its lookups and without them; a flagged answer too short is refused.
+        let l = crate::limits::StreamLimits {
+            records_per_sec: 100,
+            bytes_per_sec: 1 << 20,
+            soft_records_per_sec: 80,
+            soft_bytes_per_sec: 0,
+            outstanding_writes_max: 4,
+        };
+        for limits in [None, Some(l)] {
+            req_round_trip(Request::SetLimits {
+                stream: "s".into(),
+                limits,
+            });
+            resp_round_trip(Opcode::SetLimits, Response::SetLimits { limits });
+        }
+        for lookups in [None, Some(Box::<StreamLookups>::default())] {
+            let info = StreamInfo {
+                metadata: StreamMetadata {
+                    name: "t/a".into(),
+                    limits: Some(l),
+                    ..StreamMetadata::default()
+                },
+                owner: None,
+                defaults: RetentionDefaults::default(),
+                lookups,
+            };
+            resp_round_trip(Opcode::DescribeStream, Response::DescribeStream { info });
+        }
+        let mut buf = Vec::new();
+        let info = StreamInfo {
+            metadata: StreamMetadata {
+                name: "t/a".into(),
+                limits: Some(l),
+                ..StreamMetadata::default()
+            },
+            owner: None,
+            defaults: RetentionDefaults::default(),
+            lookups: None,
+        };
+        Response::DescribeStream { info }.encode(Opcode::DescribeStream as u8, 5, &mut buf);
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        let f = Frame {
+            header: frame.header,
+            body: &frame.body[..frame.body.len() - 40],
+        };
+        assert!(Response::decode(&f).is_err());
     }
 
     #[test]
@@ -1707,6 +1818,7 @@ mod tests {
                             keep_for_subscriptions: true,
                         },
                         compression: Some(Compression::Lz4),
+                        limits: None,
                     },
                     owner: Some("127.0.0.1:4181".into()),
                     defaults: RetentionDefaults {

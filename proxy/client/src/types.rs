@@ -103,6 +103,10 @@ pub struct StreamMetadata {
     /// `[streams] compression` default applies. Carried as `DESCRIBE_STREAM` answer flags
     /// ([`crate::compression::FLAG_DESCRIBE_COMPRESSION_LZ4`] and `_NONE`).
     pub compression: Option<crate::compression::Compression>,
+    /// The stream's own write limits (`SET_LIMITS`); `None`: the owning proxy's
+    /// `[limits] stream_*` defaults apply. Carried after the stream info when the
+    /// `DESCRIBE_STREAM` answer has [`crate::limits::FLAG_DESCRIBE_LIMITS`].
+    pub limits: Option<crate::limits::StreamLimits>,
 }
 
 /// One log segment of a stream as the proxy protocol carries it (DistributedLog

@@ -330,6 +330,48 @@ pub struct StreamMetadata {
     /// sets its codec per writer (`compressionType` in the stream's dynamic config).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<StreamCompression>,
+    /// The stream's own write limits (`SET_LIMITS`, issue 29 item 4), enforced by its owner;
+    /// `None`, and every record made before this field existed: the owning proxy's
+    /// `[limits] stream_*` defaults apply. DistributedLog keeps per-stream limits in the
+    /// stream's dynamic config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RateLimits>,
+}
+
+/// Write limits of one scope (a proxy, a stream or a token): a hard limit refuses a write
+/// that would exceed it with `OVER_CAPACITY` (nothing written), a soft one only logs and
+/// counts it. Rates are enforced by a token bucket per scope whose burst is one second of the
+/// rate. Every field 0 (the default): no limit, as DistributedLog's `-1`. Stored in a stream
+/// record as an object with these keys (those at 0 left out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimits {
+    /// Hard limit, records per second (DL `rpsHardWriteLimit` / `rpsHardServiceLimit`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub records_per_sec: u64,
+    /// Hard limit, record payload bytes per second (DL `bpsHardWriteLimit`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub bytes_per_sec: u64,
+    /// Soft limit, records per second (DL `rpsSoftWriteLimit`): logged and counted only.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub soft_records_per_sec: u64,
+    /// Soft limit, record payload bytes per second (DL `bpsSoftWriteLimit`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub soft_bytes_per_sec: u64,
+    /// Most writes accepted and not yet answered (DL `perWriterOutstandingWriteLimit`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub outstanding_writes_max: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl RateLimits {
+    /// Whether no limit is set (every field 0).
+    pub fn is_unlimited(&self) -> bool {
+        *self == RateLimits::default()
+    }
 }
 
 /// A stream's own compression setting ([`StreamMetadata::compression`]), stored as
@@ -354,6 +396,7 @@ impl std::fmt::Debug for StreamMetadata {
             .field("retention", &self.retention)
             .field("sealed", &self.sealed)
             .field("compression", &self.compression)
+            .field("limits", &self.limits)
             .field(
                 "ledger_secret_hex",
                 &self.ledger_secret_hex.as_ref().map(|_| "<redacted>"),

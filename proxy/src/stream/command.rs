@@ -54,6 +54,11 @@ pub(super) enum Command {
         compression: Option<quire_metadata::StreamCompression>,
         reply: oneshot::Sender<Result<Option<quire_metadata::StreamCompression>>>,
     },
+    /// See [`super::StreamManager::set_limits`].
+    SetLimits {
+        limits: Option<quire_metadata::RateLimits>,
+        reply: oneshot::Sender<Result<Option<quire_metadata::RateLimits>>>,
+    },
 }
 
 /// What the stream task reports for its part of a sweep.

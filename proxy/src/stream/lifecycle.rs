@@ -346,6 +346,30 @@ pub(super) async fn set_compression(
     Ok(compression)
 }
 
+/// Applies a stream's own write limits (see `StreamManager::set_limits`) by compare-and-set;
+/// returns the limits in force. Unchanged limits write nothing; limits that are all 0 are
+/// stored as none (the proxy's defaults).
+///
+/// # Errors
+/// `OwnershipLost`, `Metadata`.
+pub(super) async fn set_limits(
+    rec: &mut StreamRecord,
+    own: &Ownership,
+    limits: Option<quire_metadata::RateLimits>,
+) -> Result<Option<quire_metadata::RateLimits>> {
+    let limits = limits.filter(|l| !l.is_unlimited());
+    if rec.meta.value.limits == limits {
+        return Ok(limits);
+    }
+    own.check()?;
+    let mut meta = rec.meta.value.clone();
+    meta.limits = limits;
+    rec.cas_stream(meta)
+        .await
+        .map_err(|e| own.update_err("set limits", e))?;
+    Ok(limits)
+}
+
 /// Applies retention overrides (see `StreamManager::set_retention`) by compare-and-set;
 /// returns the overrides in force. An unchanged value writes nothing.
 ///

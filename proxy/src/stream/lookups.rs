@@ -87,6 +87,7 @@ mod tests {
             ledger_secret_hex: None,
             sealed: false,
             compression: None,
+            limits: None,
         }
     }
 

@@ -706,6 +706,31 @@ impl StreamManager {
             .await
     }
 
+    /// The stream record's own write limits ([`quire_metadata::StreamMetadata::limits`]) when
+    /// this proxy owns `name` and the record sets them; `None` otherwise (the server then
+    /// applies `[limits] stream_*`). Read from the owner's view of the record, no I/O.
+    pub fn owned_stream_limits(&self, name: &str) -> Option<quire_metadata::RateLimits> {
+        let h = self.registry.owned(name)?;
+        let view = h.shared.view.lock().expect("view lock");
+        view.meta.as_ref().and_then(|m| m.value.limits)
+    }
+
+    /// Sets the stream's own write limits (`SET_LIMITS`; `None`: back to the owning proxy's
+    /// `[limits] stream_*` defaults) and returns the limits in force in the record. Done by
+    /// the owner, which enforces them from its next write on.
+    ///
+    /// # Errors
+    /// `NoSuchStream`, `OwnedElsewhere`, `OwnershipLost`, `Metadata`.
+    pub async fn set_limits(
+        &self,
+        name: &str,
+        limits: Option<quire_metadata::RateLimits>,
+    ) -> Result<Option<quire_metadata::RateLimits>> {
+        self.registry
+            .owner_command(name, |reply| Command::SetLimits { limits, reply })
+            .await
+    }
+
     /// Acquires every stream in the metadata store that no other proxy owns now, recovering
     /// any segment a previous owner left in progress, instead of at each stream's first use.
     /// Returns how many streams were acquired (streams owned elsewhere are skipped).

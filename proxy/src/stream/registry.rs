@@ -152,6 +152,7 @@ impl Registry {
             )),
             sealed: false,
             compression: None,
+            limits: None,
         };
         self.metadata
             .create_stream(&meta)

@@ -288,6 +288,7 @@ mod tests {
             ledger_secret_hex: None,
             sealed: false,
             compression: None,
+            limits: None,
         };
         assert_eq!(lag(&meta, None), (140, 1400));
         // A control entry after the last record (entry 1 here) holds no record: committed past

@@ -439,6 +439,13 @@ impl Writer {
                 let _ = reply.send(r);
                 go_on
             }
+            Command::SetLimits { limits, reply } => {
+                let (rec, own) = (&mut self.rec, &self.ownership);
+                let r = lifecycle::set_limits(rec, own, limits).await;
+                let (r, go_on) = self.lifecycle_answer(r).await;
+                let _ = reply.send(r);
+                go_on
+            }
             Command::Delete { reply } => {
                 let (r, go_on) = self.delete_stream().await;
                 let _ = reply.send(r);
@@ -579,6 +586,9 @@ impl Writer {
                     let _ = reply.send(Err(self.ended(deleted, &reason)));
                 }
                 Command::SetCompression { reply, .. } => {
+                    let _ = reply.send(Err(self.ended(deleted, &reason)));
+                }
+                Command::SetLimits { reply, .. } => {
                     let _ = reply.send(Err(self.ended(deleted, &reason)));
                 }
                 Command::Delete { reply } => {

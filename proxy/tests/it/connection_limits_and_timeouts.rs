@@ -403,6 +403,7 @@ async fn repeated_bad_tokens_are_counted_slowed_and_then_refused() {
             read: vec![String::new()],
             write: vec![String::new()],
             admin: vec![String::new()],
+            limits: Default::default(),
         },
     )])
     .unwrap();

@@ -67,6 +67,7 @@ async fn streams_derive_ledger_keys_from_their_own_secret() {
             ledger_secret_hex: None,
             sealed: false,
             compression: None,
+            limits: None,
         })
         .await
         .unwrap();

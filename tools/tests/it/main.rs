@@ -21,6 +21,7 @@ mod cluster_ledger_id_squatting;
 mod cluster_ledger_keys;
 mod cluster_metrics_endpoints;
 mod cluster_operator_commands;
+mod cluster_proxy_limits;
 mod cluster_proxy_memory_bounded;
 mod cluster_proxy_tokens;
 mod cluster_reads_without_recovery;

@@ -94,6 +94,7 @@ fn stream() -> StreamMetadata {
         ledger_secret_hex: Some("0f".repeat(32)),
         sealed: false,
         compression: None,
+        limits: None,
     }
 }
 
@@ -104,6 +105,19 @@ fn stream_issue26() -> StreamMetadata {
     s.sealed = true;
     s.compression = Some(StreamCompression::Lz4);
     s.retention.keep_for_subscriptions = true;
+    s
+}
+
+/// The stream record with issue 29's per-stream limits (soft limits at 0 are left out):
+/// written by hand as `znodes/stream-issue29.json` (issue 26's record plus `limits`).
+fn stream_issue29() -> StreamMetadata {
+    let mut s = stream_issue26();
+    s.limits = Some(quire_metadata::RateLimits {
+        records_per_sec: 1_000,
+        bytes_per_sec: 1 << 20,
+        outstanding_writes_max: 64,
+        ..Default::default()
+    });
     s
 }
 
@@ -150,6 +164,13 @@ fn every_znode_record_reads_into_its_value() {
     assert_eq!(
         read::<StreamMetadata>("znodes/stream-issue26.json"),
         stream_issue26()
+    );
+    let limited = read::<StreamMetadata>("znodes/stream-issue29.json");
+    assert_eq!(limited, stream_issue29());
+    assert_eq!(
+        serde_json::to_vec(&limited).unwrap(),
+        std::fs::read(fixtures().join("znodes/stream-issue29.json")).unwrap(),
+        "today's record writes the same bytes"
     );
     assert_eq!(read::<Cookie>("znodes/cookie.json"), cookie());
     assert_eq!(read::<BookieInfo>("znodes/bookie-info.json"), bookie_info());

@@ -24,6 +24,7 @@ fn stream(name: &str) -> StreamMetadata {
         ledger_secret_hex: None,
         sealed: false,
         compression: None,
+        limits: None,
     }
 }
 
