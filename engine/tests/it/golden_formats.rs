@@ -8,6 +8,9 @@
 //!   version 1 checkpoint mark. Opening it migrates the index into segment files.
 //! - `v3-dir/`: a crash image of today's engine (salted version 2 journal with adds after the
 //!   last checkpoint, entry log, index segment files, version 3 mark, tombstone file).
+//! - `journal-v3-dir/`: the same crash image written by the build that introduced journal
+//!   format version 3 (stamped sectors: 504 logical bytes and an 8-byte stamp per sector); the
+//!   `v3-dir/` one keeps its version 2 journal.
 //! - `mark-v2.bin`: a version 2 checkpoint mark (segment ids without summaries).
 //!
 //! Each test copies a fixture to a temporary directory, so the fixture itself is never written.
@@ -121,11 +124,21 @@ const V3_DELETED: u64 = 4;
 
 #[test]
 fn a_crash_image_of_this_format_opens_and_serves_every_entry() {
+    // Both crash images (journal version 2 in v3-dir, version 3 in journal-v3-dir) hold the
+    // same entries and open the same.
+    for name in ["v3-dir", "journal-v3-dir"] {
+        open_crash_image(name);
+    }
+}
+
+fn open_crash_image(name: &'static str) {
     let dir = tempdir();
-    copy_fixture_dir("v3-dir", dir.path());
+    copy_fixture_dir(name, dir.path());
     let cfg = config(dir.path());
     run(move || async move {
-        let e = Engine::open(cfg).await.expect("open the v3 crash image");
+        let e = Engine::open(cfg)
+            .await
+            .unwrap_or_else(|err| panic!("open the crash image {name}: {err}"));
         for entry in 0..10 {
             let got = e.read_entry(V3_CHECKPOINTED, Some(entry)).await.unwrap();
             assert_eq!(got, payload(V3_CHECKPOINTED, entry, 100), "entry {entry}");
@@ -196,16 +209,21 @@ fn the_fixture_headers_and_marks_decode_to_their_written_fields() {
     for id in &m.segments {
         assert!(m.summaries.contains_key(id), "segment {id} has no summary");
     }
-    let v3_journals: Vec<_> = std::fs::read_dir(fixtures().join("v3-dir/journal"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert!(!v3_journals.is_empty());
-    for p in v3_journals {
-        let b = std::fs::read(&p).unwrap();
-        match decode_journal_header(&b) {
-            JournalHeader::Ok { salt, .. } => assert!(salt.value().is_some(), "{}", p.display()),
-            other => panic!("{}: {other:?}", p.display()),
+    for (name, version) in [("v3-dir", 2), ("journal-v3-dir", 3)] {
+        let journals: Vec<_> = std::fs::read_dir(fixtures().join(name).join("journal"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert!(!journals.is_empty());
+        for p in journals {
+            let b = std::fs::read(&p).unwrap();
+            match decode_journal_header(&b) {
+                JournalHeader::Ok { salt, .. } => {
+                    assert!(salt.value().is_some(), "{}", p.display());
+                    assert_eq!(salt.version(), version, "{}", p.display());
+                }
+                other => panic!("{}: {other:?}", p.display()),
+            }
         }
     }
 }
@@ -222,6 +240,10 @@ fn write_missing_fixtures() {
     }
     if !root.join("v3-dir").exists() {
         write_v3_dir(&root.join("v3-dir"));
+    }
+    // The same crash image, written since journal format version 3.
+    if !root.join("journal-v3-dir").exists() {
+        write_v3_dir(&root.join("journal-v3-dir"));
     }
     let mark_v2 = root.join("mark-v2.bin");
     if !mark_v2.exists() {

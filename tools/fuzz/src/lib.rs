@@ -548,7 +548,7 @@ fn reseal_tombstone(b: &mut [u8]) {
     }
 }
 
-/// File headers of journals (version 1 or 2), entry logs and index segments; a journal header
+/// File headers of journals (version 1, 2 or 3), entry logs and index segments; a journal header
 /// that decodes with a salt is encoded again and must be the same bytes.
 pub fn check_file_header(data: &[u8]) {
     for magic in [f::ENTRY_LOG_MAGIC, f::INDEX_SEGMENT_FILE_MAGIC] {
@@ -556,7 +556,7 @@ pub fn check_file_header(data: &[u8]) {
     }
     if let f::JournalHeader::Ok { file_id, salt } = f::decode_journal_header(data) {
         if let Some(v) = salt.value() {
-            let again = f::encode_journal_header(file_id, v);
+            let again = f::encode_journal_header_version(file_id, v, salt.version());
             // Bytes 10..16 are reserved zeros the reader does not check (the CRC at 32..36
             // covers them, so it differs too when they are not zero).
             assert!(
@@ -571,6 +571,7 @@ fn seeds_file_header() -> Vec<Vec<u8>> {
     vec![
         f::encode_file_header(f::JOURNAL_MAGIC, 42),
         f::encode_journal_header(42, 0x0123_4567_89ab_cdef),
+        f::encode_journal_header_version(42, 0x0123_4567_89ab_cdef, f::JOURNAL_FORMAT_SALTED),
     ]
 }
 
