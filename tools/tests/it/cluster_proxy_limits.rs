@@ -166,7 +166,9 @@ fn each_limit_refuses_over_capacity_and_writes_nothing() {
         );
         absent(&ops, "t/b").await;
 
-        // Soft: only counted.
+        // Soft: only counted (the first write over the soft rate fills the bucket's debt, the
+        // second exceeds it).
+        ops.write("s/soft", records(1, 1, 10), true).await.unwrap();
         quire_ok(
             &["stream", "limits", "s/soft", "--soft-records-per-sec", "5"],
             &addr,
@@ -174,11 +176,11 @@ fn each_limit_refuses_over_capacity_and_writes_nothing() {
         );
         let soft = "quire_proxy_limit_soft_exceeded_total{scope=\"stream\",kind=\"records\"}";
         let before = metric(&metrics, soft);
-        ops.write("s/soft", records(1, 20, 10), true).await.unwrap();
-        ops.write("s/soft", records(21, 20, 10), true)
+        ops.write("s/soft", records(2, 20, 10), true).await.unwrap();
+        ops.write("s/soft", records(22, 20, 10), true)
             .await
             .unwrap();
-        assert_eq!(count(&ops, "s/soft").await, 40);
+        assert_eq!(count(&ops, "s/soft").await, 41);
         assert!(metric(&metrics, soft) > before);
 
         // Outstanding writes: at most 1 unanswered write to s/out; 20 sent at once.
@@ -217,6 +219,7 @@ fn each_limit_refuses_over_capacity_and_writes_nothing() {
         );
         // The producer backs off and retries: 60 records in writes of 10 all get in (3 s of
         // the proxy's rate).
+        w.create_stream("p/c").await.unwrap();
         let mut p = Producer::open(w.clone(), "p/c", ProducerConfig::default())
             .await
             .unwrap();
