@@ -321,8 +321,10 @@ impl ProxyClient {
     ///
     /// # Errors
     /// `Remote` with `NoSuchStream`, `BadRequest`, `Truncated` (an explicit DLSN before the
-    /// truncation point) or `Storage`; `RedirectFailed` when the stream's owner (who serves its
-    /// reads) cannot be reached; `Io` on connection loss.
+    /// truncation point) or `Storage`; `RedirectFailed` when a proxy older than follower reads
+    /// redirects the read to an owner that cannot be reached; `Io` on connection loss.
+    /// The read goes to the home proxy, which serves it whoever owns the stream (from its
+    /// follower of the stream, docs/proxy-protocol.md "Read"); the owner is not needed.
     pub async fn read(
         &self,
         stream: &str,
@@ -340,13 +342,13 @@ impl ProxyClient {
             wait_ms,
             with_write_times: true,
         };
-        let mut answer = self.router.call_stream(stream, &req, wait).await;
+        let mut answer = self.router.call_read(stream, &req, wait).await;
         if let Err(e) = &answer {
             // A read changes nothing: after a lost connection or an owner going away it is
             // sent once more, routed afresh (failing over to the next proxy).
             if retry_read(e) {
                 tracing::debug!(stream, error = %e, "read failed; sending it again");
-                answer = self.router.call_stream(stream, &req, wait).await;
+                answer = self.router.call_read(stream, &req, wait).await;
             }
         }
         match answer? {

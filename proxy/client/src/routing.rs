@@ -51,6 +51,10 @@ pub(crate) struct Router {
     others: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
     /// Ownership cache: stream -> owner address (DistributedLog `OwnershipCache`).
     owners: Mutex<HashMap<String, String>>,
+    /// Reads go to the home proxy, which serves them whoever owns the stream (follower reads);
+    /// only a proxy that still redirects reads (an older one) puts the owner it named here,
+    /// and later reads of that stream go there.
+    read_owners: Mutex<HashMap<String, String>>,
 }
 
 /// Where one routed request stands between its attempts.
@@ -63,6 +67,8 @@ struct Route {
     hops: u32,
     /// The pause before the next redirect is followed.
     backoff: Duration,
+    /// A read: routed by `Router::read_owners`, not the ownership cache.
+    reads: bool,
 }
 
 impl Router {
@@ -120,6 +126,7 @@ impl Router {
             config,
             others: tokio::sync::Mutex::new(HashMap::new()),
             owners: Mutex::new(HashMap::new()),
+            read_owners: Mutex::new(HashMap::new()),
         }
     }
 
@@ -153,11 +160,20 @@ impl Router {
         self.owners.lock().expect("owners lock").remove(stream);
     }
 
-    fn remember_owner(&self, stream: &str, owner: &str) {
-        self.owners
+    /// The map a route is cached in: the ownership cache, or for reads `read_owners`.
+    fn route_cache(&self, reads: bool) -> &Mutex<HashMap<String, String>> {
+        if reads {
+            &self.read_owners
+        } else {
+            &self.owners
+        }
+    }
+
+    fn forget_route(&self, stream: &str, reads: bool) {
+        self.route_cache(reads)
             .lock()
             .expect("owners lock")
-            .insert(stream.to_string(), owner.to_string());
+            .remove(stream);
     }
 
     /// The connection to the home proxy, connecting again (with a new handshake) if the proxy
@@ -257,12 +273,44 @@ impl Router {
         req: &Request,
         extra_wait: Duration,
     ) -> Result<Response> {
-        let target = self.cached_owner(stream);
+        self.call_routed(stream, req, extra_wait, false).await
+    }
+
+    /// As [`Router::call_stream`], for a read: sent to the home proxy, which serves it from
+    /// its follower of the stream when another proxy owns it (docs/proxy-protocol.md, "Read"),
+    /// so readers spread over the proxies their clients chose. A redirect (from a proxy older
+    /// than follower reads) is still followed, and remembered for this stream's later reads.
+    ///
+    /// # Errors
+    /// As [`Router::call_stream`].
+    pub(crate) async fn call_read(
+        &self,
+        stream: &str,
+        req: &Request,
+        extra_wait: Duration,
+    ) -> Result<Response> {
+        self.call_routed(stream, req, extra_wait, true).await
+    }
+
+    async fn call_routed(
+        &self,
+        stream: &str,
+        req: &Request,
+        extra_wait: Duration,
+        reads: bool,
+    ) -> Result<Response> {
+        let target = self
+            .route_cache(reads)
+            .lock()
+            .expect("owners lock")
+            .get(stream)
+            .cloned();
         let mut route = Route {
             from_cache: target.is_some(),
             target,
             hops: 0,
             backoff: REDIRECT_BACKOFF_START,
+            reads,
         };
         loop {
             let Some(conn) = self.route_connection(stream, &mut route).await? else {
@@ -290,13 +338,13 @@ impl Router {
             Err(e) if route.from_cache => {
                 // A stale cache entry: nothing was sent, ask the home proxy instead.
                 tracing::debug!(stream, owner = %addr, error = %e, "cached owner unreachable");
-                self.forget_owner(stream);
+                self.forget_route(stream, route.reads);
                 route.target = None;
                 route.from_cache = false;
                 Ok(None)
             }
             Err(e) => {
-                self.forget_owner(stream);
+                self.forget_route(stream, route.reads);
                 Err(Error::RedirectFailed {
                     stream: stream.to_string(),
                     owner: addr,
@@ -346,10 +394,10 @@ impl Router {
                 // request goes elsewhere): ask the home proxy who owns the stream now.
                 route.hops += 1;
                 if route.hops > self.config.redirects_max {
-                    self.forget_owner(stream);
+                    self.forget_route(stream, route.reads);
                     return Some(Err(self.gave_up(stream, conn.addr.clone())));
                 }
-                self.forget_owner(stream);
+                self.forget_route(stream, route.reads);
                 self.drop_connection(&conn.addr).await;
                 route.target = None;
                 route.from_cache = false;
@@ -361,7 +409,7 @@ impl Router {
                     ..
                 },
             ) => {
-                self.forget_owner(stream);
+                self.forget_route(stream, route.reads);
                 Some(Err(e))
             }
             Err(e @ Error::Io { .. }) => {
@@ -369,7 +417,7 @@ impl Router {
                 // the next request afresh.
                 if let Some(addr) = &route.target {
                     self.drop_connection(addr).await;
-                    self.forget_owner(stream);
+                    self.forget_route(stream, route.reads);
                 }
                 Some(Err(e))
             }
@@ -392,7 +440,7 @@ impl Router {
     ) -> Result<()> {
         route.hops += 1;
         if owner == conn.addr {
-            self.forget_owner(stream);
+            self.forget_route(stream, route.reads);
             return Err(Error::RedirectFailed {
                 stream: stream.to_string(),
                 owner,
@@ -402,7 +450,7 @@ impl Router {
             });
         }
         if route.hops > self.config.redirects_max {
-            self.forget_owner(stream);
+            self.forget_route(stream, route.reads);
             return Err(self.gave_up(stream, owner));
         }
         if route.hops > 1 {
@@ -410,7 +458,10 @@ impl Router {
             route.backoff = (route.backoff * 2).min(REDIRECT_BACKOFF_MAX);
         }
         tracing::debug!(stream, %owner, hops = route.hops, "following redirect");
-        self.remember_owner(stream, &owner);
+        self.route_cache(route.reads)
+            .lock()
+            .expect("owners lock")
+            .insert(stream.to_string(), owner.clone());
         route.target = Some(owner);
         route.from_cache = false;
         Ok(())

@@ -259,4 +259,20 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn stream_owner(&self, stream: &str) -> Result<Option<String>>;
     /// Gives ownership up; a no-op if it was already lost.
     async fn release_stream(&self, lease: StreamLease) -> Result<()>;
+
+    /// Returns once the stream record's version is no longer `seen` (it was updated or
+    /// deleted), or after `timeout`, whichever comes first; the caller reads the record again.
+    /// A follower reader learns of rolls, seals and truncations this way (DistributedLog's
+    /// readers watch the log segments znode). ZooKeeper sets a data watch on the record; this
+    /// default, for stores without watches, just waits up to 100 ms (a poll).
+    async fn wait_stream_changed(
+        &self,
+        name: &str,
+        seen: Version,
+        timeout: std::time::Duration,
+    ) -> Result<()> {
+        let _ = (name, seen);
+        tokio::time::sleep(timeout.min(std::time::Duration::from_millis(100))).await;
+        Ok(())
+    }
 }

@@ -137,6 +137,14 @@ pub(super) struct LayerStats {
     /// Streams whose open segment is past its roll point now
     /// (`quire_proxy_segments_past_roll_point`).
     pub(super) past_roll_point: AtomicI64,
+    /// Followers running (`quire_proxy_followers`, `follower.rs`).
+    pub(super) followers: AtomicI64,
+    /// Follower reads of an entry found in / missing from the follower's cache
+    /// (`quire_proxy_follower_cache_hits_total`, `_misses_total`).
+    pub(super) follower_cache_hits: AtomicU64,
+    pub(super) follower_cache_misses: AtomicU64,
+    /// Bytes held by the followers' caches (`quire_proxy_follower_cache_bytes`).
+    pub(super) follower_cache_bytes: AtomicI64,
 }
 
 /// Counts one stream as past its roll point for as long as it lives.
@@ -193,7 +201,32 @@ impl prometheus_client::collector::Collector for LayerMetrics {
             "Streams whose open segment is past its size or time roll point because its roll is deferred",
             None,
             past.metric_type(),
-        )?)
+        )?)?;
+        let gauges = [
+            ("quire_proxy_followers", "Streams this proxy follows for reads without owning them (one bookie read stream each)", &s.followers),
+            ("quire_proxy_follower_cache_bytes", "Entry bytes held by the followers' caches", &s.follower_cache_bytes),
+        ];
+        for (name, help, v) in gauges {
+            let g = ConstGauge::new(v.load(Ordering::Relaxed));
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        let counters = [
+            (
+                "quire_proxy_follower_cache_hits",
+                "Entries follower reads took from the follower's cache",
+                &s.follower_cache_hits,
+            ),
+            (
+                "quire_proxy_follower_cache_misses",
+                "Entries follower reads had to fetch from the bookies",
+                &s.follower_cache_misses,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let c = ConstCounter::new(v.load(Ordering::Relaxed));
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        Ok(())
     }
 }
 

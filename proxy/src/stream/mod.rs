@@ -42,8 +42,9 @@
 //!   in-progress segment or writes to it, it takes the stream's lease in the metadata store
 //!   under its identity ([`StreamConfig::owner_address`]). If another proxy holds it, the
 //!   request fails at once with [`Error::OwnedElsewhere`] naming the owner, which clients
-//!   follow as a redirect. Reads go through the same path: they are served by the owner only
-//!   (a non-owner redirects; a read of a stream nobody owns makes this proxy its owner).
+//!   follow as a redirect. Reads are served by any proxy: by the owner from its state, by a
+//!   non-owner through its follower of the stream (`follower`); a read of a stream nobody owns
+//!   makes this proxy its owner.
 //! * Ownership is lost when the lease's `lost` flag rises (session expiry, lease released from
 //!   outside), when an add or a close finds the segment's ledger fenced (someone recovered it
 //!   under this writer), or when a stream metadata update finds another writer's version. The
@@ -84,6 +85,8 @@
 //! * `writer`: [`writer::Writer`], the stream task: it holds a `StreamRecord`, an `Ownership`
 //!   and a `Segments` plus the append pipeline, and runs the commands; `writer::seal` writes the
 //!   end-of-stream marker.
+//! * `follower`: the streams this proxy reads without owning them, one follower each (the
+//!   segment list on a metadata watch, the LAC by long polls, a bounded cache).
 //! * `registry`: [`registry::Registry`], the streams this proxy acquired: acquisition (lease,
 //!   recovery, task) and sending commands.
 //! * `reader` (reads) and `sweep` (the lifecycle sweep) work through the registry.
@@ -92,6 +95,7 @@
 mod clock;
 mod command;
 mod compress;
+mod follower;
 mod labels;
 mod lifecycle;
 mod lookups;
@@ -217,6 +221,13 @@ pub struct StreamConfig {
     /// metadata store, a znode, and every list and lag computation walks them all).
     /// DistributedLog sets no bound on `SubscriptionsStore`.
     pub subscriptions_per_stream_max: usize,
+    /// Bytes of recent entries a follower keeps (`[streams] follower_cache_bytes`): the cache
+    /// of one stream this proxy reads without owning it (`follower.rs`), shared by all of this
+    /// proxy's readers of the stream. Default 8 MiB, as the owner's tail cache.
+    pub follower_cache_bytes_max: usize,
+    /// A follower that served no read for this long stops (its long poll and cache go away;
+    /// the next read starts a new one). Default 60 s (`[streams] follower_idle_secs`).
+    pub follower_idle_timeout: Duration,
 }
 
 /// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
@@ -249,6 +260,8 @@ impl Default for StreamConfig {
             txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
             subscriptions_per_stream_max: 1_000,
             compression: quire_client::compression::Compression::None,
+            follower_cache_bytes_max: 8 * 1024 * 1024,
+            follower_idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -509,7 +522,8 @@ impl StreamManager {
     ///
     /// # Errors
     /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`,
-    /// `OwnedElsewhere` (reads are served by the stream's owner only), `Truncated`.
+    /// `Metadata`, `Truncated`. Never `OwnedElsewhere`: a stream owned by another proxy is
+    /// read through this proxy's follower of it (`follower.rs`).
     pub async fn read(
         &self,
         name: &str,

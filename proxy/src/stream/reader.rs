@@ -1,6 +1,8 @@
 //! Reads (DistributedLog `BKAsyncLogReader`, reduced): a read follows the segment list the
 //! stream task publishes, takes entries from the tail cache or reads them from the bookies
 //! through cached ledger readers (a few entries ahead), and waits at the tail for the LAC to move.
+//! A stream owned by another proxy is read the same way from this proxy's follower of it
+//! (`follower.rs`), which publishes the same view; readers never need the owner.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -9,12 +11,15 @@ use std::time::Duration;
 use quire_ledger::BookKeeper;
 use quire_wire::{EntryId, LedgerId};
 
+use tokio::sync::watch;
+
 use super::compress;
+use super::follower::{self, Follower};
 use super::ownership::StreamHandle;
 use super::position;
 use super::registry::Registry;
 use super::shared::{storage, StreamShared};
-use super::tail_cache::SegmentView;
+use super::tail_cache::{SegmentView, TailState};
 use crate::dlsn::{Dlsn, ReadPosition};
 use crate::error::{Error, Result};
 use crate::protocol::{READ_RECORD_OVERHEAD_BYTES, READ_RECORD_WRITE_TIME_BYTES};
@@ -42,10 +47,12 @@ struct SegmentRead {
 /// DLSN are resolved first (`position.rs`); a read that reaches the end-of-stream marker of a
 /// sealed stream answers with what it has and `end_of_stream` set.
 ///
+/// The stream is read from its owner's state when this proxy owns it (or takes it, when nobody
+/// does), else from this proxy's follower of it (`follower.rs`), never redirected.
+///
 /// # Errors
 /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`,
-/// `OwnedElsewhere` (reads are served by the stream's owner only), `Truncated` (an explicit
-/// DLSN before the truncation point).
+/// `Metadata`, `Truncated` (an explicit DLSN before the truncation point).
 pub(super) async fn read(
     registry: &Registry,
     name: &str,
@@ -59,7 +66,7 @@ pub(super) async fn read(
             reason: "max_records must be at least 1".into(),
         });
     }
-    let handle = registry.stream(name, false, false).await?;
+    let handle = source(registry, name).await?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut tail = handle.tail.clone();
     let mut pos = start(registry, &handle, from).await?;
@@ -125,6 +132,54 @@ pub(super) async fn read(
     }
 }
 
+/// What a read is served from: a stream task of this proxy (owner) or a follower.
+struct Source {
+    name: String,
+    tail: watch::Receiver<TailState>,
+    shared: Arc<StreamShared>,
+}
+
+impl Source {
+    fn owner(h: &StreamHandle) -> Self {
+        Self {
+            name: h.name.clone(),
+            tail: h.tail.clone(),
+            shared: h.shared.clone(),
+        }
+    }
+
+    fn follower(f: &Follower) -> Self {
+        Self {
+            name: f.name.clone(),
+            tail: f.tail.clone(),
+            shared: f.shared.clone(),
+        }
+    }
+}
+
+/// The owner's state when this proxy owns `name`; else this proxy's live follower of it; else
+/// an acquisition (a stream nobody owns is taken, as before follower reads: its in-progress
+/// segment left by a dead owner must be recovered before its last records are readable), and
+/// when another proxy owns it, a new follower.
+async fn source(registry: &Registry, name: &str) -> Result<Source> {
+    if registry.owned(name).is_none() {
+        if let Some(f) = registry.followers.live(name) {
+            return Ok(Source::follower(&f));
+        }
+    }
+    match registry.stream(name, false, false).await {
+        Ok(h) => Ok(Source::owner(&h)),
+        Err(Error::OwnedElsewhere { .. }) => {
+            let f = registry
+                .followers
+                .follow(&registry.follower_context(), name)
+                .await?;
+            Ok(Source::follower(&f))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// An answer without records: `next` is the position asked for when it was the head or a
 /// DLSN, else the DLSN the position resolved to, so that a tail read resumed from it misses
 /// nothing written meanwhile.
@@ -143,7 +198,7 @@ fn empty_batch(from: ReadPosition, pos: Dlsn, end_of_stream: bool) -> ReadBatch 
 
 /// The DLSN a read from `from` starts at (`position.rs`), against the segments readers see
 /// now and the owner's acknowledged progress of the segment being written.
-async fn start(registry: &Registry, handle: &StreamHandle, from: ReadPosition) -> Result<Dlsn> {
+async fn start(registry: &Registry, handle: &Source, from: ReadPosition) -> Result<Dlsn> {
     // Progress first, then the segment list: the list is at least as new as the progress.
     let live = handle
         .shared
@@ -195,7 +250,7 @@ pub(super) fn is_catch_up_read(registry: &Registry, name: &str, from: ReadPositi
 /// it is dropped.
 struct ReadAhead<'a> {
     registry: &'a Registry,
-    handle: &'a StreamHandle,
+    handle: &'a Source,
     ledger: u64,
     last: u64,
     fetch_next: u64,
@@ -240,7 +295,7 @@ impl Drop for ReadAhead<'_> {
 
 async fn read_segment(
     registry: &Registry,
-    handle: &StreamHandle,
+    handle: &Source,
     seg: &SegmentView,
     start: Dlsn,
     max_records: usize,
@@ -346,14 +401,23 @@ pub(super) async fn fetch_entry(
     ledger: u64,
     entry: u64,
 ) -> Result<Arc<Vec<u8>>> {
-    if let Some(p) = shared
+    let hit = shared
         .cache
         .lock()
         .expect("cache lock")
         .entries
         .get(&(ledger, entry))
-    {
-        return Ok(p.clone());
+        .cloned();
+    if let Some(fc) = &shared.follower {
+        let counter = if hit.is_some() {
+            &fc.stats.follower_cache_hits
+        } else {
+            &fc.stats.follower_cache_misses
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(p) = hit {
+        return Ok(p);
     }
     // A cached reader may predate a change of the ledger's metadata: retry once with a
     // freshly opened one before giving up.
@@ -385,7 +449,12 @@ pub(super) async fn fetch_entry(
             }
         };
         match reader.read(EntryId(entry)).await {
-            Ok(p) => return compress::plain_shared(name, ledger, entry, Arc::new(p)),
+            Ok(p) => {
+                let plain = compress::plain_shared(name, ledger, entry, Arc::new(p))?;
+                // A follower's readers share what one of them fetched (catch-up reads).
+                follower::cache_insert(shared, (ledger, entry), plain.clone());
+                return Ok(plain);
+            }
             Err(e) => {
                 shared.readers.lock().expect("readers lock").remove(&ledger);
                 last_err = Some(e);

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 
 use super::clock::LayerStats;
 use super::command::Command;
+use super::follower::{FollowerContext, Followers};
 use super::ownership::{self, Ownership, StreamHandle};
 use super::record::StreamRecord;
 use super::shared::{now_ms, StreamShared};
@@ -41,6 +42,8 @@ pub(super) struct Registry {
     pub(super) runtime: Option<tokio::runtime::Handle>,
     /// The metadata store's clock as seen from here, and counts across streams (metrics).
     pub(super) layer: Arc<LayerStats>,
+    /// The streams this proxy reads without owning them (`follower.rs`).
+    pub(super) followers: Followers,
 }
 
 impl Registry {
@@ -59,6 +62,20 @@ impl Registry {
             shutting_down: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::try_current().ok(),
             layer: Arc::default(),
+            followers: Followers::default(),
+        }
+    }
+
+    /// What a follower started by this registry needs.
+    pub(super) fn follower_context(&self) -> FollowerContext {
+        FollowerContext {
+            metadata: self.metadata.clone(),
+            bookkeeper: self.bookkeeper.clone(),
+            layer: self.layer.clone(),
+            cache_bytes_max: self.config.follower_cache_bytes_max,
+            idle_timeout: self.config.follower_idle_timeout,
+            runtime: self.runtime.clone(),
+            stopping: self.followers.stopping.clone(),
         }
     }
 
@@ -79,6 +96,7 @@ impl Registry {
     /// Refuses new requests from now on; returns the slots to close.
     pub(super) fn begin_shutdown(&self) -> Vec<Slot> {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.followers.stop();
         self.streams
             .lock()
             .expect("streams lock")

@@ -63,6 +63,15 @@ pub(super) struct StreamShared {
     /// True once this acquisition was given back after a sweep (then `lost` is set too):
     /// commands that find the task gone acquire the stream afresh.
     pub(super) released: AtomicBool,
+    /// Set on a follower's state (`follower.rs`), never on an owner's: entries read from the
+    /// bookies go into `cache` up to its bound, and cache hits and misses are counted.
+    pub(super) follower: Option<FollowerCache>,
+}
+
+/// The cache settings and counters of a follower's [`StreamShared`].
+pub(super) struct FollowerCache {
+    pub(super) stats: Arc<super::clock::LayerStats>,
+    pub(super) bytes_max: usize,
 }
 
 /// The owner's view of a stream (see `StreamShared::view`). A describe takes both parts at

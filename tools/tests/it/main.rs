@@ -17,6 +17,7 @@ mod cluster_decommission;
 mod cluster_exactly_once;
 mod cluster_failures;
 mod cluster_fault_points;
+mod cluster_follower_reads;
 mod cluster_ledger_id_squatting;
 mod cluster_ledger_keys;
 mod cluster_metrics_endpoints;

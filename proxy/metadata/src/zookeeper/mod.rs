@@ -345,6 +345,15 @@ impl MetadataStore for ZkStore {
         records::read_stream(self, name).await
     }
 
+    async fn wait_stream_changed(
+        &self,
+        name: &str,
+        seen: Version,
+        timeout: Duration,
+    ) -> Result<()> {
+        records::wait_stream_changed(self, name, seen, timeout).await
+    }
+
     async fn update_stream(&self, meta: &StreamMetadata, expected: Version) -> Result<Version> {
         Ok(records::update_stream(self, meta, expected).await?.version)
     }

@@ -320,6 +320,32 @@ pub(super) async fn read_stream(store: &ZkStore, name: &str) -> Result<Versioned
     store.get("stream", name, &store.stream_path(name)).await
 }
 
+/// Waits for the stream record to leave version `seen` (a data watch on its znode), or for
+/// `timeout`; returns at once when it already did or is gone.
+pub(super) async fn wait_stream_changed(
+    store: &ZkStore,
+    name: &str,
+    seen: Version,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    validate_stream_name(name)?;
+    let path = store.stream_path(name);
+    let (stat, watcher) = store
+        .inner
+        .client
+        .check_and_watch_stat(&path)
+        .await
+        .map_err(|e| zk_err("watch", &path, e))?;
+    match stat {
+        Some(stat) if version_of(&stat) == seen => {
+            // Any event (data changed, deleted, session trouble) is a reason to read again.
+            let _ = tokio::time::timeout(timeout, watcher.changed()).await;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The stream record's compare-and-set; the stamp is the znode's new `mtime`, the ZooKeeper
 /// leader's clock when it applied the write.
 pub(super) async fn update_stream(
