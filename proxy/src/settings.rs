@@ -53,6 +53,8 @@ pub struct StreamSettings {
     pub compression: quire_client::compression::Compression,
     /// [`StreamConfig::subscriptions_per_stream_max`], at least 1.
     pub subscriptions_per_stream_max: usize,
+    /// [`StreamConfig::owned_streams_max`]; 0 (the default) is no limit.
+    pub owned_streams_max: usize,
 }
 
 impl Default for StreamSettings {
@@ -73,6 +75,7 @@ impl Default for StreamSettings {
             txid_jump_max: c.txid_jump_max.unwrap_or(0),
             compression: c.compression,
             subscriptions_per_stream_max: c.subscriptions_per_stream_max,
+            owned_streams_max: c.owned_streams_max.unwrap_or(0),
         }
     }
 }
@@ -155,6 +158,7 @@ impl StreamSettings {
         c.txid_jump_max = (self.txid_jump_max > 0).then_some(self.txid_jump_max);
         c.compression = self.compression;
         c.subscriptions_per_stream_max = self.subscriptions_per_stream_max;
+        c.owned_streams_max = (self.owned_streams_max > 0).then_some(self.owned_streams_max);
     }
 }
 

@@ -56,6 +56,11 @@ pub enum ErrorCode {
     EndOfStream = 512,
     /// A txid is smaller than one already written to the stream (DL `TRANSACTION_OUT_OF_ORDER`).
     TxidOutOfOrder = 514,
+    /// Acquiring the stream would make this proxy own more streams than its
+    /// `[streams] owned_streams_max` (DL `TOO_MANY_STREAMS`, from `maxAcquiredPartitionsPerProxy`);
+    /// nothing was done. Redirectable: the client tries the other proxies it knows, and fails
+    /// with this code when every one refuses. Streams the proxy owns already are not affected.
+    TooManyStreams = 524,
     /// The stream already exists (DL `LOG_EXISTS`).
     StreamExists = 525,
     /// A txid is more than the proxy's `txid_jump_max` (default 2^40) above the txid before it
@@ -89,7 +94,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
@@ -106,6 +111,7 @@ impl ErrorCode {
         Self::Truncated,
         Self::EndOfStream,
         Self::TxidOutOfOrder,
+        Self::TooManyStreams,
         Self::StreamExists,
         Self::TxidTooFarAhead,
         Self::ProducerSequenceGap,
@@ -138,6 +144,7 @@ impl ErrorCode {
             Self::Truncated => "TRUNCATED",
             Self::EndOfStream => "END_OF_STREAM",
             Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
+            Self::TooManyStreams => "TOO_MANY_STREAMS",
             Self::StreamExists => "STREAM_EXISTS",
             Self::TxidTooFarAhead => "TXID_TOO_FAR_AHEAD",
             Self::ProducerSequenceGap => "PRODUCER_SEQUENCE_GAP",
@@ -237,6 +244,15 @@ pub enum Error {
     TooManySubscriptions {
         stream: String,
         name: String,
+        max: usize,
+    },
+    /// Acquiring `stream` would make the proxy own more than its `[streams] owned_streams_max`
+    /// streams (`TOO_MANY_STREAMS`, DistributedLog `maxAcquiredPartitionsPerProxy`); nothing
+    /// was done.
+    #[error("proxy {proxy} owns {max} streams, its owned_streams_max: it does not take stream {stream:?} (try another proxy)")]
+    TooManyStreams {
+        stream: String,
+        proxy: String,
         max: usize,
     },
     /// (client side) A write's outcome is unknown: the connection was lost after it was sent,
@@ -357,6 +373,7 @@ impl Error {
             Error::ProducerSequenceGap { .. } => ErrorCode::ProducerSequenceGap,
             Error::ProducerSessionExpired { .. } => ErrorCode::ProducerSessionExpired,
             Error::TooManySubscriptions { .. } => ErrorCode::TooManySubscriptions,
+            Error::TooManyStreams { .. } => ErrorCode::TooManyStreams,
             Error::WriteOutcomeUnknown { code, .. } => *code,
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Error::RequestDenied { .. } => ErrorCode::RequestDenied,
@@ -404,8 +421,8 @@ mod tests {
         assert_eq!(
             numbers,
             [
-                0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 525,
-                540, 541, 542, 543, 602
+                0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 524,
+                525, 540, 541, 542, 543, 602
             ]
         );
         for c in ErrorCode::ALL {

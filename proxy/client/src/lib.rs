@@ -51,6 +51,7 @@ pub mod config;
 mod connection;
 pub mod dlsn;
 pub mod error;
+pub mod list_page;
 pub mod producer;
 pub mod protocol;
 pub mod record_set;

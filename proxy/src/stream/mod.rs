@@ -217,6 +217,13 @@ pub struct StreamConfig {
     /// metadata store, a znode, and every list and lag computation walks them all).
     /// DistributedLog sets no bound on `SubscriptionsStore`.
     pub subscriptions_per_stream_max: usize,
+    /// Most streams this proxy owns at once (`[streams] owned_streams_max`; DistributedLog's
+    /// `maxAcquiredPartitionsPerProxy`): a request that would acquire one more fails with
+    /// `TooManyStreams` and nothing is done; streams owned already are served as before.
+    /// `None` (the default, as DistributedLog's -1): no limit, since a proxy alone in its
+    /// cluster must serve every stream; set it from the measured memory per owned stream
+    /// (perf/README.md, "Many streams").
+    pub owned_streams_max: Option<usize>,
 }
 
 /// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
@@ -248,6 +255,7 @@ impl Default for StreamConfig {
             lifecycle_sweep_interval: Some(Duration::from_secs(300)),
             txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
             subscriptions_per_stream_max: 1_000,
+            owned_streams_max: None,
             compression: quire_client::compression::Compression::None,
         }
     }
@@ -329,6 +337,14 @@ impl StreamManager {
     /// For metrics (`quire_proxy_streams_owned`).
     pub fn owned_stream_count(&self) -> usize {
         self.registry.owned_count()
+    }
+
+    /// Acquisitions refused with `TooManyStreams` since start (`owned_streams_max`; for
+    /// `quire_proxy_streams_refused`).
+    pub fn too_many_streams_refusals(&self) -> u64 {
+        self.registry
+            .too_many_refusals
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Segments and retained bytes of every stream this manager owns now, sorted by name (for
@@ -708,7 +724,8 @@ impl StreamManager {
 
     /// Acquires every stream in the metadata store that no other proxy owns now, recovering
     /// any segment a previous owner left in progress, instead of at each stream's first use.
-    /// Returns how many streams were acquired (streams owned elsewhere are skipped).
+    /// Returns how many streams were acquired (streams owned elsewhere are skipped, and so are
+    /// the ones past `owned_streams_max`).
     ///
     /// # Errors
     /// The first stream that fails to recover (`Storage`, `Metadata`); the ones before it stay
@@ -719,7 +736,11 @@ impl StreamManager {
         for name in &names {
             match self.registry.stream(name, false, false).await {
                 Ok(_) => acquired += 1,
-                Err(Error::OwnedElsewhere { .. } | Error::NoSuchStream { .. }) => {}
+                Err(
+                    Error::OwnedElsewhere { .. }
+                    | Error::NoSuchStream { .. }
+                    | Error::TooManyStreams { .. },
+                ) => {}
                 Err(e) => return Err(e),
             }
         }
