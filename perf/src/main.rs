@@ -113,9 +113,9 @@ struct Args {
     /// Recorded span of each throughput step, seconds (after a 1 s warm-up).
     #[arg(long, default_value_t = 5.0)]
     throughput_step_seconds: f64,
-    /// p99 bound of the throughput search, ms; default: the SLO file's `throughput_p99_ms_max`,
-    /// else its `throughput_p99_ratio_to_raw_append_p99_max` × the start baseline's append p99,
-    /// else 10.
+    /// p99 bound of the throughput search, ms; default: the SLO file's `throughput_p99_ms_max`
+    /// (the built-in file: 20), else its `throughput_p99_ratio_to_raw_append_p99_max` × the
+    /// start baseline's append p99, else 20 (`slo::THROUGHPUT_P99_MS_DEFAULT`).
     #[arg(long)]
     throughput_p99_ms: Option<f64>,
     /// Raw bandwidth divisor of the throughput ratio: copies written per payload byte
@@ -372,7 +372,7 @@ fn run(args: Args) -> Result<bool> {
         &slos,
         args.throughput_p99_ms,
         results.baseline_start.as_ref().map(|b| b.append.p99_ms),
-        10.0,
+        slo::THROUGHPUT_P99_MS_DEFAULT,
     );
 
     rt.block_on(async {

@@ -183,6 +183,12 @@ pub fn verdict(slo: &Slo, value: Option<f64>) -> Verdict {
     }
 }
 
+/// The throughput search's p99 bound when neither the command line nor the SLO file sets one,
+/// ms: an absolute bound a replicated write (E=3 Qw=3 Qa=2 on loopback) meets at low load on
+/// the development machine (2-15 ms measured; perf/README.md, "Default search bound"). The old
+/// default, 2 x the raw fdatasync p99 (about 0.5 ms), no replicated write meets.
+pub const THROUGHPUT_P99_MS_DEFAULT: f64 = 20.0;
+
 /// The p99 bound (ms) of the throughput search: `cli_ms` if given, else the file's
 /// `throughput_p99_ms_max`, else its ratio × `raw_append_p99_ms` (when the run has a baseline),
 /// else `fallback_ms`.

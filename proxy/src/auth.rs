@@ -156,7 +156,9 @@ impl Grant {
     /// is filtered with [`Grant::allows`]), else the one-line reason.
     pub fn check(&self, req: &Request) -> Result<(), String> {
         let (right, stream) = match req {
-            Request::Hello { .. } | Request::ListStreams => return Ok(()),
+            Request::Hello { .. } | Request::ListStreams | Request::ListStreamsPage { .. } => {
+                return Ok(())
+            }
             // A subscription is a reader's own position: reading the stream is the right to
             // keep one (DistributedLog's reader commits it); deleting one is admin.
             Request::Read { stream, .. }

@@ -22,7 +22,8 @@
 //! * Per stream ([`crate::stream_metrics`]): `quire_proxy_stream_records{stream}`,
 //!   `quire_proxy_stream_bytes{stream}`, `quire_proxy_stream_last_write_seconds{stream}`,
 //!   `quire_proxy_stream_segments{stream}`.
-//! * `quire_proxy_streams_owned`, sampled at scrape time from the [`StreamManager`].
+//! * `quire_proxy_streams_owned`, sampled at scrape time from the [`StreamManager`], and
+//!   `quire_proxy_streams_refused` (acquisitions refused at `owned_streams_max`).
 //!
 //! Adding a metric: a field here, made in [`ProxyMetrics::new`], registered in
 //! [`ProxyMetrics::register`], recorded where its event happens (server.rs), and a line in
@@ -37,7 +38,7 @@ use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
@@ -440,6 +441,13 @@ impl Collector for StreamsOwned {
             "Streams this proxy holds the lease of and serves.",
             None,
             g.metric_type(),
+        )?)?;
+        let c = ConstCounter::new(self.0.too_many_streams_refusals());
+        c.encode(encoder.encode_descriptor(
+            "quire_proxy_streams_refused",
+            "Stream acquisitions refused with TOO_MANY_STREAMS ([streams] owned_streams_max).",
+            None,
+            c.metric_type(),
         )?)
     }
 }

@@ -230,6 +230,30 @@ fn read_bytes_cap(config: &ServerConfig) -> usize {
     config.frame_size_bytes_max as usize - RECORD_SIZE_BYTES_MAX - READ_RECORD_OVERHEAD_BYTES - 4096
 }
 
+/// One page of `LIST_STREAMS` (flag `0x01`): the metadata store lists every name (ZooKeeper's
+/// `getChildren` has no paging), and `quire_client::list_page::select` picks the page from the
+/// sorted names, so a page costs one listing of the namespace and the page's names go out.
+///
+/// # Errors
+/// `BadRequest` for a token no proxy wrote or one of another prefix; `Metadata`.
+async fn list_page(
+    streams: &StreamManager,
+    prefix: &str,
+    page_token: &str,
+    page_size: u32,
+) -> Result<Response> {
+    // Checked before the listing: a bad token costs no metadata request.
+    quire_client::list_page::name_before(page_token)
+        .map_err(|reason| Error::BadRequest { reason })?;
+    let names = streams.list_streams().await?;
+    let (page, next) = quire_client::list_page::select(&names, prefix, page_token, page_size)
+        .map_err(|reason| Error::BadRequest { reason })?;
+    Ok(Response::ListStreamsPage {
+        streams: page,
+        next_page_token: next,
+    })
+}
+
 /// An upper bound of the answer to `req` for the response budget, or `None` for requests whose
 /// answers are small (writes, admin requests), which `requests_in_flight_max` bounds.
 fn response_bytes_bound(req: &Request, config: &ServerConfig) -> Option<usize> {
@@ -241,6 +265,7 @@ fn response_bytes_bound(req: &Request, config: &ServerConfig) -> Option<usize> {
                 + 4096,
         ),
         Request::ListStreams
+        | Request::ListStreamsPage { .. }
         | Request::DescribeStream { .. }
         | Request::ListSubscriptions { .. } => Some(config.frame_size_bytes_max as usize + 4),
         _ => None,
@@ -1450,6 +1475,20 @@ impl ConnState {
                             .collect(),
                     }
                 }
+                Ok(Response::ListStreamsPage {
+                    streams,
+                    next_page_token,
+                }) if grant.is_some() => {
+                    // Only the streams the token may read; the page may come out shorter.
+                    let g = grant.as_ref().expect("checked");
+                    Response::ListStreamsPage {
+                        streams: streams
+                            .into_iter()
+                            .filter(|s| g.allows(Right::Read, s))
+                            .collect(),
+                        next_page_token,
+                    }
+                }
                 Ok(r) => r,
                 Err(e) => error_response(&e),
             };
@@ -1653,6 +1692,11 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             }
             Ok(Response::ListStreams { streams: names })
         }
+        Request::ListStreamsPage {
+            prefix,
+            page_token,
+            page_size,
+        } => list_page(streams, &prefix, &page_token, page_size).await,
         Request::Read { .. } => read(req, streams, config).await,
         Request::DescribeStream { stream } => describe(&stream, streams, config).await,
         Request::TruncateStream { stream, before } => streams

@@ -59,6 +59,8 @@ pub struct StreamSettings {
     pub follower_cache_bytes: usize,
     /// [`StreamConfig::follower_idle_timeout`] in seconds, 1 to 86400.
     pub follower_idle_secs: u64,
+    /// [`StreamConfig::owned_streams_max`]; 0 (the default) is no limit.
+    pub owned_streams_max: usize,
 }
 
 impl Default for StreamSettings {
@@ -81,6 +83,7 @@ impl Default for StreamSettings {
             subscriptions_per_stream_max: c.subscriptions_per_stream_max,
             follower_cache_bytes: c.follower_cache_bytes_max,
             follower_idle_secs: c.follower_idle_timeout.as_secs(),
+            owned_streams_max: c.owned_streams_max.unwrap_or(0),
         }
     }
 }
@@ -172,6 +175,7 @@ impl StreamSettings {
         c.subscriptions_per_stream_max = self.subscriptions_per_stream_max;
         c.follower_cache_bytes_max = self.follower_cache_bytes;
         c.follower_idle_timeout = Duration::from_secs(self.follower_idle_secs);
+        c.owned_streams_max = (self.owned_streams_max > 0).then_some(self.owned_streams_max);
     }
 }
 

@@ -357,6 +357,11 @@ pub struct ProxyFlags {
     /// TOO_MANY_SUBSCRIPTIONS ([streams] subscriptions_per_stream_max).
     #[arg(long)]
     pub subscriptions_per_stream_max: Option<usize>,
+    /// Most streams this proxy owns at once; a request acquiring one more fails with
+    /// TOO_MANY_STREAMS and the client tries another proxy; 0 is no limit ([streams]
+    /// owned_streams_max).
+    #[arg(long)]
+    pub owned_streams_max: Option<usize>,
     /// Longest SIGTERM drain, in milliseconds, 100 to 3600000.
     #[arg(long)]
     pub drain_timeout_ms: Option<u64>,

@@ -141,13 +141,62 @@ pub struct StreamSubsArgs {
     pub output: OutputArgs,
 }
 
-/// `quire stream list` options.
+/// `quire stream list` options. Every page is followed by default (the whole listing, as
+/// before paging); `--page-token` prints one page and the token of the next.
 #[derive(Args, Debug)]
 pub struct StreamListArgs {
+    /// Only the streams whose names start with this.
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+    /// Names per request (the proxy answers at most 1,000; 0: its maximum).
+    #[arg(long, default_value_t = 0)]
+    pub page_size: u32,
+    /// Print the page starting at this token (from an earlier `--page-token` listing) and the
+    /// next page's token, instead of every page; with `--all`, every page from it on.
+    #[arg(long)]
+    pub page_token: Option<String>,
+    /// Follow page tokens to the last page (the default without `--page-token`).
+    #[arg(long)]
+    pub all: bool,
     #[command(flatten)]
     pub proxy: crate::client::ProxyArg,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `quire stream list`: every page (a JSON array of names), or with `--page-token` and
+/// without `--all` one page (JSON: `{"streams": [...], "next_page_token": "..."}`; text: the
+/// names, then `next page token: T` on stderr unless it is the last page).
+async fn list(a: &StreamListArgs) -> Result<()> {
+    let client = crate::client::connect(&a.proxy).await?;
+    let one_page = a.page_token.is_some() && !a.all;
+    let mut token = a.page_token.clone().unwrap_or_default();
+    let mut names = Vec::new();
+    loop {
+        let (page, next) = client
+            .list_streams_page(&a.prefix, &token, a.page_size)
+            .await
+            .context("cannot list streams")?;
+        names.extend(page);
+        token = next;
+        if one_page || token.is_empty() {
+            break;
+        }
+    }
+    if one_page && a.output.json {
+        let v = serde_json::json!({ "streams": names, "next_page_token": token });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if a.output.json {
+        println!("{}", serde_json::to_string_pretty(&names)?);
+    } else {
+        for n in &names {
+            println!("{n}");
+        }
+        if one_page && !token.is_empty() {
+            eprintln!("next page token: {token}");
+        }
+    }
+    Ok(())
 }
 
 /// A stream name and output options.
@@ -238,18 +287,7 @@ pub fn run(args: StreamArgs) -> Result<()> {
     let rt = crate::client::runtime()?;
     let result = rt.block_on(async {
         match args.command {
-            StreamCommand::List(a) => {
-                let client = crate::client::connect(&a.proxy).await?;
-                let names = client.list_streams().await.context("cannot list streams")?;
-                if a.output.json {
-                    println!("{}", serde_json::to_string_pretty(&names)?);
-                } else {
-                    for n in &names {
-                        println!("{n}");
-                    }
-                }
-                Ok(())
-            }
+            StreamCommand::List(a) => list(&a).await,
             StreamCommand::Show(a) => {
                 let info = describe_live(&a.proxy, &a.stream).await?;
                 if a.output.json {

@@ -218,6 +218,49 @@ impl ProxyClient {
         }
     }
 
+    /// One page of the stream names starting with `prefix` (empty: all), sorted, after
+    /// `page_token` (empty: the first page), at most `page_size` names (0, or above 1,000:
+    /// the proxy's maximum of 1,000, [`crate::list_page::LIST_PAGE_SIZE_MAX`]). Returns the
+    /// names and the token of the next page, empty after the last one. A proxy that answers
+    /// with fewer names than asked may still have more (a token's grant filters pages): only
+    /// the empty token ends the listing.
+    ///
+    /// A proxy before paging refuses the paged request (`BAD_REQUEST`, trailing bytes); then
+    /// this lists every name with the original request and picks the page from it locally.
+    ///
+    /// # Errors
+    /// `Remote` with `BadRequest` (a token no proxy wrote, or one of another prefix) or
+    /// `Metadata`; `Io` on connection loss.
+    pub async fn list_streams_page(
+        &self,
+        prefix: &str,
+        page_token: &str,
+        page_size: u32,
+    ) -> Result<(Vec<String>, String)> {
+        let req = Request::ListStreamsPage {
+            prefix: prefix.to_string(),
+            page_token: page_token.to_string(),
+            page_size,
+        };
+        let conn = self.router.home().await?;
+        match conn.call(&req, Duration::ZERO).await {
+            Ok(Response::ListStreamsPage {
+                streams,
+                next_page_token,
+            }) => Ok((streams, next_page_token)),
+            Ok(other) => Err(unexpected(&other)),
+            Err(Error::Remote {
+                code: ErrorCode::BadRequest,
+                message,
+            }) if message.contains("trailing") => {
+                let all = self.list_streams().await?;
+                crate::list_page::select(&all, prefix, page_token, page_size)
+                    .map_err(|reason| Error::BadRequest { reason })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Appends `records` (`(txid, payload)`, txids non-decreasing) to `stream` and returns once
     /// every record is durable on the bookies' ack quorum.
     ///

@@ -61,6 +61,11 @@ pub enum ErrorCode {
     /// `bpsHardServiceLimit`/`rpsHardServiceLimit`); nothing was written. The message names the
     /// scope and the limit. A client backs off and retries later.
     OverCapacity = 517,
+    /// Acquiring the stream would make this proxy own more streams than its
+    /// `[streams] owned_streams_max` (DL `TOO_MANY_STREAMS`, from `maxAcquiredPartitionsPerProxy`);
+    /// nothing was done. Redirectable: the client tries the other proxies it knows, and fails
+    /// with this code when every one refuses. Streams the proxy owns already are not affected.
+    TooManyStreams = 524,
     /// The stream already exists (DL `LOG_EXISTS`).
     StreamExists = 525,
     /// A txid is more than the proxy's `txid_jump_max` (default 2^40) above the txid before it
@@ -112,6 +117,7 @@ impl ErrorCode {
         Self::EndOfStream,
         Self::TxidOutOfOrder,
         Self::OverCapacity,
+        Self::TooManyStreams,
         Self::StreamExists,
         Self::TxidTooFarAhead,
         Self::ProducerSequenceGap,
@@ -145,6 +151,7 @@ impl ErrorCode {
             Self::EndOfStream => "END_OF_STREAM",
             Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
             Self::OverCapacity => "OVER_CAPACITY",
+            Self::TooManyStreams => "TOO_MANY_STREAMS",
             Self::StreamExists => "STREAM_EXISTS",
             Self::TxidTooFarAhead => "TXID_TOO_FAR_AHEAD",
             Self::ProducerSequenceGap => "PRODUCER_SEQUENCE_GAP",
@@ -253,6 +260,14 @@ pub enum Error {
         scope: &'static str,
         limit: &'static str,
         detail: String,
+    /// Acquiring `stream` would make the proxy own more than its `[streams] owned_streams_max`
+    /// streams (`TOO_MANY_STREAMS`, DistributedLog `maxAcquiredPartitionsPerProxy`); nothing
+    /// was done.
+    #[error("proxy {proxy} owns {max} streams, its owned_streams_max: it does not take stream {stream:?} (try another proxy)")]
+    TooManyStreams {
+        stream: String,
+        proxy: String,
+        max: usize,
     },
     /// (client side) A write's outcome is unknown: the connection was lost after it was sent,
     /// or the owner answered `OWNERSHIP_LOST` or `STORAGE_ERROR` during it. Its records may or
@@ -373,6 +388,7 @@ impl Error {
             Error::ProducerSessionExpired { .. } => ErrorCode::ProducerSessionExpired,
             Error::TooManySubscriptions { .. } => ErrorCode::TooManySubscriptions,
             Error::OverCapacity { .. } => ErrorCode::OverCapacity,
+            Error::TooManyStreams { .. } => ErrorCode::TooManyStreams,
             Error::WriteOutcomeUnknown { code, .. } => *code,
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Error::RequestDenied { .. } => ErrorCode::RequestDenied,
@@ -421,7 +437,7 @@ mod tests {
             numbers,
             [
                 0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 517,
-                525, 540, 541, 542, 543, 602
+                524, 525, 540, 541, 542, 543, 602
             ]
         );
         for c in ErrorCode::ALL {

@@ -52,6 +52,7 @@ mod connection;
 pub mod dlsn;
 pub mod error;
 pub mod limits;
+pub mod list_page;
 pub mod producer;
 pub mod protocol;
 pub mod record_set;

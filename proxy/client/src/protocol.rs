@@ -46,6 +46,10 @@ pub const FLAG_CREATE_IF_MISSING: u8 = 0x01;
 /// `Read` request flag: every record in the answer carries its write time; the answer sets
 /// the same bit when it does.
 pub const FLAG_READ_WRITE_TIMES: u8 = 0x01;
+/// `LIST_STREAMS` request and answer flag: the paged form (prefix, page token and page size in
+/// the request; names and the next page token in the answer, `list_page.rs`). Without it the
+/// request is the original empty one and the answer holds every name.
+pub const FLAG_LIST_PAGED: u8 = 0x01;
 /// `Read` answer flag: the read reached the stream's end-of-stream marker; the records in this
 /// answer (possibly none) are the stream's last, and no later read returns more.
 pub const FLAG_READ_END_OF_STREAM: u8 = 0x02;
@@ -176,6 +180,14 @@ pub enum Request {
     CreateStream { stream: String },
     /// Empty body.
     ListStreams,
+    /// Flag [`FLAG_LIST_PAGED`]. Body: prefix (string), page token (string, at most
+    /// [`crate::list_page::PAGE_TOKEN_BYTES_MAX`] bytes; empty: the first page), page size
+    /// u32 (0: the proxy's maximum, [`crate::list_page::LIST_PAGE_SIZE_MAX`]).
+    ListStreamsPage {
+        prefix: String,
+        page_token: String,
+        page_size: u32,
+    },
     /// Flags: [`FLAG_CREATE_IF_MISSING`]. Body: stream name, record_count u32, then per record
     /// txid u64, payload length u32, payload.
     Write {
@@ -267,6 +279,12 @@ pub enum Response {
     CreateStream,
     /// Body: count u32, then each name (u32 length + bytes).
     ListStreams { streams: Vec<String> },
+    /// Flag [`FLAG_LIST_PAGED`]. Body: count u32, each name, then the next page token
+    /// (string; empty on the last page).
+    ListStreamsPage {
+        streams: Vec<String>,
+        next_page_token: String,
+    },
     /// Body: record count u32, first DLSN, last DLSN.
     Write {
         count: u32,
@@ -323,6 +341,32 @@ fn put_u32(out: &mut Vec<u8>, v: u32) {
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     put_len_prefixed(out, s.as_bytes());
+}
+
+/// A list of stream names: count u32, then each name.
+fn put_names(out: &mut Vec<u8>, names: &[String]) {
+    put_u32(
+        out,
+        u32::try_from(names.len()).expect("stream count above u32"),
+    );
+    for n in names {
+        put_str(out, n);
+    }
+}
+
+/// A list written by [`put_names`]; the count is checked against the body's size first.
+fn get_names(r: &mut Reader<'_>, body_len: usize) -> Result<Vec<String>, WireError> {
+    let count = r.u32()? as usize;
+    if count > body_len / 4 {
+        return Err(WireError::InvalidField {
+            what: "stream count",
+        });
+    }
+    let mut names = Vec::with_capacity(count);
+    for _ in 0..count {
+        names.push(get_str(r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?);
+    }
+    Ok(names)
 }
 
 fn get_str(r: &mut Reader<'_>, max: usize, what: &'static str) -> Result<String, WireError> {
@@ -825,7 +869,7 @@ impl Request {
         match self {
             Request::Hello { .. } => Opcode::Hello,
             Request::CreateStream { .. } => Opcode::CreateStream,
-            Request::ListStreams => Opcode::ListStreams,
+            Request::ListStreams | Request::ListStreamsPage { .. } => Opcode::ListStreams,
             Request::Write { .. } | Request::ProducerWrite { .. } => Opcode::Write,
             Request::OpenProducerSession { .. } => Opcode::OpenProducerSession,
             Request::Read { .. } => Opcode::Read,
@@ -846,7 +890,7 @@ impl Request {
     /// The stream a request is about, if any.
     pub fn stream(&self) -> Option<&str> {
         match self {
-            Request::Hello { .. } | Request::ListStreams => None,
+            Request::Hello { .. } | Request::ListStreams | Request::ListStreamsPage { .. } => None,
             Request::CreateStream { stream }
             | Request::Write { stream, .. }
             | Request::ProducerWrite { stream, .. }
@@ -885,6 +929,16 @@ impl Request {
             }
             Request::CreateStream { stream } => put_str(&mut body, stream),
             Request::ListStreams => {}
+            Request::ListStreamsPage {
+                prefix,
+                page_token,
+                page_size,
+            } => {
+                flags |= FLAG_LIST_PAGED;
+                put_str(&mut body, prefix);
+                put_str(&mut body, page_token);
+                put_u32(&mut body, *page_size);
+            }
             Request::Write { .. } | Request::ProducerWrite { .. } => {
                 flags = put_write_request(&mut body, self)
             }
@@ -991,6 +1045,17 @@ impl Request {
             Opcode::CreateStream => Request::CreateStream {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
             },
+            Opcode::ListStreams if frame.header.flags & FLAG_LIST_PAGED != 0 => {
+                Request::ListStreamsPage {
+                    prefix: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "prefix")?,
+                    page_token: get_str(
+                        &mut r,
+                        crate::list_page::PAGE_TOKEN_BYTES_MAX,
+                        "page token",
+                    )?,
+                    page_size: r.u32()?,
+                }
+            }
             Opcode::ListStreams => Request::ListStreams,
             Opcode::Write => get_write(&mut r, frame)?,
             Opcode::OpenProducerSession => Request::OpenProducerSession {
@@ -1072,14 +1137,14 @@ impl Response {
                 put_u32(&mut body, *record_size_bytes_max);
             }
             Response::CreateStream => {}
-            Response::ListStreams { streams } => {
-                put_u32(
-                    &mut body,
-                    u32::try_from(streams.len()).expect("stream count above u32"),
-                );
-                for s in streams {
-                    put_str(&mut body, s);
-                }
+            Response::ListStreams { streams } => put_names(&mut body, streams),
+            Response::ListStreamsPage {
+                streams,
+                next_page_token,
+            } => {
+                flags |= FLAG_LIST_PAGED;
+                put_names(&mut body, streams);
+                put_str(&mut body, next_page_token);
             }
             Response::Write {
                 count,
@@ -1188,23 +1253,19 @@ impl Response {
                 }
             }
             Opcode::CreateStream => Response::CreateStream,
-            Opcode::ListStreams => {
-                let count = r.u32()? as usize;
-                if count > frame.body.len() / 4 {
-                    return Err(WireError::InvalidField {
-                        what: "stream count",
-                    });
-                }
-                let mut streams = Vec::with_capacity(count);
-                for _ in 0..count {
-                    streams.push(get_str(
+            Opcode::ListStreams if frame.header.flags & FLAG_LIST_PAGED != 0 => {
+                Response::ListStreamsPage {
+                    streams: get_names(&mut r, frame.body.len())?,
+                    next_page_token: get_str(
                         &mut r,
-                        STREAM_NAME_FIELD_SIZE_BYTES_MAX,
-                        "stream name",
-                    )?);
+                        crate::list_page::PAGE_TOKEN_BYTES_MAX,
+                        "page token",
+                    )?,
                 }
-                Response::ListStreams { streams }
             }
+            Opcode::ListStreams => Response::ListStreams {
+                streams: get_names(&mut r, frame.body.len())?,
+            },
             Opcode::Write => Response::Write {
                 count: r.u32()?,
                 first_dlsn: Dlsn::decode(&mut r)?,

@@ -15,6 +15,12 @@
 //! DistributedLog's client skips a host marked down. A request already sent when a connection
 //! is lost is never resent here: whether it may be is the caller's decision (reads are;
 //! writes only inside a producer session, see `producer.rs`).
+//!
+//! `TOO_MANY_STREAMS` (the proxy owns its `owned_streams_max` streams and did nothing) is
+//! redirectable, as in DistributedLog: the request goes to the next proxy of the list that has
+//! not refused it, for this stream only (the home proxy stays), and fails with
+//! `TOO_MANY_STREAMS` once every proxy known has refused or cannot be reached. A proxy that
+//! takes the stream is remembered as its owner.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -69,6 +75,9 @@ struct Route {
     backoff: Duration,
     /// A read: routed by `Router::read_owners`, not the ownership cache.
     reads: bool,
+    /// Proxies that answered this request `TOO_MANY_STREAMS` (or could not be reached when
+    /// tried after one did), and the last such answer; `target` is then a proxy to try.
+    too_many: Option<(Vec<String>, Error)>,
 }
 
 impl Router {
@@ -311,6 +320,7 @@ impl Router {
             hops: 0,
             backoff: REDIRECT_BACKOFF_START,
             reads,
+            too_many: None,
         };
         loop {
             let Some(conn) = self.route_connection(stream, &mut route).await? else {
@@ -335,6 +345,10 @@ impl Router {
         };
         match self.connection_to(&addr).await {
             Ok(c) => Ok(Some(c)),
+            Err(e) if route.too_many.is_some() => {
+                tracing::debug!(stream, proxy = %addr, error = %e, "proxy unreachable");
+                self.next_with_room(route, addr).map(|()| None)
+            }
             Err(e) if route.from_cache => {
                 // A stale cache entry: nothing was sent, ask the home proxy instead.
                 tracing::debug!(stream, owner = %addr, error = %e, "cached owner unreachable");
@@ -412,6 +426,28 @@ impl Router {
                 self.forget_route(stream, route.reads);
                 Some(Err(e))
             }
+            Err(
+                e @ Error::Remote {
+                    code: ErrorCode::TooManyStreams,
+                    ..
+                },
+            ) => {
+                // Nothing was done: try a proxy that has not refused (DistributedLog treats
+                // TOO_MANY_STREAMS as redirectable).
+                self.forget_route(stream, route.reads);
+                route.too_many.get_or_insert_with(|| (Vec::new(), e));
+                tracing::debug!(stream, proxy = %conn.addr, "proxy owns too many streams");
+                self.next_with_room(route, conn.addr.clone()).err().map(Err)
+            }
+            Ok(r) if route.too_many.is_some() => {
+                if let Some(addr) = &route.target {
+                    self.route_cache(route.reads)
+                        .lock()
+                        .expect("owners lock")
+                        .insert(stream.to_string(), addr.clone());
+                }
+                Some(Ok(r))
+            }
             Err(e @ Error::Io { .. }) => {
                 // The request may or may not have been processed: never resend it, but route
                 // the next request afresh.
@@ -422,6 +458,24 @@ impl Router {
                 Some(Err(e))
             }
             other => Some(other),
+        }
+    }
+
+    /// Marks `refused` as having no room for this request's stream and points the route at the
+    /// next proxy of the list that has not refused it.
+    ///
+    /// # Errors
+    /// The last `TOO_MANY_STREAMS` answer when every proxy known refused.
+    fn next_with_room(&self, route: &mut Route, refused: String) -> Result<()> {
+        let (tried, _) = route.too_many.as_mut().expect("set before");
+        tried.push(refused);
+        match self.proxies.iter().find(|p| !tried.contains(p)) {
+            Some(next) => {
+                route.target = Some(next.clone());
+                route.from_cache = false;
+                Ok(())
+            }
+            None => Err(route.too_many.take().expect("set before").1),
         }
     }
 

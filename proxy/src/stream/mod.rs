@@ -228,6 +228,13 @@ pub struct StreamConfig {
     /// A follower that served no read for this long stops (its long poll and cache go away;
     /// the next read starts a new one). Default 60 s (`[streams] follower_idle_secs`).
     pub follower_idle_timeout: Duration,
+    /// Most streams this proxy owns at once (`[streams] owned_streams_max`; DistributedLog's
+    /// `maxAcquiredPartitionsPerProxy`): a request that would acquire one more fails with
+    /// `TooManyStreams` and nothing is done; streams owned already are served as before.
+    /// `None` (the default, as DistributedLog's -1): no limit, since a proxy alone in its
+    /// cluster must serve every stream; set it from the measured memory per owned stream
+    /// (perf/README.md, "Many streams").
+    pub owned_streams_max: Option<usize>,
 }
 
 /// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
@@ -259,6 +266,7 @@ impl Default for StreamConfig {
             lifecycle_sweep_interval: Some(Duration::from_secs(300)),
             txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
             subscriptions_per_stream_max: 1_000,
+            owned_streams_max: None,
             compression: quire_client::compression::Compression::None,
             follower_cache_bytes_max: 8 * 1024 * 1024,
             follower_idle_timeout: Duration::from_secs(60),
@@ -342,6 +350,14 @@ impl StreamManager {
     /// For metrics (`quire_proxy_streams_owned`).
     pub fn owned_stream_count(&self) -> usize {
         self.registry.owned_count()
+    }
+
+    /// Acquisitions refused with `TooManyStreams` since start (`owned_streams_max`; for
+    /// `quire_proxy_streams_refused`).
+    pub fn too_many_streams_refusals(&self) -> u64 {
+        self.registry
+            .too_many_refusals
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Segments and retained bytes of every stream this manager owns now, sorted by name (for
@@ -747,7 +763,8 @@ impl StreamManager {
 
     /// Acquires every stream in the metadata store that no other proxy owns now, recovering
     /// any segment a previous owner left in progress, instead of at each stream's first use.
-    /// Returns how many streams were acquired (streams owned elsewhere are skipped).
+    /// Returns how many streams were acquired (streams owned elsewhere are skipped, and so are
+    /// the ones past `owned_streams_max`).
     ///
     /// # Errors
     /// The first stream that fails to recover (`Storage`, `Metadata`); the ones before it stay
@@ -758,7 +775,11 @@ impl StreamManager {
         for name in &names {
             match self.registry.stream(name, false, false).await {
                 Ok(_) => acquired += 1,
-                Err(Error::OwnedElsewhere { .. } | Error::NoSuchStream { .. }) => {}
+                Err(
+                    Error::OwnedElsewhere { .. }
+                    | Error::NoSuchStream { .. }
+                    | Error::TooManyStreams { .. },
+                ) => {}
                 Err(e) => return Err(e),
             }
         }

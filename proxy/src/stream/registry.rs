@@ -4,7 +4,7 @@
 //! manager's facade work through it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use quire_ledger::BookKeeper;
@@ -44,6 +44,19 @@ pub(super) struct Registry {
     pub(super) layer: Arc<LayerStats>,
     /// The streams this proxy reads without owning them (`follower.rs`).
     pub(super) followers: Followers,
+    /// Acquisitions under way (reserved against `owned_streams_max`, see [`Registry::reserve`]).
+    acquiring: AtomicUsize,
+    /// Acquisitions refused with `TooManyStreams` since start (metrics).
+    pub(super) too_many_refusals: AtomicU64,
+}
+
+/// One acquisition counted against `owned_streams_max` until its handle is in the table.
+struct Reservation<'a>(&'a AtomicUsize);
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Registry {
@@ -63,6 +76,8 @@ impl Registry {
             runtime: tokio::runtime::Handle::try_current().ok(),
             layer: Arc::default(),
             followers: Followers::default(),
+            acquiring: AtomicUsize::new(0),
+            too_many_refusals: AtomicU64::new(0),
         }
     }
 
@@ -77,6 +92,29 @@ impl Registry {
             runtime: self.runtime.clone(),
             stopping: self.followers.stopping.clone(),
         }
+    }
+
+    /// Counts one more acquisition of `name` against `owned_streams_max`: `TooManyStreams`
+    /// (nothing done) when the streams owned and the acquisitions under way already reach it
+    /// (DistributedLog's `maxAcquiredPartitionsPerProxy` check before it acquires a stream).
+    /// The count holds until the reservation is dropped, after the handle is in the table, so
+    /// concurrent acquisitions never take the proxy past the limit. `None` without a limit.
+    fn reserve(&self, name: &str) -> Result<Option<Reservation<'_>>> {
+        let Some(max) = self.config.owned_streams_max else {
+            return Ok(None);
+        };
+        let under_way = self.acquiring.fetch_add(1, Ordering::SeqCst);
+        let reservation = Reservation(&self.acquiring);
+        if self.owned_count() + under_way >= max {
+            self.too_many_refusals.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(stream = name, max, "refusing to acquire one more stream");
+            return Err(Error::TooManyStreams {
+                stream: name.to_string(),
+                proxy: self.identity.clone(),
+                max,
+            });
+        }
+        Ok(Some(reservation))
     }
 
     /// `ShuttingDown` once [`Registry::begin_shutdown`] ran.
@@ -209,10 +247,16 @@ impl Registry {
                 .entry(name.to_string())
                 .or_default()
                 .clone();
+            // Held until the handle is in the table (see `reserve`).
+            let mut reservation = None;
             let result = cell
-                .get_or_try_init(|| self.acquire(name, create_if_missing))
+                .get_or_try_init(|| async {
+                    reservation = self.reserve(name)?;
+                    self.acquire(name, create_if_missing).await
+                })
                 .await
                 .cloned();
+            drop(reservation);
             let handle = match result {
                 Ok(h) => h,
                 Err(e) => {
@@ -268,7 +312,8 @@ impl Registry {
     /// lease without waiting, recovers its in-progress segments and starts its task.
     ///
     /// # Errors
-    /// `InvalidStreamName`, `NoSuchStream`, `OwnedElsewhere`, `Metadata`, `Storage`.
+    /// `InvalidStreamName`, `NoSuchStream`, `OwnedElsewhere`, `Metadata`, `Storage`
+    /// (`TooManyStreams` comes from the reservation before it).
     async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
         validate_stream_name(name).map_err(|e| Error::from_metadata(name, "acquire stream", e))?;
         let meta = match self.metadata.read_stream(name).await {

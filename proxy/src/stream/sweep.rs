@@ -145,6 +145,9 @@ async fn sweep_stream(
             report.streams_owned_elsewhere += 1;
             return Ok(());
         }
+        // This proxy owns its `owned_streams_max` streams: the stream's sweep waits for a
+        // proxy with room (or for its next owner).
+        Err(Error::TooManyStreams { .. }) => return Ok(()),
         // Deleted meanwhile: its labelled ledgers are handled by the next sweep.
         Err(Error::NoSuchStream { .. }) => return Ok(()),
         Err(e) => return Err(e),
