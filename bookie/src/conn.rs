@@ -745,7 +745,9 @@ async fn handle_request(
             proof,
         } => return handle_auth(ctx, request_id, &client_nonce, &proof, handshake),
         _ if !handshake.done() => return refuse_before_handshake(ctx, request_id, &request),
-        Request::GetBookieInfo => return answer_bookie_info(shard, outbox, request_id).await,
+        Request::GetBookieInfo { scrub } => {
+            return answer_bookie_info(shard, outbox, request_id, scrub).await
+        }
         _ => {}
     }
     match op_of(request) {
@@ -937,7 +939,12 @@ fn refuse_before_handshake(ctx: &ConnCtx<'_>, request_id: u64, request: &Request
 /// `GetBookieInfo`: statvfs(2) and the walk of the journal and ledger directories block, so
 /// they run on the executor's blocking-thread pool, never on the shard's thread. Shutdown
 /// waits for the answer like any request in flight.
-async fn answer_bookie_info(shard: &Rc<Shard>, outbox: &Rc<Outbox>, request_id: u64) -> Flow {
+async fn answer_bookie_info(
+    shard: &Rc<Shard>,
+    outbox: &Rc<Outbox>,
+    request_id: u64,
+    scrub: bool,
+) -> Flow {
     let opcode = Opcode::GetBookieInfo;
     let Ok(pass) = shard.in_flight.enter() else {
         fail(
@@ -951,7 +958,7 @@ async fn answer_bookie_info(shard: &Rc<Shard>, outbox: &Rc<Outbox>, request_id: 
     };
     let status = shard.status.clone();
     let measured = glommio::executor()
-        .spawn_blocking(move || crate::metrics::bookie_info(&status))
+        .spawn_blocking(move || crate::metrics::bookie_info(&status, scrub))
         .await;
     match measured {
         Ok(info) => outbox
@@ -1016,7 +1023,7 @@ fn op_of(request: Request<'_>) -> Result<Op, (Status, String, Flow)> {
             previous: previous_lac.map(|e| e.0),
             timeout: Duration::from_millis(u64::from(timeout_ms.min(LONG_POLL_TIMEOUT_MS_MAX))),
         },
-        Request::Hello { .. } | Request::Auth { .. } | Request::GetBookieInfo => {
+        Request::Hello { .. } | Request::Auth { .. } | Request::GetBookieInfo { .. } => {
             unreachable!("answered by handle_request")
         }
     })
@@ -1116,7 +1123,7 @@ fn opcode_of(request: &Request<'_>) -> Opcode {
         Request::ReadLac { .. } => Opcode::ReadLac,
         Request::Fence { .. } => Opcode::Fence,
         Request::ReadLacLongPoll { .. } => Opcode::ReadLacLongPoll,
-        Request::GetBookieInfo => Opcode::GetBookieInfo,
+        Request::GetBookieInfo { .. } => Opcode::GetBookieInfo,
         Request::Auth { .. } => Opcode::Auth,
     }
 }

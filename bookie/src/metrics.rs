@@ -35,7 +35,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use quire_wire::bookie::{BookieInfo, BookieState, DirInfo, DirKind};
+use quire_wire::bookie::{BookieInfo, BookieState, DirInfo, DirKind, ScrubInfo};
 
 /// Upper bounds of the latency histograms' buckets, in seconds: 50 µs to 10 s, about three per
 /// decade, so that a p99 of a fast disk (100 µs) and of a stalled one (seconds) both resolve.
@@ -319,6 +319,9 @@ pub const STATE_READ_ONLY: u8 = 1;
 pub struct BookieStatus {
     /// One entry per shard.
     pub shards: Vec<ShardState>,
+    /// Each shard's scrubber figures as `GetBookieInfo` answers them (not metrics: the
+    /// `bookie_scrub_*` series are in [`ShardState`]).
+    pub(crate) scrub: Vec<std::sync::Mutex<ScrubInfo>>,
     /// The journal root directory.
     pub journal_dir: PathBuf,
     /// The ledger root directory.
@@ -334,6 +337,7 @@ impl BookieStatus {
     pub(crate) fn new(shards: usize, journal_dir: PathBuf, ledger_dir: PathBuf) -> Self {
         Self {
             shards: (0..shards).map(|_| ShardState::default()).collect(),
+            scrub: (0..shards).map(|_| Default::default()).collect(),
             journal_dir,
             ledger_dir,
             state: AtomicU8::new(STATE_WRITABLE),
@@ -597,13 +601,14 @@ impl BookieMetrics {
 }
 
 /// The answer to `GetBookieInfo`: the state, each shard's last published ledger count (at most
-/// [`STATE_PUBLISH_INTERVAL`] old) and each directory measured now. Runs `statvfs(2)` and
+/// [`STATE_PUBLISH_INTERVAL`] old), each directory measured now and, when `scrub`, each
+/// shard's last published scrubber figures. Runs `statvfs(2)` and
 /// walks the two directories on the calling thread, so it blocks: a shard calls it on its
 /// executor's blocking-thread pool (`spawn_blocking`), never on its own thread.
 ///
 /// # Errors
 /// The first directory that cannot be measured.
-pub fn bookie_info(status: &BookieStatus) -> std::io::Result<BookieInfo> {
+pub fn bookie_info(status: &BookieStatus, scrub: bool) -> std::io::Result<BookieInfo> {
     let state = match status.state() {
         STATE_READ_ONLY => BookieState::ReadOnly,
         _ => BookieState::Writable,
@@ -626,9 +631,18 @@ pub fn bookie_info(status: &BookieStatus) -> std::io::Result<BookieInfo> {
             used_bytes: u.used_bytes,
         });
     }
+    let scrub = scrub.then(|| {
+        status
+            .scrub
+            .iter()
+            // A poisoned lock still holds the last figures written.
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .collect()
+    });
     Ok(BookieInfo {
         state,
         shard_ledgers,
         dirs,
+        scrub,
     })
 }

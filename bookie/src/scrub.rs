@@ -17,9 +17,12 @@
 
 use std::collections::BTreeSet;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use quire_engine::Engine;
+
+use crate::metrics::BookieStatus;
 
 /// Default time between the end of a scrub pass and the start of the next (BookKeeper's
 /// `localScrubPeriod` is off by default; Quire scrubs daily).
@@ -78,8 +81,20 @@ pub fn damaged_ledgers_channel() -> (DamagedLedgers, DamagedLedgerReports) {
     (DamagedLedgers(tx), DamagedLedgerReports(rx))
 }
 
-/// The scrub loop of one shard: a pass every `config.interval` until cancelled.
-pub(crate) async fn scrub_loop(engine: Rc<Engine>, shard: usize, config: ScrubConfig) {
+/// The scrub loop of one shard: a pass every `config.interval` until cancelled. Marks the
+/// shard's scrubber on in `status` (`GetBookieInfo`) and counts the ledgers it reports.
+pub(crate) async fn scrub_loop(
+    engine: Rc<Engine>,
+    shard: usize,
+    config: ScrubConfig,
+    status: Arc<BookieStatus>,
+) {
+    let info = |f: &mut dyn FnMut(&mut quire_wire::bookie::ScrubInfo)| {
+        if let Some(m) = status.scrub.get(shard) {
+            f(&mut m.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    };
+    info(&mut |i| i.flags |= quire_wire::bookie::SCRUB_ENABLED);
     loop {
         glommio::timer::sleep(config.interval).await;
         match engine.scrub(config.rate_bytes_per_sec).await {
@@ -98,7 +113,9 @@ pub(crate) async fn scrub_loop(engine: Rc<Engine>, shard: usize, config: ScrubCo
                 if let Some(to) = &config.damaged_ledgers {
                     for l in ledgers {
                         // A full channel drops the report: the next pass sends it again.
-                        let _ = to.0.try_send(l);
+                        if to.0.try_send(l).is_ok() {
+                            info(&mut |i| i.ledgers_reported += 1);
+                        }
                     }
                 }
             }

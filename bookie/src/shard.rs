@@ -622,8 +622,14 @@ impl Background {
                 gc_deleted_ledgers,
             ))
         });
-        let scrub = (scrub.enabled && !scrub.interval.is_zero())
-            .then(|| glommio::spawn_local(crate::scrub::scrub_loop(engine.clone(), index, scrub)));
+        let scrub = (scrub.enabled && !scrub.interval.is_zero()).then(|| {
+            glommio::spawn_local(crate::scrub::scrub_loop(
+                engine.clone(),
+                index,
+                scrub,
+                shard.status.clone(),
+            ))
+        });
         let publish = glommio::spawn_local({
             let status = shard.status.clone();
             async move {
@@ -764,5 +770,29 @@ fn publish_state(engine: &Engine, status: &BookieStatus, index: usize) {
         ),
     ] {
         field.store(v, Ordering::Relaxed);
+    }
+    if let Some(m) = status.scrub.get(index) {
+        let ms = |t: Option<std::time::SystemTime>| {
+            t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as u64)
+        };
+        let mut i = m.lock().unwrap_or_else(|p| p.into_inner());
+        i.flags = (i.flags & quire_wire::bookie::SCRUB_ENABLED)
+            | if scrub.pass_started.is_some() {
+                quire_wire::bookie::SCRUB_IN_PROGRESS
+            } else {
+                0
+            };
+        i.pass_started_ms = ms(scrub.pass_started);
+        i.last_pass_start_ms = ms(scrub.last_pass_start);
+        i.last_pass_end_ms = ms(scrub.last_pass_end);
+        i.last_pass_entries = scrub.last_pass_entries;
+        i.last_pass_bytes = scrub.last_pass_bytes;
+        i.passes = scrub.passes;
+        i.entries_scanned = scrub.entries_scanned;
+        i.bytes_scanned = scrub.bytes_scanned;
+        i.damaged_found = scrub.damaged_found;
+        i.damaged_now = scrub.damaged_now;
+        i.repaired = scrub.repaired;
     }
 }

@@ -27,7 +27,7 @@ use crate::lac_watch::LacWatchers;
 use crate::ledgers::{apply_durable, Admission, Ledgers};
 use crate::open::{open_state, Opened};
 use crate::read_ahead::ReadAhead;
-use crate::scrub::{DamagedEntry, ScrubPass, ScrubStats, Scrubber};
+use crate::scrub::{DamagedEntry, ScrubPass, ScrubStats, Scrubber, SCRUB_PIECE_LOCATIONS};
 use crate::sync::Closed;
 use crate::throttle::Throttle;
 use crate::write_cache::WriteCache;
@@ -911,13 +911,31 @@ impl<S: Storage + 'static> Engine<S> {
     /// CRCs and record identity. Holds no lock; one pass at a time. A damaged entry is logged
     /// (warning naming ledger, entry, log and offset), listed in the answer and in
     /// [`Engine::scrub_damaged`] until a recovery add replaces it; its reads answer `Corrupt`
-    /// meanwhile. A damaged index segment is handed to the background rebuild.
+    /// meanwhile. A damaged index segment is handed to the background rebuild. The index is
+    /// walked in pieces of at most [`SCRUB_PIECE_LOCATIONS`] locations (a pass's memory does
+    /// not grow with the shard's entries).
     ///
     /// # Errors
     /// `Io` or `Corrupt` of the index lookups; `IndexRebuilding` when more than 16 index
     /// segments are damaged; `Closed`.
     pub async fn scrub(&self, rate_bytes_per_sec: u64) -> Result<ScrubPass, Error> {
-        self.inner.scrubber.pass(rate_bytes_per_sec).await
+        self.inner
+            .scrubber
+            .pass(rate_bytes_per_sec, SCRUB_PIECE_LOCATIONS)
+            .await
+    }
+
+    /// [`Engine::scrub`] in pieces of at most `piece_locations` index locations (at least 1):
+    /// tests and benchmarks of the bound. Same checks and result.
+    pub async fn scrub_in_pieces(
+        &self,
+        rate_bytes_per_sec: u64,
+        piece_locations: usize,
+    ) -> Result<ScrubPass, Error> {
+        self.inner
+            .scrubber
+            .pass(rate_bytes_per_sec, piece_locations)
+            .await
     }
 
     /// Scrubber figures since open: passes, entries and bytes scanned, damage found, repaired.

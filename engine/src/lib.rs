@@ -34,7 +34,7 @@ mod write_cache;
 
 pub use engine::Engine;
 pub use gc::{GcRun, IndexCheck};
-pub use scrub::{DamagedEntry, ScrubPass, ScrubStats};
+pub use scrub::{DamagedEntry, ScrubPass, ScrubStats, SCRUB_PIECE_LOCATIONS};
 pub use settings::{
     CompactionSettings, ConfigError, EngineSettings, ENTRY_LOG_SIZE_BYTES_MIN,
     INDEX_CACHE_BYTES_MIN, JOURNAL_FILE_SIZE_BYTES_MIN, JOURNAL_QUEUE_BYTES_MIN,

@@ -31,6 +31,14 @@ use crate::Error;
 const SCRUB_READ_BYTES_MAX: u64 = 1 << 20;
 /// Damaged index segments one pass notes before it gives up listing locations.
 const INDEX_DAMAGE_MAX: u32 = 16;
+/// Largest gap between two records one read covers, in bytes: a longer gap ends the read.
+/// Records of other ledgers lie between a piece's records (entry logs are written in
+/// (ledger, entry) order per checkpoint), and another piece checks them.
+const SCRUB_GAP_BYTES_MAX: u64 = 64 << 10;
+/// Index locations one piece of a pass holds at most (40 bytes each: 640 KiB). A pass's
+/// memory is bounded by this, one read of at most [`SCRUB_READ_BYTES_MAX`], one index block
+/// per live segment (the merged scan), and the damaged entries found.
+pub const SCRUB_PIECE_LOCATIONS: usize = 16 * 1024;
 
 /// A damaged entry found by the scrubber: where its record is and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +68,10 @@ pub struct ScrubPass {
     pub repaired: u64,
     /// Time the pass took, pacing included.
     pub duration: Duration,
+    /// Pieces the pass walked the index in (each at most the piece size of locations).
+    pub pieces: u64,
+    /// Most index locations the pass held at once (at most the piece size).
+    pub locations_held_max: u64,
 }
 
 /// Scrubber figures since open ([`crate::Engine::scrub_stats`]).
@@ -79,10 +91,17 @@ pub struct ScrubStats {
     pub repaired: u64,
     /// Damaged index segments found.
     pub index_segments_damaged: u64,
-    /// When the last pass ended.
+    /// When the pass under way started; `None` when no pass runs.
+    pub pass_started: Option<SystemTime>,
+    /// When the last completed pass started.
+    pub last_pass_start: Option<SystemTime>,
+    /// When the last completed pass ended.
     pub last_pass_end: Option<SystemTime>,
     /// How long the last pass took.
     pub last_pass_duration: Duration,
+    /// Entry-log records and bytes the last pass checked.
+    pub last_pass_entries: u64,
+    pub last_pass_bytes: u64,
 }
 
 #[derive(Default)]
@@ -154,67 +173,121 @@ impl<S: Storage + 'static> Scrubber<S> {
         self.state.borrow().damaged.values().cloned().collect()
     }
 
-    /// One pass at `rate` bytes per second (0: unpaced).
-    pub(crate) async fn pass(&self, rate: u64) -> Result<ScrubPass, Error> {
+    /// One pass at `rate` bytes per second (0: unpaced), in pieces of at most
+    /// `piece_locations` index locations ([`SCRUB_PIECE_LOCATIONS`] by default).
+    pub(crate) async fn pass(&self, rate: u64, piece_locations: usize) -> Result<ScrubPass, Error> {
         let _one = self
             .running
             .acquire_permit(1)
             .await
             .map_err(|_| Error::Closed)?;
         let start = quire_clock::now();
+        let started = quire_clock::system_now();
+        self.state.borrow_mut().stats.pass_started = Some(started);
+        let r = self.walk(rate, piece_locations.max(1), start).await;
+        self.state.borrow_mut().stats.pass_started = None;
+        let mut out = r?;
+        out.duration = quire_clock::elapsed(start);
+        self.record(&mut out);
+        self.state.borrow_mut().stats.last_pass_start = Some(started);
+        Ok(out)
+    }
+
+    /// The body of a pass: the index's locations in key order, a piece at a time (a cursor
+    /// that resumes after the piece's last key, so merges and checkpoints between pieces are
+    /// fine); each piece sorted by (log, offset) and read in spans, paced.
+    async fn walk(&self, rate: u64, piece: usize, start: Instant) -> Result<ScrubPass, Error> {
         let mut out = ScrubPass::default();
-        let all = self.locations(&mut out).await?;
+        let mut damage_left = INDEX_DAMAGE_MAX;
+        self.check_index_blocks(&mut out, &mut damage_left).await?;
         let mut pace = Pace {
             rate,
             start,
             bytes: 0,
         };
-        let mut i = 0;
-        while i < all.len() {
+        let mut from: Option<(u64, u64)> = Some((0, 0));
+        while let Some(key) = from {
             if self.closed.get() {
                 return Err(Error::Closed);
             }
-            let n = span_len(&all[i..]);
-            let bytes = self.check_span(&all[i..i + n], &mut out).await?;
-            out.bytes_scanned += bytes;
-            pace.after(bytes).await;
-            i += n;
+            let mut locs = self.piece(key, piece, &mut out, &mut damage_left).await?;
+            out.pieces += 1;
+            out.locations_held_max = out.locations_held_max.max(locs.len() as u64);
+            from = match locs.last() {
+                Some(&(l, e, _)) if locs.len() == piece => next_key(l, e),
+                _ => None,
+            };
+            locs.sort_by_key(|(_, _, loc)| (loc.log_id, loc.offset));
+            let mut i = 0;
+            while i < locs.len() {
+                if self.closed.get() {
+                    return Err(Error::Closed);
+                }
+                let n = span_len(&locs[i..]);
+                let bytes = self.check_span(&locs[i..i + n], &mut out).await?;
+                out.bytes_scanned += bytes;
+                pace.after(bytes).await;
+                i += n;
+            }
         }
-        out.duration = quire_clock::elapsed(start);
-        self.record(&mut out);
         Ok(out)
     }
 
-    /// Every live (ledger, entry) location, sorted by (log, offset). A damaged index segment
-    /// is noted (the index rebuilds it in the background) and left out of a new listing.
-    async fn locations(&self, out: &mut ScrubPass) -> Result<Vec<(u64, u64, Location)>, Error> {
-        for _ in 0..INDEX_DAMAGE_MAX {
-            let mut all = Vec::new();
-            let mut listed = self.index.check_non_data_blocks().await;
-            if listed.is_ok() {
-                listed = self
-                    .index
-                    .for_each_location(|l, e, loc| {
-                        if !self.ledgers.is_deleted(l) {
-                            all.push((l, e, loc));
-                        }
-                    })
-                    .await;
-            }
-            match listed {
-                Ok(()) => {
-                    all.sort_by_key(|(_, _, loc)| (loc.log_id, loc.offset));
-                    return Ok(all);
-                }
-                Err(e @ Error::Corrupt { .. }) => {
-                    tracing::warn!("scrub: damaged index segment: {e}");
-                    out.index_segments_damaged += 1;
-                    self.state.borrow_mut().stats.index_segments_damaged += 1;
-                }
-                Err(e) => return Err(e),
+    /// Re-reads the index segments' non-data blocks; a damaged segment is noted (the index
+    /// rebuilds it in the background) and the check is made again without it.
+    async fn check_index_blocks(
+        &self,
+        out: &mut ScrubPass,
+        damage_left: &mut u32,
+    ) -> Result<(), Error> {
+        loop {
+            match self.index.check_non_data_blocks().await {
+                Ok(()) => return Ok(()),
+                Err(e) => self.index_damage(e, out, damage_left)?,
             }
         }
-        Err(Error::IndexRebuilding { ledger: None })
+    }
+
+    /// Up to `max` live (ledger, entry) locations from `from` on, in key order. A damaged
+    /// index segment is noted and the piece listed again without it.
+    async fn piece(
+        &self,
+        from: (u64, u64),
+        max: usize,
+        out: &mut ScrubPass,
+        damage_left: &mut u32,
+    ) -> Result<Vec<(u64, u64, Location)>, Error> {
+        loop {
+            let listed = self
+                .index
+                .locations_from(from, max, |l| !self.ledgers.is_deleted(l))
+                .await;
+            match listed {
+                Ok(v) => return Ok(v),
+                Err(e) => self.index_damage(e, out, damage_left)?,
+            }
+        }
+    }
+
+    /// Counts a damaged index segment found by a pass (`Corrupt`); any other error, or more
+    /// than [`INDEX_DAMAGE_MAX`] damaged segments in one pass, ends the pass.
+    fn index_damage(
+        &self,
+        e: Error,
+        out: &mut ScrubPass,
+        damage_left: &mut u32,
+    ) -> Result<(), Error> {
+        if !matches!(e, Error::Corrupt { .. }) {
+            return Err(e);
+        }
+        if *damage_left == 0 {
+            return Err(Error::IndexRebuilding { ledger: None });
+        }
+        *damage_left -= 1;
+        tracing::warn!("scrub: damaged index segment: {e}");
+        out.index_segments_damaged += 1;
+        self.state.borrow_mut().stats.index_segments_damaged += 1;
+        Ok(())
     }
 
     /// Reads `span` (records of one log, close together) in one read and checks each record;
@@ -317,19 +390,38 @@ impl<S: Storage + 'static> Scrubber<S> {
         s.damaged_now = now.len() as u64;
         s.last_pass_end = Some(quire_clock::system_now());
         s.last_pass_duration = out.duration;
+        s.last_pass_entries = out.entries_scanned;
+        s.last_pass_bytes = out.bytes_scanned;
         st.damaged = now;
     }
 }
 
 /// How many of `rest` (sorted by log and offset) one read covers: records of the first one's
-/// log within [`SCRUB_READ_BYTES_MAX`] of its start, at least one.
+/// log within [`SCRUB_READ_BYTES_MAX`] of its start, with no gap over [`SCRUB_GAP_BYTES_MAX`]
+/// between two of them (a gap is other ledgers' records, checked in another piece), at least
+/// one.
 fn span_len(rest: &[(u64, u64, Location)]) -> usize {
     let first = rest[0].2;
-    rest.iter()
-        .take_while(|(_, _, loc)| {
-            loc.log_id == first.log_id
-                && loc.offset + record_bytes(*loc) - first.offset <= SCRUB_READ_BYTES_MAX
-        })
-        .count()
-        .max(1)
+    let mut end = first.offset + record_bytes(first);
+    let mut n = 1;
+    for (_, _, loc) in &rest[1..] {
+        let fits = loc.log_id == first.log_id
+            && loc.offset >= end
+            && loc.offset - end <= SCRUB_GAP_BYTES_MAX
+            && loc.offset + record_bytes(*loc) - first.offset <= SCRUB_READ_BYTES_MAX;
+        if !fits {
+            break;
+        }
+        end = loc.offset + record_bytes(*loc);
+        n += 1;
+    }
+    n
+}
+
+/// The key after (`ledger`, `entry`) in index order; `None` after the last key there can be.
+fn next_key(ledger: u64, entry: u64) -> Option<(u64, u64)> {
+    match entry.checked_add(1) {
+        Some(e) => Some((ledger, e)),
+        None => ledger.checked_add(1).map(|l| (l, 0)),
+    }
 }

@@ -149,7 +149,7 @@ fn metrics_count_what_the_bookie_served_and_info_reports_it() {
     // cache, which the published hit counter shows too.
     let deadline = Instant::now() + Duration::from_secs(5);
     let info = loop {
-        let Resp::Info(info) = c.call(&Request::GetBookieInfo) else {
+        let Resp::Info(info) = c.call(&Request::GetBookieInfo { scrub: false }) else {
             panic!("no info")
         };
         if info.shard_ledgers == [1, 1] || Instant::now() > deadline {
@@ -193,7 +193,7 @@ fn info_before_the_handshake_is_refused() {
     let dir = common::tempdir();
     let bookie = common::start(dir.path(), 1);
     let mut c = Client::connect(bookie.addr());
-    let r = c.call(&Request::GetBookieInfo);
+    let r = c.call(&Request::GetBookieInfo { scrub: false });
     assert_eq!(r.status(), Status::BadRequest);
     assert!(c.recv().is_none(), "the connection is closed");
     bookie.shutdown().unwrap();

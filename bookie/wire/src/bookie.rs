@@ -182,9 +182,10 @@ pub enum Request<'a> {
         previous_lac: Option<EntryId>,
         timeout_ms: u32,
     },
-    /// Ask for the bookie's [`BookieInfo`]. Empty body. Like every request but `Hello`, only
-    /// after the handshake.
-    GetBookieInfo,
+    /// Ask for the bookie's [`BookieInfo`]. Empty body; header flag [`INFO_WANT_SCRUB`] when
+    /// `scrub` (the answer then carries [`BookieInfo::scrub`]). Like every request but
+    /// `Hello`, only after the handshake.
+    GetBookieInfo { scrub: bool },
     /// Prove the cluster secret (version 2, after Hello). Body: client_nonce (32 bytes),
     /// proof (32 bytes) = HMAC-SHA256(secret, client label ‖ server nonce ‖ client nonce).
     Auth {
@@ -429,7 +430,10 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u64, request: &Request<'_>)
             body.extend_from_slice(&timeout_ms.to_le_bytes());
             (Opcode::ReadLacLongPoll, 0)
         }
-        Request::GetBookieInfo => (Opcode::GetBookieInfo, 0),
+        Request::GetBookieInfo { scrub } => (
+            Opcode::GetBookieInfo,
+            if scrub { INFO_WANT_SCRUB } else { 0 },
+        ),
         Request::Auth {
             client_nonce,
             proof,
@@ -516,7 +520,11 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, WireError> {
             previous_lac: lac_from_wire(r.u64()?),
             timeout_ms: r.u32()?,
         },
-        Opcode::GetBookieInfo => Request::GetBookieInfo,
+        // Unknown flag bits are ignored: a newer client asking for sections this bookie does
+        // not know gets the ones it knows (and an older bookie ignored every flag).
+        Opcode::GetBookieInfo => Request::GetBookieInfo {
+            scrub: h.flags & INFO_WANT_SCRUB != 0,
+        },
         Opcode::Auth => Request::Auth {
             client_nonce: array32(&mut r)?,
             proof: array32(&mut r)?,
@@ -734,6 +742,49 @@ pub enum BookieState {
     ReadOnly = 1,
 }
 
+/// `GetBookieInfo` request header flag: answer with the scrub section ([`ScrubInfo`] per
+/// shard). A request without it gets the layout of builds before the scrubber's section, so
+/// older clients (which refuse trailing bytes) still decode the answer.
+pub const INFO_WANT_SCRUB: u8 = 0x01;
+
+/// [`ScrubInfo::flags`] bit: the shard's scrubber is on.
+pub const SCRUB_ENABLED: u8 = 0x01;
+/// [`ScrubInfo::flags`] bit: a pass is under way.
+pub const SCRUB_IN_PROGRESS: u8 = 0x02;
+
+/// One shard's scrubber figures in a [`BookieInfo`], as the shard last published them (at most
+/// 500 ms old). Times are milliseconds since the Unix epoch, 0 for none; counts are since the
+/// bookie started. Wire: flags u8 then twelve u64 in field order (97 bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScrubInfo {
+    /// [`SCRUB_ENABLED`], [`SCRUB_IN_PROGRESS`]; other bits are refused by the decoder.
+    pub flags: u8,
+    /// Start of the pass under way (0: none runs).
+    pub pass_started_ms: u64,
+    /// Start and end of the last completed pass (0: none yet).
+    pub last_pass_start_ms: u64,
+    pub last_pass_end_ms: u64,
+    /// Entry-log records and bytes the last completed pass checked.
+    pub last_pass_entries: u64,
+    pub last_pass_bytes: u64,
+    /// Completed passes.
+    pub passes: u64,
+    /// Entry-log records and bytes checked, all passes.
+    pub entries_scanned: u64,
+    pub bytes_scanned: u64,
+    /// Damaged entries found (each once until repaired), still damaged at the last pass's
+    /// end, and later found replaced by an intact copy (repaired).
+    pub damaged_found: u64,
+    pub damaged_now: u64,
+    pub repaired: u64,
+    /// Ledgers with damaged entries sent to be marked under-replicated (once per pass that
+    /// still finds them).
+    pub ledgers_reported: u64,
+}
+
+/// Bytes of one [`ScrubInfo`] on the wire.
+const SCRUB_INFO_BYTES: usize = 1 + 12 * 8;
+
 /// Which of a bookie's directories a [`DirInfo`] describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -764,13 +815,66 @@ pub struct DirInfo {
 /// Body: state u8 ([`BookieState`]); shard_count u16, then per shard its ledger count u64;
 /// dir_count u16, then per directory: kind u8 ([`DirKind`]), total_bytes u64, free_bytes u64,
 /// used_bytes u64, path (u32 length, then UTF-8 bytes, at most
-/// [`BOOKIE_INFO_PATH_SIZE_BYTES_MAX`]).
+/// [`BOOKIE_INFO_PATH_SIZE_BYTES_MAX`]); then, only when asked ([`INFO_WANT_SCRUB`]), the
+/// scrub section: scrub_shard_count u16, then per shard a [`ScrubInfo`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BookieInfo {
     pub state: BookieState,
     /// Ledgers held by each shard, indexed by shard.
     pub shard_ledgers: Vec<u64>,
     pub dirs: Vec<DirInfo>,
+    /// Each shard's scrubber figures, indexed by shard; `None` when not asked for, or from a
+    /// bookie built before the section (it ignores the flag).
+    pub scrub: Option<Vec<ScrubInfo>>,
+}
+
+impl ScrubInfo {
+    fn fields(&self) -> [u64; 12] {
+        [
+            self.pass_started_ms,
+            self.last_pass_start_ms,
+            self.last_pass_end_ms,
+            self.last_pass_entries,
+            self.last_pass_bytes,
+            self.passes,
+            self.entries_scanned,
+            self.bytes_scanned,
+            self.damaged_found,
+            self.damaged_now,
+            self.repaired,
+            self.ledgers_reported,
+        ]
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let flags = r.u8()?;
+        if flags & !(SCRUB_ENABLED | SCRUB_IN_PROGRESS) != 0 {
+            return Err(WireError::InvalidField {
+                what: "bookie info scrub flags",
+            });
+        }
+        let mut v = [0u64; 12];
+        for x in v.iter_mut() {
+            *x = r.u64()?;
+        }
+        let [pass_started_ms, last_pass_start_ms, last_pass_end_ms, last_pass_entries, last_pass_bytes, passes, entries_scanned, bytes_scanned, damaged_found, damaged_now, repaired, ledgers_reported] =
+            v;
+        Ok(Self {
+            flags,
+            pass_started_ms,
+            last_pass_start_ms,
+            last_pass_end_ms,
+            last_pass_entries,
+            last_pass_bytes,
+            passes,
+            entries_scanned,
+            bytes_scanned,
+            damaged_found,
+            damaged_now,
+            repaired,
+            ledgers_reported,
+        })
+    }
 }
 
 /// A decoded bookie-info answer: success, or the error the bookie answered with.
@@ -805,6 +909,16 @@ pub fn encode_bookie_info_response(out: &mut Vec<u8>, request_id: u64, info: &Bo
             cut -= 1;
         }
         put_len_prefixed(&mut body, &d.path.as_bytes()[..cut]);
+    }
+    if let Some(scrub) = &info.scrub {
+        let n = u16::try_from(scrub.len()).expect("at most u16::MAX shards");
+        body.extend_from_slice(&n.to_le_bytes());
+        for s in scrub {
+            body.push(s.flags);
+            for v in s.fields() {
+                body.extend_from_slice(&v.to_le_bytes());
+            }
+        }
     }
     let header = FrameHeader {
         opcode: Opcode::GetBookieInfo as u8 | RESPONSE_BIT,
@@ -886,10 +1000,22 @@ pub fn decode_bookie_info_response<'a>(
             used_bytes,
         });
     }
+    // The scrub section is there only when asked for and the bookie knows it.
+    let scrub = if r.at_end() {
+        None
+    } else {
+        let n = r.u16()? as usize;
+        let mut v = Vec::with_capacity(n.min(frame.body.len() / SCRUB_INFO_BYTES));
+        for _ in 0..n {
+            v.push(ScrubInfo::decode(&mut r)?);
+        }
+        Some(v)
+    };
     r.finish()?;
     Ok(BookieInfoReply::Ok(BookieInfo {
         state,
         shard_ledgers,
         dirs,
+        scrub,
     }))
 }

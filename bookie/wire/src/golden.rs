@@ -235,7 +235,11 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
         ),
         (
             "get-bookie-info-request",
-            Request(10, crate::bookie::Request::GetBookieInfo),
+            Request(10, crate::bookie::Request::GetBookieInfo { scrub: false }),
+        ),
+        (
+            "get-bookie-info-request-scrub",
+            Request(12, crate::bookie::Request::GetBookieInfo { scrub: true }),
         ),
         (
             "get-bookie-info-response",
@@ -260,6 +264,52 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
                             used_bytes: 7 << 30,
                         },
                     ],
+                    scrub: None,
+                },
+            ),
+        ),
+        (
+            "get-bookie-info-response-scrub",
+            Info(
+                12,
+                BookieInfo {
+                    state: BookieState::ReadOnly,
+                    shard_ledgers: vec![3, 0, 12],
+                    dirs: vec![
+                        DirInfo {
+                            kind: DirKind::Journal,
+                            path: "/var/lib/quire/journal".into(),
+                            total_bytes: 1 << 40,
+                            free_bytes: 1 << 30,
+                            used_bytes: 5 << 20,
+                        },
+                        DirInfo {
+                            kind: DirKind::Ledger,
+                            path: "/var/lib/quire/ledgers".into(),
+                            total_bytes: 2 << 40,
+                            free_bytes: 0,
+                            used_bytes: 7 << 30,
+                        },
+                    ],
+                    scrub: Some(vec![
+                        ScrubInfo {
+                            flags: SCRUB_ENABLED | SCRUB_IN_PROGRESS,
+                            pass_started_ms: 1_765_000_300_000,
+                            last_pass_start_ms: 1_765_000_000_000,
+                            last_pass_end_ms: 1_765_000_120_000,
+                            last_pass_entries: 5000,
+                            last_pass_bytes: 9 << 20,
+                            passes: 3,
+                            entries_scanned: 15000,
+                            bytes_scanned: 27 << 20,
+                            damaged_found: 2,
+                            damaged_now: 1,
+                            repaired: 1,
+                            ledgers_reported: 2,
+                        },
+                        ScrubInfo::default(),
+                        ScrubInfo::default(),
+                    ]),
                 },
             ),
         ),

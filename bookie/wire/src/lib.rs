@@ -142,6 +142,11 @@ impl<'a> Reader<'a> {
         self.bytes(len)
     }
 
+    /// Whether every byte has been read.
+    pub fn at_end(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+
     /// Everything not read yet.
     pub fn rest(&mut self) -> &'a [u8] {
         let out = &self.buf[self.pos..];

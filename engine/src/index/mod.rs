@@ -677,6 +677,38 @@ impl<F: StorageFile> Index<F> {
         self.checked(r)
     }
 
+    /// Up to `max` current locations from key `from` on, in (ledger, entry) order, of the
+    /// entries `keep` accepts (called with the ledger), read past the block cache: one piece
+    /// of a scrub pass, which resumes after the last key returned. Damaged segments and the
+    /// keys in their ranges are left out, as in [`Index::for_each_location`]. Fewer than `max`
+    /// means the scan reached the end. Holds at most `max` locations.
+    ///
+    /// # Errors
+    /// `Corrupt` if a block read fails its check (the segment is noted for the rebuild); `Io`.
+    pub(crate) async fn locations_from(
+        &self,
+        from: Key,
+        max: usize,
+        mut keep: impl FnMut(u64) -> bool,
+    ) -> Result<Vec<(u64, u64, Location)>, Error> {
+        let r: Result<_, Error> = async {
+            let mut out = Vec::with_capacity(max.min(4096));
+            let mut scan =
+                MergedScan::over(self.intact_newest_first(), &self.cache, from, false).await?;
+            while out.len() < max {
+                let Some(((l, e), loc)) = scan.next(&self.cache).await? else {
+                    break;
+                };
+                if !self.in_damaged_range((l, e)) && keep(l) {
+                    out.push((l, e, loc));
+                }
+            }
+            Ok(out)
+        }
+        .await;
+        self.checked(r)
+    }
+
     /// Re-reads every block but the data blocks of every intact live segment past the block
     /// cache (the scrubber; [`Index::for_each_location`] reads the data blocks). A damaged
     /// segment is noted for the background rebuild, like a read that finds it.

@@ -64,6 +64,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
             "ledgers": ledgers,
             "shard_ledgers": info.shard_ledgers,
             "dirs": dirs,
+            "scrub": info.scrub.as_deref().map(scrub_json),
         });
         writeln!(out, "{v}")?;
     } else {
@@ -94,8 +95,134 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 human_bytes(d.total_bytes)
             )?;
         }
+        write_scrub_text(&mut out, info.scrub.as_deref())?;
     }
     out.flush()?;
+    Ok(())
+}
+
+/// A UTC time for `ms` since the epoch, `-` for 0 (none).
+fn time_or_dash(ms: u64) -> String {
+    if ms == 0 {
+        "-".into()
+    } else {
+        crate::stream::format_time_ms(ms)
+    }
+}
+
+/// The scrub section as JSON: the bookie's totals (sums over shards; the latest pass times
+/// of any shard) and each shard's figures (docs/cli-formats.md).
+fn scrub_json(shards: &[quire_wire::bookie::ScrubInfo]) -> serde_json::Value {
+    use quire_wire::bookie::{SCRUB_ENABLED, SCRUB_IN_PROGRESS};
+    let one = |s: &quire_wire::bookie::ScrubInfo| {
+        serde_json::json!({
+            "enabled": s.flags & SCRUB_ENABLED != 0,
+            "in_progress": s.flags & SCRUB_IN_PROGRESS != 0,
+            "pass_started_ms": s.pass_started_ms,
+            "last_pass_start_ms": s.last_pass_start_ms,
+            "last_pass_end_ms": s.last_pass_end_ms,
+            "last_pass_entries": s.last_pass_entries,
+            "last_pass_bytes": s.last_pass_bytes,
+            "passes": s.passes,
+            "entries_scanned": s.entries_scanned,
+            "bytes_scanned": s.bytes_scanned,
+            "damaged_found": s.damaged_found,
+            "damaged_now": s.damaged_now,
+            "repaired": s.repaired,
+            "ledgers_reported": s.ledgers_reported,
+        })
+    };
+    let t = ScrubTotals::of(shards);
+    serde_json::json!({
+        "in_progress": t.in_progress,
+        "passes": t.passes,
+        "last_pass_end_ms": t.last_end_ms,
+        "entries_scanned": t.entries,
+        "bytes_scanned": t.bytes,
+        "damaged_found": t.found,
+        "damaged_now": t.now,
+        "repaired": t.repaired,
+        "ledgers_reported": t.reported,
+        "shards": shards.iter().map(one).collect::<Vec<_>>(),
+    })
+}
+
+/// The scrub figures summed over shards.
+#[derive(Default)]
+struct ScrubTotals {
+    in_progress: usize,
+    passes: u64,
+    last_end_ms: u64,
+    entries: u64,
+    bytes: u64,
+    found: u64,
+    now: u64,
+    repaired: u64,
+    reported: u64,
+}
+
+impl ScrubTotals {
+    fn of(shards: &[quire_wire::bookie::ScrubInfo]) -> Self {
+        let mut t = Self::default();
+        for s in shards {
+            t.in_progress += usize::from(s.flags & quire_wire::bookie::SCRUB_IN_PROGRESS != 0);
+            t.passes += s.passes;
+            t.last_end_ms = t.last_end_ms.max(s.last_pass_end_ms);
+            t.entries += s.entries_scanned;
+            t.bytes += s.bytes_scanned;
+            t.found += s.damaged_found;
+            t.now += s.damaged_now;
+            t.repaired += s.repaired;
+            t.reported += s.ledgers_reported;
+        }
+        t
+    }
+}
+
+/// The scrub section as text: a totals line, then one line per shard.
+fn write_scrub_text(
+    out: &mut impl std::io::Write,
+    shards: Option<&[quire_wire::bookie::ScrubInfo]>,
+) -> Result<()> {
+    use quire_wire::bookie::{SCRUB_ENABLED, SCRUB_IN_PROGRESS};
+    let Some(shards) = shards else {
+        writeln!(
+            out,
+            "scrub: not reported (the bookie predates the scrub figures)"
+        )?;
+        return Ok(());
+    };
+    let t = ScrubTotals::of(shards);
+    writeln!(
+        out,
+        "scrub: {} passes, {} entries ({}) checked, damaged entries: {} found, {} not yet repaired, \
+         {} repaired; {} ledgers reported for repair; passes in progress: {}",
+        t.passes,
+        t.entries,
+        human_bytes(t.bytes),
+        t.found,
+        t.now,
+        t.repaired,
+        t.reported,
+        t.in_progress
+    )?;
+    for (i, s) in shards.iter().enumerate() {
+        let state = if s.flags & SCRUB_ENABLED == 0 {
+            "off".to_string()
+        } else if s.flags & SCRUB_IN_PROGRESS != 0 {
+            format!("pass in progress since {}", time_or_dash(s.pass_started_ms))
+        } else {
+            "idle".to_string()
+        };
+        writeln!(
+            out,
+            "scrub shard {i}: {state}; last pass {} to {}: {} entries, {}",
+            time_or_dash(s.last_pass_start_ms),
+            time_or_dash(s.last_pass_end_ms),
+            s.last_pass_entries,
+            human_bytes(s.last_pass_bytes)
+        )?;
+    }
     Ok(())
 }
 
@@ -163,7 +290,7 @@ fn fetch_bookie_info(
         Err(e) => return Err(e).with_context(|| format!("handshake with bookie {addr}")),
     };
     let answer = conn
-        .call(&Request::GetBookieInfo)
+        .call(&Request::GetBookieInfo { scrub: true })
         .with_context(|| format!("bookie info from bookie {addr}"))?;
     let reply = decode_bookie_info_response(&answer.frame())
         .with_context(|| format!("bad bookie info answer from bookie {addr}"))?;

@@ -144,10 +144,67 @@ fn a_rotten_entry_is_found_by_the_scrubber_and_copied_back_from_another_replica(
     let text = scrape();
     assert_eq!(metric_sum(&text, "bookie_scrub_damaged_entries", &[]), 0.0);
     assert!(metric_sum(&text, "bookie_scrub_passes_total", &[]) >= 2.0);
+    let scrub = scrub_info(&bookie0, &cluster.secret_file);
     let report = rt.block_on(check_stream(&proxy.addr, &store, STREAM, &acked, &[]));
     assert!(report.records.len() >= acked.len());
     eprintln!(
-        "found {found}, repaired {repaired}, ledger {ledger}, {}",
+        "found {found}, repaired {repaired}, ledger {ledger}, {}; scrub info {scrub}",
         log.display()
     );
+}
+
+/// `quire bookie info ADDR --json`'s `scrub` object once it shows the repair (the shard
+/// publishes its figures every 500 ms), checked against what the pass found: one damaged
+/// entry found, repaired, its ledger reported, passes with start and end times, entries and
+/// bytes checked; and the text output's scrub lines.
+fn scrub_info(addr: &str, secret_file: &Path) -> serde_json::Value {
+    let run = |json: bool| {
+        let mut cmd = std::process::Command::new(quire_testkit::harness::quire_bin());
+        cmd.args(["bookie", "info", addr, "--cluster-secret-file"])
+            .arg(secret_file);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().expect("run quire bookie info");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let v = wait_for(
+        "bookie info shows the repair",
+        Duration::from_secs(10),
+        || {
+            let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+            (v["scrub"]["repaired"].as_u64() >= Some(1)).then_some(v)
+        },
+    );
+    let s = &v["scrub"];
+    assert!(s["damaged_found"].as_u64() >= Some(1), "{s}");
+    assert_eq!(s["damaged_now"], 0, "{s}");
+    assert!(s["ledgers_reported"].as_u64() >= Some(1), "{s}");
+    assert!(s["passes"].as_u64() >= Some(2), "{s}");
+    assert!(s["entries_scanned"].as_u64() >= Some(1), "{s}");
+    assert!(s["bytes_scanned"].as_u64() >= Some(1), "{s}");
+    let shard = &s["shards"][0];
+    assert_eq!(shard["enabled"], true, "{s}");
+    let (start, end) = (
+        shard["last_pass_start_ms"].as_u64().unwrap(),
+        shard["last_pass_end_ms"].as_u64().unwrap(),
+    );
+    assert!(start > 0 && end >= start, "{s}");
+    assert!(shard["last_pass_entries"].as_u64() >= Some(1), "{s}");
+    let text = run(false);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("scrub: ") && l.contains(" repaired;")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("scrub shard 0: ")),
+        "{text}"
+    );
+    s.clone()
 }

@@ -7,7 +7,8 @@
 use quire_wire::bookie::{
     decode_bookie_info_response, decode_request, decode_response, encode_bookie_info_response,
     encode_request, encode_response, BookieInfo, BookieInfoReply, BookieState, DirInfo, DirKind,
-    Opcode, Request, Response, Status, BOOKIE_INFO_PATH_SIZE_BYTES_MAX,
+    Opcode, Request, Response, ScrubInfo, Status, BOOKIE_INFO_PATH_SIZE_BYTES_MAX, SCRUB_ENABLED,
+    SCRUB_IN_PROGRESS,
 };
 use quire_wire::frame::{
     decode_frame, Frame, FRAME_HEADER_SIZE_BYTES, FRAME_SIZE_BYTES_MAX_DEFAULT,
@@ -20,6 +21,7 @@ fn samples() -> Vec<BookieInfo> {
             state: BookieState::Writable,
             shard_ledgers: vec![],
             dirs: vec![],
+            scrub: None,
         },
         BookieInfo {
             state: BookieState::Writable,
@@ -40,6 +42,7 @@ fn samples() -> Vec<BookieInfo> {
                     used_bytes: 1 << 30,
                 },
             ],
+            scrub: None,
         },
         BookieInfo {
             state: BookieState::ReadOnly,
@@ -51,6 +54,36 @@ fn samples() -> Vec<BookieInfo> {
                 free_bytes: 0,
                 used_bytes: 0,
             }],
+            scrub: None,
+        },
+        BookieInfo {
+            state: BookieState::Writable,
+            shard_ledgers: vec![4, 5],
+            dirs: vec![],
+            scrub: Some(vec![
+                ScrubInfo {
+                    flags: SCRUB_ENABLED | SCRUB_IN_PROGRESS,
+                    pass_started_ms: 7,
+                    last_pass_start_ms: 1,
+                    last_pass_end_ms: 2,
+                    last_pass_entries: 3,
+                    last_pass_bytes: 4,
+                    passes: 5,
+                    entries_scanned: 6,
+                    bytes_scanned: u64::MAX,
+                    damaged_found: 8,
+                    damaged_now: 9,
+                    repaired: 10,
+                    ledgers_reported: 11,
+                },
+                ScrubInfo::default(),
+            ]),
+        },
+        BookieInfo {
+            state: BookieState::Writable,
+            shard_ledgers: vec![],
+            dirs: vec![],
+            scrub: Some(vec![]),
         },
     ]
 }
@@ -72,10 +105,25 @@ fn frame(bytes: &[u8]) -> Frame<'_> {
 #[test]
 fn request_round_trips_and_refuses_a_body() {
     let mut out = Vec::new();
-    encode_request(&mut out, 5, &Request::GetBookieInfo);
+    encode_request(&mut out, 5, &Request::GetBookieInfo { scrub: false });
     let f = frame(&out);
     assert_eq!(f.header.opcode, Opcode::GetBookieInfo as u8);
-    assert_eq!(decode_request(&f).unwrap(), Request::GetBookieInfo);
+    assert_eq!(
+        decode_request(&f).unwrap(),
+        Request::GetBookieInfo { scrub: false }
+    );
+    assert_eq!(
+        f.header.flags, 0,
+        "an older bookie sees the request it always saw"
+    );
+    let mut with = Vec::new();
+    encode_request(&mut with, 6, &Request::GetBookieInfo { scrub: true });
+    let f = frame(&with);
+    assert_eq!(f.header.flags, quire_wire::bookie::INFO_WANT_SCRUB);
+    assert_eq!(
+        decode_request(&f).unwrap(),
+        Request::GetBookieInfo { scrub: true }
+    );
     // A body on a request that has none is refused.
     let mut body = out.clone();
     body.push(0);
@@ -143,6 +191,7 @@ fn long_paths_are_cut_on_a_char_boundary() {
             free_bytes: 1,
             used_bytes: 1,
         }],
+        scrub: None,
     };
     let out = encoded(&info);
     let BookieInfoReply::Ok(got) = decode_bookie_info_response(&frame(&out)).unwrap() else {
@@ -166,21 +215,38 @@ fn damaged_frames_are_refused_without_panic() {
     for info in samples() {
         let out = encoded(&info);
         let body = &out[FRAME_HEADER_SIZE_BYTES..];
-        // Every shorter body is truncated; a longer one has trailing bytes.
+        // Where the layout without the scrub section ends: a body cut there is that layout.
+        let old_len = info.scrub.as_ref().map(|_| {
+            let without = BookieInfo {
+                scrub: None,
+                ..info.clone()
+            };
+            encoded(&without).len() - FRAME_HEADER_SIZE_BYTES
+        });
+        // Every other shorter body is truncated; a longer one has trailing bytes (or, past
+        // the layout without the section, a truncated section).
         for cut in 0..body.len() {
             let bad = with_body(&out, &body[..cut]);
-            assert!(
-                decode_bookie_info_response(&frame(&bad)).is_err(),
-                "body cut at {cut} of {}",
-                body.len()
-            );
+            let got = decode_bookie_info_response(&frame(&bad));
+            if Some(cut) == old_len {
+                let want = BookieInfo {
+                    scrub: None,
+                    ..info.clone()
+                };
+                assert_eq!(got.unwrap(), BookieInfoReply::Ok(want));
+                continue;
+            }
+            assert!(got.is_err(), "body cut at {cut} of {}", body.len());
         }
         let mut longer = body.to_vec();
         longer.push(0);
-        assert!(matches!(
-            decode_bookie_info_response(&frame(&with_body(&out, &longer))),
-            Err(WireError::TrailingBytes { .. })
-        ));
+        let longer = with_body(&out, &longer);
+        let got = decode_bookie_info_response(&frame(&longer));
+        if info.scrub.is_some() {
+            assert!(matches!(got, Err(WireError::TrailingBytes { .. })));
+        } else {
+            assert!(matches!(got, Err(WireError::Truncated { .. })));
+        }
         // Any flipped byte decodes to something or to an error, never a panic.
         for i in 0..out.len() {
             let mut bad = out.clone();
@@ -221,6 +287,21 @@ fn forged_counts_and_values_are_refused() {
     let at = 1 + 2 + 24 + 2 + 1 + 24;
     body[at..at + 4].copy_from_slice(&(BOOKIE_INFO_PATH_SIZE_BYTES_MAX as u32 + 1).to_le_bytes());
     assert!(decode_bookie_info_response(&frame(&with_body(&out, &body))).is_err());
+    // Unknown scrub flags.
+    let out4 = encoded(&samples()[3]);
+    let mut body = out4[FRAME_HEADER_SIZE_BYTES..].to_vec();
+    body[1 + 2 + 16 + 2 + 2] = 0x04;
+    assert!(matches!(
+        decode_bookie_info_response(&frame(&with_body(&out4, &body))),
+        Err(WireError::InvalidField { .. })
+    ));
+    // A scrub shard count far above what the body holds.
+    let mut body = out4[FRAME_HEADER_SIZE_BYTES..].to_vec();
+    body[1 + 2 + 16 + 2..1 + 2 + 16 + 4].copy_from_slice(&u16::MAX.to_le_bytes());
+    assert!(matches!(
+        decode_bookie_info_response(&frame(&with_body(&out4, &body))),
+        Err(WireError::Truncated { .. })
+    ));
     // A path that is not UTF-8.
     let mut body = out[FRAME_HEADER_SIZE_BYTES..].to_vec();
     body[at + 4] = 0xff;
