@@ -96,7 +96,14 @@ fn too_many_streams_redirects_and_list_streams_pages() {
         for s in ["many/s1", "many/s2", "many/s3", "many/s4"] {
             write_one(&both, s).await.unwrap();
         }
-        let via_b = ProxyClient::connect(&b.addr).await.unwrap();
+        // A full proxy refuses before it looks the owner up (the stream is one more it would
+        // acquire): a client whose home is B goes on to A, the owner.
+        let via_b = ProxyClient::connect_any(ClientConfig {
+            proxies: vec![b.addr.clone(), a.addr.clone()],
+            ..ClientConfig::default()
+        })
+        .await
+        .unwrap();
         write_one(&via_b, "many/s1").await.unwrap();
 
         // Paging: 5 streams under "page/", one elsewhere (creating does not acquire).
