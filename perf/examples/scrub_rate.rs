@@ -75,7 +75,9 @@ fn main() {
         .expect("shard");
 }
 
-async fn run(a: Args) {
+async fn run(mut a: Args) {
+    // glommio opens directories by path: a relative one fails its directory sync.
+    a.dir = std::path::absolute(&a.dir).expect("absolute --dir");
     let _ = std::fs::remove_dir_all(&a.dir);
     let cfg = EngineConfig::new(a.dir.join("journal"), a.dir.join("ledgers"));
     let e = Engine::open(cfg).await.expect("open the engine");
