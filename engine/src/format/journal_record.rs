@@ -387,7 +387,7 @@ const SECTORS_PER_BLOCK: usize = BLOCK_BYTES / STAMPED_SECTOR_BYTES;
 /// file use or of zeros differs in about 32 of 64.
 pub const STAMP_ROT_BITS_MAX: u32 = 3;
 
-const _: () = assert!(BLOCK_BYTES % STAMPED_SECTOR_BYTES == 0);
+const _: () = assert!(BLOCK_BYTES.is_multiple_of(STAMPED_SECTOR_BYTES));
 
 /// The splitmix64 finalizer: a bijection on u64 whose outputs look independent.
 fn mix64(mut z: u64) -> u64 {

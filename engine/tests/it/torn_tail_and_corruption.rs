@@ -22,8 +22,15 @@ fn write_sequential(cfg: quire_engine::EngineConfig, n: u64) {
 
 /// Offset one past the last non-zero byte of the file.
 fn data_end(path: &std::path::Path) -> u64 {
+    use quire_engine::format as f;
+    // A version 3 journal stamps every sector (padding too): the end of the last record is the
+    // last non-zero logical byte, mapped back to its place on disk.
     let b = std::fs::read(path).unwrap();
-    b.iter().rposition(|&x| x != 0).map_or(0, |p| p as u64 + 1)
+    let mut logical = Vec::new();
+    f::unstamp_sectors(&b[f::FILE_HEADER_BYTES..], &mut logical);
+    logical.iter().rposition(|&x| x != 0).map_or(0, |p| {
+        (f::FILE_HEADER_BYTES + f::stamped_offset(p)) as u64 + 1
+    })
 }
 
 /// Reopens, checks entries 0..kept read back and `kept` is gone, adds more, crashes, and checks
@@ -83,8 +90,8 @@ fn journal_cut_inside_last_record_is_a_torn_tail() {
 #[test]
 fn garbled_last_record_is_a_torn_tail() {
     // Goal: a last record with bad bytes (failed CRC32C) and nothing durable after it is a torn
-    // tail: dropped, earlier entries kept. Method: 10 sequential adds, crash, flip a byte in the
-    // data of the last record, reopen.
+    // tail: dropped, earlier entries kept. Method: 10 sequential adds, crash, zero the sector
+    // holding the end of the last record (lost in a torn write), reopen.
     let dir = tempdir();
     let cfg = config(dir.path());
     write_sequential(cfg.clone(), 10);
@@ -95,9 +102,11 @@ fn garbled_last_record_is_a_torn_tail() {
         .read(true)
         .open(&last)
         .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, end - 20).unwrap();
-    f.write_all_at(&[b[0] ^ 0x5a], end - 20).unwrap();
+    // A torn write: the sector holding the record's last bytes never reached the medium (its
+    // stamp is gone with it; a flipped byte under an intact stamp would be rot, journal.md
+    // §Recovery rule 4, version 3).
+    let sector = (end - 20) / 512 * 512;
+    f.write_all_at(&[0u8; 512], sector).unwrap();
     check_tail_dropped(cfg, 9);
 }
 
