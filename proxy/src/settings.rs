@@ -53,12 +53,6 @@ pub struct StreamSettings {
     pub compression: quire_client::compression::Compression,
     /// [`StreamConfig::subscriptions_per_stream_max`], at least 1.
     pub subscriptions_per_stream_max: usize,
-    /// [`StreamConfig::follower_cache_bytes_max`]: bytes of recent entries each follower (a
-    /// stream read here but owned elsewhere) keeps; 0 caches nothing (every read goes to the
-    /// bookies).
-    pub follower_cache_bytes: usize,
-    /// [`StreamConfig::follower_idle_timeout`] in seconds, 1 to 86400.
-    pub follower_idle_secs: u64,
     /// [`StreamConfig::owned_streams_max`]; 0 (the default) is no limit.
     pub owned_streams_max: usize,
 }
@@ -81,8 +75,6 @@ impl Default for StreamSettings {
             txid_jump_max: c.txid_jump_max.unwrap_or(0),
             compression: c.compression,
             subscriptions_per_stream_max: c.subscriptions_per_stream_max,
-            follower_cache_bytes: c.follower_cache_bytes_max,
-            follower_idle_secs: c.follower_idle_timeout.as_secs(),
             owned_streams_max: c.owned_streams_max.unwrap_or(0),
         }
     }
@@ -139,13 +131,6 @@ impl StreamSettings {
                 "expected 0 (off) to 86400",
             ));
         }
-        if !(1..=86_400).contains(&self.follower_idle_secs) {
-            return Err(ConfigError::invalid(
-                "follower_idle_secs",
-                self.follower_idle_secs,
-                "expected 1 to 86400",
-            ));
-        }
         if self.subscriptions_per_stream_max == 0 {
             return Err(ConfigError::invalid(
                 "subscriptions_per_stream_max",
@@ -173,8 +158,6 @@ impl StreamSettings {
         c.txid_jump_max = (self.txid_jump_max > 0).then_some(self.txid_jump_max);
         c.compression = self.compression;
         c.subscriptions_per_stream_max = self.subscriptions_per_stream_max;
-        c.follower_cache_bytes_max = self.follower_cache_bytes;
-        c.follower_idle_timeout = Duration::from_secs(self.follower_idle_secs);
         c.owned_streams_max = (self.owned_streams_max > 0).then_some(self.owned_streams_max);
     }
 }

@@ -666,20 +666,3 @@ fn example_files_parse() {
     .unwrap();
     assert!(p.cluster_secret_file.is_some());
 }
-
-#[test]
-fn proxy_follower_settings_are_read_and_checked() {
-    // Goal: follower_cache_bytes and follower_idle_secs reach the stream config (defaults
-    // 8 MiB and 60 s); an idle time of 0 or above a day is one clear line.
-    let parse = |extra: &str| proxy_from(&format!("{PROXY}{extra}"));
-    let o = parse("").unwrap();
-    assert_eq!(o.streams.follower_cache_bytes_max, 8 * 1024 * 1024);
-    assert_eq!(o.streams.follower_idle_timeout, Duration::from_secs(60));
-    let o = parse("follower_cache_bytes = 0\nfollower_idle_secs = 5").unwrap();
-    assert_eq!(o.streams.follower_cache_bytes_max, 0);
-    assert_eq!(o.streams.follower_idle_timeout, Duration::from_secs(5));
-    for bad in ["follower_idle_secs = 0", "follower_idle_secs = 86401"] {
-        let e = parse(bad).unwrap_err().to_string();
-        assert!(e.contains(bad) && e.lines().count() == 1, "{e}");
-    }
-}

@@ -221,12 +221,12 @@ pub struct StreamConfig {
     /// metadata store, a znode, and every list and lag computation walks them all).
     /// DistributedLog sets no bound on `SubscriptionsStore`.
     pub subscriptions_per_stream_max: usize,
-    /// Bytes of recent entries a follower keeps (`[streams] follower_cache_bytes`): the cache
+    /// Bytes of recent entries a follower keeps: the cache
     /// of one stream this proxy reads without owning it (`follower.rs`), shared by all of this
     /// proxy's readers of the stream. Default 8 MiB, as the owner's tail cache.
     pub follower_cache_bytes_max: usize,
     /// A follower that served no read for this long stops (its long poll and cache go away;
-    /// the next read starts a new one). Default 60 s (`[streams] follower_idle_secs`).
+    /// the next read starts a new one). Default 60 s.
     pub follower_idle_timeout: Duration,
     /// Most streams this proxy owns at once (`[streams] owned_streams_max`; DistributedLog's
     /// `maxAcquiredPartitionsPerProxy`): a request that would acquire one more fails with

@@ -24,10 +24,13 @@ const SMALL_SEGMENTS: [&str; 2] = ["--segment-size-bytes", "2048"];
 fn metric_sum(addr: &str, prefix: &str) -> f64 {
     let (status, text) = http_get(addr, "/metrics");
     assert_eq!(status, 200);
-    text.lines()
+    let values: Vec<f64> = text
+        .lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .collect();
+    assert!(!values.is_empty(), "no {prefix} in the metrics of {addr}");
+    values.iter().sum()
 }
 
 /// Writes one record per request, `{prefix}-{n:08}` with a fresh `n` per attempt, until
@@ -180,7 +183,7 @@ fn readers_on_non_owners_see_every_record_once_across_roll_truncation_owner_kill
         assert_eq!(*n, acked.len(), "each reader read every record once");
     }
     assert_eq!(
-        metric_sum(&c_metrics, "quire_proxy_redirects{op=\"read\"}"),
+        metric_sum(&c_metrics, "quire_proxy_redirects_total{op=\"read\"}"),
         0.0,
         "C redirected no read"
     );
