@@ -260,6 +260,7 @@ pub enum Error {
         scope: &'static str,
         limit: &'static str,
         detail: String,
+    },
     /// Acquiring `stream` would make the proxy own more than its `[streams] owned_streams_max`
     /// streams (`TOO_MANY_STREAMS`, DistributedLog `maxAcquiredPartitionsPerProxy`); nothing
     /// was done.
