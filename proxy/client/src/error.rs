@@ -99,7 +99,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
