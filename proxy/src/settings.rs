@@ -53,6 +53,8 @@ pub struct StreamSettings {
     pub compression: quire_client::compression::Compression,
     /// [`StreamConfig::subscriptions_per_stream_max`], at least 1.
     pub subscriptions_per_stream_max: usize,
+    /// [`StreamConfig::balance_moves_per_sec`], 0 (off) to 10000.
+    pub balance_moves_per_sec: u32,
 }
 
 impl Default for StreamSettings {
@@ -73,6 +75,7 @@ impl Default for StreamSettings {
             txid_jump_max: c.txid_jump_max.unwrap_or(0),
             compression: c.compression,
             subscriptions_per_stream_max: c.subscriptions_per_stream_max,
+            balance_moves_per_sec: c.balance_moves_per_sec,
         }
     }
 }
@@ -82,7 +85,8 @@ impl StreamSettings {
     ///
     /// # Errors
     /// A quorum breaking E >= Qw >= Qa >= 1, a segment or entry size out of range, a
-    /// retention of 0 or above its maximum, a sweep interval above a day.
+    /// retention of 0 or above its maximum, a sweep interval above a day, a balance rate above
+    /// 10000.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let (e, w, a) = (self.ensemble_size, self.write_quorum, self.ack_quorum);
         if !(e >= w && w >= a && a >= 1) {
@@ -135,6 +139,13 @@ impl StreamSettings {
                 "expected at least 1",
             ));
         }
+        if self.balance_moves_per_sec > 10_000 {
+            return Err(ConfigError::invalid(
+                "balance_moves_per_sec",
+                self.balance_moves_per_sec,
+                "expected 0 (off) to 10000",
+            ));
+        }
         Ok(())
     }
 
@@ -155,6 +166,7 @@ impl StreamSettings {
         c.txid_jump_max = (self.txid_jump_max > 0).then_some(self.txid_jump_max);
         c.compression = self.compression;
         c.subscriptions_per_stream_max = self.subscriptions_per_stream_max;
+        c.balance_moves_per_sec = self.balance_moves_per_sec;
     }
 }
 

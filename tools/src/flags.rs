@@ -357,6 +357,11 @@ pub struct ProxyFlags {
     /// TOO_MANY_SUBSCRIPTIONS ([streams] subscriptions_per_stream_max).
     #[arg(long)]
     pub subscriptions_per_stream_max: Option<usize>,
+    /// Balanced ownership: the most streams per second this proxy hands to their preferred
+    /// owner (rendezvous hashing over the live proxies); 0 (the default) turns balancing off
+    /// ([streams] balance_moves_per_sec).
+    #[arg(long)]
+    pub balance_moves_per_sec: Option<u32>,
     /// Longest SIGTERM drain, in milliseconds, 100 to 3600000.
     #[arg(long)]
     pub drain_timeout_ms: Option<u64>,

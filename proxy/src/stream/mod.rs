@@ -96,6 +96,7 @@ mod labels;
 mod lifecycle;
 mod lookups;
 mod ownership;
+pub mod placement;
 mod position;
 pub mod producer;
 mod reader;
@@ -217,6 +218,12 @@ pub struct StreamConfig {
     /// metadata store, a znode, and every list and lag computation walks them all).
     /// DistributedLog sets no bound on `SubscriptionsStore`.
     pub subscriptions_per_stream_max: usize,
+    /// Balanced ownership (`[streams] balance_moves_per_sec`, `placement.rs`): the most
+    /// streams per second this proxy releases to their preferred owner (rendezvous hashing
+    /// over the live proxies of the proxy registry). 0 (the default) turns balancing off:
+    /// no registration, and a stream goes to the first proxy asked (the behaviour before).
+    /// Needs [`StreamConfig::owner_address`].
+    pub balance_moves_per_sec: u32,
 }
 
 /// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
@@ -248,6 +255,7 @@ impl Default for StreamConfig {
             lifecycle_sweep_interval: Some(Duration::from_secs(300)),
             txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
             subscriptions_per_stream_max: 1_000,
+            balance_moves_per_sec: 0,
             compression: quire_client::compression::Compression::None,
         }
     }
@@ -311,6 +319,9 @@ impl StreamManager {
         let registry = Arc::new(registry::Registry::new(metadata, bookkeeper, config));
         if let (Some(interval), Some(rt)) = (sweep_interval, &registry.runtime) {
             drop(rt.spawn(sweep::sweep_loop(Arc::downgrade(&registry), interval)));
+        }
+        if let Some(rt) = &registry.runtime {
+            placement::start(&registry, rt);
         }
         Arc::new(Self { registry })
     }
@@ -733,6 +744,9 @@ impl StreamManager {
     /// # Errors
     /// The first `Storage` or `Metadata` error met; the other streams are still closed.
     pub async fn shutdown(&self) -> Result<()> {
+        // Leave the proxy registry first, so that the others stop redirecting here.
+        let reg = &self.registry;
+        reg.placement.stop(&*reg.metadata).await;
         let cells = self.registry.begin_shutdown();
         let mut first_err = None;
         for cell in cells {

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 use super::clock::LayerStats;
 use super::command::Command;
 use super::ownership::{self, Ownership, StreamHandle};
+use super::placement::Placement;
 use super::record::StreamRecord;
 use super::shared::{now_ms, StreamShared};
 use super::tail_cache::TailState;
@@ -41,6 +42,8 @@ pub(super) struct Registry {
     pub(super) runtime: Option<tokio::runtime::Handle>,
     /// The metadata store's clock as seen from here, and counts across streams (metrics).
     pub(super) layer: Arc<LayerStats>,
+    /// The live proxies and this one's registration (`placement.rs`).
+    pub(super) placement: Placement,
 }
 
 impl Registry {
@@ -54,6 +57,11 @@ impl Registry {
             metadata,
             bookkeeper,
             identity: ownership::owner_identity(&config.owner_address),
+            placement: Placement::new(
+                &config.owner_address,
+                &config.owner_address,
+                config.balance_moves_per_sec,
+            ),
             config: Arc::new(config),
             streams: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
@@ -266,6 +274,18 @@ impl Registry {
             }
             Err(e) => return Err(Error::from_metadata(name, "read stream", e)),
         };
+        // Balanced placement: a stream nobody owns goes to its preferred live proxy.
+        if let Some(preferred) = self.placement.preferred_elsewhere(name) {
+            let owner = self
+                .metadata
+                .stream_owner(name)
+                .await
+                .map_err(|e| Error::from_metadata(name, "read stream owner", e))?;
+            return Err(Error::OwnedElsewhere {
+                stream: name.to_string(),
+                owner: owner.unwrap_or(preferred),
+            });
+        }
         // The write lock, without waiting (DistributedLog proxy: lockTimeoutSeconds=0).
         let lease = match self.metadata.try_acquire_stream(name, &self.identity).await {
             Ok(Ok(lease)) => lease,
