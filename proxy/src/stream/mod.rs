@@ -72,6 +72,9 @@
 //!   stream task shares with readers and `describe`; error helpers), `command` (the task's
 //!   commands), `labels` (ledger labels, orphan deletion), `lookups` (first/last DLSN, record
 //!   count, last write time, sealed for `describe`).
+//! * `placement`: balanced ownership, a leaf: the proxy registry heartbeat and the view of the
+//!   live proxies, a stream's preferred owner by rendezvous hashing (the registry redirects a
+//!   stream nobody owns to it).
 //! * `position`: read positions other than a DLSN, by binary search over the segments and over
 //!   one segment's entries.
 //! * `ownership`: [`ownership::Ownership`], the lease a stream task holds (check, release,
@@ -86,9 +89,11 @@
 //!   end-of-stream marker.
 //! * `registry`: [`registry::Registry`], the streams this proxy acquired: acquisition (lease,
 //!   recovery, task) and sending commands.
-//! * `reader` (reads) and `sweep` (the lifecycle sweep) work through the registry.
+//! * `reader` (reads), `sweep` (the lifecycle sweep) and `balance` (the balancer: releases
+//!   streams preferred by another live proxy, rate-limited) work through the registry.
 //! * This module: the settings and [`StreamManager`], a facade over the registry.
 
+mod balance;
 mod clock;
 mod command;
 mod compress;
@@ -321,7 +326,7 @@ impl StreamManager {
             drop(rt.spawn(sweep::sweep_loop(Arc::downgrade(&registry), interval)));
         }
         if let Some(rt) = &registry.runtime {
-            placement::start(&registry, rt);
+            balance::start(&registry, rt);
         }
         Arc::new(Self { registry })
     }

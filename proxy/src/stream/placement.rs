@@ -1,5 +1,6 @@
 //! Balanced ownership over the live proxies: the proxy registry, placement by rendezvous
-//! hashing, and the balancer that hands streams to their preferred owner.
+//! hashing (a leaf: `registry.rs` asks it before taking a lease), and what the balancer
+//! (`balance.rs`) does with it.
 //!
 //! * **Registry.** Every proxy with an advertised address and
 //!   [`super::StreamConfig::balance_moves_per_sec`] above 0 writes its [`ProxyInfo`] (owned
@@ -20,7 +21,7 @@
 //! * A proxy asked for a stream that nobody owns and whose preferred owner is another live
 //!   proxy answers `STREAM_OWNED_ELSEWHERE` with that address instead of taking it
 //!   (`registry.rs`). A stream someone owns stays where it is until the balancer moves it.
-//! * **Balancer.** Each tick a proxy releases owned streams whose preferred owner is another
+//! * **Balancer** (`balance.rs`, which works through the registry). Each tick a proxy releases owned streams whose preferred owner is another
 //!   live proxy, at most `balance_moves_per_sec` per second, through the writer's release
 //!   path (in-flight adds awaited, the open segment completed, the lease given up): queued and
 //!   later requests for it are redirected to the new owner, which acquires it on the next
@@ -29,15 +30,11 @@
 //!   (`StreamManager::shutdown`), and a dead one's leases expire with its session.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use quire_metadata::{MetadataStore, ProxyInfo};
-use tokio::sync::oneshot;
 
-use super::command::Command;
-use super::registry::Registry;
 use super::shared::now_ms;
 
 /// How often a proxy rewrites its registry record, reads the others' and balances.
@@ -143,7 +140,11 @@ impl Placement {
     }
 
     /// Rewrites this proxy's record (unless stopped) and reads the registry.
-    async fn tick(&self, metadata: &dyn MetadataStore, owned: usize) -> quire_metadata::Result<()> {
+    pub(super) async fn tick(
+        &self,
+        metadata: &dyn MetadataStore,
+        owned: usize,
+    ) -> quire_metadata::Result<()> {
         {
             let mut hb = self.heartbeat.lock().await;
             let Some(n) = hb.as_mut() else {
@@ -175,71 +176,6 @@ impl Placement {
             tracing::warn!(error = %e, "leaving the proxy registry failed");
         }
         self.live.lock().expect("live lock").clear();
-    }
-}
-
-/// The balancer: every [`BALANCE_TICK`], the registry heartbeat and view, then up to
-/// `moves_per_sec` releases per second of owned streams preferred elsewhere. Ends when the
-/// manager is dropped or shuts down.
-pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
-    let mut tick = tokio::time::interval(BALANCE_TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let per_tick = f64::from(moves_per_sec) * BALANCE_TICK.as_secs_f64();
-    let mut budget = 0.0f64;
-    loop {
-        tick.tick().await;
-        let Some(reg) = registry.upgrade() else {
-            return;
-        };
-        if reg.is_shutting_down() {
-            return;
-        }
-        if let Err(e) = reg.placement.tick(&*reg.metadata, reg.owned_count()).await {
-            tracing::warn!(error = %e, "proxy registry heartbeat failed");
-            continue;
-        }
-        budget = (budget + per_tick).min(per_tick.max(1.0));
-        for handle in reg.owned_all() {
-            if budget < 1.0 {
-                break;
-            }
-            let Some(to) = reg.placement.preferred_elsewhere(&handle.name) else {
-                continue;
-            };
-            {
-                let mut moved = handle.shared.moved_to.lock().expect("moved lock");
-                if moved.is_some() {
-                    continue; // a release is already queued
-                }
-                *moved = Some(to.clone());
-            }
-            budget -= 1.0;
-            reg.layer
-                .released_for_balance
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::info!(stream = %handle.name, %to, "releasing the stream to its preferred owner");
-            drop(tokio::spawn(async move {
-                let (reply, rx) = oneshot::channel();
-                if handle
-                    .commands
-                    .send(Command::Release { reply })
-                    .await
-                    .is_ok()
-                {
-                    if let Ok(Err(e)) = rx.await {
-                        tracing::warn!(stream = %handle.name, error = %e, "completing the segment of a released stream failed; its next owner recovers it");
-                    }
-                }
-            }));
-        }
-    }
-}
-
-/// Starts the balancer on `rt` when the placement is enabled.
-pub(super) fn start(registry: &Arc<Registry>, rt: &tokio::runtime::Handle) {
-    if registry.placement.enabled() {
-        let moves = registry.config.balance_moves_per_sec;
-        drop(rt.spawn(balance_loop(Arc::downgrade(registry), moves)));
     }
 }
 
