@@ -521,6 +521,7 @@ mod tests {
                 "ledger recover",
                 "ledger show",
                 "proxy",
+                "proxy list",
             ]
         );
         for (command, flags) in &commands {
