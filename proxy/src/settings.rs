@@ -55,6 +55,8 @@ pub struct StreamSettings {
     pub subscriptions_per_stream_max: usize,
     /// [`StreamConfig::owned_streams_max`]; 0 (the default) is no limit.
     pub owned_streams_max: usize,
+    /// [`StreamConfig::balance_moves_per_sec`], 0 (off) to 10000.
+    pub balance_moves_per_sec: u32,
 }
 
 impl Default for StreamSettings {
@@ -76,6 +78,7 @@ impl Default for StreamSettings {
             compression: c.compression,
             subscriptions_per_stream_max: c.subscriptions_per_stream_max,
             owned_streams_max: c.owned_streams_max.unwrap_or(0),
+            balance_moves_per_sec: c.balance_moves_per_sec,
         }
     }
 }
@@ -85,7 +88,8 @@ impl StreamSettings {
     ///
     /// # Errors
     /// A quorum breaking E >= Qw >= Qa >= 1, a segment or entry size out of range, a
-    /// retention of 0 or above its maximum, a sweep interval above a day.
+    /// retention of 0 or above its maximum, a sweep interval above a day, a balance rate above
+    /// 10000.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let (e, w, a) = (self.ensemble_size, self.write_quorum, self.ack_quorum);
         if !(e >= w && w >= a && a >= 1) {
@@ -138,6 +142,13 @@ impl StreamSettings {
                 "expected at least 1",
             ));
         }
+        if self.balance_moves_per_sec > 10_000 {
+            return Err(ConfigError::invalid(
+                "balance_moves_per_sec",
+                self.balance_moves_per_sec,
+                "expected 0 (off) to 10000",
+            ));
+        }
         Ok(())
     }
 
@@ -159,6 +170,7 @@ impl StreamSettings {
         c.compression = self.compression;
         c.subscriptions_per_stream_max = self.subscriptions_per_stream_max;
         c.owned_streams_max = (self.owned_streams_max > 0).then_some(self.owned_streams_max);
+        c.balance_moves_per_sec = self.balance_moves_per_sec;
     }
 }
 

@@ -362,6 +362,11 @@ pub struct ProxyFlags {
     /// owned_streams_max).
     #[arg(long)]
     pub owned_streams_max: Option<usize>,
+    /// Balanced ownership: the most streams per second this proxy hands to their preferred
+    /// owner (rendezvous hashing over the live proxies); 0 (the default) turns balancing off
+    /// ([streams] balance_moves_per_sec).
+    #[arg(long)]
+    pub balance_moves_per_sec: Option<u32>,
     /// Longest SIGTERM drain, in milliseconds, 100 to 3600000.
     #[arg(long)]
     pub drain_timeout_ms: Option<u64>,
@@ -551,6 +556,7 @@ mod tests {
                 "ledger recover",
                 "ledger show",
                 "proxy",
+                "proxy list",
             ]
         );
         for (command, flags) in &commands {

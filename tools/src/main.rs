@@ -85,7 +85,8 @@ enum Command {
     /// `quire bookie list`, `quire bookie info ADDR`.
     // Boxed: its many optional settings make it much larger than the other commands.
     Bookie(Box<bookie::BookieArgs>),
-    /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM.
+    /// Run one proxy (`--config FILE`, flags override its keys) until SIGINT/SIGTERM; or
+    /// `quire proxy list`.
     // Boxed like `Bookie`, for the same reason.
     Proxy(Box<proxy::ProxyArgs>),
     /// Ledger admin: `list [--under-replicated]`, `show LEDGER`, `recover LEDGER`.

@@ -36,7 +36,10 @@ use crate::config::{ProxyFile, ProxyOptions};
 
 /// `quire proxy` options.
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ProxyArgs {
+    #[command(subcommand)]
+    pub command: Option<ProxyCommand>,
     /// TOML configuration file; every flag below overrides the key of the same name.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -44,8 +47,65 @@ pub struct ProxyArgs {
     pub settings: crate::flags::ProxyFlags,
 }
 
+/// `quire proxy` admin subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum ProxyCommand {
+    /// List the live proxies of the proxy registry and how many streams each owns (proxies
+    /// register only with `[streams] balance_moves_per_sec` above 0).
+    List(ProxyListArgs),
+}
+
+/// `quire proxy list` options.
+#[derive(Args, Debug)]
+pub struct ProxyListArgs {
+    #[command(flatten)]
+    pub metadata: crate::flags::ZooKeeperFlags,
+    #[command(flatten)]
+    pub output: crate::admin::OutputArgs,
+}
+
+/// Runs `quire proxy list`: one line per registered proxy (address, owned streams, age of its
+/// last heartbeat by this machine's clock), then the totals; `--json` prints the records.
+fn list(args: ProxyListArgs) -> Result<()> {
+    use std::fmt::Write as _;
+    crate::admin::with_store(&args.metadata, async |store| {
+        let proxies = store.list_proxies().await.context("cannot list proxies")?;
+        if args.output.json {
+            println!("{}", serde_json::to_string_pretty(&proxies)?);
+            return Ok(());
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let mut out = String::new();
+        for p in &proxies {
+            let age = now_ms.saturating_sub(p.updated_ms);
+            writeln!(
+                out,
+                "{} owned_streams={} heartbeat={} updated={}.{:03}s ago",
+                p.address,
+                p.owned_streams,
+                p.heartbeat,
+                age / 1000,
+                age % 1000
+            )?;
+        }
+        let owned: u64 = proxies.iter().map(|p| p.owned_streams).sum();
+        writeln!(
+            out,
+            "{} proxies registered, {owned} streams owned",
+            proxies.len()
+        )?;
+        print!("{out}");
+        Ok(())
+    })
+}
+
 /// Runs `quire proxy`.
 pub fn run(args: ProxyArgs) -> Result<()> {
+    if let Some(ProxyCommand::List(a)) = args.command {
+        return list(a);
+    }
     let keys = crate::config::keys_of(crate::config::PROXY_KEYS);
     let file: ProxyFile = crate::config::load(args.config.as_deref(), &keys, &args.settings)?;
     let options = file.resolve()?;

@@ -77,6 +77,9 @@ pub struct EmbeddedStore {
     /// The "session" of autorecovery's locks: the process, so it never ends (kept so that its
     /// receivers never see a closed channel).
     session: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The proxy registry (process-lifetime, never persisted, like ZooKeeper's ephemeral
+    /// `proxies/*` nodes), by address.
+    proxies: Arc<std::sync::Mutex<std::collections::BTreeMap<String, crate::ProxyInfo>>>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -146,6 +149,7 @@ impl EmbeddedStore {
             path,
             ephemeral: Arc::default(),
             session: Arc::new(tokio::sync::watch::channel(false).0),
+            proxies: Arc::default(),
         })
     }
 
@@ -578,6 +582,29 @@ impl MetadataStore for EmbeddedStore {
             .leases
             .get(stream)
             .map(|(owner, _, _)| owner.clone()))
+    }
+
+    async fn register_proxy(&self, info: &crate::ProxyInfo) -> Result<()> {
+        self.proxies
+            .lock()
+            .expect("proxies lock")
+            .insert(info.address.clone(), info.clone());
+        Ok(())
+    }
+
+    async fn unregister_proxy(&self, address: &str) -> Result<()> {
+        self.proxies.lock().expect("proxies lock").remove(address);
+        Ok(())
+    }
+
+    async fn list_proxies(&self) -> Result<Vec<crate::ProxyInfo>> {
+        Ok(self
+            .proxies
+            .lock()
+            .expect("proxies lock")
+            .values()
+            .cloned()
+            .collect())
     }
 
     async fn release_stream(&self, lease: StreamLease) -> Result<()> {

@@ -3,7 +3,7 @@
 //! its ZooKeeper implementation for clusters ([`ZkStore`]).
 //!
 //! What is stored (the ZooKeeper layout of BookKeeper and DistributedLog, reduced to types):
-//! * the bookie registry ([`BookieInfo`]),
+//! * the bookie registry ([`BookieInfo`]) and the proxy registry ([`ProxyInfo`]),
 //! * ledger id generation and ledger metadata ([`LedgerMetadata`]),
 //! * stream metadata: the segment list and the highest txid ([`StreamMetadata`]);
 //! * subscriptions: named reader positions per stream ([`Subscription`], DistributedLog's
@@ -274,5 +274,21 @@ pub trait MetadataStore: Send + Sync + 'static {
         let _ = (name, seen);
         tokio::time::sleep(timeout.min(std::time::Duration::from_millis(100))).await;
         Ok(())
+    }
+    /// Adds or rewrites this process's record in the proxy registry ([`ProxyInfo`]; ZooKeeper:
+    /// the EPHEMERAL node `proxies/<address>` of this session, gone when the session ends).
+    /// `Invalid` for an address that is not one path component. The default keeps no registry.
+    async fn register_proxy(&self, info: &ProxyInfo) -> Result<()> {
+        let _ = info;
+        Ok(())
+    }
+    /// Removes a proxy's record (a drain, before the streams are given up); a no-op if absent.
+    async fn unregister_proxy(&self, address: &str) -> Result<()> {
+        let _ = address;
+        Ok(())
+    }
+    /// Every registered proxy, sorted by address (empty from a store that keeps no registry).
+    async fn list_proxies(&self) -> Result<Vec<ProxyInfo>> {
+        Ok(Vec::new())
     }
 }

@@ -715,3 +715,21 @@ impl From<DecommissionFormat> for Decommission {
         }
     }
 }
+
+/// A live proxy in the proxy registry (`proxies/<address>` in ZooKeeper, an EPHEMERAL node of
+/// the proxy's session; kept in memory by the embedded store), with its load summary. Each
+/// proxy rewrites its own record every balancer tick, bumping `heartbeat`, so that the others
+/// can tell a proxy that stopped (its `heartbeat` no longer moves) before its session expires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyInfo {
+    /// The proxy's advertised `host:port`: its stream-lease identity and where clients are
+    /// redirected to.
+    pub address: String,
+    /// Streams the proxy owns now (acquired and not lost).
+    pub owned_streams: u64,
+    /// Bumped by every rewrite of the record (one per balancer tick).
+    pub heartbeat: u64,
+    /// The proxy's wall clock at the rewrite, in milliseconds since the Unix epoch (shown by
+    /// `quire proxy list`; liveness is judged by `heartbeat`, not by comparing clocks).
+    pub updated_ms: u64,
+}

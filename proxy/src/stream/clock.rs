@@ -145,6 +145,9 @@ pub(super) struct LayerStats {
     pub(super) follower_cache_misses: AtomicU64,
     /// Bytes held by the followers' caches (`quire_proxy_follower_cache_bytes`).
     pub(super) follower_cache_bytes: AtomicI64,
+    /// Streams this proxy gave up because their preferred owner is another live proxy
+    /// (`quire_proxy_streams_released_for_balance_total`, `placement.rs`).
+    pub(super) released_for_balance: AtomicU64,
 }
 
 /// Counts one stream as past its roll point for as long as it lives.
@@ -168,7 +171,7 @@ impl Drop for PastRollPoint {
 /// The stream layer's metrics, read from [`LayerStats`] at scrape time:
 /// `quire_proxy_metadata_clock_skew_seconds` (this proxy's wall clock minus the metadata
 /// store's, from the last stream update; 0 before the first), `quire_proxy_segment_roll_deferred_total`
-/// and `quire_proxy_segments_past_roll_point`.
+/// `quire_proxy_segments_past_roll_point` and `quire_proxy_streams_released_for_balance_total`.
 #[derive(Debug)]
 pub(super) struct LayerMetrics(pub(super) std::sync::Arc<LayerStats>);
 
@@ -201,6 +204,13 @@ impl prometheus_client::collector::Collector for LayerMetrics {
             "Streams whose open segment is past its size or time roll point because its roll is deferred",
             None,
             past.metric_type(),
+        )?)?;
+        let moved = ConstCounter::new(s.released_for_balance.load(Ordering::Relaxed));
+        moved.encode(encoder.encode_descriptor(
+            "quire_proxy_streams_released_for_balance",
+            "Streams this proxy released (segment completed, lease given up) because their preferred owner by rendezvous hashing is another live proxy",
+            None,
+            moved.metric_type(),
         )?)?;
         let gauges = [
             ("quire_proxy_followers", "Streams this proxy follows for reads without owning them (one bookie read stream each)", &s.followers),

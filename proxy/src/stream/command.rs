@@ -21,6 +21,12 @@ pub(super) enum Command {
     Close {
         reply: oneshot::Sender<Result<()>>,
     },
+    /// The balancer's move (`placement.rs`): like `Close` (adds in flight awaited, the open
+    /// segment completed, the lease given up), then the task ends and what is queued is
+    /// redirected to `StreamShared::moved_to`.
+    Release {
+        reply: oneshot::Sender<Result<()>>,
+    },
     /// See [`super::StreamManager::truncate`].
     Truncate {
         before: Dlsn,

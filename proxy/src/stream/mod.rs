@@ -73,6 +73,9 @@
 //!   stream task shares with readers and `describe`; error helpers), `command` (the task's
 //!   commands), `labels` (ledger labels, orphan deletion), `lookups` (first/last DLSN, record
 //!   count, last write time, sealed for `describe`).
+//! * `placement`: balanced ownership, a leaf: the proxy registry heartbeat and the view of the
+//!   live proxies, a stream's preferred owner by rendezvous hashing (the registry redirects a
+//!   stream nobody owns to it).
 //! * `position`: read positions other than a DLSN, by binary search over the segments and over
 //!   one segment's entries.
 //! * `ownership`: [`ownership::Ownership`], the lease a stream task holds (check, release,
@@ -89,9 +92,11 @@
 //!   segment list on a metadata watch, the LAC by long polls, a bounded cache).
 //! * `registry`: [`registry::Registry`], the streams this proxy acquired: acquisition (lease,
 //!   recovery, task) and sending commands.
-//! * `reader` (reads) and `sweep` (the lifecycle sweep) work through the registry.
+//! * `reader` (reads), `sweep` (the lifecycle sweep) and `balance` (the balancer: releases
+//!   streams preferred by another live proxy, rate-limited) work through the registry.
 //! * This module: the settings and [`StreamManager`], a facade over the registry.
 
+mod balance;
 mod clock;
 mod command;
 mod compress;
@@ -100,6 +105,7 @@ mod labels;
 mod lifecycle;
 mod lookups;
 mod ownership;
+pub mod placement;
 mod position;
 pub mod producer;
 mod reader;
@@ -235,6 +241,12 @@ pub struct StreamConfig {
     /// cluster must serve every stream; set it from the measured memory per owned stream
     /// (perf/README.md, "Many streams").
     pub owned_streams_max: Option<usize>,
+    /// Balanced ownership (`[streams] balance_moves_per_sec`, `placement.rs`): the most
+    /// streams per second this proxy releases to their preferred owner (rendezvous hashing
+    /// over the live proxies of the proxy registry). 0 (the default) turns balancing off:
+    /// no registration, and a stream goes to the first proxy asked (the behaviour before).
+    /// Needs [`StreamConfig::owner_address`].
+    pub balance_moves_per_sec: u32,
 }
 
 /// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
@@ -267,6 +279,7 @@ impl Default for StreamConfig {
             txid_jump_max: Some(TXID_JUMP_MAX_DEFAULT),
             subscriptions_per_stream_max: 1_000,
             owned_streams_max: None,
+            balance_moves_per_sec: 0,
             compression: quire_client::compression::Compression::None,
             follower_cache_bytes_max: 8 * 1024 * 1024,
             follower_idle_timeout: Duration::from_secs(60),
@@ -332,6 +345,9 @@ impl StreamManager {
         let registry = Arc::new(registry::Registry::new(metadata, bookkeeper, config));
         if let (Some(interval), Some(rt)) = (sweep_interval, &registry.runtime) {
             drop(rt.spawn(sweep::sweep_loop(Arc::downgrade(&registry), interval)));
+        }
+        if let Some(rt) = &registry.runtime {
+            balance::start(&registry, rt);
         }
         Arc::new(Self { registry })
     }
@@ -793,6 +809,9 @@ impl StreamManager {
     /// # Errors
     /// The first `Storage` or `Metadata` error met; the other streams are still closed.
     pub async fn shutdown(&self) -> Result<()> {
+        // Leave the proxy registry first, so that the others stop redirecting here.
+        let reg = &self.registry;
+        reg.placement.stop(&*reg.metadata).await;
         let cells = self.registry.begin_shutdown();
         let mut first_err = None;
         for cell in cells {

@@ -125,6 +125,20 @@ impl Ownership {
         tracing::debug!(stream = %self.name, "released the stream after a lifecycle sweep");
     }
 
+    /// Gives a stream up for balance (`placement.rs`; its segment was completed): the readers'
+    /// cached state is dropped, the lease released, and this acquisition ends without a loss
+    /// to report; requests are redirected to `to`.
+    pub(super) async fn release_moved(&mut self, to: &str) {
+        *self.shared.cache.lock().expect("cache lock") = TailCache::default();
+        self.shared.readers.lock().expect("readers lock").clear();
+        self.release().await;
+        self.shared.released.store(true, Ordering::SeqCst);
+        self.shared.loss_reported.store(true, Ordering::SeqCst);
+        *self.shared.lost.lock().expect("lost lock") =
+            Some(format!("the stream was released to {to} for balance"));
+        tracing::info!(stream = %self.name, %to, "released the stream for balance");
+    }
+
     /// Ownership is gone: drop the readers' cached state, give the lease up and mark this
     /// acquisition lost with `reason` (the caller dropped its ledger writer first, without
     /// completing the segment: the next owner recovers it).

@@ -15,6 +15,7 @@ use super::clock::LayerStats;
 use super::command::Command;
 use super::follower::{FollowerContext, Followers};
 use super::ownership::{self, Ownership, StreamHandle};
+use super::placement::Placement;
 use super::record::StreamRecord;
 use super::shared::{now_ms, StreamShared};
 use super::tail_cache::TailState;
@@ -48,6 +49,8 @@ pub(super) struct Registry {
     acquiring: AtomicUsize,
     /// Acquisitions refused with `TooManyStreams` since start (metrics).
     pub(super) too_many_refusals: AtomicU64,
+    /// The live proxies and this one's registration (`placement.rs`).
+    pub(super) placement: Placement,
 }
 
 /// One acquisition counted against `owned_streams_max` until its handle is in the table.
@@ -70,6 +73,11 @@ impl Registry {
             metadata,
             bookkeeper,
             identity: ownership::owner_identity(&config.owner_address),
+            placement: Placement::new(
+                &config.owner_address,
+                &config.owner_address,
+                config.balance_moves_per_sec,
+            ),
             config: Arc::new(config),
             streams: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
@@ -330,6 +338,18 @@ impl Registry {
             }
             Err(e) => return Err(Error::from_metadata(name, "read stream", e)),
         };
+        // Balanced placement: a stream nobody owns goes to its preferred live proxy.
+        if let Some(preferred) = self.placement.preferred_elsewhere(name) {
+            let owner = self
+                .metadata
+                .stream_owner(name)
+                .await
+                .map_err(|e| Error::from_metadata(name, "read stream owner", e))?;
+            return Err(Error::OwnedElsewhere {
+                stream: name.to_string(),
+                owner: owner.unwrap_or(preferred),
+            });
+        }
         // The write lock, without waiting (DistributedLog proxy: lockTimeoutSeconds=0).
         let lease = match self.metadata.try_acquire_stream(name, &self.identity).await {
             Ok(Ok(lease)) => lease,

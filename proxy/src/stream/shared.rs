@@ -63,6 +63,9 @@ pub(super) struct StreamShared {
     /// True once this acquisition was given back after a sweep (then `lost` is set too):
     /// commands that find the task gone acquire the stream afresh.
     pub(super) released: AtomicBool,
+    /// Set by the balancer when it asks the task to give the stream to its preferred owner
+    /// (`placement.rs`): requests that find the stream released are redirected there.
+    pub(super) moved_to: Mutex<Option<String>>,
     /// Set on a follower's state (`follower.rs`), never on an owner's: entries read from the
     /// bookies go into `cache` up to its bound, and cache hits and misses are counted.
     pub(super) follower: Option<FollowerCache>,

@@ -415,6 +415,7 @@ impl Writer {
     async fn handle_command(&mut self, cmd: Command, inputs: &mut Inputs) -> bool {
         match cmd {
             Command::Close { reply } => self.close(reply, inputs).await,
+            Command::Release { reply } => self.release_moved(reply, inputs).await,
             Command::Truncate { before, reply } => {
                 let (r, go_on) = self.truncate(before).await;
                 let _ = reply.send(r);
@@ -515,6 +516,40 @@ impl Writer {
         true
     }
 
+    /// The balancer's release (`Command::Release`): as [`Writer::close`], then the lease is
+    /// given up as moved to `StreamShared::moved_to` and the task ends (false). During a
+    /// shutdown the close already happened: nothing to do.
+    async fn release_moved(
+        &mut self,
+        reply: oneshot::Sender<Result<()>>,
+        inputs: &mut Inputs,
+    ) -> bool {
+        let to = self.rec.shared.moved_to.lock().expect("moved lock").clone();
+        let Some(to) = to.filter(|_| !self.closed) else {
+            let _ = reply.send(Ok(()));
+            return true;
+        };
+        if !self.drain().await {
+            let _ = reply.send(Ok(()));
+            return false;
+        }
+        let r = if self.segments.healthy {
+            self.segments
+                .complete_current(&mut self.rec, &self.ownership)
+                .await
+        } else {
+            Ok(())
+        };
+        self.segments.discard_spare(&self.rec).await;
+        if r.is_err() {
+            self.fail();
+        }
+        inputs.lost = None;
+        self.ownership.release_moved(&to).await;
+        let _ = reply.send(r);
+        false
+    }
+
     /// A sweep command: the stream task's part of the sweep, then, for a stream acquired only
     /// for it, the stream is given back when nothing is queued, in flight or open and no
     /// request came since the acquisition (before the sweep is answered, so that its caller
@@ -559,6 +594,7 @@ impl Writer {
             return;
         };
         let deleted = self.rec.shared.deleted.load(Ordering::SeqCst);
+        let moved = self.rec.shared.moved_to.lock().expect("moved lock").clone();
         inputs.commands.close();
         let mut rest: Vec<Command> = inputs.stashed.into_iter().collect();
         while let Some(cmd) = inputs.commands.recv().await {
@@ -569,6 +605,10 @@ impl Writer {
                 Command::Append { reply, .. } if deleted => {
                     let _ = reply.send(Err(self.rec.gone()));
                 }
+                Command::Append { reply, .. } if moved.is_some() => {
+                    // Never sent to a bookie: the client resends it to the new owner.
+                    let _ = reply.send(Err(self.ended(false, &reason)));
+                }
                 Command::Append { reply, .. } => {
                     self.rec.shared.loss_reported.store(true, Ordering::SeqCst);
                     let _ = reply.send(Err(Error::OwnershipLost {
@@ -576,7 +616,7 @@ impl Writer {
                         reason: reason.clone(),
                     }));
                 }
-                Command::Close { reply } => {
+                Command::Close { reply } | Command::Release { reply } => {
                     let _ = reply.send(Ok(()));
                 }
                 Command::Truncate { reply, .. } => {
@@ -606,8 +646,15 @@ impl Writer {
 
     /// The answer to a command that arrived after the task gave the stream up.
     fn ended(&self, deleted: bool, reason: &str) -> Error {
+        let moved = self.rec.shared.moved_to.lock().expect("moved lock").clone();
         if deleted {
             self.rec.gone()
+        } else if let Some(owner) = moved {
+            // Released for balance (`placement.rs`): nothing of the command was done.
+            Error::OwnedElsewhere {
+                stream: self.rec.name.clone(),
+                owner,
+            }
         } else {
             Error::OwnershipLost {
                 stream: self.rec.name.clone(),

@@ -9,6 +9,7 @@
 
 mod bookie_info_command;
 mod cluster_autorecovery;
+mod cluster_balanced_ownership;
 mod cluster_bookie_lifecycle_and_admin;
 mod cluster_bookie_memory_and_connection_limits;
 mod cluster_bookie_read_only_on_full_disk;

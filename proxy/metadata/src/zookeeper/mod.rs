@@ -31,6 +31,7 @@ mod id_gen;
 mod layout;
 mod lock;
 mod paths;
+mod proxies;
 mod records;
 mod registry;
 mod subscriptions;
@@ -422,6 +423,18 @@ impl MetadataStore for ZkStore {
 
     async fn release_stream(&self, lease: StreamLease) -> Result<()> {
         lock::release_stream(self, lease).await
+    }
+
+    async fn register_proxy(&self, info: &crate::ProxyInfo) -> Result<()> {
+        proxies::register_proxy(self, info).await
+    }
+
+    async fn unregister_proxy(&self, address: &str) -> Result<()> {
+        proxies::unregister_proxy(self, address).await
+    }
+
+    async fn list_proxies(&self) -> Result<Vec<crate::ProxyInfo>> {
+        proxies::list_proxies(self).await
     }
 }
 

@@ -1,0 +1,227 @@
+//! Balanced ownership over the live proxies: the proxy registry, placement by rendezvous
+//! hashing (a leaf: `registry.rs` asks it before taking a lease), and what the balancer
+//! (`balance.rs`) does with it.
+//!
+//! * **Registry.** Every proxy with an advertised address and
+//!   [`super::StreamConfig::balance_moves_per_sec`] above 0 writes its [`ProxyInfo`] (owned
+//!   streams, a heartbeat counter) into the metadata store every [`BALANCE_TICK`] (ZooKeeper:
+//!   the EPHEMERAL node `proxies/<address>`, gone with its session) and reads everyone's. A
+//!   proxy counts as live while its heartbeat moved within the last [`STALE_TICKS`] ticks by
+//!   the reader's own clock (no clock comparison across machines), so a stopped or partitioned
+//!   proxy stops receiving streams within about 5 s, before its session expires.
+//! * **Placement.** A stream's preferred owner is the live proxy with the highest rendezvous
+//!   weight `weight(stream, proxy)` (highest-random-weight hashing, Thaler and Ravishankar).
+//!   Chosen over a ring because with a handful of proxies it spreads evenly without virtual
+//!   nodes, a join moves exactly the streams whose new top is the joiner (about 1/N of them)
+//!   and a leave moves only the leaver's, and because weights are fixed per (stream, proxy):
+//!   a proxy redirects only to a proxy of strictly higher weight than itself, so a chain of
+//!   redirects between proxies with different views climbs and cannot loop (no livelock; the
+//!   client's `redirects_max` bounds it too). Load is not a tie-breaker (ties need equal 64-bit
+//!   weights; they fall to the larger address).
+//! * A proxy asked for a stream that nobody owns and whose preferred owner is another live
+//!   proxy answers `STREAM_OWNED_ELSEWHERE` with that address instead of taking it
+//!   (`registry.rs`). A stream someone owns stays where it is until the balancer moves it.
+//! * **Balancer** (`balance.rs`, which works through the registry). Each tick a proxy releases owned streams whose preferred owner is another
+//!   live proxy, at most `balance_moves_per_sec` per second, through the writer's release
+//!   path (in-flight adds awaited, the open segment completed, the lease given up): queued and
+//!   later requests for it are redirected to the new owner, which acquires it on the next
+//!   request. So a joining proxy takes its share within about share / rate seconds plus a
+//!   tick or two; a drained proxy leaves the registry first, then gives all its streams up
+//!   (`StreamManager::shutdown`), and a dead one's leases expire with its session.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use quire_metadata::{MetadataStore, ProxyInfo};
+
+use super::shared::now_ms;
+
+/// How often a proxy rewrites its registry record, reads the others' and balances.
+pub(super) const BALANCE_TICK: Duration = Duration::from_secs(1);
+/// A proxy whose heartbeat has not moved for this many ticks is not live.
+pub(super) const STALE_TICKS: u32 = 5;
+
+/// The rendezvous weight of `proxy` for `stream`: 64-bit FNV-1a over the proxy address, a 0
+/// byte and the stream name, then the SplitMix64 finalizer (FNV alone mixes its last bytes
+/// poorly). Stable across processes, versions and platforms: every proxy must compute the
+/// same placement.
+pub fn rendezvous_weight(stream: &str, proxy: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in proxy.bytes().chain([0u8]).chain(stream.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// The preferred owner of `stream` among `proxies`: the highest weight, ties to the larger
+/// address. `None` for no proxies.
+pub fn preferred_owner<'a>(
+    stream: &str,
+    proxies: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    proxies
+        .into_iter()
+        .max_by_key(|p| (rendezvous_weight(stream, p), *p))
+}
+
+/// This proxy's view of the live proxies and its own registration.
+pub(super) struct Placement {
+    identity: String,
+    /// Off without an advertised address or with `balance_moves_per_sec = 0`.
+    enabled: bool,
+    /// The other proxies seen live at the last tick.
+    live: Mutex<Vec<String>>,
+    /// Each other proxy's last heartbeat and when it was seen to change (by this clock).
+    seen: Mutex<HashMap<String, (u64, Instant)>>,
+    /// The heartbeat counter; `None` once stopped (a drain): never registers again.
+    heartbeat: tokio::sync::Mutex<Option<u64>>,
+}
+
+impl Placement {
+    pub(super) fn new(identity: &str, owner_address: &str, moves_per_sec: u32) -> Self {
+        Self {
+            identity: identity.to_string(),
+            enabled: !owner_address.is_empty() && moves_per_sec > 0,
+            live: Mutex::default(),
+            seen: Mutex::default(),
+            heartbeat: tokio::sync::Mutex::new(Some(0)),
+        }
+    }
+
+    pub(super) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The preferred owner of `stream` when it is another live proxy.
+    pub(super) fn preferred_elsewhere(&self, stream: &str) -> Option<String> {
+        if !self.enabled {
+            return None;
+        }
+        let live = self.live.lock().expect("live lock");
+        if live.is_empty() {
+            return None;
+        }
+        let all = live
+            .iter()
+            .map(String::as_str)
+            .chain([self.identity.as_str()]);
+        preferred_owner(stream, all)
+            .filter(|p| *p != self.identity)
+            .map(str::to_string)
+    }
+
+    /// Takes a registry listing read at `now` as the new view of the live proxies.
+    fn update_view(&self, list: Vec<ProxyInfo>, now: Instant) {
+        let stale = BALANCE_TICK * STALE_TICKS;
+        let mut seen = self.seen.lock().expect("seen lock");
+        let mut live = Vec::new();
+        let mut present = HashMap::new();
+        for info in list {
+            if info.address == self.identity {
+                continue;
+            }
+            let changed = match seen.get(&info.address) {
+                Some((hb, at)) if *hb == info.heartbeat => *at,
+                _ => now,
+            };
+            if now.duration_since(changed) < stale {
+                live.push(info.address.clone());
+            }
+            present.insert(info.address, (info.heartbeat, changed));
+        }
+        *seen = present;
+        *self.live.lock().expect("live lock") = live;
+    }
+
+    /// Rewrites this proxy's record (unless stopped) and reads the registry.
+    pub(super) async fn tick(
+        &self,
+        metadata: &dyn MetadataStore,
+        owned: usize,
+    ) -> quire_metadata::Result<()> {
+        {
+            let mut hb = self.heartbeat.lock().await;
+            let Some(n) = hb.as_mut() else {
+                return Ok(());
+            };
+            *n += 1;
+            let info = ProxyInfo {
+                address: self.identity.clone(),
+                owned_streams: owned as u64,
+                heartbeat: *n,
+                updated_ms: now_ms(),
+            };
+            metadata.register_proxy(&info).await?;
+        }
+        let list = metadata.list_proxies().await?;
+        self.update_view(list, Instant::now());
+        Ok(())
+    }
+
+    /// Leaves the registry for good (a drain or shutdown), so that the other proxies stop
+    /// redirecting streams here at their next tick.
+    pub(super) async fn stop(&self, metadata: &dyn MetadataStore) {
+        if !self.enabled {
+            return;
+        }
+        let mut hb = self.heartbeat.lock().await;
+        *hb = None;
+        if let Err(e) = metadata.unregister_proxy(&self.identity).await {
+            tracing::warn!(error = %e, "leaving the proxy registry failed");
+        }
+        self.live.lock().expect("live lock").clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_proxies_share_streams_evenly_and_a_fourth_takes_only_its_share() {
+        // Goal: rendezvous placement spreads 3000 names within ±10 % of the mean over three
+        // proxies, and adding a fourth moves only streams to the newcomer (about a quarter).
+        let three = ["127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003"];
+        let four = [three[0], three[1], three[2], "127.0.0.1:4004"];
+        let mut counts = HashMap::new();
+        let mut moved = 0;
+        for i in 0..3000 {
+            let s = format!("stream-{i}");
+            let a = preferred_owner(&s, three).unwrap();
+            *counts.entry(a).or_insert(0) += 1;
+            let b = preferred_owner(&s, four).unwrap();
+            if a != b {
+                assert_eq!(b, four[3], "{s} moved between old proxies");
+                moved += 1;
+            }
+        }
+        for (p, n) in counts {
+            assert!((900..=1100).contains(&n), "{p} got {n} of 3000");
+        }
+        assert!((600..=900).contains(&moved), "{moved} moved to the fourth");
+    }
+
+    #[test]
+    fn a_proxy_whose_heartbeat_stops_leaves_the_view() {
+        let p = Placement::new("a:1", "a:1", 10);
+        let info = |hb| ProxyInfo {
+            address: "b:1".into(),
+            owned_streams: 0,
+            heartbeat: hb,
+            updated_ms: 0,
+        };
+        let t0 = Instant::now();
+        p.update_view(vec![info(1)], t0);
+        assert_eq!(p.live.lock().unwrap().len(), 1);
+        p.update_view(vec![info(1)], t0 + BALANCE_TICK * STALE_TICKS);
+        assert!(p.live.lock().unwrap().is_empty());
+        p.update_view(vec![info(2)], t0 + BALANCE_TICK * (STALE_TICKS + 1));
+        assert_eq!(p.live.lock().unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,276 @@
+//! Balanced ownership over live proxies (`quire_proxy::stream::placement`): streams created
+//! through one proxy spread over all of them by rendezvous hashing, a joining proxy takes its
+//! share, a drained proxy's streams move to their next preferred owners, and writers that keep
+//! writing through the moves lose nothing and see DLSNs increase.
+
+use quire_testkit::harness::cluster::runtime;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quire_client::Dlsn;
+use quire_metadata::MetadataStore;
+use quire_proxy::stream::placement::preferred_owner;
+use quire_testkit::harness::checker::{check_stream, connect_proxy, Acked};
+use quire_testkit::harness::cluster::Cluster;
+
+/// Streams created (through the first proxy only).
+const STREAMS: usize = 600;
+/// Streams kept written during the join and the drain (the first ones).
+const WRITTEN: usize = 12;
+const BALANCE: &[&str] = &["--balance-moves-per-sec", "100"];
+
+fn name(i: usize) -> String {
+    format!("bal-{i:04}")
+}
+
+/// Each stream's owner in the metadata store (`None`: nobody owns it).
+async fn owners(store: &dyn MetadataStore) -> Vec<Option<String>> {
+    let mut out = Vec::with_capacity(STREAMS);
+    for i in 0..STREAMS {
+        out.push(store.stream_owner(&name(i)).await.unwrap());
+    }
+    out
+}
+
+/// Waits until `quire proxy list` names exactly `addrs`, then two balancer ticks more, so
+/// that every proxy has seen the others' heartbeats.
+fn wait_registry(cluster: &Cluster, addrs: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = cluster.admin_ok(&["proxy", "list"]);
+        let listed: Vec<&str> = list
+            .lines()
+            .filter_map(|l| l.split(' ').next())
+            .filter(|a| a.starts_with("127."))
+            .collect();
+        let mut want = addrs.to_vec();
+        want.sort();
+        if listed == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "proxy list never showed {addrs:?}: {list}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+}
+
+/// What one writer saw: acknowledged records per stream, in acknowledgement order, errors,
+/// and its longest time without an acknowledgement.
+#[derive(Default)]
+struct WriterReport {
+    acked: HashMap<String, Vec<Acked>>,
+    errors: Vec<String>,
+    longest_pause: Duration,
+}
+
+/// Writes one record at a time to each of `streams` in turn (every attempt a new record),
+/// through a client homed on `home` that follows redirects, until `stop`.
+async fn writer(home: String, streams: Vec<String>, stop: Arc<AtomicBool>) -> WriterReport {
+    let mut client = connect_proxy(&home).await.unwrap();
+    let mut report = WriterReport::default();
+    // Above the creation write's txid 1: txids of a stream never decrease.
+    let mut seq: u64 = 1000;
+    let mut last_ack = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        for s in &streams {
+            seq += 1;
+            let payload = format!("{s} w{seq:09}").into_bytes();
+            match client.write(s, vec![(seq, payload.clone())], false).await {
+                Ok(r) => {
+                    let now = Instant::now();
+                    report.longest_pause = report.longest_pause.max(now - last_ack);
+                    last_ack = now;
+                    report
+                        .acked
+                        .entry(s.clone())
+                        .or_default()
+                        .push((r.first_dlsn, payload));
+                }
+                Err(e) => {
+                    report.errors.push(format!("{s}: {e}"));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    client = connect_proxy(&home).await.unwrap();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    report
+}
+
+#[test]
+fn streams_spread_and_move_on_join_and_drain_without_loss() {
+    // Goal: with balancing on, 600 streams created through one proxy spread over three
+    // proxies within ±20 % of the mean; a fourth proxy that joins is handed exactly the
+    // streams it is preferred for within 20 s; a drained proxy's streams move to their next
+    // preferred owners; writers writing through both moves lose no acknowledged record and
+    // see each stream's DLSNs increase.
+    // Method: ZooKeeper, 3 bookies, proxies P0..P2 (real processes, 100 moves/s). Create the
+    // streams by writing one record each through P0. Count owners in ZooKeeper. Start 2
+    // writers on 12 streams through P0, start P3, wait until every stream P3 is preferred for
+    // is released by its old owner and the written ones are owned by P3; SIGTERM P1 and wait
+    // until the written streams are owned by their preferred owner among P0, P2, P3 and
+    // nothing is owned by P1. Stop the writers; run the shared checker on every written
+    // stream.
+    let cluster = Cluster::start();
+    let _bookies: Vec<_> = (0..3)
+        .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
+        .collect();
+    let p0 = cluster.start_proxy_e3(BALANCE);
+    let p1 = cluster.start_proxy_e3(BALANCE);
+    let p2 = cluster.start_proxy_e3(BALANCE);
+    let three = [p0.addr.clone(), p1.addr.clone(), p2.addr.clone()];
+    wait_registry(&cluster, &[&three[0], &three[1], &three[2]]);
+    let rt = runtime();
+    let store = rt.block_on(cluster.zk_store());
+
+    // Spread: every stream created through P0.
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for k in 0..8 {
+            let home = three[0].clone();
+            tasks.push(tokio::spawn(async move {
+                let client = connect_proxy(&home).await.unwrap();
+                for i in (k..STREAMS).step_by(8) {
+                    let s = name(i);
+                    client
+                        .write(&s, vec![(1, s.clone().into_bytes())], true)
+                        .await
+                        .unwrap_or_else(|e| panic!("creating {s}: {e}"));
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let owned = rt.block_on(owners(&store));
+    let mean = STREAMS / 3;
+    for p in &three {
+        let n = owned.iter().filter(|o| o.as_deref() == Some(p)).count();
+        eprintln!("spread: {p} owns {n} of {STREAMS}");
+        assert!(
+            (mean * 8 / 10..=mean * 12 / 10).contains(&n),
+            "{p} owns {n} streams, outside ±20 % of {mean}"
+        );
+        for (i, o) in owned.iter().enumerate() {
+            if o.as_deref() == Some(p) {
+                let want = preferred_owner(&name(i), three.iter().map(String::as_str));
+                assert_eq!(
+                    want,
+                    Some(p.as_str()),
+                    "{} is not on its preferred owner",
+                    name(i)
+                );
+            }
+        }
+    }
+
+    // Writers through P0 during the join and the drain.
+    let stop = Arc::new(AtomicBool::new(false));
+    let written: Vec<String> = (0..WRITTEN).map(name).collect();
+    let writers: Vec<_> = written
+        .chunks(WRITTEN / 2)
+        .map(|c| rt.spawn(writer(three[0].clone(), c.to_vec(), stop.clone())))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+
+    // Join: P3 takes the streams it is preferred for.
+    let p3 = cluster.start_proxy_e3(BALANCE);
+    let joined = Instant::now();
+    let four = [&three[0], &three[1], &three[2], &p3.addr].map(String::as_str);
+    let share: Vec<usize> = (0..STREAMS)
+        .filter(|i| preferred_owner(&name(*i), four) == Some(p3.addr.as_str()))
+        .collect();
+    eprintln!("join: {} streams preferred by the new proxy", share.len());
+    let deadline = joined + Duration::from_secs(20);
+    loop {
+        let owned = rt.block_on(owners(&store));
+        let elsewhere = share
+            .iter()
+            .filter(|i| owned[**i].as_deref().is_some_and(|o| o != p3.addr))
+            .count();
+        let written_on_p3 = share
+            .iter()
+            .filter(|i| **i < WRITTEN)
+            .all(|i| owned[*i].as_deref() == Some(p3.addr.as_str()));
+        if elsewhere == 0 && written_on_p3 {
+            // Nothing else moved: every other stream stays on its owner among P0..P2.
+            for (i, o) in owned.iter().enumerate() {
+                if !share.contains(&i) {
+                    if let Some(o) = o {
+                        assert_ne!(*o, p3.addr, "{} moved to P3 though not preferred", name(i));
+                    }
+                }
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "20 s after the join {elsewhere} of {} streams are still owned elsewhere",
+            share.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("join: share moved in {:?}", joined.elapsed());
+
+    // Drain: P1's streams move to their next preferred owners.
+    let p1_addr = p1.addr.clone();
+    let drained = Instant::now();
+    p1.stop();
+    let rest = [&three[0], &three[2], &p3.addr].map(String::as_str);
+    let deadline = drained + Duration::from_secs(20);
+    loop {
+        let owned = rt.block_on(owners(&store));
+        let on_p1 = owned
+            .iter()
+            .filter(|o| o.as_deref() == Some(p1_addr.as_str()))
+            .count();
+        let placed = (0..WRITTEN).all(|i| owned[i].as_deref() == preferred_owner(&name(i), rest));
+        if on_p1 == 0 && placed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "20 s after the drain: {on_p1} streams still on P1, written ones placed: {placed}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("drain: streams moved in {:?}", drained.elapsed());
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::SeqCst);
+
+    let mut acked: HashMap<String, Vec<Acked>> = HashMap::new();
+    let mut longest = Duration::ZERO;
+    for w in writers {
+        let r = rt.block_on(w).unwrap();
+        eprintln!(
+            "writer: {} errors {:?}, longest pause {:?}",
+            r.errors.len(),
+            r.errors.iter().take(4).collect::<Vec<_>>(),
+            r.longest_pause
+        );
+        longest = longest.max(r.longest_pause);
+        acked.extend(r.acked);
+    }
+    assert!(
+        longest < Duration::from_secs(10),
+        "a writer paused {longest:?}"
+    );
+    for s in &written {
+        let a = acked.get(s).map(Vec::as_slice).unwrap_or_default();
+        assert!(a.len() > 10, "{s}: only {} acknowledged writes", a.len());
+        let dlsns: Vec<Dlsn> = a.iter().map(|(d, _)| *d).collect();
+        assert!(
+            dlsns.windows(2).all(|w| w[0] < w[1]),
+            "{s}: DLSNs did not increase"
+        );
+        rt.block_on(check_stream(&three[0], &store, s, a, &[]));
+    }
+}
