@@ -595,6 +595,14 @@ fn cases_limits() -> Vec<(&'static str, Golden)> {
     });
     let mut described = stream_info();
     described.metadata.limits = limits;
+    // An answer with limits always carries the lookups before them.
+    described.lookups = Some(Box::new(crate::types::StreamLookups {
+        first_dlsn: Some(Dlsn::new(1, 0, 0)),
+        last_dlsn: Some(Dlsn::new(1, 41, 9)),
+        record_count: 420,
+        last_write_time_ms: Some(1_764_979_260_000),
+        sealed: false,
+    }));
     vec![
         (
             "set-limits-request",

@@ -527,8 +527,11 @@ fn put_stream_info(out: &mut Vec<u8>, info: &StreamInfo) {
         put_u64(out, s.length_bytes);
         put_opt_u64(out, s.completion_time_ms);
     }
-    if let Some(l) = &info.lookups {
-        put_lookups(out, l);
+    match (&info.lookups, &m.limits) {
+        (Some(l), _) => put_lookups(out, l),
+        // A block of limits always follows lookups (see `get_stream_info`).
+        (None, Some(_)) => put_lookups(out, &StreamLookups::default()),
+        (None, None) => {}
     }
     // After the lookups; announced by the answer flag (`describe_answer_flags`).
     if let Some(l) = &m.limits {
@@ -560,8 +563,8 @@ fn get_lookups(r: &mut Reader<'_>) -> Result<StreamLookups, WireError> {
     })
 }
 
-/// A stream info; `has_limits` (answer flag [`crate::limits::FLAG_DESCRIBE_LIMITS`]): its
-/// last 40 bytes are the stream's limits block, after the lookups.
+/// A stream info; `has_limits` (answer flag [`crate::limits::FLAG_DESCRIBE_LIMITS`]): the
+/// lookups are present and the stream's 40-byte limits block follows them.
 fn get_stream_info(
     r: &mut Reader<'_>,
     body_len: usize,
@@ -627,23 +630,18 @@ fn get_stream_info(
             completion_time_ms: get_opt_u64(r, "completion time")?,
         });
     }
-    // Fields appended later are present only in answers of proxies that know them.
-    let mut rest = r.rest();
+    // Fields appended later are present only in answers of proxies that know them. A proxy
+    // that sends limits knows the lookups and always sends them before the block: both are
+    // read in order, so a body cut between them is refused, not read as other fields.
+    let rest = r.rest();
     let mut limits = None;
-    if has_limits {
-        let Some(at) = rest.len().checked_sub(crate::limits::BLOCK_SIZE_BYTES) else {
-            return Err(WireError::InvalidField {
-                what: "stream limits",
-            });
-        };
-        let (front, block) = rest.split_at(at);
-        limits = Some(crate::limits::get_block(&mut Reader::new(
-            block,
-            "stream limits",
-        ))?);
-        rest = front;
-    }
-    let lookups = if rest.is_empty() {
+    let lookups = if has_limits {
+        let mut more = Reader::new(rest, "stream info lookups and limits");
+        let lookups = get_lookups(&mut more)?;
+        limits = Some(crate::limits::get_block(&mut more)?);
+        more.finish()?;
+        Some(Box::new(lookups))
+    } else if rest.is_empty() {
         None
     } else {
         let mut more = Reader::new(rest, "stream info lookups");
@@ -1563,7 +1561,7 @@ mod tests {
     #[test]
     fn set_limits_and_described_limits_round_trip() {
         // Goal: SET_LIMITS both ways (limits and back to the defaults); a described stream's
-        // limits after its lookups and without them; a flagged answer too short is refused.
+        // limits after its lookups (always present with them); a flagged answer too short is refused.
         let l = crate::limits::StreamLimits {
             records_per_sec: 100,
             bytes_per_sec: 1 << 20,
@@ -1578,7 +1576,14 @@ mod tests {
             });
             resp_round_trip(Opcode::SetLimits, Response::SetLimits { limits });
         }
-        for lookups in [None, Some(Box::<StreamLookups>::default())] {
+        for lookups in [
+            Some(Box::<StreamLookups>::default()),
+            Some(Box::new(StreamLookups {
+                record_count: 7,
+                sealed: true,
+                ..StreamLookups::default()
+            })),
+        ] {
             let info = StreamInfo {
                 metadata: StreamMetadata {
                     name: "t/a".into(),
@@ -1600,7 +1605,7 @@ mod tests {
             },
             owner: None,
             defaults: RetentionDefaults::default(),
-            lookups: None,
+            lookups: Some(Box::default()),
         };
         Response::DescribeStream { info }.encode(Opcode::DescribeStream as u8, 5, &mut buf);
         let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
