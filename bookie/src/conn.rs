@@ -1111,6 +1111,13 @@ fn record(
             m.read_bytes.inc_by(data.len() as u64);
         }
         (Opcode::Read, _) => m.read_request.observe(false, took),
+        (Opcode::ReadLacLongPoll, Ok(Done::LongPoll { next_entry, .. })) => {
+            m.long_poll_request.observe(true, took);
+            if let Some((_, data)) = next_entry {
+                m.read_bytes.inc_by(data.len() as u64);
+            }
+        }
+        (Opcode::ReadLacLongPoll, _) => m.long_poll_request.observe(false, took),
         _ => {}
     }
 }

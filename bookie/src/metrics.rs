@@ -178,6 +178,9 @@ shard_metrics! {
         add_request = "bookkeeper_server_ADD_ENTRY_REQUEST";
         /// Seconds from a read request read off the connection to its response queued for writing.
         read_request = "bookkeeper_server_READ_ENTRY_REQUEST";
+        /// Seconds from a long-poll LAC read (with its piggybacked next entry) read off the
+        /// connection to its response queued, the wait included.
+        long_poll_request = "bookkeeper_server_READ_ENTRY_LONG_POLL_REQUEST";
     }
 }
 
