@@ -76,7 +76,7 @@ async fn paced(
                 Ok(w) => {
                     let us = quire_clock::elapsed(at).as_micros() as u64;
                     hist.borrow_mut().record(us.max(1)).unwrap();
-                    counts[0].set(counts[0].get() + u64::from(w.count));
+                    counts[0].set(counts[0].get() + w.count);
                 }
                 Err(e) if e.code() == ErrorCode::OverCapacity => {
                     counts[1].set(counts[1].get() + batch);

@@ -74,9 +74,7 @@ fn list(args: ProxyListArgs) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&proxies)?);
             return Ok(());
         }
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let now_ms = quire_clock::unix_ms();
         let mut out = String::new();
         for p in &proxies {
             let age = now_ms.saturating_sub(p.updated_ms);

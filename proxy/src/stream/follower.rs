@@ -73,11 +73,11 @@ pub(super) struct Follower {
 impl Follower {
     /// Marks a read as using the follower now (keeps it from idling out).
     fn touch(&self) {
-        *self.last_use.lock().expect("last use lock") = Instant::now();
+        *self.last_use.lock().expect("last use lock") = quire_clock::now();
     }
 
     fn idle_for(&self) -> Duration {
-        self.last_use.lock().expect("last use lock").elapsed()
+        quire_clock::elapsed(*self.last_use.lock().expect("last use lock"))
     }
 
     /// True once the follower task stopped (idle, stream deleted, shutdown).
@@ -145,7 +145,7 @@ impl Followers {
             name: name.to_string(),
             tail: rx,
             shared,
-            last_use: Mutex::new(Instant::now()),
+            last_use: Mutex::new(quire_clock::now()),
             ended: AtomicBool::new(false),
         });
         table.insert(name.to_string(), f.clone());

@@ -160,7 +160,7 @@ impl Placement {
             metadata.register_proxy(&info).await?;
         }
         let list = metadata.list_proxies().await?;
-        self.update_view(list, Instant::now());
+        self.update_view(list, quire_clock::now());
         Ok(())
     }
 
@@ -216,7 +216,7 @@ mod tests {
             heartbeat: hb,
             updated_ms: 0,
         };
-        let t0 = Instant::now();
+        let t0 = quire_clock::now();
         p.update_view(vec![info(1)], t0);
         assert_eq!(p.live.lock().unwrap().len(), 1);
         p.update_view(vec![info(1)], t0 + BALANCE_TICK * STALE_TICKS);
