@@ -55,6 +55,8 @@ pub struct StreamSettings {
     pub subscriptions_per_stream_max: usize,
     /// [`StreamConfig::owned_streams_max`]; 0 (the default) is no limit.
     pub owned_streams_max: usize,
+    /// [`StreamConfig::follower_reads`] (default off).
+    pub follower_reads: bool,
     /// [`StreamConfig::balance_moves_per_sec`], 0 (off) to 10000.
     pub balance_moves_per_sec: u32,
 }
@@ -78,6 +80,7 @@ impl Default for StreamSettings {
             compression: c.compression,
             subscriptions_per_stream_max: c.subscriptions_per_stream_max,
             owned_streams_max: c.owned_streams_max.unwrap_or(0),
+            follower_reads: c.follower_reads,
             balance_moves_per_sec: c.balance_moves_per_sec,
         }
     }
@@ -170,6 +173,7 @@ impl StreamSettings {
         c.compression = self.compression;
         c.subscriptions_per_stream_max = self.subscriptions_per_stream_max;
         c.owned_streams_max = (self.owned_streams_max > 0).then_some(self.owned_streams_max);
+        c.follower_reads = self.follower_reads;
         c.balance_moves_per_sec = self.balance_moves_per_sec;
     }
 }

@@ -362,6 +362,10 @@ pub struct ProxyFlags {
     /// owned_streams_max).
     #[arg(long)]
     pub owned_streams_max: Option<usize>,
+    /// Serve reads of streams another proxy owns from the bookies here (a follower per
+    /// stream) instead of redirecting them to the owner ([streams] follower_reads).
+    #[arg(long)]
+    pub follower_reads: Option<bool>,
     /// Balanced ownership: the most streams per second this proxy hands to their preferred
     /// owner (rendezvous hashing over the live proxies); 0 (the default) turns balancing off
     /// ([streams] balance_moves_per_sec).

@@ -248,22 +248,7 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
                 BookieInfo {
                     state: BookieState::ReadOnly,
                     shard_ledgers: vec![3, 0, 12],
-                    dirs: vec![
-                        DirInfo {
-                            kind: DirKind::Journal,
-                            path: "/var/lib/quire/journal".into(),
-                            total_bytes: 1 << 40,
-                            free_bytes: 1 << 30,
-                            used_bytes: 5 << 20,
-                        },
-                        DirInfo {
-                            kind: DirKind::Ledger,
-                            path: "/var/lib/quire/ledgers".into(),
-                            total_bytes: 2 << 40,
-                            free_bytes: 0,
-                            used_bytes: 7 << 30,
-                        },
-                    ],
+                    dirs: golden_dirs(),
                     scrub: None,
                 },
             ),
@@ -275,22 +260,7 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
                 BookieInfo {
                     state: BookieState::ReadOnly,
                     shard_ledgers: vec![3, 0, 12],
-                    dirs: vec![
-                        DirInfo {
-                            kind: DirKind::Journal,
-                            path: "/var/lib/quire/journal".into(),
-                            total_bytes: 1 << 40,
-                            free_bytes: 1 << 30,
-                            used_bytes: 5 << 20,
-                        },
-                        DirInfo {
-                            kind: DirKind::Ledger,
-                            path: "/var/lib/quire/ledgers".into(),
-                            total_bytes: 2 << 40,
-                            free_bytes: 0,
-                            used_bytes: 7 << 30,
-                        },
-                    ],
+                    dirs: golden_dirs(),
                     scrub: Some(vec![
                         ScrubInfo {
                             flags: SCRUB_ENABLED | SCRUB_IN_PROGRESS,
@@ -324,6 +294,26 @@ fn cases_3() -> Vec<(&'static str, Golden)> {
                 },
             ),
         ),
+    ]
+}
+
+/// The directories of the golden bookie info answers.
+fn golden_dirs() -> Vec<DirInfo> {
+    vec![
+        DirInfo {
+            kind: DirKind::Journal,
+            path: "/var/lib/quire/journal".into(),
+            total_bytes: 1 << 40,
+            free_bytes: 1 << 30,
+            used_bytes: 5 << 20,
+        },
+        DirInfo {
+            kind: DirKind::Ledger,
+            path: "/var/lib/quire/ledgers".into(),
+            total_bytes: 2 << 40,
+            free_bytes: 0,
+            used_bytes: 7 << 30,
+        },
     ]
 }
 

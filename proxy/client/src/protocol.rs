@@ -563,6 +563,35 @@ fn get_lookups(r: &mut Reader<'_>) -> Result<StreamLookups, WireError> {
     })
 }
 
+/// The fields appended to a stream info after its segments: the lookups, present only in
+/// answers of proxies that know them, and with `has_limits` the limits block. A proxy that
+/// sends limits knows the lookups and always sends them before the block: both are read in
+/// order, so a body cut between them is refused, not read as other fields.
+#[allow(clippy::type_complexity)]
+fn get_appended(
+    rest: &[u8],
+    has_limits: bool,
+) -> Result<
+    (
+        Option<Box<StreamLookups>>,
+        Option<crate::limits::StreamLimits>,
+    ),
+    WireError,
+> {
+    if rest.is_empty() && !has_limits {
+        return Ok((None, None));
+    }
+    let mut more = Reader::new(rest, "stream info lookups and limits");
+    let lookups = get_lookups(&mut more)?;
+    let limits = if has_limits {
+        Some(crate::limits::get_block(&mut more)?)
+    } else {
+        None
+    };
+    more.finish()?;
+    Ok((Some(Box::new(lookups)), limits))
+}
+
 /// A stream info; `has_limits` (answer flag [`crate::limits::FLAG_DESCRIBE_LIMITS`]): the
 /// lookups are present and the stream's 40-byte limits block follows them.
 fn get_stream_info(
@@ -630,25 +659,7 @@ fn get_stream_info(
             completion_time_ms: get_opt_u64(r, "completion time")?,
         });
     }
-    // Fields appended later are present only in answers of proxies that know them. A proxy
-    // that sends limits knows the lookups and always sends them before the block: both are
-    // read in order, so a body cut between them is refused, not read as other fields.
-    let rest = r.rest();
-    let mut limits = None;
-    let lookups = if has_limits {
-        let mut more = Reader::new(rest, "stream info lookups and limits");
-        let lookups = get_lookups(&mut more)?;
-        limits = Some(crate::limits::get_block(&mut more)?);
-        more.finish()?;
-        Some(Box::new(lookups))
-    } else if rest.is_empty() {
-        None
-    } else {
-        let mut more = Reader::new(rest, "stream info lookups");
-        let lookups = get_lookups(&mut more)?;
-        more.finish()?;
-        Some(Box::new(lookups))
-    };
+    let (lookups, limits) = get_appended(r.rest(), has_limits)?;
     Ok(StreamInfo {
         metadata: StreamMetadata {
             name,

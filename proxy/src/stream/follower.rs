@@ -337,6 +337,13 @@ async fn run(
             }
         }
     }
+    stopped(&ctx, &f);
+    drop(tx);
+    tracing::info!(stream = %name, "stopped following stream");
+}
+
+/// Marks `f` ended and gives its cache back (the followers gauge and cache bytes with it).
+fn stopped(ctx: &FollowerContext, f: &Follower) {
     f.ended.store(true, Ordering::SeqCst);
     ctx.layer.followers.fetch_sub(1, Ordering::Relaxed);
     let held = {
@@ -349,8 +356,6 @@ async fn run(
     ctx.layer
         .follower_cache_bytes
         .fetch_sub(i64::try_from(held).unwrap_or(i64::MAX), Ordering::Relaxed);
-    drop(tx);
-    tracing::info!(stream = %name, "stopped following stream");
 }
 
 /// Takes a long poll's answer: caches the piggybacked entry and reads the ones after it up to

@@ -234,6 +234,11 @@ pub struct StreamConfig {
     /// A follower that served no read for this long stops (its long poll and cache go away;
     /// the next read starts a new one). Default 60 s.
     pub follower_idle_timeout: Duration,
+    /// Serve reads of streams another proxy owns here, through a follower (`[streams]
+    /// follower_reads`). Off by default: a follower shows an entry only once the bookies know
+    /// it is below the LAC, so the last entry of a burst lags the owner's tail (up to the
+    /// writer's LAC update); off, such reads are redirected to the owner as before.
+    pub follower_reads: bool,
     /// Most streams this proxy owns at once (`[streams] owned_streams_max`; DistributedLog's
     /// `maxAcquiredPartitionsPerProxy`): a request that would acquire one more fails with
     /// `TooManyStreams` and nothing is done; streams owned already are served as before.
@@ -283,6 +288,7 @@ impl Default for StreamConfig {
             compression: quire_client::compression::Compression::None,
             follower_cache_bytes_max: 8 * 1024 * 1024,
             follower_idle_timeout: Duration::from_secs(60),
+            follower_reads: false,
         }
     }
 }

@@ -169,7 +169,7 @@ async fn source(registry: &Registry, name: &str) -> Result<Source> {
     }
     match registry.stream(name, false, false).await {
         Ok(h) => Ok(Source::owner(&h)),
-        Err(Error::OwnedElsewhere { .. }) => {
+        Err(Error::OwnedElsewhere { .. }) if registry.config.follower_reads => {
             let f = registry
                 .followers
                 .follow(&registry.follower_context(), name)

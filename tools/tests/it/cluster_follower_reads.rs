@@ -18,7 +18,7 @@ use quire_testkit::harness::{checker::Acked, http_get};
 use quire_testkit::history::History;
 
 /// Small segments, so that a few hundred records roll several times.
-const SMALL_SEGMENTS: [&str; 2] = ["--segment-size-bytes", "2048"];
+const SMALL_SEGMENTS: [&str; 4] = ["--segment-size-bytes", "2048", "--follower-reads", "true"];
 
 /// The sum of the samples of the metric lines starting with `prefix` in `/metrics` of `addr`.
 fn metric_sum(addr: &str, prefix: &str) -> f64 {
@@ -271,8 +271,8 @@ fn many_readers_on_one_follower_cost_one_bookie_read_stream() {
         })
         .unzip();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
-    let a = cluster.start_proxy_e3(&[]);
-    let b = cluster.start_proxy_e3(&[]);
+    let a = cluster.start_proxy_e3(&["--follower-reads", "true"]);
+    let b = cluster.start_proxy_e3(&["--follower-reads", "true"]);
     let rt = runtime();
     let (ca, cb) = rt.block_on(async {
         (
