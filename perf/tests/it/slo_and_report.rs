@@ -244,7 +244,8 @@ fn verdicts_follow_inclusive_bounds() {
 
 // Goal: evaluating the default SLOs over the worked example gives the expected verdicts, and
 // one failure makes the run fail. Method: full_results passes all four (1.5 <= 2, 0.5 >= 0.5,
-// 0.2 <= 0.25, 1.5 <= 2); raising the with-scan p99 to 4 ms (+33%) fails isolation only.
+// within the built-in targets); raising the with-scan p99 to 5 ms (+67%, above the 50% bound)
+// fails isolation only.
 #[test]
 fn evaluation_over_a_run() {
     let f = parse(include_str!("../../slo.toml")).unwrap();
@@ -255,7 +256,7 @@ fn evaluation_over_a_run() {
     );
     assert!(all_passed(&outcomes));
     let mut r = full_results();
-    r.isolation.as_mut().unwrap().with_scan.latency.p99_ms = 4.0;
+    r.isolation.as_mut().unwrap().with_scan.latency.p99_ms = 5.0;
     let outcomes = evaluate(&f, &derive_metrics(&r), &overloaded_metrics(&r));
     let failed: Vec<&str> = outcomes
         .iter()
@@ -386,11 +387,8 @@ fn json_report_shape() {
         Some(200000.0)
     );
     assert_eq!(v["slo"][0]["verdict"], "pass");
-    assert_eq!(
-        v["slo"][0]["metric"],
-        "tail_write.p99_ratio_to_raw_append_p99"
-    );
-    assert_eq!(v["slo"][0]["max"], 2.0);
+    assert_eq!(v["slo"][0]["metric"], "tail_write.p99_ms");
+    assert_eq!(v["slo"][0]["max"], 20.0);
     assert_eq!(v["reference"]["append_p99_ms"], 2.0);
     assert_eq!(v["passed"], true);
     let back: Report = serde_json::from_value(v).unwrap();
