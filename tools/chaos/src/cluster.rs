@@ -427,7 +427,9 @@ impl ChaosCluster {
         self.revive()
     }
 
-    fn revive(&mut self) -> Vec<String> {
+    /// Restarts every bookie and proxy that is not running (killed, or exited on its own), one
+    /// line each for what was found and done; empty when all run.
+    pub fn revive(&mut self) -> Vec<String> {
         let mut lines = Vec::new();
         for i in 0..self.bookies.len() {
             if let Some(why) = exited(&mut self.bookies[i]) {
