@@ -560,8 +560,10 @@ impl StreamManager {
     ///
     /// # Errors
     /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`,
-    /// `Metadata`, `Truncated`. Never `OwnedElsewhere`: a stream owned by another proxy is
-    /// read through this proxy's follower of it (`follower.rs`).
+    /// `Metadata`, `Truncated`. `OwnedElsewhere` only when [`StreamConfig::follower_reads`]
+    /// is off and another proxy owns the stream, or when it is on and a read without a wait
+    /// finds nothing past its position on this proxy's follower (the owner says where the
+    /// stream ends; `reader.rs`).
     pub async fn read(
         &self,
         name: &str,

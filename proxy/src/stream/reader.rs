@@ -48,7 +48,8 @@ struct SegmentRead {
 /// sealed stream answers with what it has and `end_of_stream` set.
 ///
 /// The stream is read from its owner's state when this proxy owns it (or takes it, when nobody
-/// does), else from this proxy's follower of it (`follower.rs`), never redirected.
+/// does), else from this proxy's follower of it (`follower.rs`); a read without a wait that
+/// finds nothing past `from` on the follower is answered by the owner (`OwnedElsewhere`).
 ///
 /// # Errors
 /// `NoSuchStream`, `InvalidStreamName`, `BadRequest` (`max_records` = 0), `Storage`,
@@ -66,7 +67,7 @@ pub(super) async fn read(
             reason: "max_records must be at least 1".into(),
         });
     }
-    let handle = source(registry, name).await?;
+    let mut handle = source(registry, name).await?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut tail = handle.tail.clone();
     let mut pos = start(registry, &handle, from).await?;
@@ -118,6 +119,19 @@ pub(super) async fn read(
             }
             // Past the end of a sealed stream: nothing will come.
             None if tail.borrow().sealed => return Ok(empty_batch(from, pos, true)),
+            None if wait.is_zero() && handle.following => {
+                // A follower's end lags the owner's by the entries whose LAC has not reached
+                // the bookies yet (up to `lac_advance_delay`), and a new follower has not
+                // fetched anything yet: "nothing more now" is the owner's answer to give.
+                match registry.stream(name, false, false).await {
+                    Ok(h) => {
+                        // The owner went away meanwhile and this proxy took the stream.
+                        handle = Source::owner(&h);
+                        tail = handle.tail.clone();
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             None => {
                 if tokio::time::Instant::now() < deadline {
                     crate::metrics::mark_read_waiting();
@@ -137,6 +151,8 @@ struct Source {
     name: String,
     tail: watch::Receiver<TailState>,
     shared: Arc<StreamShared>,
+    /// Served by a follower (another proxy owns the stream).
+    following: bool,
 }
 
 impl Source {
@@ -145,6 +161,7 @@ impl Source {
             name: h.name.clone(),
             tail: h.tail.clone(),
             shared: h.shared.clone(),
+            following: false,
         }
     }
 
@@ -153,6 +170,7 @@ impl Source {
             name: f.name.clone(),
             tail: f.tail.clone(),
             shared: f.shared.clone(),
+            following: true,
         }
     }
 }
