@@ -57,6 +57,10 @@ pub struct StreamSettings {
     pub owned_streams_max: usize,
     /// [`StreamConfig::follower_reads`] (default off).
     pub follower_reads: bool,
+    /// [`StreamConfig::follower_cache_bytes_max`], 64 KiB to 1 GiB.
+    pub follower_cache_bytes_max: usize,
+    /// [`StreamConfig::follower_idle_timeout`] in seconds, 1 to 86400.
+    pub follower_idle_timeout_secs: u64,
     /// [`StreamConfig::balance_moves_per_sec`], 0 (off) to 10000.
     pub balance_moves_per_sec: u32,
 }
@@ -81,6 +85,8 @@ impl Default for StreamSettings {
             subscriptions_per_stream_max: c.subscriptions_per_stream_max,
             owned_streams_max: c.owned_streams_max.unwrap_or(0),
             follower_reads: c.follower_reads,
+            follower_cache_bytes_max: c.follower_cache_bytes_max,
+            follower_idle_timeout_secs: c.follower_idle_timeout.as_secs(),
             balance_moves_per_sec: c.balance_moves_per_sec,
         }
     }
@@ -91,8 +97,8 @@ impl StreamSettings {
     ///
     /// # Errors
     /// A quorum breaking E >= Qw >= Qa >= 1, a segment or entry size out of range, a
-    /// retention of 0 or above its maximum, a sweep interval above a day, a balance rate above
-    /// 10000.
+    /// retention of 0 or above its maximum, a sweep interval above a day, a follower cache or
+    /// idle timeout out of range, a balance rate above 10000.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let (e, w, a) = (self.ensemble_size, self.write_quorum, self.ack_quorum);
         if !(e >= w && w >= a && a >= 1) {
@@ -145,6 +151,20 @@ impl StreamSettings {
                 "expected at least 1",
             ));
         }
+        if !(64 * 1024..=1 << 30).contains(&self.follower_cache_bytes_max) {
+            return Err(ConfigError::invalid(
+                "follower_cache_bytes_max",
+                self.follower_cache_bytes_max,
+                "expected 65536 to 1073741824",
+            ));
+        }
+        if !(1..=86_400).contains(&self.follower_idle_timeout_secs) {
+            return Err(ConfigError::invalid(
+                "follower_idle_timeout_secs",
+                self.follower_idle_timeout_secs,
+                "expected 1 to 86400",
+            ));
+        }
         if self.balance_moves_per_sec > 10_000 {
             return Err(ConfigError::invalid(
                 "balance_moves_per_sec",
@@ -174,6 +194,8 @@ impl StreamSettings {
         c.subscriptions_per_stream_max = self.subscriptions_per_stream_max;
         c.owned_streams_max = (self.owned_streams_max > 0).then_some(self.owned_streams_max);
         c.follower_reads = self.follower_reads;
+        c.follower_cache_bytes_max = self.follower_cache_bytes_max;
+        c.follower_idle_timeout = Duration::from_secs(self.follower_idle_timeout_secs);
         c.balance_moves_per_sec = self.balance_moves_per_sec;
     }
 }

@@ -366,6 +366,14 @@ pub struct ProxyFlags {
     /// stream) instead of redirecting them to the owner ([streams] follower_reads).
     #[arg(long)]
     pub follower_reads: Option<bool>,
+    /// Bytes of entries each follower keeps for its readers, 65536 to 1073741824 ([streams]
+    /// follower_cache_bytes_max).
+    #[arg(long)]
+    pub follower_cache_bytes_max: Option<usize>,
+    /// Seconds without a read after which a follower stops, 1 to 86400 ([streams]
+    /// follower_idle_timeout_secs).
+    #[arg(long)]
+    pub follower_idle_timeout_secs: Option<u64>,
     /// Balanced ownership: the most streams per second this proxy hands to their preferred
     /// owner (rendezvous hashing over the live proxies); 0 (the default) turns balancing off
     /// ([streams] balance_moves_per_sec).

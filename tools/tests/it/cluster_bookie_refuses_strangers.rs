@@ -218,11 +218,19 @@ fn strangers_are_refused(addr: &str, ledger: u64, next_ledger: u64) {
     );
 }
 
-/// Entry 0 of `ledger` as stored on `addr`, read with the secret.
+/// Entry 0 of `ledger` as stored on `addr`, read with the secret. An add is acknowledged once
+/// Qa bookies have it, so a bookie of the write set beyond them may get it a moment later (a
+/// loaded machine: "NoSuchEntry" seen once); it is read again for up to 10 s.
 fn stored_entry_0(addr: &str, secret: &ClusterSecret, ledger: u64) -> Vec<u8> {
-    match Wire::connect_with(addr, secret).read(ledger, 0) {
-        Answer::Data(d) => d,
-        other => panic!("bookie {addr}: entry 0 of ledger {ledger}: {other:?}"),
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match Wire::connect_with(addr, secret).read(ledger, 0) {
+            Answer::Data(d) => return d,
+            Answer::Failed(Status::NoSuchEntry) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => panic!("bookie {addr}: entry 0 of ledger {ledger}: {other:?}"),
+        }
     }
 }
 
