@@ -523,28 +523,40 @@ impl BookKeeper {
         let mut exclude: HashSet<BookieId> = last.bookies.iter().cloned().collect();
         exclude.extend(self.quarantined());
         exclude.extend(failed.iter().cloned());
-        let mut keep: Vec<BookieId> = last
-            .bookies
-            .iter()
-            .enumerate()
-            .filter(|(p, _)| !failing.contains(p))
-            .map(|(_, b)| b.clone())
-            .collect();
+        let mut slots: Vec<Option<BookieId>> = last.bookies.iter().cloned().map(Some).collect();
+        for &p in failing {
+            slots[p] = None;
+        }
+        let shape = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum);
         let mut chosen: Vec<(usize, BookieId)> = Vec::new();
         for &pos in failing {
             loop {
                 // The thread-local generator must not live across the await below.
                 let pick = placement::choose_replacement(
+                    &self.inner.config.placement,
+                    shape,
                     &registered,
-                    &keep,
+                    &slots,
+                    pos,
                     &exclude,
                     &mut quire_clock::rng(),
                 );
-                let Some(b) = pick else { break };
+                let b = match pick {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::warn!(
+                            ledger = id.0,
+                            position = pos,
+                            "no recovery replacement: {err}"
+                        );
+                        break;
+                    }
+                };
                 exclude.insert(b.clone());
                 match self.conn(&b, Lane::Tail).await {
                     Ok(_) => {
-                        keep.push(b.clone());
+                        slots[pos] = Some(b.clone());
                         chosen.push((pos, b));
                         break;
                     }

@@ -23,8 +23,11 @@ impl std::fmt::Display for BookieId {
 pub struct BookieInfo {
     /// Identity, also the address clients connect to.
     pub id: BookieId,
-    /// Optional rack label for placement.
+    /// Optional rack label for placement (none: BookKeeper's `/default-rack`).
     pub rack: Option<String>,
+    /// Optional region label for placement (none: BookKeeper's `default-region`); absent in
+    /// records written before regions, which read as none.
+    pub region: Option<String>,
     /// A read-only bookie serves reads but takes no new ledgers.
     pub read_only: bool,
 }
