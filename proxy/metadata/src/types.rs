@@ -735,4 +735,11 @@ pub struct ProxyInfo {
     /// The proxy's wall clock at the rewrite, in milliseconds since the Unix epoch (shown by
     /// `quire proxy list`; liveness is judged by `heartbeat`, not by comparing clocks).
     pub updated_ms: u64,
+    /// The proxy's region label (`region` in its config; none: `default-region`). Absent in
+    /// records from before regions and left out when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// The proxy's rack label (`rack` in its config; none: `/default-rack`), as `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
 }
