@@ -488,37 +488,21 @@ impl BookKeeper {
         out
     }
 
-    /// Replaces the bookies at `failing` positions of the last fragment for entries from
-    /// `entry` on: picks writable bookies outside the ensemble, not quarantined and not in
-    /// `failed`, that it can connect to, and writes the fragment by compare-and-set while the
-    /// ledger is IN_RECOVERY. Returns the positions replaced, or `None` when no position could
-    /// be (nothing is written then).
+    /// The replacements for `failing` positions of `last` (BookKeeper's placement policy via
+    /// [`placement::choose_replacement`], with the client's settings): writable bookies outside
+    /// the ensemble, not quarantined and not in `failed`, that it can connect to; an
+    /// unreachable one is quarantined and the next tried. A position with none gets none.
     ///
     /// # Errors
-    /// `Metadata`; `Recovery` when another recoverer changed or closed the ledger meanwhile.
-    async fn recovery_replace(
+    /// The registry listing's.
+    async fn pick_recovery_replacements(
         &self,
-        meta: &mut LedgerMetadata,
-        version: &mut Version,
+        meta: &LedgerMetadata,
+        last: &Fragment,
         id: LedgerId,
-        entry: EntryId,
         failing: &[usize],
         failed: &HashSet<BookieId>,
-    ) -> Result<Option<Vec<usize>>, Error> {
-        let last = meta
-            .fragments
-            .last()
-            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?
-            .clone();
-        if last.first_entry > entry.0 {
-            return Err(Error::Recovery {
-                ledger: id.0,
-                reason: format!(
-                    "entry {entry} being recovered lies before the last fragment (from {})",
-                    last.first_entry
-                ),
-            });
-        }
+    ) -> Result<Vec<(usize, BookieId)>, Error> {
         let registered = self.inner.metadata.list_bookies().await?;
         let mut exclude: HashSet<BookieId> = last.bookies.iter().cloned().collect();
         exclude.extend(self.quarantined());
@@ -567,6 +551,43 @@ impl BookKeeper {
                 }
             }
         }
+        Ok(chosen)
+    }
+
+    /// Replaces the bookies at `failing` positions of the last fragment for entries from
+    /// `entry` on: picks writable bookies outside the ensemble, not quarantined and not in
+    /// `failed`, that it can connect to, and writes the fragment by compare-and-set while the
+    /// ledger is IN_RECOVERY. Returns the positions replaced, or `None` when no position could
+    /// be (nothing is written then).
+    ///
+    /// # Errors
+    /// `Metadata`; `Recovery` when another recoverer changed or closed the ledger meanwhile.
+    async fn recovery_replace(
+        &self,
+        meta: &mut LedgerMetadata,
+        version: &mut Version,
+        id: LedgerId,
+        entry: EntryId,
+        failing: &[usize],
+        failed: &HashSet<BookieId>,
+    ) -> Result<Option<Vec<usize>>, Error> {
+        let last = meta
+            .fragments
+            .last()
+            .ok_or_else(|| Error::Invalid("ledger without fragments".into()))?
+            .clone();
+        if last.first_entry > entry.0 {
+            return Err(Error::Recovery {
+                ledger: id.0,
+                reason: format!(
+                    "entry {entry} being recovered lies before the last fragment (from {})",
+                    last.first_entry
+                ),
+            });
+        }
+        let chosen = self
+            .pick_recovery_replacements(meta, &last, id, failing, failed)
+            .await?;
         if chosen.is_empty() {
             return Ok(None);
         }
