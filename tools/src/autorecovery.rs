@@ -90,7 +90,11 @@ pub fn run(args: AutorecoveryArgs) -> Result<()> {
     file.autorecovery
         .validate()
         .map_err(|e| anyhow::anyhow!("{}", e.in_table("autorecovery")))?;
+    file.ledger
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}", e.in_table("ledger")))?;
     let mut options = file.autorecovery.options();
+    options.placement = file.ledger.clone();
     options.bookie_tls = match file.bookie_tls.resolve()? {
         Some(t) => Some(t.client_config()?),
         None => None,

@@ -69,6 +69,8 @@ pub struct StatusArgs {
 pub struct BookieStatus {
     pub id: String,
     pub rack: Option<String>,
+    /// Region label (`None`: unlabelled, default-region).
+    pub region: Option<String>,
     /// `writable`, `read-only` or `down`.
     pub state: &'static str,
     /// Whether a decommission of it is pending.
@@ -190,6 +192,7 @@ pub async fn read_status(store: &ZkStore, autorecovery_expected: bool) -> Result
         .map(|b| BookieStatus {
             id: b.id.0.clone(),
             rack: b.rack.clone(),
+            region: b.region.clone(),
             state: if b.read_only { "read-only" } else { "writable" },
             decommissioning: leaving(&b.id.0),
         })
@@ -198,10 +201,11 @@ pub async fn read_status(store: &ZkStore, autorecovery_expected: bool) -> Result
         .iter()
         .filter(|c| !registered.iter().any(|b| &b.id.0 == *c))
     {
-        // The rack lives only in the registration, which a down bookie no longer has.
+        // The labels live only in the registration, which a down bookie no longer has.
         bookies.push(BookieStatus {
             id: id.clone(),
             rack: None,
+            region: None,
             state: "down",
             decommissioning: leaving(id),
         });
@@ -284,11 +288,7 @@ fn format_status(s: &Status) -> Result<String> {
     }
     writeln!(out, "bookies: {}", s.bookies.len())?;
     for b in &s.bookies {
-        let rack = b
-            .rack
-            .as_deref()
-            .map(|r| format!(" rack={r}"))
-            .unwrap_or_default();
+        let rack = labels(b.region.as_deref(), b.rack.as_deref());
         let leaving = if b.decommissioning {
             ", decommissioning"
         } else {
@@ -331,4 +331,17 @@ fn format_status(s: &Status) -> Result<String> {
         )?;
     }
     Ok(out)
+}
+
+/// ` region=R rack=K` for the labels a registration carries (each left out when unset), as
+/// `quire bookie list`, `quire proxy list` and `quire cluster status` print them.
+pub fn labels(region: Option<&str>, rack: Option<&str>) -> String {
+    let mut out = String::new();
+    if let Some(r) = region {
+        out.push_str(&format!(" region={r}"));
+    }
+    if let Some(r) = rack {
+        out.push_str(&format!(" rack={r}"));
+    }
+    out
 }

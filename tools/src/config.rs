@@ -79,6 +79,13 @@ const AUTORECOVERY: Table = (
     open_ledger_rereplication_grace_period_ms autorecovery_poll_interval_ms=poll_interval_ms \
     auditor_periodic_check_interval_secs replication_rate_bytes",
 );
+/// The `[ledger]` table (`quire_ledger::placement::PlacementSettings`): placement of new
+/// ensembles (the proxy) and of replacements (the proxy, autorecovery, decommission).
+const LEDGER: Table = (
+    "ledger",
+    "placement min_racks_per_write_quorum enforce_min_racks min_regions_for_durability \
+    enforce_durability",
+);
 const TLS: Table = (
     "tls",
     "tls_cert_file=cert_file tls_key_file=key_file \
@@ -94,7 +101,7 @@ const BOOKIE_TLS: Table = (
 pub const BOOKIE_KEYS: &[Table] = &[
     (
         "",
-        "listen advertised rack metrics_listen cluster_secret_file",
+        "listen advertised rack region metrics_listen cluster_secret_file",
     ),
     ZOOKEEPER,
     (
@@ -121,13 +128,14 @@ pub const BOOKIE_KEYS: &[Table] = &[
     TLS,
     ("autorecovery", "autorecovery_enabled=enabled"),
     AUTORECOVERY,
+    LEDGER,
 ];
 
 /// The tables of `quire proxy`.
 pub const PROXY_KEYS: &[Table] = &[
     (
         "",
-        "listen advertised metrics_listen cluster_secret_file auth_tokens_file \
+        "listen advertised region rack metrics_listen cluster_secret_file auth_tokens_file \
         drain_timeout_ms",
     ),
     ZOOKEEPER,
@@ -154,6 +162,7 @@ pub const PROXY_KEYS: &[Table] = &[
     ),
     TLS,
     BOOKIE_TLS,
+    LEDGER,
 ];
 
 /// The tables of `quire autorecovery`.
@@ -163,6 +172,7 @@ pub const AUTORECOVERY_KEYS: &[Table] = &[
     AUTORECOVERY,
     ("autorecovery", "name"),
     BOOKIE_TLS,
+    LEDGER,
 ];
 
 /// Every key of a process's tables.
@@ -191,6 +201,8 @@ pub struct BookieFile {
     pub listen: Option<SocketAddr>,
     pub advertised: Option<String>,
     pub rack: Option<String>,
+    /// Region label recorded in the bookie registry (none: `default-region`).
+    pub region: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
     pub cluster_secret_file: Option<PathBuf>,
     pub zookeeper: ZooKeeperConfig,
@@ -199,6 +211,8 @@ pub struct BookieFile {
     pub compaction: quire_engine::CompactionSettings,
     pub tls: ServerTlsSettings,
     pub autorecovery: AutorecoveryConfig,
+    /// Placement of the replacements this bookie's autorecovery chooses.
+    pub ledger: quire_ledger::placement::PlacementSettings,
 }
 
 /// The file of `quire proxy`.
@@ -207,6 +221,10 @@ pub struct BookieFile {
 pub struct ProxyFile {
     pub listen: Option<SocketAddr>,
     pub advertised: Option<String>,
+    /// Region and rack labels of this proxy, in its proxy registry record (none:
+    /// `default-region`, `/default-rack`).
+    pub region: Option<String>,
+    pub rack: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
     pub cluster_secret_file: Option<PathBuf>,
     pub auth_tokens_file: Option<PathBuf>,
@@ -218,6 +236,8 @@ pub struct ProxyFile {
     pub limits: quire_proxy::LimitSettings,
     pub tls: ServerTlsSettings,
     pub bookie_tls: ClientTlsSettings,
+    /// Placement of new ensembles and replacements.
+    pub ledger: quire_ledger::placement::PlacementSettings,
 }
 
 impl Default for ProxyFile {
@@ -225,6 +245,8 @@ impl Default for ProxyFile {
         Self {
             listen: None,
             advertised: None,
+            region: None,
+            rack: None,
             metrics_listen: None,
             cluster_secret_file: None,
             auth_tokens_file: None,
@@ -235,6 +257,7 @@ impl Default for ProxyFile {
             limits: Default::default(),
             tls: Default::default(),
             bookie_tls: Default::default(),
+            ledger: Default::default(),
         }
     }
 }
@@ -248,6 +271,8 @@ pub struct AutorecoveryFile {
     pub zookeeper: ZooKeeperConfig,
     pub autorecovery: AutorecoveryConfig,
     pub bookie_tls: ClientTlsSettings,
+    /// Placement of the replacements re-replication and decommission choose.
+    pub ledger: quire_ledger::placement::PlacementSettings,
 }
 
 /// Reads `config` (if any) into `T`, reading old spellings as `keys` say, then overlays the

@@ -597,6 +597,68 @@ fn proxy_txid_guard_setting_is_read() {
 }
 
 #[test]
+fn topology_labels_and_placement_are_read_and_checked() {
+    // Issue 30. Goal: region and rack of a bookie and a proxy come from the top level of the
+    // file or the flags (flags win); the [ledger] table sets the placement of the proxy and of
+    // the bookie's autorecovery, flags win, a bad value names the key. Defaults: unlabelled,
+    // random placement, durability enforced over 2 regions.
+    let o = proxy_from(PROXY).unwrap();
+    assert_eq!(o.labels, (None, None));
+    assert_eq!(
+        o.placement,
+        quire_ledger::placement::PlacementSettings::default()
+    );
+    let text = "listen = \"127.0.0.1:4181\"\nregion = \"eu\"\nrack = \"r1\"\n[zookeeper]\nservers = \"h:1\"\n[ledger]\nplacement = \"region-aware\"\nmin_regions_for_durability = 3\n";
+    let o = proxy_file(text, &proxy_flags()).unwrap().resolve().unwrap();
+    assert_eq!(o.labels, (Some("eu".into()), Some("r1".into())));
+    assert_eq!(
+        o.placement.placement,
+        quire_ledger::placement::Policy::RegionAware
+    );
+    assert_eq!(o.placement.min_regions_for_durability, 3);
+    let flags = ProxyFlags {
+        region: Some("us".into()),
+        placement: Some(quire_ledger::placement::Policy::RackAware),
+        enforce_min_racks: Some(true),
+        ..proxy_flags()
+    };
+    let o = proxy_file(text, &flags).unwrap().resolve().unwrap();
+    assert_eq!(o.labels.0.as_deref(), Some("us"));
+    assert_eq!(
+        o.placement.placement,
+        quire_ledger::placement::Policy::RackAware
+    );
+    assert!(o.placement.enforce_min_racks);
+    let e = proxy_from(&format!(
+        "{PROXY}[ledger]\nmin_regions_for_durability = 0\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("ledger") && e.contains("min_regions_for_durability"),
+        "{e}"
+    );
+    let e = proxy_file(
+        &format!("{PROXY}[ledger]\nplacement = \"zone\"\n"),
+        &proxy_flags(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("region-aware"), "{e}");
+    let flags = BookieFlags {
+        region: Some("eu".into()),
+        placement: Some(quire_ledger::placement::Policy::RegionAware),
+        ..bookie_flags()
+    };
+    let o = bookie_file(BOOKIE, &flags).unwrap().resolve().unwrap();
+    assert_eq!(o.region.as_deref(), Some("eu"));
+    assert_eq!(
+        o.autorecovery.unwrap().placement.placement,
+        quire_ledger::placement::Policy::RegionAware
+    );
+}
+
+#[test]
 fn proxy_memory_bounds_are_read_and_checked() {
     // Goal: the proxy port's memory bounds have their defaults unless configured, are read
     // from the file, and values below the frame limit or out of range are refused.

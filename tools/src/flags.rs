@@ -136,6 +136,9 @@ pub struct BookieFlags {
     /// Rack label recorded in the bookie registry.
     #[arg(long)]
     pub rack: Option<String>,
+    /// Region label recorded in the bookie registry (unset: default-region).
+    #[arg(long)]
+    pub region: Option<String>,
     /// Shards: glommio executors, one engine each ([bookie] shards).
     #[arg(long)]
     pub shards: Option<usize>,
@@ -292,6 +295,26 @@ pub struct BookieFlags {
     /// proves (docs/protocol.md §2). Required.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
+    /// Placement of ledgers' bookies: `default` (random), `rack-aware` or `region-aware`
+    /// ([ledger] placement).
+    #[arg(long)]
+    pub placement: Option<quire_ledger::placement::Policy>,
+    /// Racks each write set spans at least under rack-aware placement (BookKeeper
+    /// `minNumRacksPerWriteQuorum`; [ledger] min_racks_per_write_quorum).
+    #[arg(long)]
+    pub min_racks_per_write_quorum: Option<u8>,
+    /// Fail a rack-aware placement that cannot keep min_racks_per_write_quorum (BookKeeper
+    /// `enforceMinNumRacksPerWriteQuorum`; [ledger] enforce_min_racks).
+    #[arg(long)]
+    pub enforce_min_racks: Option<bool>,
+    /// Regions every ack quorum spans at least under region-aware placement (DistributedLog
+    /// `minRegionsForDurability`; [ledger] min_regions_for_durability).
+    #[arg(long)]
+    pub min_regions_for_durability: Option<u8>,
+    /// Fail a region-aware placement that cannot keep min_regions_for_durability
+    /// (BookKeeper `enforceDurability`; [ledger] enforce_durability).
+    #[arg(long)]
+    pub enforce_durability: Option<bool>,
 }
 
 /// `quire proxy` flags (None: not given, the file's value or the default stands).
@@ -307,6 +330,12 @@ pub struct ProxyFlags {
     /// listen address, which must then not be a wildcard).
     #[arg(long)]
     pub advertised: Option<String>,
+    /// Region label of this proxy, in its proxy registry record (unset: default-region).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// Rack label of this proxy, in its proxy registry record (unset: /default-rack).
+    #[arg(long)]
+    pub rack: Option<String>,
     /// Ensemble size E of new segments' ledgers ([streams] ensemble_size).
     #[arg(long)]
     pub ensemble_size: Option<u8>,
@@ -470,6 +499,26 @@ pub struct ProxyFlags {
     /// File holding the cluster secret proved to every bookie. Required.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
+    /// Placement of ledgers' bookies: `default` (random), `rack-aware` or `region-aware`
+    /// ([ledger] placement).
+    #[arg(long)]
+    pub placement: Option<quire_ledger::placement::Policy>,
+    /// Racks each write set spans at least under rack-aware placement (BookKeeper
+    /// `minNumRacksPerWriteQuorum`; [ledger] min_racks_per_write_quorum).
+    #[arg(long)]
+    pub min_racks_per_write_quorum: Option<u8>,
+    /// Fail a rack-aware placement that cannot keep min_racks_per_write_quorum (BookKeeper
+    /// `enforceMinNumRacksPerWriteQuorum`; [ledger] enforce_min_racks).
+    #[arg(long)]
+    pub enforce_min_racks: Option<bool>,
+    /// Regions every ack quorum spans at least under region-aware placement (DistributedLog
+    /// `minRegionsForDurability`; [ledger] min_regions_for_durability).
+    #[arg(long)]
+    pub min_regions_for_durability: Option<u8>,
+    /// Fail a region-aware placement that cannot keep min_regions_for_durability
+    /// (BookKeeper `enforceDurability`; [ledger] enforce_durability).
+    #[arg(long)]
+    pub enforce_durability: Option<bool>,
 }
 
 /// `quire autorecovery` flags (None: not given, the file's value or the default stands).
@@ -514,6 +563,26 @@ pub struct AutorecoveryFlags {
     /// File holding the cluster secret (see `quire bookie`). Required.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
+    /// Placement of ledgers' bookies: `default` (random), `rack-aware` or `region-aware`
+    /// ([ledger] placement).
+    #[arg(long)]
+    pub placement: Option<quire_ledger::placement::Policy>,
+    /// Racks each write set spans at least under rack-aware placement (BookKeeper
+    /// `minNumRacksPerWriteQuorum`; [ledger] min_racks_per_write_quorum).
+    #[arg(long)]
+    pub min_racks_per_write_quorum: Option<u8>,
+    /// Fail a rack-aware placement that cannot keep min_racks_per_write_quorum (BookKeeper
+    /// `enforceMinNumRacksPerWriteQuorum`; [ledger] enforce_min_racks).
+    #[arg(long)]
+    pub enforce_min_racks: Option<bool>,
+    /// Regions every ack quorum spans at least under region-aware placement (DistributedLog
+    /// `minRegionsForDurability`; [ledger] min_regions_for_durability).
+    #[arg(long)]
+    pub min_regions_for_durability: Option<u8>,
+    /// Fail a region-aware placement that cannot keep min_regions_for_durability
+    /// (BookKeeper `enforceDurability`; [ledger] enforce_durability).
+    #[arg(long)]
+    pub enforce_durability: Option<bool>,
 }
 
 #[cfg(test)]

@@ -25,6 +25,8 @@ pub struct BookieOptions {
     /// The bookie id, `host:port` clients connect to.
     pub advertised: String,
     pub rack: Option<String>,
+    /// Region label recorded in the registry (`None`: default-region).
+    pub region: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
     pub bookie: quire_bookie::BookieConfig,
     /// The autorecovery daemon to run inside the bookie (`None`: disabled).
@@ -38,6 +40,10 @@ pub struct ProxyOptions {
     pub listen: SocketAddr,
     /// The proxy's identity as a stream owner and the address other proxies redirect to.
     pub advertised: String,
+    /// Region and rack labels, in the proxy registry record.
+    pub labels: (Option<String>, Option<String>),
+    /// Placement of new ensembles and replacements (`[ledger]`).
+    pub placement: quire_ledger::placement::PlacementSettings,
     pub streams: quire_proxy::StreamConfig,
     pub drain_timeout: Duration,
     pub metrics_listen: Option<SocketAddr>,
@@ -103,7 +109,11 @@ impl BookieFile {
         self.autorecovery
             .validate()
             .map_err(|e| named(e, "autorecovery", &keys))?;
+        self.ledger
+            .validate()
+            .map_err(|e| named(e, "ledger", &keys))?;
         let mut autorecovery = self.autorecovery.options();
+        autorecovery.placement = self.ledger.clone();
         autorecovery.cluster_secret = Some(secret);
         if let (Some(tls), true) = (&bookie.tls, self.autorecovery.enabled) {
             // The bookie's own autorecovery talks to the other (TLS) bookies as a client: it
@@ -124,6 +134,7 @@ impl BookieFile {
             metadata,
             advertised,
             rack: self.rack,
+            region: self.region,
             metrics_listen: self.metrics_listen,
             bookie,
             autorecovery: self.autorecovery.enabled.then_some(autorecovery),
@@ -155,6 +166,9 @@ impl ProxyFile {
             .map_err(|e| named(e, "streams", &keys))?;
         let mut streams = quire_proxy::StreamConfig::default();
         self.streams.apply(&mut streams);
+        self.ledger
+            .validate()
+            .map_err(|e| named(e, "ledger", &keys))?;
         let drain_ms = self.drain_timeout_ms;
         if !(100..=3_600_000).contains(&drain_ms) {
             bail!("invalid setting drain_timeout_ms = {drain_ms}: expected 100 to 3600000");
@@ -168,6 +182,8 @@ impl ProxyFile {
             metadata,
             listen,
             advertised,
+            labels: (self.region, self.rack),
+            placement: self.ledger,
             streams,
             drain_timeout: Duration::from_millis(drain_ms),
             metrics_listen: self.metrics_listen,

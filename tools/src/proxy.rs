@@ -80,12 +80,13 @@ fn list(args: ProxyListArgs) -> Result<()> {
             let age = now_ms.saturating_sub(p.updated_ms);
             writeln!(
                 out,
-                "{} owned_streams={} heartbeat={} updated={}.{:03}s ago",
+                "{} owned_streams={} heartbeat={} updated={}.{:03}s ago{}",
                 p.address,
                 p.owned_streams,
                 p.heartbeat,
                 age / 1000,
-                age % 1000
+                age % 1000,
+                crate::cluster::labels(p.region.as_deref(), p.rack.as_deref())
             )?;
         }
         let owned: u64 = proxies.iter().map(|p| p.owned_streams).sum();
@@ -190,12 +191,14 @@ fn stream_manager(
         quire_ledger::ClientConfig {
             tls: bookie_tls,
             cluster_secret: Some(options.cluster_secret),
+            placement: options.placement.clone(),
             ..quire_ledger::ClientConfig::default()
         },
         read_runtime.clone(),
     );
     let mut config = options.streams.clone();
     config.owner_address = options.advertised.clone();
+    config.owner_labels = options.labels.clone();
     Ok(quire_proxy::StreamManager::new(store, bk, config))
 }
 

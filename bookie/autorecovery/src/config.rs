@@ -38,6 +38,9 @@ pub struct AutorecoveryOptions {
     /// The cluster secret proved to every bookie (`None` only in tests of bookies without
     /// one; `quire autorecovery` and `quire bookie` always set it).
     pub cluster_secret: Option<quire_wire::auth::ClusterSecret>,
+    /// Placement of the replacement bookies re-replication and decommission choose (the
+    /// `[ledger]` table; the same policy as the proxies').
+    pub placement: quire_ledger::placement::PlacementSettings,
 }
 
 /// The `[autorecovery]` table of `quire bookie` and `quire autorecovery`. Its defaults are
@@ -113,6 +116,7 @@ impl AutorecoveryConfig {
             replication_rate_bytes: Some(self.replication_rate_bytes).filter(|&r| r > 0),
             bookie_tls: None,
             cluster_secret: None,
+            placement: quire_ledger::placement::PlacementSettings::default(),
         }
     }
 }

@@ -75,6 +75,7 @@ async fn run_session<S: UnderReplicationStore>(
             replication_rate_bytes_per_sec: options.replication_rate_bytes,
             tls: options.bookie_tls.clone(),
             cluster_secret: options.cluster_secret,
+            placement: options.placement.clone(),
             ..ClientConfig::default()
         },
     );

@@ -48,6 +48,10 @@ pub struct ClientConfig {
     /// with digest authentication). `None`, the default, speaks version 1, which a bookie
     /// with a secret refuses.
     pub cluster_secret: Option<quire_wire::auth::ClusterSecret>,
+    /// How new ensembles and replacements are placed over regions and racks (`[ledger]`
+    /// table; [`crate::placement`]); the default is random (BookKeeper's
+    /// `DefaultEnsemblePlacementPolicy`).
+    pub placement: crate::placement::PlacementSettings,
 }
 
 impl Default for ClientConfig {
@@ -60,6 +64,7 @@ impl Default for ClientConfig {
             replication_rate_bytes_per_sec: None,
             tls: None,
             cluster_secret: None,
+            placement: crate::placement::PlacementSettings::default(),
         }
     }
 }

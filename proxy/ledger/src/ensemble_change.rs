@@ -85,9 +85,10 @@ impl WriterShared {
     }
 
     /// Placement: a reachable replacement for each failed position (BookKeeper's placement
-    /// policy via [`placement::choose_replacement`]), none of the ensemble's bookies nor a
-    /// quarantined one; an unreachable candidate is quarantined and the next one tried. The
-    /// failed bookies are quarantined too. A position with no candidate left gets none.
+    /// policy via [`placement::choose_replacement`], with the client's settings), none of the
+    /// ensemble's bookies nor a quarantined one; an unreachable candidate is quarantined and
+    /// the next one tried. The failed bookies are quarantined too. A position with no
+    /// candidate left, or none the enforced policy accepts (logged), gets none.
     async fn choose_replacements(
         &self,
         registered: &[BookieInfo],
@@ -97,26 +98,34 @@ impl WriterShared {
         let client = &self.client;
         let mut exclude: HashSet<BookieId> = ensemble.iter().cloned().collect();
         exclude.extend(client.quarantined());
-        let mut keep: Vec<BookieId> = ensemble
-            .iter()
-            .enumerate()
-            .filter(|(p, _)| !failing.iter().any(|(f, _)| f == p))
-            .map(|(_, b)| b.clone())
-            .collect();
+        let mut slots: Vec<Option<BookieId>> = ensemble.iter().cloned().map(Some).collect();
+        for (p, _) in failing {
+            slots[*p] = None;
+        }
         let mut chosen: Vec<Replacement> = Vec::new();
         for (pos, _) in failing {
             loop {
                 let pick = placement::choose_replacement(
+                    &client.inner.config.placement,
+                    self.quorum,
                     registered,
-                    &keep,
+                    &slots,
+                    *pos,
                     &exclude,
                     &mut quire_clock::rng(),
                 );
-                let Some(b) = pick else { break };
+                let b = match pick {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::warn!(ledger = self.id.0, position = pos, "no replacement: {err}");
+                        break;
+                    }
+                };
                 exclude.insert(b.clone());
                 match client.conn(&b, Lane::Tail).await {
                     Ok(c) => {
-                        keep.push(b.clone());
+                        slots[*pos] = Some(b.clone());
                         chosen.push((*pos, b, c));
                         break;
                     }

@@ -71,6 +71,12 @@ pub enum Error {
     /// Recovery could not establish the ledger's end.
     #[error("recovery of ledger {ledger} failed: {reason}")]
     Recovery { ledger: u64, reason: String },
+    /// The placement policy cannot keep its rule with the bookies registered (a
+    /// `region-aware` ensemble whose ack quorums would lie in too few regions, a `rack-aware`
+    /// one with too few racks, when enforced; see [`crate::placement`]). The message names
+    /// the rule and the writable bookies per region.
+    #[error("placement: {0}")]
+    Placement(String),
     /// Bad arguments (quorum shape, sizes).
     #[error("invalid argument: {0}")]
     Invalid(String),

@@ -488,6 +488,72 @@ impl BookKeeper {
         out
     }
 
+    /// The replacements for `failing` positions of `last` (BookKeeper's placement policy via
+    /// [`placement::choose_replacement`], with the client's settings): writable bookies outside
+    /// the ensemble, not quarantined and not in `failed`, that it can connect to; an
+    /// unreachable one is quarantined and the next tried. A position with none gets none.
+    ///
+    /// # Errors
+    /// The registry listing's.
+    async fn pick_recovery_replacements(
+        &self,
+        meta: &LedgerMetadata,
+        last: &Fragment,
+        id: LedgerId,
+        failing: &[usize],
+        failed: &HashSet<BookieId>,
+    ) -> Result<Vec<(usize, BookieId)>, Error> {
+        let registered = self.inner.metadata.list_bookies().await?;
+        let mut exclude: HashSet<BookieId> = last.bookies.iter().cloned().collect();
+        exclude.extend(self.quarantined());
+        exclude.extend(failed.iter().cloned());
+        let mut slots: Vec<Option<BookieId>> = last.bookies.iter().cloned().map(Some).collect();
+        for &p in failing {
+            slots[p] = None;
+        }
+        let shape = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum);
+        let mut chosen: Vec<(usize, BookieId)> = Vec::new();
+        for &pos in failing {
+            loop {
+                // The thread-local generator must not live across the await below.
+                let pick = placement::choose_replacement(
+                    &self.inner.config.placement,
+                    shape,
+                    &registered,
+                    &slots,
+                    pos,
+                    &exclude,
+                    &mut quire_clock::rng(),
+                );
+                let b = match pick {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::warn!(
+                            ledger = id.0,
+                            position = pos,
+                            "no recovery replacement: {err}"
+                        );
+                        break;
+                    }
+                };
+                exclude.insert(b.clone());
+                match self.conn(&b, Lane::Tail).await {
+                    Ok(_) => {
+                        slots[pos] = Some(b.clone());
+                        chosen.push((pos, b));
+                        break;
+                    }
+                    Err(err) => {
+                        tracing::warn!(ledger = id.0, bookie = %b, "recovery replacement unreachable: {err}");
+                        self.quarantine(&b);
+                    }
+                }
+            }
+        }
+        Ok(chosen)
+    }
+
     /// Replaces the bookies at `failing` positions of the last fragment for entries from
     /// `entry` on: picks writable bookies outside the ensemble, not quarantined and not in
     /// `failed`, that it can connect to, and writes the fragment by compare-and-set while the
@@ -519,42 +585,9 @@ impl BookKeeper {
                 ),
             });
         }
-        let registered = self.inner.metadata.list_bookies().await?;
-        let mut exclude: HashSet<BookieId> = last.bookies.iter().cloned().collect();
-        exclude.extend(self.quarantined());
-        exclude.extend(failed.iter().cloned());
-        let mut keep: Vec<BookieId> = last
-            .bookies
-            .iter()
-            .enumerate()
-            .filter(|(p, _)| !failing.contains(p))
-            .map(|(_, b)| b.clone())
-            .collect();
-        let mut chosen: Vec<(usize, BookieId)> = Vec::new();
-        for &pos in failing {
-            loop {
-                // The thread-local generator must not live across the await below.
-                let pick = placement::choose_replacement(
-                    &registered,
-                    &keep,
-                    &exclude,
-                    &mut quire_clock::rng(),
-                );
-                let Some(b) = pick else { break };
-                exclude.insert(b.clone());
-                match self.conn(&b, Lane::Tail).await {
-                    Ok(_) => {
-                        keep.push(b.clone());
-                        chosen.push((pos, b));
-                        break;
-                    }
-                    Err(err) => {
-                        tracing::warn!(ledger = id.0, bookie = %b, "recovery replacement unreachable: {err}");
-                        self.quarantine(&b);
-                    }
-                }
-            }
-        }
+        let chosen = self
+            .pick_recovery_replacements(meta, &last, id, failing, failed)
+            .await?;
         if chosen.is_empty() {
             return Ok(None);
         }

@@ -141,7 +141,8 @@ impl BookKeeper {
     /// `Metadata` (`NotFound` when the ledger was deleted); `Invalid` when no fragment starts
     /// at `first_entry` or it has no end yet; `Recovery` when the fragment no longer holds
     /// `lost` or changed its end (someone else replaced it), or no replacement bookie exists
-    /// (`NotEnoughBookies`); `NoSuchEntry` when no replica holds an entry; `DivergentReplica`;
+    /// (`NotEnoughBookies`) or none keeps the placement policy's enforced rule (`Placement`);
+    /// `NoSuchEntry` when no replica holds an entry; `DivergentReplica`;
     /// a bookie error of the replacement. The metadata is unchanged on every error.
     pub async fn replicate_fragment(
         &self,
@@ -184,11 +185,15 @@ impl BookKeeper {
     }
 
     /// The replacement for `lost` in `fragment` (BookKeeper's placement policy via
-    /// [`placement::choose_replacement`]): reachable, not in the fragment, not quarantined,
-    /// not in `avoid`; an unreachable candidate is quarantined and the next one tried.
+    /// [`placement::choose_replacement`], with the client's settings, so autorecovery and
+    /// decommission keep the same rule as the writers): reachable, not in the fragment, not
+    /// quarantined, not in `avoid`; an unreachable candidate is quarantined and the next one
+    /// tried.
     ///
     /// # Errors
-    /// `NotEnoughBookies` when no candidate is left; the registration listing's errors.
+    /// `NotEnoughBookies` when no candidate is left; `Placement` when candidates exist but
+    /// none keeps the enforced rule; `Invalid` when `lost` is not in the fragment; the
+    /// registration listing's errors.
     async fn choose_target(
         &self,
         id: LedgerId,
@@ -198,22 +203,26 @@ impl BookKeeper {
         avoid: &HashSet<BookieId>,
     ) -> Result<BookieId, Error> {
         let registered = self.registered_bookies().await?;
-        let keep: Vec<BookieId> = fragment
+        let position = fragment
             .bookies
             .iter()
-            .filter(|b| *b != lost)
-            .cloned()
-            .collect();
+            .position(|b| b == lost)
+            .ok_or_else(|| Error::Invalid(format!("{lost} is not in the fragment")))?;
+        let slots: Vec<Option<BookieId>> = fragment.bookies.iter().cloned().map(Some).collect();
+        let shape = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum);
         let mut exclude: HashSet<BookieId> = fragment.bookies.iter().cloned().collect();
         exclude.extend(self.quarantined());
         exclude.extend(avoid.iter().cloned());
         loop {
             let pick = placement::choose_replacement(
+                &self.inner.config.placement,
+                shape,
                 &registered,
-                &keep,
+                &slots,
+                position,
                 &exclude,
                 &mut quire_clock::rng(),
-            );
+            )?;
             let Some(b) = pick else {
                 return Err(Error::NotEnoughBookies {
                     needed: usize::from(meta.ensemble_size) + 1,

@@ -23,7 +23,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::conn::{self, Lane, Reply};
 use crate::quorum::{self, AckTracker, Progress};
-use crate::{BookKeeper, Error};
+use crate::{placement, BookKeeper, Error};
 
 /// How to create a ledger.
 #[derive(Debug, Clone)]
@@ -84,11 +84,13 @@ fn now_ms() -> u64 {
 }
 
 impl BookKeeper {
-    /// Creates a ledger on E randomly chosen writable bookies it can connect to (bookies that
-    /// failed lately are tried last; one that cannot be reached is quarantined and skipped).
+    /// Creates a ledger on E writable bookies it can connect to, placed by the client's
+    /// placement policy (`ClientConfig::placement`; bookies that failed lately are placed only
+    /// when needed; one that cannot be reached is quarantined and skipped).
     ///
     /// # Errors
     /// `Invalid` unless E >= Qw >= Qa >= 1, or for an empty password; `NotEnoughBookies` (fewer than E registered);
+    /// `Placement` (the policy's enforced rule cannot be kept with the registered bookies);
     /// `BookieUnreachable` (fewer than E reachable: the last connect error); `Metadata`.
     pub async fn create_ledger(&self, opts: LedgerOptions) -> Result<LedgerWriter, Error> {
         let (e, w, a) = (opts.ensemble_size, opts.write_quorum, opts.ack_quorum);
@@ -102,7 +104,7 @@ impl BookKeeper {
                 "a ledger needs its writer's secret (LedgerOptions::password is empty)".into(),
             ));
         }
-        let ensemble = self.connect_ensemble(e).await?;
+        let ensemble = self.connect_ensemble((e, w, a)).await?;
         let candidates: Vec<BookieId> = ensemble.iter().map(|s| s.bookie.clone()).collect();
         let id = self.inner.metadata.allocate_ledger_id().await?;
         let key = ledger_master_key(&opts.password, id);
@@ -150,61 +152,65 @@ impl BookKeeper {
         })
     }
 
-    /// Connects to `e` randomly chosen writable registered bookies (BookKeeper's default
-    /// ensemble placement, without racks). Bookies that failed lately go last; a registered
+    /// Connects to an ensemble of `e` writable registered bookies placed by the client's
+    /// policy ([`crate::placement::choose_ensemble`]; BookKeeper `newEnsemble`). Bookies that
+    /// failed lately are placed only when no placement exists without them; a registered
     /// bookie that cannot be connected to (dead, its registration not yet expired) is
-    /// quarantined and the next one is tried, so a new ledger does not wait for the registry
-    /// to notice a crash.
+    /// quarantined and the placement made again without it, so a new ledger does not wait for
+    /// the registry to notice a crash.
     ///
     /// # Errors
-    /// `NotEnoughBookies` (fewer than `e` registered writable ones); the last connect error
-    /// when fewer than `e` are reachable; `Metadata`.
-    async fn connect_ensemble(&self, e: u8) -> Result<Vec<Slot>, Error> {
-        let mut candidates: Vec<BookieId> = self
-            .registered_bookies()
-            .await?
-            .into_iter()
-            .filter(|b| !b.read_only)
-            .map(|b| b.id)
-            .collect();
-        if candidates.len() < usize::from(e) {
-            return Err(Error::NotEnoughBookies {
-                needed: usize::from(e),
-                available: candidates.len(),
-            });
-        }
-        {
-            use rand::seq::SliceRandom;
-            candidates.shuffle(&mut quire_clock::rng());
-        }
-        let quarantined = self.quarantined();
-        candidates.sort_by_key(|b| quarantined.contains(b));
-        let mut ensemble = Vec::with_capacity(usize::from(e));
+    /// `NotEnoughBookies` (fewer than `e` eligible); `Placement` (the enforced rule of the
+    /// policy cannot be kept); the last connect error when fewer than `e` are reachable;
+    /// `Metadata`.
+    async fn connect_ensemble(&self, (e, w, a): placement::Shape) -> Result<Vec<Slot>, Error> {
+        let registered = self.registered_bookies().await?;
+        let settings = &self.inner.config.placement;
+        let mut unreachable: HashSet<BookieId> = HashSet::new();
         let mut last_err = None;
-        for b in &candidates {
-            if ensemble.len() == usize::from(e) {
-                break;
-            }
-            match self.conn(b, Lane::Tail).await {
-                Ok(conn) => ensemble.push(Slot {
-                    bookie: b.clone(),
-                    conn,
-                    generation: 0,
-                }),
-                Err(err) => {
-                    tracing::warn!(bookie = %b.0, error = %err, "skipping an unreachable bookie for a new ledger");
-                    self.quarantine(b);
-                    last_err = Some(err);
+        loop {
+            let mut avoid: HashSet<BookieId> = unreachable.clone();
+            avoid.extend(self.quarantined());
+            let placed = placement::choose_ensemble(
+                settings,
+                (e, w, a),
+                &registered,
+                &avoid,
+                &mut quire_clock::rng(),
+            )
+            .or_else(|_| {
+                placement::choose_ensemble(
+                    settings,
+                    (e, w, a),
+                    &registered,
+                    &unreachable,
+                    &mut quire_clock::rng(),
+                )
+            });
+            let chosen = match placed {
+                Ok(chosen) => chosen,
+                Err(err) => return Err(last_err.unwrap_or(err)),
+            };
+            let mut ensemble = Vec::with_capacity(usize::from(e));
+            for b in &chosen {
+                match self.conn(b, Lane::Tail).await {
+                    Ok(conn) => ensemble.push(Slot {
+                        bookie: b.clone(),
+                        conn,
+                        generation: 0,
+                    }),
+                    Err(err) => {
+                        tracing::warn!(bookie = %b.0, error = %err, "skipping an unreachable bookie for a new ledger");
+                        self.quarantine(b);
+                        unreachable.insert(b.clone());
+                        last_err = Some(err);
+                    }
                 }
             }
+            if ensemble.len() == usize::from(e) {
+                return Ok(ensemble);
+            }
         }
-        if ensemble.len() < usize::from(e) {
-            return Err(last_err.unwrap_or(Error::NotEnoughBookies {
-                needed: usize::from(e),
-                available: ensemble.len(),
-            }));
-        }
-        Ok(ensemble)
     }
 }
 

@@ -23,8 +23,11 @@ impl std::fmt::Display for BookieId {
 pub struct BookieInfo {
     /// Identity, also the address clients connect to.
     pub id: BookieId,
-    /// Optional rack label for placement.
+    /// Optional rack label for placement (none: BookKeeper's `/default-rack`).
     pub rack: Option<String>,
+    /// Optional region label for placement (none: BookKeeper's `default-region`); absent in
+    /// records written before regions, which read as none.
+    pub region: Option<String>,
     /// A read-only bookie serves reads but takes no new ledgers.
     pub read_only: bool,
 }
@@ -732,4 +735,11 @@ pub struct ProxyInfo {
     /// The proxy's wall clock at the rewrite, in milliseconds since the Unix epoch (shown by
     /// `quire proxy list`; liveness is judged by `heartbeat`, not by comparing clocks).
     pub updated_ms: u64,
+    /// The proxy's region label (`region` in its config; none: `default-region`). Absent in
+    /// records from before regions and left out when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// The proxy's rack label (`rack` in its config; none: `/default-rack`), as `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
 }

@@ -176,6 +176,10 @@ pub struct StreamConfig {
     /// a unique placeholder `unadvertised-<pid>-<n>` is used, fine for a single proxy but
     /// useless to a redirected client.
     pub owner_address: String,
+    /// This proxy's region and rack labels (`region`, `rack` in its config file), written in
+    /// its proxy registry record ([`quire_metadata::ProxyInfo`]) and shown by `quire proxy
+    /// list`. `None`: BookKeeper's `default-region` and `/default-rack`.
+    pub owner_labels: (Option<String>, Option<String>),
     /// A segment that holds at least one record rolls once it has been open this long
     /// (DistributedLog `logSegmentRollingIntervalMinutes`, default 2 h), beside the size rule.
     /// Measured on the monotonic clock from the segment's start, so wall-clock jumps neither
@@ -274,6 +278,7 @@ impl Default for StreamConfig {
             lac_advance_delay: Some(Duration::from_millis(200)),
             append_queue_max: 64,
             owner_address: String::new(),
+            owner_labels: (None, None),
             segment_roll_interval: Some(Duration::from_secs(2 * 3600)),
             retention_time: None,
             retention_size_bytes: None,

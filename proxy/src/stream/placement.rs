@@ -73,6 +73,8 @@ pub fn preferred_owner<'a>(
 /// This proxy's view of the live proxies and its own registration.
 pub(super) struct Placement {
     identity: String,
+    /// Region and rack for the registry record.
+    labels: (Option<String>, Option<String>),
     /// Off without an advertised address or with `balance_moves_per_sec = 0`.
     enabled: bool,
     /// The other proxies seen live at the last tick.
@@ -87,11 +89,18 @@ impl Placement {
     pub(super) fn new(identity: &str, owner_address: &str, moves_per_sec: u32) -> Self {
         Self {
             identity: identity.to_string(),
+            labels: (None, None),
             enabled: !owner_address.is_empty() && moves_per_sec > 0,
             live: Mutex::default(),
             seen: Mutex::default(),
             heartbeat: tokio::sync::Mutex::new(Some(0)),
         }
+    }
+
+    /// The region and rack written in this proxy's registry record.
+    pub(super) fn with_labels(mut self, labels: (Option<String>, Option<String>)) -> Self {
+        self.labels = labels;
+        self
     }
 
     pub(super) fn enabled(&self) -> bool {
@@ -156,6 +165,8 @@ impl Placement {
                 owned_streams: owned as u64,
                 heartbeat: *n,
                 updated_ms: now_ms(),
+                region: self.labels.0.clone(),
+                rack: self.labels.1.clone(),
             };
             metadata.register_proxy(&info).await?;
         }
@@ -215,6 +226,8 @@ mod tests {
             owned_streams: 0,
             heartbeat: hb,
             updated_ms: 0,
+            region: None,
+            rack: None,
         };
         let t0 = quire_clock::now();
         p.update_view(vec![info(1)], t0);

@@ -77,7 +77,8 @@ impl Registry {
                 &config.owner_address,
                 &config.owner_address,
                 config.balance_moves_per_sec,
-            ),
+            )
+            .with_labels(config.owner_labels.clone()),
             config: Arc::new(config),
             streams: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),

@@ -28,11 +28,7 @@ pub fn run(args: BookieListArgs) -> Result<()> {
         }
         let mut out = String::new();
         for b in &bookies {
-            let rack = b
-                .rack
-                .as_deref()
-                .map(|r| format!(" rack={r}"))
-                .unwrap_or_default();
+            let rack = crate::cluster::labels(b.region.as_deref(), b.rack.as_deref());
             let mode = if b.read_only { " (read-only)" } else { "" };
             writeln!(out, "{}{rack}{mode}", b.id)?;
         }

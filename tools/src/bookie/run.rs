@@ -179,6 +179,7 @@ impl Running<'_> {
         let info = BookieInfo {
             id: id.clone(),
             rack: self.options.rack.clone(),
+            region: self.options.region.clone(),
             read_only: read_only.is_read_only(),
         };
         store

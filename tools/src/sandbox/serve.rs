@@ -152,6 +152,7 @@ async fn register_bookies(
         let info = BookieInfo {
             id: BookieId(b.addr().to_string()),
             rack: None,
+            region: None,
             read_only: state.is_read_only(),
         };
         store.register_bookie(info.clone()).await?;

@@ -42,6 +42,7 @@ pub async fn start_registered_bookie(config: BookieConfig, store: &dyn MetadataS
         .register_bookie(BookieInfo {
             id: BookieId(bookie.addr().to_string()),
             rack: None,
+            region: None,
             read_only: false,
         })
         .await
@@ -84,6 +85,7 @@ pub fn follow_read_only(
             let info = BookieInfo {
                 id: id.clone(),
                 rack: None,
+                region: None,
                 read_only: state.is_read_only(),
             };
             if let Err(e) = store.register_bookie(info).await {

@@ -33,6 +33,7 @@ pub fn options() -> AutorecoveryOptions {
         replication_rate_bytes: None,
         bookie_tls: None,
         cluster_secret: None,
+        placement: Default::default(),
     }
 }
 

@@ -48,6 +48,7 @@ async fn survives_reopen_and_rejects_stale_versions() {
         .register_bookie(BookieInfo {
             id: BookieId("127.0.0.1:1".into()),
             rack: None,
+            region: None,
             read_only: false,
         })
         .await

@@ -135,7 +135,18 @@ fn bookie_info() -> BookieInfo {
     BookieInfo {
         id: bookie(2),
         rack: Some("/dc1/rack7".into()),
+        region: None,
         read_only: true,
+    }
+}
+
+/// Issue 30: a registration with a region label.
+fn bookie_info_issue30() -> BookieInfo {
+    BookieInfo {
+        id: bookie(2),
+        rack: Some("/rack7".into()),
+        region: Some("eu-west".into()),
+        read_only: false,
     }
 }
 
@@ -173,7 +184,15 @@ fn every_znode_record_reads_into_its_value() {
         "today's record writes the same bytes"
     );
     assert_eq!(read::<Cookie>("znodes/cookie.json"), cookie());
+    // A registration from before regions reads as region None (default-region).
     assert_eq!(read::<BookieInfo>("znodes/bookie-info.json"), bookie_info());
+    let labelled = read::<BookieInfo>("znodes/bookie-info-issue30.json");
+    assert_eq!(labelled, bookie_info_issue30());
+    assert_eq!(
+        serde_json::to_vec(&labelled).unwrap(),
+        std::fs::read(fixtures().join("znodes/bookie-info-issue30.json")).unwrap(),
+        "today's record writes the same bytes"
+    );
     assert_eq!(
         read::<UnderReplication>("znodes/under-replication.json"),
         under_replication()

@@ -328,6 +328,7 @@ async fn a_restarted_bookie_waits_out_its_old_registration() {
     let info = BookieInfo {
         id: BookieId("127.0.0.1:3181".into()),
         rack: None,
+        region: None,
         read_only: false,
     };
     a.register_bookie(info.clone()).await.unwrap();
@@ -360,6 +361,7 @@ async fn bookie_registrations_are_ephemeral() {
     let info = |id: &str, read_only| BookieInfo {
         id: BookieId(id.into()),
         rack: Some("r1".into()),
+        region: None,
         read_only,
     };
 
