@@ -190,6 +190,8 @@ fn stream_manager(
         quire_ledger::ClientConfig {
             tls: bookie_tls,
             cluster_secret: Some(options.cluster_secret),
+            speculative_read_timeout: options.streams.speculative_read_timeout,
+            max_speculative_read_timeout: options.streams.max_speculative_read_timeout,
             ..quire_ledger::ClientConfig::default()
         },
         read_runtime.clone(),
