@@ -11,7 +11,11 @@
 //! * `backoff` doubles each time a read speculated and the replica asked first still answered
 //!   first (the speculation was wasted load), up to where the timeout reaches `max`, and goes
 //!   back to 1 when a speculative replica wins, as BookKeeper backs its timeout off by its
-//!   multiplier (2) up to `maxSpeculativeReadTimeout`.
+//!   multiplier (2) up to `maxSpeculativeReadTimeout`. BookKeeper starts each read at its first
+//!   timeout again; here the backoff is the client's, so it halves after every
+//!   [`RECOMPUTE_EVERY`] reads with no wasted speculation: a timeout backed off past a slow
+//!   replica's latency (where it no longer speculates, so no speculation can win and reset
+//!   it) comes back down.
 //!
 //! A floor of zero turns speculation off (BookKeeper: `speculativeReadTimeout = 0`).
 
@@ -40,6 +44,8 @@ struct State {
     since_recompute: u32,
     p99: Duration,
     backoff: u32,
+    /// A speculation was wasted since the last recompute (the backoff does not decay then).
+    wasted: bool,
     current: Duration,
 }
 
@@ -56,6 +62,7 @@ impl SpeculativeTimeout {
                 since_recompute: 0,
                 p99: Duration::ZERO,
                 backoff: 1,
+                wasted: false,
                 current: floor,
             }),
         }
@@ -85,6 +92,10 @@ impl SpeculativeTimeout {
         if s.since_recompute >= RECOMPUTE_EVERY {
             s.since_recompute = 0;
             s.p99 = p99(&s.window);
+            if !s.wasted {
+                s.backoff = (s.backoff / 2).max(1);
+            }
+            s.wasted = false;
             s.current = self.timeout(s.p99, s.backoff);
         }
     }
@@ -97,8 +108,11 @@ impl SpeculativeTimeout {
         };
         if helped {
             s.backoff = 1;
-        } else if self.timeout(s.p99, s.backoff) < self.max {
-            s.backoff = s.backoff.saturating_mul(2);
+        } else {
+            s.wasted = true;
+            if self.timeout(s.p99, s.backoff) < self.max {
+                s.backoff = s.backoff.saturating_mul(2);
+            }
         }
         s.current = self.timeout(s.p99, s.backoff);
     }
@@ -175,6 +189,29 @@ mod tests {
             t.speculated(helped);
             assert_eq!(t.current(), Some(want_ms * MS), "after helped={helped}");
         }
+    }
+
+    #[test]
+    fn the_backoff_decays_while_nothing_is_wasted() {
+        let t = SpeculativeTimeout::new(10 * MS, 1000 * MS);
+        for _ in 0..3 {
+            t.speculated(false);
+        }
+        assert_eq!(t.current(), Some(80 * MS));
+        // Reads that did not speculate (the timeout is above the slow replica now): the
+        // backoff halves once per RECOMPUTE_EVERY of them, after the period of the wastes.
+        for want in [80, 40, 20, 10, 10] {
+            for _ in 0..RECOMPUTE_EVERY {
+                t.observe(MS);
+            }
+            assert_eq!(t.current(), Some(want * MS));
+        }
+        // A waste within a recompute period keeps the backoff that period.
+        t.speculated(false);
+        for _ in 0..RECOMPUTE_EVERY {
+            t.observe(MS);
+        }
+        assert_eq!(t.current(), Some(20 * MS));
     }
 
     #[test]
