@@ -140,7 +140,10 @@ mod tests {
         Locality::new(Some(region), Some(rack))
     }
 
-    /// Each case: the client's labels, the replicas (labels or unknown, failed), the order.
+    /// One case: its name, the client's labels, the replicas (labels or unknown, failed), the
+    /// order expected.
+    type Case<'a> = (&'a str, Option<&'a Locality>, Vec<Replica<'a>>, Vec<usize>);
+
     #[test]
     fn read_order_table() {
         let a1 = loc("a", "r1");
@@ -163,7 +166,7 @@ mod tests {
         // 'static labels for the table.
         let leak = |l: Locality| -> &'static Locality { Box::leak(Box::new(l)) };
         let (a1, a2, b1, c9, dflt) = (leak(a1), leak(a2), leak(b1), leak(c9), leak(dflt));
-        let cases: Vec<(&str, Option<&Locality>, Vec<Replica<'_>>, Vec<usize>)> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "all local",
                 Some(a1),
