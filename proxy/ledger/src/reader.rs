@@ -142,6 +142,12 @@ impl LedgerReader {
                 .map(|pos| fragment.bookies[pos].clone())
                 .collect();
         let order = self.client.read_order(&replicas);
+        if order.is_empty() {
+            return Err(Error::Invalid(format!(
+                "ledger {} has an empty write set (write quorum 0)",
+                self.id
+            )));
+        }
         // Fencing reads belong to recovery, a tail operation; plain reads take the read lane.
         let lane = if fence.is_some() {
             Lane::Tail
