@@ -63,6 +63,11 @@ pub struct StreamSettings {
     pub follower_idle_timeout_secs: u64,
     /// [`StreamConfig::balance_moves_per_sec`], 0 (off) to 10000.
     pub balance_moves_per_sec: u32,
+    /// [`StreamConfig::speculative_read_timeout`] in milliseconds, 0 (off) to 60000.
+    pub speculative_read_timeout_ms: u64,
+    /// [`StreamConfig::max_speculative_read_timeout`] in milliseconds, from
+    /// `speculative_read_timeout_ms` (at least 1) to 60000.
+    pub max_speculative_read_timeout_ms: u64,
 }
 
 impl Default for StreamSettings {
@@ -88,6 +93,8 @@ impl Default for StreamSettings {
             follower_cache_bytes_max: c.follower_cache_bytes_max,
             follower_idle_timeout_secs: c.follower_idle_timeout.as_secs(),
             balance_moves_per_sec: c.balance_moves_per_sec,
+            speculative_read_timeout_ms: ms(c.speculative_read_timeout),
+            max_speculative_read_timeout_ms: ms(c.max_speculative_read_timeout),
         }
     }
 }
@@ -172,6 +179,30 @@ impl StreamSettings {
                 "expected 0 (off) to 10000",
             ));
         }
+        self.validate_speculative_reads()
+    }
+
+    /// The speculative read keys: the floor 0 (off) to 60000 ms, the maximum from the floor
+    /// (at least 1) to 60000 ms.
+    fn validate_speculative_reads(&self) -> Result<(), ConfigError> {
+        let (floor, max) = (
+            self.speculative_read_timeout_ms,
+            self.max_speculative_read_timeout_ms,
+        );
+        if floor > 60_000 {
+            return Err(ConfigError::invalid(
+                "speculative_read_timeout_ms",
+                floor,
+                "expected 0 (off) to 60000",
+            ));
+        }
+        if max < floor.max(1) || max > 60_000 {
+            return Err(ConfigError::invalid(
+                "max_speculative_read_timeout_ms",
+                max,
+                format!("expected speculative_read_timeout_ms ({floor}) to 60000, and at least 1"),
+            ));
+        }
         Ok(())
     }
 
@@ -197,6 +228,9 @@ impl StreamSettings {
         c.follower_cache_bytes_max = self.follower_cache_bytes_max;
         c.follower_idle_timeout = Duration::from_secs(self.follower_idle_timeout_secs);
         c.balance_moves_per_sec = self.balance_moves_per_sec;
+        c.speculative_read_timeout = Duration::from_millis(self.speculative_read_timeout_ms);
+        c.max_speculative_read_timeout =
+            Duration::from_millis(self.max_speculative_read_timeout_ms);
     }
 }
 
@@ -427,5 +461,39 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("need E >= Qw >= Qa >= 1"));
+    }
+
+    #[test]
+    fn speculative_read_keys_are_bounded() {
+        // Goal: 0 turns speculation off and is valid; a floor above 60 s, a maximum below the
+        // floor (or 0) or above 60 s is refused, naming the key.
+        let with = |floor, max| StreamSettings {
+            speculative_read_timeout_ms: floor,
+            max_speculative_read_timeout_ms: max,
+            ..Default::default()
+        };
+        let table: [(u64, u64, Option<&str>); 7] = [
+            (50, 2000, None),
+            (0, 2000, None),
+            (100, 100, None),
+            (60_001, 60_001, Some("speculative_read_timeout_ms")),
+            (100, 99, Some("max_speculative_read_timeout_ms")),
+            (0, 0, Some("max_speculative_read_timeout_ms")),
+            (50, 60_001, Some("max_speculative_read_timeout_ms")),
+        ];
+        for (floor, max, err) in table {
+            let got = with(floor, max).validate();
+            match err {
+                None => got.unwrap(),
+                Some(key) => assert!(
+                    got.as_ref().unwrap_err().to_string().contains(key),
+                    "{floor} {max}: {got:?}"
+                ),
+            }
+        }
+        let mut c = StreamConfig::default();
+        with(0, 10).apply(&mut c);
+        assert_eq!(c.speculative_read_timeout, Duration::ZERO);
+        assert_eq!(c.max_speculative_read_timeout, Duration::from_millis(10));
     }
 }

@@ -408,6 +408,15 @@ pub struct ProxyFlags {
     /// ([streams] balance_moves_per_sec).
     #[arg(long)]
     pub balance_moves_per_sec: Option<u32>,
+    /// Milliseconds a read waits for one replica before it asks the next one as well, at first
+    /// and at least (adapting to the p99 of recent reads, backing off x2 while it does not
+    /// help); 0 turns speculative reads off ([streams] speculative_read_timeout_ms).
+    #[arg(long)]
+    pub speculative_read_timeout_ms: Option<u64>,
+    /// The most the speculative read timeout adapts or backs off to, in milliseconds
+    /// ([streams] max_speculative_read_timeout_ms).
+    #[arg(long)]
+    pub max_speculative_read_timeout_ms: Option<u64>,
     /// Longest SIGTERM drain, in milliseconds, 100 to 3600000.
     #[arg(long)]
     pub drain_timeout_ms: Option<u64>,

@@ -192,6 +192,10 @@ fn stream_manager(
             tls: bookie_tls,
             cluster_secret: Some(options.cluster_secret),
             placement: options.placement.clone(),
+            region: options.labels.0.clone(),
+            rack: options.labels.1.clone(),
+            speculative_read_timeout: options.streams.speculative_read_timeout,
+            max_speculative_read_timeout: options.streams.max_speculative_read_timeout,
             ..quire_ledger::ClientConfig::default()
         },
         read_runtime.clone(),

@@ -11,6 +11,7 @@
 //! time-bound quarantine.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,8 @@ use quire_wire::frame::FRAME_SIZE_BYTES_MAX_DEFAULT;
 use quire_wire::{EntryId, LedgerId};
 
 use crate::conn::{self, Lane, Pool};
+use crate::locality::{self, LabelCache, Locality, Replica};
+use crate::speculative::SpeculativeTimeout;
 use crate::Error;
 
 /// Client settings.
@@ -52,6 +55,21 @@ pub struct ClientConfig {
     /// table; [`crate::placement`]); the default is random (BookKeeper's
     /// `DefaultEnsemblePlacementPolicy`).
     pub placement: crate::placement::PlacementSettings,
+    /// This client's region label (the proxy's `[proxy] region`), for reads by distance
+    /// (`locality`); `None` with `rack` `None` too: reads ignore distance. Unset while `rack`
+    /// is set: `default-region`.
+    pub region: Option<String>,
+    /// This client's rack label within its region (the proxy's `[proxy] rack`); unset while
+    /// `region` is set: `/default-rack` (BookKeeper's default rack).
+    pub rack: Option<String>,
+    /// How long a plain read waits for a replica before it asks the next one as well, at
+    /// first and at least (BookKeeper `speculativeReadTimeout`, whose default is 2 s); zero
+    /// turns speculative reads off. The timeout adapts above it to the p99 of recent reads and
+    /// backs off ×2 while speculation does not help (`speculative`). Default 50 ms.
+    pub speculative_read_timeout: Duration,
+    /// The most the speculative read timeout adapts or backs off to (BookKeeper
+    /// `maxSpeculativeReadTimeout`). Default 2 s.
+    pub max_speculative_read_timeout: Duration,
 }
 
 impl Default for ClientConfig {
@@ -65,6 +83,10 @@ impl Default for ClientConfig {
             tls: None,
             cluster_secret: None,
             placement: crate::placement::PlacementSettings::default(),
+            region: None,
+            rack: None,
+            speculative_read_timeout: Duration::from_millis(50),
+            max_speculative_read_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -89,6 +111,25 @@ pub(crate) struct Inner {
     /// When each (ledger, bookie) was last reported for a damaged replica, so that a read
     /// of many damaged entries makes one report per [`DAMAGE_REPORT_INTERVAL`].
     pub(crate) damage_reported: Mutex<HashMap<(LedgerId, BookieId), Instant>>,
+    /// This client's locality (`config.region`, `config.rack`); `None` when neither is set.
+    pub(crate) local: Option<Locality>,
+    /// The registry's labels as last listed (`locality`).
+    pub(crate) labels: Mutex<LabelCache>,
+    /// The adaptive speculative read timeout (`speculative`).
+    pub(crate) speculation: SpeculativeTimeout,
+    /// Speculative reads this client sent, and those the speculative replica answered first.
+    pub(crate) speculative_sent: AtomicU64,
+    pub(crate) speculative_won: AtomicU64,
+}
+
+/// A client's speculative reads so far ([`BookKeeper::speculative_reads`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpeculativeReads {
+    /// Reads sent to one more replica because the ones asked had not answered within the
+    /// speculative timeout.
+    pub sent: u64,
+    /// Reads whose first good answer came from a replica asked speculatively.
+    pub won: u64,
 }
 
 /// How often one client reports the same bookie's damaged replicas of one ledger at most.
@@ -134,10 +175,19 @@ impl BookKeeper {
                     .replication_rate_bytes_per_sec
                     .filter(|&r| r > 0)
                     .map(crate::rereplicate::BytePace::new),
-                config,
                 quarantine: Mutex::default(),
                 registrations: Mutex::default(),
                 damage_reported: Mutex::default(),
+                local: (config.region.is_some() || config.rack.is_some())
+                    .then(|| Locality::new(config.region.as_deref(), config.rack.as_deref())),
+                labels: Mutex::default(),
+                speculation: SpeculativeTimeout::new(
+                    config.speculative_read_timeout,
+                    config.max_speculative_read_timeout,
+                ),
+                speculative_sent: AtomicU64::new(0),
+                speculative_won: AtomicU64::new(0),
+                config,
             }),
         }
     }
@@ -190,7 +240,61 @@ impl BookKeeper {
                 }
             }
         }
-        Ok(listed.into_iter().map(|b| b.info).collect())
+        let infos: Vec<BookieInfo> = listed.into_iter().map(|b| b.info).collect();
+        if let Ok(mut labels) = self.inner.labels.lock() {
+            labels.update(&infos);
+        }
+        Ok(infos)
+    }
+
+    /// This client's speculative reads so far (the process-wide counts are the metrics
+    /// `quire_ledger_speculative_reads` and `quire_ledger_speculative_read_wins`).
+    pub fn speculative_reads(&self) -> SpeculativeReads {
+        SpeculativeReads {
+            sent: self.inner.speculative_sent.load(Ordering::Relaxed),
+            won: self.inner.speculative_won.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The order in which to ask `replicas` (a write set's bookies, in write-set order) for an
+    /// entry: indices into it, closest first, quarantined last (`locality::read_order`).
+    pub(crate) fn read_order(&self, replicas: &[BookieId]) -> Vec<usize> {
+        let quarantined = self.quarantined();
+        let labels = self.labels_for_read();
+        let replicas: Vec<Replica<'_>> = replicas
+            .iter()
+            .map(|b| Replica {
+                locality: labels.get(b),
+                failed: quarantined.contains(b),
+            })
+            .collect();
+        locality::read_order(self.inner.local.as_ref(), &replicas)
+    }
+
+    /// The cached registry labels; for a client with labels, starts a background listing of
+    /// the registry when they are older than `locality::LABELS_REFRESH_INTERVAL`.
+    fn labels_for_read(&self) -> Arc<HashMap<BookieId, Locality>> {
+        let Ok(mut cache) = self.inner.labels.lock() else {
+            return Arc::default();
+        };
+        if self.inner.local.is_some() && cache.wants_refresh() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                cache.refreshing = true;
+                let client = self.clone();
+                runtime.spawn(async move {
+                    let listed = client.registered_bookies().await;
+                    if let Ok(mut cache) = client.inner.labels.lock() {
+                        cache.refreshing = false;
+                        if let Err(e) = listed {
+                            // Keep the labels; try again an interval later, not on every read.
+                            tracing::debug!(error = %e, "cannot list the bookie registry for its labels");
+                            cache.listed_at = Some(quire_clock::now());
+                        }
+                    }
+                });
+            }
+        }
+        cache.labels.clone()
     }
 
     /// Reports, in the background, that `bookie` misses or holds damaged copies of entries of

@@ -632,7 +632,18 @@ fn owned_long_poll(r: bookie::LongPollReply<'_>) -> Reply {
 
 /// One pool entry: the connection of one (bookie, lane), made by the first caller that needs it
 /// while later callers for the same key wait for that attempt.
-type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+type Slot = Arc<SlotState>;
+
+#[derive(Default)]
+struct SlotState {
+    /// Connects that failed so far, with the last one's reason under `conn`'s lock: a caller
+    /// that waited while a connect failed gets that failure instead of connecting again, so
+    /// that callers queued behind a bookie that accepts TCP but never answers (its handshake
+    /// times out) cost one connect and one timeout, not one each (a read's speculative and
+    /// abandoned requests queue that way; issue 30 item 3).
+    failures: AtomicU64,
+    conn: tokio::sync::Mutex<(Option<Arc<Conn>>, String)>,
+}
 
 /// Connections by bookie and lane, made on first use and replaced when they die.
 ///
@@ -679,7 +690,7 @@ impl Pool {
             .unwrap_or_default();
         let mut lanes = Vec::new();
         for ((_, lane), slot) in slots {
-            if slot.lock().await.is_some() {
+            if slot.conn.lock().await.0.is_some() {
                 lanes.push(lane);
             }
         }
@@ -701,11 +712,18 @@ impl Pool {
             })?;
             conns.entry(key).or_default().clone()
         };
-        let mut entry = slot.lock().await;
-        if let Some(c) = entry.as_ref() {
+        let failures = slot.failures.load(Ordering::SeqCst);
+        let mut entry = slot.conn.lock().await;
+        if let Some(c) = entry.0.as_ref() {
             if !c.is_dead() {
                 return Ok(c.clone());
             }
+        }
+        if slot.failures.load(Ordering::SeqCst) != failures {
+            return Err(Error::BookieUnreachable {
+                bookie: bookie.0.clone(),
+                reason: format!("a connect made meanwhile failed: {}", entry.1),
+            });
         }
         let preferred = match lane {
             Lane::Read | Lane::LongPoll => &self.read_runtime,
@@ -722,8 +740,12 @@ impl Pool {
             self.secret.as_ref(),
             &runtime,
         )
-        .await?;
-        *entry = Some(c.clone());
+        .await
+        .inspect_err(|e| {
+            entry.1 = e.to_string();
+            slot.failures.fetch_add(1, Ordering::SeqCst);
+        })?;
+        entry.0 = Some(c.clone());
         Ok(c)
     }
 }

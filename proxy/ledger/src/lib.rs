@@ -5,7 +5,8 @@
 //!   `(e + i) mod E, i < Qw` and confirms it once Qa of them hold it durably, strictly in entry
 //!   order ([`quorum::AckTracker`]); every entry carries the writer's LAC (piggybacked LAC).
 //! * [`LedgerWriter::close`] seals the ledger by compare-and-set at its LAC.
-//! * [`BookKeeper::open_ledger`] reads entries from any replica of their write set.
+//! * [`BookKeeper::open_ledger`] reads entries from any replica of their write set, closest
+//!   first ([`locality`]), asking the next one as well after an adaptive speculative timeout.
 //! * [`BookKeeper::recover_ledger`] is BookKeeper's open-with-recovery: mark IN_RECOVERY, fence
 //!   the last ensemble until the answers cover it, read forward from the LAC with fencing reads
 //!   of every replica, re-add each recovered entry to its whole write set (repairing replicas
@@ -39,6 +40,9 @@
 //! * `rereplicate`: copying a lost bookie's entries of one fragment to a replacement
 //!   ([`BookKeeper::replicate_fragment`], autorecovery's replication step).
 //! * `long_poll`: long-poll LAC reads with the next entry piggybacked.
+//! * [`locality`]: the read order of a write set's replicas (closest first, failed last), pure,
+//!   and the cache of the registry's labels.
+//! * `speculative`: the adaptive speculative read timeout.
 //! * `conn`: pipelined bookie connections, one per lane.
 //! * [`placement`], [`quorum`]: replacement choice and ack-quorum bookkeeping, pure.
 //! * `error`: [`Error`].
@@ -47,6 +51,7 @@ mod client;
 mod conn;
 mod ensemble_change;
 mod error;
+pub mod locality;
 mod long_poll;
 pub mod metrics;
 pub mod placement;
@@ -54,9 +59,10 @@ pub mod quorum;
 mod reader;
 mod recovery;
 mod rereplicate;
+mod speculative;
 mod writer;
 
-pub use client::{BookKeeper, ClientConfig};
+pub use client::{BookKeeper, ClientConfig, SpeculativeReads};
 pub use error::Error;
 pub use reader::LedgerReader;
 pub use rereplicate::{fragment_range, FragmentReplicated};

@@ -2,7 +2,8 @@
 //! `readLastAddConfirmedAndEntry` over `READ_ENTRY` with `previousLAC` and a timeout,
 //! bookkeeper.md §1.3): a tailing reader learns of new entries without polling.
 //!
-//! Each call asks every bookie of the ledger's last ensemble at once, on the client's pooled
+//! Each call asks every bookie of the ledger's last ensemble at once (closest first, in the
+//! client's read order: `locality`), on the client's pooled
 //! long-poll connection to it (the request parks on the bookie; other polls on the same
 //! connection go on, answers being matched by request id, and plain reads have a connection of
 //! their own), and returns as soon as one bookie reports a LAC past
@@ -60,7 +61,10 @@ impl LedgerReader {
         let deadline = Duration::from_millis(u64::from(timeout_ms)) + config.request_timeout;
         let next = previous.map_or(0, |p| p.0 + 1);
         let (tx, mut rx) = mpsc::channel(fragment.bookies.len());
-        for b in &fragment.bookies {
+        // Sent in the read order (BookKeeper `reorderReadLACSequence`): the closest bookies'
+        // polls go first and, answering first, usually bring the entry.
+        for i in self.client.read_order(&fragment.bookies) {
+            let b = &fragment.bookies[i];
             let tx = tx.clone();
             let b = b.clone();
             let ledger = self.id;

@@ -19,6 +19,11 @@
 //!   close) run, `ok` or `failed`.
 //! * `quire_ledger_pending_adds`: gauge, entries added but not yet acknowledged by an ack
 //!   quorum, across this process's writers.
+//! * `quire_ledger_speculative_reads`: entry reads sent to one more replica of the write set
+//!   because the replicas asked had not answered within the speculative read timeout
+//!   (BookKeeper `SPECULATIVE_READ_COUNT`).
+//! * `quire_ledger_speculative_read_wins`: reads whose first good answer came from a replica
+//!   asked speculatively (the speculation helped).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -59,6 +64,8 @@ pub struct LedgerClientMetrics {
     ensemble_changes: Counter,
     recoveries: Family<OutcomeLabels, Counter>,
     pending_adds: Gauge,
+    speculative_reads: Counter,
+    speculative_read_wins: Counter,
 }
 
 /// The process's ledger client metrics.
@@ -72,6 +79,8 @@ pub fn metrics() -> &'static LedgerClientMetrics {
             ensemble_changes: Counter::default(),
             recoveries: Family::default(),
             pending_adds: Gauge::default(),
+            speculative_reads: Counter::default(),
+            speculative_read_wins: Counter::default(),
         };
         for outcome in ["ok", "failed"] {
             let _ = m.recoveries.get_or_create(&OutcomeLabels { outcome });
@@ -121,6 +130,16 @@ impl LedgerClientMetrics {
             "Entries added and not yet acknowledged by an ack quorum",
             self.pending_adds.clone(),
         );
+        registry.register(
+            "quire_ledger_speculative_reads",
+            "Entry reads sent to one more replica after the speculative read timeout",
+            self.speculative_reads.clone(),
+        );
+        registry.register(
+            "quire_ledger_speculative_read_wins",
+            "Entry reads whose first good answer came from a replica asked speculatively",
+            self.speculative_read_wins.clone(),
+        );
     }
 
     /// The handles of `bookie`'s series, looked up once (one label allocation and one family
@@ -140,6 +159,16 @@ impl LedgerClientMetrics {
     /// Counts a completed ensemble change.
     pub(crate) fn ensemble_changed(&self) {
         self.ensemble_changes.inc();
+    }
+
+    /// Counts a read sent speculatively.
+    pub(crate) fn speculative_read_sent(&self) {
+        self.speculative_reads.inc();
+    }
+
+    /// Counts a read a speculatively asked replica answered first.
+    pub(crate) fn speculative_read_won(&self) {
+        self.speculative_read_wins.inc();
     }
 
     /// Counts a recovery run.

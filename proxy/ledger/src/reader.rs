@@ -2,7 +2,13 @@
 //! from any replica of its write set, replicas quarantined lately last, and is proven missing
 //! by Qw - Qa + 1 denials; the LAC is the highest any bookie of the last ensemble reports.
 
-use quire_metadata::LedgerMetadata;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+use std::time::Duration;
+
+use quire_metadata::{BookieId, LedgerMetadata};
 use quire_wire::bookie::{self, Request, Status};
 use quire_wire::entry::verify_expected;
 use quire_wire::{EntryId, LedgerId, MasterKey};
@@ -22,6 +28,48 @@ impl BookKeeper {
             id,
             meta,
         })
+    }
+}
+
+/// One replica's read request under way: its answer and how long it took.
+type Attempt = Pin<Box<dyn Future<Output = (Result<Reply, Error>, Duration)> + Send>>;
+
+/// The requests of one read under way (`LedgerReader::read_raw`).
+struct Race {
+    /// Each asked replica not yet answered: the bookie, whether it was asked speculatively,
+    /// and its request.
+    inflight: Vec<(BookieId, bool, Attempt)>,
+    /// The position in the read order of the next replica to ask.
+    next: usize,
+    /// Whether this read asked a replica speculatively.
+    speculated: bool,
+}
+
+enum Event {
+    /// The speculative timeout passed with no answer.
+    Timer,
+    /// A replica answered: the bookie, whether it was asked speculatively, the answer.
+    Answer((BookieId, bool, (Result<Reply, Error>, Duration))),
+}
+
+impl Race {
+    /// Waits for the first answer of a request under way, or for `timer` if given.
+    async fn wait(&mut self, mut timer: Option<&mut Pin<Box<tokio::time::Sleep>>>) -> Event {
+        std::future::poll_fn(|cx| {
+            for i in 0..self.inflight.len() {
+                if let Poll::Ready(answer) = self.inflight[i].2.as_mut().poll(cx) {
+                    let (b, speculative, _) = self.inflight.swap_remove(i);
+                    return Poll::Ready(Event::Answer((b, speculative, answer)));
+                }
+            }
+            if let Some(timer) = timer.as_mut() {
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::Timer);
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 }
 
@@ -73,6 +121,14 @@ impl LedgerReader {
     }
 
     /// Reads the verified entry bytes. `Missing` needs Qw − Qa + 1 denials from the write set.
+    ///
+    /// The replicas are asked in the client's read order (`locality`: closest first, bookies
+    /// that failed lately last). A plain read asks the next replica as well when none has
+    /// answered within the speculative timeout (`speculative`; BookKeeper's speculative reads),
+    /// and at once when one denies the entry or fails; the first good answer wins, and answers
+    /// still outstanding then are awaited in the background (a timeout there still quarantines
+    /// its bookie). A fencing read (recovery) asks one replica at a time, as BookKeeper's
+    /// recovery reads do not speculate.
     pub(crate) async fn read_raw(
         &self,
         entry: EntryId,
@@ -80,36 +136,93 @@ impl LedgerReader {
     ) -> Result<ReadOutcome, Error> {
         let meta = &self.meta;
         let fragment = meta.fragment_for(entry);
-        let timeout = self.client.inner.config.request_timeout;
-        let mut denials = 0;
-        let mut last_err = None;
-        // Replicas that timed out or were unreachable lately go last, so a stalled bookie costs
-        // one request timeout per quarantine period instead of one per entry (BookKeeper reads
-        // around slow bookies the same way, with its speculative reads).
-        let quarantined = self.client.quarantined();
-        let mut order = quorum::write_set(entry.0, meta.ensemble_size, meta.write_quorum);
-        order.sort_by_key(|&pos| quarantined.contains(&fragment.bookies[pos]));
+        let replicas: Vec<BookieId> =
+            quorum::write_set(entry.0, meta.ensemble_size, meta.write_quorum)
+                .into_iter()
+                .map(|pos| fragment.bookies[pos].clone())
+                .collect();
+        let order = self.client.read_order(&replicas);
+        if order.is_empty() {
+            return Err(Error::Invalid(format!(
+                "ledger {} has an empty write set (write quorum 0)",
+                self.id
+            )));
+        }
         // Fencing reads belong to recovery, a tail operation; plain reads take the read lane.
         let lane = if fence.is_some() {
             Lane::Tail
         } else {
             Lane::Read
         };
-        for pos in order {
-            let b = &fragment.bookies[pos];
-            let reply = match self.client.conn(b, lane).await {
-                Ok(c) => {
-                    c.call(timeout, conn::read_request(self.id, Some(entry), fence))
-                        .await
-                }
-                Err(e) => Err(e),
-            };
+        let speculation = &self.client.inner.speculation;
+        let timeout = if fence.is_none() {
+            speculation.current()
+        } else {
+            None
+        };
+        let mut race = Race {
+            inflight: Vec::with_capacity(order.len()),
+            next: 0,
+            speculated: false,
+        };
+        let ask = |race: &mut Race, speculative: bool| {
+            let b = &replicas[order[race.next]];
+            race.next += 1;
+            race.inflight.push((
+                b.clone(),
+                speculative,
+                self.ask(b.clone(), entry, fence, lane),
+            ));
+        };
+        ask(&mut race, false);
+        let mut timer = timeout.map(|t| Box::pin(tokio::time::sleep(t)));
+        let mut denials = 0;
+        let mut last_err = None;
+        while !race.inflight.is_empty() {
+            let more = race.next < order.len();
+            let (b, speculative, (reply, took)) =
+                match race.wait(timer.as_mut().filter(|_| more)).await {
+                    Event::Timer => {
+                        // No answer within the speculative timeout: one more replica.
+                        self.client
+                            .inner
+                            .speculative_sent
+                            .fetch_add(1, Ordering::Relaxed);
+                        crate::metrics::metrics().speculative_read_sent();
+                        race.speculated = true;
+                        ask(&mut race, true);
+                        if let (Some(timer), Some(t)) = (timer.as_mut(), timeout) {
+                            *timer = Box::pin(tokio::time::sleep(t));
+                        }
+                        continue;
+                    }
+                    Event::Answer(answer) => answer,
+                };
             match reply {
                 Ok(Reply::Read { data }) => match verify_expected(&data, self.id, entry) {
-                    Ok(_) => return Ok(ReadOutcome::Found(data)),
+                    Ok(_) => {
+                        if timeout.is_some() {
+                            speculation.observe(took);
+                            if speculative {
+                                self.client
+                                    .inner
+                                    .speculative_won
+                                    .fetch_add(1, Ordering::Relaxed);
+                                crate::metrics::metrics().speculative_read_won();
+                            }
+                            if race.speculated {
+                                speculation.speculated(speculative);
+                            }
+                        }
+                        // The losers finish in the background: a timeout still quarantines.
+                        for (_, _, attempt) in race.inflight.drain(..) {
+                            tokio::spawn(attempt);
+                        }
+                        return Ok(ReadOutcome::Found(data));
+                    }
                     Err(e) => {
                         let reason = e.to_string();
-                        self.client.damaged_replica(self.id, entry, b, &reason);
+                        self.client.damaged_replica(self.id, entry, &b, &reason);
                         last_err = Some(Error::Corrupt {
                             ledger: self.id.0,
                             entry: entry.0,
@@ -127,7 +240,7 @@ impl LedgerReader {
                         // The bookie could not read its copy back ("no such entry" comes only
                         // from its index): a damaged replica, or a bookie going down; either
                         // way autorecovery checks the bookie's copies and repairs what it must.
-                        self.client.damaged_replica(self.id, entry, b, &message);
+                        self.client.damaged_replica(self.id, entry, &b, &message);
                     }
                     last_err = Some(Error::Bookie {
                         bookie: b.0.clone(),
@@ -136,11 +249,13 @@ impl LedgerReader {
                     })
                 }
                 Ok(other) => last_err = Some(Error::Invalid(format!("unexpected reply {other:?}"))),
-                Err(e) => {
-                    if matches!(e, Error::Timeout { .. } | Error::BookieUnreachable { .. }) {
-                        self.client.quarantine(b);
-                    }
-                    last_err = Some(e);
+                Err(e) => last_err = Some(e),
+            }
+            // A denial or a failure moves on to the next replica at once.
+            if race.next < order.len() {
+                ask(&mut race, false);
+                if let (Some(timer), Some(t)) = (timer.as_mut(), timeout) {
+                    *timer = Box::pin(tokio::time::sleep(t));
                 }
             }
         }
@@ -151,6 +266,38 @@ impl LedgerReader {
             ledger: self.id.0,
             entry: entry.0,
         }))
+    }
+
+    /// One read request to `bookie`, from its connection to its answer, with the time it took.
+    /// A timeout or an unreachable bookie quarantines it (BookKeeper's failure history), so
+    /// that later reads ask it last.
+    fn ask(
+        &self,
+        bookie: BookieId,
+        entry: EntryId,
+        fence: Option<MasterKey>,
+        lane: Lane,
+    ) -> Attempt {
+        let client = self.client.clone();
+        let ledger = self.id;
+        Box::pin(async move {
+            let sent = quire_clock::now();
+            let timeout = client.inner.config.request_timeout;
+            let reply = match client.conn(&bookie, lane).await {
+                Ok(c) => {
+                    c.call(timeout, conn::read_request(ledger, Some(entry), fence))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            if matches!(
+                reply,
+                Err(Error::Timeout { .. } | Error::BookieUnreachable { .. })
+            ) {
+                client.quarantine(&bookie);
+            }
+            (reply, quire_clock::elapsed(sent))
+        })
     }
 
     /// The highest LAC any bookie of the last ensemble reports (BookKeeper `readLastConfirmed`).

@@ -256,6 +256,14 @@ pub struct StreamConfig {
     /// no registration, and a stream goes to the first proxy asked (the behaviour before).
     /// Needs [`StreamConfig::owner_address`].
     pub balance_moves_per_sec: u32,
+    /// The ledger client's speculative read timeout, at first and at least
+    /// (`[streams] speculative_read_timeout_ms`; `quire_ledger::ClientConfig::
+    /// speculative_read_timeout`, BookKeeper `speculativeReadTimeout`); zero turns speculative
+    /// reads off. Applied by the process that builds the ledger client (`quire proxy`).
+    pub speculative_read_timeout: Duration,
+    /// The most the speculative read timeout adapts or backs off to (`[streams]
+    /// max_speculative_read_timeout_ms`; BookKeeper `maxSpeculativeReadTimeout`).
+    pub max_speculative_read_timeout: Duration,
 }
 
 /// Default of [`StreamConfig::txid_jump_max`]: 2^40 = 1,099,511,627,776. As a time gap
@@ -294,6 +302,10 @@ impl Default for StreamConfig {
             follower_cache_bytes_max: 8 * 1024 * 1024,
             follower_idle_timeout: Duration::from_secs(60),
             follower_reads: false,
+            speculative_read_timeout: quire_ledger::ClientConfig::default()
+                .speculative_read_timeout,
+            max_speculative_read_timeout: quire_ledger::ClientConfig::default()
+                .max_speculative_read_timeout,
         }
     }
 }

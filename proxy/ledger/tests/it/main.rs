@@ -14,4 +14,5 @@ mod quarantine_ends_on_reregistration;
 mod quorum_striping_and_recovery;
 mod reads_go_around_a_stalled_bookie;
 mod replicate_fragment;
+mod speculative_reads;
 mod tls_to_bookies;
