@@ -157,23 +157,21 @@ python3 - "$ROOT/target/release/quire" "$QUIRE_BED_ZOOKEEPER" "$ST/ledgers.json"
 import json, subprocess, sys
 quire, zk, listing = sys.argv[1:]
 ids = json.load(open(listing))
-ids = [i if isinstance(i, int) else i.get("ledger_id", i.get("id")) for i in ids]
 region = {"1": "a", "2": "b", "3": "c"}
 inside, fragments = [], 0
 for lid in ids:
-    meta = json.loads(subprocess.check_output([quire, "ledger", "show", str(lid), "--json", "--zookeeper", zk]))
+    meta = json.loads(subprocess.check_output([quire, "ledger", "show", str(lid), "--json", "--zookeeper", zk]))["metadata"]
     qa = meta["ack_quorum"]
-    for frag in meta["ensembles"]:
+    for frag in meta["fragments"]:
         fragments += 1
-        bookies = frag["bookies"] if isinstance(frag, dict) else frag[1]
         per = {}
-        for b in bookies:
+        for b in frag["bookies"]:
             r = region.get(b.split(".")[2], "?")
             per[r] = per.get(r, 0) + 1
         full = [r for r, n in per.items() if n >= qa]
         if full:
-            inside.append(f"ledger {lid} fragment {frag.get('first_entry', '?') if isinstance(frag, dict) else frag[0]}: "
-                          f"{bookies} (Qa {qa} inside region {full[0]})")
+            inside.append(f"ledger {lid} from entry {frag['first_entry']}: {frag['bookies']} "
+                          f"(Qa {qa} inside region {full[0]})")
 print(f"regions-soak: finding: {len(inside)} of {fragments} ledger fragments ({len(ids)} ledgers) had an ack "
       "quorum inside one region (random placement; region-aware placement rules it out)")
 for line in inside:
