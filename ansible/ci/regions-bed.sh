@@ -128,7 +128,14 @@ bed_down() {
     fi
     for h in $(all_hosts); do hosts="$hosts ${h%%:*}:$(ns "${h%%:*}")"; done
     nshosts_teardown "$hosts wan:$WAN"
+    # A deleted namespace can outlive `ip netns del` for a while (seen: minutes; the kernel
+    # frees it when its last reference goes), and its veths with it; delete our ends (each
+    # takes its peer along) so that the names are free for the next `up`.
+    for h in $(all_hosts); do
+        ip link show "vr-${h%%:*}" > /dev/null 2>&1 && ip link del "vr-${h%%:*}"
+    done
     for r in $REGIONS; do
+        ip link show "vw-${r%%:*}" > /dev/null 2>&1 && ip link del "vw-${r%%:*}"
         ip link show "quirer-${r%%:*}" > /dev/null 2>&1 && ip link del "quirer-${r%%:*}"
     done
     rm -rf "$ST"
