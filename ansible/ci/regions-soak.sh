@@ -32,6 +32,7 @@ export QUIRE_BED_STATE=${QUIRE_BED_STATE:-/tmp/quire-regions-soak}
 ST=$QUIRE_BED_STATE
 FAULT_S=${QUIRE_SOAK_FAULT_S:-60}
 SETTLE_S=30
+LOGS=${QUIRE_SOAK_LOGS:-/tmp/quire-regions-soak-logs}
 BOUND_S=${QUIRE_SOAK_RESUME_BOUND_S:-45}
 WRITER_PID=
 READER_PID=
@@ -47,8 +48,14 @@ cleanup() {
     for p in $WRITER_PID $READER_PID; do
         kill -0 "$p" 2> /dev/null && kill "$p" && wait "$p" 2> /dev/null
     done
+    # The logs outlive the bed: the load driver's, the services', the playbook's.
+    mkdir -p "$LOGS"
+    for f in "$ST"/*.log "$ST"/control/acks "$ST"/hosts/*/var/log/quire/*.log; do
+        [ -f "$f" ] || continue
+        case $f in "$ST"/hosts/*) cp "$f" "$LOGS/$(echo "${f#"$ST"/hosts/}" | cut -d/ -f1)-$(basename "$f")" ;; *) cp "$f" "$LOGS/" ;; esac
+    done
     if [ "$rc" != 0 ]; then
-        echo "regions-soak: FAILED (exit $rc)" >&2
+        echo "regions-soak: FAILED (exit $rc); all logs in $LOGS" >&2
         for f in "$ST"/load-*.log "$ST"/hosts/*/var/log/quire/*.log; do
             [ -f "$f" ] || continue
             echo "----- $f (last 20 lines)" >&2
