@@ -143,10 +143,15 @@ for fault in sys.argv[4:]:
     inside = [a for a in acks if start <= a <= end + settle]
     prev = max([a for a in acks if a < start], default=start)
     gap, gap_end = 0, start
-    for a in inside:
+    # The window's end closes an open gap: no acknowledgement after it means writes never
+    # resumed within the window.
+    resumed = any(a > end for a in acks)
+    for a in inside + [end + settle]:
         if a - prev > gap:
             gap, gap_end = a - prev, a
         prev = a
+    if not resumed:
+        print(f"regions-soak: {name}: writes did not resume within {settle / 1e3:.0f} s of the fault's end")
     during = len([a for a in acks if start <= a <= end])
     print(f"regions-soak: {name}: {during} writes acknowledged during the {(end - start) / 1e3:.0f} s fault; "
           f"longest gap between acknowledgements {gap / 1e3:.2f} s, ending "
