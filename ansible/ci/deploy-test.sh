@@ -39,6 +39,8 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 ANSIBLE_DIR=$ROOT/ansible
 START=$(date +%s)
+# shellcheck source=lib/nshosts.sh
+. "$ANSIBLE_DIR/ci/lib/nshosts.sh"
 
 [ "$(id -u)" = 0 ] || { echo "deploy-test: must run as root (namespaces, sshd)" >&2; exit 1; }
 ZKCLI=/usr/share/zookeeper/bin/zkCli.sh
@@ -64,35 +66,9 @@ cleanup() {
     if [ -n "$LOAD_PID" ] && kill -0 "$LOAD_PID" 2> /dev/null; then
         kill "$LOAD_PID"; wait "$LOAD_PID" 2> /dev/null
     fi
-    for h in $HOSTS; do
-        n=${h%%:*}
-        [ -s "$ST/sshd-$n.pid" ] && kill "$(cat "$ST/sshd-$n.pid")" 2> /dev/null
-    done
-    # Whatever still runs in a namespace (services a failed run left, ssh sessions kept by
-    # ControlPersist): SIGTERM by pid, then SIGKILL by pid after 10 s.
-    for sig in TERM KILL; do
-        left=
-        for h in $HOSTS; do
-            n=$(ns "${h%%:*}")
-            ip netns list | grep -qw "$n" || continue
-            for p in $(ip netns pids "$n"); do kill -"$sig" "$p" 2> /dev/null; left=1; done
-        done
-        [ -z "$left" ] && break
-        for _ in $(seq 1 100); do
-            any=
-            for h in $HOSTS; do
-                n=$(ns "${h%%:*}")
-                ip netns list | grep -qw "$n" || continue
-                [ -n "$(ip netns pids "$n")" ] && any=1
-            done
-            [ -z "$any" ] && break
-            sleep 0.1
-        done
-    done
-    for h in $HOSTS; do
-        n=$(ns "${h%%:*}")
-        ip netns list | grep -qw "$n" && ip netns del "$n"
-    done
+    teardown=
+    for h in $HOSTS; do teardown="$teardown ${h%%:*}:$(ns "${h%%:*}")"; done
+    nshosts_teardown "$teardown"
     ip link show "$BR" > /dev/null 2>&1 && ip link del "$BR"
     if [ "$rc" != 0 ]; then
         echo "deploy-test: FAILED (exit $rc); logs of the hosts:" >&2
@@ -111,7 +87,7 @@ trap 'exit 130' INT TERM
 
 # Leftovers of an earlier run would make the addresses ambiguous.
 for h in $HOSTS; do
-    if ip netns list | grep -qw "$(ns "${h%%:*}")"; then
+    if nshosts_exists "$(ns "${h%%:*}")"; then
         echo "deploy-test: namespace $(ns "${h%%:*}") exists already (an earlier run?); remove it first" >&2
         HOSTS= BR=none-of-ours  # leave what is not ours alone
         exit 1
@@ -133,47 +109,18 @@ LOAD_BIN=${QUIRE_LOAD_BIN:-$("$ANSIBLE_DIR/ci/locate-load-bin.sh")}
 export QUIRE_BIN=${QUIRE_BIN:-$ROOT/target/release/quire}
 [ -x "$QUIRE_BIN" ] || { echo "deploy-test: $QUIRE_BIN not built" >&2; exit 1; }
 
-# Hosts: keys, one sshd config, the bridge, a namespace + veth + sshd per host.
-ssh-keygen -q -t ed25519 -N '' -f "$ST/keys/id_ed25519"
-ssh-keygen -q -t ed25519 -N '' -f "$ST/keys/host_ed25519"
-cp "$ST/keys/id_ed25519.pub" "$ST/keys/authorized_keys"
-cat > "$ST/sshd_config" << CFG
-HostKey $ST/keys/host_ed25519
-AuthorizedKeysFile $ST/keys/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-MaxStartups 100:30:200
-MaxSessions 50
-Subsystem sftp internal-sftp
-CFG
-ip link add "$BR" type bridge
-ip addr add "$NET.1/24" dev "$BR"
-ip link set "$BR" up
+# Hosts: keys, one sshd config, the bridge, a namespace + veth + sshd per host
+# (ci/lib/nshosts.sh).
+nshosts_init "$ST"
+nshosts_bridge "$BR" "$NET.1/24"
+addrs=
 for h in $HOSTS; do
-    n=${h%%:*}; addr=$NET.${h##*:}; nsn=$(ns "$n")
-    ip netns add "$nsn"
-    ip link add "vq-$n" type veth peer name eth0 netns "$nsn"
-    ip link set "vq-$n" master "$BR" up
-    ip -n "$nsn" addr add "$addr/24" dev eth0
-    ip -n "$nsn" link set eth0 up
-    ip -n "$nsn" link set lo up
-    # No default route: only the bridge's subnet is reachable.
-    ip netns exec "$nsn" unshare --uts sh -c \
-        "hostname $n; exec /usr/sbin/sshd -D -e -f $ST/sshd_config -o ListenAddress=$addr -o PidFile=none" \
-        > "$ST/sshd-$n.log" 2>&1 &
-    echo $! > "$ST/sshd-$n.pid"
+    n=${h%%:*}
+    nshosts_add "$(ns "$n")" "$n" "$NET.${h##*:}/24" "$BR" "vq-$n"
+    addrs="$addrs $NET.${h##*:}"
 done
-for h in $HOSTS; do
-    addr=$NET.${h##*:}
-    for i in $(seq 1 100); do
-        (exec 3<> "/dev/tcp/$addr/22") 2> /dev/null && break
-        [ "$i" = 100 ] && { echo "deploy-test: sshd of ${h%%:*} does not answer" >&2; exit 1; }
-        sleep 0.1
-    done
-done
+# shellcheck disable=SC2086
+nshosts_wait_ssh $addrs
 log "7 hosts up (namespaces with sshd on $NET.0/24)"
 
 cd "$ANSIBLE_DIR"

@@ -260,7 +260,7 @@ fn ms(d: Duration) -> String {
 
 /// Checks the writer's and reader's histories against the stream read back, and prints the
 /// writer's latency figures over the window `from..` (p50, p99, max, longest gap between two
-/// acknowledgements).
+/// acknowledgements). Returns the records the checker read back, in stream order.
 async fn check_and_report(
     label: &str,
     check_proxy: &str,
@@ -269,7 +269,7 @@ async fn check_and_report(
     w: &WriterReport,
     (read, reader_errors): (&[(Dlsn, Vec<u8>)], usize),
     window_start: Instant,
-) {
+) -> Vec<(Dlsn, Vec<u8>)> {
     // One write in flight at a time: acknowledgement order is the stream's order.
     for pair in w.acked.windows(2) {
         assert!(
@@ -332,6 +332,7 @@ async fn check_and_report(
     for s in &f.samples {
         println!("{label}: failed write: {s}");
     }
+    report.records
 }
 
 #[test]
@@ -576,4 +577,168 @@ fn deployed_cluster_under_rolling_restart() {
         (&read, reader_errors),
         window_start,
     ));
+}
+
+/// The unix time in milliseconds of `t`, given one (Instant, unix ms) pair taken together.
+fn unix_ms_of(t: Instant, base: (Instant, u128)) -> u128 {
+    base.1 + t.saturating_duration_since(base.0).as_millis()
+}
+
+/// One record per line, `DLSN<TAB>payload as hex`: how the remote readers hand their view to
+/// the writer's process.
+fn record_lines(records: &[(Dlsn, Vec<u8>)]) -> String {
+    let mut out = String::new();
+    for (dlsn, payload) in records {
+        let hex: String = payload.iter().map(|b| format!("{b:02x}")).collect();
+        out.push_str(&format!("{dlsn}\t{hex}\n"));
+    }
+    out
+}
+
+#[test]
+#[ignore = "run by ansible/ci/regions-soak.sh against the multi-region bed (needs QUIRE_LOAD_* variables)"]
+fn deployed_regions_soak() {
+    // Goal: on the multi-region test bed (ansible/ci/regions-bed.sh), a writer and tailing
+    // readers in two regions keep going while a region is cut off and another partitioned,
+    // and every acknowledged record is read back exactly once, in order, by every reader.
+    // Method: QUIRE_LOAD_ROLE = writer (default) or reader; QUIRE_LOAD_STREAM names the
+    // stream; QUIRE_LOAD_PROXIES lists the proxies the writer tries in order; its own tailing
+    // reader tries QUIRE_LOAD_READ_PROXIES (default: the same list), starting at the last one.
+    // The cluster's secrets as in deployed_cluster_under_rolling_restart. The writer creates
+    // CONTROL/ready after 200 acknowledgements and stops at CONTROL/stop; it then writes
+    // CONTROL/last (the last acknowledged DLSN) and CONTROL/acks (the unix ms of every
+    // acknowledgement, one a line, for the soak script's resume times), runs the shared
+    // checker, and waits (up to 180 s) for CONTROL/reader-NAME of every NAME in
+    // QUIRE_LOAD_REMOTE_READERS: each must be a prefix of the records read back that reaches
+    // the last acknowledged DLSN. A reader (QUIRE_LOAD_READER_NAME) tails from the head
+    // through QUIRE_LOAD_READ_PROXIES (last first) until CONTROL/last, then writes its view
+    // to CONTROL/reader-NAME.
+    let control = PathBuf::from(env("QUIRE_LOAD_CONTROL"));
+    let stream = env("QUIRE_LOAD_STREAM");
+    let list = |var: &str| -> Vec<String> { env(var).split(',').map(str::to_string).collect() };
+    let read_addrs = if std::env::var_os("QUIRE_LOAD_READ_PROXIES").is_some() {
+        list("QUIRE_LOAD_READ_PROXIES")
+    } else {
+        list("QUIRE_LOAD_PROXIES")
+    };
+    let rt = runtime();
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(Mutex::new(Progress::default()));
+    if std::env::var("QUIRE_LOAD_ROLE").as_deref() == Ok("reader") {
+        let name = env("QUIRE_LOAD_READER_NAME");
+        let r = rt.spawn(tail_reader(
+            read_addrs,
+            stream,
+            stop.clone(),
+            progress.clone(),
+        ));
+        wait_for_file(&control.join("stop"), Duration::from_secs(3600));
+        wait_for_file(&control.join("last"), Duration::from_secs(120));
+        let last: Dlsn = std::fs::read_to_string(control.join("last"))
+            .unwrap()
+            .trim()
+            .parse()
+            .expect("CONTROL/last holds a DLSN");
+        progress.lock().unwrap().last = Some(last);
+        stop.store(true, Ordering::SeqCst);
+        let (read, errors) = rt.block_on(r).unwrap();
+        println!(
+            "regions-soak: reader {name}: {} records up to {last} ({errors} errors, followed)",
+            read.len()
+        );
+        let tmp = control.join(format!(".reader-{name}"));
+        std::fs::write(&tmp, record_lines(&read)).unwrap();
+        std::fs::rename(tmp, control.join(format!("reader-{name}"))).unwrap();
+        return;
+    }
+    let addrs = list("QUIRE_LOAD_PROXIES");
+    let rate: f64 = std::env::var("QUIRE_LOAD_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|r: &f64| *r > 0.0)
+        .unwrap_or(200.0);
+    let base = (
+        Instant::now(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    );
+    let w = rt.spawn(writer(
+        addrs.clone(),
+        stream.clone(),
+        Arc::new(loghub_lines()),
+        stop.clone(),
+        progress.clone(),
+        Some(Duration::from_secs_f64(1.0 / rate)),
+    ));
+    let r = rt.spawn(tail_reader(
+        read_addrs,
+        stream.clone(),
+        stop.clone(),
+        progress.clone(),
+    ));
+    wait_acked(&progress, 200, "no 200 acknowledgements on the bed");
+    let window_start = Instant::now();
+    std::fs::write(control.join("ready"), b"").unwrap();
+    wait_for_file(&control.join("stop"), Duration::from_secs(3600));
+    stop.store(true, Ordering::SeqCst);
+    let wr = rt.block_on(w).unwrap();
+    let last = wr.acked.last().expect("acknowledged writes").0;
+    std::fs::write(control.join("last"), format!("{last}\n")).unwrap();
+    let acks: String = wr
+        .latencies
+        .iter()
+        .map(|(t, _)| format!("{}\n", unix_ms_of(*t, base)))
+        .collect();
+    std::fs::write(control.join("acks"), acks).unwrap();
+    let (read, reader_errors) = rt.block_on(r).unwrap();
+    let digest = std::env::var_os("QUIRE_ZK_AUTH_FILE").map(|path| {
+        let text = std::fs::read_to_string(&path).expect("read QUIRE_ZK_AUTH_FILE");
+        ZkDigest::parse(&text).expect("QUIRE_ZK_AUTH_FILE holds user:password")
+    });
+    let store = rt.block_on(async {
+        ZkStore::connect_with_auth(
+            &env("QUIRE_LOAD_ZOOKEEPER"),
+            &env("QUIRE_LOAD_ZK_ROOT"),
+            Duration::from_secs(10),
+            digest.as_ref(),
+        )
+        .await
+        .unwrap()
+    });
+    let records = rt.block_on(check_and_report(
+        "regions-soak",
+        &addrs[0],
+        &store,
+        &stream,
+        &wr,
+        (&read, reader_errors),
+        window_start,
+    ));
+    let all = record_lines(&records);
+    let names = std::env::var("QUIRE_LOAD_REMOTE_READERS").unwrap_or_default();
+    for name in names.split(',').filter(|n| !n.is_empty()) {
+        let path = control.join(format!("reader-{name}"));
+        wait_for_file(&path, Duration::from_secs(180));
+        let view = std::fs::read_to_string(&path).unwrap();
+        let n = view.lines().count();
+        assert!(
+            all.starts_with(&view),
+            "reader {name}'s {n} records are not a prefix of the {} read back",
+            records.len()
+        );
+        let reached = view
+            .lines()
+            .last()
+            .and_then(|l| l.split('\t').next())
+            .and_then(|d| d.parse::<Dlsn>().ok());
+        assert!(
+            reached.is_some_and(|d| d >= last),
+            "reader {name} stopped at {reached:?}, before the last acknowledged {last}"
+        );
+        println!(
+            "regions-soak: reader {name} read {n} records, each once and in order, up to {last}"
+        );
+    }
 }
