@@ -184,11 +184,7 @@ impl LedgerReader {
                 match race.wait(timer.as_mut().filter(|_| more)).await {
                     Event::Timer => {
                         // No answer within the speculative timeout: one more replica.
-                        self.client
-                            .inner
-                            .speculative_sent
-                            .fetch_add(1, Ordering::Relaxed);
-                        crate::metrics::metrics().speculative_read_sent();
+                        self.count_speculation();
                         race.speculated = true;
                         ask(&mut race, true);
                         if let (Some(timer), Some(t)) = (timer.as_mut(), timeout) {
@@ -202,17 +198,7 @@ impl LedgerReader {
                 Ok(Reply::Read { data }) => match verify_expected(&data, self.id, entry) {
                     Ok(_) => {
                         if timeout.is_some() {
-                            speculation.observe(took);
-                            if speculative {
-                                self.client
-                                    .inner
-                                    .speculative_won
-                                    .fetch_add(1, Ordering::Relaxed);
-                                crate::metrics::metrics().speculative_read_won();
-                            }
-                            if race.speculated {
-                                speculation.speculated(speculative);
-                            }
+                            self.count_win(took, speculative, race.speculated);
                         }
                         // The losers finish in the background: a timeout still quarantines.
                         for (_, _, attempt) in race.inflight.drain(..) {
@@ -220,36 +206,12 @@ impl LedgerReader {
                         }
                         return Ok(ReadOutcome::Found(data));
                     }
-                    Err(e) => {
-                        let reason = e.to_string();
-                        self.client.damaged_replica(self.id, entry, &b, &reason);
-                        last_err = Some(Error::Corrupt {
-                            ledger: self.id.0,
-                            entry: entry.0,
-                            bookie: b.0.clone(),
-                            reason,
-                        })
-                    }
+                    Err(e) => last_err = Some(self.damaged(entry, &b, e.to_string())),
                 },
-                Ok(Reply::Failed {
-                    status: Status::NoSuchEntry | Status::NoSuchLedger,
-                    ..
-                }) => denials += 1,
-                Ok(Reply::Failed { status, message }) => {
-                    if status == Status::IoError {
-                        // The bookie could not read its copy back ("no such entry" comes only
-                        // from its index): a damaged replica, or a bookie going down; either
-                        // way autorecovery checks the bookie's copies and repairs what it must.
-                        self.client.damaged_replica(self.id, entry, &b, &message);
-                    }
-                    last_err = Some(Error::Bookie {
-                        bookie: b.0.clone(),
-                        status,
-                        message,
-                    })
-                }
-                Ok(other) => last_err = Some(Error::Invalid(format!("unexpected reply {other:?}"))),
-                Err(e) => last_err = Some(e),
+                other => match self.failure_of(entry, &b, other) {
+                    None => denials += 1,
+                    Some(e) => last_err = Some(e),
+                },
             }
             // A denial or a failure moves on to the next replica at once.
             if race.next < order.len() {
@@ -266,6 +228,76 @@ impl LedgerReader {
             ledger: self.id.0,
             entry: entry.0,
         }))
+    }
+
+    /// Counts a speculative request sent (metrics and the client's own count).
+    fn count_speculation(&self) {
+        self.client
+            .inner
+            .speculative_sent
+            .fetch_add(1, Ordering::Relaxed);
+        crate::metrics::metrics().speculative_read_sent();
+    }
+
+    /// Feeds a good answer to the speculative timeout: its latency, whether the speculative
+    /// replica won, and, when the read speculated, whether that helped.
+    fn count_win(&self, took: Duration, speculative: bool, speculated: bool) {
+        let speculation = &self.client.inner.speculation;
+        speculation.observe(took);
+        if speculative {
+            self.client
+                .inner
+                .speculative_won
+                .fetch_add(1, Ordering::Relaxed);
+            crate::metrics::metrics().speculative_read_won();
+        }
+        if speculated {
+            speculation.speculated(speculative);
+        }
+    }
+
+    /// A copy that failed its digest or position check: reported for repair, and the error
+    /// to give if no replica has a good copy.
+    fn damaged(&self, entry: EntryId, b: &BookieId, reason: String) -> Error {
+        self.client.damaged_replica(self.id, entry, b, &reason);
+        Error::Corrupt {
+            ledger: self.id.0,
+            entry: entry.0,
+            bookie: b.0.clone(),
+            reason,
+        }
+    }
+
+    /// What an answer other than a copy says: `None` for a denial (the replica does not hold
+    /// the entry), else the error to give if no replica has a good copy. An `IoError` answer
+    /// is reported for repair.
+    fn failure_of(
+        &self,
+        entry: EntryId,
+        b: &BookieId,
+        reply: Result<Reply, Error>,
+    ) -> Option<Error> {
+        match reply {
+            Ok(Reply::Failed {
+                status: Status::NoSuchEntry | Status::NoSuchLedger,
+                ..
+            }) => None,
+            Ok(Reply::Failed { status, message }) => {
+                if status == Status::IoError {
+                    // The bookie could not read its copy back ("no such entry" comes only
+                    // from its index): a damaged replica, or a bookie going down; either
+                    // way autorecovery checks the bookie's copies and repairs what it must.
+                    self.client.damaged_replica(self.id, entry, b, &message);
+                }
+                Some(Error::Bookie {
+                    bookie: b.0.clone(),
+                    status,
+                    message,
+                })
+            }
+            Ok(other) => Some(Error::Invalid(format!("unexpected reply {other:?}"))),
+            Err(e) => Some(e),
+        }
     }
 
     /// One read request to `bookie`, from its connection to its answer, with the time it took.
