@@ -121,6 +121,29 @@ impl Summary {
         }
         out
     }
+
+    /// The failing schedules only, each finding cut to its first `lines` lines: the text a test
+    /// panics with, so the last lines of a CI log (which keeps the end of a failing test's
+    /// output) say what was found. [`Summary::render`], printed before it, has the rest.
+    pub fn brief(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for v in self.verdicts.iter().filter(|v| !v.clean()) {
+            let seed = v.schedule.seed;
+            if let (true, Some(why)) = (v.violations.is_empty(), &v.unrecovered) {
+                out.push_str(&format!(
+                    "seed {seed} NOT RECOVERED: {}\n",
+                    shorten(why, lines)
+                ));
+            }
+            for finding in &v.violations {
+                out.push_str(&format!(
+                    "seed {seed} VIOLATION: {}\n",
+                    shorten(finding, lines)
+                ));
+            }
+        }
+        out
+    }
 }
 
 /// A chaos cluster and the runtime its clients run on.
@@ -476,5 +499,14 @@ mod tests {
         assert!(text.contains("line 11"), "{text}");
         assert!(!text.contains("line 12\n"), "{text}");
         assert!(text.contains("(9 more lines"), "{text}");
+        let brief = summary.brief(3);
+        assert!(
+            brief.starts_with("seed 42 VIOLATION: writes did not resume"),
+            "{brief}"
+        );
+        assert!(
+            brief.contains("line 2") && !brief.contains("line 3"),
+            "{brief}"
+        );
     }
 }
