@@ -618,8 +618,11 @@ fn topology_labels_and_placement_are_read_and_checked() {
     assert_eq!(o.placement.min_regions_for_durability, 3);
     let flags = ProxyFlags {
         region: Some("us".into()),
-        placement: Some(quire_ledger::placement::Policy::RackAware),
-        enforce_min_racks: Some(true),
+        ledger: crate::flags::LedgerPlacementFlags {
+            placement: Some(quire_ledger::placement::Policy::RackAware),
+            enforce_min_racks: Some(true),
+            ..Default::default()
+        },
         ..proxy_flags()
     };
     let o = proxy_file(text, &flags).unwrap().resolve().unwrap();
@@ -647,7 +650,10 @@ fn topology_labels_and_placement_are_read_and_checked() {
     assert!(e.contains("region-aware"), "{e}");
     let flags = BookieFlags {
         region: Some("eu".into()),
-        placement: Some(quire_ledger::placement::Policy::RegionAware),
+        ledger: crate::flags::LedgerPlacementFlags {
+            placement: Some(quire_ledger::placement::Policy::RegionAware),
+            ..Default::default()
+        },
         ..bookie_flags()
     };
     let o = bookie_file(BOOKIE, &flags).unwrap().resolve().unwrap();

@@ -44,6 +44,35 @@ pub fn with_defaults(mut command: Command, keys: &[Key], defaults: &impl Seriali
     command
 }
 
+/// The `[ledger]` placement flags, the same for the three daemons that place ledgers' bookies
+/// (`quire bookie`'s embedded autorecovery, `quire proxy`, `quire autorecovery`): flattened
+/// into each, where each overrides its key of the file's `[ledger]` table.
+///
+/// `None`: not given, the file's value or the default stands.
+#[derive(Args, Debug, Default, Clone, Serialize)]
+pub struct LedgerPlacementFlags {
+    /// Placement of ledgers' bookies: `default` (random), `rack-aware` or `region-aware`
+    /// ([ledger] placement).
+    #[arg(long)]
+    pub placement: Option<quire_ledger::placement::Policy>,
+    /// Racks each write set spans at least under rack-aware placement (BookKeeper
+    /// `minNumRacksPerWriteQuorum`; [ledger] min_racks_per_write_quorum).
+    #[arg(long)]
+    pub min_racks_per_write_quorum: Option<u8>,
+    /// Fail a rack-aware placement that cannot keep min_racks_per_write_quorum (BookKeeper
+    /// `enforceMinNumRacksPerWriteQuorum`; [ledger] enforce_min_racks).
+    #[arg(long)]
+    pub enforce_min_racks: Option<bool>,
+    /// Regions every ack quorum spans at least under region-aware placement (DistributedLog
+    /// `minRegionsForDurability`; [ledger] min_regions_for_durability).
+    #[arg(long)]
+    pub min_regions_for_durability: Option<u8>,
+    /// Fail a region-aware placement that cannot keep min_regions_for_durability
+    /// (BookKeeper `enforceDurability`; [ledger] enforce_durability).
+    #[arg(long)]
+    pub enforce_durability: Option<bool>,
+}
+
 /// The ZooKeeper flags, the same for every command that talks to ZooKeeper: flattened into the
 /// flags of `quire bookie`, `quire proxy` and `quire autorecovery` (where each overrides its
 /// key of the file's `[zookeeper]` table, `quire_metadata::ZooKeeperConfig`) and into every
@@ -295,26 +324,9 @@ pub struct BookieFlags {
     /// proves (docs/protocol.md §2). Required.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
-    /// Placement of ledgers' bookies: `default` (random), `rack-aware` or `region-aware`
-    /// ([ledger] placement).
-    #[arg(long)]
-    pub placement: Option<quire_ledger::placement::Policy>,
-    /// Racks each write set spans at least under rack-aware placement (BookKeeper
-    /// `minNumRacksPerWriteQuorum`; [ledger] min_racks_per_write_quorum).
-    #[arg(long)]
-    pub min_racks_per_write_quorum: Option<u8>,
-    /// Fail a rack-aware placement that cannot keep min_racks_per_write_quorum (BookKeeper
-    /// `enforceMinNumRacksPerWriteQuorum`; [ledger] enforce_min_racks).
-    #[arg(long)]
-    pub enforce_min_racks: Option<bool>,
-    /// Regions every ack quorum spans at least under region-aware placement (DistributedLog
-    /// `minRegionsForDurability`; [ledger] min_regions_for_durability).
-    #[arg(long)]
-    pub min_regions_for_durability: Option<u8>,
-    /// Fail a region-aware placement that cannot keep min_regions_for_durability
-    /// (BookKeeper `enforceDurability`; [ledger] enforce_durability).
-    #[arg(long)]
-    pub enforce_durability: Option<bool>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ledger: LedgerPlacementFlags,
 }
 
 /// `quire proxy` flags (None: not given, the file's value or the default stands).
@@ -508,26 +520,9 @@ pub struct ProxyFlags {
     /// File holding the cluster secret proved to every bookie. Required.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
-    /// Placement of ledgers' bookies: `default` (random), `rack-aware` or `region-aware`
-    /// ([ledger] placement).
-    #[arg(long)]
-    pub placement: Option<quire_ledger::placement::Policy>,
-    /// Racks each write set spans at least under rack-aware placement (BookKeeper
-    /// `minNumRacksPerWriteQuorum`; [ledger] min_racks_per_write_quorum).
-    #[arg(long)]
-    pub min_racks_per_write_quorum: Option<u8>,
-    /// Fail a rack-aware placement that cannot keep min_racks_per_write_quorum (BookKeeper
-    /// `enforceMinNumRacksPerWriteQuorum`; [ledger] enforce_min_racks).
-    #[arg(long)]
-    pub enforce_min_racks: Option<bool>,
-    /// Regions every ack quorum spans at least under region-aware placement (DistributedLog
-    /// `minRegionsForDurability`; [ledger] min_regions_for_durability).
-    #[arg(long)]
-    pub min_regions_for_durability: Option<u8>,
-    /// Fail a region-aware placement that cannot keep min_regions_for_durability
-    /// (BookKeeper `enforceDurability`; [ledger] enforce_durability).
-    #[arg(long)]
-    pub enforce_durability: Option<bool>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ledger: LedgerPlacementFlags,
 }
 
 /// `quire autorecovery` flags (None: not given, the file's value or the default stands).
@@ -572,26 +567,9 @@ pub struct AutorecoveryFlags {
     /// File holding the cluster secret (see `quire bookie`). Required.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
-    /// Placement of ledgers' bookies: `default` (random), `rack-aware` or `region-aware`
-    /// ([ledger] placement).
-    #[arg(long)]
-    pub placement: Option<quire_ledger::placement::Policy>,
-    /// Racks each write set spans at least under rack-aware placement (BookKeeper
-    /// `minNumRacksPerWriteQuorum`; [ledger] min_racks_per_write_quorum).
-    #[arg(long)]
-    pub min_racks_per_write_quorum: Option<u8>,
-    /// Fail a rack-aware placement that cannot keep min_racks_per_write_quorum (BookKeeper
-    /// `enforceMinNumRacksPerWriteQuorum`; [ledger] enforce_min_racks).
-    #[arg(long)]
-    pub enforce_min_racks: Option<bool>,
-    /// Regions every ack quorum spans at least under region-aware placement (DistributedLog
-    /// `minRegionsForDurability`; [ledger] min_regions_for_durability).
-    #[arg(long)]
-    pub min_regions_for_durability: Option<u8>,
-    /// Fail a region-aware placement that cannot keep min_regions_for_durability
-    /// (BookKeeper `enforceDurability`; [ledger] enforce_durability).
-    #[arg(long)]
-    pub enforce_durability: Option<bool>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ledger: LedgerPlacementFlags,
 }
 
 #[cfg(test)]

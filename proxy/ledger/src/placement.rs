@@ -237,6 +237,19 @@ impl Rule {
         }
     }
 
+    /// The error of a placement (`what`: "placement of a new ensemble", "replacement at
+    /// position 2") that cannot keep this rule, with the shape and the bookies per region.
+    fn failure(&self, what: &str, shape: Shape, census: String) -> Error {
+        Error::Placement(format!(
+            "{} {what} (E={}, Qw={}, Qa={}) failed: {}; {census}",
+            self.policy,
+            shape.0,
+            shape.1,
+            shape.2,
+            self.describe()
+        ))
+    }
+
     fn describe(&self) -> String {
         match self.policy {
             Policy::RegionAware => format!(
@@ -355,15 +368,11 @@ pub fn choose_ensemble<R: Rng + ?Sized>(
     let labels = match search_labels(&rule, e, &supply) {
         Some(labels) => labels,
         None if rule.enforced(settings) => {
-            return Err(Error::Placement(format!(
-                "{} placement of a new ensemble (E={}, Qw={}, Qa={}) failed: {}; {}",
-                rule.policy,
-                shape.0,
-                shape.1,
-                shape.2,
-                rule.describe(),
-                census(registered, &candidates)
-            )))
+            return Err(rule.failure(
+                "placement of a new ensemble",
+                shape,
+                census(registered, &candidates),
+            ))
         }
         None => {
             let free = Rule {
@@ -538,15 +547,11 @@ pub fn choose_replacement<R: Rng + ?Sized>(
         }
     }
     if rule.enforced(settings) {
-        return Err(Error::Placement(format!(
-            "{} replacement at position {pos} (E={}, Qw={}, Qa={}) failed: {}; {}",
-            rule.policy,
-            shape.0,
-            shape.1,
-            shape.2,
-            rule.describe(),
-            census(registered, &candidates)
-        )));
+        return Err(rule.failure(
+            &format!("replacement at position {pos}"),
+            shape,
+            census(registered, &candidates),
+        ));
     }
     Ok(Some(candidates[ranked[0].2].0.id.clone()))
 }
