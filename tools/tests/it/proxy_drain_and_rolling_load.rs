@@ -368,6 +368,10 @@ fn sigterm_drain_hands_streams_to_the_other_proxy() {
         progress.clone(),
         None,
     ));
+    // The reader starts once P1 owns the stream: a read through P2 of a stream nobody owns
+    // yet (between P1's create and its lease, a few ZooKeeper round trips) acquires it for P2,
+    // and the writer's requests then all go to P2 and P1 drains nothing (seen on a loaded run).
+    wait_acked(&progress, 1, "the writer made no progress through P1");
     let r = rt.spawn(tail_reader(
         vec![p2.addr.clone()],
         stream.clone(),
