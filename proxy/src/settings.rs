@@ -55,7 +55,7 @@ pub struct StreamSettings {
     pub subscriptions_per_stream_max: usize,
     /// [`StreamConfig::owned_streams_max`]; 0 (the default) is no limit.
     pub owned_streams_max: usize,
-    /// [`StreamConfig::follower_reads`] (default off).
+    /// [`StreamConfig::follower_reads`] (default on).
     pub follower_reads: bool,
     /// [`StreamConfig::follower_cache_bytes_max`], 64 KiB to 1 GiB.
     pub follower_cache_bytes_max: usize,

@@ -239,9 +239,12 @@ pub struct StreamConfig {
     /// the next read starts a new one). Default 60 s.
     pub follower_idle_timeout: Duration,
     /// Serve reads of streams another proxy owns here, through a follower (`[streams]
-    /// follower_reads`). Off by default: a follower shows an entry only once the bookies know
-    /// it is below the LAC, so the last entry of a burst lags the owner's tail (up to the
-    /// writer's LAC update); off, such reads are redirected to the owner as before.
+    /// follower_reads`). On by default (issue 29: readers spread over all proxies). A follower
+    /// shows an entry only once the bookies know it is below the LAC, so the last entry of a
+    /// burst reaches its readers up to [`StreamConfig::lac_advance_delay`] after the owner's;
+    /// a read with no wait that finds nothing new there is redirected to the owner, so reading
+    /// a stream back right after writing it is not cut short. Off, every read of a stream
+    /// another proxy owns is redirected to the owner (`OwnedElsewhere`).
     pub follower_reads: bool,
     /// Most streams this proxy owns at once (`[streams] owned_streams_max`; DistributedLog's
     /// `maxAcquiredPartitionsPerProxy`): a request that would acquire one more fails with
@@ -301,7 +304,7 @@ impl Default for StreamConfig {
             compression: quire_client::compression::Compression::None,
             follower_cache_bytes_max: 8 * 1024 * 1024,
             follower_idle_timeout: Duration::from_secs(60),
-            follower_reads: false,
+            follower_reads: true,
             speculative_read_timeout: quire_ledger::ClientConfig::default()
                 .speculative_read_timeout,
             max_speculative_read_timeout: quire_ledger::ClientConfig::default()

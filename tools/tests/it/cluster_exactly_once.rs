@@ -365,8 +365,9 @@ fn home_proxy_killed(cluster: &Cluster, proxies: &mut Proxies, rt: &tokio::runti
         tailed == expected,
         "the tailing reader read every record once, in order"
     );
-    // Its reads failed when the proxy serving them died: the home proxy (a follower) or the
-    // owner it was redirected to (follower reads off); it failed over and missed nothing.
-    assert!(read_failures > 0, "the tailing reader failed over");
+    // The reader's proxy (the home proxy, a follower) died at 1,000 records, so the records
+    // after it came through another proxy: the equality above is the failover's check. Whether
+    // a read of its was in flight at the kill (and counted as failed) is timing, not a promise:
+    // one between reads goes to the next proxy without an error.
     proxies.start(cluster, dead);
 }
