@@ -28,7 +28,7 @@
 # Everything is torn down on exit (regions-bed.sh down: by pid and namespace), also on failure.
 #
 # Needs what regions-bed.sh needs, and the load driver (QUIRE_LOAD_BIN, else found with
-# ci/locate-load-bin.sh). Takes ~8 min (about 2 min deploy, 4 min of faults, the check).
+# ci/locate-load-bin.sh). Takes 11-19 min (session 23: 4.5-12 min deploy, 3.5 min of faults, ~2.5 min check).
 set -eu
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
