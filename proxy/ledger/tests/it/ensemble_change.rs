@@ -436,6 +436,64 @@ async fn no_spare_bookie_continues_on_ack_quorum_then_fails_clearly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_after_a_bookie_returns_rewrites_past_the_lac_only() {
+    // Goal: the multi-region soak's finding "closed ledger 1 entry 4278 is missing on a1"
+    // (a bookie cut off while its region's two bookies went on at Qa=2, then back before the
+    // ledger was recovered) is BookKeeper's behaviour, not a recovery bug: recovery
+    // (`LedgerRecoveryOp`) re-adds the entries past the LAC the bookies report to their whole
+    // write set, the returned bookie included, and leaves the entries at or below the LAC on
+    // the Qa bookies that acknowledged them (copying those is autorecovery's work).
+    // Method: exactly 3 bookies (E=3 Qw=3 Qa=2, no replacement), one shut down after 100
+    // confirmed adds; 100 more are confirmed on the other two, 20 are issued and the writer is
+    // abandoned; the bookie is restarted (empty of 100..), then a second client recovers.
+    let mut c = cluster(3).await;
+    let bk = BookKeeper::new(c.store.clone(), client_config());
+    let writer = bk.create_ledger(options(3, 3, 2)).await.unwrap();
+    for i in 0..100 {
+        writer.add(payload(i)).await.unwrap();
+    }
+    let victim = c.index_of(&writer.ensemble()[1]);
+    c.shutdown(victim).await.unwrap();
+    for i in 100..200 {
+        writer.add(payload(i)).await.unwrap();
+    }
+    assert_eq!(writer.ensemble_changes(), 0, "no spare bookie to change to");
+    let in_flight: Vec<AddFuture> = (200..220).map(|i| writer.add(payload(i))).collect();
+    c.restart(victim).await;
+
+    let bk2 = BookKeeper::new(c.store.clone(), client_config());
+    let meta = bk2.recover_ledger(writer.id()).await.unwrap();
+    drop(in_flight);
+    let last = meta.last_entry.unwrap();
+    assert!((199..220).contains(&last), "recovered end {last}");
+    let back = c.addrs[victim].to_string();
+    // Entry 199 carried LAC 198 to the two live bookies, so 100..=198 are at or below the LAC
+    // recovery starts after: not rewritten, still missing on the returned bookie.
+    for e in 100..=198 {
+        assert!(
+            bookie_read(&back, writer.id(), e).is_none(),
+            "entry {e} (at or below the LAC) was copied to the returned bookie"
+        );
+    }
+    // The last entry is past every LAC a bookie holds (no add carries its own id as LAC):
+    // recovery re-added it to the whole write set.
+    assert!(
+        bookie_read(&back, writer.id(), last).is_some(),
+        "recovered last entry {last} was not re-added to the returned bookie"
+    );
+    // Every entry on at least Qa of its write set, identical copies.
+    check_replicas(
+        &c,
+        &meta,
+        writer.id(),
+        last,
+        &HashSet::from([back.clone()]),
+        payload,
+    );
+    drop(c.bookies);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_of_a_two_fragment_ledger_whose_writer_died() {
     // Goal: recovery of a ledger with two fragments fences only the last ensemble, reads
     // forward across the fragment boundary's successor entries, re-adds to the right write
