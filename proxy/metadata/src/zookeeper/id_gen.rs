@@ -16,12 +16,7 @@ use crate::{Error, Result};
 /// The counter's value: the id [`allocate_ledger_id`] tries next.
 pub(super) async fn next_ledger_id(store: &ZkStore) -> Result<LedgerId> {
     let p = store.path("idgen/ledger");
-    let (bytes, _) = store
-        .inner
-        .client
-        .get_data(&p)
-        .await
-        .map_err(|e| zk_err("get", &p, e))?;
+    let (bytes, _) = store.get_data(&p).await.map_err(|e| zk_err("get", &p, e))?;
     Ok(LedgerId(from_json(&p, &bytes)?))
 }
 
@@ -29,7 +24,7 @@ pub(super) async fn allocate_ledger_id(store: &ZkStore) -> Result<LedgerId> {
     let c = &store.inner.client;
     let p = store.path("idgen/ledger");
     loop {
-        let (bytes, stat) = c.get_data(&p).await.map_err(|e| zk_err("get", &p, e))?;
+        let (bytes, stat) = store.get_data(&p).await.map_err(|e| zk_err("get", &p, e))?;
         let next: u64 = from_json(&p, &bytes)?;
         let bumped = next.checked_add(1).ok_or_else(|| Error::Corrupt {
             path: p.clone(),

@@ -73,7 +73,7 @@ pub(super) fn mark_all_lost(flags: &LeaseFlags) {
 impl ZkStore {
     /// The lock children of a stream, sorted by sequence number (lowest = owner).
     async fn lock_children(&self, dir: &str) -> Result<Vec<String>> {
-        let mut children = match self.inner.client.list_children(dir).await {
+        let mut children = match self.list_children(dir).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(Vec::new()),
             Err(e) => return Err(zk_err("list", dir, e)),
@@ -95,7 +95,7 @@ impl ZkStore {
             return Ok(None);
         };
         let p = format!("{dir}/{first}");
-        match self.inner.client.get_data(&p).await {
+        match self.get_data(&p).await {
             Ok((bytes, _)) => Ok(Some(String::from_utf8(bytes).map_err(|_| {
                 Error::Corrupt {
                     path: p.clone(),

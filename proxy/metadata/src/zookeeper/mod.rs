@@ -10,8 +10,9 @@
 //!   [`ZkStore::session_lost`] to learn of it; a bookie or proxy must then stop acting on them.
 //! * ZooKeeper failures (connection loss, session expiry, ...) surface as
 //!   [`Error::ZooKeeper`]; nothing is retried behind the caller's back except where a retry is
-//!   provably harmless (reads of a node that raced with its deletion, a lost CAS on the ledger id
-//!   counter).
+//!   provably harmless: reads of a node that raced with its deletion, a lost CAS on the ledger id
+//!   counter, and reads that met a connection loss while the session lives
+//!   ([`ZkStore::get_data`], [`ZkStore::list_children`]).
 //!
 //! # Runtime
 //! The `zookeeper-client` crate spawns its session task on the current tokio runtime:
@@ -182,6 +183,54 @@ impl ZkStore {
         };
         store.open_layout().await?;
         Ok(store)
+    }
+
+    /// `getData` of `path`, sent again after a connection loss while the session lives: the
+    /// client reconnects (to another server of the ensemble, or the same one restarted) within
+    /// the session timeout, and a read is idempotent, so it is retried as BookKeeper's
+    /// `ZooKeeperClient` retries its operations, with a backoff from 50 ms to 1 s, for at most
+    /// the negotiated session timeout. Any other error, or a connection loss past that, is
+    /// returned as it is.
+    pub(super) async fn get_data(
+        &self,
+        path: &str,
+    ) -> std::result::Result<(Vec<u8>, zk::Stat), zk::Error> {
+        self.read_retrying(|| self.inner.client.get_data(path))
+            .await
+    }
+
+    /// `getChildren` of `path`, retried as [`ZkStore::get_data`] is.
+    pub(super) async fn list_children(
+        &self,
+        path: &str,
+    ) -> std::result::Result<Vec<String>, zk::Error> {
+        self.read_retrying(|| self.inner.client.list_children(path))
+            .await
+    }
+
+    async fn read_retrying<T, F, Fut>(&self, read: F) -> std::result::Result<T, zk::Error>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, zk::Error>>,
+    {
+        let deadline = quire_clock::now() + self.inner.client.session_timeout();
+        let mut backoff = std::time::Duration::from_millis(50);
+        loop {
+            match read().await {
+                Err(zk::Error::ConnectionLoss)
+                    if !*self.inner.session_lost.borrow()
+                        && quire_clock::now() + backoff < deadline =>
+                {
+                    tracing::debug!(
+                        backoff_ms = backoff.as_millis() as u64,
+                        "ZooKeeper read met a connection loss; reading again"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(1));
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Becomes `true` once this store's ZooKeeper session is over (expired, closed, or

@@ -92,9 +92,8 @@ pub(super) async fn unregister_proxy(store: &ZkStore, address: &str) -> Result<(
 
 /// Every `proxies/*` record, sorted by address, skipping nodes that vanish while being read.
 pub(super) async fn list_proxies(store: &ZkStore) -> Result<Vec<ProxyInfo>> {
-    let c = &store.inner.client;
     let dir = store.proxy_dir();
-    let children = match c.list_children(&dir).await {
+    let children = match store.list_children(&dir).await {
         Ok(ch) => ch,
         Err(zk::Error::NoNode) => return Ok(Vec::new()),
         Err(e) => return Err(zk_err("list", &dir, e)),
@@ -102,7 +101,7 @@ pub(super) async fn list_proxies(store: &ZkStore) -> Result<Vec<ProxyInfo>> {
     let mut out = Vec::with_capacity(children.len());
     for child in children {
         let p = format!("{dir}/{child}");
-        match c.get_data(&p).await {
+        match store.get_data(&p).await {
             Ok((bytes, _)) => out.push(from_json::<ProxyInfo>(&p, &bytes)?),
             Err(zk::Error::NoNode) => {}
             Err(e) => return Err(zk_err("get", &p, e)),

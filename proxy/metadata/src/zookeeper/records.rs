@@ -52,7 +52,7 @@ impl ZkStore {
         key: &str,
         path: &str,
     ) -> Result<Versioned<T>> {
-        match self.inner.client.get_data(path).await {
+        match self.get_data(path).await {
             Ok((bytes, stat)) => Ok(Versioned {
                 value: from_json(path, &bytes)?,
                 version: version_of(&stat),
@@ -261,7 +261,7 @@ pub(super) async fn delete_ledger(store: &ZkStore, id: LedgerId, expected: Versi
     let (bucket, _) = ledger_bucket_and_leaf(id);
     let bucket_end = (id.0 / LEDGERS_PER_BUCKET + 1).saturating_mul(LEDGERS_PER_BUCKET);
     let counter = store.path("idgen/ledger");
-    let next: Option<u64> = match store.inner.client.get_data(&counter).await {
+    let next: Option<u64> = match store.get_data(&counter).await {
         Ok((bytes, _)) => from_json(&counter, &bytes).ok(),
         Err(_) => None,
     };
@@ -282,15 +282,14 @@ pub(super) async fn delete_ledger(store: &ZkStore, id: LedgerId, expected: Versi
 /// ledger leaf is `Corrupt`.
 pub(super) async fn list_ledgers(store: &ZkStore) -> Result<Vec<LedgerId>> {
     let dir = store.path("ledgers");
-    let c = &store.inner.client;
-    let buckets = c
+    let buckets = store
         .list_children(&dir)
         .await
         .map_err(|e| zk_err("list", &dir, e))?;
     let mut ids = Vec::new();
     for b in &buckets {
         let bp = format!("{dir}/{b}");
-        let children = match c.list_children(&bp).await {
+        let children = match store.list_children(&bp).await {
             Ok(ch) => ch,
             Err(zk::Error::NoNode) => continue,
             Err(e) => return Err(zk_err("list", &bp, e)),

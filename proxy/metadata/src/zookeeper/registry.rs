@@ -26,14 +26,12 @@ impl ZkStore {
     ) -> Result<()> {
         let dir = self.path(&format!("bookies/{sub}"));
         let children = self
-            .inner
-            .client
             .list_children(&dir)
             .await
             .map_err(|e| zk_err("list", &dir, e))?;
         for child in children {
             let p = format!("{dir}/{child}");
-            match self.inner.client.get_data(&p).await {
+            match self.get_data(&p).await {
                 Ok((bytes, stat)) => {
                     let info: BookieInfo = from_json(&p, &bytes)?;
                     // The creation zxid names this registration: a new session, or a move

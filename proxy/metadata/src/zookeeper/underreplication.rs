@@ -357,7 +357,7 @@ impl ZkStore {
     /// `ZooKeeper`.
     pub async fn decommissioning(&self) -> Result<Vec<BookieId>> {
         let dir = self.path("underreplication/decommission");
-        match self.inner.client.list_children(&dir).await {
+        match self.list_children(&dir).await {
             Ok(mut c) => {
                 c.sort();
                 Ok(c.into_iter().map(BookieId).collect())
@@ -375,7 +375,7 @@ impl ZkStore {
         let mut out = Vec::new();
         for bookie in self.decommissioning().await? {
             let p = self.decommission_path(&bookie)?;
-            match self.inner.client.get_data(&p).await {
+            match self.get_data(&p).await {
                 Ok((bytes, _)) => out.push((bookie, from_json(&p, &bytes)?)),
                 Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(zk_err("get", &p, e)),
@@ -476,7 +476,7 @@ impl ZkStore {
     /// The election's children, sorted by sequence number (the first is the auditor).
     async fn election_children(&self) -> Result<Vec<String>> {
         let dir = self.path("underreplication/auditorelection");
-        let mut children = match self.inner.client.list_children(&dir).await {
+        let mut children = match self.list_children(&dir).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(Vec::new()),
             Err(e) => return Err(zk_err("list", &dir, e)),

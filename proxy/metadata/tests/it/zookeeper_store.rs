@@ -860,3 +860,52 @@ async fn an_orphaned_lock_node_of_the_same_session_is_reaped() {
     );
     assert_eq!(b.client().list_children(&dir).await.unwrap().len(), 1);
 }
+
+/// Goal: a read that meets a connection loss while the session lives is sent again once the
+/// client has reconnected, instead of failing with `ConnectionLoss` (BookKeeper's
+/// `ZooKeeperClient` retries reads the same way): an ensemble change's bookie list or a ledger
+/// read during a ZooKeeper server restart must not fail the write it serves (the regions soak:
+/// a region cut dropped a proxy's ZooKeeper connection and its ensemble change failed at once).
+/// Method: a store with a 20 s session through a loopback relay; hold the relay's requests so
+/// that a ledger read and a bookie listing are in flight, shut every relayed connection down
+/// (the client fails what it had sent with a connection loss), let connections through again,
+/// and require both reads to answer, on the same session. Without the retry both fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_in_flight_at_a_connection_loss_are_sent_again() {
+    use quire_testkit::relay::Direction;
+    let zk = ZooKeeperServer::start();
+    let relay = TcpRelay::start(zk.connect_string().parse().unwrap());
+    let store = ZkStore::connect(&relay.connect_string(), "/quire", Duration::from_secs(20))
+        .await
+        .expect("connect to ZooKeeper");
+    let id = store.allocate_ledger_id().await.unwrap();
+    store
+        .create_ledger(id, &ledger(&["127.0.0.1:3181", "127.0.0.1:3182"]))
+        .await
+        .unwrap();
+    let session = store.client().session().id();
+    relay.stall(Direction::ToServer, true);
+    let reads = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let (ledger, bookies) = tokio::join!(store.read_ledger(id), store.list_bookies());
+            (ledger, bookies)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay.cut();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay.stall(Direction::ToServer, false);
+    relay.heal();
+    let (ledger, bookies) = tokio::time::timeout(PATIENCE, reads)
+        .await
+        .unwrap()
+        .unwrap();
+    let ledger = ledger.expect("the ledger read in flight answers once reconnected");
+    assert_eq!(ledger.value.fragments[0].bookies.len(), 2);
+    assert!(bookies.expect("the bookie listing answers").is_empty());
+    assert_eq!(store.client().session().id(), session, "the same session");
+    assert!(!*store.session_lost().borrow());
+    drop(store);
+    zk.stop();
+}
