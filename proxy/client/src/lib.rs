@@ -63,7 +63,7 @@ pub mod tail;
 pub mod types;
 
 pub use client::ProxyClient;
-pub use config::ClientConfig;
+pub use config::{ClientConfig, RegionProxies};
 pub use dlsn::{Dlsn, ParseDlsnError, ReadPosition};
 pub use error::{Error, ErrorCode, Result};
 pub use producer::{Producer, ProducerConfig};
