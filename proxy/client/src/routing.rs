@@ -340,6 +340,40 @@ impl Router {
         self.call_routed(stream, req, extra_wait, true).await
     }
 
+    /// Sends a request that the home proxy answers itself (`CREATE_STREAM` of `stream`),
+    /// moving on to the next region's proxy when it answers `REGION_UNAVAILABLE` (see the
+    /// module docs).
+    ///
+    /// # Errors
+    /// The connection's errors; `REGION_UNAVAILABLE` once every region refused.
+    pub(crate) async fn call_home(&self, stream: &str, req: &Request) -> Result<Response> {
+        let mut route = Route {
+            target: None,
+            from_cache: false,
+            hops: 0,
+            backoff: REDIRECT_BACKOFF_START,
+            reads: false,
+            unavailable: Vec::new(),
+            too_many: None,
+        };
+        loop {
+            let conn = self.home().await?;
+            match conn.call(req, Duration::ZERO).await {
+                Err(
+                    e @ Error::Remote {
+                        code: ErrorCode::RegionUnavailable,
+                        ..
+                    },
+                ) => {
+                    if let Some(done) = self.next_region(stream, &conn, &mut route, e).await {
+                        return done;
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
     async fn call_routed(
         &self,
         stream: &str,

@@ -7,7 +7,7 @@
 //!   only ra's proxy is refused a new stream with 519 (nothing created), a stream ra's proxy
 //!   owns keeps taking writes there, and `quire write --region-proxies ra=..
 //!   --region-proxies rb=..` (ra local) creates its new stream through rb (owned by rb, home
-//!   rb). After `quire cluster region available ra` the same command's next new stream is
+//!   rb), and so does its `CREATE_STREAM` of an empty input. After `quire cluster region available ra` the same command's next new stream is
 //!   owned by ra's proxy again.
 //!
 //! Method: the test kit's ZooKeeper and processes; owners read from ZooKeeper (the stream
@@ -46,11 +46,16 @@ fn wait_registered(cluster: &Cluster, proxies: &[(&str, &str)]) {
 /// `quire write STREAM` of two records with the given `--region-proxies`; `--proxy` names a
 /// dead address to show it is not used.
 fn write_by_regions(stream: &str, regions: &[String]) -> std::process::Output {
+    write_input_by_regions(stream, regions, b"one\ntwo\n")
+}
+
+/// [`write_by_regions`] of `input` (empty: the stream is only created, `CREATE_STREAM`).
+fn write_input_by_regions(stream: &str, regions: &[String], input: &[u8]) -> std::process::Output {
     let mut args = vec!["write", stream];
     for r in regions {
         args.extend(["--region-proxies", r.as_str()]);
     }
-    run_quire(&args, "127.0.0.1:1", Some(b"one\ntwo\n"))
+    run_quire(&args, "127.0.0.1:1", Some(input))
 }
 
 fn assert_ok(out: &std::process::Output, what: &str) {
@@ -120,6 +125,12 @@ fn writers_fail_over_from_an_unavailable_region_and_streams_are_owned_at_home() 
     );
     assert_eq!(owner("moved").as_deref(), Some(pb.addr.as_str()));
     assert_eq!(home("moved").as_deref(), Some("rb"));
+    // CREATE_STREAM (empty input) fails over too: the stream's home is rb.
+    assert_ok(
+        &write_input_by_regions("created", &regions, b""),
+        "create during the mark",
+    );
+    assert_eq!(home("created").as_deref(), Some("rb"));
 
     // The mark cleared: new streams go to the local region again.
     cluster.admin_ok(&["cluster", "region", "available", "ra"]);
