@@ -2,8 +2,8 @@
 //! hashing (a leaf: `registry.rs` asks it before taking a lease), and what the balancer
 //! (`balance.rs`) does with it.
 //!
-//! * **Registry.** Every proxy with an advertised address and
-//!   [`super::StreamConfig::balance_moves_per_sec`] above 0 writes its [`ProxyInfo`] (owned
+//! * **Registry.** Every proxy with an advertised address (balancing on or off, see below)
+//!   writes its [`ProxyInfo`] (owned
 //!   streams, a heartbeat counter) into the metadata store every [`BALANCE_TICK`] (ZooKeeper:
 //!   the EPHEMERAL node `proxies/<address>`, gone with its session) and reads everyone's. A
 //!   proxy counts as live while its heartbeat moved within the last [`STALE_TICKS`] ticks by
