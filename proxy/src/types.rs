@@ -194,6 +194,8 @@ mod tests {
                 sealed: false,
                 compression: None,
                 limits: None,
+                // Not on the wire (DESCRIBE_STREAM carries no home region).
+                home_region: Some("ra".into()),
             },
             owner: Some("127.0.0.1:4181".into()),
             defaults: RetentionDefaults {

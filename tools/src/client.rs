@@ -28,6 +28,13 @@ pub struct ProxyArg {
     /// other users cannot see in the process list.
     #[arg(long, env = "QUIRE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Proxies per region, `REGION=host:port[,host:port...]`, repeated, the local region
+    /// first (QUIRE_REGION_PROXIES: the same, separated by `;`). When given, the client
+    /// takes its proxy from the first region that answers and fails over to the next region
+    /// when a region's proxies are unreachable or answer REGION_UNAVAILABLE; `--proxy` is then
+    /// not used.
+    #[arg(long = "region-proxies", value_name = "REGION=HOST:PORT,...", env = "QUIRE_REGION_PROXIES", value_delimiter = ';', value_parser = quire_client::RegionProxies::parse)]
+    pub region_proxies: Vec<quire_client::RegionProxies>,
     #[command(flatten)]
     pub tls: crate::tls::ProxyTlsArgs,
 }
@@ -144,6 +151,16 @@ async fn connect_with(
         tls_server_name: Some(proxy.proxy.clone()),
         ..quire_client::ClientConfig::default()
     };
+    if !proxy.region_proxies.is_empty() {
+        let config = quire_client::ClientConfig {
+            regions: proxy.region_proxies.clone(),
+            tls_server_name: None,
+            ..config
+        };
+        return ProxyClient::connect_any(config)
+            .await
+            .context("cannot reach a proxy of any region given by --region-proxies");
+    }
     match ProxyClient::connect_with(&proxy.proxy, config).await {
         Ok(client) => Ok(client),
         // The proxy is there; the TLS settings disagree, and the error says how.

@@ -49,6 +49,10 @@ pub enum ClusterCommand {
     /// registered before is missing, a bookie is read-only, ledgers are under-replicated, no
     /// auditor while autorecovery is expected).
     Status(StatusArgs),
+    /// Region marks: `unavailable REGION` (its proxies take no new streams, answering
+    /// REGION_UNAVAILABLE so writers fail over to their next region), `available REGION`,
+    /// `list`.
+    Region(crate::cluster_region::RegionArgs),
 }
 
 /// `quire cluster status` options.
@@ -109,7 +113,10 @@ pub struct Status {
 
 /// Runs `quire cluster`.
 pub fn run(args: ClusterArgs) -> Result<()> {
-    let ClusterCommand::Status(args) = args.command;
+    let args = match args.command {
+        ClusterCommand::Status(args) => args,
+        ClusterCommand::Region(args) => return crate::cluster_region::run(args),
+    };
     let status = crate::admin::with_zk_store(&args.metadata, async |store| {
         read_status(&store, !args.no_autorecovery).await
     })?;

@@ -618,6 +618,7 @@ mod tests {
                 "bookie decommission",
                 "bookie delete-cookie",
                 "bookie list",
+                "cluster region",
                 "cluster status",
                 "debug bundle",
                 "ledger list",

@@ -26,6 +26,7 @@ mod autorecovery;
 mod bookie;
 mod client;
 mod cluster;
+mod cluster_region;
 mod config_show;
 mod debug;
 mod ledger;
@@ -106,7 +107,8 @@ enum Command {
     /// Print a shell completion script: `quire completions bash|zsh|fish` (e.g.
     /// `quire completions bash > /etc/bash_completion.d/quire`).
     Completions(CompletionsArgs),
-    /// Cluster health from the metadata store: `status [--json]` (exit status 1 if unhealthy).
+    /// Cluster health from the metadata store: `status [--json]` (exit status 1 if unhealthy);
+    /// region marks: `region unavailable|available REGION`, `region list`.
     Cluster(cluster::ClusterArgs),
     /// `show --role bookie|proxy|autorecovery [--config FILE] [-- FLAGS]`: a process's
     /// effective configuration, secrets redacted.

@@ -384,6 +384,7 @@ async fn describe_live(proxy: &crate::client::ProxyArg, stream: &str) -> Result<
     };
     let at_owner = crate::client::ProxyArg {
         proxy: owner.clone(),
+        region_proxies: Vec::new(),
         ..proxy.clone()
     };
     let asked = async {

@@ -179,20 +179,21 @@ impl ProxyClient {
         self.router.cached_owner(stream)
     }
 
-    /// Creates an empty stream.
+    /// Creates an empty stream through the home proxy (whose region becomes the stream's
+    /// home), moving on to the next region's proxy when the home proxy's region is marked
+    /// unavailable (`ClientConfig::regions`).
     ///
     /// # Errors
-    /// `Remote` with `StreamExists`, `InvalidStreamName` or `Metadata`; `Io` on connection loss.
+    /// `Remote` with `StreamExists`, `InvalidStreamName`, `Metadata` or `RegionUnavailable`
+    /// (every region refused); `Io` on connection loss.
     pub async fn create_stream(&self, stream: &str) -> Result<()> {
         match self
             .router
-            .home()
-            .await?
-            .call(
+            .call_home(
+                stream,
                 &Request::CreateStream {
                     stream: stream.to_string(),
                 },
-                Duration::ZERO,
             )
             .await?
         {

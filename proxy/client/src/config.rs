@@ -35,6 +35,13 @@ pub struct ClientConfig {
     /// becomes home (see `ProxyClient::connect_any`). Empty (the default): only the address
     /// connected to.
     pub proxies: Vec<String>,
+    /// Proxies per region, the client's local region first (issue 30 item 4, DistributedLog's
+    /// per-region proxy sets): the client takes its home proxy from the first region whose
+    /// proxies answer, and moves on to the next region's when every proxy of a region is
+    /// unreachable, shutting down, or answers `REGION_UNAVAILABLE` (519: the region is marked
+    /// as taking no new streams). Tried before [`ClientConfig::proxies`], which count as one
+    /// more, unlabelled region. Empty (the default): no regions.
+    pub regions: Vec<RegionProxies>,
     /// How the proxy is asked to store this client's writes: [`Compression::Lz4`] sets the
     /// write flag `FLAG_WRITE_COMPRESS` on every write (plain and producer session writes),
     /// so the owner stores their entries LZ4-compressed; `None` (the default) leaves it to the
@@ -52,7 +59,59 @@ impl Default for ClientConfig {
             tls: None,
             tls_server_name: None,
             proxies: Vec::new(),
+            regions: Vec::new(),
             compression: Compression::None,
+        }
+    }
+}
+
+/// The proxies of one region ([`ClientConfig::regions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionProxies {
+    /// The region's name (the proxies' `region` setting); only used in messages and logs.
+    pub region: String,
+    /// Its proxies (`host:port`), in the order they are tried.
+    pub proxies: Vec<String>,
+}
+
+impl RegionProxies {
+    /// Parses `REGION=host:port,host:port` (the CLI's `--region-proxies`).
+    ///
+    /// # Errors
+    /// A message naming what is missing: no `=`, an empty region, or no proxy.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (region, list) = text
+            .split_once('=')
+            .ok_or_else(|| format!("{text:?}: expected REGION=host:port[,host:port...]"))?;
+        let proxies: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+        if region.trim().is_empty() || proxies.is_empty() {
+            return Err(format!(
+                "{text:?}: expected REGION=host:port[,host:port...] with a region and at least one proxy"
+            ));
+        }
+        Ok(Self {
+            region: region.trim().to_string(),
+            proxies,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RegionProxies;
+
+    #[test]
+    fn region_proxies_parse_and_refuse_bad_text() {
+        let r = RegionProxies::parse("east=127.0.0.1:1, 127.0.0.1:2").unwrap();
+        assert_eq!(r.region, "east");
+        assert_eq!(r.proxies, ["127.0.0.1:1", "127.0.0.1:2"]);
+        for bad in ["east", "=127.0.0.1:1", "east=", "east= , "] {
+            assert!(RegionProxies::parse(bad).is_err(), "{bad}");
         }
     }
 }

@@ -61,6 +61,12 @@ pub enum ErrorCode {
     /// `bpsHardServiceLimit`/`rpsHardServiceLimit`); nothing was written. The message names the
     /// scope and the limit. A client backs off and retries later.
     OverCapacity = 517,
+    /// The answering proxy's region is marked unavailable by an operator (`quire cluster
+    /// region unavailable`) and the request would acquire a stream this proxy does not own
+    /// (creating it or its first write here); nothing was done. Streams the proxy owns already
+    /// are served as before. The client tries the proxies of its next region
+    /// (DistributedLog's `REGION_UNAVAILABLE`).
+    RegionUnavailable = 519,
     /// Acquiring the stream would make this proxy own more streams than its
     /// `[streams] owned_streams_max` (DL `TOO_MANY_STREAMS`, from `maxAcquiredPartitionsPerProxy`);
     /// nothing was done. Redirectable: the client tries the other proxies it knows, and fails
@@ -99,7 +105,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for tests and documentation.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         Self::Ok,
         Self::StreamOwnedElsewhere,
         Self::BadRequest,
@@ -117,6 +123,7 @@ impl ErrorCode {
         Self::EndOfStream,
         Self::TxidOutOfOrder,
         Self::OverCapacity,
+        Self::RegionUnavailable,
         Self::TooManyStreams,
         Self::StreamExists,
         Self::TxidTooFarAhead,
@@ -151,6 +158,7 @@ impl ErrorCode {
             Self::EndOfStream => "END_OF_STREAM",
             Self::TxidOutOfOrder => "TXID_OUT_OF_ORDER",
             Self::OverCapacity => "OVER_CAPACITY",
+            Self::RegionUnavailable => "REGION_UNAVAILABLE",
             Self::TooManyStreams => "TOO_MANY_STREAMS",
             Self::StreamExists => "STREAM_EXISTS",
             Self::TxidTooFarAhead => "TXID_TOO_FAR_AHEAD",
@@ -264,6 +272,15 @@ pub enum Error {
     /// Acquiring `stream` would make the proxy own more than its `[streams] owned_streams_max`
     /// streams (`TOO_MANY_STREAMS`, DistributedLog `maxAcquiredPartitionsPerProxy`); nothing
     /// was done.
+    /// `stream` would be acquired by a proxy of `region`, which an operator marked as not
+    /// accepting new streams (`REGION_UNAVAILABLE`, DistributedLog's `RegionUnavailableException`);
+    /// nothing was done.
+    #[error("region {region} is marked unavailable: proxy {proxy} does not take stream {stream:?} (try another region)")]
+    RegionUnavailable {
+        stream: String,
+        proxy: String,
+        region: String,
+    },
     #[error("proxy {proxy} owns {max} streams, its owned_streams_max: it does not take stream {stream:?} (try another proxy)")]
     TooManyStreams {
         stream: String,
@@ -390,6 +407,7 @@ impl Error {
             Error::TooManySubscriptions { .. } => ErrorCode::TooManySubscriptions,
             Error::OverCapacity { .. } => ErrorCode::OverCapacity,
             Error::TooManyStreams { .. } => ErrorCode::TooManyStreams,
+            Error::RegionUnavailable { .. } => ErrorCode::RegionUnavailable,
             Error::WriteOutcomeUnknown { code, .. } => *code,
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Error::RequestDenied { .. } => ErrorCode::RequestDenied,
@@ -438,7 +456,7 @@ mod tests {
             numbers,
             [
                 0, 302, 400, 401, 403, 413, 426, 500, 503, 504, 506, 507, 510, 511, 512, 514, 517,
-                524, 525, 540, 541, 542, 543, 602
+                519, 524, 525, 540, 541, 542, 543, 602
             ]
         );
         for c in ErrorCode::ALL {

@@ -20,7 +20,11 @@
 //!
 //! Failover and exactly-once ([`ClientConfig::proxies`], [`ProxyClient::connect_any`]): a
 //! client may know several proxies; an unreachable home proxy or one answering
-//! `SERVICE_UNAVAILABLE` is skipped for the next. A write whose outcome is unknown (connection
+//! `SERVICE_UNAVAILABLE` is skipped for the next. Proxies per region
+//! ([`ClientConfig::regions`], [`RegionProxies`], local region first; issue 30): the client
+//! takes its home proxy from the first region that answers, and moves to the next region when
+//! a region's proxies are unreachable or answer `REGION_UNAVAILABLE` (519: the region is
+//! marked as taking no new streams). A write whose outcome is unknown (connection
 //! lost after sending, `OWNERSHIP_LOST`, `STORAGE_ERROR`) fails with
 //! [`Error::WriteOutcomeUnknown`] and is never resent by `write`; a [`Producer`] (producer
 //! session: `open_producer_session`, `write_in_session`) resends it with the same sequence
@@ -63,7 +67,7 @@ pub mod tail;
 pub mod types;
 
 pub use client::ProxyClient;
-pub use config::ClientConfig;
+pub use config::{ClientConfig, RegionProxies};
 pub use dlsn::{Dlsn, ParseDlsnError, ReadPosition};
 pub use error::{Error, ErrorCode, Result};
 pub use producer::{Producer, ProducerConfig};

@@ -16,6 +16,14 @@
 //! is lost is never resent here: whether it may be is the caller's decision (reads are;
 //! writes only inside a producer session, see `producer.rs`).
 //!
+//! Regions: with [`ClientConfig::regions`] the list is the local region's proxies, then the
+//! next region's, and so on (then `ClientConfig::proxies`), so an unreachable or shutting-down
+//! region is passed over by the same failover. A home proxy answering `REGION_UNAVAILABLE`
+//! (its region is marked as taking no new streams) makes the first proxy of the next region
+//! not yet refused the home proxy, and the request is sent again there (nothing was done);
+//! once every region refused, the request fails with that answer. The home stays in the new
+//! region until it fails in turn (a new client starts from its local region again).
+//!
 //! `TOO_MANY_STREAMS` (the proxy owns its `owned_streams_max` streams and did nothing) is
 //! redirectable, as in DistributedLog: the request goes to the next proxy of the list that has
 //! not refused it, for this stream only (the home proxy stays), and fails with
@@ -43,8 +51,11 @@ const REDIRECT_BACKOFF_MAX: Duration = Duration::from_millis(100);
 /// The connections of one client and the ownership cache that picks among them.
 pub(crate) struct Router {
     /// Every proxy this client may take as its home: the address connected to first, then
-    /// `ClientConfig::proxies` (without repeats).
+    /// the proxies of `ClientConfig::regions` and `ClientConfig::proxies` (without repeats).
     proxies: Vec<String>,
+    /// Each proxy's region, as an index into `ClientConfig::regions` (`regions.len()`: the
+    /// unlabelled group of `ClientConfig::proxies`), parallel to `proxies`.
+    groups: Vec<usize>,
     /// The name the first proxy's certificate carries (TLS only), checked again on reconnects.
     home_name: Option<ServerName<'static>>,
     /// The index in `proxies` of the home proxy and the connection to it; replaced when the
@@ -75,6 +86,9 @@ struct Route {
     backoff: Duration,
     /// A read: routed by `Router::read_owners`, not the ownership cache.
     reads: bool,
+    /// The regions (`Router::groups`) whose proxy answered this request
+    /// `REGION_UNAVAILABLE`.
+    unavailable: Vec<usize>,
     /// Proxies that answered this request `TOO_MANY_STREAMS` (or could not be reached when
     /// tried after one did), and the last such answer; `target` is then a proxy to try.
     too_many: Option<(Vec<String>, Error)>,
@@ -89,15 +103,38 @@ impl Router {
         let first = Connection::connect(addr, config.clone(), None).await;
         let home = match first {
             Ok(c) => c,
-            Err(e) if config.proxies.is_empty() => return Err(e),
+            Err(e) if config.proxies.is_empty() && config.regions.is_empty() => return Err(e),
             Err(e) => {
                 tracing::debug!(error = %e, "the first proxy is unreachable; trying the others");
                 return Self::connect_list(config).await;
             }
         };
         let mut proxies = vec![home.addr.clone()];
-        proxies.extend(config.proxies.iter().filter(|a| **a != home.addr).cloned());
+        for a in Self::listed(&config) {
+            if !proxies.contains(&a) {
+                proxies.push(a);
+            }
+        }
         Ok(Self::with_home(proxies, 0, home, config))
+    }
+
+    /// The proxies of `config.regions`, in order, then `config.proxies` (repeats left in).
+    fn listed(config: &ClientConfig) -> impl Iterator<Item = String> + '_ {
+        config
+            .regions
+            .iter()
+            .flat_map(|r| r.proxies.iter())
+            .chain(config.proxies.iter())
+            .cloned()
+    }
+
+    /// The region group of `addr` (see `Router::groups`).
+    fn group_of(config: &ClientConfig, addr: &str) -> usize {
+        config
+            .regions
+            .iter()
+            .position(|r| r.proxies.iter().any(|p| p == addr))
+            .unwrap_or(config.regions.len())
     }
 
     /// Connects to the first of `config.proxies` that answers.
@@ -106,9 +143,9 @@ impl Router {
     /// `BadRequest` for an empty list; else the last proxy's connect error.
     pub(crate) async fn connect_list(config: ClientConfig) -> Result<Self> {
         let mut proxies: Vec<String> = Vec::new();
-        for a in &config.proxies {
-            if !proxies.contains(a) {
-                proxies.push(a.clone());
+        for a in Self::listed(&config) {
+            if !proxies.contains(&a) {
+                proxies.push(a);
             }
         }
         let mut last = Error::BadRequest {
@@ -127,8 +164,10 @@ impl Router {
     }
 
     fn with_home(proxies: Vec<String>, i: usize, home: Connection, config: ClientConfig) -> Self {
+        let groups = proxies.iter().map(|p| Self::group_of(&config, p)).collect();
         Self {
             proxies,
+            groups,
             home_name: home.tls_name.clone(),
             home: Mutex::new((i, Arc::new(home))),
             reconnecting: tokio::sync::Mutex::new(()),
@@ -301,6 +340,40 @@ impl Router {
         self.call_routed(stream, req, extra_wait, true).await
     }
 
+    /// Sends a request that the home proxy answers itself (`CREATE_STREAM` of `stream`),
+    /// moving on to the next region's proxy when it answers `REGION_UNAVAILABLE` (see the
+    /// module docs).
+    ///
+    /// # Errors
+    /// The connection's errors; `REGION_UNAVAILABLE` once every region refused.
+    pub(crate) async fn call_home(&self, stream: &str, req: &Request) -> Result<Response> {
+        let mut route = Route {
+            target: None,
+            from_cache: false,
+            hops: 0,
+            backoff: REDIRECT_BACKOFF_START,
+            reads: false,
+            unavailable: Vec::new(),
+            too_many: None,
+        };
+        loop {
+            let conn = self.home().await?;
+            match conn.call(req, Duration::ZERO).await {
+                Err(
+                    e @ Error::Remote {
+                        code: ErrorCode::RegionUnavailable,
+                        ..
+                    },
+                ) => {
+                    if let Some(done) = self.next_region(stream, &conn, &mut route, e).await {
+                        return done;
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
     async fn call_routed(
         &self,
         stream: &str,
@@ -320,6 +393,7 @@ impl Router {
             hops: 0,
             backoff: REDIRECT_BACKOFF_START,
             reads,
+            unavailable: Vec::new(),
             too_many: None,
         };
         loop {
@@ -419,6 +493,12 @@ impl Router {
             }
             Err(
                 e @ Error::Remote {
+                    code: ErrorCode::RegionUnavailable,
+                    ..
+                },
+            ) => self.next_region(stream, conn, route, e).await,
+            Err(
+                e @ Error::Remote {
                     code: ErrorCode::OwnershipLost,
                     ..
                 },
@@ -459,6 +539,48 @@ impl Router {
             }
             other => Some(other),
         }
+    }
+
+    /// Acts on `REGION_UNAVAILABLE` from `conn` (nothing was done): marks its region as
+    /// refused for this request, makes the first proxy of a region not yet refused the home
+    /// proxy and sends again there. `Some(e)` (the answer) when every region refused, no other
+    /// region's proxy answers, or after `redirects_max` hops.
+    async fn next_region(
+        &self,
+        stream: &str,
+        conn: &Connection,
+        route: &mut Route,
+        e: Error,
+    ) -> Option<Result<Response>> {
+        self.forget_route(stream, route.reads);
+        route.hops += 1;
+        route.unavailable.push(self.group_of_addr(&conn.addr));
+        tracing::debug!(stream, proxy = %conn.addr, "region unavailable; trying the next region");
+        let next = (0..self.proxies.len()).find(|i| !route.unavailable.contains(&self.groups[*i]));
+        let (Some(next), true) = (next, route.hops <= self.config.redirects_max) else {
+            return Some(Err(e));
+        };
+        let _one = self.reconnecting.lock().await;
+        match self.reconnect_home(next).await {
+            Ok(home) if !route.unavailable.contains(&self.group_of_addr(&home.addr)) => {
+                route.target = None;
+                route.from_cache = false;
+                None
+            }
+            Ok(_) => Some(Err(e)),
+            Err(err) => {
+                tracing::debug!(error = %err, "no proxy of another region answers");
+                Some(Err(e))
+            }
+        }
+    }
+
+    /// The region group of a proxy of the list (`usize::MAX` for one not in it).
+    fn group_of_addr(&self, addr: &str) -> usize {
+        self.proxies
+            .iter()
+            .position(|p| p == addr)
+            .map_or(usize::MAX, |i| self.groups[i])
     }
 
     /// Marks `refused` as having no room for this request's stream and points the route at the

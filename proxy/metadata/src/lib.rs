@@ -291,4 +291,28 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn list_proxies(&self) -> Result<Vec<ProxyInfo>> {
         Ok(Vec::new())
     }
+    /// Marks `region` as not accepting new streams (`unavailable`), or clears the mark
+    /// (ZooKeeper: the persistent node `regions/unavailable/<region>`, issue 30 item 4; the
+    /// proxies of a marked region answer `REGION_UNAVAILABLE` to requests that would acquire a
+    /// stream). Idempotent. `Invalid` for a region that is not one path component, and from
+    /// a store that keeps no marks (the default).
+    async fn set_region_unavailable(&self, region: &str, unavailable: bool) -> Result<()> {
+        let _ = (region, unavailable);
+        Err(Error::Invalid {
+            what: "region mark",
+            reason: "this metadata store keeps no region marks".into(),
+        })
+    }
+    /// The regions marked unavailable, sorted (empty from a store that keeps no marks).
+    async fn unavailable_regions(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+    /// Whether `region` is marked unavailable (one read; the default lists every mark).
+    async fn region_unavailable(&self, region: &str) -> Result<bool> {
+        Ok(self
+            .unavailable_regions()
+            .await?
+            .iter()
+            .any(|r| r == region))
+    }
 }

@@ -339,6 +339,13 @@ pub struct StreamMetadata {
     /// stream's dynamic config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RateLimits>,
+    /// The region the stream was created in, its *home* (the creating proxy's `region`,
+    /// issue 30 item 4): a proxy of another region that would acquire the stream redirects to
+    /// a live proxy of this region when one is registered (DistributedLog's region-local
+    /// ownership). `None`, and every record made before this field existed: no home, any
+    /// proxy may own it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home_region: Option<String>,
 }
 
 /// Write limits of one scope (a proxy, a stream or a token): a hard limit refuses a write
@@ -400,6 +407,7 @@ impl std::fmt::Debug for StreamMetadata {
             .field("sealed", &self.sealed)
             .field("compression", &self.compression)
             .field("limits", &self.limits)
+            .field("home_region", &self.home_region)
             .field(
                 "ledger_secret_hex",
                 &self.ledger_secret_hex.as_ref().map(|_| "<redacted>"),

@@ -31,12 +31,23 @@ pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
             tracing::warn!(error = %e, "proxy registry heartbeat failed");
             continue;
         }
+        if !reg.placement.enabled() {
+            continue; // registered for the view only: balancing is off
+        }
         budget = (budget + per_tick).min(per_tick.max(1.0));
+        // A home region marked unavailable takes no streams back.
+        let marked = reg.metadata.unavailable_regions().await.unwrap_or_default();
         for handle in reg.owned_all() {
             if budget < 1.0 {
                 break;
             }
-            let Some(to) = reg.placement.preferred_elsewhere(&handle.name) else {
+            // A stream owned outside its home region goes home once a proxy there is live.
+            let home = handle.shared.home_region.get().map(String::as_str);
+            let to = home
+                .filter(|h| !marked.iter().any(|m| m == h))
+                .and_then(|h| reg.placement.home_redirect(&handle.name, h))
+                .or_else(|| reg.placement.preferred_elsewhere(&handle.name, home));
+            let Some(to) = to else {
                 continue;
             };
             {
@@ -68,9 +79,10 @@ pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
     }
 }
 
-/// Starts the balancer on `rt` when the placement is enabled.
+/// Starts the registry tick and the balancer on `rt` when the proxy registers (with an
+/// advertised address); with balancing off (`balance_moves_per_sec = 0`) it moves nothing.
 pub(super) fn start(registry: &Arc<Registry>, rt: &tokio::runtime::Handle) {
-    if registry.placement.enabled() {
+    if registry.placement.registers() {
         let moves = registry.config.balance_moves_per_sec;
         drop(rt.spawn(balance_loop(Arc::downgrade(registry), moves)));
     }

@@ -88,6 +88,7 @@ mod tests {
             sealed: false,
             compression: None,
             limits: None,
+            home_region: None,
         }
     }
 

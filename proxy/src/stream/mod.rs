@@ -822,7 +822,8 @@ impl StreamManager {
                 Err(
                     Error::OwnedElsewhere { .. }
                     | Error::NoSuchStream { .. }
-                    | Error::TooManyStreams { .. },
+                    | Error::TooManyStreams { .. }
+                    | Error::RegionUnavailable { .. },
                 ) => {}
                 Err(e) => return Err(e),
             }

@@ -2,13 +2,24 @@
 //! hashing (a leaf: `registry.rs` asks it before taking a lease), and what the balancer
 //! (`balance.rs`) does with it.
 //!
-//! * **Registry.** Every proxy with an advertised address and
-//!   [`super::StreamConfig::balance_moves_per_sec`] above 0 writes its [`ProxyInfo`] (owned
+//! * **Registry.** Every proxy with an advertised address (balancing on or off, see below)
+//!   writes its [`ProxyInfo`] (owned
 //!   streams, a heartbeat counter) into the metadata store every [`BALANCE_TICK`] (ZooKeeper:
 //!   the EPHEMERAL node `proxies/<address>`, gone with its session) and reads everyone's. A
 //!   proxy counts as live while its heartbeat moved within the last [`STALE_TICKS`] ticks by
 //!   the reader's own clock (no clock comparison across machines), so a stopped or partitioned
 //!   proxy stops receiving streams within about 5 s, before its session expires.
+//! * **Every proxy registers.** A proxy with an advertised address keeps its record and its
+//!   view of the others (with their regions) also with balancing off
+//!   (`balance_moves_per_sec = 0`): the view is what home-region redirects need; only the
+//!   moves below need balancing on.
+//! * **Home region** (issue 30 item 4). A stream records the region it was created in
+//!   (`StreamMetadata::home_region`). A proxy of another region asked to acquire it redirects
+//!   to the live proxy of the home region with the highest rendezvous weight for the stream
+//!   ([`Placement::home_redirect`]; every proxy computes the same one, so redirects do not
+//!   bounce), unless that region is marked unavailable; with no live proxy there it acquires
+//!   the stream itself. Inside the home region, balancing weighs that region's proxies only,
+//!   so a redirect to the home region is never sent back out of it.
 //! * **Placement.** A stream's preferred owner is the live proxy with the highest rendezvous
 //!   weight `weight(stream, proxy)` (highest-random-weight hashing, Thaler and Ravishankar).
 //!   Chosen over a ring because with a handful of proxies it spreads evenly without virtual
@@ -77,8 +88,11 @@ pub(super) struct Placement {
     labels: (Option<String>, Option<String>),
     /// Off without an advertised address or with `balance_moves_per_sec = 0`.
     enabled: bool,
-    /// The other proxies seen live at the last tick.
-    live: Mutex<Vec<String>>,
+    /// Registers and keeps a view of the others: on with an advertised address.
+    registers: bool,
+    /// The other proxies seen live at the last tick, with their regions (unlabelled:
+    /// `default-region`).
+    live: Mutex<Vec<(String, String)>>,
     /// Each other proxy's last heartbeat and when it was seen to change (by this clock).
     seen: Mutex<HashMap<String, (u64, Instant)>>,
     /// The heartbeat counter; `None` once stopped (a drain): never registers again.
@@ -91,6 +105,7 @@ impl Placement {
             identity: identity.to_string(),
             labels: (None, None),
             enabled: !owner_address.is_empty() && moves_per_sec > 0,
+            registers: !owner_address.is_empty(),
             live: Mutex::default(),
             seen: Mutex::default(),
             heartbeat: tokio::sync::Mutex::new(Some(0)),
@@ -107,22 +122,51 @@ impl Placement {
         self.enabled
     }
 
-    /// The preferred owner of `stream` when it is another live proxy.
-    pub(super) fn preferred_elsewhere(&self, stream: &str) -> Option<String> {
+    /// Whether this proxy registers (and so runs the registry tick).
+    pub(super) fn registers(&self) -> bool {
+        self.registers
+    }
+
+    /// This proxy's region (`default-region` when unlabelled).
+    pub(super) fn region(&self) -> &str {
+        self.labels
+            .0
+            .as_deref()
+            .unwrap_or(quire_ledger::placement::DEFAULT_REGION)
+    }
+
+    /// The preferred owner of `stream` when it is another live proxy. With `home` this
+    /// proxy's own region, only the live proxies of that region are weighed (see the module
+    /// docs); otherwise all of them.
+    pub(super) fn preferred_elsewhere(&self, stream: &str, home: Option<&str>) -> Option<String> {
         if !self.enabled {
             return None;
         }
         let live = self.live.lock().expect("live lock");
-        if live.is_empty() {
-            return None;
-        }
+        let same_region = home == Some(self.region());
         let all = live
             .iter()
-            .map(String::as_str)
+            .filter(|(_, r)| !same_region || r == self.region())
+            .map(|(a, _)| a.as_str())
             .chain([self.identity.as_str()]);
         preferred_owner(stream, all)
             .filter(|p| *p != self.identity)
             .map(str::to_string)
+    }
+
+    /// Where a stream whose home region is `home` goes instead of being acquired here: the
+    /// live proxy of `home` with the highest rendezvous weight for it, when `home` is another
+    /// region than this proxy's and one of its proxies is live; `None`: acquire it here.
+    pub(super) fn home_redirect(&self, stream: &str, home: &str) -> Option<String> {
+        if !self.registers || home == self.region() {
+            return None;
+        }
+        let live = self.live.lock().expect("live lock");
+        let in_home = live
+            .iter()
+            .filter(|(_, r)| r == home)
+            .map(|(a, _)| a.as_str());
+        preferred_owner(stream, in_home).map(str::to_string)
     }
 
     /// Takes a registry listing read at `now` as the new view of the live proxies.
@@ -140,7 +184,11 @@ impl Placement {
                 _ => now,
             };
             if now.duration_since(changed) < stale {
-                live.push(info.address.clone());
+                let region = info
+                    .region
+                    .clone()
+                    .unwrap_or_else(|| quire_ledger::placement::DEFAULT_REGION.to_string());
+                live.push((info.address.clone(), region));
             }
             present.insert(info.address, (info.heartbeat, changed));
         }
@@ -178,7 +226,7 @@ impl Placement {
     /// Leaves the registry for good (a drain or shutdown), so that the other proxies stop
     /// redirecting streams here at their next tick.
     pub(super) async fn stop(&self, metadata: &dyn MetadataStore) {
-        if !self.enabled {
+        if !self.registers {
             return;
         }
         let mut hb = self.heartbeat.lock().await;
@@ -216,6 +264,43 @@ mod tests {
             assert!((900..=1100).contains(&n), "{p} got {n} of 3000");
         }
         assert!((600..=900).contains(&moved), "{moved} moved to the fourth");
+    }
+
+    #[test]
+    fn home_redirect_goes_to_the_top_live_proxy_of_the_home_region() {
+        // Goal: a proxy outside the home region names the home region's top-weighted live
+        // proxy (the same from every proxy), none when the home region has no live proxy or is
+        // its own; inside the home region balancing weighs only that region's proxies.
+        let info = |a: &str, r: &str| ProxyInfo {
+            address: a.into(),
+            owned_streams: 0,
+            heartbeat: 1,
+            updated_ms: 0,
+            region: Some(r.into()),
+            rack: None,
+        };
+        let b = Placement::new("b:1", "b:1", 0).with_labels((Some("rb".into()), None));
+        let t0 = quire_clock::now();
+        b.update_view(
+            vec![info("a:1", "ra"), info("a:2", "ra"), info("c:1", "rc")],
+            t0,
+        );
+        let want = preferred_owner("s", ["a:1", "a:2"]).unwrap();
+        assert_eq!(b.home_redirect("s", "ra").as_deref(), Some(want));
+        assert_eq!(b.home_redirect("s", "rb"), None);
+        assert_eq!(b.home_redirect("s", "rx"), None);
+        assert_eq!(
+            b.preferred_elsewhere("s", Some("ra")),
+            None,
+            "balancing is off"
+        );
+        let a = Placement::new("a:1", "a:1", 10).with_labels((Some("ra".into()), None));
+        a.update_view(vec![info("a:2", "ra"), info("b:1", "rb")], t0);
+        for i in 0..50 {
+            let s = format!("s{i}");
+            let p = a.preferred_elsewhere(&s, Some("ra"));
+            assert!(p.is_none() || p.as_deref() == Some("a:2"), "{s} -> {p:?}");
+        }
     }
 
     #[test]

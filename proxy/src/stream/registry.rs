@@ -197,13 +197,82 @@ impl Registry {
         }
     }
 
-    /// Creates an empty stream record with a fresh ledger secret.
+    /// Creates an empty stream record with a fresh ledger secret and this proxy's region as
+    /// its home; `RegionUnavailable` (nothing created) when this proxy's region is marked
+    /// unavailable.
     ///
     /// # Errors
-    /// `InvalidStreamName`, `StreamExists`, `Metadata`, `ShuttingDown`.
+    /// `InvalidStreamName`, `StreamExists`, `RegionUnavailable`, `Metadata`, `ShuttingDown`.
     pub(super) async fn create_stream(&self, name: &str) -> Result<()> {
         self.check_running()?;
         validate_stream_name(name).map_err(|e| Error::from_metadata(name, "create stream", e))?;
+        self.check_region_mark(name).await?;
+        self.create_record(name).await
+    }
+
+    /// `RegionUnavailable` when an operator marked this proxy's region as taking no new
+    /// streams (`regions/unavailable/<region>`, issue 30 item 4; DistributedLog's
+    /// `REGION_UNAVAILABLE`); one metadata read. Called only on the way to creating or
+    /// acquiring a stream, so the streams this proxy owns keep being served.
+    async fn check_region_mark(&self, name: &str) -> Result<()> {
+        let region = self.placement.region();
+        let marked = self
+            .metadata
+            .region_unavailable(region)
+            .await
+            .map_err(|e| Error::from_metadata(name, "read region mark", e))?;
+        if marked {
+            return Err(Error::RegionUnavailable {
+                stream: name.to_string(),
+                proxy: self.identity.clone(),
+                region: region.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Where a stream nobody here owns goes instead (issue 30 item 4): its current owner when
+    /// this proxy's region is marked unavailable and someone owns it (else
+    /// `RegionUnavailable`), or a live proxy of its home region when that is another region,
+    /// not marked unavailable (`Placement::home_redirect`). `Ok(())`: acquire it here.
+    async fn region_rules(&self, name: &str, home: Option<&str>) -> Result<()> {
+        if let Err(e) = self.check_region_mark(name).await {
+            return match self.owner_of(name).await? {
+                Some(owner) => Err(Error::OwnedElsewhere {
+                    stream: name.to_string(),
+                    owner,
+                }),
+                None => Err(e),
+            };
+        }
+        let Some(to) = home.and_then(|h| self.placement.home_redirect(name, h)) else {
+            return Ok(());
+        };
+        let home = home.expect("a redirect has a home");
+        let home_marked = self
+            .metadata
+            .region_unavailable(home)
+            .await
+            .map_err(|e| Error::from_metadata(name, "read region mark", e))?;
+        if home_marked {
+            return Ok(());
+        }
+        Err(Error::OwnedElsewhere {
+            stream: name.to_string(),
+            owner: self.owner_of(name).await?.unwrap_or(to),
+        })
+    }
+
+    /// The stream's current owner in the metadata store.
+    async fn owner_of(&self, name: &str) -> Result<Option<String>> {
+        self.metadata
+            .stream_owner(name)
+            .await
+            .map_err(|e| Error::from_metadata(name, "read stream owner", e))
+    }
+
+    /// Writes a new stream record (see [`Registry::create_stream`]).
+    async fn create_record(&self, name: &str) -> Result<()> {
         let meta = StreamMetadata {
             name: name.to_string(),
             segments: Vec::new(),
@@ -218,6 +287,7 @@ impl Registry {
             sealed: false,
             compression: None,
             limits: None,
+            home_region: Some(self.placement.region().to_string()),
         };
         self.metadata
             .create_stream(&meta)
@@ -321,14 +391,16 @@ impl Registry {
     /// lease without waiting, recovers its in-progress segments and starts its task.
     ///
     /// # Errors
-    /// `InvalidStreamName`, `NoSuchStream`, `OwnedElsewhere`, `Metadata`, `Storage`
-    /// (`TooManyStreams` comes from the reservation before it).
+    /// `InvalidStreamName`, `NoSuchStream`, `OwnedElsewhere` (also a redirect to the stream's
+    /// home region), `RegionUnavailable`, `Metadata`, `Storage` (`TooManyStreams` comes from
+    /// the reservation before it).
     async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
         validate_stream_name(name).map_err(|e| Error::from_metadata(name, "acquire stream", e))?;
         let meta = match self.metadata.read_stream(name).await {
             Ok(m) => m,
             Err(quire_metadata::Error::NotFound { .. }) if create_if_missing => {
-                match self.create_stream(name).await {
+                self.check_region_mark(name).await?;
+                match self.create_record(name).await {
                     Ok(()) | Err(Error::StreamExists { .. }) => {}
                     Err(e) => return Err(e),
                 }
@@ -339,16 +411,14 @@ impl Registry {
             }
             Err(e) => return Err(Error::from_metadata(name, "read stream", e)),
         };
+        // Regions: the mark on this proxy's region, then the stream's home region.
+        let home = meta.value.home_region.clone();
+        self.region_rules(name, home.as_deref()).await?;
         // Balanced placement: a stream nobody owns goes to its preferred live proxy.
-        if let Some(preferred) = self.placement.preferred_elsewhere(name) {
-            let owner = self
-                .metadata
-                .stream_owner(name)
-                .await
-                .map_err(|e| Error::from_metadata(name, "read stream owner", e))?;
+        if let Some(preferred) = self.placement.preferred_elsewhere(name, home.as_deref()) {
             return Err(Error::OwnedElsewhere {
                 stream: name.to_string(),
-                owner: owner.unwrap_or(preferred),
+                owner: self.owner_of(name).await?.unwrap_or(preferred),
             });
         }
         // The write lock, without waiting (DistributedLog proxy: lockTimeoutSeconds=0).
@@ -365,6 +435,9 @@ impl Registry {
         let lease_lost = lease.lost.clone();
         let (tail_tx, tail_rx) = watch::channel(TailState::from_metadata(&meta.value));
         let shared = Arc::new(StreamShared::default());
+        if let Some(h) = home {
+            let _ = shared.home_region.set(h);
+        }
         let record = StreamRecord {
             name: name.to_string(),
             metadata: self.metadata.clone(),

@@ -41,6 +41,9 @@ pub(super) fn writer_storage(stream: &str, op: &'static str, e: quire_ledger::Er
 #[derive(Default)]
 pub(super) struct StreamShared {
     pub(super) cache: Mutex<TailCache>,
+    /// The stream's home region as its record said when this acquisition began (`None`:
+    /// no home), for the balancer.
+    pub(super) home_region: std::sync::OnceLock<String>,
     /// Open ledger readers by ledger id, bounded by `READERS_CACHED_MAX`.
     pub(super) readers: Mutex<HashMap<u64, LedgerReader>>,
     /// Set (with the reason) once the stream task lost ownership and gave the stream up.

@@ -289,6 +289,7 @@ mod tests {
             sealed: false,
             compression: None,
             limits: None,
+            home_region: None,
         };
         assert_eq!(lag(&meta, None), (140, 1400));
         // A control entry after the last record (entry 1 here) holds no record: committed past

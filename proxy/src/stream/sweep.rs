@@ -148,6 +148,8 @@ async fn sweep_stream(
         // This proxy owns its `owned_streams_max` streams: the stream's sweep waits for a
         // proxy with room (or for its next owner).
         Err(Error::TooManyStreams { .. }) => return Ok(()),
+        // This proxy's region is marked unavailable: a proxy of another region sweeps it.
+        Err(Error::RegionUnavailable { .. }) => return Ok(()),
         // Deleted meanwhile: its labelled ledgers are handled by the next sweep.
         Err(Error::NoSuchStream { .. }) => return Ok(()),
         Err(e) => return Err(e),

@@ -68,6 +68,7 @@ async fn streams_derive_ledger_keys_from_their_own_secret() {
             sealed: false,
             compression: None,
             limits: None,
+            home_region: None,
         })
         .await
         .unwrap();

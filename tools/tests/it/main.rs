@@ -28,6 +28,7 @@ mod cluster_proxy_limits;
 mod cluster_proxy_memory_bounded;
 mod cluster_proxy_tokens;
 mod cluster_reads_without_recovery;
+mod cluster_region_clients;
 mod cluster_region_placement;
 mod cluster_restarted_bookie_registers_after_replay;
 mod cluster_scrub_repairs_rot;

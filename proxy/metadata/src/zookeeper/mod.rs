@@ -34,6 +34,7 @@ mod lock;
 mod paths;
 mod proxies;
 mod records;
+mod regions;
 mod registry;
 mod subscriptions;
 mod underreplication;
@@ -484,6 +485,18 @@ impl MetadataStore for ZkStore {
 
     async fn list_proxies(&self) -> Result<Vec<crate::ProxyInfo>> {
         proxies::list_proxies(self).await
+    }
+
+    async fn set_region_unavailable(&self, region: &str, unavailable: bool) -> Result<()> {
+        regions::set_region_unavailable(self, region, unavailable).await
+    }
+
+    async fn unavailable_regions(&self) -> Result<Vec<String>> {
+        regions::unavailable_regions(self).await
+    }
+
+    async fn region_unavailable(&self, region: &str) -> Result<bool> {
+        regions::region_unavailable(self, region).await
     }
 }
 

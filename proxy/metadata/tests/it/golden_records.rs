@@ -95,6 +95,7 @@ fn stream() -> StreamMetadata {
         sealed: false,
         compression: None,
         limits: None,
+        home_region: None,
     }
 }
 

@@ -25,6 +25,7 @@ fn stream(name: &str) -> StreamMetadata {
         sealed: false,
         compression: None,
         limits: None,
+        home_region: None,
     }
 }
 

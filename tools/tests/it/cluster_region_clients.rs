@@ -1,0 +1,141 @@
+//! Issue 30 item 4, clients per region, with real processes: two regions' proxies on loopback
+//! (`--region ra`, `--region rb`) over one ZooKeeper and three bookies.
+//!
+//! * Home region: a stream created (not acquired) through region ra's proxy and then written
+//!   through region rb's proxy is owned by ra's proxy (rb's redirects it home).
+//! * `REGION_UNAVAILABLE`: after `quire cluster region unavailable ra`, a client that knows
+//!   only ra's proxy is refused a new stream with 519 (nothing created), a stream ra's proxy
+//!   owns keeps taking writes there, and `quire write --region-proxies ra=..
+//!   --region-proxies rb=..` (ra local) creates its new stream through rb (owned by rb, home
+//!   rb), and so does its `CREATE_STREAM` of an empty input. After `quire cluster region available ra` the same command's next new stream is
+//!   owned by ra's proxy again.
+//!
+//! Method: the test kit's ZooKeeper and processes; owners read from ZooKeeper (the stream
+//! leases), records with `ProxyClient` and the `quire` binary.
+
+use std::time::{Duration, Instant};
+
+use quire_client::ErrorCode;
+use quire_metadata::MetadataStore;
+use quire_testkit::harness::checker::connect_proxy;
+use quire_testkit::harness::cluster::{runtime, Cluster};
+use quire_testkit::harness::run_quire;
+
+/// Waits until `quire proxy list` shows both proxies with their regions, then for the proxies'
+/// registry views to take them in (a tick or two).
+fn wait_registered(cluster: &Cluster, proxies: &[(&str, &str)]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = cluster.admin_ok(&["proxy", "list"]);
+        let all = proxies.iter().all(|(addr, region)| {
+            list.lines()
+                .any(|l| l.starts_with(addr) && l.contains(&format!("region={region}")))
+        });
+        if all {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "proxy list never showed {proxies:?}: {list}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+}
+
+/// `quire write STREAM` of two records with the given `--region-proxies`; `--proxy` names a
+/// dead address to show it is not used.
+fn write_by_regions(stream: &str, regions: &[String]) -> std::process::Output {
+    write_input_by_regions(stream, regions, b"one\ntwo\n")
+}
+
+/// [`write_by_regions`] of `input` (empty: the stream is only created, `CREATE_STREAM`).
+fn write_input_by_regions(stream: &str, regions: &[String], input: &[u8]) -> std::process::Output {
+    let mut args = vec!["write", stream];
+    for r in regions {
+        args.extend(["--region-proxies", r.as_str()]);
+    }
+    run_quire(&args, "127.0.0.1:1", Some(input))
+}
+
+fn assert_ok(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn writers_fail_over_from_an_unavailable_region_and_streams_are_owned_at_home() {
+    let cluster = Cluster::start();
+    let _bookies: Vec<_> = (0..3)
+        .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
+        .collect();
+    let pa = cluster.start_proxy_e3(&["--region", "ra"]);
+    let pb = cluster.start_proxy_e3(&["--region", "rb"]);
+    wait_registered(&cluster, &[(&pa.addr, "ra"), (&pb.addr, "rb")]);
+    let rt = runtime();
+    let store = rt.block_on(cluster.zk_store());
+    let owner = |s: &str| rt.block_on(store.stream_owner(s)).unwrap();
+    let home = |s: &str| rt.block_on(store.read_stream(s)).unwrap().value.home_region;
+
+    // Home region: created through ra (nobody acquires it), written through rb.
+    rt.block_on(async {
+        let a = connect_proxy(&pa.addr).await.unwrap();
+        a.create_stream("homed").await.unwrap();
+        let b = connect_proxy(&pb.addr).await.unwrap();
+        b.write("homed", vec![(1, b"x".to_vec())], false)
+            .await
+            .unwrap();
+    });
+    assert_eq!(home("homed").as_deref(), Some("ra"));
+    assert_eq!(
+        owner("homed").as_deref(),
+        Some(pa.addr.as_str()),
+        "not owned at home"
+    );
+
+    // Region ra marked unavailable.
+    cluster.admin_ok(&["cluster", "region", "unavailable", "ra"]);
+    assert_eq!(
+        cluster.admin_ok(&["cluster", "region", "list"]).trim(),
+        "ra"
+    );
+    rt.block_on(async {
+        let a = connect_proxy(&pa.addr).await.unwrap();
+        let e = a
+            .write("refused", vec![(1, b"x".to_vec())], true)
+            .await
+            .expect_err("a new stream in a marked region");
+        assert_eq!(e.code(), ErrorCode::RegionUnavailable, "{e}");
+        // A stream ra's proxy owns keeps working there.
+        a.write("homed", vec![(2, b"y".to_vec())], false)
+            .await
+            .unwrap();
+    });
+    assert!(
+        rt.block_on(store.read_stream("refused")).is_err(),
+        "refused was created"
+    );
+    let regions = [format!("ra={}", pa.addr), format!("rb={}", pb.addr)];
+    assert_ok(
+        &write_by_regions("moved", &regions),
+        "write during the mark",
+    );
+    assert_eq!(owner("moved").as_deref(), Some(pb.addr.as_str()));
+    assert_eq!(home("moved").as_deref(), Some("rb"));
+    // CREATE_STREAM (empty input) fails over too: the stream's home is rb.
+    assert_ok(
+        &write_input_by_regions("created", &regions, b""),
+        "create during the mark",
+    );
+    assert_eq!(home("created").as_deref(), Some("rb"));
+
+    // The mark cleared: new streams go to the local region again.
+    cluster.admin_ok(&["cluster", "region", "available", "ra"]);
+    assert_eq!(cluster.admin_ok(&["cluster", "region", "list"]).trim(), "");
+    assert_ok(&write_by_regions("back", &regions), "write after the mark");
+    assert_eq!(owner("back").as_deref(), Some(pa.addr.as_str()));
+    assert_eq!(home("back").as_deref(), Some("ra"));
+}
