@@ -5,7 +5,7 @@
 //!   (`bookies/readonly`), `down` (it has a cookie, so it registered before, but holds no
 //!   registration now), `decommissioning` (`underreplication/decommission/<id>` exists);
 //! * proxies with the streams they own (the owners of the streams' write locks: a proxy that
-//!   owns nothing does not show; there is no proxy registry);
+//!   owns nothing does not show here; `quire proxy list` reads the proxy registry);
 //! * autorecovery: the auditor (first election candidate), the candidates, the count of
 //!   under-replicated ledgers;
 //! * pending decommissions with their start time.
