@@ -261,10 +261,6 @@ fn forged_header(salt: &JournalSalt) -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "setup predates journal format v3: it places forged batch headers at 4 KiB block \
-            starts through entry data, whose bytes the stamped sectors now shift (504 per \
-            512), so the precondition check finds none; the setup must place them by the \
-            stamped layout (s21 journal report)"]
 fn forged_batch_headers_in_entry_data_do_not_survive_reuse() {
     // Goal: entry data that holds a batch header valid for the journal file it is written to
     // (the strongest client: it knows that file use's salt) cannot make a later open fail once
@@ -273,13 +269,20 @@ fn forged_batch_headers_in_entry_data_do_not_survive_reuse() {
     // header past the new use's last batch with a seq above the expected one and refuse to
     // open with `Corrupt` (rule 4).
     // Method: 1 MiB files, 2 kept for reuse, 8 KiB entries added one per batch, so an entry's
-    // data starts 112 bytes into a block (40-byte batch header, 24-byte record header, 48-byte
-    // add fields) and its bytes 3984 and 8080 fall on block starts. There, each entry carries a
-    // forged batch header (seq 2^60) sealed with the salt of the newest and the second newest
-    // journal file before the add (one of them is the file the add goes to). A checkpoint
-    // every 30 adds retires files, which later rolls reuse; then a crash and a reopen.
+    // data starts 112 logical bytes into its batch (40-byte batch header, 24-byte record
+    // header, 48-byte add fields). In a version 3 file a 4 KiB block holds 4032 logical bytes
+    // (8 stamped sectors of 504), so the batch's second and third blocks start at its logical
+    // bytes 4032 and 8064: entry bytes 3920 and 7952. There, each entry carries a forged batch
+    // header (seq 2^60) sealed with the salt of the newest and the second newest journal file
+    // before the add (one of them is the file the add goes to). A checkpoint every 30 adds
+    // retires files, which later rolls reuse; then a crash and a reopen.
     const LEN: usize = 8192;
-    const SLOTS: [usize; 2] = [4096 - 112, 2 * 4096 - 112];
+    const DATA_AT: usize = f::RECORD_HEADER_BYTES
+        + f::BATCH_HEADER_PAYLOAD_BYTES
+        + f::RECORD_HEADER_BYTES
+        + f::ADD_FIXED_BYTES;
+    const BLOCK_LOGICAL: usize = 8 * f::SECTOR_DATA_BYTES;
+    const SLOTS: [usize; 2] = [BLOCK_LOGICAL - DATA_AT, 2 * BLOCK_LOGICAL - DATA_AT];
     let dir = tempdir();
     let cfg = reuse_config(dir.path(), 2);
     let d = dir.path().to_path_buf();
@@ -321,7 +324,7 @@ fn forged_batch_headers_in_entry_data_do_not_survive_reuse() {
             .iter()
             .filter(|b| b.seq != FORGED_SEQ)
             .max_by_key(|b| b.seq)
-            .map_or(4096, |b| b.offset + 4096);
+            .map_or(4096, |b| b.offset + f::stamped_len(b.batch_bytes as usize));
         found += (end..img.len())
             .step_by(4096)
             .filter(|&at| {

@@ -106,6 +106,8 @@ pub struct BatchAt {
     pub offset: usize,
     pub seq: u64,
     pub record_count: u32,
+    /// The batch's logical length, header included (its header's `batch_bytes`).
+    pub batch_bytes: u32,
     /// Bytes from the batch header's start to its first record.
     pub header_bytes: usize,
 }
@@ -122,12 +124,17 @@ pub fn batch_headers(img: &[u8]) -> Vec<BatchAt> {
         .filter_map(|at| match f::decode_record(&img[at..], &salt) {
             f::RecordDecode::Ok {
                 seq,
-                record: f::Record::BatchHeader { record_count, .. },
+                record:
+                    f::Record::BatchHeader {
+                        record_count,
+                        batch_bytes,
+                    },
                 len,
             } => Some(BatchAt {
                 offset: at,
                 seq,
                 record_count,
+                batch_bytes,
                 header_bytes: len,
             }),
             _ => None,
