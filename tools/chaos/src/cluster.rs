@@ -69,6 +69,10 @@ const DISK_FLAGS: &[&str] = &[
 /// below the 99 % read-only threshold.
 const DISK_BYTES: u64 = 64 << 20;
 
+/// How many times a stopped ZooKeeper is started before the run gives up (each try waits up to
+/// 60 s for it to serve).
+const ZK_RESTART_TRIES: usize = 3;
+
 /// A running chaos cluster (see the module docs). Every process is stopped by pid on drop
 /// (fields drop in order: processes, then disks, relays, ZooKeeper and the directory).
 pub struct ChaosCluster {
@@ -373,10 +377,7 @@ impl ChaosCluster {
             }
             Fault::PartitionBookieZk(i) => heal_relay(&self.bookie_zk[i]),
             Fault::PartitionProxyZk(j) => heal_relay(&self.proxy_zk[j]),
-            Fault::RestartZooKeeper => {
-                self.cluster.zk.restart();
-                "restarted".into()
-            }
+            Fault::RestartZooKeeper => self.restart_zookeeper(),
             Fault::FillDisk(i) => match std::fs::remove_file(self.filler(i)) {
                 Ok(()) => "freed".into(),
                 Err(e) => format!("no filler to remove: {e}"),
@@ -422,9 +423,32 @@ impl ChaosCluster {
             let _ = std::fs::remove_file(self.filler(i));
         }
         if self.cluster.zk.pid().is_none() {
-            self.cluster.zk.restart();
+            self.restart_zookeeper();
         }
         self.revive()
+    }
+
+    /// Starts ZooKeeper again, up to [`ZK_RESTART_TRIES`] times: a JVM on a loaded machine can
+    /// take longer than one 60 s start window, and a soak should not end on that.
+    ///
+    /// # Panics
+    /// When no try serves: the cluster cannot go on without its metadata store.
+    fn restart_zookeeper(&mut self) -> String {
+        let mut failures = Vec::new();
+        for _ in 0..ZK_RESTART_TRIES {
+            match self.cluster.zk.try_restart() {
+                Ok(()) if failures.is_empty() => return "restarted".into(),
+                Ok(()) => return format!("restarted after {} failed tries", failures.len()),
+                Err(e) => {
+                    eprintln!("chaos: {e}");
+                    failures.push(e);
+                }
+            }
+        }
+        panic!(
+            "ZooKeeper did not restart in {ZK_RESTART_TRIES} tries; the last: {}",
+            failures.last().map_or("", String::as_str)
+        );
     }
 
     /// Restarts every bookie and proxy that is not running (killed, or exited on its own), one

@@ -155,16 +155,29 @@ impl ZooKeeperServer {
     /// # Panics
     /// When it does not become ready within 60 s (the port was taken meanwhile, java failed).
     pub fn restart(&mut self) {
+        if let Err(e) = self.try_restart() {
+            panic!("{e}");
+        }
+    }
+
+    /// [`ZooKeeperServer::restart`] that returns its failure instead of panicking, for callers
+    /// that can try again (a soak on a loaded machine, where a JVM can take over a minute).
+    ///
+    /// # Errors
+    /// Why the server did not become ready within 60 s, with the tail of its logs; it is then
+    /// stopped, and a later call starts it afresh.
+    pub fn try_restart(&mut self) -> Result<(), String> {
         self.crash();
         let mut child = spawn_zookeeper(self.dir.path(), self.port);
         if let Err(e) = wait_ready(&mut child, self.port) {
             kill_and_wait(child);
-            panic!(
+            return Err(format!(
                 "ZooKeeper did not restart: {e}\n--- server log tail ---\n{}",
                 log_tail(self.dir.path())
-            );
+            ));
         }
         self.child = Some(child);
+        Ok(())
     }
 
     fn kill_and_wait(&mut self) {
