@@ -11,8 +11,9 @@
 //!    and that over the configured rate.
 //! 3. **Tail writes**: per round, `--secs` s of open-loop adds (`--rate` adds/s of
 //!    `--entry-bytes`, each acknowledged after its journal sync; latency from its scheduled
-//!    time) without the scrubber (A), then with back-to-back passes at `--scrub-mib` MiB/s
-//!    (B): A/B/A/B. p50, p99, p99.9 per window, and the ratio B/A of each round's p99.
+//!    time) without the scrubber (A), with back-to-back passes at the default 4 MiB/s (B), and
+//!    at `--scrub-mib` MiB/s (C): A/B/C/A/B/C. p50, p99, p99.9 per window, and the ratios B/A
+//!    and C/A of each round's p99.
 //!
 //! Usage: `cargo run --release -p quire-perf --example scrub_rate -- --dir target/scrub-bench`
 
@@ -31,6 +32,8 @@ use quire_engine::{Engine, EngineConfig};
 
 const KEY: [u8; 20] = [7; 20];
 const MIB: u64 = 1 << 20;
+/// The bookie's default `[scrub] rate_bytes_per_sec`.
+const DEFAULT_SCRUB_RATE: u64 = 4 * MIB;
 
 #[derive(Parser, Clone)]
 struct Args {
@@ -88,7 +91,7 @@ async fn run(mut a: Args) {
     println!("filled {} MiB in {} B entries", a.data_mib, a.entry_bytes);
     let mut ratios = Vec::new();
     for round in 0..a.rounds {
-        for rate in [4 * MIB, a.scrub_mib * MIB] {
+        for rate in [DEFAULT_SCRUB_RATE, a.scrub_mib * MIB] {
             let p = e.scrub(rate).await.expect("scrub pass");
             let got = p.bytes_scanned as f64 / p.duration.as_secs_f64();
             println!(
@@ -103,28 +106,33 @@ async fn run(mut a: Args) {
         }
     }
     let mut ledger = 1000;
+    let windows = [
+        ("A without", None),
+        ("B scrubber at the default rate", Some(DEFAULT_SCRUB_RATE)),
+        ("C scrubber at --scrub-mib", Some(a.scrub_mib * MIB)),
+    ];
     for round in 0..a.rounds {
-        let mut p99 = [0u64; 2];
-        for (i, with) in [false, true].into_iter().enumerate() {
+        let mut p99 = [0u64; 3];
+        for (i, (label, scrub)) in windows.into_iter().enumerate() {
             ledger += 1;
-            let h = window(&e, &a, ledger, with.then_some(a.scrub_mib * MIB)).await;
+            let h = window(&e, &a, ledger, scrub).await;
             p99[i] = h.value_at_quantile(0.99);
             println!(
-                "round {round} tail writes {}: {} adds, p50 {} us, p99 {} us, p99.9 {} us",
-                if with { "B with scrubber" } else { "A without" },
+                "round {round} tail writes {label}: {} adds, p50 {} us, p99 {} us, p99.9 {} us",
                 h.len(),
                 h.value_at_quantile(0.5),
                 p99[i],
                 h.value_at_quantile(0.999)
             );
         }
-        ratios.push(p99[1] as f64 / p99[0].max(1) as f64);
+        let a99 = p99[0].max(1) as f64;
+        ratios.push((p99[1] as f64 / a99, p99[2] as f64 / a99));
     }
-    let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-    println!(
-        "p99 ratio with/without scrubber per round: {}",
-        shown.join(", ")
-    );
+    let shown: Vec<String> = ratios
+        .iter()
+        .map(|(b, c)| format!("B/A {b:.2}, C/A {c:.2}"))
+        .collect();
+    println!("p99 ratios per round: {}", shown.join("; "));
     e.close().await.expect("close");
     let _ = std::fs::remove_dir_all(&a.dir);
 }

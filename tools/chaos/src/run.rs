@@ -450,9 +450,51 @@ impl Runner {
             for f in &report.findings {
                 violations.push(format!("{stream}: {f}"));
             }
+            if !report.findings.is_empty() {
+                print!("{}", self.stream_state(&proxies, &stream));
+            }
         }
         None
     }
+
+    /// What the cluster holds of `stream` now, for a finding's write-up: `quire stream show`
+    /// through the first proxy that answers, then `quire ledger show` of each segment's ledger.
+    fn stream_state(&self, proxies: &[String], stream: &str) -> String {
+        let mut out = format!("  state of {stream} after the read back:\n");
+        let shown = proxies.iter().find_map(|p| {
+            let o = quire_testkit::harness::run_quire(&["stream", "show", stream], p, None);
+            o.status
+                .success()
+                .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+        });
+        let Some(shown) = shown else {
+            out.push_str("    (no proxy answered `stream show`)\n");
+            return out;
+        };
+        let mut ledgers = Vec::new();
+        for line in shown.lines() {
+            out.push_str(&format!("    {line}\n"));
+            ledgers.extend(ledger_of_segment_line(line));
+        }
+        for id in ledgers {
+            let o = self
+                .cluster
+                .cluster
+                .admin(&["ledger", "show", &id.to_string()]);
+            for line in String::from_utf8_lossy(&o.stdout).lines() {
+                out.push_str(&format!("    ledger {id}: {line}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// The ledger id of a segment line of `quire stream show` (`SEQ LEDGER STATE ...`), if it is
+/// one.
+fn ledger_of_segment_line(line: &str) -> Option<u64> {
+    let mut words = line.split_whitespace();
+    words.next()?.parse::<u64>().ok()?;
+    words.next()?.parse().ok()
 }
 
 /// The first `lines` lines of `text`, with a count of those left out.

@@ -17,7 +17,9 @@ struct Ctx<'a> {
     copies: HashMap<Vec<u8>, Vec<usize>>,
     /// Write ops by record id.
     writes_of: HashMap<Vec<u8>, Vec<usize>>,
-    /// The latest completed truncation point (the final log starts at or after it).
+    /// The latest truncation point that is or may be in force: completed, or with no known
+    /// outcome and at or before the final log's first record (the final log starts at or
+    /// after it). Records before it may be gone.
     floor: Dlsn,
     report: Report,
 }
@@ -50,6 +52,10 @@ impl<'a> Ctx<'a> {
         }
         let mut writes_of: HashMap<Vec<u8>, Vec<usize>> = HashMap::new();
         let mut floor = Dlsn::INITIAL;
+        // A truncation whose answer was lost (a timeout, a proxy killed) may have been applied:
+        // it was, unless the final log still holds a record before its point (the point never
+        // moves backwards, DistributedLog's rule).
+        let head = log.first().map(|r| r.dlsn);
         for op in ops {
             match &op.kind {
                 OpKind::Write { records, .. } => {
@@ -57,7 +63,11 @@ impl<'a> Ctx<'a> {
                         writes_of.entry(id(p)).or_default().push(op.id);
                     }
                 }
-                OpKind::Truncate { point } if op.completed.is_some() => floor = floor.max(*point),
+                OpKind::Truncate { point }
+                    if op.completed.is_some() || head.is_none_or(|h| *point <= h) =>
+                {
+                    floor = floor.max(*point)
+                }
                 _ => {}
             }
         }

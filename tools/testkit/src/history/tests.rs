@@ -249,6 +249,25 @@ fn truncated_and_deleted_records_are_not_lost() {
 }
 
 #[test]
+fn a_truncation_without_an_answer_may_have_been_applied() {
+    // Goal: a truncation whose answer was lost (its proxy killed, a timeout) may have taken
+    // effect, so the records before its point missing from the final log are not lost writes
+    // (found by the chaos soak, seed 110774121609494: a proxy applied the truncation and was
+    // killed before it answered); while the final log still holds a record before the point,
+    // it was not applied, and a missing record is lost.
+    // Method: the clean history plus a truncation before 1:1:1 that never completed; final log
+    // from 1:1:1 on (clean), then a final log without 1:1:0 but with 1:0:0 (1:1:0 lost).
+    let (h, _) = clean();
+    h.truncate_invoked(d(1, 1));
+    h.check(&[rec(1, 1, 3, "a2")]).assert_clean();
+    let report = h.check(&[rec(0, 0, 1, "a0"), rec(1, 1, 3, "a2")]);
+    assert!(
+        report.findings.iter().any(|f| f.kind == Kind::LostWrite),
+        "{report}"
+    );
+}
+
+#[test]
 fn a_write_acknowledged_after_a_seal_is_reported() {
     let (h, mut log) = clean();
     let s = h.seal_invoked();
