@@ -58,6 +58,9 @@ struct Shared {
     cut_pids: Mutex<HashSet<u32>>,
     /// Per direction ([`Direction::ToServer`] first), whether its bytes are held.
     stalled: [AtomicBool; 2],
+    /// Per direction, bytes read from a sender during a stall and held by the relay, not yet
+    /// written on.
+    held: [AtomicU64; 2],
     /// Milliseconds each chunk is held before it is written on; 0: none.
     delay_ms: AtomicU64,
     /// Chunks lost per thousand (`lossy`); 0: none.
@@ -179,6 +182,12 @@ impl TcpRelay {
     /// later ones, in direction `dir`: a one-way partition (see the module docs).
     pub fn stall(&self, dir: Direction, on: bool) {
         self.shared.stalled[dir as usize].store(on, Ordering::SeqCst);
+    }
+
+    /// Bytes of direction `dir` that a stall holds in the relay now (read from the sender, not
+    /// yet written on): a test knows from it that a request was sent before it cuts.
+    pub fn held_bytes(&self, dir: Direction) -> u64 {
+        self.shared.held[dir as usize].load(Ordering::SeqCst)
     }
 
     /// Holds every chunk, each way, `delay` before writing it on; `None` ends it.
@@ -382,11 +391,16 @@ fn copy_then_shut(
                     std::thread::sleep(Duration::from_millis(delay));
                 }
                 // A stall that began while this read waited holds what it read, too.
-                if !wait_unstalled(shared, number, dir) || !play_loss(shared, &mut rng, &mut losses)
-                {
-                    break;
+                let held = shared.stalled[dir as usize].load(Ordering::SeqCst);
+                if held {
+                    shared.held[dir as usize].fetch_add(n as u64, Ordering::SeqCst);
                 }
-                if to.write_all(&buf[..n]).is_err() {
+                let go_on =
+                    wait_unstalled(shared, number, dir) && play_loss(shared, &mut rng, &mut losses);
+                if held {
+                    shared.held[dir as usize].fetch_sub(n as u64, Ordering::SeqCst);
+                }
+                if !go_on || to.write_all(&buf[..n]).is_err() {
                     break;
                 }
                 if rate > 0 {

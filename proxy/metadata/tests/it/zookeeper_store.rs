@@ -893,7 +893,17 @@ async fn reads_in_flight_at_a_connection_loss_are_sent_again() {
             (ledger, bookies)
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The reads are in flight once the stalled relay holds their request bytes (the ledger
+    // read's first: `join!` sends it first); a cut before that would leave them to be sent
+    // after the reconnect, which needs no retry.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while relay.held_bytes(Direction::ToServer) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reads never reached the relay"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     relay.cut();
     tokio::time::sleep(Duration::from_millis(300)).await;
     relay.stall(Direction::ToServer, false);
