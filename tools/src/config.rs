@@ -84,7 +84,7 @@ const AUTORECOVERY: Table = (
 const LEDGER: Table = (
     "ledger",
     "placement min_racks_per_write_quorum enforce_min_racks min_regions_for_durability \
-    enforce_durability",
+    enforce_durability reorder_read_sequence",
 );
 const TLS: Table = (
     "tls",

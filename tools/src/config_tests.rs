@@ -597,6 +597,28 @@ fn proxy_txid_guard_setting_is_read() {
 }
 
 #[test]
+fn reorder_read_sequence_is_read_and_flags_win() {
+    // Goal: [ledger] reorder_read_sequence (BookKeeper reorderReadSequenceEnabled) reaches the
+    // proxy's ledger client settings: on by default, off from the file, the flag wins.
+    assert!(proxy_from(PROXY).unwrap().placement.reorder_read_sequence);
+    let text = format!("{PROXY}[ledger]\nreorder_read_sequence = false\n");
+    let o = proxy_file(&text, &proxy_flags())
+        .unwrap()
+        .resolve()
+        .unwrap();
+    assert!(!o.placement.reorder_read_sequence);
+    let flags = ProxyFlags {
+        ledger: crate::flags::LedgerPlacementFlags {
+            reorder_read_sequence: Some(true),
+            ..Default::default()
+        },
+        ..proxy_flags()
+    };
+    let o = proxy_file(&text, &flags).unwrap().resolve().unwrap();
+    assert!(o.placement.reorder_read_sequence);
+}
+
+#[test]
 fn topology_labels_and_placement_are_read_and_checked() {
     // Issue 30. Goal: region and rack of a bookie and a proxy come from the top level of the
     // file or the flags (flags win); the [ledger] table sets the placement of the proxy and of

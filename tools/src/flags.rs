@@ -71,6 +71,11 @@ pub struct LedgerPlacementFlags {
     /// (BookKeeper `enforceDurability`; [ledger] enforce_durability).
     #[arg(long)]
     pub enforce_durability: Option<bool>,
+    /// Reads ask a write set's replicas closest first, recently failed ones last; false: in
+    /// write-set order (BookKeeper `reorderReadSequenceEnabled`; [ledger]
+    /// reorder_read_sequence).
+    #[arg(long)]
+    pub reorder_read_sequence: Option<bool>,
 }
 
 /// The ZooKeeper flags, the same for every command that talks to ZooKeeper: flattened into the

@@ -257,10 +257,17 @@ impl BookKeeper {
     }
 
     /// The order in which to ask `replicas` (a write set's bookies, in write-set order) for an
-    /// entry: indices into it, closest first, quarantined last (`locality::read_order`).
+    /// entry: indices into it, closest first, quarantined last (`locality::read_order`); in
+    /// write-set order when `placement.reorder_read_sequence` is off.
     pub(crate) fn read_order(&self, replicas: &[BookieId]) -> Vec<usize> {
-        let quarantined = self.quarantined();
-        let labels = self.labels_for_read();
+        let reorder = self.inner.config.placement.reorder_read_sequence;
+        // With the switch off the order is the write set's: no quarantine or label lookups
+        // (and no registry listing for labels).
+        let (quarantined, labels) = if reorder {
+            (self.quarantined(), self.labels_for_read())
+        } else {
+            Default::default()
+        };
         let replicas: Vec<Replica<'_>> = replicas
             .iter()
             .map(|b| Replica {
@@ -268,7 +275,7 @@ impl BookKeeper {
                 failed: quarantined.contains(b),
             })
             .collect();
-        locality::read_order(self.inner.local.as_ref(), &replicas)
+        locality::read_sequence(reorder, self.inner.local.as_ref(), &replicas)
     }
 
     /// The cached registry labels; for a client with labels, starts a background listing of

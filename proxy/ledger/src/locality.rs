@@ -8,6 +8,9 @@
 //! (`bookieFailureHistoryExpirationMSec`). Ties keep the write-set order, so that with no
 //! labels anywhere the order is the write set's, as before.
 //!
+//! `[ledger] reorder_read_sequence = false` (BookKeeper `reorderReadSequenceEnabled`) turns the
+//! ordering off: replicas are asked in write-set order ([`read_sequence`]).
+//!
 //! The client's own labels are `ClientConfig::region` / `rack` (the proxy's `[proxy] region` /
 //! `rack`); a client with neither orders by failures only. The bookies' labels come from the
 //! registry (`BookieInfo`), cached by the client ([`LabelCache`]): refreshed by every listing
@@ -88,6 +91,22 @@ pub fn read_order(local: Option<&Locality>, replicas: &[Replica<'_>]) -> Vec<usi
         (r.failed, distance)
     });
     order
+}
+
+/// The read sequence a client with `reorder` (`[ledger] reorder_read_sequence`, BookKeeper
+/// `reorderReadSequenceEnabled`) uses: [`read_order`] when on; when off the write-set order
+/// `0..replicas.len()` as it is, failed or far replicas included (BookKeeper reads the write
+/// set unchanged when the switch is off).
+pub fn read_sequence(
+    reorder: bool,
+    local: Option<&Locality>,
+    replicas: &[Replica<'_>],
+) -> Vec<usize> {
+    if reorder {
+        read_order(local, replicas)
+    } else {
+        (0..replicas.len()).collect()
+    }
 }
 
 /// The registry's labels as this client last listed them (see the module docs).
@@ -234,6 +253,40 @@ mod tests {
         for (name, local, replicas, want) in cases {
             assert_eq!(read_order(local, &replicas), want, "{name}");
         }
+    }
+
+    #[test]
+    fn reorder_off_keeps_the_write_set_order() {
+        let a1 = loc("a", "r1");
+        let b1 = loc("b", "r1");
+        let c1 = loc("c", "r1");
+        // A write set whose closest replica is last and whose first replica failed lately.
+        let replicas = [
+            Replica {
+                locality: Some(&b1),
+                failed: true,
+            },
+            Replica {
+                locality: Some(&c1),
+                failed: false,
+            },
+            Replica {
+                locality: None,
+                failed: false,
+            },
+            Replica {
+                locality: Some(&a1),
+                failed: false,
+            },
+        ];
+        assert_eq!(read_sequence(false, Some(&a1), &replicas), vec![0, 1, 2, 3]);
+        assert_eq!(read_sequence(false, None, &replicas), vec![0, 1, 2, 3]);
+        assert_eq!(read_sequence(true, Some(&a1), &replicas), vec![3, 1, 2, 0]);
+        assert_eq!(
+            read_sequence(true, Some(&a1), &replicas),
+            read_order(Some(&a1), &replicas)
+        );
+        assert!(read_sequence(false, Some(&a1), &[]).is_empty());
     }
 
     #[test]

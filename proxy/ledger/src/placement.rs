@@ -109,6 +109,11 @@ pub struct PlacementSettings {
     /// Fail a `region-aware` placement that cannot keep `min_regions_for_durability`
     /// (BookKeeper `enforceDurability`, default true).
     pub enforce_durability: bool,
+    /// Reads ask a write set's replicas closest first, recently failed ones last
+    /// ([`crate::locality`]; BookKeeper `reorderReadSequenceEnabled`, the placement policy's
+    /// `reorderReadSequence`, which also orders the LAC long polls). Default true; false asks
+    /// them in write-set order, whatever their distance or failures.
+    pub reorder_read_sequence: bool,
 }
 
 impl Default for PlacementSettings {
@@ -119,6 +124,7 @@ impl Default for PlacementSettings {
             enforce_min_racks: false,
             min_regions_for_durability: 2,
             enforce_durability: true,
+            reorder_read_sequence: true,
         }
     }
 }

@@ -152,5 +152,28 @@ async fn a_replica_in_another_rack_is_asked_last() {
         after.won, before.won,
         "with the labels known, the far replica is asked last and never waited for"
     );
+
+    // `reorder_read_sequence` off (BookKeeper `reorderReadSequenceEnabled = false`): the same
+    // client asks each write set in its order, so every entry whose write set starts at the
+    // far replica waits for it until speculation asks the next one.
+    let write_set = BookKeeper::new(
+        store.clone(),
+        ClientConfig {
+            rack: Some("r1".into()),
+            placement: quire_ledger::placement::PlacementSettings {
+                reorder_read_sequence: false,
+                ..Default::default()
+            },
+            ..reader_config(50)
+        },
+    );
+    read_all(&write_set, ledger, 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    read_all(&write_set, ledger, ENTRIES).await;
+    let counts = write_set.speculative_reads();
+    assert!(
+        counts.won >= ENTRIES / 3,
+        "{counts:?}: in write-set order the far replica is asked first for a third of the entries"
+    );
     drop(bookies);
 }
