@@ -284,6 +284,8 @@ async fn tail(client: Arc<ProxyClient>, on_owner: bool, s: Arc<Shared>) -> Reade
 struct Written {
     acked: Vec<u64>,
     ack_hist: Histogram<u64>,
+    /// How late each write was sent after its scheduled time (µs): the writer's own lag.
+    lag_hist: Histogram<u64>,
     errors: u64,
 }
 
@@ -294,6 +296,7 @@ async fn write_paced(writer: Arc<ProxyClient>, s: Arc<Shared>, args: (u64, u64, 
     let acked = Arc::new(Mutex::new(Written {
         acked: vec![0; (s.total_seq as usize).div_ceil(64)],
         ack_hist: Histogram::new(3).expect("histogram"),
+        lag_hist: Histogram::new(3).expect("histogram"),
         errors: 0,
     }));
     let t0 = Instant::now();
@@ -304,11 +307,13 @@ async fn write_paced(writer: Arc<ProxyClient>, s: Arc<Shared>, args: (u64, u64, 
         let ns = at.duration_since(s.base).as_nanos() as u64;
         let (writer, s, acked) = (writer.clone(), s.clone(), acked.clone());
         tasks.push(tokio::spawn(async move {
+            let lag = at.elapsed().as_micros() as u64;
             // One txid for every record: writes in flight at once may reach the owner in any
             // order, and txids only must not decrease.
             let record = vec![(1, payload::encode(seq, ns, size))];
             let r = writer.write(&s.stream, record, true).await;
             let mut w = acked.lock().expect("acked lock");
+            let _ = w.lag_hist.record(lag.max(1));
             match r {
                 Ok(_) => {
                     w.acked[(seq / 64) as usize] |= 1 << (seq % 64);
@@ -332,6 +337,73 @@ async fn write_paced(writer: Arc<ProxyClient>, s: Arc<Shared>, args: (u64, u64, 
         .expect("acked lock")
 }
 
+/// A request to the writer thread: create and open a stream (answered with its owner's
+/// address), or write a phase's records.
+enum Job {
+    Open(String),
+    Write(Arc<Shared>, (u64, u64, usize)),
+}
+
+enum Done {
+    Opened(String),
+    Written(Written),
+}
+
+type JobSender = tokio::sync::mpsc::UnboundedSender<(Job, tokio::sync::oneshot::Sender<Done>)>;
+
+/// Starts the writer on a thread and runtime of its own, with a client connected to `addr`, so
+/// that its sends are not queued behind the readers' tasks: the load generator's lag then shows
+/// in the readers' receipt times only (and the writer's lag is measured on its own).
+fn start_writer(addr: String) -> JobSender {
+    let (tx, mut rx) =
+        tokio::sync::mpsc::unbounded_channel::<(Job, tokio::sync::oneshot::Sender<Done>)>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("writer runtime");
+        rt.block_on(async move {
+            let writer = Arc::new(
+                ProxyClient::connect_with(&addr, ClientConfig::default())
+                    .await
+                    .expect("connect the writer"),
+            );
+            while let Some((job, reply)) = rx.recv().await {
+                let done = match job {
+                    Job::Open(stream) => Done::Opened(open_stream(&writer, &stream).await),
+                    Job::Write(s, shape) => {
+                        Done::Written(write_paced(writer.clone(), s, shape).await)
+                    }
+                };
+                let _ = reply.send(done);
+            }
+        });
+    });
+    tx
+}
+
+async fn ask(writer: &JobSender, job: Job) -> Done {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    writer.send((job, tx)).expect("writer thread");
+    rx.await.expect("writer answer")
+}
+
+/// Creates `stream`, writes its marker record (the stream gets an owner and a first segment)
+/// and returns the owner's address.
+async fn open_stream(writer: &ProxyClient, stream: &str) -> String {
+    writer.create_stream(stream).await.expect("create stream");
+    writer
+        .write(stream, vec![(0, b"marker".to_vec())], true)
+        .await
+        .expect("marker write");
+    writer
+        .describe_stream(stream)
+        .await
+        .expect("describe")
+        .owner
+        .unwrap_or_default()
+}
+
 /// One phase's figures.
 struct PhaseResult {
     n: usize,
@@ -349,22 +421,14 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
 async fn phase(
     args: &Args,
     bed: &Bed,
-    (writer, clients): (&Arc<ProxyClient>, &[Vec<Arc<ProxyClient>>]),
+    (writer, clients): (&JobSender, &[Vec<Arc<ProxyClient>>]),
     tag: &str,
     n: usize,
 ) -> PhaseResult {
     let stream = format!("perf/fan-out/{tag}");
-    writer.create_stream(&stream).await.expect("create stream");
-    writer
-        .write(&stream, vec![(0, b"marker".to_vec())], true)
-        .await
-        .expect("marker write");
-    let owner_addr = writer
-        .describe_stream(&stream)
-        .await
-        .expect("describe")
-        .owner
-        .unwrap_or_default();
+    let Done::Opened(owner_addr) = ask(writer, Job::Open(stream.clone())).await else {
+        unreachable!("the writer answers an open with the owner")
+    };
     let owner = bed
         .proxies
         .iter()
@@ -395,12 +459,10 @@ async fn phase(
     }
     let ready = shared.ready.load(Ordering::Relaxed);
     let before = sample(bed);
-    let written = write_paced(
-        writer.clone(),
-        shared.clone(),
-        (args.rate, args.secs, args.size),
-    )
-    .await;
+    let shape = (args.rate, args.secs, args.size);
+    let Done::Written(written) = ask(writer, Job::Write(shared.clone(), shape)).await else {
+        unreachable!("the writer answers a write with what it wrote")
+    };
     let after = sample(bed);
     let acked_count: u64 = written
         .acked
@@ -461,7 +523,7 @@ async fn phase(
     };
     println!(
         "{tag}: N={n} (per proxy {per_proxy:?}, owner proxy {owner}, {ready} tailing at start) \
-         written {acked_count}/{total_seq} ({} errors, ack p99 {:.1} ms) | \
+         written {acked_count}/{total_seq} ({} errors, ack p99 {:.1} ms, send lag p99 {:.1} ms) | \
          delivery p50 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.0} ms \
          (owner p50/p99 {}, followers {}) | complete readers {complete}/{n}, \
          missing {missing}, duplicates {dups}, out of order {disorder}, reader errors {errors} | \
@@ -471,6 +533,7 @@ async fn phase(
          CPU s over {window:.1} s: load generator {:.1}, proxies {:.1}, bookies {:.1} | load {}",
         written.errors,
         ms(&written.ack_hist, 0.99),
+        ms(&written.lag_hist, 0.99),
         ms(&all, 0.5),
         ms(&all, 0.99),
         ms(&all, 0.999),
@@ -527,11 +590,7 @@ async fn run(args: Args, bed: &Bed) {
     let clients = connect_all(bed, n_max.div_ceil(3).max(1)).await;
     // The writer has a connection of its own, to the first proxy (which takes the stream when
     // nothing else places it).
-    let writer = Arc::new(
-        ProxyClient::connect_with(&bed.proxies[0].addr, ClientConfig::default())
-            .await
-            .expect("connect the writer"),
-    );
+    let writer = start_writer(bed.proxies[0].addr.clone());
     println!(
         "fan-out: {} rec/s of {} B for {} s per phase (warm-up {} s), readers {:?} x {} rounds, \
          {} clients per proxy",
