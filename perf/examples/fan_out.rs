@@ -4,8 +4,9 @@
 //! processes started by the test kit, E=3 Qw=3 Qa=2).
 //!
 //! Per phase (one fresh stream each; phases interleaved, e.g. N = 1, 1000, 1, 1000):
-//! - one writer on the owner proxy writes a marker record (the stream gets its owner and first
-//!   segment), then N readers, each a `ProxyClient` of its own (its own TCP connection), start
+//! - one writer (a client on a thread and runtime of its own, connected to the first proxy)
+//!   writes a marker record (the stream gets its owner, read back with `DESCRIBE_STREAM`, and
+//!   its first segment), then N readers, each a `ProxyClient` of its own (its own TCP connection), start
 //!   tailing from the head with long-poll reads (1 s wait); reader `i` is connected to the
 //!   `i`-th proxy after the owner, round robin, so N = 1 is one reader on a non-owner proxy (a
 //!   follower) and larger N put a third of the readers on the owner;
@@ -22,7 +23,7 @@
 //!   the proxies and of the bookies over the same window (`/proc/PID/stat`).
 //!
 //! Prints one line per phase, then per N the mean p50/p99 over its phases and the ratios
-//! p99(N)/p99(1) and bookie reads/s (N)/(1). Run:
+//! p99(N)/p99(first N of `--readers`) and the same for bookie reads/s. Run:
 //! `cargo run --release -p quire-perf --example fan_out -- --readers 1,1000 --rounds 2`
 //! (needs `target/release/quire`: `cargo build --release -p quire`; or set QUIRE_TEST_BIN).
 
