@@ -21,7 +21,8 @@
 //!   spread against the mean, each proxy's RSS against idle per owned stream, and ZooKeeper
 //!   requests per stream per minute: the change of `zk_packets_received` in the server's
 //!   `mntr` answer over the window (every packet from every client: proxies, bookies and
-//!   this program's registry reads; session pings included).
+//!   this program's registry reads; session pings included), and the same rate measured for
+//!   `--idle-secs` before any stream existed, so the streams' own share is the difference.
 //! - **Join and drain** (`--join-drain`): a proxy is started; the time until every proxy
 //!   owns its share (±20 % of streams / proxies, by the registry records) is reported. Then
 //!   proxy 1 gets SIGTERM (it drains); the time until it left the registry and the others own
@@ -80,6 +81,9 @@ struct Args {
     /// Seconds of load after the drain settled.
     #[arg(long, default_value_t = 10)]
     tail_secs: u64,
+    /// Seconds of ZooKeeper traffic measured before any stream exists (the fixed share).
+    #[arg(long, default_value_t = 10)]
+    idle_secs: u64,
     /// Streams read back with the checker at the end (evenly spaced); 0: all.
     #[arg(long, default_value_t = 300)]
     check: usize,
@@ -104,6 +108,8 @@ struct Shared {
     acks: Vec<AtomicU64>,
     failures: Vec<AtomicU64>,
     first_errors: Mutex<Vec<String>>,
+    /// Failures per phase and kind (the message with the stream name and addresses cut).
+    error_kinds: Mutex<HashMap<(usize, String), u64>>,
 }
 
 /// One stream's writer's own record: what was acknowledged, and its longest gap between two
@@ -257,14 +263,41 @@ async fn write_stream(
             }
             Err(e) => {
                 shared.failures[phase].fetch_add(1, Ordering::Relaxed);
+                let text = e.to_string();
                 let mut first = shared.first_errors.lock().unwrap();
                 if first.len() < 10 {
-                    first.push(format!("{} {s}: {e}", PHASES[phase]));
+                    first.push(format!("{} {s}: {text}", PHASES[phase]));
                 }
+                drop(first);
+                *shared
+                    .error_kinds
+                    .lock()
+                    .unwrap()
+                    .entry((phase, error_kind(&text, &s)))
+                    .or_default() += 1;
             }
         }
     }
     log
+}
+
+/// An error message with the stream name, addresses and numbers cut, to count failures by kind.
+fn error_kind(text: &str, stream: &str) -> String {
+    let t = text.replace(stream, "S");
+    let mut out = String::new();
+    let mut digits = false;
+    for c in t.chars().take(120) {
+        if c.is_ascii_digit() || (digits && c == '.') || (digits && c == ':') {
+            if !digits {
+                out.push('#');
+            }
+            digits = true;
+        } else {
+            digits = false;
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn pct(h: &Histogram<u64>, q: f64) -> f64 {
@@ -369,6 +402,12 @@ fn main() {
     }
     std::thread::sleep(Duration::from_secs(3)); // every proxy sees the others live
     let rss_idle: Vec<u64> = proxies.iter().map(|p| rss_kib(p.pid())).collect();
+    // ZooKeeper's traffic with no stream: sessions' pings, the proxies' registry ticks, the
+    // bookies' and auditor's own reads.
+    let zk = cluster.zookeeper();
+    let (i0, t) = (zk_packets_received(&zk), Instant::now());
+    std::thread::sleep(Duration::from_secs(args.idle_secs));
+    let idle_per_min = (zk_packets_received(&zk) - i0) as f64 / (t.elapsed().as_secs_f64() / 60.0);
     println!(
         "streams {n}, proxies {}, moves/s {}, clients/proxy {}, size {} B; load {}",
         args.proxies,
@@ -403,6 +442,7 @@ fn main() {
         acks: (0..4).map(|_| AtomicU64::new(0)).collect(),
         failures: (0..4).map(|_| AtomicU64::new(0)).collect(),
         first_errors: Mutex::default(),
+        error_kinds: Mutex::default(),
     });
     let t0 = tokio::time::Instant::now() + Duration::from_millis(500);
     let writers: Vec<_> = created
@@ -417,7 +457,6 @@ fn main() {
     report_phase(&shared, WARMUP, args.warmup_secs as f64);
 
     // The measured window.
-    let zk = cluster.zookeeper();
     let p0 = zk_packets_received(&zk);
     shared.phase.store(MEASURED, Ordering::SeqCst);
     let w0 = Instant::now();
@@ -441,10 +480,12 @@ fn main() {
             r.saturating_sub(rss_idle[k]) as f64 / o.max(1) as f64
         );
     }
+    let per_min = (p1 - p0) as f64 / (window / 60.0);
     println!(
-        "zookeeper: {} packets received in {window:.1} s = {:.2} requests per stream per minute",
+        "zookeeper: {} packets received in {window:.1} s = {per_min:.0}/min = {:.2} requests per stream per minute; with no stream {idle_per_min:.0}/min; the streams' own share {:.2} per stream per minute",
         p1 - p0,
-        (p1 - p0) as f64 / n as f64 / (window / 60.0)
+        per_min / n as f64,
+        (per_min - idle_per_min) / n as f64
     );
     println!("load during the window: start {load0}; end {load1}");
 
@@ -475,6 +516,17 @@ fn main() {
     }
     for e in shared.first_errors.lock().unwrap().iter() {
         println!("error: {e}");
+    }
+    let mut kinds: Vec<_> = shared
+        .error_kinds
+        .lock()
+        .unwrap()
+        .clone()
+        .into_iter()
+        .collect();
+    kinds.sort();
+    for ((phase, kind), count) in kinds {
+        println!("errors {}: {count} × {kind}", PHASES[phase]);
     }
     check(&args, &rt, &store, &addrs[0], &logs);
 }
