@@ -162,7 +162,7 @@ impl Grant {
             // A subscription is a reader's own position: reading the stream is the right to
             // keep one (DistributedLog's reader commits it); deleting one is admin.
             Request::Read { stream, .. }
-            | Request::DescribeStream { stream }
+            | Request::DescribeStream { stream, .. }
             | Request::CommitSubscription { stream, .. }
             | Request::GetSubscription { stream, .. }
             | Request::ListSubscriptions { stream } => (Right::Read, stream),
@@ -240,12 +240,14 @@ mod tests {
         assert!(g.check(&write("metrics/a")).is_err());
         assert!(g
             .check(&Request::DescribeStream {
-                stream: "metrics/a".into()
+                stream: "metrics/a".into(),
+                home_region: true,
             })
             .is_ok());
         assert!(g
             .check(&Request::DescribeStream {
-                stream: "other".into()
+                stream: "other".into(),
+                home_region: true,
             })
             .is_err());
         let e = g

@@ -1698,7 +1698,10 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             page_size,
         } => list_page(streams, &prefix, &page_token, page_size).await,
         Request::Read { .. } => read(req, streams, config).await,
-        Request::DescribeStream { stream } => describe(&stream, streams, config).await,
+        Request::DescribeStream {
+            stream,
+            home_region,
+        } => describe(&stream, home_region, streams, config).await,
         Request::TruncateStream { stream, before } => streams
             .truncate(&stream, before)
             .await
@@ -1795,12 +1798,18 @@ async fn read(req: Request, streams: &StreamManager, config: &ServerConfig) -> R
 }
 
 /// `DESCRIBE_STREAM`: refused with `Internal` when the answer would not fit one frame.
+/// `DESCRIBE_STREAM`; the home region only to a client that asked for it (request flag
+/// `0x01`: an older client cannot decode it).
 async fn describe(
     stream: &str,
+    home_region: bool,
     streams: &StreamManager,
     config: &ServerConfig,
 ) -> Result<Response> {
-    let info = streams.describe(stream).await?;
+    let mut info = streams.describe(stream).await?;
+    if !home_region {
+        info.metadata.home_region = None;
+    }
     // A stream with very many segments could outgrow a frame: say so rather than send a frame
     // the client refuses.
     let size = 256 + info.metadata.segments.len() * 80;

@@ -45,6 +45,7 @@ impl From<StreamInfo> for quire_client::StreamInfo {
                 retention: wire_retention(m.retention),
                 compression: wire_compression(m.compression),
                 limits: m.limits.map(wire_limits),
+                home_region: m.home_region,
             },
             owner: info.owner,
             defaults: info.defaults,
@@ -194,7 +195,6 @@ mod tests {
                 sealed: false,
                 compression: None,
                 limits: None,
-                // Not on the wire (DESCRIBE_STREAM carries no home region).
                 home_region: Some("ra".into()),
             },
             owner: Some("127.0.0.1:4181".into()),
@@ -219,6 +219,7 @@ mod tests {
         assert_eq!(m.truncated_before, Some(quire_client::Dlsn::new(2, 1, 4)));
         assert_eq!(m.retention.time_secs, Some(60));
         assert_eq!(m.retention.size_bytes, None);
+        assert_eq!(m.home_region.as_deref(), Some("ra"));
         assert_eq!(got.owner, info.owner);
         assert_eq!(
             (got.defaults, got.lookups),

@@ -8,7 +8,9 @@
 //!   owns nothing does not show here; `quire proxy list` reads the proxy registry);
 //! * autorecovery: the auditor (first election candidate), the candidates, the count of
 //!   under-replicated ledgers;
-//! * pending decommissions with their start time.
+//! * pending decommissions with their start time;
+//! * the regions an operator marked as taking no new streams (`quire cluster region
+//!   unavailable`, issue 30): a maintenance state, not a problem.
 //!
 //! **Unhealthy** (exit status 1, each reason on stderr and in the JSON's `problems`):
 //! * a bookie that registered before (it has a cookie) is not registered now and is not being
@@ -109,6 +111,8 @@ pub struct Status {
     pub autorecovery_expected: bool,
     pub under_replicated_ledgers: usize,
     pub decommissions: Vec<Decommission>,
+    /// Regions marked as taking no new streams (`regions/unavailable/<region>`), sorted.
+    pub unavailable_regions: Vec<String>,
 }
 
 /// Runs `quire cluster`.
@@ -220,6 +224,10 @@ pub async fn read_status(store: &ZkStore, autorecovery_expected: bool) -> Result
     bookies.sort_by(|a, b| a.id.cmp(&b.id));
     let Recovery { state, marks } = read_recovery(store).await?;
     let (proxies, streams, unowned) = stream_owners(store).await?;
+    let unavailable_regions = store
+        .unavailable_regions()
+        .await
+        .context("cannot list the region marks")?;
     let mut status = Status {
         healthy: true,
         problems: Vec::new(),
@@ -233,6 +241,7 @@ pub async fn read_status(store: &ZkStore, autorecovery_expected: bool) -> Result
         autorecovery_expected,
         under_replicated_ledgers: marks.len(),
         decommissions,
+        unavailable_regions,
     };
     status.problems = problems(&status);
     status.healthy = status.problems.is_empty();
@@ -318,6 +327,12 @@ fn format_status(s: &Status) -> Result<String> {
             streams.join(" ")
         )?;
     }
+    let marked = if s.unavailable_regions.is_empty() {
+        "none".to_string()
+    } else {
+        s.unavailable_regions.join(" ")
+    };
+    writeln!(out, "regions marked unavailable: {marked}")?;
     let auditor = match (&s.auditor, s.autorecovery_expected) {
         (Some(a), _) => a.clone(),
         (None, true) => "none".into(),

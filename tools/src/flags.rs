@@ -622,6 +622,7 @@ mod tests {
                 "bookie",
                 "bookie decommission",
                 "bookie delete-cookie",
+                "bookie info",
                 "bookie list",
                 "cluster region",
                 "cluster status",

@@ -433,6 +433,7 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
     let (z, zs) = effective(m.retention.size_bytes, info.defaults.size_bytes);
     serde_json::json!({
         "owner": info.owner,
+        "home_region": m.home_region,
         "last_txid": m.max_txid,
         "truncated_before": m.truncated_before.map(|t| t.to_string()),
         "first_dlsn": info.lookups.as_deref().and_then(|l| l.first_dlsn).map(|d| d.to_string()),
@@ -503,6 +504,11 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
         out,
         "  owner:    {}",
         info.owner.as_deref().unwrap_or("none")
+    )?;
+    writeln!(
+        out,
+        "  home region: {}",
+        meta.home_region.as_deref().unwrap_or("none")
     )?;
     writeln!(
         out,

@@ -463,6 +463,7 @@ impl ProxyClient {
     pub async fn describe_stream(&self, stream: &str) -> Result<StreamInfo> {
         let req = Request::DescribeStream {
             stream: stream.to_string(),
+            home_region: true,
         };
         match self.router.home().await?.call(&req, Duration::ZERO).await? {
             Response::DescribeStream { info } => Ok(info),

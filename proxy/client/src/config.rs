@@ -42,6 +42,11 @@ pub struct ClientConfig {
     /// as taking no new streams). Tried before [`ClientConfig::proxies`], which count as one
     /// more, unlabelled region. Empty (the default): no regions.
     pub regions: Vec<RegionProxies>,
+    /// With [`ClientConfig::regions`]: how long after its home proxy left the local region
+    /// (the first of `regions`) the client tries the local region's proxies again, and again
+    /// after each try that found none answering or that met `REGION_UNAVAILABLE` (see
+    /// `routing.rs`, "Return to the local region"). Default 30 s.
+    pub local_region_retry: Duration,
     /// How the proxy is asked to store this client's writes: [`Compression::Lz4`] sets the
     /// write flag `FLAG_WRITE_COMPRESS` on every write (plain and producer session writes),
     /// so the owner stores their entries LZ4-compressed; `None` (the default) leaves it to the
@@ -60,6 +65,7 @@ impl Default for ClientConfig {
             tls_server_name: None,
             proxies: Vec::new(),
             regions: Vec::new(),
+            local_region_retry: Duration::from_secs(30),
             compression: Compression::None,
         }
     }

@@ -61,6 +61,7 @@ fn stream_info() -> StreamInfo {
             },
             compression: None,
             limits: None,
+            home_region: None,
         },
         owner: Some("10.0.0.9:4181".into()),
         defaults: RetentionDefaults {
@@ -82,6 +83,7 @@ fn cases() -> Vec<(&'static str, Golden)> {
         cases_subscriptions(),
         cases_compression(),
         cases_limits(),
+        cases_regions(),
     ]
     .into_iter()
     .flatten()
@@ -224,7 +226,13 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
         ),
         (
             "describe-stream-request",
-            Req(7, Request::DescribeStream { stream: stream() }),
+            Req(
+                7,
+                Request::DescribeStream {
+                    stream: stream(),
+                    home_region: false,
+                },
+            ),
         ),
         (
             "describe-stream-response",
@@ -623,6 +631,39 @@ fn cases_limits() -> Vec<(&'static str, Golden)> {
             Resp(
                 Opcode::DescribeStream,
                 19,
+                Response::DescribeStream { info: described },
+            ),
+        ),
+    ]
+}
+
+/// Issue 30: a described stream with a home region (answer flag 0x10, after the lookups).
+fn cases_regions() -> Vec<(&'static str, Golden)> {
+    let mut described = stream_info();
+    described.metadata.home_region = Some("eu-west".into());
+    described.lookups = Some(Box::new(crate::types::StreamLookups {
+        first_dlsn: Some(Dlsn::new(1, 0, 0)),
+        last_dlsn: Some(Dlsn::new(1, 41, 9)),
+        record_count: 420,
+        last_write_time_ms: Some(1_764_979_260_000),
+        sealed: false,
+    }));
+    vec![
+        (
+            "describe-stream-request-home-region",
+            Golden::Request(
+                20,
+                Request::DescribeStream {
+                    stream: "logs/golden".into(),
+                    home_region: true,
+                },
+            ),
+        ),
+        (
+            "describe-stream-response-home-region",
+            Golden::Response(
+                Opcode::DescribeStream,
+                20,
                 Response::DescribeStream { info: described },
             ),
         ),

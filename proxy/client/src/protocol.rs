@@ -66,6 +66,18 @@ pub const FLAG_WRITE_COMPRESS: u8 = 0x04;
 /// deletes what a subscription still needs). With [`FLAG_RETENTION_SUBSCRIPTIONS_OFF`]: refused.
 /// As an answer flag of `SetRetention` and `DescribeStream`: the setting is on.
 pub const FLAG_RETENTION_KEEP_FOR_SUBSCRIPTIONS: u8 = 0x01;
+
+/// `DESCRIBE_STREAM` answer flag: the stream has a home region (issue 30), and its name (a
+/// string) ends the stream info, after the lookups (always present with it) and the limits
+/// block if any.
+pub const FLAG_DESCRIBE_HOME_REGION: u8 = 0x10;
+
+/// `DESCRIBE_STREAM` request flag: the client decodes the home region (answer flag
+/// [`FLAG_DESCRIBE_HOME_REGION`]); without it the proxy leaves the home region out.
+pub const FLAG_DESCRIBE_WANT_HOME_REGION: u8 = 0x01;
+
+/// Longest home region name a `DESCRIBE_STREAM` answer may carry.
+const REGION_FIELD_SIZE_BYTES_MAX: usize = 256;
 /// `SetRetention` request flag: turn the stream's `keep_for_subscriptions` off. Neither flag:
 /// left as it is.
 pub const FLAG_RETENTION_SUBSCRIPTIONS_OFF: u8 = 0x02;
@@ -222,8 +234,10 @@ pub enum Request {
         /// Ask for each record's write time in the answer.
         with_write_times: bool,
     },
-    /// Body: stream name.
-    DescribeStream { stream: String },
+    /// Body: stream name. `home_region` (request flag [`FLAG_DESCRIBE_WANT_HOME_REGION`]):
+    /// the answer may carry the stream's home region; a client that does not set it (one
+    /// before issue 30) gets the answer it can decode.
+    DescribeStream { stream: String, home_region: bool },
     /// Body: stream name, DLSN.
     TruncateStream { stream: String, before: Dlsn },
     /// Body: stream name.
@@ -527,15 +541,21 @@ fn put_stream_info(out: &mut Vec<u8>, info: &StreamInfo) {
         put_u64(out, s.length_bytes);
         put_opt_u64(out, s.completion_time_ms);
     }
-    match (&info.lookups, &m.limits) {
-        (Some(l), _) => put_lookups(out, l),
-        // A block of limits always follows lookups (see `get_stream_info`).
-        (None, Some(_)) => put_lookups(out, &StreamLookups::default()),
-        (None, None) => {}
+    match &info.lookups {
+        Some(l) => put_lookups(out, l),
+        // A block of limits or a home region always follows lookups (see `get_appended`).
+        None if m.limits.is_some() || m.home_region.is_some() => {
+            put_lookups(out, &StreamLookups::default());
+        }
+        None => {}
     }
-    // After the lookups; announced by the answer flag (`describe_answer_flags`).
+    // After the lookups, in this order; each announced by its answer flag
+    // (`describe_answer_flags`).
     if let Some(l) = &m.limits {
         crate::limits::put_block(out, l);
+    }
+    if let Some(h) = &m.home_region {
+        put_str(out, h);
     }
 }
 
@@ -563,41 +583,60 @@ fn get_lookups(r: &mut Reader<'_>) -> Result<StreamLookups, WireError> {
     })
 }
 
+/// What [`get_appended`] reads after a stream info's segments.
+struct Appended {
+    lookups: Option<Box<StreamLookups>>,
+    limits: Option<crate::limits::StreamLimits>,
+    home_region: Option<String>,
+}
+
 /// The fields appended to a stream info after its segments: the lookups, present only in
-/// answers of proxies that know them, and with `has_limits` the limits block. A proxy that
-/// sends limits knows the lookups and always sends them before the block: both are read in
-/// order, so a body cut between them is refused, not read as other fields.
-#[allow(clippy::type_complexity)]
-fn get_appended(
-    rest: &[u8],
-    has_limits: bool,
-) -> Result<
-    (
-        Option<Box<StreamLookups>>,
-        Option<crate::limits::StreamLimits>,
-    ),
-    WireError,
-> {
-    if rest.is_empty() && !has_limits {
-        return Ok((None, None));
+/// answers of proxies that know them, then with answer flag
+/// [`crate::limits::FLAG_DESCRIBE_LIMITS`] the limits block, then with
+/// [`FLAG_DESCRIBE_HOME_REGION`] the home region. A proxy that sends either knows the lookups
+/// and always sends them first: all are read in order, so a body cut between them is
+/// refused, not read as other fields.
+fn get_appended(rest: &[u8], flags: u8) -> Result<Appended, WireError> {
+    let has_limits = flags & crate::limits::FLAG_DESCRIBE_LIMITS != 0;
+    let has_home = flags & FLAG_DESCRIBE_HOME_REGION != 0;
+    if rest.is_empty() && !has_limits && !has_home {
+        return Ok(Appended {
+            lookups: None,
+            limits: None,
+            home_region: None,
+        });
     }
-    let mut more = Reader::new(rest, "stream info lookups and limits");
+    let mut more = Reader::new(rest, "stream info lookups, limits and home region");
     let lookups = get_lookups(&mut more)?;
     let limits = if has_limits {
         Some(crate::limits::get_block(&mut more)?)
     } else {
         None
     };
+    let home_region = if has_home {
+        Some(get_str(
+            &mut more,
+            REGION_FIELD_SIZE_BYTES_MAX,
+            "home region",
+        )?)
+    } else {
+        None
+    };
     more.finish()?;
-    Ok((Some(Box::new(lookups)), limits))
+    Ok(Appended {
+        lookups: Some(Box::new(lookups)),
+        limits,
+        home_region,
+    })
 }
 
-/// A stream info; `has_limits` (answer flag [`crate::limits::FLAG_DESCRIBE_LIMITS`]): the
-/// lookups are present and the stream's 40-byte limits block follows them.
+/// A stream info; `flags` (the answer's): with [`crate::limits::FLAG_DESCRIBE_LIMITS`] or
+/// [`FLAG_DESCRIBE_HOME_REGION`] the lookups are present and the limits block (40 bytes) and
+/// the home region (string) follow them, in that order.
 fn get_stream_info(
     r: &mut Reader<'_>,
     body_len: usize,
-    has_limits: bool,
+    flags: u8,
 ) -> Result<StreamInfo, WireError> {
     let name = get_str(r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?;
     let creation_time_ms = r.u64()?;
@@ -659,7 +698,11 @@ fn get_stream_info(
             completion_time_ms: get_opt_u64(r, "completion time")?,
         });
     }
-    let (lookups, limits) = get_appended(r.rest(), has_limits)?;
+    let Appended {
+        lookups,
+        limits,
+        home_region,
+    } = get_appended(r.rest(), flags)?;
     Ok(StreamInfo {
         metadata: StreamMetadata {
             name,
@@ -671,6 +714,7 @@ fn get_stream_info(
             // Carried as the answer's flags; set by the caller.
             compression: None,
             limits,
+            home_region,
         },
         owner,
         defaults,
@@ -905,7 +949,7 @@ impl Request {
             | Request::ProducerWrite { stream, .. }
             | Request::OpenProducerSession { stream }
             | Request::Read { stream, .. }
-            | Request::DescribeStream { stream }
+            | Request::DescribeStream { stream, .. }
             | Request::TruncateStream { stream, .. }
             | Request::DeleteStream { stream }
             | Request::SetRetention { stream, .. }
@@ -969,8 +1013,16 @@ impl Request {
                 put_u32(&mut body, *max_bytes);
                 put_u32(&mut body, *wait_ms);
             }
-            Request::DescribeStream { stream }
-            | Request::DeleteStream { stream }
+            Request::DescribeStream {
+                stream,
+                home_region,
+            } => {
+                if *home_region {
+                    flags |= FLAG_DESCRIBE_WANT_HOME_REGION;
+                }
+                put_str(&mut body, stream);
+            }
+            Request::DeleteStream { stream }
             | Request::SealStream { stream }
             | Request::ListSubscriptions { stream } => put_str(&mut body, stream),
             Request::CommitSubscription {
@@ -1080,6 +1132,7 @@ impl Request {
             },
             Opcode::DescribeStream => Request::DescribeStream {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
+                home_region: frame.header.flags & FLAG_DESCRIBE_WANT_HOME_REGION != 0,
             },
             Opcode::TruncateStream => Request::TruncateStream {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
@@ -1282,8 +1335,7 @@ impl Response {
             },
             Opcode::Read => decode_read_answer(&mut r, frame)?,
             Opcode::DescribeStream => {
-                let has_limits = frame.header.flags & crate::limits::FLAG_DESCRIBE_LIMITS != 0;
-                let mut info = get_stream_info(&mut r, frame.body.len(), has_limits)?;
+                let mut info = get_stream_info(&mut r, frame.body.len(), frame.header.flags)?;
                 apply_describe_flags(&mut info, frame.header.flags)?;
                 Response::DescribeStream { info }
             }
@@ -1337,16 +1389,23 @@ impl Response {
     }
 }
 
-/// The `DESCRIBE_STREAM` answer flags: keep for subscriptions, the stream's compression.
+/// The `DESCRIBE_STREAM` answer flags: keep for subscriptions, the stream's compression, its
+/// limits and its home region.
 fn describe_answer_flags(info: &StreamInfo) -> u8 {
     let limits = if info.metadata.limits.is_some() {
         crate::limits::FLAG_DESCRIBE_LIMITS
     } else {
         0
     };
+    let home = if info.metadata.home_region.is_some() {
+        FLAG_DESCRIBE_HOME_REGION
+    } else {
+        0
+    };
     keep_answer_flag(&info.metadata.retention)
         | compression::describe_flags(info.metadata.compression)
         | limits
+        | home
 }
 
 /// Sets what a `DESCRIBE_STREAM` answer carries in its flags (see [`describe_answer_flags`]).
@@ -1518,7 +1577,12 @@ mod tests {
             records: vec![(5, b"x".to_vec()), (6, vec![])],
         });
         req_round_trip(Request::OpenProducerSession { stream: "s".into() });
-        req_round_trip(Request::DescribeStream { stream: "s".into() });
+        for home_region in [false, true] {
+            req_round_trip(Request::DescribeStream {
+                stream: "s".into(),
+                home_region,
+            });
+        }
         req_round_trip(Request::DeleteStream {
             stream: "a/b".into(),
         });
@@ -1625,6 +1689,71 @@ mod tests {
             body: &frame.body[..frame.body.len() - 40],
         };
         assert!(Response::decode(&f).is_err());
+    }
+
+    #[test]
+    fn described_home_region_round_trips_after_the_limits() {
+        // Goal: a described stream's home region (answer flag 0x10) survives encode/decode
+        // with and without limits before it, with lookups left out by the sender (they are
+        // always sent with it); an answer cut inside the region name, or with the flag and no
+        // region, is refused; an answer without the flag reads as no home.
+        let l = crate::limits::StreamLimits {
+            records_per_sec: 5,
+            ..crate::limits::StreamLimits::default()
+        };
+        let info = |limits, home: Option<&str>| StreamInfo {
+            metadata: StreamMetadata {
+                name: "t/h".into(),
+                limits,
+                home_region: home.map(str::to_string),
+                ..StreamMetadata::default()
+            },
+            owner: None,
+            defaults: RetentionDefaults::default(),
+            lookups: Some(Box::default()),
+        };
+        for limits in [None, Some(l)] {
+            resp_round_trip(
+                Opcode::DescribeStream,
+                Response::DescribeStream {
+                    info: info(limits, Some("eu-west")),
+                },
+            );
+        }
+        let mut without_lookups = info(None, Some("eu-west"));
+        without_lookups.lookups = None;
+        let mut buf = Vec::new();
+        Response::DescribeStream {
+            info: without_lookups,
+        }
+        .encode(Opcode::DescribeStream as u8, 5, &mut buf);
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        assert_eq!(
+            frame.header.flags & FLAG_DESCRIBE_HOME_REGION,
+            FLAG_DESCRIBE_HOME_REGION
+        );
+        let Response::DescribeStream { info: got } = Response::decode(&frame).unwrap() else {
+            panic!("not a describe answer");
+        };
+        assert_eq!(got.metadata.home_region.as_deref(), Some("eu-west"));
+        for cut in [1, 4 + "eu-west".len()] {
+            let f = Frame {
+                header: frame.header,
+                body: &frame.body[..frame.body.len() - cut],
+            };
+            assert!(Response::decode(&f).is_err(), "cut {cut}");
+        }
+        let mut buf = Vec::new();
+        Response::DescribeStream {
+            info: info(None, None),
+        }
+        .encode(Opcode::DescribeStream as u8, 6, &mut buf);
+        let (frame, _) = decode_frame(&buf, 1 << 20).unwrap().unwrap();
+        assert_eq!(frame.header.flags & FLAG_DESCRIBE_HOME_REGION, 0);
+        let Response::DescribeStream { info: got } = Response::decode(&frame).unwrap() else {
+            panic!("not a describe answer");
+        };
+        assert_eq!(got.metadata.home_region, None);
     }
 
     #[test]
@@ -1896,6 +2025,7 @@ mod tests {
                         },
                         compression: Some(Compression::Lz4),
                         limits: None,
+                        home_region: None,
                     },
                     owner: Some("127.0.0.1:4181".into()),
                     defaults: RetentionDefaults {

@@ -21,8 +21,16 @@
 //! region is passed over by the same failover. A home proxy answering `REGION_UNAVAILABLE`
 //! (its region is marked as taking no new streams) makes the first proxy of the next region
 //! not yet refused the home proxy, and the request is sent again there (nothing was done);
-//! once every region refused, the request fails with that answer. The home stays in the new
-//! region until it fails in turn (a new client starts from its local region again).
+//! once every region refused, the request fails with that answer.
+//!
+//! Return to the local region: once the home proxy is outside the local region (the first of
+//! [`ClientConfig::regions`]), the client tries the local region's proxies again every
+//! [`ClientConfig::local_region_retry`], on the first request after that much time: the first
+//! local proxy that answers the handshake becomes the home proxy. If it answers a request
+//! `REGION_UNAVAILABLE` (the mark is still there), the failover above takes the client away
+//! again and the back-off starts over; if no local proxy answers, the home stays where it is
+//! until the next try. A request pays for one such try at most (a connect, bounded by
+//! `connect_timeout` per local proxy).
 //!
 //! `TOO_MANY_STREAMS` (the proxy owns its `owned_streams_max` streams and did nothing) is
 //! redirectable, as in DistributedLog: the request goes to the next proxy of the list that has
@@ -32,7 +40,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use quire_tls::rustls::pki_types::ServerName;
 use tokio::net::ToSocketAddrs;
@@ -70,8 +78,12 @@ pub(crate) struct Router {
     owners: Mutex<HashMap<String, String>>,
     /// Reads go to the home proxy, which serves them whoever owns the stream (follower reads);
     /// only a proxy that still redirects reads (an older one) puts the owner it named here,
+    /// Only a proxy that still redirects reads (an older one) puts the owner it named here,
     /// and later reads of that stream go there.
     read_owners: Mutex<HashMap<String, String>>,
+    /// When the local region is tried again (see the module docs, "Return to the local
+    /// region"); `None` while the home proxy is in the local region or without regions.
+    local_retry_at: Mutex<Option<Instant>>,
 }
 
 /// Where one routed request stands between its attempts.
@@ -94,6 +106,21 @@ struct Route {
     too_many: Option<(Vec<String>, Error)>,
 }
 
+impl Route {
+    /// A route to `target` (from a route cache), else to the home proxy, before any attempt.
+    fn new(target: Option<String>, reads: bool) -> Self {
+        Self {
+            from_cache: target.is_some(),
+            target,
+            hops: 0,
+            backoff: REDIRECT_BACKOFF_START,
+            reads,
+            unavailable: Vec::new(),
+            too_many: None,
+        }
+    }
+}
+
 impl Router {
     /// Connects to the home proxy.
     ///
@@ -109,23 +136,26 @@ impl Router {
                 return Self::connect_list(config).await;
             }
         };
-        let mut proxies = vec![home.addr.clone()];
-        for a in Self::listed(&config) {
-            if !proxies.contains(&a) {
-                proxies.push(a);
-            }
-        }
+        let proxies = Self::listed(Some(home.addr.clone()), &config);
         Ok(Self::with_home(proxies, 0, home, config))
     }
 
-    /// The proxies of `config.regions`, in order, then `config.proxies` (repeats left in).
-    fn listed(config: &ClientConfig) -> impl Iterator<Item = String> + '_ {
-        config
+    /// `first` (the address connected to, if any), the proxies of `config.regions` in order,
+    /// then `config.proxies`, each once.
+    fn listed(first: Option<String>, config: &ClientConfig) -> Vec<String> {
+        let all = config
             .regions
             .iter()
             .flat_map(|r| r.proxies.iter())
             .chain(config.proxies.iter())
-            .cloned()
+            .cloned();
+        let mut proxies: Vec<String> = Vec::new();
+        for a in first.into_iter().chain(all) {
+            if !proxies.contains(&a) {
+                proxies.push(a);
+            }
+        }
+        proxies
     }
 
     /// The region group of `addr` (see `Router::groups`).
@@ -142,12 +172,7 @@ impl Router {
     /// # Errors
     /// `BadRequest` for an empty list; else the last proxy's connect error.
     pub(crate) async fn connect_list(config: ClientConfig) -> Result<Self> {
-        let mut proxies: Vec<String> = Vec::new();
-        for a in Self::listed(&config) {
-            if !proxies.contains(&a) {
-                proxies.push(a);
-            }
-        }
+        let proxies = Self::listed(None, &config);
         let mut last = Error::BadRequest {
             reason: "no proxy address given".into(),
         };
@@ -164,7 +189,8 @@ impl Router {
     }
 
     fn with_home(proxies: Vec<String>, i: usize, home: Connection, config: ClientConfig) -> Self {
-        let groups = proxies.iter().map(|p| Self::group_of(&config, p)).collect();
+        let groups: Vec<usize> = proxies.iter().map(|p| Self::group_of(&config, p)).collect();
+        let local_retry_at = Self::retry_after_leaving(&config, groups[i], None);
         Self {
             proxies,
             groups,
@@ -175,7 +201,65 @@ impl Router {
             others: tokio::sync::Mutex::new(HashMap::new()),
             owners: Mutex::new(HashMap::new()),
             read_owners: Mutex::new(HashMap::new()),
+            local_retry_at: Mutex::new(local_retry_at),
         }
+    }
+
+    /// When to try the local region again once the home proxy is in region group `group`:
+    /// `None` in the local region (or without regions), else `previous` if a try is already
+    /// planned, else one `local_region_retry` from now.
+    fn retry_after_leaving(
+        config: &ClientConfig,
+        group: usize,
+        previous: Option<Instant>,
+    ) -> Option<Instant> {
+        if config.regions.is_empty() || group == 0 {
+            return None;
+        }
+        previous.or_else(|| Some(Instant::now() + config.local_region_retry))
+    }
+
+    /// Makes proxy `i` the home proxy, over `conn`, and plans the return to the local region
+    /// when `i` is outside it.
+    fn set_home(&self, i: usize, conn: Arc<Connection>) {
+        *self.home.lock().expect("home lock") = (i, conn);
+        let mut at = self.local_retry_at.lock().expect("local retry lock");
+        *at = Self::retry_after_leaving(&self.config, self.groups[i], *at);
+    }
+
+    /// Whether the local region is due to be tried again.
+    fn local_retry_due(&self) -> bool {
+        self.local_retry_at
+            .lock()
+            .expect("local retry lock")
+            .is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Connects to proxy `i` of the list (the first one checked against the first
+    /// certificate name).
+    async fn connect_index(&self, i: usize) -> Result<Connection> {
+        let name = if i == 0 { self.home_name.clone() } else { None };
+        Connection::connect(self.proxies[i].as_str(), self.config.clone(), name).await
+    }
+
+    /// Tries the local region's proxies in order and makes the first that answers the home
+    /// proxy; when none answers, the next try is one `local_region_retry` away. Called with
+    /// `reconnecting` held.
+    async fn return_to_local(&self) {
+        for i in (0..self.proxies.len()).filter(|i| self.groups[*i] == 0) {
+            match self.connect_index(i).await {
+                Ok(c) => {
+                    tracing::debug!(proxy = %self.proxies[i], "back to the local region");
+                    self.set_home(i, Arc::new(c));
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(proxy = %self.proxies[i], error = %e, "local proxy unreachable")
+                }
+            }
+        }
+        *self.local_retry_at.lock().expect("local retry lock") =
+            Some(Instant::now() + self.config.local_region_retry);
     }
 
     /// Whether this client's writes ask for LZ4 (`ClientConfig::compression`).
@@ -232,6 +316,12 @@ impl Router {
     /// # Errors
     /// The last proxy's connect error when none of them answers.
     pub(crate) async fn home(&self) -> Result<Arc<Connection>> {
+        if self.local_retry_due() {
+            let _one = self.reconnecting.lock().await;
+            if self.local_retry_due() {
+                self.return_to_local().await;
+            }
+        }
         let (index, current) = self.home.lock().expect("home lock").clone();
         if !current.is_closed() {
             return Ok(current);
@@ -252,11 +342,10 @@ impl Router {
             let i = (start + k) % self.proxies.len();
             let addr = &self.proxies[i];
             tracing::debug!(proxy = %addr, "connecting to the home proxy");
-            let name = if i == 0 { self.home_name.clone() } else { None };
-            match Connection::connect(addr.as_str(), self.config.clone(), name).await {
+            match self.connect_index(i).await {
                 Ok(c) => {
                     let c = Arc::new(c);
-                    *self.home.lock().expect("home lock") = (i, c.clone());
+                    self.set_home(i, c.clone());
                     return Ok(c);
                 }
                 Err(e) => {
@@ -347,15 +436,7 @@ impl Router {
     /// # Errors
     /// The connection's errors; `REGION_UNAVAILABLE` once every region refused.
     pub(crate) async fn call_home(&self, stream: &str, req: &Request) -> Result<Response> {
-        let mut route = Route {
-            target: None,
-            from_cache: false,
-            hops: 0,
-            backoff: REDIRECT_BACKOFF_START,
-            reads: false,
-            unavailable: Vec::new(),
-            too_many: None,
-        };
+        let mut route = Route::new(None, false);
         loop {
             let conn = self.home().await?;
             match conn.call(req, Duration::ZERO).await {
@@ -387,15 +468,7 @@ impl Router {
             .expect("owners lock")
             .get(stream)
             .cloned();
-        let mut route = Route {
-            from_cache: target.is_some(),
-            target,
-            hops: 0,
-            backoff: REDIRECT_BACKOFF_START,
-            reads,
-            unavailable: Vec::new(),
-            too_many: None,
-        };
+        let mut route = Route::new(target, reads);
         loop {
             let Some(conn) = self.route_connection(stream, &mut route).await? else {
                 continue;

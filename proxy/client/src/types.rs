@@ -107,6 +107,11 @@ pub struct StreamMetadata {
     /// `[limits] stream_*` defaults apply. Carried after the stream info when the
     /// `DESCRIBE_STREAM` answer has [`crate::limits::FLAG_DESCRIBE_LIMITS`].
     pub limits: Option<crate::limits::StreamLimits>,
+    /// The stream's home region (issue 30 item 4: the region of the proxy that created it,
+    /// whose proxies own it when one is up); `None`: no home (a stream created before regions,
+    /// or a proxy before them answered). Carried at the end of the stream info when the
+    /// `DESCRIBE_STREAM` answer has [`crate::protocol::FLAG_DESCRIBE_HOME_REGION`].
+    pub home_region: Option<String>,
 }
 
 /// One log segment of a stream as the proxy protocol carries it (DistributedLog

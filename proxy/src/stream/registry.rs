@@ -214,47 +214,70 @@ impl Registry {
     /// streams (`regions/unavailable/<region>`, issue 30 item 4; DistributedLog's
     /// `REGION_UNAVAILABLE`); one metadata read. Called only on the way to creating or
     /// acquiring a stream, so the streams this proxy owns keep being served.
+    ///
+    /// # Errors
+    /// `RegionUnavailable`; `Metadata` when the mark cannot be read.
     async fn check_region_mark(&self, name: &str) -> Result<()> {
-        let region = self.placement.region();
-        let marked = self
-            .metadata
-            .region_unavailable(region)
-            .await
-            .map_err(|e| Error::from_metadata(name, "read region mark", e))?;
-        if marked {
-            return Err(Error::RegionUnavailable {
-                stream: name.to_string(),
-                proxy: self.identity.clone(),
-                region: region.to_string(),
-            });
+        if self.region_marked(name, self.placement.region()).await? {
+            return Err(self.region_unavailable(name));
         }
         Ok(())
+    }
+
+    /// Whether `region` is marked as taking no new streams (one metadata read); a read
+    /// failure is `Metadata`, never taken for a mark.
+    async fn region_marked(&self, name: &str, region: &str) -> Result<bool> {
+        self.metadata
+            .region_unavailable(region)
+            .await
+            .map_err(|e| Error::from_metadata(name, "read region mark", e))
+    }
+
+    /// The `RegionUnavailable` answer for `name` from this proxy's region.
+    fn region_unavailable(&self, name: &str) -> Error {
+        Error::RegionUnavailable {
+            stream: name.to_string(),
+            proxy: self.identity.clone(),
+            region: self.placement.region().to_string(),
+        }
     }
 
     /// Where a stream nobody here owns goes instead (issue 30 item 4): its current owner when
     /// this proxy's region is marked unavailable and someone owns it (else
     /// `RegionUnavailable`), or a live proxy of its home region when that is another region,
     /// not marked unavailable (`Placement::home_redirect`). `Ok(())`: acquire it here.
-    async fn region_rules(&self, name: &str, home: Option<&str>) -> Result<()> {
-        if let Err(e) = self.check_region_mark(name).await {
+    /// `local_marked`: this proxy's region mark when the caller already read it (a stream it
+    /// just created), so it is read once per acquisition.
+    ///
+    /// # Errors
+    /// `OwnedElsewhere`, `RegionUnavailable`; `Metadata` when a mark or the owner cannot be
+    /// read (a failed read is not taken for a mark).
+    async fn region_rules(
+        &self,
+        name: &str,
+        home: Option<&str>,
+        local_marked: Option<bool>,
+    ) -> Result<()> {
+        let local_marked = match local_marked {
+            Some(m) => m,
+            None => self.region_marked(name, self.placement.region()).await?,
+        };
+        if local_marked {
             return match self.owner_of(name).await? {
                 Some(owner) => Err(Error::OwnedElsewhere {
                     stream: name.to_string(),
                     owner,
                 }),
-                None => Err(e),
+                None => Err(self.region_unavailable(name)),
             };
         }
-        let Some(to) = home.and_then(|h| self.placement.home_redirect(name, h)) else {
+        let Some(home) = home else {
             return Ok(());
         };
-        let home = home.expect("a redirect has a home");
-        let home_marked = self
-            .metadata
-            .region_unavailable(home)
-            .await
-            .map_err(|e| Error::from_metadata(name, "read region mark", e))?;
-        if home_marked {
+        let Some(to) = self.placement.home_redirect(name, home) else {
+            return Ok(());
+        };
+        if self.region_marked(name, home).await? {
             return Ok(());
         }
         Err(Error::OwnedElsewhere {
@@ -396,10 +419,13 @@ impl Registry {
     /// the reservation before it).
     async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
         validate_stream_name(name).map_err(|e| Error::from_metadata(name, "acquire stream", e))?;
+        // This proxy's region mark, when read on the way to creating the stream.
+        let mut local_marked = None;
         let meta = match self.metadata.read_stream(name).await {
             Ok(m) => m,
             Err(quire_metadata::Error::NotFound { .. }) if create_if_missing => {
                 self.check_region_mark(name).await?;
+                local_marked = Some(false);
                 match self.create_record(name).await {
                     Ok(()) | Err(Error::StreamExists { .. }) => {}
                     Err(e) => return Err(e),
@@ -413,7 +439,8 @@ impl Registry {
         };
         // Regions: the mark on this proxy's region, then the stream's home region.
         let home = meta.value.home_region.clone();
-        self.region_rules(name, home.as_deref()).await?;
+        self.region_rules(name, home.as_deref(), local_marked)
+            .await?;
         // Balanced placement: a stream nobody owns goes to its preferred live proxy.
         if let Some(preferred) = self.placement.preferred_elsewhere(name, home.as_deref()) {
             return Err(Error::OwnedElsewhere {

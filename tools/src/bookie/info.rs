@@ -1,5 +1,7 @@
 //! `quire bookie info ADDR`: a handshake and one `GetBookieInfo` request over the bookie
-//! protocol (docs/protocol.md), printed as text or JSON.
+//! protocol (docs/protocol.md), printed as text or JSON; with ZooKeeper flags, also the
+//! bookie's region and rack from its registration (what placement sees, as `quire bookie
+//! list` shows them).
 
 use std::time::Duration;
 
@@ -17,6 +19,76 @@ pub struct InfoArgs {
     /// TLS to the bookie.
     #[command(flatten)]
     pub bookie_tls: crate::tls::BookieTlsArgs,
+    /// Where the bookie's registration (its region and rack labels) is read; without
+    /// `--zookeeper` the labels are not shown.
+    #[command(flatten)]
+    pub metadata: crate::flags::ZooKeeperFlags,
+}
+
+/// A bookie's topology labels as its registration carries them (issue 30 item 1).
+#[derive(Debug, Default)]
+enum Labels {
+    /// No ZooKeeper given, or it could not be read (a warning said why).
+    #[default]
+    Unknown,
+    /// ZooKeeper holds no registration for the address.
+    NotRegistered,
+    /// The registration's labels (`None`: unlabelled).
+    Registered {
+        region: Option<String>,
+        rack: Option<String>,
+    },
+}
+
+impl Labels {
+    /// The labels of bookie `addr` from the registrations ZooKeeper holds; `Unknown` without
+    /// `--zookeeper` (or `QUIRE_ZOOKEEPER`), and, with a warning on stderr, when ZooKeeper
+    /// cannot be read: the bookie's own answer is still shown.
+    fn read(addr: &str, metadata: &crate::flags::ZooKeeperFlags) -> Self {
+        if metadata.zookeeper.is_none() {
+            return Self::Unknown;
+        }
+        let found = crate::admin::with_store(metadata, async |store| {
+            let bookies = store.list_bookies().await.context("cannot list bookies")?;
+            Ok(bookies.into_iter().find(|b| b.id.0 == addr))
+        });
+        match found {
+            Ok(Some(b)) => Self::Registered {
+                region: b.region,
+                rack: b.rack,
+            },
+            Ok(None) => Self::NotRegistered,
+            Err(e) => {
+                eprintln!("quire: warning: cannot read the registration of bookie {addr}: {e:#}");
+                Self::Unknown
+            }
+        }
+    }
+
+    /// The `labels:` line's value.
+    fn text(&self) -> String {
+        match self {
+            Self::Unknown => "unknown (give --zookeeper to read the bookie's registration)".into(),
+            Self::NotRegistered => "none (the bookie is not registered)".into(),
+            Self::Registered { region, rack } => {
+                let l = crate::cluster::labels(region.as_deref(), rack.as_deref());
+                if l.is_empty() {
+                    "none (registered without region or rack)".into()
+                } else {
+                    l.trim_start().to_string()
+                }
+            }
+        }
+    }
+
+    /// `registered` (null: unknown), `region`, `rack` for `--json`.
+    fn json(&self) -> (Option<bool>, Option<&str>, Option<&str>) {
+        match self {
+            Self::Unknown => (None, None, None),
+            Self::NotRegistered => (Some(false), None, None),
+            Self::Registered { region, rack } => (Some(true), region.as_deref(), rack.as_deref()),
+        }
+    }
 }
 
 /// How long `quire bookie info` waits to connect, and then for each answer.
@@ -32,6 +104,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         args.bookie_tls.cluster_secret()?,
     )?;
     let addr = &args.addr;
+    let labels = Labels::read(addr, &args.metadata);
     let state = match info.state {
         BookieState::Writable => "writable",
         BookieState::ReadOnly => "read-only",
@@ -57,9 +130,13 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 })
             })
             .collect();
+        let (registered, region, rack) = labels.json();
         let v = serde_json::json!({
             "bookie": addr,
             "state": state,
+            "registered": registered,
+            "region": region,
+            "rack": rack,
             "shards": info.shard_ledgers.len(),
             "ledgers": ledgers,
             "shard_ledgers": info.shard_ledgers,
@@ -78,6 +155,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
             per_shard.join(", ")
         )?;
         writeln!(out, "ledgers: {ledgers}")?;
+        writeln!(out, "labels: {}", labels.text())?;
         for d in &info.dirs {
             let fs_used = d.total_bytes.saturating_sub(d.free_bytes);
             let pct = if d.total_bytes == 0 {

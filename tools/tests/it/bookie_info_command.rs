@@ -54,6 +54,16 @@ fn bookie_info_reports_a_real_bookie() {
     assert_eq!(v["shards"], 1);
     assert_eq!(v["ledgers"], 1, "{v}");
     assert_eq!(v["shard_ledgers"], serde_json::json!([1]));
+    // No ZooKeeper given (a sandbox has none): the labels are unknown, not "unlabelled".
+    assert_eq!(
+        (&v["registered"], &v["region"], &v["rack"]),
+        (
+            &serde_json::Value::Null,
+            &serde_json::Value::Null,
+            &serde_json::Value::Null
+        ),
+        "{v}"
+    );
     let dirs = v["dirs"].as_array().unwrap();
     assert_eq!(dirs.len(), 2);
     let journal = dir.path().join("bookie-1").join("journal");
@@ -82,7 +92,7 @@ fn bookie_info_reports_a_real_bookie() {
         "{text}"
     );
     assert!(
-        text.contains("\nshards: 1 (ledgers per shard: 1)\nledgers: 1\n"),
+        text.contains("\nshards: 1 (ledgers per shard: 1)\nledgers: 1\nlabels: unknown "),
         "{text}"
     );
     assert!(
@@ -90,6 +100,29 @@ fn bookie_info_reports_a_real_bookie() {
         "{text}"
     );
     sandbox.stop();
+}
+
+/// Goal: with ZooKeeper flags, `quire bookie info` shows the region and rack the bookie
+/// registered with (issue 30 item 1), as `bookie list` does. Method: the test kit's ZooKeeper, one `quire bookie` with `--region` and
+/// `--rack`, the command through `Cluster::admin` (which passes `--zookeeper`).
+#[test]
+fn bookie_info_shows_the_registered_labels() {
+    let cluster = quire_testkit::harness::cluster::Cluster::start();
+    let port = quire_testkit::free_port();
+    let _bookie = cluster.start_bookie_with(0, port, &["--region", "eu", "--rack", "r7"]);
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster.admin_ok(&["bookie", "list"]).contains(&addr) {
+        assert!(Instant::now() < deadline, "bookie {addr} never registered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&cluster.admin_ok(&["bookie", "info", &addr, "--json"])).unwrap();
+    assert_eq!(v["registered"], true, "{v}");
+    assert_eq!(v["region"], "eu", "{v}");
+    assert_eq!(v["rack"], "r7", "{v}");
+    let text = cluster.admin_ok(&["bookie", "info", &addr]);
+    assert!(text.contains("\nlabels: region=eu rack=r7\n"), "{text}");
 }
 
 #[test]

@@ -9,13 +9,18 @@
 //!   --region-proxies rb=..` (ra local) creates its new stream through rb (owned by rb, home
 //!   rb), and so does its `CREATE_STREAM` of an empty input. After `quire cluster region available ra` the same command's next new stream is
 //!   owned by ra's proxy again.
+//! * Return to the local region: a `ProxyClient` with regions ra (local) and rb and a short
+//!   `local_region_retry` fails over to rb during the mark; after the back-off it tries ra
+//!   again, is refused (519) and stays in rb while the mark holds; right after the mark is
+//!   cleared it is still in rb (the back-off has not run out), and once it has, its next new
+//!   stream is created through ra (home ra) and its home proxy is ra's again.
 //!
 //! Method: the test kit's ZooKeeper and processes; owners read from ZooKeeper (the stream
 //! leases), records with `ProxyClient` and the `quire` binary.
 
 use std::time::{Duration, Instant};
 
-use quire_client::ErrorCode;
+use quire_client::{ClientConfig, ErrorCode, ProxyClient, RegionProxies};
 use quire_metadata::MetadataStore;
 use quire_testkit::harness::checker::connect_proxy;
 use quire_testkit::harness::cluster::{runtime, Cluster};
@@ -132,10 +137,59 @@ fn writers_fail_over_from_an_unavailable_region_and_streams_are_owned_at_home() 
     );
     assert_eq!(home("created").as_deref(), Some("rb"));
 
+    // A client that left ra tries it again after its back-off; the mark still holds.
+    const RETRY: Duration = Duration::from_secs(10);
+    let client = rt
+        .block_on(ProxyClient::connect_any(ClientConfig {
+            regions: vec![
+                RegionProxies {
+                    region: "ra".into(),
+                    proxies: vec![pa.addr.clone()],
+                },
+                RegionProxies {
+                    region: "rb".into(),
+                    proxies: vec![pb.addr.clone()],
+                },
+            ],
+            local_region_retry: RETRY,
+            ..ClientConfig::default()
+        }))
+        .unwrap();
+    assert_eq!(client.home_addr(), pa.addr, "ra answers the handshake");
+    rt.block_on(client.create_stream("left-1")).unwrap();
+    assert_eq!(
+        (home("left-1").as_deref(), client.home_addr()),
+        (Some("rb"), pb.addr.clone())
+    );
+    std::thread::sleep(RETRY + Duration::from_millis(300));
+    rt.block_on(client.create_stream("left-2")).unwrap();
+    let refused_again = Instant::now();
+    assert_eq!(
+        (home("left-2").as_deref(), client.home_addr()),
+        (Some("rb"), pb.addr.clone()),
+        "the retry of ra met the mark and went back to rb"
+    );
+
     // The mark cleared: new streams go to the local region again.
     cluster.admin_ok(&["cluster", "region", "available", "ra"]);
+    // Within its back-off the client stays where it is.
+    rt.block_on(client.create_stream("left-3")).unwrap();
+    assert!(
+        refused_again.elapsed() < RETRY,
+        "too slow to check the back-off"
+    );
+    assert_eq!(home("left-3").as_deref(), Some("rb"));
     assert_eq!(cluster.admin_ok(&["cluster", "region", "list"]).trim(), "");
     assert_ok(&write_by_regions("back", &regions), "write after the mark");
     assert_eq!(owner("back").as_deref(), Some(pa.addr.as_str()));
     assert_eq!(home("back").as_deref(), Some("ra"));
+    // After it, the client is back in ra.
+    std::thread::sleep(
+        (RETRY + Duration::from_millis(300)).saturating_sub(refused_again.elapsed()),
+    );
+    rt.block_on(client.create_stream("returned")).unwrap();
+    assert_eq!(
+        (home("returned").as_deref(), client.home_addr()),
+        (Some("ra"), pa.addr.clone())
+    );
 }
