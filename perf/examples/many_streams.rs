@@ -588,11 +588,7 @@ fn check(
     proxy: &str,
     logs: &[StreamLog],
 ) {
-    let step = if args.check == 0 {
-        1
-    } else {
-        (logs.len() / args.check).max(1)
-    };
+    let step = logs.len().checked_div(args.check).unwrap_or(1).max(1);
     let t = Instant::now();
     let (mut streams, mut records) = (0, 0);
     for l in logs.iter().step_by(step) {

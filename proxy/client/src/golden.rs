@@ -16,6 +16,8 @@ use crate::types::{
     StreamInfo, StreamMetadata, TruncateResult,
 };
 
+// A test table of a few dozen frames: the size of a variant costs nothing here.
+#[allow(clippy::large_enum_variant)]
 enum Golden {
     /// A request and its id.
     Request(u64, Request),

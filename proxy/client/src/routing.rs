@@ -40,10 +40,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quire_tls::rustls::pki_types::ServerName;
 use tokio::net::ToSocketAddrs;
+use tokio::time::Instant;
 
 use crate::config::ClientConfig;
 use crate::connection::Connection;
