@@ -972,14 +972,7 @@ impl Request {
                 version_min,
                 version_max,
                 token,
-            } => {
-                put_u32(&mut body, PROXY_HELLO_MAGIC);
-                body.extend_from_slice(&version_min.to_le_bytes());
-                body.extend_from_slice(&version_max.to_le_bytes());
-                if let Some(t) = token {
-                    put_len_prefixed(&mut body, &t.0);
-                }
-            }
+            } => put_hello(&mut body, (*version_min, *version_max), token.as_ref()),
             Request::CreateStream { stream } => put_str(&mut body, stream),
             Request::ListStreams => {}
             Request::ListStreamsPage {
@@ -996,23 +989,7 @@ impl Request {
                 flags = put_write_request(&mut body, self)
             }
             Request::OpenProducerSession { stream } => put_str(&mut body, stream),
-            Request::Read {
-                stream,
-                from,
-                max_records,
-                max_bytes,
-                wait_ms,
-                with_write_times,
-            } => {
-                if *with_write_times {
-                    flags |= FLAG_READ_WRITE_TIMES;
-                }
-                put_str(&mut body, stream);
-                put_position(&mut body, from);
-                put_u32(&mut body, *max_records);
-                put_u32(&mut body, *max_bytes);
-                put_u32(&mut body, *wait_ms);
-            }
+            Request::Read { .. } => flags = put_read_request(&mut body, self),
             Request::DescribeStream {
                 stream,
                 home_region,
@@ -1081,28 +1058,7 @@ impl Request {
         let op = Opcode::from_u8(frame.header.opcode)?;
         let mut r = Reader::new(frame.body, "proxy request");
         let req = match op {
-            Opcode::Hello => {
-                let magic = r.u32()?;
-                if magic != PROXY_HELLO_MAGIC {
-                    return Err(WireError::BadMagic { found: magic });
-                }
-                let version_min = r.u16()?;
-                let version_max = r.u16()?;
-                let rest = r.rest();
-                let token = if rest.is_empty() {
-                    None
-                } else {
-                    let mut t = Reader::new(rest, "proxy handshake token");
-                    let bytes = t.len_prefixed(TOKEN_BYTES_MAX)?.to_vec();
-                    t.finish()?;
-                    Some(Token(bytes))
-                };
-                Request::Hello {
-                    version_min,
-                    version_max,
-                    token,
-                }
-            }
+            Opcode::Hello => get_hello(&mut r)?,
             Opcode::CreateStream => Request::CreateStream {
                 stream: get_str(&mut r, STREAM_NAME_FIELD_SIZE_BYTES_MAX, "stream name")?,
             },
@@ -1424,6 +1380,68 @@ fn set_compression_answer(r: &mut Reader<'_>) -> Result<Response, WireError> {
 }
 
 /// A `READ` answer's body; the frame's flags say whether records carry write times.
+/// The body of a HELLO request: magic, version range, and the token when there is one.
+fn put_hello(body: &mut Vec<u8>, (version_min, version_max): (u16, u16), token: Option<&Token>) {
+    put_u32(body, PROXY_HELLO_MAGIC);
+    body.extend_from_slice(&version_min.to_le_bytes());
+    body.extend_from_slice(&version_max.to_le_bytes());
+    if let Some(t) = token {
+        put_len_prefixed(body, &t.0);
+    }
+}
+
+/// Decodes a HELLO request's body ([`put_hello`]).
+///
+/// # Errors
+/// `BadMagic`, `Truncated`, `TrailingBytes`, `InvalidField` (a token over `TOKEN_BYTES_MAX`).
+fn get_hello(r: &mut Reader<'_>) -> Result<Request, WireError> {
+    let magic = r.u32()?;
+    if magic != PROXY_HELLO_MAGIC {
+        return Err(WireError::BadMagic { found: magic });
+    }
+    let version_min = r.u16()?;
+    let version_max = r.u16()?;
+    let rest = r.rest();
+    let token = if rest.is_empty() {
+        None
+    } else {
+        let mut t = Reader::new(rest, "proxy handshake token");
+        let bytes = t.len_prefixed(TOKEN_BYTES_MAX)?.to_vec();
+        t.finish()?;
+        Some(Token(bytes))
+    };
+    Ok(Request::Hello {
+        version_min,
+        version_max,
+        token,
+    })
+}
+
+/// The body of a READ request; returns its frame flags.
+fn put_read_request(body: &mut Vec<u8>, request: &Request) -> u8 {
+    let Request::Read {
+        stream,
+        from,
+        max_records,
+        max_bytes,
+        wait_ms,
+        with_write_times,
+    } = request
+    else {
+        return 0;
+    };
+    put_str(body, stream);
+    put_position(body, from);
+    put_u32(body, *max_records);
+    put_u32(body, *max_bytes);
+    put_u32(body, *wait_ms);
+    if *with_write_times {
+        FLAG_READ_WRITE_TIMES
+    } else {
+        0
+    }
+}
+
 fn decode_read_answer(r: &mut Reader<'_>, frame: &Frame<'_>) -> Result<Response, WireError> {
     let flags = frame.header.flags;
     if flags & !(FLAG_READ_WRITE_TIMES | FLAG_READ_END_OF_STREAM) != 0 {
