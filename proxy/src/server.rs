@@ -398,6 +398,9 @@ impl ProxyServer {
 
     /// Stops the proxy cleanly (the SIGTERM path of `quire proxy`), in this order:
     ///
+    /// 0. With balanced ownership and another live proxy, [`StreamManager::hand_over`]: it
+    ///    leaves the proxy registry and, still serving, hands every owned stream to its next
+    ///    preferred owner (writers are redirected; nothing is refused).
     /// 1. Stops accepting: the listening socket is closed, so new connections are refused and
     ///    clients go to another proxy.
     /// 2. [`StreamManager::shutdown`]: every write already submitted to a stream is completed
@@ -420,6 +423,8 @@ impl ProxyServer {
     /// still released; the next owner recovers the segment). The connections are drained
     /// anyway.
     pub async fn drain(&self, streams: &StreamManager) -> Result<()> {
+        // Balanced ownership: hand the streams to the other proxies while still serving.
+        streams.hand_over().await;
         self.accept_task.abort();
         let closed = streams.shutdown().await;
         let _ = self.stop.send(Stop::Drain);

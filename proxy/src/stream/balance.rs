@@ -1,15 +1,96 @@
 //! The balancer (`placement.rs` has the rules): every [`BALANCE_TICK`] the proxy-registry
 //! heartbeat and view, then rate-limited releases of owned streams whose preferred owner is
-//! another live proxy, through the registry like the lifecycle sweep (`sweep.rs`).
+//! another live proxy, through the registry like the lifecycle sweep (`sweep.rs`); and a
+//! drain's hand-over ([`hand_over`]), the same releases for every owned stream at once.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::command::Command;
+use super::ownership::StreamHandle;
 use super::placement::BALANCE_TICK;
 use super::registry::Registry;
+
+/// Streams a drain's hand-over releases at a time: each release completes a segment (a
+/// ledger close and a metadata write), so a proxy owning thousands does not send ZooKeeper
+/// and the bookies thousands at once.
+const HAND_OVER_PARALLEL: usize = 64;
+
+/// How long a leaving proxy keeps serving after leaving the registry before it releases its
+/// streams: the others read the registry every [`BALANCE_TICK`], so after one tick and a
+/// margin for a slow read none of them names this proxy as a stream's preferred owner any
+/// more (else a released stream is redirected back here, to a proxy about to stop).
+const LEAVE_SETTLE: Duration = Duration::from_millis(BALANCE_TICK.as_millis() as u64 * 3 / 2);
+
+/// Marks `handle` as moving to `to` (queued and later requests are redirected there); false
+/// when a release is already queued.
+fn claim(reg: &Registry, handle: &StreamHandle, to: String) -> bool {
+    let mut moved = handle.shared.moved_to.lock().expect("moved lock");
+    if moved.is_some() {
+        return false;
+    }
+    tracing::info!(stream = %handle.name, %to, "releasing the stream to its preferred owner");
+    *moved = Some(to);
+    reg.layer
+        .released_for_balance
+        .fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+/// Has the stream task release a claimed stream: in-flight adds awaited, the open segment
+/// completed, the lease given up (`Writer::release_moved`).
+async fn release(handle: Arc<StreamHandle>) {
+    let (reply, rx) = oneshot::channel();
+    if handle
+        .commands
+        .send(Command::Release { reply })
+        .await
+        .is_ok()
+    {
+        if let Ok(Err(e)) = rx.await {
+            tracing::warn!(stream = %handle.name, error = %e, "completing the segment of a released stream failed; its next owner recovers it");
+        }
+    }
+}
+
+/// A drain's first step with balancing on: leaves the registry, keeps serving for
+/// [`LEAVE_SETTLE`] while the other proxies drop this one from their views, then releases
+/// every owned stream to its preferred owner among them, [`HAND_OVER_PARALLEL`] at a time, as
+/// the balancer does. A writer of a stream sees one redirect and a pause of about its own
+/// release; a stream whose release has not come yet is served here meanwhile (not refused
+/// with `SERVICE_UNAVAILABLE`, which after a few hops ends in the client giving up while the
+/// lease still names this proxy). Returns the streams released; 0 (nothing done but leaving
+/// the registry) with balancing off or no other live proxy.
+pub(super) async fn hand_over(reg: &Registry) -> usize {
+    if !reg.placement.leave(&*reg.metadata).await {
+        return 0;
+    }
+    tokio::time::sleep(LEAVE_SETTLE).await;
+    let mut released = 0;
+    let owned = reg.owned_all();
+    for batch in owned.chunks(HAND_OVER_PARALLEL) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for handle in batch {
+            let home = handle.shared.home_region.get().map(String::as_str);
+            let Some(to) = reg.placement.preferred_elsewhere(&handle.name, home) else {
+                continue;
+            };
+            if claim(reg, handle, to) {
+                released += 1;
+                tasks.spawn(release(handle.clone()));
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+    tracing::info!(
+        released,
+        "handed the owned streams over to the other proxies"
+    );
+    released
+}
 
 /// The balancer: every [`BALANCE_TICK`], the registry heartbeat and view, then up to
 /// `moves_per_sec` releases per second of owned streams preferred elsewhere. Ends when the
@@ -34,6 +115,11 @@ pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
         if !reg.placement.enabled() {
             continue; // registered for the view only: balancing is off
         }
+        if reg.placement.leaving() {
+            // A drain's hand-over moves the streams once the others have seen this proxy
+            // leave; a move before that would be redirected back here.
+            continue;
+        }
         budget = (budget + per_tick).min(per_tick.max(1.0));
         // A home region marked unavailable takes no streams back.
         let marked = reg.metadata.unavailable_regions().await.unwrap_or_default();
@@ -50,31 +136,11 @@ pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
             let Some(to) = to else {
                 continue;
             };
-            {
-                let mut moved = handle.shared.moved_to.lock().expect("moved lock");
-                if moved.is_some() {
-                    continue; // a release is already queued
-                }
-                *moved = Some(to.clone());
+            if !claim(&reg, &handle, to) {
+                continue; // a release is already queued
             }
             budget -= 1.0;
-            reg.layer
-                .released_for_balance
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::info!(stream = %handle.name, %to, "releasing the stream to its preferred owner");
-            drop(tokio::spawn(async move {
-                let (reply, rx) = oneshot::channel();
-                if handle
-                    .commands
-                    .send(Command::Release { reply })
-                    .await
-                    .is_ok()
-                {
-                    if let Ok(Err(e)) = rx.await {
-                        tracing::warn!(stream = %handle.name, error = %e, "completing the segment of a released stream failed; its next owner recovers it");
-                    }
-                }
-            }));
+            drop(tokio::spawn(release(handle)));
         }
     }
 }

@@ -831,6 +831,17 @@ impl StreamManager {
         Ok(acquired)
     }
 
+    /// A drain's first step (`ProxyServer::drain` calls it before it stops accepting): with
+    /// balancing on and another live proxy, leaves the proxy registry, keeps serving for about
+    /// one registry tick and a half while the others drop this proxy from their views, then
+    /// hands every owned stream to its preferred owner among them, 64 at a time, as the
+    /// balancer moves streams (segment completed, lease released, writers redirected).
+    /// Returns the streams handed over; 0 (only the registry left) otherwise. What is still
+    /// owned afterwards is closed by [`StreamManager::shutdown`].
+    pub async fn hand_over(&self) -> usize {
+        balance::hand_over(&self.registry).await
+    }
+
     /// Completes the open segment of every stream (close the ledger, mark it `Completed`),
     /// gives every stream lease up and refuses new requests with `ShuttingDown`. Streams not
     /// closed cleanly are recovered by the next owner anyway; this only saves it the fencing.

@@ -37,8 +37,11 @@
 //!   path (in-flight adds awaited, the open segment completed, the lease given up): queued and
 //!   later requests for it are redirected to the new owner, which acquires it on the next
 //!   request. So a joining proxy takes its share within about share / rate seconds plus a
-//!   tick or two; a drained proxy leaves the registry first, then gives all its streams up
-//!   (`StreamManager::shutdown`), and a dead one's leases expire with its session.
+//!   tick or two; a drained proxy leaves the registry first, keeps serving for a tick and a
+//!   half while the others drop it from their views, then releases every stream to its
+//!   preferred owner among them like the balancer (`balance::hand_over`: without that wait the
+//!   others kept redirecting released streams to the stopping proxy, and writers failed), and
+//!   a dead one's leases expire with its session.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -97,6 +100,8 @@ pub(super) struct Placement {
     seen: Mutex<HashMap<String, (u64, Instant)>>,
     /// The heartbeat counter; `None` once stopped (a drain): never registers again.
     heartbeat: tokio::sync::Mutex<Option<u64>>,
+    /// Set by [`Placement::leave`]: this proxy no longer counts itself as a candidate owner.
+    leaving: std::sync::atomic::AtomicBool,
 }
 
 impl Placement {
@@ -109,6 +114,7 @@ impl Placement {
             live: Mutex::default(),
             seen: Mutex::default(),
             heartbeat: tokio::sync::Mutex::new(Some(0)),
+            leaving: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -120,6 +126,11 @@ impl Placement {
 
     pub(super) fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Whether [`Placement::leave`] ran (a drain's hand-over is under way).
+    pub(super) fn leaving(&self) -> bool {
+        self.leaving.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Whether this proxy registers (and so runs the registry tick).
@@ -144,11 +155,13 @@ impl Placement {
         }
         let live = self.live.lock().expect("live lock");
         let same_region = home == Some(self.region());
+        // A leaving proxy (a drain) weighs only the others: every stream is preferred elsewhere.
+        let me = (!self.leaving()).then_some(self.identity.as_str());
         let all = live
             .iter()
             .filter(|(_, r)| !same_region || r == self.region())
             .map(|(a, _)| a.as_str())
-            .chain([self.identity.as_str()]);
+            .chain(me);
         preferred_owner(stream, all)
             .filter(|p| *p != self.identity)
             .map(str::to_string)
@@ -223,17 +236,32 @@ impl Placement {
         Ok(())
     }
 
-    /// Leaves the registry for good (a drain or shutdown), so that the other proxies stop
-    /// redirecting streams here at their next tick.
-    pub(super) async fn stop(&self, metadata: &dyn MetadataStore) {
+    /// Leaves the registry for good (a drain), keeping the view of the others: from now on
+    /// [`Placement::preferred_elsewhere`] names another live proxy for every stream, and the
+    /// others drop this one from their views at their next tick. Returns whether balancing is
+    /// on and another proxy is live (the streams then have somewhere to go); false also when
+    /// already left.
+    pub(super) async fn leave(&self, metadata: &dyn MetadataStore) -> bool {
         if !self.registers {
-            return;
+            return false;
         }
         let mut hb = self.heartbeat.lock().await;
-        *hb = None;
+        if hb.take().is_none() {
+            return false;
+        }
+        self.leaving
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Err(e) = metadata.unregister_proxy(&self.identity).await {
             tracing::warn!(error = %e, "leaving the proxy registry failed");
         }
+        self.enabled && !self.live.lock().expect("live lock").is_empty()
+    }
+
+    /// Leaves the registry for good (a drain or shutdown; a no-op after [`Placement::leave`]
+    /// but for the view) and forgets the view, so that the other proxies stop redirecting
+    /// streams here at their next tick.
+    pub(super) async fn stop(&self, metadata: &dyn MetadataStore) {
+        self.leave(metadata).await;
         self.live.lock().expect("live lock").clear();
     }
 }
@@ -300,6 +328,35 @@ mod tests {
             let s = format!("s{i}");
             let p = a.preferred_elsewhere(&s, Some("ra"));
             assert!(p.is_none() || p.as_deref() == Some("a:2"), "{s} -> {p:?}");
+        }
+    }
+
+    #[test]
+    fn a_leaving_proxy_prefers_the_others_for_every_stream() {
+        // Goal: once a proxy leaves (a drain's hand-over), it names another live proxy as the
+        // preferred owner of every stream, the one the remaining proxies agree on.
+        let info = |a: &str| ProxyInfo {
+            address: a.into(),
+            owned_streams: 0,
+            heartbeat: 1,
+            updated_ms: 0,
+            region: None,
+            rack: None,
+        };
+        let p = Placement::new("a:1", "a:1", 10);
+        p.update_view(vec![info("b:1"), info("c:1")], quire_clock::now());
+        let mine = (0..300)
+            .filter(|i| p.preferred_elsewhere(&format!("s{i}"), None).is_none())
+            .count();
+        assert!(
+            mine > 50,
+            "only {mine} of 300 preferred here before leaving"
+        );
+        p.leaving.store(true, std::sync::atomic::Ordering::SeqCst);
+        for i in 0..300 {
+            let s = format!("s{i}");
+            let want = preferred_owner(&s, ["b:1", "c:1"]);
+            assert_eq!(p.preferred_elsewhere(&s, None).as_deref(), want, "{s}");
         }
     }
 
