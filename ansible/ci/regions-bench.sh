@@ -44,9 +44,11 @@ for d in delays:
     rows = [json.loads(l) for l in open(f"{out}/write-{tag}.jsonl")]
     by = {arm: [r for r in rows if r["arm"] == arm] for arm in ("inside", "span")}
     rounds = sorted({r["round"] for r in rows})
-    r50 = [next(r for r in by["span"] if r["round"] == k)["p50_us"] / next(r for r in by["inside"] if r["round"] == k)["p50_us"] for k in rounds]
-    r99 = [next(r for r in by["span"] if r["round"] == k)["p99_us"] / next(r for r in by["inside"] if r["round"] == k)["p99_us"] for k in rounds]
-    d50 = [next(r for r in by["span"] if r["round"] == k)["p50_us"] - next(r for r in by["inside"] if r["round"] == k)["p50_us"] for k in rounds]
+    # Per round: the span arm's and the inside arm's figure of one key, side by side.
+    pair = lambda k, key: tuple(next(r for r in by[arm] if r["round"] == k)[key] for arm in ("span", "inside"))
+    r50 = [s / i for s, i in (pair(k, "p50_us") for k in rounds)]
+    r99 = [s / i for s, i in (pair(k, "p99_us") for k in rounds)]
+    d50 = [s - i for s, i in (pair(k, "p50_us") for k in rounds)]
     i50, i99 = med([r["p50_us"] for r in by["inside"]]), med([r["p99_us"] for r in by["inside"]])
     s50, s99 = med([r["p50_us"] for r in by["span"]]), med([r["p99_us"] for r in by["span"]])
     print(f"| {d.replace(':', ' ± ')} ms | {ms(i50)} | {ms(i99)} | {ms(s50)} | {ms(s99)} | {med(r50):.1f} | {med(r99):.1f} | {ms(med(d50))} |")
