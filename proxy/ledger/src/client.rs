@@ -256,6 +256,14 @@ impl BookKeeper {
         }
     }
 
+    /// How many registered bookies' labels (rack, region) this client knows from its last
+    /// listing of the registry: 0 before the first listing, which a read of a client with its
+    /// own labels starts in the background (`locality`). Reads order replicas by distance
+    /// only for bookies counted here.
+    pub fn known_bookie_labels(&self) -> usize {
+        self.inner.labels.lock().map_or(0, |cache| cache.labels.len())
+    }
+
     /// The order in which to ask `replicas` (a write set's bookies, in write-set order) for an
     /// entry: indices into it, closest first, quarantined last (`locality::read_order`); in
     /// write-set order when `placement.reorder_read_sequence` is off.

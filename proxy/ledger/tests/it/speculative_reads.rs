@@ -144,7 +144,7 @@ async fn a_replica_in_another_rack_is_asked_last() {
     // The first read starts the listing of the registry's labels in the background; entry 1
     // starts at a near replica, so it does not speculate either way.
     read_all(&near, ledger, 2).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_labels(&near, 3).await;
     let before = near.speculative_reads();
     read_all(&near, ledger, ENTRIES).await;
     let after = near.speculative_reads();
@@ -168,7 +168,7 @@ async fn a_replica_in_another_rack_is_asked_last() {
         },
     );
     read_all(&write_set, ledger, 2).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_labels(&write_set, 3).await;
     read_all(&write_set, ledger, ENTRIES).await;
     let counts = write_set.speculative_reads();
     assert!(
@@ -176,4 +176,18 @@ async fn a_replica_in_another_rack_is_asked_last() {
         "{counts:?}: in write-set order the far replica is asked first for a third of the entries"
     );
     drop(bookies);
+}
+
+/// Waits (10 s at most) until `client`'s background listing of the registry has brought the
+/// labels of `bookies` bookies.
+async fn wait_for_labels(client: &BookKeeper, bookies: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while client.known_bookie_labels() < bookies {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the client listed {} bookies' labels in 10 s, not {bookies}",
+            client.known_bookie_labels()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
