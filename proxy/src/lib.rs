@@ -64,8 +64,8 @@ pub use quota::{LimitConfig, RateLimits};
 pub use server::{serve, ProxyServer, ServerConfig};
 pub use settings::{LimitSettings, ServerSettings, StreamSettings};
 pub use stream::{
-    OwnedStreamSize, StreamConfig, StreamManager, SweepReport, LEDGER_LABEL_SEGMENT,
-    LEDGER_LABEL_STREAM, TXID_JUMP_MAX_DEFAULT,
+    OwnedStreamSize, StreamConfig, StreamManager, SweepReport, BALANCE_MOVES_PER_SEC_DEFAULT,
+    LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM, TXID_JUMP_MAX_DEFAULT,
 };
 pub use stream_metrics::{OTHER_STREAM, STREAM_SERIES_MAX};
 pub use types::StreamInfo;

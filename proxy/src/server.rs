@@ -399,8 +399,10 @@ impl ProxyServer {
     /// Stops the proxy cleanly (the SIGTERM path of `quire proxy`), in this order:
     ///
     /// 0. With balanced ownership and another live proxy, [`StreamManager::hand_over`]: it
-    ///    leaves the proxy registry and, still serving, hands every owned stream to its next
-    ///    preferred owner (writers are redirected; nothing is refused).
+    ///    leaves the proxy registry, waits until the others have read the registry since,
+    ///    and, still serving, hands every owned stream to its next preferred owner (writers
+    ///    are redirected; nothing is refused); then it goes on redirecting for
+    ///    [`HAND_OVER_GRACE`], so requests already on their way get a redirect too.
     /// 1. Stops accepting: the listening socket is closed, so new connections are refused and
     ///    clients go to another proxy.
     /// 2. [`StreamManager::shutdown`]: every write already submitted to a stream is completed
@@ -410,9 +412,14 @@ impl ProxyServer {
     ///    `SERVICE_UNAVAILABLE` without being written: DistributedLog's proxy answers so when it
     ///    cannot serve, and a client may resend such a write to another proxy without risking a
     ///    duplicate.
-    /// 3. Each connection stops reading, waits until its writes in flight are answered, sends
-    ///    every queued answer and closes. Reads in flight (such as a tail read waiting for new
-    ///    records) are not waited for; a reader resumes from its position on another proxy.
+    /// 3. Each connection stops reading, waits until its requests in flight other than reads
+    ///    are answered, sends every queued answer and a last connection-level
+    ///    `SERVICE_UNAVAILABLE` (request id 0: what the client sent and got no answer for was
+    ///    not read, so it resends it elsewhere rather than report an unknown outcome), shuts
+    ///    its write side and reads and drops what comes until the client closes, at most
+    ///    [`DRAIN_LINGER_MAX`] (so the close does not reset the connection before the client
+    ///    has read that answer). Reads in flight (such as a tail read waiting for new records)
+    ///    are not waited for; a reader resumes from its position on another proxy.
     ///
     /// Returns when every connection has closed. It does not time out by itself: wrap it in
     /// `tokio::time::timeout` and call [`ProxyServer::shutdown`] when that runs out (nothing
@@ -424,7 +431,12 @@ impl ProxyServer {
     /// anyway.
     pub async fn drain(&self, streams: &StreamManager) -> Result<()> {
         // Balanced ownership: hand the streams to the other proxies while still serving.
-        streams.hand_over().await;
+        if streams.hand_over().await > 0 {
+            // Requests already on their way for the streams handed over get a redirect to
+            // the new owner rather than SERVICE_UNAVAILABLE and a detour through the client's
+            // home proxy.
+            tokio::time::sleep(HAND_OVER_GRACE).await;
+        }
         self.accept_task.abort();
         let closed = streams.shutdown().await;
         let _ = self.stop.send(Stop::Drain);
@@ -457,6 +469,13 @@ pub async fn serve(
     serve_until(listener, streams, config, stop_rx, connections).await;
     Ok(())
 }
+
+/// How long a drain keeps serving (redirecting) after its hand-over, before it stops
+/// accepting and refuses what is left with `SERVICE_UNAVAILABLE`.
+const HAND_OVER_GRACE: Duration = Duration::from_millis(500);
+/// Longest time a drained connection's last answer (the connection-level
+/// `SERVICE_UNAVAILABLE`) waits for the client to close, reading and dropping what it sent.
+const DRAIN_LINGER_MAX: Duration = Duration::from_secs(1);
 
 /// First pause after a failed accept; doubled per consecutive failure up to
 /// [`ACCEPT_BACKOFF_MAX`].
@@ -1038,7 +1057,18 @@ where
             break;
         }
     }
+    let stop = st.stop.clone();
     st.finish(writer, flush_tx).await;
+    if *stop.borrow() == Stop::Drain {
+        // The writer has sent the last answer and shut the write side: read and drop what
+        // the client still sends until it closes, so that closing does not reset the
+        // connection and discard that answer before the client reads it.
+        let _ = tokio::time::timeout(DRAIN_LINGER_MAX, async {
+            let mut sink = [0u8; 4096];
+            while let Ok(1..) = rd.read(&mut sink).await {}
+        })
+        .await;
+    }
 }
 
 impl ConnState {
@@ -1468,6 +1498,7 @@ impl ConnState {
         let config = self.config.clone();
         let grant = self.grant.clone();
         let is_delete = matches!(req, Request::DeleteStream { .. });
+        let is_read = matches!(req, Request::Read { .. });
         let task = runtime.spawn(crate::metrics::with_read_flag(async move {
             let resp = match handle(req, &streams, &config).await {
                 Ok(Response::ListStreams { streams }) if grant.is_some() => {
@@ -1509,6 +1540,11 @@ impl ConnState {
                 _ = task => {}
                 _ = self.stop.changed() => return Err(Close),
             }
+        } else if !is_read {
+            // A drain answers it before its last, connection-level answer (`finish`).
+            self.writes.spawn(async move {
+                let _ = task.await;
+            });
         }
         Ok(())
     }
@@ -1655,8 +1691,9 @@ impl ConnState {
     /// them all, or will shortly), then what is queued is sent. Tail reads are not waited
     /// for.
     async fn finish(mut self, writer: tokio::task::JoinHandle<()>, flush_tx: oneshot::Sender<()>) {
-        drop(self.out_tx);
         let mode = *self.stop.borrow();
+        // A drain sends one more answer (below) once the request tasks are done.
+        let out_tx = (mode == Stop::Drain).then_some(self.out_tx);
         match mode {
             Stop::Now => writer.abort(),
             Stop::Drain => {
@@ -1666,6 +1703,16 @@ impl ConnState {
                         writer.abort();
                         return;
                     }
+                }
+                // Every request read from this connection but reads is answered: tell the
+                // client that whatever it sent and got no answer for was not read, so it can
+                // resend it elsewhere (a write too: nothing of it was done).
+                let bye = Response::Error {
+                    code: ErrorCode::ServiceUnavailable,
+                    message: "the proxy is draining and closes this connection; requests not answered before this were not read: send them to another proxy".into(),
+                };
+                if let Some(tx) = out_tx {
+                    let _ = tx.send(encode(&bye, 0, 0)).await;
                 }
                 let _ = flush_tx.send(());
                 tokio::select! {

@@ -421,8 +421,8 @@ pub struct ProxyFlags {
     #[arg(long)]
     pub follower_idle_timeout_secs: Option<u64>,
     /// Balanced ownership: the most streams per second this proxy hands to their preferred
-    /// owner (rendezvous hashing over the live proxies); 0 (the default) turns balancing off
-    /// ([streams] balance_moves_per_sec).
+    /// owner (rendezvous hashing over the live proxies); 0 turns balancing off, and a stream
+    /// stays with the first proxy asked ([streams] balance_moves_per_sec).
     #[arg(long)]
     pub balance_moves_per_sec: Option<u32>,
     /// Milliseconds a read waits for one replica before it asks the next one as well, at first

@@ -8,6 +8,13 @@
 //! [`ClientConfig::redirects_max`] times, as DistributedLog's client does with `FOUND` and its
 //! ownership cache. Later requests for that stream go straight to the cached owner.
 //!
+//! A redirect whose target refuses the connection (a drained proxy that has closed, named by
+//! a proxy whose view of the live proxies still lags) sends the request back to the home
+//! proxy, which by then may name the new owner, within the same `redirects_max` hops; so does
+//! a request whose connection closed before it went out. A drained proxy's last answer on a
+//! connection is a connection-level `SERVICE_UNAVAILABLE` (request id 0): every request it
+//! did not answer before it was not read, and is sent elsewhere as below.
+//!
 //! Failover: the client may know several proxies (the address connected to, then
 //! [`ClientConfig::proxies`]). When its home proxy cannot be reached (connect errors, no
 //! handshake answer) or answers `SERVICE_UNAVAILABLE` (shutting down, or at its connection
@@ -506,12 +513,28 @@ impl Router {
                 Ok(None)
             }
             Err(e) => {
+                // The owner a redirect named refuses the connection (it stopped, or the
+                // redirecting proxy's view of the live proxies lags a drain): nothing was
+                // sent, so ask the home proxy again, which by then may name the new owner,
+                // within the same redirect budget.
                 self.forget_route(stream, route.reads);
-                Err(Error::RedirectFailed {
-                    stream: stream.to_string(),
-                    owner: addr,
-                    reason: format!("cannot connect: {e}"),
-                })
+                route.hops += 1;
+                if route.hops > self.config.redirects_max {
+                    return Err(Error::RedirectFailed {
+                        stream: stream.to_string(),
+                        owner: addr,
+                        reason: format!(
+                            "cannot connect: {e} (after {} redirects)",
+                            self.config.redirects_max
+                        ),
+                    });
+                }
+                tracing::debug!(stream, owner = %addr, error = %e, "redirect target unreachable; asking the home proxy again");
+                tokio::time::sleep(route.backoff).await;
+                route.backoff = (route.backoff * 2).min(REDIRECT_BACKOFF_MAX);
+                route.target = None;
+                route.from_cache = false;
+                Ok(None)
             }
         }
     }
@@ -601,6 +624,22 @@ impl Router {
                         .insert(stream.to_string(), addr.clone());
                 }
                 Some(Ok(r))
+            }
+            Err(Error::Io { op, source })
+                if op == "send request" && source.kind() == std::io::ErrorKind::NotConnected =>
+            {
+                // The connection closed before the request went out (a drained proxy's
+                // last answer arrived meanwhile): nothing was sent, so route it afresh.
+                route.hops += 1;
+                if route.hops > self.config.redirects_max {
+                    return Some(Err(Error::Io { op, source }));
+                }
+                if let Some(addr) = route.target.take() {
+                    self.drop_connection(&addr).await;
+                    self.forget_route(stream, route.reads);
+                }
+                route.from_cache = false;
+                None
             }
             Err(e @ Error::Io { .. }) => {
                 // The request may or may not have been processed: never resend it, but route

@@ -3,6 +3,7 @@
 //! another live proxy, through the registry like the lifecycle sweep (`sweep.rs`); and a
 //! drain's hand-over ([`hand_over`]), the same releases for every owned stream at once.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -19,11 +20,56 @@ use super::registry::Registry;
 /// and the bookies thousands at once.
 const HAND_OVER_PARALLEL: usize = 64;
 
-/// How long a leaving proxy keeps serving after leaving the registry before it releases its
-/// streams: the others read the registry every [`BALANCE_TICK`], so after one tick and a
-/// margin for a slow read none of them names this proxy as a stream's preferred owner any
-/// more (else a released stream is redirected back here, to a proxy about to stop).
-const LEAVE_SETTLE: Duration = Duration::from_millis(BALANCE_TICK.as_millis() as u64 * 3 / 2);
+/// Longest wait of a drain for the other live proxies to read the registry after this proxy
+/// left it: ten ticks, as ZooKeeper answering in over a second under load slows their ticks.
+/// Past it the hand-over goes on anyway; a lagging proxy's redirect back here then fails to
+/// connect once this proxy closes, and the client asks its own proxies again (`routing.rs`).
+const LEAVE_SEEN_MAX: Duration = Duration::from_secs(10);
+/// How often a leaving proxy reads the registry while it waits for the others.
+const LEAVE_POLL: Duration = Duration::from_millis(200);
+
+/// Waits, at most [`LEAVE_SEEN_MAX`], until every other proxy live in this proxy's view has
+/// read the registry after this proxy left it; returns whether they all did. A proxy's tick
+/// writes its record (heartbeat `n`) and then reads the registry (`Placement::tick`). With
+/// `h` the heartbeat first read here after the leave, the write of `h + 1` ends after that
+/// read, so the registry read of its tick starts after the leave and its view is applied
+/// before the write of `h + 2`: a heartbeat of `h + 2` or more proves the view has dropped
+/// this proxy. A proxy whose record is gone (it left too) is not waited for.
+async fn await_views(reg: &Registry) -> bool {
+    let peers = reg.placement.live_peers();
+    let mut first: HashMap<String, u64> = HashMap::new();
+    let waiting = async {
+        loop {
+            match reg.metadata.list_proxies().await {
+                Ok(list) => {
+                    let mut behind = 0;
+                    for p in &peers {
+                        let Some(info) = list.iter().find(|i| &i.address == p) else {
+                            continue;
+                        };
+                        let h = *first.entry(p.clone()).or_insert(info.heartbeat);
+                        behind += usize::from(info.heartbeat < h + 2);
+                    }
+                    if behind == 0 {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the proxy registry during a drain failed")
+                }
+            }
+            tokio::time::sleep(LEAVE_POLL).await;
+        }
+    };
+    let seen = tokio::time::timeout(LEAVE_SEEN_MAX, waiting).await.is_ok();
+    if !seen {
+        tracing::warn!(
+            waited_ms = LEAVE_SEEN_MAX.as_millis() as u64,
+            "not every other proxy read the registry after this one left; handing over anyway"
+        );
+    }
+    seen
+}
 
 /// Marks `handle` as moving to `to` (queued and later requests are redirected there); false
 /// when a release is already queued.
@@ -56,8 +102,10 @@ async fn release(handle: Arc<StreamHandle>) {
     }
 }
 
-/// A drain's first step with balancing on: leaves the registry, keeps serving for
-/// [`LEAVE_SETTLE`] while the other proxies drop this one from their views, then releases
+/// A drain's first step with balancing on: leaves the registry, keeps serving until the
+/// other proxies have dropped this one from their views ([`await_views`], at most
+/// [`LEAVE_SEEN_MAX`]; a fixed wait of 1.5 ticks was too short when ZooKeeper answered
+/// slowly, and the others redirected released streams back here), then releases
 /// every owned stream to its preferred owner among them, [`HAND_OVER_PARALLEL`] at a time, as
 /// the balancer does. A writer of a stream sees one redirect and a pause of about its own
 /// release; a stream whose release has not come yet is served here meanwhile (not refused
@@ -68,7 +116,9 @@ pub(super) async fn hand_over(reg: &Registry) -> usize {
     if !reg.placement.leave(&*reg.metadata).await {
         return 0;
     }
-    tokio::time::sleep(LEAVE_SETTLE).await;
+    let started = quire_clock::now();
+    let seen = await_views(reg).await;
+    let waited = quire_clock::elapsed(started);
     let mut released = 0;
     let owned = reg.owned_all();
     for batch in owned.chunks(HAND_OVER_PARALLEL) {
@@ -87,6 +137,11 @@ pub(super) async fn hand_over(reg: &Registry) -> usize {
     }
     tracing::info!(
         released,
+        views_seen = seen,
+        views_wait_ms = waited.as_millis() as u64,
+        releases_ms = quire_clock::elapsed(started)
+            .saturating_sub(waited)
+            .as_millis() as u64,
         "handed the owned streams over to the other proxies"
     );
     released

@@ -257,6 +257,12 @@ impl Placement {
         self.enabled && !self.live.lock().expect("live lock").is_empty()
     }
 
+    /// The live proxies of this proxy's view (without itself), as addresses.
+    pub(super) fn live_peers(&self) -> Vec<String> {
+        let live = self.live.lock().expect("live lock");
+        live.iter().map(|(a, _)| a.clone()).collect()
+    }
+
     /// Leaves the registry for good (a drain or shutdown; a no-op after [`Placement::leave`]
     /// but for the view) and forgets the view, so that the other proxies stop redirecting
     /// streams here at their next tick.

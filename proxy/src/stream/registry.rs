@@ -410,6 +410,30 @@ impl Registry {
         })
     }
 
+    /// Why an acquisition that took the lease must give it back: a drain began meanwhile
+    /// (`OwnedElsewhere` naming the stream's preferred owner among the others) or a shutdown
+    /// (`ShuttingDown`). A drain's hand-over and its shutdown each close the streams in the
+    /// table when they start, so an acquisition still under way then (several seconds when
+    /// ZooKeeper answers slowly) would keep its lease after the proxy exits, and the stream
+    /// would be stuck until the proxy's session expired (seen in perf/examples/many_streams).
+    fn stopped_meanwhile(&self, name: &str, home: Option<&String>) -> Option<Error> {
+        if self.is_shutting_down() {
+            return Some(Error::ShuttingDown);
+        }
+        if !self.placement.leaving() {
+            return None;
+        }
+        let preferred = self
+            .placement
+            .preferred_elsewhere(name, home.map(String::as_str));
+        Some(
+            preferred.map_or(Error::ShuttingDown, |owner| Error::OwnedElsewhere {
+                stream: name.to_string(),
+                owner,
+            }),
+        )
+    }
+
     /// Acquires `name`: reads (or, with `create_if_missing`, creates) its record, takes its
     /// lease without waiting, recovers its in-progress segments and starts its task.
     ///
@@ -487,6 +511,10 @@ impl Registry {
                 return Err(e);
             }
             tracing::warn!(stream = name, error = %e, "serving the stream without recovering its in-progress segment");
+        }
+        if let Some(e) = self.stopped_meanwhile(name, shared.home_region.get()) {
+            writer.release_lease().await;
+            return Err(e);
         }
         let (tx, rx) = mpsc::channel(self.config.append_queue_max);
         match &self.runtime {

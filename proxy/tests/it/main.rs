@@ -11,6 +11,7 @@ mod client_handshake_errors_name_the_peer;
 mod client_splits_large_writes_and_pipelines;
 mod common;
 mod connection_limits_and_timeouts;
+mod drain_tells_clients_what_it_did_not_read;
 mod first_requests_race_to_acquire;
 mod lifecycle_sweep;
 mod protocol_garbage_and_oversized_frames;

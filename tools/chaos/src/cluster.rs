@@ -190,6 +190,10 @@ impl ChaosCluster {
         ];
         args.extend(self.cluster.secret_flags());
         args.extend(QUORUM.iter().map(|s| s.to_string()));
+        // The pinned schedules replay findings made with each stream owned by the first proxy
+        // asked; balanced ownership (on by default since session 25) would move streams under
+        // them and change what they replay, so it stays off here.
+        args.extend(["--balance-moves-per-sec".to_string(), "0".to_string()]);
         let mut p = Proc::start_env(&args, "quire proxy: ", &format!("proxy {j}"), None, &[]);
         p.addr = self.proxy_addr(j);
         p

@@ -104,6 +104,71 @@ async fn writer(home: String, streams: Vec<String>, stop: Arc<AtomicBool>) -> Wr
     report
 }
 
+/// Connects a client homed on `home` that fails over to `others` (in order).
+async fn connect_with_fallbacks(home: &str, others: &[String]) -> quire_client::ProxyClient {
+    let mut config = quire_client::ClientConfig {
+        tls: quire_testkit::harness::checker::proxy_tls_from_env(),
+        tls_server_name: Some(home.to_string()),
+        proxies: others.to_vec(),
+        ..quire_client::ClientConfig::default()
+    };
+    config.token = std::env::var_os("QUIRE_TOKEN")
+        .map(|t| quire_client::protocol::Token(t.into_encoded_bytes()));
+    quire_client::ProxyClient::connect_with(home, config)
+        .await
+        .unwrap()
+}
+
+/// Writes one record to every stream of `streams` at once (one write in flight per stream,
+/// all pipelined on the client's connections), round after round, until `stop`: a drain
+/// always meets writes in flight. Records of a round share their txid (txids per stream
+/// increase by round).
+async fn pipelined_writer(
+    client: quire_client::ProxyClient,
+    streams: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> WriterReport {
+    let client = Arc::new(client);
+    let mut report = WriterReport::default();
+    let mut round: u64 = 1000;
+    let mut last_ack = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        round += 1;
+        let mut tasks = tokio::task::JoinSet::new();
+        for (k, s) in streams.iter().enumerate() {
+            let (client, s) = (client.clone(), s.clone());
+            tasks.spawn(async move {
+                let payload = format!("{s} r{round:09}").into_bytes();
+                let r = client
+                    .write(&s, vec![(round, payload.clone())], false)
+                    .await;
+                (k, s, payload, r)
+            });
+        }
+        let mut answers = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            answers.push(done.unwrap());
+        }
+        answers.sort_by_key(|a| a.0);
+        for (_, s, payload, r) in answers {
+            match r {
+                Ok(r) => {
+                    let now = Instant::now();
+                    report.longest_pause = report.longest_pause.max(now - last_ack);
+                    last_ack = now;
+                    report
+                        .acked
+                        .entry(s)
+                        .or_default()
+                        .push((r.first_dlsn, payload));
+                }
+                Err(e) => report.errors.push(format!("{s}: {e}")),
+            }
+        }
+    }
+    report
+}
+
 #[test]
 fn streams_spread_and_move_on_join_and_drain_without_loss() {
     // Goal: with balancing on, 600 streams created through one proxy spread over three
@@ -284,11 +349,16 @@ fn a_drained_proxy_hands_its_streams_over_without_failing_a_write() {
     // while the others still redirected to it for up to a registry tick, then refused the
     // connection: writers gave up (`RedirectFailed`; perf/examples/many_streams.rs saw 60
     // failed writes of 1,923 in a drain of 300 streams).
-    // Method: ZooKeeper, 3 bookies, proxies P0..P2 (100 moves/s); 90 streams created through
-    // P0 (they spread); 6 writers through clients homed on P0 and P2 each write their 15
-    // streams in turn without pause; SIGTERM P1 (it must exit 0), keep writing 2 s more. No
-    // write may fail; DLSNs increase; the shared checker reads every stream back.
-    const N: usize = 90;
+    // The writes in flight when it closed its connections then failed as "outcome unknown"
+    // (it stopped reading with requests unread), and redirects to it from proxies whose view
+    // lagged the leave failed to connect (`RedirectFailed`).
+    // Method: ZooKeeper, 3 bookies, proxies P0..P2 (100 moves/s); 96 streams created through
+    // P0 (they spread); 6 writers through clients homed on P0 and P2 each write their 8 of
+    // the first 48 streams in turn without pause, and 3 pipelined writers (a write in flight
+    // on every one of their 16 of the other 48 streams at once) through clients homed on P1,
+    // P2 and P0 that know the other proxies; SIGTERM P1 (it must exit 0), keep writing 2 s more. No write may fail; DLSNs
+    // increase; the shared checker reads every stream back.
+    const N: usize = 96;
     let cluster = Cluster::start();
     let _bookies: Vec<_> = (0..3)
         .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
@@ -320,12 +390,27 @@ fn a_drained_proxy_hands_its_streams_over_without_failing_a_write() {
     assert!(on_p1 >= N / 6, "P1 owns only {on_p1} of {N} streams");
 
     let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = streams
-        .chunks(N / 6)
+    let (serial, piped) = streams.split_at(N / 2);
+    let writers: Vec<_> = serial
+        .chunks(N / 12)
         .enumerate()
         .map(|(k, c)| {
             let home = if k % 2 == 0 { a0.clone() } else { a2.clone() };
             rt.spawn(writer(home, c.to_vec(), stop.clone()))
+        })
+        .collect();
+    let all = [a0.clone(), p1.addr.clone(), a2.clone()];
+    let pipelined: Vec<_> = piped
+        .chunks(N / 6)
+        .enumerate()
+        .map(|(k, c)| {
+            let home = all[(k + 1) % 3].clone();
+            let others: Vec<String> = all.iter().filter(|a| **a != home).cloned().collect();
+            let (c, stop) = (c.to_vec(), stop.clone());
+            rt.spawn(async move {
+                let client = connect_with_fallbacks(&home, &others).await;
+                pipelined_writer(client, c, stop).await
+            })
         })
         .collect();
     std::thread::sleep(Duration::from_secs(2));
@@ -340,11 +425,17 @@ fn a_drained_proxy_hands_its_streams_over_without_failing_a_write() {
 
     let mut acked: HashMap<String, Vec<Acked>> = HashMap::new();
     let mut errors = Vec::new();
-    for w in writers {
+    for w in writers.into_iter().chain(pipelined) {
         let r = rt.block_on(w).unwrap();
-        eprintln!("writer: longest pause {:?}", r.longest_pause);
+        eprintln!(
+            "writer: {} errors, longest pause {:?}",
+            r.errors.len(),
+            r.longest_pause
+        );
         errors.extend(r.errors);
-        acked.extend(r.acked);
+        for (s, a) in r.acked {
+            acked.entry(s).or_default().extend(a);
+        }
     }
     assert!(
         errors.is_empty(),

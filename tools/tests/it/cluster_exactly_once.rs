@@ -12,13 +12,17 @@ use quire_client::{ClientConfig, Error, Producer, ProducerConfig, ProxyClient, R
 use quire_testkit::harness::checker::read_all;
 use quire_testkit::harness::cluster::{runtime, Cluster, Proc};
 
-const QUORUM: [&str; 6] = [
+/// The quorums, and ownership by the first proxy asked, which the test relies on (balanced
+/// ownership, on by default, is tested in cluster_balanced_ownership.rs).
+const QUORUM: [&str; 8] = [
     "--ensemble-size",
     "3",
     "--write-quorum",
     "3",
     "--ack-quorum",
     "2",
+    "--balance-moves-per-sec",
+    "0",
 ];
 
 /// The three proxies, by port; a killed one is started again on its port.

@@ -156,8 +156,11 @@ fn two_proxies_race_for_a_stream_and_a_frozen_owner_loses_it() {
         .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
         .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
-    let pa = cluster.start_proxy(quire_testkit::free_port(), &[]);
-    let pb = cluster.start_proxy(quire_testkit::free_port(), &[]);
+    // Ownership by the first proxy asked is what this test relies on: balanced ownership (on by
+    // default) is off here; cluster_balanced_ownership.rs tests it.
+    let no_balance = ["--balance-moves-per-sec", "0"];
+    let pa = cluster.start_proxy(quire_testkit::free_port(), &no_balance);
+    let pb = cluster.start_proxy(quire_testkit::free_port(), &no_balance);
     let rt = runtime();
     let (ca, cb) =
         rt.block_on(async { (no_redirects(&pa.addr).await, no_redirects(&pb.addr).await) });

@@ -18,7 +18,17 @@ use quire_testkit::harness::{checker::Acked, http_get};
 use quire_testkit::history::History;
 
 /// Small segments, so that a few hundred records roll several times.
-const SMALL_SEGMENTS: [&str; 4] = ["--segment-size-bytes", "2048", "--follower-reads", "true"];
+/// Small segments, follower reads, and ownership by the first proxy asked (the tests rely on
+/// which proxy owns the stream; balanced ownership, on by default, is tested in
+/// cluster_balanced_ownership.rs).
+const SMALL_SEGMENTS: [&str; 6] = [
+    "--segment-size-bytes",
+    "2048",
+    "--follower-reads",
+    "true",
+    "--balance-moves-per-sec",
+    "0",
+];
 
 /// The sum of the samples of the metric lines starting with `prefix` in `/metrics` of `addr`.
 fn metric_sum(addr: &str, prefix: &str) -> f64 {

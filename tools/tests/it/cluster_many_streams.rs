@@ -40,6 +40,10 @@ fn too_many_streams_redirects_and_list_streams_pages() {
         "1",
         "--owned-streams-max",
         "2",
+        // Ownership by the first proxy asked is what this test relies on (balanced ownership,
+        // on by default, is tested in cluster_balanced_ownership.rs).
+        "--balance-moves-per-sec",
+        "0",
     ];
     let a = cluster.start_proxy(quire_testkit::free_port(), &flags);
     let b = cluster.start_proxy(quire_testkit::free_port(), &flags);

@@ -43,6 +43,8 @@ fn operator_commands_on_one_cluster() {
         .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let metrics = format!("127.0.0.1:{}", quire_testkit::free_port());
+    // Ownership by the first proxy asked is what this test relies on (balanced ownership, on
+    // by default, is tested in cluster_balanced_ownership.rs).
     let e3 = [
         "--ensemble-size",
         "3",
@@ -50,6 +52,8 @@ fn operator_commands_on_one_cluster() {
         "3",
         "--ack-quorum",
         "2",
+        "--balance-moves-per-sec",
+        "0",
     ];
     let mut owner_flags = e3.to_vec();
     owner_flags.extend(["--metrics-listen", metrics.as_str()]);

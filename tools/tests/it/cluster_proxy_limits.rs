@@ -94,6 +94,8 @@ fn each_limit_refuses_over_capacity_and_writes_nothing() {
         .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
     let metrics = format!("127.0.0.1:{}", quire_testkit::free_port());
+    // Each proxy's limits apply to the streams written through it, so each owns what it is
+    // asked first: balanced ownership (on by default) is off here.
     let proxy = cluster.start_proxy_e3(&[
         "--auth-tokens-file",
         tokens.to_str().unwrap(),
@@ -101,8 +103,15 @@ fn each_limit_refuses_over_capacity_and_writes_nothing() {
         "100",
         "--metrics-listen",
         &metrics,
+        "--balance-moves-per-sec",
+        "0",
     ]);
-    let wide = cluster.start_proxy_e3(&["--proxy-records-per-sec", "20"]);
+    let wide = cluster.start_proxy_e3(&[
+        "--proxy-records-per-sec",
+        "20",
+        "--balance-moves-per-sec",
+        "0",
+    ]);
     let (addr, wide_addr) = (proxy.addr.clone(), wide.addr.clone());
     let rt = runtime();
     rt.block_on(async {

@@ -30,13 +30,17 @@ async fn store(cluster: &Cluster) -> Arc<ZkStore> {
 }
 
 const STREAM: &str = "rr/one-down";
-const QUORUM: [&str; 6] = [
+/// The quorums, and ownership by the first proxy asked, which the test relies on (balanced
+/// ownership, on by default, is tested in cluster_balanced_ownership.rs).
+const QUORUM: [&str; 8] = [
     "--ensemble-size",
     "3",
     "--write-quorum",
     "3",
     "--ack-quorum",
     "3",
+    "--balance-moves-per-sec",
+    "0",
 ];
 
 #[test]

@@ -116,7 +116,16 @@ fn truncate_delete_and_retention_on_a_zookeeper_cluster() {
         .map(|i| cluster.start_bookie_with(i, ports[i], &gc_flags))
         .collect();
     cluster.wait_bookies("3 bookies", |l| l.contains("3 bookies registered"));
-    let flags = ["--segment-size-bytes", "4096", "--entry-size-bytes", "1024"];
+    // Ownership by the first proxy asked is what this test relies on (balanced ownership, on
+    // by default, is tested in cluster_balanced_ownership.rs).
+    let flags = [
+        "--segment-size-bytes",
+        "4096",
+        "--entry-size-bytes",
+        "1024",
+        "--balance-moves-per-sec",
+        "0",
+    ];
     let a = cluster.start_proxy(quire_testkit::free_port(), &flags);
     let b = cluster.start_proxy(quire_testkit::free_port(), &flags);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -376,6 +385,10 @@ fn a_proxy_an_hour_ahead_deletes_no_young_segment() {
         "1024",
         "--retention-time-secs",
         "600",
+        // Ownership by the first proxy asked (balanced ownership, on by default, is tested in
+        // cluster_balanced_ownership.rs).
+        "--balance-moves-per-sec",
+        "0",
     ];
     let a = cluster.start_proxy(quire_testkit::free_port(), &flags);
     let rt = quire_testkit::harness::cluster::runtime();

@@ -362,8 +362,14 @@ fn sigterm_drain_hands_streams_to_the_other_proxy() {
     let bookies: Vec<_> = (0..3)
         .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
         .collect();
-    let mut p1 = cluster.start_proxy(quire_testkit::free_port(), &["--drain-timeout-ms", "20000"]);
-    let p2 = cluster.start_proxy(quire_testkit::free_port(), &[]);
+    // The drain without balanced ownership (on by default; its hand-over is tested in
+    // cluster_balanced_ownership.rs): P1 owns the stream as the first proxy asked.
+    let no_balance = ["--balance-moves-per-sec", "0"];
+    let mut p1 = cluster.start_proxy(
+        quire_testkit::free_port(),
+        &["--drain-timeout-ms", "20000", no_balance[0], no_balance[1]],
+    );
+    let p2 = cluster.start_proxy(quire_testkit::free_port(), &no_balance);
     let addrs = vec![p1.addr.clone(), p2.addr.clone()];
     let stream = "drain-test".to_string();
     let lines = Arc::new(loghub_lines());
