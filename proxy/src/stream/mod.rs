@@ -259,6 +259,14 @@ pub struct StreamConfig {
     /// no registration, and a stream goes to the first proxy asked (the behaviour before).
     /// Needs [`StreamConfig::owner_address`].
     pub balance_moves_per_sec: u32,
+    /// Load-aware placement (`[streams] balance_load_threshold_percent`, `placement.rs`):
+    /// with balancing on, a proxy whose write load (records/s or bytes/s) is above this
+    /// percentage of the live proxies' mean halves its capacity weight in the weighted
+    /// rendezvous placement (at most every 5 s, down to 1/16), so a share of its streams
+    /// moves through the balancer; below 100/T % of the mean it raises it again. 0: off
+    /// (placement by hash alone). Default 150 (DistributedLog's balancer moves streams off
+    /// proxies loaded above the mean as well, by stream count).
+    pub balance_load_threshold_percent: u32,
     /// The ledger client's speculative read timeout, at first and at least
     /// (`[streams] speculative_read_timeout_ms`; `quire_ledger::ClientConfig::
     /// speculative_read_timeout`, BookKeeper `speculativeReadTimeout`); zero turns speculative
@@ -301,6 +309,7 @@ impl Default for StreamConfig {
             subscriptions_per_stream_max: 1_000,
             owned_streams_max: None,
             balance_moves_per_sec: 0,
+            balance_load_threshold_percent: 150,
             compression: quire_client::compression::Compression::None,
             follower_cache_bytes_max: 8 * 1024 * 1024,
             follower_idle_timeout: Duration::from_secs(60),
@@ -556,8 +565,13 @@ impl StreamManager {
         // a refused write does not create its stream even with `create_if_missing`. The stream
         // task checks them again together with the stream's last txid.
         writer::check_txids(&records, None, self.registry.config.txid_jump_max)?;
+        let counts = (
+            records.len() as u64,
+            records.iter().map(|(_, p)| p.len() as u64).sum::<u64>(),
+        );
         let (reply, rx) = oneshot::channel();
-        self.registry
+        let handle = self
+            .registry
             .send_to_stream(
                 name,
                 create_if_missing,
@@ -570,6 +584,9 @@ impl StreamManager {
                 },
             )
             .await?;
+        // Handed to a stream this proxy owns: its load (`placement.rs`).
+        self.registry.layer.count_written(counts.0, counts.1);
+        (handle.shared.written.lock().expect("written lock")).add(counts.0, counts.1);
         Ok(rx)
     }
 
