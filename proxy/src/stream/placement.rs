@@ -723,7 +723,8 @@ mod tests {
         // Goal: the ratio is the larger of bytes/s and records/s against the mean of the live
         // proxies, a dimension with an idle mean is ignored, an idle cluster has none.
         let kib = 1024;
-        let table: [((u64, u64), &[(u64, u64)], Option<f64>); 6] = [
+        type Row<'a> = ((u64, u64), &'a [(u64, u64)], Option<f64>);
+        let table: [Row; 6] = [
             (
                 (300 * kib, 300),
                 &[(300 * kib, 300), (0, 0), (0, 0)],
