@@ -427,7 +427,7 @@ pub struct ProxyFlags {
     pub balance_moves_per_sec: Option<u32>,
     /// With balancing on, a proxy whose write load (records/s or bytes/s) is above this
     /// percentage of the live proxies' mean halves its placement weight so that a share of its
-    /// streams moves; 0 turns it off, else 110 to 1000 ([streams]
+    /// streams moves; 0 (the default) turns it off, else 110 to 1000 ([streams]
     /// balance_load_threshold_percent).
     #[arg(long)]
     pub balance_load_threshold_percent: Option<u32>,
