@@ -63,6 +63,8 @@ pub struct StreamSettings {
     pub follower_idle_timeout_secs: u64,
     /// [`StreamConfig::balance_moves_per_sec`], 0 (off) to 10000.
     pub balance_moves_per_sec: u32,
+    /// [`StreamConfig::balance_load_threshold_percent`], 0 (off) or 110 to 1000.
+    pub balance_load_threshold_percent: u32,
     /// [`StreamConfig::speculative_read_timeout`] in milliseconds, 0 (off) to 60000.
     pub speculative_read_timeout_ms: u64,
     /// [`StreamConfig::max_speculative_read_timeout`] in milliseconds, from
@@ -93,6 +95,7 @@ impl Default for StreamSettings {
             follower_cache_bytes_max: c.follower_cache_bytes_max,
             follower_idle_timeout_secs: c.follower_idle_timeout.as_secs(),
             balance_moves_per_sec: c.balance_moves_per_sec,
+            balance_load_threshold_percent: c.balance_load_threshold_percent,
             speculative_read_timeout_ms: ms(c.speculative_read_timeout),
             max_speculative_read_timeout_ms: ms(c.max_speculative_read_timeout),
         }
@@ -105,7 +108,8 @@ impl StreamSettings {
     /// # Errors
     /// A quorum breaking E >= Qw >= Qa >= 1, a segment or entry size out of range, a
     /// retention of 0 or above its maximum, a sweep interval above a day, a follower cache or
-    /// idle timeout out of range, a balance rate above 10000.
+    /// idle timeout out of range, a balance rate above 10000, a load threshold other than 0
+    /// or 110 to 1000.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let (e, w, a) = (self.ensemble_size, self.write_quorum, self.ack_quorum);
         if !(e >= w && w >= a && a >= 1) {
@@ -179,6 +183,15 @@ impl StreamSettings {
                 "expected 0 (off) to 10000",
             ));
         }
+        // At or below 100 % the dead band between T and 100/T is empty: weights would swing.
+        let t = self.balance_load_threshold_percent;
+        if t != 0 && !(110..=1000).contains(&t) {
+            return Err(ConfigError::invalid(
+                "balance_load_threshold_percent",
+                t,
+                "expected 0 (off) or 110 to 1000",
+            ));
+        }
         self.validate_speculative_reads()
     }
 
@@ -228,6 +241,7 @@ impl StreamSettings {
         c.follower_cache_bytes_max = self.follower_cache_bytes_max;
         c.follower_idle_timeout = Duration::from_secs(self.follower_idle_timeout_secs);
         c.balance_moves_per_sec = self.balance_moves_per_sec;
+        c.balance_load_threshold_percent = self.balance_load_threshold_percent;
         c.speculative_read_timeout = Duration::from_millis(self.speculative_read_timeout_ms);
         c.max_speculative_read_timeout =
             Duration::from_millis(self.max_speculative_read_timeout_ms);
@@ -461,6 +475,26 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("need E >= Qw >= Qa >= 1"));
+    }
+
+    #[test]
+    fn balance_load_threshold_is_off_or_110_to_1000() {
+        // Goal: 0 (off) and 110 to 1000 pass and reach the StreamConfig; 1 to 109 (an empty
+        // dead band) and above 1000 are refused, naming the key.
+        let with = |t| StreamSettings {
+            balance_load_threshold_percent: t,
+            ..Default::default()
+        };
+        for ok in [0, 110, 150, 1000] {
+            with(ok).validate().unwrap();
+            let mut c = StreamConfig::default();
+            with(ok).apply(&mut c);
+            assert_eq!(c.balance_load_threshold_percent, ok);
+        }
+        for bad in [1, 100, 109, 1001] {
+            let e = with(bad).validate().unwrap_err().to_string();
+            assert!(e.contains("balance_load_threshold_percent"), "{bad}: {e}");
+        }
     }
 
     #[test]

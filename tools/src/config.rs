@@ -144,8 +144,9 @@ pub const PROXY_KEYS: &[Table] = &[
         "ensemble_size write_quorum ack_quorum segment_size_bytes entry_size_bytes \
         segment_roll_secs segment_roll_overshoot_bytes segment_roll_overshoot_secs \
         retention_time_secs retention_size_bytes lifecycle_sweep_secs txid_jump_max compression \
-        subscriptions_per_stream_max owned_streams_max balance_moves_per_sec follower_reads \
-        follower_cache_bytes_max follower_idle_timeout_secs \
+        subscriptions_per_stream_max owned_streams_max balance_moves_per_sec \
+        balance_load_threshold_percent follower_reads follower_cache_bytes_max \
+        follower_idle_timeout_secs \
         speculative_read_timeout_ms max_speculative_read_timeout_ms",
     ),
     (

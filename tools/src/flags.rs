@@ -425,6 +425,12 @@ pub struct ProxyFlags {
     /// stays with the first proxy asked ([streams] balance_moves_per_sec).
     #[arg(long)]
     pub balance_moves_per_sec: Option<u32>,
+    /// With balancing on, a proxy whose write load (records/s or bytes/s) is above this
+    /// percentage of the live proxies' mean halves its placement weight so that a share of its
+    /// streams moves; 0 (the default) turns it off, else 110 to 1000 ([streams]
+    /// balance_load_threshold_percent).
+    #[arg(long)]
+    pub balance_load_threshold_percent: Option<u32>,
     /// Milliseconds a read waits for one replica before it asks the next one as well, at first
     /// and at least (adapting to the p99 of recent reads, backing off x2 while it does not
     /// help); 0 turns speculative reads off ([streams] speculative_read_timeout_ms).

@@ -50,8 +50,9 @@ pub struct ProxyArgs {
 /// `quire proxy` admin subcommands.
 #[derive(clap::Subcommand, Debug)]
 pub enum ProxyCommand {
-    /// List the live proxies of the proxy registry and how many streams each owns (proxies
-    /// register only with `[streams] balance_moves_per_sec` above 0).
+    /// List the proxies of the proxy registry: streams owned, write load and placement weight
+    /// of each (every proxy with an advertised address registers; balancing, by hash and by
+    /// load, is automatic with `[streams] balance_moves_per_sec` above 0).
     List(ProxyListArgs),
 }
 
@@ -64,8 +65,10 @@ pub struct ProxyListArgs {
     pub output: crate::admin::OutputArgs,
 }
 
-/// Runs `quire proxy list`: one line per registered proxy (address, owned streams, age of its
-/// last heartbeat by this machine's clock), then the totals; `--json` prints the records.
+/// Runs `quire proxy list`: one line per registered proxy (address, owned streams, write load
+/// in bytes/s and records/s over its last ticks, capacity weight in load-aware placement, age
+/// of its last heartbeat by this machine's clock), then the totals; `--json` prints the
+/// records.
 fn list(args: ProxyListArgs) -> Result<()> {
     use std::fmt::Write as _;
     crate::admin::with_store(&args.metadata, async |store| {
@@ -80,9 +83,14 @@ fn list(args: ProxyListArgs) -> Result<()> {
             let age = now_ms.saturating_sub(p.updated_ms);
             writeln!(
                 out,
-                "{} owned_streams={} heartbeat={} updated={}.{:03}s ago{}",
+                "{} owned_streams={} write_bytes_per_sec={} write_records_per_sec={} \
+                 weight={}.{:03} heartbeat={} updated={}.{:03}s ago{}",
                 p.address,
                 p.owned_streams,
+                p.write_bytes_per_sec,
+                p.write_records_per_sec,
+                p.weight_milli / 1000,
+                p.weight_milli % 1000,
                 p.heartbeat,
                 age / 1000,
                 age % 1000,
@@ -90,9 +98,10 @@ fn list(args: ProxyListArgs) -> Result<()> {
             )?;
         }
         let owned: u64 = proxies.iter().map(|p| p.owned_streams).sum();
+        let bytes: u64 = proxies.iter().map(|p| p.write_bytes_per_sec).sum();
         writeln!(
             out,
-            "{} proxies registered, {owned} streams owned",
+            "{} proxies registered, {owned} streams owned, {bytes} write bytes/s",
             proxies.len()
         )?;
         print!("{out}");

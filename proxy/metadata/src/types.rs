@@ -589,6 +589,19 @@ mod tests {
     }
 
     #[test]
+    fn proxy_records_without_load_fields_still_parse() {
+        // Goal: a registry record written before load balancing (no load, no weight) reads
+        // with no load and the full weight, so a mixed-version cluster places as before.
+        let old = r#"{"address":"127.0.0.1:1","owned_streams":3,"heartbeat":9,"updated_ms":5}"#;
+        let p: ProxyInfo = serde_json::from_str(old).unwrap();
+        assert_eq!(p.write_bytes_per_sec, 0);
+        assert_eq!(p.write_records_per_sec, 0);
+        assert_eq!(p.weight_milli, PROXY_WEIGHT_FULL);
+        let back: ProxyInfo = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+    }
+
+    #[test]
     fn ledger_secret_is_optional_and_checked() {
         // Goal: a stream record without a secret (made before secrets existed) reads as None
         // and is written without the field; a secret round-trips; a bad one is `Invalid`.
@@ -750,4 +763,24 @@ pub struct ProxyInfo {
     /// The proxy's rack label (`rack` in its config; none: `/default-rack`), as `region`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rack: Option<String>,
+    /// Record payload bytes per second written to the streams the proxy owns, over its last
+    /// few balancer ticks (its load for load-aware placement). Absent in records from before
+    /// load balancing: 0.
+    #[serde(default)]
+    pub write_bytes_per_sec: u64,
+    /// Records per second written to the streams the proxy owns, as `write_bytes_per_sec`.
+    #[serde(default)]
+    pub write_records_per_sec: u64,
+    /// The proxy's capacity weight in weighted rendezvous placement, in thousandths
+    /// ([`PROXY_WEIGHT_FULL`] = 1.0, the weight of every proxy not above the load threshold).
+    /// Absent in records from before load balancing: [`PROXY_WEIGHT_FULL`].
+    #[serde(default = "proxy_weight_full")]
+    pub weight_milli: u32,
+}
+
+/// [`ProxyInfo::weight_milli`] of a proxy that is not shedding load: 1000 (1.0).
+pub const PROXY_WEIGHT_FULL: u32 = 1000;
+
+fn proxy_weight_full() -> u32 {
+    PROXY_WEIGHT_FULL
 }

@@ -163,7 +163,12 @@ pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
         if reg.is_shutting_down() {
             return;
         }
-        if let Err(e) = reg.placement.tick(&*reg.metadata, reg.owned_count()).await {
+        let hottest = reg.hottest_stream_written();
+        if let Err(e) = reg
+            .placement
+            .tick(&*reg.metadata, reg.owned_count(), hottest)
+            .await
+        {
             tracing::warn!(error = %e, "proxy registry heartbeat failed");
             continue;
         }

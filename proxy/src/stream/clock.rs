@@ -148,6 +148,21 @@ pub(super) struct LayerStats {
     /// Streams this proxy gave up because their preferred owner is another live proxy
     /// (`quire_proxy_streams_released_for_balance_total`, `placement.rs`).
     pub(super) released_for_balance: AtomicU64,
+    /// Records and payload bytes of the writes handed to streams this proxy owns, since start:
+    /// the load it publishes in the proxy registry (`placement.rs`).
+    pub(super) written_records: AtomicU64,
+    pub(super) written_bytes: AtomicU64,
+    /// This proxy's capacity weight in thousandths minus the full weight, so that the default
+    /// 0 is the full weight (`quire_proxy_balance_weight`, `placement.rs`).
+    pub(super) weight_shed_milli: AtomicI64,
+}
+
+impl LayerStats {
+    /// Counts a write of `records` records and `bytes` payload bytes handed to an owned stream.
+    pub(super) fn count_written(&self, records: u64, bytes: u64) {
+        self.written_records.fetch_add(records, Ordering::Relaxed);
+        self.written_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
 }
 
 /// Counts one stream as past its roll point for as long as it lives.
@@ -211,6 +226,15 @@ impl prometheus_client::collector::Collector for LayerMetrics {
             "Streams this proxy released (segment completed, lease given up) because their preferred owner by rendezvous hashing is another live proxy",
             None,
             moved.metric_type(),
+        )?)?;
+        let full = i64::from(quire_metadata::PROXY_WEIGHT_FULL);
+        let weight = s.weight_shed_milli.load(Ordering::Relaxed) + full;
+        let weight = ConstGauge::new(weight as f64 / full as f64);
+        weight.encode(encoder.encode_descriptor(
+            "quire_proxy_balance_weight",
+            "This proxy's capacity weight in load-aware placement, 1 unless its write load is above balance_load_threshold_percent of the live proxies' mean",
+            None,
+            weight.metric_type(),
         )?)?;
         let gauges = [
             ("quire_proxy_followers", "Streams this proxy follows for reads without owning them (one bookie read stream each)", &s.followers),

@@ -259,6 +259,17 @@ pub struct StreamConfig {
     /// [`BALANCE_MOVES_PER_SEC_DEFAULT`]. 0 turns balancing off: a stream goes to the first
     /// proxy asked and stays there. Needs [`StreamConfig::owner_address`].
     pub balance_moves_per_sec: u32,
+    /// Load-aware placement (`[streams] balance_load_threshold_percent`, `placement.rs`):
+    /// with balancing on, a proxy whose write load (records/s or bytes/s) is above this
+    /// percentage of the live proxies' mean halves its capacity weight in the weighted
+    /// rendezvous placement (at most every 5 s, down to 1/16), so a share of its streams
+    /// moves through the balancer; below 100/T % of the mean it raises it again. 0: off
+    /// (placement by hash alone), the default: with it on, streams move off a proxy whose
+    /// streams are busier than the others' even when the hash spreads them evenly, which tests
+    /// and operators expecting placement by hash alone must allow for; 150 is the value the
+    /// integration test uses (DistributedLog's balancer moves streams off proxies loaded above
+    /// the mean as well, by stream count).
+    pub balance_load_threshold_percent: u32,
     /// The ledger client's speculative read timeout, at first and at least
     /// (`[streams] speculative_read_timeout_ms`; `quire_ledger::ClientConfig::
     /// speculative_read_timeout`, BookKeeper `speculativeReadTimeout`); zero turns speculative
@@ -309,6 +320,7 @@ impl Default for StreamConfig {
             subscriptions_per_stream_max: 1_000,
             owned_streams_max: None,
             balance_moves_per_sec: BALANCE_MOVES_PER_SEC_DEFAULT,
+            balance_load_threshold_percent: 0,
             compression: quire_client::compression::Compression::None,
             follower_cache_bytes_max: 8 * 1024 * 1024,
             follower_idle_timeout: Duration::from_secs(60),
@@ -564,8 +576,13 @@ impl StreamManager {
         // a refused write does not create its stream even with `create_if_missing`. The stream
         // task checks them again together with the stream's last txid.
         writer::check_txids(&records, None, self.registry.config.txid_jump_max)?;
+        let counts = (
+            records.len() as u64,
+            records.iter().map(|(_, p)| p.len() as u64).sum::<u64>(),
+        );
         let (reply, rx) = oneshot::channel();
-        self.registry
+        let handle = self
+            .registry
             .send_to_stream(
                 name,
                 create_if_missing,
@@ -578,6 +595,9 @@ impl StreamManager {
                 },
             )
             .await?;
+        // Handed to a stream this proxy owns: its load (`placement.rs`).
+        self.registry.layer.count_written(counts.0, counts.1);
+        (handle.shared.written.lock().expect("written lock")).add(counts.0, counts.1);
         Ok(rx)
     }
 

@@ -15,7 +15,7 @@ use super::clock::LayerStats;
 use super::command::Command;
 use super::follower::{FollowerContext, Followers};
 use super::ownership::{self, Ownership, StreamHandle};
-use super::placement::Placement;
+use super::placement::{Placement, LOAD_WINDOW_TICKS};
 use super::record::StreamRecord;
 use super::shared::{now_ms, StreamShared};
 use super::tail_cache::TailState;
@@ -69,6 +69,7 @@ impl Registry {
         bookkeeper: BookKeeper,
         config: StreamConfig,
     ) -> Self {
+        let layer: Arc<LayerStats> = Arc::default();
         Self {
             metadata,
             bookkeeper,
@@ -78,12 +79,13 @@ impl Registry {
                 &config.owner_address,
                 config.balance_moves_per_sec,
             )
-            .with_labels(config.owner_labels.clone()),
+            .with_labels(config.owner_labels.clone())
+            .with_load(config.balance_load_threshold_percent, layer.clone()),
             config: Arc::new(config),
             streams: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::try_current().ok(),
-            layer: Arc::default(),
+            layer,
             followers: Followers::default(),
             acquiring: AtomicUsize::new(0),
             too_many_refusals: AtomicU64::new(0),
@@ -182,6 +184,17 @@ impl Registry {
             .values()
             .filter_map(|cell| cell.get().filter(|h| h.lost_reason().is_none()).cloned())
             .collect()
+    }
+
+    /// Takes a balancer tick's mark of every owned stream's write counts and returns the most
+    /// (bytes, records) one stream took over the last [`LOAD_WINDOW_TICKS`] ticks, each
+    /// dimension on its own (`placement.rs`: the load no move can split).
+    pub(super) fn hottest_stream_written(&self) -> (u64, u64) {
+        self.owned_all().iter().fold((0, 0), |(b, r), h| {
+            let mut written = h.shared.written.lock().expect("written lock");
+            let (hb, hr) = written.sample(LOAD_WINDOW_TICKS);
+            (b.max(hb), r.max(hr))
+        })
     }
 
     /// Forgets `name`'s acquisition if it ended by deleting the stream, so that the name can

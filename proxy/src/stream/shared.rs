@@ -72,6 +72,37 @@ pub(super) struct StreamShared {
     /// Set on a follower's state (`follower.rs`), never on an owner's: entries read from the
     /// bookies go into `cache` up to its bound, and cache hits and misses are counted.
     pub(super) follower: Option<FollowerCache>,
+    /// Writes handed to this acquisition's task: (records, payload bytes) since it began, and
+    /// the counts at the last balancer ticks (`placement.rs`: the hottest stream's load).
+    pub(super) written: Mutex<Written>,
+}
+
+/// A stream's write counts for its owner's load (see `StreamShared::written`).
+#[derive(Default)]
+pub(super) struct Written {
+    records: u64,
+    bytes: u64,
+    /// (records, bytes) at the last ticks, oldest first.
+    marks: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl Written {
+    /// Counts a write of `records` records and `bytes` payload bytes.
+    pub(super) fn add(&mut self, records: u64, bytes: u64) {
+        self.records += records;
+        self.bytes += bytes;
+    }
+
+    /// Takes a tick's mark, keeping the last `window + 1`, and returns the (bytes, records)
+    /// written since the oldest kept.
+    pub(super) fn sample(&mut self, window: usize) -> (u64, u64) {
+        self.marks.push_back((self.records, self.bytes));
+        while self.marks.len() > window + 1 {
+            self.marks.pop_front();
+        }
+        let (r0, b0) = self.marks[0];
+        (self.bytes - b0, self.records - r0)
+    }
 }
 
 /// The cache settings and counters of a follower's [`StreamShared`].

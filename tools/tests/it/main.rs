@@ -21,6 +21,7 @@ mod cluster_fault_points;
 mod cluster_follower_reads;
 mod cluster_ledger_id_squatting;
 mod cluster_ledger_keys;
+mod cluster_load_balance;
 mod cluster_many_streams;
 mod cluster_metrics_endpoints;
 mod cluster_operator_commands;
