@@ -1706,7 +1706,8 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
         Request::DescribeStream {
             stream,
             home_region,
-        } => describe(&stream, home_region, streams, config).await,
+            placement,
+        } => describe(&stream, (home_region, placement), streams, config).await,
         Request::TruncateStream { stream, before } => streams
             .truncate(&stream, before)
             .await
@@ -1740,6 +1741,12 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .await
             .map(|l| Response::SetLimits {
                 limits: l.map(crate::types::wire_limits),
+            }),
+        Request::SetPlacement { stream, placement } => streams
+            .set_placement(&stream, placement.map(crate::types::stored_placement))
+            .await
+            .map(|p| Response::SetPlacement {
+                placement: p.map(crate::types::wire_placement),
             }),
         Request::CommitSubscription {
             stream,
@@ -1803,17 +1810,20 @@ async fn read(req: Request, streams: &StreamManager, config: &ServerConfig) -> R
 }
 
 /// `DESCRIBE_STREAM`: refused with `Internal` when the answer would not fit one frame.
-/// `DESCRIBE_STREAM`; the home region only to a client that asked for it (request flag
-/// `0x01`: an older client cannot decode it).
+/// `DESCRIBE_STREAM`; the home region and the placement only to a client that asked for
+/// them (request flags `0x01`, `0x02`: an older client cannot decode them).
 async fn describe(
     stream: &str,
-    home_region: bool,
+    (home_region, placement): (bool, bool),
     streams: &StreamManager,
     config: &ServerConfig,
 ) -> Result<Response> {
     let mut info = streams.describe(stream).await?;
     if !home_region {
         info.metadata.home_region = None;
+    }
+    if !placement {
+        info.metadata.placement = None;
     }
     // A stream with very many segments could outgrow a frame: say so rather than send a frame
     // the client refuses.
