@@ -1742,12 +1742,9 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .map(|l| Response::SetLimits {
                 limits: l.map(crate::types::wire_limits),
             }),
-        Request::SetPlacement { stream, placement } => streams
-            .set_placement(&stream, placement.map(crate::types::stored_placement))
-            .await
-            .map(|p| Response::SetPlacement {
-                placement: p.map(crate::types::wire_placement),
-            }),
+        Request::SetPlacement { stream, placement } => {
+            set_placement(&stream, placement, streams).await
+        }
         Request::CommitSubscription {
             stream,
             name,
@@ -1835,6 +1832,19 @@ async fn describe(
         )));
     }
     Ok(Response::DescribeStream { info: info.into() })
+}
+
+/// `SET_PLACEMENT`: the stream's own placement, set by its owner (`StreamManager::set_placement`).
+async fn set_placement(
+    stream: &str,
+    placement: Option<quire_client::placement::StreamPlacement>,
+    streams: &StreamManager,
+) -> Result<Response> {
+    let stored = placement.map(crate::types::stored_placement);
+    let now = streams.set_placement(stream, stored).await?;
+    Ok(Response::SetPlacement {
+        placement: now.map(crate::types::wire_placement),
+    })
 }
 
 /// `LIST_SUBSCRIPTIONS`: refused with `Internal` when the answer would not fit one frame.

@@ -279,12 +279,8 @@ mod tests {
         assert_eq!(m.retention.time_secs, Some(60));
         assert_eq!(m.retention.size_bytes, None);
         assert_eq!(m.home_region.as_deref(), Some("ra"));
-        let placement = info.metadata.placement.clone().map(super::wire_placement);
-        assert_eq!(m.placement, placement);
-        assert_eq!(
-            placement.map(super::stored_placement),
-            info.metadata.placement
-        );
+        let placement = m.placement.clone().map(super::stored_placement);
+        assert_eq!(placement, info.metadata.placement);
         assert_eq!(got.owner, info.owner);
         assert_eq!(
             (got.defaults, got.lookups),
@@ -318,6 +314,10 @@ mod tests {
             };
             assert_eq!(w.state, state);
         }
+    }
+
+    #[test]
+    fn retention_overrides_keep_every_field_on_the_wire() {
         assert_eq!(
             wire_retention(RetentionOverride {
                 time_secs: None,
