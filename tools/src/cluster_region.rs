@@ -119,7 +119,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = in_sandbox(dir.path(), &RegionCommand::List).unwrap_err();
         assert!(err.to_string().contains("no sandbox metadata"), "{err:#}");
-        quire_metadata::EmbeddedStore::open(&dir.path().join("metadata")).unwrap();
+        // What a sandbox leaves: a written document.
+        let store = quire_metadata::EmbeddedStore::open(&dir.path().join("metadata")).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(store.allocate_ledger_id()).unwrap();
+        drop(store);
         let mark = RegionCommand::Unavailable { region: "b".into() };
         assert!(in_sandbox(dir.path(), &mark).unwrap()[0].contains("marked unavailable"));
         assert_eq!(in_sandbox(dir.path(), &RegionCommand::List).unwrap(), ["b"]);
