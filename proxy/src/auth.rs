@@ -175,6 +175,7 @@ impl Grant {
             | Request::SetRetention { stream, .. }
             | Request::SetCompression { stream, .. }
             | Request::SetLimits { stream, .. }
+            | Request::SetPlacement { stream, .. }
             | Request::SealStream { stream }
             | Request::DeleteSubscription { stream, .. } => (Right::Admin, stream),
         };
@@ -242,12 +243,14 @@ mod tests {
             .check(&Request::DescribeStream {
                 stream: "metrics/a".into(),
                 home_region: true,
+                placement: true,
             })
             .is_ok());
         assert!(g
             .check(&Request::DescribeStream {
                 stream: "other".into(),
                 home_region: true,
+                placement: true,
             })
             .is_err());
         let e = g

@@ -74,7 +74,7 @@ const REFUSAL_REASONS: [&str; 5] = [
 const AUTH_FAILURE_REASONS: [&str; 2] = ["missing_token", "unknown_token"];
 
 /// Every opcode a client may send, for the `op` series made at start.
-const OPCODES: [Opcode; 17] = [
+const OPCODES: [Opcode; 18] = [
     Opcode::Hello,
     Opcode::CreateStream,
     Opcode::ListStreams,
@@ -92,6 +92,7 @@ const OPCODES: [Opcode; 17] = [
     Opcode::DeleteSubscription,
     Opcode::SetCompression,
     Opcode::SetLimits,
+    Opcode::SetPlacement,
 ];
 
 /// Upper bounds of the latency buckets, in seconds (the bookie's, so panels line up).
@@ -167,6 +168,7 @@ fn op_name(opcode: u8) -> &'static str {
         Ok(Opcode::DeleteSubscription) => "delete_subscription",
         Ok(Opcode::SetCompression) => "set_compression",
         Ok(Opcode::SetLimits) => "set_limits",
+        Ok(Opcode::SetPlacement) => "set_placement",
         Err(_) => "unknown",
     }
 }

@@ -1753,7 +1753,8 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
         Request::DescribeStream {
             stream,
             home_region,
-        } => describe(&stream, home_region, streams, config).await,
+            placement,
+        } => describe(&stream, (home_region, placement), streams, config).await,
         Request::TruncateStream { stream, before } => streams
             .truncate(&stream, before)
             .await
@@ -1788,6 +1789,9 @@ async fn handle(req: Request, streams: &StreamManager, config: &ServerConfig) ->
             .map(|l| Response::SetLimits {
                 limits: l.map(crate::types::wire_limits),
             }),
+        Request::SetPlacement { stream, placement } => {
+            set_placement(&stream, placement, streams).await
+        }
         Request::CommitSubscription {
             stream,
             name,
@@ -1850,17 +1854,20 @@ async fn read(req: Request, streams: &StreamManager, config: &ServerConfig) -> R
 }
 
 /// `DESCRIBE_STREAM`: refused with `Internal` when the answer would not fit one frame.
-/// `DESCRIBE_STREAM`; the home region only to a client that asked for it (request flag
-/// `0x01`: an older client cannot decode it).
+/// `DESCRIBE_STREAM`; the home region and the placement only to a client that asked for
+/// them (request flags `0x01`, `0x02`: an older client cannot decode them).
 async fn describe(
     stream: &str,
-    home_region: bool,
+    (home_region, placement): (bool, bool),
     streams: &StreamManager,
     config: &ServerConfig,
 ) -> Result<Response> {
     let mut info = streams.describe(stream).await?;
     if !home_region {
         info.metadata.home_region = None;
+    }
+    if !placement {
+        info.metadata.placement = None;
     }
     // A stream with very many segments could outgrow a frame: say so rather than send a frame
     // the client refuses.
@@ -1872,6 +1879,19 @@ async fn describe(
         )));
     }
     Ok(Response::DescribeStream { info: info.into() })
+}
+
+/// `SET_PLACEMENT`: the stream's own placement, set by its owner (`StreamManager::set_placement`).
+async fn set_placement(
+    stream: &str,
+    placement: Option<quire_client::placement::StreamPlacement>,
+    streams: &StreamManager,
+) -> Result<Response> {
+    let stored = placement.map(crate::types::stored_placement);
+    let now = streams.set_placement(stream, stored).await?;
+    Ok(Response::SetPlacement {
+        placement: now.map(crate::types::wire_placement),
+    })
 }
 
 /// `LIST_SUBSCRIPTIONS`: refused with `Internal` when the answer would not fit one frame.

@@ -46,6 +46,7 @@ impl From<StreamInfo> for quire_client::StreamInfo {
                 compression: wire_compression(m.compression),
                 limits: m.limits.map(wire_limits),
                 home_region: m.home_region,
+                placement: m.placement.map(wire_placement),
             },
             owner: info.owner,
             defaults: info.defaults,
@@ -103,6 +104,54 @@ pub fn stored_limits(l: quire_client::limits::StreamLimits) -> quire_metadata::R
         soft_records_per_sec: l.soft_records_per_sec,
         soft_bytes_per_sec: l.soft_bytes_per_sec,
         outstanding_writes_max: l.outstanding_writes_max,
+    }
+}
+
+/// A stream's own placement as the protocol carries it (`SET_PLACEMENT`, `DESCRIBE_STREAM`).
+pub fn wire_placement(
+    p: quire_metadata::StreamPlacement,
+) -> quire_client::placement::StreamPlacement {
+    use quire_client::placement::PlacementPolicy as Wire;
+    use quire_metadata::PlacementPolicy as Stored;
+    quire_client::placement::StreamPlacement {
+        placement: match p.placement {
+            Stored::Default => Wire::Default,
+            Stored::RackAware => Wire::RackAware,
+            Stored::RegionAware => Wire::RegionAware,
+        },
+        min_racks_per_write_quorum: p.min_racks_per_write_quorum,
+        enforce_min_racks: p.enforce_min_racks,
+        min_regions_for_durability: p.min_regions_for_durability,
+        enforce_durability: p.enforce_durability,
+        regions: p.regions,
+        quorum: p
+            .quorum
+            .map(|q| (q.ensemble_size, q.write_quorum, q.ack_quorum)),
+    }
+}
+
+/// A stream's placement from the protocol's form (the inverse of [`wire_placement`]).
+pub fn stored_placement(
+    p: quire_client::placement::StreamPlacement,
+) -> quire_metadata::StreamPlacement {
+    use quire_client::placement::PlacementPolicy as Wire;
+    use quire_metadata::PlacementPolicy as Stored;
+    quire_metadata::StreamPlacement {
+        placement: match p.placement {
+            Wire::Default => Stored::Default,
+            Wire::RackAware => Stored::RackAware,
+            Wire::RegionAware => Stored::RegionAware,
+        },
+        min_racks_per_write_quorum: p.min_racks_per_write_quorum,
+        enforce_min_racks: p.enforce_min_racks,
+        min_regions_for_durability: p.min_regions_for_durability,
+        enforce_durability: p.enforce_durability,
+        regions: p.regions,
+        quorum: p.quorum.map(|(e, w, a)| quire_metadata::QuorumShape {
+            ensemble_size: e,
+            write_quorum: w,
+            ack_quorum: a,
+        }),
     }
 }
 
@@ -196,6 +245,16 @@ mod tests {
                 compression: None,
                 limits: None,
                 home_region: Some("ra".into()),
+                placement: Some(quire_metadata::StreamPlacement {
+                    placement: quire_metadata::PlacementPolicy::RegionAware,
+                    regions: vec!["ra".into(), "rb".into()],
+                    quorum: Some(quire_metadata::QuorumShape {
+                        ensemble_size: 3,
+                        write_quorum: 3,
+                        ack_quorum: 2,
+                    }),
+                    ..quire_metadata::StreamPlacement::default()
+                }),
             },
             owner: Some("127.0.0.1:4181".into()),
             defaults: RetentionDefaults {
@@ -220,6 +279,8 @@ mod tests {
         assert_eq!(m.retention.time_secs, Some(60));
         assert_eq!(m.retention.size_bytes, None);
         assert_eq!(m.home_region.as_deref(), Some("ra"));
+        let placement = m.placement.clone().map(super::stored_placement);
+        assert_eq!(placement, info.metadata.placement);
         assert_eq!(got.owner, info.owner);
         assert_eq!(
             (got.defaults, got.lookups),
@@ -253,6 +314,10 @@ mod tests {
             };
             assert_eq!(w.state, state);
         }
+    }
+
+    #[test]
+    fn retention_overrides_keep_every_field_on_the_wire() {
         assert_eq!(
             wire_retention(RetentionOverride {
                 time_secs: None,

@@ -7,7 +7,9 @@
 //! * `quire stream truncate STREAM DLSN`, `quire stream delete STREAM`;
 //! * `quire stream retention STREAM [--time-secs N|default] [--size-bytes N|default]`;
 //! * `quire stream subs STREAM [--delete NAME]`: subscriptions with their lag;
-//! * `quire stream limits STREAM [--records-per-sec N ...] | default`: write limits.
+//! * `quire stream limits STREAM [--records-per-sec N ...] | default`: write limits;
+//! * `quire stream placement STREAM [--create] [--policy P --regions a,b ...] | default`: the
+//!   placement of its segments' ledgers.
 //!
 //! Output is text for people, or one JSON document with `--json`.
 
@@ -23,6 +25,8 @@ use crate::admin::OutputArgs;
 
 mod limits;
 pub use limits::StreamLimitsArgs;
+mod placement;
+pub use placement::StreamPlacementArgs;
 
 /// `quire stream` subcommands.
 #[derive(Args, Debug)]
@@ -67,6 +71,13 @@ pub enum StreamCommand {
     /// out 0 = none), or `default` to go back to the owning proxy's `[limits] stream_*`. A
     /// write over a hard limit gets OVER_CAPACITY (517), nothing written.
     Limits(StreamLimitsArgs),
+    /// Show a stream's own placement, or set it (`--policy default|rack-aware|region-aware
+    /// --min-racks N --enforce-min-racks --min-regions N --no-enforce-durability --regions a,b
+    /// --quorum E,Qw,Qa`, those left out at the `[ledger]` defaults; `--create` creates the
+    /// stream first), or `default` to go back to the owning proxy's `[ledger]` settings.
+    /// Applies from the stream's next segment; each ledger keeps the placement it was made
+    /// under, which autorecovery and decommission follow.
+    Placement(StreamPlacementArgs),
 }
 
 /// `quire stream compression` options. Without a setting it only shows.
@@ -329,6 +340,7 @@ pub fn run(args: StreamArgs) -> Result<()> {
             StreamCommand::Subs(a) => crate::client::subs(a).await,
             StreamCommand::Compression(a) => compression(a).await,
             StreamCommand::Limits(a) => limits::limits(a).await,
+            StreamCommand::Placement(a) => placement::placement(a).await,
             StreamCommand::Retention(a) => {
                 let client = crate::client::connect(&a.proxy).await?;
                 let keep = a.keep_for_subscriptions;
@@ -443,6 +455,7 @@ fn info_json(info: &StreamInfo) -> serde_json::Value {
         "sealed": info.lookups.as_deref().map(|l| l.sealed),
         "compression": m.compression,
         "limits": m.limits,
+        "placement": m.placement,
         "retention": {
             "time_secs": t, "time_secs_from": ts,
             "size_bytes": z, "size_bytes_from": zs,
@@ -540,6 +553,11 @@ fn format_stream(info: &StreamInfo) -> Result<String> {
         format_compression(meta.compression)
     )?;
     writeln!(out, "  limits: {}", limits::format_limits(meta.limits))?;
+    writeln!(
+        out,
+        "  placement: {}",
+        placement::format_placement(meta.placement.as_ref())
+    )?;
     out.push_str(&format_retention(info));
     writeln!(out, "  segments: {}", meta.segments.len())?;
     if !meta.segments.is_empty() {

@@ -464,6 +464,7 @@ impl ProxyClient {
         let req = Request::DescribeStream {
             stream: stream.to_string(),
             home_region: true,
+            placement: true,
         };
         match self.router.home().await?.call(&req, Duration::ZERO).await? {
             Response::DescribeStream { info } => Ok(info),
@@ -609,6 +610,37 @@ impl ProxyClient {
             .await?
         {
             Response::SetLimits { limits } => Ok(limits),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sets a stream's own placement (`SET_PLACEMENT`, carried out by its owner, issue 30
+    /// item 2): `Some(p)` replaces the owning proxy's `[ledger]` placement keys (and, when
+    /// `p.quorum` is set, its quorum) for the ledgers of the stream's segments from the next
+    /// one on; each such ledger records it, and autorecovery and decommission replace its
+    /// bookies by it. `None` goes back to the proxy's settings. Segments already written keep
+    /// their placement. Returns the placement in force in the stream record.
+    ///
+    /// # Errors
+    /// `NO_SUCH_STREAM`, `NOT_OWNER` after redirects, `REQUEST_DENIED` without the admin
+    /// right, `BAD_REQUEST` for a placement that breaks its rules (a minimum of 0, a region
+    /// named twice, E >= Qw >= Qa >= 1, an enforced region-aware Qa below its minimum) and
+    /// (unknown opcode) from a proxy before per-stream placement, connection errors.
+    pub async fn set_placement(
+        &self,
+        stream: &str,
+        placement: Option<crate::placement::StreamPlacement>,
+    ) -> Result<Option<crate::placement::StreamPlacement>> {
+        let req = Request::SetPlacement {
+            stream: stream.to_string(),
+            placement,
+        };
+        match self
+            .router
+            .call_stream(stream, &req, Duration::ZERO)
+            .await?
+        {
+            Response::SetPlacement { placement } => Ok(placement),
             other => Err(unexpected(&other)),
         }
     }

@@ -64,6 +64,7 @@ fn stream_info() -> StreamInfo {
             compression: None,
             limits: None,
             home_region: None,
+            placement: None,
         },
         owner: Some("10.0.0.9:4181".into()),
         defaults: RetentionDefaults {
@@ -86,6 +87,7 @@ fn cases() -> Vec<(&'static str, Golden)> {
         cases_compression(),
         cases_limits(),
         cases_regions(),
+        cases_placement(),
     ]
     .into_iter()
     .flatten()
@@ -233,6 +235,7 @@ fn cases_2() -> Vec<(&'static str, Golden)> {
                 Request::DescribeStream {
                     stream: stream(),
                     home_region: false,
+                    placement: false,
                 },
             ),
         ),
@@ -658,6 +661,7 @@ fn cases_regions() -> Vec<(&'static str, Golden)> {
                 Request::DescribeStream {
                     stream: "logs/golden".into(),
                     home_region: true,
+                    placement: false,
                 },
             ),
         ),
@@ -666,6 +670,70 @@ fn cases_regions() -> Vec<(&'static str, Golden)> {
             Golden::Response(
                 Opcode::DescribeStream,
                 20,
+                Response::DescribeStream { info: described },
+            ),
+        ),
+    ]
+}
+
+/// Issue 30 item 2: SET_PLACEMENT both ways, and a described stream with its own placement
+/// (request flag 0x02, answer flag 0x20, the block after the home region).
+fn cases_placement() -> Vec<(&'static str, Golden)> {
+    use crate::placement::{PlacementPolicy, StreamPlacement};
+    let placement = Some(StreamPlacement {
+        placement: PlacementPolicy::RegionAware,
+        min_racks_per_write_quorum: 2,
+        enforce_min_racks: false,
+        min_regions_for_durability: 2,
+        enforce_durability: true,
+        regions: vec!["eu-west".into(), "eu-central".into(), "us-east".into()],
+        quorum: Some((3, 3, 2)),
+    });
+    let mut described = stream_info();
+    described.metadata.home_region = Some("eu-west".into());
+    described.metadata.placement = placement.clone();
+    described.lookups = Some(Box::new(crate::types::StreamLookups {
+        first_dlsn: Some(Dlsn::new(1, 0, 0)),
+        last_dlsn: Some(Dlsn::new(1, 41, 9)),
+        record_count: 420,
+        last_write_time_ms: Some(1_764_979_260_000),
+        sealed: false,
+    }));
+    vec![
+        (
+            "set-placement-request",
+            Golden::Request(
+                21,
+                Request::SetPlacement {
+                    stream: "logs/golden".into(),
+                    placement: placement.clone(),
+                },
+            ),
+        ),
+        (
+            "set-placement-response",
+            Golden::Response(
+                Opcode::SetPlacement,
+                21,
+                Response::SetPlacement { placement },
+            ),
+        ),
+        (
+            "describe-stream-request-placement",
+            Golden::Request(
+                22,
+                Request::DescribeStream {
+                    stream: "logs/golden".into(),
+                    home_region: true,
+                    placement: true,
+                },
+            ),
+        ),
+        (
+            "describe-stream-response-placement",
+            Golden::Response(
+                Opcode::DescribeStream,
+                22,
                 Response::DescribeStream { info: described },
             ),
         ),
@@ -724,6 +792,7 @@ fn every_opcode_has_a_golden_request_and_response() {
             Opcode::DeleteSubscription => "delete-subscription",
             Opcode::SetCompression => "set-compression",
             Opcode::SetLimits => "set-limits",
+            Opcode::SetPlacement => "set-placement",
         };
         for kind in ["request", "response"] {
             assert!(

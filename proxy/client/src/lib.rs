@@ -57,6 +57,7 @@ pub mod dlsn;
 pub mod error;
 pub mod limits;
 pub mod list_page;
+pub mod placement;
 pub mod producer;
 pub mod protocol;
 pub mod record_set;

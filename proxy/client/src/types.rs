@@ -112,6 +112,11 @@ pub struct StreamMetadata {
     /// or a proxy before them answered). Carried at the end of the stream info when the
     /// `DESCRIBE_STREAM` answer has [`crate::protocol::FLAG_DESCRIBE_HOME_REGION`].
     pub home_region: Option<String>,
+    /// The stream's own placement (`SET_PLACEMENT`, issue 30 item 2); `None`: the owning
+    /// proxy's `[ledger]` placement applies (or the client did not ask, or a proxy before it
+    /// answered). Carried at the end of the stream info when the `DESCRIBE_STREAM` answer has
+    /// [`crate::placement::FLAG_DESCRIBE_PLACEMENT`].
+    pub placement: Option<crate::placement::StreamPlacement>,
 }
 
 /// One log segment of a stream as the proxy protocol carries it (DistributedLog

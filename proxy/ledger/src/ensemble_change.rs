@@ -85,8 +85,9 @@ impl WriterShared {
     }
 
     /// Placement: a reachable replacement for each failed position (BookKeeper's placement
-    /// policy via [`placement::choose_replacement`], with the client's settings), none of the
-    /// ensemble's bookies nor a quarantined one; an unreachable candidate is quarantined and
+    /// policy via [`placement::choose_replacement`], with the ledger's placement: the
+    /// stream's own when it was made under one, else the client's settings), none of the
+    /// ensemble's bookies, none outside the placement's regions, nor a quarantined one; an unreachable candidate is quarantined and
     /// the next one tried. The failed bookies are quarantined too. A position with no
     /// candidate left, or none the enforced policy accepts (logged), gets none.
     async fn choose_replacements(
@@ -98,6 +99,7 @@ impl WriterShared {
         let client = &self.client;
         let mut exclude: HashSet<BookieId> = ensemble.iter().cloned().collect();
         exclude.extend(client.quarantined());
+        exclude.extend(self.placement.outside(registered));
         let mut slots: Vec<Option<BookieId>> = ensemble.iter().cloned().map(Some).collect();
         for (p, _) in failing {
             slots[*p] = None;
@@ -106,7 +108,7 @@ impl WriterShared {
         for (pos, _) in failing {
             loop {
                 let pick = placement::choose_replacement(
-                    &client.inner.config.placement,
+                    &self.placement.settings,
                     self.quorum,
                     registered,
                     &slots,

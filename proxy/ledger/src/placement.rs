@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use quire_metadata::{BookieId, BookieInfo, ConfigError};
+use quire_metadata::{BookieId, BookieInfo, ConfigError, StreamPlacement};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -52,43 +52,9 @@ pub const DEFAULT_REGION: &str = "default-region";
 /// exponential in the worst case; real shapes need a few dozen steps).
 const SEARCH_STEPS_MAX: usize = 200_000;
 
-/// The placement policy (`[ledger] placement`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Policy {
-    /// Random (BookKeeper `DefaultEnsemblePlacementPolicy`).
-    #[default]
-    Default,
-    /// Racks per write set (BookKeeper `RackawareEnsemblePlacementPolicy`).
-    RackAware,
-    /// Regions per ack quorum (BookKeeper `RegionAwareEnsemblePlacementPolicy`).
-    RegionAware,
-}
-
-impl std::fmt::Display for Policy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Policy::Default => "default",
-            Policy::RackAware => "rack-aware",
-            Policy::RegionAware => "region-aware",
-        })
-    }
-}
-
-impl std::str::FromStr for Policy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "default" => Ok(Policy::Default),
-            "rack-aware" => Ok(Policy::RackAware),
-            "region-aware" => Ok(Policy::RegionAware),
-            other => Err(format!(
-                "unknown placement {other:?}: expected default, rack-aware or region-aware"
-            )),
-        }
-    }
-}
+/// The placement policy (`[ledger] placement`, or a stream's own): defined beside the stream
+/// and ledger records that carry it.
+pub use quire_metadata::PlacementPolicy as Policy;
 
 /// The placement settings: the `[ledger]` table of `quire proxy`, `quire autorecovery` and
 /// `quire bookie` (for its autorecovery daemon), and [`crate::ClientConfig::placement`].
@@ -150,6 +116,70 @@ impl PlacementSettings {
             ));
         }
         Ok(())
+    }
+}
+
+/// The placement one ledger is placed and replaced by (issue 30 item 2): the client's
+/// `[ledger]` settings, or the stream's own placement recorded in the ledger's custom
+/// metadata (`quire.placement`, [`StreamPlacement::record`]), whose policy keys replace the
+/// client's (`reorder_read_sequence` stays the client's) and whose regions, when named, are
+/// the only ones its bookies may come from. A writer creates a ledger by it, and ensemble
+/// changes, recovery and re-replication (autorecovery, decommission) read it back from the
+/// ledger's metadata, so a replacement keeps the rule the ledger was placed by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerPlacement {
+    /// The rule's settings.
+    pub settings: PlacementSettings,
+    /// The regions the bookies may be in; empty: every region.
+    pub regions: Vec<String>,
+}
+
+impl LedgerPlacement {
+    /// The placement of a ledger whose custom metadata is `custom`: the recorded one applied
+    /// over `cluster`, else `cluster` itself.
+    ///
+    /// # Errors
+    /// `Metadata` (`Invalid`) when the recorded placement does not parse or is not valid.
+    pub fn of_ledger(
+        cluster: &PlacementSettings,
+        custom: &BTreeMap<String, String>,
+    ) -> Result<Self, Error> {
+        let own = StreamPlacement::recorded(custom)?;
+        Ok(Self::new(cluster, own.as_ref()))
+    }
+
+    /// `own` applied over `cluster` (see the type's docs); `cluster` alone for `None`.
+    pub fn new(cluster: &PlacementSettings, own: Option<&StreamPlacement>) -> Self {
+        let Some(own) = own else {
+            return Self {
+                settings: cluster.clone(),
+                regions: Vec::new(),
+            };
+        };
+        Self {
+            settings: PlacementSettings {
+                placement: own.placement,
+                min_racks_per_write_quorum: own.min_racks_per_write_quorum,
+                enforce_min_racks: own.enforce_min_racks,
+                min_regions_for_durability: own.min_regions_for_durability,
+                enforce_durability: own.enforce_durability,
+                reorder_read_sequence: cluster.reorder_read_sequence,
+            },
+            regions: own.regions.clone(),
+        }
+    }
+
+    /// The registered bookies outside the placement's regions (none when it names none),
+    /// which the caller adds to the bookies a placement avoids or excludes.
+    pub fn outside(&self, registered: &[BookieInfo]) -> HashSet<BookieId> {
+        if self.regions.is_empty() {
+            return HashSet::new();
+        }
+        registered
+            .iter()
+            .filter(|b| !self.regions.contains(&location(b).region))
+            .map(|b| b.id.clone())
+            .collect()
     }
 }
 

@@ -518,3 +518,76 @@ fn settings_parse_and_validate() {
     assert_eq!(s.validate().unwrap_err().key, "min_regions_for_durability");
     assert!(PlacementSettings::default().validate().is_ok());
 }
+
+#[test]
+fn a_recorded_stream_placement_replaces_the_cluster_rule_and_keeps_to_its_regions() {
+    // Goal (issue 30 item 2): a ledger recorded with its stream's own placement is placed and
+    // replaced by it, not by the client's settings: a local stream's ensembles and
+    // replacements stay in its one region, a region-aware stream's keep min 2 regions while
+    // the cluster's rule is random; a ledger without a record follows the cluster.
+    let registered = topology("a/r1:3 b/r1:3 c/r1:3");
+    let cluster = PlacementSettings::default();
+    let mut custom = BTreeMap::new();
+    let none = LedgerPlacement::of_ledger(&cluster, &custom).unwrap();
+    assert_eq!(none.settings, cluster);
+    assert!(none.outside(&registered).is_empty());
+
+    let local = StreamPlacement {
+        regions: vec!["b".into()],
+        ..StreamPlacement::default()
+    };
+    local.record(&mut custom);
+    let rule = LedgerPlacement::of_ledger(&cluster, &custom).unwrap();
+    let outside = rule.outside(&registered);
+    assert_eq!(outside.len(), 6);
+    let spread = StreamPlacement {
+        placement: Policy::RegionAware,
+        ..StreamPlacement::default()
+    };
+    let wide = LedgerPlacement::new(&cluster, Some(&spread));
+    for seed in 0..50 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let e =
+            choose_ensemble(&rule.settings, (3, 3, 2), &registered, &outside, &mut rng).unwrap();
+        assert_eq!(regions_of(&registered, &e), ["b", "b", "b"], "seed {seed}");
+        let slots: Vec<Option<BookieId>> = e.iter().cloned().map(Some).collect();
+        let mut exclude: HashSet<BookieId> = e.iter().cloned().collect();
+        exclude.extend(outside.iter().cloned());
+        // b has 3 bookies, all in the ensemble: no replacement rather than one elsewhere.
+        let got = choose_replacement(
+            &rule.settings,
+            (3, 3, 2),
+            &registered,
+            &slots,
+            1,
+            &exclude,
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!(got, None, "seed {seed}");
+
+        let e = choose_ensemble(
+            &wide.settings,
+            (3, 3, 2),
+            &registered,
+            &HashSet::new(),
+            &mut rng,
+        )
+        .unwrap();
+        let regions = regions_of(&registered, &e);
+        assert!(
+            every_ack_quorum_spans(&regions, (3, 3, 2), 2),
+            "{regions:?}"
+        );
+    }
+    // The read order stays the reader's own.
+    let reads_in_order = PlacementSettings {
+        reorder_read_sequence: false,
+        ..cluster
+    };
+    assert!(
+        !LedgerPlacement::new(&reads_in_order, Some(&spread))
+            .settings
+            .reorder_read_sequence
+    );
+}

@@ -489,12 +489,13 @@ impl BookKeeper {
     }
 
     /// The replacements for `failing` positions of `last` (BookKeeper's placement policy via
-    /// [`placement::choose_replacement`], with the client's settings): writable bookies outside
-    /// the ensemble, not quarantined and not in `failed`, that it can connect to; an
+    /// [`placement::choose_replacement`], with the ledger's recorded placement, else the
+    /// client's settings): writable bookies outside the ensemble, in the placement's regions,
+    /// not quarantined and not in `failed`, that it can connect to; an
     /// unreachable one is quarantined and the next tried. A position with none gets none.
     ///
     /// # Errors
-    /// The registry listing's.
+    /// The registry listing's; `Metadata` for a recorded placement that does not parse.
     async fn pick_recovery_replacements(
         &self,
         meta: &LedgerMetadata,
@@ -504,9 +505,12 @@ impl BookKeeper {
         failed: &HashSet<BookieId>,
     ) -> Result<Vec<(usize, BookieId)>, Error> {
         let registered = self.inner.metadata.list_bookies().await?;
+        let rule =
+            placement::LedgerPlacement::of_ledger(&self.inner.config.placement, &meta.custom)?;
         let mut exclude: HashSet<BookieId> = last.bookies.iter().cloned().collect();
         exclude.extend(self.quarantined());
         exclude.extend(failed.iter().cloned());
+        exclude.extend(rule.outside(&registered));
         let mut slots: Vec<Option<BookieId>> = last.bookies.iter().cloned().map(Some).collect();
         for &p in failing {
             slots[p] = None;
@@ -517,7 +521,7 @@ impl BookKeeper {
             loop {
                 // The thread-local generator must not live across the await below.
                 let pick = placement::choose_replacement(
-                    &self.inner.config.placement,
+                    &rule.settings,
                     shape,
                     &registered,
                     &slots,

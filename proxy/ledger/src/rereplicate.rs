@@ -129,7 +129,9 @@ impl BookKeeper {
     /// position) are read from the other bookies of their write sets (then from `lost` itself,
     /// which may still serve, e.g. one being decommissioned), digest-verified, and written as
     /// recovery adds to a replacement: a writable registered bookie outside the fragment's
-    /// ensemble, not quarantined and not in `avoid`, chosen by [`placement::choose_replacement`].
+    /// ensemble, not quarantined and not in `avoid`, chosen by [`placement::choose_replacement`]
+    /// under the ledger's own placement (the stream's, recorded in its custom metadata when
+    /// it was made under one; else the client's settings), in that placement's regions.
     /// Then `lost` is replaced by it in that fragment by compare-and-set, provided the fragment
     /// still starts at `first_entry`, still holds `lost` at that position and still ends where
     /// it did (a lost race re-reads and checks again).
@@ -185,15 +187,16 @@ impl BookKeeper {
     }
 
     /// The replacement for `lost` in `fragment` (BookKeeper's placement policy via
-    /// [`placement::choose_replacement`], with the client's settings, so autorecovery and
-    /// decommission keep the same rule as the writers): reachable, not in the fragment, not
+    /// [`placement::choose_replacement`], with the ledger's placement, so autorecovery and
+    /// decommission keep the rule the ledger was placed by: [`placement::LedgerPlacement`]):
+    /// reachable, in the placement's regions, not in the fragment, not
     /// quarantined, not in `avoid`; an unreachable candidate is quarantined and the next one
     /// tried.
     ///
     /// # Errors
     /// `NotEnoughBookies` when no candidate is left; `Placement` when candidates exist but
-    /// none keeps the enforced rule; `Invalid` when `lost` is not in the fragment; the
-    /// registration listing's errors.
+    /// none keeps the enforced rule; `Invalid` when `lost` is not in the fragment; `Metadata`
+    /// for a recorded placement that does not parse; the registration listing's errors.
     async fn choose_target(
         &self,
         id: LedgerId,
@@ -210,12 +213,15 @@ impl BookKeeper {
             .ok_or_else(|| Error::Invalid(format!("{lost} is not in the fragment")))?;
         let slots: Vec<Option<BookieId>> = fragment.bookies.iter().cloned().map(Some).collect();
         let shape = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum);
+        let rule =
+            placement::LedgerPlacement::of_ledger(&self.inner.config.placement, &meta.custom)?;
         let mut exclude: HashSet<BookieId> = fragment.bookies.iter().cloned().collect();
         exclude.extend(self.quarantined());
         exclude.extend(avoid.iter().cloned());
+        exclude.extend(rule.outside(&registered));
         loop {
             let pick = placement::choose_replacement(
-                &self.inner.config.placement,
+                &rule.settings,
                 shape,
                 &registered,
                 &slots,

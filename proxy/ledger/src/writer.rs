@@ -39,7 +39,10 @@ pub struct LedgerOptions {
     /// ledger id, kept in the ledger metadata (`master_key_hex`), where recovery and
     /// re-replication take it from.
     pub password: Vec<u8>,
-    /// Custom metadata stored with the ledger.
+    /// Custom metadata stored with the ledger. A stream's own placement recorded in it
+    /// ([`quire_metadata::StreamPlacement::record`], key `quire.placement`) is the placement
+    /// the ledger is created and later replaced by ([`placement::LedgerPlacement`]); without
+    /// it, the client's `[ledger]` settings.
     pub custom: BTreeMap<String, String>,
 }
 
@@ -84,12 +87,14 @@ fn now_ms() -> u64 {
 }
 
 impl BookKeeper {
-    /// Creates a ledger on E writable bookies it can connect to, placed by the client's
-    /// placement policy (`ClientConfig::placement`; bookies that failed lately are placed only
+    /// Creates a ledger on E writable bookies it can connect to, placed by the placement
+    /// recorded in `opts.custom`, else the client's (`ClientConfig::placement`; bookies that failed lately are placed only
     /// when needed; one that cannot be reached is quarantined and skipped).
     ///
     /// # Errors
-    /// `Invalid` unless E >= Qw >= Qa >= 1, or for an empty password; `NotEnoughBookies` (fewer than E registered);
+    /// `Invalid` unless E >= Qw >= Qa >= 1, or for an empty password; `Metadata` (`Invalid`)
+    /// for a recorded placement that does not parse; `NotEnoughBookies` (fewer than E
+    /// registered, in the placement's regions);
     /// `Placement` (the policy's enforced rule cannot be kept with the registered bookies);
     /// `BookieUnreachable` (fewer than E reachable: the last connect error); `Metadata`.
     pub async fn create_ledger(&self, opts: LedgerOptions) -> Result<LedgerWriter, Error> {
@@ -104,7 +109,9 @@ impl BookKeeper {
                 "a ledger needs its writer's secret (LedgerOptions::password is empty)".into(),
             ));
         }
-        let ensemble = self.connect_ensemble((e, w, a)).await?;
+        let rule =
+            placement::LedgerPlacement::of_ledger(&self.inner.config.placement, &opts.custom)?;
+        let ensemble = self.connect_ensemble((e, w, a), &rule).await?;
         let candidates: Vec<BookieId> = ensemble.iter().map(|s| s.bookie.clone()).collect();
         let id = self.inner.metadata.allocate_ledger_id().await?;
         let key = ledger_master_key(&opts.password, id);
@@ -132,6 +139,7 @@ impl BookKeeper {
                 id,
                 key,
                 quorum: (e, w, a),
+                placement: rule,
                 state: Mutex::new(WriterState {
                     tracker: AckTracker::new(w, a, 0),
                     pending: VecDeque::new(),
@@ -152,8 +160,8 @@ impl BookKeeper {
         })
     }
 
-    /// Connects to an ensemble of `e` writable registered bookies placed by the client's
-    /// policy ([`crate::placement::choose_ensemble`]; BookKeeper `newEnsemble`). Bookies that
+    /// Connects to an ensemble of `e` writable registered bookies placed by `rule`
+    /// ([`crate::placement::choose_ensemble`]; BookKeeper `newEnsemble`), in its regions. Bookies that
     /// failed lately are placed only when no placement exists without them; a registered
     /// bookie that cannot be connected to (dead, its registration not yet expired) is
     /// quarantined and the placement made again without it, so a new ledger does not wait for
@@ -163,10 +171,15 @@ impl BookKeeper {
     /// `NotEnoughBookies` (fewer than `e` eligible); `Placement` (the enforced rule of the
     /// policy cannot be kept); the last connect error when fewer than `e` are reachable;
     /// `Metadata`.
-    async fn connect_ensemble(&self, (e, w, a): placement::Shape) -> Result<Vec<Slot>, Error> {
+    async fn connect_ensemble(
+        &self,
+        (e, w, a): placement::Shape,
+        rule: &placement::LedgerPlacement,
+    ) -> Result<Vec<Slot>, Error> {
         let registered = self.registered_bookies().await?;
-        let settings = &self.inner.config.placement;
-        let mut unreachable: HashSet<BookieId> = HashSet::new();
+        let settings = &rule.settings;
+        // Bookies outside the placement's regions are never placed: unreachable from the start.
+        let mut unreachable: HashSet<BookieId> = rule.outside(&registered);
         let mut last_err = None;
         loop {
             let mut avoid: HashSet<BookieId> = unreachable.clone();
@@ -274,6 +287,8 @@ pub(crate) struct WriterShared {
     pub(crate) id: LedgerId,
     pub(crate) key: MasterKey,
     pub(crate) quorum: (u8, u8, u8),
+    /// What the ledger was placed by; its ensemble changes keep it.
+    pub(crate) placement: placement::LedgerPlacement,
     pub(crate) state: Mutex<WriterState>,
     pub(crate) lac_tx: watch::Sender<Option<EntryId>>,
 }

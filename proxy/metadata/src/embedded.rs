@@ -52,6 +52,10 @@ struct Document {
     /// Subscriptions by stream, then by name (absent in documents written before).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     subscriptions: BTreeMap<String, BTreeMap<String, (Subscription, Version)>>,
+    /// Regions marked unavailable (ZooKeeper's `regions/unavailable/<region>` nodes; absent
+    /// in documents written before, and when none is marked).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    unavailable_regions: std::collections::BTreeSet<String>,
     /// Stream ownership is process-lifetime, like the ZooKeeper lock's ephemeral node.
     #[serde(skip)]
     leases: BTreeMap<String, (String, String, tokio::sync::watch::Sender<bool>)>,
@@ -605,6 +609,31 @@ impl MetadataStore for EmbeddedStore {
             .values()
             .cloned()
             .collect())
+    }
+
+    async fn set_region_unavailable(&self, region: &str, unavailable: bool) -> Result<()> {
+        crate::validate_region(region)?;
+        let mut doc = self.inner.lock().await;
+        let changed = if unavailable {
+            doc.unavailable_regions.insert(region.to_string())
+        } else {
+            doc.unavailable_regions.remove(region)
+        };
+        // Persistent like the ZooKeeper node: the mark outlives the process until cleared.
+        if changed {
+            self.persist(&doc).await?;
+        }
+        Ok(())
+    }
+
+    async fn unavailable_regions(&self) -> Result<Vec<String>> {
+        let doc = self.inner.lock().await;
+        Ok(doc.unavailable_regions.iter().cloned().collect())
+    }
+
+    async fn region_unavailable(&self, region: &str) -> Result<bool> {
+        crate::validate_region(region)?;
+        Ok(self.inner.lock().await.unavailable_regions.contains(region))
     }
 
     async fn release_stream(&self, lease: StreamLease) -> Result<()> {

@@ -20,6 +20,7 @@
 mod autorecovery;
 mod config;
 mod embedded;
+mod placement;
 mod subscription;
 mod types;
 mod zookeeper;
@@ -30,6 +31,9 @@ pub use autorecovery::{
 };
 pub use config::{is_host_port_list, ConfigError, ZooKeeperConfig};
 pub use embedded::{EmbeddedStore, EMBEDDED_FILE_NAME};
+pub use placement::{
+    PlacementPolicy, QuorumShape, StreamPlacement, LEDGER_PLACEMENT_KEY, PLACEMENT_REGIONS_MAX,
+};
 pub use subscription::{
     validate_subscription_name, Subscription, SUBSCRIPTION_NAME_SIZE_BYTES_MAX,
 };
@@ -292,10 +296,10 @@ pub trait MetadataStore: Send + Sync + 'static {
         Ok(Vec::new())
     }
     /// Marks `region` as not accepting new streams (`unavailable`), or clears the mark
-    /// (ZooKeeper: the persistent node `regions/unavailable/<region>`, issue 30 item 4; the
-    /// proxies of a marked region answer `REGION_UNAVAILABLE` to requests that would acquire a
+    /// (ZooKeeper: the persistent node `regions/unavailable/<region>`; the embedded store: the
+    /// document's `unavailable_regions`; issue 30 item 4; the proxies of a marked region answer `REGION_UNAVAILABLE` to requests that would acquire a
     /// stream). Idempotent. `Invalid` for a region that is not one path component, and from
-    /// a store that keeps no marks (the default).
+    /// a store that keeps no marks (the default; both Quire stores keep them).
     async fn set_region_unavailable(&self, region: &str, unavailable: bool) -> Result<()> {
         let _ = (region, unavailable);
         Err(Error::Invalid {
@@ -315,4 +319,23 @@ pub trait MetadataStore: Send + Sync + 'static {
             .iter()
             .any(|r| r == region))
     }
+}
+
+/// `Invalid` unless `region` can name a region mark: one path component (a ZooKeeper znode
+/// name; the embedded store keeps the same rule so that a mark valid in one store is valid in
+/// the other).
+pub(crate) fn validate_region(region: &str) -> Result<()> {
+    if region.is_empty()
+        || region == "."
+        || region == ".."
+        || region.contains('/')
+        || region.chars().any(char::is_control)
+        || region.len() > 255
+    {
+        return Err(Error::Invalid {
+            what: "region",
+            reason: format!("{region:?} is not one path component"),
+        });
+    }
+    Ok(())
 }

@@ -346,6 +346,12 @@ pub struct StreamMetadata {
     /// proxy may own it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home_region: Option<String>,
+    /// The stream's own placement (`SET_PLACEMENT`, issue 30 item 2), used by its owner for
+    /// every new segment's ledger (a change applies from the next segment on) and recorded
+    /// in that ledger's metadata; `None`, and every record made before this field existed:
+    /// the owning proxy's `[ledger]` placement applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::StreamPlacement>,
 }
 
 /// Write limits of one scope (a proxy, a stream or a token): a hard limit refuses a write
@@ -408,6 +414,7 @@ impl std::fmt::Debug for StreamMetadata {
             .field("compression", &self.compression)
             .field("limits", &self.limits)
             .field("home_region", &self.home_region)
+            .field("placement", &self.placement)
             .field(
                 "ledger_secret_hex",
                 &self.ledger_secret_hex.as_ref().map(|_| "<redacted>"),

@@ -65,6 +65,11 @@ pub(super) enum Command {
         limits: Option<quire_metadata::RateLimits>,
         reply: oneshot::Sender<Result<Option<quire_metadata::RateLimits>>>,
     },
+    /// See [`super::StreamManager::set_placement`].
+    SetPlacement {
+        placement: Option<quire_metadata::StreamPlacement>,
+        reply: oneshot::Sender<Result<Option<quire_metadata::StreamPlacement>>>,
+    },
 }
 
 /// What the stream task reports for its part of a sweep.

@@ -370,6 +370,29 @@ pub(super) async fn set_limits(
     Ok(limits)
 }
 
+/// Applies a stream's own placement (see `StreamManager::set_placement`) by compare-and-set;
+/// returns the placement in force. An unchanged placement writes nothing. The next segment's
+/// ledger is placed by it (`segment.rs`, `create_segment_ledger`).
+///
+/// # Errors
+/// `OwnershipLost`, `Metadata`.
+pub(super) async fn set_placement(
+    rec: &mut StreamRecord,
+    own: &Ownership,
+    placement: Option<quire_metadata::StreamPlacement>,
+) -> Result<Option<quire_metadata::StreamPlacement>> {
+    if rec.meta.value.placement == placement {
+        return Ok(placement);
+    }
+    own.check()?;
+    let mut meta = rec.meta.value.clone();
+    meta.placement = placement.clone();
+    rec.cas_stream(meta)
+        .await
+        .map_err(|e| own.update_err("set placement", e))?;
+    Ok(placement)
+}
+
 /// Applies retention overrides (see `StreamManager::set_retention`) by compare-and-set;
 /// returns the overrides in force. An unchanged value writes nothing.
 ///

@@ -89,6 +89,7 @@ mod tests {
             compression: None,
             limits: None,
             home_region: None,
+            placement: None,
         }
     }
 

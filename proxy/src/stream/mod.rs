@@ -833,6 +833,32 @@ impl StreamManager {
             .await
     }
 
+    /// Sets the stream's own placement (`SET_PLACEMENT`, issue 30 item 2; `None`: back to
+    /// the proxy's `[ledger]` placement and quorum) and returns the placement in force in the
+    /// record. Done by the owner, which places every new segment's ledger by it from the next
+    /// segment on (the open segment, and a spare ledger made before, keep theirs) and records
+    /// it in that ledger's metadata, where ensemble changes, recovery and re-replication read
+    /// it.
+    ///
+    /// # Errors
+    /// `BadRequest` for a placement that breaks its rules
+    /// ([`quire_metadata::StreamPlacement::validate`]); `NoSuchStream`, `OwnedElsewhere`,
+    /// `OwnershipLost`, `Metadata`.
+    pub async fn set_placement(
+        &self,
+        name: &str,
+        placement: Option<quire_metadata::StreamPlacement>,
+    ) -> Result<Option<quire_metadata::StreamPlacement>> {
+        if let Some(p) = &placement {
+            p.validate().map_err(|e| Error::BadRequest {
+                reason: format!("stream {name:?}: {e}"),
+            })?;
+        }
+        self.registry
+            .owner_command(name, |reply| Command::SetPlacement { placement, reply })
+            .await
+    }
+
     /// Acquires every stream in the metadata store that no other proxy owns now, recovering
     /// any segment a previous owner left in progress, instead of at each stream's first use.
     /// Returns how many streams were acquired (streams owned elsewhere are skipped, and so are

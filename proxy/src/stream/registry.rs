@@ -324,6 +324,7 @@ impl Registry {
             compression: None,
             limits: None,
             home_region: Some(self.placement.region().to_string()),
+            placement: None,
         };
         self.metadata
             .create_stream(&meta)

@@ -138,6 +138,9 @@ pub(super) struct SpareLedger {
     pub(super) seq_no: u64,
     /// The stream secret its master key derives from (new when the stream had none yet).
     pub(super) secret: Vec<u8>,
+    /// The stream's own placement it was made under (`None`: the proxy's); a spare made
+    /// before a `SET_PLACEMENT` is not used, so a change applies from the next segment.
+    pub(super) placement: Option<quire_metadata::StreamPlacement>,
 }
 
 /// What recovery learns from the end of a segment's ledger.
@@ -380,11 +383,15 @@ impl Segments {
     }
 
     /// Creates the ledger of the stream's next segment (labelled with its stream and sequence
-    /// number, keyed by the stream's secret).
+    /// number, keyed by the stream's secret), placed by the stream's own placement when it has
+    /// one (its policy and regions, recorded in the ledger's metadata for every later
+    /// replacement, and its quorum when it names one), else the proxy's `[ledger]` settings
+    /// and quorum.
     ///
     /// # Errors
     /// `OwnershipLost`; `Metadata` for an unreadable secret; `Storage` (op "create ledger")
-    /// when the ledger cannot be created, e.g. fewer writable bookies than the ensemble size.
+    /// when the ledger cannot be created, e.g. fewer writable bookies than the ensemble size,
+    /// or a placement whose enforced rule cannot be kept (`placement: ...`).
     pub(super) async fn create_segment_ledger(
         &self,
         rec: &StreamRecord,
@@ -398,6 +405,18 @@ impl Segments {
         custom.insert(LEDGER_LABEL_STREAM.to_string(), rec.name.clone());
         custom.insert(LEDGER_LABEL_SEGMENT.to_string(), seq_no.to_string());
         let c = &rec.config;
+        let placement = rec.meta.value.placement.clone();
+        let (ensemble_size, write_quorum, ack_quorum) = match &placement {
+            Some(p) => {
+                // Read by the ledger client to place this ledger and every later replacement.
+                p.record(&mut custom);
+                p.quorum
+                    .map_or((c.ensemble_size, c.write_quorum, c.ack_quorum), |q| {
+                        (q.ensemble_size, q.write_quorum, q.ack_quorum)
+                    })
+            }
+            None => (c.ensemble_size, c.write_quorum, c.ack_quorum),
+        };
         // The ledger's master key comes from the stream's secret; a stream made before
         // secrets existed gets one, stored by the compare-and-set that starts the segment
         // (if that fails, the ledger is an orphan the sweep deletes, as for any failed start).
@@ -413,9 +432,9 @@ impl Segments {
         let ledger = rec
             .bookkeeper
             .create_ledger(LedgerOptions {
-                ensemble_size: c.ensemble_size,
-                write_quorum: c.write_quorum,
-                ack_quorum: c.ack_quorum,
+                ensemble_size,
+                write_quorum,
+                ack_quorum,
                 password: secret.clone(),
                 custom,
             })
@@ -425,6 +444,7 @@ impl Segments {
             ledger,
             seq_no,
             secret,
+            placement,
         })
     }
 
@@ -447,7 +467,9 @@ impl Segments {
             .map_err(|e| rec.meta_err("read ledger secret", e))?;
         let spare = match self.spare.take() {
             Some(s)
-                if s.seq_no == seq_no && stored_secret.as_ref().is_none_or(|k| *k == s.secret) =>
+                if s.seq_no == seq_no
+                    && stored_secret.as_ref().is_none_or(|k| *k == s.secret)
+                    && s.placement == rec.meta.value.placement =>
             {
                 s
             }

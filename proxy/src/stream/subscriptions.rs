@@ -290,6 +290,7 @@ mod tests {
             compression: None,
             limits: None,
             home_region: None,
+            placement: None,
         };
         assert_eq!(lag(&meta, None), (140, 1400));
         // A control entry after the last record (entry 1 here) holds no record: committed past

@@ -447,6 +447,13 @@ impl Writer {
                 let _ = reply.send(r);
                 go_on
             }
+            Command::SetPlacement { placement, reply } => {
+                let (rec, own) = (&mut self.rec, &self.ownership);
+                let r = lifecycle::set_placement(rec, own, placement).await;
+                let (r, go_on) = self.lifecycle_answer(r).await;
+                let _ = reply.send(r);
+                go_on
+            }
             Command::Delete { reply } => {
                 let (r, go_on) = self.delete_stream().await;
                 let _ = reply.send(r);
@@ -629,6 +636,9 @@ impl Writer {
                     let _ = reply.send(Err(self.ended(deleted, &reason)));
                 }
                 Command::SetLimits { reply, .. } => {
+                    let _ = reply.send(Err(self.ended(deleted, &reason)));
+                }
+                Command::SetPlacement { reply, .. } => {
                     let _ = reply.send(Err(self.ended(deleted, &reason)));
                 }
                 Command::Delete { reply } => {

@@ -69,6 +69,7 @@ async fn streams_derive_ledger_keys_from_their_own_secret() {
             compression: None,
             limits: None,
             home_region: None,
+            placement: None,
         })
         .await
         .unwrap();

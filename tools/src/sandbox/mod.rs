@@ -231,8 +231,9 @@ pub struct SandboxArgs {
 }
 
 /// Takes an exclusive flock on `DIR/LOCK` for the life of the process, so that two sandboxes
-/// never share a data directory.
-fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
+/// never share a data directory (and `quire cluster region --data-dir` never writes the
+/// embedded store under a running sandbox).
+pub(crate) fn lock_data_dir(dir: &Path) -> Result<std::fs::File> {
     let path = dir.join("LOCK");
     let file = std::fs::OpenOptions::new()
         .create(true)

@@ -37,6 +37,7 @@ mod cluster_slow_bookie;
 mod cluster_stalled_bookie_reregisters;
 mod cluster_stopped_bookie_ack_gap;
 mod cluster_stream_lifecycle;
+mod cluster_stream_placement;
 mod cluster_stream_positions;
 mod cluster_tls;
 mod cluster_zk_acls;

@@ -8,24 +8,7 @@ use zookeeper_client as zk;
 
 use super::records::zk_err;
 use super::ZkStore;
-use crate::{Error, Result};
-
-/// `Invalid` unless `region` can name one znode.
-fn validate_region(region: &str) -> Result<()> {
-    if region.is_empty()
-        || region == "."
-        || region == ".."
-        || region.contains('/')
-        || region.chars().any(char::is_control)
-        || region.len() > 255
-    {
-        return Err(Error::Invalid {
-            what: "region",
-            reason: format!("{region:?} is not one path component"),
-        });
-    }
-    Ok(())
-}
+use crate::{validate_region, Result};
 
 impl ZkStore {
     fn unavailable_dir(&self) -> String {

@@ -18,6 +18,7 @@ fn stream(name: &str) -> StreamMetadata {
         compression: None,
         limits: None,
         home_region: None,
+        placement: None,
     }
 }
 
@@ -216,4 +217,43 @@ async fn subscriptions_persist_and_go_with_their_stream() {
         store.read_subscription("s", "a").await,
         Err(Error::NotFound { .. })
     ));
+}
+
+#[tokio::test]
+async fn region_marks_persist_like_zookeeper_nodes() {
+    // Goal (issue 30 item 2): the sandbox's store keeps region marks as ZooKeeper does:
+    // idempotent, listed sorted, kept across a reopen until cleared; a name that could not be
+    // a znode is refused. A stream with its own placement reads back unchanged.
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(
+        store.unavailable_regions().await.unwrap(),
+        Vec::<String>::new()
+    );
+    for r in ["b", "a", "b"] {
+        store.set_region_unavailable(r, true).await.unwrap();
+    }
+    assert!(matches!(
+        store.set_region_unavailable("x/y", true).await,
+        Err(Error::Invalid { .. })
+    ));
+    let mut m = stream("placed");
+    m.placement = Some(StreamPlacement {
+        placement: PlacementPolicy::RegionAware,
+        regions: vec!["a".into(), "b".into()],
+        ..StreamPlacement::default()
+    });
+    store.create_stream(&m).await.unwrap();
+    drop(store);
+
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(store.unavailable_regions().await.unwrap(), vec!["a", "b"]);
+    assert!(store.region_unavailable("a").await.unwrap());
+    assert_eq!(store.read_stream("placed").await.unwrap().value, m);
+    store.set_region_unavailable("a", false).await.unwrap();
+    store.set_region_unavailable("a", false).await.unwrap();
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(store.unavailable_regions().await.unwrap(), vec!["b"]);
+    assert!(!store.region_unavailable("a").await.unwrap());
 }

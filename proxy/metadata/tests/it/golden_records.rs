@@ -96,6 +96,7 @@ fn stream() -> StreamMetadata {
         compression: None,
         limits: None,
         home_region: None,
+        placement: None,
     }
 }
 

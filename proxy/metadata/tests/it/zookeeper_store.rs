@@ -26,6 +26,7 @@ fn stream(name: &str) -> StreamMetadata {
         compression: None,
         limits: None,
         home_region: None,
+        placement: None,
     }
 }
 
