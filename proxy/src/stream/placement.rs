@@ -547,7 +547,7 @@ impl Placement {
     /// The live proxies of this proxy's view (without itself), as addresses.
     pub(super) fn live_peers(&self) -> Vec<String> {
         let live = self.live.lock().expect("live lock");
-        live.iter().map(|(a, _)| a.clone()).collect()
+        live.iter().map(|p| p.address.clone()).collect()
     }
 
     /// Leaves the registry for good (a drain or shutdown; a no-op after [`Placement::leave`]
