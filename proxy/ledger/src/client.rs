@@ -261,7 +261,10 @@ impl BookKeeper {
     /// own labels starts in the background (`locality`). Reads order replicas by distance
     /// only for bookies counted here.
     pub fn known_bookie_labels(&self) -> usize {
-        self.inner.labels.lock().map_or(0, |cache| cache.labels.len())
+        self.inner
+            .labels
+            .lock()
+            .map_or(0, |cache| cache.labels.len())
     }
 
     /// The order in which to ask `replicas` (a write set's bookies, in write-set order) for an
