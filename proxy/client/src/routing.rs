@@ -573,21 +573,7 @@ impl Router {
             Err(Error::Remote {
                 code: ErrorCode::ServiceUnavailable,
                 ..
-            }) if route.target.is_some() => {
-                // The owner we were sent to is shutting down and did nothing with the
-                // request (DistributedLog: SERVICE_UNAVAILABLE marks the host down and the
-                // request goes elsewhere): ask the home proxy who owns the stream now.
-                route.hops += 1;
-                if route.hops > self.config.redirects_max {
-                    self.forget_route(stream, route.reads);
-                    return Some(Err(self.gave_up(stream, conn.addr.clone())));
-                }
-                self.forget_route(stream, route.reads);
-                self.drop_connection(&conn.addr).await;
-                route.target = None;
-                route.from_cache = false;
-                None
-            }
+            }) if route.target.is_some() => self.owner_unavailable(stream, conn, route).await,
             Err(
                 e @ Error::Remote {
                     code: ErrorCode::RegionUnavailable,
@@ -628,18 +614,7 @@ impl Router {
             Err(Error::Io { op, source })
                 if op == "send request" && source.kind() == std::io::ErrorKind::NotConnected =>
             {
-                // The connection closed before the request went out (a drained proxy's
-                // last answer arrived meanwhile): nothing was sent, so route it afresh.
-                route.hops += 1;
-                if route.hops > self.config.redirects_max {
-                    return Some(Err(Error::Io { op, source }));
-                }
-                if let Some(addr) = route.target.take() {
-                    self.drop_connection(&addr).await;
-                    self.forget_route(stream, route.reads);
-                }
-                route.from_cache = false;
-                None
+                self.unsent(stream, route, Error::Io { op, source }).await
             }
             Err(e @ Error::Io { .. }) => {
                 // The request may or may not have been processed: never resend it, but route
@@ -652,6 +627,43 @@ impl Router {
             }
             other => Some(other),
         }
+    }
+
+    /// `SERVICE_UNAVAILABLE` from the owner we were sent to: it is shutting down and did
+    /// nothing with the request (DistributedLog: SERVICE_UNAVAILABLE marks the host down and
+    /// the request goes elsewhere), so ask the home proxy who owns the stream now. `None`: send
+    /// again; `Some` (gave up) after `redirects_max` hops.
+    async fn owner_unavailable(
+        &self,
+        stream: &str,
+        conn: &Connection,
+        route: &mut Route,
+    ) -> Option<Result<Response>> {
+        route.hops += 1;
+        self.forget_route(stream, route.reads);
+        if route.hops > self.config.redirects_max {
+            return Some(Err(self.gave_up(stream, conn.addr.clone())));
+        }
+        self.drop_connection(&conn.addr).await;
+        route.target = None;
+        route.from_cache = false;
+        None
+    }
+
+    /// The connection closed before the request went out (a drained proxy's last answer
+    /// arrived meanwhile): nothing was sent, so route it afresh. `None`: send again; `Some(e)`
+    /// after `redirects_max` hops.
+    async fn unsent(&self, stream: &str, route: &mut Route, e: Error) -> Option<Result<Response>> {
+        route.hops += 1;
+        if route.hops > self.config.redirects_max {
+            return Some(Err(e));
+        }
+        if let Some(addr) = route.target.take() {
+            self.drop_connection(&addr).await;
+            self.forget_route(stream, route.reads);
+        }
+        route.from_cache = false;
+        None
     }
 
     /// Acts on `REGION_UNAVAILABLE` from `conn` (nothing was done): marks its region as
