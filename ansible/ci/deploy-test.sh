@@ -154,12 +154,29 @@ grep -A10 "PLAY RECAP" "$ST/site-1.log"
 log "site.yml deployed the cluster in $(( $(date +%s) - t0 )) s"
 # The idempotency run on one host of each role (zk1 also holds monitoring; every play and
 # task of site.yml runs, on 3 hosts instead of 6: the other hosts run the same tasks with
-# other variables). It must change nothing.
+# other variables). It must change nothing. One ansible-playbook per host, all three at once:
+# limited to one host, each runs only the plays of that host's groups, and one run over the
+# three ran those plays one after the other (187 s in CI beside the tests, against 167 s for
+# the first deployment of all six hosts). The controller's tasks find their files made and
+# write nothing, so the three do not race on them.
 t0=$(date +%s)
-ansible-playbook -i inventories/ci site.yml --limit zk1,bk1,px1 > "$ST/site-2.log" \
-    || { tail -n 60 "$ST/site-2.log"; exit 1; }
-grep -B3 -A12 "changed:" "$ST/site-2.log" | head -40 || true
-recap_unchanged "$ST/site-2.log" zk1,bk1,px1
+idem_hosts=(zk1 bk1 px1)
+idem_pids=()
+for h in "${idem_hosts[@]}"; do
+    ansible-playbook -i inventories/ci site.yml --limit "$h" > "$ST/site-2-$h.log" 2>&1 &
+    idem_pids+=("$!")
+done
+idem_failed=0
+for i in "${!idem_hosts[@]}"; do
+    wait "${idem_pids[$i]}" && continue
+    tail -n 60 "$ST/site-2-${idem_hosts[$i]}.log"
+    idem_failed=1
+done
+[ "$idem_failed" = 0 ] || exit 1
+for h in "${idem_hosts[@]}"; do
+    grep -B3 -A12 "changed:" "$ST/site-2-$h.log" | head -40 || true
+    recap_unchanged "$ST/site-2-$h.log" "$h"
+done
 log "second site.yml (zk1, bk1, px1) changed nothing ($(( $(date +%s) - t0 )) s)"
 
 # The cluster speaks TLS with client certificates required on every port (quire_tls, on as in
