@@ -71,9 +71,9 @@ async fn bad_requests_get_their_error_codes() {
         matches!(e, Error::RecordTooLarge { record_index: 1, size_bytes, max_bytes: 1_040_384 } if size_bytes == 1_040_385),
         "{e}"
     );
-    let resp = raw_call(
+    let resp = common::raw::call(
         p.server.local_addr(),
-        Request::Write {
+        &Request::Write {
             stream: "s".into(),
             create_if_missing: false,
             compress: false,
@@ -146,32 +146,4 @@ async fn bad_requests_get_their_error_codes() {
             (8, b"same".to_vec())
         ]
     );
-}
-
-/// Sends one request on a fresh connection after the handshake and returns the answer.
-async fn raw_call(addr: std::net::SocketAddr, req: Request) -> Response {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut out = Vec::new();
-    Request::Hello {
-        version_min: 1,
-        version_max: 1,
-        token: None,
-    }
-    .encode(1, &mut out);
-    req.encode(2, &mut out);
-    s.write_all(&out).await.unwrap();
-    let mut buf = Vec::new();
-    let mut answers = Vec::new();
-    while answers.len() < 2 {
-        let mut chunk = [0u8; 4096];
-        let n = s.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "proxy closed the connection");
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some((f, used)) = quire_wire::frame::decode_frame(&buf, 8 << 20).unwrap() {
-            answers.push(Response::decode(&f).unwrap());
-            buf.drain(..used);
-        }
-    }
-    answers.pop().unwrap()
 }

@@ -15,16 +15,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::raw::{hello, hello_with, Raw, BOUND};
 use quire_client::protocol::{Request, Response};
 use quire_client::{ProxyClient, ReadPosition};
 use quire_ledger::BookKeeper;
 use quire_proxy::{Error, ErrorCode, ProxyServer, ServerConfig, StreamManager};
-use quire_wire::frame::decode_frame;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// Longest any single observation may take before the test calls the server broken.
-const BOUND: Duration = Duration::from_secs(20);
 
 async fn proxy_with(
     c: &common::Cluster,
@@ -37,62 +32,6 @@ async fn proxy_with(
     let streams = StreamManager::new(c.store.clone(), bk, config);
     let server = ProxyServer::start(listener, streams.clone(), server).unwrap();
     (streams, server)
-}
-
-fn hello() -> Vec<u8> {
-    let mut v = Vec::new();
-    Request::Hello {
-        version_min: 1,
-        version_max: 1,
-        token: None,
-    }
-    .encode(1, &mut v);
-    v
-}
-
-/// Reads frames until the server closes the connection; panics if it stays open past `BOUND`.
-async fn frames_until_closed(s: &mut TcpStream) -> Vec<(u64, Response)> {
-    let mut buf = Vec::new();
-    let mut out = Vec::new();
-    loop {
-        let mut chunk = [0u8; 4096];
-        match tokio::time::timeout(BOUND, s.read(&mut chunk)).await {
-            Err(_) => {
-                panic!("the server kept the connection open for {BOUND:?}; frames so far: {out:?}")
-            }
-            Ok(Ok(0)) | Ok(Err(_)) => return out,
-            Ok(Ok(n)) => {
-                buf.extend_from_slice(&chunk[..n]);
-                while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
-                    out.push((f.header.request_id, Response::decode(&f).unwrap()));
-                    buf.drain(..used);
-                }
-            }
-        }
-    }
-}
-
-/// Connects and completes the handshake on a raw connection.
-async fn greeted(addr: SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(&hello()).await.unwrap();
-    let mut buf = Vec::new();
-    loop {
-        let mut chunk = [0u8; 256];
-        let n = tokio::time::timeout(BOUND, s.read(&mut chunk))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0, "closed during the handshake");
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some((f, _)) = decode_frame(&buf, 8 << 20).unwrap() {
-            assert!(matches!(
-                Response::decode(&f).unwrap(),
-                Response::Hello { .. }
-            ));
-            return s;
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,9 +47,9 @@ async fn connections_without_a_handshake_are_closed() {
     // Silent after connecting, and a Hello cut short (10 of its 24 bytes): both are answered
     // BAD_REQUEST with request id 0 and closed.
     for sent in [Vec::new(), hello()[..10].to_vec()] {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(&sent).await.unwrap();
-        let frames = frames_until_closed(&mut s).await;
+        let mut s = Raw::connect(addr).await;
+        s.send(&sent).await.unwrap();
+        let frames = s.until_closed().await;
         assert_eq!(frames.len(), 1, "{frames:?}");
         assert_eq!(frames[0].0, 0);
         match &frames[0].1 {
@@ -140,8 +79,8 @@ async fn idle_connections_are_closed_but_waiting_tail_reads_are_not() {
     let addr = server.local_addr();
 
     // A handshaken connection that sends nothing more is closed, without an answer.
-    let mut s = greeted(addr).await;
-    let frames = frames_until_closed(&mut s).await;
+    let mut s = Raw::greeted(addr).await;
+    let frames = s.until_closed().await;
     assert!(frames.is_empty(), "{frames:?}");
 
     // A tail read waiting longer than the idle timeout is in flight: the connection stays open
@@ -192,17 +131,17 @@ async fn connections_over_the_limit_get_service_unavailable() {
 
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(greeted(addr).await);
+        held.push(Raw::greeted(addr).await);
     }
 
     // The fourth connection is answered SERVICE_UNAVAILABLE (request id 0) and closed, whether
     // or not it sent its Hello.
     for send_hello in [false, true] {
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut s = Raw::connect(addr).await;
         if send_hello {
-            s.write_all(&hello()).await.unwrap();
+            s.send(&hello()).await.unwrap();
         }
-        let frames = frames_until_closed(&mut s).await;
+        let frames = s.until_closed().await;
         assert_eq!(frames.len(), 1, "{frames:?}");
         assert_eq!(frames[0].0, 0);
         match &frames[0].1 {
@@ -273,7 +212,7 @@ async fn a_client_that_does_not_read_its_answers_is_not_served_then_closed() {
             .await
             .unwrap();
     }
-    let mut s = greeted(addr).await;
+    let mut s = Raw::greeted(addr).await;
     let mut reads = Vec::new();
     for id in 0..200u64 {
         Request::Read {
@@ -286,10 +225,10 @@ async fn a_client_that_does_not_read_its_answers_is_not_served_then_closed() {
         }
         .encode(10 + id, &mut reads);
     }
-    s.write_all(&reads).await.unwrap();
+    s.send(&reads).await.unwrap();
     // The send timeout is what is checked: let it pass without reading.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let frames = frames_until_closed(&mut s).await;
+    let frames = s.until_closed().await;
     assert!(
         frames.len() < 50,
         "{} of 200 unread reads were answered",
@@ -309,7 +248,7 @@ async fn legit_round(addr: SocketAddr, from: &str, txid: u64) -> Result<(), Stri
     let sock = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
     sock.bind(format!("{from}:0").parse().unwrap())
         .map_err(|e| e.to_string())?;
-    let mut s = sock.connect(addr).await.map_err(|e| e.to_string())?;
+    let mut s = Raw::new(sock.connect(addr).await.map_err(|e| e.to_string())?);
     let mut out = hello();
     Request::Write {
         stream: "legit".into(),
@@ -318,19 +257,12 @@ async fn legit_round(addr: SocketAddr, from: &str, txid: u64) -> Result<(), Stri
         records: vec![(txid, b"hello".to_vec())],
     }
     .encode(2, &mut out);
-    s.write_all(&out).await.map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
+    s.send(&out).await.map_err(|e| e.to_string())?;
     let mut answers = Vec::new();
     while answers.len() < 2 {
-        let mut chunk = [0u8; 4096];
-        let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err(format!("closed after {answers:?}"));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
-            answers.push(Response::decode(&f).unwrap());
-            buf.drain(..used);
+        match s.next().await {
+            Some((_, answer)) => answers.push(answer),
+            None => return Err(format!("closed after {answers:?}")),
         }
     }
     match &answers[..] {
@@ -392,7 +324,6 @@ async fn repeated_bad_tokens_are_counted_slowed_and_then_refused() {
     // good token is not affected. Method: an in-process proxy requiring one token; 30 handshakes
     // with a wrong token from 127.0.0.1, each on a new connection; the time the refusals take
     // and whether the connection is answered at all; the metrics registry afterwards.
-    use quire_client::protocol::Token;
     use quire_proxy::auth::{token_digest_hex, Authorizer, Grant};
     let c = common::cluster().await;
     let metrics = quire_proxy::ProxyMetrics::new();
@@ -416,23 +347,13 @@ async fn repeated_bad_tokens_are_counted_slowed_and_then_refused() {
     let addr = server.local_addr();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry, streams.clone());
-    let hello_with = |token: &[u8]| {
-        let mut v = Vec::new();
-        Request::Hello {
-            version_min: 1,
-            version_max: 1,
-            token: Some(Token(token.to_vec())),
-        }
-        .encode(1, &mut v);
-        v
-    };
     let started = tokio::time::Instant::now();
     let mut unauthenticated = 0;
     let mut unanswered = 0;
     for _ in 0..30 {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        let _ = s.write_all(&hello_with(b"guess")).await;
-        let frames = frames_until_closed(&mut s).await;
+        let mut s = Raw::connect(addr).await;
+        let _ = s.send(&hello_with(Some(b"guess"))).await;
+        let frames = s.until_closed().await;
         match frames.first() {
             Some((
                 _,
@@ -465,16 +386,13 @@ async fn repeated_bad_tokens_are_counted_slowed_and_then_refused() {
     // Another address with the good token is served at once.
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-    let mut s = sock.connect(addr).await.unwrap();
-    s.write_all(&hello_with(b"good")).await.unwrap();
-    let mut chunk = [0u8; 256];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
+    let mut s = Raw::new(sock.connect(addr).await.unwrap());
+    s.send(&hello_with(Some(b"good"))).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), s.next())
         .await
-        .unwrap()
         .unwrap();
-    let (f, _) = decode_frame(&chunk[..n], 8 << 20).unwrap().unwrap();
-    assert!(matches!(
-        Response::decode(&f).unwrap(),
-        Response::Hello { .. }
-    ));
+    assert!(
+        matches!(answer, Some((_, Response::Hello { .. }))),
+        "{answer:?}"
+    );
 }

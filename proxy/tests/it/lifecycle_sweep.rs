@@ -11,34 +11,17 @@
 //! ledger created and written but never added, a stream record deleted without its ledgers).
 
 use crate::common;
+use crate::common::read_all;
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use quire_client::{Dlsn, ProxyClient, ReadPosition};
+use quire_client::ProxyClient;
 use quire_ledger::{BookKeeper, LedgerOptions};
 use quire_metadata::{MetadataStore, SegmentState, TruncationPoint};
 use quire_proxy::{StreamConfig, LEDGER_LABEL_SEGMENT, LEDGER_LABEL_STREAM};
 use quire_wire::LedgerId;
-
-type Rec = (Dlsn, u64, Vec<u8>);
-
-async fn read_all(client: &ProxyClient, stream: &str) -> Vec<Rec> {
-    let mut out = Vec::new();
-    let mut pos = ReadPosition::Head;
-    loop {
-        let b = client
-            .read(stream, pos, 500, 1 << 20, Duration::ZERO)
-            .await
-            .unwrap();
-        if b.records.is_empty() {
-            return out;
-        }
-        out.extend(b.records);
-        pos = b.next;
-    }
-}
 
 async fn write(client: &ProxyClient, stream: &str, first: u64, n: u64) {
     let mut t = first;

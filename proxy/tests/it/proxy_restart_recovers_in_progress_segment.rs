@@ -8,27 +8,10 @@
 //! a clean shutdown of B leaves no segment in progress.
 
 use crate::common;
+use crate::common::read_all;
 
-use std::time::Duration;
-
-use quire_client::{Dlsn, ProxyClient, ReadPosition};
+use quire_client::ProxyClient;
 use quire_metadata::SegmentState;
-
-async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut pos = ReadPosition::Head;
-    loop {
-        let b = client
-            .read(stream, pos, 500, 1 << 20, Duration::ZERO)
-            .await
-            .unwrap();
-        if b.records.is_empty() {
-            return out;
-        }
-        out.extend(b.records);
-        pos = b.next;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_recovers_in_progress_segment_and_reads_back_once() {

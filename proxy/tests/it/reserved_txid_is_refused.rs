@@ -12,9 +12,6 @@ use std::time::Duration;
 use quire_client::protocol::{Request, Response};
 use quire_client::{ProxyClient, ReadPosition};
 use quire_proxy::{Error, ErrorCode};
-use quire_wire::frame::decode_frame;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn txid_u64_max_is_refused_by_server_and_client() {
@@ -23,41 +20,15 @@ async fn txid_u64_max_is_refused_by_server_and_client() {
     let addr = p.server.local_addr();
 
     // Server side: a raw write with the create flag and txids [5, u64::MAX].
-    let mut out = Vec::new();
-    Request::Hello {
-        version_min: 1,
-        version_max: 1,
-        token: None,
-    }
-    .encode(1, &mut out);
-    Request::Write {
+    let write = Request::Write {
         stream: "sealed".into(),
         create_if_missing: true,
         compress: false,
         records: vec![(5, b"a".to_vec()), (u64::MAX, b"b".to_vec())],
-    }
-    .encode(2, &mut out);
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(&out).await.unwrap();
-    let mut buf = Vec::new();
-    let mut answers = Vec::new();
-    while answers.len() < 2 {
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut chunk))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0, "closed after {answers:?}");
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
-            answers.push((f.header.request_id, Response::decode(&f).unwrap()));
-            buf.drain(..used);
-        }
-    }
-    assert_eq!(answers[1].0, 2);
-    match &answers[1].1 {
+    };
+    match common::raw::call(addr, &write).await {
         Response::Error { code, message } => {
-            assert_eq!(*code, ErrorCode::BadRequest);
+            assert_eq!(code, ErrorCode::BadRequest);
             assert!(
                 message.contains("record 1") && message.contains("reserved"),
                 "{message}"

@@ -11,49 +11,13 @@
 //! BookKeeper client on the open segment's ledger.
 
 use crate::common;
+use crate::common::{assert_reads_back, batch, read_all};
 
-use std::time::Duration;
-
-use quire_client::{Dlsn, ProxyClient, ReadPosition};
+use quire_client::ProxyClient;
 use quire_ledger::BookKeeper;
 use quire_metadata::SegmentState;
 use quire_proxy::{Error, ErrorCode};
 use quire_wire::LedgerId;
-
-async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut pos = ReadPosition::Head;
-    loop {
-        let b = client
-            .read(stream, pos, 500, 1 << 20, Duration::ZERO)
-            .await
-            .unwrap();
-        if b.records.is_empty() {
-            return out;
-        }
-        out.extend(b.records);
-        pos = b.next;
-    }
-}
-
-fn batch(first_txid: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
-    (first_txid..first_txid + n)
-        .map(|t| (t, common::payload(t)))
-        .collect()
-}
-
-fn assert_reads_back(got: &[(Dlsn, u64, Vec<u8>)], expected: &[(u64, Vec<u8>)]) {
-    let data: Vec<(u64, Vec<u8>)> = got.iter().map(|(_, t, d)| (*t, d.clone())).collect();
-    assert_eq!(data.len(), expected.len(), "record count");
-    assert!(
-        data == expected,
-        "records differ from the acknowledged ones"
-    );
-    assert!(
-        got.windows(2).all(|w| w[0].0 < w[1].0),
-        "DLSNs strictly increase"
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_taken_away_fails_next_write_then_redirects() {

@@ -694,8 +694,6 @@ async fn describe_during_a_roll_shows_the_in_progress_segment_counts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
     use quire_client::protocol::{Request, Response};
-    use quire_wire::frame::decode_frame;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let c = common::cluster().await;
     let p = common::proxy(&c, common::small_config()).await;
@@ -703,14 +701,8 @@ async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
     let client = ProxyClient::connect(addr).await.unwrap();
     write(&client, "wd", 1, 5).await;
 
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut out = Vec::new();
-    Request::Hello {
-        version_min: 1,
-        version_max: 1,
-        token: None,
-    }
-    .encode(1, &mut out);
+    let mut s = common::raw::Raw::connect(addr).await;
+    let mut out = common::raw::hello();
     let w = |txid: u64, create: bool| Request::Write {
         stream: "wd".into(),
         create_if_missing: create,
@@ -726,24 +718,9 @@ async fn requests_pipelined_after_a_delete_on_one_connection_follow_it() {
     w(8, true).encode(5, &mut out);
     w(9, true).encode(6, &mut out);
     // One write to the socket: the proxy reads every request before any is answered.
-    s.write_all(&out).await.unwrap();
-    let mut answers: Vec<(u64, Response)> = Vec::new();
-    let mut buf = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while answers.len() < 6 {
-        let mut chunk = [0u8; 4096];
-        let n =
-            tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), s.read(&mut chunk))
-                .await
-                .expect("answers within 20 s")
-                .unwrap();
-        assert!(n > 0, "closed early; answers so far: {answers:?}");
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
-            answers.push((f.header.request_id, Response::decode(&f).unwrap()));
-            buf.drain(..used);
-        }
-    }
+    s.send(&out).await.unwrap();
+    // The Hello's answer and the five requests' answers.
+    let answers = s.take(6).await;
     let at = |id: u64| answers.iter().position(|(i, _)| *i == id).unwrap();
     let answer = |id: u64| &answers[at(id)].1;
     assert!(

@@ -17,9 +17,6 @@ use std::time::Duration;
 use quire_client::protocol::{Request, Response};
 use quire_client::{ProxyClient, ReadPosition};
 use quire_proxy::{ErrorCode, StreamConfig, TXID_JUMP_MAX_DEFAULT};
-use quire_wire::frame::decode_frame;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// The largest usable txid, the one that poisoned a stream.
 const POISON: u64 = u64::MAX - 1;
@@ -55,39 +52,13 @@ async fn raw_write(
     stream: &str,
     records: Vec<(u64, Vec<u8>)>,
 ) -> Response {
-    let mut out = Vec::new();
-    Request::Hello {
-        version_min: 1,
-        version_max: 1,
-        token: None,
-    }
-    .encode(1, &mut out);
-    Request::Write {
+    let write = Request::Write {
         stream: stream.into(),
         create_if_missing: false,
         compress: false,
         records,
-    }
-    .encode(2, &mut out);
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(&out).await.unwrap();
-    let mut buf = Vec::new();
-    let mut answers = Vec::new();
-    while answers.len() < 2 {
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut chunk))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0, "closed after {answers:?}");
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some((f, used)) = decode_frame(&buf, 8 << 20).unwrap() {
-            answers.push((f.header.request_id, Response::decode(&f).unwrap()));
-            buf.drain(..used);
-        }
-    }
-    assert_eq!(answers[1].0, 2);
-    answers.pop().unwrap().1
+    };
+    common::raw::call(addr, &write).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

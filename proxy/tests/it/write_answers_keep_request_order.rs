@@ -15,11 +15,11 @@ use crate::common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::raw::Raw;
 use quire_client::protocol::{Request, Response};
 use quire_client::{Dlsn, ProxyClient, ReadPosition};
 use quire_proxy::{ErrorCode, StreamConfig};
-use quire_wire::frame::decode_frame;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 const REQUESTS: u64 = 4_400;
 const STREAM: &str = "ordered";
@@ -87,18 +87,9 @@ async fn pipelined_write_answers_follow_request_order() {
     };
     let p = common::proxy(&c, config).await;
 
-    let mut sock = tokio::net::TcpStream::connect(p.server.local_addr())
-        .await
-        .unwrap();
-    let mut hello = Vec::new();
-    Request::Hello {
-        version_min: 1,
-        version_max: 1,
-        token: None,
-    }
-    .encode(0, &mut hello);
-    sock.write_all(&hello).await.unwrap();
-    let (mut rd, mut wr) = sock.into_split();
+    let sock = Raw::greeted(p.server.local_addr()).await.s;
+    let (rd, mut wr) = sock.into_split();
+    let mut rd = Raw::new(rd);
 
     let mut expected = HashMap::new();
     let mut frames = Vec::new();
@@ -120,29 +111,14 @@ async fn pipelined_write_answers_follow_request_order() {
         wr
     });
 
-    let mut buf = Vec::new();
     let mut answers: Vec<(u64, Response)> = Vec::new();
-    let mut greeted = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while answers.len() < REQUESTS as usize {
-        let n = tokio::time::timeout_at(deadline, rd.read_buf(&mut buf))
+        let answer = tokio::time::timeout_at(deadline, rd.next())
             .await
             .expect("every write is answered within 120 s")
-            .unwrap();
-        assert!(n > 0, "the proxy closed the connection");
-        let mut used_total = 0;
-        while let Some((frame, used)) = decode_frame(&buf[used_total..], 8 * 1024 * 1024).unwrap() {
-            let id = frame.header.request_id;
-            let resp = Response::decode(&frame).unwrap();
-            used_total += used;
-            if !greeted {
-                assert!(matches!(resp, Response::Hello { .. }), "{resp:?}");
-                greeted = true;
-                continue;
-            }
-            answers.push((id, resp));
-        }
-        buf.drain(..used_total);
+            .expect("the proxy closed the connection");
+        answers.push(answer);
     }
     let _wr = sender.await.unwrap();
 

@@ -9,39 +9,18 @@
 //! nodes after the session timeout, and A's client gives up reconnecting after 1.4 × that.
 
 use crate::common;
+use crate::common::{batch, read_all};
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use quire_client::{Dlsn, ProxyClient, ReadPosition};
+use quire_client::ProxyClient;
 use quire_metadata::{SegmentState, ZkStore};
 use quire_proxy::ErrorCode;
 use quire_testkit::{TcpRelay, ZooKeeperServer};
 
 const SESSION: Duration = Duration::from_secs(6);
 const PATIENCE: Duration = Duration::from_secs(120);
-
-async fn read_all(client: &ProxyClient, stream: &str) -> Vec<(Dlsn, u64, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut pos = ReadPosition::Head;
-    loop {
-        let b = client
-            .read(stream, pos, 500, 1 << 20, Duration::ZERO)
-            .await
-            .unwrap();
-        if b.records.is_empty() {
-            return out;
-        }
-        out.extend(b.records);
-        pos = b.next;
-    }
-}
-
-fn batch(first_txid: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
-    (first_txid..first_txid + n)
-        .map(|t| (t, common::payload(t)))
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_session_expiry_moves_the_stream() {

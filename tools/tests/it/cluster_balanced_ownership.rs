@@ -14,7 +14,7 @@ use quire_client::Dlsn;
 use quire_metadata::MetadataStore;
 use quire_proxy::stream::placement::preferred_owner;
 use quire_testkit::harness::checker::{check_stream, connect_proxy, Acked};
-use quire_testkit::harness::cluster::Cluster;
+use quire_testkit::harness::cluster::{wait_proxy_views, Cluster, PROXY_VIEWS_MAX};
 
 /// Streams created (through the first proxy only).
 const STREAMS: usize = 600;
@@ -33,31 +33,6 @@ async fn owners(store: &dyn MetadataStore) -> Vec<Option<String>> {
         out.push(store.stream_owner(&name(i)).await.unwrap());
     }
     out
-}
-
-/// Waits until `quire proxy list` names exactly `addrs`, then two balancer ticks more, so
-/// that every proxy has seen the others' heartbeats.
-fn wait_registry(cluster: &Cluster, addrs: &[&str]) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let list = cluster.admin_ok(&["proxy", "list"]);
-        let listed: Vec<&str> = list
-            .lines()
-            .filter_map(|l| l.split(' ').next())
-            .filter(|a| a.starts_with("127."))
-            .collect();
-        let mut want = addrs.to_vec();
-        want.sort();
-        if listed == want {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "proxy list never showed {addrs:?}: {list}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    std::thread::sleep(Duration::from_millis(2500));
 }
 
 /// What one writer saw: acknowledged records per stream, in acknowledgement order, errors,
@@ -191,9 +166,13 @@ fn streams_spread_and_move_on_join_and_drain_without_loss() {
     let p1 = cluster.start_proxy_e3(BALANCE);
     let p2 = cluster.start_proxy_e3(BALANCE);
     let three = [p0.addr.clone(), p1.addr.clone(), p2.addr.clone()];
-    wait_registry(&cluster, &[&three[0], &three[1], &three[2]]);
     let rt = runtime();
     let store = rt.block_on(cluster.zk_store());
+    rt.block_on(wait_proxy_views(
+        &store,
+        &[&three[0], &three[1], &three[2]],
+        PROXY_VIEWS_MAX,
+    ));
 
     // Spread: every stream created through P0.
     rt.block_on(async {
@@ -367,9 +346,13 @@ fn a_drained_proxy_hands_its_streams_over_without_failing_a_write() {
     let p1 = cluster.start_proxy_e3(BALANCE);
     let p2 = cluster.start_proxy_e3(BALANCE);
     let (a0, a2) = (p0.addr.clone(), p2.addr.clone());
-    wait_registry(&cluster, &[&a0, &p1.addr, &a2]);
     let rt = runtime();
     let store = rt.block_on(cluster.zk_store());
+    rt.block_on(wait_proxy_views(
+        &store,
+        &[&a0, &p1.addr, &a2],
+        PROXY_VIEWS_MAX,
+    ));
     let streams: Vec<String> = (0..N).map(|i| format!("drain-{i:03}")).collect();
     rt.block_on(async {
         let client = connect_proxy(&a0).await.unwrap();

@@ -132,9 +132,9 @@ fn readers_on_non_owners_see_every_record_once_across_roll_truncation_owner_kill
         })
         .collect();
     acked.extend(rt.block_on(write_until_acked(&history, &ca, STREAM, "a", 1, 299)));
-    // Truncate at the 101st record, through the owner, once the readers (polling every 100 ms)
-    // are past it: a reader behind the point would be refused, as it should be.
-    std::thread::sleep(Duration::from_secs(2));
+    // Truncate at the 101st record, through the owner, once the readers are past it: a reader
+    // behind the point would be refused, as it should be.
+    wait_records_read(&history, &["tail-b", "tail-c", "tail-c2"], 101);
     rt.block_on(async {
         let point: Dlsn = acked[100].0;
         let op = history.truncate_invoked(point.into());
@@ -217,6 +217,23 @@ fn readers_on_non_owners_see_every_record_once_across_roll_truncation_owner_kill
     }
 }
 
+/// Waits (up to 60 s) until each of `readers` has been returned at least `n` records in
+/// `history`.
+fn wait_records_read(history: &History, readers: &[&str], n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let read: Vec<usize> = readers.iter().map(|r| history.records_read(r)).collect();
+        if read.iter().all(|&k| k >= n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readers {readers:?} read {read:?} records in 60 s, not {n} each"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Bookie read requests (reads and long polls) answered by `bookies` so far.
 fn bookie_reads(bookies: &[String]) -> f64 {
     bookies
@@ -253,8 +270,11 @@ fn tail_cost(
             ))
         })
         .collect();
-    // Every reader is at the tail before the writes start: no catch-up reads.
-    std::thread::sleep(Duration::from_millis(500));
+    // Every reader is at the tail (has read the one record) before the writes start: no
+    // catch-up reads.
+    let names: Vec<String> = (0..readers).map(|i| format!("r{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_records_read(&history, &names, 1);
     let before = bookie_reads(bookies);
     rt.block_on(async {
         for i in 1..RECORDS {
@@ -262,7 +282,7 @@ fn tail_cost(
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
-    std::thread::sleep(Duration::from_millis(500));
+    wait_records_read(&history, &names, RECORDS);
     stop.store(true, Ordering::Release);
     for t in tails {
         assert_eq!(

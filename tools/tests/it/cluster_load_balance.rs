@@ -14,7 +14,7 @@ use quire_client::Dlsn;
 use quire_metadata::MetadataStore;
 use quire_proxy::stream::placement::preferred_owner;
 use quire_testkit::harness::checker::{check_stream, connect_proxy, Acked};
-use quire_testkit::harness::cluster::Cluster;
+use quire_testkit::harness::cluster::{wait_proxy_views, Cluster, PROXY_VIEWS_MAX};
 
 /// Hot streams, all placed on the first proxy by the hash.
 const HOT: usize = 12;
@@ -47,27 +47,6 @@ fn listed(cluster: &Cluster) -> Vec<(String, u64, String)> {
             (addr, bytes, weight)
         })
         .collect()
-}
-
-/// Waits until `quire proxy list` names exactly `addrs`, then 2.5 s (two balancer ticks and
-/// a margin) so that every proxy has seen the others' heartbeats.
-fn wait_registry(cluster: &Cluster, addrs: &[String]) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut want = addrs.to_vec();
-    want.sort();
-    loop {
-        let mut got: Vec<String> = listed(cluster).into_iter().map(|p| p.0).collect();
-        got.sort();
-        if got == want {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "proxy list never showed {want:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    std::thread::sleep(Duration::from_millis(2500));
 }
 
 /// What one writer saw: acknowledged records per stream in acknowledgement order, errors,
@@ -146,9 +125,13 @@ fn a_hot_proxy_sheds_streams_by_load_without_losing_a_write() {
     let p1 = cluster.start_proxy_e3(BALANCE);
     let p2 = cluster.start_proxy_e3(BALANCE);
     let three = [p0.addr.clone(), p1.addr.clone(), p2.addr.clone()];
-    wait_registry(&cluster, &three);
     let rt = runtime();
     let store = rt.block_on(cluster.zk_store());
+    rt.block_on(wait_proxy_views(
+        &store,
+        &[&three[0], &three[1], &three[2]],
+        PROXY_VIEWS_MAX,
+    ));
 
     let on_p0 =
         |s: &String| preferred_owner(s, three.iter().map(String::as_str)) == Some(&*three[0]);

@@ -23,29 +23,19 @@ use std::time::{Duration, Instant};
 use quire_client::{ClientConfig, ErrorCode, ProxyClient, RegionProxies};
 use quire_metadata::MetadataStore;
 use quire_testkit::harness::checker::connect_proxy;
-use quire_testkit::harness::cluster::{runtime, Cluster};
+use quire_testkit::harness::cluster::{runtime, wait_proxy_views, Cluster, PROXY_VIEWS_MAX};
 use quire_testkit::harness::run_quire;
 
-/// Waits until `quire proxy list` shows both proxies with their regions, then for the proxies'
-/// registry views to take them in (a tick or two).
-fn wait_registered(cluster: &Cluster, proxies: &[(&str, &str)]) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let list = cluster.admin_ok(&["proxy", "list"]);
-        let all = proxies.iter().all(|(addr, region)| {
-            list.lines()
-                .any(|l| l.starts_with(addr) && l.contains(&format!("region={region}")))
-        });
-        if all {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "proxy list never showed {proxies:?}: {list}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
+/// Waits until the registry lists exactly `proxies` and every one of them has read it since
+/// ([`wait_proxy_views`]), and checks each record's region.
+async fn wait_registered(store: &dyn MetadataStore, proxies: &[(&str, &str)]) {
+    let addrs: Vec<&str> = proxies.iter().map(|p| p.0).collect();
+    wait_proxy_views(store, &addrs, PROXY_VIEWS_MAX).await;
+    let list = store.list_proxies().await.unwrap();
+    for (addr, region) in proxies {
+        let info = list.iter().find(|p| p.address == *addr).unwrap();
+        assert_eq!(info.region.as_deref(), Some(*region), "{info:?}");
     }
-    std::thread::sleep(Duration::from_millis(2500));
 }
 
 /// `quire write STREAM` of two records with the given `--region-proxies`; `--proxy` names a
@@ -79,9 +69,12 @@ fn writers_fail_over_from_an_unavailable_region_and_streams_are_owned_at_home() 
         .collect();
     let pa = cluster.start_proxy_e3(&["--region", "ra"]);
     let pb = cluster.start_proxy_e3(&["--region", "rb"]);
-    wait_registered(&cluster, &[(&pa.addr, "ra"), (&pb.addr, "rb")]);
     let rt = runtime();
     let store = rt.block_on(cluster.zk_store());
+    rt.block_on(wait_registered(
+        &store,
+        &[(&pa.addr, "ra"), (&pb.addr, "rb")],
+    ));
     let owner = |s: &str| rt.block_on(store.stream_owner(s)).unwrap();
     let home = |s: &str| rt.block_on(store.read_stream(s)).unwrap().value.home_region;
 

@@ -19,6 +19,7 @@ pub struct Cluster {
     pub store: Arc<dyn MetadataStore>,
 }
 
+pub mod raw;
 pub mod revocable;
 
 /// Three bookies registered in a fresh embedded store.
@@ -109,6 +110,28 @@ pub async fn read_all(
         out.extend(b.records);
         pos = b.next;
     }
+}
+
+/// Records `first_txid .. first_txid + n`, each with txid `t` and payload [`payload`]`(t)`.
+pub fn batch(first_txid: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
+    (first_txid..first_txid + n)
+        .map(|t| (t, payload(t)))
+        .collect()
+}
+
+/// Checks that `got` (as [`read_all`] returns it) holds exactly the acknowledged `expected`
+/// `(txid, payload)` records, in order, at strictly increasing DLSNs.
+pub fn assert_reads_back(got: &[(quire_client::Dlsn, u64, Vec<u8>)], expected: &[(u64, Vec<u8>)]) {
+    let data: Vec<(u64, Vec<u8>)> = got.iter().map(|(_, t, d)| (*t, d.clone())).collect();
+    assert_eq!(data.len(), expected.len(), "record count");
+    assert!(
+        data == expected,
+        "records differ from the acknowledged ones"
+    );
+    assert!(
+        got.windows(2).all(|w| w[0].0 < w[1].0),
+        "DLSNs strictly increase"
+    );
 }
 
 /// Waits (bounded, 10 s) until nobody owns `stream`, e.g. after a dropped proxy's stream task

@@ -295,6 +295,73 @@ impl Cluster {
     }
 }
 
+/// A bound for [`wait_proxy_views`] (each of its two waits): 30 balancer ticks of 1 s, room
+/// for a loaded machine.
+pub const PROXY_VIEWS_MAX: Duration = Duration::from_secs(30);
+
+/// Waits until `store`'s proxy registry lists exactly `addrs` (in any order), then until each
+/// of them has read the registry after that listing. The proof is the heartbeat counter: a
+/// proxy's balancer tick writes its record (heartbeat `n`) and then reads the registry into
+/// its view, so with `h` the heartbeat first read here after the listing, the tick that
+/// wrote `h + 1` read the registry after the listing, and a heartbeat of `h + 2` means that
+/// view was applied (the same rule as the drain's `await_views` in
+/// proxy/src/stream/balance.rs). Polls every 100 ms.
+///
+/// # Panics
+/// When the registry does not list exactly `addrs` within `max`, or a proxy's heartbeat has
+/// not moved two past its first reading within `max` after that (a proxy whose balancer
+/// stalled, or that left the registry meanwhile); the message names the proxies and their
+/// heartbeats.
+pub async fn wait_proxy_views(
+    store: &dyn quire_metadata::MetadataStore,
+    addrs: &[&str],
+    max: Duration,
+) {
+    let mut want: Vec<&str> = addrs.to_vec();
+    want.sort_unstable();
+    let deadline = Instant::now() + max;
+    let mut first = loop {
+        let list = store.list_proxies().await.expect("read the proxy registry");
+        let mut listed: Vec<&str> = list.iter().map(|p| p.address.as_str()).collect();
+        listed.sort_unstable();
+        if listed == want {
+            break list
+                .iter()
+                .map(|p| (p.address.clone(), p.heartbeat))
+                .collect::<Vec<_>>();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the proxy registry never listed exactly {want:?} within {max:?}; last: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    first.sort_unstable();
+    let deadline = Instant::now() + max;
+    loop {
+        let list = store.list_proxies().await.expect("read the proxy registry");
+        let behind: Vec<(String, u64, Option<u64>)> = first
+            .iter()
+            .filter_map(|(addr, h)| {
+                let now = list
+                    .iter()
+                    .find(|p| &p.address == addr)
+                    .map(|p| p.heartbeat);
+                (now.unwrap_or(0) < h + 2).then(|| (addr.clone(), *h, now))
+            })
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "proxies did not read the registry within {max:?} after it listed {want:?}: \
+             (address, first heartbeat, heartbeat now or none if gone) {behind:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs the `quire` binary to completion.
 pub fn run(args: &[String]) -> Output {
     run_env(args, &[])

@@ -302,6 +302,23 @@ impl History {
         });
     }
 
+    /// Records `reader`'s completed reads have returned so far (what a test waits on before a
+    /// step that needs the reader to be past a point, instead of a fixed pause).
+    pub fn records_read(&self, reader: &str) -> usize {
+        self.ops
+            .lock()
+            .expect("history lock")
+            .iter()
+            .filter(|op| op.process == reader)
+            .map(|op| match &op.kind {
+                OpKind::Read {
+                    records: Some(r), ..
+                } => r.len(),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Records that read `id` failed: it returned nothing, and the reader's view goes on with
     /// its next read.
     pub fn read_failed(&self, id: usize) {

@@ -284,3 +284,18 @@ fn a_record_id_function_identifies_padded_payloads() {
     let log = vec![rec(0, 0, 1, "a0...."), rec(1, 0, 1, "a0..")];
     only(&h.check(&log), Kind::Duplicate, &[0]);
 }
+
+#[test]
+fn records_read_counts_each_readers_completed_reads_only() {
+    let (h, _) = clean();
+    assert_eq!(h.records_read("r"), 3);
+    assert_eq!(h.records_read("w"), 0);
+    assert_eq!(h.records_read("nobody"), 0);
+    // A read in flight and a failed read return nothing yet.
+    let pending = h.read_invoked("r", ReadFrom::Other);
+    let failed = h.read_invoked("r", ReadFrom::Other);
+    h.read_failed(failed);
+    assert_eq!(h.records_read("r"), 3);
+    h.read_done(pending, vec![rec(2, 0, 4, "a3")]);
+    assert_eq!(h.records_read("r"), 4);
+}
