@@ -316,6 +316,24 @@ impl ChaosCluster {
         "SIGTERM sent (draining)".into()
     }
 
+    /// Proxy `j`'s line of `quire proxy list` cut to its owned streams (`owned_streams=N`):
+    /// whether a joiner took a share, for the run's log.
+    fn registry_share(&self, j: usize) -> String {
+        let out = self.cluster.admin(&["proxy", "list"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let me = format!("{} ", self.proxy_addr(j));
+        text.lines()
+            .find(|l| l.starts_with(&me))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with("owned_streams="))
+            })
+            .map_or_else(
+                || "not in the proxy registry".into(),
+                |w| format!("registry: {w}"),
+            )
+    }
+
     /// Waits for draining proxy `j` to exit, at most [`DRAIN_EXIT_MAX`] from its SIGTERM, and
     /// empties its slot; a proxy still running then is killed and recorded as a failure (its
     /// drain is bounded by its own timeout). A proxy that was not draining: nothing to do.
@@ -353,11 +371,15 @@ impl ChaosCluster {
                 let n = self.joiner();
                 // The previous joiner's drain may still run past its planned end.
                 let before = self.await_exit(n);
-                let did = self.restart_proxy(n);
-                format!(
-                    "{did} at {} (previous joiner: {before})",
-                    self.proxy_addr(n)
-                )
+                let did = match self.restart_proxy(n) {
+                    ok if ok == "restarted" => format!("started at {}", self.proxy_addr(n)),
+                    failed => failed,
+                };
+                if before == "was not draining" {
+                    did
+                } else {
+                    format!("{did} (the previous joiner {before})")
+                }
             }
             Fault::KillBookie(i) => kill(&mut self.bookies[i]),
             Fault::KillProxy(j) => kill(&mut self.proxies[j]),
@@ -440,7 +462,10 @@ impl ChaosCluster {
                 let exit = self.await_exit(j);
                 format!("{exit}; {}", self.restart_proxy(j))
             }
-            Fault::JoinProxy => self.terminate(self.joiner()),
+            Fault::JoinProxy => {
+                let share = self.registry_share(self.joiner());
+                format!("{share}; {}", self.terminate(self.joiner()))
+            }
             Fault::KillBookie(i) | Fault::WipeBookie(i) => self.restart_bookie(i),
             Fault::KillProxy(j) => self.restart_proxy(j),
             Fault::PauseBookie(i) => resume(&self.bookies[i], &mut self.paused),
