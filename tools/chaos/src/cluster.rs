@@ -69,6 +69,11 @@ const DISK_FLAGS: &[&str] = &[
 /// below the 99 % read-only threshold.
 const DISK_BYTES: u64 = 64 << 20;
 
+/// Longest wait for a proxy to exit after SIGTERM: its drain is bounded by the proxy's
+/// `drain_timeout_ms` (30 s by default, `tools/src/proxy.rs`), plus a margin for a loaded
+/// machine. Past it the proxy is killed and the schedule fails ("a drain ends").
+const DRAIN_EXIT_MAX: std::time::Duration = std::time::Duration::from_secs(40);
+
 /// How many times a stopped ZooKeeper is started before the run gives up (each try waits up to
 /// 60 s for it to serve).
 const ZK_RESTART_TRIES: usize = 3;
@@ -77,7 +82,11 @@ const ZK_RESTART_TRIES: usize = 3;
 /// (fields drop in order: processes, then disks, relays, ZooKeeper and the directory).
 pub struct ChaosCluster {
     bookies: Vec<Option<Proc>>,
+    /// `shape.proxies` proxies, then the slot of the extra proxy a [`Fault::JoinProxy`] starts
+    /// (the clients do not list it; `revive` does not restart it).
     proxies: Vec<Option<Proc>>,
+    /// Proxies sent SIGTERM (draining) and not yet seen to exit: slot, when.
+    draining: Vec<(usize, std::time::Instant)>,
     autorecovery: Option<Proc>,
     /// Per bookie, its ledger and journal disks (when `shape.disks`).
     disks: Vec<(LoopMount, LoopMount)>,
@@ -131,11 +140,12 @@ impl ChaosCluster {
             bookie_zk: (0..shape.bookies).map(|_| relay_to(zk_port)).collect(),
             bookies: (0..shape.bookies).map(|_| None).collect(),
             bookie_ports,
-            proxy_ports: (0..shape.proxies)
+            proxy_ports: (0..=shape.proxies)
                 .map(|_| quire_testkit::free_port())
                 .collect(),
-            proxy_zk: (0..shape.proxies).map(|_| relay_to(zk_port)).collect(),
-            proxies: (0..shape.proxies).map(|_| None).collect(),
+            proxy_zk: (0..=shape.proxies).map(|_| relay_to(zk_port)).collect(),
+            proxies: (0..=shape.proxies).map(|_| None).collect(),
+            draining: Vec::new(),
             autorecovery: None,
             disks: Vec::new(),
             paused: Vec::new(),
@@ -190,10 +200,8 @@ impl ChaosCluster {
         ];
         args.extend(self.cluster.secret_flags());
         args.extend(QUORUM.iter().map(|s| s.to_string()));
-        // The pinned schedules replay findings made with each stream owned by the first proxy
-        // asked; balanced ownership (on by default since session 25) would move streams under
-        // them and change what they replay, so it stays off here.
-        args.extend(["--balance-moves-per-sec".to_string(), "0".to_string()]);
+        // Balanced ownership stays at its default (`[streams] balance_moves_per_sec` = 100):
+        // a restarted or joining proxy takes its streams back while the other faults go on.
         let mut p = Proc::start_env(&args, "quire proxy: ", &format!("proxy {j}"), None, &[]);
         p.addr = self.proxy_addr(j);
         p
@@ -290,9 +298,89 @@ impl ChaosCluster {
             .collect()
     }
 
+    /// The slot of the extra proxy a [`Fault::JoinProxy`] starts.
+    fn joiner(&self) -> usize {
+        self.shape.proxies
+    }
+
+    /// SIGTERM to proxy `j`: it drains (hands its streams over, finishes its writes, exits).
+    fn terminate(&mut self, j: usize) -> String {
+        let Some(p) = &self.proxies[j] else {
+            return "not running; nothing to drain".into();
+        };
+        // SAFETY: kill(2) on our own child, not yet reaped (`await_exit` reaps it).
+        unsafe {
+            libc::kill(p.pid(), libc::SIGTERM);
+        }
+        self.draining.push((j, std::time::Instant::now()));
+        "SIGTERM sent (draining)".into()
+    }
+
+    /// Proxy `j`'s line of `quire proxy list` cut to its owned streams (`owned_streams=N`):
+    /// whether a joiner took a share, for the run's log.
+    fn registry_share(&self, j: usize) -> String {
+        let out = self.cluster.admin(&["proxy", "list"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let me = format!("{} ", self.proxy_addr(j));
+        text.lines()
+            .find(|l| l.starts_with(&me))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with("owned_streams="))
+            })
+            .map_or_else(
+                || "not in the proxy registry".into(),
+                |w| format!("registry: {w}"),
+            )
+    }
+
+    /// Waits for draining proxy `j` to exit, at most [`DRAIN_EXIT_MAX`] from its SIGTERM, and
+    /// empties its slot; a proxy still running then is killed and recorded as a failure (its
+    /// drain is bounded by its own timeout). A proxy that was not draining: nothing to do.
+    fn await_exit(&mut self, j: usize) -> String {
+        let Some(k) = self.draining.iter().position(|(s, _)| *s == j) else {
+            return "was not draining".into();
+        };
+        let (_, since) = self.draining.remove(k);
+        let Some(mut p) = self.proxies[j].take() else {
+            return "gone".into();
+        };
+        loop {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                let secs = since.elapsed().as_secs_f64();
+                return format!("drained: exited with {status} {secs:.2}s after SIGTERM");
+            }
+            if since.elapsed() > DRAIN_EXIT_MAX {
+                let name = p.name.clone();
+                p.kill();
+                self.failures.push(format!(
+                    "{name} did not exit within {DRAIN_EXIT_MAX:?} of SIGTERM (its drain is \
+                     bounded by 30 s)"
+                ));
+                return "did NOT exit after SIGTERM; killed (see the verdict)".into();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Starts `fault`; returns what was done, for the run's log.
     pub fn inject(&mut self, fault: Fault) -> String {
         match fault {
+            Fault::DrainProxy(j) => self.terminate(j),
+            Fault::JoinProxy => {
+                let n = self.joiner();
+                // The previous joiner's drain may still run past its planned end.
+                let before = self.await_exit(n);
+                let did = match self.restart_proxy(n) {
+                    ok if ok == "restarted" => format!("started at {}", self.proxy_addr(n)),
+                    failed => failed,
+                };
+                if before == "was not draining" {
+                    did
+                } else {
+                    format!("{did} (the previous joiner {before})")
+                }
+            }
             Fault::KillBookie(i) => kill(&mut self.bookies[i]),
             Fault::KillProxy(j) => kill(&mut self.proxies[j]),
             Fault::PauseBookie(i) => pause(&self.bookies[i], &mut self.paused),
@@ -370,6 +458,14 @@ impl ChaosCluster {
     /// Ends `fault`; returns what was done.
     pub fn heal(&mut self, fault: Fault) -> String {
         match fault {
+            Fault::DrainProxy(j) => {
+                let exit = self.await_exit(j);
+                format!("{exit}; {}", self.restart_proxy(j))
+            }
+            Fault::JoinProxy => {
+                let share = self.registry_share(self.joiner());
+                format!("{share}; {}", self.terminate(self.joiner()))
+            }
             Fault::KillBookie(i) | Fault::WipeBookie(i) => self.restart_bookie(i),
             Fault::KillProxy(j) => self.restart_proxy(j),
             Fault::PauseBookie(i) => resume(&self.bookies[i], &mut self.paused),
@@ -429,7 +525,12 @@ impl ChaosCluster {
         if self.cluster.zk.pid().is_none() {
             self.restart_zookeeper();
         }
-        self.revive()
+        let mut lines = Vec::new();
+        while let Some(&(j, _)) = self.draining.first() {
+            lines.push(format!("proxy {j} {}", self.await_exit(j)));
+        }
+        lines.extend(self.revive());
+        lines
     }
 
     /// Starts ZooKeeper again, up to [`ZK_RESTART_TRIES`] times: a JVM on a loaded machine can
@@ -465,7 +566,8 @@ impl ChaosCluster {
                 lines.push(format!("bookie {i} was not running ({why}); {did}"));
             }
         }
-        for j in 0..self.proxies.len() {
+        // Not the joiner: it comes and goes with its fault.
+        for j in 0..self.shape.proxies {
             if let Some(why) = exited(&mut self.proxies[j]) {
                 let did = self.restart_proxy(j);
                 lines.push(format!("proxy {j} was not running ({why}); {did}"));

@@ -7,8 +7,10 @@
 //! ([`schedule::Schedule::draw`]): one to four faults (SIGKILL and restart, SIGSTOP and SIGCONT
 //! shorter or longer than the ZooKeeper session, partitions through relays (whole, pairwise
 //! proxy–bookie and bookie–bookie, one-way), delay and loss on a bookie's links, a throttled
-//! bookie, a ZooKeeper crash and restart, a bookie's ledger disk filled and freed), never more
-//! than one bookie of four and one proxy of two at once, nothing else while ZooKeeper is down. Against fresh streams it runs a plain writer, a
+//! bookie, a ZooKeeper crash and restart, a bookie's ledger disk filled and freed, a proxy
+//! drained and started again, an extra proxy joining and drained; the proxies balance stream
+//! ownership at their default rate), never more than one bookie of four and one proxy of two
+//! at once (a joiner aside), nothing else while ZooKeeper is down. Against fresh streams it runs a plain writer, a
 //! producer-session writer, tailing and catch-up readers and a truncation
 //! ([`workload::Workload`]), recording every operation; then it heals everything, waits until
 //! writes succeed again and the cluster is whole ([`cluster::ChaosCluster::wait_healthy`]),

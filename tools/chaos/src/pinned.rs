@@ -19,6 +19,12 @@ fn planned(at_ms: u64, lasts_ms: u64, fault: Fault) -> Planned {
 /// were found: adding fault kinds changed what a seed draws, and a pinned seed must keep
 /// replaying its finding).
 ///
+/// All were found with each stream owned by the first proxy asked; since session
+/// 26 the runner's proxies balance ownership (their default), so these schedules now play with
+/// streams on their preferred owners and moving back after a restart. The faults are the same;
+/// each finding's cause also has a regression test of its own (named below) that does not
+/// depend on which proxy owns what.
+///
 /// - 7 and 1,000,003 (window 2 s): several faults at once; one proxy killed.
 /// - 51 (window 2 s): SIGKILLs a bookie and restarts it within half a second, before ZooKeeper
 ///   has expired its old session (the chaos runner's first finding: the restarted bookie gave

@@ -407,10 +407,12 @@ impl Runner {
         let ((plain, session), reads) = w.stop(&self.rt);
         for (name, t) in [("plain", plain), ("session", session)] {
             println!(
-                "  {name} writes: {} ok, {} failed, {} unknown; last error: {}",
+                "  {name} writes: {} ok, {} failed, {} unknown, longest pause between acks \
+                 {:.2}s; last error: {}",
                 t.ok,
                 t.failed,
                 t.unknown,
+                t.longest_pause.as_secs_f64(),
                 t.last_error.as_deref().unwrap_or("none")
             );
         }

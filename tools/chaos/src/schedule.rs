@@ -86,16 +86,27 @@ pub enum Fault {
     /// This many chunks per thousand to and from a bookie "lost": late after a retransmission
     /// timeout, or the connection reset (see [`quire_testkit::TcpRelay::lossy`]).
     LossyBookie(usize, u32),
+    /// A graceful leave and a join of a proxy: SIGTERM (its drain leaves the proxy registry and
+    /// hands its streams to the other live proxies, `ProxyServer::drain`), then at the end wait
+    /// for its exit (bounded by its drain timeout) and start it again on the same port, so it
+    /// takes its share back through the balancer.
+    DrainProxy(usize),
+    /// A proxy joining: start an extra proxy (beyond [`Shape::proxies`]; clients do not list
+    /// it, they reach it through redirects) that takes its share of the streams through the
+    /// balancer; SIGTERM it (a drain) at the end.
+    JoinProxy,
 }
 
 /// What a fault takes away, for the rule that keeps writes possible: at most one bookie of
 /// four (a minority; three are left for E=3) and one proxy of two faulted at once, and nothing
-/// else while ZooKeeper is down.
+/// else while ZooKeeper is down. A joining proxy takes nothing away; it is one of its own at a
+/// time, and not while ZooKeeper is down (it could not register).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
     Bookie,
     Proxy,
     ZooKeeper,
+    Joiner,
 }
 
 impl Fault {
@@ -113,10 +124,12 @@ impl Fault {
             | Fault::OneWayBookie(..)
             | Fault::DelayBookie(..)
             | Fault::LossyBookie(..) => Target::Bookie,
-            Fault::KillProxy(_) | Fault::PauseProxy(_) | Fault::PartitionProxyZk(_) => {
-                Target::Proxy
-            }
+            Fault::KillProxy(_)
+            | Fault::PauseProxy(_)
+            | Fault::PartitionProxyZk(_)
+            | Fault::DrainProxy(_) => Target::Proxy,
             Fault::RestartZooKeeper => Target::ZooKeeper,
+            Fault::JoinProxy => Target::Joiner,
         }
     }
 
@@ -140,6 +153,8 @@ impl Fault {
             Fault::OneWayBookie(_, Direction::ToClient) => "one-way: bookie's replies held",
             Fault::DelayBookie(..) => "delay bookie links",
             Fault::LossyBookie(..) => "lossy bookie links",
+            Fault::DrainProxy(_) => "drain proxy (leave and join)",
+            Fault::JoinProxy => "extra proxy joins",
         }
     }
 }
@@ -174,6 +189,11 @@ impl fmt::Display for Fault {
             }
             Fault::DelayBookie(b, ms) => write!(f, "delay links to bookie {b} by {ms} ms a chunk"),
             Fault::LossyBookie(b, pm) => write!(f, "lose {pm}‰ of chunks to and from bookie {b}"),
+            Fault::DrainProxy(p) => write!(
+                f,
+                "SIGTERM proxy {p} (drain: hand its streams over), start it again at the end"
+            ),
+            Fault::JoinProxy => write!(f, "start an extra proxy (a join), drain it at the end"),
         }
     }
 }
@@ -248,7 +268,8 @@ pub struct Schedule {
 impl Schedule {
     /// The schedule of `seed` for `shape`: one to four faults, each starting within
     /// `shape.window`, none sharing a target class with an overlapping one (one bookie, one
-    /// proxy at a time; ZooKeeper down alone). A pure function of its arguments.
+    /// proxy, one joining proxy at a time; ZooKeeper down alone). A pure function of its
+    /// arguments.
     pub fn draw(seed: u64, shape: Shape) -> Schedule {
         let mut rng = Rng::new(seed);
         let wanted = 1 + rng.below(4) as usize;
@@ -310,7 +331,7 @@ fn session_scale(rng: &mut Rng) -> Duration {
 /// Kinds of fault [`draw_one`] draws, [`Fault::FillDisk`] (the last) only with disks. Adding a
 /// kind changes what every seed draws (README.md, "Chaos runs"): regressions are pinned as
 /// whole schedules, not seeds (tools/chaos/tests/it/ci_budget.rs).
-const KINDS: u64 = 16;
+const KINDS: u64 = 18;
 
 fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
     let b = rng.below(shape.bookies as u64) as usize;
@@ -347,6 +368,10 @@ fn draw_one(rng: &mut Rng, shape: Shape) -> Planned {
             let permille = [20, 100][rng.below(2) as usize];
             (Fault::LossyBookie(b, permille), rng.millis(500, 2500))
         }
+        // Long enough for the balancer to move streams to (and, after the restart, back to)
+        // the proxy: the drain's hand-over waits about two registry ticks (1 s each).
+        15 => (Fault::DrainProxy(p), rng.millis(1000, 4000)),
+        16 => (Fault::JoinProxy, rng.millis(2000, 5000)),
         _ => (Fault::FillDisk(b), rng.millis(500, 2500)),
     };
     let at = rng.millis(100, shape.window.as_millis().max(101) as u64);
@@ -393,7 +418,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(kinds.len(), 17, "every kind of fault is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 19, "every kind of fault is drawn: {kinds:?}");
     }
 
     #[test]
@@ -430,15 +455,16 @@ mod tests {
 
     #[test]
     fn the_drawing_of_this_commit_is_pinned() {
-        // Seed 7's schedule under the 16 kinds of this commit; when this changes, so does what
+        // Seed 7's schedule under the 18 kinds of this commit; when this changes, so does what
         // every `--seed` replays (README.md says so): re-pin it knowingly.
         let s = Schedule::draw(7, SHAPE).to_string();
         assert_eq!(s, PINNED_7, "{s}");
     }
 
-    const PINNED_7: &str = "schedule seed 7 (3 faults)
-  +  0.46s for  5.13s  partition proxy 0 | bookie 0 (longer than the ZooKeeper session)
-  +  0.70s for  0.65s  SIGSTOP proxy 0, SIGCONT at the end (shorter than the ZooKeeper session)
-  +  2.81s for  4.53s  partition proxy 0 | zookeeper (longer than the ZooKeeper session)
+    const PINNED_7: &str = "schedule seed 7 (4 faults)
+  +  0.38s for  0.65s  SIGSTOP proxy 1, SIGCONT at the end (shorter than the ZooKeeper session)
+  +  0.78s for  5.03s  partition bookie 0 | zookeeper (longer than the ZooKeeper session)
+  +  1.61s for  3.39s  start an extra proxy (a join), drain it at the end
+  +  1.87s for  0.41s  SIGKILL proxy 1, restart it at the end
 ";
 }

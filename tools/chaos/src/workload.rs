@@ -37,6 +37,10 @@ pub struct Tally {
     pub unknown: u64,
     /// The last error a write ended with, if any.
     pub last_error: Option<String>,
+    /// The longest time between two acknowledgements of the writer (one write at a time):
+    /// the pause a writer saw across failovers, drains and joins (issue 29 item 3 bounds it).
+    pub longest_pause: Duration,
+    last_ack: Option<std::time::Instant>,
 }
 
 /// The operations of one schedule, running on the runner's tokio runtime.
@@ -240,6 +244,11 @@ fn count(t: &mut Tally, o: &Outcome, acks: &AtomicU64) {
         Outcome::Ok { .. } => {
             t.ok += 1;
             acks.fetch_add(1, Ordering::AcqRel);
+            let now = std::time::Instant::now();
+            if let Some(last) = t.last_ack {
+                t.longest_pause = t.longest_pause.max(now - last);
+            }
+            t.last_ack = Some(now);
         }
         Outcome::Failed(e) => {
             t.failed += 1;
