@@ -787,3 +787,7 @@ impl Router {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "routing_tests.rs"]
+mod tests;
