@@ -156,15 +156,27 @@ fn zk_packets_received(zk: &str) -> u64 {
         .unwrap_or_else(|| panic!("no zk_packets_received in mntr: {text}"))
 }
 
-/// Owned streams per registered proxy (their registry records, rewritten every second).
+/// Owned streams per registered proxy (their registry records, rewritten every second). A
+/// ZooKeeper read that fails (it can time out on a loaded machine) is tried again, up to 10
+/// times a second apart.
 async fn owned(store: &dyn MetadataStore) -> HashMap<String, u64> {
-    store
-        .list_proxies()
-        .await
-        .expect("list proxies")
-        .into_iter()
-        .map(|p| (p.address, p.owned_streams))
-        .collect()
+    let mut tries = 0;
+    loop {
+        match store.list_proxies().await {
+            Ok(list) => {
+                return list
+                    .into_iter()
+                    .map(|p| (p.address, p.owned_streams))
+                    .collect()
+            }
+            Err(e) if tries < 10 => {
+                eprintln!("list proxies (trying again): {e}");
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("list proxies: {e}"),
+        }
+    }
 }
 
 /// Whether `addrs` are exactly the registered proxies and each owns `n / addrs.len()` ±20 %.
