@@ -87,6 +87,11 @@ struct Args {
     /// Streams read back with the checker at the end (evenly spaced); 0: all.
     #[arg(long, default_value_t = 300)]
     check: usize,
+    /// Each proxy's `--drain-timeout-ms` (the proxy's default: 30 s). A drain hands its
+    /// streams over at the pace the others acquire them, so at thousands of streams it needs
+    /// longer; what is still owned at the timeout is closed and acquired on demand.
+    #[arg(long, default_value_t = 30_000)]
+    drain_timeout_ms: u64,
 }
 
 /// The phases the writers' figures are kept apart by.
@@ -151,15 +156,27 @@ fn zk_packets_received(zk: &str) -> u64 {
         .unwrap_or_else(|| panic!("no zk_packets_received in mntr: {text}"))
 }
 
-/// Owned streams per registered proxy (their registry records, rewritten every second).
+/// Owned streams per registered proxy (their registry records, rewritten every second). A
+/// ZooKeeper read that fails (it can time out on a loaded machine) is tried again, up to 10
+/// times a second apart.
 async fn owned(store: &dyn MetadataStore) -> HashMap<String, u64> {
-    store
-        .list_proxies()
-        .await
-        .expect("list proxies")
-        .into_iter()
-        .map(|p| (p.address, p.owned_streams))
-        .collect()
+    let mut tries = 0;
+    loop {
+        match store.list_proxies().await {
+            Ok(list) => {
+                return list
+                    .into_iter()
+                    .map(|p| (p.address, p.owned_streams))
+                    .collect()
+            }
+            Err(e) if tries < 10 => {
+                eprintln!("list proxies (trying again): {e}");
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("list proxies: {e}"),
+        }
+    }
 }
 
 /// Whether `addrs` are exactly the registered proxies and each owns `n / addrs.len()` ±20 %.
@@ -363,14 +380,25 @@ fn wait_balanced(
     }
 }
 
+/// One proxy of the cluster with the run's balancing and drain flags.
+fn start_proxy(cluster: &Cluster, args: &Args) -> Proc {
+    let moves = args.moves_per_sec.to_string();
+    let drain = args.drain_timeout_ms.to_string();
+    cluster.start_proxy_e3(&[
+        "--balance-moves-per-sec",
+        &moves,
+        "--drain-timeout-ms",
+        &drain,
+    ])
+}
+
 fn start_cluster(args: &Args) -> (Cluster, Vec<Proc>, Vec<Proc>) {
     let cluster = Cluster::start();
     let bookies: Vec<Proc> = (0..3)
         .map(|i| cluster.start_bookie(i, quire_testkit::free_port()))
         .collect();
-    let moves = args.moves_per_sec.to_string();
     let proxies: Vec<Proc> = (0..args.proxies)
-        .map(|_| cluster.start_proxy_e3(&["--balance-moves-per-sec", &moves]))
+        .map(|_| start_proxy(&cluster, args))
         .collect();
     (cluster, bookies, proxies)
 }
@@ -409,11 +437,12 @@ fn main() {
     std::thread::sleep(Duration::from_secs(args.idle_secs));
     let idle_per_min = (zk_packets_received(&zk) - i0) as f64 / (t.elapsed().as_secs_f64() / 60.0);
     println!(
-        "streams {n}, proxies {}, moves/s {}, clients/proxy {}, size {} B; load {}",
+        "streams {n}, proxies {}, moves/s {}, clients/proxy {}, size {} B, drain timeout {} ms; load {}",
         args.proxies,
         args.moves_per_sec,
         args.clients_per_proxy,
         args.size,
+        args.drain_timeout_ms,
         loadavg()
     );
 
@@ -545,8 +574,7 @@ fn join_and_drain(
     let limit = Duration::from_secs(180);
     shared.phase.store(JOIN, Ordering::SeqCst);
     let t = Instant::now();
-    let moves = args.moves_per_sec.to_string();
-    let joined = cluster.start_proxy_e3(&["--balance-moves-per-sec", &moves]);
+    let joined = start_proxy(cluster, args);
     let started = t.elapsed();
     addrs.push(joined.addr.clone());
     proxies.push(joined);
@@ -564,9 +592,14 @@ fn join_and_drain(
 
     shared.phase.store(DRAIN, Ordering::SeqCst);
     let t = Instant::now();
-    let drained = proxies.remove(1);
+    let mut drained = proxies.remove(1);
     let gone = addrs.remove(1);
-    drained.stop(); // SIGTERM, waits for exit 0
+    // SIGTERM, then wait for the exit however long the drain timeout lets it take.
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    let rc = unsafe { libc::kill(drained.pid(), libc::SIGTERM) };
+    assert_eq!(rc, 0, "SIGTERM to the drained proxy");
+    let status = drained.wait_exit();
+    assert!(status.success(), "the drained proxy exited with {status}");
     let exited = t.elapsed();
     let took = wait_balanced(rt, store, addrs, n, limit);
     println!(

@@ -23,7 +23,8 @@
 //!   `quire_proxy_stream_bytes{stream}`, `quire_proxy_stream_last_write_seconds{stream}`,
 //!   `quire_proxy_stream_segments{stream}`.
 //! * `quire_proxy_streams_owned`, sampled at scrape time from the [`StreamManager`], and
-//!   `quire_proxy_streams_refused` (acquisitions refused at `owned_streams_max`).
+//!   `quire_proxy_streams_refused` (acquisitions refused at `owned_streams_max`),
+//!   `quire_proxy_acquisitions_under_way` and `quire_proxy_acquisitions`.
 //!
 //! Adding a metric: a field here, made in [`ProxyMetrics::new`], registered in
 //! [`ProxyMetrics::register`], recorded where its event happens (server.rs), and a line in
@@ -443,6 +444,20 @@ impl Collector for StreamsOwned {
             "Streams this proxy holds the lease of and serves.",
             None,
             g.metric_type(),
+        )?)?;
+        let g = ConstGauge::new(self.0.acquisitions_under_way());
+        g.encode(encoder.encode_descriptor(
+            "quire_proxy_acquisitions_under_way",
+            "Stream acquisitions (lease, recovery, task start) under way now.",
+            None,
+            g.metric_type(),
+        )?)?;
+        let c = ConstCounter::new(self.0.acquisitions());
+        c.encode(encoder.encode_descriptor(
+            "quire_proxy_acquisitions",
+            "Stream acquisitions completed since start.",
+            None,
+            c.metric_type(),
         )?)?;
         let c = ConstCounter::new(self.0.too_many_streams_refusals());
         c.encode(encoder.encode_descriptor(

@@ -618,9 +618,20 @@ impl Router {
             }
             Err(e @ Error::Io { .. }) => {
                 // The request may or may not have been processed: never resend it, but route
-                // the next request afresh.
-                if let Some(addr) = &route.target {
-                    self.drop_connection(addr).await;
+                // the next request afresh. One request's timeout says nothing of the
+                // connection; any other error drops it, and only it (not a newer one to the
+                // same proxy that another request opened meanwhile).
+                if route.target.is_some() {
+                    let timed_out = matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::TimedOut);
+                    if !timed_out {
+                        let mut others = self.others.lock().await;
+                        if others
+                            .get(&conn.addr)
+                            .is_some_and(|c| std::ptr::eq(&**c, conn))
+                        {
+                            others.remove(&conn.addr);
+                        }
+                    }
                     self.forget_route(stream, route.reads);
                 }
                 Some(Err(e))
@@ -776,3 +787,7 @@ impl Router {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "routing_tests.rs"]
+mod tests;

@@ -783,6 +783,12 @@ pub struct ProxyInfo {
     /// Absent in records from before load balancing: [`PROXY_WEIGHT_FULL`].
     #[serde(default = "proxy_weight_full")]
     pub weight_milli: u32,
+    /// Stream acquisitions the proxy had under way at the rewrite (a request found the stream
+    /// unowned there: lease, recovery, task start). The other proxies' balancers hold back
+    /// their moves toward a proxy that is behind (back-pressure, issue 29). Absent in records
+    /// from before it: 0.
+    #[serde(default)]
+    pub acquiring: u64,
 }
 
 /// [`ProxyInfo::weight_milli`] of a proxy that is not shedding load: 1000 (1.0).

@@ -2,9 +2,12 @@
 //! heartbeat and view, then rate-limited releases of owned streams whose preferred owner is
 //! another live proxy, through the registry like the lifecycle sweep (`sweep.rs`); and a
 //! drain's hand-over ([`hand_over`]), the same releases for every owned stream at once.
+//! Both keep a window of moves under way, a move lasting until the new owner has acquired
+//! the stream, and the balancer sends none to a proxy that publishes many acquisitions under
+//! way (back-pressure, issue 29: releases must not outrun the acquisitions that follow them).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -15,10 +18,35 @@ use super::ownership::StreamHandle;
 use super::placement::BALANCE_TICK;
 use super::registry::Registry;
 
-/// Streams a drain's hand-over releases at a time: each release completes a segment (a
-/// ledger close and a metadata write), so a proxy owning thousands does not send ZooKeeper
-/// and the bookies thousands at once.
+/// Moves a drain's hand-over keeps under way at once ([`move_stream`]: the release, then the
+/// wait for the new owner's acquisition). Each release completes a segment (a ledger close
+/// and a metadata write) and each acquisition takes a lease and starts one, so a proxy
+/// owning thousands does not send ZooKeeper and the bookies thousands at once, and the
+/// proxies taking over never have more streams released to them than they acquire.
 const HAND_OVER_PARALLEL: usize = 64;
+
+/// Moves the balancer keeps under way at once (as [`HAND_OVER_PARALLEL`]): on top of
+/// `balance_moves_per_sec`, the pace of moves follows the acquisitions the proxies taking
+/// over achieve. At 10,000 streams (perf/README.md) three proxies releasing 100 a second
+/// each toward a joining one released thousands of streams it could not acquire in time, and
+/// their writers' requests waited there past the clients' 30 s timeout.
+const MOVE_WINDOW: usize = 32;
+
+/// A proxy that published this many acquisitions under way is behind: no new move goes to it
+/// until it publishes fewer, and a move toward it waits for its acquisition (see
+/// [`settle`]).
+const TARGET_BEHIND: u64 = 32;
+
+/// How often a move reads whether its stream has a new owner.
+const SETTLE_POLL: Duration = Duration::from_millis(500);
+
+/// A move whose stream nobody has acquired after this long, toward a proxy that is not
+/// behind, is taken for a stream nobody writes (it is acquired on its first request): it
+/// stops holding a place in the window.
+const SETTLE_IDLE: Duration = Duration::from_secs(2);
+
+/// Longest a move holds its place in the window.
+const SETTLE_MAX: Duration = Duration::from_secs(20);
 
 /// Longest wait of a drain for the other live proxies to read the registry after this proxy
 /// left it: ten ticks, as ZooKeeper answering in over a second under load slows their ticks.
@@ -102,17 +130,63 @@ async fn release(handle: Arc<StreamHandle>) {
     }
 }
 
+/// Waits until the stream `name`, released toward `to`, has a new owner (its lease is
+/// taken), or [`SETTLE_IDLE`] passed while `to` is not behind (it published fewer than
+/// [`TARGET_BEHIND`] acquisitions under way: nobody asked for the stream yet), or
+/// [`SETTLE_MAX`] passed. Returns whether an owner was seen. One metadata read per
+/// [`SETTLE_POLL`]; a read failure ends the wait (the window must not stall on it).
+async fn settle(registry: &Weak<Registry>, name: &str, to: &str) -> bool {
+    let started = quire_clock::now();
+    loop {
+        tokio::time::sleep(SETTLE_POLL).await;
+        let Some(reg) = registry.upgrade() else {
+            return false;
+        };
+        match reg.metadata.stream_owner(name).await {
+            Ok(Some(_)) => return true,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(stream = name, error = %e, "cannot read the owner of a moved stream");
+                return false;
+            }
+        }
+        let waited = quire_clock::elapsed(started);
+        let behind = reg.placement.peer_acquiring(to) >= TARGET_BEHIND;
+        if waited >= SETTLE_MAX || (waited >= SETTLE_IDLE && !behind) {
+            return false;
+        }
+    }
+}
+
+/// One move: the release of a claimed stream ([`release`]), then the wait for its new owner
+/// ([`settle`]); the caller's window holds its place until then.
+async fn move_stream(registry: Weak<Registry>, handle: Arc<StreamHandle>, to: String) {
+    let started = quire_clock::now();
+    release(handle.clone()).await;
+    let released_ms = quire_clock::elapsed(started).as_millis() as u64;
+    let taken = settle(&registry, &handle.name, &to).await;
+    tracing::debug!(
+        stream = %handle.name,
+        %to,
+        released_ms,
+        settled_ms = quire_clock::elapsed(started).as_millis() as u64,
+        taken,
+        "moved stream"
+    );
+}
+
 /// A drain's first step with balancing on: leaves the registry, keeps serving until the
 /// other proxies have dropped this one from their views ([`await_views`], at most
 /// [`LEAVE_SEEN_MAX`]; a fixed wait of 1.5 ticks was too short when ZooKeeper answered
 /// slowly, and the others redirected released streams back here), then releases
-/// every owned stream to its preferred owner among them, [`HAND_OVER_PARALLEL`] at a time, as
-/// the balancer does. A writer of a stream sees one redirect and a pause of about its own
+/// every owned stream to its preferred owner among them, [`HAND_OVER_PARALLEL`] moves under
+/// way at a time (a move ends when the new owner has acquired the stream, see
+/// [`move_stream`]), as the balancer does. A writer of a stream sees one redirect and a pause of about its own
 /// release; a stream whose release has not come yet is served here meanwhile (not refused
 /// with `SERVICE_UNAVAILABLE`, which after a few hops ends in the client giving up while the
 /// lease still names this proxy). Returns the streams released; 0 (nothing done but leaving
 /// the registry) with balancing off or no other live proxy.
-pub(super) async fn hand_over(reg: &Registry) -> usize {
+pub(super) async fn hand_over(reg: &Arc<Registry>) -> usize {
     if !reg.placement.leave(&*reg.metadata).await {
         return 0;
     }
@@ -120,21 +194,21 @@ pub(super) async fn hand_over(reg: &Registry) -> usize {
     let seen = await_views(reg).await;
     let waited = quire_clock::elapsed(started);
     let mut released = 0;
-    let owned = reg.owned_all();
-    for batch in owned.chunks(HAND_OVER_PARALLEL) {
-        let mut tasks = tokio::task::JoinSet::new();
-        for handle in batch {
-            let home = handle.shared.home_region.get().map(String::as_str);
-            let Some(to) = reg.placement.preferred_elsewhere(&handle.name, home) else {
-                continue;
-            };
-            if claim(reg, handle, to) {
-                released += 1;
-                tasks.spawn(release(handle.clone()));
-            }
+    let mut moves = tokio::task::JoinSet::new();
+    for handle in reg.owned_all() {
+        while moves.len() >= HAND_OVER_PARALLEL {
+            moves.join_next().await;
         }
-        while tasks.join_next().await.is_some() {}
+        let home = handle.shared.home_region.get().map(String::as_str);
+        let Some(to) = reg.placement.preferred_elsewhere(&handle.name, home) else {
+            continue;
+        };
+        if claim(reg, &handle, to.clone()) {
+            released += 1;
+            moves.spawn(move_stream(Arc::downgrade(reg), handle, to));
+        }
     }
+    while moves.join_next().await.is_some() {}
     tracing::info!(
         released,
         views_seen = seen,
@@ -147,14 +221,25 @@ pub(super) async fn hand_over(reg: &Registry) -> usize {
     released
 }
 
+/// One move counted in the balancer's window while it is under way.
+struct InWindow(Arc<AtomicUsize>);
+
+impl Drop for InWindow {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The balancer: every [`BALANCE_TICK`], the registry heartbeat and view, then up to
-/// `moves_per_sec` releases per second of owned streams preferred elsewhere. Ends when the
-/// manager is dropped or shuts down.
+/// `moves_per_sec` moves per second of owned streams preferred elsewhere, at most
+/// [`MOVE_WINDOW`] under way ([`move_stream`]) and none toward a proxy that is behind
+/// ([`TARGET_BEHIND`]). Ends when the manager is dropped or shuts down.
 pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
     let mut tick = tokio::time::interval(BALANCE_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let per_tick = f64::from(moves_per_sec) * BALANCE_TICK.as_secs_f64();
     let mut budget = 0.0f64;
+    let under_way = Arc::new(AtomicUsize::new(0));
     loop {
         tick.tick().await;
         let Some(reg) = registry.upgrade() else {
@@ -177,14 +262,18 @@ pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
         }
         if reg.placement.leaving() {
             // A drain's hand-over moves the streams once the others have seen this proxy
-            // leave; a move before that would be redirected back here.
+            // leave; a move before that would be redirected back here. Its moves wait on
+            // the others' acquisitions under way: keep the view fresh.
+            if let Err(e) = reg.placement.refresh_view(&*reg.metadata).await {
+                tracing::warn!(error = %e, "reading the proxy registry during a drain failed");
+            }
             continue;
         }
         budget = (budget + per_tick).min(per_tick.max(1.0));
         // A home region marked unavailable takes no streams back.
         let marked = reg.metadata.unavailable_regions().await.unwrap_or_default();
         for handle in reg.owned_all() {
-            if budget < 1.0 {
+            if budget < 1.0 || under_way.load(Ordering::SeqCst) >= MOVE_WINDOW {
                 break;
             }
             // A stream owned outside its home region goes home once a proxy there is live.
@@ -196,11 +285,20 @@ pub(super) async fn balance_loop(registry: Weak<Registry>, moves_per_sec: u32) {
             let Some(to) = to else {
                 continue;
             };
-            if !claim(&reg, &handle, to) {
+            if reg.placement.peer_acquiring(&to) >= TARGET_BEHIND {
+                continue; // back-pressure: it has not acquired what it was given yet
+            }
+            if !claim(&reg, &handle, to.clone()) {
                 continue; // a release is already queued
             }
             budget -= 1.0;
-            drop(tokio::spawn(release(handle)));
+            under_way.fetch_add(1, Ordering::SeqCst);
+            let counted = InWindow(under_way.clone());
+            let weak = registry.clone();
+            drop(tokio::spawn(async move {
+                move_stream(weak, handle, to).await;
+                drop(counted);
+            }));
         }
     }
 }

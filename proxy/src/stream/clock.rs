@@ -155,6 +155,12 @@ pub(super) struct LayerStats {
     /// This proxy's capacity weight in thousandths minus the full weight, so that the default
     /// 0 is the full weight (`quire_proxy_balance_weight`, `placement.rs`).
     pub(super) weight_shed_milli: AtomicI64,
+    /// Stream acquisitions under way now: lease, recovery and task start of a stream a
+    /// request found unowned here (`quire_proxy_acquisitions_under_way`, `registry.rs`); what
+    /// this proxy publishes in the registry for back-pressure (`balance.rs`).
+    pub(super) acquiring: AtomicI64,
+    /// Stream acquisitions completed since start (`quire_proxy_acquisitions_total`).
+    pub(super) acquired: AtomicU64,
 }
 
 impl LayerStats {

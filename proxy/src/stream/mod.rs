@@ -414,6 +414,23 @@ impl StreamManager {
         self.registry.owned_count()
     }
 
+    /// Stream acquisitions under way now: a request found the stream unowned here and its
+    /// lease, recovery and task start have not ended (`quire_proxy_acquisitions_under_way`).
+    pub fn acquisitions_under_way(&self) -> i64 {
+        self.registry
+            .layer
+            .acquiring
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stream acquisitions completed since start (`quire_proxy_acquisitions`).
+    pub fn acquisitions(&self) -> u64 {
+        self.registry
+            .layer
+            .acquired
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Acquisitions refused with `TooManyStreams` since start (`owned_streams_max`; for
     /// `quire_proxy_streams_refused`).
     pub fn too_many_streams_refusals(&self) -> u64 {

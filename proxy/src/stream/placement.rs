@@ -255,6 +255,8 @@ struct Peer {
     weight_milli: u32,
     /// (bytes/s, records/s) it published.
     load: (u64, u64),
+    /// Stream acquisitions it had under way at its last registry write.
+    acquiring: u64,
 }
 
 /// This proxy's own load and weight.
@@ -440,6 +442,7 @@ impl Placement {
                     region,
                     weight_milli: info.weight_milli.clamp(1, PROXY_WEIGHT_FULL),
                     load: (info.write_bytes_per_sec, info.write_records_per_sec),
+                    acquiring: info.acquiring,
                 });
             }
             present.insert(info.address, (info.heartbeat, changed));
@@ -515,6 +518,7 @@ impl Placement {
                 write_bytes_per_sec: rate.0,
                 write_records_per_sec: rate.1,
                 weight_milli: weight,
+                acquiring: self.stats.acquiring.load(Ordering::Relaxed).max(0) as u64,
             };
             metadata.register_proxy(&info).await?;
         }
@@ -542,6 +546,29 @@ impl Placement {
             tracing::warn!(error = %e, "leaving the proxy registry failed");
         }
         self.enabled && !self.live.lock().expect("live lock").is_empty()
+    }
+
+    /// Reads the registry into the view without writing this proxy's record (a leaving
+    /// proxy's view of the others, for its hand-over's back-pressure).
+    ///
+    /// # Errors
+    /// The registry read's.
+    pub(super) async fn refresh_view(
+        &self,
+        metadata: &dyn MetadataStore,
+    ) -> quire_metadata::Result<()> {
+        let list = metadata.list_proxies().await?;
+        self.update_view(list, quire_clock::now());
+        Ok(())
+    }
+
+    /// The acquisitions `proxy` had under way at its last registry write, as this proxy's
+    /// view has it (0 for a proxy not in the view).
+    pub(super) fn peer_acquiring(&self, proxy: &str) -> u64 {
+        let live = self.live.lock().expect("live lock");
+        live.iter()
+            .find(|p| p.address == proxy)
+            .map_or(0, |p| p.acquiring)
     }
 
     /// The live proxies of this proxy's view (without itself), as addresses.
@@ -602,6 +629,7 @@ mod tests {
             write_bytes_per_sec: 0,
             write_records_per_sec: 0,
             weight_milli: PROXY_WEIGHT_FULL,
+            acquiring: 0,
         };
         let b = Placement::new("b:1", "b:1", 0).with_labels((Some("rb".into()), None));
         let t0 = quire_clock::now();
@@ -641,6 +669,7 @@ mod tests {
             write_bytes_per_sec: 0,
             write_records_per_sec: 0,
             weight_milli: PROXY_WEIGHT_FULL,
+            acquiring: 0,
         };
         let p = Placement::new("a:1", "a:1", 10);
         p.update_view(vec![info("b:1"), info("c:1")], quire_clock::now());
@@ -660,6 +689,29 @@ mod tests {
     }
 
     #[test]
+    fn the_view_keeps_each_peers_published_acquisitions() {
+        // Goal: the acquisitions under way a proxy publishes reach the others' views (the
+        // balancer's back-pressure reads them); a proxy not in the view counts as 0.
+        let info = |a: &str, acquiring: u64| ProxyInfo {
+            address: a.into(),
+            owned_streams: 0,
+            heartbeat: 1,
+            updated_ms: 0,
+            region: None,
+            rack: None,
+            write_bytes_per_sec: 0,
+            write_records_per_sec: 0,
+            weight_milli: PROXY_WEIGHT_FULL,
+            acquiring,
+        };
+        let p = Placement::new("a:1", "a:1", 10);
+        p.update_view(vec![info("b:1", 40), info("c:1", 0)], quire_clock::now());
+        assert_eq!(p.peer_acquiring("b:1"), 40);
+        assert_eq!(p.peer_acquiring("c:1"), 0);
+        assert_eq!(p.peer_acquiring("d:1"), 0, "not in the view");
+    }
+
+    #[test]
     fn a_proxy_whose_heartbeat_stops_leaves_the_view() {
         let p = Placement::new("a:1", "a:1", 10);
         let info = |hb| ProxyInfo {
@@ -672,6 +724,7 @@ mod tests {
             write_bytes_per_sec: 0,
             write_records_per_sec: 0,
             weight_milli: PROXY_WEIGHT_FULL,
+            acquiring: 0,
         };
         let t0 = quire_clock::now();
         p.update_view(vec![info(1)], t0);

@@ -62,6 +62,22 @@ impl Drop for Reservation<'_> {
     }
 }
 
+/// One acquisition counted in `LayerStats::acquiring` for as long as it runs.
+struct Acquiring<'a>(&'a LayerStats);
+
+impl<'a> Acquiring<'a> {
+    fn new(layer: &'a LayerStats) -> Self {
+        layer.acquiring.fetch_add(1, Ordering::Relaxed);
+        Self(layer)
+    }
+}
+
+impl Drop for Acquiring<'_> {
+    fn drop(&mut self) {
+        self.0.acquiring.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Registry {
     /// An empty table on the current tokio runtime (if any).
     pub(super) fn new(
@@ -457,6 +473,8 @@ impl Registry {
     /// the reservation before it).
     async fn acquire(&self, name: &str, create_if_missing: bool) -> Result<Arc<StreamHandle>> {
         validate_stream_name(name).map_err(|e| Error::from_metadata(name, "acquire stream", e))?;
+        let _counted = Acquiring::new(&self.layer);
+        let started = quire_clock::now();
         // This proxy's region mark, when read on the way to creating the stream.
         let mut local_marked = None;
         let meta = match self.metadata.read_stream(name).await {
@@ -486,6 +504,7 @@ impl Registry {
                 owner: self.owner_of(name).await?.unwrap_or(preferred),
             });
         }
+        let read_ms = quire_clock::elapsed(started).as_millis() as u64;
         // The write lock, without waiting (DistributedLog proxy: lockTimeoutSeconds=0).
         let lease = match self.metadata.try_acquire_stream(name, &self.identity).await {
             Ok(Ok(lease)) => lease,
@@ -497,6 +516,7 @@ impl Registry {
             }
             Err(e) => return Err(Error::from_metadata(name, "acquire stream lease", e)),
         };
+        let lease_ms = (quire_clock::elapsed(started).as_millis() as u64).saturating_sub(read_ms);
         let lease_lost = lease.lost.clone();
         let (tail_tx, tail_rx) = watch::channel(TailState::from_metadata(&meta.value));
         let shared = Arc::new(StreamShared::default());
@@ -535,7 +555,7 @@ impl Registry {
             Some(rt) => drop(rt.spawn(writer.run(rx))),
             None => drop(tokio::spawn(writer.run(rx))),
         }
-        tracing::info!(stream = name, owner = %self.identity, "acquired stream");
+        self.count_acquired(name, started, read_ms, lease_ms);
         Ok(Arc::new(StreamHandle {
             name: name.to_string(),
             commands: tx,
@@ -543,6 +563,24 @@ impl Registry {
             shared,
             lease_lost,
         }))
+    }
+
+    /// Counts an acquisition of `name` that began at `started` and logs its phases in ms:
+    /// reading the record (and the region and placement rules), taking the lease, then
+    /// recovering and starting the task (issue 29's join and drain: where an acquisition's
+    /// time goes). `under_way` counts this one.
+    fn count_acquired(&self, name: &str, started: std::time::Instant, read_ms: u64, lease_ms: u64) {
+        self.layer.acquired.fetch_add(1, Ordering::Relaxed);
+        let total_ms = quire_clock::elapsed(started).as_millis() as u64;
+        tracing::info!(
+            stream = name,
+            owner = %self.identity,
+            read_ms,
+            lease_ms,
+            recover_ms = total_ms.saturating_sub(read_ms + lease_ms),
+            under_way = self.layer.acquiring.load(Ordering::Relaxed),
+            "acquired stream"
+        );
     }
 
     /// Sends a command to the task of stream `name` (acquiring it, see `stream`), acquiring

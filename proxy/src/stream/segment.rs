@@ -459,6 +459,7 @@ impl Segments {
     ) -> Result<()> {
         assert!(self.current.is_none(), "one open segment at a time");
         own.check()?;
+        let started = quire_clock::now();
         let seq_no = next_seq_no(&rec.meta.value);
         let stored_secret = rec
             .meta
@@ -513,7 +514,8 @@ impl Segments {
         // Fault point (docs/fault-points.md): the writer dies with the new segment's ledger
         // and in-progress record made but no entry added (DistributedLog's empty segment).
         quire_faults::crash("proxy.segment.after_create");
-        tracing::debug!(stream = %rec.name, seq_no, ledger = ledger.id().0, "started segment");
+        let ms = quire_clock::elapsed(started).as_millis() as u64;
+        tracing::debug!(stream = %rec.name, seq_no, ledger = ledger.id().0, ms, "started segment");
         self.current = Some(OpenSegment {
             seq_no,
             ledger,

@@ -24,6 +24,7 @@ mod cluster_ledger_keys;
 mod cluster_load_balance;
 mod cluster_many_streams;
 mod cluster_metrics_endpoints;
+mod cluster_move_window;
 mod cluster_operator_commands;
 mod cluster_proxy_limits;
 mod cluster_proxy_memory_bounded;

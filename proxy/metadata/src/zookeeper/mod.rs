@@ -72,6 +72,8 @@ struct Inner {
     /// Lock nodes of leases this store handed out and still watches (see `lock.rs`: a lock
     /// node of this session not among them is an orphan).
     held: std::sync::Mutex<lock::HeldLocks>,
+    /// Concurrent ledger id allocations, served together (`id_gen.rs`).
+    id_rounds: id_gen::IdRounds,
 }
 
 /// The ZooKeeper-backed [`MetadataStore`]. Cloning shares one ZooKeeper session; the session is
@@ -180,6 +182,7 @@ impl ZkStore {
                 acls,
                 leases,
                 held: Default::default(),
+                id_rounds: Default::default(),
             }),
         };
         store.open_layout().await?;

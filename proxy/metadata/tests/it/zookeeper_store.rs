@@ -144,6 +144,21 @@ async fn records_compare_and_set_and_layout_version() {
     ));
     assert_eq!(b.allocate_ledger_id().await.unwrap(), LedgerId(max + 2));
 
+    // Many allocations of one store at once share compare-and-sets (id_gen.rs): still no id
+    // twice, and the counter ends just past the last id handed out (none reserved ahead).
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let a = a.clone();
+        set.spawn(async move { a.allocate_ledger_id().await.unwrap().0 });
+    }
+    let mut many = BTreeSet::new();
+    while let Some(id) = set.join_next().await {
+        assert!(many.insert(id.unwrap()), "a ledger id was handed out twice");
+    }
+    assert_eq!(many.first(), Some(&(max + 3)));
+    assert_eq!(many.last(), Some(&(max + 202)));
+    assert_eq!(a.next_ledger_id().await.unwrap(), LedgerId(max + 203));
+
     // Ledger metadata: read, CAS update, stale update refused with the found version, delete.
     let r = b.read_ledger(LedgerId(max + 1)).await.unwrap();
     assert_eq!((r.value.clone(), r.version), (meta.clone(), v0));
