@@ -8,11 +8,12 @@
 //! 2 MiB journal files and a 256 KiB write cache, so checkpoints (entry logs, index, mark) and
 //! journal rolls run while the disk fills. Phase 1: four writers add 16 KiB entries to their own
 //! ledgers until each gets an error, which must be `Error::Io` with an ENOSPC source and a
-//! message naming the operation and a path on the image; later adds (old and new ledger) fail
-//! the same way, promptly; every acknowledged entry reads back; a second filler takes the last
-//! free blocks, and a checkpoint of the cached entries fails clearly and loses none of them;
+//! message naming the operation and a path on the image; then more fillers and checkpoints until
+//! a checkpoint frees no room for a journal roll (a checkpoint retires journal files, which gives
+//! space back); later adds (old and new ledger) then fail the same way, promptly; every
+//! acknowledged entry reads back; a checkpoint of the cached entries fails clearly and loses none;
 //! close (final checkpoint) fails clearly too. Phase 2: reopen on the still full disk, every
-//! acknowledged entry reads back, an add fails clearly (or fits); both fillers are removed and
+//! acknowledged entry reads back, an add fails clearly (or fits); the fillers are removed and
 //! adds on this same engine work again; then a crash (no close). Phase 3: reopen, replay, every
 //! acknowledged entry byte-identical, 20 new adds per ledger, checkpoint, close. Phase 4: reopen
 //! and read everything once more. A hang fails the test after 120 s instead of stalling it.
@@ -236,6 +237,35 @@ fn top_off(path: &Path) {
     }
 }
 
+/// Tops the disk holding `root` off with new files (`filler-2`, `filler-3`, ...) and runs a
+/// checkpoint, until a checkpoint leaves less than `roll_bytes` free (no journal roll can fit,
+/// so no add can succeed). Returns how many files it wrote. A failed checkpoint wrote nothing
+/// and retired nothing, so that ends it too; its error must be a clear ENOSPC.
+async fn full_until_checkpoints_free_nothing(
+    engine: &Engine,
+    root: &Path,
+    roll_bytes: u64,
+) -> usize {
+    for round in 1..=10 {
+        top_off(&root.join(format!("filler-{}", round + 1)));
+        match guarded("checkpoint while filling", engine.checkpoint()).await {
+            Err(err) => {
+                assert!(
+                    is_clear_enospc(&err, root),
+                    "unclear checkpoint error: {err:?}"
+                );
+                return round;
+            }
+            Ok(()) if free_bytes(root) < roll_bytes => return round,
+            Ok(()) => eprintln!(
+                "a checkpoint on the full disk freed space ({} bytes free); filling again",
+                free_bytes(root)
+            ),
+        }
+    }
+    panic!("checkpoints kept freeing space after 10 top-offs");
+}
+
 /// Lets the executor run a little after an engine was dropped, so that glommio submits the
 /// closes of its files (it closes dropped files asynchronously) and the filesystem can be
 /// unmounted. Nothing is measured.
@@ -263,6 +293,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
     let filler = root.join("filler");
     std::fs::write(&filler, vec![0xf1u8; FILLER_BYTES]).expect("write filler");
     let cfg = engine_config(&root);
+    let cfg_roll_bytes = cfg.journal_file_size_bytes;
 
     // Phase 1: fill the disk.
     let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
@@ -303,6 +334,14 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
                 "the disk filled before the engine got going"
             );
 
+            // The engine frees space itself: a checkpoint (background, on its interval or a full
+            // write cache) retires the journal files before its mark, and with no reuse they are
+            // deleted, so a roll that failed can fit a moment later (seen: "an add on the full
+            // disk succeeded after an earlier one failed"). Fill the disk again until a
+            // checkpoint, which waits for any under way (one holder of the checkpoint lock),
+            // leaves no room for a journal roll; only then must every add fail.
+            let fillers = full_until_checkpoints_free_nothing(&engine, &root, cfg_roll_bytes).await;
+
             // Later adds fail promptly and clearly, on old and new ledgers alike.
             let later: Vec<(u64, u64)> = (1..=WRITERS)
                 .zip(first_failed.iter().map(|(e, _)| *e))
@@ -323,9 +362,9 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
             let expected = acked.lock().unwrap().clone();
             read_back_all(&engine, &expected).await;
 
-            // Take the last free blocks (a failed journal roll gives back what it got), so that
-            // the checkpoint of the entries still in the write cache cannot write them.
-            top_off(&root.join("filler-2"));
+            // The disk is still full (a failed journal roll gives back only what it got), so the
+            // checkpoint of the entries still in the write cache cannot write them.
+            top_off(&root.join(format!("filler-{}", fillers + 2)));
             let cached = engine.write_cache_bytes();
             match guarded("checkpoint", engine.checkpoint()).await {
                 Ok(()) => {
@@ -371,7 +410,7 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
             .unwrap_or(0)
     };
     {
-        let (c, acked, root, filler) = (cfg.clone(), acked.clone(), root.clone(), filler.clone());
+        let (c, acked, root) = (cfg.clone(), acked.clone(), root.clone());
         run(move || async move {
             let engine = guarded("open on the full disk", Engine::open(c))
                 .await
@@ -390,8 +429,14 @@ fn full_disk_fails_adds_clearly_and_loses_nothing_acknowledged() {
                 }
             }
 
-            std::fs::remove_file(&filler).expect("remove filler");
-            std::fs::remove_file(filler.with_file_name("filler-2")).expect("remove filler-2");
+            for item in std::fs::read_dir(&root)
+                .expect("list the image's files")
+                .flatten()
+            {
+                if item.file_name().to_string_lossy().starts_with("filler") {
+                    std::fs::remove_file(item.path()).expect("remove a filler");
+                }
+            }
             for ledger in 1..=WRITERS {
                 let first = next_entry(&acked.lock().unwrap(), ledger);
                 for e in first..first + 10 {

@@ -590,6 +590,23 @@ impl Placement {
 mod tests {
     use super::*;
 
+    /// A live peer at `address` as the registry lists it: first heartbeat, no labels, no load,
+    /// full weight, no acquisitions under way.
+    fn peer(address: &str) -> ProxyInfo {
+        ProxyInfo {
+            address: address.into(),
+            owned_streams: 0,
+            heartbeat: 1,
+            updated_ms: 0,
+            region: None,
+            rack: None,
+            write_bytes_per_sec: 0,
+            write_records_per_sec: 0,
+            weight_milli: PROXY_WEIGHT_FULL,
+            acquiring: 0,
+        }
+    }
+
     #[test]
     fn three_proxies_share_streams_evenly_and_a_fourth_takes_only_its_share() {
         // Goal: rendezvous placement spreads 3000 names within ±10 % of the mean over three
@@ -620,16 +637,8 @@ mod tests {
         // proxy (the same from every proxy), none when the home region has no live proxy or is
         // its own; inside the home region balancing weighs only that region's proxies.
         let info = |a: &str, r: &str| ProxyInfo {
-            address: a.into(),
-            owned_streams: 0,
-            heartbeat: 1,
-            updated_ms: 0,
             region: Some(r.into()),
-            rack: None,
-            write_bytes_per_sec: 0,
-            write_records_per_sec: 0,
-            weight_milli: PROXY_WEIGHT_FULL,
-            acquiring: 0,
+            ..peer(a)
         };
         let b = Placement::new("b:1", "b:1", 0).with_labels((Some("rb".into()), None));
         let t0 = quire_clock::now();
@@ -659,18 +668,7 @@ mod tests {
     fn a_leaving_proxy_prefers_the_others_for_every_stream() {
         // Goal: once a proxy leaves (a drain's hand-over), it names another live proxy as the
         // preferred owner of every stream, the one the remaining proxies agree on.
-        let info = |a: &str| ProxyInfo {
-            address: a.into(),
-            owned_streams: 0,
-            heartbeat: 1,
-            updated_ms: 0,
-            region: None,
-            rack: None,
-            write_bytes_per_sec: 0,
-            write_records_per_sec: 0,
-            weight_milli: PROXY_WEIGHT_FULL,
-            acquiring: 0,
-        };
+        let info = peer;
         let p = Placement::new("a:1", "a:1", 10);
         p.update_view(vec![info("b:1"), info("c:1")], quire_clock::now());
         let mine = (0..300)
@@ -693,16 +691,8 @@ mod tests {
         // Goal: the acquisitions under way a proxy publishes reach the others' views (the
         // balancer's back-pressure reads them); a proxy not in the view counts as 0.
         let info = |a: &str, acquiring: u64| ProxyInfo {
-            address: a.into(),
-            owned_streams: 0,
-            heartbeat: 1,
-            updated_ms: 0,
-            region: None,
-            rack: None,
-            write_bytes_per_sec: 0,
-            write_records_per_sec: 0,
-            weight_milli: PROXY_WEIGHT_FULL,
             acquiring,
+            ..peer(a)
         };
         let p = Placement::new("a:1", "a:1", 10);
         p.update_view(vec![info("b:1", 40), info("c:1", 0)], quire_clock::now());
@@ -715,16 +705,8 @@ mod tests {
     fn a_proxy_whose_heartbeat_stops_leaves_the_view() {
         let p = Placement::new("a:1", "a:1", 10);
         let info = |hb| ProxyInfo {
-            address: "b:1".into(),
-            owned_streams: 0,
             heartbeat: hb,
-            updated_ms: 0,
-            region: None,
-            rack: None,
-            write_bytes_per_sec: 0,
-            write_records_per_sec: 0,
-            weight_milli: PROXY_WEIGHT_FULL,
-            acquiring: 0,
+            ..peer("b:1")
         };
         let t0 = quire_clock::now();
         p.update_view(vec![info(1)], t0);
