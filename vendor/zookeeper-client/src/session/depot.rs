@@ -12,6 +12,8 @@ use super::xid::Xid;
 use crate::error::Error;
 use crate::proto::{OpCode, PredefinedXid, RemoveWatchesRequest};
 
+const SET_WATCHES_XID: i32 = PredefinedXid::SetWatches as i32;
+
 #[derive(Default)]
 pub struct Depot {
     xid: Xid,
@@ -24,6 +26,11 @@ pub struct Depot {
     writing_slices: Vec<IoSlice<'static>>,
     writing_operations: VecDeque<Operation>,
     written_operations: HashMap<i32, SessionOperation>,
+    // Quire patch: all SetWatches packets carry the reserved xid -8, and a reconnect re-arms
+    // watches in as many packets as it takes (`resend_watches` splits them at 128 KiB), so keyed
+    // by xid they overwrote one another and the second reply found no pending request, failing
+    // every reconnect. The server answers a session's requests in order: keep them in order.
+    written_set_watches: VecDeque<SessionOperation>,
 
     sasl: bool,
     pending_operations: VecDeque<SessionOperation>,
@@ -42,6 +49,7 @@ impl Depot {
             writing_slices: Vec::with_capacity(writing_capacity),
             writing_operations: VecDeque::with_capacity(writing_capacity),
             written_operations: HashMap::with_capacity(128),
+            written_set_watches: VecDeque::new(),
             pending_operations: VecDeque::with_capacity(32),
             watching_paths: HashMap::with_capacity(32),
             unwatching_paths: HashMap::with_capacity(32),
@@ -56,6 +64,7 @@ impl Depot {
         self.writing_slices.clear();
         self.writing_operations.clear();
         self.written_operations.clear();
+        self.written_set_watches.clear();
         self.pending_operations.clear();
         self.watching_paths.clear();
         self.unwatching_paths.clear();
@@ -68,6 +77,9 @@ impl Depot {
                 self.pending_authes.push(operation);
                 return;
             }
+            operation.responser.send(Err(err.clone()));
+        });
+        self.written_set_watches.drain(..).for_each(|operation| {
             operation.responser.send(Err(err.clone()));
         });
         self.writing_operations.drain(..).for_each(|operation| {
@@ -96,11 +108,18 @@ impl Depot {
 
     /// Check whether there is any ongoing operations.
     pub fn is_empty(&self) -> bool {
-        self.writing_operations.is_empty() && self.written_operations.is_empty() && self.pending_operations.is_empty()
+        self.writing_operations.is_empty()
+            && self.written_operations.is_empty()
+            && self.written_set_watches.is_empty()
+            && self.pending_operations.is_empty()
     }
 
     pub fn pop_request(&mut self, xid: i32) -> Result<SessionOperation, Error> {
-        match self.written_operations.remove(&xid) {
+        let operation = match xid {
+            SET_WATCHES_XID => self.written_set_watches.pop_front(),
+            _ => self.written_operations.remove(&xid),
+        };
+        match operation {
             None => Err(Error::UnexpectedError(format!("recv response with xid {xid} but no pending request"))),
             Some(operation) => Ok(operation),
         }
@@ -258,7 +277,11 @@ impl Depot {
                 })
                 .for_each(|operation| {
                     let xid = operation.request.get_xid();
-                    self.written_operations.insert(xid, operation);
+                    if xid == SET_WATCHES_XID {
+                        self.written_set_watches.push_back(operation);
+                    } else {
+                        self.written_operations.insert(xid, operation);
+                    }
                 });
         }
         if written_bytes != 0 {
