@@ -1,6 +1,7 @@
 //! The ZooKeeper metadata store against a real standalone ZooKeeper (quire-testkit starts one per
-//! test on a free loopback port). Four tests, so four server starts: records and CAS, bookie
-//! registration, stream locks and session expiry, autorecovery's marks, locks and election.
+//! test on a free loopback port, one server start per test): records and CAS, bookie
+//! registration, stream locks and session expiry, autorecovery's marks, locks and election,
+//! reconnects (reads in flight, a session with thousands of watches).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -934,5 +935,114 @@ async fn reads_in_flight_at_a_connection_loss_are_sent_again() {
     assert_eq!(store.client().session().id(), session, "the same session");
     assert!(!*store.session_lost().borrow());
     drop(store);
+    zk.stop();
+}
+
+/// Goal: a session that watches more znodes than one SetWatches packet carries survives a
+/// disconnection shorter than its timeout (issue 29: a proxy owning thousands of streams, one
+/// data watch per stream lock, lost its ZooKeeper connection, logged "recv response with xid -8
+/// but no pending request", then "session expired", and exited with its streams while the
+/// server still held its session).
+/// Method: a store with a 20 s session through a loopback relay takes the locks of 3,000
+/// streams, whose lock paths add up to more than 128 KiB, the size at which the client splits
+/// the watches it re-arms on reconnect into several SetWatches packets (as the Java client does,
+/// ZOOKEEPER-706), each answered with xid -8. Cut the relay until the client sees the
+/// disconnection, heal it, and require: a write answers on the same session, no lease and not
+/// the session is lost, and a lock node deleted afterwards by another session flips its lease
+/// (its watch was re-armed). Without the fix the second xid -8 reply fails every reconnect, and
+/// the client declares the session expired 1.4 × its timeout after the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_with_many_watches_survives_a_reconnect() {
+    /// The client's (and the Java client's) split point for SetWatches packets.
+    const SET_WATCHES_PACKET_BYTES: usize = 128 * 1024;
+    const STREAMS: usize = 3_000;
+    let zk = ZooKeeperServer::start();
+    let relay = TcpRelay::start(zk.connect_string().parse().unwrap());
+    let store = ZkStore::connect(&relay.connect_string(), "/quire", Duration::from_secs(20))
+        .await
+        .expect("connect to ZooKeeper through the relay");
+    let other = connect(&zk, "/quire").await;
+
+    // Take the locks, a bounded number in flight at a time.
+    let mut leases = Vec::with_capacity(STREAMS);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..STREAMS {
+        if tasks.len() >= 64 {
+            leases.push(tasks.join_next().await.unwrap().unwrap());
+        }
+        let store = store.clone();
+        tasks.spawn(async move {
+            let name = format!("tenant-{}/stream-{i:05}", i % 7);
+            store
+                .try_acquire_stream(&name, "proxy-a")
+                .await
+                .unwrap()
+                .expect("nobody else holds it")
+        });
+    }
+    while let Some(lease) = tasks.join_next().await {
+        leases.push(lease.unwrap());
+    }
+    let watched_bytes: usize = leases.iter().map(|l| l.token.len()).sum();
+    assert!(
+        watched_bytes > SET_WATCHES_PACKET_BYTES,
+        "{watched_bytes} bytes of watched paths fit one SetWatches packet; the test needs more"
+    );
+
+    let session = store.client().session_id();
+    let mut states = store.client().state_watcher();
+    relay.cut();
+    tokio::time::timeout(PATIENCE, async {
+        while states.changed().await != zookeeper_client::SessionState::Disconnected {}
+    })
+    .await
+    .expect("the client sees the cut");
+    relay.heal();
+
+    // A write on the same session: the client reconnected and serves requests again.
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match store
+                .client()
+                .create(
+                    "/quire-reconnected",
+                    b"",
+                    &zookeeper_client::CreateMode::Persistent
+                        .with_acls(zookeeper_client::Acls::anyone_all()),
+                )
+                .await
+            {
+                Ok(_) => break,
+                Err(zookeeper_client::Error::ConnectionLoss) => {
+                    // Sent while still reconnecting; the session may well live on.
+                    assert!(!*store.session_lost().borrow(), "the session was lost");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("the write after the reconnect failed: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("a write answers after the reconnect");
+    assert_eq!(store.client().session_id(), session, "the same session");
+    assert!(!*store.session_lost().borrow());
+    assert!(leases.iter().all(|l| !*l.lost.borrow()), "no lease is lost");
+
+    // The watches were re-armed: a lock node deleted by another session flips its lease.
+    let victim = &leases[STREAMS / 2];
+    let mut lost = victim.lost.clone();
+    other.client().delete(&victim.token, None).await.unwrap();
+    tokio::time::timeout(PATIENCE, lost.wait_for(|l| *l))
+        .await
+        .expect("the lease of the deleted lock node flips")
+        .unwrap();
+    assert!(
+        leases
+            .iter()
+            .filter(|l| l.token != victim.token)
+            .all(|l| !*l.lost.borrow()),
+        "only the deleted node's lease is lost"
+    );
+    drop((leases, store, other));
     zk.stop();
 }
