@@ -2,9 +2,12 @@
 //!
 //! One task per connection reads frames; each request runs in its own task and its response
 //! goes through a per-connection channel to a writer task, so requests are pipelined and
-//! answered as they finish (matched by request id). Writes are submitted to their stream in the
-//! order they arrive on the connection before the next frame is read, so pipelined writes to one
-//! stream keep their order, and their answers leave in that order too (`WriteTurns`).
+//! answered as they finish (matched by request id). A write to a stream this proxy owns is
+//! submitted to it before the next frame is read; a write that must first acquire its stream
+//! (hundreds of ms to seconds) is submitted by its own task, so the connection goes on reading,
+//! and later writes to that stream on the connection are submitted after it
+//! (`PendingSubmissions`). So pipelined writes to one stream keep their order, and their answers
+//! leave in that order too (`WriteTurns`).
 //!
 //! Connections are bounded (see [`ServerConfig`]): a handshake timeout, an idle timeout for
 //! connections with nothing in flight, a maximum of open connections per client address, a
@@ -956,6 +959,85 @@ impl WriteTurns {
     }
 }
 
+/// Writes of one connection being submitted off its frame loop: a write whose stream is not
+/// owned here (or that comes behind such a write to the same stream) is submitted by its own
+/// task, because the submit includes the stream's acquisition (metadata read, lease, recovery
+/// of the last segment) and every later frame of the connection would wait behind it. Per
+/// stream, the map holds the signal of the last such write; the next write to that stream
+/// waits for it before it is submitted, so writes to one stream reach it in frame order (the
+/// order `docs/proxy-protocol.md` promises, DistributedLog's per-stream write order). Writes to
+/// other streams do not wait.
+///
+/// A signal is a `watch` channel on which nothing is sent: its sender is dropped once the
+/// write was handed to the stream (or refused, or its task ended), which every waiter and
+/// [`PendingSubmissions::pending`] see as closed.
+///
+/// Bounded: an entry still pending belongs to a write that holds one of the connection's
+/// `requests_in_flight_max` in-flight permits until it is answered (after its submission), and
+/// entries whose submission is done are dropped (on the next frame for that stream, on each
+/// read of the socket, and before an insert would reach the bound), so the map never holds more
+/// than `requests_in_flight_max` streams.
+struct PendingSubmissions {
+    last: HashMap<String, watch::Receiver<()>>,
+    /// `requests_in_flight_max`.
+    streams_max: usize,
+}
+
+impl PendingSubmissions {
+    fn new(streams_max: usize) -> Self {
+        Self {
+            last: HashMap::new(),
+            streams_max: streams_max.max(1),
+        }
+    }
+
+    /// Whether a write's submission behind `signal` has not yet ended.
+    fn is_pending(signal: &watch::Receiver<()>) -> bool {
+        !signal.is_closed()
+    }
+
+    /// The signal of the last write to `stream` taken off the frame loop, if its submission
+    /// has not yet ended; an ended one's entry is dropped.
+    fn pending(&mut self, stream: &str) -> Option<watch::Receiver<()>> {
+        let signal = self.last.get(stream)?;
+        if Self::is_pending(signal) {
+            return Some(signal.clone());
+        }
+        self.last.remove(stream);
+        None
+    }
+
+    /// Records a write to `stream` about to be submitted off the frame loop; returns the sender
+    /// its task drops once the write is submitted.
+    fn start(&mut self, stream: &str) -> watch::Sender<()> {
+        if self.last.len() >= self.streams_max && !self.last.contains_key(stream) {
+            self.prune();
+        }
+        let (signal, rx) = watch::channel(());
+        self.last.insert(stream.to_string(), rx);
+        assert!(
+            self.last.len() <= self.streams_max,
+            "a pending submission holds an in-flight permit"
+        );
+        signal
+    }
+
+    /// Drops the entries whose submission has ended.
+    fn prune(&mut self) {
+        if !self.last.is_empty() {
+            self.last.retain(|_, signal| Self::is_pending(signal));
+        }
+    }
+}
+
+/// Waits until the submission behind `signal` has ended (at once for `None`).
+async fn submitted(signal: Option<watch::Receiver<()>>) {
+    if let Some(mut signal) = signal {
+        // Nothing is ever sent: `changed` fails once the sender is dropped.
+        while signal.changed().await.is_ok() {}
+    }
+}
+
 /// Bytes kept free in the read buffer before each read. Small, so that many idle connections
 /// cost little memory; a large frame grows the buffer as it arrives.
 const READ_RESERVE_BYTES: usize = 16 * 1024;
@@ -1002,10 +1084,12 @@ struct ConnState {
     /// When the incomplete frame at the front of the buffer started to arrive (or the pool
     /// gave its bytes): the frame timeout counts from it.
     partial_since: Option<Instant>,
-    /// The answer tasks of writes in flight, which a drain waits for.
+    /// The answer tasks of writes in flight (and of writes being submitted off the frame
+    /// loop), which a drain waits for.
     writes: tokio::task::JoinSet<()>,
     permits: Arc<Semaphore>,
     turns: WriteTurns,
+    submissions: PendingSubmissions,
     /// Frames are taken from its front; the bytes handed out are dropped once per read.
     buf: RecvBuffer,
     greeted: bool,
@@ -1025,6 +1109,66 @@ struct Answer {
     received: Instant,
     frame_hold: Option<OwnedSemaphorePermit>,
     permit: OwnedSemaphorePermit,
+}
+
+/// What a write's task needs to answer it, in its stream's turn on the connection.
+struct WriteReply {
+    answer: Answer,
+    /// Records in the write.
+    count: usize,
+    /// The write's charge to the rate limits, outstanding until it is answered.
+    admitted: Option<crate::quota::Admitted>,
+    /// Fires when the previous write to the stream on this connection had its answer queued.
+    previous: Option<oneshot::Receiver<()>>,
+    /// Passes the turn on once this answer is queued.
+    done: oneshot::Sender<()>,
+    metrics: Option<Arc<ProxyMetrics>>,
+}
+
+impl WriteReply {
+    /// Waits for the outcome of the write `submitted` to its stream and queues its answer in
+    /// its turn; then the write's frame bytes and in-flight permit are given back.
+    async fn send(self, submitted: Result<oneshot::Receiver<Result<crate::types::WriteResult>>>) {
+        let Self {
+            answer,
+            count,
+            admitted,
+            previous,
+            done,
+            metrics,
+        } = self;
+        // Outstanding until answered (the limits' outstanding-write counts).
+        let _admitted = admitted;
+        let result = match submitted {
+            Ok(rx) => rx.await.unwrap_or(Err(Error::ShuttingDown)),
+            Err(e) => Err(e),
+        };
+        let resp = match result {
+            Ok(w) => {
+                assert_eq!(w.count as usize, count);
+                Response::Write {
+                    count: count as u32,
+                    first_dlsn: w.first_dlsn,
+                    last_dlsn: w.last_dlsn,
+                }
+            }
+            Err(e) => error_response(&e),
+        };
+        // A predecessor whose task ended without queuing its answer (the connection is
+        // closing) no longer holds the turn.
+        if let Some(previous) = previous {
+            let _ = previous.await;
+        }
+        record(&metrics, answer.opcode, answer.received, &resp);
+        let _ = answer
+            .tx
+            .send(encode(&resp, answer.opcode, answer.request_id))
+            .await;
+        let _ = done.send(());
+        answer.activity.touch();
+        drop(answer.frame_hold);
+        drop(answer.permit);
+    }
 }
 
 /// Serves one connection's two halves, plain TCP or TLS (generic, so that plain TCP has no
@@ -1050,6 +1194,7 @@ where
         let step = async {
             let consumed = st.handle_frames().await?;
             while st.writes.try_join_next().is_some() {}
+            st.submissions.prune();
             let frame_bytes = st.prepare_read(consumed).await?;
             st.read_more(&mut rd, frame_bytes).await
         };
@@ -1102,6 +1247,7 @@ impl ConnState {
             writes: tokio::task::JoinSet::new(),
             permits: Arc::new(Semaphore::new(config.requests_in_flight_max)),
             turns: WriteTurns::default(),
+            submissions: PendingSubmissions::new(config.requests_in_flight_max),
             buf: RecvBuffer::new(),
             greeted: false,
             grant: None,
@@ -1404,21 +1550,30 @@ impl ConnState {
         }
     }
 
-    /// A write: submitted to its stream here, in frame order, and answered by its own task
-    /// once the stream task acknowledged it and the previous write to the same stream on this
-    /// connection had its answer queued (see `WriteTurns`).
+    /// A write: submitted to its stream in frame order, and answered by its own task once the
+    /// stream task acknowledged it and the previous write to the same stream on this connection
+    /// had its answer queued (see `WriteTurns`). A write to a stream owned here is submitted
+    /// before the next frame is read; one whose stream must first be acquired, or that comes
+    /// behind such a write to the same stream, is submitted by its task, after the write before
+    /// it (see `PendingSubmissions`).
     async fn write(
         &mut self,
         stream: String,
-        (create_if_missing, compress): (bool, bool),
+        flags: (bool, bool),
         producer: Option<ProducerSeq>,
         records: Vec<(u64, Vec<u8>)>,
         answer: Answer,
     ) {
         let (previous, done) = self.turns.next(&stream);
-        let count = records.len();
-        let mut admitted = None;
-        let submitted = if let Some(record_index) = reserved_txid_index(&records) {
+        let mut reply = WriteReply {
+            answer,
+            count: records.len(),
+            admitted: None,
+            previous,
+            done,
+            metrics: self.config.metrics.clone(),
+        };
+        let checked = if let Some(record_index) = reserved_txid_index(&records) {
             // Checked here rather than in the stream layer so that no stream is
             // created or acquired for a request that cannot be written.
             Err(Error::ReservedTxid {
@@ -1426,52 +1581,56 @@ impl ConnState {
                 txid: records[record_index].0,
             })
         } else {
-            match self.admit_write(&stream, &records) {
-                Err(e) => Err(e),
-                Ok(a) => {
-                    admitted = Some(a);
-                    if let Some(m) = &self.config.metrics {
-                        m.write_submitted(&stream, &records);
-                    }
-                    self.streams
-                        .submit_append(&stream, producer, records, (create_if_missing, compress))
-                        .await
+            self.admit_write(&stream, &records)
+        };
+        let submitted = match checked {
+            Err(e) => Err(e),
+            Ok(a) => {
+                reply.admitted = Some(a);
+                if let Some(m) = &self.config.metrics {
+                    m.write_submitted(&stream, &records);
                 }
+                let behind = self.submissions.pending(&stream);
+                if behind.is_some() || !self.streams.is_owned_here(&stream) {
+                    self.submit_apart(stream, behind, producer, records, flags, reply);
+                    return;
+                }
+                self.streams
+                    .submit_append(&stream, producer, records, flags)
+                    .await
             }
         };
-        let metrics = self.config.metrics.clone();
-        self.writes.spawn(async move {
-            // Outstanding until answered (the limits' outstanding-write counts).
-            let _admitted = admitted;
-            let result = match submitted {
-                Ok(rx) => rx.await.unwrap_or(Err(Error::ShuttingDown)),
-                Err(e) => Err(e),
-            };
-            let resp = match result {
-                Ok(w) => {
-                    assert_eq!(w.count as usize, count);
-                    Response::Write {
-                        count: count as u32,
-                        first_dlsn: w.first_dlsn,
-                        last_dlsn: w.last_dlsn,
-                    }
-                }
-                Err(e) => error_response(&e),
-            };
-            // A predecessor whose task ended without queuing its answer (the
-            // connection is closing) no longer holds the turn.
-            if let Some(previous) = previous {
-                let _ = previous.await;
-            }
-            record(&metrics, answer.opcode, answer.received, &resp);
-            let _ = answer
-                .tx
-                .send(encode(&resp, answer.opcode, answer.request_id))
+        self.writes.spawn(reply.send(submitted));
+    }
+
+    /// Submits a write off the frame loop: its task waits for the submission of the previous
+    /// write to the same stream taken off the loop (`behind`), submits it (acquiring the stream
+    /// if need be), lets the next one go, and answers it. The submission runs in a task of its
+    /// own that the connection's `JoinSet` only waits for, so that a connection closing does
+    /// not cancel an acquisition half-way (a write read from the connection is submitted, as
+    /// on the inline path); a drain waits for it like for any write in flight.
+    fn submit_apart(
+        &mut self,
+        stream: String,
+        behind: Option<watch::Receiver<()>>,
+        producer: Option<ProducerSeq>,
+        records: Vec<(u64, Vec<u8>)>,
+        flags: (bool, bool),
+        reply: WriteReply,
+    ) {
+        let signal = self.submissions.start(&stream);
+        let streams = self.streams.clone();
+        let task = tokio::spawn(async move {
+            submitted(behind).await;
+            let result = streams
+                .submit_append(&stream, producer, records, flags)
                 .await;
-            let _ = done.send(());
-            answer.activity.touch();
-            drop(answer.frame_hold);
-            drop(answer.permit);
+            // Handed to the stream (or refused): the next write to it may go.
+            drop(signal);
+            reply.send(result).await;
+        });
+        self.writes.spawn(async move {
+            let _ = task.await;
         });
     }
 
@@ -1479,7 +1638,11 @@ impl ConnState {
     /// runtime when there is one, the rest here. After a delete the next frame is taken once
     /// the delete is done and answered (docs/proxy-protocol.md, "Delete stream"), so writes
     /// pipelined behind it find the stream gone rather than being acknowledged and then
-    /// deleted with it. Deletes are rare; only this connection waits.
+    /// deleted with it. Deletes are rare; only this connection waits. A request other than a
+    /// read that acts on a stream with a write still being submitted off the frame loop runs
+    /// after that submission, as it would have found the write already queued at its stream
+    /// had the stream been owned here (a delete, a seal, a truncation behind a write). Reads
+    /// do not wait: a read was never ordered after a write still in flight.
     async fn spawn_request(
         &mut self,
         req: Request,
@@ -1499,7 +1662,13 @@ impl ConnState {
         let grant = self.grant.clone();
         let is_delete = matches!(req, Request::DeleteStream { .. });
         let is_read = matches!(req, Request::Read { .. });
+        // Writes never come here; reads are not ordered after writes (see above).
+        let behind = (!is_read)
+            .then(|| req.stream())
+            .flatten()
+            .and_then(|s| self.submissions.pending(s));
         let task = runtime.spawn(crate::metrics::with_read_flag(async move {
+            submitted(behind).await;
             let resp = match handle(req, &streams, &config).await {
                 Ok(Response::ListStreams { streams }) if grant.is_some() => {
                     // Only the streams the token may read.

@@ -564,6 +564,15 @@ impl StreamManager {
         rx.await.map_err(|_| Error::ShuttingDown)?
     }
 
+    /// Whether this proxy owns `name` now: its acquisition has ended, its task runs and the
+    /// lease is not known lost, so that [`StreamManager::submit_append`] would queue the
+    /// append without acquiring the stream (no metadata read, lease or recovery). Reads the
+    /// registry under its lock, without awaiting; the answer may be stale by the time it is
+    /// used (a loss noticed after it makes the submit acquire the stream again).
+    pub fn is_owned_here(&self, name: &str) -> bool {
+        self.registry.is_owned(name)
+    }
+
     /// Queues an append and returns the receiver of its result. Appends submitted one after
     /// another (each awaited up to here) are applied in that order.
     pub(crate) async fn submit_append(

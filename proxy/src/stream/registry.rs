@@ -184,6 +184,16 @@ impl Registry {
         self.acquired(name).filter(|h| h.lost_reason().is_none())
     }
 
+    /// Whether this proxy holds `name`'s acquisition and has not lost it, like
+    /// [`Registry::owned`] without handing out the handle.
+    pub(super) fn is_owned(&self, name: &str) -> bool {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .get(name)
+            .and_then(|c| c.get())
+            .is_some_and(|h| h.lost_reason().is_none())
+    }
+
     /// Streams acquired and not lost.
     pub(super) fn owned_count(&self) -> usize {
         let streams = self.streams.lock().expect("streams lock");

@@ -28,4 +28,5 @@ mod tail_read_wakes_on_write;
 mod tls_on_the_proxy_port;
 mod txid_guard_refuses_far_ahead_txids;
 mod write_answers_keep_request_order;
+mod writes_acquire_off_the_read_loop;
 mod zk_owner_session_expiry_moves_stream;

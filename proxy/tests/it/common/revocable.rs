@@ -1,8 +1,9 @@
 //! A metadata store for tests that can take a stream lease away from its holder, as a
 //! ZooKeeper session expiry would: the real [`EmbeddedStore`] underneath, plus a record of the
-//! lease tokens it handed out so that `revoke` can release one from outside, and optional
+//! lease tokens it handed out so that `revoke` can release one from outside, optional
 //! delays on stream and owner reads (a ZooKeeper round trip, which the embedded store does not
-//! take).
+//! take), and gates that hold the reads of chosen stream records until the test opens them (an
+//! acquisition held half-way for as long as a test needs).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,8 @@ pub struct Revocable {
     pub read_stream_delay: Mutex<std::time::Duration>,
     /// Added before every `stream_owner` answer.
     pub stream_owner_delay: Mutex<std::time::Duration>,
+    /// stream -> gate its `read_stream` calls wait at until the gate is closed (`open`).
+    gates: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Revocable {
@@ -31,7 +34,23 @@ impl Revocable {
             tokens: Mutex::new(HashMap::new()),
             read_stream_delay: Mutex::default(),
             stream_owner_delay: Mutex::default(),
+            gates: Mutex::default(),
         })
+    }
+
+    /// From now on, reads of `stream`'s record wait until [`Revocable::open`]: an acquisition
+    /// of it stops at its first step.
+    pub fn hold(&self, stream: &str) {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        self.gates.lock().unwrap().insert(stream.to_string(), gate);
+    }
+
+    /// Lets the reads of `stream`'s record held by [`Revocable::hold`] go on, and later ones
+    /// through at once.
+    pub fn open(&self, stream: &str) {
+        if let Some(gate) = self.gates.lock().unwrap().remove(stream) {
+            gate.close();
+        }
     }
 
     /// Releases the current lease of `stream` behind its holder's back; its `lost` flag rises.
@@ -100,6 +119,11 @@ impl MetadataStore for Revocable {
         self.inner.create_stream(meta).await
     }
     async fn read_stream(&self, name: &str) -> Result<Versioned<StreamMetadata>> {
+        let gate = self.gates.lock().unwrap().get(name).cloned();
+        if let Some(gate) = gate {
+            // No permit is ever added: this returns once the gate is closed.
+            let _ = gate.acquire().await;
+        }
         let delay = *self.read_stream_delay.lock().unwrap();
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
