@@ -7,8 +7,10 @@
 set -eu
 N=$1; OUT=${2:-/dev/stdout}; shift; [ $# -gt 0 ] && shift
 export QUIRE_GIT_COMMIT=${QUIRE_GIT_COMMIT:-dev}
-cargo build --release -q -p quire
-cargo build --release -q -p quire-perf --example many_streams
+# The workspace build of scripts/test plus the example: the same features, so after the tests'
+# build this builds only the example (`-p quire` alone resolves other features and rebuilds
+# about 30 crates).
+cargo build --release -q --workspace --tests --bins --example many_streams
 export QUIRE_TEST_BIN=${QUIRE_TEST_BIN:-$PWD/target/release/quire}
 {
   echo "# $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD) nproc $(nproc) loadavg $(cat /proc/loadavg)"
